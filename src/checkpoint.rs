@@ -1,0 +1,200 @@
+//! Checkpoints: one safetensors file holding the model parameters (named by module path,
+//! so `safetensors.torch.load_file` reads them), the optimiser moments (`optim.*`), the
+//! memory carried by each stream group (`memory.<group>.layers.<i>.*`), and in its
+//! metadata the resolved config (TOML) and the training state (JSON: step, data position,
+//! random state).
+//!
+//! Writes are atomic: the bytes go to a temporary file in the same folder, which is
+//! fsynced and renamed over the old checkpoint, then the folder is fsynced. A crash at
+//! any moment leaves either the old checkpoint or the new one, never a torn file.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use serde::{Deserialize, Serialize};
+use tch::{Kind, Tensor};
+
+use crate::config::Config;
+use crate::data::stream::DataState;
+use crate::error::{LetheError, Result};
+
+/// File name of a run's checkpoint inside its run folder.
+pub const FILE_NAME: &str = "checkpoint.safetensors";
+const FORMAT: &str = "lethe-checkpoint-1";
+
+/// Where training stands, for exact resume.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrainState {
+    /// Optimiser steps completed.
+    pub step: usize,
+    /// Position of the training data.
+    pub data: DataState,
+    /// Tokens consumed so far (all streams).
+    pub tokens_seen: u64,
+}
+
+/// A loaded checkpoint.
+pub struct Checkpoint {
+    /// Where it was read from.
+    pub path: PathBuf,
+    /// The config it was trained with.
+    pub config: Config,
+    /// The training state, when saved by `train`.
+    pub state: Option<TrainState>,
+    tensors: HashMap<String, Tensor>,
+}
+
+/// The checkpoint file for `path`: the path itself when it is a file, or
+/// `<path>/checkpoint.safetensors` when it is a run folder.
+pub fn resolve(path: &Path) -> PathBuf {
+    if path.is_dir() {
+        path.join(FILE_NAME)
+    } else {
+        path.to_path_buf()
+    }
+}
+
+fn dtype_of(kind: Kind) -> Result<Dtype> {
+    match kind {
+        Kind::Float => Ok(Dtype::F32),
+        Kind::Double => Ok(Dtype::F64),
+        Kind::Int64 => Ok(Dtype::I64),
+        Kind::BFloat16 => Ok(Dtype::BF16),
+        Kind::Half => Ok(Dtype::F16),
+        k => Err(LetheError::Invalid(format!("cannot save tensors of kind {k:?}"))),
+    }
+}
+
+fn kind_of(dtype: Dtype) -> Option<Kind> {
+    match dtype {
+        Dtype::F32 => Some(Kind::Float),
+        Dtype::F64 => Some(Kind::Double),
+        Dtype::I64 => Some(Kind::Int64),
+        Dtype::BF16 => Some(Kind::BFloat16),
+        Dtype::F16 => Some(Kind::Half),
+        _ => None,
+    }
+}
+
+/// Writes a checkpoint atomically to `path`.
+pub fn save(path: &Path, config: &Config, state: &TrainState, tensors: &[(String, Tensor)]) -> Result<()> {
+    let mut raw = Vec::with_capacity(tensors.len());
+    for (name, t) in tensors {
+        let t = t.detach().to_device(tch::Device::Cpu).contiguous();
+        let mut bytes = vec![0u8; t.numel() * t.kind().elt_size_in_bytes()];
+        t.f_copy_data_u8(&mut bytes, t.numel())
+            .map_err(|e| LetheError::checkpoint(path, format!("reading tensor `{name}`: {e}")))?;
+        let shape: Vec<usize> = t.size().iter().map(|&s| s as usize).collect();
+        raw.push((name.clone(), dtype_of(t.kind())?, shape, bytes));
+    }
+    let views = raw
+        .iter()
+        .map(|(n, d, s, b)| TensorView::new(*d, s.clone(), b).map(|v| (n.as_str(), v)))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| LetheError::checkpoint(path, format!("{e:?}")))?;
+    let metadata = HashMap::from([
+        ("format".to_string(), FORMAT.to_string()),
+        ("config".to_string(), config.to_toml()?),
+        ("state".to_string(), serde_json::to_string(state).map_err(|e| LetheError::checkpoint(path, e.to_string()))?),
+    ]);
+    let bytes = safetensors::serialize(views, &Some(metadata)).map_err(|e| LetheError::checkpoint(path, format!("{e:?}")))?;
+    write_atomic(path, &bytes)
+}
+
+/// Writes `bytes` to `path` through a temporary file, fsync and rename.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(".{}.tmp", path.file_name().and_then(|n| n.to_str()).unwrap_or("checkpoint")));
+    let mut f = std::fs::File::create(&tmp).map_err(|e| LetheError::io(&tmp, e))?;
+    f.write_all(bytes).map_err(|e| LetheError::io(&tmp, e))?;
+    f.sync_all().map_err(|e| LetheError::io(&tmp, e))?;
+    drop(f);
+    std::fs::rename(&tmp, path).map_err(|e| LetheError::io(path, e))?;
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all(); // best effort: not every filesystem can fsync a folder
+    }
+    Ok(())
+}
+
+impl Checkpoint {
+    /// Reads and checks a checkpoint file (or a run folder's checkpoint).
+    pub fn load(path: &Path) -> Result<Checkpoint> {
+        let path = resolve(path);
+        let bytes = std::fs::read(&path).map_err(|e| LetheError::checkpoint(&path, format!("cannot read: {e}")))?;
+        let corrupt = |what: String| LetheError::checkpoint(&path, format!("corrupt or truncated ({what})"));
+        let st = SafeTensors::deserialize(&bytes).map_err(|e| corrupt(format!("{e:?}")))?;
+        let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| corrupt(format!("{e:?}")))?;
+        let meta = meta.metadata().clone().unwrap_or_default();
+        if meta.get("format").map(String::as_str) != Some(FORMAT) {
+            return Err(LetheError::checkpoint(&path, "not a lethe checkpoint (no `format` metadata)"));
+        }
+        let config_text = meta.get("config").ok_or_else(|| corrupt("no config".into()))?;
+        let config = Config::from_toml(config_text, &format!("config inside {}", path.display()))?;
+        let state = match meta.get("state") {
+            Some(s) => Some(serde_json::from_str(s).map_err(|e| corrupt(format!("training state: {e}")))?),
+            None => None,
+        };
+        let mut tensors = HashMap::new();
+        for (name, view) in st.tensors() {
+            let kind = kind_of(view.dtype()).ok_or_else(|| corrupt(format!("tensor `{name}` has dtype {:?}", view.dtype())))?;
+            let shape: Vec<i64> = view.shape().iter().map(|&s| s as i64).collect();
+            let t = Tensor::f_from_data_size(view.data(), &shape, kind).map_err(|e| corrupt(format!("tensor `{name}`: {e}")))?;
+            tensors.insert(name, t);
+        }
+        Ok(Checkpoint { path, config, state, tensors })
+    }
+
+    /// The tensor called `name`, if present.
+    pub fn tensor(&self, name: &str) -> Option<Tensor> {
+        self.tensors.get(name).map(Tensor::shallow_clone)
+    }
+
+    /// Tensors whose names start with `prefix`, with the prefix removed.
+    pub fn with_prefix(&self, prefix: &str) -> Vec<(String, Tensor)> {
+        let mut out: Vec<(String, Tensor)> = self
+            .tensors
+            .iter()
+            .filter_map(|(n, t)| n.strip_prefix(prefix).map(|rest| (rest.to_string(), t.shallow_clone())))
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// Copies the saved parameters into `vars` (name -> variable). Every variable must be
+    /// present with its exact shape, and no parameter may be left over.
+    pub fn load_parameters(&self, vars: &HashMap<String, Tensor>) -> Result<()> {
+        let _guard = tch::no_grad_guard();
+        for (name, var) in vars {
+            let saved = self.tensors.get(name).ok_or_else(|| {
+                LetheError::checkpoint(&self.path, format!("has no parameter `{name}`: it was saved from a different model config"))
+            })?;
+            if saved.size() != var.size() {
+                return Err(LetheError::checkpoint(
+                    &self.path,
+                    format!(
+                        "parameter `{name}` has shape {:?} but this model expects {:?}: it was saved from a different model config",
+                        saved.size(),
+                        var.size()
+                    ),
+                ));
+            }
+            let mut v = var.shallow_clone();
+            v.f_copy_(&saved.to_device(var.device()).to_kind(var.kind()))
+                .map_err(|e| LetheError::checkpoint(&self.path, format!("parameter `{name}`: {e}")))?;
+        }
+        let extra: Vec<&String> = self
+            .tensors
+            .keys()
+            .filter(|n| !n.starts_with("optim.") && !n.starts_with("memory.") && !vars.contains_key(*n))
+            .collect();
+        if let Some(name) = extra.first() {
+            return Err(LetheError::checkpoint(
+                &self.path,
+                format!("has parameter `{name}` that this model lacks: it was saved from a different model config"),
+            ));
+        }
+        Ok(())
+    }
+}

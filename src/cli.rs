@@ -1,0 +1,182 @@
+//! Command-line definitions (clap) and their translation into a validated [`Config`].
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use lethe::config::{Config, Source};
+use lethe::error::Result;
+
+/// lethe: train, evaluate and run transformers with long memory.
+#[derive(Parser, Debug)]
+#[command(name = "lethe", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Train a model (default: the copy-tiny preset, a synthetic task that needs no download).
+    Train(TrainArgs),
+    /// Score a checkpoint on a split, streaming with the memory carried.
+    Eval(EvalArgs),
+    /// Continue a prompt byte by byte with the memory carried (constant memory).
+    Generate(GenerateArgs),
+    /// Time training steps: median step time, tokens/s, peak memory.
+    Bench(BenchArgs),
+}
+
+/// Options that build a config: preset, file, overrides.
+#[derive(Args, Debug, Clone)]
+pub struct ConfigArgs {
+    /// Named preset to start from (see --list-presets). Default: copy-tiny.
+    #[arg(long, short)]
+    pub preset: Option<String>,
+    /// TOML file merged over the preset.
+    #[arg(long, short)]
+    pub config: Option<PathBuf>,
+    /// Override any config field: --set model.layers=4 --set train.lr=3e-4 (repeatable).
+    #[arg(long = "set", value_name = "FIELD=VALUE")]
+    pub overrides: Vec<String>,
+    /// Data file or folder (sets data.path; a folder also sets data.source = folder,
+    /// a file sets data.source = file).
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Number of optimiser steps (train.steps).
+    #[arg(long)]
+    pub steps: Option<usize>,
+    /// Run name (the run folder is <out>/<name>).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Seed for initialisation, data and dropout.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// cpu, cuda, cuda:N or auto (train.device).
+    #[arg(long)]
+    pub device: Option<String>,
+    /// List the presets and exit.
+    #[arg(long)]
+    pub list_presets: bool,
+    /// Print the resolved config as TOML and exit.
+    #[arg(long)]
+    pub print_config: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct TrainArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Parent folder of run folders.
+    #[arg(long, default_value = "runs")]
+    pub out: PathBuf,
+    /// Continue the run in <out>/<name> from its checkpoint.
+    #[arg(long)]
+    pub resume: bool,
+    /// Start over even when <out>/<name> holds a checkpoint.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// No progress output.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct EvalArgs {
+    /// Checkpoint file, or a run folder holding checkpoint.safetensors.
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    /// train, valid or test.
+    #[arg(long, default_value = "valid")]
+    pub split: String,
+    /// Block length at evaluation (default: the training block length).
+    #[arg(long)]
+    pub block: Option<usize>,
+    /// Parallel streams (default: the training batch).
+    #[arg(long)]
+    pub batch: Option<usize>,
+    /// Stop after this many tokens (default: the whole split).
+    #[arg(long)]
+    pub max_tokens: Option<usize>,
+    /// Read the data from here instead of the path saved in the checkpoint.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// cpu, cuda, cuda:N or auto.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct GenerateArgs {
+    /// Checkpoint file, or a run folder holding checkpoint.safetensors.
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    /// The text to continue.
+    #[arg(long, conflicts_with = "prompt_file")]
+    pub prompt: Option<String>,
+    /// Read the prompt from a file.
+    #[arg(long)]
+    pub prompt_file: Option<PathBuf>,
+    /// Bytes to generate.
+    #[arg(long, default_value_t = 200)]
+    pub bytes: usize,
+    /// Softmax temperature; 0 is greedy.
+    #[arg(long, default_value_t = 1.0)]
+    pub temperature: f64,
+    /// Sample only among the k most likely bytes (0: all).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Sampler seed.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// cpu, cuda, cuda:N or auto.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Timed steps.
+    #[arg(long = "bench-steps", default_value_t = 20)]
+    pub bench_steps: usize,
+    /// Untimed warm-up steps.
+    #[arg(long, default_value_t = 3)]
+    pub warmup: usize,
+    /// Folder for bench.json (default: runs/<name>).
+    #[arg(long, default_value = "runs")]
+    pub out: PathBuf,
+}
+
+impl ConfigArgs {
+    /// Preset, then file, then overrides and flags; validated.
+    pub fn resolve(&self) -> Result<Config> {
+        let mut cfg = Config::preset(self.preset.as_deref().unwrap_or("copy-tiny"))?;
+        if let Some(file) = &self.config {
+            cfg = cfg.merge_file(file)?;
+        }
+        cfg = cfg.apply_overrides(&self.overrides)?;
+        if let Some(path) = &self.data {
+            cfg.data.source = if path.is_dir() { Source::Folder } else { Source::File };
+            cfg.data.path = Some(path.clone());
+        }
+        if let Some(steps) = self.steps {
+            cfg.train.steps = steps;
+        }
+        if let Some(name) = &self.name {
+            cfg.name = name.clone();
+        }
+        if let Some(seed) = self.seed {
+            cfg.seed = seed;
+        }
+        if let Some(device) = &self.device {
+            cfg.train.device = device.clone();
+        }
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}

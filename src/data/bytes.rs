@@ -1,0 +1,169 @@
+//! Byte corpora: any file split by byte fractions, enwik8's standard split, and a folder
+//! of text files (a book corpus, PG-19 style).
+
+use std::path::{Path, PathBuf};
+
+use crate::config::{DataConfig, FileFormat, FolderMode, Source};
+use crate::error::{LetheError, Result};
+
+use super::{Split, SplitData, TokenSeq};
+
+/// Size of enwik8: the first 10^8 bytes of the English Wikipedia dump of 2006.
+pub const ENWIK8_BYTES: usize = 100_000_000;
+/// enwik8's standard split: train, valid and test sizes in bytes.
+pub const ENWIK8_SPLIT: [usize; 3] = [90_000_000, 5_000_000, 5_000_000];
+
+/// Loads one split of the file or folder named by `cfg`.
+pub fn load(cfg: &DataConfig, split: Split) -> Result<SplitData> {
+    let path = cfg.path.clone().ok_or_else(|| LetheError::config("data.path", "none", "a file or folder is needed"))?;
+    match cfg.source {
+        Source::Folder => load_folder(&path, cfg, split),
+        _ => load_file(&path, cfg, split),
+    }
+}
+
+/// The byte ranges `[start, end)` of train, valid and test for a file of `len` bytes.
+pub fn file_ranges(path: &Path, len: usize, format: FileFormat, split: [f64; 3]) -> Result<[(usize, usize); 3]> {
+    if is_enwik8(path, len, format)? {
+        let [a, b, _] = ENWIK8_SPLIT;
+        return Ok([(0, a), (a, a + b), (a + b, len)]);
+    }
+    let a = (split[0] * len as f64).round() as usize;
+    let b = ((split[0] + split[1]) * len as f64).round() as usize;
+    Ok([(0, a), (a, b.min(len)), (b.min(len), len)])
+}
+
+fn is_enwik8(path: &Path, len: usize, format: FileFormat) -> Result<bool> {
+    let named = path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("enwik8"));
+    match format {
+        FileFormat::Bytes => Ok(false),
+        FileFormat::Auto => Ok(named && len == ENWIK8_BYTES),
+        FileFormat::Enwik8 if len == ENWIK8_BYTES => Ok(true),
+        FileFormat::Enwik8 => Err(LetheError::data(
+            path,
+            format!("data.format = enwik8 needs the standard file of {ENWIK8_BYTES} bytes; this one has {len}"),
+        )),
+    }
+}
+
+fn read_file(path: &Path) -> Result<Vec<u8>> {
+    let bytes = std::fs::read(path).map_err(|e| LetheError::data(path, format!("cannot read: {e}")))?;
+    if bytes.is_empty() {
+        return Err(LetheError::data(path, "the file is empty"));
+    }
+    Ok(bytes)
+}
+
+fn load_file(path: &Path, cfg: &DataConfig, split: Split) -> Result<SplitData> {
+    if path.is_dir() {
+        return Err(LetheError::data(path, "is a folder; use data.source = folder (--data-source folder)"));
+    }
+    let bytes = read_file(path)?;
+    let ranges = file_ranges(path, bytes.len(), cfg.format, cfg.split)?;
+    let (start, end) = ranges[split_index(split)];
+    if end <= start {
+        return Err(LetheError::data(
+            path,
+            format!("the {split} split is empty ({} bytes, data.split = {:?})", bytes.len(), cfg.split),
+        ));
+    }
+    Ok(SplitData {
+        origin: path.to_path_buf(),
+        docs: vec![TokenSeq::all_scored(bytes[start..end].to_vec())],
+        mode: FolderMode::Concat,
+    })
+}
+
+fn split_index(split: Split) -> usize {
+    match split {
+        Split::Train => 0,
+        Split::Valid => 1,
+        Split::Test => 2,
+    }
+}
+
+/// The text files under `dir`, recursively, sorted by path; hidden entries are skipped.
+fn list_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(d) = pending.pop() {
+        let entries = std::fs::read_dir(&d).map_err(|e| LetheError::data(&d, format!("cannot read folder: {e}")))?;
+        for entry in entries {
+            let p = entry.map_err(|e| LetheError::io(&d, e))?.path();
+            if p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with('.')) {
+                continue;
+            }
+            if p.is_dir() {
+                pending.push(p);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// A folder's documents for `split`. When it has `train/`, `valid/` (or `validation/`)
+/// and `test/` sub-folders those are the splits (PG-19's layout); otherwise its files
+/// are divided by count according to `data.split`, in path order.
+fn load_folder(dir: &Path, cfg: &DataConfig, split: Split) -> Result<SplitData> {
+    if !dir.is_dir() {
+        return Err(LetheError::data(dir, "is not a folder (data.source = folder)"));
+    }
+    let sub = match split {
+        Split::Train => vec!["train"],
+        Split::Valid => vec!["valid", "validation"],
+        Split::Test => vec!["test"],
+    };
+    let files = match sub.iter().map(|s| dir.join(s)).find(|p| p.is_dir()) {
+        Some(subdir) => list_files(&subdir)?,
+        None => {
+            let all = list_files(dir)?;
+            let n = all.len() as f64;
+            let a = (cfg.split[0] * n).round() as usize;
+            let b = (((cfg.split[0] + cfg.split[1]) * n).round() as usize).min(all.len());
+            let range = [(0, a), (a, b), (b, all.len())][split_index(split)];
+            all[range.0..range.1].to_vec()
+        }
+    };
+    let mut docs = Vec::with_capacity(files.len());
+    for f in &files {
+        let bytes = std::fs::read(f).map_err(|e| LetheError::data(f, format!("cannot read: {e}")))?;
+        if !bytes.is_empty() {
+            docs.push(TokenSeq::all_scored(bytes));
+        }
+    }
+    if docs.is_empty() {
+        return Err(LetheError::data(
+            dir,
+            format!("no non-empty documents for the {split} split ({} files found there)", files.len()),
+        ));
+    }
+    Ok(SplitData { origin: dir.to_path_buf(), docs, mode: cfg.folder_mode })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn enwik8_split_is_90_5_5_million() {
+        let r = file_ranges(Path::new("/x/enwik8"), ENWIK8_BYTES, FileFormat::Auto, [0.5, 0.25, 0.25]).unwrap();
+        assert_eq!(r, [(0, 90_000_000), (90_000_000, 95_000_000), (95_000_000, 100_000_000)]);
+    }
+
+    #[test]
+    fn other_files_split_by_fractions() {
+        let r = file_ranges(Path::new("/x/enwik8"), 1000, FileFormat::Auto, [0.8, 0.1, 0.1]).unwrap();
+        assert_eq!(r, [(0, 800), (800, 900), (900, 1000)]);
+        let r = file_ranges(Path::new("/x/book.txt"), ENWIK8_BYTES, FileFormat::Auto, [0.8, 0.1, 0.1]).unwrap();
+        assert_eq!(r[0], (0, 80_000_000));
+    }
+
+    #[test]
+    fn forced_enwik8_format_rejects_a_wrong_size() {
+        let err = file_ranges(Path::new("/x/data.txt"), 1234, FileFormat::Enwik8, [0.9, 0.05, 0.05]).unwrap_err();
+        assert!(err.to_string().contains("1234"), "{err}");
+    }
+}

@@ -1,0 +1,226 @@
+//! Data: token sequences, the three splits of a corpus or task, and the parallel
+//! streams that feed the model `B` blocks of `M` tokens at a time.
+//!
+//! Every source yields bytes (vocabulary 256). A sequence may flag which tokens are
+//! scored: predicting a flagged token counts in the loss and the metrics, the others are
+//! context only (the copy task scores only its answers; byte corpora score everything).
+
+pub mod bytes;
+pub mod stream;
+pub mod tasks;
+
+use std::path::PathBuf;
+
+use crate::config::{Config, FolderMode, Source};
+use crate::error::{LetheError, Result};
+
+pub use stream::{Batch, BlockStreams, EvalWalker, TrainStreams};
+
+/// A finite token sequence. `scored[i]` says whether predicting `tokens[i]` counts;
+/// `None` means every token counts.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TokenSeq {
+    /// The tokens.
+    pub tokens: Vec<u8>,
+    /// Which tokens are scored targets (`None`: all).
+    pub scored: Option<Vec<bool>>,
+}
+
+impl TokenSeq {
+    /// A sequence in which every token is scored.
+    pub fn all_scored(tokens: Vec<u8>) -> Self {
+        TokenSeq { tokens, scored: None }
+    }
+
+    /// Number of tokens.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// True when there are no tokens.
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// Whether predicting token `i` counts.
+    pub fn is_scored(&self, i: usize) -> bool {
+        self.scored.as_ref().is_none_or(|s| s[i])
+    }
+
+    /// Appends another sequence.
+    pub fn extend(&mut self, other: &TokenSeq) {
+        match (&mut self.scored, &other.scored) {
+            (None, None) => {}
+            (mine, theirs) => {
+                let own_len = self.tokens.len();
+                let s = mine.get_or_insert_with(|| vec![true; own_len]);
+                match theirs {
+                    Some(t) => s.extend_from_slice(t),
+                    None => s.extend(std::iter::repeat_n(true, other.len())),
+                }
+            }
+        }
+        self.tokens.extend_from_slice(&other.tokens);
+    }
+
+    /// The sub-sequence `[start, end)`.
+    pub fn slice(&self, start: usize, end: usize) -> TokenSeq {
+        TokenSeq { tokens: self.tokens[start..end].to_vec(), scored: self.scored.as_ref().map(|s| s[start..end].to_vec()) }
+    }
+}
+
+/// Which split of the data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Split {
+    /// Training data.
+    Train,
+    /// Validation data.
+    Valid,
+    /// Test data.
+    Test,
+}
+
+impl std::str::FromStr for Split {
+    type Err = LetheError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "train" => Ok(Split::Train),
+            "valid" | "validation" => Ok(Split::Valid),
+            "test" => Ok(Split::Test),
+            _ => Err(LetheError::Invalid(format!("unknown split `{s}`: use train, valid or test"))),
+        }
+    }
+}
+
+impl std::fmt::Display for Split {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Split::Train => "train",
+            Split::Valid => "valid",
+            Split::Test => "test",
+        })
+    }
+}
+
+/// A split as documents, with how they become parallel streams.
+#[derive(Clone, Debug)]
+pub struct SplitData {
+    /// Where it came from, for messages (a path or a task name).
+    pub origin: PathBuf,
+    /// The documents (one for a single file).
+    pub docs: Vec<TokenSeq>,
+    /// Concatenate and cut, or keep documents whole per stream.
+    pub mode: FolderMode,
+}
+
+impl SplitData {
+    /// Total tokens.
+    pub fn total_len(&self) -> usize {
+        self.docs.iter().map(TokenSeq::len).sum()
+    }
+
+    /// Lays the split out as `batch` parallel streams.
+    ///
+    /// `concat`: all documents end to end, cut into `batch` equal pieces (the remainder
+    /// of fewer than `batch` tokens is dropped). `documents`: each document goes whole
+    /// to the currently shortest stream.
+    pub fn into_streams(&self, batch: usize) -> Vec<TokenSeq> {
+        match self.mode {
+            FolderMode::Concat => {
+                let mut all = TokenSeq::default();
+                for d in &self.docs {
+                    all.extend(d);
+                }
+                let per = all.len() / batch;
+                (0..batch).map(|b| all.slice(b * per, (b + 1) * per)).collect()
+            }
+            FolderMode::Documents => {
+                let mut streams = vec![TokenSeq::default(); batch];
+                for d in &self.docs {
+                    if let Some(s) = streams.iter_mut().min_by_key(|s| s.len()) {
+                        s.extend(d);
+                    }
+                }
+                streams
+            }
+        }
+    }
+}
+
+/// Loads one split of the data the config names. For a generated task the split is
+/// generated from the seed (valid and test are fixed streams, train is a sample of the
+/// same generator used only by `eval --split train`).
+pub fn load_split(cfg: &Config, split: Split, batch: usize) -> Result<SplitData> {
+    match cfg.data.source {
+        Source::Copy => Ok(tasks::copy::eval_split(&cfg.data.copy, cfg.seed, split, batch)),
+        Source::File | Source::Folder => bytes::load(&cfg.data, split),
+    }
+}
+
+/// The training streams the config names, positioned at the start.
+pub fn train_streams(cfg: &Config, batch: usize) -> Result<TrainStreams> {
+    match cfg.data.source {
+        Source::Copy => Ok(TrainStreams::Generated(tasks::copy::train_streams(&cfg.data.copy, cfg.seed, batch, cfg.train.block))),
+        Source::File | Source::Folder => {
+            let split = bytes::load(&cfg.data, Split::Train)?;
+            Ok(TrainStreams::Fixed(BlockStreams::new(&split, batch, cfg.train.block, cfg.seed)?))
+        }
+    }
+}
+
+/// Entropy in nats of the unigram distribution of the scored tokens of `seqs`: the loss
+/// of the best model that ignores context.
+pub fn unigram_entropy(seqs: &[TokenSeq]) -> f64 {
+    let mut counts = [0u64; 256];
+    for s in seqs {
+        for (i, &t) in s.tokens.iter().enumerate() {
+            if s.is_scored(i) {
+                counts[t as usize] += 1;
+            }
+        }
+    }
+    let total: u64 = counts.iter().sum();
+    counts
+        .iter()
+        .filter(|&&c| c > 0)
+        .map(|&c| {
+            let p = c as f64 / total as f64;
+            -p * p.ln()
+        })
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn concat_cuts_equal_streams_and_documents_stay_whole() {
+        let docs = vec![
+            TokenSeq::all_scored(vec![1; 5]),
+            TokenSeq::all_scored(vec![2; 3]),
+            TokenSeq::all_scored(vec![3; 4]),
+        ];
+        let mut split = SplitData { origin: "t".into(), docs, mode: FolderMode::Concat };
+        let s = split.into_streams(2);
+        assert_eq!(s[0].tokens, vec![1, 1, 1, 1, 1, 2]);
+        assert_eq!(s[1].tokens, vec![2, 2, 3, 3, 3, 3]);
+        split.mode = FolderMode::Documents;
+        let s = split.into_streams(2);
+        assert_eq!(s[0].tokens, vec![1; 5]);
+        assert_eq!(s[1].tokens, vec![2, 2, 2, 3, 3, 3, 3]);
+    }
+
+    #[test]
+    fn extend_keeps_scored_flags_aligned() {
+        let mut a = TokenSeq::all_scored(vec![1, 2]);
+        a.extend(&TokenSeq { tokens: vec![3, 4], scored: Some(vec![false, true]) });
+        assert_eq!(a.scored, Some(vec![true, true, false, true]));
+    }
+
+    #[test]
+    fn unigram_entropy_of_two_equal_symbols_is_ln2() {
+        let s = TokenSeq::all_scored(vec![7, 9, 7, 9]);
+        assert!((unigram_entropy(&[s]) - std::f64::consts::LN_2).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,336 @@
+//! Parallel streams: the data split into `B` streams, each step taking the next `M`
+//! tokens of every stream (ALGORITHMS.md, backbone). Targets are the inputs shifted by
+//! one; the last target of a block is the first input of the next, so nothing is lost
+//! at block boundaries.
+
+use std::collections::VecDeque;
+
+use serde::{Deserialize, Serialize};
+use tch::{Device, Kind, Tensor};
+
+use super::tasks::Task;
+use super::{SplitData, TokenSeq};
+use crate::error::{LetheError, Result};
+use crate::rng::Rng;
+
+/// One step's worth of tokens: `batch` streams of `len` tokens.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Batch {
+    /// Parallel streams.
+    pub batch: usize,
+    /// Tokens per stream in this block.
+    pub len: usize,
+    /// Inputs, row-major `(batch, len)`.
+    pub inputs: Vec<i64>,
+    /// Next tokens, row-major `(batch, len)`.
+    pub targets: Vec<i64>,
+    /// 1 where the target is scored, 0 where it is context or padding.
+    pub weights: Vec<f32>,
+    /// True when the streams restarted: the memory must be emptied before this block.
+    pub reset: bool,
+}
+
+impl Batch {
+    fn with_capacity(batch: usize, len: usize, reset: bool) -> Self {
+        let n = batch * len;
+        Batch { batch, len, inputs: Vec::with_capacity(n), targets: Vec::with_capacity(n), weights: Vec::with_capacity(n), reset }
+    }
+
+    /// Appends one stream's `len + 1` tokens (inputs then the final target) and the
+    /// scored flags of the `len` targets.
+    fn push_stream(&mut self, tokens: impl Iterator<Item = u8> + Clone, scored: impl Iterator<Item = f32>) {
+        self.inputs.extend(tokens.clone().take(self.len).map(i64::from));
+        self.targets.extend(tokens.skip(1).take(self.len).map(i64::from));
+        self.weights.extend(scored.take(self.len));
+    }
+
+    /// Number of scored targets.
+    pub fn scored(&self) -> f64 {
+        self.weights.iter().map(|&w| w as f64).sum()
+    }
+
+    /// Streams `[from, to)` of this batch, as tensors `(inputs, targets, weights)` on `device`.
+    pub fn tensors(&self, from: usize, to: usize, device: Device) -> (Tensor, Tensor, Tensor) {
+        let (a, b) = (from * self.len, to * self.len);
+        let shape = [(to - from) as i64, self.len as i64];
+        let x = Tensor::from_slice(&self.inputs[a..b]).view(shape).to_device(device);
+        let y = Tensor::from_slice(&self.targets[a..b]).view(shape).to_device(device);
+        let w = Tensor::from_slice(&self.weights[a..b]).view(shape).to_kind(Kind::Float).to_device(device);
+        (x, y, w)
+    }
+}
+
+fn flag(seq: &TokenSeq, i: usize) -> f32 {
+    if seq.is_scored(i) {
+        1.0
+    } else {
+        0.0
+    }
+}
+
+/// Training streams over a finite split. At the end of the data, every stream restarts
+/// at a random offset in `[0, M)` with a fresh cache.
+#[derive(Debug)]
+pub struct BlockStreams {
+    streams: Vec<TokenSeq>,
+    block: usize,
+    usable: usize,
+    pos: usize,
+    rng: Rng,
+    started: bool,
+}
+
+/// Where [`BlockStreams`] stands, for exact resume.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BlockState {
+    pos: usize,
+    rng: Rng,
+    started: bool,
+}
+
+impl BlockStreams {
+    /// `batch` streams of blocks of `block` tokens over `split`. Fails when a stream would
+    /// be shorter than one block plus its target.
+    pub fn new(split: &SplitData, batch: usize, block: usize, seed: u64) -> Result<Self> {
+        let streams = split.into_streams(batch);
+        let usable = streams.iter().map(TokenSeq::len).min().unwrap_or(0);
+        if usable < block + 1 {
+            return Err(LetheError::data(
+                &split.origin,
+                format!(
+                    "too short for training: {} tokens make {batch} streams of {usable}, but each \
+                     stream needs at least one block plus one target ({} tokens), so at least {} \
+                     tokens in all; use a smaller train.batch or train.block, or more data",
+                    split.total_len(),
+                    block + 1,
+                    batch * (block + 1)
+                ),
+            ));
+        }
+        Ok(BlockStreams { streams, block, usable, pos: 0, rng: Rng::derive(seed, 0xB10C), started: false })
+    }
+
+    /// The next block of every stream.
+    pub fn next_batch(&mut self) -> Batch {
+        let mut reset = !self.started;
+        self.started = true;
+        if self.pos + self.block + 1 > self.usable {
+            let max_offset = (self.block - 1).min(self.usable - self.block - 1);
+            self.pos = self.rng.range(0, max_offset);
+            reset = true;
+        }
+        let mut batch = Batch::with_capacity(self.streams.len(), self.block, reset);
+        for s in &self.streams {
+            let p = self.pos;
+            batch.push_stream(s.tokens[p..=p + self.block].iter().copied(), (p + 1..=p + self.block).map(|i| flag(s, i)));
+        }
+        self.pos += self.block;
+        batch
+    }
+
+    fn state(&self) -> BlockState {
+        BlockState { pos: self.pos, rng: self.rng.clone(), started: self.started }
+    }
+}
+
+/// Training streams from a task generator: each stream draws whole episodes from its own
+/// random generator and is consumed `M` tokens at a time. Never ends.
+pub struct GeneratedStreams {
+    task: Box<dyn Task>,
+    block: usize,
+    streams: Vec<GenStream>,
+}
+
+/// One generated stream: its generator and the tokens drawn but not yet consumed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GenStream {
+    rng: Rng,
+    tokens: VecDeque<u8>,
+    scored: VecDeque<bool>,
+}
+
+impl GeneratedStreams {
+    /// `batch` streams of `task`, stream `b` seeded with `Rng::derive(seed, b)`.
+    pub fn new(task: Box<dyn Task>, seed: u64, batch: usize, block: usize) -> Self {
+        let streams = (0..batch)
+            .map(|b| GenStream { rng: Rng::derive(seed, b as u64), tokens: VecDeque::new(), scored: VecDeque::new() })
+            .collect();
+        GeneratedStreams { task, block, streams }
+    }
+
+    /// The next block of every stream.
+    pub fn next_batch(&mut self) -> Batch {
+        let mut batch = Batch::with_capacity(self.streams.len(), self.block, false);
+        for s in &mut self.streams {
+            while s.tokens.len() < self.block + 1 {
+                let ep = self.task.episode(&mut s.rng);
+                s.scored.extend((0..ep.len()).map(|i| ep.is_scored(i)));
+                s.tokens.extend(ep.tokens);
+            }
+            let scored = s.scored.iter().skip(1).map(|&f| if f { 1.0 } else { 0.0 });
+            batch.push_stream(s.tokens.iter().copied(), scored);
+            s.tokens.drain(..self.block);
+            s.scored.drain(..self.block);
+        }
+        batch
+    }
+}
+
+/// The training data of a run: a finite corpus or an endless generator.
+pub enum TrainStreams {
+    /// A finite split read as parallel streams.
+    Fixed(BlockStreams),
+    /// A task generator.
+    Generated(GeneratedStreams),
+}
+
+/// Where the training data stands, saved in checkpoints.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum DataState {
+    /// Position in a finite corpus.
+    Fixed(BlockState),
+    /// Generator state of each stream.
+    Generated(Vec<GenStream>),
+}
+
+impl TrainStreams {
+    /// The next block of every stream.
+    pub fn next_batch(&mut self) -> Batch {
+        match self {
+            TrainStreams::Fixed(s) => s.next_batch(),
+            TrainStreams::Generated(s) => s.next_batch(),
+        }
+    }
+
+    /// The position in the data, for checkpoints.
+    pub fn state(&self) -> DataState {
+        match self {
+            TrainStreams::Fixed(s) => DataState::Fixed(s.state()),
+            TrainStreams::Generated(s) => DataState::Generated(s.streams.clone()),
+        }
+    }
+
+    /// Moves to a saved position. Fails when the state belongs to another kind of data
+    /// or another batch size.
+    pub fn restore(&mut self, state: DataState) -> Result<()> {
+        match (self, state) {
+            (TrainStreams::Fixed(s), DataState::Fixed(st)) if st.pos <= s.usable => {
+                s.pos = st.pos;
+                s.rng = st.rng;
+                s.started = st.started;
+                Ok(())
+            }
+            (TrainStreams::Generated(s), DataState::Generated(streams)) if streams.len() == s.streams.len() => {
+                s.streams = streams;
+                Ok(())
+            }
+            _ => Err(LetheError::Invalid("the saved data position does not fit this data and batch size".into())),
+        }
+    }
+}
+
+/// Walks a split once as parallel streams for evaluation, block by block. Streams of
+/// unequal length are padded with unscored tokens once they run out.
+pub struct EvalWalker {
+    streams: Vec<TokenSeq>,
+    longest: usize,
+    pos: usize,
+}
+
+impl EvalWalker {
+    /// `batch` streams over `split` (fewer when the split is too short to give each
+    /// stream two tokens).
+    pub fn new(split: &SplitData, batch: usize) -> Result<Self> {
+        let total = split.total_len();
+        let batch = batch.min(total / 2).max(1);
+        let streams = split.into_streams(batch);
+        let longest = streams.iter().map(TokenSeq::len).max().unwrap_or(0);
+        if longest < 2 {
+            return Err(LetheError::data(&split.origin, format!("too short to evaluate: {total} tokens")));
+        }
+        Ok(EvalWalker { streams, longest, pos: 0 })
+    }
+
+    /// The parallel streams.
+    pub fn streams(&self) -> &[TokenSeq] {
+        &self.streams
+    }
+
+    /// Number of parallel streams.
+    pub fn batch(&self) -> usize {
+        self.streams.len()
+    }
+
+    /// The next block of at most `block` tokens, or `None` at the end.
+    pub fn next_block(&mut self, block: usize) -> Option<Batch> {
+        if self.pos + 1 >= self.longest {
+            return None;
+        }
+        let len = block.min(self.longest - 1 - self.pos);
+        let mut batch = Batch::with_capacity(self.streams.len(), len, self.pos == 0);
+        for s in &self.streams {
+            let p = self.pos;
+            let tokens = (p..=p + len).map(|i| s.tokens.get(i).copied().unwrap_or(0));
+            let flags = (p + 1..=p + len).map(|i| if i < s.len() { flag(s, i) } else { 0.0 });
+            batch.push_stream(tokens, flags);
+        }
+        self.pos += len;
+        Some(batch)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::FolderMode;
+
+    fn split(tokens: Vec<u8>) -> SplitData {
+        SplitData { origin: "mem".into(), docs: vec![TokenSeq::all_scored(tokens)], mode: FolderMode::Concat }
+    }
+
+    #[test]
+    fn blocks_are_contiguous_and_targets_shift_by_one() {
+        let mut s = BlockStreams::new(&split((0..40).collect()), 2, 4, 1).unwrap();
+        let b1 = s.next_batch();
+        assert!(b1.reset);
+        assert_eq!(b1.inputs, vec![0, 1, 2, 3, 20, 21, 22, 23]);
+        assert_eq!(b1.targets, vec![1, 2, 3, 4, 21, 22, 23, 24]);
+        let b2 = s.next_batch();
+        assert!(!b2.reset);
+        assert_eq!(b2.inputs[..4], [4, 5, 6, 7]);
+    }
+
+    #[test]
+    fn end_of_data_restarts_at_an_offset_below_block_with_reset() {
+        let mut s = BlockStreams::new(&split((0..40).collect()), 2, 4, 1).unwrap();
+        for _ in 0..4 {
+            s.next_batch();
+        }
+        let b = s.next_batch(); // pos 16 + 5 > 20: restart
+        assert!(b.reset);
+        assert!(b.inputs[0] < 4, "offset {}", b.inputs[0]);
+    }
+
+    #[test]
+    fn too_short_corpus_names_the_numbers() {
+        let err = BlockStreams::new(&split(vec![1; 9]), 2, 4, 1).unwrap_err().to_string();
+        assert!(err.contains("mem") && err.contains("too short") && err.contains("10 tokens"), "{err}");
+    }
+
+    #[test]
+    fn eval_walker_covers_every_target_once() {
+        let mut w = EvalWalker::new(&split((0..23).collect()), 2, ).unwrap();
+        let mut targets = vec![];
+        let mut scored = 0.0;
+        while let Some(b) = w.next_block(4) {
+            scored += b.scored();
+            targets.extend(b.targets.iter().zip(&b.weights).filter(|(_, &w)| w > 0.0).map(|(&t, _)| t));
+        }
+        // 2 streams of 11 tokens: 10 targets each.
+        assert_eq!(scored, 20.0);
+        targets.sort();
+        let mut expect: Vec<i64> = (1..11).chain(12..22).collect();
+        expect.sort();
+        assert_eq!(targets, expect);
+    }
+}

@@ -1,0 +1,122 @@
+//! The copy task of the Expire-Span paper (section 5.3, Table 1): a run of `A`s far in
+//! the past; the rest are `B`s; the model must reproduce how many `A`s it saw.
+//!
+//! One episode is `A^n B^d = A^n .` with `n ~ U[count_min, count_max]` and
+//! `d ~ U[distance_min, distance_max]` (up to 128k). Only the answer `A^n .` is scored:
+//! to get it right the model must count a run that lies `d + 1` tokens back.
+
+use crate::config::{CopyConfig, FolderMode};
+use crate::data::stream::GeneratedStreams;
+use crate::data::{Split, SplitData, TokenSeq};
+use crate::rng::Rng;
+
+use super::Task;
+
+/// The symbol of the run to copy.
+pub const RUN: u8 = b'A';
+/// The filler symbol.
+pub const FILL: u8 = b'B';
+/// Marks the question: the answer follows.
+pub const ASK: u8 = b'=';
+/// Ends the answer.
+pub const END: u8 = b'.';
+
+/// The copy task with its parameters.
+#[derive(Clone, Debug)]
+pub struct CopyTask {
+    cfg: CopyConfig,
+}
+
+impl CopyTask {
+    /// The task with `cfg`'s counts and distances.
+    pub fn new(cfg: &CopyConfig) -> Self {
+        CopyTask { cfg: cfg.clone() }
+    }
+}
+
+impl Task for CopyTask {
+    fn episode(&self, rng: &mut Rng) -> TokenSeq {
+        let n = rng.range(self.cfg.count_min, self.cfg.count_max);
+        let d = rng.range(self.cfg.distance_min, self.cfg.distance_max);
+        let mut tokens = Vec::with_capacity(2 * n + d + 2);
+        tokens.extend(std::iter::repeat_n(RUN, n));
+        tokens.extend(std::iter::repeat_n(FILL, d));
+        tokens.push(ASK);
+        let question_len = tokens.len();
+        tokens.extend(std::iter::repeat_n(RUN, n));
+        tokens.push(END);
+        let scored = (0..tokens.len()).map(|i| i >= question_len).collect();
+        TokenSeq { tokens, scored: Some(scored) }
+    }
+}
+
+/// Endless training streams of the copy task.
+pub fn train_streams(cfg: &CopyConfig, seed: u64, batch: usize, block: usize) -> GeneratedStreams {
+    GeneratedStreams::new(Box::new(CopyTask::new(cfg)), seed, batch, block)
+}
+
+/// A fixed evaluation split: `batch` documents of whole episodes, about
+/// `cfg.eval_tokens` tokens in all, from a seed of its own per split.
+pub fn eval_split(cfg: &CopyConfig, seed: u64, split: Split, batch: usize) -> SplitData {
+    let task = CopyTask::new(cfg);
+    let split_index = match split {
+        Split::Train => 0,
+        Split::Valid => 1,
+        Split::Test => 2,
+    };
+    let per_doc = cfg.eval_tokens.div_ceil(batch);
+    let docs = (0..batch)
+        .map(|b| {
+            let mut rng = Rng::derive(seed ^ (0x5EED_0000 + split_index), b as u64);
+            let mut doc = TokenSeq::default();
+            while doc.len() < per_doc {
+                doc.extend(&task.episode(&mut rng));
+            }
+            doc
+        })
+        .collect();
+    SplitData { origin: format!("copy task ({split})").into(), docs, mode: FolderMode::Documents }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn episode_has_the_run_the_gap_and_a_scored_answer_of_the_same_length() {
+        let cfg = CopyConfig { count_min: 3, count_max: 3, distance_min: 5, distance_max: 5, eval_tokens: 10 };
+        let ep = CopyTask::new(&cfg).episode(&mut Rng::new(1));
+        assert_eq!(ep.tokens, b"AAABBBBB=AAA.".to_vec());
+        let scored: Vec<usize> = (0..ep.len()).filter(|&i| ep.is_scored(i)).collect();
+        assert_eq!(scored, vec![9, 10, 11, 12]);
+    }
+
+    #[test]
+    fn counts_and_distances_cover_their_ranges() {
+        let cfg = CopyConfig { count_min: 1, count_max: 4, distance_min: 10, distance_max: 13, eval_tokens: 10 };
+        let task = CopyTask::new(&cfg);
+        let mut rng = Rng::new(3);
+        let (mut counts, mut gaps) = (std::collections::BTreeSet::new(), std::collections::BTreeSet::new());
+        for _ in 0..200 {
+            let ep = task.episode(&mut rng);
+            let n = ep.tokens.iter().take_while(|&&t| t == RUN).count();
+            let d = ep.tokens.iter().filter(|&&t| t == FILL).count();
+            assert_eq!(ep.len(), 2 * n + d + 2);
+            counts.insert(n);
+            gaps.insert(d);
+        }
+        assert_eq!(counts.into_iter().collect::<Vec<_>>(), vec![1, 2, 3, 4]);
+        assert_eq!(gaps.into_iter().collect::<Vec<_>>(), vec![10, 11, 12, 13]);
+    }
+
+    #[test]
+    fn eval_splits_are_fixed_and_differ_between_valid_and_test() {
+        let cfg = CopyConfig::default();
+        let a = eval_split(&cfg, 1, Split::Valid, 4);
+        let b = eval_split(&cfg, 1, Split::Valid, 4);
+        let c = eval_split(&cfg, 1, Split::Test, 4);
+        assert_eq!(a.docs, b.docs);
+        assert_ne!(a.docs, c.docs);
+        assert!(a.total_len() >= cfg.eval_tokens);
+    }
+}

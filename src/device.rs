@@ -1,0 +1,55 @@
+//! Choosing where tensors live: `cpu`, `cuda`, `cuda:N` or `auto`.
+
+use tch::Device;
+
+use crate::error::{LetheError, Result};
+
+/// Parses a device name. `auto` picks the first GPU when libtorch sees one.
+pub fn parse(name: &str) -> Result<Device> {
+    if name != "cpu" {
+        load_cuda_backend();
+    }
+    match name {
+        "cpu" => Ok(Device::Cpu),
+        "auto" => Ok(Device::cuda_if_available()),
+        "cuda" => cuda(0),
+        other => match other.strip_prefix("cuda:").and_then(|n| n.parse::<usize>().ok()) {
+            Some(n) => cuda(n),
+            None => Err(LetheError::config("train.device", name, "must be cpu, cuda, cuda:N or auto")),
+        },
+    }
+}
+
+fn cuda(index: usize) -> Result<Device> {
+    // Validation may run before a GPU is needed; only refuse when asked for one that is absent.
+    if tch::Cuda::is_available() && index < tch::Cuda::device_count() as usize {
+        Ok(Device::Cuda(index))
+    } else {
+        Err(LetheError::config(
+            "train.device",
+            format!("cuda:{index}"),
+            format!("no such GPU (libtorch sees {})", tch::Cuda::device_count()),
+        ))
+    }
+}
+
+/// Loads libtorch's CUDA backend (`libtorch_cuda.so`) when the libtorch lethe was built
+/// against has one. The linker drops it from the binary's needed libraries because no
+/// symbol of it is referenced; without it libtorch reports no GPU.
+pub fn load_cuda_backend() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let Some(dir) = option_env!("LETHE_LIBTORCH_LIB") else { return };
+        let lib = std::path::Path::new(dir).join("libtorch_cuda.so");
+        if !lib.exists() {
+            return;
+        }
+        if let Ok(c) = std::ffi::CString::new(lib.to_string_lossy().as_bytes()) {
+            // SAFETY: dlopen with a valid NUL-terminated path; the handle is kept open
+            // for the life of the process, as libtorch expects of its backends.
+            unsafe {
+                libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL);
+            }
+        }
+    });
+}

@@ -1,0 +1,85 @@
+//! The library's error type. Every variant names the file, field or value at fault, so
+//! that `main` can print one readable line and exit non-zero.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong in lethe, as one message a user can act on.
+#[derive(Debug, thiserror::Error)]
+pub enum LetheError {
+    /// A config field holds an impossible value.
+    #[error("config: `{field}` = {value}: {reason}")]
+    Config { field: String, value: String, reason: String },
+
+    /// A config file or override could not be parsed.
+    #[error("config: {0}")]
+    ConfigParse(String),
+
+    /// A named preset does not exist.
+    #[error("unknown preset `{name}`; known presets: {known}")]
+    UnknownPreset { name: String, known: String },
+
+    /// A corpus is missing, unreadable, empty or too short.
+    #[error("data `{path}`: {reason}")]
+    Data { path: PathBuf, reason: String },
+
+    /// A checkpoint is missing, corrupt, truncated or from a different model.
+    #[error("checkpoint `{path}`: {reason}")]
+    Checkpoint { path: PathBuf, reason: String },
+
+    /// The training loss became NaN or infinite.
+    #[error(
+        "loss became {value} at step {step}; training stopped. The last good checkpoint \
+         (step {last_checkpoint}) is kept in `{dir}`. Lower the learning rate or raise \
+         the warm-up, then resume."
+    )]
+    NonFiniteLoss { step: usize, value: f64, last_checkpoint: usize, dir: PathBuf },
+
+    /// A file could not be read or written.
+    #[error("`{path}`: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+
+    /// An error from libtorch, with what lethe was doing at the time.
+    #[error("{context}: {source}")]
+    Torch { context: String, source: tch::TchError },
+
+    /// A request that makes no sense for this model or input (e.g. an empty prompt).
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Result with [`LetheError`].
+pub type Result<T, E = LetheError> = std::result::Result<T, E>;
+
+impl LetheError {
+    /// Shorthand for [`LetheError::Config`].
+    pub fn config(field: &str, value: impl std::fmt::Display, reason: impl Into<String>) -> Self {
+        LetheError::Config { field: field.to_string(), value: value.to_string(), reason: reason.into() }
+    }
+
+    /// Shorthand for [`LetheError::Io`].
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        LetheError::Io { path: path.into(), source }
+    }
+
+    /// Shorthand for [`LetheError::Checkpoint`].
+    pub fn checkpoint(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
+        LetheError::Checkpoint { path: path.into(), reason: reason.into() }
+    }
+
+    /// Shorthand for [`LetheError::Data`].
+    pub fn data(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
+        LetheError::Data { path: path.into(), reason: reason.into() }
+    }
+}
+
+/// Adds context to a fallible libtorch call.
+pub trait TorchContext<T> {
+    /// Wraps a [`tch::TchError`] with what lethe was doing.
+    fn torch(self, context: &str) -> Result<T>;
+}
+
+impl<T> TorchContext<T> for std::result::Result<T, tch::TchError> {
+    fn torch(self, context: &str) -> Result<T> {
+        self.map_err(|source| LetheError::Torch { context: context.to_string(), source })
+    }
+}

@@ -1,0 +1,148 @@
+//! The `lethe` binary: parse the command line, run, turn errors into one line and a
+//! non-zero exit code. All logic lives in the library.
+
+mod cli;
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+
+use cli::{BenchArgs, Cli, Command, EvalArgs, GenerateArgs, TrainArgs};
+use lethe::checkpoint::Checkpoint;
+use lethe::config::{Source, PRESETS};
+use lethe::data::{self, Split};
+use lethe::generate::Sampling;
+use lethe::model::Lm;
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Train(a) => train(a),
+        Command::Eval(a) => eval(a),
+        Command::Generate(a) => generate(a),
+        Command::Bench(a) => bench(a),
+    }
+}
+
+/// Handles --list-presets and --print-config; returns true when the command is done.
+fn informational(args: &cli::ConfigArgs) -> Result<bool> {
+    if args.list_presets {
+        for (name, about) in PRESETS {
+            println!("{name:<12} {about}");
+        }
+        return Ok(true);
+    }
+    if args.print_config {
+        print!("{}", args.resolve()?.to_toml()?);
+        return Ok(true);
+    }
+    Ok(false)
+}
+
+fn train(a: TrainArgs) -> Result<()> {
+    if informational(&a.config)? {
+        return Ok(());
+    }
+    let cfg = a.config.resolve()?;
+    let opts = lethe::train::TrainOptions { out_dir: a.out, resume: a.resume, overwrite: a.overwrite, quiet: a.quiet };
+    let summary = lethe::train::train(&cfg, &opts)?;
+    if let Some(r) = summary.last_eval {
+        println!(
+            "done: valid loss {:.4} nats ({:.4} bpb), accuracy {:.1}% (unigram baseline {:.4} nats); run folder {}",
+            r.loss,
+            r.bpb,
+            100.0 * r.accuracy,
+            summary.unigram_baseline,
+            summary.run_dir.display()
+        );
+    }
+    Ok(())
+}
+
+fn eval(a: EvalArgs) -> Result<()> {
+    let device = lethe::device::parse(&a.device)?;
+    let ckpt = Checkpoint::load(&a.checkpoint)?;
+    let split: Split = a.split.parse()?;
+    let mut cfg = ckpt.config.clone();
+    if let Some(path) = a.data {
+        cfg.data.source = if path.is_dir() { Source::Folder } else { Source::File };
+        cfg.data.path = Some(path);
+    }
+    let block = a.block.unwrap_or(cfg.train.block);
+    cfg.memory.validate(block)?;
+    let batch = a.batch.unwrap_or(cfg.train.batch);
+    let lm = Lm::from_checkpoint(&ckpt, device)?;
+    let data = data::load_split(&cfg, split, batch)?;
+    let r = lethe::eval::evaluate(&lm, &data, batch, block, a.max_tokens)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        let answers = r.answer_accuracy.map(|x| format!(", answers {:.2}%", 100.0 * x)).unwrap_or_default();
+        println!(
+            "{split}: loss {:.4} nats, {:.4} bits per byte, accuracy {:.2}%{answers} over {} scored tokens (block {block}, {batch} streams)",
+            r.loss,
+            r.bpb,
+            100.0 * r.accuracy,
+            r.tokens
+        );
+    }
+    Ok(())
+}
+
+fn generate(a: GenerateArgs) -> Result<()> {
+    let device = lethe::device::parse(&a.device)?;
+    let prompt = match (&a.prompt, &a.prompt_file) {
+        (Some(p), _) => p.clone().into_bytes(),
+        (None, Some(f)) => std::fs::read(f).with_context(|| format!("reading prompt file `{}`", f.display()))?,
+        (None, None) => anyhow::bail!("give a prompt with --prompt TEXT or --prompt-file FILE"),
+    };
+    let ckpt = Checkpoint::load(&a.checkpoint)?;
+    let lm = Lm::from_checkpoint(&ckpt, device)?;
+    let sampling = Sampling { temperature: a.temperature, top_k: a.top_k, seed: a.seed };
+    let mut out = std::io::stdout().lock();
+    out.write_all(&prompt)?;
+    lethe::generate::generate(&lm, &prompt, a.bytes, &sampling, |b| {
+        let _ = out.write_all(&[b]);
+        let _ = out.flush();
+    })?;
+    writeln!(out)?;
+    Ok(())
+}
+
+fn bench(a: BenchArgs) -> Result<()> {
+    if informational(&a.config)? {
+        return Ok(());
+    }
+    let cfg = a.config.resolve()?;
+    let r = lethe::bench::bench(&cfg, a.bench_steps, a.warmup)?;
+    println!(
+        "{:<14} {:<8} {:>9} params | {} tok/step | step median {:.1} ms (p10 {:.1}, p90 {:.1}) | {:.0} tok/s | peak RSS {} | mem {:?} | {} threads",
+        r.name,
+        r.mechanism,
+        r.parameters,
+        r.tokens_per_step,
+        1e3 * r.median_s,
+        1e3 * r.p10_s,
+        1e3 * r.p90_s,
+        r.tokens_per_s,
+        r.peak_rss_mib.map(|m| format!("{m:.0} MiB")).unwrap_or_else(|| "n/a".into()),
+        r.mem_size.iter().map(|m| m.round()).collect::<Vec<_>>(),
+        r.threads
+    );
+    let dir = a.out.join(&cfg.name);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating `{}`", dir.display()))?;
+    let path = dir.join("bench.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&r)?).with_context(|| format!("writing `{}`", path.display()))?;
+    Ok(())
+}

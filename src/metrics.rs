@@ -1,0 +1,84 @@
+//! Run folders, the metrics log (`metrics.jsonl`, one JSON object per line) and the
+//! progress line on the terminal.
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::error::{LetheError, Result};
+
+/// Appends JSON objects to `metrics.jsonl`, one per line.
+pub struct MetricsLog {
+    path: PathBuf,
+    file: std::fs::File,
+}
+
+impl MetricsLog {
+    /// Opens (creating if needed) `<dir>/metrics.jsonl` for appending.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let path = dir.join("metrics.jsonl");
+        let file = OpenOptions::new().create(true).append(true).open(&path).map_err(|e| LetheError::io(&path, e))?;
+        Ok(MetricsLog { path, file })
+    }
+
+    /// Appends one record.
+    pub fn write(&mut self, record: &serde_json::Value) -> Result<()> {
+        writeln!(self.file, "{record}").map_err(|e| LetheError::io(&self.path, e))?;
+        self.file.flush().map_err(|e| LetheError::io(&self.path, e))
+    }
+}
+
+/// `1h02m`, `3m05s` or `12s`.
+pub fn format_duration(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
+/// `950`, `12.3k`, `4.56M`.
+pub fn format_count(x: f64) -> String {
+    if x >= 1e6 {
+        format!("{:.2}M", x / 1e6)
+    } else if x >= 1e3 {
+        format!("{:.1}k", x / 1e3)
+    } else {
+        format!("{x:.0}")
+    }
+}
+
+/// Peak resident memory of this process in bytes (`VmHWM`), where the OS reports it.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_and_counts_read_naturally() {
+        assert_eq!(format_duration(Duration::from_secs(12)), "12s");
+        assert_eq!(format_duration(Duration::from_secs(185)), "3m05s");
+        assert_eq!(format_duration(Duration::from_secs(3720)), "1h02m");
+        assert_eq!(format_count(950.0), "950");
+        assert_eq!(format_count(12_345.0), "12.3k");
+    }
+
+    #[test]
+    fn metrics_are_appended_as_json_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = MetricsLog::open(dir.path()).unwrap();
+        log.write(&serde_json::json!({"step": 1})).unwrap();
+        let mut log = MetricsLog::open(dir.path()).unwrap();
+        log.write(&serde_json::json!({"step": 2})).unwrap();
+        let text = std::fs::read_to_string(dir.path().join("metrics.jsonl")).unwrap();
+        assert_eq!(text, "{\"step\":1}\n{\"step\":2}\n");
+    }
+}

@@ -1,0 +1,150 @@
+//! Multi-head attention pieces shared by every memory mechanism: the projections
+//! (paper Eq. 1), relative-position scores with the learned `key_pe` (A.1), and the
+//! masked softmax mix (Eq. 2).
+//!
+//! A mechanism decides *which* states a query may see; these helpers do the arithmetic.
+//! Shapes: `b` streams, `h` heads, `m` queries (the block), `n` keys, `dh` head size.
+
+use tch::nn::{self, Module};
+use tch::{Kind, Tensor};
+
+/// The projections of one layer's attention. No biases, as in the adaptive-span code.
+#[derive(Debug)]
+pub struct Attention {
+    q: nn::Linear,
+    k: nn::Linear,
+    v: nn::Linear,
+    o: nn::Linear,
+    heads: i64,
+    d_head: i64,
+    /// Dropout probability on the attention weights.
+    pub dropout: f64,
+}
+
+impl Attention {
+    /// Projections `d_model -> d_model` for queries, keys, values and the output.
+    pub fn new(p: nn::Path, d_model: i64, heads: i64, dropout: f64) -> Self {
+        let cfg = nn::LinearConfig { bias: false, ..Default::default() };
+        Attention {
+            q: nn::linear(&p / "q", d_model, d_model, cfg),
+            k: nn::linear(&p / "k", d_model, d_model, cfg),
+            v: nn::linear(&p / "v", d_model, d_model, cfg),
+            o: nn::linear(&p / "o", d_model, d_model, cfg),
+            heads,
+            d_head: d_model / heads,
+            dropout,
+        }
+    }
+
+    /// Size of one head.
+    pub fn d_head(&self) -> i64 {
+        self.d_head
+    }
+
+    /// `(b, n, d)` -> `(b, h, n, dh)`.
+    fn split_heads(&self, x: &Tensor) -> Tensor {
+        let (b, n, _) = x.size3().expect("attention input must be (b, n, d)");
+        x.view([b, n, self.heads, self.d_head]).transpose(1, 2) // (b, h, n, dh)
+    }
+
+    /// Queries of the block `x` `(b, m, d)`: `(b, h, m, dh)`.
+    pub fn queries(&self, x: &Tensor) -> Tensor {
+        self.split_heads(&self.q.forward(x))
+    }
+
+    /// Keys and values of `states` `(b, n, d)`: each `(b, h, n, dh)`.
+    pub fn keys_values(&self, states: &Tensor) -> (Tensor, Tensor) {
+        (self.split_heads(&self.k.forward(states)), self.split_heads(&self.v.forward(states)))
+    }
+
+    /// Heads `(b, h, m, dh)` merged and projected: `(b, m, d)`.
+    pub fn output(&self, context: &Tensor) -> Tensor {
+        let (b, h, m, dh) = context.size4().expect("context must be (b, h, m, dh)");
+        self.o.forward(&context.transpose(1, 2).contiguous().view([b, m, h * dh]))
+    }
+}
+
+/// Relative-position attention scores: `(q·k + q·key_pe[dist]) / sqrt(dh)`.
+///
+/// `q` `(b, h, m, dh)`, `k` `(b, h, n, dh)`, `key_pe` `(P, dh)`, `dist` `(m, n)` the
+/// distance index of each query-key pair, already clamped to `[0, P)`. Returns `(b, h, m, n)`.
+pub fn relative_scores(q: &Tensor, k: &Tensor, key_pe: &Tensor, dist: &Tensor) -> Tensor {
+    let (b, h, m, dh) = q.size4().expect("queries must be (b, h, m, dh)");
+    let n = k.size()[2];
+    let content = q.matmul(&k.transpose(-2, -1)); // (b, h, m, n)
+    let by_distance = q.matmul(&key_pe.tr()); // (b, h, m, P)
+    let position = by_distance.gather(-1, &dist.expand([b, h, m, n], false), false); // (b, h, m, n)
+    (content + position) / (dh as f64).sqrt()
+}
+
+/// Softmax over the keys where `visible` `(m, n)` (or broadcastable) is true, dropout,
+/// then the weighted sum of `v` `(b, h, n, dh)`: `(b, h, m, dh)`. Every query must
+/// see at least one key.
+pub fn masked_mix(scores: &Tensor, visible: &Tensor, v: &Tensor, dropout: f64, train: bool) -> Tensor {
+    let probs = scores.masked_fill(&visible.logical_not(), f64::NEG_INFINITY).softmax(-1, scores.kind());
+    let probs = probs.dropout(dropout, train);
+    probs.matmul(v)
+}
+
+/// The distance index and visibility of a window attention: `m` queries that follow
+/// `cached` earlier positions, each seeing itself and at most `span` earlier positions.
+/// Returns `(dist, visible)`, both `(m, cached + m)`; `dist` is clamped to `[0, span]`.
+pub fn window(cached: i64, m: i64, span: i64, device: tch::Device) -> (Tensor, Tensor) {
+    let opts = (Kind::Int64, device);
+    let query_pos = Tensor::arange(m, opts).unsqueeze(1) + cached; // (m, 1)
+    let key_pos = Tensor::arange(cached + m, opts).unsqueeze(0); // (1, n)
+    let dist = query_pos - key_pos; // (m, n)
+    let visible = dist.ge(0).logical_and(&dist.le(span));
+    (dist.clamp(0, span), visible)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(v: &[f64], shape: &[i64]) -> Tensor {
+        Tensor::from_slice(v).view(shape)
+    }
+
+    #[test]
+    fn window_sees_itself_and_span_earlier_positions() {
+        let (dist, vis) = window(2, 3, 2, tch::Device::Cpu);
+        // query 0 is at position 2; keys 0..5
+        let d: Vec<i64> = dist.flatten(0, -1).try_into().unwrap();
+        assert_eq!(d, vec![2, 1, 0, 0, 0, 2, 2, 1, 0, 0, 2, 2, 2, 1, 0]);
+        let v: Vec<bool> = vis.flatten(0, -1).try_into().unwrap();
+        let expect = [
+            [true, true, true, false, false],
+            [false, true, true, true, false],
+            [false, false, true, true, true],
+        ];
+        assert_eq!(v, expect.concat());
+    }
+
+    /// One head, dh = 2, two keys: scores and mix computed by hand.
+    #[test]
+    fn relative_scores_and_mix_match_a_hand_computation() {
+        let q = t(&[1.0, 0.0, 0.0, 1.0], &[1, 1, 2, 2]); // queries q0 = (1,0), q1 = (0,1)
+        let k = t(&[1.0, 2.0, 3.0, 4.0], &[1, 1, 2, 2]); // keys k0 = (1,2), k1 = (3,4)
+        let key_pe = t(&[0.5, 0.0, 0.0, 0.25], &[2, 2]); // pe[0] = (.5,0), pe[1] = (0,.25)
+        let (dist, vis) = window(0, 2, 1, tch::Device::Cpu);
+        let s = relative_scores(&q, &k, &key_pe, &dist);
+        let s: Vec<f64> = s.flatten(0, -1).try_into().unwrap();
+        let r = 2f64.sqrt();
+        // q0·k0 + q0·pe[0] = 1 + .5; q0·k1 (masked later, dist clamped 0) = 3 + .5
+        // q1·k0 + q1·pe[1] = 2 + .25; q1·k1 + q1·pe[0] = 4 + 0
+        let expect = [1.5 / r, 3.5 / r, 2.25 / r, 4.0 / r];
+        for (a, b) in s.iter().zip(expect) {
+            assert!((a - b).abs() < 1e-12, "{s:?}");
+        }
+        let v = t(&[10.0, 0.0, 0.0, 10.0], &[1, 1, 2, 2]);
+        let scores = t(&expect, &[1, 1, 2, 2]);
+        let out: Vec<f64> = masked_mix(&scores, &vis, &v, 0.0, false).flatten(0, -1).try_into().unwrap();
+        // query 0 sees only key 0; query 1 mixes both with softmax weights
+        let w1 = 1.0 / (1.0 + ((2.25 - 4.0) / r).exp());
+        let expect = [10.0, 0.0, 10.0 * (1.0 - w1), 10.0 * w1];
+        for (a, b) in out.iter().zip(expect) {
+            assert!((a - b).abs() < 1e-9, "{out:?} vs {expect:?}");
+        }
+    }
+}

@@ -1,0 +1,170 @@
+//! The shared backbone: a decoder-only, block-recurrent transformer over bytes
+//! (Expire-Span paper, section 3; ALGORITHMS.md, backbone). Embedding, `layers` blocks of
+//! attention + feed-forward (pre-norm or post-norm, dropout), learned relative position
+//! embeddings `key_pe` shared by every layer, and a linear output head. How each layer
+//! remembers the past is its [`MemoryLayer`]'s business.
+
+use tch::nn::{self, Module};
+use tch::{Kind, Tensor};
+
+use super::attention::Attention;
+use super::memory::{self, AttendInput, MemoryLayer, MemoryReport};
+use crate::config::{MemoryConfig, ModelConfig};
+use crate::error::Result;
+
+/// One transformer layer's parameters.
+#[derive(Debug)]
+struct Layer {
+    attn: Attention,
+    norm1: nn::LayerNorm,
+    ff1: nn::Linear,
+    ff2: nn::Linear,
+    norm2: nn::LayerNorm,
+}
+
+impl Layer {
+    fn new(p: nn::Path, cfg: &ModelConfig) -> Self {
+        let (d, f) = (cfg.d_model as i64, cfg.d_ffn as i64);
+        Layer {
+            attn: Attention::new(&p / "attn", d, cfg.heads as i64, cfg.dropout),
+            norm1: nn::layer_norm(&p / "norm1", vec![d], Default::default()),
+            ff1: nn::linear(&p / "ff1", d, f, Default::default()),
+            ff2: nn::linear(&p / "ff2", f, d, Default::default()),
+            norm2: nn::layer_norm(&p / "norm2", vec![d], Default::default()),
+        }
+    }
+
+    fn ffn(&self, x: &Tensor, dropout: f64, train: bool) -> Tensor {
+        self.ff2.forward(&self.ff1.forward(x).relu().dropout(dropout, train))
+    }
+}
+
+/// The memory state of every layer for one group of streams.
+pub struct Memory {
+    layers: Vec<Box<dyn MemoryLayer>>,
+}
+
+impl Memory {
+    /// Empties every layer's memory.
+    pub fn reset(&mut self) {
+        self.layers.iter_mut().for_each(|l| l.reset());
+    }
+
+    /// Figures per layer.
+    pub fn reports(&self) -> Vec<MemoryReport> {
+        self.layers.iter().map(|l| l.report()).collect()
+    }
+
+    /// Saved state, named `layers.<i>.<name>`.
+    pub fn state(&self) -> Vec<(String, Tensor)> {
+        let mut out = vec![];
+        for (i, l) in self.layers.iter().enumerate() {
+            out.extend(l.state().into_iter().map(|(n, t)| (format!("layers.{i}.{n}"), t)));
+        }
+        out
+    }
+
+    /// Restores a state saved by [`Memory::state`].
+    pub fn load_state(&mut self, state: &[(String, Tensor)]) -> Result<()> {
+        for (i, l) in self.layers.iter_mut().enumerate() {
+            let prefix = format!("layers.{i}.");
+            let mine: Vec<(String, Tensor)> = state
+                .iter()
+                .filter_map(|(n, t)| n.strip_prefix(&prefix).map(|rest| (rest.to_string(), t.shallow_clone())))
+                .collect();
+            l.load_state(&mine)?;
+        }
+        Ok(())
+    }
+}
+
+/// The output of one block.
+pub struct Forward {
+    /// Next-token logits `(b, m, vocab)`.
+    pub logits: Tensor,
+    /// Sum of the layers' auxiliary losses (a zero scalar when there are none).
+    pub aux_loss: Tensor,
+}
+
+/// The model's parameters (they live in the `VarStore` the model was built in).
+pub struct Model {
+    cfg: ModelConfig,
+    embed: nn::Embedding,
+    layers: Vec<Layer>,
+    final_norm: Option<nn::LayerNorm>,
+    head: nn::Linear,
+    key_pe: Tensor,
+    memories: Vec<Box<dyn MemoryLayer>>,
+}
+
+impl Model {
+    /// Creates the parameters under `p`. Tensor names follow the module path
+    /// (`layers.1.attn.q.weight`, `key_pe`, ...).
+    pub fn new(p: &nn::Path, cfg: &ModelConfig, mem: &MemoryConfig) -> Self {
+        let d = cfg.d_model as i64;
+        let d_head = d / cfg.heads as i64;
+        let layers = (0..cfg.layers).map(|i| Layer::new(p / "layers" / i, cfg)).collect();
+        let memories = (0..cfg.layers).map(|i| memory::build(mem, p / "layers" / i / "memory")).collect();
+        let final_norm = cfg.pre_norm.then(|| nn::layer_norm(p / "final_norm", vec![d], Default::default()));
+        let rows = memory::position_rows(mem);
+        let key_pe = p.var("key_pe", &[rows, d_head], nn::Init::Randn { mean: 0.0, stdev: 1.0 / (d_head as f64).sqrt() });
+        Model {
+            cfg: cfg.clone(),
+            embed: nn::embedding(p / "embed", cfg.vocab as i64, d, Default::default()),
+            layers,
+            final_norm,
+            head: nn::linear(p / "head", d, cfg.vocab as i64, Default::default()),
+            key_pe,
+            memories,
+        }
+    }
+
+    /// Empty memories for a group of streams (one per micro-batch, or for evaluation).
+    pub fn new_memory(&self) -> Memory {
+        Memory { layers: self.memories.iter().map(|m| m.fresh()).collect() }
+    }
+
+    /// Runs one block `tokens` `(b, m)` with the memory carried in `mem`, then lets each
+    /// layer's memory absorb the block.
+    pub fn forward(&self, tokens: &Tensor, mem: &mut Memory, train: bool) -> Result<Forward> {
+        let p = self.cfg.dropout;
+        let mut h = self.embed.forward(tokens).dropout(p, train); // (b, m, d)
+        let mut aux = Tensor::zeros([], (h.kind(), h.device()));
+        for (layer, memory) in self.layers.iter().zip(mem.layers.iter_mut()) {
+            let x = if self.cfg.pre_norm { layer.norm1.forward(&h) } else { h.shallow_clone() };
+            let q = layer.attn.queries(&x); // (b, heads, m, dh)
+            let out = memory.attend(&AttendInput { x: &x, q: &q, attn: &layer.attn, key_pe: &self.key_pe, train })?;
+            memory.update(&x.detach());
+            if let Some(a) = out.aux_loss {
+                aux += a;
+            }
+            let a = layer.attn.output(&out.context).dropout(p, train); // (b, m, d)
+            h = if self.cfg.pre_norm {
+                let h = h + a;
+                let f = layer.ffn(&layer.norm2.forward(&h), p, train).dropout(p, train);
+                h + f
+            } else {
+                let h = layer.norm1.forward(&(h + a));
+                let f = layer.ffn(&h, p, train).dropout(p, train);
+                layer.norm2.forward(&(h + f))
+            };
+        }
+        if let Some(n) = &self.final_norm {
+            h = n.forward(&h);
+        }
+        Ok(Forward { logits: self.head.forward(&h), aux_loss: aux })
+    }
+}
+
+/// Negative log-likelihood of each target: `logits` `(b, m, V)`, `targets` `(b, m)`.
+/// Returns `(b, m)` in the logits' precision.
+pub fn token_nll(logits: &Tensor, targets: &Tensor) -> Tensor {
+    let logp = logits.log_softmax(-1, logits.kind()); // (b, m, V)
+    -logp.gather(-1, &targets.unsqueeze(-1), false).squeeze_dim(-1)
+}
+
+/// Number of `targets` that are the argmax of `logits`, counting only where `weights > 0`.
+pub fn correct(logits: &Tensor, targets: &Tensor, weights: &Tensor) -> f64 {
+    let hit = logits.argmax(-1, false).eq_tensor(targets).to_kind(Kind::Float);
+    (hit * weights.gt(0.0).to_kind(Kind::Float)).sum(Kind::Double).double_value(&[])
+}

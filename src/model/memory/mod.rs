@@ -1,0 +1,100 @@
+//! The memory interface: how one layer remembers the past (DESIGN.md, "The memory
+//! interface"). Every mechanism plugs into the shared backbone through [`MemoryLayer`]:
+//!
+//! 1. **State**: whatever the layer keeps between blocks (cached hidden states, counters,
+//!    spans, compressed slots, basis coefficients), detached from the graph of earlier
+//!    blocks, saved and restored through [`MemoryLayer::state`] / [`MemoryLayer::load_state`].
+//! 2. **Attend**: [`MemoryLayer::attend`] gets the block's (normalised) hidden states and
+//!    queries, and returns the attention context plus an optional auxiliary loss.
+//! 3. **Update**: [`MemoryLayer::update`] absorbs the block after attention and forgets
+//!    what the mechanism says to forget (physically, for Expire-Span).
+//! 4. **Report**: [`MemoryLayer::report`] returns the figures to log.
+//!
+//! A mechanism's parameters live in the layer's `VarStore` path; its state lives in the
+//! [`MemoryLayer`] object. [`MemoryLayer::fresh`] gives a second object that shares the
+//! parameters with empty state, so gradient-accumulation micro-batches (and evaluation)
+//! each carry their own memory.
+
+pub mod fixed;
+
+use tch::{nn, Tensor};
+
+use super::attention::Attention;
+use crate::config::{Mechanism, MemoryConfig};
+use crate::error::Result;
+
+/// What a layer's memory gets for one block.
+pub struct AttendInput<'a> {
+    /// The layer's input for the block (after the pre-norm when pre-norm is on): `(b, m, d)`.
+    pub x: &'a Tensor,
+    /// The block's queries: `(b, h, m, dh)`.
+    pub q: &'a Tensor,
+    /// The layer's projections, to compute keys and values of remembered states.
+    pub attn: &'a Attention,
+    /// Learned relative-position key embeddings, shared by all layers: `(P, dh)`.
+    pub key_pe: &'a Tensor,
+    /// Training mode: dropout and training-only regularisers are on.
+    pub train: bool,
+}
+
+/// What a layer's memory returns for one block.
+pub struct AttendOutput {
+    /// Attention context per head, before the output projection: `(b, h, m, dh)`.
+    pub context: Tensor,
+    /// An auxiliary loss to add to the task loss (e.g. Expire-Span's span penalty), as a
+    /// scalar already weighted by its coefficient.
+    pub aux_loss: Option<Tensor>,
+}
+
+/// Figures a memory reports for logging.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MemoryReport {
+    /// Mean number of memories a query of the last block could attend to, `|C_t|`
+    /// (paper section 3), excluding the block itself.
+    pub mem_size: f64,
+    /// States physically held in the cache now, per stream.
+    pub held: usize,
+    /// Mechanism-specific figures (spans, compression, ...), by name.
+    pub extra: Vec<(String, f64)>,
+}
+
+/// One layer's memory. See the module documentation.
+pub trait MemoryLayer: Send {
+    /// The mechanism's name, for logs and messages.
+    fn name(&self) -> &'static str;
+
+    /// Attention of the block over the memory and the block itself.
+    fn attend(&mut self, input: &AttendInput) -> Result<AttendOutput>;
+
+    /// Absorbs the block `x` `(b, m, d)` (already detached) and forgets what expires.
+    fn update(&mut self, x: &Tensor);
+
+    /// Empties the memory (start of a stream).
+    fn reset(&mut self);
+
+    /// Figures to log.
+    fn report(&self) -> MemoryReport;
+
+    /// The state to save for exact resume, as named tensors (names relative to the layer).
+    fn state(&self) -> Vec<(String, Tensor)>;
+
+    /// Restores a state saved by [`MemoryLayer::state`].
+    fn load_state(&mut self, state: &[(String, Tensor)]) -> Result<()>;
+
+    /// A memory with the same parameters and an empty state.
+    fn fresh(&self) -> Box<dyn MemoryLayer>;
+}
+
+/// Builds layer memory for `cfg`, creating its parameters (if any) under `p`.
+pub fn build(cfg: &MemoryConfig, _p: nn::Path) -> Box<dyn MemoryLayer> {
+    match cfg.mechanism {
+        Mechanism::Fixed => Box::new(fixed::FixedSpan::new(cfg.span)),
+    }
+}
+
+/// Rows of `key_pe` (distances covered by learned position embeddings) for `cfg`.
+pub fn position_rows(cfg: &MemoryConfig) -> i64 {
+    match cfg.mechanism {
+        Mechanism::Fixed => cfg.span as i64 + 1,
+    }
+}

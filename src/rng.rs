@@ -1,0 +1,94 @@
+//! A small, serialisable random number generator (SplitMix64).
+//!
+//! lethe owns the randomness of its data (stream offsets, task generators, sampling) so
+//! that the whole state fits in a checkpoint as one `u64` and a resumed run draws the
+//! same numbers. Dropout uses libtorch's generator, re-seeded from `(seed, step)` at
+//! every step, so it needs no saved state either.
+
+use serde::{Deserialize, Serialize};
+
+/// SplitMix64: 64 bits of state, passes BigCrush, trivially serialisable.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rng {
+    state: u64,
+}
+
+impl Rng {
+    /// A generator seeded with `seed`.
+    pub fn new(seed: u64) -> Self {
+        Rng { state: seed }
+    }
+
+    /// A generator for sub-stream `index` of `seed` (independent streams from one seed).
+    pub fn derive(seed: u64, index: u64) -> Self {
+        let mut r = Rng::new(seed ^ 0x9E37_79B9_7F4A_7C15u64.wrapping_mul(index.wrapping_add(1)));
+        r.next_u64();
+        r
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A float uniform in [0, 1).
+    pub fn uniform(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// An integer uniform in `[lo, hi]` (inclusive). `lo <= hi` is required.
+    pub fn range(&mut self, lo: usize, hi: usize) -> usize {
+        debug_assert!(lo <= hi);
+        let width = (hi - lo) as u64 + 1;
+        lo + (self.next_u64() % width) as usize
+    }
+
+    /// An index drawn from unnormalised non-negative weights (returns the last index if
+    /// rounding leaves mass unassigned).
+    pub fn categorical(&mut self, weights: &[f32]) -> usize {
+        let total: f64 = weights.iter().map(|&w| w.max(0.0) as f64).sum();
+        let mut u = self.uniform() * total;
+        for (i, &w) in weights.iter().enumerate() {
+            u -= w.max(0.0) as f64;
+            if u < 0.0 {
+                return i;
+            }
+        }
+        weights.len().saturating_sub(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_seed_same_numbers_and_range_is_inclusive() {
+        let mut a = Rng::new(7);
+        let mut b = Rng::new(7);
+        let xs: Vec<u64> = (0..5).map(|_| a.next_u64()).collect();
+        let ys: Vec<u64> = (0..5).map(|_| b.next_u64()).collect();
+        assert_eq!(xs, ys);
+        let mut seen = [false; 3];
+        for _ in 0..200 {
+            seen[a.range(2, 4) - 2] = true;
+        }
+        assert_eq!(seen, [true; 3]);
+    }
+
+    #[test]
+    fn categorical_follows_weights() {
+        let mut r = Rng::new(1);
+        let mut counts = [0usize; 3];
+        for _ in 0..30_000 {
+            counts[r.categorical(&[1.0, 0.0, 3.0])] += 1;
+        }
+        assert_eq!(counts[1], 0);
+        let share = counts[2] as f64 / 30_000.0;
+        assert!((share - 0.75).abs() < 0.02, "share {share}");
+    }
+}

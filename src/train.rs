@@ -1,0 +1,368 @@
+//! The training loop: learning rate, micro-steps, clip, step, log, evaluate, checkpoint.
+//!
+//! Each step takes the next block of every stream. The batch is processed in `accum`
+//! micro-batches of streams, each with its own memory; the task loss is the mean
+//! negative log-likelihood over the scored tokens of the whole batch, plus the layers'
+//! auxiliary losses. Dropout is re-seeded from `(seed, step)` at every step and the data
+//! position is saved in checkpoints, so a resumed run repeats the same numbers on CPU.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde_json::json;
+use tch::Kind;
+
+use crate::checkpoint::{self, Checkpoint, TrainState};
+use crate::config::{Config, TrainConfig};
+use crate::data::{self, Batch, Split, SplitData, TrainStreams};
+use crate::error::{LetheError, Result};
+use crate::eval::{evaluate, EvalResult};
+use crate::metrics::{format_count, format_duration, MetricsLog};
+use crate::model::{token_nll, Lm, Memory};
+use crate::optim::{learning_rate, Adam};
+use crate::rng::Rng;
+
+/// How to run `train`, beyond the config.
+#[derive(Clone, Debug)]
+pub struct TrainOptions {
+    /// Parent of the run folder (`<out>/<name>`). Default `runs`.
+    pub out_dir: PathBuf,
+    /// Continue from the run folder's checkpoint.
+    pub resume: bool,
+    /// Start over even if the run folder holds a checkpoint.
+    pub overwrite: bool,
+    /// Print nothing on the terminal.
+    pub quiet: bool,
+}
+
+impl Default for TrainOptions {
+    fn default() -> Self {
+        TrainOptions { out_dir: PathBuf::from("runs"), resume: false, overwrite: false, quiet: false }
+    }
+}
+
+/// What a finished run reports.
+#[derive(Clone, Debug)]
+pub struct TrainSummary {
+    /// The run folder.
+    pub run_dir: PathBuf,
+    /// Task loss (nats per scored token) of each step run in this invocation.
+    pub losses: Vec<f64>,
+    /// The last validation result.
+    pub last_eval: Option<EvalResult>,
+    /// Unigram entropy (nats) of the scored validation tokens: the loss to beat.
+    pub unigram_baseline: f64,
+}
+
+/// Everything the loop carries.
+struct Run<'a> {
+    cfg: &'a Config,
+    opts: &'a TrainOptions,
+    dir: PathBuf,
+    lm: Lm,
+    opt: Adam,
+    mems: Vec<Memory>,
+    data: TrainStreams,
+    valid: SplitData,
+    metrics: MetricsLog,
+    step: usize,
+    tokens_seen: u64,
+    last_checkpoint: usize,
+}
+
+/// Sums over the steps since the last progress line.
+#[derive(Default)]
+struct Window {
+    nll: f64,
+    weight: f64,
+    aux: f64,
+    steps: usize,
+    tokens: usize,
+    grad_norm: f64,
+}
+
+/// Trains the model `cfg` describes. See the module documentation.
+pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainSummary> {
+    cfg.validate()?;
+    let mut run = Run::start(cfg, opts)?;
+    let unigram_baseline = data::unigram_entropy(&run.valid.docs);
+    run.say(&format!("valid unigram baseline: {unigram_baseline:.4} nats ({:.4} bits) per scored token", unigram_baseline / std::f64::consts::LN_2));
+    let mut summary = TrainSummary { run_dir: run.dir.clone(), losses: vec![], last_eval: None, unigram_baseline };
+    let mut window = Window::default();
+    let mut clock = Instant::now();
+    while run.step < cfg.train.steps {
+        let loss = run.train_step(&mut window)?;
+        summary.losses.push(loss);
+        let (step, last) = (run.step, run.step == cfg.train.steps);
+        if step % cfg.train.log_every == 0 || last {
+            run.log_progress(&window, clock.elapsed().as_secs_f64())?;
+            window = Window::default();
+            clock = Instant::now();
+        }
+        if (cfg.train.eval_every > 0 && step % cfg.train.eval_every == 0) || last {
+            summary.last_eval = Some(run.evaluate()?);
+        }
+        if (cfg.train.checkpoint_every > 0 && step % cfg.train.checkpoint_every == 0) || last {
+            run.save_checkpoint()?;
+        }
+    }
+    Ok(summary)
+}
+
+impl<'a> Run<'a> {
+    fn start(cfg: &'a Config, opts: &'a TrainOptions) -> Result<Self> {
+        let device = crate::device::parse(&cfg.train.device)?;
+        if cfg.train.threads > 0 {
+            tch::set_num_threads(cfg.train.threads as i32);
+        }
+        let dir = opts.out_dir.join(&cfg.name);
+        let ckpt_path = dir.join(checkpoint::FILE_NAME);
+        prepare_run_dir(&dir, &ckpt_path, opts)?;
+        let data = data::train_streams(cfg, cfg.train.batch)?;
+        let valid = data::load_split(cfg, Split::Valid, cfg.train.batch)?;
+        let lm = Lm::new(cfg, device);
+        let opt = Adam::new(lm.named_parameters(), &cfg.train);
+        let mems = (0..cfg.train.accum).map(|_| lm.model.new_memory()).collect();
+        checkpoint::write_atomic(&dir.join("config.toml"), cfg.to_toml()?.as_bytes())?;
+        let metrics = MetricsLog::open(&dir)?;
+        let mut run = Run { cfg, opts, dir, lm, opt, mems, data, valid, metrics, step: 0, tokens_seen: 0, last_checkpoint: 0 };
+        if opts.resume {
+            run.resume(&ckpt_path)?;
+        }
+        run.say(&format!(
+            "lethe: training `{}`: {} memory, span {} | {} layers x {} | {} parameters | {:?} | run folder {}",
+            cfg.name,
+            format!("{:?}", cfg.memory.mechanism).to_lowercase(),
+            cfg.memory.span,
+            cfg.model.layers,
+            cfg.model.d_model,
+            format_count(run.lm.parameter_count() as f64),
+            device,
+            run.dir.display()
+        ));
+        Ok(run)
+    }
+
+    fn say(&self, line: &str) {
+        if !self.opts.quiet {
+            eprintln!("{line}");
+        }
+    }
+
+    fn resume(&mut self, path: &Path) -> Result<()> {
+        let ck = Checkpoint::load(path)?;
+        check_resumable(&ck, self.cfg)?;
+        let state = ck.state.clone().ok_or_else(|| LetheError::checkpoint(path, "holds no training state"))?;
+        ck.load_parameters(&self.lm.vs.variables())?;
+        self.opt
+            .load_state(state.step, |n| ck.tensor(n))
+            .map_err(|e| LetheError::checkpoint(path, e.to_string()))?;
+        for (i, mem) in self.mems.iter_mut().enumerate() {
+            let saved: Vec<_> = ck.with_prefix(&format!("memory.{i}.")).into_iter().map(|(n, t)| (n, t.to_device(self.lm.device()))).collect();
+            mem.load_state(&saved).map_err(|e| LetheError::checkpoint(path, e.to_string()))?;
+        }
+        self.data.restore(state.data).map_err(|e| LetheError::checkpoint(path, e.to_string()))?;
+        self.step = state.step;
+        self.tokens_seen = state.tokens_seen;
+        self.last_checkpoint = state.step;
+        self.say(&format!("resumed from {} at step {}", path.display(), state.step));
+        Ok(())
+    }
+
+    /// One optimiser step; returns the task loss (nats per scored token).
+    fn train_step(&mut self, window: &mut Window) -> Result<f64> {
+        let lr = learning_rate(&self.cfg.train, self.step);
+        tch::manual_seed((Rng::derive(self.cfg.seed, self.step as u64).next_u64() >> 1) as i64);
+        let batch = self.data.next_batch();
+        let s = optimisation_step(&self.lm, &mut self.opt, &mut self.mems, &batch, &self.cfg.train, lr)?;
+        let loss = s.nll_sum / s.weight.max(1.0);
+        for value in [loss, s.aux, s.grad_norm] {
+            if !value.is_finite() {
+                return Err(LetheError::NonFiniteLoss {
+                    step: self.step + 1,
+                    value,
+                    last_checkpoint: self.last_checkpoint,
+                    dir: self.dir.clone(),
+                });
+            }
+        }
+        self.step += 1;
+        self.tokens_seen += (batch.batch * batch.len) as u64;
+        window.nll += s.nll_sum;
+        window.weight += s.weight;
+        window.aux += s.aux;
+        window.steps += 1;
+        window.tokens += batch.batch * batch.len;
+        window.grad_norm += s.grad_norm;
+        Ok(loss)
+    }
+
+    fn log_progress(&mut self, w: &Window, seconds: f64) -> Result<()> {
+        let loss = w.nll / w.weight.max(1.0);
+        let lr = learning_rate(&self.cfg.train, self.step.saturating_sub(1));
+        let tokens_per_s = w.tokens as f64 / seconds.max(1e-9);
+        let eta = std::time::Duration::from_secs_f64(seconds / w.steps.max(1) as f64 * (self.cfg.train.steps - self.step) as f64);
+        let mem_size: Vec<f64> = self.mems[0].reports().iter().map(|r| r.mem_size).collect();
+        self.say(&format!(
+            "step {:>6}/{} | loss {loss:.4} | bpb {:.4} | lr {lr:.2e} | {} tok/s | mem {} | ETA {}",
+            self.step,
+            self.cfg.train.steps,
+            loss / std::f64::consts::LN_2,
+            format_count(tokens_per_s),
+            mem_size.iter().map(|m| format!("{m:.0}")).collect::<Vec<_>>().join(","),
+            format_duration(eta)
+        ));
+        self.metrics.write(&json!({
+            "step": self.step,
+            "split": "train",
+            "loss": loss,
+            "bpb": loss / std::f64::consts::LN_2,
+            "aux_loss": w.aux / w.steps.max(1) as f64,
+            "grad_norm": w.grad_norm / w.steps.max(1) as f64,
+            "lr": lr,
+            "tokens_per_s": tokens_per_s,
+            "tokens_seen": self.tokens_seen,
+            "mem_size": mem_size,
+        }))
+    }
+
+    fn evaluate(&mut self) -> Result<EvalResult> {
+        let cap = (self.cfg.train.eval_tokens > 0).then_some(self.cfg.train.eval_tokens);
+        let r = evaluate(&self.lm, &self.valid, self.cfg.train.batch, self.cfg.train.block, cap)?;
+        let answers = r.answer_accuracy.map(|a| format!(" | answers {:.1}%", 100.0 * a)).unwrap_or_default();
+        self.say(&format!(
+            "eval step {} | valid loss {:.4} | bpb {:.4} | accuracy {:.1}%{answers} | {} tokens",
+            self.step,
+            r.loss,
+            r.bpb,
+            100.0 * r.accuracy,
+            r.tokens
+        ));
+        let mut record = serde_json::to_value(&r).map_err(|e| LetheError::Invalid(e.to_string()))?;
+        record["step"] = json!(self.step);
+        record["split"] = json!("valid");
+        self.metrics.write(&record)?;
+        Ok(r)
+    }
+
+    fn save_checkpoint(&mut self) -> Result<()> {
+        let mut tensors = self.lm.named_parameters();
+        tensors.extend(self.opt.state());
+        for (i, mem) in self.mems.iter().enumerate() {
+            tensors.extend(mem.state().into_iter().map(|(n, t)| (format!("memory.{i}.{n}"), t)));
+        }
+        let state = TrainState { step: self.step, data: self.data.state(), tokens_seen: self.tokens_seen };
+        checkpoint::save(&self.dir.join(checkpoint::FILE_NAME), self.cfg, &state, &tensors)?;
+        self.last_checkpoint = self.step;
+        Ok(())
+    }
+}
+
+/// The sums of one optimiser step.
+#[derive(Clone, Copy, Debug)]
+pub struct StepStats {
+    /// Summed negative log-likelihood of the scored tokens (nats).
+    pub nll_sum: f64,
+    /// Number of scored tokens.
+    pub weight: f64,
+    /// Auxiliary loss, averaged over micro-batches.
+    pub aux: f64,
+    /// Gradient norm before clipping.
+    pub grad_norm: f64,
+}
+
+/// Forward and backward over `batch` in `mems.len()` micro-batches, clipping, and one
+/// Adam update at `lr` (skipped when the loss or the gradient is not finite, so that a
+/// NaN never reaches the parameters). The memories are reset first when the batch says so.
+pub fn optimisation_step(lm: &Lm, opt: &mut Adam, mems: &mut [Memory], batch: &Batch, cfg: &TrainConfig, lr: f64) -> Result<StepStats> {
+    if batch.reset {
+        mems.iter_mut().for_each(Memory::reset);
+    }
+    let weight = batch.scored();
+    let total_weight = weight.max(1.0);
+    let accum = mems.len();
+    let per = batch.batch / accum;
+    opt.zero_grad();
+    let (mut nll_sum, mut aux) = (0.0, 0.0);
+    for (i, mem) in mems.iter_mut().enumerate() {
+        let (x, y, w) = batch.tensors(i * per, (i + 1) * per, lm.device());
+        let out = lm.model.forward(&x, mem, true)?;
+        let nll = (token_nll(&out.logits, &y) * w).sum(Kind::Float);
+        let loss = &nll / total_weight + &out.aux_loss / accum as f64;
+        loss.backward();
+        nll_sum += nll.double_value(&[]);
+        aux += out.aux_loss.double_value(&[]) / accum as f64;
+    }
+    let grad_norm = opt.clip_grad_norm(cfg.grad_clip);
+    if nll_sum.is_finite() && aux.is_finite() && grad_norm.is_finite() {
+        opt.step(lr);
+    }
+    Ok(StepStats { nll_sum, weight, aux, grad_norm })
+}
+
+fn prepare_run_dir(dir: &Path, ckpt: &Path, opts: &TrainOptions) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| LetheError::io(dir, e))?;
+    if opts.resume {
+        if !ckpt.exists() {
+            return Err(LetheError::checkpoint(ckpt, "nothing to resume: no checkpoint in this run folder"));
+        }
+        return Ok(());
+    }
+    if ckpt.exists() && !opts.overwrite {
+        return Err(LetheError::Invalid(format!(
+            "run folder `{}` already holds a checkpoint: pass --resume to continue it, --overwrite to start over, or --name for a new run",
+            dir.display()
+        )));
+    }
+    for f in [ckpt.to_path_buf(), dir.join("metrics.jsonl")] {
+        if f.exists() {
+            std::fs::remove_file(&f).map_err(|e| LetheError::io(&f, e))?;
+        }
+    }
+    Ok(())
+}
+
+/// Fields that must be equal for a checkpoint to be resumed under a config.
+const MUST_MATCH: &[&str] = &["seed", "model.", "memory.", "data.", "train.batch", "train.block", "train.accum"];
+
+/// Refuses to resume a checkpoint whose model, memory, data or batch layout differ from
+/// `cfg`, naming the first field that differs.
+pub fn check_resumable(ck: &Checkpoint, cfg: &Config) -> Result<()> {
+    let saved = flatten(&ck.config)?;
+    let now = flatten(cfg)?;
+    let keys: std::collections::BTreeSet<&String> = saved.keys().chain(now.keys()).collect();
+    for key in keys {
+        if !MUST_MATCH.iter().any(|p| key == p.trim_end_matches('.') || (p.ends_with('.') && key.starts_with(p))) {
+            continue;
+        }
+        let absent = "(none)".to_string();
+        let (old, value) = (saved.get(key).unwrap_or(&absent), now.get(key).unwrap_or(&absent));
+        if old != value {
+            return Err(LetheError::checkpoint(
+                &ck.path,
+                format!("was saved with {key} = {old}, but this run has {key} = {value}; a different model config cannot be resumed"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn flatten(cfg: &Config) -> Result<std::collections::BTreeMap<String, String>> {
+    let value = toml::Value::try_from(cfg).map_err(|e| LetheError::ConfigParse(e.to_string()))?;
+    let mut out = std::collections::BTreeMap::new();
+    fn walk(prefix: &str, v: &toml::Value, out: &mut std::collections::BTreeMap<String, String>) {
+        match v {
+            toml::Value::Table(t) => {
+                for (k, v) in t {
+                    let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                    walk(&key, v, out);
+                }
+            }
+            other => {
+                out.insert(prefix.to_string(), other.to_string());
+            }
+        }
+    }
+    walk("", &value, &mut out);
+    Ok(out)
+}
