@@ -79,6 +79,9 @@ pub struct TrainArgs {
     /// No progress output.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Stop after this step with a checkpoint, as if interrupted (continue with --resume).
+    #[arg(long)]
+    pub stop_after: Option<usize>,
 }
 
 #[derive(Args, Debug)]

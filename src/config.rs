@@ -128,8 +128,8 @@ pub enum FolderMode {
 }
 
 /// The copy task of the Expire-Span paper (Table 1): a run of `A`s, a long stretch of
-/// `B`s, then `=` and the model must write as many `A`s as it saw, then `.`.
-/// Only the answer (the `A`s and the `.` after `=`) is scored.
+/// `B`s, then `=` and the model must write as many `a`s as it saw `A`s, then `.`.
+/// Only the answer (the `a`s and the `.` after `=`) is scored.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CopyConfig {

@@ -55,7 +55,7 @@ fn train(a: TrainArgs) -> Result<()> {
         return Ok(());
     }
     let cfg = a.config.resolve()?;
-    let opts = lethe::train::TrainOptions { out_dir: a.out, resume: a.resume, overwrite: a.overwrite, quiet: a.quiet };
+    let opts = lethe::train::TrainOptions { out_dir: a.out, resume: a.resume, overwrite: a.overwrite, quiet: a.quiet, stop_after: a.stop_after };
     let summary = lethe::train::train(&cfg, &opts)?;
     if let Some(r) = summary.last_eval {
         println!(

@@ -33,11 +33,13 @@ pub struct TrainOptions {
     pub overwrite: bool,
     /// Print nothing on the terminal.
     pub quiet: bool,
+    /// Stop (with a checkpoint) after this step, as if interrupted; `--resume` goes on.
+    pub stop_after: Option<usize>,
 }
 
 impl Default for TrainOptions {
     fn default() -> Self {
-        TrainOptions { out_dir: PathBuf::from("runs"), resume: false, overwrite: false, quiet: false }
+        TrainOptions { out_dir: PathBuf::from("runs"), resume: false, overwrite: false, quiet: false, stop_after: None }
     }
 }
 
@@ -93,7 +95,9 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainSummary> {
     while run.step < cfg.train.steps {
         let loss = run.train_step(&mut window)?;
         summary.losses.push(loss);
-        let (step, last) = (run.step, run.step == cfg.train.steps);
+        let step = run.step;
+        let stop = opts.stop_after == Some(step);
+        let last = step == cfg.train.steps || stop;
         if step % cfg.train.log_every == 0 || last {
             run.log_progress(&window, clock.elapsed().as_secs_f64())?;
             window = Window::default();
@@ -104,6 +108,10 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainSummary> {
         }
         if (cfg.train.checkpoint_every > 0 && step % cfg.train.checkpoint_every == 0) || last {
             run.save_checkpoint()?;
+        }
+        if stop {
+            run.say(&format!("stopped after step {step} as asked; continue with --resume"));
+            break;
         }
     }
     Ok(summary)

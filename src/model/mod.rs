@@ -25,7 +25,9 @@ pub struct Lm {
 }
 
 impl Lm {
-    /// A freshly initialised model (initialisation is seeded by `config.seed`).
+    /// A freshly initialised model (initialisation is seeded by `config.seed`, through
+    /// libtorch's generator, which is global to the process: build models one at a time
+    /// when the numbers must be reproducible).
     pub fn new(config: &Config, device: Device) -> Self {
         tch::manual_seed(config.seed as i64);
         let vs = nn::VarStore::new(device);
