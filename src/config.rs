@@ -407,7 +407,7 @@ impl ModelConfig {
         positive("model.heads", self.heads)?;
         positive("model.d_model", self.d_model)?;
         positive("model.d_ffn", self.d_ffn)?;
-        if self.d_model % self.heads != 0 {
+        if !self.d_model.is_multiple_of(self.heads) {
             return Err(LetheError::config(
                 "model.d_model",
                 self.d_model,
@@ -474,7 +474,7 @@ impl TrainConfig {
         positive("train.steps", self.steps)?;
         positive("train.accum", self.accum)?;
         positive("train.log_every", self.log_every)?;
-        if self.batch % self.accum != 0 {
+        if !self.batch.is_multiple_of(self.accum) {
             return Err(LetheError::config(
                 "train.accum",
                 self.accum,
@@ -572,9 +572,11 @@ mod tests {
         assert!(err.to_string().contains("model.layerz"), "{err}");
     }
 
+    type Breaker = Box<dyn Fn(&mut Config)>;
+
     #[test]
     fn impossible_values_name_their_field() {
-        let cases: Vec<(&str, Box<dyn Fn(&mut Config)>)> = vec![
+        let cases: Vec<(&str, Breaker)> = vec![
             ("model.heads", Box::new(|c| c.model.heads = 0)),
             ("model.d_model", Box::new(|c| c.model.d_model = 66)),
             ("train.block", Box::new(|c| c.train.block = 1000)),

@@ -47,7 +47,15 @@ fn is_enwik8(path: &Path, len: usize, format: FileFormat) -> Result<bool> {
 }
 
 fn read_file(path: &Path) -> Result<Vec<u8>> {
-    let bytes = std::fs::read(path).map_err(|e| LetheError::data(path, format!("cannot read: {e}")))?;
+    let bytes = std::fs::read(path).map_err(|e| {
+        let named_enwik8 = path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("enwik8"));
+        let hint = if named_enwik8 && !path.exists() {
+            "; get it with `mkdir -p data && curl -L http://mattmahoney.net/dc/enwik8.zip -o data/enwik8.zip && unzip data/enwik8.zip -d data`, or pass --data FILE"
+        } else {
+            ""
+        };
+        LetheError::data(path, format!("cannot read: {e}{hint}"))
+    })?;
     if bytes.is_empty() {
         return Err(LetheError::data(path, "the file is empty"));
     }

@@ -98,7 +98,7 @@ impl BlockStreams {
             return Err(LetheError::data(
                 &split.origin,
                 format!(
-                    "too short for training: {} tokens make {batch} streams of {usable}, but each \
+                    "too short for training: its train split has {} tokens, {batch} streams of {usable}, but each \
                      stream needs at least one block plus one target ({} tokens), so at least {} \
                      tokens in all; use a smaller train.batch or train.block, or more data",
                     split.total_len(),

@@ -1,0 +1,123 @@
+//! The binary as a user runs it: each bad input gives one clear message naming the file,
+//! field or value, a non-zero exit, and never a panic.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+const TINY: &[&str] = &[
+    "--set", "model.layers=1", "--set", "model.d_model=16", "--set", "model.heads=2", "--set", "model.d_ffn=32",
+    "--set", "memory.span=16", "--set", "train.batch=2", "--set", "train.block=8", "--set", "train.log_every=1",
+    "--set", "train.eval_tokens=64", "--set", "data.copy.eval_tokens=128", "--set", "data.copy.distance_min=5", "--set", "data.copy.distance_max=20",
+];
+
+fn lethe(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lethe")).current_dir(dir).args(args).output().expect("run lethe")
+}
+
+fn train(dir: &Path, extra: &[&str]) -> Output {
+    let mut args = vec!["train", "--quiet", "--out", "runs"];
+    args.extend_from_slice(TINY);
+    args.extend_from_slice(extra);
+    lethe(dir, &args)
+}
+
+/// Asserts a clean failure whose message contains every one of `needles`.
+fn fails_with(out: &Output, needles: &[&str]) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "expected failure, got success; stderr:\n{stderr}");
+    assert!(!stderr.contains("panicked"), "panicked:\n{stderr}");
+    let error_lines = stderr.lines().filter(|l| l.starts_with("error:")).count();
+    assert_eq!(error_lines, 1, "expected one error line:\n{stderr}");
+    for n in needles {
+        assert!(stderr.contains(n), "expected `{n}` in:\n{stderr}");
+    }
+}
+
+fn succeeds(out: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "failed:\n{stderr}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn missing_empty_and_short_corpora_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    fails_with(&train(d, &["--data", "no/such/file.txt"]), &["no/such/file.txt", "cannot read"]);
+    std::fs::write(d.join("empty.txt"), b"").unwrap();
+    fails_with(&train(d, &["--data", "empty.txt"]), &["empty.txt", "empty"]);
+    std::fs::write(d.join("short.txt"), vec![b'x'; 15]).unwrap();
+    fails_with(&train(d, &["--data", "short.txt"]), &["short.txt", "too short", "18 tokens"]);
+    std::fs::create_dir(d.join("emptydir")).unwrap();
+    fails_with(&train(d, &["--data", "emptydir"]), &["emptydir", "no non-empty documents"]);
+}
+
+#[test]
+fn impossible_config_values_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    fails_with(&train(d, &["--set", "model.heads=0"]), &["model.heads", "at least 1"]);
+    fails_with(&train(d, &["--set", "model.d_model=15"]), &["model.d_model", "divisible"]);
+    fails_with(&train(d, &["--set", "train.block=64"]), &["train.block", "memory.span"]);
+    fails_with(&train(d, &["--set", "train.lr=-1"]), &["train.lr"]);
+    fails_with(&train(d, &["--set", "model.layerz=2"]), &["model.layerz"]);
+    fails_with(&train(d, &["--preset", "nope"]), &["nope", "copy-tiny"]);
+    std::fs::write(d.join("bad.toml"), "[model]\nlayers = \"two\"\n").unwrap();
+    fails_with(&train(d, &["--config", "bad.toml"]), &["bad.toml", "layers"]);
+}
+
+#[test]
+fn corrupt_truncated_and_foreign_checkpoints_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    succeeds(&train(d, &["--steps", "2", "--name", "ok"]));
+    let good = d.join("runs/ok/checkpoint.safetensors");
+    let bytes = std::fs::read(&good).unwrap();
+
+    std::fs::write(d.join("garbage.safetensors"), b"this is not a checkpoint at all").unwrap();
+    fails_with(&lethe(d, &["eval", "--checkpoint", "garbage.safetensors"]), &["garbage.safetensors", "corrupt"]);
+    std::fs::write(d.join("cut.safetensors"), &bytes[..bytes.len() / 2]).unwrap();
+    fails_with(&lethe(d, &["eval", "--checkpoint", "cut.safetensors"]), &["cut.safetensors", "truncated"]);
+    fails_with(&lethe(d, &["eval", "--checkpoint", "missing.safetensors"]), &["missing.safetensors", "cannot read"]);
+
+    // Resuming under another model config names the field that differs.
+    let out = train(d, &["--steps", "4", "--name", "ok", "--resume", "--set", "model.d_ffn=48"]);
+    fails_with(&out, &["checkpoint.safetensors", "model.d_ffn"]);
+    // Starting over a run folder without --resume or --overwrite is refused, not clobbered.
+    fails_with(&train(d, &["--steps", "2", "--name", "ok"]), &["runs/ok", "--resume"]);
+    assert_eq!(std::fs::read(&good).unwrap(), bytes, "the checkpoint was left untouched");
+}
+
+#[test]
+fn a_nan_loss_exits_with_the_step_and_keeps_the_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    succeeds(&train(d, &["--steps", "2", "--name", "nan"]));
+    let out = train(
+        d,
+        &["--steps", "10", "--name", "nan", "--resume", "--set", "train.lr=1e38", "--set", "train.warmup=0", "--set", "train.grad_clip=0"],
+    );
+    fails_with(&out, &["at step", "last good checkpoint"]);
+    succeeds(&lethe(d, &["eval", "--checkpoint", "runs/nan", "--max-tokens", "32"]));
+}
+
+#[test]
+fn train_eval_and_generate_run_end_to_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let corpus: Vec<u8> = b"It was the best of times, it was the worst of times. ".iter().cycle().take(4000).copied().collect();
+    std::fs::write(d.join("book.txt"), corpus).unwrap();
+    succeeds(&train(d, &["--data", "book.txt", "--steps", "6", "--name", "book"]));
+    let config = std::fs::read_to_string(d.join("runs/book/config.toml")).unwrap();
+    assert!(config.contains("book.txt"), "{config}");
+    let metrics = std::fs::read_to_string(d.join("runs/book/metrics.jsonl")).unwrap();
+    assert_eq!(metrics.lines().filter(|l| l.contains("\"split\":\"train\"")).count(), 6);
+    assert!(metrics.lines().any(|l| l.contains("\"split\":\"valid\"") && l.contains("\"bpb\"")));
+
+    let out = succeeds(&lethe(d, &["eval", "--checkpoint", "runs/book", "--split", "test", "--block", "4"]));
+    assert!(out.contains("test: loss") && out.contains("bits per byte"), "{out}");
+    let out = succeeds(&lethe(d, &["generate", "--checkpoint", "runs/book", "--prompt", "It was", "--bytes", "40"]));
+    assert!(out.starts_with("It was") && out.len() >= 46, "{out:?}");
+    fails_with(&lethe(d, &["generate", "--checkpoint", "runs/book", "--prompt", ""]), &["prompt is empty"]);
+    fails_with(&lethe(d, &["eval", "--checkpoint", "runs/book", "--block", "64"]), &["train.block", "64"]);
+}
