@@ -137,6 +137,7 @@ impl<'a> Run<'a> {
         if opts.resume {
             run.resume(&ckpt_path)?;
         }
+        run.say(&format!("data: {}", data::describe(cfg)));
         run.say(&format!(
             "lethe: training `{}`: {} memory, span {} | {} layers x {} | {} parameters | {:?} | run folder {}",
             cfg.name,

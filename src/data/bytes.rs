@@ -169,6 +169,50 @@ mod tests {
         assert_eq!(r[0], (0, 80_000_000));
     }
 
+    fn folder_config(path: &Path, mode: FolderMode) -> DataConfig {
+        DataConfig { source: Source::Folder, path: Some(path.to_path_buf()), folder_mode: mode, ..DataConfig::default() }
+    }
+
+    #[test]
+    fn a_folder_is_split_by_document_count_in_path_order() {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..10 {
+            std::fs::write(dir.path().join(format!("book{i:02}.txt")), vec![b'a' + i as u8; 5 + i]).unwrap();
+        }
+        std::fs::write(dir.path().join(".hidden"), b"skip me").unwrap();
+        let mut cfg = folder_config(dir.path(), FolderMode::Documents);
+        cfg.split = [0.8, 0.1, 0.1];
+        let train = load(&cfg, Split::Train).unwrap();
+        assert_eq!(train.docs.len(), 8);
+        assert_eq!(train.docs[0].tokens, vec![b'a'; 5]);
+        let test = load(&cfg, Split::Test).unwrap();
+        assert_eq!(test.docs.len(), 1);
+        assert_eq!(test.docs[0].tokens, vec![b'j'; 14]);
+        // Documents mode keeps each book whole within a stream.
+        let streams = train.into_streams(2);
+        for s in &streams {
+            let mut runs = s.tokens.chunk_by(|a, b| a == b).map(|r| (r[0], r.len()));
+            assert!(runs.all(|(byte, len)| len == 5 + (byte - b'a') as usize));
+        }
+    }
+
+    #[test]
+    fn a_pg19_layout_uses_its_split_folders() {
+        let dir = tempfile::tempdir().unwrap();
+        for (sub, n) in [("train", 3), ("validation", 2), ("test", 1)] {
+            std::fs::create_dir(dir.path().join(sub)).unwrap();
+            for i in 0..n {
+                std::fs::write(dir.path().join(sub).join(format!("{i}.txt")), format!("{sub} {i}")).unwrap();
+            }
+        }
+        let cfg = folder_config(dir.path(), FolderMode::Concat);
+        assert_eq!(load(&cfg, Split::Train).unwrap().docs.len(), 3);
+        let valid = load(&cfg, Split::Valid).unwrap();
+        assert_eq!(valid.docs.len(), 2);
+        assert_eq!(valid.docs[1].tokens, b"validation 1".to_vec());
+        assert_eq!(load(&cfg, Split::Test).unwrap().docs.len(), 1);
+    }
+
     #[test]
     fn forced_enwik8_format_rejects_a_wrong_size() {
         let err = file_ranges(Path::new("/x/data.txt"), 1234, FileFormat::Enwik8, [0.9, 0.05, 0.05]).unwrap_err();

@@ -168,6 +168,36 @@ pub fn train_streams(cfg: &Config, batch: usize) -> Result<TrainStreams> {
     }
 }
 
+/// One line on where the data comes from and how it is split, for the training header.
+pub fn describe(cfg: &Config) -> String {
+    let d = &cfg.data;
+    let path = d.path.as_deref().unwrap_or(std::path::Path::new("?"));
+    match d.source {
+        Source::Copy => format!(
+            "copy task, counts {}-{}, distances {}-{}",
+            d.copy.count_min, d.copy.count_max, d.copy.distance_min, d.copy.distance_max
+        ),
+        Source::Folder => format!("folder {} ({:?} mode)", path.display(), d.folder_mode).to_lowercase(),
+        Source::File => {
+            let len = std::fs::metadata(path).map(|m| m.len() as usize).unwrap_or(0);
+            match bytes::file_ranges(path, len, d.format, d.split) {
+                Ok(r) if len == bytes::ENWIK8_BYTES && r[0].1 == bytes::ENWIK8_SPLIT[0] && d.format != crate::config::FileFormat::Bytes => {
+                    format!("{} as enwik8: standard split, train 90M / valid 5M / test 5M bytes", path.display())
+                }
+                Ok(r) => format!(
+                    "{}: {len} bytes split by fractions {:?}: train {} / valid {} / test {} bytes",
+                    path.display(),
+                    d.split,
+                    r[0].1 - r[0].0,
+                    r[1].1 - r[1].0,
+                    r[2].1 - r[2].0
+                ),
+                Err(e) => e.to_string(),
+            }
+        }
+    }
+}
+
 /// Entropy in nats of the unigram distribution of the scored tokens of `seqs`: the loss
 /// of the best model that ignores context.
 pub fn unigram_entropy(seqs: &[TokenSeq]) -> f64 {
