@@ -137,7 +137,6 @@ impl<'a> Run<'a> {
         if opts.resume {
             run.resume(&ckpt_path)?;
         }
-        run.say(&format!("data: {}", data::describe(cfg)));
         run.say(&format!(
             "lethe: training `{}`: {} memory, span {} | {} layers x {} | {} parameters | {:?} | run folder {}",
             cfg.name,
@@ -149,6 +148,7 @@ impl<'a> Run<'a> {
             device,
             run.dir.display()
         ));
+        run.say(&format!("data: {}", data::describe(cfg)));
         Ok(run)
     }
 
