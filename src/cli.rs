@@ -158,7 +158,23 @@ pub struct BenchArgs {
 impl ConfigArgs {
     /// Preset, then file, then overrides and flags; validated.
     pub fn resolve(&self) -> Result<Config> {
-        let mut cfg = Config::preset(self.preset.as_deref().unwrap_or("copy-tiny"))?;
+        self.resolve_over(Config::preset(self.preset.as_deref().unwrap_or("copy-tiny"))?)
+    }
+
+    /// Like [`ConfigArgs::resolve`], but for `--resume` without `--preset` or `--config`
+    /// it starts from the config saved in the run folder `<out>/<name>`.
+    pub fn resolve_for_resume(&self, out: &std::path::Path) -> Result<Config> {
+        if self.preset.is_some() || self.config.is_some() {
+            return self.resolve();
+        }
+        let name = self.name.as_deref().unwrap_or("copy-tiny");
+        let path = out.join(name).join("config.toml");
+        let text = std::fs::read_to_string(&path).map_err(|e| lethe::LetheError::io(&path, e))?;
+        self.resolve_over(Config::from_toml(&text, &path.display().to_string())?)
+    }
+
+    fn resolve_over(&self, base: Config) -> Result<Config> {
+        let mut cfg = base;
         if let Some(file) = &self.config {
             cfg = cfg.merge_file(file)?;
         }

@@ -402,7 +402,9 @@ impl Config {
 
 impl ModelConfig {
     fn validate(&self) -> Result<()> {
-        positive("model.vocab", self.vocab)?;
+        if self.vocab < 256 {
+            return Err(LetheError::config("model.vocab", self.vocab, "must be at least 256: every data source yields bytes"));
+        }
         positive("model.layers", self.layers)?;
         positive("model.heads", self.heads)?;
         positive("model.d_model", self.d_model)?;

@@ -63,11 +63,24 @@ impl Answers {
 /// Scores `lm` on `split` as `batch` parallel streams in blocks of `block` tokens.
 /// With `max_tokens`, stops after that many target positions (all streams).
 pub fn evaluate(lm: &Lm, split: &SplitData, batch: usize, block: usize, max_tokens: Option<usize>) -> Result<EvalResult> {
+    evaluate_with_progress(lm, split, batch, block, max_tokens, |_, _| {})
+}
+
+/// [`evaluate`], calling `progress(done, total)` (target positions) after every block.
+pub fn evaluate_with_progress(
+    lm: &Lm,
+    split: &SplitData,
+    batch: usize,
+    block: usize,
+    max_tokens: Option<usize>,
+    mut progress: impl FnMut(usize, usize),
+) -> Result<EvalResult> {
     let _guard = tch::no_grad_guard();
     let device = lm.device();
     let mut walker = EvalWalker::new(split, batch)?;
     let every_token_scored = split.docs.iter().all(|d| d.scored.is_none());
     let b = walker.batch();
+    let total = walker.positions().min(max_tokens.unwrap_or(usize::MAX));
     let mut mem = lm.model.new_memory();
     let (mut nll_sum, mut weight, mut hits, mut seen) = (0.0f64, 0.0f64, 0.0f64, 0usize);
     let mut mem_size = vec![0.0; lm.config.model.layers];
@@ -89,6 +102,7 @@ pub fn evaluate(lm: &Lm, split: &SplitData, batch: usize, block: usize, max_toke
         }
         blocks += 1;
         seen += batch.batch * batch.len;
+        progress(seen, total);
         if max_tokens.is_some_and(|m| seen >= m) {
             break;
         }

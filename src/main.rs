@@ -54,7 +54,7 @@ fn train(a: TrainArgs) -> Result<()> {
     if informational(&a.config)? {
         return Ok(());
     }
-    let cfg = a.config.resolve()?;
+    let cfg = if a.resume { a.config.resolve_for_resume(&a.out)? } else { a.config.resolve()? };
     let opts = lethe::train::TrainOptions { out_dir: a.out, resume: a.resume, overwrite: a.overwrite, quiet: a.quiet, stop_after: a.stop_after };
     let summary = lethe::train::train(&cfg, &opts)?;
     if let Some(r) = summary.last_eval {
@@ -84,7 +84,21 @@ fn eval(a: EvalArgs) -> Result<()> {
     let batch = a.batch.unwrap_or(cfg.train.batch);
     let lm = Lm::from_checkpoint(&ckpt, device)?;
     let data = data::load_split(&cfg, split, batch)?;
-    let r = lethe::eval::evaluate(&lm, &data, batch, block, a.max_tokens)?;
+    let started = std::time::Instant::now();
+    let mut last_report = started;
+    let progress = |done: usize, total: usize| {
+        if last_report.elapsed().as_secs_f64() >= 5.0 && done < total {
+            last_report = std::time::Instant::now();
+            let elapsed = started.elapsed().as_secs_f64();
+            let eta = elapsed / done as f64 * (total - done) as f64;
+            eprintln!(
+                "eval {split}: {done}/{total} tokens ({:.0}%), ETA {}",
+                100.0 * done as f64 / total as f64,
+                lethe::metrics::format_duration(std::time::Duration::from_secs_f64(eta))
+            );
+        }
+    };
+    let r = lethe::eval::evaluate_with_progress(&lm, &data, batch, block, a.max_tokens, progress)?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {

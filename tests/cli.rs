@@ -61,6 +61,7 @@ fn impossible_config_values_are_named() {
     fails_with(&train(d, &["--set", "train.block=64"]), &["train.block", "memory.span"]);
     fails_with(&train(d, &["--set", "train.lr=-1"]), &["train.lr"]);
     fails_with(&train(d, &["--set", "model.layerz=2"]), &["model.layerz"]);
+    fails_with(&train(d, &["--set", "model.vocab=100"]), &["model.vocab", "256"]);
     fails_with(&train(d, &["--preset", "nope"]), &["nope", "copy-tiny"]);
     std::fs::write(d.join("bad.toml"), "[model]\nlayers = \"two\"\n").unwrap();
     fails_with(&train(d, &["--config", "bad.toml"]), &["bad.toml", "layers"]);
@@ -99,6 +100,18 @@ fn a_nan_loss_exits_with_the_step_and_keeps_the_checkpoint() {
     );
     fails_with(&out, &["at step", "last good checkpoint"]);
     succeeds(&lethe(d, &["eval", "--checkpoint", "runs/nan", "--max-tokens", "32"]));
+}
+
+#[test]
+fn resume_picks_up_the_saved_config_without_repeating_the_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    succeeds(&train(d, &["--steps", "4", "--name", "r", "--stop-after", "2"]));
+    // Only the name: the model size comes from runs/r/config.toml, not from the default preset.
+    succeeds(&lethe(d, &["train", "--quiet", "--out", "runs", "--name", "r", "--resume"]));
+    let metrics = std::fs::read_to_string(d.join("runs/r/metrics.jsonl")).unwrap();
+    assert!(metrics.lines().any(|l| l.contains("\"step\":4")), "{metrics}");
+    fails_with(&lethe(d, &["train", "--out", "runs", "--name", "nothing-here", "--resume"]), &["nothing-here", "config.toml"]);
 }
 
 #[test]

@@ -261,6 +261,11 @@ impl EvalWalker {
         self.streams.len()
     }
 
+    /// Target positions the whole walk covers (all streams, padding included).
+    pub fn positions(&self) -> usize {
+        self.longest.saturating_sub(1) * self.streams.len()
+    }
+
     /// The next block of at most `block` tokens, or `None` at the end.
     pub fn next_block(&mut self, block: usize) -> Option<Batch> {
         if self.pos + 1 >= self.longest {
