@@ -54,12 +54,59 @@ pub struct ModelConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MemoryConfig {
-    /// The mechanism: `fixed` (Transformer-XL). Later: `expire`, `adaptive`,
-    /// `compressive`, `infinity`. Default `fixed`.
+    /// The mechanism: `fixed` (Transformer-XL) or `expire` (Expire-Span). Later:
+    /// `adaptive`, `compressive`, `infinity`. Default `fixed`.
     pub mechanism: Mechanism,
     /// Maximum span `L` in tokens: a query sees itself and at most `L` earlier positions.
     /// For `fixed` this is also the number of cached states per layer. Default 128.
     pub span: usize,
+    /// Expire-Span's settings (used when `mechanism = "expire"`).
+    #[serde(default)]
+    pub expire: ExpireConfig,
+}
+
+/// Expire-Span (paper section 4; ALGORITHMS.md).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ExpireConfig {
+    /// Ramp length `R` of the soft mask, in tokens (Eq. 5). Default 16.
+    pub ramp: usize,
+    /// Coefficient `alpha` of the span loss (Eq. 7). Default 1e-6.
+    pub alpha: f64,
+    /// Initial span as a fraction `p` of `L`: the bias starts at `-ln(1/p - 1)`. Default 0.1.
+    pub init_fraction: f64,
+    /// Divisor of the predictor's logit, `e = L sigmoid((w.h + b) / pre_div)`; the paper's
+    /// Eq. 8 uses `R` for very large `L`. Default 1 (Eq. 3).
+    pub pre_div: f64,
+    /// Random span shortening in training: once per block, spans are clamped to `u L`,
+    /// `u ~ U(0, 1)`, for the mask and the loss (paper 4.2). Default false.
+    pub noisy: bool,
+    /// How expired memories are deleted: `stream` (each stream keeps only its live
+    /// memories, padded to the longest stream), `batch` (the official code: the batch
+    /// minimum, rounded down to a multiple of the block) or `off` (keep the last `L + R`,
+    /// beyond which nothing can be seen; for checking). Default `stream`.
+    pub deletion: Deletion,
+    /// At evaluation and generation, clamp spans to this many tokens (0: no cap; paper
+    /// Fig. 9). Default 0.
+    pub inference_cap: usize,
+}
+
+/// Expire-Span's deletion policies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Deletion {
+    /// Per-stream compaction.
+    Stream,
+    /// The official batch-minimum policy.
+    Batch,
+    /// No deletion beyond the `L + R` window.
+    Off,
+}
+
+impl Default for ExpireConfig {
+    fn default() -> Self {
+        ExpireConfig { ramp: 16, alpha: 1e-6, init_fraction: 0.1, pre_div: 1.0, noisy: false, deletion: Deletion::Stream, inference_cap: 0 }
+    }
 }
 
 /// The memory mechanisms lethe knows.
@@ -68,6 +115,8 @@ pub struct MemoryConfig {
 pub enum Mechanism {
     /// Transformer-XL: keep the last `span` states.
     Fixed,
+    /// Expire-Span: a learned span per memory; expired memories are deleted.
+    Expire,
 }
 
 /// Where the training, validation and test streams come from.
@@ -209,7 +258,7 @@ impl Default for ModelConfig {
 
 impl Default for MemoryConfig {
     fn default() -> Self {
-        MemoryConfig { mechanism: Mechanism::Fixed, span: 128 }
+        MemoryConfig { mechanism: Mechanism::Fixed, span: 128, expire: ExpireConfig::default() }
     }
 }
 
@@ -427,12 +476,31 @@ impl MemoryConfig {
     /// `block` is the block length the memory will be used with.
     pub fn validate(&self, block: usize) -> Result<()> {
         positive("memory.span", self.span)?;
+        if self.mechanism == Mechanism::Expire {
+            self.expire.validate()?;
+        }
         if block > self.span {
             return Err(LetheError::config(
                 "train.block",
                 block,
                 format!("a block may not be longer than the span memory.span = {}", self.span),
             ));
+        }
+        Ok(())
+    }
+}
+
+impl ExpireConfig {
+    fn validate(&self) -> Result<()> {
+        positive("memory.expire.ramp", self.ramp)?;
+        if !(self.alpha >= 0.0 && self.alpha.is_finite()) {
+            return Err(LetheError::config("memory.expire.alpha", self.alpha, "must be a non-negative number"));
+        }
+        if !(self.init_fraction > 0.0 && self.init_fraction < 1.0) {
+            return Err(LetheError::config("memory.expire.init_fraction", self.init_fraction, "must be in (0, 1)"));
+        }
+        if !(self.pre_div > 0.0 && self.pre_div.is_finite()) {
+            return Err(LetheError::config("memory.expire.pre_div", self.pre_div, "must be a positive number"));
         }
         Ok(())
     }

@@ -100,13 +100,14 @@ pub struct Model {
 impl Model {
     /// Creates the parameters under `p`. Tensor names follow the module path
     /// (`layers.1.attn.q.weight`, `key_pe`, ...).
-    pub fn new(p: &nn::Path, cfg: &ModelConfig, mem: &MemoryConfig) -> Self {
+    /// `block` is the training block length (it sets Expire-Span's position rows).
+    pub fn new(p: &nn::Path, cfg: &ModelConfig, mem: &MemoryConfig, block: usize) -> Self {
         let d = cfg.d_model as i64;
         let d_head = d / cfg.heads as i64;
         let layers = (0..cfg.layers).map(|i| Layer::new(p / "layers" / i, cfg)).collect();
-        let memories = (0..cfg.layers).map(|i| memory::build(mem, p / "layers" / i / "memory")).collect();
+        let memories = (0..cfg.layers).map(|i| memory::build(mem, p / "layers" / i / "attn", d, block)).collect();
         let final_norm = cfg.pre_norm.then(|| nn::layer_norm(p / "final_norm", vec![d], Default::default()));
-        let rows = memory::position_rows(mem);
+        let rows = memory::position_rows(mem, block);
         let key_pe = p.var("key_pe", &[rows, d_head], nn::Init::Randn { mean: 0.0, stdev: 1.0 / (d_head as f64).sqrt() });
         Model {
             cfg: cfg.clone(),

@@ -31,7 +31,7 @@ impl Lm {
     pub fn new(config: &Config, device: Device) -> Self {
         tch::manual_seed(config.seed as i64);
         let vs = nn::VarStore::new(device);
-        let model = Model::new(&vs.root(), &config.model, &config.memory);
+        let model = Model::new(&vs.root(), &config.model, &config.memory, config.train.block);
         Lm { vs, model, config: config.clone() }
     }
 

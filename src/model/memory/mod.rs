@@ -15,6 +15,7 @@
 //! parameters with empty state, so gradient-accumulation micro-batches (and evaluation)
 //! each carry their own memory.
 
+pub mod expire;
 pub mod fixed;
 
 use tch::{nn, Tensor};
@@ -85,16 +86,21 @@ pub trait MemoryLayer: Send {
     fn fresh(&self) -> Box<dyn MemoryLayer>;
 }
 
-/// Builds layer memory for `cfg`, creating its parameters (if any) under `p`.
-pub fn build(cfg: &MemoryConfig, _p: nn::Path) -> Box<dyn MemoryLayer> {
+/// Builds layer memory for `cfg`, creating its parameters (if any) under `p` (the
+/// layer's attention path, e.g. `layers.3.attn`). `d_model` is the hidden size and
+/// `block` the training block length.
+pub fn build(cfg: &MemoryConfig, p: nn::Path, d_model: i64, block: usize) -> Box<dyn MemoryLayer> {
     match cfg.mechanism {
         Mechanism::Fixed => Box::new(fixed::FixedSpan::new(cfg.span)),
+        Mechanism::Expire => Box::new(expire::ExpireSpan::new(p, d_model, cfg.span, position_rows(cfg, block), &cfg.expire)),
     }
 }
 
-/// Rows of `key_pe` (distances covered by learned position embeddings) for `cfg`.
-pub fn position_rows(cfg: &MemoryConfig) -> i64 {
+/// Rows of `key_pe` (distances `0..rows` covered by learned position embeddings):
+/// the whole span for Transformer-XL, `min(L, M) + 1` for Expire-Span (paper A.1).
+pub fn position_rows(cfg: &MemoryConfig, block: usize) -> i64 {
     match cfg.mechanism {
         Mechanism::Fixed => cfg.span as i64 + 1,
+        Mechanism::Expire => cfg.span.min(block) as i64 + 1,
     }
 }

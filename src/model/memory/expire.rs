@@ -1,0 +1,341 @@
+//! Expire-Span (Sukhbaatar et al., 2021, "Not All Memories are Created Equal"):
+//! every memory predicts how long it should be kept, and memories past their span are
+//! deleted from the cache.
+//!
+//! - Span predictor per layer, shared by the heads (Eq. 3, Eq. 8):
+//!   `e_i = L sigmoid((w·h_i + b) / pre_div)`, `w = 0` and `b = -ln(1/p - 1)` at start,
+//!   so every memory starts at span `p L`.
+//! - Remaining span of memory `i` for query `t`: `r_ti = e_i - (t - i)`. Each memory
+//!   carries a counter, its distance to the first query of the block, so for query `q`
+//!   of the block `t - i = counter_i + q` (block-parallel, section 4.2).
+//! - Soft mask (Eq. 5) `m = clamp(1 + r/R, 0, 1)`, applied after the softmax with
+//!   renormalisation (Eq. 4): scores where `m = 0` are `-inf`, then
+//!   `a = a m / (sum(a m) + 1e-8)`.
+//! - Span loss only where the memory is on the ramp, `0 < m < 1` ("Loss Computation",
+//!   4.2): `alpha * sum(r) / R / M` per stream, averaged over the batch. Its gradient
+//!   is `alpha / (R M)` per ramp position, so it shrinks spans.
+//! - Random span shortening in training (4.2): once per block, spans are clamped to
+//!   `u L`, `u ~ U(0, 1)`, for the mask and the loss, not for deletion.
+//! - Relative positions (A.1): `key_pe` only for distances up to `min(L, M)`; older
+//!   memories are matched on content alone, so the position cost is `O(M)`, not `O(L)`.
+//! - Physical deletion: after a block, a memory is dropped when every query of the next
+//!   block would mask it fully, `e + R - counter_next <= 0`; the block just processed is
+//!   always kept. The cache is a padded tensor `(b, C, d)`, right-aligned, with a
+//!   per-slot counter and a validity flag. Policy `stream` compacts every stream to its
+//!   own live memories (padding only up to the longest stream); `batch` reproduces the
+//!   official code (drop the batch minimum of leading dead memories, rounded down to a
+//!   multiple of the block); `off` keeps the last `L + R` positions, beyond which no
+//!   memory can be seen, so it is the exact reference the other two must match.
+
+use tch::{nn, Kind, Tensor};
+
+use super::{AttendInput, AttendOutput, MemoryLayer, MemoryReport};
+use crate::config::{Deletion, ExpireConfig};
+use crate::error::{LetheError, Result};
+
+/// Soft mask of Eq. 5: `clamp(1 + r / R, 0, 1)`.
+pub fn soft_mask(remaining: &Tensor, ramp: f64) -> Tensor {
+    (remaining / ramp + 1.0).clamp(0.0, 1.0)
+}
+
+/// The span loss over the ramp: `alpha * sum(r where 0 < m < 1) / R / M` per stream,
+/// averaged over streams. `remaining` and `mask` are `(b, m, n)`.
+pub fn ramp_loss(remaining: &Tensor, mask: &Tensor, ramp: f64, block: i64, alpha: f64) -> Tensor {
+    let on_ramp = mask.gt(0.0).logical_and(&mask.lt(1.0)).to_kind(remaining.kind());
+    let per_stream = (remaining * on_ramp).sum_dim_intlist([1i64, 2].as_slice(), false, remaining.kind()); // (b)
+    per_stream.mean(remaining.kind()) * (alpha / ramp / block as f64)
+}
+
+/// One layer's Expire-Span memory: the span predictor's parameters and the cache.
+pub struct ExpireSpan {
+    cfg: ExpireConfig,
+    max_span: f64,
+    pos_rows: i64,
+    w: Tensor,
+    b: Tensor,
+    state: Option<Cache>,
+    /// Un-noised spans of `[cache, block]` from the last `attend`, for `update`.
+    pending_spans: Option<Tensor>,
+    stats: Stats,
+}
+
+/// The cache: states, each memory's distance to the next block's first query, and which
+/// slots hold a memory (the rest is padding, on the left).
+struct Cache {
+    states: Tensor,  // (b, c, d)
+    counter: Tensor, // (b, c) float
+    valid: Tensor,   // (b, c) bool
+}
+
+#[derive(Clone, Default)]
+struct Stats {
+    mem_size: f64,
+    mean_span: f64,
+    max_span: f64,
+    live: f64,
+}
+
+impl ExpireSpan {
+    /// Creates the predictor `w` (zeros) and `b` under `p / "expire"`.
+    /// `pos_rows` is the number of `key_pe` rows (distances `0..pos_rows`).
+    pub fn new(p: nn::Path, d_model: i64, max_span: usize, pos_rows: i64, cfg: &ExpireConfig) -> Self {
+        let p = p / "expire";
+        let init_bias = -(1.0 / cfg.init_fraction - 1.0).ln();
+        let w = p.var("w", &[d_model], nn::Init::Const(0.0));
+        let b = p.var("b", &[1], nn::Init::Const(init_bias));
+        ExpireSpan {
+            cfg: cfg.clone(),
+            max_span: max_span as f64,
+            pos_rows,
+            w,
+            b,
+            state: None,
+            pending_spans: None,
+            stats: Stats::default(),
+        }
+    }
+
+    /// Predicted spans `(b, n)` of `states` `(b, n, d)`.
+    pub fn spans(&self, states: &Tensor) -> Tensor {
+        let logit = (states.matmul(&self.w.to_kind(states.kind())) + self.b.to_kind(states.kind())) / self.cfg.pre_div; // (b, n)
+        logit.sigmoid() * self.max_span
+    }
+
+    fn cached_len(&self) -> i64 {
+        self.state.as_ref().map_or(0, |c| c.states.size()[1])
+    }
+
+    /// `[cache, block]` states, counters (distance to the block's first query) and
+    /// validity, for a block `x` `(b, m, d)`.
+    fn keys_with_meta(&self, x: &Tensor) -> (Tensor, Tensor, Tensor) {
+        let (b, m, _) = x.size3().expect("block must be (b, m, d)");
+        let opts = (Kind::Float, x.device());
+        let block_counter = -Tensor::arange(m, opts).unsqueeze(0).expand([b, m], false); // (b, m): -j
+        let block_valid = Tensor::ones([b, m], (Kind::Bool, x.device()));
+        match &self.state {
+            None => (x.shallow_clone(), block_counter, block_valid),
+            Some(c) => (
+                Tensor::cat(&[&c.states, x], 1),
+                Tensor::cat(&[&c.counter, &block_counter], 1),
+                Tensor::cat(&[&c.valid, &block_valid], 1),
+            ),
+        }
+    }
+
+    /// Spans as used by the mask: noisy shortening in training, the cap at inference.
+    fn effective_spans(&self, spans: &Tensor, train: bool) -> Tensor {
+        if train && self.cfg.noisy {
+            let u = Tensor::rand([1], (Kind::Double, tch::Device::Cpu)).double_value(&[0]);
+            return spans.clamp_max(u * self.max_span);
+        }
+        self.capped(spans, train)
+    }
+
+    fn capped(&self, spans: &Tensor, train: bool) -> Tensor {
+        if !train && self.cfg.inference_cap > 0 {
+            spans.clamp_max(self.cfg.inference_cap as f64)
+        } else {
+            spans.shallow_clone()
+        }
+    }
+
+    /// Relative-position scores for distances below `pos_rows`, zero elsewhere:
+    /// `q` `(b, h, m, dh)`, `dist` `(b, m, n)`. Only the last `pos_rows - 1 + m` keys can
+    /// be that close (the cache is ordered by time), so only they are gathered.
+    fn position_scores(&self, q: &Tensor, key_pe: &Tensor, dist: &Tensor) -> Tensor {
+        let (b, h, m, _) = q.size4().expect("queries must be (b, h, m, dh)");
+        let n = dist.size()[2];
+        let width = n.min(self.pos_rows - 1 + m);
+        let near = dist.narrow(2, n - width, width); // (b, m, w)
+        let index = near.clamp(0.0, (self.pos_rows - 1) as f64).to_kind(Kind::Int64);
+        let by_distance = q.matmul(&key_pe.tr()); // (b, h, m, P)
+        let gathered = by_distance.gather(-1, &index.unsqueeze(1).expand([b, h, m, width], false), false);
+        let in_range = near.lt((self.pos_rows) as f64).logical_and(&near.ge(0.0)).unsqueeze(1);
+        let pos = &gathered * in_range.to_kind(gathered.kind()); // (b, h, m, w)
+        pos.constant_pad_nd([n - width, 0])
+    }
+
+    /// After a block: which memories of `[cache, block]` to keep under the policy.
+    fn keep(&self, spans: &Tensor, counter_next: &Tensor, valid: &Tensor, m: i64) -> Tensor {
+        let n = spans.size()[1];
+        let in_block = Tensor::arange(n, (Kind::Int64, spans.device())).ge(n - m).unsqueeze(0); // (1, n)
+        let ramp = self.cfg.ramp as f64;
+        let visible_later = match self.cfg.deletion {
+            Deletion::Off => counter_next.lt(self.max_span + ramp),
+            _ => (spans + ramp - counter_next).gt(0.0),
+        };
+        valid.logical_and(&visible_later.logical_or(&in_block))
+    }
+}
+
+/// Keeps, for every stream, the slots where `keep` is true, in order, right-aligned and
+/// padded on the left to the longest stream. Returns the gather index `(b, c)` and the
+/// validity `(b, c)`.
+pub fn compact_per_stream(keep: &Tensor) -> (Tensor, Tensor) {
+    let (b, n) = keep.size2().expect("keep must be (b, n)");
+    let device = keep.device();
+    let pos = Tensor::arange(n, (Kind::Int64, device)).unsqueeze(0).expand([b, n], false);
+    // Dropped slots sort first (key = pos), kept ones after them in order (key = pos + n).
+    let key = pos.where_self(&keep.logical_not(), &(&pos + n));
+    let order = key.argsort(1, false);
+    let kept = keep.sum_dim_intlist([1i64].as_slice(), false, Kind::Int64); // (b)
+    let c = kept.max().int64_value(&[]);
+    let index = order.narrow(1, n - c, c);
+    let slot = Tensor::arange(c, (Kind::Int64, device)).unsqueeze(0);
+    let valid = slot.ge_tensor(&(c - kept).unsqueeze(1));
+    (index, valid)
+}
+
+/// The official policy: drop the leading slots that are dead in every stream, rounded
+/// down to a multiple of `block`. Returns how many to drop from the front.
+pub fn batch_min_drop(keep: &Tensor, block: i64) -> i64 {
+    let dead = keep.logical_not().to_kind(Kind::Int64);
+    let leading = dead.cumprod(1, Kind::Int64).sum_dim_intlist([1i64].as_slice(), false, Kind::Int64); // (b)
+    let common = leading.min().int64_value(&[]);
+    common / block * block
+}
+
+impl MemoryLayer for ExpireSpan {
+    fn name(&self) -> &'static str {
+        "expire"
+    }
+
+    fn attend(&mut self, input: &AttendInput) -> Result<AttendOutput> {
+        let m = input.x.size()[1];
+        let (states, counter, valid) = self.keys_with_meta(input.x); // (b, n, d), (b, n), (b, n)
+        let spans = self.spans(&states); // (b, n), with gradient to w and b
+        self.pending_spans = Some(self.capped(&spans.detach(), input.train));
+        let e = self.effective_spans(&spans, input.train);
+        let query = Tensor::arange(m, (Kind::Float, states.device())).view([1, m, 1]);
+        let dist = counter.unsqueeze(1) + query; // (b, m, n): t - i
+        let remaining = e.unsqueeze(1) - &dist; // (b, m, n)
+        let mask = soft_mask(&remaining, self.cfg.ramp as f64).to_kind(states.kind()); // (b, m, n)
+        let visible = valid.unsqueeze(1).logical_and(&dist.ge(0.0)).logical_and(&mask.gt(0.0)); // (b, m, n)
+
+        let (k, v) = input.attn.keys_values(&states); // (b, h, n, dh)
+        let d_head = input.attn.d_head() as f64;
+        let content = input.q.matmul(&k.transpose(-2, -1)); // (b, h, m, n)
+        let position = self.position_scores(input.q, input.key_pe, &dist);
+        let scores = (content + position) / d_head.sqrt();
+        let probs = scores.masked_fill(&visible.logical_not().unsqueeze(1), f64::NEG_INFINITY).softmax(-1, scores.kind());
+        let probs = &probs * mask.unsqueeze(1); // (b, h, m, n)
+        let probs = &probs / (probs.sum_dim_intlist([-1i64].as_slice(), true, probs.kind()) + 1e-8);
+        let context = probs.dropout(input.attn.dropout, input.train).matmul(&v); // (b, h, m, dh)
+
+        let aux = (self.cfg.alpha > 0.0 && input.train)
+            .then(|| ramp_loss(&remaining.where_self(&valid.unsqueeze(1), &remaining.zeros_like()), &mask, self.cfg.ramp as f64, m, self.cfg.alpha));
+        self.record_stats(&spans.detach(), &valid, &visible, &dist);
+        Ok(AttendOutput { context, aux_loss: aux })
+    }
+
+    fn update(&mut self, x: &Tensor) {
+        let (b, m, _) = x.size3().expect("block must be (b, m, d)");
+        let (states, counter, valid) = self.keys_with_meta(x);
+        let counter_next = counter + m as f64;
+        let spans = match self.pending_spans.take() {
+            Some(s) if s.size() == counter_next.size() => s,
+            _ => self.spans(&states).detach(),
+        };
+        let keep = self.keep(&spans, &counter_next, &valid, m);
+        self.state = Some(match self.cfg.deletion {
+            Deletion::Stream => {
+                let (index, new_valid) = compact_per_stream(&keep);
+                let d = states.size()[2];
+                let c = index.size()[1];
+                Cache {
+                    states: states.gather(1, &index.unsqueeze(-1).expand([b, c, d], false), false),
+                    counter: counter_next.gather(1, &index, false),
+                    valid: new_valid,
+                }
+            }
+            Deletion::Batch | Deletion::Off => {
+                let drop = batch_min_drop(&keep, m);
+                let n = states.size()[1];
+                let narrow = |t: &Tensor| t.narrow(1, drop, n - drop);
+                Cache {
+                    states: narrow(&states).contiguous(),
+                    counter: narrow(&counter_next),
+                    // As in the official code, memories that are not dropped stay usable.
+                    valid: narrow(&valid),
+                }
+            }
+        });
+    }
+
+    fn reset(&mut self) {
+        self.state = None;
+        self.pending_spans = None;
+    }
+
+    fn report(&self) -> MemoryReport {
+        let s = &self.stats;
+        MemoryReport {
+            mem_size: s.mem_size,
+            held: self.cached_len() as usize,
+            extra: vec![("mean_span".into(), s.mean_span), ("max_span".into(), s.max_span), ("live".into(), s.live)],
+        }
+    }
+
+    fn state(&self) -> Vec<(String, Tensor)> {
+        match &self.state {
+            None => vec![],
+            Some(c) => vec![
+                ("cache".into(), c.states.shallow_clone()),
+                ("counter".into(), c.counter.shallow_clone()),
+                ("valid".into(), c.valid.to_kind(Kind::Int64)),
+            ],
+        }
+    }
+
+    fn load_state(&mut self, state: &[(String, Tensor)]) -> Result<()> {
+        self.reset();
+        if state.is_empty() {
+            return Ok(());
+        }
+        let find = |name: &str| {
+            state.iter().find(|(n, _)| n == name).map(|(_, t)| t.shallow_clone()).ok_or_else(|| {
+                LetheError::Invalid(format!("expire-span memory: missing state `{name}`"))
+            })
+        };
+        let (states, counter, valid) = (find("cache")?, find("counter")?, find("valid")?);
+        if states.dim() != 3 || counter.size() != states.size()[..2] || valid.size() != counter.size() {
+            return Err(LetheError::Invalid(format!(
+                "expire-span memory: inconsistent state shapes {:?}, {:?}, {:?}",
+                states.size(),
+                counter.size(),
+                valid.size()
+            )));
+        }
+        self.state = Some(Cache { states, counter: counter.to_kind(Kind::Float), valid: valid.ne(0) });
+        Ok(())
+    }
+
+    fn fresh(&self) -> Box<dyn MemoryLayer> {
+        Box::new(ExpireSpan {
+            cfg: self.cfg.clone(),
+            max_span: self.max_span,
+            pos_rows: self.pos_rows,
+            w: self.w.shallow_clone(),
+            b: self.b.shallow_clone(),
+            state: None,
+            pending_spans: None,
+            stats: Stats::default(),
+        })
+    }
+}
+
+impl ExpireSpan {
+    fn record_stats(&mut self, spans: &Tensor, valid: &Tensor, visible: &Tensor, dist: &Tensor) {
+        let _guard = tch::no_grad_guard();
+        let validf = valid.to_kind(Kind::Float);
+        let live = validf.sum(Kind::Double).double_value(&[]);
+        let (b, m) = (visible.size()[0], visible.size()[1]);
+        let earlier = visible.logical_and(&dist.ge(1.0)).to_kind(Kind::Float).sum(Kind::Double).double_value(&[]);
+        self.stats = Stats {
+            mem_size: earlier / (b * m) as f64,
+            mean_span: (spans.to_kind(Kind::Float) * &validf).sum(Kind::Double).double_value(&[]) / live.max(1.0),
+            max_span: spans.to_kind(Kind::Float).masked_fill(&valid.logical_not(), 0.0).max().double_value(&[]),
+            live: (live / b as f64 - m as f64).max(0.0),
+        };
+    }
+}
