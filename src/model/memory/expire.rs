@@ -38,6 +38,14 @@ pub fn soft_mask(remaining: &Tensor, ramp: f64) -> Tensor {
     (remaining / ramp + 1.0).clamp(0.0, 1.0)
 }
 
+/// Remaining spans `r[b, q, k] = e[b, k] - (counter[b, k] + q)` of `m` queries: `spans` and
+/// `counter` are `(b, n)`; returns `(r, dist)`, both `(b, m, n)`, where `dist = t - i`.
+pub fn remaining(spans: &Tensor, counter: &Tensor, m: i64) -> (Tensor, Tensor) {
+    let query = Tensor::arange(m, (Kind::Float, counter.device())).view([1, m, 1]);
+    let dist = counter.unsqueeze(1) + query; // (b, m, n)
+    (spans.unsqueeze(1) - &dist, dist)
+}
+
 /// The span loss over the ramp: `alpha * sum(r where 0 < m < 1) / R / M` per stream,
 /// averaged over streams. `remaining` and `mask` are `(b, m, n)`.
 pub fn ramp_loss(remaining: &Tensor, mask: &Tensor, ramp: f64, block: i64, alpha: f64) -> Tensor {
@@ -206,9 +214,7 @@ impl MemoryLayer for ExpireSpan {
         let spans = self.spans(&states); // (b, n), with gradient to w and b
         self.pending_spans = Some(self.capped(&spans.detach(), input.train));
         let e = self.effective_spans(&spans, input.train);
-        let query = Tensor::arange(m, (Kind::Float, states.device())).view([1, m, 1]);
-        let dist = counter.unsqueeze(1) + query; // (b, m, n): t - i
-        let remaining = e.unsqueeze(1) - &dist; // (b, m, n)
+        let (remaining, dist) = remaining(&e, &counter, m); // (b, m, n) each
         let mask = soft_mask(&remaining, self.cfg.ramp as f64).to_kind(states.kind()); // (b, m, n)
         let visible = valid.unsqueeze(1).logical_and(&dist.ge(0.0)).logical_and(&mask.gt(0.0)); // (b, m, n)
 
@@ -337,5 +343,69 @@ impl ExpireSpan {
             max_span: spans.to_kind(Kind::Float).masked_fill(&valid.logical_not(), 0.0).max().double_value(&[]),
             live: (live / b as f64 - m as f64).max(0.0),
         };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vec1(t: &Tensor) -> Vec<f64> {
+        t.to_kind(Kind::Double).flatten(0, -1).try_into().unwrap()
+    }
+
+    #[test]
+    fn soft_mask_is_one_above_zero_zero_below_minus_r_and_linear_between() {
+        let r = Tensor::from_slice(&[5.0f64, 0.0, -2.0, -4.0, -6.0, -3.0]);
+        assert_eq!(vec1(&soft_mask(&r, 4.0)), vec![1.0, 1.0, 0.5, 0.0, 0.0, 0.25]);
+    }
+
+    #[test]
+    fn remaining_span_counts_the_distance_from_each_query() {
+        // Two cached memories (counters 3 and 1), then a block of 2 (counters 0, -1).
+        let spans = Tensor::from_slice(&[4.0f64, 2.0, 6.0, 1.0]).view([1, 4]);
+        let counter = Tensor::from_slice(&[3.0f32, 1.0, 0.0, -1.0]).view([1, 4]);
+        let (r, dist) = remaining(&spans, &counter, 2);
+        assert_eq!(vec1(&dist), vec![3.0, 1.0, 0.0, -1.0, 4.0, 2.0, 1.0, 0.0]);
+        assert_eq!(vec1(&r), vec![1.0, 1.0, 6.0, 2.0, 0.0, 0.0, 5.0, 1.0]);
+    }
+
+    #[test]
+    fn ramp_loss_counts_only_memories_strictly_on_the_ramp() {
+        // R = 4, block M = 2, one stream. r = -2 and -1 are on the ramp; r = 0 (m = 1)
+        // and r = -4 (m = 0) are on its edges and do not count.
+        let r = Tensor::from_slice(&[-2.0f64, 0.0, -4.0, -1.0]).view([1, 2, 2]);
+        let m = soft_mask(&r, 4.0);
+        let loss = ramp_loss(&r, &m, 4.0, 2, 0.5).double_value(&[]);
+        assert!((loss - 0.5 * (-3.0) / 4.0 / 2.0).abs() < 1e-12, "{loss}");
+        // Averaged over streams: a second stream with no ramp halves it.
+        let r2 = Tensor::cat(&[&r, &Tensor::from_slice(&[1.0f64, 1.0, -5.0, 0.0]).view([1, 2, 2])], 0);
+        let m2 = soft_mask(&r2, 4.0);
+        let loss2 = ramp_loss(&r2, &m2, 4.0, 2, 0.5).double_value(&[]);
+        assert!((loss2 - loss / 2.0).abs() < 1e-12, "{loss2}");
+    }
+
+    #[test]
+    fn per_stream_compaction_keeps_live_slots_in_order_right_aligned() {
+        let keep = Tensor::from_slice(&[true, false, true, true, false, false, false, true]).view([2, 4]);
+        let (index, valid) = compact_per_stream(&keep);
+        // Stream 0 keeps 0, 2, 3; stream 1 keeps 3 and is padded to 3 slots.
+        let idx: Vec<i64> = index.flatten(0, -1).try_into().unwrap();
+        let v: Vec<bool> = valid.flatten(0, -1).try_into().unwrap();
+        assert_eq!(&idx[..3], &[0, 2, 3]);
+        assert_eq!(idx[5], 3);
+        assert_eq!(v, vec![true, true, true, false, false, true]);
+    }
+
+    #[test]
+    fn batch_policy_drops_the_common_dead_prefix_in_whole_blocks() {
+        // Dead prefixes of 5 and 7 slots: the minimum 5 rounds down to 4 with blocks of 2.
+        let mut k = vec![false; 5];
+        k.extend([true; 4]);
+        k.extend([false; 7]);
+        k.extend([true; 2]);
+        let keep = Tensor::from_slice(&k).view([2, 9]);
+        assert_eq!(batch_min_drop(&keep, 2), 4);
+        assert_eq!(batch_min_drop(&keep, 3), 3);
     }
 }

@@ -1,0 +1,192 @@
+//! Expire-Span end to end: gradients through the span predictor, deletion that changes
+//! nothing the model computes, a cache that stays bounded, and a model that solves the
+//! copy task with a memory far smaller than the distance it must reach.
+
+mod common;
+
+use lethe::config::{Config, CopyConfig, Deletion, Mechanism};
+use lethe::model::{token_nll, Lm, Memory};
+use lethe::train::{train, TrainOptions};
+use tch::{Device, Kind, Tensor};
+
+fn expire_config(span: usize, block: usize, ramp: usize, init_fraction: f64) -> Config {
+    let mut c = common::tiny_config();
+    c.memory.mechanism = Mechanism::Expire;
+    c.memory.span = span;
+    c.memory.expire.ramp = ramp;
+    c.memory.expire.init_fraction = init_fraction;
+    c.train.block = block;
+    c
+}
+
+fn tokens(seq: &[i64], b: i64) -> Tensor {
+    Tensor::from_slice(seq).view([b, -1])
+}
+
+/// Gives the span predictors random weights, so spans differ from memory to memory.
+fn randomise_spans(lm: &Lm, scale: f64) {
+    let _guard = tch::no_grad_guard();
+    for (name, p) in lm.named_parameters() {
+        if name.ends_with("expire.w") {
+            let mut p = p;
+            p.copy_(&(Tensor::randn(p.size(), (p.kind(), p.device())) * scale));
+        }
+    }
+}
+
+/// Task loss plus span loss of two blocks of 4, the first block's memory held fixed (it
+/// is detached in training).
+fn two_block_loss(lm: &Lm, x: &[i64], y: &[i64], cache: &[(String, Tensor)]) -> Tensor {
+    let (x, y) = (tokens(x, 2), tokens(y, 2));
+    let block_loss = |half: i64, mem: &mut Memory| {
+        let out = lm.model.forward(&x.narrow(1, half * 4, 4), mem, true).unwrap();
+        token_nll(&out.logits, &y.narrow(1, half * 4, 4)).sum(Kind::Double) + out.aux_loss
+    };
+    let first = block_loss(0, &mut lm.model.new_memory());
+    let mut mem = lm.model.new_memory();
+    mem.load_state(cache).unwrap();
+    first + block_loss(1, &mut mem)
+}
+
+#[test]
+fn gradients_through_the_span_predictor_match_finite_differences() {
+    let _rng = common::torch_rng_lock();
+    // L = 8, R = 4, spans near 4: memories 4-8 back are on the ramp.
+    let mut cfg = expire_config(8, 4, 4, 0.5);
+    cfg.memory.expire.alpha = 0.5; // a span loss large enough to matter
+    cfg.model.vocab = 256;
+    let mut lm = Lm::new(&cfg, Device::Cpu);
+    lm.vs.double();
+    randomise_spans(&lm, 0.5);
+    let x: Vec<i64> = vec![1, 4, 2, 8, 5, 7, 3, 0, 9, 10, 2, 6, 4, 1, 3, 5];
+    let y: Vec<i64> = x.iter().map(|t| (t * 3 + 1) % 11).collect();
+    let mut mem = lm.model.new_memory();
+    let _ = lm.model.forward(&tokens(&x, 2).narrow(1, 0, 4), &mut mem, true).unwrap();
+    let cache: Vec<(String, Tensor)> = mem.state().into_iter().map(|(n, t)| (n, t.detach().copy())).collect();
+    let loss = two_block_loss(&lm, &x, &y, &cache);
+    loss.backward();
+    let mut predictor_grads = 0.0;
+    for (name, p) in lm.named_parameters() {
+        let grad = p.grad().flatten(0, -1);
+        let n = p.numel() as i64;
+        let picks: Vec<i64> = if name.contains("expire") { (0..n).collect() } else { vec![0, n / 2, n - 1] };
+        for idx in picks {
+            let analytic = grad.double_value(&[idx]);
+            let flat = p.detach().flatten(0, -1);
+            let orig = flat.double_value(&[idx]);
+            let h = 1e-6;
+            let _ = flat.get(idx).fill_(orig + h);
+            let up = two_block_loss(&lm, &x, &y, &cache).double_value(&[]);
+            let _ = flat.get(idx).fill_(orig - h);
+            let down = two_block_loss(&lm, &x, &y, &cache).double_value(&[]);
+            let _ = flat.get(idx).fill_(orig);
+            let numeric = (up - down) / (2.0 * h);
+            let tol = 1e-6 + 1e-4 * analytic.abs().max(numeric.abs());
+            assert!((analytic - numeric).abs() < tol, "{name}[{idx}]: analytic {analytic} vs numeric {numeric}");
+            if name.contains("expire") {
+                predictor_grads += analytic.abs();
+            }
+        }
+    }
+    assert!(predictor_grads > 1e-4, "the soft mask passed no gradient to w and b ({predictor_grads})");
+}
+
+/// Logits of `blocks` consecutive blocks of a random stream, and the cache held after each.
+fn run_stream(lm: &Lm, blocks: usize, block: i64, seed: i64) -> (Vec<Tensor>, Vec<usize>) {
+    let _guard = tch::no_grad_guard();
+    tch::manual_seed(seed);
+    let stream = Tensor::randint(256, [2, blocks as i64 * block], (Kind::Int64, Device::Cpu));
+    let mut mem = lm.model.new_memory();
+    let mut logits = vec![];
+    let mut held = vec![];
+    for i in 0..blocks as i64 {
+        logits.push(lm.model.forward(&stream.narrow(1, i * block, block), &mut mem, false).unwrap().logits);
+        held.push(mem.reports().iter().map(|r| r.held).max().unwrap_or(0));
+    }
+    (logits, held)
+}
+
+fn with_deletion(base: &Lm, deletion: Deletion) -> Lm {
+    let mut cfg = base.config.clone();
+    cfg.memory.expire.deletion = deletion;
+    let lm = Lm::new(&cfg, Device::Cpu);
+    let _guard = tch::no_grad_guard();
+    for (name, mut p) in lm.named_parameters() {
+        p.copy_(&base.vs.variables()[&name]);
+    }
+    lm
+}
+
+#[test]
+fn deleting_expired_memories_changes_no_output() {
+    let _rng = common::torch_rng_lock();
+    let mut cfg = expire_config(32, 4, 4, 0.3);
+    cfg.model.layers = 2;
+    let reference = Lm::new(&cfg, Device::Cpu);
+    randomise_spans(&reference, 1.0);
+    let (off, off_held) = run_stream(&with_deletion(&reference, Deletion::Off), 30, 4, 7);
+    for policy in [Deletion::Stream, Deletion::Batch] {
+        let (got, held) = run_stream(&with_deletion(&reference, policy), 30, 4, 7);
+        for (i, (a, b)) in off.iter().zip(&got).enumerate() {
+            let diff = (a - b).abs().max().double_value(&[]);
+            assert!(diff < 1e-5, "{policy:?}: block {i} differs by {diff}");
+        }
+        let (kept, window): (usize, usize) = (held[20..].iter().sum(), off_held[20..].iter().sum());
+        assert!(kept < window, "{policy:?} deleted nothing: {kept} vs {window}");
+    }
+}
+
+#[test]
+fn the_cache_stays_bounded_over_a_long_stream() {
+    let _rng = common::torch_rng_lock();
+    // L = 4096 but every span starts at 0.02 L = 82: a memory lives at most e + R.
+    let mut cfg = expire_config(4096, 8, 8, 0.02);
+    cfg.memory.expire.alpha = 0.0;
+    let base = Lm::new(&cfg, Device::Cpu);
+    for policy in [Deletion::Stream, Deletion::Batch] {
+        let lm = with_deletion(&base, policy);
+        let (_, held) = run_stream(&lm, 200, 8, 3); // 1600 tokens per stream
+        let max = *held.iter().max().unwrap();
+        assert!(max <= 82 + 8 + 2 * 8, "{policy:?}: held {max}");
+        assert!(held[199] >= 82, "{policy:?} deleted live memories: {}", held[199]);
+    }
+}
+
+fn copy_run(mechanism: Mechanism, span: usize, dir: &std::path::Path) -> lethe::eval::EvalResult {
+    let mut cfg = common::tiny_config();
+    cfg.model.layers = 2;
+    cfg.model.d_model = 32;
+    cfg.model.d_ffn = 64;
+    cfg.name = format!("copy-{mechanism:?}-{span}");
+    cfg.memory.mechanism = mechanism;
+    cfg.memory.span = span;
+    cfg.memory.expire.ramp = 8;
+    cfg.memory.expire.init_fraction = 0.9;
+    cfg.memory.expire.alpha = 0.01;
+    cfg.train.batch = 16;
+    cfg.train.block = 8;
+    cfg.train.steps = 800;
+    cfg.train.warmup = 20;
+    cfg.train.lr = 3e-3;
+    cfg.train.log_every = 100;
+    cfg.train.eval_tokens = 0;
+    cfg.data.copy = CopyConfig { count_min: 1, count_max: 4, distance_min: 24, distance_max: 32, eval_tokens: 4096 };
+    let opts = TrainOptions { out_dir: dir.to_path_buf(), quiet: true, ..TrainOptions::default() };
+    train(&cfg, &opts).unwrap().last_eval.unwrap()
+}
+
+#[test]
+fn expire_span_solves_the_copy_task_with_a_memory_far_below_the_distance() {
+    let _rng = common::torch_rng_lock();
+    let dir = tempfile::tempdir().unwrap();
+    // The run of A's lies 25 to 33 tokens back; blocks are 8 long.
+    let expire = copy_run(Mechanism::Expire, 64, dir.path());
+    let answers = expire.answer_accuracy.unwrap();
+    let mem = expire.mem_size.iter().sum::<f64>() / expire.mem_size.len() as f64;
+    assert!(answers > 0.6, "Expire-Span answered {answers} (chance 0.25)");
+    assert!(mem < 0.6 * 24.0, "average memory {mem} is not far below the distance 24-32");
+    // A fixed span of 8 over 2 layers reaches 16 tokens back: it cannot see the run.
+    let fixed = copy_run(Mechanism::Fixed, 8, dir.path());
+    let fixed_answers = fixed.answer_accuracy.unwrap();
+    assert!(fixed_answers < 0.35, "a fixed span of 8 answered {fixed_answers}");
+}
