@@ -25,6 +25,32 @@ pub enum Command {
     Generate(GenerateArgs),
     /// Time training steps: median step time, tokens/s, peak memory.
     Bench(BenchArgs),
+    /// Pictures of what a model remembers.
+    #[command(subcommand)]
+    Inspect(InspectCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum InspectCommand {
+    /// Shade every byte of a text by the span an Expire-Span model gives it, per layer
+    /// (writes spans.svg and spans.html).
+    Spans(InspectSpansArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct InspectSpansArgs {
+    /// Checkpoint file, or a run folder holding checkpoint.safetensors.
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    /// The text to stream through the model.
+    #[arg(long)]
+    pub text: PathBuf,
+    /// Folder for spans.svg and spans.html.
+    #[arg(long, default_value = "inspect")]
+    pub out: PathBuf,
+    /// cpu, cuda, cuda:N or auto.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
 }
 
 /// Options that build a config: preset, file, overrides.
@@ -110,6 +136,9 @@ pub struct EvalArgs {
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Expire-Span only: cap every predicted span at this many tokens (paper Fig. 9).
+    #[arg(long)]
+    pub max_span: Option<usize>,
 }
 
 #[derive(Args, Debug)]
@@ -135,6 +164,9 @@ pub struct GenerateArgs {
     /// Sampler seed.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Expire-Span only: cap every predicted span at this many tokens.
+    #[arg(long)]
+    pub max_span: Option<usize>,
     /// cpu, cuda, cuda:N or auto.
     #[arg(long, default_value = "cpu")]
     pub device: String,

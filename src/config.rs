@@ -326,6 +326,9 @@ pub const PRESETS: &[(&str, &str)] = &[
     ("copy-xl-2k", "copy task at the paper's scale (distances to 128k) with the Transformer-XL 2k-span baseline of Table 1; GPU"),
     ("enwik8-tiny", "enwik8 (or any file via --data), 2 layers x 128, span 256, block 64; runs on a laptop CPU"),
     ("enwik8-12l", "enwik8 small model of the paper (A.3.4): 12 layers x 512, 8 heads, FFN 2048, span 1024, batch 512; GPU"),
+    ("copy-expire", "Expire-Span on the copy task, distances 200-400 with L = 512: learns to keep the run and expire the filler; CPU, minutes"),
+    ("enwik8-expire-tiny", "enwik8-tiny with Expire-Span, L = 1024, R = 32; CPU"),
+    ("enwik8-expire-12l", "the paper's small Expire-Span enwik8 model: 12 layers x 512, L = 16k, R = 128, pre_div 64; GPU"),
     ("books-tiny", "a folder of text files (PG-19 style), one stream per document set, 2 layers x 128; CPU"),
 ];
 
@@ -378,6 +381,33 @@ impl Config {
                     ..TrainConfig::default()
                 };
                 c.train.device = "auto".into();
+            }
+            "copy-expire" => {
+                c.memory = MemoryConfig {
+                    mechanism: Mechanism::Expire,
+                    span: 512,
+                    expire: ExpireConfig { ramp: 16, alpha: 1e-3, init_fraction: 0.9, ..ExpireConfig::default() },
+                };
+                c.data.copy = CopyConfig { count_min: 1, count_max: 8, distance_min: 200, distance_max: 400, eval_tokens: 32768 };
+                c.train = TrainConfig { steps: 3000, eval_every: 500, checkpoint_every: 1000, ..TrainConfig::default() };
+            }
+            "enwik8-expire-tiny" => {
+                c = Config::preset("enwik8-tiny")?;
+                c.name = name.to_string();
+                c.memory = MemoryConfig {
+                    mechanism: Mechanism::Expire,
+                    span: 1024,
+                    expire: ExpireConfig { ramp: 32, alpha: 1e-5, init_fraction: 0.1, ..ExpireConfig::default() },
+                };
+            }
+            "enwik8-expire-12l" => {
+                c = Config::preset("enwik8-12l")?;
+                c.name = name.to_string();
+                c.memory = MemoryConfig {
+                    mechanism: Mechanism::Expire,
+                    span: 16384,
+                    expire: ExpireConfig { ramp: 128, alpha: 3e-7, init_fraction: 0.1, pre_div: 64.0, noisy: true, ..ExpireConfig::default() },
+                };
             }
             "books-tiny" => {
                 c.model = ModelConfig { layers: 2, d_model: 128, heads: 4, d_ffn: 512, ..ModelConfig::default() };

@@ -25,6 +25,10 @@ pub struct EvalResult {
     pub tokens: u64,
     /// Mean memory size `|C_t|` per layer over the pass.
     pub mem_size: Vec<f64>,
+    /// Mean cache length actually held per layer (padded width), over the pass.
+    pub held: Vec<f64>,
+    /// Mean predicted span per layer, for mechanisms that predict spans.
+    pub mean_span: Option<Vec<f64>>,
 }
 
 /// Per-stream tracking of answers: is the current run of scored tokens all right so far?
@@ -83,7 +87,9 @@ pub fn evaluate_with_progress(
     let total = walker.positions().min(max_tokens.unwrap_or(usize::MAX));
     let mut mem = lm.model.new_memory();
     let (mut nll_sum, mut weight, mut hits, mut seen) = (0.0f64, 0.0f64, 0.0f64, 0usize);
-    let mut mem_size = vec![0.0; lm.config.model.layers];
+    let layers = lm.config.model.layers;
+    let (mut mem_size, mut held, mut spans) = (vec![0.0; layers], vec![0.0; layers], vec![0.0; layers]);
+    let mut has_spans = false;
     let mut blocks = 0usize;
     let mut answers = Answers::default();
     while let Some(batch) = walker.next_block(block) {
@@ -97,8 +103,13 @@ pub fn evaluate_with_progress(
             hits += (h * wt) as f64;
             answers.observe(i / batch.len, wt > 0.0, h > 0.0);
         }
-        for (acc, r) in mem_size.iter_mut().zip(mem.reports()) {
-            *acc += r.mem_size;
+        for (l, r) in mem.reports().iter().enumerate() {
+            mem_size[l] += r.mem_size;
+            held[l] += r.held as f64;
+            if let Some(s) = r.extra("mean_span") {
+                spans[l] += s;
+                has_spans = true;
+            }
         }
         blocks += 1;
         seen += batch.batch * batch.len;
@@ -115,8 +126,14 @@ pub fn evaluate_with_progress(
         accuracy: hits / weight.max(1.0),
         answer_accuracy: (!every_token_scored).then(|| answers.right as f64 / answers.total.max(1) as f64),
         tokens: weight as u64,
-        mem_size: mem_size.iter().map(|s| s / blocks.max(1) as f64).collect(),
+        mem_size: per_block(&mem_size, blocks),
+        held: per_block(&held, blocks),
+        mean_span: has_spans.then(|| per_block(&spans, blocks)),
     })
+}
+
+fn per_block(sums: &[f64], blocks: usize) -> Vec<f64> {
+    sums.iter().map(|s| s / blocks.max(1) as f64).collect()
 }
 
 #[cfg(test)]

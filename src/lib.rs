@@ -14,6 +14,7 @@ pub mod device;
 pub mod error;
 pub mod eval;
 pub mod generate;
+pub mod inspect;
 pub mod metrics;
 pub mod model;
 pub mod optim;

@@ -9,9 +9,9 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::Parser;
 
-use cli::{BenchArgs, Cli, Command, EvalArgs, GenerateArgs, TrainArgs};
+use cli::{BenchArgs, Cli, Command, EvalArgs, GenerateArgs, InspectCommand, InspectSpansArgs, TrainArgs};
 use lethe::checkpoint::Checkpoint;
-use lethe::config::{Source, PRESETS};
+use lethe::config::{Mechanism, Source, PRESETS};
 use lethe::data::{self, Split};
 use lethe::generate::Sampling;
 use lethe::model::Lm;
@@ -32,7 +32,34 @@ fn run(cli: Cli) -> Result<()> {
         Command::Eval(a) => eval(a),
         Command::Generate(a) => generate(a),
         Command::Bench(a) => bench(a),
+        Command::Inspect(InspectCommand::Spans(a)) => inspect_spans(a),
     }
+}
+
+fn inspect_spans(a: InspectSpansArgs) -> Result<()> {
+    let device = lethe::device::parse(&a.device)?;
+    let text = std::fs::read(&a.text).with_context(|| format!("reading text `{}`", a.text.display()))?;
+    let ckpt = Checkpoint::load(&a.checkpoint)?;
+    let lm = Lm::from_checkpoint(&ckpt, device)?;
+    let trace = lethe::inspect::trace_spans(&lm, &text)?;
+    lethe::inspect::write(&trace, &a.out)?;
+    for (layer, spans) in trace.spans.iter().enumerate() {
+        let mut order: Vec<usize> = (0..spans.len()).collect();
+        order.sort_by(|&x, &y| spans[y].total_cmp(&spans[x]));
+        let longest: Vec<String> = order
+            .iter()
+            .take(5)
+            .map(|&i| {
+                let a = i.saturating_sub(6);
+                let context = String::from_utf8_lossy(&text[a..(i + 1).min(text.len())]).replace('\n', "\\n");
+                format!("{:?} ({:.0})", context, spans[i])
+            })
+            .collect();
+        let mean = spans.iter().map(|&v| v as f64).sum::<f64>() / spans.len().max(1) as f64;
+        println!("layer {layer}: mean span {mean:.1}; longest at {}", longest.join(", "));
+    }
+    println!("wrote {} and {}", a.out.join("spans.svg").display(), a.out.join("spans.html").display());
+    Ok(())
 }
 
 /// Handles --list-presets and --print-config; returns true when the command is done.
@@ -70,9 +97,24 @@ fn train(a: TrainArgs) -> Result<()> {
     Ok(())
 }
 
+/// Loads a checkpoint, applying an inference-time span cap when one is asked for.
+fn load_checkpoint(path: &std::path::Path, max_span: Option<usize>) -> Result<Checkpoint> {
+    let mut ckpt = Checkpoint::load(path)?;
+    if let Some(cap) = max_span {
+        if ckpt.config.memory.mechanism != Mechanism::Expire {
+            anyhow::bail!("--max-span {cap}: only Expire-Span models predict spans; this checkpoint uses `{:?}` memory", ckpt.config.memory.mechanism);
+        }
+        if cap == 0 {
+            anyhow::bail!("--max-span must be at least 1");
+        }
+        ckpt.config.memory.expire.inference_cap = cap;
+    }
+    Ok(ckpt)
+}
+
 fn eval(a: EvalArgs) -> Result<()> {
     let device = lethe::device::parse(&a.device)?;
-    let ckpt = Checkpoint::load(&a.checkpoint)?;
+    let ckpt = load_checkpoint(&a.checkpoint, a.max_span)?;
     let split: Split = a.split.parse()?;
     let mut cfg = ckpt.config.clone();
     if let Some(path) = a.data {
@@ -110,6 +152,9 @@ fn eval(a: EvalArgs) -> Result<()> {
             100.0 * r.accuracy,
             r.tokens
         );
+        let fmt = |v: &[f64]| v.iter().map(|x| format!("{x:.1}")).collect::<Vec<_>>().join(", ");
+        let spans = r.mean_span.as_ref().map(|s| format!(" | mean span per layer [{}]", fmt(s))).unwrap_or_default();
+        println!("memory size per layer [{}] | cache held per layer [{}]{spans}", fmt(&r.mem_size), fmt(&r.held));
     }
     Ok(())
 }
@@ -121,7 +166,7 @@ fn generate(a: GenerateArgs) -> Result<()> {
         (None, Some(f)) => std::fs::read(f).with_context(|| format!("reading prompt file `{}`", f.display()))?,
         (None, None) => anyhow::bail!("give a prompt with --prompt TEXT or --prompt-file FILE"),
     };
-    let ckpt = Checkpoint::load(&a.checkpoint)?;
+    let ckpt = load_checkpoint(&a.checkpoint, a.max_span)?;
     let lm = Lm::from_checkpoint(&ckpt, device)?;
     let sampling = Sampling { temperature: a.temperature, top_k: a.top_k, seed: a.seed };
     let mut out = std::io::stdout().lock();

@@ -211,14 +211,20 @@ impl<'a> Run<'a> {
         let lr = learning_rate(&self.cfg.train, self.step.saturating_sub(1));
         let tokens_per_s = w.tokens as f64 / seconds.max(1e-9);
         let eta = std::time::Duration::from_secs_f64(seconds / w.steps.max(1) as f64 * (self.cfg.train.steps - self.step) as f64);
-        let mem_size: Vec<f64> = self.mems[0].reports().iter().map(|r| r.mem_size).collect();
+        let reports = self.mems[0].reports();
+        let mem_size: Vec<f64> = reports.iter().map(|r| r.mem_size).collect();
+        let per_layer = |f: &dyn Fn(&crate::model::memory::MemoryReport) -> Option<f64>| {
+            reports.iter().filter_map(f).map(|v| format!("{v:.0}")).collect::<Vec<_>>().join(",")
+        };
+        let spans = per_layer(&|r| r.extra("mean_span"));
+        let spans = if spans.is_empty() { String::new() } else { format!(" | span {spans}") };
         self.say(&format!(
-            "step {:>6}/{} | loss {loss:.4} | bpb {:.4} | lr {lr:.2e} | {} tok/s | mem {} | ETA {}",
+            "step {:>6}/{} | loss {loss:.4} | bpb {:.4} | lr {lr:.2e} | {} tok/s | mem {}{spans} | ETA {}",
             self.step,
             self.cfg.train.steps,
             loss / std::f64::consts::LN_2,
             format_count(tokens_per_s),
-            mem_size.iter().map(|m| format!("{m:.0}")).collect::<Vec<_>>().join(","),
+            per_layer(&|r| Some(r.mem_size)),
             format_duration(eta)
         ));
         self.metrics.write(&json!({
@@ -232,6 +238,7 @@ impl<'a> Run<'a> {
             "tokens_per_s": tokens_per_s,
             "tokens_seen": self.tokens_seen,
             "mem_size": mem_size,
+            "memory": reports.iter().map(|r| r.to_json()).collect::<Vec<_>>(),
         }))
     }
 

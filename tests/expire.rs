@@ -190,3 +190,49 @@ fn expire_span_solves_the_copy_task_with_a_memory_far_below_the_distance() {
     let fixed_answers = fixed.answer_accuracy.unwrap();
     assert!(fixed_answers < 0.35, "a fixed span of 8 answered {fixed_answers}");
 }
+
+#[test]
+fn inspect_traces_one_span_per_byte_and_layer_and_refuses_fixed_models() {
+    let _rng = common::torch_rng_lock();
+    let mut cfg = expire_config(32, 4, 4, 0.3);
+    cfg.model.layers = 2;
+    let lm = Lm::new(&cfg, Device::Cpu);
+    randomise_spans(&lm, 1.0);
+    let text = b"It was the best of times,\nit was the worst of times.";
+    let trace = lethe::inspect::trace_spans(&lm, text).unwrap();
+    assert_eq!(trace.spans.len(), 2);
+    assert!(trace.spans.iter().all(|s| s.len() == text.len()));
+    assert!(trace.spans[0].iter().all(|&s| (0.0..=32.0).contains(&s)));
+    // Spans depend on the byte: a random predictor does not give every byte the same span.
+    let first = trace.spans[0][0];
+    assert!(trace.spans[0].iter().any(|&s| (s - first).abs() > 1e-3));
+    let dir = tempfile::tempdir().unwrap();
+    lethe::inspect::write(&trace, dir.path()).unwrap();
+    let html = std::fs::read_to_string(dir.path().join("spans.html")).unwrap();
+    assert_eq!(html.matches("<h2>").count(), 2);
+
+    let fixed = Lm::new(&common::tiny_config(), Device::Cpu);
+    let err = lethe::inspect::trace_spans(&fixed, text).unwrap_err().to_string();
+    assert!(err.contains("Fixed") && err.contains("Expire-Span"), "{err}");
+}
+
+#[test]
+fn an_inference_cap_shortens_every_span_and_the_memory() {
+    let _rng = common::torch_rng_lock();
+    let cfg = expire_config(64, 4, 4, 0.9);
+    let base = Lm::new(&cfg, Device::Cpu);
+    let mut capped_cfg = cfg.clone();
+    capped_cfg.memory.expire.inference_cap = 8;
+    let capped = {
+        let lm = Lm::new(&capped_cfg, Device::Cpu);
+        let _guard = tch::no_grad_guard();
+        for (name, mut p) in lm.named_parameters() {
+            p.copy_(&base.vs.variables()[&name]);
+        }
+        lm
+    };
+    let (_, held_full) = run_stream(&base, 30, 4, 5);
+    let (_, held_capped) = run_stream(&capped, 30, 4, 5);
+    assert!(held_full[29] >= 50, "uncapped spans near 58 keep ~58 memories: {}", held_full[29]);
+    assert!(held_capped[29] <= 8 + 4 + 4, "capped at 8: {}", held_capped[29]);
+}

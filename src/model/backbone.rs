@@ -55,6 +55,12 @@ impl Memory {
         self.layers.iter().map(|l| l.report()).collect()
     }
 
+    /// Per layer, the spans predicted for the last block's tokens `(b, m)`, when the
+    /// mechanism predicts spans.
+    pub fn token_spans(&self) -> Vec<Option<Tensor>> {
+        self.layers.iter().map(|l| l.token_spans()).collect()
+    }
+
     /// Saved state, named `layers.<i>.<name>`.
     pub fn state(&self) -> Vec<(String, Tensor)> {
         let mut out = vec![];

@@ -64,6 +64,8 @@ pub struct ExpireSpan {
     state: Option<Cache>,
     /// Un-noised spans of `[cache, block]` from the last `attend`, for `update`.
     pending_spans: Option<Tensor>,
+    /// Spans of the last block's own tokens, `(b, m)`.
+    block_spans: Option<Tensor>,
     stats: Stats,
 }
 
@@ -99,6 +101,7 @@ impl ExpireSpan {
             b,
             state: None,
             pending_spans: None,
+            block_spans: None,
             stats: Stats::default(),
         }
     }
@@ -213,6 +216,8 @@ impl MemoryLayer for ExpireSpan {
         let (states, counter, valid) = self.keys_with_meta(input.x); // (b, n, d), (b, n), (b, n)
         let spans = self.spans(&states); // (b, n), with gradient to w and b
         self.pending_spans = Some(self.capped(&spans.detach(), input.train));
+        let n = spans.size()[1];
+        self.block_spans = Some(spans.detach().narrow(1, n - m, m));
         let e = self.effective_spans(&spans, input.train);
         let (remaining, dist) = remaining(&e, &counter, m); // (b, m, n) each
         let mask = soft_mask(&remaining, self.cfg.ramp as f64).to_kind(states.kind()); // (b, m, n)
@@ -325,8 +330,13 @@ impl MemoryLayer for ExpireSpan {
             b: self.b.shallow_clone(),
             state: None,
             pending_spans: None,
+            block_spans: None,
             stats: Stats::default(),
         })
+    }
+
+    fn token_spans(&self) -> Option<Tensor> {
+        self.block_spans.as_ref().map(Tensor::shallow_clone)
     }
 }
 

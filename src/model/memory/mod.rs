@@ -59,6 +59,24 @@ pub struct MemoryReport {
     pub extra: Vec<(String, f64)>,
 }
 
+impl MemoryReport {
+    /// A mechanism-specific figure by name.
+    pub fn extra(&self, name: &str) -> Option<f64> {
+        self.extra.iter().find(|(n, _)| n == name).map(|(_, v)| *v)
+    }
+
+    /// All figures as a JSON object, for `metrics.jsonl`.
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut map = serde_json::Map::new();
+        map.insert("mem_size".into(), self.mem_size.into());
+        map.insert("held".into(), self.held.into());
+        for (name, value) in &self.extra {
+            map.insert(name.clone(), (*value).into());
+        }
+        serde_json::Value::Object(map)
+    }
+}
+
 /// One layer's memory. See the module documentation.
 pub trait MemoryLayer: Send {
     /// The mechanism's name, for logs and messages.
@@ -84,6 +102,12 @@ pub trait MemoryLayer: Send {
 
     /// A memory with the same parameters and an empty state.
     fn fresh(&self) -> Box<dyn MemoryLayer>;
+
+    /// The spans predicted for the last block's tokens, `(b, m)`, for mechanisms that
+    /// predict them (for `lethe inspect spans`). Default: none.
+    fn token_spans(&self) -> Option<Tensor> {
+        None
+    }
 }
 
 /// Builds layer memory for `cfg`, creating its parameters (if any) under `p` (the

@@ -1,0 +1,175 @@
+//! `lethe inspect spans`: what an Expire-Span model keeps. A text is streamed through
+//! the model (memory carried, no dropout) and every byte gets, per layer, the span its
+//! memory was given; the result is drawn as an SVG image and an HTML page with one row
+//! per layer, each byte shaded by its span (paper Figures 8 and 11). Edit the text and
+//! re-run to repeat the paper's probes ("Egypt", "somewhere", "Humpty Dumpty").
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use tch::{Kind, Tensor};
+
+use crate::checkpoint::write_atomic;
+use crate::error::{LetheError, Result};
+use crate::model::Lm;
+
+/// Spans per layer for every byte of a text.
+#[derive(Clone, Debug)]
+pub struct SpanTrace {
+    /// The text.
+    pub text: Vec<u8>,
+    /// `spans[layer][i]`: the span predicted for byte `i` at that layer.
+    pub spans: Vec<Vec<f32>>,
+    /// The maximum span `L` (the top of the colour scale).
+    pub max_span: f64,
+}
+
+/// Streams `text` through `lm` in blocks of its training length and records the spans.
+pub fn trace_spans(lm: &Lm, text: &[u8]) -> Result<SpanTrace> {
+    if text.is_empty() {
+        return Err(LetheError::Invalid("the text to inspect is empty".into()));
+    }
+    let _guard = tch::no_grad_guard();
+    let mut mem = lm.model.new_memory();
+    let mut spans = vec![Vec::with_capacity(text.len()); lm.config.model.layers];
+    for chunk in text.chunks(lm.config.train.block.max(1)) {
+        let ids: Vec<i64> = chunk.iter().map(|&b| b as i64).collect();
+        let x = Tensor::from_slice(&ids).view([1, -1]).to_device(lm.device());
+        lm.model.forward(&x, &mut mem, false)?;
+        for (layer, s) in mem.token_spans().into_iter().enumerate() {
+            let s = s.ok_or_else(|| {
+                LetheError::Invalid(format!(
+                    "`{:?}` memory predicts no spans; `inspect spans` needs an Expire-Span model",
+                    lm.config.memory.mechanism
+                ))
+            })?;
+            let values: Vec<f32> = s.to_kind(Kind::Float).to_device(tch::Device::Cpu).flatten(0, -1).try_into().unwrap_or_default();
+            spans[layer].extend(values);
+        }
+    }
+    Ok(SpanTrace { text: text.to_vec(), spans, max_span: lm.config.memory.span as f64 })
+}
+
+/// Colour scale position in [0, 1]: logarithmic, so short and long spans both show.
+fn level(span: f32, max_span: f64) -> f64 {
+    ((1.0 + span.max(0.0) as f64).ln() / (1.0 + max_span).ln()).clamp(0.0, 1.0)
+}
+
+/// White to deep red.
+fn colour(level: f64) -> String {
+    let g = (255.0 * (1.0 - 0.85 * level)) as u8;
+    let b = (255.0 * (1.0 - level)) as u8;
+    format!("rgb(255,{g},{b})")
+}
+
+/// A byte as something printable: ASCII as is, newline as `↵`, the rest as `·`.
+fn glyph(byte: u8) -> &'static str {
+    const ASCII: [&str; 95] = [
+        " ", "!", "&quot;", "#", "$", "%", "&amp;", "'", "(", ")", "*", "+", ",", "-", ".", "/", "0", "1", "2", "3", "4",
+        "5", "6", "7", "8", "9", ":", ";", "&lt;", "=", "&gt;", "?", "@", "A", "B", "C", "D", "E", "F", "G", "H", "I",
+        "J", "K", "L", "M", "N", "O", "P", "Q", "R", "S", "T", "U", "V", "W", "X", "Y", "Z", "[", "\\", "]", "^", "_",
+        "`", "a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", "n", "o", "p", "q", "r", "s", "t", "u",
+        "v", "w", "x", "y", "z", "{", "|", "}", "~",
+    ];
+    match byte {
+        b'\n' => "↵",
+        32..=126 => ASCII[(byte - 32) as usize],
+        _ => "·",
+    }
+}
+
+/// Lines of at most `width` bytes, also broken after each newline: `(start, end)` pairs.
+fn lines(text: &[u8], width: usize) -> Vec<(usize, usize)> {
+    let mut out = vec![];
+    let mut start = 0;
+    for (i, &b) in text.iter().enumerate() {
+        if b == b'\n' || i + 1 - start == width {
+            out.push((start, i + 1));
+            start = i + 1;
+        }
+    }
+    if start < text.len() {
+        out.push((start, text.len()));
+    }
+    out
+}
+
+/// The trace as an SVG image: one panel per layer, each byte a shaded cell.
+pub fn to_svg(trace: &SpanTrace) -> String {
+    let (cw, ch, width) = (9.0, 16.0, 100);
+    let rows = lines(&trace.text, width);
+    let panel = ch * (rows.len() as f64 + 1.5);
+    let (w, h) = (cw * width as f64 + 20.0, panel * trace.spans.len() as f64 + 10.0);
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"monospace\" font-size=\"13\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+    );
+    for (layer, spans) in trace.spans.iter().enumerate() {
+        let top = layer as f64 * panel + 5.0;
+        let _ = writeln!(s, "<text x=\"10\" y=\"{}\" font-weight=\"bold\">layer {layer}</text>", top + ch - 3.0);
+        for (row, &(a, b)) in rows.iter().enumerate() {
+            let y = top + ch * (row as f64 + 1.2);
+            for i in a..b {
+                let x = 10.0 + cw * (i - a) as f64;
+                let _ = writeln!(
+                    s,
+                    "<rect x=\"{x}\" y=\"{y}\" width=\"{cw}\" height=\"{ch}\" fill=\"{}\"><title>{:.0}</title></rect><text x=\"{}\" y=\"{}\">{}</text>",
+                    colour(level(spans[i], trace.max_span)),
+                    spans[i],
+                    x + 1.0,
+                    y + ch - 4.0,
+                    glyph(trace.text[i])
+                );
+            }
+        }
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+/// The trace as an HTML page: one section per layer; hover a byte to read its span.
+pub fn to_html(trace: &SpanTrace) -> String {
+    let mut s = String::from(
+        "<!doctype html>\n<meta charset=\"utf-8\">\n<title>lethe: expire-spans</title>\n<style>body{font-family:sans-serif;margin:2em}pre{font-family:monospace;font-size:14px;line-height:1.5;white-space:pre-wrap}</style>\n",
+    );
+    let _ = writeln!(s, "<h1>Expire-spans per byte</h1>\n<p>Darker: kept longer (log scale, white = 0, red = L = {:.0}). Hover a byte for its span.</p>", trace.max_span);
+    for (layer, spans) in trace.spans.iter().enumerate() {
+        let mean = spans.iter().map(|&v| v as f64).sum::<f64>() / spans.len().max(1) as f64;
+        let _ = writeln!(s, "<h2>Layer {layer} (mean span {mean:.1})</h2>\n<pre>");
+        for (i, &b) in trace.text.iter().enumerate() {
+            let shown = if b == b'\n' { "↵\n" } else { glyph(b) };
+            let _ = write!(s, "<span style=\"background:{}\" title=\"{:.0}\">{shown}</span>", colour(level(spans[i], trace.max_span)), spans[i]);
+        }
+        s.push_str("</pre>\n");
+    }
+    s
+}
+
+/// Writes `spans.svg` and `spans.html` into `dir`.
+pub fn write(trace: &SpanTrace, dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| LetheError::io(dir, e))?;
+    write_atomic(&dir.join("spans.svg"), to_svg(trace).as_bytes())?;
+    write_atomic(&dir.join("spans.html"), to_html(trace).as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_break_at_width_and_after_newlines() {
+        assert_eq!(lines(b"abcdef\ngh", 4), vec![(0, 4), (4, 7), (7, 9)]);
+    }
+
+    #[test]
+    fn longer_spans_are_darker_and_markup_is_escaped() {
+        assert!(level(10.0, 100.0) < level(90.0, 100.0));
+        assert_eq!(level(100.0, 100.0), 1.0);
+        let trace = SpanTrace { text: b"<a&".to_vec(), spans: vec![vec![0.0, 50.0, 100.0]], max_span: 100.0 };
+        let html = to_html(&trace);
+        assert!(html.contains("&lt;") && html.contains("&amp;") && !html.contains("<a&"));
+        assert!(html.contains("title=\"50\""));
+        let svg = to_svg(&trace);
+        assert_eq!(svg.matches("<rect x=").count(), 3);
+        assert!(svg.contains("rgb(255,255,255)") && svg.contains("rgb(255,38,0)"));
+    }
+}
