@@ -2,7 +2,8 @@
 //! warm-up, and report the median and spread of the step time, tokens per second, the
 //! peak resident memory and the memory size per layer. The tokens are uniform random
 //! bytes of the configured shape: step time does not depend on their content, and the
-//! bench needs no corpus.
+//! bench needs no corpus. Before timing, forward-only blocks fill the memory to its
+//! steady size, so a long span is timed full, not empty.
 
 use std::time::Instant;
 
@@ -44,7 +45,12 @@ pub struct BenchResult {
     pub mem_size: Vec<f64>,
     /// libtorch CPU threads.
     pub threads: i32,
+    /// Forward-only blocks run first so that the memory is at its steady size.
+    pub fill_blocks: usize,
 }
+
+/// Most forward-only blocks run to fill the memory before timing.
+const MAX_FILL_BLOCKS: usize = 4096;
 
 /// Runs `warmup` untimed then `steps` timed training steps of `cfg`.
 pub fn bench(cfg: &Config, steps: usize, warmup: usize) -> Result<BenchResult> {
@@ -57,9 +63,10 @@ pub fn bench(cfg: &Config, steps: usize, warmup: usize) -> Result<BenchResult> {
     let mut opt = Adam::new(lm.named_parameters(), &cfg.train);
     let mut mems: Vec<_> = (0..cfg.train.accum).map(|_| lm.model.new_memory()).collect();
     let mut rng = Rng::new(cfg.seed);
+    let fill_blocks = fill_memory(&lm, &mut mems, cfg, &mut rng)?;
     let mut times = Vec::with_capacity(steps);
     for i in 0..warmup + steps {
-        let batch = random_batch(&mut rng, cfg.train.batch, cfg.train.block, cfg.model.vocab, i == 0);
+        let batch = random_batch(&mut rng, cfg.train.batch, cfg.train.block, cfg.model.vocab, false);
         let start = Instant::now();
         optimisation_step(&lm, &mut opt, &mut mems, &batch, &cfg.train, cfg.train.lr)?;
         if device.is_cuda() {
@@ -85,7 +92,25 @@ pub fn bench(cfg: &Config, steps: usize, warmup: usize) -> Result<BenchResult> {
         peak_rss_mib: peak_rss_bytes().map(|b| b as f64 / (1024.0 * 1024.0)),
         mem_size: mems[0].reports().iter().map(|r| r.mem_size).collect(),
         threads: tch::get_num_threads(),
+        fill_blocks,
     })
+}
+
+/// Runs forward-only blocks until the memory can hold a full span (`L / M` blocks, at
+/// most [`MAX_FILL_BLOCKS`]), so that the timed steps see the steady-state memory and
+/// not an empty cache. Returns the number of blocks run.
+fn fill_memory(lm: &Lm, mems: &mut [crate::model::Memory], cfg: &Config, rng: &mut Rng) -> Result<usize> {
+    let _guard = tch::no_grad_guard();
+    let blocks = cfg.memory.span.div_ceil(cfg.train.block).min(MAX_FILL_BLOCKS);
+    let per = cfg.train.batch / mems.len();
+    for _ in 0..blocks {
+        for mem in mems.iter_mut() {
+            let batch = random_batch(rng, per, cfg.train.block, cfg.model.vocab, false);
+            let (x, _, _) = batch.tensors(0, per, lm.device());
+            lm.model.forward(&x, mem, false)?;
+        }
+    }
+    Ok(blocks)
 }
 
 fn random_batch(rng: &mut Rng, batch: usize, block: usize, vocab: usize, reset: bool) -> Batch {

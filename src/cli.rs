@@ -139,6 +139,10 @@ pub struct EvalArgs {
     /// Expire-Span only: cap every predicted span at this many tokens (paper Fig. 9).
     #[arg(long)]
     pub max_span: Option<usize>,
+    /// Override a field of the checkpoint's config for this evaluation, e.g.
+    /// --set memory.expire.deletion=batch (repeatable; the parameters must still fit).
+    #[arg(long = "set", value_name = "FIELD=VALUE")]
+    pub overrides: Vec<String>,
 }
 
 #[derive(Args, Debug)]

@@ -389,7 +389,7 @@ impl Config {
                     expire: ExpireConfig { ramp: 16, alpha: 1e-3, init_fraction: 0.9, ..ExpireConfig::default() },
                 };
                 c.data.copy = CopyConfig { count_min: 1, count_max: 8, distance_min: 200, distance_max: 400, eval_tokens: 32768 };
-                c.train = TrainConfig { steps: 3000, eval_every: 500, checkpoint_every: 1000, ..TrainConfig::default() };
+                c.train = TrainConfig { steps: 3000, eval_every: 500, eval_tokens: 0, checkpoint_every: 1000, ..TrainConfig::default() };
             }
             "enwik8-expire-tiny" => {
                 c = Config::preset("enwik8-tiny")?;

@@ -114,7 +114,9 @@ fn load_checkpoint(path: &std::path::Path, max_span: Option<usize>) -> Result<Ch
 
 fn eval(a: EvalArgs) -> Result<()> {
     let device = lethe::device::parse(&a.device)?;
-    let ckpt = load_checkpoint(&a.checkpoint, a.max_span)?;
+    let mut ckpt = load_checkpoint(&a.checkpoint, a.max_span)?;
+    ckpt.config = ckpt.config.clone().apply_overrides(&a.overrides)?;
+    ckpt.config.validate()?;
     let split: Split = a.split.parse()?;
     let mut cfg = ckpt.config.clone();
     if let Some(path) = a.data {
@@ -155,6 +157,7 @@ fn eval(a: EvalArgs) -> Result<()> {
         let fmt = |v: &[f64]| v.iter().map(|x| format!("{x:.1}")).collect::<Vec<_>>().join(", ");
         let spans = r.mean_span.as_ref().map(|s| format!(" | mean span per layer [{}]", fmt(s))).unwrap_or_default();
         println!("memory size per layer [{}] | cache held per layer [{}]{spans}", fmt(&r.mem_size), fmt(&r.held));
+        println!("evaluated in {:.1} s", started.elapsed().as_secs_f64());
     }
     Ok(())
 }
@@ -186,7 +189,7 @@ fn bench(a: BenchArgs) -> Result<()> {
     let cfg = a.config.resolve()?;
     let r = lethe::bench::bench(&cfg, a.bench_steps, a.warmup)?;
     println!(
-        "{:<14} {:<8} {:>9} params | {} tok/step | step median {:.1} ms (p10 {:.1}, p90 {:.1}) | {:.0} tok/s | peak RSS {} | mem {:?} | {} threads",
+        "{:<14} {:<8} {:>9} params | {} tok/step | step median {:.1} ms (p10 {:.1}, p90 {:.1}) | {:.0} tok/s | peak RSS {} | mem {:?} | {} threads | {} fill blocks",
         r.name,
         r.mechanism,
         r.parameters,
@@ -197,7 +200,8 @@ fn bench(a: BenchArgs) -> Result<()> {
         r.tokens_per_s,
         r.peak_rss_mib.map(|m| format!("{m:.0} MiB")).unwrap_or_else(|| "n/a".into()),
         r.mem_size.iter().map(|m| m.round()).collect::<Vec<_>>(),
-        r.threads
+        r.threads,
+        r.fill_blocks
     );
     let dir = a.out.join(&cfg.name);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating `{}`", dir.display()))?;
