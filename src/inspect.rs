@@ -108,16 +108,15 @@ pub fn to_svg(trace: &SpanTrace) -> String {
         let _ = writeln!(s, "<text x=\"10\" y=\"{}\" font-weight=\"bold\">layer {layer}</text>", top + ch - 3.0);
         for (row, &(a, b)) in rows.iter().enumerate() {
             let y = top + ch * (row as f64 + 1.2);
-            for i in a..b {
-                let x = 10.0 + cw * (i - a) as f64;
+            for (col, (&span, &byte)) in spans[a..b].iter().zip(&trace.text[a..b]).enumerate() {
+                let x = 10.0 + cw * col as f64;
                 let _ = writeln!(
                     s,
-                    "<rect x=\"{x}\" y=\"{y}\" width=\"{cw}\" height=\"{ch}\" fill=\"{}\"><title>{:.0}</title></rect><text x=\"{}\" y=\"{}\">{}</text>",
-                    colour(level(spans[i], trace.max_span)),
-                    spans[i],
+                    "<rect x=\"{x}\" y=\"{y}\" width=\"{cw}\" height=\"{ch}\" fill=\"{}\"><title>{span:.0}</title></rect><text x=\"{}\" y=\"{}\">{}</text>",
+                    colour(level(span, trace.max_span)),
                     x + 1.0,
                     y + ch - 4.0,
-                    glyph(trace.text[i])
+                    glyph(byte)
                 );
             }
         }

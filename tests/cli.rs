@@ -134,3 +134,37 @@ fn train_eval_and_generate_run_end_to_end() {
     fails_with(&lethe(d, &["generate", "--checkpoint", "runs/book", "--prompt", ""]), &["prompt is empty"]);
     fails_with(&lethe(d, &["eval", "--checkpoint", "runs/book", "--block", "64"]), &["train.block", "64"]);
 }
+
+#[test]
+fn bench_reports_and_writes_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut args = vec!["bench", "--bench-steps", "2", "--warmup", "1", "--out", "runs"];
+    args.extend_from_slice(TINY);
+    let out = succeeds(&lethe(d, &args));
+    assert!(out.contains("step median") && out.contains("peak RSS"), "{out}");
+    let text = std::fs::read_to_string(d.join("runs/copy-tiny/bench.json")).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(json["steps"], 2);
+    assert_eq!(json["fill_blocks"], 2, "span 16 / block 8");
+    assert!(json["median_s"].as_f64().unwrap() > 0.0);
+    assert_eq!(json["mem_size"].as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn inspect_and_max_span_need_an_expire_span_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("probe.txt"), b"AAAABBBBBBBBBBBBBBBBBBBB=aaaa.").unwrap();
+    succeeds(&train(d, &["--steps", "2", "--name", "fixed"]));
+    fails_with(&lethe(d, &["inspect", "spans", "--checkpoint", "runs/fixed", "--text", "probe.txt"]), &["Expire-Span"]);
+    fails_with(&lethe(d, &["eval", "--checkpoint", "runs/fixed", "--max-span", "4"]), &["--max-span", "Expire-Span"]);
+
+    succeeds(&train(d, &["--steps", "2", "--name", "expire", "--set", "memory.mechanism=expire"]));
+    let out = succeeds(&lethe(d, &["inspect", "spans", "--checkpoint", "runs/expire", "--text", "probe.txt", "--out", "pics"]));
+    assert!(out.contains("layer 0: mean span"), "{out}");
+    assert!(d.join("pics/spans.svg").exists() && d.join("pics/spans.html").exists());
+    let out = succeeds(&lethe(d, &["eval", "--checkpoint", "runs/expire", "--max-span", "4", "--max-tokens", "64"]));
+    assert!(out.contains("mean span per layer"), "{out}");
+    fails_with(&lethe(d, &["inspect", "spans", "--checkpoint", "runs/expire", "--text", "missing.txt"]), &["missing.txt"]);
+}
