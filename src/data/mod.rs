@@ -4,6 +4,8 @@
 //! Every source yields bytes (vocabulary 256). A sequence may flag which tokens are
 //! scored: predicting a flagged token counts in the loss and the metrics, the others are
 //! context only (the copy task scores only its answers; byte corpora score everything).
+//! A sequence may also carry labels: the target at a position is then the label, not
+//! the next input (the collision task's answer is a quadrant, not the next token).
 
 pub mod bytes;
 pub mod stream;
@@ -16,20 +18,28 @@ use crate::error::{LetheError, Result};
 
 pub use stream::{Batch, BlockStreams, EvalWalker, TrainStreams};
 
-/// A finite token sequence. `scored[i]` says whether predicting `tokens[i]` counts;
-/// `None` means every token counts.
+/// A finite token sequence. Position `i` is predicted from the inputs before it: its
+/// target is `labels[i]` when there are labels, `tokens[i]` otherwise. `scored[i]` says
+/// whether that prediction counts; `None` means every position counts.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TokenSeq {
-    /// The tokens.
+    /// The tokens (the inputs).
     pub tokens: Vec<u8>,
-    /// Which tokens are scored targets (`None`: all).
+    /// Which targets are scored (`None`: all).
     pub scored: Option<Vec<bool>>,
+    /// Targets that differ from the tokens (`None`: the targets are the tokens).
+    pub labels: Option<Vec<u8>>,
 }
 
 impl TokenSeq {
     /// A sequence in which every token is scored.
     pub fn all_scored(tokens: Vec<u8>) -> Self {
-        TokenSeq { tokens, scored: None }
+        TokenSeq { tokens, scored: None, labels: None }
+    }
+
+    /// The target of position `i`.
+    pub fn target(&self, i: usize) -> u8 {
+        self.labels.as_ref().map_or(self.tokens[i], |l| l[i])
     }
 
     /// Number of tokens.
@@ -49,6 +59,10 @@ impl TokenSeq {
 
     /// Appends another sequence.
     pub fn extend(&mut self, other: &TokenSeq) {
+        if self.labels.is_some() || other.labels.is_some() {
+            let mine = self.labels.get_or_insert_with(|| self.tokens.clone());
+            mine.extend_from_slice(other.labels.as_ref().unwrap_or(&other.tokens));
+        }
         match (&mut self.scored, &other.scored) {
             (None, None) => {}
             (mine, theirs) => {
@@ -65,7 +79,11 @@ impl TokenSeq {
 
     /// The sub-sequence `[start, end)`.
     pub fn slice(&self, start: usize, end: usize) -> TokenSeq {
-        TokenSeq { tokens: self.tokens[start..end].to_vec(), scored: self.scored.as_ref().map(|s| s[start..end].to_vec()) }
+        TokenSeq {
+            tokens: self.tokens[start..end].to_vec(),
+            scored: self.scored.as_ref().map(|s| s[start..end].to_vec()),
+            labels: self.labels.as_ref().map(|l| l[start..end].to_vec()),
+        }
     }
 }
 
@@ -153,6 +171,10 @@ impl SplitData {
 pub fn load_split(cfg: &Config, split: Split, batch: usize) -> Result<SplitData> {
     match cfg.data.source {
         Source::Copy => Ok(tasks::copy::eval_split(&cfg.data.copy, cfg.seed, split, batch)),
+        Source::Collision => {
+            let k = &cfg.data.collision;
+            Ok(tasks::eval_split(&tasks::collision::CollisionTask::new(k), "collision", cfg.seed, split, batch, k.eval_tokens))
+        }
         Source::File | Source::Folder => bytes::load(&cfg.data, split),
     }
 }
@@ -161,6 +183,10 @@ pub fn load_split(cfg: &Config, split: Split, batch: usize) -> Result<SplitData>
 pub fn train_streams(cfg: &Config, batch: usize) -> Result<TrainStreams> {
     match cfg.data.source {
         Source::Copy => Ok(TrainStreams::Generated(tasks::copy::train_streams(&cfg.data.copy, cfg.seed, batch, cfg.train.block))),
+        Source::Collision => {
+            let task = Box::new(tasks::collision::CollisionTask::new(&cfg.data.collision));
+            Ok(TrainStreams::Generated(stream::GeneratedStreams::new(task, cfg.seed, batch, cfg.train.block)))
+        }
         Source::File | Source::Folder => {
             let split = bytes::load(&cfg.data, Split::Train)?;
             Ok(TrainStreams::Fixed(BlockStreams::new(&split, batch, cfg.train.block, cfg.seed)?))
@@ -176,6 +202,11 @@ pub fn describe(cfg: &Config) -> String {
         Source::Copy => format!(
             "copy task, counts {}-{}, distances {}-{}",
             d.copy.count_min, d.copy.count_max, d.copy.distance_min, d.copy.distance_max
+        ),
+        Source::Collision => format!(
+            "object collision ({}), {} steps of 8 tokens per simulation; chance error 75%",
+            if d.collision.easy { "easy" } else { "hard" },
+            d.collision.steps
         ),
         Source::Folder => format!("folder {} ({:?} mode)", path.display(), d.folder_mode).to_lowercase(),
         Source::File => {
@@ -203,9 +234,9 @@ pub fn describe(cfg: &Config) -> String {
 pub fn unigram_entropy(seqs: &[TokenSeq]) -> f64 {
     let mut counts = [0u64; 256];
     for s in seqs {
-        for (i, &t) in s.tokens.iter().enumerate() {
+        for i in 0..s.len() {
             if s.is_scored(i) {
-                counts[t as usize] += 1;
+                counts[s.target(i) as usize] += 1;
             }
         }
     }
@@ -244,8 +275,11 @@ mod tests {
     #[test]
     fn extend_keeps_scored_flags_aligned() {
         let mut a = TokenSeq::all_scored(vec![1, 2]);
-        a.extend(&TokenSeq { tokens: vec![3, 4], scored: Some(vec![false, true]) });
+        a.extend(&TokenSeq { tokens: vec![3, 4], scored: Some(vec![false, true]), labels: Some(vec![7, 8]) });
         assert_eq!(a.scored, Some(vec![true, true, false, true]));
+        assert_eq!(a.labels, Some(vec![1, 2, 7, 8]));
+        assert_eq!(a.target(3), 8);
+        assert_eq!(a.slice(1, 3).labels, Some(vec![2, 7]));
     }
 
     #[test]

@@ -36,11 +36,15 @@ impl Batch {
         Batch { batch, len, inputs: Vec::with_capacity(n), targets: Vec::with_capacity(n), weights: Vec::with_capacity(n), reset }
     }
 
-    /// Appends one stream's `len + 1` tokens (inputs then the final target) and the
-    /// scored flags of the `len` targets.
-    fn push_stream(&mut self, tokens: impl Iterator<Item = u8> + Clone, scored: impl Iterator<Item = f32>) {
-        self.inputs.extend(tokens.clone().take(self.len).map(i64::from));
-        self.targets.extend(tokens.skip(1).take(self.len).map(i64::from));
+    /// Appends one stream's `len` inputs, targets and scored flags.
+    fn push_stream(
+        &mut self,
+        inputs: impl Iterator<Item = u8>,
+        targets: impl Iterator<Item = u8>,
+        scored: impl Iterator<Item = f32>,
+    ) {
+        self.inputs.extend(inputs.take(self.len).map(i64::from));
+        self.targets.extend(targets.take(self.len).map(i64::from));
         self.weights.extend(scored.take(self.len));
     }
 
@@ -121,8 +125,12 @@ impl BlockStreams {
         }
         let mut batch = Batch::with_capacity(self.streams.len(), self.block, reset);
         for s in &self.streams {
-            let p = self.pos;
-            batch.push_stream(s.tokens[p..=p + self.block].iter().copied(), (p + 1..=p + self.block).map(|i| flag(s, i)));
+            let targets = self.pos + 1..=self.pos + self.block;
+            batch.push_stream(
+                s.tokens[self.pos..].iter().copied(),
+                targets.clone().map(|i| s.target(i)),
+                targets.map(|i| flag(s, i)),
+            );
         }
         self.pos += self.block;
         batch
@@ -141,11 +149,13 @@ pub struct GeneratedStreams {
     streams: Vec<GenStream>,
 }
 
-/// One generated stream: its generator and the tokens drawn but not yet consumed.
+/// One generated stream: its generator and the tokens drawn but not yet consumed, with
+/// each position's target and scored flag.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct GenStream {
     rng: Rng,
     tokens: VecDeque<u8>,
+    targets: VecDeque<u8>,
     scored: VecDeque<bool>,
 }
 
@@ -153,7 +163,12 @@ impl GeneratedStreams {
     /// `batch` streams of `task`, stream `b` seeded with `Rng::derive(seed, b)`.
     pub fn new(task: Box<dyn Task>, seed: u64, batch: usize, block: usize) -> Self {
         let streams = (0..batch)
-            .map(|b| GenStream { rng: Rng::derive(seed, b as u64), tokens: VecDeque::new(), scored: VecDeque::new() })
+            .map(|b| GenStream {
+                rng: Rng::derive(seed, b as u64),
+                tokens: VecDeque::new(),
+                targets: VecDeque::new(),
+                scored: VecDeque::new(),
+            })
             .collect();
         GeneratedStreams { task, block, streams }
     }
@@ -165,11 +180,13 @@ impl GeneratedStreams {
             while s.tokens.len() < self.block + 1 {
                 let ep = self.task.episode(&mut s.rng);
                 s.scored.extend((0..ep.len()).map(|i| ep.is_scored(i)));
+                s.targets.extend((0..ep.len()).map(|i| ep.target(i)));
                 s.tokens.extend(ep.tokens);
             }
             let scored = s.scored.iter().skip(1).map(|&f| if f { 1.0 } else { 0.0 });
-            batch.push_stream(s.tokens.iter().copied(), scored);
+            batch.push_stream(s.tokens.iter().copied(), s.targets.iter().skip(1).copied(), scored);
             s.tokens.drain(..self.block);
+            s.targets.drain(..self.block);
             s.scored.drain(..self.block);
         }
         batch
@@ -275,9 +292,10 @@ impl EvalWalker {
         let mut batch = Batch::with_capacity(self.streams.len(), len, self.pos == 0);
         for s in &self.streams {
             let p = self.pos;
-            let tokens = (p..=p + len).map(|i| s.tokens.get(i).copied().unwrap_or(0));
+            let inputs = (p..p + len).map(|i| s.tokens.get(i).copied().unwrap_or(0));
+            let targets = (p + 1..=p + len).map(|i| if i < s.len() { s.target(i) } else { 0 });
             let flags = (p + 1..=p + len).map(|i| if i < s.len() { flag(s, i) } else { 0.0 });
-            batch.push_stream(tokens, flags);
+            batch.push_stream(inputs, targets, flags);
         }
         self.pos += len;
         Some(batch)

@@ -11,7 +11,7 @@
 //! with `a` (distances 6-12, counts 1-4), because it must otherwise separate its own
 //! answer from the run by position.
 
-use crate::config::{CopyConfig, FolderMode};
+use crate::config::CopyConfig;
 use crate::data::stream::GeneratedStreams;
 use crate::data::{Split, SplitData, TokenSeq};
 use crate::rng::Rng;
@@ -54,7 +54,7 @@ impl Task for CopyTask {
         tokens.extend(std::iter::repeat_n(COPY, n));
         tokens.push(END);
         let scored = (0..tokens.len()).map(|i| i >= question_len).collect();
-        TokenSeq { tokens, scored: Some(scored) }
+        TokenSeq { tokens, scored: Some(scored), labels: None }
     }
 }
 
@@ -66,24 +66,7 @@ pub fn train_streams(cfg: &CopyConfig, seed: u64, batch: usize, block: usize) ->
 /// A fixed evaluation split: `batch` documents of whole episodes, about
 /// `cfg.eval_tokens` tokens in all, from a seed of its own per split.
 pub fn eval_split(cfg: &CopyConfig, seed: u64, split: Split, batch: usize) -> SplitData {
-    let task = CopyTask::new(cfg);
-    let split_index = match split {
-        Split::Train => 0,
-        Split::Valid => 1,
-        Split::Test => 2,
-    };
-    let per_doc = cfg.eval_tokens.div_ceil(batch);
-    let docs = (0..batch)
-        .map(|b| {
-            let mut rng = Rng::derive(seed ^ (0x5EED_0000 + split_index), b as u64);
-            let mut doc = TokenSeq::default();
-            while doc.len() < per_doc {
-                doc.extend(&task.episode(&mut rng));
-            }
-            doc
-        })
-        .collect();
-    SplitData { origin: format!("copy task ({split})").into(), docs, mode: FolderMode::Documents }
+    super::eval_split(&CopyTask::new(cfg), "copy", seed, split, batch, cfg.eval_tokens)
 }
 
 #[cfg(test)]

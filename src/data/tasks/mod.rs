@@ -1,6 +1,7 @@
 //! Synthetic tasks that lethe generates itself (no downloads). Each task draws whole
 //! episodes from a seeded [`Rng`]; the same seed gives the same episodes.
 
+pub mod collision;
 pub mod copy;
 
 use crate::data::TokenSeq;
@@ -10,4 +11,27 @@ use crate::rng::Rng;
 pub trait Task: Send {
     /// The next episode.
     fn episode(&self, rng: &mut Rng) -> TokenSeq;
+}
+
+/// A fixed evaluation split of a task: `batch` documents of whole episodes, about
+/// `tokens` tokens in all, from a seed of its own per split.
+pub fn eval_split(task: &dyn Task, name: &str, seed: u64, split: crate::data::Split, batch: usize, tokens: usize) -> crate::data::SplitData {
+    use crate::data::Split;
+    let split_index = match split {
+        Split::Train => 0,
+        Split::Valid => 1,
+        Split::Test => 2,
+    };
+    let per_doc = tokens.div_ceil(batch);
+    let docs = (0..batch)
+        .map(|b| {
+            let mut rng = Rng::derive(seed ^ (0x5EED_0000 + split_index), b as u64);
+            let mut doc = TokenSeq::default();
+            while doc.len() < per_doc {
+                doc.extend(&task.episode(&mut rng));
+            }
+            doc
+        })
+        .collect();
+    crate::data::SplitData { origin: format!("{name} task ({split})").into(), docs, mode: crate::config::FolderMode::Documents }
 }
