@@ -341,6 +341,29 @@ mod tests {
     }
 
     #[test]
+    fn generated_streams_carry_labels_as_targets() {
+        use crate::data::tasks::collision::{CollisionConfig, CollisionTask};
+        use crate::data::tasks::Task;
+        let cfg = CollisionConfig { steps: 30, ..CollisionConfig::default() };
+        let mut streams = GeneratedStreams::new(Box::new(CollisionTask::new(&cfg)), 4, 1, 16);
+        // The same episodes drawn directly from the stream's generator.
+        let mut rng = Rng::derive(4, 0);
+        let mut expect = TokenSeq::default();
+        for _ in 0..3 {
+            expect.extend(&CollisionTask::new(&cfg).episode(&mut rng));
+        }
+        for step in 0..40 {
+            let b = streams.next_batch();
+            for j in 0..16 {
+                let i = step * 16 + j;
+                assert_eq!(b.inputs[j], expect.tokens[i] as i64);
+                assert_eq!(b.targets[j], expect.target(i + 1) as i64, "position {}", i + 1);
+                assert_eq!(b.weights[j] > 0.0, expect.is_scored(i + 1));
+            }
+        }
+    }
+
+    #[test]
     fn eval_walker_covers_every_target_once() {
         let mut w = EvalWalker::new(&split((0..23).collect()), 2, ).unwrap();
         let mut targets = vec![];
