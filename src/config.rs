@@ -55,8 +55,8 @@ pub struct ModelConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MemoryConfig {
-    /// The mechanism: `fixed` (Transformer-XL) or `expire` (Expire-Span). Later:
-    /// `adaptive`, `compressive`, `infinity`. Default `fixed`.
+    /// The mechanism: `fixed` (Transformer-XL), `expire` (Expire-Span) or `adaptive`
+    /// (Adaptive-Span). Later: `compressive`, `infinity`. Default `fixed`.
     pub mechanism: Mechanism,
     /// Maximum span `L` in tokens: a query sees itself and at most `L` earlier positions.
     /// For `fixed` this is also the number of cached states per layer. Default 128.
@@ -64,6 +64,27 @@ pub struct MemoryConfig {
     /// Expire-Span's settings (used when `mechanism = "expire"`).
     #[serde(default)]
     pub expire: ExpireConfig,
+    /// Adaptive-Span's settings (used when `mechanism = "adaptive"`).
+    #[serde(default)]
+    pub adaptive: AdaptiveConfig,
+}
+
+/// Adaptive-Span (Sukhbaatar et al., 2019; ALGORITHMS.md, baselines).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdaptiveConfig {
+    /// Ramp length `R` of the soft mask over distance, in tokens. Default 32.
+    pub ramp: usize,
+    /// Coefficient of the span loss `coef * L * mean(z)`. Default 2e-6.
+    pub loss_coef: f64,
+    /// Initial span ratio `z` of every head, in [0, 1]. Default 0.
+    pub init_ratio: f64,
+}
+
+impl Default for AdaptiveConfig {
+    fn default() -> Self {
+        AdaptiveConfig { ramp: 32, loss_coef: 2e-6, init_ratio: 0.0 }
+    }
 }
 
 /// Expire-Span (paper section 4; ALGORITHMS.md).
@@ -118,6 +139,8 @@ pub enum Mechanism {
     Fixed,
     /// Expire-Span: a learned span per memory; expired memories are deleted.
     Expire,
+    /// Adaptive-Span: a learned span per head; the cache is trimmed to the largest.
+    Adaptive,
 }
 
 /// Where the training, validation and test streams come from.
@@ -264,7 +287,7 @@ impl Default for ModelConfig {
 
 impl Default for MemoryConfig {
     fn default() -> Self {
-        MemoryConfig { mechanism: Mechanism::Fixed, span: 128, expire: ExpireConfig::default() }
+        MemoryConfig { mechanism: Mechanism::Fixed, span: 128, expire: ExpireConfig::default(), adaptive: AdaptiveConfig::default() }
     }
 }
 
@@ -397,6 +420,7 @@ impl Config {
                     mechanism: Mechanism::Expire,
                     span: 512,
                     expire: ExpireConfig { ramp: 16, alpha: 1e-3, init_fraction: 0.9, ..ExpireConfig::default() },
+                    adaptive: AdaptiveConfig::default(),
                 };
                 c.data.copy = CopyConfig { count_min: 1, count_max: 8, distance_min: 200, distance_max: 400, eval_tokens: 32768 };
                 c.train = TrainConfig { steps: 3000, eval_every: 500, eval_tokens: 0, checkpoint_every: 1000, ..TrainConfig::default() };
@@ -408,6 +432,7 @@ impl Config {
                     mechanism: Mechanism::Expire,
                     span: 1024,
                     expire: ExpireConfig { ramp: 32, alpha: 1e-5, init_fraction: 0.1, ..ExpireConfig::default() },
+                    adaptive: AdaptiveConfig::default(),
                 };
             }
             "enwik8-expire-12l" => {
@@ -417,6 +442,7 @@ impl Config {
                     mechanism: Mechanism::Expire,
                     span: 16384,
                     expire: ExpireConfig { ramp: 128, alpha: 3e-7, init_fraction: 0.1, pre_div: 64.0, noisy: true, ..ExpireConfig::default() },
+                    adaptive: AdaptiveConfig::default(),
                 };
             }
             "collision-tiny" | "collision-easy-tiny" => {
@@ -435,6 +461,7 @@ impl Config {
                     mechanism: Mechanism::Expire,
                     span: 16384,
                     expire: ExpireConfig { ramp: 128, alpha: 1e-6, init_fraction: 0.01, pre_div: 64.0, noisy: true, ..ExpireConfig::default() },
+                    adaptive: AdaptiveConfig::default(),
                 };
                 c.model.dropout = 0.1;
             }
@@ -535,8 +562,10 @@ impl MemoryConfig {
     /// `block` is the block length the memory will be used with.
     pub fn validate(&self, block: usize) -> Result<()> {
         positive("memory.span", self.span)?;
-        if self.mechanism == Mechanism::Expire {
-            self.expire.validate()?;
+        match self.mechanism {
+            Mechanism::Expire => self.expire.validate()?,
+            Mechanism::Adaptive => self.adaptive.validate()?,
+            Mechanism::Fixed => {}
         }
         if block > self.span {
             return Err(LetheError::config(
@@ -560,6 +589,19 @@ impl ExpireConfig {
         }
         if !(self.pre_div > 0.0 && self.pre_div.is_finite()) {
             return Err(LetheError::config("memory.expire.pre_div", self.pre_div, "must be a positive number"));
+        }
+        Ok(())
+    }
+}
+
+impl AdaptiveConfig {
+    fn validate(&self) -> Result<()> {
+        positive("memory.adaptive.ramp", self.ramp)?;
+        if !(self.loss_coef >= 0.0 && self.loss_coef.is_finite()) {
+            return Err(LetheError::config("memory.adaptive.loss_coef", self.loss_coef, "must be a non-negative number"));
+        }
+        if !(0.0..=1.0).contains(&self.init_ratio) {
+            return Err(LetheError::config("memory.adaptive.init_ratio", self.init_ratio, "must be in [0, 1]"));
         }
         Ok(())
     }

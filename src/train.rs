@@ -312,6 +312,7 @@ pub fn optimisation_step(lm: &Lm, opt: &mut Adam, mems: &mut [Memory], batch: &B
     let grad_norm = opt.clip_grad_norm(cfg.grad_clip);
     if nll_sum.is_finite() && aux.is_finite() && grad_norm.is_finite() {
         opt.step(lr);
+        lm.model.after_step();
     }
     Ok(StepStats { nll_sum, weight, aux, grad_norm })
 }

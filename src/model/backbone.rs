@@ -111,7 +111,7 @@ impl Model {
         let d = cfg.d_model as i64;
         let d_head = d / cfg.heads as i64;
         let layers = (0..cfg.layers).map(|i| Layer::new(p / "layers" / i, cfg)).collect();
-        let memories = (0..cfg.layers).map(|i| memory::build(mem, p / "layers" / i / "attn", d, block)).collect();
+        let memories = (0..cfg.layers).map(|i| memory::build(mem, p / "layers" / i / "attn", d, cfg.heads as i64, block)).collect();
         let final_norm = cfg.pre_norm.then(|| nn::layer_norm(p / "final_norm", vec![d], Default::default()));
         let rows = memory::position_rows(mem, block);
         let key_pe = p.var("key_pe", &[rows, d_head], nn::Init::Randn { mean: 0.0, stdev: 1.0 / (d_head as f64).sqrt() });
@@ -124,6 +124,12 @@ impl Model {
             key_pe,
             memories,
         }
+    }
+
+    /// Lets every layer's mechanism enforce its parameter constraints after an
+    /// optimiser step.
+    pub fn after_step(&self) {
+        self.memories.iter().for_each(|m| m.after_step());
     }
 
     /// Empty memories for a group of streams (one per micro-batch, or for evaluation).

@@ -15,6 +15,7 @@
 //! parameters with empty state, so gradient-accumulation micro-batches (and evaluation)
 //! each carry their own memory.
 
+pub mod adaptive;
 pub mod expire;
 pub mod fixed;
 
@@ -103,6 +104,10 @@ pub trait MemoryLayer: Send {
     /// A memory with the same parameters and an empty state.
     fn fresh(&self) -> Box<dyn MemoryLayer>;
 
+    /// Called once after every optimiser step on the memory that owns the parameters
+    /// (for constraints such as Adaptive-Span's `0 <= z <= 1`). Default: nothing.
+    fn after_step(&self) {}
+
     /// The spans predicted for the last block's tokens, `(b, m)`, for mechanisms that
     /// predict them (for `lethe inspect spans`). Default: none.
     fn token_spans(&self) -> Option<Tensor> {
@@ -113,18 +118,20 @@ pub trait MemoryLayer: Send {
 /// Builds layer memory for `cfg`, creating its parameters (if any) under `p` (the
 /// layer's attention path, e.g. `layers.3.attn`). `d_model` is the hidden size and
 /// `block` the training block length.
-pub fn build(cfg: &MemoryConfig, p: nn::Path, d_model: i64, block: usize) -> Box<dyn MemoryLayer> {
+pub fn build(cfg: &MemoryConfig, p: nn::Path, d_model: i64, heads: i64, block: usize) -> Box<dyn MemoryLayer> {
     match cfg.mechanism {
         Mechanism::Fixed => Box::new(fixed::FixedSpan::new(cfg.span)),
+        Mechanism::Adaptive => Box::new(adaptive::AdaptiveSpan::new(p, heads, cfg.span, &cfg.adaptive)),
         Mechanism::Expire => Box::new(expire::ExpireSpan::new(p, d_model, cfg.span, position_rows(cfg, block), &cfg.expire)),
     }
 }
 
 /// Rows of `key_pe` (distances `0..rows` covered by learned position embeddings):
-/// the whole span for Transformer-XL, `min(L, M) + 1` for Expire-Span (paper A.1).
+/// the whole span for Transformer-XL and Adaptive-Span, `min(L, M) + 1` for Expire-Span
+/// (paper A.1).
 pub fn position_rows(cfg: &MemoryConfig, block: usize) -> i64 {
     match cfg.mechanism {
-        Mechanism::Fixed => cfg.span as i64 + 1,
+        Mechanism::Fixed | Mechanism::Adaptive => cfg.span as i64 + 1,
         Mechanism::Expire => cfg.span.min(block) as i64 + 1,
     }
 }

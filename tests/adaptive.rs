@@ -1,0 +1,134 @@
+//! Adaptive-Span end to end: the span loss by hand, gradients through the span ratio,
+//! clamping after a step, and a tiny model that learns the copy task.
+
+mod common;
+
+use lethe::config::{Config, CopyConfig, Mechanism};
+use lethe::model::{token_nll, Lm, Memory};
+use lethe::train::{train, TrainOptions};
+use tch::{Device, Kind, Tensor};
+
+fn adaptive_config(span: usize, ramp: usize, init_ratio: f64, coef: f64) -> Config {
+    let mut c = common::tiny_config();
+    c.memory.mechanism = Mechanism::Adaptive;
+    c.memory.span = span;
+    c.memory.adaptive.ramp = ramp;
+    c.memory.adaptive.init_ratio = init_ratio;
+    c.memory.adaptive.loss_coef = coef;
+    c.train.block = 4;
+    c
+}
+
+fn z_of(lm: &Lm) -> Tensor {
+    lm.named_parameters().into_iter().find(|(n, _)| n.ends_with("adaptive.z")).unwrap().1
+}
+
+fn tokens(seq: &[i64], b: i64) -> Tensor {
+    Tensor::from_slice(seq).view([b, -1])
+}
+
+#[test]
+fn the_span_loss_is_coef_times_l_times_mean_ratio() {
+    let _rng = common::torch_rng_lock();
+    let lm = Lm::new(&adaptive_config(16, 4, 0.0, 0.01), Device::Cpu);
+    let _guard = tch::no_grad_guard();
+    z_of(&lm).copy_(&Tensor::from_slice(&[0.25f32, 0.75]));
+    let out = lm.model.forward(&tokens(&[1, 2, 3, 4], 1), &mut lm.model.new_memory(), true).unwrap();
+    let expected = 0.01 * 16.0 * 0.5;
+    assert!((out.aux_loss.double_value(&[]) - expected).abs() < 1e-7, "{}", out.aux_loss.double_value(&[]));
+}
+
+#[test]
+fn ratios_are_clamped_to_the_unit_interval_after_a_step() {
+    let _rng = common::torch_rng_lock();
+    let lm = Lm::new(&adaptive_config(16, 4, 0.5, 0.0), Device::Cpu);
+    tch::no_grad(|| z_of(&lm).copy_(&Tensor::from_slice(&[1.3f32, -0.2])));
+    lm.model.after_step();
+    let z: Vec<f32> = z_of(&lm).detach().try_into().unwrap();
+    assert_eq!(z, vec![1.0, 0.0]);
+}
+
+fn two_block_loss(lm: &Lm, x: &[i64], y: &[i64], cache: &[(String, Tensor)]) -> Tensor {
+    let (x, y) = (tokens(x, 2), tokens(y, 2));
+    let block_loss = |half: i64, mem: &mut Memory| {
+        let out = lm.model.forward(&x.narrow(1, half * 4, 4), mem, true).unwrap();
+        token_nll(&out.logits, &y.narrow(1, half * 4, 4)).sum(Kind::Double) + out.aux_loss
+    };
+    let first = block_loss(0, &mut lm.model.new_memory());
+    let mut mem = lm.model.new_memory();
+    mem.load_state(cache).unwrap();
+    first + block_loss(1, &mut mem)
+}
+
+#[test]
+fn gradients_through_the_span_ratio_match_finite_differences() {
+    let _rng = common::torch_rng_lock();
+    // L = 8, R = 4, z = 0.3: distances 2.4 to 6.4 are on the ramp.
+    let mut lm = Lm::new(&adaptive_config(8, 4, 0.3, 0.5), Device::Cpu);
+    lm.vs.double();
+    tch::no_grad(|| z_of(&lm).copy_(&Tensor::from_slice(&[0.3f64, 0.45])));
+    let x: Vec<i64> = vec![1, 4, 2, 8, 5, 7, 3, 0, 9, 10, 2, 6, 4, 1, 3, 5];
+    let y: Vec<i64> = x.iter().map(|t| (t * 3 + 1) % 11).collect();
+    let mut mem = lm.model.new_memory();
+    let _ = lm.model.forward(&tokens(&x, 2).narrow(1, 0, 4), &mut mem, true).unwrap();
+    let cache: Vec<(String, Tensor)> = mem.state().into_iter().map(|(n, t)| (n, t.detach().copy())).collect();
+    two_block_loss(&lm, &x, &y, &cache).backward();
+    let z = z_of(&lm);
+    let grad: Vec<f64> = z.grad().try_into().unwrap();
+    for (i, &analytic) in grad.iter().enumerate() {
+        let flat = z.detach();
+        let orig = flat.double_value(&[i as i64]);
+        let h = 1e-6;
+        let _ = flat.get(i as i64).fill_(orig + h);
+        let up = two_block_loss(&lm, &x, &y, &cache).double_value(&[]);
+        let _ = flat.get(i as i64).fill_(orig - h);
+        let down = two_block_loss(&lm, &x, &y, &cache).double_value(&[]);
+        let _ = flat.get(i as i64).fill_(orig);
+        let numeric = (up - down) / (2.0 * h);
+        assert!((analytic - numeric).abs() < 1e-6 + 1e-4 * numeric.abs(), "z[{i}]: {analytic} vs {numeric}");
+        assert!(analytic.abs() > 1e-4, "no gradient reached z[{i}]");
+    }
+}
+
+#[test]
+fn adaptive_span_learns_the_copy_task_with_shrinking_spans() {
+    let _rng = common::torch_rng_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = adaptive_config(64, 8, 1.0, 1e-3);
+    cfg.model.layers = 2;
+    cfg.model.d_model = 32;
+    cfg.model.d_ffn = 64;
+    cfg.train.batch = 16;
+    cfg.train.block = 8;
+    cfg.train.steps = 800;
+    cfg.train.warmup = 20;
+    cfg.train.lr = 3e-3;
+    cfg.train.log_every = 100;
+    cfg.train.eval_tokens = 0;
+    cfg.data.copy = CopyConfig { count_min: 1, count_max: 4, distance_min: 24, distance_max: 32, eval_tokens: 4096 };
+    let opts = TrainOptions { out_dir: dir.path().to_path_buf(), quiet: true, ..TrainOptions::default() };
+    let r = train(&cfg, &opts).unwrap().last_eval.unwrap();
+    let answers = r.answer_accuracy.unwrap();
+    assert!(answers > 0.6, "Adaptive-Span answered {answers} (chance 0.25)");
+    let spans = r.mean_span.unwrap();
+    assert!(spans.iter().all(|&s| s < 64.0), "spans did not shrink from L: {spans:?}");
+}
+
+#[test]
+fn the_cache_holds_only_what_the_widest_head_can_see() {
+    let _rng = common::torch_rng_lock();
+    // L = 512 but every head's ratio is 0.1: 52 + R 8 = 60 states, rounded up to 64.
+    let mut cfg = adaptive_config(512, 8, 0.1, 0.0);
+    cfg.train.block = 8;
+    let lm = Lm::new(&cfg, Device::Cpu);
+    let _guard = tch::no_grad_guard();
+    let mut mem = lm.model.new_memory();
+    let x = Tensor::randint(256, [2, 8], (Kind::Int64, Device::Cpu));
+    for _ in 0..20 {
+        lm.model.forward(&x, &mut mem, false).unwrap();
+    }
+    assert_eq!(mem.reports()[0].held, 64, "160 tokens seen, 64 kept");
+    // Memory size: each query sees about z L + R/2 earlier positions, far below L.
+    let size = mem.reports()[0].mem_size;
+    assert!(size > 50.0 && size < 60.0, "mem size {size}");
+}
