@@ -4,7 +4,7 @@
 mod common;
 
 use lethe::config::{Config, CopyConfig, Mechanism};
-use lethe::model::{token_nll, Lm, Memory};
+use lethe::model::Lm;
 use lethe::train::{train, TrainOptions};
 use tch::{Device, Kind, Tensor};
 
@@ -23,9 +23,7 @@ fn z_of(lm: &Lm) -> Tensor {
     lm.named_parameters().into_iter().find(|(n, _)| n.ends_with("adaptive.z")).unwrap().1
 }
 
-fn tokens(seq: &[i64], b: i64) -> Tensor {
-    Tensor::from_slice(seq).view([b, -1])
-}
+use common::tokens;
 
 #[test]
 fn the_span_loss_is_coef_times_l_times_mean_ratio() {
@@ -48,18 +46,6 @@ fn ratios_are_clamped_to_the_unit_interval_after_a_step() {
     assert_eq!(z, vec![1.0, 0.0]);
 }
 
-fn two_block_loss(lm: &Lm, x: &[i64], y: &[i64], cache: &[(String, Tensor)]) -> Tensor {
-    let (x, y) = (tokens(x, 2), tokens(y, 2));
-    let block_loss = |half: i64, mem: &mut Memory| {
-        let out = lm.model.forward(&x.narrow(1, half * 4, 4), mem, true).unwrap();
-        token_nll(&out.logits, &y.narrow(1, half * 4, 4)).sum(Kind::Double) + out.aux_loss
-    };
-    let first = block_loss(0, &mut lm.model.new_memory());
-    let mut mem = lm.model.new_memory();
-    mem.load_state(cache).unwrap();
-    first + block_loss(1, &mut mem)
-}
-
 #[test]
 fn gradients_through_the_span_ratio_match_finite_differences() {
     let _rng = common::torch_rng_lock();
@@ -69,22 +55,12 @@ fn gradients_through_the_span_ratio_match_finite_differences() {
     tch::no_grad(|| z_of(&lm).copy_(&Tensor::from_slice(&[0.3f64, 0.45])));
     let x: Vec<i64> = vec![1, 4, 2, 8, 5, 7, 3, 0, 9, 10, 2, 6, 4, 1, 3, 5];
     let y: Vec<i64> = x.iter().map(|t| (t * 3 + 1) % 11).collect();
-    let mut mem = lm.model.new_memory();
-    let _ = lm.model.forward(&tokens(&x, 2).narrow(1, 0, 4), &mut mem, true).unwrap();
-    let cache: Vec<(String, Tensor)> = mem.state().into_iter().map(|(n, t)| (n, t.detach().copy())).collect();
-    two_block_loss(&lm, &x, &y, &cache).backward();
+    let cache = common::first_block_cache(&lm, &x);
+    common::two_block_loss(&lm, &x, &y, &cache).backward();
     let z = z_of(&lm);
     let grad: Vec<f64> = z.grad().try_into().unwrap();
     for (i, &analytic) in grad.iter().enumerate() {
-        let flat = z.detach();
-        let orig = flat.double_value(&[i as i64]);
-        let h = 1e-6;
-        let _ = flat.get(i as i64).fill_(orig + h);
-        let up = two_block_loss(&lm, &x, &y, &cache).double_value(&[]);
-        let _ = flat.get(i as i64).fill_(orig - h);
-        let down = two_block_loss(&lm, &x, &y, &cache).double_value(&[]);
-        let _ = flat.get(i as i64).fill_(orig);
-        let numeric = (up - down) / (2.0 * h);
+        let numeric = common::numeric_grad(&z, i as i64, || common::two_block_loss(&lm, &x, &y, &cache).double_value(&[]));
         assert!((analytic - numeric).abs() < 1e-6 + 1e-4 * numeric.abs(), "z[{i}]: {analytic} vs {numeric}");
         assert!(analytic.abs() > 1e-4, "no gradient reached z[{i}]");
     }

@@ -5,7 +5,7 @@
 mod common;
 
 use lethe::config::{Config, CopyConfig, Deletion, Mechanism};
-use lethe::model::{token_nll, Lm, Memory};
+use lethe::model::Lm;
 use lethe::train::{train, TrainOptions};
 use tch::{Device, Kind, Tensor};
 
@@ -19,9 +19,6 @@ fn expire_config(span: usize, block: usize, ramp: usize, init_fraction: f64) -> 
     c
 }
 
-fn tokens(seq: &[i64], b: i64) -> Tensor {
-    Tensor::from_slice(seq).view([b, -1])
-}
 
 /// Gives the span predictors random weights, so spans differ from memory to memory.
 fn randomise_spans(lm: &Lm, scale: f64) {
@@ -32,20 +29,6 @@ fn randomise_spans(lm: &Lm, scale: f64) {
             p.copy_(&(Tensor::randn(p.size(), (p.kind(), p.device())) * scale));
         }
     }
-}
-
-/// Task loss plus span loss of two blocks of 4, the first block's memory held fixed (it
-/// is detached in training).
-fn two_block_loss(lm: &Lm, x: &[i64], y: &[i64], cache: &[(String, Tensor)]) -> Tensor {
-    let (x, y) = (tokens(x, 2), tokens(y, 2));
-    let block_loss = |half: i64, mem: &mut Memory| {
-        let out = lm.model.forward(&x.narrow(1, half * 4, 4), mem, true).unwrap();
-        token_nll(&out.logits, &y.narrow(1, half * 4, 4)).sum(Kind::Double) + out.aux_loss
-    };
-    let first = block_loss(0, &mut lm.model.new_memory());
-    let mut mem = lm.model.new_memory();
-    mem.load_state(cache).unwrap();
-    first + block_loss(1, &mut mem)
 }
 
 #[test]
@@ -60,11 +43,8 @@ fn gradients_through_the_span_predictor_match_finite_differences() {
     randomise_spans(&lm, 0.5);
     let x: Vec<i64> = vec![1, 4, 2, 8, 5, 7, 3, 0, 9, 10, 2, 6, 4, 1, 3, 5];
     let y: Vec<i64> = x.iter().map(|t| (t * 3 + 1) % 11).collect();
-    let mut mem = lm.model.new_memory();
-    let _ = lm.model.forward(&tokens(&x, 2).narrow(1, 0, 4), &mut mem, true).unwrap();
-    let cache: Vec<(String, Tensor)> = mem.state().into_iter().map(|(n, t)| (n, t.detach().copy())).collect();
-    let loss = two_block_loss(&lm, &x, &y, &cache);
-    loss.backward();
+    let cache = common::first_block_cache(&lm, &x);
+    common::two_block_loss(&lm, &x, &y, &cache).backward();
     let mut predictor_grads = 0.0;
     for (name, p) in lm.named_parameters() {
         let grad = p.grad().flatten(0, -1);
@@ -72,15 +52,7 @@ fn gradients_through_the_span_predictor_match_finite_differences() {
         let picks: Vec<i64> = if name.contains("expire") { (0..n).collect() } else { vec![0, n / 2, n - 1] };
         for idx in picks {
             let analytic = grad.double_value(&[idx]);
-            let flat = p.detach().flatten(0, -1);
-            let orig = flat.double_value(&[idx]);
-            let h = 1e-6;
-            let _ = flat.get(idx).fill_(orig + h);
-            let up = two_block_loss(&lm, &x, &y, &cache).double_value(&[]);
-            let _ = flat.get(idx).fill_(orig - h);
-            let down = two_block_loss(&lm, &x, &y, &cache).double_value(&[]);
-            let _ = flat.get(idx).fill_(orig);
-            let numeric = (up - down) / (2.0 * h);
+            let numeric = common::numeric_grad(&p, idx, || common::two_block_loss(&lm, &x, &y, &cache).double_value(&[]));
             let tol = 1e-6 + 1e-4 * analytic.abs().max(numeric.abs());
             assert!((analytic - numeric).abs() < tol, "{name}[{idx}]: analytic {analytic} vs numeric {numeric}");
             if name.contains("expire") {

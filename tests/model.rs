@@ -6,12 +6,10 @@ mod common;
 use lethe::config::FolderMode;
 use lethe::data::{SplitData, TokenSeq};
 use lethe::eval::evaluate;
-use lethe::model::{token_nll, Lm};
-use tch::{Device, Kind, Tensor};
+use lethe::model::Lm;
+use tch::{Device, Tensor};
 
-fn tokens(seq: &[i64], b: i64) -> Tensor {
-    Tensor::from_slice(seq).view([b, -1])
-}
+use common::tokens;
 
 #[test]
 fn forward_shapes_and_the_cache_is_bounded_by_the_span() {
@@ -30,29 +28,6 @@ fn forward_shapes_and_the_cache_is_bounded_by_the_span() {
     assert_eq!(mem.reports()[0].mem_size, 16.0);
 }
 
-/// Loss of two consecutive blocks of 4. The second block attends to the first through
-/// the cache, which is detached (truncated back-propagation), so the objective whose
-/// gradient training follows treats the cache as a constant: the cache is computed once
-/// with the unperturbed parameters (`cache`) and reused for every evaluation.
-fn two_block_loss(lm: &Lm, x: &[i64], y: &[i64], cache: &[(String, Tensor)]) -> Tensor {
-    let (x, y) = (tokens(x, 2), tokens(y, 2)); // (2, 8)
-    let block_loss = |half: i64, mem: &mut lethe::model::Memory| {
-        let out = lm.model.forward(&x.narrow(1, half * 4, 4), mem, false).unwrap();
-        token_nll(&out.logits, &y.narrow(1, half * 4, 4)).sum(Kind::Double)
-    };
-    let first = block_loss(0, &mut lm.model.new_memory());
-    let mut mem = lm.model.new_memory();
-    mem.load_state(cache).unwrap();
-    first + block_loss(1, &mut mem)
-}
-
-/// The memory state after the first block.
-fn cache_after_first_block(lm: &Lm, x: &[i64]) -> Vec<(String, Tensor)> {
-    let mut mem = lm.model.new_memory();
-    let _ = lm.model.forward(&tokens(x, 2).narrow(1, 0, 4), &mut mem, false).unwrap();
-    mem.state().into_iter().map(|(n, t)| (n, t.detach().copy())).collect()
-}
-
 #[test]
 fn gradients_match_finite_differences() {
     let _rng = common::torch_rng_lock();
@@ -63,9 +38,9 @@ fn gradients_match_finite_differences() {
     lm.vs.double();
     let x: Vec<i64> = vec![1, 4, 2, 8, 5, 7, 3, 0, 9, 10, 2, 6, 4, 1, 3, 5];
     let y: Vec<i64> = x.iter().map(|t| (t * 3 + 1) % 11).collect();
-    let cache = cache_after_first_block(&lm, &x);
+    let cache = common::first_block_cache(&lm, &x);
     assert_eq!(cache[0].1.size(), vec![2, 4, 16], "the first block is cached");
-    let loss = two_block_loss(&lm, &x, &y, &cache);
+    let loss = common::two_block_loss(&lm, &x, &y, &cache);
     loss.backward();
     let params = lm.named_parameters();
     let mut checked = 0;
@@ -75,15 +50,7 @@ fn gradients_match_finite_differences() {
         // A few entries of every parameter, spread over the tensor.
         for idx in [0, n / 3, n - 1] {
             let analytic = grad.double_value(&[idx]);
-            let flat = p.detach().flatten(0, -1); // shares storage with p
-            let orig = flat.double_value(&[idx]);
-            let h = 1e-6;
-            let _ = flat.get(idx).fill_(orig + h);
-            let up = two_block_loss(&lm, &x, &y, &cache).double_value(&[]);
-            let _ = flat.get(idx).fill_(orig - h);
-            let down = two_block_loss(&lm, &x, &y, &cache).double_value(&[]);
-            let _ = flat.get(idx).fill_(orig);
-            let numeric = (up - down) / (2.0 * h);
+            let numeric = common::numeric_grad(p, idx, || common::two_block_loss(&lm, &x, &y, &cache).double_value(&[]));
             let tol = 1e-6 + 1e-5 * analytic.abs().max(numeric.abs());
             assert!((analytic - numeric).abs() < tol, "{name}[{idx}]: analytic {analytic} vs numeric {numeric}");
             checked += 1;

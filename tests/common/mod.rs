@@ -31,3 +31,46 @@ pub fn torch_rng_lock() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
+
+/// `(b, -1)` token tensor from a flat list.
+pub fn tokens(seq: &[i64], b: i64) -> tch::Tensor {
+    tch::Tensor::from_slice(seq).view([b, -1])
+}
+
+/// Task loss plus auxiliary loss of two blocks of 4 tokens (2 streams of 8 in `x`, `y`).
+/// The second block attends to the first through the cache, which training detaches
+/// (truncated back-propagation), so the objective whose gradient training follows treats
+/// the cache as a constant: `cache`, the memory after the first block computed once with
+/// the unperturbed parameters ([`first_block_cache`]), is reused for every evaluation.
+pub fn two_block_loss(lm: &lethe::model::Lm, x: &[i64], y: &[i64], cache: &[(String, tch::Tensor)]) -> tch::Tensor {
+    let (x, y) = (tokens(x, 2), tokens(y, 2));
+    let block_loss = |half: i64, mem: &mut lethe::model::Memory| {
+        let out = lm.model.forward(&x.narrow(1, half * 4, 4), mem, true).unwrap();
+        lethe::model::token_nll(&out.logits, &y.narrow(1, half * 4, 4)).sum(tch::Kind::Double) + out.aux_loss
+    };
+    let first = block_loss(0, &mut lm.model.new_memory());
+    let mut mem = lm.model.new_memory();
+    mem.load_state(cache).unwrap();
+    first + block_loss(1, &mut mem)
+}
+
+/// The memory state after the first block of 4 tokens of `x`.
+pub fn first_block_cache(lm: &lethe::model::Lm, x: &[i64]) -> Vec<(String, tch::Tensor)> {
+    let mut mem = lm.model.new_memory();
+    let _ = lm.model.forward(&tokens(x, 2).narrow(1, 0, 4), &mut mem, true).unwrap();
+    mem.state().into_iter().map(|(n, t)| (n, t.detach().copy())).collect()
+}
+
+/// Central finite difference (step 1e-6) of `loss` with respect to entry `idx` of the
+/// flattened `param`, which is restored afterwards.
+pub fn numeric_grad(param: &tch::Tensor, idx: i64, loss: impl Fn() -> f64) -> f64 {
+    let flat = param.detach().flatten(0, -1); // shares storage with `param`
+    let orig = flat.double_value(&[idx]);
+    let h = 1e-6;
+    let _ = flat.get(idx).fill_(orig + h);
+    let up = loss();
+    let _ = flat.get(idx).fill_(orig - h);
+    let down = loss();
+    let _ = flat.get(idx).fill_(orig);
+    (up - down) / (2.0 * h)
+}

@@ -16,9 +16,10 @@ use std::collections::HashMap;
 
 use tch::{nn, Kind, Tensor};
 
+use super::fixed::{append_window, load_window_state, window_state};
 use super::{AttendInput, AttendOutput, MemoryLayer, MemoryReport};
 use crate::config::AdaptiveConfig;
-use crate::error::{LetheError, Result};
+use crate::error::Result;
 use crate::model::attention::{relative_scores, window};
 
 /// Granularity of the cache trim, as in the official code.
@@ -93,14 +94,9 @@ impl MemoryLayer for AdaptiveSpan {
     }
 
     fn update(&mut self, x: &Tensor) {
-        let all = match &self.cache {
-            Some(c) => Tensor::cat(&[c, x], 1),
-            None => x.shallow_clone(),
-        };
         let max_ratio = self.ratios().into_iter().fold(0.0, f64::max);
         let keep = cache_size(max_ratio, self.max_span, self.cfg.ramp as i64);
-        let n = all.size()[1];
-        self.cache = Some(if n > keep { all.narrow(1, n - keep, keep).contiguous() } else { all });
+        self.cache = Some(append_window(self.cache.as_ref(), x, keep));
     }
 
     fn reset(&mut self) {
@@ -119,22 +115,11 @@ impl MemoryLayer for AdaptiveSpan {
     }
 
     fn state(&self) -> Vec<(String, Tensor)> {
-        self.cache.iter().map(|c| ("cache".to_string(), c.shallow_clone())).collect()
+        window_state(self.cache.as_ref())
     }
 
     fn load_state(&mut self, state: &[(String, Tensor)]) -> Result<()> {
-        self.cache = None;
-        for (name, t) in state {
-            match name.as_str() {
-                "cache" if t.dim() == 3 && t.size()[1] <= self.max_span => self.cache = Some(t.shallow_clone()),
-                _ => {
-                    return Err(LetheError::Invalid(format!(
-                        "adaptive-span memory: unexpected state `{name}` of shape {:?}",
-                        t.size()
-                    )))
-                }
-            }
-        }
+        self.cache = load_window_state(state, self.max_span, "adaptive-span")?;
         Ok(())
     }
 

@@ -62,12 +62,7 @@ impl MemoryLayer for FixedSpan {
     }
 
     fn update(&mut self, x: &Tensor) {
-        let all = match &self.cache {
-            Some(c) => Tensor::cat(&[c, x], 1),
-            None => x.shallow_clone(),
-        };
-        let n = all.size()[1];
-        self.cache = Some(if n > self.span { all.narrow(1, n - self.span, self.span).contiguous() } else { all });
+        self.cache = Some(append_window(self.cache.as_ref(), x, self.span));
     }
 
     fn reset(&mut self) {
@@ -79,26 +74,52 @@ impl MemoryLayer for FixedSpan {
     }
 
     fn state(&self) -> Vec<(String, Tensor)> {
-        self.cache.iter().map(|c| ("cache".to_string(), c.shallow_clone())).collect()
+        window_state(self.cache.as_ref())
     }
 
     fn load_state(&mut self, state: &[(String, Tensor)]) -> Result<()> {
-        self.cache = None;
-        for (name, t) in state {
-            match name.as_str() {
-                "cache" if t.dim() == 3 && t.size()[1] <= self.span => self.cache = Some(t.shallow_clone()),
-                _ => {
-                    return Err(LetheError::Invalid(format!(
-                        "fixed-span memory: unexpected state `{name}` of shape {:?}",
-                        t.size()
-                    )))
-                }
-            }
-        }
+        self.cache = load_window_state(state, self.span, "fixed-span")?;
         Ok(())
     }
 
     fn fresh(&self) -> Box<dyn MemoryLayer> {
         Box::new(FixedSpan::new(self.span as usize))
     }
+}
+
+/// `cache` `(b, c, d)` followed by the block `x` `(b, m, d)`, keeping the last `keep`
+/// states: the sliding window shared by the window-based memories.
+pub(super) fn append_window(cache: Option<&Tensor>, x: &Tensor, keep: i64) -> Tensor {
+    let all = match cache {
+        Some(c) => Tensor::cat(&[c, x], 1),
+        None => x.shallow_clone(),
+    };
+    let n = all.size()[1];
+    if n > keep {
+        all.narrow(1, n - keep, keep).contiguous()
+    } else {
+        all
+    }
+}
+
+/// The saved state of a sliding window: its cache, if any.
+pub(super) fn window_state(cache: Option<&Tensor>) -> Vec<(String, Tensor)> {
+    cache.iter().map(|c| ("cache".to_string(), c.shallow_clone())).collect()
+}
+
+/// Restores a sliding window saved by [`window_state`]; at most `max` states.
+pub(super) fn load_window_state(state: &[(String, Tensor)], max: i64, what: &str) -> Result<Option<Tensor>> {
+    let mut cache = None;
+    for (name, t) in state {
+        match name.as_str() {
+            "cache" if t.dim() == 3 && t.size()[1] <= max => cache = Some(t.shallow_clone()),
+            _ => {
+                return Err(LetheError::Invalid(format!(
+                    "{what} memory: unexpected state `{name}` of shape {:?}",
+                    t.size()
+                )))
+            }
+        }
+    }
+    Ok(cache)
 }
