@@ -3,9 +3,8 @@
 
 mod common;
 
-use lethe::config::{Config, CopyConfig, Mechanism};
+use lethe::config::{Config, Mechanism};
 use lethe::model::Lm;
-use lethe::train::{train, TrainOptions};
 use tch::{Device, Kind, Tensor};
 
 fn adaptive_config(span: usize, ramp: usize, init_ratio: f64, coef: f64) -> Config {
@@ -70,20 +69,13 @@ fn gradients_through_the_span_ratio_match_finite_differences() {
 fn adaptive_span_learns_the_copy_task_with_shrinking_spans() {
     let _rng = common::torch_rng_lock();
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = adaptive_config(64, 8, 1.0, 1e-3);
-    cfg.model.layers = 2;
-    cfg.model.d_model = 32;
-    cfg.model.d_ffn = 64;
-    cfg.train.batch = 16;
-    cfg.train.block = 8;
-    cfg.train.steps = 800;
-    cfg.train.warmup = 20;
-    cfg.train.lr = 3e-3;
-    cfg.train.log_every = 100;
-    cfg.train.eval_tokens = 0;
-    cfg.data.copy = CopyConfig { count_min: 1, count_max: 4, distance_min: 24, distance_max: 32, eval_tokens: 4096 };
-    let opts = TrainOptions { out_dir: dir.path().to_path_buf(), quiet: true, ..TrainOptions::default() };
-    let r = train(&cfg, &opts).unwrap().last_eval.unwrap();
+    let mut cfg = common::copy_learning_config("copy-adaptive");
+    cfg.memory.mechanism = Mechanism::Adaptive;
+    cfg.memory.span = 64;
+    cfg.memory.adaptive.ramp = 8;
+    cfg.memory.adaptive.init_ratio = 1.0;
+    cfg.memory.adaptive.loss_coef = 1e-3;
+    let r = common::train_and_eval(&cfg, dir.path());
     let answers = r.answer_accuracy.unwrap();
     assert!(answers > 0.6, "Adaptive-Span answered {answers} (chance 0.25)");
     let spans = r.mean_span.unwrap();

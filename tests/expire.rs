@@ -4,9 +4,8 @@
 
 mod common;
 
-use lethe::config::{Config, CopyConfig, Deletion, Mechanism};
+use lethe::config::{Config, Deletion, Mechanism};
 use lethe::model::Lm;
-use lethe::train::{train, TrainOptions};
 use tch::{Device, Kind, Tensor};
 
 fn expire_config(span: usize, block: usize, ramp: usize, init_fraction: f64) -> Config {
@@ -125,26 +124,13 @@ fn the_cache_stays_bounded_over_a_long_stream() {
 }
 
 fn copy_run(mechanism: Mechanism, span: usize, dir: &std::path::Path) -> lethe::eval::EvalResult {
-    let mut cfg = common::tiny_config();
-    cfg.model.layers = 2;
-    cfg.model.d_model = 32;
-    cfg.model.d_ffn = 64;
-    cfg.name = format!("copy-{mechanism:?}-{span}");
+    let mut cfg = common::copy_learning_config(&format!("copy-{mechanism:?}-{span}"));
     cfg.memory.mechanism = mechanism;
     cfg.memory.span = span;
     cfg.memory.expire.ramp = 8;
     cfg.memory.expire.init_fraction = 0.9;
     cfg.memory.expire.alpha = 0.01;
-    cfg.train.batch = 16;
-    cfg.train.block = 8;
-    cfg.train.steps = 800;
-    cfg.train.warmup = 20;
-    cfg.train.lr = 3e-3;
-    cfg.train.log_every = 100;
-    cfg.train.eval_tokens = 0;
-    cfg.data.copy = CopyConfig { count_min: 1, count_max: 4, distance_min: 24, distance_max: 32, eval_tokens: 4096 };
-    let opts = TrainOptions { out_dir: dir.to_path_buf(), quiet: true, ..TrainOptions::default() };
-    train(&cfg, &opts).unwrap().last_eval.unwrap()
+    common::train_and_eval(&cfg, dir)
 }
 
 #[test]

@@ -24,6 +24,32 @@ pub fn tiny_config() -> Config {
     c
 }
 
+/// The copy-task learning setup shared by the mechanism tests: 2 layers x 32, blocks of
+/// 8, counts 1-4 and the run of `A`s 25 to 33 tokens back, 800 steps. The caller sets the
+/// mechanism and its parameters.
+pub fn copy_learning_config(name: &str) -> Config {
+    let mut c = tiny_config();
+    c.name = name.to_string();
+    c.model.layers = 2;
+    c.model.d_model = 32;
+    c.model.d_ffn = 64;
+    c.train.batch = 16;
+    c.train.block = 8;
+    c.train.steps = 800;
+    c.train.warmup = 20;
+    c.train.lr = 3e-3;
+    c.train.log_every = 100;
+    c.train.eval_tokens = 0;
+    c.data.copy = CopyConfig { count_min: 1, count_max: 4, distance_min: 24, distance_max: 32, eval_tokens: 4096 };
+    c
+}
+
+/// Trains `cfg` quietly under `dir` and returns its last validation result.
+pub fn train_and_eval(cfg: &Config, dir: &std::path::Path) -> lethe::eval::EvalResult {
+    let opts = lethe::train::TrainOptions { out_dir: dir.to_path_buf(), quiet: true, ..Default::default() };
+    lethe::train::train(cfg, &opts).unwrap().last_eval.unwrap()
+}
+
 /// libtorch's random generator (initialisation, dropout) is global to the process, and
 /// the test harness runs tests on parallel threads. Tests that need reproducible numbers
 /// hold this lock so that no other test reseeds or draws from it meanwhile.

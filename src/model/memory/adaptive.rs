@@ -12,15 +12,13 @@
 //! - The cache keeps only what the widest head can see: `min(L, max(z) L + R)` states,
 //!   rounded up to a multiple of 64 (as the official code trims it).
 
-use std::collections::HashMap;
-
 use tch::{nn, Kind, Tensor};
 
-use super::fixed::{append_window, load_window_state, window_state};
+use super::fixed::{WindowCache, WindowKeys};
 use super::{AttendInput, AttendOutput, MemoryLayer, MemoryReport};
 use crate::config::AdaptiveConfig;
 use crate::error::Result;
-use crate::model::attention::{relative_scores, window};
+use crate::model::attention::relative_scores;
 
 /// Granularity of the cache trim, as in the official code.
 const TRIM_MULTIPLE: i64 = 64;
@@ -44,8 +42,7 @@ pub struct AdaptiveSpan {
     cfg: AdaptiveConfig,
     max_span: i64,
     z: Tensor,
-    cache: Option<Tensor>,
-    windows: HashMap<(i64, i64), (Tensor, Tensor)>,
+    window: WindowCache,
     last_mem_size: f64,
 }
 
@@ -53,11 +50,7 @@ impl AdaptiveSpan {
     /// Creates the span ratios `z` (one per head) under `p / "adaptive"`.
     pub fn new(p: nn::Path, heads: i64, max_span: usize, cfg: &AdaptiveConfig) -> Self {
         let z = (p / "adaptive").var("z", &[heads], nn::Init::Const(cfg.init_ratio));
-        AdaptiveSpan { cfg: cfg.clone(), max_span: max_span as i64, z, cache: None, windows: HashMap::new(), last_mem_size: 0.0 }
-    }
-
-    fn cached_len(&self) -> i64 {
-        self.cache.as_ref().map_or(0, |c| c.size()[1])
+        AdaptiveSpan { cfg: cfg.clone(), max_span: max_span as i64, z, window: WindowCache::default(), last_mem_size: 0.0 }
     }
 
     fn ratios(&self) -> Vec<f64> {
@@ -72,17 +65,10 @@ impl MemoryLayer for AdaptiveSpan {
 
     fn attend(&mut self, input: &AttendInput) -> Result<AttendOutput> {
         let m = input.x.size()[1];
-        let cached = self.cached_len();
-        let states = match &self.cache {
-            Some(c) => Tensor::cat(&[c, input.x], 1), // (b, cached + m, d)
-            None => input.x.shallow_clone(),
-        };
-        let (k, v) = input.attn.keys_values(&states); // (b, h, n, dh)
-        let span = self.max_span;
-        let (dist, visible) = self.windows.entry((cached, m)).or_insert_with(|| window(cached, m, span, input.x.device()));
-        let scores = relative_scores(input.q, &k, input.key_pe, dist); // (b, h, m, n)
+        let WindowKeys { k, v, dist, visible, .. } = self.window.keys(input, self.max_span);
+        let scores = relative_scores(input.q, &k, input.key_pe, &dist); // (b, h, m, n)
         let z = self.z.to_kind(scores.kind());
-        let mask = span_mask(&z, dist, self.max_span as f64, self.cfg.ramp as f64) * visible.to_kind(scores.kind()); // (h, m, n)
+        let mask = span_mask(&z, &dist, self.max_span as f64, self.cfg.ramp as f64) * visible.to_kind(scores.kind()); // (h, m, n)
         let probs = scores.masked_fill(&visible.logical_not(), f64::NEG_INFINITY).softmax(-1, scores.kind());
         let probs = &probs * mask.unsqueeze(0); // (b, h, m, n)
         let probs = &probs / (probs.sum_dim_intlist([-1i64].as_slice(), true, probs.kind()) + 1e-8);
@@ -96,11 +82,11 @@ impl MemoryLayer for AdaptiveSpan {
     fn update(&mut self, x: &Tensor) {
         let max_ratio = self.ratios().into_iter().fold(0.0, f64::max);
         let keep = cache_size(max_ratio, self.max_span, self.cfg.ramp as i64);
-        self.cache = Some(append_window(self.cache.as_ref(), x, keep));
+        self.window.append(x, keep);
     }
 
     fn reset(&mut self) {
-        self.cache = None;
+        self.window.reset();
     }
 
     fn report(&self) -> MemoryReport {
@@ -109,18 +95,17 @@ impl MemoryLayer for AdaptiveSpan {
         let max = spans.iter().copied().fold(0.0, f64::max);
         MemoryReport {
             mem_size: self.last_mem_size,
-            held: self.cached_len() as usize,
+            held: self.window.len() as usize,
             extra: vec![("mean_span".into(), mean), ("max_span".into(), max)],
         }
     }
 
     fn state(&self) -> Vec<(String, Tensor)> {
-        window_state(self.cache.as_ref())
+        self.window.state()
     }
 
     fn load_state(&mut self, state: &[(String, Tensor)]) -> Result<()> {
-        self.cache = load_window_state(state, self.max_span, "adaptive-span")?;
-        Ok(())
+        self.window.load_state(state, self.max_span, "adaptive-span")
     }
 
     fn fresh(&self) -> Box<dyn MemoryLayer> {
@@ -128,8 +113,7 @@ impl MemoryLayer for AdaptiveSpan {
             cfg: self.cfg.clone(),
             max_span: self.max_span,
             z: self.z.shallow_clone(),
-            cache: None,
-            windows: HashMap::new(),
+            window: WindowCache::default(),
             last_mem_size: 0.0,
         })
     }
@@ -144,6 +128,7 @@ impl MemoryLayer for AdaptiveSpan {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::attention::window;
 
     #[test]
     fn the_mask_is_one_within_the_span_and_ramps_to_zero_over_r() {

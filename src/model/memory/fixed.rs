@@ -18,25 +18,14 @@ use crate::model::attention::{masked_mix, relative_scores, window};
 /// A fixed-span cache of the last `span` states.
 pub struct FixedSpan {
     span: i64,
-    cache: Option<Tensor>,
-    /// `(dist, visible)` per `(cached, m)`, built once and reused.
-    windows: HashMap<(i64, i64), (Tensor, Tensor)>,
+    window: WindowCache,
     last_mem_size: f64,
 }
 
 impl FixedSpan {
     /// An empty memory of `span` states.
     pub fn new(span: usize) -> Self {
-        FixedSpan { span: span as i64, cache: None, windows: HashMap::new(), last_mem_size: 0.0 }
-    }
-
-    fn cached_len(&self) -> i64 {
-        self.cache.as_ref().map_or(0, |c| c.size()[1])
-    }
-
-    fn window(&mut self, cached: i64, m: i64, device: tch::Device) -> &(Tensor, Tensor) {
-        let span = self.span;
-        self.windows.entry((cached, m)).or_insert_with(|| window(cached, m, span, device))
+        FixedSpan { span: span as i64, window: WindowCache::default(), last_mem_size: 0.0 }
     }
 }
 
@@ -47,39 +36,32 @@ impl MemoryLayer for FixedSpan {
 
     fn attend(&mut self, input: &AttendInput) -> Result<AttendOutput> {
         let m = input.x.size()[1];
-        let cached = self.cached_len();
-        let states = match &self.cache {
-            Some(c) => Tensor::cat(&[c, input.x], 1), // (b, cached + m, d)
-            None => input.x.shallow_clone(),
-        };
-        let (k, v) = input.attn.keys_values(&states); // (b, h, n, dh)
-        let (dist, visible) = self.window(cached, m, input.x.device());
-        let scores = relative_scores(input.q, &k, input.key_pe, dist); // (b, h, m, n)
-        let context = masked_mix(&scores, visible, &v, input.attn.dropout, input.train);
+        let w = self.window.keys(input, self.span);
+        let scores = relative_scores(input.q, &w.k, input.key_pe, &w.dist); // (b, h, m, n)
+        let context = masked_mix(&scores, &w.visible, &w.v, input.attn.dropout, input.train);
         // Mean over the block's queries of the earlier positions each one sees.
-        self.last_mem_size = (0..m).map(|q| (cached + q).min(self.span) as f64).sum::<f64>() / m as f64;
+        self.last_mem_size = (0..m).map(|q| (w.cached + q).min(self.span) as f64).sum::<f64>() / m as f64;
         Ok(AttendOutput { context, aux_loss: None })
     }
 
     fn update(&mut self, x: &Tensor) {
-        self.cache = Some(append_window(self.cache.as_ref(), x, self.span));
+        self.window.append(x, self.span);
     }
 
     fn reset(&mut self) {
-        self.cache = None;
+        self.window.reset();
     }
 
     fn report(&self) -> MemoryReport {
-        MemoryReport { mem_size: self.last_mem_size, held: self.cached_len() as usize, extra: vec![] }
+        MemoryReport { mem_size: self.last_mem_size, held: self.window.len() as usize, extra: vec![] }
     }
 
     fn state(&self) -> Vec<(String, Tensor)> {
-        window_state(self.cache.as_ref())
+        self.window.state()
     }
 
     fn load_state(&mut self, state: &[(String, Tensor)]) -> Result<()> {
-        self.cache = load_window_state(state, self.span, "fixed-span")?;
-        Ok(())
+        self.window.load_state(state, self.span, "fixed-span")
     }
 
     fn fresh(&self) -> Box<dyn MemoryLayer> {
@@ -87,39 +69,85 @@ impl MemoryLayer for FixedSpan {
     }
 }
 
-/// `cache` `(b, c, d)` followed by the block `x` `(b, m, d)`, keeping the last `keep`
-/// states: the sliding window shared by the window-based memories.
-pub(super) fn append_window(cache: Option<&Tensor>, x: &Tensor, keep: i64) -> Tensor {
-    let all = match cache {
-        Some(c) => Tensor::cat(&[c, x], 1),
-        None => x.shallow_clone(),
-    };
-    let n = all.size()[1];
-    if n > keep {
-        all.narrow(1, n - keep, keep).contiguous()
-    } else {
-        all
+/// A sliding window over a layer's past inputs, shared by the window-based memories
+/// (Transformer-XL, Adaptive-Span): the cached states, and the distance and visibility
+/// masks of each `(cached, m)` shape, built once and reused.
+#[derive(Default)]
+pub(super) struct WindowCache {
+    cache: Option<Tensor>,
+    windows: HashMap<(i64, i64), (Tensor, Tensor)>,
+}
+
+/// Keys and values of `[cache, block]` with the window masks.
+pub(super) struct WindowKeys {
+    /// Keys `(b, h, n, dh)`.
+    pub k: Tensor,
+    /// Values `(b, h, n, dh)`.
+    pub v: Tensor,
+    /// Distance index `(m, n)`, clamped to `[0, span]`.
+    pub dist: Tensor,
+    /// Which keys each query may see, `(m, n)`.
+    pub visible: Tensor,
+    /// Cached states before the block.
+    pub cached: i64,
+}
+
+impl WindowCache {
+    /// States held.
+    pub fn len(&self) -> i64 {
+        self.cache.as_ref().map_or(0, |c| c.size()[1])
     }
-}
 
-/// The saved state of a sliding window: its cache, if any.
-pub(super) fn window_state(cache: Option<&Tensor>) -> Vec<(String, Tensor)> {
-    cache.iter().map(|c| ("cache".to_string(), c.shallow_clone())).collect()
-}
+    /// Keys, values and masks for the block of `input`, each query seeing itself and at
+    /// most `span` earlier positions.
+    pub fn keys(&mut self, input: &AttendInput, span: i64) -> WindowKeys {
+        let m = input.x.size()[1];
+        let cached = self.len();
+        let states = match &self.cache {
+            Some(c) => Tensor::cat(&[c, input.x], 1), // (b, cached + m, d)
+            None => input.x.shallow_clone(),
+        };
+        let (k, v) = input.attn.keys_values(&states); // (b, h, n, dh)
+        let device = input.x.device();
+        let (dist, visible) = self.windows.entry((cached, m)).or_insert_with(|| window(cached, m, span, device));
+        WindowKeys { k, v, dist: dist.shallow_clone(), visible: visible.shallow_clone(), cached }
+    }
 
-/// Restores a sliding window saved by [`window_state`]; at most `max` states.
-pub(super) fn load_window_state(state: &[(String, Tensor)], max: i64, what: &str) -> Result<Option<Tensor>> {
-    let mut cache = None;
-    for (name, t) in state {
-        match name.as_str() {
-            "cache" if t.dim() == 3 && t.size()[1] <= max => cache = Some(t.shallow_clone()),
-            _ => {
-                return Err(LetheError::Invalid(format!(
-                    "{what} memory: unexpected state `{name}` of shape {:?}",
-                    t.size()
-                )))
+    /// Appends the block `x` `(b, m, d)` and keeps the last `keep` states.
+    pub fn append(&mut self, x: &Tensor, keep: i64) {
+        let all = match &self.cache {
+            Some(c) => Tensor::cat(&[c, x], 1),
+            None => x.shallow_clone(),
+        };
+        let n = all.size()[1];
+        self.cache = Some(if n > keep { all.narrow(1, n - keep, keep).contiguous() } else { all });
+    }
+
+    /// Empties the window.
+    pub fn reset(&mut self) {
+        self.cache = None;
+    }
+
+    /// The saved state: the cache, if any.
+    pub fn state(&self) -> Vec<(String, Tensor)> {
+        self.cache.iter().map(|c| ("cache".to_string(), c.shallow_clone())).collect()
+    }
+
+    /// Restores a state saved by [`WindowCache::state`], of at most `max` states; `what`
+    /// names the memory in errors.
+    pub fn load_state(&mut self, state: &[(String, Tensor)], max: i64, what: &str) -> Result<()> {
+        self.cache = None;
+        for (name, t) in state {
+            match name.as_str() {
+                "cache" if t.dim() == 3 && t.size()[1] <= max => self.cache = Some(t.shallow_clone()),
+                _ => {
+                    return Err(LetheError::Invalid(format!(
+                        "{what} memory: unexpected state `{name}` of shape {:?}",
+                        t.size()
+                    )))
+                }
             }
         }
+        Ok(())
     }
-    Ok(cache)
 }
