@@ -55,11 +55,12 @@ pub struct ModelConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MemoryConfig {
-    /// The mechanism: `fixed` (Transformer-XL), `expire` (Expire-Span) or `adaptive`
-    /// (Adaptive-Span). Later: `compressive`, `infinity`. Default `fixed`.
+    /// The mechanism: `fixed` (Transformer-XL), `expire` (Expire-Span), `adaptive`
+    /// (Adaptive-Span) or `compressive` (Compressive Transformer). Default `fixed`.
     pub mechanism: Mechanism,
     /// Maximum span `L` in tokens: a query sees itself and at most `L` earlier positions.
-    /// For `fixed` this is also the number of cached states per layer. Default 128.
+    /// For `fixed` this is also the number of cached states per layer; for `compressive`
+    /// it is the uncompressed memory, before the compressed slots. Default 128.
     pub span: usize,
     /// Expire-Span's settings (used when `mechanism = "expire"`).
     #[serde(default)]
@@ -67,6 +68,42 @@ pub struct MemoryConfig {
     /// Adaptive-Span's settings (used when `mechanism = "adaptive"`).
     #[serde(default)]
     pub adaptive: AdaptiveConfig,
+    /// The Compressive Transformer's settings (used when `mechanism = "compressive"`).
+    #[serde(default)]
+    pub compressive: CompressiveConfig,
+}
+
+/// Compressive Transformer (Rae et al., 2020; ALGORITHMS.md, baselines).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CompressiveConfig {
+    /// Compression rate `c`: states leaving the uncompressed memory are compressed `c`
+    /// to one. Default 4.
+    pub rate: usize,
+    /// Compressed-memory size `C`: the newest `C` compressed slots are kept. Default 64.
+    pub slots: usize,
+    /// The compression function: `pool` (mean-pooling, the Expire-Span paper's baseline)
+    /// or `conv` (a 1-D convolution of kernel and stride `c`, trained by the
+    /// attention-reconstruction loss; the ∞-former paper's baseline). Default `pool`.
+    pub compressor: Compressor,
+    /// Weight of the attention-reconstruction loss (only with `conv`). Default 1.
+    pub recon_coef: f64,
+}
+
+/// Compression functions of the Compressive Transformer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compressor {
+    /// Mean of every `c` consecutive states.
+    Pool,
+    /// Learned 1-D convolution, kernel and stride `c`.
+    Conv,
+}
+
+impl Default for CompressiveConfig {
+    fn default() -> Self {
+        CompressiveConfig { rate: 4, slots: 64, compressor: Compressor::Pool, recon_coef: 1.0 }
+    }
 }
 
 /// Adaptive-Span (Sukhbaatar et al., 2019; ALGORITHMS.md, baselines).
@@ -141,6 +178,8 @@ pub enum Mechanism {
     Expire,
     /// Adaptive-Span: a learned span per head; the cache is trimmed to the largest.
     Adaptive,
+    /// Compressive Transformer: old states are compressed `c` to one into a second memory.
+    Compressive,
 }
 
 /// Where the training, validation and test streams come from.
@@ -287,7 +326,13 @@ impl Default for ModelConfig {
 
 impl Default for MemoryConfig {
     fn default() -> Self {
-        MemoryConfig { mechanism: Mechanism::Fixed, span: 128, expire: ExpireConfig::default(), adaptive: AdaptiveConfig::default() }
+        MemoryConfig {
+            mechanism: Mechanism::Fixed,
+            span: 128,
+            expire: ExpireConfig::default(),
+            adaptive: AdaptiveConfig::default(),
+            compressive: CompressiveConfig::default(),
+        }
     }
 }
 
@@ -420,7 +465,7 @@ impl Config {
                     mechanism: Mechanism::Expire,
                     span: 512,
                     expire: ExpireConfig { ramp: 16, alpha: 1e-3, init_fraction: 0.9, ..ExpireConfig::default() },
-                    adaptive: AdaptiveConfig::default(),
+                    ..MemoryConfig::default()
                 };
                 c.data.copy = CopyConfig { count_min: 1, count_max: 8, distance_min: 200, distance_max: 400, eval_tokens: 32768 };
                 c.train = TrainConfig { steps: 3000, eval_every: 500, eval_tokens: 0, checkpoint_every: 1000, ..TrainConfig::default() };
@@ -432,7 +477,7 @@ impl Config {
                     mechanism: Mechanism::Expire,
                     span: 1024,
                     expire: ExpireConfig { ramp: 32, alpha: 1e-5, init_fraction: 0.1, ..ExpireConfig::default() },
-                    adaptive: AdaptiveConfig::default(),
+                    ..MemoryConfig::default()
                 };
             }
             "enwik8-expire-12l" => {
@@ -442,7 +487,7 @@ impl Config {
                     mechanism: Mechanism::Expire,
                     span: 16384,
                     expire: ExpireConfig { ramp: 128, alpha: 3e-7, init_fraction: 0.1, pre_div: 64.0, noisy: true, ..ExpireConfig::default() },
-                    adaptive: AdaptiveConfig::default(),
+                    ..MemoryConfig::default()
                 };
             }
             "collision-tiny" | "collision-easy-tiny" => {
@@ -461,7 +506,7 @@ impl Config {
                     mechanism: Mechanism::Expire,
                     span: 16384,
                     expire: ExpireConfig { ramp: 128, alpha: 1e-6, init_fraction: 0.01, pre_div: 64.0, noisy: true, ..ExpireConfig::default() },
-                    adaptive: AdaptiveConfig::default(),
+                    ..MemoryConfig::default()
                 };
                 c.model.dropout = 0.1;
             }
@@ -565,6 +610,7 @@ impl MemoryConfig {
         match self.mechanism {
             Mechanism::Expire => self.expire.validate()?,
             Mechanism::Adaptive => self.adaptive.validate()?,
+            Mechanism::Compressive => self.compressive.validate()?,
             Mechanism::Fixed => {}
         }
         if block > self.span {
@@ -602,6 +648,17 @@ impl AdaptiveConfig {
         }
         if !(0.0..=1.0).contains(&self.init_ratio) {
             return Err(LetheError::config("memory.adaptive.init_ratio", self.init_ratio, "must be in [0, 1]"));
+        }
+        Ok(())
+    }
+}
+
+impl CompressiveConfig {
+    fn validate(&self) -> Result<()> {
+        positive("memory.compressive.rate", self.rate)?;
+        positive("memory.compressive.slots", self.slots)?;
+        if !(self.recon_coef >= 0.0 && self.recon_coef.is_finite()) {
+            return Err(LetheError::config("memory.compressive.recon_coef", self.recon_coef, "must be a non-negative number"));
         }
         Ok(())
     }

@@ -57,6 +57,17 @@ impl Attention {
         (self.split_heads(&self.k.forward(states)), self.split_heads(&self.v.forward(states)))
     }
 
+    /// Content-only attention of the block `h` `(b, m, d)` over `states` `(b, n, d)`, with
+    /// the query, key and value projections detached: `(b, h, m, dh)`. This is the
+    /// `attn(h, mem)` of the Compressive Transformer's attention-reconstruction loss,
+    /// whose gradient must reach only the compression network (Rae et al., 2020, 3.2).
+    pub fn detached_content_attention(&self, h: &Tensor, states: &Tensor) -> Tensor {
+        let project = |x: &Tensor, lin: &nn::Linear| self.split_heads(&x.matmul(&lin.ws.detach().tr()));
+        let (q, k, v) = (project(h, &self.q), project(states, &self.k), project(states, &self.v));
+        let scores = q.matmul(&k.transpose(-2, -1)) / (self.d_head as f64).sqrt(); // (b, h, m, n)
+        scores.softmax(-1, scores.kind()).matmul(&v)
+    }
+
     /// Heads `(b, h, m, dh)` merged and projected: `(b, m, d)`.
     pub fn output(&self, context: &Tensor) -> Tensor {
         let (b, h, m, dh) = context.size4().expect("context must be (b, h, m, dh)");

@@ -113,14 +113,34 @@ impl WindowCache {
         WindowKeys { k, v, dist: dist.shallow_clone(), visible: visible.shallow_clone(), cached }
     }
 
-    /// Appends the block `x` `(b, m, d)` and keeps the last `keep` states.
-    pub fn append(&mut self, x: &Tensor, keep: i64) {
+    /// Appends the block `x` `(b, m, d)` and keeps the last `keep` states. Returns the
+    /// states that left the window, oldest first, if any.
+    pub fn append(&mut self, x: &Tensor, keep: i64) -> Option<Tensor> {
         let all = match &self.cache {
             Some(c) => Tensor::cat(&[c, x], 1),
             None => x.shallow_clone(),
         };
         let n = all.size()[1];
-        self.cache = Some(if n > keep { all.narrow(1, n - keep, keep).contiguous() } else { all });
+        if n <= keep {
+            self.cache = Some(all);
+            return None;
+        }
+        self.cache = Some(all.narrow(1, n - keep, keep).contiguous());
+        Some(all.narrow(1, 0, n - keep))
+    }
+
+    /// The states that [`WindowCache::append`] of the block `x` would evict when keeping
+    /// `keep`, without changing the window.
+    pub fn leaving(&self, x: &Tensor, keep: i64) -> Option<Tensor> {
+        let over = self.len() + x.size()[1] - keep;
+        if over <= 0 {
+            return None;
+        }
+        Some(match &self.cache {
+            Some(c) if over <= c.size()[1] => c.narrow(1, 0, over),
+            Some(c) => Tensor::cat(&[c, &x.narrow(1, 0, over - c.size()[1])], 1),
+            None => x.narrow(1, 0, over),
+        })
     }
 
     /// Empties the window.

@@ -16,6 +16,7 @@
 //! each carry their own memory.
 
 pub mod adaptive;
+pub mod compressive;
 pub mod expire;
 pub mod fixed;
 
@@ -123,15 +124,18 @@ pub fn build(cfg: &MemoryConfig, p: nn::Path, d_model: i64, heads: i64, block: u
         Mechanism::Fixed => Box::new(fixed::FixedSpan::new(cfg.span)),
         Mechanism::Adaptive => Box::new(adaptive::AdaptiveSpan::new(p, heads, cfg.span, &cfg.adaptive)),
         Mechanism::Expire => Box::new(expire::ExpireSpan::new(p, d_model, cfg.span, position_rows(cfg, block), &cfg.expire)),
+        Mechanism::Compressive => {
+            Box::new(compressive::CompressiveMemory::new(p, d_model, heads, cfg.span, &cfg.compressive))
+        }
     }
 }
 
 /// Rows of `key_pe` (distances `0..rows` covered by learned position embeddings):
-/// the whole span for Transformer-XL and Adaptive-Span, `min(L, M) + 1` for Expire-Span
-/// (paper A.1).
+/// the whole span for Transformer-XL, Adaptive-Span and the Compressive Transformer's
+/// uncompressed memory, `min(L, M) + 1` for Expire-Span (paper A.1).
 pub fn position_rows(cfg: &MemoryConfig, block: usize) -> i64 {
     match cfg.mechanism {
-        Mechanism::Fixed | Mechanism::Adaptive => cfg.span as i64 + 1,
+        Mechanism::Fixed | Mechanism::Adaptive | Mechanism::Compressive => cfg.span as i64 + 1,
         Mechanism::Expire => cfg.span.min(block) as i64 + 1,
     }
 }
