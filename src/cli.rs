@@ -25,6 +25,9 @@ pub enum Command {
     Generate(GenerateArgs),
     /// Time training steps: median step time, tokens/s, peak memory.
     Bench(BenchArgs),
+    /// Train each mechanism at several memory sizes on one task, then write a table and a
+    /// plot of quality against memory size (paper Figures 4 and 5).
+    Sweep(SweepArgs),
     /// Pictures of what a model remembers.
     #[command(subcommand)]
     Inspect(InspectCommand),
@@ -81,6 +84,16 @@ pub struct ConfigArgs {
     /// cpu, cuda, cuda:N or auto (train.device).
     #[arg(long)]
     pub device: Option<String>,
+    /// Task length, in the task's unit: copy, most `A`s per run; collision, steps per
+    /// simulation; instruction, most instructions per episode.
+    #[arg(long)]
+    pub length: Option<usize>,
+    /// Task distance, `N` or `MIN-MAX`: copy, filler tokens; instruction, distractor words.
+    #[arg(long, value_name = "MIN-MAX", value_parser = parse_range)]
+    pub distance: Option<(usize, usize)>,
+    /// Seed of the generated data and the stream order alone (data.seed; default: --seed).
+    #[arg(long)]
+    pub data_seed: Option<u64>,
     /// List the presets and exit.
     #[arg(long)]
     pub list_presets: bool,
@@ -191,6 +204,26 @@ pub struct BenchArgs {
     pub out: PathBuf,
 }
 
+#[derive(Args, Debug)]
+pub struct SweepArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// A mechanism to train, optionally with its own sizes: `fixed:8,16,32`, `expire:64`
+    /// (repeatable). Default: fixed, adaptive, expire and compressive at --sizes.
+    #[arg(long = "mechanism", value_name = "MECH[:SIZES]")]
+    pub mechanisms: Vec<String>,
+    /// Memory sizes for mechanisms given without their own, e.g. 16,32,64 (default:
+    /// L/8, L/4, L/2 and L of the config, at least one block).
+    #[arg(long)]
+    pub sizes: Option<String>,
+    /// Seeds, e.g. 1,2,3 (default: the config's seed).
+    #[arg(long)]
+    pub seeds: Option<String>,
+    /// Parent folder: the sweep is written to <out>/<name>-sweep.
+    #[arg(long, default_value = "runs")]
+    pub out: PathBuf,
+}
+
 impl ConfigArgs {
     /// Preset, then file, then overrides and flags; validated.
     pub fn resolve(&self) -> Result<Config> {
@@ -231,7 +264,20 @@ impl ConfigArgs {
         if let Some(device) = &self.device {
             cfg.train.device = device.clone();
         }
+        if let Some(seed) = self.data_seed {
+            cfg.data.seed = seed;
+        }
+        cfg.apply_task_options(self.length, self.distance)?;
         cfg.validate()?;
         Ok(cfg)
+    }
+}
+
+/// `N` or `MIN-MAX`, for --distance.
+fn parse_range(text: &str) -> std::result::Result<(usize, usize), String> {
+    let number = |s: &str| s.trim().parse::<usize>().map_err(|_| format!("`{s}` is not a whole number"));
+    match text.split_once('-') {
+        Some((lo, hi)) => Ok((number(lo)?, number(hi)?)),
+        None => number(text).map(|n| (n, n)),
     }
 }

@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod model;
 pub mod optim;
 pub mod rng;
+pub mod sweep;
 pub mod train;
 
 pub use config::Config;

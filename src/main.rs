@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::Parser;
 
-use cli::{BenchArgs, Cli, Command, EvalArgs, GenerateArgs, InspectCommand, InspectSpansArgs, TrainArgs};
+use cli::{BenchArgs, Cli, Command, EvalArgs, GenerateArgs, InspectCommand, InspectSpansArgs, SweepArgs, TrainArgs};
 use lethe::checkpoint::Checkpoint;
 use lethe::config::{Mechanism, Source, PRESETS};
 use lethe::data::{self, Split};
@@ -32,6 +32,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Eval(a) => eval(a),
         Command::Generate(a) => generate(a),
         Command::Bench(a) => bench(a),
+        Command::Sweep(a) => sweep(a),
         Command::Inspect(InspectCommand::Spans(a)) => inspect_spans(a),
     }
 }
@@ -207,5 +208,38 @@ fn bench(a: BenchArgs) -> Result<()> {
     std::fs::create_dir_all(&dir).with_context(|| format!("creating `{}`", dir.display()))?;
     let path = dir.join("bench.json");
     std::fs::write(&path, serde_json::to_string_pretty(&r)?).with_context(|| format!("writing `{}`", path.display()))?;
+    Ok(())
+}
+
+fn sweep(a: SweepArgs) -> Result<()> {
+    if informational(&a.config)? {
+        return Ok(());
+    }
+    let base = a.config.resolve()?;
+    let sizes = match &a.sizes {
+        Some(text) => lethe::sweep::parse_sizes(text)?,
+        None => {
+            let l = base.memory.span;
+            let mut s: Vec<usize> = [l / 8, l / 4, l / 2, l].iter().map(|&x| x.max(base.train.block)).collect();
+            s.dedup();
+            s
+        }
+    };
+    let items = if a.mechanisms.is_empty() {
+        ["fixed", "adaptive", "expire", "compressive"].map(String::from).to_vec()
+    } else {
+        a.mechanisms.clone()
+    };
+    let arms = lethe::sweep::parse_arms(&items, &sizes)?;
+    let seeds = match &a.seeds {
+        Some(text) => lethe::sweep::parse_sizes(text)?.into_iter().map(|s| s as u64).collect(),
+        None => vec![base.seed],
+    };
+    let dir = a.out.join(format!("{}-sweep", base.name));
+    let runs: usize = arms.iter().map(|arm| arm.sizes.len()).sum::<usize>() * seeds.len();
+    println!("sweep `{}`: {runs} runs of {} steps on {}; folder {}", base.name, base.train.steps, data::describe(&base), dir.display());
+    let points = lethe::sweep::run(&base, &arms, &seeds, &dir, &mut |line| println!("{line}"))?;
+    print!("{}", lethe::sweep::table(&points));
+    println!("wrote sweep.json, sweep.csv, sweep.svg and sweep.html in {}", dir.display());
     Ok(())
 }

@@ -169,11 +169,17 @@ impl SplitData {
 /// generated from the seed (valid and test are fixed streams, train is a sample of the
 /// same generator used only by `eval --split train`).
 pub fn load_split(cfg: &Config, split: Split, batch: usize) -> Result<SplitData> {
+    let seed = cfg.data_seed();
     match cfg.data.source {
-        Source::Copy => Ok(tasks::copy::eval_split(&cfg.data.copy, cfg.seed, split, batch)),
+        Source::Copy => Ok(tasks::copy::eval_split(&cfg.data.copy, seed, split, batch)),
         Source::Collision => {
             let k = &cfg.data.collision;
-            Ok(tasks::eval_split(&tasks::collision::CollisionTask::new(k), "collision", cfg.seed, split, batch, k.eval_tokens))
+            Ok(tasks::eval_split(&tasks::collision::CollisionTask::new(k), "collision", seed, split, batch, k.eval_tokens))
+        }
+        Source::Instruction => {
+            let k = &cfg.data.instruction;
+            let task = tasks::instruction::InstructionTask::new(k);
+            Ok(tasks::eval_split(&task, "instruction", seed, split, batch, k.eval_tokens))
         }
         Source::File | Source::Folder => bytes::load(&cfg.data, split),
     }
@@ -181,15 +187,20 @@ pub fn load_split(cfg: &Config, split: Split, batch: usize) -> Result<SplitData>
 
 /// The training streams the config names, positioned at the start.
 pub fn train_streams(cfg: &Config, batch: usize) -> Result<TrainStreams> {
+    let seed = cfg.data_seed();
     match cfg.data.source {
-        Source::Copy => Ok(TrainStreams::Generated(tasks::copy::train_streams(&cfg.data.copy, cfg.seed, batch, cfg.train.block))),
+        Source::Copy => Ok(TrainStreams::Generated(tasks::copy::train_streams(&cfg.data.copy, seed, batch, cfg.train.block))),
         Source::Collision => {
             let task = Box::new(tasks::collision::CollisionTask::new(&cfg.data.collision));
-            Ok(TrainStreams::Generated(stream::GeneratedStreams::new(task, cfg.seed, batch, cfg.train.block)))
+            Ok(TrainStreams::Generated(stream::GeneratedStreams::new(task, seed, batch, cfg.train.block)))
+        }
+        Source::Instruction => {
+            let task = Box::new(tasks::instruction::InstructionTask::new(&cfg.data.instruction));
+            Ok(TrainStreams::Generated(stream::GeneratedStreams::new(task, seed, batch, cfg.train.block)))
         }
         Source::File | Source::Folder => {
             let split = bytes::load(&cfg.data, Split::Train)?;
-            Ok(TrainStreams::Fixed(BlockStreams::new(&split, batch, cfg.train.block, cfg.seed)?))
+            Ok(TrainStreams::Fixed(BlockStreams::new(&split, batch, cfg.train.block, seed)?))
         }
     }
 }
@@ -207,6 +218,10 @@ pub fn describe(cfg: &Config) -> String {
             "object collision ({}), {} steps of 8 tokens per simulation; chance error 75%",
             if d.collision.easy { "easy" } else { "hard" },
             d.collision.steps
+        ),
+        Source::Instruction => format!(
+            "instruction following, {} characters, up to {} instructions pending, {}-{} distractor words; only executions scored",
+            d.instruction.characters, d.instruction.queue_max, d.instruction.distance_min, d.instruction.distance_max
         ),
         Source::Folder => format!("folder {} ({:?} mode)", path.display(), d.folder_mode).to_lowercase(),
         Source::File => {

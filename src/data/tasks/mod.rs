@@ -3,6 +3,7 @@
 
 pub mod collision;
 pub mod copy;
+pub mod instruction;
 
 use crate::data::TokenSeq;
 use crate::rng::Rng;

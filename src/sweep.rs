@@ -1,0 +1,435 @@
+//! `lethe sweep`: quality against memory size, the comparison of the Expire-Span
+//! paper's Figures 4 and 5. The same backbone is trained once per mechanism, memory size
+//! and seed on one task; each run is evaluated on the validation split, and the sweep
+//! writes a table (terminal, `sweep.csv`, `sweep.json`), a plot of quality against the
+//! measured average memory size (`sweep.svg`) and an HTML report (`sweep.html`).
+//!
+//! The size knob of each mechanism:
+//! - `fixed`, `adaptive`, `expire`: the (maximum) span `L`. Adaptive-Span and
+//!   Expire-Span learn to use less; the plot's x axis is the memory they actually use.
+//! - `compressive`: `size` slots in all, half uncompressed (`L`, at least one block) and
+//!   the rest compressed (`C`), so it reaches `L + c C` tokens back.
+//!
+//! Every run lives in `<sweep>/runs/<mechanism>-<size>-s<seed>` with its own config,
+//! metrics and checkpoint. A finished run leaves `point.json`; running the same sweep
+//! again skips the runs whose config is unchanged, so an interrupted sweep resumes.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint::write_atomic;
+use crate::config::{Config, Mechanism, Source};
+use crate::error::{LetheError, Result};
+use crate::train::{train, TrainOptions};
+
+/// One mechanism with the sizes to try.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Arm {
+    /// The mechanism.
+    pub mechanism: Mechanism,
+    /// Memory sizes, in the mechanism's knob (see the module documentation).
+    pub sizes: Vec<usize>,
+}
+
+/// Parses `mechanism[:size,size,...]` items; an item without sizes gets `default_sizes`.
+pub fn parse_arms(items: &[String], default_sizes: &[usize]) -> Result<Vec<Arm>> {
+    items
+        .iter()
+        .map(|item| {
+            let (name, sizes) = item.split_once(':').unwrap_or((item, ""));
+            let mechanism = parse_mechanism(name.trim())?;
+            let sizes = if sizes.trim().is_empty() { default_sizes.to_vec() } else { parse_sizes(sizes)? };
+            if sizes.is_empty() {
+                return Err(LetheError::Invalid(format!("sweep arm `{item}`: no sizes (give --sizes or `{name}:16,32`)")));
+            }
+            Ok(Arm { mechanism, sizes })
+        })
+        .collect()
+}
+
+fn parse_mechanism(name: &str) -> Result<Mechanism> {
+    match name {
+        "fixed" => Ok(Mechanism::Fixed),
+        "expire" => Ok(Mechanism::Expire),
+        "adaptive" => Ok(Mechanism::Adaptive),
+        "compressive" => Ok(Mechanism::Compressive),
+        _ => Err(LetheError::Invalid(format!(
+            "unknown mechanism `{name}` in the sweep (known: fixed, expire, adaptive, compressive)"
+        ))),
+    }
+}
+
+/// Parses `16,32,64`.
+pub fn parse_sizes(text: &str) -> Result<Vec<usize>> {
+    text.split(',')
+        .map(|s| {
+            s.trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| LetheError::Invalid(format!("memory size `{s}` is not a positive whole number")))
+        })
+        .collect()
+}
+
+fn mechanism_name(m: Mechanism) -> &'static str {
+    match m {
+        Mechanism::Fixed => "fixed",
+        Mechanism::Expire => "expire",
+        Mechanism::Adaptive => "adaptive",
+        Mechanism::Compressive => "compressive",
+    }
+}
+
+/// The run's config: `base` with the mechanism, its size and the seed.
+pub fn configure(base: &Config, mechanism: Mechanism, size: usize, seed: u64) -> Result<Config> {
+    let mut c = base.clone();
+    c.memory.mechanism = mechanism;
+    c.seed = seed;
+    c.name = format!("{}-{size}-s{seed}", mechanism_name(mechanism));
+    match mechanism {
+        Mechanism::Compressive => {
+            c.memory.span = (size / 2).max(c.train.block);
+            c.memory.compressive.slots = size.saturating_sub(c.memory.span);
+        }
+        _ => c.memory.span = size,
+    }
+    c.validate().map_err(|e| LetheError::Invalid(format!("sweep run `{}`: {e}", c.name)))?;
+    Ok(c)
+}
+
+/// What a run of the sweep measured.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SweepPoint {
+    /// The mechanism.
+    pub mechanism: String,
+    /// The size knob.
+    pub size: usize,
+    /// The seed.
+    pub seed: u64,
+    /// The run's name (its folder under `runs/`).
+    pub run: String,
+    /// What `quality` measures: `answers %`, `error %` or `bpb`.
+    pub metric: String,
+    /// The task's quality figure on the validation split.
+    pub quality: f64,
+    /// Validation loss (nats per scored token).
+    pub loss: f64,
+    /// Token accuracy on the scored tokens.
+    pub accuracy: f64,
+    /// Average number of memories a query attends to, averaged over layers.
+    pub mem_size: f64,
+    /// Training and evaluation time, seconds.
+    pub seconds: f64,
+    /// The run's config (TOML), to tell whether a rerun can reuse the point.
+    pub config: String,
+}
+
+/// The quality figure of a task: (name, higher is better).
+pub fn metric(source: Source) -> (&'static str, bool) {
+    match source {
+        Source::Copy | Source::Instruction => ("answers %", true),
+        Source::Collision => ("error %", false),
+        Source::File | Source::Folder => ("bpb", false),
+    }
+}
+
+/// Trains every run of the plan under `dir` (skipping finished ones) and writes the
+/// report. `say` receives one progress line per run.
+pub fn run(base: &Config, arms: &[Arm], seeds: &[u64], dir: &Path, say: &mut dyn FnMut(&str)) -> Result<Vec<SweepPoint>> {
+    std::fs::create_dir_all(dir).map_err(|e| LetheError::io(dir, e))?;
+    write_atomic(&dir.join("base.toml"), base.to_toml()?.as_bytes())?;
+    let mut plan = vec![];
+    for arm in arms {
+        for &size in &arm.sizes {
+            for &seed in seeds {
+                plan.push(configure(base, arm.mechanism, size, seed)?);
+            }
+        }
+    }
+    let mut points = vec![];
+    for (i, cfg) in plan.iter().enumerate() {
+        let point = run_one(cfg, &dir.join("runs"))?;
+        say(&format!(
+            "[{}/{}] {:<22} {} {:.2} | mem {:.1} | {:.0} s",
+            i + 1,
+            plan.len(),
+            point.run,
+            point.metric,
+            point.quality,
+            point.mem_size,
+            point.seconds
+        ));
+        points.push(point);
+    }
+    write_report(base, &points, dir)?;
+    Ok(points)
+}
+
+/// Trains one run, or reads its point when it finished earlier with the same config.
+fn run_one(cfg: &Config, runs: &Path) -> Result<SweepPoint> {
+    let toml = cfg.to_toml()?;
+    let path = runs.join(&cfg.name).join("point.json");
+    if let Some(done) = std::fs::read_to_string(&path).ok().and_then(|t| serde_json::from_str::<SweepPoint>(&t).ok()) {
+        if done.config == toml {
+            return Ok(done);
+        }
+    }
+    let start = Instant::now();
+    let opts = TrainOptions { out_dir: runs.to_path_buf(), overwrite: true, quiet: true, ..TrainOptions::default() };
+    let summary = train(cfg, &opts)?;
+    let r = summary
+        .last_eval
+        .ok_or_else(|| LetheError::Invalid(format!("sweep run `{}` finished without an evaluation", cfg.name)))?;
+    let (metric, _) = metric(cfg.data.source);
+    let quality = match cfg.data.source {
+        Source::Copy | Source::Instruction => 100.0 * r.answer_accuracy.unwrap_or(0.0),
+        Source::Collision => 100.0 * (1.0 - r.accuracy),
+        Source::File | Source::Folder => r.bpb,
+    };
+    let point = SweepPoint {
+        mechanism: mechanism_name(cfg.memory.mechanism).to_string(),
+        size: if cfg.memory.mechanism == Mechanism::Compressive { cfg.memory.span + cfg.memory.compressive.slots } else { cfg.memory.span },
+        seed: cfg.seed,
+        run: cfg.name.clone(),
+        metric: metric.to_string(),
+        quality,
+        loss: r.loss,
+        accuracy: r.accuracy,
+        mem_size: r.mem_size.iter().sum::<f64>() / r.mem_size.len().max(1) as f64,
+        seconds: start.elapsed().as_secs_f64(),
+        config: toml,
+    };
+    let json = serde_json::to_string_pretty(&point).map_err(|e| LetheError::Invalid(e.to_string()))?;
+    write_atomic(&path, json.as_bytes())?;
+    Ok(point)
+}
+
+/// The table as aligned text.
+pub fn table(points: &[SweepPoint]) -> String {
+    let metric = points.first().map_or("quality", |p| p.metric.as_str());
+    let mut out = format!("{:<12} {:>6} {:>5} {:>10} {:>10} {:>9} {:>8}\n", "mechanism", "size", "seed", metric, "mem size", "loss", "time s");
+    for p in points {
+        let _ = writeln!(
+            out,
+            "{:<12} {:>6} {:>5} {:>10.2} {:>10.1} {:>9.4} {:>8.0}",
+            p.mechanism, p.size, p.seed, p.quality, p.mem_size, p.loss, p.seconds
+        );
+    }
+    out
+}
+
+fn csv(points: &[SweepPoint]) -> String {
+    let mut out = String::from("mechanism,size,seed,run,metric,quality,mem_size,loss,accuracy,seconds\n");
+    for p in points {
+        let _ = writeln!(
+            out,
+            "{},{},{},{},{},{},{},{},{},{}",
+            p.mechanism, p.size, p.seed, p.run, p.metric, p.quality, p.mem_size, p.loss, p.accuracy, p.seconds
+        );
+    }
+    out
+}
+
+/// Writes `sweep.json`, `sweep.csv`, `sweep.svg` and `sweep.html` into `dir`.
+pub fn write_report(base: &Config, points: &[SweepPoint], dir: &Path) -> Result<Vec<PathBuf>> {
+    let json = serde_json::to_string_pretty(points).map_err(|e| LetheError::Invalid(e.to_string()))?;
+    let svg = plot_svg(points, metric(base.data.source).1);
+    let html = report_html(base, points, &svg);
+    let files = [("sweep.json", json), ("sweep.csv", csv(points)), ("sweep.svg", svg), ("sweep.html", html)];
+    let mut written = vec![];
+    for (name, body) in files {
+        let path = dir.join(name);
+        write_atomic(&path, body.as_bytes())?;
+        written.push(path);
+    }
+    Ok(written)
+}
+
+const COLOURS: [(&str, &str); 4] = [("fixed", "#1f77b4"), ("expire", "#d62728"), ("adaptive", "#2ca02c"), ("compressive", "#9467bd")];
+
+fn colour_of(mechanism: &str) -> &'static str {
+    COLOURS.iter().find(|(m, _)| *m == mechanism).map_or("#555555", |(_, c)| c)
+}
+
+/// The plot: quality against average memory size, one colour per mechanism, a line
+/// through each mechanism's mean per size; log-scaled x when the sizes span more than 8x.
+pub fn plot_svg(points: &[SweepPoint], higher_is_better: bool) -> String {
+    let (w, h, left, right, top, bottom) = (640.0, 420.0, 70.0, 150.0, 30.0, 50.0);
+    let xs: Vec<f64> = points.iter().map(|p| p.mem_size.max(1e-3)).collect();
+    let ys: Vec<f64> = points.iter().map(|p| p.quality).collect();
+    let (x_lo, x_hi) = bounds(&xs);
+    let (y_lo, y_hi) = bounds(&ys);
+    let log_x = x_hi / x_lo.max(1e-9) > 8.0;
+    let fx = |x: f64| {
+        let t = if log_x { (x.ln() - x_lo.ln()) / (x_hi.ln() - x_lo.ln()).max(1e-9) } else { (x - x_lo) / (x_hi - x_lo).max(1e-9) };
+        left + t * (w - left - right)
+    };
+    let fy = |y: f64| top + (1.0 - (y - y_lo) / (y_hi - y_lo).max(1e-9)) * (h - top - bottom);
+    let metric = points.first().map_or("quality", |p| p.metric.as_str());
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+    );
+    let _ = writeln!(s, "<line x1=\"{left}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>", h - bottom, w - right, h - bottom);
+    let _ = writeln!(s, "<line x1=\"{left}\" y1=\"{top}\" x2=\"{left}\" y2=\"{}\" stroke=\"black\"/>", h - bottom);
+    for i in 0..=4 {
+        let t = i as f64 / 4.0;
+        let xv = if log_x { (x_lo.ln() + t * (x_hi.ln() - x_lo.ln())).exp() } else { x_lo + t * (x_hi - x_lo) };
+        let yv = y_lo + t * (y_hi - y_lo);
+        let _ = writeln!(s, "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{}</text>", fx(xv), h - bottom + 16.0, short(xv));
+        let _ = writeln!(s, "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>", left - 6.0, fy(yv) + 4.0, short(yv));
+    }
+    let scale = if log_x { " (log scale)" } else { "" };
+    let _ = writeln!(s, "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">average memory size{scale}</text>", (left + w - right) / 2.0, h - 12.0);
+    let better = if higher_is_better { "higher is better" } else { "lower is better" };
+    let _ = writeln!(s, "<text x=\"14\" y=\"{:.1}\" transform=\"rotate(-90 14 {:.1})\" text-anchor=\"middle\">{metric} ({better})</text>", (top + h - bottom) / 2.0, (top + h - bottom) / 2.0);
+    let mut mechanisms: Vec<&str> = points.iter().map(|p| p.mechanism.as_str()).collect();
+    mechanisms.dedup();
+    mechanisms.sort();
+    mechanisms.dedup();
+    for (row, m) in mechanisms.iter().enumerate() {
+        let c = colour_of(m);
+        let mine: Vec<&SweepPoint> = points.iter().filter(|p| p.mechanism == *m).collect();
+        let line: Vec<String> = means_by_size(&mine).iter().map(|(x, y)| format!("{:.1},{:.1}", fx(*x), fy(*y))).collect();
+        let _ = writeln!(s, "<polyline points=\"{}\" fill=\"none\" stroke=\"{c}\" stroke-width=\"1.5\"/>", line.join(" "));
+        for p in &mine {
+            let _ = writeln!(
+                s,
+                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"4\" fill=\"{c}\"><title>{} size {} seed {}: {:.2}, mem {:.1}</title></circle>",
+                fx(p.mem_size.max(1e-3)),
+                fy(p.quality),
+                p.mechanism,
+                p.size,
+                p.seed,
+                p.quality,
+                p.mem_size
+            );
+        }
+        let ly = top + 10.0 + 18.0 * row as f64;
+        let _ = writeln!(s, "<circle cx=\"{}\" cy=\"{ly}\" r=\"5\" fill=\"{c}\"/><text x=\"{}\" y=\"{}\">{m}</text>", w - right + 20.0, w - right + 30.0, ly + 4.0);
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+/// Mean memory size and quality per size knob, in order of size.
+fn means_by_size(points: &[&SweepPoint]) -> Vec<(f64, f64)> {
+    let mut sizes: Vec<usize> = points.iter().map(|p| p.size).collect();
+    sizes.sort();
+    sizes.dedup();
+    sizes
+        .iter()
+        .map(|&size| {
+            let same: Vec<&&SweepPoint> = points.iter().filter(|p| p.size == size).collect();
+            let n = same.len() as f64;
+            (same.iter().map(|p| p.mem_size.max(1e-3)).sum::<f64>() / n, same.iter().map(|p| p.quality).sum::<f64>() / n)
+        })
+        .collect()
+}
+
+fn bounds(v: &[f64]) -> (f64, f64) {
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if !lo.is_finite() {
+        return (0.0, 1.0);
+    }
+    let pad = ((hi - lo) * 0.05).max(hi.abs() * 0.05).max(1e-3);
+    if lo > 0.0 && hi / lo > 8.0 {
+        (lo / 1.2, hi * 1.2)
+    } else {
+        (lo - pad, hi + pad)
+    }
+}
+
+fn short(v: f64) -> String {
+    if v.abs() >= 100.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.1}")
+    }
+}
+
+fn report_html(base: &Config, points: &[SweepPoint], svg: &str) -> String {
+    let mut rows = String::new();
+    for p in points {
+        let _ = writeln!(
+            rows,
+            "<tr><td style=\"color:{}\">{}</td><td>{}</td><td>{}</td><td>{:.2}</td><td>{:.1}</td><td>{:.4}</td><td>{:.1}%</td><td>{:.0}</td></tr>",
+            colour_of(&p.mechanism),
+            p.mechanism,
+            p.size,
+            p.seed,
+            p.quality,
+            p.mem_size,
+            p.loss,
+            100.0 * p.accuracy,
+            p.seconds
+        );
+    }
+    let metric = points.first().map_or("quality", |p| p.metric.as_str());
+    format!(
+        "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>lethe sweep: {name}</title>\n<style>body{{font-family:sans-serif;margin:2em}} td,th{{padding:2px 10px;text-align:right}} table{{border-collapse:collapse}} tr:nth-child(even){{background:#f4f4f4}}</style></head>\n<body><h1>Quality against memory size</h1>\n<p>Task: {data}. Model: {layers} layers x {d}, {heads} heads, block {block}, batch {batch}, {steps} steps. Validation split.</p>\n{svg}\n<table><tr><th>mechanism</th><th>size</th><th>seed</th><th>{metric}</th><th>mem size</th><th>loss</th><th>token acc.</th><th>time s</th></tr>\n{rows}</table>\n<p>Size: the span <i>L</i> (fixed, adaptive, expire) or the slots in all (compressive: half uncompressed, half compressed). Memory size: the average number of memories a query attends to, measured on the validation split.</p>\n</body></html>\n",
+        name = base.name,
+        data = crate::data::describe(base),
+        layers = base.model.layers,
+        d = base.model.d_model,
+        heads = base.model.heads,
+        block = base.train.block,
+        batch = base.train.batch,
+        steps = base.train.steps,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arms_parse_with_and_without_sizes() {
+        let arms = parse_arms(&["fixed:8,16".into(), "expire".into()], &[64]).unwrap();
+        assert_eq!(arms[0], Arm { mechanism: Mechanism::Fixed, sizes: vec![8, 16] });
+        assert_eq!(arms[1], Arm { mechanism: Mechanism::Expire, sizes: vec![64] });
+        assert!(parse_arms(&["lstm".into()], &[8]).unwrap_err().to_string().contains("lstm"));
+        assert!(parse_arms(&["fixed:8,x".into()], &[8]).unwrap_err().to_string().contains("`x`"));
+        assert!(parse_arms(&["fixed".into()], &[]).is_err());
+    }
+
+    #[test]
+    fn compressive_sizes_split_into_memory_and_slots() {
+        let base = Config::preset("copy-tiny").unwrap(); // block 32
+        let c = configure(&base, Mechanism::Compressive, 128, 3).unwrap();
+        assert_eq!((c.memory.span, c.memory.compressive.slots, c.seed), (64, 64, 3));
+        let c = configure(&base, Mechanism::Compressive, 48, 1).unwrap();
+        assert_eq!((c.memory.span, c.memory.compressive.slots), (32, 16), "at least one block uncompressed");
+        let err = configure(&base, Mechanism::Fixed, 16, 1).unwrap_err().to_string();
+        assert!(err.contains("fixed-16-s1") && err.contains("train.block"), "{err}");
+    }
+
+    #[test]
+    fn the_plot_has_a_point_per_run_and_a_legend_per_mechanism() {
+        let point = |m: &str, size, q, mem| SweepPoint {
+            mechanism: m.into(),
+            size,
+            seed: 1,
+            run: format!("{m}-{size}"),
+            metric: "answers %".into(),
+            quality: q,
+            loss: 0.1,
+            accuracy: 0.9,
+            mem_size: mem,
+            seconds: 1.0,
+            config: String::new(),
+        };
+        let points = vec![point("fixed", 8, 20.0, 7.5), point("fixed", 64, 50.0, 57.0), point("expire", 64, 90.0, 11.0)];
+        let svg = plot_svg(&points, true);
+        assert_eq!(svg.matches("<circle").count(), 3 + 2);
+        assert_eq!(svg.matches("<polyline").count(), 2);
+        assert!(svg.contains("(log scale)"), "7.5 to 57 spans more than 8x");
+        let t = table(&points);
+        assert_eq!(t.lines().count(), 4);
+        assert!(t.lines().nth(3).unwrap().contains("expire"));
+    }
+}
