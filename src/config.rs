@@ -419,6 +419,7 @@ pub const PRESETS: &[(&str, &str)] = &[
     ("collision-tiny", "object collision (hard), Transformer-XL span 512, 2 layers x 64; CPU"),
     ("collision-easy-tiny", "object collision, easy version (no colours), Transformer-XL span 512; CPU"),
     ("collision-expire-16k", "object collision with Expire-Span L = 16k (paper Table 3), 12 layers x 512, init fraction 0.01; GPU"),
+    ("copy-sweep-tiny", "for `lethe sweep`: copy task, run 24-32 back, 2 layers x 32, blocks of 8, 800 steps, L = 64; seconds per run"),
     ("instruction-tiny", "instruction following with distractors: 8 characters, 8-16 distractor words, Transformer-XL span 256; CPU"),
     ("instruction-expire-tiny", "instruction-tiny with Expire-Span, L = 1024, R = 32; CPU"),
     ("instruction-light", "the paper's LIGHT setting (A.3.2): ~950 distractor words, 6 layers x 512, Expire-Span L = 16k, R = 64, alpha 2e-6; GPU"),
@@ -524,6 +525,14 @@ impl Config {
                     ..MemoryConfig::default()
                 };
                 c.model.dropout = 0.1;
+            }
+            "copy-sweep-tiny" => {
+                c.model = ModelConfig { layers: 2, d_model: 32, heads: 2, d_ffn: 64, ..ModelConfig::default() };
+                c.memory.span = 64;
+                c.memory.expire = ExpireConfig { ramp: 8, alpha: 0.01, init_fraction: 0.9, ..ExpireConfig::default() };
+                c.memory.adaptive = AdaptiveConfig { ramp: 8, loss_coef: 1e-3, init_ratio: 1.0 };
+                c.data.copy = CopyConfig { count_min: 1, count_max: 4, distance_min: 24, distance_max: 32, eval_tokens: 4096 };
+                c.train = TrainConfig { batch: 16, block: 8, steps: 800, warmup: 20, lr: 3e-3, eval_every: 0, eval_tokens: 0, log_every: 100, ..TrainConfig::default() };
             }
             "instruction-tiny" | "instruction-expire-tiny" => {
                 c.data.source = Source::Instruction;
@@ -951,6 +960,16 @@ mod tests {
             ("model.dropout", Box::new(|c| c.model.dropout = 1.5)),
             ("data.split", Box::new(|c| c.data.split = [0.5, 0.1, 0.1])),
             ("train.device", Box::new(|c| c.train.device = "tpu".into())),
+            (
+                "memory.compressive.rate",
+                Box::new(|c| {
+                    c.memory.mechanism = Mechanism::Compressive;
+                    c.memory.compressive.rate = 0;
+                }),
+            ),
+            ("data.instruction.queue_max", Box::new(|c| c.data.instruction.queue_max = 39)),
+            ("data.instruction.characters", Box::new(|c| c.data.instruction.characters = 41)),
+            ("data.instruction.distance_max", Box::new(|c| c.data.instruction.distance_max = 10)),
         ];
         for (field, breaker) in cases {
             let mut c = Config::default();

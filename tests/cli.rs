@@ -168,3 +168,50 @@ fn inspect_and_max_span_need_an_expire_span_model() {
     assert!(out.contains("mean span per layer"), "{out}");
     fails_with(&lethe(d, &["inspect", "spans", "--checkpoint", "runs/expire", "--text", "missing.txt"]), &["missing.txt"]);
 }
+
+#[test]
+fn sweep_writes_a_table_a_plot_and_a_report_and_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = [
+        "sweep", "--set", "model.layers=1", "--set", "model.d_model=16", "--set", "model.heads=2", "--set", "model.d_ffn=32",
+        "--set", "train.batch=2", "--set", "train.block=8", "--set", "data.copy.eval_tokens=128", "--distance", "5-20",
+        "--steps", "3", "--name", "tiny", "--mechanism", "fixed:8,16", "--mechanism", "compressive:16",
+    ];
+    let out = succeeds(&lethe(dir.path(), &args));
+    assert!(out.contains("[3/3] compressive-16-s1"), "{out}");
+    let sweep = dir.path().join("runs/tiny-sweep");
+    let csv = std::fs::read_to_string(sweep.join("sweep.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 4, "{csv}");
+    assert!(csv.lines().nth(2).unwrap().starts_with("fixed,16,1,fixed-16-s1,answers %,"), "{csv}");
+    let svg = std::fs::read_to_string(sweep.join("sweep.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("compressive"));
+    assert!(std::fs::read_to_string(sweep.join("sweep.html")).unwrap().contains("<table>"));
+    assert!(sweep.join("runs/fixed-8-s1/checkpoint.safetensors").exists());
+    // Run again: nothing is retrained, the points are read back.
+    let stamp = std::fs::metadata(sweep.join("runs/fixed-8-s1/checkpoint.safetensors")).unwrap().modified().unwrap();
+    succeeds(&lethe(dir.path(), &args));
+    let again = std::fs::metadata(sweep.join("runs/fixed-8-s1/checkpoint.safetensors")).unwrap().modified().unwrap();
+    assert_eq!(stamp, again);
+}
+
+#[test]
+fn impossible_sweep_sizes_are_refused_before_any_training() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = lethe(dir.path(), &["sweep", "--mechanism", "fixed:64,8"]);
+    fails_with(&out, &["fixed-8-s1", "train.block"]);
+    assert!(!dir.path().join("runs/copy-tiny-sweep/runs/fixed-64-s1").exists());
+    fails_with(&lethe(dir.path(), &["sweep", "--mechanism", "lstm"]), &["lstm"]);
+}
+
+#[test]
+fn task_options_reach_the_task_or_say_why_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = succeeds(&lethe(dir.path(), &["train", "--length", "5", "--distance", "30-60", "--data-seed", "9", "--print-config"]));
+    for needle in ["count_max = 5", "distance_min = 30", "distance_max = 60", "seed = 9"] {
+        assert!(cfg.contains(needle), "`{needle}` missing:\n{cfg}");
+    }
+    let cfg = succeeds(&lethe(dir.path(), &["train", "--preset", "instruction-tiny", "--distance", "100", "--print-config"]));
+    assert!(cfg.contains("distance_min = 100") && cfg.contains("distance_max = 100"), "{cfg}");
+    fails_with(&lethe(dir.path(), &["train", "--preset", "collision-tiny", "--distance", "10-20", "--print-config"]), &["--distance"]);
+    fails_with(&lethe(dir.path(), &["train", "--distance", "9-3", "--print-config"]), &["data.copy.distance_max"]);
+}
