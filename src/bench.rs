@@ -101,7 +101,7 @@ pub fn bench(cfg: &Config, steps: usize, warmup: usize) -> Result<BenchResult> {
 /// not an empty cache. Returns the number of blocks run.
 fn fill_memory(lm: &Lm, mems: &mut [crate::model::Memory], cfg: &Config, rng: &mut Rng) -> Result<usize> {
     let _guard = tch::no_grad_guard();
-    let blocks = cfg.memory.span.div_ceil(cfg.train.block).min(MAX_FILL_BLOCKS);
+    let blocks = memory_reach(cfg).div_ceil(cfg.train.block).min(MAX_FILL_BLOCKS);
     let per = cfg.train.batch / mems.len();
     for _ in 0..blocks {
         for mem in mems.iter_mut() {
@@ -111,6 +111,15 @@ fn fill_memory(lm: &Lm, mems: &mut [crate::model::Memory], cfg: &Config, rng: &m
         }
     }
     Ok(blocks)
+}
+
+/// Tokens the memory must have seen to be full: the span, plus what the compressed
+/// slots cover for the Compressive Transformer.
+fn memory_reach(cfg: &Config) -> usize {
+    match cfg.memory.mechanism {
+        crate::config::Mechanism::Compressive => cfg.memory.span + cfg.memory.compressive.rate * cfg.memory.compressive.slots,
+        _ => cfg.memory.span,
+    }
 }
 
 fn random_batch(rng: &mut Rng, batch: usize, block: usize, vocab: usize, reset: bool) -> Batch {

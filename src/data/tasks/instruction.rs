@@ -10,7 +10,7 @@
 //! the knight gives the lantern to the miller.          <- distractors, ~950 words
 //! ...
 //! the baker enters.
-//! you: baker, the guard wants to see you.              <- the execution (scored)
+//! you: tell the baker that the guard wants to see them.   <- the execution (scored)
 //! ```
 //!
 //! - Each episode holds 1 to `queue_max` instructions, issued close together so that
@@ -25,6 +25,9 @@
 //!   execution; distractors mention every character, and some say that someone
 //!   "wants to see" something, so the last "wants to see" is not the answer; the
 //!   instruction comes in several phrasings; `Y` is uniform over the characters.
+//! - As in LIGHT, where the agent answers `You tell the butler "town official wants to
+//!   see you!"` to "can you tell the butler that the town official wants to see them?",
+//!   the execution repeats the message of the instruction.
 
 use serde::{Deserialize, Serialize};
 
@@ -72,12 +75,14 @@ const DISTRACTORS: [&str; 16] = [
     "the {c} tells the {d} a story about the {a} {p}.",
     "the {c} hides the {o} in the {p}.",
 ];
-/// Phrasings of an instruction: `{g}` gives it, `{x}` receives it, `{y}` wants to see `{x}`.
+/// Phrasings of an instruction: `{g}` gives it, `{x}` receives it, `{y}` wants to see
+/// `{x}`. As in LIGHT ("can you tell the butler that the town official wants to see
+/// them?"), each holds the message the agent must later deliver.
 const INSTRUCTIONS: [&str; 4] = [
     "the {g} says: tell the {x} that the {y} wants to see them.",
-    "the {g} asks you: please tell the {x} that the {y} wants to see them.",
-    "the {g} whispers: if you meet the {x}, tell them the {y} wants to see them.",
-    "the {g} says: the {y} wants to see the {x}. tell them.",
+    "the {g} asks you: can you tell the {x} that the {y} wants to see them?",
+    "the {g} whispers: if you meet the {x}, tell the {x} that the {y} wants to see them.",
+    "the {g} says to you: please, tell the {x} that the {y} wants to see them!",
 ];
 
 /// The instruction task's parameters.
@@ -240,7 +245,7 @@ impl InstructionTask {
                     w.tokens.extend_from_slice(b"you: ");
                     w.scored.extend([false; 5]);
                     let start = w.tokens.len();
-                    w.line(&format!("{}, the {} wants to see you.", r.recipient, r.sender), true);
+                    w.line(&format!("tell the {} that the {} wants to see them.", r.recipient, r.sender), true);
                     w.words += 1; // "you:"
                     r.execution = start..w.tokens.len();
                     pending.retain(|&p| p != r.recipient);
@@ -313,7 +318,7 @@ mod tests {
             assert!(!records.is_empty() && records.len() <= 3);
             for r in &records {
                 let said = text(&seq, r.execution.clone());
-                assert_eq!(said, format!("{}, the {} wants to see you.\n", r.recipient, r.sender));
+                assert_eq!(said, format!("tell the {} that the {} wants to see them.\n", r.recipient, r.sender));
                 let before = text(&seq, 0..r.execution.start);
                 assert!(before.ends_with(&format!("the {} enters.\nyou: ", r.recipient)), "{before}");
                 let told = text(&seq, r.instruction.clone());
