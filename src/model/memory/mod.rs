@@ -19,6 +19,7 @@ pub mod adaptive;
 pub mod compressive;
 pub mod expire;
 pub mod fixed;
+pub mod infinity;
 
 use tch::{nn, Tensor};
 
