@@ -85,7 +85,7 @@ pub struct ConfigArgs {
     #[arg(long)]
     pub device: Option<String>,
     /// Task length, in the task's unit: copy, most `A`s per run; collision, steps per
-    /// simulation; instruction, most instructions per episode.
+    /// simulation; instruction, most instructions per episode; sorting, symbols to sort.
     #[arg(long)]
     pub length: Option<usize>,
     /// Task distance, `N` or `MIN-MAX`: copy, filler tokens; instruction, distractor words.

@@ -133,6 +133,7 @@ pub fn metric(source: Source) -> (&'static str, bool) {
     match source {
         Source::Copy | Source::Instruction => ("answers %", true),
         Source::Collision => ("error %", false),
+        Source::Sorting => ("accuracy %", true),
         Source::File | Source::Folder => ("bpb", false),
     }
 }
@@ -188,6 +189,7 @@ fn run_one(cfg: &Config, runs: &Path) -> Result<SweepPoint> {
     let quality = match cfg.data.source {
         Source::Copy | Source::Instruction => 100.0 * r.answer_accuracy.unwrap_or(0.0),
         Source::Collision => 100.0 * (1.0 - r.accuracy),
+        Source::Sorting => 100.0 * r.accuracy,
         Source::File | Source::Folder => r.bpb,
     };
     let point = SweepPoint {

@@ -212,6 +212,8 @@ fn task_options_reach_the_task_or_say_why_not() {
     }
     let cfg = succeeds(&lethe(dir.path(), &["train", "--preset", "instruction-tiny", "--distance", "100", "--print-config"]));
     assert!(cfg.contains("distance_min = 100") && cfg.contains("distance_max = 100"), "{cfg}");
+    let cfg = succeeds(&lethe(dir.path(), &["train", "--preset", "sorting-tiny", "--length", "300", "--print-config"]));
+    assert!(cfg.contains("length = 300"), "{cfg}");
     fails_with(&lethe(dir.path(), &["train", "--preset", "collision-tiny", "--distance", "10-20", "--print-config"]), &["--distance"]);
     fails_with(&lethe(dir.path(), &["train", "--distance", "9-3", "--print-config"]), &["data.copy.distance_max"]);
 }

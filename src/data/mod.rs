@@ -181,6 +181,10 @@ pub fn load_split(cfg: &Config, split: Split, batch: usize) -> Result<SplitData>
             let task = tasks::instruction::InstructionTask::new(k);
             Ok(tasks::eval_split(&task, "instruction", seed, split, batch, k.eval_tokens))
         }
+        Source::Sorting => {
+            let k = &cfg.data.sorting;
+            Ok(tasks::eval_split(&tasks::sorting::SortingTask::new(k), "sorting", seed, split, batch, k.eval_tokens))
+        }
         Source::File | Source::Folder => bytes::load(&cfg.data, split),
     }
 }
@@ -192,6 +196,10 @@ pub fn train_streams(cfg: &Config, batch: usize) -> Result<TrainStreams> {
         Source::Copy => Ok(TrainStreams::Generated(tasks::copy::train_streams(&cfg.data.copy, seed, batch, cfg.train.block))),
         Source::Collision => {
             let task = Box::new(tasks::collision::CollisionTask::new(&cfg.data.collision));
+            Ok(TrainStreams::Generated(stream::GeneratedStreams::new(task, seed, batch, cfg.train.block)))
+        }
+        Source::Sorting => {
+            let task = Box::new(tasks::sorting::SortingTask::new(&cfg.data.sorting));
             Ok(TrainStreams::Generated(stream::GeneratedStreams::new(task, seed, batch, cfg.train.block)))
         }
         Source::Instruction => {
@@ -222,6 +230,10 @@ pub fn describe(cfg: &Config) -> String {
         Source::Instruction => format!(
             "instruction following, {} characters, up to {} instructions pending, {}-{} distractor words; only executions scored",
             d.instruction.characters, d.instruction.queue_max, d.instruction.distance_min, d.instruction.distance_max
+        ),
+        Source::Sorting => format!(
+            "sorting by frequency, {} symbols, sequences of {}; only the sorted symbols scored",
+            d.sorting.symbols, d.sorting.length
         ),
         Source::Folder => format!("folder {} ({:?} mode)", path.display(), d.folder_mode).to_lowercase(),
         Source::File => {

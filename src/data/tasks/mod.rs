@@ -4,6 +4,7 @@
 pub mod collision;
 pub mod copy;
 pub mod instruction;
+pub mod sorting;
 
 use crate::data::TokenSeq;
 use crate::rng::Rng;
