@@ -749,15 +749,11 @@ impl MemoryConfig {
 impl ExpireConfig {
     fn validate(&self) -> Result<()> {
         positive("memory.expire.ramp", self.ramp)?;
-        if !(self.alpha >= 0.0 && self.alpha.is_finite()) {
-            return Err(LetheError::config("memory.expire.alpha", self.alpha, "must be a non-negative number"));
-        }
+        non_negative("memory.expire.alpha", self.alpha)?;
         if !(self.init_fraction > 0.0 && self.init_fraction < 1.0) {
             return Err(LetheError::config("memory.expire.init_fraction", self.init_fraction, "must be in (0, 1)"));
         }
-        if !(self.pre_div > 0.0 && self.pre_div.is_finite()) {
-            return Err(LetheError::config("memory.expire.pre_div", self.pre_div, "must be a positive number"));
-        }
+        positive_number("memory.expire.pre_div", self.pre_div)?;
         Ok(())
     }
 }
@@ -765,9 +761,7 @@ impl ExpireConfig {
 impl AdaptiveConfig {
     fn validate(&self) -> Result<()> {
         positive("memory.adaptive.ramp", self.ramp)?;
-        if !(self.loss_coef >= 0.0 && self.loss_coef.is_finite()) {
-            return Err(LetheError::config("memory.adaptive.loss_coef", self.loss_coef, "must be a non-negative number"));
-        }
+        non_negative("memory.adaptive.loss_coef", self.loss_coef)?;
         if !(0.0..=1.0).contains(&self.init_ratio) {
             return Err(LetheError::config("memory.adaptive.init_ratio", self.init_ratio, "must be in [0, 1]"));
         }
@@ -779,10 +773,7 @@ impl CompressiveConfig {
     fn validate(&self) -> Result<()> {
         positive("memory.compressive.rate", self.rate)?;
         positive("memory.compressive.slots", self.slots)?;
-        if !(self.recon_coef >= 0.0 && self.recon_coef.is_finite()) {
-            return Err(LetheError::config("memory.compressive.recon_coef", self.recon_coef, "must be a non-negative number"));
-        }
-        Ok(())
+        non_negative("memory.compressive.recon_coef", self.recon_coef)
     }
 }
 
@@ -800,16 +791,8 @@ impl DataConfig {
         }
         let c = &self.copy;
         positive("data.copy.count_min", c.count_min)?;
-        if c.count_max < c.count_min {
-            return Err(LetheError::config("data.copy.count_max", c.count_max, "must be >= data.copy.count_min"));
-        }
-        if c.distance_max < c.distance_min {
-            return Err(LetheError::config(
-                "data.copy.distance_max",
-                c.distance_max,
-                "must be >= data.copy.distance_min",
-            ));
-        }
+        not_below("data.copy.count_max", c.count_max, "data.copy.count_min", c.count_min)?;
+        not_below("data.copy.distance_max", c.distance_max, "data.copy.distance_min", c.distance_min)?;
         if c.distance_max > 1 << 17 {
             return Err(LetheError::config("data.copy.distance_max", c.distance_max, "must be at most 131072 (128k)"));
         }
@@ -817,14 +800,9 @@ impl DataConfig {
         let k = &self.collision;
         positive("data.collision.steps", k.steps)?;
         positive("data.collision.eval_tokens", k.eval_tokens)?;
-        for (field, v) in [("data.collision.recolour", k.recolour), ("data.collision.match_share", k.match_share)] {
-            if !(0.0..=1.0).contains(&v) {
-                return Err(LetheError::config(field, v, "must be a probability in [0, 1]"));
-            }
-        }
-        if !(k.speed > 0.0 && k.speed.is_finite()) {
-            return Err(LetheError::config("data.collision.speed", k.speed, "must be a positive number"));
-        }
+        probability("data.collision.recolour", k.recolour)?;
+        probability("data.collision.match_share", k.match_share)?;
+        positive_number("data.collision.speed", k.speed)?;
         self.validate_instruction()
     }
 
@@ -843,16 +821,8 @@ impl DataConfig {
             ));
         }
         positive("data.instruction.distance_min", i.distance_min)?;
-        if i.distance_max < i.distance_min {
-            return Err(LetheError::config(
-                "data.instruction.distance_max",
-                i.distance_max,
-                "must be >= data.instruction.distance_min",
-            ));
-        }
-        if !(0.0..=1.0).contains(&i.greet_rate) {
-            return Err(LetheError::config("data.instruction.greet_rate", i.greet_rate, "must be a probability in [0, 1]"));
-        }
+        not_below("data.instruction.distance_max", i.distance_max, "data.instruction.distance_min", i.distance_min)?;
+        probability("data.instruction.greet_rate", i.greet_rate)?;
         positive("data.instruction.eval_tokens", i.eval_tokens)?;
         let s = &self.sorting;
         if !(2..=26).contains(&s.symbols) {
@@ -878,9 +848,7 @@ impl TrainConfig {
                 format!("must divide train.batch = {}", self.batch),
             ));
         }
-        if !(self.lr > 0.0 && self.lr.is_finite()) {
-            return Err(LetheError::config("train.lr", self.lr, "must be a positive number"));
-        }
+        positive_number("train.lr", self.lr)?;
         for (field, v) in [("train.beta1", self.beta1), ("train.beta2", self.beta2)] {
             if !(0.0..1.0).contains(&v) {
                 return Err(LetheError::config(field, v, "must be in [0, 1)"));
@@ -892,12 +860,39 @@ impl TrainConfig {
             ("train.grad_clip", self.grad_clip),
             ("train.min_lr_ratio", self.min_lr_ratio),
         ] {
-            if !(v >= 0.0 && v.is_finite()) {
-                return Err(LetheError::config(field, v, "must be a non-negative number"));
-            }
+            non_negative(field, v)?;
         }
         crate::device::parse(&self.device).map(|_| ())
     }
+}
+
+fn non_negative(field: &str, value: f64) -> Result<()> {
+    if !(value >= 0.0 && value.is_finite()) {
+        return Err(LetheError::config(field, value, "must be a non-negative number"));
+    }
+    Ok(())
+}
+
+fn positive_number(field: &str, value: f64) -> Result<()> {
+    if !(value > 0.0 && value.is_finite()) {
+        return Err(LetheError::config(field, value, "must be a positive number"));
+    }
+    Ok(())
+}
+
+fn probability(field: &str, value: f64) -> Result<()> {
+    if !(0.0..=1.0).contains(&value) {
+        return Err(LetheError::config(field, value, "must be a probability in [0, 1]"));
+    }
+    Ok(())
+}
+
+/// `value` (of `field`) must be at least `min` (of `min_field`).
+fn not_below(field: &str, value: usize, min_field: &str, min: usize) -> Result<()> {
+    if value < min {
+        return Err(LetheError::config(field, value, format!("must be >= {min_field}")));
+    }
+    Ok(())
 }
 
 fn positive(field: &str, value: usize) -> Result<()> {
