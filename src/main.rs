@@ -218,12 +218,7 @@ fn sweep(a: SweepArgs) -> Result<()> {
     let base = a.config.resolve()?;
     let sizes = match &a.sizes {
         Some(text) => lethe::sweep::parse_sizes(text)?,
-        None => {
-            let l = base.memory.span;
-            let mut s: Vec<usize> = [l / 8, l / 4, l / 2, l].iter().map(|&x| x.max(base.train.block)).collect();
-            s.dedup();
-            s
-        }
+        None => lethe::sweep::default_sizes(&base),
     };
     let items = if a.mechanisms.is_empty() {
         ["fixed", "adaptive", "expire", "compressive"].map(String::from).to_vec()

@@ -62,6 +62,15 @@ fn parse_mechanism(name: &str) -> Result<Mechanism> {
     }
 }
 
+/// The sizes tried when none are given: `L/8`, `L/4`, `L/2` and `L` of `cfg`, each at
+/// least one block.
+pub fn default_sizes(cfg: &Config) -> Vec<usize> {
+    let l = cfg.memory.span;
+    let mut sizes: Vec<usize> = [l / 8, l / 4, l / 2, l].iter().map(|&x| x.max(cfg.train.block)).collect();
+    sizes.dedup();
+    sizes
+}
+
 /// Parses `16,32,64`.
 pub fn parse_sizes(text: &str) -> Result<Vec<usize>> {
     text.split(',')
@@ -289,7 +298,6 @@ pub fn plot_svg(points: &[SweepPoint], higher_is_better: bool) -> String {
     let better = if higher_is_better { "higher is better" } else { "lower is better" };
     let _ = writeln!(s, "<text x=\"14\" y=\"{:.1}\" transform=\"rotate(-90 14 {:.1})\" text-anchor=\"middle\">{metric} ({better})</text>", (top + h - bottom) / 2.0, (top + h - bottom) / 2.0);
     let mut mechanisms: Vec<&str> = points.iter().map(|p| p.mechanism.as_str()).collect();
-    mechanisms.dedup();
     mechanisms.sort();
     mechanisms.dedup();
     for (row, m) in mechanisms.iter().enumerate() {
@@ -397,6 +405,14 @@ mod tests {
         assert!(parse_arms(&["lstm".into()], &[8]).unwrap_err().to_string().contains("lstm"));
         assert!(parse_arms(&["fixed:8,x".into()], &[8]).unwrap_err().to_string().contains("`x`"));
         assert!(parse_arms(&["fixed".into()], &[]).is_err());
+    }
+
+    #[test]
+    fn default_sizes_are_fractions_of_the_span_of_at_least_a_block() {
+        let mut base = Config::preset("copy-tiny").unwrap(); // span 128, block 32
+        assert_eq!(default_sizes(&base), vec![32, 64, 128]);
+        base.memory.span = 512;
+        assert_eq!(default_sizes(&base), vec![64, 128, 256, 512]);
     }
 
     #[test]

@@ -274,21 +274,16 @@ impl InstructionTask {
 /// times an instruction is issued before an execution.
 fn next_event(issues: &mut Vec<(usize, usize)>, executions: &mut Vec<(usize, usize)>) -> Option<(usize, Event)> {
     let first_exec = executions.iter().enumerate().min_by_key(|(_, e)| **e).map(|(j, e)| (j, *e));
-    match (issues.last().copied(), first_exec) {
-        (Some((ti, i)), Some((_, (te, _)))) if ti <= te => {
-            issues.pop();
-            Some((ti, Event::Issue(i)))
-        }
-        (_, Some((j, (te, e)))) => {
-            executions.swap_remove(j);
-            Some((te, Event::Execute(e)))
-        }
-        (Some((ti, i)), None) => {
-            issues.pop();
-            Some((ti, Event::Issue(i)))
-        }
-        (None, None) => None,
+    let issue_first = match (issues.last(), first_exec) {
+        (Some(&(ti, _)), Some((_, (te, _)))) => ti <= te,
+        (issue, _) => issue.is_some(),
+    };
+    if issue_first {
+        return issues.pop().map(|(t, i)| (t, Event::Issue(i)));
     }
+    let (j, (te, e)) = first_exec?;
+    executions.swap_remove(j);
+    Some((te, Event::Execute(e)))
 }
 
 impl Task for InstructionTask {

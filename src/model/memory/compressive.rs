@@ -28,7 +28,7 @@
 
 use tch::{nn, Kind, Tensor};
 
-use super::fixed::{WindowCache, WindowKeys};
+use super::fixed::{concat_time, keep_last, window_mem_size, WindowCache, WindowKeys};
 use super::{AttendInput, AttendOutput, MemoryLayer, MemoryReport};
 use crate::config::{CompressiveConfig, Compressor};
 use crate::error::{LetheError, Result};
@@ -103,9 +103,8 @@ impl CompressiveMemory {
     /// Splits `pending ++ leaving` into whole groups of `c` (to compress) and the rest.
     fn groups(&self, leaving: Option<Tensor>) -> (Option<Tensor>, Option<Tensor>) {
         let all = match (&self.pending, leaving) {
-            (Some(p), Some(l)) => Tensor::cat(&[p, &l], 1),
+            (_, Some(l)) => concat_time(self.pending.as_ref(), &l),
             (Some(p), None) => p.shallow_clone(),
-            (None, Some(l)) => l,
             (None, None) => return (None, None),
         };
         let n = all.size()[1];
@@ -165,8 +164,7 @@ impl MemoryLayer for CompressiveMemory {
         let scores = relative_scores(input.q, &w.k, input.key_pe, &w.dist); // (b, h, m, n)
         let (scores, visible, v) = self.with_slots(input, w, scores);
         let context = masked_mix(&scores, &visible, &v, input.attn.dropout, input.train);
-        let window_mean = (0..m).map(|q| (cached + q).min(self.span) as f64).sum::<f64>() / m as f64;
-        self.last_mem_size = self.slots_held() as f64 + window_mean;
+        self.last_mem_size = self.slots_held() as f64 + window_mem_size(cached, m, self.span);
         let aux_loss = self.reconstruction_loss(input);
         self.last_recon = aux_loss.as_ref().map(|l| l.detach());
         Ok(AttendOutput { context, aux_loss })
@@ -178,12 +176,7 @@ impl MemoryLayer for CompressiveMemory {
         self.pending = rest;
         let Some(groups) = groups else { return };
         let new = tch::no_grad(|| self.compress(&groups)).detach();
-        let all = match &self.compressed {
-            Some(c) => Tensor::cat(&[c, &new], 1),
-            None => new,
-        };
-        let (n, keep) = (all.size()[1], self.cfg.slots as i64);
-        self.compressed = Some(if n > keep { all.narrow(1, n - keep, keep).contiguous() } else { all });
+        self.compressed = Some(keep_last(concat_time(self.compressed.as_ref(), &new), self.cfg.slots as i64));
     }
 
     fn reset(&mut self) {

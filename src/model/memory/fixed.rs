@@ -39,8 +39,7 @@ impl MemoryLayer for FixedSpan {
         let w = self.window.keys(input, self.span);
         let scores = relative_scores(input.q, &w.k, input.key_pe, &w.dist); // (b, h, m, n)
         let context = masked_mix(&scores, &w.visible, &w.v, input.attn.dropout, input.train);
-        // Mean over the block's queries of the earlier positions each one sees.
-        self.last_mem_size = (0..m).map(|q| (w.cached + q).min(self.span) as f64).sum::<f64>() / m as f64;
+        self.last_mem_size = window_mem_size(w.cached, m, self.span);
         Ok(AttendOutput { context, aux_loss: None })
     }
 
@@ -67,6 +66,30 @@ impl MemoryLayer for FixedSpan {
     fn fresh(&self) -> Box<dyn MemoryLayer> {
         Box::new(FixedSpan::new(self.span as usize))
     }
+}
+
+/// `[prev, x]` along the time axis of `(b, n, d)` states; `x` alone when there is no `prev`.
+pub(super) fn concat_time(prev: Option<&Tensor>, x: &Tensor) -> Tensor {
+    match prev {
+        Some(p) => Tensor::cat(&[p, x], 1),
+        None => x.shallow_clone(),
+    }
+}
+
+/// The last `keep` states of `all` `(b, n, d)` (all of them when there are fewer).
+pub(super) fn keep_last(all: Tensor, keep: i64) -> Tensor {
+    let n = all.size()[1];
+    if n > keep {
+        all.narrow(1, n - keep, keep).contiguous()
+    } else {
+        all
+    }
+}
+
+/// Mean over `m` queries that follow `cached` states of the earlier positions each one
+/// sees within a window of `span`.
+pub(super) fn window_mem_size(cached: i64, m: i64, span: i64) -> f64 {
+    (0..m).map(|q| (cached + q).min(span) as f64).sum::<f64>() / m as f64
 }
 
 /// A sliding window over a layer's past inputs, shared by the window-based memories
@@ -103,10 +126,7 @@ impl WindowCache {
     pub fn keys(&mut self, input: &AttendInput, span: i64) -> WindowKeys {
         let m = input.x.size()[1];
         let cached = self.len();
-        let states = match &self.cache {
-            Some(c) => Tensor::cat(&[c, input.x], 1), // (b, cached + m, d)
-            None => input.x.shallow_clone(),
-        };
+        let states = concat_time(self.cache.as_ref(), input.x); // (b, cached + m, d)
         let (k, v) = input.attn.keys_values(&states); // (b, h, n, dh)
         let device = input.x.device();
         let (dist, visible) = self.windows.entry((cached, m)).or_insert_with(|| window(cached, m, span, device));
@@ -116,17 +136,11 @@ impl WindowCache {
     /// Appends the block `x` `(b, m, d)` and keeps the last `keep` states. Returns the
     /// states that left the window, oldest first, if any.
     pub fn append(&mut self, x: &Tensor, keep: i64) -> Option<Tensor> {
-        let all = match &self.cache {
-            Some(c) => Tensor::cat(&[c, x], 1),
-            None => x.shallow_clone(),
-        };
+        let all = concat_time(self.cache.as_ref(), x);
         let n = all.size()[1];
-        if n <= keep {
-            self.cache = Some(all);
-            return None;
-        }
-        self.cache = Some(all.narrow(1, n - keep, keep).contiguous());
-        Some(all.narrow(1, 0, n - keep))
+        let evicted = (n > keep).then(|| all.narrow(1, 0, n - keep));
+        self.cache = Some(keep_last(all, keep));
+        evicted
     }
 
     /// The states that [`WindowCache::append`] of the block `x` would evict when keeping
