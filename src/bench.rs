@@ -59,7 +59,7 @@ pub fn bench(cfg: &Config, steps: usize, warmup: usize) -> Result<BenchResult> {
     if cfg.train.threads > 0 {
         tch::set_num_threads(cfg.train.threads as i32);
     }
-    let lm = Lm::new(cfg, device);
+    let lm = Lm::new(cfg, device)?;
     let mut opt = Adam::new(lm.named_parameters(), &cfg.train);
     let mut mems: Vec<_> = (0..cfg.train.accum).map(|_| lm.model.new_memory()).collect();
     let mut rng = Rng::new(cfg.seed);
@@ -114,10 +114,13 @@ fn fill_memory(lm: &Lm, mems: &mut [crate::model::Memory], cfg: &Config, rng: &m
 }
 
 /// Tokens the memory must have seen to be full: the span, plus what the compressed
-/// slots cover for the Compressive Transformer.
+/// slots cover for the Compressive Transformer, and a little past the short-term memory
+/// for the ∞-former.
 fn memory_reach(cfg: &Config) -> usize {
     match cfg.memory.mechanism {
         crate::config::Mechanism::Compressive => cfg.memory.span + cfg.memory.compressive.rate * cfg.memory.compressive.slots,
+        // The LTM is unbounded; two blocks past the STM have been absorbed into it.
+        crate::config::Mechanism::Infinity => cfg.memory.span + 2 * cfg.train.block,
         _ => cfg.memory.span,
     }
 }

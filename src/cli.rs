@@ -209,7 +209,7 @@ pub struct SweepArgs {
     #[command(flatten)]
     pub config: ConfigArgs,
     /// A mechanism to train, optionally with its own sizes: `fixed:8,16,32`, `expire:64`
-    /// (repeatable). Default: fixed, adaptive, expire and compressive at --sizes.
+    /// (repeatable). Default: fixed, adaptive, expire, compressive and infinity at --sizes.
     #[arg(long = "mechanism", value_name = "MECH[:SIZES]")]
     pub mechanisms: Vec<String>,
     /// Memory sizes for mechanisms given without their own, e.g. 16,32,64 (default:

@@ -58,11 +58,13 @@ pub struct ModelConfig {
 #[serde(deny_unknown_fields)]
 pub struct MemoryConfig {
     /// The mechanism: `fixed` (Transformer-XL), `expire` (Expire-Span), `adaptive`
-    /// (Adaptive-Span) or `compressive` (Compressive Transformer). Default `fixed`.
+    /// (Adaptive-Span), `compressive` (Compressive Transformer) or `infinity`
+    /// (∞-former). Default `fixed`.
     pub mechanism: Mechanism,
     /// Maximum span `L` in tokens: a query sees itself and at most `L` earlier positions.
     /// For `fixed` this is also the number of cached states per layer; for `compressive`
-    /// it is the uncompressed memory, before the compressed slots. Default 128.
+    /// it is the uncompressed memory, before the compressed slots; for `infinity` it is
+    /// the short-term memory, before the continuous long-term memory. Default 128.
     pub span: usize,
     /// Expire-Span's settings (used when `mechanism = "expire"`).
     #[serde(default)]
@@ -73,6 +75,68 @@ pub struct MemoryConfig {
     /// The Compressive Transformer's settings (used when `mechanism = "compressive"`).
     #[serde(default)]
     pub compressive: CompressiveConfig,
+    /// The ∞-former's settings (used when `mechanism = "infinity"`).
+    #[serde(default)]
+    pub infinity: InfinityConfig,
+}
+
+/// ∞-former (Martins et al., 2022; ALGORITHMS.md, ∞-former). The short-term memory is
+/// the last `memory.span` states; the states that leave it are absorbed into a
+/// continuous long-term memory of `basis` coefficient vectors.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct InfinityConfig {
+    /// Number of Gaussian basis functions `N` (must be a multiple of the number of
+    /// widths). The paper's sorting runs use 1024. Default 128.
+    pub basis: usize,
+    /// Widths (standard deviations, on the `[0, 1]` axis) of the basis functions; each
+    /// centre gets every width. Default `[0.01, 0.05]` (paper C.1).
+    pub widths: Vec<f64>,
+    /// Ridge penalty `λ` of the regression (Eq. 5). Default 1.
+    pub ridge: f64,
+    /// Fit on a grid padded with zeros to about `[-0.5, 1.5]`, as the official code does
+    /// (it pulls the signal towards zero at the edges). Default false.
+    pub pad: bool,
+    /// Contraction `τ` in (0, 1): the old signal is squeezed into `(0, τ]`, the new
+    /// states into `(τ, 1]` (Eq. 13). Default 0.75 (paper C.1).
+    pub tau: f64,
+    /// Number of points `M` at which the old signal is sampled at each update (Eq. 14).
+    /// Default 512.
+    pub samples: usize,
+    /// Sticky memories (section 3.3): sample the old signal where the previous block's
+    /// attention went, rather than evenly. Default false.
+    pub sticky: bool,
+    /// Number of histogram bins `D` over `[0, 1]` for sticky memories (Eq. 16). Default 128.
+    pub bins: usize,
+    /// Smooth the new states with the gate `x * sigmoid(conv1d_k3(x))` before the
+    /// regression (Eq. 18). Default true.
+    pub gate: bool,
+    /// Lower bound of the attention variance `σ²`. Default 1e-4.
+    pub min_var: f64,
+    /// Weight of the KL regulariser on the attention variance (Eq. 20-22). Default 1e-5
+    /// (paper C.1).
+    pub kl_coef: f64,
+    /// Standard deviation `σ0` of the KL regulariser's reference Gaussian. Default 0.05.
+    pub sigma0: f64,
+}
+
+impl Default for InfinityConfig {
+    fn default() -> Self {
+        InfinityConfig {
+            basis: 128,
+            widths: vec![0.01, 0.05],
+            ridge: 1.0,
+            pad: false,
+            tau: 0.75,
+            samples: 512,
+            sticky: false,
+            bins: 128,
+            gate: true,
+            min_var: 1e-4,
+            kl_coef: 1e-5,
+            sigma0: 0.05,
+        }
+    }
 }
 
 /// Compressive Transformer (Rae et al., 2020; ALGORITHMS.md, baselines).
@@ -182,6 +246,8 @@ pub enum Mechanism {
     Adaptive,
     /// Compressive Transformer: old states are compressed `c` to one into a second memory.
     Compressive,
+    /// ∞-former: old states are absorbed into a continuous, unbounded long-term memory.
+    Infinity,
 }
 
 /// Where the training, validation and test streams come from.
@@ -348,6 +414,7 @@ impl Default for MemoryConfig {
             expire: ExpireConfig::default(),
             adaptive: AdaptiveConfig::default(),
             compressive: CompressiveConfig::default(),
+            infinity: InfinityConfig::default(),
         }
     }
 }
@@ -733,6 +800,7 @@ impl MemoryConfig {
             Mechanism::Expire => self.expire.validate()?,
             Mechanism::Adaptive => self.adaptive.validate()?,
             Mechanism::Compressive => self.compressive.validate()?,
+            Mechanism::Infinity => self.infinity.validate()?,
             Mechanism::Fixed => {}
         }
         if block > self.span {
@@ -774,6 +842,32 @@ impl CompressiveConfig {
         positive("memory.compressive.rate", self.rate)?;
         positive("memory.compressive.slots", self.slots)?;
         non_negative("memory.compressive.recon_coef", self.recon_coef)
+    }
+}
+
+impl InfinityConfig {
+    fn validate(&self) -> Result<()> {
+        positive("memory.infinity.basis", self.basis)?;
+        let w = self.widths.len();
+        if w == 0 || self.widths.iter().any(|&s| !(s > 0.0 && s.is_finite())) {
+            return Err(LetheError::config("memory.infinity.widths", format!("{:?}", self.widths), "must be one or more positive numbers"));
+        }
+        if !self.basis.is_multiple_of(w) || self.basis / w < 2 {
+            return Err(LetheError::config(
+                "memory.infinity.basis",
+                self.basis,
+                format!("must be a multiple of the {w} widths with at least 2 centres each"),
+            ));
+        }
+        positive_number("memory.infinity.ridge", self.ridge)?;
+        if !(self.tau > 0.0 && self.tau < 1.0) {
+            return Err(LetheError::config("memory.infinity.tau", self.tau, "must be in (0, 1)"));
+        }
+        positive("memory.infinity.samples", self.samples)?;
+        positive("memory.infinity.bins", self.bins)?;
+        positive_number("memory.infinity.min_var", self.min_var)?;
+        non_negative("memory.infinity.kl_coef", self.kl_coef)?;
+        positive_number("memory.infinity.sigma0", self.sigma0)
     }
 }
 

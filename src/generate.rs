@@ -114,7 +114,7 @@ mod tests {
         cfg.model.heads = 2;
         cfg.memory.span = 12;
         cfg.train.block = 4;
-        let lm = Lm::new(&cfg, tch::Device::Cpu);
+        let lm = Lm::new(&cfg, tch::Device::Cpu).unwrap();
         let sampling = Sampling { temperature: 1.0, top_k: 0, seed: 3 };
         let mut g = Generator::new(&lm, b"hello", &sampling).unwrap();
         assert_eq!(g.memory_held(), vec![5, 5]);

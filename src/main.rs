@@ -221,7 +221,7 @@ fn sweep(a: SweepArgs) -> Result<()> {
         None => lethe::sweep::default_sizes(&base),
     };
     let items = if a.mechanisms.is_empty() {
-        ["fixed", "adaptive", "expire", "compressive"].map(String::from).to_vec()
+        ["fixed", "adaptive", "expire", "compressive", "infinity"].map(String::from).to_vec()
     } else {
         a.mechanisms.clone()
     };

@@ -56,8 +56,9 @@ fn parse_mechanism(name: &str) -> Result<Mechanism> {
         "expire" => Ok(Mechanism::Expire),
         "adaptive" => Ok(Mechanism::Adaptive),
         "compressive" => Ok(Mechanism::Compressive),
+        "infinity" => Ok(Mechanism::Infinity),
         _ => Err(LetheError::Invalid(format!(
-            "unknown mechanism `{name}` in the sweep (known: fixed, expire, adaptive, compressive)"
+            "unknown mechanism `{name}` in the sweep (known: fixed, expire, adaptive, compressive, infinity)"
         ))),
     }
 }
@@ -90,6 +91,7 @@ fn mechanism_name(m: Mechanism) -> &'static str {
         Mechanism::Expire => "expire",
         Mechanism::Adaptive => "adaptive",
         Mechanism::Compressive => "compressive",
+        Mechanism::Infinity => "infinity",
     }
 }
 
@@ -103,6 +105,11 @@ pub fn configure(base: &Config, mechanism: Mechanism, size: usize, seed: u64) ->
         Mechanism::Compressive => {
             c.memory.span = (size / 2).max(c.train.block);
             c.memory.compressive.slots = size.saturating_sub(c.memory.span);
+        }
+        Mechanism::Infinity => {
+            c.memory.span = (size / 2).max(c.train.block);
+            let widths = c.memory.infinity.widths.len().max(1);
+            c.memory.infinity.basis = size.saturating_sub(c.memory.span) / widths * widths;
         }
         _ => c.memory.span = size,
     }
@@ -203,7 +210,11 @@ fn run_one(cfg: &Config, runs: &Path) -> Result<SweepPoint> {
     };
     let point = SweepPoint {
         mechanism: mechanism_name(cfg.memory.mechanism).to_string(),
-        size: if cfg.memory.mechanism == Mechanism::Compressive { cfg.memory.span + cfg.memory.compressive.slots } else { cfg.memory.span },
+        size: match cfg.memory.mechanism {
+            Mechanism::Compressive => cfg.memory.span + cfg.memory.compressive.slots,
+            Mechanism::Infinity => cfg.memory.span + cfg.memory.infinity.basis,
+            _ => cfg.memory.span,
+        },
         seed: cfg.seed,
         run: cfg.name.clone(),
         metric: metric.to_string(),

@@ -128,7 +128,7 @@ impl<'a> Run<'a> {
         prepare_run_dir(&dir, &ckpt_path, opts)?;
         let data = data::train_streams(cfg, cfg.train.batch)?;
         let valid = data::load_split(cfg, Split::Valid, cfg.train.batch)?;
-        let lm = Lm::new(cfg, device);
+        let lm = Lm::new(cfg, device)?;
         let opt = Adam::new(lm.named_parameters(), &cfg.train);
         let mems = (0..cfg.train.accum).map(|_| lm.model.new_memory()).collect();
         checkpoint::write_atomic(&dir.join("config.toml"), cfg.to_toml()?.as_bytes())?;

@@ -27,7 +27,7 @@ use common::tokens;
 #[test]
 fn the_span_loss_is_coef_times_l_times_mean_ratio() {
     let _rng = common::torch_rng_lock();
-    let lm = Lm::new(&adaptive_config(16, 4, 0.0, 0.01), Device::Cpu);
+    let lm = Lm::new(&adaptive_config(16, 4, 0.0, 0.01), Device::Cpu).unwrap();
     let _guard = tch::no_grad_guard();
     z_of(&lm).copy_(&Tensor::from_slice(&[0.25f32, 0.75]));
     let out = lm.model.forward(&tokens(&[1, 2, 3, 4], 1), &mut lm.model.new_memory(), true).unwrap();
@@ -38,7 +38,7 @@ fn the_span_loss_is_coef_times_l_times_mean_ratio() {
 #[test]
 fn ratios_are_clamped_to_the_unit_interval_after_a_step() {
     let _rng = common::torch_rng_lock();
-    let lm = Lm::new(&adaptive_config(16, 4, 0.5, 0.0), Device::Cpu);
+    let lm = Lm::new(&adaptive_config(16, 4, 0.5, 0.0), Device::Cpu).unwrap();
     tch::no_grad(|| z_of(&lm).copy_(&Tensor::from_slice(&[1.3f32, -0.2])));
     lm.model.after_step();
     let z: Vec<f32> = z_of(&lm).detach().try_into().unwrap();
@@ -49,7 +49,7 @@ fn ratios_are_clamped_to_the_unit_interval_after_a_step() {
 fn gradients_through_the_span_ratio_match_finite_differences() {
     let _rng = common::torch_rng_lock();
     // L = 8, R = 4, z = 0.3: distances 2.4 to 6.4 are on the ramp.
-    let mut lm = Lm::new(&adaptive_config(8, 4, 0.3, 0.5), Device::Cpu);
+    let mut lm = Lm::new(&adaptive_config(8, 4, 0.3, 0.5), Device::Cpu).unwrap();
     lm.vs.double();
     tch::no_grad(|| z_of(&lm).copy_(&Tensor::from_slice(&[0.3f64, 0.45])));
     let x: Vec<i64> = vec![1, 4, 2, 8, 5, 7, 3, 0, 9, 10, 2, 6, 4, 1, 3, 5];
@@ -88,7 +88,7 @@ fn the_cache_holds_only_what_the_widest_head_can_see() {
     // L = 512 but every head's ratio is 0.1: 52 + R 8 = 60 states, rounded up to 64.
     let mut cfg = adaptive_config(512, 8, 0.1, 0.0);
     cfg.train.block = 8;
-    let lm = Lm::new(&cfg, Device::Cpu);
+    let lm = Lm::new(&cfg, Device::Cpu).unwrap();
     let _guard = tch::no_grad_guard();
     let mut mem = lm.model.new_memory();
     let x = Tensor::randint(256, [2, 8], (Kind::Int64, Device::Cpu));

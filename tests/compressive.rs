@@ -51,7 +51,7 @@ fn third_block_losses(lm: &Lm, state: &[(String, Tensor)]) -> (Tensor, Tensor) {
 #[test]
 fn queries_see_the_compressed_slots() {
     let _rng = common::torch_rng_lock();
-    let lm = Lm::new(&compressive_config(Compressor::Pool), Device::Cpu);
+    let lm = Lm::new(&compressive_config(Compressor::Pool), Device::Cpu).unwrap();
     let state = two_block_memory(&lm);
     let names: Vec<&str> = state.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, vec!["layers.0.cache", "layers.0.compressed"]);
@@ -73,7 +73,7 @@ fn queries_see_the_compressed_slots() {
 #[test]
 fn gradients_through_the_slot_positions_match_finite_differences() {
     let _rng = common::torch_rng_lock();
-    let mut lm = Lm::new(&compressive_config(Compressor::Pool), Device::Cpu);
+    let mut lm = Lm::new(&compressive_config(Compressor::Pool), Device::Cpu).unwrap();
     lm.vs.double();
     let state = two_block_memory(&lm);
     let loss = || third_block_losses(&lm, &state).0;
@@ -94,7 +94,7 @@ fn gradients_through_the_slot_positions_match_finite_differences() {
 #[test]
 fn the_reconstruction_loss_trains_only_the_convolution() {
     let _rng = common::torch_rng_lock();
-    let mut lm = Lm::new(&compressive_config(Compressor::Conv), Device::Cpu);
+    let mut lm = Lm::new(&compressive_config(Compressor::Conv), Device::Cpu).unwrap();
     lm.vs.double();
     let state = two_block_memory(&lm);
     let (_, recon) = third_block_losses(&lm, &state);

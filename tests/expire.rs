@@ -37,7 +37,7 @@ fn gradients_through_the_span_predictor_match_finite_differences() {
     let mut cfg = expire_config(8, 4, 4, 0.5);
     cfg.memory.expire.alpha = 0.5; // a span loss large enough to matter
     cfg.model.vocab = 256;
-    let mut lm = Lm::new(&cfg, Device::Cpu);
+    let mut lm = Lm::new(&cfg, Device::Cpu).unwrap();
     lm.vs.double();
     randomise_spans(&lm, 0.5);
     let x: Vec<i64> = vec![1, 4, 2, 8, 5, 7, 3, 0, 9, 10, 2, 6, 4, 1, 3, 5];
@@ -80,7 +80,7 @@ fn run_stream(lm: &Lm, blocks: usize, block: i64, seed: i64) -> (Vec<Tensor>, Ve
 fn with_deletion(base: &Lm, deletion: Deletion) -> Lm {
     let mut cfg = base.config.clone();
     cfg.memory.expire.deletion = deletion;
-    let lm = Lm::new(&cfg, Device::Cpu);
+    let lm = Lm::new(&cfg, Device::Cpu).unwrap();
     let _guard = tch::no_grad_guard();
     for (name, mut p) in lm.named_parameters() {
         p.copy_(&base.vs.variables()[&name]);
@@ -93,7 +93,7 @@ fn deleting_expired_memories_changes_no_output() {
     let _rng = common::torch_rng_lock();
     let mut cfg = expire_config(32, 4, 4, 0.3);
     cfg.model.layers = 2;
-    let reference = Lm::new(&cfg, Device::Cpu);
+    let reference = Lm::new(&cfg, Device::Cpu).unwrap();
     randomise_spans(&reference, 1.0);
     let (off, off_held) = run_stream(&with_deletion(&reference, Deletion::Off), 30, 4, 7);
     for policy in [Deletion::Stream, Deletion::Batch] {
@@ -113,7 +113,7 @@ fn the_cache_stays_bounded_over_a_long_stream() {
     // L = 4096 but every span starts at 0.02 L = 82: a memory lives at most e + R.
     let mut cfg = expire_config(4096, 8, 8, 0.02);
     cfg.memory.expire.alpha = 0.0;
-    let base = Lm::new(&cfg, Device::Cpu);
+    let base = Lm::new(&cfg, Device::Cpu).unwrap();
     for policy in [Deletion::Stream, Deletion::Batch] {
         let lm = with_deletion(&base, policy);
         let (_, held) = run_stream(&lm, 200, 8, 3); // 1600 tokens per stream
@@ -154,7 +154,7 @@ fn inspect_traces_one_span_per_byte_and_layer_and_refuses_fixed_models() {
     let _rng = common::torch_rng_lock();
     let mut cfg = expire_config(32, 4, 4, 0.3);
     cfg.model.layers = 2;
-    let lm = Lm::new(&cfg, Device::Cpu);
+    let lm = Lm::new(&cfg, Device::Cpu).unwrap();
     randomise_spans(&lm, 1.0);
     let text = b"It was the best of times,\nit was the worst of times.";
     let trace = lethe::inspect::trace_spans(&lm, text).unwrap();
@@ -169,7 +169,7 @@ fn inspect_traces_one_span_per_byte_and_layer_and_refuses_fixed_models() {
     let html = std::fs::read_to_string(dir.path().join("spans.html")).unwrap();
     assert_eq!(html.matches("<h2>").count(), 2);
 
-    let fixed = Lm::new(&common::tiny_config(), Device::Cpu);
+    let fixed = Lm::new(&common::tiny_config(), Device::Cpu).unwrap();
     let err = lethe::inspect::trace_spans(&fixed, text).unwrap_err().to_string();
     assert!(err.contains("Fixed") && err.contains("Expire-Span"), "{err}");
 }
@@ -178,11 +178,11 @@ fn inspect_traces_one_span_per_byte_and_layer_and_refuses_fixed_models() {
 fn an_inference_cap_shortens_every_span_and_the_memory() {
     let _rng = common::torch_rng_lock();
     let cfg = expire_config(64, 4, 4, 0.9);
-    let base = Lm::new(&cfg, Device::Cpu);
+    let base = Lm::new(&cfg, Device::Cpu).unwrap();
     let mut capped_cfg = cfg.clone();
     capped_cfg.memory.expire.inference_cap = 8;
     let capped = {
-        let lm = Lm::new(&capped_cfg, Device::Cpu);
+        let lm = Lm::new(&capped_cfg, Device::Cpu).unwrap();
         let _guard = tch::no_grad_guard();
         for (name, mut p) in lm.named_parameters() {
             p.copy_(&base.vs.variables()[&name]);

@@ -15,7 +15,7 @@ use common::tokens;
 fn forward_shapes_and_the_cache_is_bounded_by_the_span() {
     let _rng = common::torch_rng_lock();
     let cfg = common::tiny_config(); // span 16, block 8
-    let lm = Lm::new(&cfg, Device::Cpu);
+    let lm = Lm::new(&cfg, Device::Cpu).unwrap();
     let mut mem = lm.model.new_memory();
     let x = tokens(&(0..24).map(|i| i % 7).collect::<Vec<_>>(), 3); // (3, 8)
     for block in 1..=4 {
@@ -34,7 +34,7 @@ fn gradients_match_finite_differences() {
     let mut cfg = common::tiny_config();
     cfg.memory.span = 6; // the second block sees part of the first through the cache
     cfg.model.vocab = 11;
-    let mut lm = Lm::new(&cfg, Device::Cpu);
+    let mut lm = Lm::new(&cfg, Device::Cpu).unwrap();
     lm.vs.double();
     let x: Vec<i64> = vec![1, 4, 2, 8, 5, 7, 3, 0, 9, 10, 2, 6, 4, 1, 3, 5];
     let y: Vec<i64> = x.iter().map(|t| (t * 3 + 1) % 11).collect();
@@ -64,7 +64,7 @@ fn streaming_in_blocks_equals_one_long_block_when_the_span_covers_it() {
     let _rng = common::torch_rng_lock();
     let mut cfg = common::tiny_config();
     cfg.memory.span = 32;
-    let lm = Lm::new(&cfg, Device::Cpu);
+    let lm = Lm::new(&cfg, Device::Cpu).unwrap();
     let seq: Vec<i64> = (0..2 * 24).map(|i| (i * 7 + 3) % 256).collect();
     let x = tokens(&seq, 2); // (2, 24)
     let _guard = tch::no_grad_guard();
@@ -93,10 +93,10 @@ fn a_short_span_changes_the_result_so_the_window_matters() {
     // a model that sees everything, so that test can fail.
     let mut cfg = common::tiny_config();
     cfg.memory.span = 32;
-    let wide = Lm::new(&cfg, Device::Cpu);
+    let wide = Lm::new(&cfg, Device::Cpu).unwrap();
     cfg.memory.span = 4;
     cfg.train.block = 4;
-    let mut narrow = Lm::new(&cfg, Device::Cpu);
+    let mut narrow = Lm::new(&cfg, Device::Cpu).unwrap();
     // Same weights except key_pe (its size depends on the span): copy what fits.
     let _guard = tch::no_grad_guard();
     for (name, p) in narrow.named_parameters() {

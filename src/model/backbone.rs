@@ -107,15 +107,17 @@ impl Model {
     /// Creates the parameters under `p`. Tensor names follow the module path
     /// (`layers.1.attn.q.weight`, `key_pe`, ...).
     /// `block` is the training block length (it sets Expire-Span's position rows).
-    pub fn new(p: &nn::Path, cfg: &ModelConfig, mem: &MemoryConfig, block: usize) -> Self {
+    pub fn new(p: &nn::Path, cfg: &ModelConfig, mem: &MemoryConfig, block: usize) -> Result<Self> {
         let d = cfg.d_model as i64;
         let d_head = d / cfg.heads as i64;
         let layers = (0..cfg.layers).map(|i| Layer::new(p / "layers" / i, cfg)).collect();
-        let memories = (0..cfg.layers).map(|i| memory::build(mem, p / "layers" / i / "attn", d, cfg.heads as i64, block)).collect();
+        let memories = (0..cfg.layers)
+            .map(|i| memory::build(mem, p / "layers" / i / "attn", d, cfg.heads as i64, block))
+            .collect::<Result<Vec<_>>>()?;
         let final_norm = cfg.pre_norm.then(|| nn::layer_norm(p / "final_norm", vec![d], Default::default()));
         let rows = memory::position_rows(mem, block);
         let key_pe = p.var("key_pe", &[rows, d_head], nn::Init::Randn { mean: 0.0, stdev: 1.0 / (d_head as f64).sqrt() });
-        Model {
+        Ok(Model {
             cfg: cfg.clone(),
             embed: nn::embedding(p / "embed", cfg.vocab as i64, d, Default::default()),
             layers,
@@ -123,7 +125,7 @@ impl Model {
             head: nn::linear(p / "head", d, cfg.vocab as i64, Default::default()),
             key_pe,
             memories,
-        }
+        })
     }
 
     /// Lets every layer's mechanism enforce its parameter constraints after an
@@ -151,7 +153,11 @@ impl Model {
             if let Some(a) = out.aux_loss {
                 aux += a;
             }
-            let a = layer.attn.output(&out.context).dropout(p, train); // (b, m, d)
+            let mut a = layer.attn.output(&out.context); // (b, m, d)
+            if let Some(added) = out.added {
+                a += added;
+            }
+            let a = a.dropout(p, train);
             h = if self.cfg.pre_norm {
                 let h = h + a;
                 let f = layer.ffn(&layer.norm2.forward(&h), p, train).dropout(p, train);

@@ -27,17 +27,18 @@ pub struct Lm {
 impl Lm {
     /// A freshly initialised model (initialisation is seeded by `config.seed`, through
     /// libtorch's generator, which is global to the process: build models one at a time
-    /// when the numbers must be reproducible).
-    pub fn new(config: &Config, device: Device) -> Self {
+    /// when the numbers must be reproducible). Fails only for a config that does not
+    /// validate.
+    pub fn new(config: &Config, device: Device) -> Result<Self> {
         tch::manual_seed(config.seed as i64);
         let vs = nn::VarStore::new(device);
-        let model = Model::new(&vs.root(), &config.model, &config.memory, config.train.block);
-        Lm { vs, model, config: config.clone() }
+        let model = Model::new(&vs.root(), &config.model, &config.memory, config.train.block)?;
+        Ok(Lm { vs, model, config: config.clone() })
     }
 
     /// A model with the parameters (and config) of a checkpoint.
     pub fn from_checkpoint(ckpt: &Checkpoint, device: Device) -> Result<Self> {
-        let lm = Lm::new(&ckpt.config, device);
+        let lm = Lm::new(&ckpt.config, device)?;
         ckpt.load_parameters(&lm.vs.variables())?;
         Ok(lm)
     }

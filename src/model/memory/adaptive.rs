@@ -76,7 +76,7 @@ impl MemoryLayer for AdaptiveSpan {
         let earlier = mask.gt(0.0).logical_and(&dist.ge(1).unsqueeze(0));
         self.last_mem_size = earlier.to_kind(Kind::Float).sum(Kind::Double).double_value(&[]) / (z.size()[0] * m) as f64;
         let aux = (input.train && self.cfg.loss_coef > 0.0).then(|| z.mean(z.kind()) * (self.cfg.loss_coef * self.max_span as f64));
-        Ok(AttendOutput { context, aux_loss: aux })
+        Ok(AttendOutput { context, aux_loss: aux, added: None })
     }
 
     fn update(&mut self, x: &Tensor) {

@@ -167,7 +167,7 @@ impl MemoryLayer for CompressiveMemory {
         self.last_mem_size = self.slots_held() as f64 + window_mem_size(cached, m, self.span);
         let aux_loss = self.reconstruction_loss(input);
         self.last_recon = aux_loss.as_ref().map(|l| l.detach());
-        Ok(AttendOutput { context, aux_loss })
+        Ok(AttendOutput { context, aux_loss, added: None })
     }
 
     fn update(&mut self, x: &Tensor) {

@@ -236,7 +236,7 @@ impl MemoryLayer for ExpireSpan {
         let aux = (self.cfg.alpha > 0.0 && input.train)
             .then(|| ramp_loss(&remaining.where_self(&valid.unsqueeze(1), &remaining.zeros_like()), &mask, self.cfg.ramp as f64, m, self.cfg.alpha));
         self.record_stats(&spans.detach(), &valid, &visible, &dist);
-        Ok(AttendOutput { context, aux_loss: aux })
+        Ok(AttendOutput { context, aux_loss: aux, added: None })
     }
 
     fn update(&mut self, x: &Tensor) {

@@ -40,7 +40,7 @@ impl MemoryLayer for FixedSpan {
         let scores = relative_scores(input.q, &w.k, input.key_pe, &w.dist); // (b, h, m, n)
         let context = masked_mix(&scores, &w.visible, &w.v, input.attn.dropout, input.train);
         self.last_mem_size = window_mem_size(w.cached, m, self.span);
-        Ok(AttendOutput { context, aux_loss: None })
+        Ok(AttendOutput { context, aux_loss: None, added: None })
     }
 
     fn update(&mut self, x: &Tensor) {

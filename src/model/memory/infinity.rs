@@ -1,264 +1,402 @@
-//! ∞-former's continuous long-term memory (Martins et al., 2022, "∞-former: Infinite
-//! Memory Transformer", section 3; ALGORITHMS.md, ∞-former): the mathematics.
+//! ∞-former (Martins et al., 2022, "∞-former: Infinite Memory Transformer", section 3;
+//! ALGORITHMS.md, ∞-former): a short-term memory (STM) as in Transformer-XL, plus a
+//! continuous long-term memory (LTM) of fixed size that absorbs, without bound, the
+//! states that leave the STM. The signal mathematics is in [`signal`].
 //!
-//! A sequence of `L` vectors `x_1..x_L` is stored as a continuous signal
-//! `x̄(t) = Bᵀ ψ(t)`, `t ∈ [0, 1]`, over a basis of `N` Gaussian radial basis functions
-//! `ψ_j(t) = N(t; μ_j, σ_j²)` (Eq. 4-5), whatever `L` is: memory costs `O(N)`.
+//! Per layer and block of `m` queries:
 //!
-//! - **Basis**: centres `linspace(0, 1, N / w)` crossed with `w` widths (paper C.1:
-//!   σ ∈ {0.01, 0.05}); centre-major order.
-//! - **Ridge regression** (Eq. 6-7): `B = argmin ||F_ᵀ B - X||² + λ ||B||²` with
-//!   `F = [ψ(t_1) .. ψ(t_L)]` `(N, L)` at `t_i = (i + 0.5) / L`, so `Bᵀ = Xᵀ G` with
-//!   `G = Fᵀ (F Fᵀ + λ I)⁻¹` `(L, N)`. `G` depends only on the positions: it is computed
-//!   once per shape, in float64 (`F Fᵀ + λI` is badly conditioned; ALGORITHMS.md measured
-//!   2.4% error in float32 at N = 512), then cast. The official code fits on a grid
-//!   padded to [-0.5, 1.5] with zeros outside [0, 1]; that is an option here
-//!   ([`ridge_matrix`] with `pad`), because it pulls the signal towards zero at the edges.
-//! - **Attention as an expectation** (Eq. 9-10): a query gives a Gaussian density
-//!   `N(t; μ, σ²)` over `[0, 1]`, and the context is `E[v̄(t)] = Vᵀ r` with
-//!   `r_j = ∫ N(t; μ, σ²) ψ_j(t) dt = N(μ; μ_j, σ² + σ_j²)`, in closed form
-//!   ([`Basis::expectation`]).
-//! - **Unbounded memory** (section 3.2, Eq. 13): to absorb new vectors, the old signal
-//!   is evaluated at `M_s` points, which are placed evenly in `(0, τ]` (the old signal
-//!   contracts by `τ`), the new vectors evenly in `(τ, 1]`, and all are refitted
-//!   ([`absorb`]).
+//! 1. **Absorb** the states that left the STM after the previous block: gate them,
+//!    `x̃ = x ⊙ sigmoid(conv1d_k3(x))` (Eq. 18); sample the old signal at `M` points
+//!    (evenly, or where the previous block attended, with sticky memories; Eq. 14-17),
+//!    place the samples evenly in `(0, τ]` and the new states in `(τ, 1]`, and refit
+//!    the coefficients `B` `(N, d)` by ridge regression, `Bᵀ = Xᵀ G` (Eq. 5, 13, 15).
+//!    `G` depends only on the shapes and is cached. The gradient reaches the gate
+//!    through this block's `B`; the stored `B` is detached.
+//! 2. **Attend**: keys and values `K = B W_K`, `V = B W_V` per head (Eq. 8); with the
+//!    backbone's own queries, the scores `s = K q / √dh` give a Gaussian density
+//!    `N(t; μ, σ²)` per head and query, `μ = sigmoid(w_μ · s)`, `σ² = softplus(w_σ · s + b_σ)`
+//!    clamped below (Eq. 9-10), and the context is `z = Vᵀ E[ψ(t)]` in closed form
+//!    (Eq. 11). Heads are merged and projected, `Z_LTM = [z_1 .. z_H] W_O`, and added to
+//!    the projected STM attention (Eq. 12).
+//! 3. **Regularise** the variance towards `σ0²` with the KL term
+//!    `½ (σ²/σ0² − ln(σ²/σ0²) − 1)`, averaged over heads and queries and weighted
+//!    (Eq. 20-22; the paper prints `log(σ/σ0)`, the KL has `ln(σ²/σ0²)`).
+//! 4. **Remember where attention went**: the mass of every density in each of `D` bins
+//!    of `[0, 1]`, summed over heads and queries (Eq. 16), for the next update's sticky
+//!    sampling and for `lethe inspect ltm`.
+//!
+//! The STM uses the shared relative positions `key_pe`; the LTM needs none (its
+//! coefficients live on a fixed axis). Choices the paper leaves open: the gate acts on
+//! the new states only (the samples of the old signal are already smooth); sticky
+//! positions are the histogram's quantiles rather than random draws
+//! ([`signal::quantile_positions`]); the LTM projections have no biases, like the
+//! backbone's attention.
 
-use tch::{Kind, Tensor};
+pub mod signal;
 
-use crate::error::{LetheError, Result, TorchContext};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
-/// `1 / sqrt(2 π)`.
-const INV_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
+use tch::{nn, Kind, Tensor};
 
-/// A basis of Gaussian radial basis functions on `[0, 1]`.
-#[derive(Debug)]
-pub struct Basis {
-    /// Centres `(N)`, float64.
-    pub centres: Tensor,
-    /// Widths (standard deviations) `(N)`, float64.
-    pub widths: Tensor,
+use self::signal::{bin_mass, evaluate, positions, quantile_positions, ridge_matrix, Basis};
+use super::fixed::{concat_time, window_mem_size, WindowCache};
+use super::{AttendInput, AttendOutput, MemoryLayer, MemoryReport};
+use crate::config::InfinityConfig;
+use crate::error::{LetheError, Result};
+use crate::model::attention::{masked_mix, relative_scores};
+
+/// The learned parts of one layer's LTM.
+struct Params {
+    /// Key, value and output projections `(d, d)`.
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    /// `w_μ` `(1, N)`: the mean from the scores.
+    mu: Tensor,
+    /// `w_σ` `(1, N)` and `b_σ` `(1)`: the variance from the scores.
+    sigma_w: Tensor,
+    sigma_b: Tensor,
+    /// The gate's convolution: weight `(d, d, 3)` and bias `(d)`.
+    gate: Option<(Tensor, Tensor)>,
 }
 
-impl Basis {
-    /// `n` functions: `n / widths.len()` centres evenly in `[0, 1]`, each with every width.
-    pub fn new(n: usize, widths: &[f64]) -> Result<Basis> {
-        let w = widths.len();
-        if w == 0 || n == 0 || !n.is_multiple_of(w) || n / w < 2 {
-            return Err(LetheError::Invalid(format!(
-                "∞-former basis: {n} functions cannot be split evenly over {w} widths with at least 2 centres each"
-            )));
-        }
-        if widths.iter().any(|&s| !(s > 0.0 && s.is_finite())) {
-            return Err(LetheError::Invalid(format!("∞-former basis: widths {widths:?} must be positive")));
-        }
-        let opts = (Kind::Double, tch::Device::Cpu);
-        let per = (n / w) as i64;
-        let centres = Tensor::linspace(0.0, 1.0, per, opts).repeat_interleave_self_int(w as i64, 0, None);
-        let widths = Tensor::from_slice(widths).repeat([per]);
-        Ok(Basis { centres, widths })
-    }
-
-    /// Number of basis functions `N`.
-    pub fn len(&self) -> i64 {
-        self.centres.size()[0]
-    }
-
-    /// Always false: a basis has at least two functions.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// `ψ(t)` for positions `t` `(L)`: `(L, N)`, float64.
-    pub fn eval(&self, t: &Tensor) -> Tensor {
-        let t = t.to_kind(Kind::Double).unsqueeze(1); // (L, 1)
-        gaussian(&t, &self.centres.unsqueeze(0), &self.widths.square().unsqueeze(0))
-    }
-
-    /// `r_j = ∫ N(t; μ, σ²) ψ_j(t) dt = N(μ; μ_j, σ² + σ_j²)` for densities with means
-    /// `mu` and variances `var` of any shape `(...)`: `(..., N)` in the kind of `mu`.
-    pub fn expectation(&self, mu: &Tensor, var: &Tensor) -> Tensor {
-        let kind = mu.kind();
-        let centres = self.centres.to_kind(kind).to_device(mu.device());
-        let widths2 = self.widths.square().to_kind(kind).to_device(mu.device());
-        gaussian(&mu.unsqueeze(-1), &centres, &(var.unsqueeze(-1) + widths2))
-    }
-}
-
-/// The density `N(x; mean, var)`, broadcast.
-fn gaussian(x: &Tensor, mean: &Tensor, var: &Tensor) -> Tensor {
-    (-(x - mean).square() / (var * 2.0)).exp() * INV_SQRT_2PI / var.sqrt()
-}
-
-/// Positions `(i + 0.5) / len` of `len` vectors spread over `[0, 1]`: `(len)`, float64.
-pub fn positions(len: i64) -> Tensor {
-    (Tensor::arange(len, (Kind::Double, tch::Device::Cpu)) + 0.5) / len as f64
-}
-
-/// `G = Fᵀ (F Fᵀ + λ I)⁻¹` `(L, N)` for vectors at `positions` `(L)`, float64.
-///
-/// With `pad`, the fit runs on the grid extended by half its length on each side with
-/// the same spacing (positions in about [-0.5, 1.5], the padded vectors zero), as the
-/// official code does, and the rows of the real positions are kept.
-pub fn ridge_matrix(basis: &Basis, positions: &Tensor, lambda: f64, pad: bool) -> Result<Tensor> {
-    let t = positions.to_kind(Kind::Double);
-    let len = t.size()[0];
-    let (grid, keep) = if pad && len > 1 {
-        let half = len / 2;
-        let step = 1.0 / len as f64;
-        let before = Tensor::arange(half, (Kind::Double, tch::Device::Cpu)).flip([0]) * -step - step + t.get(0);
-        let after = Tensor::arange(half, (Kind::Double, tch::Device::Cpu)) * step + step + t.get(len - 1);
-        (Tensor::cat(&[before, t.shallow_clone(), after], 0), Some(half))
-    } else {
-        (t, None)
-    };
-    let f = basis.eval(&grid).tr(); // (N, L')
-    let n = basis.len();
-    let gram = f.matmul(&f.tr()) + Tensor::eye(n, (Kind::Double, tch::Device::Cpu)) * lambda; // (N, N)
-    // G = Fᵀ gram⁻¹, i.e. the solution of gram Gᵀ = F (gram is symmetric).
-    let g = Tensor::f_linalg_solve(&gram, &f, true).torch("∞-former ridge regression")?.tr(); // (L', N)
-    Ok(match keep {
-        Some(half) => g.narrow(0, half, len),
-        None => g,
-    })
-}
-
-/// Coefficients `B = Gᵀ X` `(N, e)` of vectors `x` `(L, e)` for `G` `(L, N)`.
-pub fn fit(g: &Tensor, x: &Tensor) -> Tensor {
-    g.to_kind(x.kind()).tr().matmul(x)
-}
-
-/// The signal `x̄(t) = Bᵀ ψ(t)` of coefficients `b` `(N, e)` at positions `t` `(T)`: `(T, e)`.
-pub fn evaluate(basis: &Basis, b: &Tensor, t: &Tensor) -> Tensor {
-    basis.eval(t).to_kind(b.kind()).matmul(b)
-}
-
-/// The unbounded-memory update: the old signal `old` `(N, e)` (if any) is evaluated at
-/// `at` `(M_s)` (evenly spaced points, or the sticky positions), those samples are
-/// placed evenly in `(0, τ]`, the `new` vectors `(L, e)` evenly in `(τ, 1]`, and the
-/// whole is refitted. Returns the new coefficients `(N, e)`.
-pub fn absorb(basis: &Basis, old: Option<&Tensor>, new: &Tensor, at: &Tensor, tau: f64, lambda: f64, pad: bool) -> Result<Tensor> {
-    let len = new.size()[0];
-    let Some(old) = old else {
-        let g = ridge_matrix(basis, &positions(len), lambda, pad)?;
-        return Ok(fit(&g, new));
-    };
-    let samples = evaluate(basis, old, at); // (M_s, e)
-    let m = samples.size()[0];
-    let old_pos = positions(m) * tau; // evenly in (0, τ)
-    let new_pos = positions(len) * (1.0 - tau) + tau; // evenly in (τ, 1)
-    let g = ridge_matrix(basis, &Tensor::cat(&[old_pos, new_pos], 0), lambda, pad)?;
-    Ok(fit(&g, &Tensor::cat(&[samples, new.shallow_clone()], 0)))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn smooth(t: &Tensor) -> Tensor {
-        // Two channels: sin(2πt) and 0.5 cos(5t) + t.
-        let a = (t * (2.0 * std::f64::consts::PI)).sin();
-        let b = (t * 5.0).cos() * 0.5 + t;
-        Tensor::stack(&[a, b], 1)
-    }
-
-    fn max_abs(t: &Tensor) -> f64 {
-        t.abs().max().double_value(&[])
-    }
-
-    #[test]
-    fn the_basis_crosses_centres_with_widths() {
-        let b = Basis::new(6, &[0.01, 0.05]).unwrap();
-        let c: Vec<f64> = b.centres.shallow_clone().try_into().unwrap();
-        let w: Vec<f64> = b.widths.shallow_clone().try_into().unwrap();
-        assert_eq!(c, vec![0.0, 0.0, 0.5, 0.5, 1.0, 1.0]);
-        assert_eq!(w, vec![0.01, 0.05, 0.01, 0.05, 0.01, 0.05]);
-        assert!(Basis::new(5, &[0.01, 0.05]).is_err());
-        assert!(Basis::new(4, &[0.0, 0.05]).is_err());
-    }
-
-    #[test]
-    fn g_matches_a_direct_ridge_least_squares_solve() {
-        let basis = Basis::new(16, &[0.05, 0.1]).unwrap();
-        let (len, lambda) = (40, 0.5);
-        let t = positions(len);
-        let x = smooth(&t); // (L, 2)
-        let b = fit(&ridge_matrix(&basis, &t, lambda, false).unwrap(), &x);
-        // min ||Fᵀ B - X||² + λ||B||² as an ordinary least-squares problem:
-        // [Fᵀ; sqrt(λ) I] B = [X; 0].
-        let ft = basis.eval(&t); // (L, N)
-        let a = Tensor::cat(&[ft, Tensor::eye(16, (Kind::Double, tch::Device::Cpu)) * lambda.sqrt()], 0);
-        let rhs = Tensor::cat(&[x, Tensor::zeros([16, 2], (Kind::Double, tch::Device::Cpu))], 0);
-        let direct = a.pinverse(1e-12).matmul(&rhs);
-        assert!(max_abs(&(&b - &direct)) < 1e-8 * (1.0 + max_abs(&direct)), "{}", max_abs(&(&b - &direct)));
-    }
-
-    #[test]
-    fn the_reconstruction_error_falls_as_the_basis_grows() {
-        let len = 200;
-        let t = positions(len);
-        let x = smooth(&t);
-        let errors: Vec<f64> = [8usize, 32, 128]
-            .iter()
-            .map(|&n| {
-                let basis = Basis::new(n, &[0.01, 0.05]).unwrap();
-                let b = fit(&ridge_matrix(&basis, &t, 0.5, false).unwrap(), &x);
-                (evaluate(&basis, &b, &t) - &x).square().mean(Kind::Double).sqrt().double_value(&[])
-            })
-            .collect();
-        assert!(errors[0] > errors[1] && errors[1] > errors[2], "{errors:?}");
-        assert!(errors[2] < 0.02, "{errors:?}");
-    }
-
-    #[test]
-    fn padding_pulls_the_signal_towards_zero_at_the_edges() {
-        let (len, n) = (200, 128);
-        let basis = Basis::new(n, &[0.01, 0.05]).unwrap();
-        let t = positions(len);
-        let x = smooth(&t);
-        let edge_error = |pad| {
-            let b = fit(&ridge_matrix(&basis, &t, 0.5, pad).unwrap(), &x);
-            let err = evaluate(&basis, &b, &t) - &x;
-            err.get(len - 1).abs().max().double_value(&[])
+impl Params {
+    fn new(p: &nn::Path, d: i64, n: i64, gate: bool) -> Params {
+        let uniform = |fan_in: i64| {
+            let bound = 1.0 / (fan_in as f64).sqrt();
+            nn::Init::Uniform { lo: -bound, up: bound }
         };
-        let (plain, padded) = (edge_error(false), edge_error(true));
-        assert!(padded > 5.0 * plain, "padded {padded} vs plain {plain}");
-    }
-
-    #[test]
-    fn the_closed_form_expectation_matches_numerical_integration() {
-        let basis = Basis::new(8, &[0.02, 0.1]).unwrap();
-        // Midpoint rule on [-3, 4], wide enough for every density here.
-        let steps = 200_000;
-        let dt = 7.0 / steps as f64;
-        let t = Tensor::arange(steps, (Kind::Double, tch::Device::Cpu)) * dt + (dt / 2.0 - 3.0);
-        let psi = basis.eval(&t); // (T, N)
-        for (mu, sigma) in [(0.5, 0.05), (0.1, 0.01), (0.9, 0.3), (0.0, 0.2), (0.73, 0.002)] {
-            let density = gaussian(&t, &Tensor::from(mu), &Tensor::from(sigma * sigma)); // (T)
-            let numeric = (density.unsqueeze(1) * &psi).sum_dim_intlist([0i64].as_slice(), false, Kind::Double) * dt;
-            let closed = basis.expectation(&Tensor::from(mu), &Tensor::from(sigma * sigma));
-            let err = max_abs(&(&closed - &numeric)) / max_abs(&numeric);
-            assert!(err < 1e-6, "mu {mu} sigma {sigma}: relative error {err}");
+        Params {
+            k: p.var("k", &[d, d], uniform(d)),
+            v: p.var("v", &[d, d], uniform(d)),
+            o: p.var("o", &[d, d], uniform(d)),
+            mu: p.var("mu", &[1, n], uniform(n)),
+            sigma_w: p.var("sigma_w", &[1, n], uniform(n)),
+            sigma_b: p.var("sigma_b", &[1], nn::Init::Const(0.0)),
+            gate: gate.then(|| (p.var("gate_w", &[d, d, 3], uniform(3 * d)), p.var("gate_b", &[d], uniform(3 * d)))),
         }
     }
 
-    #[test]
-    fn after_an_update_the_old_signal_is_contracted_by_tau() {
-        let basis = Basis::new(64, &[0.01, 0.05]).unwrap();
-        let tau = 0.75;
-        let old_x = smooth(&positions(100));
-        let old = absorb(&basis, None, &old_x, &positions(1), tau, 0.5, false).unwrap();
-        let new_x = Tensor::ones([30, 2], (Kind::Double, tch::Device::Cpu));
-        let updated = absorb(&basis, Some(&old), &new_x, &positions(256), tau, 0.5, false).unwrap();
-        // The updated signal at t·τ matches the old signal at t, within the regression error.
-        let t = positions(50) * 0.9 + 0.05; // away from the joint at τ
-        let before = evaluate(&basis, &old, &t);
-        let after = evaluate(&basis, &updated, &(&t * tau));
-        let fit_error = max_abs(&(evaluate(&basis, &old, &positions(100)) - &old_x));
-        let moved = max_abs(&(&after - &before));
-        assert!(moved < 0.02 + 4.0 * fit_error, "moved {moved}, fit error {fit_error}");
-        // And the new vectors sit in (τ, 1]: away from the joint, the signal is close to them.
-        let tail = evaluate(&basis, &updated, &(positions(20) * 0.15 + 0.8));
-        let tail_error = (tail - 1.0).abs().mean(Kind::Double).double_value(&[]);
-        assert!(tail_error < 0.1, "new part off by {tail_error} on average");
+    fn share(&self) -> Params {
+        Params {
+            k: self.k.shallow_clone(),
+            v: self.v.shallow_clone(),
+            o: self.o.shallow_clone(),
+            mu: self.mu.shallow_clone(),
+            sigma_w: self.sigma_w.shallow_clone(),
+            sigma_b: self.sigma_b.shallow_clone(),
+            gate: self.gate.as_ref().map(|(w, b)| (w.shallow_clone(), b.shallow_clone())),
+        }
     }
+
+    /// `x ⊙ sigmoid(conv1d_k3(x))` over time, for `x` `(b, n, d)`; `x` itself without a gate.
+    fn gate(&self, x: &Tensor) -> Tensor {
+        match &self.gate {
+            None => x.shallow_clone(),
+            Some((w, b)) => {
+                let c = x.transpose(1, 2).conv1d(w, Some(b), [1], [1], [1], 1).transpose(1, 2); // (b, n, d)
+                x * c.sigmoid()
+            }
+        }
+    }
+}
+
+/// The regression matrices of one shape: `M` old samples then `n` new states.
+struct Fit {
+    /// Rows of `G` for the old samples `(M, N)`, absent for the first fit.
+    g_old: Option<Tensor>,
+    /// Rows of `G` for the new states `(n, N)`.
+    g_new: Tensor,
+    /// `ψ` at the new states' positions `(n, N)`, to measure the regression error.
+    psi_new: Tensor,
+}
+
+impl Fit {
+    fn share(&self) -> Fit {
+        Fit {
+            g_old: self.g_old.as_ref().map(|g| g.shallow_clone()),
+            g_new: self.g_new.shallow_clone(),
+            psi_new: self.psi_new.shallow_clone(),
+        }
+    }
+}
+
+/// `G` per `(M, n, kind, device)`, shared by every copy of a layer's memory.
+type FitCache = Arc<Mutex<HashMap<(i64, i64, String), Fit>>>;
+
+/// Figures of the last block, for the report.
+#[derive(Clone, Debug, Default)]
+struct Stats {
+    mem_size: f64,
+    fit_error: Option<f64>,
+    mu: Option<f64>,
+    sigma: Option<f64>,
+    kl: Option<f64>,
+}
+
+/// One layer's ∞-former memory.
+pub struct InfinityMemory {
+    cfg: InfinityConfig,
+    span: i64,
+    basis: Basis,
+    params: Params,
+    fits: FitCache,
+    /// The STM: the last `span` states.
+    window: WindowCache,
+    /// LTM coefficients `B` `(b, N, d)`, detached; none before the first absorption.
+    coeffs: Option<Tensor>,
+    /// States that left the STM, to be absorbed at the next block: `(b, n, d)`.
+    incoming: Option<Tensor>,
+    /// Attention mass per bin of `[0, 1]` at the last block, per stream: `(b, D)`.
+    histogram: Option<Tensor>,
+    /// Tokens absorbed into the LTM since the last reset.
+    absorbed: i64,
+    stats: Stats,
+}
+
+impl InfinityMemory {
+    /// Creates the LTM's parameters under `p / "ltm"`. Fails when the basis is invalid.
+    pub fn new(p: nn::Path, d_model: i64, span: usize, cfg: &InfinityConfig) -> Result<Self> {
+        let basis = Basis::new(cfg.basis, &cfg.widths)?;
+        let params = Params::new(&(p / "ltm"), d_model, basis.len(), cfg.gate);
+        Ok(InfinityMemory {
+            cfg: cfg.clone(),
+            span: span as i64,
+            basis,
+            params,
+            fits: FitCache::default(),
+            window: WindowCache::default(),
+            coeffs: None,
+            incoming: None,
+            histogram: None,
+            absorbed: 0,
+            stats: Stats::default(),
+        })
+    }
+
+    /// The LTM coefficients `(b, N, d)`, if any.
+    pub fn coefficients(&self) -> Option<&Tensor> {
+        self.coeffs.as_ref()
+    }
+
+    /// The regression matrices for `old` samples and `new` states, computed once per shape.
+    fn fit(&self, old: i64, new: i64, like: &Tensor) -> Result<Fit> {
+        let key = (old, new, format!("{:?}/{:?}", like.kind(), like.device()));
+        let mut fits = self.fits.lock().map_err(|_| LetheError::Invalid("∞-former: the regression cache was poisoned".into()))?;
+        if let Some(f) = fits.get(&key) {
+            return Ok(f.share());
+        }
+        let tau = self.cfg.tau;
+        let (old_pos, new_pos) = if old == 0 {
+            (None, positions(new))
+        } else {
+            (Some(positions(old) * tau), positions(new) * (1.0 - tau) + tau)
+        };
+        let all = match &old_pos {
+            Some(o) => Tensor::cat(&[o, &new_pos], 0),
+            None => new_pos.shallow_clone(),
+        };
+        let g = ridge_matrix(&self.basis, &all, self.cfg.ridge, self.cfg.pad)?; // (M + n, N), f64
+        let cast = |t: Tensor| t.to_kind(like.kind()).to_device(like.device());
+        let fit = Fit {
+            g_old: (old > 0).then(|| cast(g.narrow(0, 0, old))),
+            g_new: cast(g.narrow(0, old, new)),
+            psi_new: cast(self.basis.eval(&new_pos)),
+        };
+        fits.insert(key, fit.share());
+        Ok(fit)
+    }
+
+    /// Where the old signal is sampled: evenly, or by the last histogram (sticky).
+    /// `(M)` or `(b, M)`.
+    fn sample_positions(&self, like: &Tensor) -> Tensor {
+        let m = self.cfg.samples as i64;
+        match (&self.histogram, self.cfg.sticky) {
+            (Some(h), true) => quantile_positions(&h.to_kind(Kind::Double), m),
+            _ => positions(m).to_device(like.device()),
+        }
+    }
+
+    /// Absorbs the waiting states into the LTM and returns this block's coefficients
+    /// `(b, N, d)` (with the gradient through the gate), if the LTM holds anything.
+    fn absorb_incoming(&mut self) -> Result<Option<Tensor>> {
+        let Some(x) = self.incoming.take() else { return Ok(self.coeffs.as_ref().map(|c| c.shallow_clone())) };
+        let n = x.size()[1];
+        let gated = self.params.gate(&x); // (b, n, d)
+        let old = self.coeffs.as_ref().map(|c| {
+            let at = self.sample_positions(c);
+            evaluate(&self.basis, c, &at) // (b, M, d)
+        });
+        let fit = self.fit(old.as_ref().map_or(0, |o| o.size()[1]), n, &x)?;
+        let mut coeffs = fit.g_new.tr().matmul(&gated); // (b, N, d)
+        if let (Some(samples), Some(g_old)) = (&old, &fit.g_old) {
+            coeffs += g_old.tr().matmul(samples);
+        }
+        self.stats.fit_error = Some(tch::no_grad(|| relative_error(&fit.psi_new.matmul(&coeffs), &gated)));
+        self.coeffs = Some(coeffs.detach());
+        self.absorbed += n;
+        Ok(Some(coeffs))
+    }
+
+    /// The LTM's contribution `Z_LTM` `(b, m, d)` for the block's queries, and the
+    /// weighted KL regulariser in training.
+    fn attend_ltm(&mut self, input: &AttendInput, coeffs: &Tensor) -> (Tensor, Option<Tensor>) {
+        let (b, h, m, dh) = input.q.size4().expect("queries must be (b, h, m, dh)");
+        let n = coeffs.size()[1];
+        let split = |t: Tensor| t.view([b, n, h, dh]).transpose(1, 2); // (b, h, N, dh)
+        let k = split(coeffs.linear(&self.params.k, None::<Tensor>));
+        let v = split(coeffs.linear(&self.params.v, None::<Tensor>));
+        let scores = input.q.matmul(&k.transpose(-2, -1)) / (dh as f64).sqrt(); // (b, h, m, N)
+        let mu = scores.linear(&self.params.mu, None::<Tensor>).squeeze_dim(-1).sigmoid(); // (b, h, m)
+        let var = scores.linear(&self.params.sigma_w, Some(&self.params.sigma_b)).squeeze_dim(-1).softplus();
+        let var = var.clamp_min(self.cfg.min_var); // (b, h, m)
+        let r = self.basis.expectation(&mu, &var); // (b, h, m, N)
+        let z = r.matmul(&v).transpose(1, 2).contiguous().view([b, m, h * dh]); // (b, m, d)
+        let added = z.linear(&self.params.o, None::<Tensor>);
+        let ratio = &var / (self.cfg.sigma0 * self.cfg.sigma0);
+        let kl = ((&ratio - ratio.log() - 1.0) * 0.5).mean(ratio.kind());
+        self.remember_attention(&mu, &var, &kl);
+        let aux = (input.train && self.cfg.kl_coef > 0.0).then(|| kl * self.cfg.kl_coef);
+        (added, aux)
+    }
+
+    /// Keeps the histogram of the densities (summed over heads and queries) and the figures.
+    fn remember_attention(&mut self, mu: &Tensor, var: &Tensor, kl: &Tensor) {
+        tch::no_grad(|| {
+            let mass = bin_mass(&mu.detach(), &var.detach(), self.cfg.bins as i64); // (b, h, m, D)
+            self.histogram = Some(mass.sum_dim_intlist([1i64, 2].as_slice(), false, Kind::Float)); // (b, D)
+            self.stats.mu = Some(mu.mean(Kind::Double).double_value(&[]));
+            self.stats.sigma = Some(var.sqrt().mean(Kind::Double).double_value(&[]));
+            self.stats.kl = Some(kl.double_value(&[]));
+        });
+    }
+
+    /// The attention histogram over the LTM at the last block, per stream `(b, D)`,
+    /// normalised to sum to 1.
+    pub fn histogram(&self) -> Option<Tensor> {
+        self.histogram.as_ref().map(|h| h / h.sum_dim_intlist([-1i64].as_slice(), true, h.kind()).clamp_min(1e-30))
+    }
+
+    fn ltm_slots(&self) -> i64 {
+        if self.coeffs.is_some() {
+            self.basis.len()
+        } else {
+            0
+        }
+    }
+}
+
+/// `sqrt(mean (a - b)²) / sqrt(mean b²)`: the regression error relative to the signal.
+fn relative_error(a: &Tensor, b: &Tensor) -> f64 {
+    let err = (a - b).square().mean(Kind::Double).double_value(&[]);
+    let scale = b.square().mean(Kind::Double).double_value(&[]);
+    (err / scale.max(1e-30)).sqrt()
+}
+
+impl MemoryLayer for InfinityMemory {
+    fn name(&self) -> &'static str {
+        "infinity"
+    }
+
+    fn attend(&mut self, input: &AttendInput) -> Result<AttendOutput> {
+        let m = input.x.size()[1];
+        let w = self.window.keys(input, self.span);
+        let scores = relative_scores(input.q, &w.k, input.key_pe, &w.dist); // (b, h, m, n)
+        let context = masked_mix(&scores, &w.visible, &w.v, input.attn.dropout, input.train);
+        let (added, aux_loss) = match self.absorb_incoming()? {
+            Some(coeffs) => {
+                let (added, aux) = self.attend_ltm(input, &coeffs);
+                (Some(added), aux)
+            }
+            None => (None, None),
+        };
+        self.stats.mem_size = window_mem_size(w.cached, m, self.span) + self.ltm_slots() as f64;
+        Ok(AttendOutput { context, aux_loss, added })
+    }
+
+    fn update(&mut self, x: &Tensor) {
+        if let Some(left) = self.window.append(x, self.span) {
+            self.incoming = Some(concat_time(self.incoming.as_ref(), &left));
+        }
+    }
+
+    fn reset(&mut self) {
+        self.window.reset();
+        self.coeffs = None;
+        self.incoming = None;
+        self.histogram = None;
+        self.absorbed = 0;
+    }
+
+    fn report(&self) -> MemoryReport {
+        let waiting = self.incoming.as_ref().map_or(0, |x| x.size()[1]);
+        let mut extra = vec![("ltm_tokens".to_string(), self.absorbed as f64)];
+        let named = [
+            ("ltm_fit_error", self.stats.fit_error),
+            ("ltm_mu", self.stats.mu),
+            ("ltm_sigma", self.stats.sigma),
+            ("ltm_kl", self.stats.kl),
+            ("ltm_recent_mass", self.histogram().map(|h| recent_mass(&h, self.cfg.tau))),
+        ];
+        extra.extend(named.into_iter().filter_map(|(n, v)| v.map(|v| (n.to_string(), v))));
+        MemoryReport {
+            mem_size: self.stats.mem_size,
+            held: (self.window.len() + waiting + self.ltm_slots()) as usize,
+            extra,
+        }
+    }
+
+    fn state(&self) -> Vec<(String, Tensor)> {
+        let mut out = self.window.state();
+        let named = [("ltm", &self.coeffs), ("incoming", &self.incoming), ("histogram", &self.histogram)];
+        out.extend(named.iter().filter_map(|(n, t)| t.as_ref().map(|t| (n.to_string(), t.shallow_clone()))));
+        out.push(("absorbed".to_string(), Tensor::from(self.absorbed)));
+        out
+    }
+
+    fn load_state(&mut self, state: &[(String, Tensor)]) -> Result<()> {
+        self.reset();
+        let bad = |name: &str, t: &Tensor| {
+            LetheError::Invalid(format!("∞-former memory: unexpected state `{name}` of shape {:?}", t.size()))
+        };
+        let n = self.basis.len();
+        let mut window = vec![];
+        for (name, t) in state {
+            let shape = t.size();
+            match name.as_str() {
+                "ltm" if t.dim() == 3 && shape[1] == n => self.coeffs = Some(t.shallow_clone()),
+                "incoming" if t.dim() == 3 => self.incoming = Some(t.shallow_clone()),
+                "histogram" if shape.len() == 2 && shape[1] == self.cfg.bins as i64 => self.histogram = Some(t.shallow_clone()),
+                "absorbed" if t.dim() == 0 => self.absorbed = t.int64_value(&[]),
+                "ltm" | "incoming" | "histogram" | "absorbed" => return Err(bad(name, t)),
+                _ => window.push((name.clone(), t.shallow_clone())),
+            }
+        }
+        self.window.load_state(&window, self.span, "∞-former")
+    }
+
+    fn fresh(&self) -> Box<dyn MemoryLayer> {
+        Box::new(InfinityMemory {
+            cfg: self.cfg.clone(),
+            span: self.span,
+            basis: self.basis.share(),
+            params: self.params.share(),
+            fits: self.fits.clone(),
+            window: WindowCache::default(),
+            coeffs: None,
+            incoming: None,
+            histogram: None,
+            absorbed: 0,
+            stats: Stats::default(),
+        })
+    }
+}
+
+/// The share of a normalised histogram `(b, D)` in `(τ, 1]`, where the newest states
+/// were placed, averaged over streams.
+fn recent_mass(hist: &Tensor, tau: f64) -> f64 {
+    let d = hist.size()[1];
+    let first = ((tau * d as f64).ceil() as i64).min(d);
+    hist.narrow(1, first, d - first).sum(Kind::Double).double_value(&[]) / hist.size()[0] as f64
 }

@@ -48,6 +48,9 @@ pub struct AttendOutput {
     /// An auxiliary loss to add to the task loss (e.g. Expire-Span's span penalty), as a
     /// scalar already weighted by its coefficient.
     pub aux_loss: Option<Tensor>,
+    /// A term `(b, m, d)` added to the projected attention output: the ∞-former's
+    /// long-term context `Z_LTM` (its Eq. 12). None for the other mechanisms.
+    pub added: Option<Tensor>,
 }
 
 /// Figures a memory reports for logging.
@@ -119,24 +122,26 @@ pub trait MemoryLayer: Send {
 
 /// Builds layer memory for `cfg`, creating its parameters (if any) under `p` (the
 /// layer's attention path, e.g. `layers.3.attn`). `d_model` is the hidden size and
-/// `block` the training block length.
-pub fn build(cfg: &MemoryConfig, p: nn::Path, d_model: i64, heads: i64, block: usize) -> Box<dyn MemoryLayer> {
-    match cfg.mechanism {
+/// `block` the training block length. Fails only for a config that does not validate.
+pub fn build(cfg: &MemoryConfig, p: nn::Path, d_model: i64, heads: i64, block: usize) -> Result<Box<dyn MemoryLayer>> {
+    Ok(match cfg.mechanism {
         Mechanism::Fixed => Box::new(fixed::FixedSpan::new(cfg.span)),
         Mechanism::Adaptive => Box::new(adaptive::AdaptiveSpan::new(p, heads, cfg.span, &cfg.adaptive)),
         Mechanism::Expire => Box::new(expire::ExpireSpan::new(p, d_model, cfg.span, position_rows(cfg, block), &cfg.expire)),
         Mechanism::Compressive => {
             Box::new(compressive::CompressiveMemory::new(p, d_model, heads, cfg.span, &cfg.compressive))
         }
-    }
+        Mechanism::Infinity => Box::new(infinity::InfinityMemory::new(p, d_model, cfg.span, &cfg.infinity)?),
+    })
 }
 
 /// Rows of `key_pe` (distances `0..rows` covered by learned position embeddings):
 /// the whole span for Transformer-XL, Adaptive-Span and the Compressive Transformer's
-/// uncompressed memory, `min(L, M) + 1` for Expire-Span (paper A.1).
+/// uncompressed memory and the ∞-former's short-term memory, `min(L, M) + 1` for
+/// Expire-Span (paper A.1).
 pub fn position_rows(cfg: &MemoryConfig, block: usize) -> i64 {
     match cfg.mechanism {
-        Mechanism::Fixed | Mechanism::Adaptive | Mechanism::Compressive => cfg.span as i64 + 1,
+        Mechanism::Fixed | Mechanism::Adaptive | Mechanism::Compressive | Mechanism::Infinity => cfg.span as i64 + 1,
         Mechanism::Expire => cfg.span.min(block) as i64 + 1,
     }
 }
