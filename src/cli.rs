@@ -38,6 +38,9 @@ pub enum InspectCommand {
     /// Shade every byte of a text by the span an Expire-Span model gives it, per layer
     /// (writes spans.svg and spans.html).
     Spans(InspectSpansArgs),
+    /// Show an ∞-former's long-term memory over a text: the attention over the memory
+    /// per layer and the memory space each byte holds (writes ltm.svg and ltm.html).
+    Ltm(InspectSpansArgs),
 }
 
 #[derive(Args, Debug)]
@@ -48,7 +51,7 @@ pub struct InspectSpansArgs {
     /// The text to stream through the model.
     #[arg(long)]
     pub text: PathBuf,
-    /// Folder for spans.svg and spans.html.
+    /// Folder for the pictures (spans.svg and spans.html, or ltm.svg and ltm.html).
     #[arg(long, default_value = "inspect")]
     pub out: PathBuf,
     /// cpu, cuda, cuda:N or auto.

@@ -497,7 +497,11 @@ pub const PRESETS: &[(&str, &str)] = &[
     ("instruction-tiny", "instruction following with distractors: 8 characters, 8-16 distractor words, Transformer-XL span 256; CPU"),
     ("instruction-expire-tiny", "instruction-tiny with Expire-Span, L = 1024, R = 32; CPU"),
     ("instruction-light", "the paper's LIGHT setting (A.3.2): ~950 distractor words, 6 layers x 512, Expire-Span L = 16k, R = 64, alpha 2e-6; GPU"),
-    ("sorting-tiny", "sorting by frequency (∞-former paper 4.1): 20 symbols, sequences of 1024, Transformer-XL span 256; CPU"),
+    ("sorting-tiny", "sorting by frequency (∞-former paper 4.1): 8 symbols, sequences of 256, blocks of 32, Transformer-XL span 64; CPU"),
+    ("sorting-infinity-tiny", "sorting-tiny with the ∞-former at the same cost: STM 32 + LTM of 32 basis functions; CPU"),
+    ("sorting-sticky-tiny", "sorting-infinity-tiny with sticky memories; CPU"),
+    ("sorting-xl", "the ∞-former paper's sorting setup (4.1, C.1): 20 symbols, length 4000, 3 layers x 384, 6 heads, blocks of 1024, Transformer-XL span 2048; GPU"),
+    ("sorting-infinity", "sorting-xl with the ∞-former: STM 1024 + LTM of 1024 basis functions (sigma 0.01, 0.05), tau 0.75; GPU"),
     ("books-tiny", "a folder of text files (PG-19 style), one stream per document set, 2 layers x 128; CPU"),
 ];
 
@@ -651,11 +655,33 @@ impl Config {
                 };
                 c.train.device = "auto".into();
             }
-            "sorting-tiny" => {
+            "sorting-tiny" | "sorting-infinity-tiny" | "sorting-sticky-tiny" => {
                 c.data.source = Source::Sorting;
-                c.data.sorting = SortingConfig { symbols: 20, length: 1024, eval_tokens: 65536 };
-                c.memory.span = 256;
-                c.train = TrainConfig { block: 64, steps: 3000, eval_every: 500, eval_tokens: 0, ..TrainConfig::default() };
+                c.data.sorting = SortingConfig { symbols: 8, length: 256, eval_tokens: 65536 };
+                c.memory.span = 64;
+                c.train = TrainConfig { block: 32, steps: 3000, eval_every: 500, eval_tokens: 0, ..TrainConfig::default() };
+                if name != "sorting-tiny" {
+                    c.memory.mechanism = Mechanism::Infinity;
+                    c.memory.span = 32;
+                    c.memory.infinity = InfinityConfig { basis: 32, samples: 128, sticky: name == "sorting-sticky-tiny", ..InfinityConfig::default() };
+                }
+            }
+            "sorting-xl" | "sorting-infinity" => {
+                c.model = ModelConfig { layers: 3, d_model: 384, heads: 6, d_ffn: 1536, ..ModelConfig::default() };
+                c.data.source = Source::Sorting;
+                c.data.sorting = SortingConfig { symbols: 20, length: 4000, eval_tokens: 1 << 20 };
+                c.memory.span = 2048;
+                // 8000 sequences x 20 epochs at batch 8 and blocks of 1024 (paper C.1).
+                c.train = TrainConfig { batch: 8, block: 1024, steps: 80_000, lr: 2.5e-4, warmup: 1000, min_lr_ratio: 0.0, ..TrainConfig::default() };
+                c.train.eval_every = 5000;
+                c.train.checkpoint_every = 5000;
+                c.train.eval_tokens = 1 << 18;
+                c.train.device = "auto".into();
+                if name == "sorting-infinity" {
+                    c.memory.mechanism = Mechanism::Infinity;
+                    c.memory.span = 1024;
+                    c.memory.infinity = InfinityConfig { basis: 1024, ..InfinityConfig::default() };
+                }
             }
             "books-tiny" => {
                 c.model = ModelConfig { layers: 2, d_model: 128, heads: 4, d_ffn: 512, ..ModelConfig::default() };

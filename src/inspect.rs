@@ -3,6 +3,10 @@
 //! memory was given; the result is drawn as an SVG image and an HTML page with one row
 //! per layer, each byte shaded by its span (paper Figures 8 and 11). Edit the text and
 //! re-run to repeat the paper's probes ("Egypt", "somewhere", "Humpty Dumpty").
+//!
+//! `lethe inspect ltm` ([`ltm`]) does the same for an ∞-former's long-term memory.
+
+pub mod ltm;
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -76,6 +80,11 @@ fn glyph(byte: u8) -> &'static str {
         32..=126 => ASCII[(byte - 32) as usize],
         _ => "·",
     }
+}
+
+/// Text with the HTML markup characters escaped.
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;").replace('\n', "↵")
 }
 
 /// Lines of at most `width` bytes, also broken after each newline: `(start, end)` pairs.

@@ -34,7 +34,31 @@ fn run(cli: Cli) -> Result<()> {
         Command::Bench(a) => bench(a),
         Command::Sweep(a) => sweep(a),
         Command::Inspect(InspectCommand::Spans(a)) => inspect_spans(a),
+        Command::Inspect(InspectCommand::Ltm(a)) => inspect_ltm(a),
     }
+}
+
+fn inspect_ltm(a: InspectSpansArgs) -> Result<()> {
+    let device = lethe::device::parse(&a.device)?;
+    let text = std::fs::read(&a.text).with_context(|| format!("reading text `{}`", a.text.display()))?;
+    let ckpt = Checkpoint::load(&a.checkpoint)?;
+    let lm = Lm::from_checkpoint(&ckpt, device)?;
+    let picture = lethe::inspect::ltm::trace_ltm(&lm, &text)?;
+    lethe::inspect::ltm::write(&picture, &a.out)?;
+    for (layer, (hist, spaces)) in picture.attention.iter().zip(&picture.spaces).enumerate() {
+        let d = hist.len().max(1) as f64;
+        let mean: f64 = hist.iter().enumerate().map(|(i, h)| h * (i as f64 + 0.5) / d).sum();
+        let largest: Vec<String> = lethe::inspect::ltm::largest(spaces, 5)
+            .into_iter()
+            .map(|(i, space)| {
+                let context = String::from_utf8_lossy(&text[i.saturating_sub(6)..=i]).replace('\n', "\\n");
+                format!("{context:?} ({:.1}x)", space * spaces.len() as f64)
+            })
+            .collect();
+        println!("layer {layer}: mean attended position {mean:.2} of [0, 1]; {} bytes absorbed; most space: {}", spaces.len(), largest.join(", "));
+    }
+    println!("wrote {}", a.out.join("ltm.html").display());
+    Ok(())
 }
 
 fn inspect_spans(a: InspectSpansArgs) -> Result<()> {

@@ -170,6 +170,23 @@ fn inspect_and_max_span_need_an_expire_span_model() {
 }
 
 #[test]
+fn inspect_ltm_draws_an_infinity_former_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let infinity = ["--set", "memory.mechanism=infinity", "--set", "memory.infinity.basis=8", "--set", "memory.infinity.samples=16"];
+    succeeds(&train(d, &[&["--steps", "2", "--name", "inf"], &infinity[..]].concat()));
+    std::fs::write(d.join("short.txt"), b"too short").unwrap();
+    fails_with(&lethe(d, &["inspect", "ltm", "--checkpoint", "runs/inf", "--text", "short.txt"]), &["too short", "memory.span = 16"]);
+    std::fs::write(d.join("long.txt"), "the quick brown fox jumps over the lazy dog. ".repeat(3)).unwrap();
+    let out = succeeds(&lethe(d, &["inspect", "ltm", "--checkpoint", "runs/inf", "--text", "long.txt", "--out", "pics"]));
+    // 135 bytes in blocks of 8: the STM keeps 16 + the block, the rest was absorbed.
+    assert!(out.contains("layer 0: mean attended position") && out.contains("112 bytes absorbed"), "{out}");
+    assert!(d.join("pics/ltm.svg").exists() && d.join("pics/ltm.html").exists());
+    succeeds(&train(d, &["--steps", "2", "--name", "fixed"]));
+    fails_with(&lethe(d, &["inspect", "ltm", "--checkpoint", "runs/fixed", "--text", "long.txt"]), &["∞-former"]);
+}
+
+#[test]
 fn sweep_writes_a_table_a_plot_and_a_report_and_resumes() {
     let dir = tempfile::tempdir().unwrap();
     let args = [

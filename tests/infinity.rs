@@ -190,3 +190,25 @@ fn the_attention_histogram_is_a_distribution_over_the_bins() {
         assert!(s > 0.0 && s <= 8.0 + 1e-4, "bin masses sum to {s}");
     }
 }
+
+#[test]
+fn a_tiny_infinity_former_learns_to_sort_by_frequency() {
+    let _rng = common::torch_rng_lock();
+    let dir = tempfile::tempdir().unwrap();
+    // 4 symbols, sequences of 96: the STM of 16 (plus the block of 16) sees a third of
+    // a sequence, the LTM all of it.
+    let mut cfg = Config::preset("sorting-infinity-tiny").unwrap();
+    cfg.name = "sort-infinity".into();
+    cfg.data.sorting.symbols = 4;
+    cfg.data.sorting.length = 96;
+    cfg.data.sorting.eval_tokens = 8192;
+    cfg.memory.span = 16;
+    cfg.train.block = 16;
+    cfg.train.steps = 600;
+    cfg.train.eval_every = 0;
+    cfg.train.log_every = 100;
+    let r = common::train_and_eval(&cfg, dir.path());
+    eprintln!("∞-former sorting accuracy {} (chance 0.25), loss {}", r.accuracy, r.loss);
+    assert!(r.accuracy > 0.45, "sorted {} of the symbols right (chance 0.25)", r.accuracy);
+    assert!(r.loss < 4f64.ln() - 0.2, "loss {} is not below the unigram ln 4", r.loss);
+}

@@ -61,6 +61,12 @@ impl Memory {
         self.layers.iter().map(|l| l.token_spans()).collect()
     }
 
+    /// Per layer, what the last block did to its continuous long-term memory, when the
+    /// mechanism has one.
+    pub fn ltm_traces(&self) -> Vec<Option<memory::LtmTrace>> {
+        self.layers.iter().map(|l| l.ltm_trace()).collect()
+    }
+
     /// Saved state, named `layers.<i>.<name>`.
     pub fn state(&self) -> Vec<(String, Tensor)> {
         let mut out = vec![];

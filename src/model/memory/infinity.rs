@@ -41,7 +41,7 @@ use tch::{nn, Kind, Tensor};
 
 use self::signal::{bin_mass, evaluate, positions, quantile_positions, ridge_matrix, Basis};
 use super::fixed::{concat_time, window_mem_size, WindowCache};
-use super::{AttendInput, AttendOutput, MemoryLayer, MemoryReport};
+use super::{AttendInput, AttendOutput, LtmTrace, MemoryLayer, MemoryReport};
 use crate::config::InfinityConfig;
 use crate::error::{LetheError, Result};
 use crate::model::attention::{masked_mix, relative_scores};
@@ -125,14 +125,15 @@ impl Fit {
 /// `G` per `(M, n, kind, device)`, shared by every copy of a layer's memory.
 type FitCache = Arc<Mutex<HashMap<(i64, i64, String), Fit>>>;
 
-/// Figures of the last block, for the report.
-#[derive(Clone, Debug, Default)]
+/// Figures of the last block, for the report: detached scalar tensors, read only when
+/// reported (so that a block does not wait for the device).
+#[derive(Debug, Default)]
 struct Stats {
     mem_size: f64,
-    fit_error: Option<f64>,
-    mu: Option<f64>,
-    sigma: Option<f64>,
-    kl: Option<f64>,
+    fit_error: Option<Tensor>,
+    mu: Option<Tensor>,
+    sigma: Option<Tensor>,
+    kl: Option<Tensor>,
 }
 
 /// One layer's ∞-former memory.
@@ -152,7 +153,20 @@ pub struct InfinityMemory {
     histogram: Option<Tensor>,
     /// Tokens absorbed into the LTM since the last reset.
     absorbed: i64,
+    /// What the last block absorbed, for [`MemoryLayer::ltm_trace`].
+    last: Absorption,
     stats: Stats,
+}
+
+/// What one block's absorption did.
+#[derive(Default)]
+struct Absorption {
+    /// States absorbed.
+    count: i64,
+    /// The memory was empty before.
+    first: bool,
+    /// The normalised histogram the old signal was sampled by (sticky memories).
+    sampled_by: Option<Tensor>,
 }
 
 impl InfinityMemory {
@@ -171,6 +185,7 @@ impl InfinityMemory {
             incoming: None,
             histogram: None,
             absorbed: 0,
+            last: Absorption::default(),
             stats: Stats::default(),
         })
     }
@@ -221,8 +236,15 @@ impl InfinityMemory {
     /// Absorbs the waiting states into the LTM and returns this block's coefficients
     /// `(b, N, d)` (with the gradient through the gate), if the LTM holds anything.
     fn absorb_incoming(&mut self) -> Result<Option<Tensor>> {
+        self.last = Absorption::default();
         let Some(x) = self.incoming.take() else { return Ok(self.coeffs.as_ref().map(|c| c.shallow_clone())) };
         let n = x.size()[1];
+        let sticky = self.cfg.sticky && self.coeffs.is_some();
+        self.last = Absorption {
+            count: n,
+            first: self.coeffs.is_none(),
+            sampled_by: if sticky { self.histogram() } else { None },
+        };
         let gated = self.params.gate(&x); // (b, n, d)
         let old = self.coeffs.as_ref().map(|c| {
             let at = self.sample_positions(c);
@@ -266,9 +288,9 @@ impl InfinityMemory {
         tch::no_grad(|| {
             let mass = bin_mass(&mu.detach(), &var.detach(), self.cfg.bins as i64); // (b, h, m, D)
             self.histogram = Some(mass.sum_dim_intlist([1i64, 2].as_slice(), false, Kind::Float)); // (b, D)
-            self.stats.mu = Some(mu.mean(Kind::Double).double_value(&[]));
-            self.stats.sigma = Some(var.sqrt().mean(Kind::Double).double_value(&[]));
-            self.stats.kl = Some(kl.double_value(&[]));
+            self.stats.mu = Some(mu.mean(Kind::Float).detach());
+            self.stats.sigma = Some(var.sqrt().mean(Kind::Float).detach());
+            self.stats.kl = Some(kl.detach());
         });
     }
 
@@ -287,11 +309,12 @@ impl InfinityMemory {
     }
 }
 
-/// `sqrt(mean (a - b)²) / sqrt(mean b²)`: the regression error relative to the signal.
-fn relative_error(a: &Tensor, b: &Tensor) -> f64 {
-    let err = (a - b).square().mean(Kind::Double).double_value(&[]);
-    let scale = b.square().mean(Kind::Double).double_value(&[]);
-    (err / scale.max(1e-30)).sqrt()
+/// `sqrt(mean (a - b)²) / sqrt(mean b²)`: the regression error relative to the signal,
+/// as a scalar tensor.
+fn relative_error(a: &Tensor, b: &Tensor) -> Tensor {
+    let err = (a - b).square().mean(Kind::Float);
+    let scale = b.square().mean(Kind::Float).clamp_min(1e-30);
+    (err / scale).sqrt().detach()
 }
 
 impl MemoryLayer for InfinityMemory {
@@ -327,19 +350,18 @@ impl MemoryLayer for InfinityMemory {
         self.incoming = None;
         self.histogram = None;
         self.absorbed = 0;
+        self.last = Absorption::default();
     }
 
     fn report(&self) -> MemoryReport {
         let waiting = self.incoming.as_ref().map_or(0, |x| x.size()[1]);
         let mut extra = vec![("ltm_tokens".to_string(), self.absorbed as f64)];
-        let named = [
-            ("ltm_fit_error", self.stats.fit_error),
-            ("ltm_mu", self.stats.mu),
-            ("ltm_sigma", self.stats.sigma),
-            ("ltm_kl", self.stats.kl),
-            ("ltm_recent_mass", self.histogram().map(|h| recent_mass(&h, self.cfg.tau))),
-        ];
-        extra.extend(named.into_iter().filter_map(|(n, v)| v.map(|v| (n.to_string(), v))));
+        let s = &self.stats;
+        let named = [("ltm_fit_error", &s.fit_error), ("ltm_mu", &s.mu), ("ltm_sigma", &s.sigma), ("ltm_kl", &s.kl)];
+        extra.extend(named.iter().filter_map(|(n, v)| v.as_ref().map(|v| (n.to_string(), v.double_value(&[])))));
+        if let Some(h) = self.histogram() {
+            extra.push(("ltm_recent_mass".to_string(), recent_mass(&h, self.cfg.tau)));
+        }
         MemoryReport {
             mem_size: self.stats.mem_size,
             held: (self.window.len() + waiting + self.ltm_slots()) as usize,
@@ -388,7 +410,18 @@ impl MemoryLayer for InfinityMemory {
             incoming: None,
             histogram: None,
             absorbed: 0,
+            last: Absorption::default(),
             stats: Stats::default(),
+        })
+    }
+
+    fn ltm_trace(&self) -> Option<LtmTrace> {
+        Some(LtmTrace {
+            attention: self.histogram()?,
+            absorbed: self.last.count,
+            sampled_by: self.last.sampled_by.as_ref().map(|h| h.shallow_clone()),
+            first: self.last.first,
+            tau: self.cfg.tau,
         })
     }
 }

@@ -118,6 +118,28 @@ pub trait MemoryLayer: Send {
     fn token_spans(&self) -> Option<Tensor> {
         None
     }
+
+    /// What the last block did to a continuous long-term memory, for mechanisms that
+    /// have one (for `lethe inspect ltm`). Default: none.
+    fn ltm_trace(&self) -> Option<LtmTrace> {
+        None
+    }
+}
+
+/// The last block's view of a continuous long-term memory (the ∞-former's).
+pub struct LtmTrace {
+    /// The block's attention over `[0, 1]`, as a histogram per stream `(b, D)` that sums to 1.
+    pub attention: Tensor,
+    /// States absorbed into the memory at this block (0: none).
+    pub absorbed: i64,
+    /// When states were absorbed into a memory that held some already: the histogram
+    /// `(b, D)` by which the old signal was sampled (sticky memories), or none when it was
+    /// sampled evenly. The old signal's point `t` moved to `τ · CDF(t)`.
+    pub sampled_by: Option<Tensor>,
+    /// Whether the memory was empty before this block's absorption.
+    pub first: bool,
+    /// The contraction `τ`.
+    pub tau: f64,
 }
 
 /// Builds layer memory for `cfg`, creating its parameters (if any) under `p` (the

@@ -1,0 +1,271 @@
+//! `lethe inspect ltm`: what an ∞-former's long-term memory holds. A text is streamed
+//! through the model (memory carried, no dropout), and per layer this records:
+//!
+//! - the attention over the LTM's axis `[0, 1]`, as a histogram averaged over every
+//!   block that attended it (the ∞-former paper's Figure 7);
+//! - the "memory space" of every byte absorbed into the LTM: the length of the stretch
+//!   of `[0, 1]` it occupies at the end of the text (paper Figures 10-11). New bytes
+//!   share `(τ, 1]` evenly; at each update the old axis moves by `t -> τ · CDF(t)`, where
+//!   `CDF` is the distribution by which the old signal was sampled (uniform without
+//!   sticky memories, so everything contracts evenly; the previous block's attention
+//!   histogram with them, so attended regions keep more space).
+//!
+//! Written as `ltm.svg` and `ltm.html`.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use tch::{Kind, Tensor};
+
+use super::{colour, glyph, lines};
+use crate::checkpoint::write_atomic;
+use crate::error::{LetheError, Result};
+use crate::model::memory::LtmTrace;
+use crate::model::Lm;
+
+/// What each layer's LTM did over a text.
+#[derive(Clone, Debug)]
+pub struct LtmPicture {
+    /// The text.
+    pub text: Vec<u8>,
+    /// Per layer, the mean attention histogram over `[0, 1]` (D bins, sums to 1).
+    pub attention: Vec<Vec<f64>>,
+    /// Per layer, the interval `(start, end)` of `[0, 1]` held by each absorbed byte at
+    /// the end, for the first `spaces[layer].len()` bytes of the text.
+    pub spaces: Vec<Vec<(f64, f64)>>,
+    /// Whether the model uses sticky memories.
+    pub sticky: bool,
+}
+
+/// Streams `text` through `lm` (an ∞-former) in blocks of its training length.
+pub fn trace_ltm(lm: &Lm, text: &[u8]) -> Result<LtmPicture> {
+    if text.is_empty() {
+        return Err(LetheError::Invalid("the text to inspect is empty".into()));
+    }
+    let _guard = tch::no_grad_guard();
+    let layers = lm.config.model.layers;
+    let mut mem = lm.model.new_memory();
+    let mut sums: Vec<Vec<f64>> = vec![vec![]; layers];
+    let mut blocks = vec![0usize; layers];
+    let mut spaces: Vec<Vec<(f64, f64)>> = vec![vec![]; layers];
+    for chunk in text.chunks(lm.config.train.block.max(1)) {
+        let ids: Vec<i64> = chunk.iter().map(|&b| b as i64).collect();
+        let x = Tensor::from_slice(&ids).view([1, -1]).to_device(lm.device());
+        lm.model.forward(&x, &mut mem, false)?;
+        for (layer, trace) in mem.ltm_traces().into_iter().enumerate() {
+            let Some(trace) = trace else {
+                // No attention yet (the LTM is still empty), or not an ∞-former.
+                if lm.config.memory.mechanism != crate::config::Mechanism::Infinity {
+                    return Err(LetheError::Invalid(format!(
+                        "`{:?}` memory has no continuous long-term memory; `inspect ltm` needs an ∞-former model",
+                        lm.config.memory.mechanism
+                    )));
+                }
+                continue;
+            };
+            move_spaces(&mut spaces[layer], &trace)?;
+            let hist = first_row(&trace.attention)?;
+            if sums[layer].is_empty() {
+                sums[layer] = vec![0.0; hist.len()];
+            }
+            sums[layer].iter_mut().zip(&hist).for_each(|(s, h)| *s += h);
+            blocks[layer] += 1;
+        }
+    }
+    if blocks.iter().all(|&b| b == 0) {
+        return Err(LetheError::Invalid(format!(
+            "the text ({} bytes) is too short to reach the long-term memory: it must be longer than the short-term memory (memory.span = {}) plus a block ({})",
+            text.len(),
+            lm.config.memory.span,
+            lm.config.train.block
+        )));
+    }
+    let attention = sums.into_iter().zip(&blocks).map(|(s, &n)| s.into_iter().map(|v| v / n.max(1) as f64).collect()).collect();
+    Ok(LtmPicture { text: text.to_vec(), attention, spaces, sticky: lm.config.memory.infinity.sticky })
+}
+
+/// The first stream's row of a `(b, D)` histogram.
+fn first_row(t: &Tensor) -> Result<Vec<f64>> {
+    Vec::<f64>::try_from(t.get(0).to_kind(Kind::Double).to_device(tch::Device::Cpu))
+        .map_err(|e| LetheError::Invalid(format!("reading the LTM histogram: {e}")))
+}
+
+/// Applies one block's absorption to the bytes' intervals.
+fn move_spaces(spaces: &mut Vec<(f64, f64)>, trace: &LtmTrace) -> Result<()> {
+    let n = trace.absorbed as usize;
+    if n == 0 {
+        return Ok(());
+    }
+    let (start, width) = if trace.first {
+        spaces.clear();
+        (0.0, 1.0)
+    } else {
+        let cdf = trace.sampled_by.as_ref().map(first_row).transpose()?;
+        for (a, b) in spaces.iter_mut() {
+            *a = trace.tau * histogram_cdf(cdf.as_deref(), *a);
+            *b = trace.tau * histogram_cdf(cdf.as_deref(), *b);
+        }
+        (trace.tau, 1.0 - trace.tau)
+    };
+    let step = width / n as f64;
+    spaces.extend((0..n).map(|k| (start + k as f64 * step, start + (k + 1) as f64 * step)));
+    Ok(())
+}
+
+/// The distribution function at `t` of a histogram over equal bins of `[0, 1]` (uniform
+/// within each bin); `t` itself when there is no histogram.
+pub fn histogram_cdf(hist: Option<&[f64]>, t: f64) -> f64 {
+    let Some(h) = hist else { return t.clamp(0.0, 1.0) };
+    let total: f64 = h.iter().sum();
+    if total <= 0.0 {
+        return t.clamp(0.0, 1.0);
+    }
+    let x = t.clamp(0.0, 1.0) * h.len() as f64;
+    let bin = (x.floor() as usize).min(h.len() - 1);
+    (h[..bin].iter().sum::<f64>() + h[bin] * (x - bin as f64)) / total
+}
+
+/// A byte's space relative to an even share of the memory (1 = even), on a log colour
+/// scale from 1/8 (white) to 8 times (deep red).
+fn space_level(space: f64, count: usize) -> f64 {
+    let relative = (space * count as f64).max(1e-12);
+    ((relative.log2() + 3.0) / 6.0).clamp(0.0, 1.0)
+}
+
+/// One layer's attention histogram as SVG bars in a box at `(x, y)` of `w` by `h`.
+fn bars(s: &mut String, hist: &[f64], x: f64, y: f64, w: f64, h: f64) {
+    let top = hist.iter().cloned().fold(1e-12, f64::max);
+    let bw = w / hist.len().max(1) as f64;
+    let _ = writeln!(s, "<rect x=\"{x}\" y=\"{y}\" width=\"{w}\" height=\"{h}\" fill=\"none\" stroke=\"#999\"/>");
+    for (i, &v) in hist.iter().enumerate() {
+        let bh = h * v / top;
+        let _ = writeln!(
+            s,
+            "<rect x=\"{:.2}\" y=\"{:.2}\" width=\"{:.2}\" height=\"{bh:.2}\" fill=\"#c0392b\"><title>[{:.3}, {:.3}): {v:.4}</title></rect>",
+            x + bw * i as f64,
+            y + h - bh,
+            bw,
+            i as f64 / hist.len() as f64,
+            (i + 1) as f64 / hist.len() as f64
+        );
+    }
+    let _ = writeln!(s, "<text x=\"{x}\" y=\"{}\" font-size=\"11\">0 (oldest)</text><text x=\"{}\" y=\"{}\" font-size=\"11\" text-anchor=\"end\">1 (newest)</text>", y + h + 12.0, x + w, y + h + 12.0);
+}
+
+/// The picture as SVG: per layer, the attention histogram, then the absorbed text
+/// shaded by memory space.
+pub fn to_svg(p: &LtmPicture) -> String {
+    let (cw, ch, width) = (9.0, 16.0, 100);
+    let panels: Vec<Vec<(usize, usize)>> = p.spaces.iter().map(|sp| lines(&p.text[..sp.len()], width)).collect();
+    let panel_height = |rows: usize| 150.0 + ch * (rows as f64 + 1.0);
+    let total: f64 = panels.iter().map(|r| panel_height(r.len())).sum();
+    let w = cw * width as f64 + 20.0;
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{}\" font-family=\"monospace\" font-size=\"13\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
+        total + 10.0
+    );
+    let mut top = 5.0;
+    for (layer, rows) in panels.iter().enumerate() {
+        let _ = writeln!(s, "<text x=\"10\" y=\"{}\" font-weight=\"bold\">layer {layer}: attention over the LTM</text>", top + 12.0);
+        bars(&mut s, &p.attention[layer], 10.0, top + 20.0, w - 20.0, 90.0);
+        let _ = writeln!(s, "<text x=\"10\" y=\"{}\" font-weight=\"bold\">memory space per byte</text>", top + 140.0);
+        let spaces = &p.spaces[layer];
+        for (row, &(a, b)) in rows.iter().enumerate() {
+            let y = top + 146.0 + ch * row as f64;
+            for (col, i) in (a..b).enumerate() {
+                let x = 10.0 + cw * col as f64;
+                let space = spaces[i].1 - spaces[i].0;
+                let _ = writeln!(
+                    s,
+                    "<rect x=\"{x}\" y=\"{y}\" width=\"{cw}\" height=\"{ch}\" fill=\"{}\"><title>{space:.2e}</title></rect><text x=\"{}\" y=\"{}\">{}</text>",
+                    colour(space_level(space, spaces.len())),
+                    x + 1.0,
+                    y + ch - 4.0,
+                    glyph(p.text[i])
+                );
+            }
+        }
+        top += panel_height(rows.len());
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+/// The picture as an HTML page: the SVG plus the bytes with the most space.
+pub fn to_html(p: &LtmPicture) -> String {
+    let mut s = String::from(
+        "<!doctype html>\n<meta charset=\"utf-8\">\n<title>lethe: ∞-former long-term memory</title>\n<style>body{font-family:sans-serif;margin:2em}code{background:#eee}</style>\n",
+    );
+    let _ = writeln!(
+        s,
+        "<h1>∞-former long-term memory</h1>\n<p>Sticky memories: {}. Bars: the attention given to each region of the LTM, averaged over the blocks (0 = oldest, 1 = newest). Text: the share of the memory each absorbed byte holds at the end (white: 1/8 of an even share or less; deep red: 8 times or more). Hover for values.</p>",
+        if p.sticky { "on" } else { "off" }
+    );
+    s.push_str(&to_svg(p));
+    for (layer, spaces) in p.spaces.iter().enumerate() {
+        let _ = writeln!(s, "<h2>Layer {layer}: the bytes with the most space</h2>\n<ol>");
+        for (i, space) in largest(spaces, 10) {
+            let a = i.saturating_sub(12);
+            let context = super::escape(&String::from_utf8_lossy(&p.text[a..=i]));
+            let _ = writeln!(s, "<li><code>{context}</code>: {:.2} times an even share</li>", space * spaces.len() as f64);
+        }
+        s.push_str("</ol>\n");
+    }
+    s
+}
+
+/// The `k` bytes with the largest spaces: `(index, space)`, largest first.
+pub fn largest(spaces: &[(f64, f64)], k: usize) -> Vec<(usize, f64)> {
+    let mut all: Vec<(usize, f64)> = spaces.iter().enumerate().map(|(i, (a, b))| (i, b - a)).collect();
+    all.sort_by(|x, y| y.1.total_cmp(&x.1));
+    all.truncate(k);
+    all
+}
+
+/// Writes `ltm.svg` and `ltm.html` into `dir`.
+pub fn write(p: &LtmPicture, dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| LetheError::io(dir, e))?;
+    write_atomic(&dir.join("ltm.svg"), to_svg(p).as_bytes())?;
+    write_atomic(&dir.join("ltm.html"), to_html(p).as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_histogram_cdf_is_piecewise_linear() {
+        let h = [1.0, 0.0, 3.0, 0.0];
+        assert_eq!(histogram_cdf(Some(&h), 0.0), 0.0);
+        assert_eq!(histogram_cdf(Some(&h), 0.125), 0.125);
+        assert_eq!(histogram_cdf(Some(&h), 0.4), 0.25);
+        assert_eq!(histogram_cdf(Some(&h), 0.625), 0.625);
+        assert_eq!(histogram_cdf(Some(&h), 1.0), 1.0);
+        assert_eq!(histogram_cdf(None, 0.3), 0.3);
+    }
+
+    fn trace(absorbed: i64, first: bool, sampled_by: Option<&[f64]>) -> LtmTrace {
+        LtmTrace {
+            attention: Tensor::ones([1, 4], (Kind::Double, tch::Device::Cpu)) / 4.0,
+            absorbed,
+            sampled_by: sampled_by.map(|h| Tensor::from_slice(h).view([1, -1])),
+            first,
+            tau: 0.5,
+        }
+    }
+
+    #[test]
+    fn spaces_contract_evenly_or_by_the_sticky_histogram() {
+        let mut spaces = vec![];
+        move_spaces(&mut spaces, &trace(2, true, None)).unwrap();
+        assert_eq!(spaces, vec![(0.0, 0.5), (0.5, 1.0)]);
+        move_spaces(&mut spaces, &trace(2, false, None)).unwrap();
+        assert_eq!(spaces, vec![(0.0, 0.25), (0.25, 0.5), (0.5, 0.75), (0.75, 1.0)]);
+        // All attention was on the second half: the first two bytes lose their space.
+        move_spaces(&mut spaces, &trace(1, false, Some(&[0.0, 0.0, 1.0, 1.0]))).unwrap();
+        let widths: Vec<f64> = spaces.iter().map(|(a, b)| b - a).collect();
+        assert_eq!(widths, vec![0.0, 0.0, 0.25, 0.25, 0.5]);
+        assert!((widths.iter().sum::<f64>() - 1.0).abs() < 1e-12);
+        assert_eq!(largest(&spaces, 1), vec![(4, 0.5)]);
+    }
+}
