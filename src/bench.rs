@@ -3,7 +3,10 @@
 //! peak resident memory and the memory size per layer. The tokens are uniform random
 //! bytes of the configured shape: step time does not depend on their content, and the
 //! bench needs no corpus. Before timing, forward-only blocks fill the memory to its
-//! steady size, so a long span is timed full, not empty.
+//! steady size, so a long span is timed full, not empty. With a given context
+//! ([`bench`]'s `context`), that many tokens per stream are streamed through first
+//! instead: the time per block at 8k, 64k or 1M tokens of context shows whether a
+//! mechanism's cost grows with what it has seen (the ∞-former's must not).
 
 use std::time::Instant;
 
@@ -47,13 +50,16 @@ pub struct BenchResult {
     pub threads: i32,
     /// Forward-only blocks run first so that the memory is at its steady size.
     pub fill_blocks: usize,
+    /// Tokens per stream seen before the timed steps (`fill_blocks * block`).
+    pub context_tokens: usize,
 }
 
 /// Most forward-only blocks run to fill the memory before timing.
 const MAX_FILL_BLOCKS: usize = 4096;
 
-/// Runs `warmup` untimed then `steps` timed training steps of `cfg`.
-pub fn bench(cfg: &Config, steps: usize, warmup: usize) -> Result<BenchResult> {
+/// Runs `warmup` untimed then `steps` timed training steps of `cfg`, after streaming
+/// `context` tokens per stream (default: enough to fill the memory).
+pub fn bench(cfg: &Config, steps: usize, warmup: usize, context: Option<usize>) -> Result<BenchResult> {
     cfg.validate()?;
     let device = crate::device::parse(&cfg.train.device)?;
     if cfg.train.threads > 0 {
@@ -63,7 +69,7 @@ pub fn bench(cfg: &Config, steps: usize, warmup: usize) -> Result<BenchResult> {
     let mut opt = Adam::new(lm.named_parameters(), &cfg.train);
     let mut mems: Vec<_> = (0..cfg.train.accum).map(|_| lm.model.new_memory()).collect();
     let mut rng = Rng::new(cfg.seed);
-    let fill_blocks = fill_memory(&lm, &mut mems, cfg, &mut rng)?;
+    let fill_blocks = fill_memory(&lm, &mut mems, cfg, &mut rng, context)?;
     let mut times = Vec::with_capacity(steps);
     for i in 0..warmup + steps {
         let batch = random_batch(&mut rng, cfg.train.batch, cfg.train.block, cfg.model.vocab, false);
@@ -93,17 +99,25 @@ pub fn bench(cfg: &Config, steps: usize, warmup: usize) -> Result<BenchResult> {
         mem_size: mems[0].reports().iter().map(|r| r.mem_size).collect(),
         threads: tch::get_num_threads(),
         fill_blocks,
+        context_tokens: fill_blocks * cfg.train.block,
     })
 }
 
-/// Runs forward-only blocks until the memory can hold a full span (`L / M` blocks, at
-/// most [`MAX_FILL_BLOCKS`]), so that the timed steps see the steady-state memory and
-/// not an empty cache. Returns the number of blocks run.
-fn fill_memory(lm: &Lm, mems: &mut [crate::model::Memory], cfg: &Config, rng: &mut Rng) -> Result<usize> {
+/// Runs forward-only blocks over `context` tokens per stream, or by default until the
+/// memory can hold a full span (`L / M` blocks, at most [`MAX_FILL_BLOCKS`]), so that the
+/// timed steps see the steady-state memory and not an empty cache. Returns the number
+/// of blocks run.
+fn fill_memory(lm: &Lm, mems: &mut [crate::model::Memory], cfg: &Config, rng: &mut Rng, context: Option<usize>) -> Result<usize> {
     let _guard = tch::no_grad_guard();
-    let blocks = memory_reach(cfg).div_ceil(cfg.train.block).min(MAX_FILL_BLOCKS);
+    let blocks = match context {
+        Some(tokens) => tokens.div_ceil(cfg.train.block),
+        None => memory_reach(cfg).div_ceil(cfg.train.block).min(MAX_FILL_BLOCKS),
+    };
     let per = cfg.train.batch / mems.len();
-    for _ in 0..blocks {
+    for i in 0..blocks {
+        if context.is_some() && blocks >= 1000 && (i + 1) % (blocks / 10) == 0 {
+            eprintln!("streamed {} of {} context tokens", (i + 1) * cfg.train.block, blocks * cfg.train.block);
+        }
         for mem in mems.iter_mut() {
             let batch = random_batch(rng, per, cfg.train.block, cfg.model.vocab, false);
             let (x, _, _) = batch.tensors(0, per, lm.device());

@@ -202,6 +202,10 @@ pub struct BenchArgs {
     /// Untimed warm-up steps.
     #[arg(long, default_value_t = 3)]
     pub warmup: usize,
+    /// Tokens per stream to stream through the model (forward only) before timing, e.g.
+    /// 8192, 65536 or 1048576 (default: enough to fill the memory).
+    #[arg(long, value_name = "TOKENS")]
+    pub context: Option<usize>,
     /// Folder for bench.json (default: runs/<name>).
     #[arg(long, default_value = "runs")]
     pub out: PathBuf,

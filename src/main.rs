@@ -212,9 +212,9 @@ fn bench(a: BenchArgs) -> Result<()> {
         return Ok(());
     }
     let cfg = a.config.resolve()?;
-    let r = lethe::bench::bench(&cfg, a.bench_steps, a.warmup)?;
+    let r = lethe::bench::bench(&cfg, a.bench_steps, a.warmup, a.context)?;
     println!(
-        "{:<14} {:<8} {:>9} params | {} tok/step | step median {:.1} ms (p10 {:.1}, p90 {:.1}) | {:.0} tok/s | peak RSS {} | mem {:?} | {} threads | {} fill blocks",
+        "{:<14} {:<8} {:>9} params | {} tok/step | step median {:.1} ms (p10 {:.1}, p90 {:.1}) | {:.0} tok/s | peak RSS {} | mem {:?} | {} threads | context {} tokens",
         r.name,
         r.mechanism,
         r.parameters,
@@ -226,7 +226,7 @@ fn bench(a: BenchArgs) -> Result<()> {
         r.peak_rss_mib.map(|m| format!("{m:.0} MiB")).unwrap_or_else(|| "n/a".into()),
         r.mem_size.iter().map(|m| m.round()).collect::<Vec<_>>(),
         r.threads,
-        r.fill_blocks
+        r.context_tokens
     );
     let dir = a.out.join(&cfg.name);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating `{}`", dir.display()))?;

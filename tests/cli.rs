@@ -149,6 +149,15 @@ fn bench_reports_and_writes_json() {
     assert_eq!(json["fill_blocks"], 2, "span 16 / block 8");
     assert!(json["median_s"].as_f64().unwrap() > 0.0);
     assert_eq!(json["mem_size"].as_array().unwrap().len(), 1);
+    // With a context, that many tokens are streamed first: here through an ∞-former,
+    // whose memory is the STM (16) plus its 8 basis functions.
+    args.extend_from_slice(&["--context", "60", "--set", "memory.mechanism=infinity", "--set", "memory.infinity.basis=8"]);
+    let out = succeeds(&lethe(d, &args));
+    assert!(out.contains("context 64 tokens"), "{out}");
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(d.join("runs/copy-tiny/bench.json")).unwrap()).unwrap();
+    assert_eq!(json["fill_blocks"], 8, "60 tokens in blocks of 8");
+    assert_eq!(json["mechanism"], "infinity");
+    assert_eq!(json["mem_size"][0], 24.0);
 }
 
 #[test]
