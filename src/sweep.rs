@@ -438,6 +438,17 @@ mod tests {
     }
 
     #[test]
+    fn infinity_sizes_split_into_stm_and_basis_functions() {
+        let base = Config::preset("copy-tiny").unwrap(); // block 32, two widths
+        let c = configure(&base, Mechanism::Infinity, 128, 1).unwrap();
+        assert_eq!((c.memory.span, c.memory.infinity.basis), (64, 64));
+        let c = configure(&base, Mechanism::Infinity, 71, 1).unwrap();
+        assert_eq!((c.memory.span, c.memory.infinity.basis), (35, 36), "basis rounded down to the widths");
+        let err = configure(&base, Mechanism::Infinity, 34, 1).unwrap_err().to_string();
+        assert!(err.contains("infinity-34-s1") && err.contains("memory.infinity.basis"), "{err}");
+    }
+
+    #[test]
     fn the_plot_has_a_point_per_run_and_a_legend_per_mechanism() {
         let point = |m: &str, size, q, mem| SweepPoint {
             mechanism: m.into(),

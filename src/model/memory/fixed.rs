@@ -92,9 +92,15 @@ pub(super) fn window_mem_size(cached: i64, m: i64, span: i64) -> f64 {
     (0..m).map(|q| (cached + q).min(span) as f64).sum::<f64>() / m as f64
 }
 
+/// Most `(cached, m)` mask shapes a [`WindowCache`] keeps. While the cache fills, every
+/// block has a new shape; keeping them all cost `L / M` masks of `M x L` (9.6 GB for
+/// L = 32k, M = 256), so older shapes are dropped and only the steady ones stay.
+const MAX_WINDOW_SHAPES: usize = 4;
+
 /// A sliding window over a layer's past inputs, shared by the window-based memories
-/// (Transformer-XL, Adaptive-Span): the cached states, and the distance and visibility
-/// masks of each `(cached, m)` shape, built once and reused.
+/// (Transformer-XL, Adaptive-Span, the Compressive Transformer's and the ∞-former's
+/// short-term memory): the cached states, and the distance and visibility masks of the
+/// recent `(cached, m)` shapes, built once and reused.
 #[derive(Default)]
 pub(super) struct WindowCache {
     cache: Option<Tensor>,
@@ -129,6 +135,9 @@ impl WindowCache {
         let states = concat_time(self.cache.as_ref(), input.x); // (b, cached + m, d)
         let (k, v) = input.attn.keys_values(&states); // (b, h, n, dh)
         let device = input.x.device();
+        if !self.windows.contains_key(&(cached, m)) && self.windows.len() >= MAX_WINDOW_SHAPES {
+            self.windows.clear();
+        }
         let (dist, visible) = self.windows.entry((cached, m)).or_insert_with(|| window(cached, m, span, device));
         WindowKeys { k, v, dist: dist.shallow_clone(), visible: visible.shallow_clone(), cached }
     }
@@ -183,5 +192,30 @@ impl WindowCache {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::attention::Attention;
+
+    /// Regression: the masks of every shape seen while the cache filled were kept
+    /// (12 GB of resident memory for a span of 32k in blocks of 256).
+    #[test]
+    fn the_window_keeps_the_masks_of_a_few_shapes_only() {
+        let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+        let attn = Attention::new(vs.root(), 4, 1, 0.0);
+        let key_pe = Tensor::zeros([65, 4], (tch::Kind::Float, tch::Device::Cpu));
+        let mut w = WindowCache::default();
+        for _ in 0..20 {
+            let x = Tensor::ones([1, 2, 4], (tch::Kind::Float, tch::Device::Cpu));
+            let q = attn.queries(&x);
+            let input = AttendInput { x: &x, q: &q, attn: &attn, key_pe: &key_pe, train: false };
+            let keys = w.keys(&input, 64);
+            assert_eq!(keys.visible.size(), vec![2, keys.cached + 2]);
+            w.append(&x, 64);
+            assert!(w.windows.len() <= MAX_WINDOW_SHAPES, "{} mask shapes kept", w.windows.len());
+        }
     }
 }

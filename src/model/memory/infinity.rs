@@ -102,7 +102,8 @@ impl Params {
 /// The convolution of width 3 and padding 1 over time of `x` `(b, n, d)` with weight `w`
 /// `(d, d, 3)` and bias `b` `(d)`, as one matrix product: each step's window
 /// `[x_{t-1}, x_t, x_{t+1}]` `(3d)` times the weight unfolded to `(d, 3d)`. Returns
-/// `(b, n, d)`. (A matrix product beats libtorch's CPU `conv1d` at these sizes.)
+/// `(b, n, d)`. (Measured slightly faster than libtorch's CPU `conv1d`: 18.4 against
+/// 19.0-22.4 ms per `sorting-infinity-tiny` training step.)
 fn conv_k3(x: &Tensor, w: &Tensor, b: &Tensor) -> Tensor {
     let (_, n, d) = x.size3().expect("gate input must be (b, n, d)");
     let padded = x.constant_pad_nd([0, 0, 1, 1]); // (b, n + 2, d)
