@@ -78,6 +78,9 @@ fn queries_see_the_long_term_memory() {
     let r = &mem.reports()[0];
     assert_eq!(r.mem_size, 4.0 + 8.0, "4 STM positions plus 8 basis coefficients");
     assert_eq!(r.extra("ltm_tokens"), Some(8.0));
+    let (name, hist) = &r.series[0];
+    assert_eq!((name.as_str(), hist.len()), ("ltm_attention", 8));
+    assert!((hist.iter().sum::<f64>() - 1.0).abs() < 1e-6, "{hist:?}");
     let fit = r.extra("ltm_fit_error").unwrap();
     assert!(fit > 0.0 && fit < 1.0, "relative regression error {fit}");
 }

@@ -97,6 +97,7 @@ impl MemoryLayer for AdaptiveSpan {
             mem_size: self.last_mem_size,
             held: self.window.len() as usize,
             extra: vec![("mean_span".into(), mean), ("max_span".into(), max)],
+            series: vec![],
         }
     }
 

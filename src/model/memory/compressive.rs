@@ -195,6 +195,7 @@ impl MemoryLayer for CompressiveMemory {
             mem_size: self.last_mem_size,
             held: (self.window.len() + pending + self.slots_held()) as usize,
             extra,
+            series: vec![],
         }
     }
 

@@ -284,6 +284,7 @@ impl MemoryLayer for ExpireSpan {
             mem_size: s.mem_size,
             held: self.cached_len() as usize,
             extra: vec![("mean_span".into(), s.mean_span), ("max_span".into(), s.max_span), ("live".into(), s.live)],
+            series: vec![],
         }
     }
 

@@ -52,7 +52,7 @@ impl MemoryLayer for FixedSpan {
     }
 
     fn report(&self) -> MemoryReport {
-        MemoryReport { mem_size: self.last_mem_size, held: self.window.len() as usize, extra: vec![] }
+        MemoryReport { mem_size: self.last_mem_size, held: self.window.len() as usize, extra: vec![], series: vec![] }
     }
 
     fn state(&self) -> Vec<(String, Tensor)> {

@@ -372,13 +372,16 @@ impl MemoryLayer for InfinityMemory {
         let s = &self.stats;
         let named = [("ltm_fit_error", &s.fit_error), ("ltm_mu", &s.mu), ("ltm_sigma", &s.sigma), ("ltm_kl", &s.kl)];
         extra.extend(named.iter().filter_map(|(n, v)| v.as_ref().map(|v| (n.to_string(), v.double_value(&[])))));
+        let mut series = vec![];
         if let Some(h) = self.histogram() {
             extra.push(("ltm_recent_mass".to_string(), recent_mass(&h, self.cfg.tau)));
+            series.push(("ltm_attention".to_string(), coarse_histogram(&h, LOGGED_BINS)));
         }
         MemoryReport {
             mem_size: self.stats.mem_size,
             held: (self.window.len() + waiting + self.ltm_slots()) as usize,
             extra,
+            series,
         }
     }
 
@@ -437,6 +440,19 @@ impl MemoryLayer for InfinityMemory {
             tau: self.cfg.tau,
         })
     }
+}
+
+/// Bins of the attention histogram written to the metrics (`ltm_attention`).
+const LOGGED_BINS: i64 = 16;
+
+/// A normalised histogram `(b, D)` averaged over streams and summed into at most `bins`
+/// equal groups of neighbouring bins (all `D` when `D` is not a multiple of `bins`).
+fn coarse_histogram(hist: &Tensor, bins: i64) -> Vec<f64> {
+    let (b, d) = hist.size2().expect("histogram must be (b, D)");
+    let mean = hist.to_kind(Kind::Double).sum_dim_intlist([0i64].as_slice(), false, Kind::Double) / b as f64; // (D)
+    let groups = if d % bins == 0 { bins } else { d };
+    let coarse = mean.view([groups, d / groups]).sum_dim_intlist([1i64].as_slice(), false, Kind::Double);
+    Vec::<f64>::try_from(coarse.to_device(tch::Device::Cpu)).unwrap_or_default()
 }
 
 /// The share of a normalised histogram `(b, D)` in `(τ, 1]`, where the newest states

@@ -63,6 +63,8 @@ pub struct MemoryReport {
     pub held: usize,
     /// Mechanism-specific figures (spans, compression, ...), by name.
     pub extra: Vec<(String, f64)>,
+    /// Mechanism-specific series (the ∞-former's attention histogram), by name.
+    pub series: Vec<(String, Vec<f64>)>,
 }
 
 impl MemoryReport {
@@ -78,6 +80,9 @@ impl MemoryReport {
         map.insert("held".into(), self.held.into());
         for (name, value) in &self.extra {
             map.insert(name.clone(), (*value).into());
+        }
+        for (name, values) in &self.series {
+            map.insert(name.clone(), values.clone().into());
         }
         serde_json::Value::Object(map)
     }

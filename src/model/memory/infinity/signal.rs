@@ -312,6 +312,21 @@ mod tests {
         }
     }
 
+    #[test]
+    fn the_histogram_of_two_densities_has_its_mass_at_their_means() {
+        // Two narrow densities at 0.25 and 0.75 over 10 bins: summed and normalised, the
+        // histogram sums to 1 and nearly all its mass is in bins 2 and 7, equally.
+        let mass = bin_mass(&Tensor::from_slice(&[0.25, 0.75]), &Tensor::from_slice(&[1e-4, 1e-4]), 10).sum_dim_intlist(
+            [0i64].as_slice(),
+            false,
+            Kind::Double,
+        );
+        let hist: Vec<f64> = (&mass / mass.sum(Kind::Double)).try_into().unwrap();
+        assert!((hist.iter().sum::<f64>() - 1.0).abs() < 1e-12);
+        assert!(hist[2] > 0.49 && hist[7] > 0.49, "{hist:?}");
+        assert!((hist[2] - hist[7]).abs() < 1e-9);
+    }
+
     /// erf by its Taylor series (enough terms for |x| <= 4).
     fn erf(x: f64) -> f64 {
         let (mut term, mut sum) = (x, x);
