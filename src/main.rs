@@ -168,6 +168,13 @@ fn eval(a: EvalArgs) -> Result<()> {
         }
     };
     let r = lethe::eval::evaluate_with_progress(&lm, &data, batch, block, a.max_tokens, progress)?;
+    if r.tokens == 0 {
+        anyhow::bail!(
+            "no scored token in the {split} tokens evaluated ({} streams x blocks of {block}{}): this task scores only its answers; raise --max-tokens or lower --batch",
+            batch,
+            a.max_tokens.map(|m| format!(", --max-tokens {m}")).unwrap_or_default()
+        );
+    }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {

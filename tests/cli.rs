@@ -195,6 +195,18 @@ fn inspect_ltm_draws_an_infinity_former_memory() {
     fails_with(&lethe(d, &["inspect", "ltm", "--checkpoint", "runs/fixed", "--text", "long.txt"]), &["∞-former"]);
 }
 
+/// Regression: evaluating fewer tokens than reach a task's first answer printed a loss
+/// of 0 over 0 scored tokens as if it were a result.
+#[test]
+fn eval_with_no_scored_token_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    succeeds(&train(d, &["--steps", "2", "--name", "sort", "--preset", "sorting-tiny", "--length", "64"]));
+    fails_with(&lethe(d, &["eval", "--checkpoint", "runs/sort", "--max-tokens", "32"]), &["no scored token", "--max-tokens 32"]);
+    let out = succeeds(&lethe(d, &["eval", "--checkpoint", "runs/sort", "--max-tokens", "1024"]));
+    assert!(out.contains("scored tokens"), "{out}");
+}
+
 #[test]
 fn sweep_writes_a_table_a_plot_and_a_report_and_resumes() {
     let dir = tempfile::tempdir().unwrap();

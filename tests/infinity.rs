@@ -215,3 +215,20 @@ fn a_tiny_infinity_former_learns_to_sort_by_frequency() {
     assert!(r.accuracy > 0.45, "sorted {} of the symbols right (chance 0.25)", r.accuracy);
     assert!(r.loss < 4f64.ln() - 0.2, "loss {} is not below the unigram ln 4", r.loss);
 }
+
+#[test]
+fn resuming_an_infinity_former_repeats_the_losses_of_a_straight_run() {
+    use lethe::train::{train, TrainOptions};
+    let _rng = common::torch_rng_lock();
+    let mut cfg = infinity_config();
+    cfg.memory.infinity.sticky = true; // the histogram is part of the state
+    cfg.train.steps = 12;
+    let options = |dir: &std::path::Path| TrainOptions { out_dir: dir.to_path_buf(), quiet: true, ..TrainOptions::default() };
+    let straight_dir = tempfile::tempdir().unwrap();
+    let straight = train(&cfg, &options(straight_dir.path())).unwrap().losses;
+    let dir = tempfile::tempdir().unwrap();
+    let first = train(&cfg, &TrainOptions { stop_after: Some(6), ..options(dir.path()) }).unwrap().losses;
+    let second = train(&cfg, &TrainOptions { resume: true, ..options(dir.path()) }).unwrap().losses;
+    let resumed: Vec<f64> = first.into_iter().chain(second).collect();
+    assert_eq!(straight, resumed);
+}
