@@ -15,7 +15,7 @@ use tch::{Kind, Tensor};
 
 use crate::checkpoint::write_atomic;
 use crate::error::{LetheError, Result};
-use crate::model::Lm;
+use crate::model::{Lm, Memory};
 
 /// Spans per layer for every byte of a text.
 #[derive(Clone, Debug)]
@@ -28,18 +28,27 @@ pub struct SpanTrace {
     pub max_span: f64,
 }
 
-/// Streams `text` through `lm` in blocks of its training length and records the spans.
-pub fn trace_spans(lm: &Lm, text: &[u8]) -> Result<SpanTrace> {
+/// Streams `text` through `lm` as one stream, in blocks of its training length, with
+/// the memory carried and no gradient; `after_block` sees the memory after each block.
+fn stream_text(lm: &Lm, text: &[u8], mut after_block: impl FnMut(&Memory) -> Result<()>) -> Result<()> {
     if text.is_empty() {
         return Err(LetheError::Invalid("the text to inspect is empty".into()));
     }
     let _guard = tch::no_grad_guard();
     let mut mem = lm.model.new_memory();
-    let mut spans = vec![Vec::with_capacity(text.len()); lm.config.model.layers];
     for chunk in text.chunks(lm.config.train.block.max(1)) {
         let ids: Vec<i64> = chunk.iter().map(|&b| b as i64).collect();
         let x = Tensor::from_slice(&ids).view([1, -1]).to_device(lm.device());
         lm.model.forward(&x, &mut mem, false)?;
+        after_block(&mem)?;
+    }
+    Ok(())
+}
+
+/// Streams `text` through `lm` in blocks of its training length and records the spans.
+pub fn trace_spans(lm: &Lm, text: &[u8]) -> Result<SpanTrace> {
+    let mut spans = vec![Vec::with_capacity(text.len()); lm.config.model.layers];
+    stream_text(lm, text, |mem| {
         for (layer, s) in mem.token_spans().into_iter().enumerate() {
             let s = s.ok_or_else(|| {
                 LetheError::Invalid(format!(
@@ -50,7 +59,8 @@ pub fn trace_spans(lm: &Lm, text: &[u8]) -> Result<SpanTrace> {
             let values: Vec<f32> = s.to_kind(Kind::Float).to_device(tch::Device::Cpu).flatten(0, -1).try_into().unwrap_or_default();
             spans[layer].extend(values);
         }
-    }
+        Ok(())
+    })?;
     Ok(SpanTrace { text: text.to_vec(), spans, max_span: lm.config.memory.span as f64 })
 }
 

@@ -38,11 +38,16 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
-fn inspect_ltm(a: InspectSpansArgs) -> Result<()> {
+/// The model and the text of an `inspect` command.
+fn inspect_inputs(a: &InspectSpansArgs) -> Result<(Lm, Vec<u8>)> {
     let device = lethe::device::parse(&a.device)?;
     let text = std::fs::read(&a.text).with_context(|| format!("reading text `{}`", a.text.display()))?;
     let ckpt = Checkpoint::load(&a.checkpoint)?;
-    let lm = Lm::from_checkpoint(&ckpt, device)?;
+    Ok((Lm::from_checkpoint(&ckpt, device)?, text))
+}
+
+fn inspect_ltm(a: InspectSpansArgs) -> Result<()> {
+    let (lm, text) = inspect_inputs(&a)?;
     let picture = lethe::inspect::ltm::trace_ltm(&lm, &text)?;
     lethe::inspect::ltm::write(&picture, &a.out)?;
     for (layer, (hist, spaces)) in picture.attention.iter().zip(&picture.spaces).enumerate() {
@@ -62,10 +67,7 @@ fn inspect_ltm(a: InspectSpansArgs) -> Result<()> {
 }
 
 fn inspect_spans(a: InspectSpansArgs) -> Result<()> {
-    let device = lethe::device::parse(&a.device)?;
-    let text = std::fs::read(&a.text).with_context(|| format!("reading text `{}`", a.text.display()))?;
-    let ckpt = Checkpoint::load(&a.checkpoint)?;
-    let lm = Lm::from_checkpoint(&ckpt, device)?;
+    let (lm, text) = inspect_inputs(&a)?;
     let trace = lethe::inspect::trace_spans(&lm, &text)?;
     lethe::inspect::write(&trace, &a.out)?;
     for (layer, spans) in trace.spans.iter().enumerate() {

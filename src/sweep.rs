@@ -101,15 +101,19 @@ pub fn configure(base: &Config, mechanism: Mechanism, size: usize, seed: u64) ->
     c.memory.mechanism = mechanism;
     c.seed = seed;
     c.name = format!("{}-{size}-s{seed}", mechanism_name(mechanism));
+    // Two-memory mechanisms: half the size (at least a block) is the recent window,
+    // the rest the second memory.
+    let window = (size / 2).max(c.train.block);
+    let rest = size.saturating_sub(window);
     match mechanism {
         Mechanism::Compressive => {
-            c.memory.span = (size / 2).max(c.train.block);
-            c.memory.compressive.slots = size.saturating_sub(c.memory.span);
+            c.memory.span = window;
+            c.memory.compressive.slots = rest;
         }
         Mechanism::Infinity => {
-            c.memory.span = (size / 2).max(c.train.block);
+            c.memory.span = window;
             let widths = c.memory.infinity.widths.len().max(1);
-            c.memory.infinity.basis = size.saturating_sub(c.memory.span) / widths * widths;
+            c.memory.infinity.basis = rest / widths * widths;
         }
         _ => c.memory.span = size,
     }

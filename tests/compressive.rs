@@ -5,7 +5,7 @@
 mod common;
 
 use lethe::config::{Compressor, Config, Mechanism};
-use lethe::model::{token_nll, Lm, Memory};
+use lethe::model::Lm;
 use tch::{Device, Kind, Tensor};
 
 /// One layer, span 4, blocks of 4, rate 2, 4 slots.
@@ -28,24 +28,12 @@ const X: [i64; 24] = [1, 4, 2, 8, 5, 7, 3, 0, 9, 10, 2, 6, 4, 1, 3, 5, 7, 7, 2, 
 
 /// The memory after two blocks of 4 (2 streams): 4 states in the window, 2 slots.
 fn two_block_memory(lm: &Lm) -> Vec<(String, Tensor)> {
-    let x = common::tokens(&X, 2);
-    let mut mem = lm.model.new_memory();
-    tch::no_grad(|| {
-        for i in 0..2 {
-            lm.model.forward(&x.narrow(1, 4 * i, 4), &mut mem, true).unwrap();
-        }
-    });
-    mem.state().into_iter().map(|(n, t)| (n, t.detach().copy())).collect()
+    common::memory_after(lm, &X, 2, 4)
 }
 
 /// Task loss and auxiliary loss of the third block, given the memory of the first two.
 fn third_block_losses(lm: &Lm, state: &[(String, Tensor)]) -> (Tensor, Tensor) {
-    let x = common::tokens(&X, 2);
-    let y = x.remainder(7);
-    let mut mem: Memory = lm.model.new_memory();
-    mem.load_state(state).unwrap();
-    let out = lm.model.forward(&x.narrow(1, 8, 4), &mut mem, true).unwrap();
-    (token_nll(&out.logits, &y.narrow(1, 8, 4)).sum(Kind::Double), out.aux_loss)
+    common::block_losses(lm, &X, 2, 4, state)
 }
 
 #[test]

@@ -5,7 +5,7 @@
 mod common;
 
 use lethe::config::{Config, Mechanism};
-use lethe::model::{token_nll, Lm, Memory};
+use lethe::model::Lm;
 use tch::{Device, Kind, Tensor};
 
 /// One layer, STM of 4, blocks of 4, a basis of 8 functions, 16 samples, 8 bins.
@@ -35,24 +35,12 @@ const X: [i64; 40] = [
 /// The memory after three blocks of 4 (2 streams): the STM holds 4 states, the LTM the
 /// 4 absorbed at block 3, and 4 more wait to be absorbed.
 fn three_block_memory(lm: &Lm) -> Vec<(String, Tensor)> {
-    let x = common::tokens(&X, 2);
-    let mut mem = lm.model.new_memory();
-    tch::no_grad(|| {
-        for i in 0..3 {
-            lm.model.forward(&x.narrow(1, 4 * i, 4), &mut mem, true).unwrap();
-        }
-    });
-    mem.state().into_iter().map(|(n, t)| (n, t.detach().copy())).collect()
+    common::memory_after(lm, &X, 3, 4)
 }
 
 /// Task and auxiliary loss of the fourth block, given the memory of the first three.
 fn fourth_block_losses(lm: &Lm, state: &[(String, Tensor)]) -> (Tensor, Tensor) {
-    let x = common::tokens(&X, 2);
-    let y = x.remainder(7);
-    let mut mem: Memory = lm.model.new_memory();
-    mem.load_state(state).unwrap();
-    let out = lm.model.forward(&x.narrow(1, 12, 4), &mut mem, true).unwrap();
-    (token_nll(&out.logits, &y.narrow(1, 12, 4)).sum(Kind::Double), out.aux_loss)
+    common::block_losses(lm, &X, 3, 4, state)
 }
 
 fn replace(state: &[(String, Tensor)], name: &str, f: impl Fn(&Tensor) -> Tensor) -> Vec<(String, Tensor)> {

@@ -17,8 +17,9 @@ use std::path::Path;
 
 use tch::{Kind, Tensor};
 
-use super::{colour, glyph, lines};
+use super::{colour, glyph, lines, stream_text};
 use crate::checkpoint::write_atomic;
+use crate::config::Mechanism;
 use crate::error::{LetheError, Result};
 use crate::model::memory::LtmTrace;
 use crate::model::Lm;
@@ -39,30 +40,20 @@ pub struct LtmPicture {
 
 /// Streams `text` through `lm` (an ∞-former) in blocks of its training length.
 pub fn trace_ltm(lm: &Lm, text: &[u8]) -> Result<LtmPicture> {
-    if text.is_empty() {
-        return Err(LetheError::Invalid("the text to inspect is empty".into()));
+    if lm.config.memory.mechanism != Mechanism::Infinity {
+        return Err(LetheError::Invalid(format!(
+            "`{:?}` memory has no continuous long-term memory; `inspect ltm` needs an ∞-former model",
+            lm.config.memory.mechanism
+        )));
     }
-    let _guard = tch::no_grad_guard();
     let layers = lm.config.model.layers;
-    let mut mem = lm.model.new_memory();
     let mut sums: Vec<Vec<f64>> = vec![vec![]; layers];
     let mut blocks = vec![0usize; layers];
     let mut spaces: Vec<Vec<(f64, f64)>> = vec![vec![]; layers];
-    for chunk in text.chunks(lm.config.train.block.max(1)) {
-        let ids: Vec<i64> = chunk.iter().map(|&b| b as i64).collect();
-        let x = Tensor::from_slice(&ids).view([1, -1]).to_device(lm.device());
-        lm.model.forward(&x, &mut mem, false)?;
+    stream_text(lm, text, |mem| {
+        // A layer has no trace until its LTM has been attended to.
         for (layer, trace) in mem.ltm_traces().into_iter().enumerate() {
-            let Some(trace) = trace else {
-                // No attention yet (the LTM is still empty), or not an ∞-former.
-                if lm.config.memory.mechanism != crate::config::Mechanism::Infinity {
-                    return Err(LetheError::Invalid(format!(
-                        "`{:?}` memory has no continuous long-term memory; `inspect ltm` needs an ∞-former model",
-                        lm.config.memory.mechanism
-                    )));
-                }
-                continue;
-            };
+            let Some(trace) = trace else { continue };
             move_spaces(&mut spaces[layer], &trace)?;
             let hist = first_row(&trace.attention)?;
             if sums[layer].is_empty() {
@@ -71,7 +62,8 @@ pub fn trace_ltm(lm: &Lm, text: &[u8]) -> Result<LtmPicture> {
             sums[layer].iter_mut().zip(&hist).for_each(|(s, h)| *s += h);
             blocks[layer] += 1;
         }
-    }
+        Ok(())
+    })?;
     if blocks.iter().all(|&b| b == 0) {
         return Err(LetheError::Invalid(format!(
             "the text ({} bytes) is too short to reach the long-term memory: it must be longer than the short-term memory (memory.span = {}) plus a block ({})",

@@ -42,7 +42,7 @@ impl Attention {
     }
 
     /// `(b, n, d)` -> `(b, h, n, dh)`.
-    fn split_heads(&self, x: &Tensor) -> Tensor {
+    pub fn split_heads(&self, x: &Tensor) -> Tensor {
         let (b, n, _) = x.size3().expect("attention input must be (b, n, d)");
         x.view([b, n, self.heads, self.d_head]).transpose(1, 2) // (b, h, n, dh)
     }
@@ -70,9 +70,14 @@ impl Attention {
 
     /// Heads `(b, h, m, dh)` merged and projected: `(b, m, d)`.
     pub fn output(&self, context: &Tensor) -> Tensor {
-        let (b, h, m, dh) = context.size4().expect("context must be (b, h, m, dh)");
-        self.o.forward(&context.transpose(1, 2).contiguous().view([b, m, h * dh]))
+        self.o.forward(&merge_heads(context))
     }
+}
+
+/// Heads `(b, h, m, dh)` concatenated: `(b, m, h·dh)`.
+pub fn merge_heads(context: &Tensor) -> Tensor {
+    let (b, h, m, dh) = context.size4().expect("context must be (b, h, m, dh)");
+    context.transpose(1, 2).contiguous().view([b, m, h * dh])
 }
 
 /// Relative-position attention scores: `(q·k + q·key_pe[dist]) / sqrt(dh)`.

@@ -100,3 +100,27 @@ pub fn numeric_grad(param: &tch::Tensor, idx: i64, loss: impl Fn() -> f64) -> f6
     let _ = flat.get(idx).fill_(orig);
     (up - down) / (2.0 * h)
 }
+
+/// The memory state after the first `blocks` blocks of `len` tokens of `seq` (2 streams),
+/// run in training mode without gradient, detached and copied.
+pub fn memory_after(lm: &lethe::model::Lm, seq: &[i64], blocks: i64, len: i64) -> Vec<(String, tch::Tensor)> {
+    let x = tokens(seq, 2);
+    let mut mem = lm.model.new_memory();
+    tch::no_grad(|| {
+        for i in 0..blocks {
+            lm.model.forward(&x.narrow(1, len * i, len), &mut mem, true).unwrap();
+        }
+    });
+    mem.state().into_iter().map(|(n, t)| (n, t.detach().copy())).collect()
+}
+
+/// Task loss (targets `seq mod 7`, summed) and auxiliary loss of block `index` of `len`
+/// tokens of `seq` (2 streams), in training mode, starting from the memory `state`.
+pub fn block_losses(lm: &lethe::model::Lm, seq: &[i64], index: i64, len: i64, state: &[(String, tch::Tensor)]) -> (tch::Tensor, tch::Tensor) {
+    let x = tokens(seq, 2);
+    let y = x.remainder(7);
+    let mut mem = lm.model.new_memory();
+    mem.load_state(state).unwrap();
+    let out = lm.model.forward(&x.narrow(1, index * len, len), &mut mem, true).unwrap();
+    (lethe::model::token_nll(&out.logits, &y.narrow(1, index * len, len)).sum(tch::Kind::Double), out.aux_loss)
+}

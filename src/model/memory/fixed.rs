@@ -35,11 +35,8 @@ impl MemoryLayer for FixedSpan {
     }
 
     fn attend(&mut self, input: &AttendInput) -> Result<AttendOutput> {
-        let m = input.x.size()[1];
-        let w = self.window.keys(input, self.span);
-        let scores = relative_scores(input.q, &w.k, input.key_pe, &w.dist); // (b, h, m, n)
-        let context = masked_mix(&scores, &w.visible, &w.v, input.attn.dropout, input.train);
-        self.last_mem_size = window_mem_size(w.cached, m, self.span);
+        let (context, mem_size) = self.window.attend(input, self.span);
+        self.last_mem_size = mem_size;
         Ok(AttendOutput { context, aux_loss: None, added: None })
     }
 
@@ -140,6 +137,17 @@ impl WindowCache {
         }
         let (dist, visible) = self.windows.entry((cached, m)).or_insert_with(|| window(cached, m, span, device));
         WindowKeys { k, v, dist: dist.shallow_clone(), visible: visible.shallow_clone(), cached }
+    }
+
+    /// Attention of the block of `input` over the window, each query seeing itself and
+    /// at most `span` earlier positions: the context `(b, h, m, dh)`, and the mean number
+    /// of earlier positions the queries saw.
+    pub fn attend(&mut self, input: &AttendInput, span: i64) -> (Tensor, f64) {
+        let m = input.x.size()[1];
+        let w = self.keys(input, span);
+        let scores = relative_scores(input.q, &w.k, input.key_pe, &w.dist); // (b, h, m, n)
+        let context = masked_mix(&scores, &w.visible, &w.v, input.attn.dropout, input.train);
+        (context, window_mem_size(w.cached, m, span))
     }
 
     /// Appends the block `x` `(b, m, d)` and keeps the last `keep` states. Returns the

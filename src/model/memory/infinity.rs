@@ -39,12 +39,12 @@ use std::sync::{Arc, Mutex};
 
 use tch::{nn, Kind, Tensor};
 
-use self::signal::{bin_mass, evaluate, positions, quantile_positions, ridge_matrix, Basis};
-use super::fixed::{concat_time, window_mem_size, WindowCache};
+use self::signal::{bin_mass, evaluate, positions, quantile_positions, ridge_matrix, update_positions, Basis};
+use super::fixed::{concat_time, WindowCache};
 use super::{AttendInput, AttendOutput, LtmTrace, MemoryLayer, MemoryReport};
 use crate::config::InfinityConfig;
 use crate::error::{LetheError, Result};
-use crate::model::attention::{masked_mix, relative_scores};
+use crate::model::attention::merge_heads;
 
 /// The learned parts of one layer's LTM.
 struct Params {
@@ -99,6 +99,7 @@ impl Params {
     }
 }
 
+
 /// The convolution of width 3 and padding 1 over time of `x` `(b, n, d)` with weight `w`
 /// `(d, d, 3)` and bias `b` `(d)`, as one matrix product: each step's window
 /// `[x_{t-1}, x_t, x_{t+1}]` `(3d)` times the weight unfolded to `(d, 3d)`. Returns
@@ -110,9 +111,6 @@ fn conv_k3(x: &Tensor, w: &Tensor, b: &Tensor) -> Tensor {
     let windows = Tensor::cat(&[padded.narrow(1, 0, n), padded.narrow(1, 1, n), padded.narrow(1, 2, n)], 2); // (b, n, 3d)
     let unfolded = w.permute([0, 2, 1]).reshape([d, 3 * d]); // (d, 3d), tap-major
     windows.linear(&unfolded, Some(b))
-}
-
-impl Params {
 }
 
 /// The regression matrices of one shape: `M` old samples then `n` new states.
@@ -187,12 +185,17 @@ impl InfinityMemory {
     pub fn new(p: nn::Path, d_model: i64, span: usize, cfg: &InfinityConfig) -> Result<Self> {
         let basis = Basis::new(cfg.basis, &cfg.widths)?;
         let params = Params::new(&(p / "ltm"), d_model, basis.len(), cfg.gate);
-        Ok(InfinityMemory {
-            cfg: cfg.clone(),
-            span: span as i64,
+        Ok(InfinityMemory::empty(cfg.clone(), span as i64, basis, params, FitCache::default()))
+    }
+
+    /// A memory with nothing remembered yet.
+    fn empty(cfg: InfinityConfig, span: i64, basis: Basis, params: Params, fits: FitCache) -> Self {
+        InfinityMemory {
+            cfg,
+            span,
             basis,
             params,
-            fits: FitCache::default(),
+            fits,
             window: WindowCache::default(),
             coeffs: None,
             incoming: None,
@@ -200,12 +203,7 @@ impl InfinityMemory {
             absorbed: 0,
             last: Absorption::default(),
             stats: Stats::default(),
-        })
-    }
-
-    /// The LTM coefficients `(b, N, d)`, if any.
-    pub fn coefficients(&self) -> Option<&Tensor> {
-        self.coeffs.as_ref()
+        }
     }
 
     /// The regression matrices for `old` samples and `new` states, computed once per shape.
@@ -215,22 +213,13 @@ impl InfinityMemory {
         if let Some(f) = fits.get(&key) {
             return Ok(f.share());
         }
-        let tau = self.cfg.tau;
-        let (old_pos, new_pos) = if old == 0 {
-            (None, positions(new))
-        } else {
-            (Some(positions(old) * tau), positions(new) * (1.0 - tau) + tau)
-        };
-        let all = match &old_pos {
-            Some(o) => Tensor::cat(&[o, &new_pos], 0),
-            None => new_pos.shallow_clone(),
-        };
+        let all = update_positions(old, new, self.cfg.tau); // (M + n)
         let g = ridge_matrix(&self.basis, &all, self.cfg.ridge, self.cfg.pad)?; // (M + n, N), f64
         let cast = |t: Tensor| t.to_kind(like.kind()).to_device(like.device());
         let fit = Fit {
             g_old: (old > 0).then(|| cast(g.narrow(0, 0, old))),
             g_new: cast(g.narrow(0, old, new)),
-            psi_new: cast(self.basis.eval(&new_pos)),
+            psi_new: cast(self.basis.eval(&all.narrow(0, old, new))),
         };
         fits.insert(key, fit.share());
         Ok(fit)
@@ -277,17 +266,15 @@ impl InfinityMemory {
     /// The LTM's contribution `Z_LTM` `(b, m, d)` for the block's queries, and the
     /// weighted KL regulariser in training.
     fn attend_ltm(&mut self, input: &AttendInput, coeffs: &Tensor) -> (Tensor, Option<Tensor>) {
-        let (b, h, m, dh) = input.q.size4().expect("queries must be (b, h, m, dh)");
-        let n = coeffs.size()[1];
-        let split = |t: Tensor| t.view([b, n, h, dh]).transpose(1, 2); // (b, h, N, dh)
-        let k = split(coeffs.linear(&self.params.k, None::<Tensor>));
-        let v = split(coeffs.linear(&self.params.v, None::<Tensor>));
+        let dh = input.attn.d_head();
+        let k = input.attn.split_heads(&coeffs.linear(&self.params.k, None::<Tensor>)); // (b, h, N, dh)
+        let v = input.attn.split_heads(&coeffs.linear(&self.params.v, None::<Tensor>));
         let scores = input.q.matmul(&k.transpose(-2, -1)) / (dh as f64).sqrt(); // (b, h, m, N)
         let mu = scores.linear(&self.params.mu, None::<Tensor>).squeeze_dim(-1).sigmoid(); // (b, h, m)
         let var = scores.linear(&self.params.sigma_w, Some(&self.params.sigma_b)).squeeze_dim(-1).softplus();
         let var = var.clamp_min(self.cfg.min_var); // (b, h, m)
         let r = self.basis.expectation(&mu, &var); // (b, h, m, N)
-        let z = r.matmul(&v).transpose(1, 2).contiguous().view([b, m, h * dh]); // (b, m, d)
+        let z = merge_heads(&r.matmul(&v)); // (b, m, d)
         let added = z.linear(&self.params.o, None::<Tensor>);
         let ratio = &var / (self.cfg.sigma0 * self.cfg.sigma0);
         let kl = ((&ratio - ratio.log() - 1.0) * 0.5).mean(ratio.kind());
@@ -336,10 +323,7 @@ impl MemoryLayer for InfinityMemory {
     }
 
     fn attend(&mut self, input: &AttendInput) -> Result<AttendOutput> {
-        let m = input.x.size()[1];
-        let w = self.window.keys(input, self.span);
-        let scores = relative_scores(input.q, &w.k, input.key_pe, &w.dist); // (b, h, m, n)
-        let context = masked_mix(&scores, &w.visible, &w.v, input.attn.dropout, input.train);
+        let (context, stm_size) = self.window.attend(input, self.span);
         let (added, aux_loss) = match self.absorb_incoming()? {
             Some(coeffs) => {
                 let (added, aux) = self.attend_ltm(input, &coeffs);
@@ -347,7 +331,7 @@ impl MemoryLayer for InfinityMemory {
             }
             None => (None, None),
         };
-        self.stats.mem_size = window_mem_size(w.cached, m, self.span) + self.ltm_slots() as f64;
+        self.stats.mem_size = stm_size + self.ltm_slots() as f64;
         Ok(AttendOutput { context, aux_loss, added })
     }
 
@@ -415,20 +399,7 @@ impl MemoryLayer for InfinityMemory {
     }
 
     fn fresh(&self) -> Box<dyn MemoryLayer> {
-        Box::new(InfinityMemory {
-            cfg: self.cfg.clone(),
-            span: self.span,
-            basis: self.basis.share(),
-            params: self.params.share(),
-            fits: self.fits.clone(),
-            window: WindowCache::default(),
-            coeffs: None,
-            incoming: None,
-            histogram: None,
-            absorbed: 0,
-            last: Absorption::default(),
-            stats: Stats::default(),
-        })
+        Box::new(InfinityMemory::empty(self.cfg.clone(), self.span, self.basis.share(), self.params.share(), self.fits.clone()))
     }
 
     fn ltm_trace(&self) -> Option<LtmTrace> {

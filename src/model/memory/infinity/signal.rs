@@ -104,6 +104,17 @@ pub fn positions(len: i64) -> Tensor {
     (Tensor::arange(len, (Kind::Double, tch::Device::Cpu)) + 0.5) / len as f64
 }
 
+/// Where an update places its vectors: `old` samples of the old signal evenly in
+/// `(0, τ)` and `new` vectors evenly in `(τ, 1)`; with nothing old, the new vectors
+/// evenly in `(0, 1)`. Returns the `old + new` positions, old first, float64.
+pub fn update_positions(old: i64, new: i64, tau: f64) -> Tensor {
+    if old == 0 {
+        positions(new)
+    } else {
+        Tensor::cat(&[positions(old) * tau, positions(new) * (1.0 - tau) + tau], 0)
+    }
+}
+
 /// `G = Fᵀ (F Fᵀ + λ I)⁻¹` `(L, N)` for vectors at `positions` `(L)`, float64.
 ///
 /// With `pad`, the fit runs on the grid extended by half its length on each side with
@@ -149,14 +160,11 @@ pub fn evaluate(basis: &Basis, b: &Tensor, t: &Tensor) -> Tensor {
 pub fn absorb(basis: &Basis, old: Option<&Tensor>, new: &Tensor, at: &Tensor, tau: f64, lambda: f64, pad: bool) -> Result<Tensor> {
     let len = new.size()[0];
     let Some(old) = old else {
-        let g = ridge_matrix(basis, &positions(len), lambda, pad)?;
+        let g = ridge_matrix(basis, &update_positions(0, len, tau), lambda, pad)?;
         return Ok(fit(&g, new));
     };
     let samples = evaluate(basis, old, at); // (M_s, e)
-    let m = samples.size()[0];
-    let old_pos = positions(m) * tau; // evenly in (0, τ)
-    let new_pos = positions(len) * (1.0 - tau) + tau; // evenly in (τ, 1)
-    let g = ridge_matrix(basis, &Tensor::cat(&[old_pos, new_pos], 0), lambda, pad)?;
+    let g = ridge_matrix(basis, &update_positions(samples.size()[0], len, tau), lambda, pad)?;
     Ok(fit(&g, &Tensor::cat(&[samples, new.shallow_clone()], 0)))
 }
 
