@@ -1,25 +1,56 @@
-//! `lethe bench`: time training steps of a config (forward, backward, clip, Adam) after a
-//! warm-up, and report the median and spread of the step time, tokens per second, the
-//! peak resident memory and the memory size per layer. The tokens are uniform random
-//! bytes of the configured shape: step time does not depend on their content, and the
-//! bench needs no corpus. Before timing, forward-only blocks fill the memory to its
-//! steady size, so a long span is timed full, not empty. With a given context
-//! ([`bench`]'s `context`), that many tokens per stream are streamed through first
-//! instead: the time per block at 8k, 64k or 1M tokens of context shows whether a
-//! mechanism's cost grows with what it has seen (the ∞-former's must not).
+//! `lethe bench`: the efficiency report of the Expire-Span paper (its Table 4) for any
+//! config and memory mechanism: time per training step (forward, backward, clip, Adam)
+//! after a warm-up, with its median and spread, tokens per second, the peak resident
+//! memory, the memory size per layer, the FLOPs of a step and the model FLOPs
+//! utilisation (MFU) against the matrix-multiply rate this machine reaches through the
+//! same engine.
+//!
+//! The tokens are uniform random bytes of the configured shape: step time does not
+//! depend on their content, and the bench needs no corpus. Before timing, forward-only
+//! blocks fill the memory to its steady size, so a long span is timed full, not empty.
+//! With a given context ([`BenchOptions::context`]), that many tokens per stream are
+//! streamed through first instead: the time per block at 8k, 64k or 1M tokens of
+//! context shows whether a mechanism's cost grows with what it has seen (the
+//! ∞-former's must not).
+//!
+//! Several configs can be benched in one call ([`plan`]: one per mechanism, and per
+//! value of a [`Scale`] knob), and the results are written as a table, JSON and CSV
+//! ([`table`], [`write_report`]).
 
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use serde::Serialize;
+use tch::{Device, Kind, Tensor};
 
-use crate::config::Config;
+use crate::checkpoint::write_atomic;
+use crate::config::{Config, Mechanism};
 use crate::data::Batch;
-use crate::error::Result;
-use crate::metrics::peak_rss_bytes;
+use crate::error::{LetheError, Result};
+use crate::metrics::{peak_rss_bytes, reset_peak_rss};
 use crate::model::Lm;
 use crate::optim::Adam;
 use crate::rng::Rng;
 use crate::train::optimisation_step;
+
+/// How long to bench each config.
+#[derive(Clone, Debug)]
+pub struct BenchOptions {
+    /// Timed steps. Default 20.
+    pub steps: usize,
+    /// Untimed warm-up steps. Default 3.
+    pub warmup: usize,
+    /// Tokens per stream streamed through the model (forward only) before timing.
+    /// Default: enough to fill the memory.
+    pub context: Option<usize>,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        BenchOptions { steps: 20, warmup: 3, context: None }
+    }
+}
 
 /// Timings of one config.
 #[derive(Clone, Debug, Serialize)]
@@ -28,6 +59,12 @@ pub struct BenchResult {
     pub name: String,
     /// Memory mechanism.
     pub mechanism: String,
+    /// The scaled knob (`span`, `context`, `block`, `batch`), when the bench sweeps one.
+    pub knob: Option<String>,
+    /// The knob's value for this config.
+    pub value: Option<usize>,
+    /// Maximum span `L` (the window of the two-memory mechanisms), tokens.
+    pub span: usize,
     /// Scalar parameters.
     pub parameters: usize,
     /// Tokens per step (`batch * block`).
@@ -42,10 +79,18 @@ pub struct BenchResult {
     pub p90_s: f64,
     /// Tokens per second at the median.
     pub tokens_per_s: f64,
-    /// Peak resident memory of the process, MiB.
+    /// Peak resident memory of the process while this config ran, MiB.
     pub peak_rss_mib: Option<f64>,
     /// Mean memory size `|C_t|` per layer at the last step.
     pub mem_size: Vec<f64>,
+    /// States held per stream and layer at the last step.
+    pub held: Vec<usize>,
+    /// Floating-point operations of one training step (see [`step_flops`]).
+    pub flops_per_step: f64,
+    /// Achieved rate at the median, GFLOP/s.
+    pub gflops: f64,
+    /// Model FLOPs utilisation: the achieved rate over the measured GEMM rate.
+    pub mfu: Option<f64>,
     /// libtorch CPU threads.
     pub threads: i32,
     /// Forward-only blocks run first so that the memory is at its steady size.
@@ -57,50 +102,141 @@ pub struct BenchResult {
 /// Most forward-only blocks run to fill the memory before timing.
 const MAX_FILL_BLOCKS: usize = 4096;
 
-/// Runs `warmup` untimed then `steps` timed training steps of `cfg`, after streaming
-/// `context` tokens per stream (default: enough to fill the memory).
-pub fn bench(cfg: &Config, steps: usize, warmup: usize, context: Option<usize>) -> Result<BenchResult> {
+/// Runs `opts.warmup` untimed then `opts.steps` timed training steps of `cfg`, after
+/// streaming `opts.context` tokens per stream (default: enough to fill the memory).
+/// `mfu` is left empty: [`with_mfu`] fills it from a measured GEMM rate.
+pub fn bench(cfg: &Config, opts: &BenchOptions) -> Result<BenchResult> {
     cfg.validate()?;
+    if opts.steps == 0 {
+        return Err(LetheError::Invalid("--bench-steps must be at least 1".into()));
+    }
     let device = crate::device::parse(&cfg.train.device)?;
     if cfg.train.threads > 0 {
         tch::set_num_threads(cfg.train.threads as i32);
     }
+    reset_peak_rss();
     let lm = Lm::new(cfg, device)?;
     let mut opt = Adam::new(lm.named_parameters(), &cfg.train);
     let mut mems: Vec<_> = (0..cfg.train.accum).map(|_| lm.model.new_memory()).collect();
     let mut rng = Rng::new(cfg.seed);
-    let fill_blocks = fill_memory(&lm, &mut mems, cfg, &mut rng, context)?;
-    let mut times = Vec::with_capacity(steps);
-    for i in 0..warmup + steps {
+    let fill_blocks = fill_memory(&lm, &mut mems, cfg, &mut rng, opts.context)?;
+    let mut times = Vec::with_capacity(opts.steps);
+    for i in 0..opts.warmup + opts.steps {
         let batch = random_batch(&mut rng, cfg.train.batch, cfg.train.block, cfg.model.vocab, false);
         let start = Instant::now();
         optimisation_step(&lm, &mut opt, &mut mems, &batch, &cfg.train, cfg.train.lr)?;
-        if device.is_cuda() {
-            tch::Cuda::synchronize(0);
-        }
-        if i >= warmup {
+        synchronize(device);
+        if i >= opts.warmup {
             times.push(start.elapsed().as_secs_f64());
         }
     }
-    times.sort_by(f64::total_cmp);
-    let pick = |q: f64| times[((times.len() - 1) as f64 * q).round() as usize];
+    let t = Timing::of(times);
     let tokens = cfg.train.batch * cfg.train.block;
+    let reports = mems[0].reports();
+    let held: Vec<usize> = reports.iter().map(|r| r.held).collect();
+    let flops = step_flops(cfg, &held);
     Ok(BenchResult {
         name: cfg.name.clone(),
-        mechanism: format!("{:?}", cfg.memory.mechanism).to_lowercase(),
+        mechanism: crate::sweep::mechanism_name(cfg.memory.mechanism).to_string(),
+        knob: None,
+        value: None,
+        span: cfg.memory.span,
         parameters: lm.parameter_count(),
         tokens_per_step: tokens,
-        steps,
-        median_s: pick(0.5),
-        p10_s: pick(0.1),
-        p90_s: pick(0.9),
-        tokens_per_s: tokens as f64 / pick(0.5),
+        steps: opts.steps,
+        median_s: t.median_s,
+        p10_s: t.p10_s,
+        p90_s: t.p90_s,
+        tokens_per_s: tokens as f64 / t.median_s,
         peak_rss_mib: peak_rss_bytes().map(|b| b as f64 / (1024.0 * 1024.0)),
-        mem_size: mems[0].reports().iter().map(|r| r.mem_size).collect(),
+        mem_size: reports.iter().map(|r| r.mem_size).collect(),
+        held,
+        flops_per_step: flops,
+        gflops: flops / t.median_s / 1e9,
+        mfu: None,
         threads: tch::get_num_threads(),
         fill_blocks,
         context_tokens: fill_blocks * cfg.train.block,
     })
+}
+
+/// The median and spread of some timings.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Timing {
+    /// Median seconds.
+    pub median_s: f64,
+    /// 10th percentile seconds.
+    pub p10_s: f64,
+    /// 90th percentile seconds.
+    pub p90_s: f64,
+}
+
+impl Timing {
+    /// The percentiles of `times` (seconds, at least one).
+    pub fn of(mut times: Vec<f64>) -> Timing {
+        times.sort_by(f64::total_cmp);
+        let pick = |q: f64| times[((times.len() - 1) as f64 * q).round() as usize];
+        Timing { median_s: pick(0.5), p10_s: pick(0.1), p90_s: pick(0.9) }
+    }
+}
+
+/// Times one layer's attention through `cfg`'s memory mechanism alone, forward and
+/// backward, with the memory full (as after [`bench`]'s fill): the block's input
+/// `(batch, block, d)` is random, the queries come from the layer's projections, and
+/// the loss is the sum of the context (plus the ∞-former's added term). Each timed
+/// iteration also lets the memory absorb the block, as in training.
+pub fn time_attention(cfg: &Config, steps: usize, warmup: usize) -> Result<Timing> {
+    cfg.validate()?;
+    let device = crate::device::parse(&cfg.train.device)?;
+    tch::manual_seed(cfg.seed as i64);
+    let vs = tch::nn::VarStore::new(device);
+    let root = vs.root();
+    let (d, heads) = (cfg.model.d_model as i64, cfg.model.heads as i64);
+    let attn = crate::model::attention::Attention::new(&root / "attn", d, heads, 0.0);
+    let mut memory = crate::model::memory::build(&cfg.memory, &root / "attn", d, heads, cfg.train.block)?;
+    let rows = crate::model::memory::position_rows(&cfg.memory, cfg.train.block);
+    let key_pe = root.randn("key_pe", &[rows, d / heads], 0.0, 1.0);
+    let shape = [cfg.train.batch as i64, cfg.train.block as i64, d];
+    let fill = memory_reach(cfg).div_ceil(cfg.train.block).min(MAX_FILL_BLOCKS);
+    let mut times = vec![];
+    for i in 0..fill + warmup + steps {
+        let x = Tensor::randn(shape, (Kind::Float, device)).set_requires_grad(i >= fill);
+        let start = Instant::now();
+        let q = attn.queries(&x);
+        let input = crate::model::memory::AttendInput { x: &x, q: &q, attn: &attn, key_pe: &key_pe, train: i >= fill };
+        let out = memory.attend(&input)?;
+        memory.update(&x.detach());
+        if i >= fill {
+            let mut loss = out.context.sum(Kind::Float);
+            if let Some(added) = &out.added {
+                loss += added.sum(Kind::Float);
+            }
+            if let Some(aux) = &out.aux_loss {
+                loss += aux;
+            }
+            loss.backward();
+        }
+        synchronize(device);
+        if i >= fill + warmup {
+            times.push(start.elapsed().as_secs_f64());
+        }
+    }
+    if times.is_empty() {
+        return Err(LetheError::Invalid("time_attention: at least one timed step is needed".into()));
+    }
+    Ok(Timing::of(times))
+}
+
+/// `r` with its MFU against a measured GEMM rate of `gemm_gflops`.
+pub fn with_mfu(mut r: BenchResult, gemm_gflops: f64) -> BenchResult {
+    r.mfu = (gemm_gflops > 0.0).then(|| r.gflops / gemm_gflops);
+    r
+}
+
+fn synchronize(device: Device) {
+    if let Device::Cuda(i) = device {
+        tch::Cuda::synchronize(i as i64);
+    }
 }
 
 /// Runs forward-only blocks over `context` tokens per stream, or by default until the
@@ -132,9 +268,9 @@ fn fill_memory(lm: &Lm, mems: &mut [crate::model::Memory], cfg: &Config, rng: &m
 /// for the ∞-former.
 fn memory_reach(cfg: &Config) -> usize {
     match cfg.memory.mechanism {
-        crate::config::Mechanism::Compressive => cfg.memory.span + cfg.memory.compressive.rate * cfg.memory.compressive.slots,
+        Mechanism::Compressive => cfg.memory.span + cfg.memory.compressive.rate * cfg.memory.compressive.slots,
         // The LTM is unbounded; two blocks past the STM have been absorbed into it.
-        crate::config::Mechanism::Infinity => cfg.memory.span + 2 * cfg.train.block,
+        Mechanism::Infinity => cfg.memory.span + 2 * cfg.train.block,
         _ => cfg.memory.span,
     }
 }
@@ -143,4 +279,367 @@ fn random_batch(rng: &mut Rng, batch: usize, block: usize, vocab: usize, reset: 
     let n = batch * block;
     let tokens: Vec<i64> = (0..n + batch).map(|_| rng.range(0, vocab - 1) as i64).collect();
     Batch { batch, len: block, inputs: tokens[..n].to_vec(), targets: tokens[batch..].to_vec(), weights: vec![1.0; n], reset }
+}
+
+/// Floating-point operations of one training step of `cfg` when layer `i` holds
+/// `held[i]` states per stream: the matrix products of the forward pass, times 3 for
+/// forward and backward (the usual count: the backward pass costs two forward passes).
+///
+/// Per stream and block of `m` tokens, a layer with width `d`, feed-forward width `f`
+/// and `n = held + m` keys computes (a multiply-add is 2 FLOPs):
+/// - the query and output projections, `2 * 2 m d²`, and the feed-forward, `2 * 2 m d f`;
+/// - keys and values of every state held and of the block, `2 * 2 n d²` (Transformer-XL
+///   recomputes them from the cached states every block);
+/// - scores and the weighted sum, `2 * 2 m n d`, and the relative-position scores over
+///   the `P` position rows, `2 m P d`;
+/// - for the ∞-former, its long-term memory's keys, values and output projection,
+///   `3 * 2 N d²`, and scores and context over the `N` basis functions, `2 * 2 m N d`.
+///
+/// Plus the output head, `2 m d V`. Elementwise work (softmax, masks, norms, the
+/// optimiser) and the mechanisms' small extras (span predictors, the compression
+/// network, the LTM's refit) are not counted.
+pub fn step_flops(cfg: &Config, held: &[usize]) -> f64 {
+    let (d, f, v) = (cfg.model.d_model as f64, cfg.model.d_ffn as f64, cfg.model.vocab as f64);
+    let m = cfg.train.block as f64;
+    let p = crate::model::memory::position_rows(&cfg.memory, cfg.train.block) as f64;
+    let per_layer = |held: usize| {
+        let n = held as f64 + m;
+        let mut flops = 4.0 * m * d * d + 4.0 * m * d * f + 4.0 * n * d * d + 4.0 * m * n * d + 2.0 * m * p * d;
+        if cfg.memory.mechanism == Mechanism::Infinity {
+            let basis = cfg.memory.infinity.basis as f64;
+            flops += 6.0 * basis * d * d + 4.0 * m * basis * d;
+        }
+        flops
+    };
+    let layers: f64 = (0..cfg.model.layers).map(|i| per_layer(held.get(i).copied().unwrap_or(0))).sum();
+    let forward = cfg.train.batch as f64 * (layers + 2.0 * m * d * v);
+    3.0 * forward
+}
+
+/// The matrix-multiply rate of `device` through libtorch, GFLOP/s: the best of a few
+/// products of two `n x n` float32 matrices (`n` = 2048 on CPU, 8192 on a GPU), with
+/// the current thread count. This is the peak that [`BenchResult::mfu`] is measured
+/// against.
+pub fn gemm_rate(device: Device) -> f64 {
+    let _guard = tch::no_grad_guard();
+    let n: i64 = if device.is_cuda() { 8192 } else { 2048 };
+    let a = Tensor::randn([n, n], (Kind::Float, device));
+    let b = Tensor::randn([n, n], (Kind::Float, device));
+    let mut best = f64::INFINITY;
+    for i in 0..6 {
+        let start = Instant::now();
+        let c = a.matmul(&b);
+        synchronize(device);
+        let t = start.elapsed().as_secs_f64();
+        drop(c);
+        if i > 0 {
+            best = best.min(t);
+        }
+    }
+    2.0 * (n as f64).powi(3) / best / 1e9
+}
+
+/// The GEMM rate ([`gemm_rate`]) on `cfg`'s device with its thread count; returns the
+/// rate and the number of threads.
+pub fn machine_rate(cfg: &Config) -> Result<(f64, i32)> {
+    let device = crate::device::parse(&cfg.train.device)?;
+    if cfg.train.threads > 0 {
+        tch::set_num_threads(cfg.train.threads as i32);
+    }
+    Ok((gemm_rate(device), tch::get_num_threads()))
+}
+
+/// A knob that `lethe bench --scale` sweeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Knob {
+    /// The maximum span `L` (`memory.span`; the recent window of the Compressive
+    /// Transformer and the ∞-former's short-term memory).
+    Span,
+    /// Tokens per stream seen before the timed steps.
+    Context,
+    /// Block length (`train.block`).
+    Block,
+    /// Streams per step (`train.batch`).
+    Batch,
+}
+
+impl Knob {
+    /// The knob's name on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Knob::Span => "span",
+            Knob::Context => "context",
+            Knob::Block => "block",
+            Knob::Batch => "batch",
+        }
+    }
+}
+
+/// A knob and the values to bench it at.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Scale {
+    /// The knob.
+    pub knob: Knob,
+    /// Its values, in order.
+    pub values: Vec<usize>,
+}
+
+/// Parses `span=256,512,1024` (knobs: span, context, block, batch).
+pub fn parse_scale(text: &str) -> Result<Scale> {
+    let bad = |why: &str| LetheError::Invalid(format!("--scale `{text}`: {why} (e.g. --scale span=256,512,1024; knobs: span, context, block, batch)"));
+    let (name, values) = text.split_once('=').ok_or_else(|| bad("expected KNOB=V1,V2,..."))?;
+    let knob = match name.trim() {
+        "span" => Knob::Span,
+        "context" => Knob::Context,
+        "block" => Knob::Block,
+        "batch" => Knob::Batch,
+        other => return Err(bad(&format!("unknown knob `{other}`"))),
+    };
+    let values = values
+        .split(',')
+        .map(|v| v.trim().parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| bad(&format!("`{v}` is not a positive whole number"))))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Scale { knob, values })
+}
+
+/// One config to bench, with the context to stream first and the knob value it stands for.
+#[derive(Clone, Debug)]
+pub struct Case {
+    /// The config.
+    pub cfg: Config,
+    /// Tokens per stream streamed before timing (None: enough to fill the memory).
+    pub context: Option<usize>,
+    /// The scaled knob and its value.
+    pub scaled: Option<(Knob, usize)>,
+}
+
+/// The configs to bench: `base` for each of `mechanisms` (`name` or `name:size`, as in
+/// `lethe sweep`: a size sets the mechanism's memory size; none keeps the config's),
+/// or `base` alone when none are given; each at every value of `scale`.
+pub fn plan(base: &Config, mechanisms: &[String], scale: Option<&Scale>, context: Option<usize>) -> Result<Vec<Case>> {
+    let mut configs = vec![];
+    for item in mechanisms {
+        let (name, size) = item.split_once(':').unwrap_or((item, ""));
+        let mechanism = crate::sweep::parse_mechanism(name.trim())?;
+        let cfg = if size.trim().is_empty() {
+            let mut c = base.clone();
+            c.memory.mechanism = mechanism;
+            c
+        } else {
+            let size = crate::sweep::parse_sizes(size)?;
+            if size.len() != 1 {
+                return Err(LetheError::Invalid(format!("--mechanism `{item}`: give one size (sweep sizes with --scale span=...)")));
+            }
+            crate::sweep::configure(base, mechanism, size[0], base.seed)?
+        };
+        configs.push(cfg);
+    }
+    if configs.is_empty() {
+        configs.push(base.clone());
+    }
+    let mut cases = vec![];
+    for cfg in configs {
+        let Some(scale) = scale else {
+            cases.push(Case { cfg, context, scaled: None });
+            continue;
+        };
+        for &value in &scale.values {
+            let mut c = cfg.clone();
+            let mut ctx = context;
+            match scale.knob {
+                Knob::Span => c.memory.span = value,
+                Knob::Context => ctx = Some(value),
+                Knob::Block => c.train.block = value,
+                Knob::Batch => c.train.batch = value,
+            }
+            c.validate().map_err(|e| LetheError::Invalid(format!("--scale {}={value}: {e}", scale.knob.name())))?;
+            cases.push(Case { cfg: c, context: ctx, scaled: Some((scale.knob, value)) });
+        }
+    }
+    Ok(cases)
+}
+
+/// Benches every case in turn, telling `say` about each result as it comes.
+pub fn run(cases: &[Case], opts: &BenchOptions, gemm_gflops: f64, say: &mut dyn FnMut(&BenchResult)) -> Result<Vec<BenchResult>> {
+    let mut out = vec![];
+    for case in cases {
+        let o = BenchOptions { context: case.context, ..opts.clone() };
+        let mut r = with_mfu(bench(&case.cfg, &o)?, gemm_gflops);
+        if let Some((knob, value)) = case.scaled {
+            r.knob = Some(knob.name().to_string());
+            r.value = Some(value);
+        }
+        say(&r);
+        out.push(r);
+    }
+    Ok(out)
+}
+
+/// The results as a terminal table, one row per config.
+pub fn table(results: &[BenchResult]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{:<12} {:>10} {:>9} {:>10} {:>16} {:>9} {:>9} {:>8} {:>6} {:>12}",
+        "mechanism", "knob", "span", "context", "ms/step (p10-90)", "tok/s", "peak MiB", "GFLOP/s", "MFU", "mem/layer"
+    );
+    for r in results {
+        let knob = match (&r.knob, r.value) {
+            (Some(k), Some(v)) => format!("{k}={v}"),
+            _ => "-".into(),
+        };
+        let mem = r.mem_size.iter().sum::<f64>() / r.mem_size.len().max(1) as f64;
+        let _ = writeln!(
+            s,
+            "{:<12} {:>10} {:>9} {:>10} {:>16} {:>9.0} {:>9} {:>8.1} {:>6} {:>12.1}",
+            r.mechanism,
+            knob,
+            r.span,
+            r.context_tokens,
+            format!("{:.1} ({:.1}-{:.1})", 1e3 * r.median_s, 1e3 * r.p10_s, 1e3 * r.p90_s),
+            r.tokens_per_s,
+            r.peak_rss_mib.map(|m| format!("{m:.0}")).unwrap_or_else(|| "n/a".into()),
+            r.gflops,
+            r.mfu.map(|m| format!("{:.1}%", 100.0 * m)).unwrap_or_else(|| "n/a".into()),
+            mem
+        );
+    }
+    s
+}
+
+/// The results as CSV, one row per config.
+pub fn csv(results: &[BenchResult]) -> String {
+    let mut s = String::from(
+        "name,mechanism,knob,value,span,parameters,tokens_per_step,steps,median_s,p10_s,p90_s,tokens_per_s,peak_rss_mib,mean_mem_size,flops_per_step,gflops,mfu,threads,context_tokens\n",
+    );
+    for r in results {
+        let opt = |v: Option<f64>| v.map(|x| format!("{x}")).unwrap_or_default();
+        let mem = r.mem_size.iter().sum::<f64>() / r.mem_size.len().max(1) as f64;
+        let _ = writeln!(
+            s,
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            r.name,
+            r.mechanism,
+            r.knob.clone().unwrap_or_default(),
+            r.value.map(|v| v.to_string()).unwrap_or_default(),
+            r.span,
+            r.parameters,
+            r.tokens_per_step,
+            r.steps,
+            r.median_s,
+            r.p10_s,
+            r.p90_s,
+            r.tokens_per_s,
+            opt(r.peak_rss_mib),
+            mem,
+            r.flops_per_step,
+            r.gflops,
+            opt(r.mfu),
+            r.threads,
+            r.context_tokens
+        );
+    }
+    s
+}
+
+/// What `bench.json` holds: the machine's GEMM rate and every result.
+#[derive(Serialize)]
+struct Report<'a> {
+    lethe: &'static str,
+    /// Seconds since the Unix epoch when the report was written.
+    written_at: u64,
+    gemm_gflops: f64,
+    threads: i32,
+    results: &'a [BenchResult],
+}
+
+/// Writes `bench.json` and `bench.csv` into `dir` (atomically). Returns their paths.
+pub fn write_report(dir: &Path, results: &[BenchResult], gemm_gflops: f64) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir).map_err(|e| LetheError::io(dir, e))?;
+    let written_at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let report = Report { lethe: env!("CARGO_PKG_VERSION"), written_at, gemm_gflops, threads: tch::get_num_threads(), results };
+    let json = serde_json::to_string_pretty(&report).map_err(|e| LetheError::Invalid(format!("bench report: {e}")))?;
+    let (j, c) = (dir.join("bench.json"), dir.join("bench.csv"));
+    write_atomic(&j, json.as_bytes())?;
+    write_atomic(&c, csv(results).as_bytes())?;
+    Ok(vec![j, c])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scale_parses_knobs_and_rejects_nonsense() {
+        assert_eq!(parse_scale("span=64,128").unwrap(), Scale { knob: Knob::Span, values: vec![64, 128] });
+        assert_eq!(parse_scale("context = 8192").unwrap().knob, Knob::Context);
+        assert!(parse_scale("width=3").unwrap_err().to_string().contains("unknown knob `width`"));
+        assert!(parse_scale("span=0").unwrap_err().to_string().contains("`0`"));
+        assert!(parse_scale("span").unwrap_err().to_string().contains("KNOB=V1"));
+    }
+
+    /// A 1-layer model by hand: d = 4, f = 8, V = 10, blocks of m = 2, batch 3, span 5
+    /// (P = 6 position rows), 5 states held, so n = 7 keys.
+    #[test]
+    fn step_flops_match_a_hand_count() {
+        let mut cfg = Config::preset("copy-tiny").unwrap();
+        cfg.model.layers = 1;
+        cfg.model.d_model = 4;
+        cfg.model.heads = 1;
+        cfg.model.d_ffn = 8;
+        cfg.model.vocab = 10;
+        cfg.train.block = 2;
+        cfg.train.batch = 3;
+        cfg.memory.span = 5;
+        cfg.memory.mechanism = Mechanism::Fixed;
+        // q, o: 2 * 2*2*16 = 128; ffn: 2 * 2*2*4*8 = 256; k, v: 2 * 2*7*16 = 448;
+        // scores and mix: 2 * 2*2*7*4 = 224; positions: 2*2*6*4 = 96; head: 2*2*4*10 = 160
+        let forward = 3.0 * (128.0 + 256.0 + 448.0 + 224.0 + 96.0 + 160.0);
+        assert_eq!(step_flops(&cfg, &[5]), 3.0 * forward);
+        // More memory held costs more.
+        assert!(step_flops(&cfg, &[50]) > step_flops(&cfg, &[5]));
+    }
+
+    #[test]
+    fn plan_crosses_mechanisms_with_the_scaled_knob() {
+        let base = Config::preset("copy-tiny").unwrap();
+        let scale = parse_scale("span=32,64").unwrap();
+        let cases = plan(&base, &["fixed".into(), "expire:128".into()], Some(&scale), None).unwrap();
+        assert_eq!(cases.len(), 4);
+        assert_eq!(cases[0].cfg.memory.mechanism, Mechanism::Fixed);
+        assert_eq!((cases[1].cfg.memory.span, cases[1].scaled), (64, Some((Knob::Span, 64))));
+        assert_eq!(cases[2].cfg.memory.mechanism, Mechanism::Expire);
+        let ctx = plan(&base, &[], Some(&parse_scale("context=100").unwrap()), None).unwrap();
+        assert_eq!((ctx.len(), ctx[0].context), (1, Some(100)));
+        let err = plan(&base, &["fixed:16,32".into()], None, None).unwrap_err().to_string();
+        assert!(err.contains("one size"), "{err}");
+        let err = plan(&base, &["lstm".into()], None, None).unwrap_err().to_string();
+        assert!(err.contains("unknown mechanism `lstm`"), "{err}");
+    }
+
+    #[test]
+    fn attention_of_every_mechanism_can_be_timed() {
+        let mut cfg = Config::preset("copy-tiny").unwrap();
+        cfg.train.batch = 2;
+        for m in ["fixed", "adaptive", "expire", "compressive", "infinity"] {
+            cfg.memory.mechanism = crate::sweep::parse_mechanism(m).unwrap();
+            let t = time_attention(&cfg, 2, 1).unwrap();
+            assert!(t.p10_s <= t.median_s && t.median_s <= t.p90_s && t.median_s > 0.0, "{m}: {t:?}");
+        }
+        assert!(time_attention(&cfg, 0, 0).is_err());
+    }
+
+    #[test]
+    fn the_gemm_rate_is_positive_and_mfu_is_its_share() {
+        let rate = gemm_rate(Device::Cpu);
+        assert!(rate.is_finite() && rate > 0.0);
+        let mut cfg = Config::preset("copy-tiny").unwrap();
+        cfg.model.layers = 1;
+        cfg.train.batch = 2;
+        let r = bench(&cfg, &BenchOptions { steps: 2, warmup: 0, context: None }).unwrap();
+        let r = with_mfu(r, rate);
+        let mfu = r.mfu.unwrap();
+        assert!((mfu - r.gflops / rate).abs() < 1e-12 && mfu > 0.0);
+        assert_eq!(r.flops_per_step, step_flops(&cfg, &r.held));
+    }
 }

@@ -206,7 +206,15 @@ pub struct BenchArgs {
     /// 8192, 65536 or 1048576 (default: enough to fill the memory).
     #[arg(long, value_name = "TOKENS")]
     pub context: Option<usize>,
-    /// Folder for bench.json (default: runs/<name>).
+    /// A mechanism to bench, optionally with its memory size as in `lethe sweep`:
+    /// `fixed`, `expire:1024`, `infinity:512` (repeatable). Default: the config's own.
+    #[arg(long = "mechanism", value_name = "MECH[:SIZE]")]
+    pub mechanisms: Vec<String>,
+    /// Sweep one knob and report how time and memory grow: `span=256,512,1024`,
+    /// `context=8192,65536`, `block=32,64` or `batch=8,16`.
+    #[arg(long, value_name = "KNOB=V1,V2,...")]
+    pub scale: Option<String>,
+    /// Parent folder: bench.json and bench.csv go to <out>/<name>.
     #[arg(long, default_value = "runs")]
     pub out: PathBuf,
 }

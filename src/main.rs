@@ -221,26 +221,34 @@ fn bench(a: BenchArgs) -> Result<()> {
         return Ok(());
     }
     let cfg = a.config.resolve()?;
-    let r = lethe::bench::bench(&cfg, a.bench_steps, a.warmup, a.context)?;
-    println!(
-        "{:<14} {:<8} {:>9} params | {} tok/step | step median {:.1} ms (p10 {:.1}, p90 {:.1}) | {:.0} tok/s | peak RSS {} | mem {:?} | {} threads | context {} tokens",
-        r.name,
-        r.mechanism,
-        r.parameters,
-        r.tokens_per_step,
-        1e3 * r.median_s,
-        1e3 * r.p10_s,
-        1e3 * r.p90_s,
-        r.tokens_per_s,
-        r.peak_rss_mib.map(|m| format!("{m:.0} MiB")).unwrap_or_else(|| "n/a".into()),
-        r.mem_size.iter().map(|m| m.round()).collect::<Vec<_>>(),
-        r.threads,
-        r.context_tokens
-    );
-    let dir = a.out.join(&cfg.name);
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating `{}`", dir.display()))?;
-    let path = dir.join("bench.json");
-    std::fs::write(&path, serde_json::to_string_pretty(&r)?).with_context(|| format!("writing `{}`", path.display()))?;
+    let scale = a.scale.as_deref().map(lethe::bench::parse_scale).transpose()?;
+    let cases = lethe::bench::plan(&cfg, &a.mechanisms, scale.as_ref(), a.context)?;
+    let opts = lethe::bench::BenchOptions { steps: a.bench_steps, warmup: a.warmup, context: a.context };
+    let (gemm, threads) = lethe::bench::machine_rate(&cfg)?;
+    println!("matrix multiply on {}: {gemm:.1} GFLOP/s with {threads} threads (the peak for MFU)", cfg.train.device);
+    let results = lethe::bench::run(&cases, &opts, gemm, &mut |r| {
+        println!(
+            "{:<14} {:<11} {:>9} params | {} tok/step | step median {:.1} ms (p10 {:.1}, p90 {:.1}) | {:.0} tok/s | peak RSS {} | mem {:?} | {:.2} GFLOP/step, MFU {} | context {} tokens",
+            r.name,
+            r.mechanism,
+            r.parameters,
+            r.tokens_per_step,
+            1e3 * r.median_s,
+            1e3 * r.p10_s,
+            1e3 * r.p90_s,
+            r.tokens_per_s,
+            r.peak_rss_mib.map(|m| format!("{m:.0} MiB")).unwrap_or_else(|| "n/a".into()),
+            r.mem_size.iter().map(|m| m.round()).collect::<Vec<_>>(),
+            r.flops_per_step / 1e9,
+            r.mfu.map(|m| format!("{:.1}%", 100.0 * m)).unwrap_or_else(|| "n/a".into()),
+            r.context_tokens
+        );
+    })?;
+    if results.len() > 1 {
+        print!("{}", lethe::bench::table(&results));
+    }
+    let paths = lethe::bench::write_report(&a.out.join(&cfg.name), &results, gemm)?;
+    println!("wrote {}", paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(" and "));
     Ok(())
 }
 

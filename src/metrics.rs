@@ -58,6 +58,19 @@ pub fn peak_rss_bytes() -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// Starts a new peak for [`peak_rss_bytes`], so that configs benched one after another
+/// in one process each report their own peak: memory the allocator still holds is
+/// returned to the system first, then Linux resets the peak to the current resident
+/// size (`/proc/self/clear_refs`). Does nothing where that is not available.
+pub fn reset_peak_rss() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free heap pages to the system.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

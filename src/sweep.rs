@@ -50,7 +50,8 @@ pub fn parse_arms(items: &[String], default_sizes: &[usize]) -> Result<Vec<Arm>>
         .collect()
 }
 
-fn parse_mechanism(name: &str) -> Result<Mechanism> {
+/// A mechanism by its config name.
+pub fn parse_mechanism(name: &str) -> Result<Mechanism> {
     match name {
         "fixed" => Ok(Mechanism::Fixed),
         "expire" => Ok(Mechanism::Expire),
@@ -85,7 +86,8 @@ pub fn parse_sizes(text: &str) -> Result<Vec<usize>> {
         .collect()
 }
 
-fn mechanism_name(m: Mechanism) -> &'static str {
+/// The config name of a mechanism.
+pub fn mechanism_name(m: Mechanism) -> &'static str {
     match m {
         Mechanism::Fixed => "fixed",
         Mechanism::Expire => "expire",

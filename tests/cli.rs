@@ -144,7 +144,10 @@ fn bench_reports_and_writes_json() {
     let out = succeeds(&lethe(d, &args));
     assert!(out.contains("step median") && out.contains("peak RSS"), "{out}");
     let text = std::fs::read_to_string(d.join("runs/copy-tiny/bench.json")).unwrap();
-    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let report: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert!(report["gemm_gflops"].as_f64().unwrap() > 0.0);
+    let json = &report["results"][0];
+    assert!(json["mfu"].as_f64().unwrap() > 0.0);
     assert_eq!(json["steps"], 2);
     assert_eq!(json["fill_blocks"], 2, "span 16 / block 8");
     assert!(json["median_s"].as_f64().unwrap() > 0.0);
@@ -154,10 +157,32 @@ fn bench_reports_and_writes_json() {
     args.extend_from_slice(&["--context", "60", "--set", "memory.mechanism=infinity", "--set", "memory.infinity.basis=8"]);
     let out = succeeds(&lethe(d, &args));
     assert!(out.contains("context 64 tokens"), "{out}");
-    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(d.join("runs/copy-tiny/bench.json")).unwrap()).unwrap();
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(d.join("runs/copy-tiny/bench.json")).unwrap()).unwrap();
+    let json = &report["results"][0];
     assert_eq!(json["fill_blocks"], 8, "60 tokens in blocks of 8");
     assert_eq!(json["mechanism"], "infinity");
     assert_eq!(json["mem_size"][0], 24.0);
+}
+
+#[test]
+fn bench_scales_a_knob_for_several_mechanisms_into_a_table_json_and_csv() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut args = vec!["bench", "--bench-steps", "1", "--warmup", "0", "--mechanism", "fixed", "--mechanism", "expire", "--scale", "span=8,16"];
+    args.extend_from_slice(TINY);
+    let out = succeeds(&lethe(d, &args));
+    assert!(out.contains("MFU") && out.contains("span=16"), "{out}");
+    let csv = std::fs::read_to_string(d.join("runs/copy-tiny/bench.csv")).unwrap();
+    let rows: Vec<&str> = csv.lines().collect();
+    assert_eq!(rows.len(), 5, "a header and 2 mechanisms x 2 spans: {csv}");
+    assert!(rows[1].starts_with("copy-tiny,fixed,span,8,8,") && rows[4].starts_with("copy-tiny,expire,span,16,16,"), "{csv}");
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(d.join("runs/copy-tiny/bench.json")).unwrap()).unwrap();
+    let results = report["results"].as_array().unwrap();
+    assert_eq!(results.len(), 4);
+    // A longer span holds more states, which costs more FLOPs.
+    assert!(results[1]["flops_per_step"].as_f64() > results[0]["flops_per_step"].as_f64());
+    fails_with(&lethe(d, &["bench", "--scale", "width=3"]), &["--scale", "unknown knob"]);
+    fails_with(&lethe(d, &["bench", "--mechanism", "lstm"]), &["unknown mechanism `lstm`"]);
 }
 
 #[test]
