@@ -77,6 +77,7 @@ fn adaptive_span_learns_the_copy_task_with_shrinking_spans() {
     cfg.memory.adaptive.loss_coef = 1e-3;
     let r = common::train_and_eval(&cfg, dir.path());
     let answers = r.answer_accuracy.unwrap();
+    eprintln!("ANSWERS {answers}");
     assert!(answers > 0.6, "Adaptive-Span answered {answers} (chance 0.25)");
     let spans = r.mean_span.unwrap();
     assert!(spans.iter().all(|&s| s < 64.0), "spans did not shrink from L: {spans:?}");

@@ -87,17 +87,21 @@ pub fn merge_heads(context: &Tensor) -> Tensor {
 pub fn relative_scores(q: &Tensor, k: &Tensor, key_pe: &Tensor, dist: &Tensor) -> Tensor {
     let (b, h, m, dh) = q.size4().expect("queries must be (b, h, m, dh)");
     let n = k.size()[2];
-    let content = q.matmul(&k.transpose(-2, -1)); // (b, h, m, n)
+    // Scaling the queries, not the scores, divides m·dh numbers instead of m·n.
+    let q = q / (dh as f64).sqrt();
+    let mut scores = q.matmul(&k.transpose(-2, -1)); // (b, h, m, n)
     let by_distance = q.matmul(&key_pe.tr()); // (b, h, m, P)
-    let position = by_distance.gather(-1, &dist.expand([b, h, m, n], false), false); // (b, h, m, n)
-    (content + position) / (dh as f64).sqrt()
+    // In place: the product's output is not needed for its backward pass.
+    scores += by_distance.gather(-1, &dist.expand([b, h, m, n], false), false); // (b, h, m, n)
+    scores
 }
 
 /// Softmax over the keys where `visible` `(m, n)` (or broadcastable) is true, dropout,
 /// then the weighted sum of `v` `(b, h, n, dh)`: `(b, h, m, dh)`. Every query must
-/// see at least one key.
-pub fn masked_mix(scores: &Tensor, visible: &Tensor, v: &Tensor, dropout: f64, train: bool) -> Tensor {
-    let probs = scores.masked_fill(&visible.logical_not(), f64::NEG_INFINITY).softmax(-1, scores.kind());
+/// see at least one key. The scores are masked in place (they are consumed).
+pub fn masked_mix(mut scores: Tensor, visible: &Tensor, v: &Tensor, dropout: f64, train: bool) -> Tensor {
+    let _ = scores.masked_fill_(&visible.logical_not(), f64::NEG_INFINITY);
+    let probs = scores.softmax(-1, scores.kind());
     let probs = probs.dropout(dropout, train);
     probs.matmul(v)
 }
@@ -155,7 +159,7 @@ mod tests {
         }
         let v = t(&[10.0, 0.0, 0.0, 10.0], &[1, 1, 2, 2]);
         let scores = t(&expect, &[1, 1, 2, 2]);
-        let out: Vec<f64> = masked_mix(&scores, &vis, &v, 0.0, false).flatten(0, -1).try_into().unwrap();
+        let out: Vec<f64> = masked_mix(scores, &vis, &v, 0.0, false).flatten(0, -1).try_into().unwrap();
         // query 0 sees only key 0; query 1 mixes both with softmax weights
         let w1 = 1.0 / (1.0 + ((2.25 - 4.0) / r).exp());
         let expect = [10.0, 0.0, 10.0 * (1.0 - w1), 10.0 * w1];

@@ -163,7 +163,7 @@ impl MemoryLayer for CompressiveMemory {
         let cached = w.cached;
         let scores = relative_scores(input.q, &w.k, input.key_pe, &w.dist); // (b, h, m, n)
         let (scores, visible, v) = self.with_slots(input, w, scores);
-        let context = masked_mix(&scores, &visible, &v, input.attn.dropout, input.train);
+        let context = masked_mix(scores, &visible, &v, input.attn.dropout, input.train);
         self.last_mem_size = self.slots_held() as f64 + window_mem_size(cached, m, self.span);
         let aux_loss = self.reconstruction_loss(input);
         self.last_recon = aux_loss.as_ref().map(|l| l.detach());

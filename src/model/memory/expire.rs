@@ -64,6 +64,9 @@ pub struct ExpireSpan {
     state: Option<Cache>,
     /// Un-noised spans of `[cache, block]` from the last `attend`, for `update`.
     pending_spans: Option<Tensor>,
+    /// The last `attend`'s block and its `[cache, block]` states (detached), so that
+    /// `update` of the same block reuses the concatenation instead of copying again.
+    pending_states: Option<(Tensor, Tensor)>,
     /// Spans of the last block's own tokens, `(b, m)`.
     block_spans: Option<Tensor>,
     stats: Stats,
@@ -101,6 +104,7 @@ impl ExpireSpan {
             b,
             state: None,
             pending_spans: None,
+            pending_states: None,
             block_spans: None,
             stats: Stats::default(),
         }
@@ -118,7 +122,8 @@ impl ExpireSpan {
 
     /// `[cache, block]` states, counters (distance to the block's first query) and
     /// validity, for a block `x` `(b, m, d)`.
-    fn keys_with_meta(&self, x: &Tensor) -> (Tensor, Tensor, Tensor) {
+    /// `states`, when given, is `[cache, block]` already built for this block.
+    fn keys_with_meta(&self, x: &Tensor, states: Option<Tensor>) -> (Tensor, Tensor, Tensor) {
         let (b, m, _) = x.size3().expect("block must be (b, m, d)");
         let opts = (Kind::Float, x.device());
         let block_counter = -Tensor::arange(m, opts).unsqueeze(0).expand([b, m], false); // (b, m): -j
@@ -126,7 +131,7 @@ impl ExpireSpan {
         match &self.state {
             None => (x.shallow_clone(), block_counter, block_valid),
             Some(c) => (
-                Tensor::cat(&[&c.states, x], 1),
+                states.unwrap_or_else(|| Tensor::cat(&[&c.states, x], 1)),
                 Tensor::cat(&[&c.counter, &block_counter], 1),
                 Tensor::cat(&[&c.valid, &block_valid], 1),
             ),
@@ -213,7 +218,8 @@ impl MemoryLayer for ExpireSpan {
 
     fn attend(&mut self, input: &AttendInput) -> Result<AttendOutput> {
         let m = input.x.size()[1];
-        let (states, counter, valid) = self.keys_with_meta(input.x); // (b, n, d), (b, n), (b, n)
+        let (states, counter, valid) = self.keys_with_meta(input.x, None); // (b, n, d), (b, n), (b, n)
+        self.pending_states = Some((input.x.shallow_clone(), states.detach()));
         let spans = self.spans(&states); // (b, n), with gradient to w and b
         self.pending_spans = Some(self.capped(&spans.detach(), input.train));
         let n = spans.size()[1];
@@ -224,11 +230,12 @@ impl MemoryLayer for ExpireSpan {
         let visible = valid.unsqueeze(1).logical_and(&dist.ge(0.0)).logical_and(&mask.gt(0.0)); // (b, m, n)
 
         let (k, v) = input.attn.keys_values(&states); // (b, h, n, dh)
-        let d_head = input.attn.d_head() as f64;
-        let content = input.q.matmul(&k.transpose(-2, -1)); // (b, h, m, n)
-        let position = self.position_scores(input.q, input.key_pe, &dist);
-        let scores = (content + position) / d_head.sqrt();
-        let probs = scores.masked_fill(&visible.logical_not().unsqueeze(1), f64::NEG_INFINITY).softmax(-1, scores.kind());
+        // Scaled queries, and the scores summed and masked in place (see relative_scores).
+        let q = input.q / (input.attn.d_head() as f64).sqrt();
+        let mut scores = q.matmul(&k.transpose(-2, -1)); // (b, h, m, n)
+        scores += self.position_scores(&q, input.key_pe, &dist);
+        let _ = scores.masked_fill_(&visible.logical_not().unsqueeze(1), f64::NEG_INFINITY);
+        let probs = scores.softmax(-1, scores.kind());
         let probs = &probs * mask.unsqueeze(1); // (b, h, m, n)
         let probs = &probs / (probs.sum_dim_intlist([-1i64].as_slice(), true, probs.kind()) + 1e-8);
         let context = probs.dropout(input.attn.dropout, input.train).matmul(&v); // (b, h, m, dh)
@@ -241,7 +248,10 @@ impl MemoryLayer for ExpireSpan {
 
     fn update(&mut self, x: &Tensor) {
         let (b, m, _) = x.size3().expect("block must be (b, m, d)");
-        let (states, counter, valid) = self.keys_with_meta(x);
+        // The same block as the last `attend` (an equal pointer to storage the clone
+        // keeps alive is the same tensor): reuse its concatenation.
+        let built = self.pending_states.take().filter(|(block, _)| block.data_ptr() == x.data_ptr() && block.size() == x.size());
+        let (states, counter, valid) = self.keys_with_meta(x, built.map(|(_, states)| states));
         let counter_next = counter + m as f64;
         let spans = match self.pending_spans.take() {
             Some(s) if s.size() == counter_next.size() => s,
@@ -276,6 +286,7 @@ impl MemoryLayer for ExpireSpan {
     fn reset(&mut self) {
         self.state = None;
         self.pending_spans = None;
+        self.pending_states = None;
     }
 
     fn report(&self) -> MemoryReport {
@@ -331,6 +342,7 @@ impl MemoryLayer for ExpireSpan {
             b: self.b.shallow_clone(),
             state: None,
             pending_spans: None,
+            pending_states: None,
             block_spans: None,
             stats: Stats::default(),
         })
@@ -363,6 +375,36 @@ mod tests {
 
     fn vec1(t: &Tensor) -> Vec<f64> {
         t.to_kind(Kind::Double).flatten(0, -1).try_into().unwrap()
+    }
+
+    /// `update` after `attend` of the same block reuses attend's `[cache, block]`; the
+    /// memory must be what `update` alone builds, and another block must not reuse it.
+    #[test]
+    fn update_after_attend_keeps_what_update_alone_keeps() {
+        use crate::model::attention::Attention;
+        let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+        let attn = Attention::new(vs.root() / "attn", 8, 2, 0.0);
+        let cfg = ExpireConfig { ramp: 2, init_fraction: 0.5, ..ExpireConfig::default() };
+        let mut attended = ExpireSpan::new(vs.root() / "attn", 8, 12, 5, &cfg);
+        let mut plain = attended.fresh();
+        let key_pe = Tensor::zeros([5, 4], (Kind::Float, tch::Device::Cpu));
+        let states = |m: &dyn MemoryLayer| m.state().into_iter().map(|(_, t)| t).collect::<Vec<_>>();
+        for _ in 0..6 {
+            let x = Tensor::randn([2, 4, 8], (Kind::Float, tch::Device::Cpu));
+            let q = attn.queries(&x);
+            attended.attend(&AttendInput { x: &x, q: &q, attn: &attn, key_pe: &key_pe, train: false }).unwrap();
+            attended.update(&x.detach());
+            plain.update(&x);
+            let (a, b) = (states(&attended), states(plain.as_ref()));
+            assert!(!a.is_empty() && a.len() == b.len() && a.iter().zip(&b).all(|(a, b)| a.equal(b)));
+        }
+        let (keyed, other) = (Tensor::randn([2, 4, 8], (Kind::Float, tch::Device::Cpu)), Tensor::randn([2, 4, 8], (Kind::Float, tch::Device::Cpu)));
+        let q = attn.queries(&keyed);
+        attended.attend(&AttendInput { x: &keyed, q: &q, attn: &attn, key_pe: &key_pe, train: false }).unwrap();
+        attended.update(&other);
+        plain.update(&other);
+        let (a, b) = (states(&attended), states(plain.as_ref()));
+        assert!(a.iter().zip(&b).all(|(a, b)| a.equal(b)));
     }
 
     #[test]

@@ -102,6 +102,10 @@ const MAX_WINDOW_SHAPES: usize = 4;
 pub(super) struct WindowCache {
     cache: Option<Tensor>,
     windows: HashMap<(i64, i64), (Tensor, Tensor)>,
+    /// The last block given to [`WindowCache::keys`] and `[cache, block]` as built
+    /// there (detached), so that [`WindowCache::append`] of the same block reuses the
+    /// concatenation instead of copying the cache again.
+    last: Option<(Tensor, Tensor)>,
 }
 
 /// Keys and values of `[cache, block]` with the window masks.
@@ -131,6 +135,7 @@ impl WindowCache {
         let cached = self.len();
         let states = concat_time(self.cache.as_ref(), input.x); // (b, cached + m, d)
         let (k, v) = input.attn.keys_values(&states); // (b, h, n, dh)
+        self.last = Some((input.x.shallow_clone(), states.detach()));
         let device = input.x.device();
         if !self.windows.contains_key(&(cached, m)) && self.windows.len() >= MAX_WINDOW_SHAPES {
             self.windows.clear();
@@ -146,17 +151,24 @@ impl WindowCache {
         let m = input.x.size()[1];
         let w = self.keys(input, span);
         let scores = relative_scores(input.q, &w.k, input.key_pe, &w.dist); // (b, h, m, n)
-        let context = masked_mix(&scores, &w.visible, &w.v, input.attn.dropout, input.train);
+        let context = masked_mix(scores, &w.visible, &w.v, input.attn.dropout, input.train);
         (context, window_mem_size(w.cached, m, span))
     }
 
     /// Appends the block `x` `(b, m, d)` and keeps the last `keep` states. Returns the
     /// states that left the window, oldest first, if any.
+    /// The cache may be a view of the last concatenation (no copy); the next block's
+    /// concatenation copies it once.
     pub fn append(&mut self, x: &Tensor, keep: i64) -> Option<Tensor> {
-        let all = concat_time(self.cache.as_ref(), x);
+        let all = match self.last.take() {
+            // The block the keys were built for (the same storage, kept alive by the
+            // clone, so an equal pointer is the same tensor): its concatenation is `all`.
+            Some((block, all)) if block.data_ptr() == x.data_ptr() && block.size() == x.size() => all,
+            _ => concat_time(self.cache.as_ref(), x),
+        };
         let n = all.size()[1];
         let evicted = (n > keep).then(|| all.narrow(1, 0, n - keep));
-        self.cache = Some(keep_last(all, keep));
+        self.cache = Some(if n > keep { all.narrow(1, n - keep, keep) } else { all });
         evicted
     }
 
@@ -177,17 +189,19 @@ impl WindowCache {
     /// Empties the window.
     pub fn reset(&mut self) {
         self.cache = None;
+        self.last = None;
     }
 
-    /// The saved state: the cache, if any.
+    /// The saved state: the cache, if any (contiguous).
     pub fn state(&self) -> Vec<(String, Tensor)> {
-        self.cache.iter().map(|c| ("cache".to_string(), c.shallow_clone())).collect()
+        self.cache.iter().map(|c| ("cache".to_string(), c.contiguous())).collect()
     }
 
     /// Restores a state saved by [`WindowCache::state`], of at most `max` states; `what`
     /// names the memory in errors.
     pub fn load_state(&mut self, state: &[(String, Tensor)], max: i64, what: &str) -> Result<()> {
         self.cache = None;
+        self.last = None;
         for (name, t) in state {
             match name.as_str() {
                 "cache" if t.dim() == 3 && t.size()[1] <= max => self.cache = Some(t.shallow_clone()),
@@ -207,6 +221,34 @@ impl WindowCache {
 mod tests {
     use super::*;
     use crate::model::attention::Attention;
+
+    /// `append` after `keys` of the same block reuses their concatenation; it must hold
+    /// exactly what a plain concatenation holds, and a different block is not mistaken
+    /// for the keyed one.
+    #[test]
+    fn append_reuses_the_keyed_concatenation_only_for_the_same_block() {
+        let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+        let attn = Attention::new(vs.root(), 4, 1, 0.0);
+        let key_pe = Tensor::zeros([8, 4], (tch::Kind::Float, tch::Device::Cpu));
+        let (mut reused, mut plain) = (WindowCache::default(), WindowCache::default());
+        for _ in 0..5 {
+            let x = Tensor::randn([2, 3, 4], (tch::Kind::Float, tch::Device::Cpu));
+            let q = attn.queries(&x);
+            reused.keys(&AttendInput { x: &x, q: &q, attn: &attn, key_pe: &key_pe, train: false }, 7);
+            let a = reused.append(&x.detach(), 7);
+            let b = plain.append(&x, 7);
+            assert_eq!(a.is_some(), b.is_some());
+            assert!(reused.cache.as_ref().unwrap().equal(plain.cache.as_ref().unwrap()));
+            assert!(reused.state()[0].1.is_contiguous());
+        }
+        assert_eq!(reused.len(), 7);
+        let keyed = Tensor::randn([2, 3, 4], (tch::Kind::Float, tch::Device::Cpu));
+        let other = Tensor::randn([2, 3, 4], (tch::Kind::Float, tch::Device::Cpu));
+        let q = attn.queries(&keyed);
+        reused.keys(&AttendInput { x: &keyed, q: &q, attn: &attn, key_pe: &key_pe, train: false }, 7);
+        reused.append(&other, 7);
+        assert!(reused.cache.as_ref().unwrap().narrow(1, 4, 3).equal(&other));
+    }
 
     /// Regression: the masks of every shape seen while the cache filled were kept
     /// (12 GB of resident memory for a span of 32k in blocks of 256).
