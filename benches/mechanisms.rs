@@ -21,7 +21,7 @@ use lethe::sweep::configure;
 
 const MECHANISMS: [(&str, usize); 5] = [("fixed", 256), ("adaptive", 1024), ("expire", 1024), ("compressive", 512), ("infinity", 512)];
 const BASELINE: &str = "target/lethe-bench-baseline.json";
-const STEPS: usize = 20;
+const STEPS: usize = 40;
 const WARMUP: usize = 3;
 
 fn main() -> lethe::Result<()> {

@@ -96,6 +96,35 @@ pub fn relative_scores(q: &Tensor, k: &Tensor, key_pe: &Tensor, dist: &Tensor) -
     scores
 }
 
+/// [`relative_scores`] for a window: `m` queries after `cached` states, where a key at
+/// distance `cached + i - j` from query `i` is visible only within `[0, P - 1]`. The
+/// position term is laid out by a skew (pad, reshape, slice; the adaptive-span code's
+/// `_skew`) instead of a gather, which in training also spares the scatter of the
+/// gather's backward pass. Equal to [`relative_scores`] on every visible pair; the
+/// others hold finite values that the caller masks. Needs `cached <= P - 1`.
+/// Shapes: `q` `(b, h, m, dh)`, `k` `(b, h, cached + m, dh)`, `key_pe` `(P, dh)`;
+/// returns `(b, h, m, cached + m)`.
+pub fn window_scores(q: &Tensor, k: &Tensor, key_pe: &Tensor, cached: i64) -> Tensor {
+    let (b, h, m, dh) = q.size4().expect("queries must be (b, h, m, dh)");
+    let n = k.size()[2];
+    assert!(cached < key_pe.size()[0] && n == cached + m, "window_scores: {cached} cached states, {n} keys, {:?} position rows", key_pe.size());
+    // No pair is further apart than n - 1: a cache shorter than the span (filling, or
+    // trimmed by Adaptive-Span) needs only the first n rows.
+    let p = key_pe.size()[0].min(n);
+    let q = q / (dh as f64).sqrt();
+    let mut scores = q.matmul(&k.transpose(-2, -1)); // (b, h, m, n)
+    // Column c of `flipped` is distance p-1-c; row i shifted right by i puts distance
+    // cached+i-j at column j + (p-1-cached).
+    let flipped = q.matmul(&key_pe.narrow(0, 0, p).flip([0]).tr()); // (b, h, m, p)
+    let skewed = flipped
+        .constant_pad_nd([0, m + 1]) // (b, h, m, P+m+1)
+        .view([b, h, m * (p + m + 1)])
+        .narrow(2, 0, m * (p + m))
+        .view([b, h, m, p + m]); // row i: flipped[i] starting at column i
+    scores += skewed.narrow(3, p - 1 - cached, n);
+    scores
+}
+
 /// Softmax over the keys where `visible` `(m, n)` (or broadcastable) is true, dropout,
 /// then the weighted sum of `v` `(b, h, n, dh)`: `(b, h, m, dh)`. Every query must
 /// see at least one key. The scores are masked in place (they are consumed).
@@ -139,6 +168,29 @@ mod tests {
             [false, false, true, true, true],
         ];
         assert_eq!(v, expect.concat());
+    }
+
+    /// The skewed window scores equal the gathered ones wherever a key is visible,
+    /// for a cache that is filling, full, or empty, and their gradients agree.
+    #[test]
+    fn window_scores_equal_relative_scores_on_visible_keys() {
+        for (cached, m, span) in [(0, 3, 4), (2, 3, 4), (4, 3, 4), (5, 5, 5), (1, 4, 9)] {
+            let n = cached + m;
+            let q = Tensor::randn([2, 3, m, 4], (Kind::Double, tch::Device::Cpu)).set_requires_grad(true);
+            let k = Tensor::randn([2, 3, n, 4], (Kind::Double, tch::Device::Cpu));
+            let pe = Tensor::randn([span + 1, 4], (Kind::Double, tch::Device::Cpu)).set_requires_grad(true);
+            let (dist, vis) = window(cached, m, span, tch::Device::Cpu);
+            let hidden = vis.logical_not();
+            let gathered = relative_scores(&q, &k, &pe, &dist).masked_fill(&hidden, 0.0);
+            let skewed = window_scores(&q, &k, &pe, cached).masked_fill(&hidden, 0.0);
+            assert!(gathered.allclose(&skewed, 1e-12, 1e-12, false), "cached {cached}, m {m}, span {span}");
+            let w = Tensor::randn(gathered.size(), (Kind::Double, tch::Device::Cpu));
+            let g1 = Tensor::run_backward(&[(&gathered * &w).sum(Kind::Double)], &[&q, &pe], false, false);
+            let g2 = Tensor::run_backward(&[(&skewed * &w).sum(Kind::Double)], &[&q, &pe], false, false);
+            for (a, b) in g1.iter().zip(&g2) {
+                assert!(a.allclose(b, 1e-10, 1e-10, false));
+            }
+        }
     }
 
     /// One head, dh = 2, two keys: scores and mix computed by hand.

@@ -18,7 +18,7 @@ use super::fixed::{WindowCache, WindowKeys};
 use super::{AttendInput, AttendOutput, MemoryLayer, MemoryReport};
 use crate::config::AdaptiveConfig;
 use crate::error::Result;
-use crate::model::attention::relative_scores;
+use crate::model::attention::window_scores;
 
 /// Granularity of the cache trim, as in the official code.
 const TRIM_MULTIPLE: i64 = 64;
@@ -65,8 +65,8 @@ impl MemoryLayer for AdaptiveSpan {
 
     fn attend(&mut self, input: &AttendInput) -> Result<AttendOutput> {
         let m = input.x.size()[1];
-        let WindowKeys { k, v, dist, visible, .. } = self.window.keys(input, self.max_span);
-        let scores = relative_scores(input.q, &k, input.key_pe, &dist); // (b, h, m, n)
+        let WindowKeys { k, v, dist, visible, cached } = self.window.keys(input, self.max_span);
+        let scores = window_scores(input.q, &k, input.key_pe, cached); // (b, h, m, n)
         let z = self.z.to_kind(scores.kind());
         let mask = span_mask(&z, &dist, self.max_span as f64, self.cfg.ramp as f64) * visible.to_kind(scores.kind()); // (h, m, n)
         let probs = scores.masked_fill(&visible.logical_not(), f64::NEG_INFINITY).softmax(-1, scores.kind());

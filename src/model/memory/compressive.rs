@@ -32,7 +32,7 @@ use super::fixed::{concat_time, keep_last, window_mem_size, WindowCache, WindowK
 use super::{AttendInput, AttendOutput, MemoryLayer, MemoryReport};
 use crate::config::{CompressiveConfig, Compressor};
 use crate::error::{LetheError, Result};
-use crate::model::attention::{masked_mix, relative_scores};
+use crate::model::attention::{masked_mix, window_scores};
 
 /// Mean of every `rate` consecutive states: `(b, g·rate, d)` -> `(b, g, d)`.
 pub fn mean_pool(states: &Tensor, rate: i64) -> Tensor {
@@ -161,7 +161,7 @@ impl MemoryLayer for CompressiveMemory {
         let m = input.x.size()[1];
         let w = self.window.keys(input, self.span);
         let cached = w.cached;
-        let scores = relative_scores(input.q, &w.k, input.key_pe, &w.dist); // (b, h, m, n)
+        let scores = window_scores(input.q, &w.k, input.key_pe, w.cached); // (b, h, m, n)
         let (scores, visible, v) = self.with_slots(input, w, scores);
         let context = masked_mix(scores, &visible, &v, input.attn.dropout, input.train);
         self.last_mem_size = self.slots_held() as f64 + window_mem_size(cached, m, self.span);

@@ -13,7 +13,7 @@ use tch::Tensor;
 
 use super::{AttendInput, AttendOutput, MemoryLayer, MemoryReport};
 use crate::error::{LetheError, Result};
-use crate::model::attention::{masked_mix, relative_scores, window};
+use crate::model::attention::{masked_mix, window, window_scores};
 
 /// A fixed-span cache of the last `span` states.
 pub struct FixedSpan {
@@ -150,7 +150,7 @@ impl WindowCache {
     pub fn attend(&mut self, input: &AttendInput, span: i64) -> (Tensor, f64) {
         let m = input.x.size()[1];
         let w = self.keys(input, span);
-        let scores = relative_scores(input.q, &w.k, input.key_pe, &w.dist); // (b, h, m, n)
+        let scores = window_scores(input.q, &w.k, input.key_pe, w.cached); // (b, h, m, n)
         let context = masked_mix(scores, &w.visible, &w.v, input.attn.dropout, input.train);
         (context, window_mem_size(w.cached, m, span))
     }
