@@ -101,7 +101,8 @@ pub fn relative_scores(q: &Tensor, k: &Tensor, key_pe: &Tensor, dist: &Tensor) -
 /// position term is laid out by a skew (pad, reshape, slice; the adaptive-span code's
 /// `_skew`) instead of a gather, which in training also spares the scatter of the
 /// gather's backward pass. Equal to [`relative_scores`] on every visible pair; the
-/// others hold finite values that the caller masks. Needs `cached <= P - 1`.
+/// others (later keys, and keys more than `P - 1` back) are `-inf`, the padding of the
+/// skew, so the scores come out masked. Needs `cached <= P - 1`.
 /// Shapes: `q` `(b, h, m, dh)`, `k` `(b, h, cached + m, dh)`, `key_pe` `(P, dh)`;
 /// returns `(b, h, m, cached + m)`.
 pub fn window_scores(q: &Tensor, k: &Tensor, key_pe: &Tensor, cached: i64) -> Tensor {
@@ -117,7 +118,7 @@ pub fn window_scores(q: &Tensor, k: &Tensor, key_pe: &Tensor, cached: i64) -> Te
     // cached+i-j at column j + (p-1-cached).
     let flipped = q.matmul(&key_pe.narrow(0, 0, p).flip([0]).tr()); // (b, h, m, p)
     let skewed = flipped
-        .constant_pad_nd([0, m + 1]) // (b, h, m, P+m+1)
+        .pad([0, m + 1], "constant", f64::NEG_INFINITY) // (b, h, m, p+m+1)
         .view([b, h, m * (p + m + 1)])
         .narrow(2, 0, m * (p + m))
         .view([b, h, m, p + m]); // row i: flipped[i] starting at column i
@@ -125,11 +126,10 @@ pub fn window_scores(q: &Tensor, k: &Tensor, key_pe: &Tensor, cached: i64) -> Te
     scores
 }
 
-/// Softmax over the keys where `visible` `(m, n)` (or broadcastable) is true, dropout,
-/// then the weighted sum of `v` `(b, h, n, dh)`: `(b, h, m, dh)`. Every query must
-/// see at least one key. The scores are masked in place (they are consumed).
-pub fn masked_mix(mut scores: Tensor, visible: &Tensor, v: &Tensor, dropout: f64, train: bool) -> Tensor {
-    let _ = scores.masked_fill_(&visible.logical_not(), f64::NEG_INFINITY);
+/// Softmax over the keys of masked scores `(b, h, m, n)` (`-inf` where a key is not
+/// visible), dropout, then the weighted sum of `v` `(b, h, n, dh)`: `(b, h, m, dh)`.
+/// Every query must see at least one key.
+pub fn mix(scores: &Tensor, v: &Tensor, dropout: f64, train: bool) -> Tensor {
     let probs = scores.softmax(-1, scores.kind());
     let probs = probs.dropout(dropout, train);
     probs.matmul(v)
@@ -170,7 +170,8 @@ mod tests {
         assert_eq!(v, expect.concat());
     }
 
-    /// The skewed window scores equal the gathered ones wherever a key is visible,
+    /// The skewed window scores equal the gathered ones wherever a key is visible and
+    /// are `-inf` elsewhere,
     /// for a cache that is filling, full, or empty, and their gradients agree.
     #[test]
     fn window_scores_equal_relative_scores_on_visible_keys() {
@@ -181,8 +182,10 @@ mod tests {
             let pe = Tensor::randn([span + 1, 4], (Kind::Double, tch::Device::Cpu)).set_requires_grad(true);
             let (dist, vis) = window(cached, m, span, tch::Device::Cpu);
             let hidden = vis.logical_not();
+            let skewed = window_scores(&q, &k, &pe, cached);
+            assert!(skewed.isinf().equal(&hidden.expand_as(&skewed)), "the invisible keys, and only they, are -inf");
             let gathered = relative_scores(&q, &k, &pe, &dist).masked_fill(&hidden, 0.0);
-            let skewed = window_scores(&q, &k, &pe, cached).masked_fill(&hidden, 0.0);
+            let skewed = skewed.masked_fill(&hidden, 0.0);
             assert!(gathered.allclose(&skewed, 1e-12, 1e-12, false), "cached {cached}, m {m}, span {span}");
             let w = Tensor::randn(gathered.size(), (Kind::Double, tch::Device::Cpu));
             let g1 = Tensor::run_backward(&[(&gathered * &w).sum(Kind::Double)], &[&q, &pe], false, false);
@@ -210,8 +213,8 @@ mod tests {
             assert!((a - b).abs() < 1e-12, "{s:?}");
         }
         let v = t(&[10.0, 0.0, 0.0, 10.0], &[1, 1, 2, 2]);
-        let scores = t(&expect, &[1, 1, 2, 2]);
-        let out: Vec<f64> = masked_mix(scores, &vis, &v, 0.0, false).flatten(0, -1).try_into().unwrap();
+        let scores = t(&expect, &[1, 1, 2, 2]).masked_fill(&vis.logical_not(), f64::NEG_INFINITY);
+        let out: Vec<f64> = mix(&scores, &v, 0.0, false).flatten(0, -1).try_into().unwrap();
         // query 0 sees only key 0; query 1 mixes both with softmax weights
         let w1 = 1.0 / (1.0 + ((2.25 - 4.0) / r).exp());
         let expect = [10.0, 0.0, 10.0 * (1.0 - w1), 10.0 * w1];

@@ -69,7 +69,7 @@ impl MemoryLayer for AdaptiveSpan {
         let scores = window_scores(input.q, &k, input.key_pe, cached); // (b, h, m, n)
         let z = self.z.to_kind(scores.kind());
         let mask = span_mask(&z, &dist, self.max_span as f64, self.cfg.ramp as f64) * visible.to_kind(scores.kind()); // (h, m, n)
-        let probs = scores.masked_fill(&visible.logical_not(), f64::NEG_INFINITY).softmax(-1, scores.kind());
+        let probs = scores.softmax(-1, scores.kind()); // masked: -inf where not visible
         let probs = &probs * mask.unsqueeze(0); // (b, h, m, n)
         let probs = &probs / (probs.sum_dim_intlist([-1i64].as_slice(), true, probs.kind()) + 1e-8);
         let context = probs.dropout(input.attn.dropout, input.train).matmul(&v); // (b, h, m, dh)

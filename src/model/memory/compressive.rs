@@ -26,13 +26,13 @@
 //! (0 = the newest slot), `q · pe_c[rank]`, a positional bias as the ∞-former paper used
 //! for its compressive baseline (its footnote 8).
 
-use tch::{nn, Kind, Tensor};
+use tch::{nn, Tensor};
 
 use super::fixed::{concat_time, keep_last, window_mem_size, WindowCache, WindowKeys};
 use super::{AttendInput, AttendOutput, MemoryLayer, MemoryReport};
 use crate::config::{CompressiveConfig, Compressor};
 use crate::error::{LetheError, Result};
-use crate::model::attention::{masked_mix, window_scores};
+use crate::model::attention::{mix, window_scores};
 
 /// Mean of every `rate` consecutive states: `(b, g·rate, d)` -> `(b, g, d)`.
 pub fn mean_pool(states: &Tensor, rate: i64) -> Tensor {
@@ -116,20 +116,15 @@ impl CompressiveMemory {
 
     /// Scores, values and visibility of the compressed slots for queries `q`, prepended
     /// to those of the window.
-    fn with_slots(&self, input: &AttendInput, w: WindowKeys, scores: Tensor) -> (Tensor, Tensor, Tensor) {
-        let Some(c) = &self.compressed else { return (scores, w.visible, w.v) };
+    fn with_slots(&self, input: &AttendInput, w: WindowKeys, scores: Tensor) -> (Tensor, Tensor) {
+        let Some(c) = &self.compressed else { return (scores, w.v) };
         let n = c.size()[1];
         let (kc, vc) = input.attn.keys_values(c); // (b, h, n, dh)
         let pe = self.slot_pe.narrow(0, 0, n).flip([0]).to_kind(kc.kind()); // (n, dh), oldest slot first
         let dh = input.q.size()[3] as f64;
         let slot_scores = (input.q.matmul(&kc.transpose(-2, -1)) + input.q.matmul(&pe.tr())) / dh.sqrt(); // (b, h, m, n)
-        let m = input.q.size()[2];
-        let all_visible = Tensor::ones([m, n], (Kind::Bool, w.visible.device()));
-        (
-            Tensor::cat(&[slot_scores, scores], -1),
-            Tensor::cat(&[all_visible, w.visible], 1),
-            Tensor::cat(&[vc, w.v], 2),
-        )
+        // Every slot is visible; the window's scores come masked.
+        (Tensor::cat(&[slot_scores, scores], -1), Tensor::cat(&[vc, w.v], 2))
     }
 
     /// The weighted attention-reconstruction loss for the states this block will
@@ -162,8 +157,8 @@ impl MemoryLayer for CompressiveMemory {
         let w = self.window.keys(input, self.span);
         let cached = w.cached;
         let scores = window_scores(input.q, &w.k, input.key_pe, w.cached); // (b, h, m, n)
-        let (scores, visible, v) = self.with_slots(input, w, scores);
-        let context = masked_mix(scores, &visible, &v, input.attn.dropout, input.train);
+        let (scores, v) = self.with_slots(input, w, scores);
+        let context = mix(&scores, &v, input.attn.dropout, input.train);
         self.last_mem_size = self.slots_held() as f64 + window_mem_size(cached, m, self.span);
         let aux_loss = self.reconstruction_loss(input);
         self.last_recon = aux_loss.as_ref().map(|l| l.detach());
@@ -243,6 +238,7 @@ impl MemoryLayer for CompressiveMemory {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tch::Kind;
 
     fn memory(span: usize, rate: usize, slots: usize) -> CompressiveMemory {
         let vs = nn::VarStore::new(tch::Device::Cpu);

@@ -13,7 +13,7 @@ use tch::Tensor;
 
 use super::{AttendInput, AttendOutput, MemoryLayer, MemoryReport};
 use crate::error::{LetheError, Result};
-use crate::model::attention::{masked_mix, window, window_scores};
+use crate::model::attention::{mix, window, window_scores};
 
 /// A fixed-span cache of the last `span` states.
 pub struct FixedSpan {
@@ -151,7 +151,7 @@ impl WindowCache {
         let m = input.x.size()[1];
         let w = self.keys(input, span);
         let scores = window_scores(input.q, &w.k, input.key_pe, w.cached); // (b, h, m, n)
-        let context = masked_mix(scores, &w.visible, &w.v, input.attn.dropout, input.train);
+        let context = mix(&scores, &w.v, input.attn.dropout, input.train);
         (context, window_mem_size(w.cached, m, span))
     }
 
