@@ -291,7 +291,7 @@ fn random_batch(rng: &mut Rng, batch: usize, block: usize, vocab: usize, reset: 
 /// - keys and values of every state held and of the block, `2 * 2 n d²` (Transformer-XL
 ///   recomputes them from the cached states every block);
 /// - scores and the weighted sum, `2 * 2 m n d`, and the relative-position scores over
-///   the `P` position rows, `2 m P d`;
+///   the `min(P, n)` position rows a block can reach, `2 m P d`;
 /// - for the ∞-former, its long-term memory's keys, values and output projection,
 ///   `3 * 2 N d²`, and scores and context over the `N` basis functions, `2 * 2 m N d`.
 ///
@@ -304,6 +304,8 @@ pub fn step_flops(cfg: &Config, held: &[usize]) -> f64 {
     let p = crate::model::memory::position_rows(&cfg.memory, cfg.train.block) as f64;
     let per_layer = |held: usize| {
         let n = held as f64 + m;
+        // No pair is further apart than n - 1, and only those rows are used.
+        let p = p.min(n);
         let mut flops = 4.0 * m * d * d + 4.0 * m * d * f + 4.0 * n * d * d + 4.0 * m * n * d + 2.0 * m * p * d;
         if cfg.memory.mechanism == Mechanism::Infinity {
             let basis = cfg.memory.infinity.basis as f64;
@@ -598,6 +600,9 @@ mod tests {
         assert_eq!(step_flops(&cfg, &[5]), 3.0 * forward);
         // More memory held costs more.
         assert!(step_flops(&cfg, &[50]) > step_flops(&cfg, &[5]));
+        // An empty memory: n = 2 keys, so only 2 of the 6 position rows are used.
+        let forward = 3.0 * (128.0 + 256.0 + 4.0 * 2.0 * 16.0 + 4.0 * 2.0 * 2.0 * 4.0 + 2.0 * 2.0 * 2.0 * 4.0 + 160.0);
+        assert_eq!(step_flops(&cfg, &[0]), 3.0 * forward);
     }
 
     #[test]
