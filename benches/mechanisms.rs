@@ -1,6 +1,6 @@
 //! Benchmarks of every memory mechanism at the `enwik8-tiny` size: one layer's attention
 //! (forward and backward, memory full) and one full training step (forward, backward,
-//! clip, Adam), each timed over 20 iterations after a warm-up.
+//! clip, Adam), each timed over 40 iterations after a warm-up.
 //!
 //! ```text
 //! cargo bench --bench mechanisms                       # run, compare with the baseline
@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use lethe::bench::{bench, time_attention, BenchOptions, Timing};
+use lethe::bench::{bench, time_attention, BenchOptions};
 use lethe::config::Config;
 use lethe::sweep::configure;
 
@@ -42,8 +42,7 @@ fn main() -> lethe::Result<()> {
             let t = if run {
                 time_attention(&cfg, STEPS, WARMUP)?
             } else {
-                let r = bench(&cfg, &BenchOptions { steps: STEPS, warmup: WARMUP, context: None })?;
-                Timing { median_s: r.median_s, p10_s: r.p10_s, p90_s: r.p90_s }
+                bench(&cfg, &BenchOptions { steps: STEPS, warmup: WARMUP, context: None })?.timing()
             };
             let change = baseline.get(&id).map(|b| format!("{:+.1}%", 100.0 * (t.median_s / b - 1.0))).unwrap_or_else(|| "-".into());
             println!("{id:<24} {:>10.2} {:>18} {change:>10}", 1e3 * t.median_s, format!("{:.2}-{:.2}", 1e3 * t.p10_s, 1e3 * t.p90_s));

@@ -99,6 +99,18 @@ pub struct BenchResult {
     pub context_tokens: usize,
 }
 
+impl BenchResult {
+    /// The step-time percentiles.
+    pub fn timing(&self) -> Timing {
+        Timing { median_s: self.median_s, p10_s: self.p10_s, p90_s: self.p90_s }
+    }
+
+    /// The memory size `|C_t|` averaged over the layers.
+    pub fn mean_mem_size(&self) -> f64 {
+        self.mem_size.iter().sum::<f64>() / self.mem_size.len().max(1) as f64
+    }
+}
+
 /// Most forward-only blocks run to fill the memory before timing.
 const MAX_FILL_BLOCKS: usize = 4096;
 
@@ -110,10 +122,7 @@ pub fn bench(cfg: &Config, opts: &BenchOptions) -> Result<BenchResult> {
     if opts.steps == 0 {
         return Err(LetheError::Invalid("--bench-steps must be at least 1".into()));
     }
-    let device = crate::device::parse(&cfg.train.device)?;
-    if cfg.train.threads > 0 {
-        tch::set_num_threads(cfg.train.threads as i32);
-    }
+    let device = crate::device::for_training(&cfg.train)?;
     reset_peak_rss();
     let lm = Lm::new(cfg, device)?;
     let mut opt = Adam::new(lm.named_parameters(), &cfg.train);
@@ -187,7 +196,7 @@ impl Timing {
 /// iteration also lets the memory absorb the block, as in training.
 pub fn time_attention(cfg: &Config, steps: usize, warmup: usize) -> Result<Timing> {
     cfg.validate()?;
-    let device = crate::device::parse(&cfg.train.device)?;
+    let device = crate::device::for_training(&cfg.train)?;
     tch::manual_seed(cfg.seed as i64);
     let vs = tch::nn::VarStore::new(device);
     let root = vs.root();
@@ -344,10 +353,7 @@ pub fn gemm_rate(device: Device) -> f64 {
 /// The GEMM rate ([`gemm_rate`]) on `cfg`'s device with its thread count; returns the
 /// rate and the number of threads.
 pub fn machine_rate(cfg: &Config) -> Result<(f64, i32)> {
-    let device = crate::device::parse(&cfg.train.device)?;
-    if cfg.train.threads > 0 {
-        tch::set_num_threads(cfg.train.threads as i32);
-    }
+    let device = crate::device::for_training(&cfg.train)?;
     Ok((gemm_rate(device), tch::get_num_threads()))
 }
 
@@ -490,7 +496,6 @@ pub fn table(results: &[BenchResult]) -> String {
             (Some(k), Some(v)) => format!("{k}={v}"),
             _ => "-".into(),
         };
-        let mem = r.mem_size.iter().sum::<f64>() / r.mem_size.len().max(1) as f64;
         let _ = writeln!(
             s,
             "{:<12} {:>10} {:>9} {:>10} {:>16} {:>9.0} {:>9} {:>8.1} {:>6} {:>12.1}",
@@ -503,7 +508,7 @@ pub fn table(results: &[BenchResult]) -> String {
             r.peak_rss_mib.map(|m| format!("{m:.0}")).unwrap_or_else(|| "n/a".into()),
             r.gflops,
             r.mfu.map(|m| format!("{:.1}%", 100.0 * m)).unwrap_or_else(|| "n/a".into()),
-            mem
+            r.mean_mem_size()
         );
     }
     s
@@ -516,7 +521,6 @@ pub fn csv(results: &[BenchResult]) -> String {
     );
     for r in results {
         let opt = |v: Option<f64>| v.map(|x| format!("{x}")).unwrap_or_default();
-        let mem = r.mem_size.iter().sum::<f64>() / r.mem_size.len().max(1) as f64;
         let _ = writeln!(
             s,
             "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
@@ -533,7 +537,7 @@ pub fn csv(results: &[BenchResult]) -> String {
             r.p90_s,
             r.tokens_per_s,
             opt(r.peak_rss_mib),
-            mem,
+            r.mean_mem_size(),
             r.flops_per_step,
             r.gflops,
             opt(r.mfu),

@@ -4,6 +4,16 @@ use tch::Device;
 
 use crate::error::{LetheError, Result};
 
+/// The device of a run (`train.device`), after applying its thread count
+/// (`train.threads`, 0 = libtorch's default).
+pub fn for_training(train: &crate::config::TrainConfig) -> Result<Device> {
+    let device = parse(&train.device)?;
+    if train.threads > 0 {
+        tch::set_num_threads(train.threads as i32);
+    }
+    Ok(device)
+}
+
 /// Parses a device name. `auto` picks the first GPU when libtorch sees one.
 pub fn parse(name: &str) -> Result<Device> {
     if name != "cpu" {

@@ -119,10 +119,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainSummary> {
 
 impl<'a> Run<'a> {
     fn start(cfg: &'a Config, opts: &'a TrainOptions) -> Result<Self> {
-        let device = crate::device::parse(&cfg.train.device)?;
-        if cfg.train.threads > 0 {
-            tch::set_num_threads(cfg.train.threads as i32);
-        }
+        let device = crate::device::for_training(&cfg.train)?;
         let dir = opts.out_dir.join(&cfg.name);
         let ckpt_path = dir.join(checkpoint::FILE_NAME);
         prepare_run_dir(&dir, &ckpt_path, opts)?;

@@ -80,29 +80,14 @@ pub fn merge_heads(context: &Tensor) -> Tensor {
     context.transpose(1, 2).contiguous().view([b, m, h * dh])
 }
 
-/// Relative-position attention scores: `(q·k + q·key_pe[dist]) / sqrt(dh)`.
-///
-/// `q` `(b, h, m, dh)`, `k` `(b, h, n, dh)`, `key_pe` `(P, dh)`, `dist` `(m, n)` the
-/// distance index of each query-key pair, already clamped to `[0, P)`. Returns `(b, h, m, n)`.
-pub fn relative_scores(q: &Tensor, k: &Tensor, key_pe: &Tensor, dist: &Tensor) -> Tensor {
-    let (b, h, m, dh) = q.size4().expect("queries must be (b, h, m, dh)");
-    let n = k.size()[2];
-    // Scaling the queries, not the scores, divides m·dh numbers instead of m·n.
-    let q = q / (dh as f64).sqrt();
-    let mut scores = q.matmul(&k.transpose(-2, -1)); // (b, h, m, n)
-    let by_distance = q.matmul(&key_pe.tr()); // (b, h, m, P)
-    // In place: the product's output is not needed for its backward pass.
-    scores += by_distance.gather(-1, &dist.expand([b, h, m, n], false), false); // (b, h, m, n)
-    scores
-}
-
-/// [`relative_scores`] for a window: `m` queries after `cached` states, where a key at
-/// distance `cached + i - j` from query `i` is visible only within `[0, P - 1]`. The
-/// position term is laid out by a skew (pad, reshape, slice; the adaptive-span code's
-/// `_skew`) instead of a gather, which in training also spares the scatter of the
-/// gather's backward pass. Equal to [`relative_scores`] on every visible pair; the
-/// others (later keys, and keys more than `P - 1` back) are `-inf`, the padding of the
-/// skew, so the scores come out masked. Needs `cached <= P - 1`.
+/// Relative-position attention scores `(q·k + q·key_pe[dist]) / sqrt(dh)` for a window:
+/// `m` queries after `cached` states, where a key at distance `dist = cached + i - j`
+/// from query `i` is visible only within `[0, P - 1]`. The position term is laid out by
+/// a skew (pad, reshape, slice; the adaptive-span code's `_skew`) instead of a gather,
+/// which in training also spares the scatter of the gather's backward pass. Equal to
+/// the gather (the tests' `relative_scores`) on every visible pair; the others (later
+/// keys, and keys more than `P - 1` back) are `-inf`, the padding of the skew, so the
+/// scores come out masked. Needs `cached <= P - 1`.
 /// Shapes: `q` `(b, h, m, dh)`, `k` `(b, h, cached + m, dh)`, `key_pe` `(P, dh)`;
 /// returns `(b, h, m, cached + m)`.
 pub fn window_scores(q: &Tensor, k: &Tensor, key_pe: &Tensor, cached: i64) -> Tensor {
@@ -150,6 +135,23 @@ pub fn window(cached: i64, m: i64, span: i64, device: tch::Device) -> (Tensor, T
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The reference for [`window_scores`]: relative-position attention scores by a
+    /// gather, `(q·k + q·key_pe[dist]) / sqrt(dh)`.
+    ///
+    /// `q` `(b, h, m, dh)`, `k` `(b, h, n, dh)`, `key_pe` `(P, dh)`, `dist` `(m, n)` the
+    /// distance index of each query-key pair, already clamped to `[0, P)`. Returns `(b, h, m, n)`.
+    fn relative_scores(q: &Tensor, k: &Tensor, key_pe: &Tensor, dist: &Tensor) -> Tensor {
+        let (b, h, m, dh) = q.size4().expect("queries must be (b, h, m, dh)");
+        let n = k.size()[2];
+        // Scaling the queries, not the scores, divides m·dh numbers instead of m·n.
+        let q = q / (dh as f64).sqrt();
+        let mut scores = q.matmul(&k.transpose(-2, -1)); // (b, h, m, n)
+        let by_distance = q.matmul(&key_pe.tr()); // (b, h, m, P)
+        // In place: the product's output is not needed for its backward pass.
+        scores += by_distance.gather(-1, &dist.expand([b, h, m, n], false), false); // (b, h, m, n)
+        scores
+    }
 
     fn t(v: &[f64], shape: &[i64]) -> Tensor {
         Tensor::from_slice(v).view(shape)

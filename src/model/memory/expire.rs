@@ -230,7 +230,7 @@ impl MemoryLayer for ExpireSpan {
         let visible = valid.unsqueeze(1).logical_and(&dist.ge(0.0)).logical_and(&mask.gt(0.0)); // (b, m, n)
 
         let (k, v) = input.attn.keys_values(&states); // (b, h, n, dh)
-        // Scaled queries, and the scores summed and masked in place (see relative_scores).
+        // Scaled queries, and the scores summed and masked in place (as in attention::window_scores).
         let q = input.q / (input.attn.d_head() as f64).sqrt();
         let mut scores = q.matmul(&k.transpose(-2, -1)); // (b, h, m, n)
         scores += self.position_scores(&q, input.key_pe, &dist);
