@@ -30,7 +30,7 @@ use crate::data::Batch;
 use crate::error::{LetheError, Result};
 use crate::metrics::{peak_rss_bytes, reset_peak_rss};
 use crate::model::Lm;
-use crate::optim::Adam;
+use crate::optim::Optimiser;
 use crate::rng::Rng;
 use crate::train::optimisation_step;
 
@@ -125,7 +125,7 @@ pub fn bench(cfg: &Config, opts: &BenchOptions) -> Result<BenchResult> {
     let device = crate::device::for_training(&cfg.train)?;
     reset_peak_rss();
     let lm = Lm::new(cfg, device)?;
-    let mut opt = Adam::new(lm.named_parameters(), &cfg.train);
+    let mut opt = Optimiser::new(lm.named_parameters(), &cfg.train);
     let mut mems: Vec<_> = (0..cfg.train.accum).map(|_| lm.model.new_memory()).collect();
     let mut rng = Rng::new(cfg.seed);
     let fill_blocks = fill_memory(&lm, &mut mems, cfg, &mut rng, opts.context)?;

@@ -31,6 +31,25 @@ pub enum Command {
     /// Pictures of what a model remembers.
     #[command(subcommand)]
     Inspect(InspectCommand),
+    /// Play gridworld episodes (corridor, portal) and print them as text, step by step:
+    /// a trained agent from --checkpoint, or an untrained one for --preset.
+    Play(PlayArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct PlayArgs {
+    /// Checkpoint file, or a run folder holding checkpoint.safetensors (default: an
+    /// untrained agent for the config given by --preset, --config and --set).
+    #[arg(long)]
+    pub checkpoint: Option<PathBuf>,
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Episodes to play.
+    #[arg(long, default_value_t = 1)]
+    pub episodes: usize,
+    /// Print only each episode's last map and figures, not every step.
+    #[arg(long)]
+    pub summary: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -155,6 +174,9 @@ pub struct EvalArgs {
     /// Expire-Span only: cap every predicted span at this many tokens (paper Fig. 9).
     #[arg(long)]
     pub max_span: Option<usize>,
+    /// Gridworld checkpoints: episodes to play (default: the config's rl.eval_episodes).
+    #[arg(long)]
+    pub episodes: Option<usize>,
     /// Override a field of the checkpoint's config for this evaluation, e.g.
     /// --set memory.expire.deletion=batch (repeatable; the parameters must still fit).
     #[arg(long = "set", value_name = "FIELD=VALUE")]

@@ -4,7 +4,8 @@
 //! ([`model`]) whose layers remember the past through pluggable memory mechanisms
 //! ([`model::memory`]), byte corpora and synthetic tasks ([`data`]), the training loop
 //! ([`train`]), streaming evaluation ([`eval`]) and generation ([`generate`]),
-//! checkpoints ([`checkpoint`]) and benchmarks ([`bench`]).
+//! checkpoints ([`checkpoint`]), benchmarks ([`bench`]) and reinforcement learning on the
+//! paper's gridworlds ([`rl`]).
 
 pub mod bench;
 pub mod checkpoint;
@@ -18,6 +19,7 @@ pub mod inspect;
 pub mod metrics;
 pub mod model;
 pub mod optim;
+pub mod rl;
 pub mod rng;
 pub mod sweep;
 pub mod train;

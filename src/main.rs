@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::Parser;
 
-use cli::{BenchArgs, Cli, Command, EvalArgs, GenerateArgs, InspectCommand, InspectSpansArgs, SweepArgs, TrainArgs};
+use cli::{BenchArgs, Cli, Command, EvalArgs, GenerateArgs, InspectCommand, InspectSpansArgs, PlayArgs, SweepArgs, TrainArgs};
 use lethe::checkpoint::Checkpoint;
 use lethe::config::{Mechanism, Source, PRESETS};
 use lethe::data::{self, Split};
@@ -35,7 +35,51 @@ fn run(cli: Cli) -> Result<()> {
         Command::Sweep(a) => sweep(a),
         Command::Inspect(InspectCommand::Spans(a)) => inspect_spans(a),
         Command::Inspect(InspectCommand::Ltm(a)) => inspect_ltm(a),
+        Command::Play(a) => play(a),
     }
+}
+
+fn play(a: PlayArgs) -> Result<()> {
+    if a.episodes == 0 {
+        anyhow::bail!("--episodes must be at least 1");
+    }
+    let mut cfg = match &a.checkpoint {
+        Some(path) => Checkpoint::load(path)?.config.apply_overrides(&a.config.overrides)?,
+        None => a.config.resolve()?,
+    };
+    if !cfg.data.source.is_rl() {
+        anyhow::bail!("`lethe play` plays gridworlds (corridor, portal); this config's data.source is {:?}", cfg.data.source);
+    }
+    let device = lethe::device::parse(&cfg.train.device)?;
+    let seed = a.config.seed.unwrap_or(cfg.seed);
+    cfg.train.batch = 1;
+    let agent = match &a.checkpoint {
+        Some(path) => {
+            let mut ckpt = Checkpoint::load(path)?;
+            ckpt.config = cfg;
+            lethe::rl::agent::Agent::from_checkpoint(&ckpt, device)?
+        }
+        None => lethe::rl::agent::Agent::new(&cfg, device)?,
+    };
+    let who = if a.checkpoint.is_some() { "trained" } else { "untrained" };
+    let mut out = std::io::stdout().lock();
+    let mechanism = format!("{:?}", agent.config.memory.mechanism).to_lowercase();
+    // A closed pipe (`| head`) is not an error worth a panic: printing just stops.
+    let _ = writeln!(out, "{} episode(s) of {} with an {who} agent ({mechanism} memory)", a.episodes, data::describe(&agent.config));
+    let mut t = 0;
+    let r = lethe::rl::train::play(&agent, a.episodes, seed, &mut |episodes, actions, outcomes| {
+        let slot = &episodes.slots[0];
+        t += 1;
+        if !a.summary || slot.done && outcomes[0].done {
+            let over = if outcomes[0].done { " (episode over)" } else { "" };
+            let _ = write!(out, "step {t}: {:?}, reward {}{over}\n{}", actions[0], outcomes[0].reward, slot.world.render());
+        }
+        if outcomes[0].done {
+            t = 0;
+        }
+    })?;
+    let _ = writeln!(out, "{}", r.line());
+    Ok(())
 }
 
 /// The model and the text of an `inspect` command.
@@ -110,6 +154,13 @@ fn train(a: TrainArgs) -> Result<()> {
     }
     let cfg = if a.resume { a.config.resolve_for_resume(&a.out)? } else { a.config.resolve()? };
     let opts = lethe::train::TrainOptions { out_dir: a.out, resume: a.resume, overwrite: a.overwrite, quiet: a.quiet, stop_after: a.stop_after };
+    if cfg.data.source.is_rl() {
+        let summary = lethe::rl::train::train(&cfg, &opts)?;
+        if let Some(r) = summary.last_eval {
+            println!("done: {}; run folder {}", r.line(), summary.run_dir.display());
+        }
+        return Ok(());
+    }
     let summary = lethe::train::train(&cfg, &opts)?;
     if let Some(r) = summary.last_eval {
         println!(
@@ -144,6 +195,9 @@ fn eval(a: EvalArgs) -> Result<()> {
     let mut ckpt = load_checkpoint(&a.checkpoint, a.max_span)?;
     ckpt.config = ckpt.config.clone().apply_overrides(&a.overrides)?;
     ckpt.config.validate()?;
+    if ckpt.config.data.source.is_rl() {
+        return eval_agent(&ckpt, device, &a);
+    }
     let split: Split = a.split.parse()?;
     let mut cfg = ckpt.config.clone();
     if let Some(path) = a.data {
@@ -191,6 +245,29 @@ fn eval(a: EvalArgs) -> Result<()> {
         let fmt = |v: &[f64]| v.iter().map(|x| format!("{x:.1}")).collect::<Vec<_>>().join(", ");
         let spans = r.mean_span.as_ref().map(|s| format!(" | mean span per layer [{}]", fmt(s))).unwrap_or_default();
         println!("memory size per layer [{}] | cache held per layer [{}]{spans}", fmt(&r.mem_size), fmt(&r.held));
+        println!("evaluated in {:.1} s", started.elapsed().as_secs_f64());
+    }
+    Ok(())
+}
+
+/// `lethe eval` of a gridworld agent: play episodes apart from training's.
+fn eval_agent(ckpt: &Checkpoint, device: tch::Device, a: &EvalArgs) -> Result<()> {
+    let mut ckpt_cfg = ckpt.config.clone();
+    if let Some(batch) = a.batch {
+        ckpt_cfg.train.batch = batch;
+    }
+    let agent = lethe::rl::agent::Agent::new(&ckpt_cfg, device)?;
+    ckpt.load_parameters(&agent.vs.variables())?;
+    let episodes = a.episodes.unwrap_or(ckpt_cfg.rl.eval_episodes);
+    if episodes == 0 {
+        anyhow::bail!("--episodes must be at least 1");
+    }
+    let started = std::time::Instant::now();
+    let r = lethe::rl::train::evaluate(&agent, episodes)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        println!("{}", r.line());
         println!("evaluated in {:.1} s", started.elapsed().as_secs_f64());
     }
     Ok(())

@@ -1,14 +1,16 @@
-//! Adam (with optional decoupled weight decay), the learning-rate schedule and global
-//! gradient-norm clipping. lethe owns the optimiser so that its moments are plain named
-//! tensors that go into checkpoints (`optim.exp_avg.<param>`, `optim.exp_avg_sq.<param>`).
+//! The optimisers (Adam with optional decoupled weight decay, and RMSProp for the
+//! reinforcement-learning presets), the learning-rate schedule and global gradient-norm
+//! clipping. lethe owns the optimiser so that its moments are plain named tensors that
+//! go into checkpoints (`optim.exp_avg.<param>`, `optim.exp_avg_sq.<param>`).
 
 use tch::Tensor;
 
-use crate::config::{Schedule, TrainConfig};
+use crate::config::{Optimizer, Schedule, TrainConfig};
 use crate::error::{LetheError, Result};
 
-/// Adam over a fixed, named list of parameters.
-pub struct Adam {
+/// Adam or RMSProp (`train.optimizer`) over a fixed, named list of parameters.
+pub struct Optimiser {
+    rule: Optimizer,
     params: Vec<(String, Tensor)>,
     exp_avg: Vec<Tensor>,
     exp_avg_sq: Vec<Tensor>,
@@ -20,11 +22,12 @@ pub struct Adam {
     weight_decay: f64,
 }
 
-impl Adam {
-    /// Adam over `params` (name, tensor) with the hyper-parameters of `cfg`.
+impl Optimiser {
+    /// The optimiser of `cfg` over `params` (name, tensor), with its hyper-parameters.
     pub fn new(params: Vec<(String, Tensor)>, cfg: &TrainConfig) -> Self {
         let zeros = |p: &Tensor| p.zeros_like().detach();
-        Adam {
+        Optimiser {
+            rule: cfg.optimizer,
             exp_avg: params.iter().map(|(_, p)| zeros(p)).collect(),
             exp_avg_sq: params.iter().map(|(_, p)| zeros(p)).collect(),
             params,
@@ -58,8 +61,11 @@ impl Adam {
         total
     }
 
-    /// One Adam update with learning rate `lr`.
+    /// One update with learning rate `lr`.
     pub fn step(&mut self, lr: f64) {
+        if self.rule == Optimizer::RmsProp {
+            return self.rmsprop_step(lr);
+        }
         let _guard = tch::no_grad_guard();
         self.steps += 1;
         let t = self.steps as i32;
@@ -78,6 +84,27 @@ impl Adam {
             let _ = v.g_add_(&(g.square() * (1.0 - self.beta2)));
             let denom = v.sqrt() / bc2.sqrt() + self.eps;
             let update = &self.exp_avg[i] / denom * (lr / bc1);
+            if self.weight_decay > 0.0 {
+                let _ = p.g_mul_scalar_(1.0 - lr * self.weight_decay);
+            }
+            let _ = p.g_sub_(&update);
+        }
+    }
+
+    /// One RMSProp update: `v = beta2 v + (1 - beta2) g^2`, `p -= lr g / (sqrt(v) + eps)`
+    /// (PyTorch's `RMSprop` without momentum or centring). Weight decay is decoupled.
+    fn rmsprop_step(&mut self, lr: f64) {
+        let _guard = tch::no_grad_guard();
+        self.steps += 1;
+        for (i, (_, p)) in self.params.iter_mut().enumerate() {
+            let g = p.grad();
+            if !g.defined() {
+                continue;
+            }
+            let v = &mut self.exp_avg_sq[i];
+            let _ = v.g_mul_scalar_(self.beta2);
+            let _ = v.g_add_(&(g.square() * (1.0 - self.beta2)));
+            let update = &g / (v.sqrt() + self.eps) * lr;
             if self.weight_decay > 0.0 {
                 let _ = p.g_mul_scalar_(1.0 - lr * self.weight_decay);
             }
@@ -156,7 +183,7 @@ mod tests {
     fn adam_matches_hand_computed_updates() {
         let p = Tensor::from_slice(&[1.0f64, -2.0]).set_requires_grad(true);
         let cfg = TrainConfig { beta1: 0.9, beta2: 0.999, eps: 0.0, ..TrainConfig::default() };
-        let mut adam = Adam::new(vec![("p".into(), p.shallow_clone())], &cfg);
+        let mut adam = Optimiser::new(vec![("p".into(), p.shallow_clone())], &cfg);
         let (mut m, mut v, mut x) = ([0.0f64; 2], [0.0f64; 2], [1.0f64, -2.0]);
         for t in 1..=2 {
             adam.zero_grad();
@@ -177,10 +204,33 @@ mod tests {
         }
     }
 
+    /// Two RMSProp steps on f(p) = sum(p^2) / 2, against the formulas by hand.
+    #[test]
+    fn rmsprop_matches_hand_computed_updates() {
+        let p = Tensor::from_slice(&[1.0f64, -2.0]).set_requires_grad(true);
+        let cfg = TrainConfig { beta2: 0.99, eps: 1e-5, optimizer: Optimizer::RmsProp, ..TrainConfig::default() };
+        let mut opt = Optimiser::new(vec![("p".into(), p.shallow_clone())], &cfg);
+        let (mut v, mut x) = ([0.0f64; 2], [1.0f64, -2.0]);
+        for _ in 0..2 {
+            opt.zero_grad();
+            (p.square().sum(Kind::Double) / 2.0).backward();
+            opt.step(0.01);
+            for i in 0..2 {
+                let g = x[i];
+                v[i] = 0.99 * v[i] + 0.01 * g * g;
+                x[i] -= 0.01 * g / (v[i].sqrt() + 1e-5);
+            }
+        }
+        let got: Vec<f64> = p.detach().try_into().unwrap();
+        for i in 0..2 {
+            assert!((got[i] - x[i]).abs() < 1e-12, "{got:?} vs {x:?}");
+        }
+    }
+
     #[test]
     fn clipping_scales_the_global_norm() {
         let p = Tensor::from_slice(&[3.0f64, 4.0]).set_requires_grad(true);
-        let mut adam = Adam::new(vec![("p".into(), p.shallow_clone())], &TrainConfig::default());
+        let mut adam = Optimiser::new(vec![("p".into(), p.shallow_clone())], &TrainConfig::default());
         (p.square().sum(Kind::Double) / 2.0).backward(); // grad = (3, 4), norm 5
         let norm = adam.clip_grad_norm(1.0);
         assert!((norm - 5.0).abs() < 1e-12);

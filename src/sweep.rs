@@ -157,6 +157,8 @@ pub fn metric(source: Source) -> (&'static str, bool) {
         Source::Collision => ("error %", false),
         Source::Sorting => ("accuracy %", true),
         Source::File | Source::Folder => ("bpb", false),
+        Source::Corridor => ("success %", true),
+        Source::Portal => ("rooms", true),
     }
 }
 
@@ -203,7 +205,49 @@ fn run_one(cfg: &Config, runs: &Path) -> Result<SweepPoint> {
     }
     let start = Instant::now();
     let opts = TrainOptions { out_dir: runs.to_path_buf(), overwrite: true, quiet: true, ..TrainOptions::default() };
-    let summary = train(cfg, &opts)?;
+    let point = if cfg.data.source.is_rl() { rl_point(cfg, &opts)? } else { lm_point(cfg, &opts)? };
+    let point = SweepPoint { seconds: start.elapsed().as_secs_f64(), config: toml, ..point };
+    let json = serde_json::to_string_pretty(&point).map_err(|e| LetheError::Invalid(e.to_string()))?;
+    write_atomic(&path, json.as_bytes())?;
+    Ok(point)
+}
+
+/// The size knob of a run's mechanism (see the module documentation).
+fn size_of(cfg: &Config) -> usize {
+    match cfg.memory.mechanism {
+        Mechanism::Compressive => cfg.memory.span + cfg.memory.compressive.slots,
+        Mechanism::Infinity => cfg.memory.span + cfg.memory.infinity.basis,
+        _ => cfg.memory.span,
+    }
+}
+
+/// Trains an agent on a gridworld and reads its last evaluation: success rate for the
+/// corridor, mean rooms reached for the portal. `loss` is the mean return, `accuracy`
+/// the success rate.
+fn rl_point(cfg: &Config, opts: &TrainOptions) -> Result<SweepPoint> {
+    let summary = crate::rl::train::train(cfg, opts)?;
+    let r = summary
+        .last_eval
+        .ok_or_else(|| LetheError::Invalid(format!("sweep run `{}` finished without an evaluation", cfg.name)))?;
+    let (metric, _) = metric(cfg.data.source);
+    Ok(SweepPoint {
+        mechanism: mechanism_name(cfg.memory.mechanism).to_string(),
+        size: size_of(cfg),
+        seed: cfg.seed,
+        run: cfg.name.clone(),
+        metric: metric.to_string(),
+        quality: r.mean_rooms.unwrap_or(100.0 * r.success_rate),
+        loss: r.mean_return,
+        accuracy: r.success_rate,
+        mem_size: r.mem_size.iter().sum::<f64>() / r.mem_size.len().max(1) as f64,
+        seconds: 0.0,
+        config: String::new(),
+    })
+}
+
+/// Trains a language model and reads its last validation.
+fn lm_point(cfg: &Config, opts: &TrainOptions) -> Result<SweepPoint> {
+    let summary = train(cfg, opts)?;
     let r = summary
         .last_eval
         .ok_or_else(|| LetheError::Invalid(format!("sweep run `{}` finished without an evaluation", cfg.name)))?;
@@ -213,14 +257,11 @@ fn run_one(cfg: &Config, runs: &Path) -> Result<SweepPoint> {
         Source::Collision => 100.0 * (1.0 - r.accuracy),
         Source::Sorting => 100.0 * r.accuracy,
         Source::File | Source::Folder => r.bpb,
+        Source::Corridor | Source::Portal => return Err(LetheError::Invalid("gridworlds have no validation stream".into())),
     };
-    let point = SweepPoint {
+    Ok(SweepPoint {
         mechanism: mechanism_name(cfg.memory.mechanism).to_string(),
-        size: match cfg.memory.mechanism {
-            Mechanism::Compressive => cfg.memory.span + cfg.memory.compressive.slots,
-            Mechanism::Infinity => cfg.memory.span + cfg.memory.infinity.basis,
-            _ => cfg.memory.span,
-        },
+        size: size_of(cfg),
         seed: cfg.seed,
         run: cfg.name.clone(),
         metric: metric.to_string(),
@@ -228,18 +269,17 @@ fn run_one(cfg: &Config, runs: &Path) -> Result<SweepPoint> {
         loss: r.loss,
         accuracy: r.accuracy,
         mem_size: r.mem_size.iter().sum::<f64>() / r.mem_size.len().max(1) as f64,
-        seconds: start.elapsed().as_secs_f64(),
-        config: toml,
-    };
-    let json = serde_json::to_string_pretty(&point).map_err(|e| LetheError::Invalid(e.to_string()))?;
-    write_atomic(&path, json.as_bytes())?;
-    Ok(point)
+        seconds: 0.0,
+        config: String::new(),
+    })
 }
 
 /// The table as aligned text.
 pub fn table(points: &[SweepPoint]) -> String {
     let metric = points.first().map_or("quality", |p| p.metric.as_str());
-    let mut out = format!("{:<12} {:>6} {:>5} {:>10} {:>10} {:>9} {:>8}\n", "mechanism", "size", "seed", metric, "mem size", "loss", "time s");
+    // Gridworld points carry the mean return where language models carry the loss.
+    let loss = if matches!(metric, "success %" | "rooms") { "return" } else { "loss" };
+    let mut out = format!("{:<12} {:>6} {:>5} {:>10} {:>10} {:>9} {:>8}\n", "mechanism", "size", "seed", metric, "mem size", loss, "time s");
     for p in points {
         let _ = writeln!(
             out,

@@ -19,7 +19,7 @@ use crate::error::{LetheError, Result};
 use crate::eval::{evaluate, EvalResult};
 use crate::metrics::{format_count, format_duration, MetricsLog};
 use crate::model::{token_nll, Lm, Memory};
-use crate::optim::{learning_rate, Adam};
+use crate::optim::{learning_rate, Optimiser};
 use crate::rng::Rng;
 
 /// How to run `train`, beyond the config.
@@ -62,7 +62,7 @@ struct Run<'a> {
     opts: &'a TrainOptions,
     dir: PathBuf,
     lm: Lm,
-    opt: Adam,
+    opt: Optimiser,
     mems: Vec<Memory>,
     data: TrainStreams,
     valid: SplitData,
@@ -126,7 +126,7 @@ impl<'a> Run<'a> {
         let data = data::train_streams(cfg, cfg.train.batch)?;
         let valid = data::load_split(cfg, Split::Valid, cfg.train.batch)?;
         let lm = Lm::new(cfg, device)?;
-        let opt = Adam::new(lm.named_parameters(), &cfg.train);
+        let opt = Optimiser::new(lm.named_parameters(), &cfg.train);
         let mems = (0..cfg.train.accum).map(|_| lm.model.new_memory()).collect();
         checkpoint::write_atomic(&dir.join("config.toml"), cfg.to_toml()?.as_bytes())?;
         let metrics = MetricsLog::open(&dir)?;
@@ -287,7 +287,7 @@ pub struct StepStats {
 /// Forward and backward over `batch` in `mems.len()` micro-batches, clipping, and one
 /// Adam update at `lr` (skipped when the loss or the gradient is not finite, so that a
 /// NaN never reaches the parameters). The memories are reset first when the batch says so.
-pub fn optimisation_step(lm: &Lm, opt: &mut Adam, mems: &mut [Memory], batch: &Batch, cfg: &TrainConfig, lr: f64) -> Result<StepStats> {
+pub fn optimisation_step(lm: &Lm, opt: &mut Optimiser, mems: &mut [Memory], batch: &Batch, cfg: &TrainConfig, lr: f64) -> Result<StepStats> {
     if batch.reset {
         mems.iter_mut().for_each(Memory::reset);
     }
@@ -314,7 +314,7 @@ pub fn optimisation_step(lm: &Lm, opt: &mut Adam, mems: &mut [Memory], batch: &B
     Ok(StepStats { nll_sum, weight, aux, grad_norm })
 }
 
-fn prepare_run_dir(dir: &Path, ckpt: &Path, opts: &TrainOptions) -> Result<()> {
+pub(crate) fn prepare_run_dir(dir: &Path, ckpt: &Path, opts: &TrainOptions) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| LetheError::io(dir, e))?;
     if opts.resume {
         if !ckpt.exists() {

@@ -186,7 +186,16 @@ pub fn load_split(cfg: &Config, split: Split, batch: usize) -> Result<SplitData>
             Ok(tasks::eval_split(&tasks::sorting::SortingTask::new(k), "sorting", seed, split, batch, k.eval_tokens))
         }
         Source::File | Source::Folder => bytes::load(&cfg.data, split),
+        Source::Corridor | Source::Portal => Err(not_a_stream(cfg)),
     }
+}
+
+/// The error for asking a gridworld for tokens.
+fn not_a_stream(cfg: &Config) -> LetheError {
+    LetheError::Invalid(format!(
+        "`{}` is a reinforcement-learning task: it has episodes, not a token stream (train it with `lethe train`, evaluate it with `lethe eval`)",
+        format!("{:?}", cfg.data.source).to_lowercase()
+    ))
 }
 
 /// The training streams the config names, positioned at the start.
@@ -210,6 +219,7 @@ pub fn train_streams(cfg: &Config, batch: usize) -> Result<TrainStreams> {
             let split = bytes::load(&cfg.data, Split::Train)?;
             Ok(TrainStreams::Fixed(BlockStreams::new(&split, batch, cfg.train.block, seed)?))
         }
+        Source::Corridor | Source::Portal => Err(not_a_stream(cfg)),
     }
 }
 
@@ -236,6 +246,14 @@ pub fn describe(cfg: &Config) -> String {
             d.sorting.symbols, d.sorting.length
         ),
         Source::Folder => format!("folder {} ({:?} mode)", path.display(), d.folder_mode).to_lowercase(),
+        Source::Corridor => format!(
+            "corridor gridworld, lengths {}-{}, at most {} steps per episode; chance success 50%",
+            d.corridor.length_min, d.corridor.length_max, d.corridor.max_steps
+        ),
+        Source::Portal => format!(
+            "multi-room portal gridworld, {} rooms of {}x{}, {} mistakes per room end an episode, at most {} steps",
+            d.portal.rooms, d.portal.size, d.portal.size, d.portal.mistakes, d.portal.max_steps
+        ),
         Source::File => {
             let len = std::fs::metadata(path).map(|m| m.len() as usize).unwrap_or(0);
             match bytes::file_ranges(path, len, d.format, d.split) {

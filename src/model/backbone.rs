@@ -98,20 +98,29 @@ pub struct Forward {
     pub aux_loss: Tensor,
 }
 
-/// The model's parameters (they live in the `VarStore` the model was built in).
-pub struct Model {
+/// The layers every task shares: `layers` blocks of attention + feed-forward, each with
+/// its memory, the relative-position embeddings `key_pe`, and the final norm. It maps
+/// input vectors `(b, m, d)` to output vectors `(b, m, d)`; what comes in (byte
+/// embeddings, gridworld observations) and what goes out (next-byte logits, a policy)
+/// belongs to the model that wraps it.
+pub struct Backbone {
     cfg: ModelConfig,
-    embed: nn::Embedding,
     layers: Vec<Layer>,
     final_norm: Option<nn::LayerNorm>,
-    head: nn::Linear,
     key_pe: Tensor,
     memories: Vec<Box<dyn MemoryLayer>>,
 }
 
-impl Model {
-    /// Creates the parameters under `p`. Tensor names follow the module path
-    /// (`layers.1.attn.q.weight`, `key_pe`, ...).
+/// The output of the backbone for one block.
+pub struct Hidden {
+    /// Output vectors `(b, m, d)` (after the final norm when pre-norm is on).
+    pub h: Tensor,
+    /// Sum of the layers' auxiliary losses (a zero scalar when there are none).
+    pub aux_loss: Tensor,
+}
+
+impl Backbone {
+    /// Creates the parameters under `p` (`layers.<i>...`, `key_pe`, `final_norm`).
     /// `block` is the training block length (it sets Expire-Span's position rows).
     pub fn new(p: &nn::Path, cfg: &ModelConfig, mem: &MemoryConfig, block: usize) -> Result<Self> {
         let d = cfg.d_model as i64;
@@ -123,15 +132,7 @@ impl Model {
         let final_norm = cfg.pre_norm.then(|| nn::layer_norm(p / "final_norm", vec![d], Default::default()));
         let rows = memory::position_rows(mem, block);
         let key_pe = p.var("key_pe", &[rows, d_head], nn::Init::Randn { mean: 0.0, stdev: 1.0 / (d_head as f64).sqrt() });
-        Ok(Model {
-            cfg: cfg.clone(),
-            embed: nn::embedding(p / "embed", cfg.vocab as i64, d, Default::default()),
-            layers,
-            final_norm,
-            head: nn::linear(p / "head", d, cfg.vocab as i64, Default::default()),
-            key_pe,
-            memories,
-        })
+        Ok(Backbone { cfg: cfg.clone(), layers, final_norm, key_pe, memories })
     }
 
     /// Lets every layer's mechanism enforce its parameter constraints after an
@@ -145,11 +146,11 @@ impl Model {
         Memory { layers: self.memories.iter().map(|m| m.fresh()).collect() }
     }
 
-    /// Runs one block `tokens` `(b, m)` with the memory carried in `mem`, then lets each
-    /// layer's memory absorb the block.
-    pub fn forward(&self, tokens: &Tensor, mem: &mut Memory, train: bool) -> Result<Forward> {
+    /// Runs one block of input vectors `h` `(b, m, d)` with the memory carried in
+    /// `mem`, then lets each layer's memory absorb the block.
+    pub fn forward(&self, h: Tensor, mem: &mut Memory, train: bool) -> Result<Hidden> {
         let p = self.cfg.dropout;
-        let mut h = self.embed.forward(tokens).dropout(p, train); // (b, m, d)
+        let mut h = h;
         let mut aux = Tensor::zeros([], (h.kind(), h.device()));
         for (layer, memory) in self.layers.iter().zip(mem.layers.iter_mut()) {
             let x = if self.cfg.pre_norm { layer.norm1.forward(&h) } else { h.shallow_clone() };
@@ -177,7 +178,51 @@ impl Model {
         if let Some(n) = &self.final_norm {
             h = n.forward(&h);
         }
-        Ok(Forward { logits: self.head.forward(&h), aux_loss: aux })
+        Ok(Hidden { h, aux_loss: aux })
+    }
+}
+
+/// The language model: byte (token) embeddings, the [`Backbone`], and a linear output
+/// head (its parameters live in the `VarStore` the model was built in).
+pub struct Model {
+    cfg: ModelConfig,
+    embed: nn::Embedding,
+    body: Backbone,
+    head: nn::Linear,
+}
+
+impl Model {
+    /// Creates the parameters under `p`. Tensor names follow the module path
+    /// (`layers.1.attn.q.weight`, `key_pe`, `embed.weight`, `head.weight`, ...).
+    /// `block` is the training block length (it sets Expire-Span's position rows).
+    pub fn new(p: &nn::Path, cfg: &ModelConfig, mem: &MemoryConfig, block: usize) -> Result<Self> {
+        let d = cfg.d_model as i64;
+        let body = Backbone::new(p, cfg, mem, block)?;
+        Ok(Model {
+            cfg: cfg.clone(),
+            embed: nn::embedding(p / "embed", cfg.vocab as i64, d, Default::default()),
+            body,
+            head: nn::linear(p / "head", d, cfg.vocab as i64, Default::default()),
+        })
+    }
+
+    /// Lets every layer's mechanism enforce its parameter constraints after an
+    /// optimiser step.
+    pub fn after_step(&self) {
+        self.body.after_step();
+    }
+
+    /// Empty memories for a group of streams (one per micro-batch, or for evaluation).
+    pub fn new_memory(&self) -> Memory {
+        self.body.new_memory()
+    }
+
+    /// Runs one block `tokens` `(b, m)` with the memory carried in `mem`, then lets each
+    /// layer's memory absorb the block.
+    pub fn forward(&self, tokens: &Tensor, mem: &mut Memory, train: bool) -> Result<Forward> {
+        let h = self.embed.forward(tokens).dropout(self.cfg.dropout, train); // (b, m, d)
+        let out = self.body.forward(h, mem, train)?;
+        Ok(Forward { logits: self.head.forward(&out.h), aux_loss: out.aux_loss })
     }
 }
 

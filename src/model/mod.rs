@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use tch::{nn, Device, Tensor};
 
-pub use backbone::{correct, token_nll, Forward, Memory, Model};
+pub use backbone::{correct, token_nll, Backbone, Forward, Hidden, Memory, Model};
 
 use crate::checkpoint::Checkpoint;
 use crate::config::Config;

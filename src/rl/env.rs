@@ -1,0 +1,366 @@
+//! What the gridworlds share: words, observations, actions, and a batch of episodes
+//! stepped together (Expire-Span paper, A.3.1; MazeBase, Sukhbaatar et al., 2015).
+//!
+//! - Every object and property is a word ("agent", "block", "door", "red", ...). A cell
+//!   is the set of words on it, and an observation is the 3x3 area around the agent as a
+//!   binary tensor `3 x 3 x vocabulary`, flattened row by row (top row first), word
+//!   fastest. Cells outside the map read as "block".
+//! - The actions are the four moves. Moving into a block (a wall, or the corridor's
+//!   object) leaves the agent where it is.
+//! - [`Episodes`] steps `B` episodes together. They start together and the batch is
+//!   over when every one of them has ended: an episode that ends early waits, inactive,
+//!   for the others (so that one memory per batch can be reset at episode starts; see
+//!   `rl::train`). Each episode is drawn from its own random stream, derived from the
+//!   seed and the episode's number, so the same seed gives the same episodes.
+
+use serde::{Deserialize, Serialize};
+
+use super::corridor::Corridor;
+use super::portal::Portal;
+use crate::config::{Config, Source};
+use crate::error::{LetheError, Result};
+use crate::rng::Rng;
+
+/// Side of the square the agent sees, centred on itself.
+pub const VIEW: usize = 3;
+
+/// The four moves, in the order of the policy's outputs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Action {
+    /// `y - 1`.
+    Up,
+    /// `y + 1`.
+    Down,
+    /// `x - 1`.
+    Left,
+    /// `x + 1`.
+    Right,
+}
+
+impl Action {
+    /// Number of actions.
+    pub const COUNT: usize = 4;
+    /// All actions, by index.
+    pub const ALL: [Action; 4] = [Action::Up, Action::Down, Action::Left, Action::Right];
+
+    /// The action of policy output `i` (`i < 4`).
+    pub fn from_index(i: usize) -> Action {
+        Action::ALL[i % Self::COUNT]
+    }
+
+    /// The move `(dx, dy)`.
+    pub fn delta(self) -> (i64, i64) {
+        match self {
+            Action::Up => (0, -1),
+            Action::Down => (0, 1),
+            Action::Left => (-1, 0),
+            Action::Right => (1, 0),
+        }
+    }
+
+    /// A one-letter name for renderings.
+    pub fn letter(self) -> char {
+        match self {
+            Action::Up => 'U',
+            Action::Down => 'D',
+            Action::Left => 'L',
+            Action::Right => 'R',
+        }
+    }
+}
+
+/// A door or object colour.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Colour {
+    /// Red.
+    Red,
+    /// Blue.
+    Blue,
+}
+
+impl Colour {
+    /// A fair draw.
+    pub fn draw(rng: &mut Rng) -> Colour {
+        if rng.next_u64() & 1 == 0 {
+            Colour::Red
+        } else {
+            Colour::Blue
+        }
+    }
+
+    /// The other colour.
+    pub fn other(self) -> Colour {
+        match self {
+            Colour::Red => Colour::Blue,
+            Colour::Blue => Colour::Red,
+        }
+    }
+
+    /// Its word.
+    pub fn word(self) -> Word {
+        match self {
+            Colour::Red => Word::Red,
+            Colour::Blue => Word::Blue,
+        }
+    }
+}
+
+/// The words of the gridworlds. The portal task adds one word per room number
+/// ([`Word::Room`]), after the fixed ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Word {
+    /// The agent itself (the centre of every view).
+    Agent,
+    /// A wall; also everything outside the map.
+    Block,
+    /// A door (with its colour).
+    Door,
+    /// The corridor's coloured object (with its colour).
+    Object,
+    /// Red.
+    Red,
+    /// Blue.
+    Blue,
+    /// "room k" (1-based), on the agent's cell in the portal task.
+    Room(usize),
+}
+
+/// Number of fixed words (before the room numbers).
+pub const FIXED_WORDS: usize = 6;
+
+impl Word {
+    /// Index in the observation's word axis.
+    pub fn index(self) -> usize {
+        match self {
+            Word::Agent => 0,
+            Word::Block => 1,
+            Word::Door => 2,
+            Word::Object => 3,
+            Word::Red => 4,
+            Word::Blue => 5,
+            Word::Room(k) => FIXED_WORDS + k - 1,
+        }
+    }
+}
+
+/// What one step did.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Outcome {
+    /// Reward of the step.
+    pub reward: f64,
+    /// Whether the episode ended with this step.
+    pub done: bool,
+}
+
+/// One episode of either task.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum World {
+    /// The corridor task.
+    Corridor(Corridor),
+    /// The multi-room portal task.
+    Portal(Portal),
+}
+
+impl World {
+    /// A new episode of the task `cfg` describes, drawn from `rng`.
+    pub fn new(cfg: &Config, rng: &mut Rng) -> Result<World> {
+        match cfg.data.source {
+            Source::Corridor => Ok(World::Corridor(Corridor::new(&cfg.data.corridor, rng))),
+            Source::Portal => Ok(World::Portal(Portal::new(&cfg.data.portal, rng))),
+            other => Err(LetheError::Invalid(format!("data.source = {other:?} is not a reinforcement-learning task"))),
+        }
+    }
+
+    /// Moves the agent.
+    pub fn step(&mut self, action: Action) -> Outcome {
+        match self {
+            World::Corridor(c) => c.step(action),
+            World::Portal(p) => p.step(action),
+        }
+    }
+
+    /// The words on cell `(x, y)` of the map (outside the map: a block).
+    pub fn cell(&self, x: i64, y: i64) -> Vec<Word> {
+        match self {
+            World::Corridor(c) => c.cell(x, y),
+            World::Portal(p) => p.cell(x, y),
+        }
+    }
+
+    /// The agent's position.
+    pub fn agent(&self) -> (i64, i64) {
+        match self {
+            World::Corridor(c) => c.agent(),
+            World::Portal(p) => p.agent(),
+        }
+    }
+
+    /// Writes the 3x3 view into `out` (`VIEW * VIEW * vocab` zeros on entry).
+    pub fn observe(&self, vocab: usize, out: &mut [f32]) {
+        let (ax, ay) = self.agent();
+        let r = (VIEW / 2) as i64;
+        for (row, dy) in (-r..=r).enumerate() {
+            for (col, dx) in (-r..=r).enumerate() {
+                let base = (row * VIEW + col) * vocab;
+                for w in self.cell(ax + dx, ay + dy) {
+                    out[base + w.index()] = 1.0;
+                }
+            }
+        }
+    }
+
+    /// Whether the episode counts as a success (the corridor's right door, the portal's
+    /// last room).
+    pub fn success(&self) -> bool {
+        match self {
+            World::Corridor(c) => c.succeeded(),
+            World::Portal(p) => p.reached_last(),
+        }
+    }
+
+    /// The furthest room reached (1-based), for the portal task.
+    pub fn rooms_reached(&self) -> Option<usize> {
+        match self {
+            World::Corridor(_) => None,
+            World::Portal(p) => Some(p.best_room()),
+        }
+    }
+
+    /// The map as text, one line per row (see the tasks' `render`).
+    pub fn render(&self) -> String {
+        match self {
+            World::Corridor(c) => c.render(),
+            World::Portal(p) => p.render(),
+        }
+    }
+}
+
+/// Words of the task `cfg` describes: the fixed words, plus one per room for the portal.
+pub fn vocabulary(cfg: &Config) -> usize {
+    match cfg.data.source {
+        Source::Portal => FIXED_WORDS + cfg.data.portal.rooms,
+        _ => FIXED_WORDS,
+    }
+}
+
+/// Size of one flattened observation.
+pub fn observation_size(cfg: &Config) -> usize {
+    VIEW * VIEW * vocabulary(cfg)
+}
+
+/// The statistics of one finished episode.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EpisodeStats {
+    /// Sum of rewards (undiscounted).
+    pub ret: f64,
+    /// Steps taken.
+    pub length: usize,
+    /// The task's success (see [`World::success`]).
+    pub success: bool,
+    /// The furthest room reached, for the portal task (0 otherwise).
+    pub rooms: usize,
+}
+
+/// One episode in a batch, with its running figures.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Slot {
+    /// The episode.
+    pub world: World,
+    /// Whether it has ended.
+    pub done: bool,
+    /// Reward so far.
+    pub ret: f64,
+    /// Steps so far.
+    pub length: usize,
+}
+
+/// `B` episodes stepped together. Serialisable, so that a checkpoint holds the batch in
+/// progress and a resumed run continues it exactly.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Episodes {
+    /// The episodes of the current batch.
+    pub slots: Vec<Slot>,
+    /// Seed of the episodes' random streams.
+    pub seed: u64,
+    /// Episodes started so far (the next episode's stream number).
+    pub started: u64,
+    /// The step limit of an episode.
+    pub max_steps: usize,
+}
+
+impl Episodes {
+    /// `batch` fresh episodes of the task `cfg`, drawn from streams `seed`.
+    pub fn new(cfg: &Config, batch: usize, seed: u64) -> Result<Episodes> {
+        let mut e = Episodes { slots: vec![], seed, started: 0, max_steps: max_steps(cfg) };
+        e.restart(cfg, batch)?;
+        Ok(e)
+    }
+
+    /// Starts `batch` new episodes.
+    pub fn restart(&mut self, cfg: &Config, batch: usize) -> Result<()> {
+        self.slots = (0..batch)
+            .map(|_| {
+                let mut rng = Rng::derive(self.seed, self.started);
+                self.started += 1;
+                World::new(cfg, &mut rng).map(|world| Slot { world, done: false, ret: 0.0, length: 0 })
+            })
+            .collect::<Result<_>>()?;
+        Ok(())
+    }
+
+    /// Whether every episode of the batch has ended.
+    pub fn all_done(&self) -> bool {
+        self.slots.iter().all(|s| s.done)
+    }
+
+    /// The observations of every episode, `(B, VIEW * VIEW * vocab)` row-major; an
+    /// ended episode reads as zeros.
+    pub fn observe(&self, vocab: usize) -> Vec<f32> {
+        let size = VIEW * VIEW * vocab;
+        let mut out = vec![0.0; self.slots.len() * size];
+        for (slot, chunk) in self.slots.iter().zip(out.chunks_mut(size)) {
+            if !slot.done {
+                slot.world.observe(vocab, chunk);
+            }
+        }
+        out
+    }
+
+    /// Steps every running episode with its action (ended ones ignore theirs). Returns
+    /// each slot's outcome (zero for ended ones) and the statistics of the episodes that
+    /// ended at this step. An episode that reaches `max_steps` ends with no reward.
+    pub fn step(&mut self, actions: &[Action]) -> (Vec<Outcome>, Vec<EpisodeStats>) {
+        let mut outcomes = vec![Outcome::default(); self.slots.len()];
+        let mut ended = vec![];
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            if slot.done {
+                continue;
+            }
+            let mut o = slot.world.step(actions[i]);
+            slot.length += 1;
+            slot.ret += o.reward;
+            if slot.length >= self.max_steps {
+                o.done = true;
+            }
+            if o.done {
+                slot.done = true;
+                ended.push(EpisodeStats {
+                    ret: slot.ret,
+                    length: slot.length,
+                    success: slot.world.success(),
+                    rooms: slot.world.rooms_reached().unwrap_or(0),
+                });
+            }
+            outcomes[i] = o;
+        }
+        (outcomes, ended)
+    }
+}
+
+/// The step limit of an episode of the task `cfg` describes.
+pub fn max_steps(cfg: &Config) -> usize {
+    match cfg.data.source {
+        Source::Portal => cfg.data.portal.max_steps,
+        _ => cfg.data.corridor.max_steps,
+    }
+}

@@ -1,0 +1,62 @@
+//! Reinforcement learning with memory: the corridor and multi-room portal gridworlds of
+//! the Expire-Span paper (section 5.2, Figure 4 left and middle, appendix A.3.1), and an
+//! advantage actor-critic trainer whose policy is the lethe backbone with any memory
+//! mechanism. The paper's code for these tasks was never released; this is a
+//! reimplementation from the text.
+//!
+//! - [`env`]: words, 3x3 observations, actions, a batch of episodes stepped together.
+//! - [`corridor`], [`portal`]: the two tasks.
+//! - [`agent`]: observation projection, backbone, policy and value heads.
+//! - [`a2c`]: discounted returns, advantages and the actor-critic loss.
+//! - [`train`]: the loop (act over a truncation window, learn on it, log, evaluate,
+//!   checkpoint, resume) and evaluation.
+
+pub mod a2c;
+pub mod agent;
+pub mod corridor;
+pub mod env;
+pub mod portal;
+pub mod train;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{LetheError, Result};
+
+/// Actor-critic settings (paper A.3.1: truncation window `train.block` = 100, entropy
+/// cost 0.0005).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RlConfig {
+    /// Discount `γ` per step, in [0, 1]. Default 0.99 (the portal presets use the paper's 0.98).
+    pub gamma: f64,
+    /// Weight of the entropy bonus. Default 0.0005 (paper).
+    pub entropy_coef: f64,
+    /// Weight of the value (critic) loss `½ (R - V)²`. Default 0.5.
+    pub value_coef: f64,
+    /// Episodes played at each evaluation (rounded up to whole batches). Default 256.
+    pub eval_episodes: usize,
+}
+
+impl Default for RlConfig {
+    fn default() -> Self {
+        RlConfig { gamma: 0.99, entropy_coef: 5e-4, value_coef: 0.5, eval_episodes: 256 }
+    }
+}
+
+impl RlConfig {
+    /// Checks every field; the error names the field.
+    pub fn validate(&self) -> Result<()> {
+        if !(0.0..=1.0).contains(&self.gamma) {
+            return Err(LetheError::config("rl.gamma", self.gamma, "must be in [0, 1]"));
+        }
+        for (field, v) in [("rl.entropy_coef", self.entropy_coef), ("rl.value_coef", self.value_coef)] {
+            if !(v >= 0.0 && v.is_finite()) {
+                return Err(LetheError::config(field, v, "must be a non-negative number"));
+            }
+        }
+        if self.eval_episodes == 0 {
+            return Err(LetheError::config("rl.eval_episodes", 0, "must be positive"));
+        }
+        Ok(())
+    }
+}

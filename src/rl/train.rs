@@ -1,0 +1,493 @@
+//! The actor-critic loop for the gridworlds, and evaluation by playing episodes.
+//!
+//! One optimiser step is one truncation window of `train.block` steps (the paper's BPTT
+//! length, 100) of `train.batch` episodes:
+//!
+//! 1. **Act.** Step by step, without gradient, the agent sees each observation, the
+//!    memory absorbs it, and an action is sampled from the policy. The memory is carried
+//!    from window to window.
+//! 2. **Learn.** The window's observations (and the one after it, for the bootstrap
+//!    value) are run again as blocks, from the memory as it was at the window's start,
+//!    this time with gradient: the gradient flows through the whole window, as in
+//!    truncated back-propagation through time; earlier windows reach it only through
+//!    the (detached) memory. Blocks are at most `memory.span` long (the backbone's
+//!    rule), so a memory shorter than the window also cuts the gradient.
+//! 3. Discounted returns bootstrapped from the critic, the actor-critic loss ([`a2c`])
+//!    plus the memories' auxiliary losses, clipping and one optimiser step.
+//!
+//! **Episodes and memory resets.** The episodes of a batch start together, each with an
+//! empty memory; an episode that ends waits, its steps masked out of the loss, until
+//! the batch's last episode has ended (or hit `max_steps`); then a new batch starts and
+//! the memory is reset. Every episode thus starts with an empty memory, and no memory
+//! holds two episodes; the price is the idle time of episodes that end early.
+//!
+//! Actions are sampled with lethe's own generator, which is saved in checkpoints with
+//! the episodes in progress and the memory, so a resumed run repeats a straight one.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tch::{Kind, Tensor};
+
+use super::a2c::{self, Rollout};
+use super::agent::Agent;
+use super::env::{observation_size, vocabulary, Action, EpisodeStats, Episodes, Outcome};
+use crate::checkpoint::{self, Checkpoint, TrainState};
+use crate::config::{Config, Source};
+use crate::data::stream::DataState;
+use crate::error::{LetheError, Result, TorchContext};
+use crate::metrics::{format_count, format_duration, MetricsLog};
+use crate::model::Memory;
+use crate::optim::{learning_rate, Optimiser};
+use crate::rng::Rng;
+use crate::train::{check_resumable, prepare_run_dir, TrainOptions};
+
+/// Stream number (of the data seed) of the evaluation episodes, apart from training's.
+const EVAL_STREAM: u64 = 0xE7A1;
+/// Stream number (of a seed) of the action sampler.
+const SAMPLER_STREAM: u64 = 0x5A3B;
+
+/// Where an RL run stands besides its tensors: the episodes in progress and the sampler.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RlState {
+    /// The batch of episodes.
+    pub episodes: Episodes,
+    /// The action sampler.
+    pub rng: Rng,
+}
+
+/// The figures of a set of finished episodes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RlEval {
+    /// Episodes played.
+    pub episodes: usize,
+    /// Mean undiscounted return.
+    pub mean_return: f64,
+    /// Share of successful episodes (corridor: the right door; portal: the last room).
+    pub success_rate: f64,
+    /// Mean episode length, steps.
+    pub mean_length: f64,
+    /// Portal: mean of the furthest room reached (1-based).
+    pub mean_rooms: Option<f64>,
+    /// Average number of memories a step attended to, per layer.
+    pub mem_size: Vec<f64>,
+}
+
+impl RlEval {
+    /// The figures of `episodes`, with the memory sizes `mem_size`.
+    pub fn of(episodes: &[EpisodeStats], mem_size: Vec<f64>, portal: bool) -> RlEval {
+        let n = episodes.len().max(1) as f64;
+        let mean = |f: &dyn Fn(&EpisodeStats) -> f64| episodes.iter().map(f).sum::<f64>() / n;
+        RlEval {
+            episodes: episodes.len(),
+            mean_return: mean(&|e| e.ret),
+            success_rate: mean(&|e| f64::from(u8::from(e.success))),
+            mean_length: mean(&|e| e.length as f64),
+            mean_rooms: portal.then(|| mean(&|e| e.rooms as f64)),
+            mem_size,
+        }
+    }
+
+    /// One line for the terminal.
+    pub fn line(&self) -> String {
+        let rooms = self.mean_rooms.map(|r| format!(" | rooms {r:.2}")).unwrap_or_default();
+        let mem: Vec<String> = self.mem_size.iter().map(|m| format!("{m:.1}")).collect();
+        format!(
+            "{} episodes | return {:.3} | success {:.1}%{rooms} | length {:.1} | mem {}",
+            self.episodes,
+            self.mean_return,
+            100.0 * self.success_rate,
+            self.mean_length,
+            mem.join(",")
+        )
+    }
+}
+
+/// What a finished RL run reports.
+#[derive(Clone, Debug)]
+pub struct RlSummary {
+    /// The run folder.
+    pub run_dir: PathBuf,
+    /// The loss of each step run in this invocation.
+    pub losses: Vec<f64>,
+    /// The last evaluation.
+    pub last_eval: Option<RlEval>,
+}
+
+/// Sums over the steps since the last progress line.
+#[derive(Default)]
+struct Window {
+    episodes: Vec<EpisodeStats>,
+    steps: usize,
+    env_steps: u64,
+    loss: f64,
+    policy: f64,
+    value: f64,
+    entropy: f64,
+    aux: f64,
+    grad_norm: f64,
+    mem: MemSum,
+}
+
+/// Running sum of per-layer memory sizes.
+#[derive(Default)]
+struct MemSum {
+    sum: Vec<f64>,
+    count: usize,
+}
+
+impl MemSum {
+    fn add(&mut self, mem: &Memory) {
+        let sizes: Vec<f64> = mem.reports().iter().map(|r| r.mem_size).collect();
+        self.sum.resize(sizes.len(), 0.0);
+        self.sum.iter_mut().zip(&sizes).for_each(|(s, m)| *s += m);
+        self.count += 1;
+    }
+
+    fn mean(&self) -> Vec<f64> {
+        self.sum.iter().map(|s| s / self.count.max(1) as f64).collect()
+    }
+}
+
+/// Everything the loop carries.
+struct Run<'a> {
+    cfg: &'a Config,
+    opts: &'a TrainOptions,
+    dir: PathBuf,
+    agent: Agent,
+    opt: Optimiser,
+    mem: Memory,
+    state: RlState,
+    metrics: MetricsLog,
+    step: usize,
+    env_steps: u64,
+    last_checkpoint: usize,
+}
+
+/// Trains an agent on the gridworld `cfg` describes. See the module documentation.
+pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<RlSummary> {
+    cfg.validate()?;
+    let mut run = Run::start(cfg, opts)?;
+    let mut summary = RlSummary { run_dir: run.dir.clone(), losses: vec![], last_eval: None };
+    let mut window = Window::default();
+    let mut clock = Instant::now();
+    while run.step < cfg.train.steps {
+        summary.losses.push(run.train_step(&mut window)?);
+        let step = run.step;
+        let stop = opts.stop_after == Some(step);
+        let last = step == cfg.train.steps || stop;
+        if step % cfg.train.log_every == 0 || last {
+            run.log_progress(&window, clock.elapsed().as_secs_f64())?;
+            window = Window::default();
+            clock = Instant::now();
+        }
+        if (cfg.train.eval_every > 0 && step % cfg.train.eval_every == 0) || last {
+            summary.last_eval = Some(run.evaluate()?);
+        }
+        if (cfg.train.checkpoint_every > 0 && step % cfg.train.checkpoint_every == 0) || last {
+            run.save_checkpoint()?;
+        }
+        if stop {
+            run.say(&format!("stopped after step {step} as asked; continue with --resume"));
+            break;
+        }
+    }
+    Ok(summary)
+}
+
+impl<'a> Run<'a> {
+    fn start(cfg: &'a Config, opts: &'a TrainOptions) -> Result<Self> {
+        let device = crate::device::for_training(&cfg.train)?;
+        let dir = opts.out_dir.join(&cfg.name);
+        let ckpt_path = dir.join(checkpoint::FILE_NAME);
+        prepare_run_dir(&dir, &ckpt_path, opts)?;
+        let agent = Agent::new(cfg, device)?;
+        let opt = Optimiser::new(agent.named_parameters(), &cfg.train);
+        let mem = agent.new_memory();
+        let state = RlState {
+            episodes: Episodes::new(cfg, cfg.train.batch, cfg.data_seed())?,
+            rng: Rng::derive(cfg.seed, SAMPLER_STREAM),
+        };
+        checkpoint::write_atomic(&dir.join("config.toml"), cfg.to_toml()?.as_bytes())?;
+        let metrics = MetricsLog::open(&dir)?;
+        let mut run = Run { cfg, opts, dir, agent, opt, mem, state, metrics, step: 0, env_steps: 0, last_checkpoint: 0 };
+        if opts.resume {
+            run.resume(&ckpt_path)?;
+        }
+        run.say(&format!(
+            "lethe: training `{}` by actor-critic: {} memory, span {} | {} layers x {} | {} parameters | {:?} | run folder {}",
+            cfg.name,
+            format!("{:?}", cfg.memory.mechanism).to_lowercase(),
+            cfg.memory.span,
+            cfg.model.layers,
+            cfg.model.d_model,
+            format_count(run.agent.parameter_count() as f64),
+            device,
+            run.dir.display()
+        ));
+        run.say(&format!("task: {}", crate::data::describe(cfg)));
+        Ok(run)
+    }
+
+    fn say(&self, line: &str) {
+        if !self.opts.quiet {
+            eprintln!("{line}");
+        }
+    }
+
+    fn resume(&mut self, path: &Path) -> Result<()> {
+        let ck = Checkpoint::load(path)?;
+        check_resumable(&ck, self.cfg)?;
+        let state = ck.state.clone().ok_or_else(|| LetheError::checkpoint(path, "holds no training state"))?;
+        let DataState::Episodes(rl) = state.data else {
+            return Err(LetheError::checkpoint(path, "holds no episodes: it is not from a reinforcement-learning run"));
+        };
+        if rl.episodes.slots.len() != self.cfg.train.batch {
+            return Err(LetheError::checkpoint(path, "its batch of episodes does not match train.batch"));
+        }
+        ck.load_parameters(&self.agent.vs.variables())?;
+        self.opt.load_state(state.step, |n| ck.tensor(n)).map_err(|e| LetheError::checkpoint(path, e.to_string()))?;
+        let saved: Vec<_> = ck.with_prefix("memory.0.").into_iter().map(|(n, t)| (n, t.to_device(self.agent.device()))).collect();
+        self.mem.load_state(&saved).map_err(|e| LetheError::checkpoint(path, e.to_string()))?;
+        self.state = rl;
+        self.step = state.step;
+        self.env_steps = state.tokens_seen;
+        self.last_checkpoint = state.step;
+        self.say(&format!("resumed from {} at step {}", path.display(), state.step));
+        Ok(())
+    }
+
+    /// One truncation window: act, learn, one optimiser step. Returns the loss.
+    fn train_step(&mut self, w: &mut Window) -> Result<f64> {
+        let lr = learning_rate(&self.cfg.train, self.step);
+        tch::manual_seed((Rng::derive(self.cfg.seed, self.step as u64).next_u64() >> 1) as i64);
+        if self.state.episodes.all_done() {
+            self.state.episodes.restart(self.cfg, self.cfg.train.batch)?;
+            self.mem.reset();
+        }
+        let start = snapshot(&self.mem);
+        let (rollout, obs) = self.act(w)?;
+        let figures = learn(&self.agent, &mut self.opt, &start, &rollout, &obs, self.cfg, lr)?;
+        for value in [figures.loss, figures.grad_norm] {
+            if !value.is_finite() {
+                return Err(LetheError::NonFiniteLoss { step: self.step + 1, value, last_checkpoint: self.last_checkpoint, dir: self.dir.clone() });
+            }
+        }
+        self.step += 1;
+        w.steps += 1;
+        w.loss += figures.loss;
+        w.policy += figures.policy;
+        w.value += figures.value;
+        w.entropy += figures.entropy;
+        w.aux += figures.aux;
+        w.grad_norm += figures.grad_norm;
+        Ok(figures.loss)
+    }
+
+    /// Plays up to `train.block` steps of the batch, carrying the memory. Returns the
+    /// rollout and the observations before each step and after the last, each `B x F`.
+    fn act(&mut self, w: &mut Window) -> Result<(Rollout, Vec<Vec<f32>>)> {
+        let _guard = tch::no_grad_guard();
+        let vocab = vocabulary(self.cfg);
+        let mut obs = vec![self.state.episodes.observe(vocab)];
+        let mut rollout = Rollout::default();
+        for _ in 0..self.cfg.train.block {
+            let last = obs.last().map(Vec::as_slice).unwrap_or_default();
+            let probs = policy(&self.agent, last, &mut self.mem)?;
+            let active: Vec<bool> = self.state.episodes.slots.iter().map(|s| !s.done).collect();
+            let actions = sample(&probs, &active, &mut self.state.rng);
+            let (outcomes, ended) = self.state.episodes.step(&actions.iter().map(|&a| Action::from_index(a as usize)).collect::<Vec<_>>());
+            w.mem.add(&self.mem);
+            let running = active.iter().filter(|&&a| a).count() as u64;
+            w.env_steps += running;
+            self.env_steps += running;
+            w.episodes.extend(ended);
+            record(&mut rollout, actions, &outcomes, active);
+            obs.push(self.state.episodes.observe(vocab));
+            if self.state.episodes.all_done() {
+                break;
+            }
+        }
+        Ok((rollout, obs))
+    }
+
+    fn log_progress(&mut self, w: &Window, seconds: f64) -> Result<()> {
+        let steps = w.steps.max(1) as f64;
+        let lr = learning_rate(&self.cfg.train, self.step.saturating_sub(1));
+        let rate = w.env_steps as f64 / seconds.max(1e-9);
+        let eta = std::time::Duration::from_secs_f64(seconds / steps * (self.cfg.train.steps - self.step) as f64);
+        let portal = self.cfg.data.source == Source::Portal;
+        let ep = RlEval::of(&w.episodes, w.mem.mean(), portal);
+        let episodes = if w.episodes.is_empty() { "no episode ended".to_string() } else { ep.line() };
+        self.say(&format!(
+            "step {:>6}/{} | {episodes} | entropy {:.3} | value loss {:.4} | {} steps/s | ETA {}",
+            self.step,
+            self.cfg.train.steps,
+            w.entropy / steps,
+            w.value / steps,
+            format_count(rate),
+            format_duration(eta)
+        ));
+        let reports = self.mem.reports();
+        self.metrics.write(&json!({
+            "step": self.step,
+            "split": "train",
+            "episodes": ep.episodes,
+            "return": (!w.episodes.is_empty()).then_some(ep.mean_return),
+            "success": (!w.episodes.is_empty()).then_some(ep.success_rate),
+            "length": (!w.episodes.is_empty()).then_some(ep.mean_length),
+            "rooms": ep.mean_rooms.filter(|_| !w.episodes.is_empty()),
+            "loss": w.loss / steps,
+            "policy_loss": w.policy / steps,
+            "value_loss": w.value / steps,
+            "entropy": w.entropy / steps,
+            "aux_loss": w.aux / steps,
+            "grad_norm": w.grad_norm / steps,
+            "lr": lr,
+            "env_steps": self.env_steps,
+            "env_steps_per_s": rate,
+            "mem_size": ep.mem_size,
+            "memory": reports.iter().map(|r| r.to_json()).collect::<Vec<_>>(),
+        }))
+    }
+
+    fn evaluate(&mut self) -> Result<RlEval> {
+        let r = evaluate(&self.agent, self.cfg.rl.eval_episodes)?;
+        self.say(&format!("eval step {} | {}", self.step, r.line()));
+        let mut record = serde_json::to_value(&r).map_err(|e| LetheError::Invalid(e.to_string()))?;
+        record["step"] = json!(self.step);
+        record["split"] = json!("eval");
+        self.metrics.write(&record)?;
+        Ok(r)
+    }
+
+    fn save_checkpoint(&mut self) -> Result<()> {
+        let mut tensors = self.agent.named_parameters();
+        tensors.extend(self.opt.state());
+        tensors.extend(self.mem.state().into_iter().map(|(n, t)| (format!("memory.0.{n}"), t)));
+        let state = TrainState { step: self.step, data: DataState::Episodes(self.state.clone()), tokens_seen: self.env_steps };
+        checkpoint::save(&self.dir.join(checkpoint::FILE_NAME), self.cfg, &state, &tensors)?;
+        self.last_checkpoint = self.step;
+        Ok(())
+    }
+}
+
+/// A deep copy of a memory's state (the mechanisms replace their tensors, but a copy
+/// makes the window's starting point safe from any in-place update).
+fn snapshot(mem: &Memory) -> Vec<(String, Tensor)> {
+    mem.state().into_iter().map(|(n, t)| (n, t.copy())).collect()
+}
+
+/// The policy's action probabilities `B x 4` for one observation per episode (`B x F`,
+/// flattened), as the memory absorbs it.
+fn policy(agent: &Agent, obs: &[f32], mem: &mut Memory) -> Result<Vec<f32>> {
+    let f = observation_size(&agent.config) as i64;
+    let x = Tensor::from_slice(obs).view([-1, 1, f]).to_device(agent.device()); // (b, 1, F)
+    let out = agent.forward(&x, mem, false)?;
+    let probs = out.logits.softmax(-1, Kind::Float).view([-1]).to_device(tch::Device::Cpu);
+    Vec::<f32>::try_from(&probs).torch("reading the policy")
+}
+
+/// One action per episode drawn from `probs` (`B x 4`); 0 for episodes not running.
+fn sample(probs: &[f32], active: &[bool], rng: &mut Rng) -> Vec<i64> {
+    probs
+        .chunks(Action::COUNT)
+        .zip(active)
+        .map(|(p, &running)| if running { rng.categorical(p) as i64 } else { 0 })
+        .collect()
+}
+
+fn record(rollout: &mut Rollout, actions: Vec<i64>, outcomes: &[Outcome], active: Vec<bool>) {
+    rollout.actions.push(actions);
+    rollout.rewards.push(outcomes.iter().map(|o| o.reward).collect());
+    rollout.ends.push(outcomes.iter().map(|o| o.done).collect());
+    rollout.active.push(active);
+}
+
+/// The figures of one learning step.
+struct Learned {
+    loss: f64,
+    policy: f64,
+    value: f64,
+    entropy: f64,
+    aux: f64,
+    grad_norm: f64,
+}
+
+/// Runs the window's observations `obs` (`T + 1` of `B x F`) again with gradient, from
+/// the memory state `start`, and takes one optimiser step on the actor-critic loss
+/// (skipped when the loss or the gradient is not finite).
+fn learn(agent: &Agent, opt: &mut Optimiser, start: &[(String, Tensor)], rollout: &Rollout, obs: &[Vec<f32>], cfg: &Config, lr: f64) -> Result<Learned> {
+    let mut mem = agent.new_memory();
+    mem.load_state(start)?;
+    let (steps, f) = (obs.len() as i64, observation_size(cfg) as i64);
+    let x = Tensor::from_slice(&obs.concat()).view([steps, -1, f]).transpose(0, 1).to_device(agent.device()); // (b, T+1, F)
+    let chunk = cfg.train.block.min(cfg.memory.span).max(1) as i64;
+    let (mut logits, mut values) = (vec![], vec![]);
+    let mut aux = Tensor::zeros([], (Kind::Float, agent.device()));
+    let mut at = 0;
+    while at < steps {
+        let len = chunk.min(steps - at);
+        let out = agent.forward(&x.narrow(1, at, len), &mut mem, true)?;
+        logits.push(out.logits);
+        values.push(out.value);
+        aux += out.aux_loss;
+        at += len;
+    }
+    let t = rollout.len() as i64;
+    let (logits, values) = (Tensor::cat(&logits, 1), Tensor::cat(&values, 1)); // (b, T+1, 4), (b, T+1)
+    let bootstrap: Vec<f32> = Vec::try_from(&values.narrow(1, t, 1).detach().view([-1]).to_device(tch::Device::Cpu)).torch("reading the values")?;
+    let bootstrap: Vec<f64> = bootstrap.into_iter().map(f64::from).collect();
+    let returns = a2c::returns(rollout, &bootstrap, cfg.rl.gamma);
+    let l = a2c::loss(&logits.narrow(1, 0, t), &values.narrow(1, 0, t), rollout, &returns, &cfg.rl);
+    let total = &l.total + &aux;
+    opt.zero_grad();
+    total.backward();
+    let grad_norm = opt.clip_grad_norm(cfg.train.grad_clip);
+    let loss = total.double_value(&[]);
+    if loss.is_finite() && grad_norm.is_finite() {
+        opt.step(lr);
+        agent.after_step();
+    }
+    Ok(Learned { loss, policy: l.policy, value: l.value, entropy: l.entropy, aux: aux.double_value(&[]), grad_norm })
+}
+
+/// Sees a batch of episodes after every step, with the actions taken and their outcomes.
+pub type Watch<'a> = dyn FnMut(&Episodes, &[Action], &[Outcome]) + 'a;
+
+/// Plays `episodes` episodes (rounded up to whole batches of `train.batch`) of the
+/// agent's task with fresh memories, sampling from the policy, on episodes apart from
+/// training's. `watch` sees the batch after every step, with the actions taken.
+pub fn play(agent: &Agent, episodes: usize, seed: u64, watch: &mut Watch) -> Result<RlEval> {
+    let _guard = tch::no_grad_guard();
+    let cfg = &agent.config;
+    let batch = cfg.train.batch.min(episodes.max(1));
+    let mut rng = Rng::derive(seed, SAMPLER_STREAM);
+    let mut batch_eps = Episodes::new(cfg, batch, seed)?;
+    let (mut finished, mut mem_sum) = (vec![], MemSum::default());
+    let vocab = vocabulary(cfg);
+    while finished.len() < episodes {
+        if batch_eps.all_done() {
+            batch_eps.restart(cfg, batch)?;
+        }
+        let mut mem = agent.new_memory();
+        while !batch_eps.all_done() {
+            let probs = policy(agent, &batch_eps.observe(vocab), &mut mem)?;
+            let active: Vec<bool> = batch_eps.slots.iter().map(|s| !s.done).collect();
+            let actions: Vec<Action> = sample(&probs, &active, &mut rng).into_iter().map(|a| Action::from_index(a as usize)).collect();
+            let (outcomes, ended) = batch_eps.step(&actions);
+            mem_sum.add(&mem);
+            finished.extend(ended);
+            watch(&batch_eps, &actions, &outcomes);
+        }
+    }
+    Ok(RlEval::of(&finished, mem_sum.mean(), cfg.data.source == Source::Portal))
+}
+
+/// Evaluates the agent on `episodes` episodes drawn apart from training's (see [`play`]).
+pub fn evaluate(agent: &Agent, episodes: usize) -> Result<RlEval> {
+    let seed = Rng::derive(agent.config.data_seed(), EVAL_STREAM).next_u64();
+    play(agent, episodes, seed, &mut |_, _, _| {})
+}
