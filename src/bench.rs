@@ -425,6 +425,12 @@ pub struct Case {
 /// `lethe sweep`: a size sets the mechanism's memory size; none keeps the config's),
 /// or `base` alone when none are given; each at every value of `scale`.
 pub fn plan(base: &Config, mechanisms: &[String], scale: Option<&Scale>, context: Option<usize>) -> Result<Vec<Case>> {
+    if base.data.source.is_rl() {
+        return Err(LetheError::Invalid(format!(
+            "`{}` is a reinforcement-learning task: `lethe bench` times language-model steps; a gridworld run reports its environment steps per second as it trains",
+            base.name
+        )));
+    }
     let mut configs = vec![];
     for item in mechanisms {
         let (name, size) = item.split_once(':').unwrap_or((item, ""));

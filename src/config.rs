@@ -547,11 +547,11 @@ pub const PRESETS: &[(&str, &str)] = &[
     ("sorting-infinity", "sorting-xl with the ∞-former: STM 1024 + LTM of 1024 basis functions (sigma 0.01, 0.05), tau 0.75; GPU"),
     ("books-tiny", "a folder of text files (PG-19 style), one stream per document set, 2 layers x 128; CPU"),
     ("corridor-small", "RL corridor (paper 5.2), lengths 3-30, actor-critic, Transformer-XL span 64, windows of 32; CPU, minutes"),
-    ("corridor-expire-small", "corridor-small with Expire-Span, L = 64, R = 16; CPU, minutes"),
+    ("corridor-expire-small", "corridor-small with Expire-Span, L = 64, R = 16, spans starting at L/2; CPU, minutes"),
     ("corridor-xl", "the paper's corridor (A.3.1): lengths 3-200, 2 layers x 64, RMSProp 1e-4, batch 64, BPTT 100, Transformer-XL span 200; 100M steps, GPU"),
     ("corridor-expire", "the paper's corridor with Expire-Span, L = 200, R = 16, alpha 5e-6; 100M steps, GPU"),
     ("portal-small", "RL multi-room portal (paper 5.2) with 5 rooms, actor-critic, Transformer-XL span 128; CPU, minutes"),
-    ("portal-expire-small", "portal-small with Expire-Span, L = 128, R = 16; CPU, minutes"),
+    ("portal-expire-small", "portal-small with Expire-Span, L = 128, R = 16, spans starting at L/2; CPU, minutes"),
     ("portal-xl", "the paper's portal (A.3.1): 50 rooms, Adam 5e-4, batch 1024, clip 0.1, discount 0.98, Transformer-XL span 100; GPU"),
     ("portal-expire", "the paper's portal with Expire-Span, L = 100, R = 16, alpha 1e-6; GPU"),
 ];
@@ -594,6 +594,11 @@ fn gridworld_preset(name: &str) -> Config {
     }
     if expire {
         c.memory.mechanism = Mechanism::Expire;
+        if small {
+            // Start at span L/2 (32 + ramp 16 covers most corridors), so the colour is
+            // within reach from the start and the spans have a gradient to follow.
+            c.memory.expire.init_fraction = 0.5;
+        }
     }
     c.train.eval_every = if small { 250 } else { 1000 };
     c.train.checkpoint_every = if small { 500 } else { 1000 };

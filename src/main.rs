@@ -61,11 +61,11 @@ fn play(a: PlayArgs) -> Result<()> {
         }
         None => lethe::rl::agent::Agent::new(&cfg, device)?,
     };
-    let who = if a.checkpoint.is_some() { "trained" } else { "untrained" };
+    let who = if a.checkpoint.is_some() { "a trained" } else { "an untrained" };
     let mut out = std::io::stdout().lock();
     let mechanism = format!("{:?}", agent.config.memory.mechanism).to_lowercase();
     // A closed pipe (`| head`) is not an error worth a panic: printing just stops.
-    let _ = writeln!(out, "{} episode(s) of {} with an {who} agent ({mechanism} memory)", a.episodes, data::describe(&agent.config));
+    let _ = writeln!(out, "{} episode(s) of {} with {who} agent ({mechanism} memory)", a.episodes, data::describe(&agent.config));
     let mut t = 0;
     let r = lethe::rl::train::play(&agent, a.episodes, seed, &mut |episodes, actions, outcomes| {
         let slot = &episodes.slots[0];

@@ -280,3 +280,61 @@ fn task_options_reach_the_task_or_say_why_not() {
     fails_with(&lethe(dir.path(), &["train", "--preset", "collision-tiny", "--distance", "10-20", "--print-config"]), &["--distance"]);
     fails_with(&lethe(dir.path(), &["train", "--distance", "9-3", "--print-config"]), &["data.copy.distance_max"]);
 }
+
+/// A gridworld run small enough for a CLI test.
+const GRID: &[&str] = &[
+    "--preset", "corridor-small", "--set", "train.batch=4", "--set", "train.block=8", "--set", "rl.eval_episodes=8",
+    "--set", "data.corridor.length_max=6", "--set", "train.log_every=1",
+];
+
+#[test]
+fn gridworlds_train_evaluate_play_and_sweep_from_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut args = vec!["train", "--quiet", "--steps", "3", "--name", "grid"];
+    args.extend_from_slice(GRID);
+    let out = succeeds(&lethe(d, &args));
+    assert!(out.contains("done: 8 episodes") && out.contains("success"), "{out}");
+    let run = d.join("runs/grid");
+    let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    assert_eq!(metrics.lines().filter(|l| l.contains("\"split\":\"train\"")).count(), 3, "{metrics}");
+    assert!(metrics.lines().any(|l| l.contains("\"split\":\"eval\"") && l.contains("\"success_rate\"")), "{metrics}");
+
+    let out = succeeds(&lethe(d, &["eval", "--checkpoint", "runs/grid", "--episodes", "6"]));
+    assert!(out.starts_with("8 episodes"), "whole batches of 4: {out}");
+    let out = succeeds(&lethe(d, &["play", "--checkpoint", "runs/grid", "--seed", "3"]));
+    assert!(out.contains("with a trained agent") && out.contains("step 1: ") && out.contains("#A"), "{out}");
+    assert!(out.contains("(episode over)"), "{out}");
+    let out = succeeds(&lethe(d, &["play", "--preset", "portal-small", "--episodes", "2", "--summary"]));
+    assert!(out.contains("with an untrained agent") && out.contains("room ") && out.contains("2 episodes"), "{out}");
+
+    let mut sweep = vec!["sweep", "--steps", "2", "--name", "gs", "--mechanism", "fixed:4,8", "--mechanism", "expire:8"];
+    sweep.extend_from_slice(GRID);
+    let out = succeeds(&lethe(d, &sweep));
+    assert!(out.contains("success %") && out.contains("return") && out.contains("[3/3] expire-8-s1"), "{out}");
+}
+
+#[test]
+fn gridworld_mistakes_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let train = |extra: &[&str]| {
+        let mut args = vec!["train", "--quiet", "--steps", "1"];
+        args.extend_from_slice(GRID);
+        args.extend_from_slice(extra);
+        lethe(d, &args)
+    };
+    fails_with(&train(&["--set", "data.corridor.length_min=1"]), &["data.corridor.length_min", "at least 2"]);
+    fails_with(&train(&["--distance", "9-3"]), &["data.corridor.length_max"]);
+    fails_with(&train(&["--set", "rl.gamma=1.5"]), &["rl.gamma"]);
+    fails_with(&train(&["--set", "train.optimizer=sgd"]), &["optimizer", "sgd"]);
+    fails_with(&lethe(d, &["train", "--preset", "portal-small", "--set", "data.portal.rooms=1"]), &["data.portal.rooms"]);
+    fails_with(&lethe(d, &["play", "--preset", "copy-tiny"]), &["plays gridworlds"]);
+    fails_with(&lethe(d, &["play", "--preset", "corridor-small", "--episodes", "0"]), &["--episodes"]);
+    // A language-model checkpoint is not an agent, and a gridworld has no token stream.
+    succeeds(&lethe(d, &["train", "--quiet", "--steps", "1", "--name", "lm", "--set", "train.eval_tokens=64", "--set", "data.copy.eval_tokens=128"]));
+    fails_with(&lethe(d, &["play", "--checkpoint", "runs/lm"]), &["plays gridworlds"]);
+    let mut bench = vec!["bench", "--bench-steps", "1"];
+    bench.extend_from_slice(GRID);
+    fails_with(&lethe(d, &bench), &["reinforcement-learning task"]);
+}

@@ -364,3 +364,86 @@ pub fn max_steps(cfg: &Config) -> usize {
         _ => cfg.data.corridor.max_steps,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rl::portal::{Doors, Portal};
+
+    fn corridor_config(lo: usize, hi: usize, max_steps: usize) -> Config {
+        let mut c = Config::preset("corridor-small").unwrap();
+        c.data.corridor = crate::rl::corridor::CorridorConfig { length_min: lo, length_max: hi, max_steps };
+        c
+    }
+
+    /// The words set in cell `(row, col)` of a flattened view.
+    fn words(obs: &[f32], vocab: usize, row: usize, col: usize) -> Vec<usize> {
+        let base = (row * VIEW + col) * vocab;
+        (0..vocab).filter(|&w| obs[base + w] == 1.0).collect()
+    }
+
+    #[test]
+    fn a_corridor_view_names_every_cell_around_the_agent() {
+        let world = World::Corridor(Corridor { length: 4, colour: Colour::Blue, top_door: Colour::Red, x: 1, exit: None });
+        let mut obs = vec![0.0; VIEW * VIEW * FIXED_WORDS];
+        world.observe(FIXED_WORDS, &mut obs);
+        let (agent, block, object, blue) = (Word::Agent.index(), Word::Block.index(), Word::Object.index(), Word::Blue.index());
+        assert_eq!(words(&obs, FIXED_WORDS, 0, 0), vec![block]);
+        assert_eq!(words(&obs, FIXED_WORDS, 0, 1), vec![object, blue], "the object above the start");
+        assert_eq!(words(&obs, FIXED_WORDS, 1, 0), vec![block], "the wall behind");
+        assert_eq!(words(&obs, FIXED_WORDS, 1, 1), vec![agent]);
+        assert_eq!(words(&obs, FIXED_WORDS, 1, 2), Vec::<usize>::new(), "the floor ahead is empty");
+        assert_eq!(words(&obs, FIXED_WORDS, 2, 1), vec![block]);
+        assert_eq!(obs.iter().filter(|&&v| v == 1.0).count(), 9, "six blocks, the object and its colour, the agent");
+    }
+
+    #[test]
+    fn a_portal_view_shows_the_doors_and_the_room_number() {
+        let doors = vec![Doors { x: [2, 3], first: Colour::Blue, correct: 1 }; 4];
+        let p = Portal { size: 3, max_mistakes: 2, doors, room: 2, pos: (2, 1), mistakes: vec![0; 4], best: 2 };
+        let vocab = FIXED_WORDS + 4;
+        let mut obs = vec![0.0; VIEW * VIEW * vocab];
+        World::Portal(p).observe(vocab, &mut obs);
+        assert_eq!(words(&obs, vocab, 1, 1), vec![Word::Agent.index(), Word::Room(3).index()]);
+        assert_eq!(words(&obs, vocab, 0, 1), vec![Word::Door.index(), Word::Blue.index()]);
+        assert_eq!(words(&obs, vocab, 0, 2), vec![Word::Door.index(), Word::Red.index()]);
+        assert_eq!(words(&obs, vocab, 0, 0), vec![Word::Block.index()]);
+    }
+
+    #[test]
+    fn episodes_are_drawn_from_the_seed() {
+        let cfg = corridor_config(3, 30, 100);
+        let a = Episodes::new(&cfg, 16, 5).unwrap();
+        assert_eq!(a, Episodes::new(&cfg, 16, 5).unwrap());
+        assert_ne!(a.slots, Episodes::new(&cfg, 16, 6).unwrap().slots);
+        // The next batch continues the streams: not a repeat of the first.
+        let mut b = a.clone();
+        b.restart(&cfg, 16).unwrap();
+        assert_ne!(a.slots, b.slots);
+        assert_eq!(b.started, 32);
+    }
+
+    #[test]
+    fn an_ended_episode_waits_and_the_step_limit_ends_the_others() {
+        let cfg = corridor_config(2, 2, 3);
+        let mut e = Episodes::new(&cfg, 2, 1).unwrap();
+        let door = |s: &Slot| match &s.world {
+            World::Corridor(c) if c.top_door == c.colour => Action::Up,
+            _ => Action::Down,
+        };
+        // Slot 0 walks to the right door; slot 1 bumps into the start wall.
+        let (o, ended) = e.step(&[Action::Right, Action::Left]);
+        assert_eq!(o, vec![Outcome::default(); 2]);
+        assert!(ended.is_empty());
+        let right_door = door(&e.slots[0]);
+        let (o, ended) = e.step(&[right_door, Action::Left]);
+        assert_eq!(o[0], Outcome { reward: 1.0, done: true });
+        assert_eq!(ended, vec![EpisodeStats { ret: 1.0, length: 2, success: true, rooms: 0 }]);
+        let (o, ended) = e.step(&[Action::Right, Action::Left]);
+        assert_eq!(o[0], Outcome::default(), "an ended episode ignores its action");
+        assert_eq!(o[1], Outcome { reward: 0.0, done: true }, "the step limit of 3 ends the other");
+        assert_eq!(ended, vec![EpisodeStats { ret: 0.0, length: 3, success: false, rooms: 0 }]);
+        assert!(e.all_done());
+        assert!(e.observe(FIXED_WORDS).iter().all(|&v| v == 0.0), "ended episodes read as zeros");
+    }
+}
