@@ -592,13 +592,14 @@ fn gridworld_preset(name: &str) -> Config {
             c.memory.span = 128;
         }
     }
+    if small {
+        // Expire-Span starts at span L/2 (with the ramp it covers most episodes), so
+        // what matters is within reach from the start and the spans have a gradient to
+        // follow. Set in the Transformer-XL presets too, for `lethe sweep` from them.
+        c.memory.expire.init_fraction = 0.5;
+    }
     if expire {
         c.memory.mechanism = Mechanism::Expire;
-        if small {
-            // Start at span L/2 (32 + ramp 16 covers most corridors), so the colour is
-            // within reach from the start and the spans have a gradient to follow.
-            c.memory.expire.init_fraction = 0.5;
-        }
     }
     c.train.eval_every = if small { 250 } else { 1000 };
     c.train.checkpoint_every = if small { 500 } else { 1000 };
