@@ -205,53 +205,53 @@ fn run_one(cfg: &Config, runs: &Path) -> Result<SweepPoint> {
     }
     let start = Instant::now();
     let opts = TrainOptions { out_dir: runs.to_path_buf(), overwrite: true, quiet: true, ..TrainOptions::default() };
-    let point = if cfg.data.source.is_rl() { rl_point(cfg, &opts)? } else { lm_point(cfg, &opts)? };
-    let point = SweepPoint { seconds: start.elapsed().as_secs_f64(), config: toml, ..point };
+    let m = if cfg.data.source.is_rl() { train_agent(cfg, &opts)? } else { train_lm(cfg, &opts)? };
+    let point = SweepPoint {
+        mechanism: mechanism_name(cfg.memory.mechanism).to_string(),
+        size: match cfg.memory.mechanism {
+            Mechanism::Compressive => cfg.memory.span + cfg.memory.compressive.slots,
+            Mechanism::Infinity => cfg.memory.span + cfg.memory.infinity.basis,
+            _ => cfg.memory.span,
+        },
+        seed: cfg.seed,
+        run: cfg.name.clone(),
+        metric: metric(cfg.data.source).0.to_string(),
+        quality: m.quality,
+        loss: m.loss,
+        accuracy: m.accuracy,
+        mem_size: m.mem_size.iter().sum::<f64>() / m.mem_size.len().max(1) as f64,
+        seconds: start.elapsed().as_secs_f64(),
+        config: toml,
+    };
     let json = serde_json::to_string_pretty(&point).map_err(|e| LetheError::Invalid(e.to_string()))?;
     write_atomic(&path, json.as_bytes())?;
     Ok(point)
 }
 
-/// The size knob of a run's mechanism (see the module documentation).
-fn size_of(cfg: &Config) -> usize {
-    match cfg.memory.mechanism {
-        Mechanism::Compressive => cfg.memory.span + cfg.memory.compressive.slots,
-        Mechanism::Infinity => cfg.memory.span + cfg.memory.infinity.basis,
-        _ => cfg.memory.span,
-    }
+/// What a run measured (see [`SweepPoint`] for each figure).
+struct Measured {
+    quality: f64,
+    loss: f64,
+    accuracy: f64,
+    /// Per layer.
+    mem_size: Vec<f64>,
 }
 
-/// Trains an agent on a gridworld and reads its last evaluation: success rate for the
-/// corridor, mean rooms reached for the portal. `loss` is the mean return, `accuracy`
+fn no_evaluation(cfg: &Config) -> LetheError {
+    LetheError::Invalid(format!("sweep run `{}` finished without an evaluation", cfg.name))
+}
+
+/// Trains an agent on a gridworld and reads its last evaluation: quality is the success
+/// rate (corridor) or the mean rooms reached (portal), `loss` the mean return, `accuracy`
 /// the success rate.
-fn rl_point(cfg: &Config, opts: &TrainOptions) -> Result<SweepPoint> {
-    let summary = crate::rl::train::train(cfg, opts)?;
-    let r = summary
-        .last_eval
-        .ok_or_else(|| LetheError::Invalid(format!("sweep run `{}` finished without an evaluation", cfg.name)))?;
-    let (metric, _) = metric(cfg.data.source);
-    Ok(SweepPoint {
-        mechanism: mechanism_name(cfg.memory.mechanism).to_string(),
-        size: size_of(cfg),
-        seed: cfg.seed,
-        run: cfg.name.clone(),
-        metric: metric.to_string(),
-        quality: r.mean_rooms.unwrap_or(100.0 * r.success_rate),
-        loss: r.mean_return,
-        accuracy: r.success_rate,
-        mem_size: r.mem_size.iter().sum::<f64>() / r.mem_size.len().max(1) as f64,
-        seconds: 0.0,
-        config: String::new(),
-    })
+fn train_agent(cfg: &Config, opts: &TrainOptions) -> Result<Measured> {
+    let r = crate::rl::train::train(cfg, opts)?.last_eval.ok_or_else(|| no_evaluation(cfg))?;
+    Ok(Measured { quality: r.mean_rooms.unwrap_or(100.0 * r.success_rate), loss: r.mean_return, accuracy: r.success_rate, mem_size: r.mem_size })
 }
 
 /// Trains a language model and reads its last validation.
-fn lm_point(cfg: &Config, opts: &TrainOptions) -> Result<SweepPoint> {
-    let summary = train(cfg, opts)?;
-    let r = summary
-        .last_eval
-        .ok_or_else(|| LetheError::Invalid(format!("sweep run `{}` finished without an evaluation", cfg.name)))?;
-    let (metric, _) = metric(cfg.data.source);
+fn train_lm(cfg: &Config, opts: &TrainOptions) -> Result<Measured> {
+    let r = train(cfg, opts)?.last_eval.ok_or_else(|| no_evaluation(cfg))?;
     let quality = match cfg.data.source {
         Source::Copy | Source::Instruction => 100.0 * r.answer_accuracy.unwrap_or(0.0),
         Source::Collision => 100.0 * (1.0 - r.accuracy),
@@ -259,19 +259,7 @@ fn lm_point(cfg: &Config, opts: &TrainOptions) -> Result<SweepPoint> {
         Source::File | Source::Folder => r.bpb,
         Source::Corridor | Source::Portal => return Err(LetheError::Invalid("gridworlds have no validation stream".into())),
     };
-    Ok(SweepPoint {
-        mechanism: mechanism_name(cfg.memory.mechanism).to_string(),
-        size: size_of(cfg),
-        seed: cfg.seed,
-        run: cfg.name.clone(),
-        metric: metric.to_string(),
-        quality,
-        loss: r.loss,
-        accuracy: r.accuracy,
-        mem_size: r.mem_size.iter().sum::<f64>() / r.mem_size.len().max(1) as f64,
-        seconds: 0.0,
-        config: String::new(),
-    })
+    Ok(Measured { quality, loss: r.loss, accuracy: r.accuracy, mem_size: r.mem_size })
 }
 
 /// The table as aligned text.

@@ -95,22 +95,20 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainSummary> {
     while run.step < cfg.train.steps {
         let loss = run.train_step(&mut window)?;
         summary.losses.push(loss);
-        let step = run.step;
-        let stop = opts.stop_after == Some(step);
-        let last = step == cfg.train.steps || stop;
-        if step % cfg.train.log_every == 0 || last {
+        let due = Due::after(run.step, &cfg.train, opts);
+        if due.log {
             run.log_progress(&window, clock.elapsed().as_secs_f64())?;
             window = Window::default();
             clock = Instant::now();
         }
-        if (cfg.train.eval_every > 0 && step % cfg.train.eval_every == 0) || last {
+        if due.eval {
             summary.last_eval = Some(run.evaluate()?);
         }
-        if (cfg.train.checkpoint_every > 0 && step % cfg.train.checkpoint_every == 0) || last {
+        if due.checkpoint {
             run.save_checkpoint()?;
         }
-        if stop {
-            run.say(&format!("stopped after step {step} as asked; continue with --resume"));
+        if due.stop {
+            run.say(&format!("stopped after step {} as asked; continue with --resume", run.step));
             break;
         }
     }
@@ -268,6 +266,30 @@ impl<'a> Run<'a> {
         checkpoint::save(&self.dir.join(checkpoint::FILE_NAME), self.cfg, &state, &tensors)?;
         self.last_checkpoint = self.step;
         Ok(())
+    }
+}
+
+/// What the loop does after an optimiser step (shared by the language-model and the
+/// gridworld loops).
+pub(crate) struct Due {
+    /// Print and log progress.
+    pub log: bool,
+    /// Evaluate.
+    pub eval: bool,
+    /// Write a checkpoint.
+    pub checkpoint: bool,
+    /// Stop here (`--stop-after`).
+    pub stop: bool,
+}
+
+impl Due {
+    /// After optimiser step `step` (counted from 1): every `log_every`, `eval_every` and
+    /// `checkpoint_every` steps (0: never), and all three at the last step or a stop.
+    pub(crate) fn after(step: usize, cfg: &TrainConfig, opts: &TrainOptions) -> Due {
+        let stop = opts.stop_after == Some(step);
+        let last = step == cfg.steps || stop;
+        let every = |n: usize| n > 0 && step.is_multiple_of(n);
+        Due { log: every(cfg.log_every) || last, eval: every(cfg.eval_every) || last, checkpoint: every(cfg.checkpoint_every) || last, stop }
     }
 }
 

@@ -14,6 +14,20 @@ use crate::checkpoint::Checkpoint;
 use crate::config::Config;
 use crate::error::Result;
 
+/// The parameters of `vs` by name, sorted (a stable order for the optimiser and
+/// checkpoints). Shared by the language model and the gridworld agent.
+pub fn sorted_parameters(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
+    let vars: HashMap<String, Tensor> = vs.variables();
+    let mut out: Vec<(String, Tensor)> = vars.into_iter().collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// Number of scalar parameters in `vs`.
+pub fn parameter_count(vs: &nn::VarStore) -> usize {
+    vs.variables().values().map(Tensor::numel).sum()
+}
+
 /// A model with its parameter store and the config it was built from.
 pub struct Lm {
     /// The parameters.
@@ -45,15 +59,12 @@ impl Lm {
 
     /// The parameters by name, sorted (a stable order for the optimiser and checkpoints).
     pub fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        let vars: HashMap<String, Tensor> = self.vs.variables();
-        let mut out: Vec<(String, Tensor)> = vars.into_iter().collect();
-        out.sort_by(|a, b| a.0.cmp(&b.0));
-        out
+        sorted_parameters(&self.vs)
     }
 
     /// Number of scalar parameters.
     pub fn parameter_count(&self) -> usize {
-        self.named_parameters().iter().map(|(_, t)| t.numel()).sum()
+        parameter_count(&self.vs)
     }
 
     /// The device the parameters live on.

@@ -5,8 +5,6 @@
 //! past through the configured memory mechanism. The policy and value heads start at
 //! zero, so the untrained agent walks at random, evenly.
 
-use std::collections::HashMap;
-
 use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
 
@@ -69,15 +67,12 @@ impl Agent {
 
     /// The parameters by name, sorted.
     pub fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        let vars: HashMap<String, Tensor> = self.vs.variables();
-        let mut out: Vec<(String, Tensor)> = vars.into_iter().collect();
-        out.sort_by(|a, b| a.0.cmp(&b.0));
-        out
+        crate::model::sorted_parameters(&self.vs)
     }
 
     /// Number of scalar parameters.
     pub fn parameter_count(&self) -> usize {
-        self.named_parameters().iter().map(|(_, t)| t.numel()).sum()
+        crate::model::parameter_count(&self.vs)
     }
 
     /// The device the parameters live on.

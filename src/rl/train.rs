@@ -42,7 +42,7 @@ use crate::metrics::{format_count, format_duration, MetricsLog};
 use crate::model::Memory;
 use crate::optim::{learning_rate, Optimiser};
 use crate::rng::Rng;
-use crate::train::{check_resumable, prepare_run_dir, TrainOptions};
+use crate::train::{check_resumable, prepare_run_dir, Due, TrainOptions};
 
 /// Stream number (of the data seed) of the evaluation episodes, apart from training's.
 const EVAL_STREAM: u64 = 0xE7A1;
@@ -122,12 +122,7 @@ struct Window {
     episodes: Vec<EpisodeStats>,
     steps: usize,
     env_steps: u64,
-    loss: f64,
-    policy: f64,
-    value: f64,
-    entropy: f64,
-    aux: f64,
-    grad_norm: f64,
+    sums: Learned,
     mem: MemSum,
 }
 
@@ -175,22 +170,20 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<RlSummary> {
     let mut clock = Instant::now();
     while run.step < cfg.train.steps {
         summary.losses.push(run.train_step(&mut window)?);
-        let step = run.step;
-        let stop = opts.stop_after == Some(step);
-        let last = step == cfg.train.steps || stop;
-        if step % cfg.train.log_every == 0 || last {
+        let due = Due::after(run.step, &cfg.train, opts);
+        if due.log {
             run.log_progress(&window, clock.elapsed().as_secs_f64())?;
             window = Window::default();
             clock = Instant::now();
         }
-        if (cfg.train.eval_every > 0 && step % cfg.train.eval_every == 0) || last {
+        if due.eval {
             summary.last_eval = Some(run.evaluate()?);
         }
-        if (cfg.train.checkpoint_every > 0 && step % cfg.train.checkpoint_every == 0) || last {
+        if due.checkpoint {
             run.save_checkpoint()?;
         }
-        if stop {
-            run.say(&format!("stopped after step {step} as asked; continue with --resume"));
+        if due.stop {
+            run.say(&format!("stopped after step {} as asked; continue with --resume", run.step));
             break;
         }
     }
@@ -277,12 +270,7 @@ impl<'a> Run<'a> {
         }
         self.step += 1;
         w.steps += 1;
-        w.loss += figures.loss;
-        w.policy += figures.policy;
-        w.value += figures.value;
-        w.entropy += figures.entropy;
-        w.aux += figures.aux;
-        w.grad_norm += figures.grad_norm;
+        w.sums.add(&figures);
         Ok(figures.loss)
     }
 
@@ -325,8 +313,8 @@ impl<'a> Run<'a> {
             "step {:>6}/{} | {episodes} | entropy {:.3} | value loss {:.4} | {} steps/s | ETA {}",
             self.step,
             self.cfg.train.steps,
-            w.entropy / steps,
-            w.value / steps,
+            w.sums.entropy / steps,
+            w.sums.value / steps,
             format_count(rate),
             format_duration(eta)
         ));
@@ -339,12 +327,12 @@ impl<'a> Run<'a> {
             "success": (!w.episodes.is_empty()).then_some(ep.success_rate),
             "length": (!w.episodes.is_empty()).then_some(ep.mean_length),
             "rooms": ep.mean_rooms.filter(|_| !w.episodes.is_empty()),
-            "loss": w.loss / steps,
-            "policy_loss": w.policy / steps,
-            "value_loss": w.value / steps,
-            "entropy": w.entropy / steps,
-            "aux_loss": w.aux / steps,
-            "grad_norm": w.grad_norm / steps,
+            "loss": w.sums.loss / steps,
+            "policy_loss": w.sums.policy / steps,
+            "value_loss": w.sums.value / steps,
+            "entropy": w.sums.entropy / steps,
+            "aux_loss": w.sums.aux / steps,
+            "grad_norm": w.sums.grad_norm / steps,
             "lr": lr,
             "env_steps": self.env_steps,
             "env_steps_per_s": rate,
@@ -406,7 +394,8 @@ fn record(rollout: &mut Rollout, actions: Vec<i64>, outcomes: &[Outcome], active
     rollout.active.push(active);
 }
 
-/// The figures of one learning step.
+/// The figures of one learning step (or their sums over several).
+#[derive(Default)]
 struct Learned {
     loss: f64,
     policy: f64,
@@ -414,6 +403,17 @@ struct Learned {
     entropy: f64,
     aux: f64,
     grad_norm: f64,
+}
+
+impl Learned {
+    fn add(&mut self, other: &Learned) {
+        self.loss += other.loss;
+        self.policy += other.policy;
+        self.value += other.value;
+        self.entropy += other.entropy;
+        self.aux += other.aux;
+        self.grad_norm += other.grad_norm;
+    }
 }
 
 /// Runs the window's observations `obs` (`T + 1` of `B x F`) again with gradient, from
