@@ -107,10 +107,12 @@ pub struct ConfigArgs {
     #[arg(long)]
     pub device: Option<String>,
     /// Task length, in the task's unit: copy, most `A`s per run; collision, steps per
-    /// simulation; instruction, most instructions per episode; sorting, symbols to sort.
+    /// simulation; instruction, most instructions per episode; sorting, symbols to sort;
+    /// corridor, longest corridor; portal, rooms.
     #[arg(long)]
     pub length: Option<usize>,
-    /// Task distance, `N` or `MIN-MAX`: copy, filler tokens; instruction, distractor words.
+    /// Task distance, `N` or `MIN-MAX`: copy, filler tokens; instruction, distractor words;
+    /// corridor, corridor lengths.
     #[arg(long, value_name = "MIN-MAX", value_parser = parse_range)]
     pub distance: Option<(usize, usize)>,
     /// Seed of the generated data and the stream order alone (data.seed; default: --seed).

@@ -226,6 +226,15 @@ impl World {
         }
     }
 
+    /// Informed door choices and how many were correct, for the portal task (see
+    /// [`crate::rl::portal`]); `(0, 0)` for the corridor.
+    pub fn recall(&self) -> (usize, usize) {
+        match self {
+            World::Corridor(_) => (0, 0),
+            World::Portal(p) => (p.informed, p.recalled),
+        }
+    }
+
     /// The map as text, one line per row (see the tasks' `render`).
     pub fn render(&self) -> String {
         match self {
@@ -259,6 +268,10 @@ pub struct EpisodeStats {
     pub success: bool,
     /// The furthest room reached, for the portal task (0 otherwise).
     pub rooms: usize,
+    /// Portal: door choices in rooms where the episode had taken a door before (0 otherwise).
+    pub informed: usize,
+    /// Portal: informed choices that were correct.
+    pub recalled: usize,
 }
 
 /// One episode in a batch, with its running figures.
@@ -344,11 +357,14 @@ impl Episodes {
             }
             if o.done {
                 slot.done = true;
+                let (informed, recalled) = slot.world.recall();
                 ended.push(EpisodeStats {
                     ret: slot.ret,
                     length: slot.length,
                     success: slot.world.success(),
                     rooms: slot.world.rooms_reached().unwrap_or(0),
+                    informed,
+                    recalled,
                 });
             }
             outcomes[i] = o;
@@ -400,7 +416,7 @@ mod tests {
     #[test]
     fn a_portal_view_shows_the_doors_and_the_room_number() {
         let doors = vec![Doors { x: [2, 3], first: Colour::Blue, correct: 1 }; 4];
-        let p = Portal { size: 3, max_mistakes: 2, doors, room: 2, pos: (2, 1), mistakes: vec![0; 4], best: 2 };
+        let p = Portal { size: 3, max_mistakes: 2, doors, room: 2, pos: (2, 1), mistakes: vec![0; 4], best: 2, informed: 0, recalled: 0 };
         let vocab = FIXED_WORDS + 4;
         let mut obs = vec![0.0; VIEW * VIEW * vocab];
         World::Portal(p).observe(vocab, &mut obs);
@@ -438,11 +454,11 @@ mod tests {
         let right_door = door(&e.slots[0]);
         let (o, ended) = e.step(&[right_door, Action::Left]);
         assert_eq!(o[0], Outcome { reward: 1.0, done: true });
-        assert_eq!(ended, vec![EpisodeStats { ret: 1.0, length: 2, success: true, rooms: 0 }]);
+        assert_eq!(ended, vec![EpisodeStats { ret: 1.0, length: 2, success: true, rooms: 0, informed: 0, recalled: 0 }]);
         let (o, ended) = e.step(&[Action::Right, Action::Left]);
         assert_eq!(o[0], Outcome::default(), "an ended episode ignores its action");
         assert_eq!(o[1], Outcome { reward: 0.0, done: true }, "the step limit of 3 ends the other");
-        assert_eq!(ended, vec![EpisodeStats { ret: 0.0, length: 3, success: false, rooms: 0 }]);
+        assert_eq!(ended, vec![EpisodeStats { ret: 0.0, length: 3, success: false, rooms: 0, informed: 0, recalled: 0 }]);
         assert!(e.all_done());
         assert!(e.observe(FIXED_WORDS).iter().all(|&v| v == 0.0), "ended episodes read as zeros");
     }

@@ -11,6 +11,11 @@
 //!   last room, or at the step limit (1000).
 //! - The agent enters every room at the middle of its bottom row. The doors' places in
 //!   the top wall and their colours are drawn per room and episode.
+//! - A door taken in a room where the episode has taken a door before is an *informed*
+//!   choice: memory alone can tell which door is right there (the one passed before, or
+//!   the other one after a mistake). The share of informed choices that are correct, the
+//!   *recall*, is 50% without memory and 100% with a perfect one, which makes it the
+//!   direct measure of memory use that the rooms reached only hint at.
 //!
 //! A room of size 5, the agent at its entrance, a red and a blue door:
 //!
@@ -77,6 +82,12 @@ pub struct Portal {
     pub mistakes: Vec<usize>,
     /// The furthest room reached, 0-based.
     pub best: usize,
+    /// Informed door choices so far (see the module documentation).
+    #[serde(default)]
+    pub informed: usize,
+    /// Informed door choices that were correct.
+    #[serde(default)]
+    pub recalled: usize,
 }
 
 impl Portal {
@@ -98,6 +109,8 @@ impl Portal {
             pos: Self::entrance(cfg.size),
             mistakes: vec![0; cfg.rooms],
             best: 0,
+            informed: 0,
+            recalled: 0,
         }
     }
 
@@ -157,7 +170,12 @@ impl Portal {
 
     fn through(&mut self, door: usize) -> Outcome {
         self.pos = Self::entrance(self.size);
-        if door == self.doors[self.room].correct {
+        let correct = door == self.doors[self.room].correct;
+        if self.room < self.best || self.mistakes[self.room] > 0 {
+            self.informed += 1;
+            self.recalled += usize::from(correct);
+        }
+        if correct {
             let reward = 0.1 * (self.room + 1) as f64;
             self.room += 1;
             self.best = self.best.max(self.room);
@@ -209,7 +227,17 @@ mod tests {
     /// one at x = 3 is not.
     fn portal() -> Portal {
         let doors = vec![Doors { x: [1, 3], first: Colour::Red, correct: 0 }; 3];
-        Portal { size: 3, max_mistakes: 2, doors, room: 0, pos: Portal::entrance(3), mistakes: vec![0; 3], best: 0 }
+        Portal {
+            size: 3,
+            max_mistakes: 2,
+            doors,
+            room: 0,
+            pos: Portal::entrance(3),
+            mistakes: vec![0; 3],
+            best: 0,
+            informed: 0,
+            recalled: 0,
+        }
     }
 
     fn walk(p: &mut Portal, moves: &str) -> Vec<Outcome> {
@@ -264,6 +292,19 @@ mod tests {
     }
 
     #[test]
+    fn only_choices_in_rooms_where_a_door_was_taken_before_are_informed() {
+        let mut p = portal();
+        walk(&mut p, "UULU"); // room 1 passed: first visit, not informed
+        walk(&mut p, "UURU"); // wrong in room 2: first visit, not informed
+        assert_eq!((p.informed, p.recalled), (0, 0));
+        walk(&mut p, "UULU"); // room 1 again, passed before: informed, right
+        assert_eq!((p.informed, p.recalled), (1, 1));
+        walk(&mut p, "UURU"); // room 2 again after a mistake there: informed, wrong
+        assert_eq!((p.informed, p.recalled), (2, 1));
+        assert!(p.mistakes[1] == 2, "and the episode is over");
+    }
+
+    #[test]
     fn walls_stop_the_agent_and_it_sees_only_its_room() {
         let mut p = portal();
         walk(&mut p, "DDRRRR");
@@ -286,5 +327,10 @@ mod tests {
         }
         let first_correct = p.doors.iter().filter(|d| d.correct == 0).count();
         assert!((70..130).contains(&first_correct), "{first_correct} of 200");
+        // Rooms of 2x2 (the small presets): the doors fill the top wall, in either order.
+        let p = Portal::new(&PortalConfig { rooms: 50, size: 2, ..PortalConfig::default() }, &mut Rng::new(4));
+        assert!(p.doors.iter().all(|d| matches!(d.x, [1, 2] | [2, 1])));
+        assert!(p.doors.iter().any(|d| d.x == [1, 2]) && p.doors.iter().any(|d| d.x == [2, 1]));
+        assert_eq!(Portal::entrance(2), (2, 2));
     }
 }

@@ -71,6 +71,11 @@ pub struct RlEval {
     pub mean_length: f64,
     /// Portal: mean of the furthest room reached (1-based).
     pub mean_rooms: Option<f64>,
+    /// Portal: share of informed door choices that were correct (50% without memory,
+    /// 100% with a perfect one; see [`crate::rl::portal`]). None when no choice was
+    /// informed.
+    #[serde(default)]
+    pub recall: Option<f64>,
     /// Average number of memories a step attended to, per layer.
     pub mem_size: Vec<f64>,
 }
@@ -86,13 +91,17 @@ impl RlEval {
             success_rate: mean(&|e| f64::from(u8::from(e.success))),
             mean_length: mean(&|e| e.length as f64),
             mean_rooms: portal.then(|| mean(&|e| e.rooms as f64)),
+            recall: recall(episodes).filter(|_| portal),
             mem_size,
         }
     }
 
     /// One line for the terminal.
     pub fn line(&self) -> String {
-        let rooms = self.mean_rooms.map(|r| format!(" | rooms {r:.2}")).unwrap_or_default();
+        let mut rooms = self.mean_rooms.map(|r| format!(" | rooms {r:.2}")).unwrap_or_default();
+        if let Some(r) = self.recall {
+            rooms += &format!(" | recall {:.1}%", 100.0 * r);
+        }
         let mem: Vec<String> = self.mem_size.iter().map(|m| format!("{m:.1}")).collect();
         format!(
             "{} episodes | return {:.3} | success {:.1}%{rooms} | length {:.1} | mem {}",
@@ -103,6 +112,13 @@ impl RlEval {
             mem.join(",")
         )
     }
+}
+
+/// The share of informed door choices that were correct over `episodes`, if any was made.
+fn recall(episodes: &[EpisodeStats]) -> Option<f64> {
+    let informed: usize = episodes.iter().map(|e| e.informed).sum();
+    let recalled: usize = episodes.iter().map(|e| e.recalled).sum();
+    (informed > 0).then(|| recalled as f64 / informed as f64)
 }
 
 /// What a finished RL run reports.
@@ -327,6 +343,7 @@ impl<'a> Run<'a> {
             "success": (!w.episodes.is_empty()).then_some(ep.success_rate),
             "length": (!w.episodes.is_empty()).then_some(ep.mean_length),
             "rooms": ep.mean_rooms.filter(|_| !w.episodes.is_empty()),
+            "recall": ep.recall,
             "loss": w.sums.loss / steps,
             "policy_loss": w.sums.policy / steps,
             "value_loss": w.sums.value / steps,
@@ -490,4 +507,23 @@ pub fn play(agent: &Agent, episodes: usize, seed: u64, watch: &mut Watch) -> Res
 pub fn evaluate(agent: &Agent, episodes: usize) -> Result<RlEval> {
     let seed = Rng::derive(agent.config.data_seed(), EVAL_STREAM).next_u64();
     play(agent, episodes, seed, &mut |_, _, _| {})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn episode(rooms: usize, informed: usize, recalled: usize) -> EpisodeStats {
+        EpisodeStats { ret: 0.0, length: 10, success: false, rooms, informed, recalled }
+    }
+
+    #[test]
+    fn recall_pools_the_informed_choices_of_all_episodes() {
+        let r = RlEval::of(&[episode(2, 3, 3), episode(3, 1, 0), episode(1, 0, 0)], vec![], true);
+        assert_eq!(r.recall, Some(0.75), "3 of 4 informed choices, not the mean of 100% and 0%");
+        assert_eq!(r.mean_rooms, Some(2.0));
+        assert!(r.line().contains("recall 75.0%"));
+        assert_eq!(RlEval::of(&[episode(1, 0, 0)], vec![], true).recall, None, "no informed choice");
+        assert_eq!(RlEval::of(&[episode(0, 2, 1)], vec![], false).recall, None, "not a portal");
+    }
 }
