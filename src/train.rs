@@ -90,28 +90,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainSummary> {
     let unigram_baseline = data::unigram_entropy(&run.valid.docs);
     run.say(&format!("valid unigram baseline: {unigram_baseline:.4} nats ({:.4} bits) per scored token", unigram_baseline / std::f64::consts::LN_2));
     let mut summary = TrainSummary { run_dir: run.dir.clone(), losses: vec![], last_eval: None, unigram_baseline };
-    let mut window = Window::default();
-    let mut clock = Instant::now();
-    while run.step < cfg.train.steps {
-        let loss = run.train_step(&mut window)?;
-        summary.losses.push(loss);
-        let due = Due::after(run.step, &cfg.train, opts);
-        if due.log {
-            run.log_progress(&window, clock.elapsed().as_secs_f64())?;
-            window = Window::default();
-            clock = Instant::now();
-        }
-        if due.eval {
-            summary.last_eval = Some(run.evaluate()?);
-        }
-        if due.checkpoint {
-            run.save_checkpoint()?;
-        }
-        if due.stop {
-            run.say(&format!("stopped after step {} as asked; continue with --resume", run.step));
-            break;
-        }
-    }
+    (summary.losses, summary.last_eval) = drive(&mut run, &cfg.train, opts)?;
     Ok(summary)
 }
 
@@ -147,12 +126,6 @@ impl<'a> Run<'a> {
         Ok(run)
     }
 
-    fn say(&self, line: &str) {
-        if !self.opts.quiet {
-            eprintln!("{line}");
-        }
-    }
-
     fn resume(&mut self, path: &Path) -> Result<()> {
         let ck = Checkpoint::load(path)?;
         check_resumable(&ck, self.cfg)?;
@@ -171,6 +144,19 @@ impl<'a> Run<'a> {
         self.last_checkpoint = state.step;
         self.say(&format!("resumed from {} at step {}", path.display(), state.step));
         Ok(())
+    }
+}
+
+impl Looped for Run<'_> {
+    type Window = Window;
+    type Eval = EvalResult;
+
+    fn step(&self) -> usize {
+        self.step
+    }
+
+    fn quiet(&self) -> bool {
+        self.opts.quiet
     }
 
     /// One optimiser step; returns the task loss (nats per scored token).
@@ -269,9 +255,65 @@ impl<'a> Run<'a> {
     }
 }
 
+/// A training run as the loop sees it: the language-model run and the gridworld run.
+pub(crate) trait Looped {
+    /// What the steps since the last progress line sum up.
+    type Window: Default;
+    /// What an evaluation returns.
+    type Eval;
+
+    /// Optimiser steps taken.
+    fn step(&self) -> usize;
+    /// Whether progress output is off.
+    fn quiet(&self) -> bool;
+    /// One optimiser step, summed into `window`; returns its loss.
+    fn train_step(&mut self, window: &mut Self::Window) -> Result<f64>;
+    /// Prints and logs the progress over `window`, which took `seconds`.
+    fn log_progress(&mut self, window: &Self::Window, seconds: f64) -> Result<()>;
+    /// Evaluates, prints and logs.
+    fn evaluate(&mut self) -> Result<Self::Eval>;
+    /// Writes the checkpoint.
+    fn save_checkpoint(&mut self) -> Result<()>;
+
+    /// Prints a progress line on stderr unless quiet.
+    fn say(&self, line: &str) {
+        if !self.quiet() {
+            eprintln!("{line}");
+        }
+    }
+}
+
+/// The training loop: step; then log, evaluate, checkpoint and stop when [`Due`] says;
+/// until `cfg.steps`. Returns the losses of the steps run and the last evaluation.
+pub(crate) fn drive<R: Looped>(run: &mut R, cfg: &TrainConfig, opts: &TrainOptions) -> Result<(Vec<f64>, Option<R::Eval>)> {
+    let (mut losses, mut last_eval) = (vec![], None);
+    let mut window = R::Window::default();
+    let mut clock = Instant::now();
+    while run.step() < cfg.steps {
+        losses.push(run.train_step(&mut window)?);
+        let due = Due::after(run.step(), cfg, opts);
+        if due.log {
+            run.log_progress(&window, clock.elapsed().as_secs_f64())?;
+            window = R::Window::default();
+            clock = Instant::now();
+        }
+        if due.eval {
+            last_eval = Some(run.evaluate()?);
+        }
+        if due.checkpoint {
+            run.save_checkpoint()?;
+        }
+        if due.stop {
+            run.say(&format!("stopped after step {} as asked; continue with --resume", run.step()));
+            break;
+        }
+    }
+    Ok((losses, last_eval))
+}
+
 /// What the loop does after an optimiser step (shared by the language-model and the
 /// gridworld loops).
-pub(crate) struct Due {
+struct Due {
     /// Print and log progress.
     pub log: bool,
     /// Evaluate.
@@ -285,7 +327,7 @@ pub(crate) struct Due {
 impl Due {
     /// After optimiser step `step` (counted from 1): every `log_every`, `eval_every` and
     /// `checkpoint_every` steps (0: never), and all three at the last step or a stop.
-    pub(crate) fn after(step: usize, cfg: &TrainConfig, opts: &TrainOptions) -> Due {
+    fn after(step: usize, cfg: &TrainConfig, opts: &TrainOptions) -> Due {
         let stop = opts.stop_after == Some(step);
         let last = step == cfg.steps || stop;
         let every = |n: usize| n > 0 && step.is_multiple_of(n);

@@ -25,7 +25,6 @@
 //! the episodes in progress and the memory, so a resumed run repeats a straight one.
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -42,7 +41,7 @@ use crate::metrics::{format_count, format_duration, MetricsLog};
 use crate::model::Memory;
 use crate::optim::{learning_rate, Optimiser};
 use crate::rng::Rng;
-use crate::train::{check_resumable, prepare_run_dir, Due, TrainOptions};
+use crate::train::{check_resumable, drive, prepare_run_dir, Looped, TrainOptions};
 
 /// Stream number (of the data seed) of the evaluation episodes, apart from training's.
 const EVAL_STREAM: u64 = 0xE7A1;
@@ -182,27 +181,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<RlSummary> {
     cfg.validate()?;
     let mut run = Run::start(cfg, opts)?;
     let mut summary = RlSummary { run_dir: run.dir.clone(), losses: vec![], last_eval: None };
-    let mut window = Window::default();
-    let mut clock = Instant::now();
-    while run.step < cfg.train.steps {
-        summary.losses.push(run.train_step(&mut window)?);
-        let due = Due::after(run.step, &cfg.train, opts);
-        if due.log {
-            run.log_progress(&window, clock.elapsed().as_secs_f64())?;
-            window = Window::default();
-            clock = Instant::now();
-        }
-        if due.eval {
-            summary.last_eval = Some(run.evaluate()?);
-        }
-        if due.checkpoint {
-            run.save_checkpoint()?;
-        }
-        if due.stop {
-            run.say(&format!("stopped after step {} as asked; continue with --resume", run.step));
-            break;
-        }
-    }
+    (summary.losses, summary.last_eval) = drive(&mut run, &cfg.train, opts)?;
     Ok(summary)
 }
 
@@ -240,12 +219,6 @@ impl<'a> Run<'a> {
         Ok(run)
     }
 
-    fn say(&self, line: &str) {
-        if !self.opts.quiet {
-            eprintln!("{line}");
-        }
-    }
-
     fn resume(&mut self, path: &Path) -> Result<()> {
         let ck = Checkpoint::load(path)?;
         check_resumable(&ck, self.cfg)?;
@@ -266,28 +239,6 @@ impl<'a> Run<'a> {
         self.last_checkpoint = state.step;
         self.say(&format!("resumed from {} at step {}", path.display(), state.step));
         Ok(())
-    }
-
-    /// One truncation window: act, learn, one optimiser step. Returns the loss.
-    fn train_step(&mut self, w: &mut Window) -> Result<f64> {
-        let lr = learning_rate(&self.cfg.train, self.step);
-        tch::manual_seed((Rng::derive(self.cfg.seed, self.step as u64).next_u64() >> 1) as i64);
-        if self.state.episodes.all_done() {
-            self.state.episodes.restart(self.cfg, self.cfg.train.batch)?;
-            self.mem.reset();
-        }
-        let start = snapshot(&self.mem);
-        let (rollout, obs) = self.act(w)?;
-        let figures = learn(&self.agent, &mut self.opt, &start, &rollout, &obs, self.cfg, lr)?;
-        for value in [figures.loss, figures.grad_norm] {
-            if !value.is_finite() {
-                return Err(LetheError::NonFiniteLoss { step: self.step + 1, value, last_checkpoint: self.last_checkpoint, dir: self.dir.clone() });
-            }
-        }
-        self.step += 1;
-        w.steps += 1;
-        w.sums.add(&figures);
-        Ok(figures.loss)
     }
 
     /// Plays up to `train.block` steps of the batch, carrying the memory. Returns the
@@ -315,6 +266,41 @@ impl<'a> Run<'a> {
             }
         }
         Ok((rollout, obs))
+    }
+}
+
+impl Looped for Run<'_> {
+    type Window = Window;
+    type Eval = RlEval;
+
+    fn step(&self) -> usize {
+        self.step
+    }
+
+    fn quiet(&self) -> bool {
+        self.opts.quiet
+    }
+
+    /// One truncation window: act, learn, one optimiser step. Returns the loss.
+    fn train_step(&mut self, w: &mut Window) -> Result<f64> {
+        let lr = learning_rate(&self.cfg.train, self.step);
+        tch::manual_seed((Rng::derive(self.cfg.seed, self.step as u64).next_u64() >> 1) as i64);
+        if self.state.episodes.all_done() {
+            self.state.episodes.restart(self.cfg, self.cfg.train.batch)?;
+            self.mem.reset();
+        }
+        let start = snapshot(&self.mem);
+        let (rollout, obs) = self.act(w)?;
+        let figures = learn(&self.agent, &mut self.opt, &start, &rollout, &obs, self.cfg, lr)?;
+        for value in [figures.loss, figures.grad_norm] {
+            if !value.is_finite() {
+                return Err(LetheError::NonFiniteLoss { step: self.step + 1, value, last_checkpoint: self.last_checkpoint, dir: self.dir.clone() });
+            }
+        }
+        self.step += 1;
+        w.steps += 1;
+        w.sums.add(&figures);
+        Ok(figures.loss)
     }
 
     fn log_progress(&mut self, w: &Window, seconds: f64) -> Result<()> {
