@@ -212,9 +212,9 @@ pub fn time_attention(cfg: &Config, steps: usize, warmup: usize) -> Result<Timin
         let x = Tensor::randn(shape, (Kind::Float, device)).set_requires_grad(i >= fill);
         let start = Instant::now();
         let q = attn.queries(&x);
-        let input = crate::model::memory::AttendInput { x: &x, q: &q, attn: &attn, key_pe: &key_pe, train: i >= fill };
+        let input = crate::model::memory::AttendInput { x: &x, q: &q, attn: &attn, key_pe: &key_pe, train: i >= fill, episodes: None };
         let out = memory.attend(&input)?;
-        memory.update(&x.detach());
+        memory.update(&x.detach(), None);
         if i >= fill {
             let mut loss = out.context.sum(Kind::Float);
             if let Some(added) = &out.added {

@@ -15,7 +15,7 @@ use crate::data::tasks::sorting::SortingConfig;
 use crate::error::{LetheError, Result};
 use crate::rl::corridor::CorridorConfig;
 use crate::rl::portal::PortalConfig;
-use crate::rl::RlConfig;
+use crate::rl::{Reset, RlConfig};
 
 /// Everything a run needs. Serialises to the TOML users write.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -911,6 +911,16 @@ impl Config {
             self.model.validate_layers()?;
             self.memory.validate(self.train.block.min(self.memory.span))?;
             self.rl.validate()?;
+            if self.rl.reset == Reset::Episode && matches!(self.memory.mechanism, Mechanism::Compressive | Mechanism::Infinity) {
+                return Err(LetheError::config(
+                    "rl.reset",
+                    "\"episode\"",
+                    format!(
+                        "the {} memory cannot keep the episodes of a row apart: set rl.reset = \"batch\" (synchronous batches)",
+                        format!("{:?}", self.memory.mechanism).to_lowercase()
+                    ),
+                ));
+            }
         } else {
             self.model.validate()?;
             self.memory.validate(self.train.block)?;

@@ -38,8 +38,9 @@ fn run(cfg: &Config) -> RlSummary {
 }
 
 /// Acting feeds one observation per step; learning replays the window as one block
-/// from the same starting memory. The two must give the same policy and values.
-fn check_step_by_step_equals_block(mechanism: Mechanism) {
+/// from the same starting memory. The two must give the same policy and values, with
+/// and without episodes that end inside the window.
+fn check_step_by_step_equals_block(mechanism: Mechanism, episodes: Option<&Tensor>) {
     let _rng = common::torch_rng_lock();
     let mut cfg = tiny_corridor("passes", 16);
     cfg.memory.mechanism = mechanism;
@@ -56,26 +57,33 @@ fn check_step_by_step_equals_block(mechanism: Mechanism) {
     }
     // Random binary observations: 3 streams, a first block of 6 steps, then 12 more.
     let obs = Tensor::rand([3, 18, f], (Kind::Float, Device::Cpu)).ge(0.7).to_kind(Kind::Float);
+    let at = |from: i64, len: i64| episodes.map(|e| e.narrow(1, from, len));
     let mut mem = agent.new_memory();
-    agent.forward(&obs.narrow(1, 0, 6), &mut mem, false).unwrap();
+    agent.forward(&obs.narrow(1, 0, 6), &mut mem, false, at(0, 6).as_ref()).unwrap();
     let start: Vec<(String, Tensor)> = mem.state().into_iter().map(|(n, t)| (n, t.copy())).collect();
-    let stepped: Vec<Tensor> = (6..18).map(|t| agent.forward(&obs.narrow(1, t, 1), &mut mem, false).unwrap().logits).collect();
+    let stepped: Vec<Tensor> = (6..18).map(|t| agent.forward(&obs.narrow(1, t, 1), &mut mem, false, at(t, 1).as_ref()).unwrap().logits).collect();
     let stepped = Tensor::cat(&stepped, 1);
     let mut replay = agent.new_memory();
     replay.load_state(&start).unwrap();
-    let block = agent.forward(&obs.narrow(1, 6, 12), &mut replay, false).unwrap().logits;
+    let block = agent.forward(&obs.narrow(1, 6, 12), &mut replay, false, at(6, 12).as_ref()).unwrap().logits;
     let diff = (&stepped - &block).abs().max().double_value(&[]);
     assert!(diff < 1e-5, "{mechanism:?}: step-by-step and block logits differ by {diff}");
     assert!(stepped.std(false).double_value(&[]) > 1e-2, "the logits vary");
     // And the memory matters: the block without its starting memory differs.
-    let alone = agent.forward(&obs.narrow(1, 6, 12), &mut agent.new_memory(), false).unwrap().logits;
+    let alone = agent.forward(&obs.narrow(1, 6, 12), &mut agent.new_memory(), false, at(6, 12).as_ref()).unwrap().logits;
     assert!((&alone - &block).abs().max().double_value(&[]) > 1e-3, "{mechanism:?}: the memory was ignored");
 }
 
 #[test]
 fn acting_step_by_step_matches_the_window_replayed_as_a_block() {
-    for mechanism in [Mechanism::Fixed, Mechanism::Expire] {
-        check_step_by_step_equals_block(mechanism);
+    // Row 0 starts a new episode at step 10 (inside the window), row 1 at steps 4
+    // (before it) and 14, row 2 plays one episode throughout.
+    let numbers = |switches: &[i64]| (0..18).map(|t| switches.iter().filter(|&&s| t >= s).count() as i64).collect::<Vec<_>>();
+    let rows = [numbers(&[10]), numbers(&[4, 14]).iter().map(|n| n + 10).collect(), vec![20; 18]];
+    let episodes = Tensor::from_slice(&rows.concat()).view([3, 18]);
+    for mechanism in [Mechanism::Fixed, Mechanism::Expire, Mechanism::Adaptive] {
+        check_step_by_step_equals_block(mechanism, None);
+        check_step_by_step_equals_block(mechanism, Some(&episodes));
     }
 }
 
@@ -143,6 +151,10 @@ fn every_memory_mechanism_drives_an_agent() {
         cfg.memory.compressive.slots = 8;
         cfg.memory.infinity.basis = 8;
         cfg.memory.infinity.samples = 16;
+        if matches!(mechanism, Mechanism::Compressive | Mechanism::Infinity) {
+            // They cannot keep a row's episodes apart: synchronous batches.
+            cfg.rl.reset = lethe::rl::Reset::Batch;
+        }
         cfg.train.batch = 4;
         cfg.train.steps = 3;
         cfg.rl.eval_episodes = 4;

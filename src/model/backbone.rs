@@ -10,7 +10,7 @@ use tch::{Kind, Tensor};
 use super::attention::Attention;
 use super::memory::{self, AttendInput, MemoryLayer, MemoryReport};
 use crate::config::{MemoryConfig, ModelConfig};
-use crate::error::Result;
+use crate::error::{LetheError, Result};
 
 /// One transformer layer's parameters.
 #[derive(Debug)]
@@ -147,16 +147,25 @@ impl Backbone {
     }
 
     /// Runs one block of input vectors `h` `(b, m, d)` with the memory carried in
-    /// `mem`, then lets each layer's memory absorb the block.
-    pub fn forward(&self, h: Tensor, mem: &mut Memory, train: bool) -> Result<Hidden> {
+    /// `mem`, then lets each layer's memory absorb the block. `episodes` `(b, m)`, when
+    /// given, numbers the episode of each position: a position then sees only its own
+    /// episode (see [`AttendInput::episodes`]); it fails for a mechanism that cannot
+    /// keep episodes apart.
+    pub fn forward(&self, h: Tensor, mem: &mut Memory, train: bool, episodes: Option<&Tensor>) -> Result<Hidden> {
+        if let Some(layer) = mem.layers.iter().find(|l| episodes.is_some() && !l.separates_episodes()) {
+            return Err(LetheError::Invalid(format!(
+                "the {} memory cannot keep the episodes of a row apart; play them in synchronous batches (rl.reset = \"batch\")",
+                layer.name()
+            )));
+        }
         let p = self.cfg.dropout;
         let mut h = h;
         let mut aux = Tensor::zeros([], (h.kind(), h.device()));
         for (layer, memory) in self.layers.iter().zip(mem.layers.iter_mut()) {
             let x = if self.cfg.pre_norm { layer.norm1.forward(&h) } else { h.shallow_clone() };
             let q = layer.attn.queries(&x); // (b, heads, m, dh)
-            let out = memory.attend(&AttendInput { x: &x, q: &q, attn: &layer.attn, key_pe: &self.key_pe, train })?;
-            memory.update(&x.detach());
+            let out = memory.attend(&AttendInput { x: &x, q: &q, attn: &layer.attn, key_pe: &self.key_pe, train, episodes })?;
+            memory.update(&x.detach(), episodes);
             if let Some(a) = out.aux_loss {
                 aux += a;
             }
@@ -221,7 +230,7 @@ impl Model {
     /// layer's memory absorb the block.
     pub fn forward(&self, tokens: &Tensor, mem: &mut Memory, train: bool) -> Result<Forward> {
         let h = self.embed.forward(tokens).dropout(self.cfg.dropout, train); // (b, m, d)
-        let out = self.body.forward(h, mem, train)?;
+        let out = self.body.forward(h, mem, train, None)?;
         Ok(Forward { logits: self.head.forward(&out.h), aux_loss: out.aux_loss })
     }
 }

@@ -90,10 +90,12 @@ impl Agent {
         self.body.after_step();
     }
 
-    /// Runs a block of observations `(b, m, F)` with the memory carried in `mem`.
-    pub fn forward(&self, obs: &Tensor, mem: &mut Memory, train: bool) -> Result<AgentOutput> {
+    /// Runs a block of observations `(b, m, F)` with the memory carried in `mem`;
+    /// `episodes` `(b, m)`, when given, numbers each step's episode, and a step then
+    /// remembers only its own episode (see [`crate::model::memory::AttendInput::episodes`]).
+    pub fn forward(&self, obs: &Tensor, mem: &mut Memory, train: bool, episodes: Option<&Tensor>) -> Result<AgentOutput> {
         let x = self.obs.forward(&obs.to_kind(Kind::Float)); // (b, m, d)
-        let out = self.body.forward(x, mem, train)?;
+        let out = self.body.forward(x, mem, train, episodes)?;
         Ok(AgentOutput {
             logits: self.policy.forward(&out.h),                    // (b, m, 4)
             value: self.value.forward(&out.h).squeeze_dim(-1), // (b, m)

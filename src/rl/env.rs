@@ -7,9 +7,10 @@
 //!   fastest. Cells outside the map read as "block".
 //! - The actions are the four moves. Moving into a block (a wall, or the corridor's
 //!   object) leaves the agent where it is.
-//! - [`Episodes`] steps `B` episodes together. They start together and the batch is
-//!   over when every one of them has ended: an episode that ends early waits, inactive,
-//!   for the others (so that one memory per batch can be reset at episode starts; see
+//! - [`Episodes`] steps `B` episodes together, one per row. Either each row plays
+//!   episodes back to back ([`Episodes::refill`] starts a new one where one has ended),
+//!   or they start together and the batch is over when every one of them has ended: an
+//!   episode that ends early then waits, inactive, for the others (see `rl.reset` and
 //!   `rl::train`). Each episode is drawn from its own random stream, derived from the
 //!   seed and the episode's number, so the same seed gives the same episodes.
 
@@ -277,6 +278,9 @@ pub struct EpisodeStats {
 /// One episode in a batch, with its running figures.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Slot {
+    /// The episode's number (of its random stream), unique within a run.
+    #[serde(default)]
+    pub number: u64,
     /// The episode.
     pub world: World,
     /// Whether it has ended.
@@ -311,14 +315,31 @@ impl Episodes {
 
     /// Starts `batch` new episodes.
     pub fn restart(&mut self, cfg: &Config, batch: usize) -> Result<()> {
-        self.slots = (0..batch)
-            .map(|_| {
-                let mut rng = Rng::derive(self.seed, self.started);
-                self.started += 1;
-                World::new(cfg, &mut rng).map(|world| Slot { world, done: false, ret: 0.0, length: 0 })
-            })
-            .collect::<Result<_>>()?;
+        self.slots = (0..batch).map(|_| self.next_episode(cfg)).collect::<Result<_>>()?;
         Ok(())
+    }
+
+    /// Starts a new episode in every row whose episode has ended.
+    pub fn refill(&mut self, cfg: &Config) -> Result<()> {
+        for i in 0..self.slots.len() {
+            if self.slots[i].done {
+                self.slots[i] = self.next_episode(cfg)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The next episode of the streams.
+    fn next_episode(&mut self, cfg: &Config) -> Result<Slot> {
+        let number = self.started;
+        self.started += 1;
+        let world = World::new(cfg, &mut Rng::derive(self.seed, number))?;
+        Ok(Slot { number, world, done: false, ret: 0.0, length: 0 })
+    }
+
+    /// The number of each row's episode, as a `(B)` list for the memory's episode masks.
+    pub fn numbers(&self) -> Vec<i64> {
+        self.slots.iter().map(|s| s.number as i64).collect()
     }
 
     /// Whether every episode of the batch has ended.
@@ -461,5 +482,24 @@ mod tests {
         assert_eq!(ended, vec![EpisodeStats { ret: 0.0, length: 3, success: false, rooms: 0, informed: 0, recalled: 0 }]);
         assert!(e.all_done());
         assert!(e.observe(FIXED_WORDS).iter().all(|&v| v == 0.0), "ended episodes read as zeros");
+    }
+
+    #[test]
+    fn refill_starts_the_next_episode_only_where_one_has_ended() {
+        let cfg = corridor_config(2, 2, 3);
+        let mut e = Episodes::new(&cfg, 3, 1).unwrap();
+        assert_eq!(e.numbers(), vec![0, 1, 2]);
+        // Slot 1 reaches the step limit first: it alone ends.
+        e.slots[1].length = 2;
+        let (o, _) = e.step(&[Action::Left; 3]);
+        assert_eq!(o.iter().map(|o| o.done).collect::<Vec<_>>(), vec![false, true, false]);
+        let kept = [e.slots[0].clone(), e.slots[2].clone()];
+        e.refill(&cfg).unwrap();
+        assert_eq!(e.numbers(), vec![0, 3, 2], "row 1 plays episode 3, the next of the streams");
+        assert_eq!([e.slots[0].clone(), e.slots[2].clone()], kept, "running episodes are untouched");
+        let fresh = &e.slots[1];
+        assert!(!fresh.done && fresh.length == 0 && fresh.ret == 0.0);
+        assert_eq!(fresh.world, World::new(&cfg, &mut Rng::derive(1, 3)).unwrap(), "drawn from its own stream");
+        assert!(!e.all_done());
     }
 }

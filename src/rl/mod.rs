@@ -35,11 +35,28 @@ pub struct RlConfig {
     pub value_coef: f64,
     /// Episodes played at each evaluation (rounded up to whole batches). Default 256.
     pub eval_episodes: usize,
+    /// When the memory is reset in training. Default `episode`.
+    pub reset: Reset,
+}
+
+/// When an actor-critic run resets the memory of a row of its batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Reset {
+    /// At every episode's end (the paper's rule): each row of the batch plays episodes
+    /// back to back, a new one starting at the step after the last one ended, and a
+    /// position sees only memories of its own episode. Needs a mechanism that keeps
+    /// episodes apart: fixed, adaptive or expire.
+    Episode,
+    /// When the batch's last episode ends: the batch's episodes start together with an
+    /// empty memory, and those that end early wait, idle, for the others. Works with
+    /// every mechanism, at the price of the idle steps.
+    Batch,
 }
 
 impl Default for RlConfig {
     fn default() -> Self {
-        RlConfig { gamma: 0.99, entropy_coef: 5e-4, value_coef: 0.5, eval_episodes: 256 }
+        RlConfig { gamma: 0.99, entropy_coef: 5e-4, value_coef: 0.5, eval_episodes: 256, reset: Reset::Episode }
     }
 }
 

@@ -15,11 +15,22 @@
 //! 3. Discounted returns bootstrapped from the critic, the actor-critic loss ([`a2c`])
 //!    plus the memories' auxiliary losses, clipping and one optimiser step.
 //!
-//! **Episodes and memory resets.** The episodes of a batch start together, each with an
-//! empty memory; an episode that ends waits, its steps masked out of the loss, until
-//! the batch's last episode has ended (or hit `max_steps`); then a new batch starts and
-//! the memory is reset. Every episode thus starts with an empty memory, and no memory
-//! holds two episodes; the price is the idle time of episodes that end early.
+//! **Episodes and memory resets** (`rl.reset`). Every episode starts with an empty
+//! memory, in one of two ways:
+//!
+//! - `episode` (default, the paper's rule): each row of the batch plays episodes back
+//!   to back, a new one starting at the step after one ends. Every step carries its
+//!   episode's number, and the memory lets a step see only states of its own episode
+//!   (`AttendInput::episodes`), in acting and in learning alike, so each row's memory
+//!   is in effect reset where its episode ends, even in the middle of a window. No
+//!   step is idle. Needs a mechanism that keeps episodes apart (fixed, adaptive,
+//!   expire).
+//! - `batch`: the episodes of a batch start together; one that ends waits, its steps
+//!   masked out of the loss, until the batch's last episode has ended (or hit
+//!   `max_steps`); then a new batch starts and the whole memory is reset. Works with
+//!   every mechanism; the price is the idle time of episodes that end early.
+//!
+//! Evaluation ([`play`]) always plays whole batches from an empty memory.
 //!
 //! Actions are sampled with lethe's own generator, which is saved in checkpoints with
 //! the episodes in progress and the memory, so a resumed run repeats a straight one.
@@ -34,6 +45,7 @@ use super::a2c::{self, Rollout};
 use super::agent::Agent;
 use super::env::{observation_size, vocabulary, Action, EpisodeStats, Episodes, Outcome};
 use crate::checkpoint::{self, Checkpoint, TrainState};
+use super::Reset;
 use crate::config::{Config, Source};
 use crate::data::stream::DataState;
 use crate::error::{LetheError, Result, TorchContext};
@@ -242,30 +254,37 @@ impl<'a> Run<'a> {
     }
 
     /// Plays up to `train.block` steps of the batch, carrying the memory. Returns the
-    /// rollout and the observations before each step and after the last, each `B x F`.
-    fn act(&mut self, w: &mut Window) -> Result<(Rollout, Vec<Vec<f32>>)> {
+    /// rollout and the steps' observations (before each step and after the last).
+    fn act(&mut self, w: &mut Window) -> Result<(Rollout, Seen)> {
         let _guard = tch::no_grad_guard();
         let vocab = vocabulary(self.cfg);
-        let mut obs = vec![self.state.episodes.observe(vocab)];
+        let per_episode = self.cfg.rl.reset == Reset::Episode;
+        if per_episode {
+            self.state.episodes.refill(self.cfg)?;
+        }
+        let mut seen = Seen::default();
+        seen.push(&self.state.episodes, vocab, per_episode);
         let mut rollout = Rollout::default();
         for _ in 0..self.cfg.train.block {
-            let last = obs.last().map(Vec::as_slice).unwrap_or_default();
-            let probs = policy(&self.agent, last, &mut self.mem)?;
+            let probs = policy(&self.agent, &seen, &mut self.mem)?;
             let active: Vec<bool> = self.state.episodes.slots.iter().map(|s| !s.done).collect();
             let actions = sample(&probs, &active, &mut self.state.rng);
             let (outcomes, ended) = self.state.episodes.step(&actions.iter().map(|&a| Action::from_index(a as usize)).collect::<Vec<_>>());
+            if per_episode {
+                self.state.episodes.refill(self.cfg)?;
+            }
             w.mem.add(&self.mem);
             let running = active.iter().filter(|&&a| a).count() as u64;
             w.env_steps += running;
             self.env_steps += running;
             w.episodes.extend(ended);
             record(&mut rollout, actions, &outcomes, active);
-            obs.push(self.state.episodes.observe(vocab));
+            seen.push(&self.state.episodes, vocab, per_episode);
             if self.state.episodes.all_done() {
                 break;
             }
         }
-        Ok((rollout, obs))
+        Ok((rollout, seen))
     }
 }
 
@@ -290,8 +309,8 @@ impl Looped for Run<'_> {
             self.mem.reset();
         }
         let start = snapshot(&self.mem);
-        let (rollout, obs) = self.act(w)?;
-        let figures = learn(&self.agent, &mut self.opt, &start, &rollout, &obs, self.cfg, lr)?;
+        let (rollout, seen) = self.act(w)?;
+        let figures = learn(&self.agent, &mut self.opt, &start, &rollout, &seen, self.cfg, lr)?;
         for value in [figures.loss, figures.grad_norm] {
             if !value.is_finite() {
                 return Err(LetheError::NonFiniteLoss { step: self.step + 1, value, last_checkpoint: self.last_checkpoint, dir: self.dir.clone() });
@@ -371,12 +390,40 @@ fn snapshot(mem: &Memory) -> Vec<(String, Tensor)> {
     mem.state().into_iter().map(|(n, t)| (n, t.copy())).collect()
 }
 
-/// The policy's action probabilities `B x 4` for one observation per episode (`B x F`,
-/// flattened), as the memory absorbs it.
-fn policy(agent: &Agent, obs: &[f32], mem: &mut Memory) -> Result<Vec<f32>> {
+/// The observations of a window, step by step: before each step and after the last.
+#[derive(Default)]
+struct Seen {
+    /// `B x F` each, flattened.
+    obs: Vec<Vec<f32>>,
+    /// The episode number of each row, `B` each; empty when the memory is reset by
+    /// batch (`rl.reset = "batch"`).
+    episodes: Vec<Vec<i64>>,
+}
+
+impl Seen {
+    /// Adds what the batch `episodes` shows now, with their numbers if `numbered`.
+    fn push(&mut self, episodes: &Episodes, vocab: usize, numbered: bool) {
+        self.obs.push(episodes.observe(vocab));
+        if numbered {
+            self.episodes.push(episodes.numbers());
+        }
+    }
+
+    /// Observations `(b, t, F)` and, if numbered, episodes `(b, t)` of steps `from..from + t`.
+    fn tensors(&self, from: usize, t: usize, f: i64, device: tch::Device) -> (Tensor, Option<Tensor>) {
+        let obs = Tensor::from_slice(&self.obs[from..from + t].concat()).view([t as i64, -1, f]).transpose(0, 1); // (b, t, F)
+        let episodes = (!self.episodes.is_empty())
+            .then(|| Tensor::from_slice(&self.episodes[from..from + t].concat()).view([t as i64, -1]).transpose(0, 1)); // (b, t)
+        (obs.to_device(device), episodes.map(|e| e.to_device(device)))
+    }
+}
+
+/// The policy's action probabilities `B x 4` for the last observation of `seen`, as the
+/// memory absorbs it.
+fn policy(agent: &Agent, seen: &Seen, mem: &mut Memory) -> Result<Vec<f32>> {
     let f = observation_size(&agent.config) as i64;
-    let x = Tensor::from_slice(obs).view([-1, 1, f]).to_device(agent.device()); // (b, 1, F)
-    let out = agent.forward(&x, mem, false)?;
+    let (x, episodes) = seen.tensors(seen.obs.len() - 1, 1, f, agent.device()); // (b, 1, F), (b, 1)
+    let out = agent.forward(&x, mem, false, episodes.as_ref())?;
     let probs = out.logits.softmax(-1, Kind::Float).view([-1]).to_device(tch::Device::Cpu);
     Vec::<f32>::try_from(&probs).torch("reading the policy")
 }
@@ -419,21 +466,22 @@ impl Learned {
     }
 }
 
-/// Runs the window's observations `obs` (`T + 1` of `B x F`) again with gradient, from
+/// Runs the window's observations `seen` (`T + 1` steps) again with gradient, from
 /// the memory state `start`, and takes one optimiser step on the actor-critic loss
 /// (skipped when the loss or the gradient is not finite).
-fn learn(agent: &Agent, opt: &mut Optimiser, start: &[(String, Tensor)], rollout: &Rollout, obs: &[Vec<f32>], cfg: &Config, lr: f64) -> Result<Learned> {
+fn learn(agent: &Agent, opt: &mut Optimiser, start: &[(String, Tensor)], rollout: &Rollout, seen: &Seen, cfg: &Config, lr: f64) -> Result<Learned> {
     let mut mem = agent.new_memory();
     mem.load_state(start)?;
-    let (steps, f) = (obs.len() as i64, observation_size(cfg) as i64);
-    let x = Tensor::from_slice(&obs.concat()).view([steps, -1, f]).transpose(0, 1).to_device(agent.device()); // (b, T+1, F)
+    let (steps, f) = (seen.obs.len() as i64, observation_size(cfg) as i64);
+    let (x, episodes) = seen.tensors(0, steps as usize, f, agent.device()); // (b, T+1, F), (b, T+1)
     let chunk = cfg.train.block.min(cfg.memory.span).max(1) as i64;
     let (mut logits, mut values) = (vec![], vec![]);
     let mut aux = Tensor::zeros([], (Kind::Float, agent.device()));
     let mut at = 0;
     while at < steps {
         let len = chunk.min(steps - at);
-        let out = agent.forward(&x.narrow(1, at, len), &mut mem, true)?;
+        let block_episodes = episodes.as_ref().map(|e| e.narrow(1, at, len));
+        let out = agent.forward(&x.narrow(1, at, len), &mut mem, true, block_episodes.as_ref())?;
         logits.push(out.logits);
         values.push(out.value);
         aux += out.aux_loss;
@@ -477,7 +525,9 @@ pub fn play(agent: &Agent, episodes: usize, seed: u64, watch: &mut Watch) -> Res
         }
         let mut mem = agent.new_memory();
         while !batch_eps.all_done() {
-            let probs = policy(agent, &batch_eps.observe(vocab), &mut mem)?;
+            let mut now = Seen::default();
+            now.push(&batch_eps, vocab, false);
+            let probs = policy(agent, &now, &mut mem)?;
             let active: Vec<bool> = batch_eps.slots.iter().map(|s| !s.done).collect();
             let actions: Vec<Action> = sample(&probs, &active, &mut rng).into_iter().map(|a| Action::from_index(a as usize)).collect();
             let (outcomes, ended) = batch_eps.step(&actions);

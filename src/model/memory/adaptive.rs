@@ -65,28 +65,41 @@ impl MemoryLayer for AdaptiveSpan {
 
     fn attend(&mut self, input: &AttendInput) -> Result<AttendOutput> {
         let m = input.x.size()[1];
-        let WindowKeys { k, v, dist, visible, cached } = self.window.keys(input, self.max_span);
-        let scores = window_scores(input.q, &k, input.key_pe, cached); // (b, h, m, n)
+        let WindowKeys { k, v, dist, visible, cached, same } = self.window.keys(input, self.max_span);
+        let mut scores = window_scores(input.q, &k, input.key_pe, cached); // (b, h, m, n)
         let z = self.z.to_kind(scores.kind());
         let mask = span_mask(&z, &dist, self.max_span as f64, self.cfg.ramp as f64) * visible.to_kind(scores.kind()); // (h, m, n)
+        let mask = match &same {
+            Some(same) => {
+                // Other episodes out of the softmax too, so that its normalisation is a fresh memory's.
+                let _ = scores.masked_fill_(&same.logical_not().unsqueeze(1), f64::NEG_INFINITY);
+                mask.unsqueeze(0) * same.unsqueeze(1).to_kind(scores.kind()) // (b, h, m, n)
+            }
+            None => mask.unsqueeze(0), // (1, h, m, n)
+        };
         let probs = scores.softmax(-1, scores.kind()); // masked: -inf where not visible
-        let probs = &probs * mask.unsqueeze(0); // (b, h, m, n)
+        let probs = &probs * &mask; // (b, h, m, n)
         let probs = &probs / (probs.sum_dim_intlist([-1i64].as_slice(), true, probs.kind()) + 1e-8);
         let context = probs.dropout(input.attn.dropout, input.train).matmul(&v); // (b, h, m, dh)
-        let earlier = mask.gt(0.0).logical_and(&dist.ge(1).unsqueeze(0));
-        self.last_mem_size = earlier.to_kind(Kind::Float).sum(Kind::Double).double_value(&[]) / (z.size()[0] * m) as f64;
+        let earlier = mask.gt(0.0).logical_and(&dist.ge(1));
+        let queries = mask.size()[0] * z.size()[0] * m;
+        self.last_mem_size = earlier.to_kind(Kind::Float).sum(Kind::Double).double_value(&[]) / queries as f64;
         let aux = (input.train && self.cfg.loss_coef > 0.0).then(|| z.mean(z.kind()) * (self.cfg.loss_coef * self.max_span as f64));
         Ok(AttendOutput { context, aux_loss: aux, added: None })
     }
 
-    fn update(&mut self, x: &Tensor) {
+    fn update(&mut self, x: &Tensor, episodes: Option<&Tensor>) {
         let max_ratio = self.ratios().into_iter().fold(0.0, f64::max);
         let keep = cache_size(max_ratio, self.max_span, self.cfg.ramp as i64);
-        self.window.append(x, keep);
+        self.window.append(x, episodes, keep);
     }
 
     fn reset(&mut self) {
         self.window.reset();
+    }
+
+    fn separates_episodes(&self) -> bool {
+        true
     }
 
     fn report(&self) -> MemoryReport {

@@ -26,10 +26,13 @@
 //!   official code (drop the batch minimum of leading dead memories, rounded down to a
 //!   multiple of the block); `off` keeps the last `L + R` positions, beyond which no
 //!   memory can be seen, so it is the exact reference the other two must match.
+//! - Episodes ([`AttendInput::episodes`]): a query sees only memories of its own
+//!   episode, and (under `stream` and `batch`) memories of an episode that has ended in
+//!   a row are deleted at the block's end, as a reset of that row would.
 
 use tch::{nn, Kind, Tensor};
 
-use super::{AttendInput, AttendOutput, MemoryLayer, MemoryReport};
+use super::{same_episode, with_cached_episodes, AttendInput, AttendOutput, MemoryLayer, MemoryReport};
 use crate::config::{Deletion, ExpireConfig};
 use crate::error::{LetheError, Result};
 
@@ -78,6 +81,8 @@ struct Cache {
     states: Tensor,  // (b, c, d)
     counter: Tensor, // (b, c) float
     valid: Tensor,   // (b, c) bool
+    /// The episode of each memory `(b, c)` (int64), when the stream has episodes.
+    episode: Option<Tensor>,
 }
 
 #[derive(Clone, Default)]
@@ -136,6 +141,12 @@ impl ExpireSpan {
                 Tensor::cat(&[&c.valid, &block_valid], 1),
             ),
         }
+    }
+
+    /// Episodes `(b, n)` of `[cache, block]`, given the block's `(b, m)`, if any.
+    fn episodes_of(&self, block: Option<&Tensor>) -> Option<Tensor> {
+        let cached = self.state.as_ref().and_then(|c| c.episode.as_ref());
+        block.map(|e| with_cached_episodes(cached, self.cached_len(), e))
     }
 
     /// Spans as used by the mask: noisy shortening in training, the cap at inference.
@@ -227,7 +238,12 @@ impl MemoryLayer for ExpireSpan {
         let e = self.effective_spans(&spans, input.train);
         let (remaining, dist) = remaining(&e, &counter, m); // (b, m, n) each
         let mask = soft_mask(&remaining, self.cfg.ramp as f64).to_kind(states.kind()); // (b, m, n)
-        let visible = valid.unsqueeze(1).logical_and(&dist.ge(0.0)).logical_and(&mask.gt(0.0)); // (b, m, n)
+        // Memories of the query's episode that hold a state: (b, 1, n), or (b, m, n) with episodes.
+        let usable = match (input.episodes, self.episodes_of(input.episodes)) {
+            (Some(block), Some(all)) => valid.unsqueeze(1).logical_and(&same_episode(block, &all)),
+            _ => valid.unsqueeze(1),
+        };
+        let visible = usable.logical_and(&dist.ge(0.0)).logical_and(&mask.gt(0.0)); // (b, m, n)
 
         let (k, v) = input.attn.keys_values(&states); // (b, h, n, dh)
         // Scaled queries, and the scores summed and masked in place (as in attention::window_scores).
@@ -241,12 +257,12 @@ impl MemoryLayer for ExpireSpan {
         let context = probs.dropout(input.attn.dropout, input.train).matmul(&v); // (b, h, m, dh)
 
         let aux = (self.cfg.alpha > 0.0 && input.train)
-            .then(|| ramp_loss(&remaining.where_self(&valid.unsqueeze(1), &remaining.zeros_like()), &mask, self.cfg.ramp as f64, m, self.cfg.alpha));
+            .then(|| ramp_loss(&remaining.where_self(&usable, &remaining.zeros_like()), &mask, self.cfg.ramp as f64, m, self.cfg.alpha));
         self.record_stats(&spans.detach(), &valid, &visible, &dist);
         Ok(AttendOutput { context, aux_loss: aux, added: None })
     }
 
-    fn update(&mut self, x: &Tensor) {
+    fn update(&mut self, x: &Tensor, episodes: Option<&Tensor>) {
         let (b, m, _) = x.size3().expect("block must be (b, m, d)");
         // The same block as the last `attend` (an equal pointer to storage the clone
         // keeps alive is the same tensor): reuse its concatenation.
@@ -257,7 +273,12 @@ impl MemoryLayer for ExpireSpan {
             Some(s) if s.size() == counter_next.size() => s,
             _ => self.spans(&states).detach(),
         };
-        let keep = self.keep(&spans, &counter_next, &valid, m);
+        let mut keep = self.keep(&spans, &counter_next, &valid, m);
+        let ids = self.episodes_of(episodes); // (b, n)
+        if let (Some(ids), Some(block), false) = (&ids, episodes, self.cfg.deletion == Deletion::Off) {
+            // Only the row's current episode can be seen again: the others are deleted.
+            keep = keep.logical_and(&ids.eq_tensor(&block.narrow(1, m - 1, 1)));
+        }
         self.state = Some(match self.cfg.deletion {
             Deletion::Stream => {
                 let (index, new_valid) = compact_per_stream(&keep);
@@ -267,6 +288,7 @@ impl MemoryLayer for ExpireSpan {
                     states: states.gather(1, &index.unsqueeze(-1).expand([b, c, d], false), false),
                     counter: counter_next.gather(1, &index, false),
                     valid: new_valid,
+                    episode: ids.map(|e| e.gather(1, &index, false)),
                 }
             }
             Deletion::Batch | Deletion::Off => {
@@ -278,6 +300,7 @@ impl MemoryLayer for ExpireSpan {
                     counter: narrow(&counter_next),
                     // As in the official code, memories that are not dropped stay usable.
                     valid: narrow(&valid),
+                    episode: ids.as_ref().map(narrow),
                 }
             }
         });
@@ -287,6 +310,10 @@ impl MemoryLayer for ExpireSpan {
         self.state = None;
         self.pending_spans = None;
         self.pending_states = None;
+    }
+
+    fn separates_episodes(&self) -> bool {
+        true
     }
 
     fn report(&self) -> MemoryReport {
@@ -302,11 +329,15 @@ impl MemoryLayer for ExpireSpan {
     fn state(&self) -> Vec<(String, Tensor)> {
         match &self.state {
             None => vec![],
-            Some(c) => vec![
-                ("cache".into(), c.states.shallow_clone()),
-                ("counter".into(), c.counter.shallow_clone()),
-                ("valid".into(), c.valid.to_kind(Kind::Int64)),
-            ],
+            Some(c) => {
+                let mut out = vec![
+                    ("cache".into(), c.states.shallow_clone()),
+                    ("counter".into(), c.counter.shallow_clone()),
+                    ("valid".into(), c.valid.to_kind(Kind::Int64)),
+                ];
+                out.extend(c.episode.iter().map(|e| ("episode".to_string(), e.shallow_clone())));
+                out
+            }
         }
     }
 
@@ -321,7 +352,9 @@ impl MemoryLayer for ExpireSpan {
             })
         };
         let (states, counter, valid) = (find("cache")?, find("counter")?, find("valid")?);
-        if states.dim() != 3 || counter.size() != states.size()[..2] || valid.size() != counter.size() {
+        let episode = find("episode").ok().map(|e| e.to_kind(Kind::Int64));
+        let bad_episode = episode.as_ref().is_some_and(|e| e.size() != counter.size());
+        if states.dim() != 3 || counter.size() != states.size()[..2] || valid.size() != counter.size() || bad_episode {
             return Err(LetheError::Invalid(format!(
                 "expire-span memory: inconsistent state shapes {:?}, {:?}, {:?}",
                 states.size(),
@@ -329,7 +362,7 @@ impl MemoryLayer for ExpireSpan {
                 valid.size()
             )));
         }
-        self.state = Some(Cache { states, counter: counter.to_kind(Kind::Float), valid: valid.ne(0) });
+        self.state = Some(Cache { states, counter: counter.to_kind(Kind::Float), valid: valid.ne(0), episode });
         Ok(())
     }
 
@@ -392,17 +425,17 @@ mod tests {
         for _ in 0..6 {
             let x = Tensor::randn([2, 4, 8], (Kind::Float, tch::Device::Cpu));
             let q = attn.queries(&x);
-            attended.attend(&AttendInput { x: &x, q: &q, attn: &attn, key_pe: &key_pe, train: false }).unwrap();
-            attended.update(&x.detach());
-            plain.update(&x);
+            attended.attend(&AttendInput { x: &x, q: &q, attn: &attn, key_pe: &key_pe, train: false, episodes: None }).unwrap();
+            attended.update(&x.detach(), None);
+            plain.update(&x, None);
             let (a, b) = (states(&attended), states(plain.as_ref()));
             assert!(!a.is_empty() && a.len() == b.len() && a.iter().zip(&b).all(|(a, b)| a.equal(b)));
         }
         let (keyed, other) = (Tensor::randn([2, 4, 8], (Kind::Float, tch::Device::Cpu)), Tensor::randn([2, 4, 8], (Kind::Float, tch::Device::Cpu)));
         let q = attn.queries(&keyed);
-        attended.attend(&AttendInput { x: &keyed, q: &q, attn: &attn, key_pe: &key_pe, train: false }).unwrap();
-        attended.update(&other);
-        plain.update(&other);
+        attended.attend(&AttendInput { x: &keyed, q: &q, attn: &attn, key_pe: &key_pe, train: false, episodes: None }).unwrap();
+        attended.update(&other, None);
+        plain.update(&other, None);
         let (a, b) = (states(&attended), states(plain.as_ref()));
         assert!(a.iter().zip(&b).all(|(a, b)| a.equal(b)));
     }

@@ -6,12 +6,15 @@
 //! lethe lets a query attend to itself (the official adaptive/expire-span code excludes
 //! it); with that choice the first block of a stream needs no placeholder memories, so
 //! the cache starts empty rather than with `M` zero vectors.
+//!
+//! When the rows are episodes that follow each other ([`AttendInput::episodes`]), the
+//! cache keeps the episode of every state, and a query sees only its own episode's.
 
 use std::collections::HashMap;
 
 use tch::Tensor;
 
-use super::{AttendInput, AttendOutput, MemoryLayer, MemoryReport};
+use super::{same_episode, with_cached_episodes, AttendInput, AttendOutput, MemoryLayer, MemoryReport};
 use crate::error::{LetheError, Result};
 use crate::model::attention::{mix, window, window_scores};
 
@@ -40,12 +43,16 @@ impl MemoryLayer for FixedSpan {
         Ok(AttendOutput { context, aux_loss: None, added: None })
     }
 
-    fn update(&mut self, x: &Tensor) {
-        self.window.append(x, self.span);
+    fn update(&mut self, x: &Tensor, episodes: Option<&Tensor>) {
+        self.window.append(x, episodes, self.span);
     }
 
     fn reset(&mut self) {
         self.window.reset();
+    }
+
+    fn separates_episodes(&self) -> bool {
+        true
     }
 
     fn report(&self) -> MemoryReport {
@@ -101,6 +108,8 @@ const MAX_WINDOW_SHAPES: usize = 4;
 #[derive(Default)]
 pub(super) struct WindowCache {
     cache: Option<Tensor>,
+    /// The episode of each cached state `(b, cached)`, when the stream has episodes.
+    episodes: Option<Tensor>,
     windows: HashMap<(i64, i64), (Tensor, Tensor)>,
     /// The last block given to [`WindowCache::keys`] and `[cache, block]` as built
     /// there (detached), so that [`WindowCache::append`] of the same block reuses the
@@ -120,6 +129,8 @@ pub(super) struct WindowKeys {
     pub visible: Tensor,
     /// Cached states before the block.
     pub cached: i64,
+    /// Which keys are of the query's own episode, `(b, m, n)`, when there are episodes.
+    pub same: Option<Tensor>,
 }
 
 impl WindowCache {
@@ -141,7 +152,8 @@ impl WindowCache {
             self.windows.clear();
         }
         let (dist, visible) = self.windows.entry((cached, m)).or_insert_with(|| window(cached, m, span, device));
-        WindowKeys { k, v, dist: dist.shallow_clone(), visible: visible.shallow_clone(), cached }
+        let same = input.episodes.map(|e| same_episode(e, &with_cached_episodes(self.episodes.as_ref(), cached, e)));
+        WindowKeys { k, v, dist: dist.shallow_clone(), visible: visible.shallow_clone(), cached, same }
     }
 
     /// Attention of the block of `input` over the window, each query seeing itself and
@@ -150,16 +162,26 @@ impl WindowCache {
     pub fn attend(&mut self, input: &AttendInput, span: i64) -> (Tensor, f64) {
         let m = input.x.size()[1];
         let w = self.keys(input, span);
-        let scores = window_scores(input.q, &w.k, input.key_pe, w.cached); // (b, h, m, n)
+        let mut scores = window_scores(input.q, &w.k, input.key_pe, w.cached); // (b, h, m, n)
+        let mem_size = match &w.same {
+            None => window_mem_size(w.cached, m, span),
+            Some(same) => {
+                let _ = scores.masked_fill_(&same.logical_not().unsqueeze(1), f64::NEG_INFINITY);
+                let earlier = w.visible.logical_and(same).logical_and(&w.dist.ge(1)); // (b, m, n)
+                earlier.to_kind(tch::Kind::Float).sum(tch::Kind::Double).double_value(&[]) / (same.size()[0] * m) as f64
+            }
+        };
         let context = mix(&scores, &w.v, input.attn.dropout, input.train);
-        (context, window_mem_size(w.cached, m, span))
+        (context, mem_size)
     }
 
-    /// Appends the block `x` `(b, m, d)` and keeps the last `keep` states. Returns the
-    /// states that left the window, oldest first, if any.
+    /// Appends the block `x` `(b, m, d)`, with its positions' episodes `(b, m)` when the
+    /// stream has episodes, and keeps the last `keep` states. Returns the states that
+    /// left the window, oldest first, if any.
     /// The cache may be a view of the last concatenation (no copy); the next block's
     /// concatenation copies it once.
-    pub fn append(&mut self, x: &Tensor, keep: i64) -> Option<Tensor> {
+    pub fn append(&mut self, x: &Tensor, episodes: Option<&Tensor>, keep: i64) -> Option<Tensor> {
+        self.episodes = episodes.map(|e| keep_last(with_cached_episodes(self.episodes.as_ref(), self.len(), e), keep));
         let all = match self.last.take() {
             // The block the keys were built for (the same storage, kept alive by the
             // clone, so an equal pointer is the same tensor): its concatenation is `all`.
@@ -189,22 +211,24 @@ impl WindowCache {
     /// Empties the window.
     pub fn reset(&mut self) {
         self.cache = None;
+        self.episodes = None;
         self.last = None;
     }
 
-    /// The saved state: the cache, if any (contiguous).
+    /// The saved state: the cache, if any (contiguous), and its episodes, if any.
     pub fn state(&self) -> Vec<(String, Tensor)> {
-        self.cache.iter().map(|c| ("cache".to_string(), c.contiguous())).collect()
+        let cache = self.cache.iter().map(|c| ("cache".to_string(), c.contiguous()));
+        cache.chain(self.episodes.iter().map(|e| ("episode".to_string(), e.contiguous()))).collect()
     }
 
     /// Restores a state saved by [`WindowCache::state`], of at most `max` states; `what`
     /// names the memory in errors.
     pub fn load_state(&mut self, state: &[(String, Tensor)], max: i64, what: &str) -> Result<()> {
-        self.cache = None;
-        self.last = None;
+        self.reset();
         for (name, t) in state {
             match name.as_str() {
                 "cache" if t.dim() == 3 && t.size()[1] <= max => self.cache = Some(t.shallow_clone()),
+                "episode" if t.dim() == 2 && t.size()[1] <= max => self.episodes = Some(t.to_kind(tch::Kind::Int64)),
                 _ => {
                     return Err(LetheError::Invalid(format!(
                         "{what} memory: unexpected state `{name}` of shape {:?}",
@@ -213,7 +237,15 @@ impl WindowCache {
                 }
             }
         }
-        Ok(())
+        match (&self.cache, &self.episodes) {
+            (Some(c), Some(e)) if e.size() != c.size()[..2] => Err(LetheError::Invalid(format!(
+                "{what} memory: episodes of shape {:?} for a cache of shape {:?}",
+                e.size(),
+                c.size()
+            ))),
+            (None, Some(_)) => Err(LetheError::Invalid(format!("{what} memory: episodes saved without a cache"))),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -234,9 +266,9 @@ mod tests {
         for _ in 0..5 {
             let x = Tensor::randn([2, 3, 4], (tch::Kind::Float, tch::Device::Cpu));
             let q = attn.queries(&x);
-            reused.keys(&AttendInput { x: &x, q: &q, attn: &attn, key_pe: &key_pe, train: false }, 7);
-            let a = reused.append(&x.detach(), 7);
-            let b = plain.append(&x, 7);
+            reused.keys(&AttendInput { x: &x, q: &q, attn: &attn, key_pe: &key_pe, train: false, episodes: None }, 7);
+            let a = reused.append(&x.detach(), None, 7);
+            let b = plain.append(&x, None, 7);
             assert_eq!(a.is_some(), b.is_some());
             assert!(reused.cache.as_ref().unwrap().equal(plain.cache.as_ref().unwrap()));
             assert!(reused.state()[0].1.is_contiguous());
@@ -245,8 +277,8 @@ mod tests {
         let keyed = Tensor::randn([2, 3, 4], (tch::Kind::Float, tch::Device::Cpu));
         let other = Tensor::randn([2, 3, 4], (tch::Kind::Float, tch::Device::Cpu));
         let q = attn.queries(&keyed);
-        reused.keys(&AttendInput { x: &keyed, q: &q, attn: &attn, key_pe: &key_pe, train: false }, 7);
-        reused.append(&other, 7);
+        reused.keys(&AttendInput { x: &keyed, q: &q, attn: &attn, key_pe: &key_pe, train: false, episodes: None }, 7);
+        reused.append(&other, None, 7);
         assert!(reused.cache.as_ref().unwrap().narrow(1, 4, 3).equal(&other));
     }
 
@@ -261,10 +293,10 @@ mod tests {
         for _ in 0..20 {
             let x = Tensor::ones([1, 2, 4], (tch::Kind::Float, tch::Device::Cpu));
             let q = attn.queries(&x);
-            let input = AttendInput { x: &x, q: &q, attn: &attn, key_pe: &key_pe, train: false };
+            let input = AttendInput { x: &x, q: &q, attn: &attn, key_pe: &key_pe, train: false, episodes: None };
             let keys = w.keys(&input, 64);
             assert_eq!(keys.visible.size(), vec![2, keys.cached + 2]);
-            w.append(&x, 64);
+            w.append(&x, None, 64);
             assert!(w.windows.len() <= MAX_WINDOW_SHAPES, "{} mask shapes kept", w.windows.len());
         }
     }

@@ -335,8 +335,8 @@ impl MemoryLayer for InfinityMemory {
         Ok(AttendOutput { context, aux_loss, added })
     }
 
-    fn update(&mut self, x: &Tensor) {
-        if let Some(left) = self.window.append(x, self.span) {
+    fn update(&mut self, x: &Tensor, _episodes: Option<&Tensor>) {
+        if let Some(left) = self.window.append(x, None, self.span) {
             self.incoming = Some(concat_time(self.incoming.as_ref(), &left));
         }
     }

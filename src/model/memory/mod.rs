@@ -39,6 +39,11 @@ pub struct AttendInput<'a> {
     pub key_pe: &'a Tensor,
     /// Training mode: dropout and training-only regularisers are on.
     pub train: bool,
+    /// The episode of each position `(b, m)` (int64), when the streams are episodes that
+    /// follow each other in a row (reinforcement learning, `rl.reset = "episode"`): a
+    /// query then sees only states of its own episode, as if the memory had been reset
+    /// where its episode began. None: one unbroken stream per row.
+    pub episodes: Option<&'a Tensor>,
 }
 
 /// What a layer's memory returns for one block.
@@ -96,11 +101,19 @@ pub trait MemoryLayer: Send {
     /// Attention of the block over the memory and the block itself.
     fn attend(&mut self, input: &AttendInput) -> Result<AttendOutput>;
 
-    /// Absorbs the block `x` `(b, m, d)` (already detached) and forgets what expires.
-    fn update(&mut self, x: &Tensor);
+    /// Absorbs the block `x` `(b, m, d)` (already detached), with the episode of each
+    /// position when there are episodes (as in [`AttendInput::episodes`]), and forgets
+    /// what expires.
+    fn update(&mut self, x: &Tensor, episodes: Option<&Tensor>);
 
     /// Empties the memory (start of a stream).
     fn reset(&mut self);
+
+    /// Whether the mechanism keeps episodes apart within a row
+    /// ([`AttendInput::episodes`]). Default: no; the backbone refuses episodes then.
+    fn separates_episodes(&self) -> bool {
+        false
+    }
 
     /// Figures to log.
     fn report(&self) -> MemoryReport;
@@ -145,6 +158,26 @@ pub struct LtmTrace {
     pub first: bool,
     /// The contraction `τ`.
     pub tau: f64,
+}
+
+/// Episode numbers `(b, cached + m)` of `[cache, block]`: those of the cache when it has
+/// them, or else (a cache filled before its stream was numbered) the block's first
+/// episode for every cached state. `block` is `(b, m)`.
+pub(crate) fn with_cached_episodes(cached_ids: Option<&Tensor>, cached: i64, block: &Tensor) -> Tensor {
+    match cached_ids {
+        _ if cached == 0 => block.shallow_clone(),
+        Some(ids) => Tensor::cat(&[ids, block], 1),
+        None => {
+            let b = block.size()[0];
+            Tensor::cat(&[&block.narrow(1, 0, 1).expand([b, cached], false), block], 1)
+        }
+    }
+}
+
+/// Which keys belong to the query's episode: query episodes `(b, m)`, key episodes
+/// `(b, n)`; returns `(b, m, n)` (bool).
+pub fn same_episode(queries: &Tensor, keys: &Tensor) -> Tensor {
+    queries.unsqueeze(2).eq_tensor(&keys.unsqueeze(1))
 }
 
 /// Builds layer memory for `cfg`, creating its parameters (if any) under `p` (the
