@@ -179,3 +179,23 @@ fn a_batch_of_episodes_replays_from_its_seed() {
     }
     assert_eq!(a, b);
 }
+
+/// With `rl.reset = "episode"` every row starts its next episode at once, so every step
+/// of every window is played; with `batch`, rows whose episode has ended wait.
+#[test]
+fn resetting_by_episode_leaves_no_step_idle() {
+    let _rng = common::torch_rng_lock();
+    let env_steps = |reset: lethe::rl::Reset| {
+        let mut cfg = tiny_corridor("idle", 16);
+        (cfg.train.batch, cfg.train.steps, cfg.train.log_every, cfg.rl.eval_episodes) = (8, 6, 6, 8);
+        cfg.rl.reset = reset;
+        let dir = tempfile::tempdir().unwrap();
+        let summary = train(&cfg, &options(dir.path())).unwrap();
+        let metrics = std::fs::read_to_string(summary.run_dir.join("metrics.jsonl")).unwrap();
+        let last = metrics.lines().filter(|l| l.contains("\"split\":\"train\"")).last().unwrap().to_string();
+        serde_json::from_str::<serde_json::Value>(&last).unwrap()["env_steps"].as_u64().unwrap()
+    };
+    assert_eq!(env_steps(lethe::rl::Reset::Episode), 6 * 16 * 8);
+    let together = env_steps(lethe::rl::Reset::Batch);
+    assert!(together < 6 * 16 * 8, "synchronous batches idle: {together} steps played");
+}
