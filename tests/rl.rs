@@ -192,7 +192,7 @@ fn resetting_by_episode_leaves_no_step_idle() {
         let dir = tempfile::tempdir().unwrap();
         let summary = train(&cfg, &options(dir.path())).unwrap();
         let metrics = std::fs::read_to_string(summary.run_dir.join("metrics.jsonl")).unwrap();
-        let last = metrics.lines().filter(|l| l.contains("\"split\":\"train\"")).last().unwrap().to_string();
+        let last = metrics.lines().rfind(|l| l.contains("\"split\":\"train\"")).unwrap().to_string();
         serde_json::from_str::<serde_json::Value>(&last).unwrap()["env_steps"].as_u64().unwrap()
     };
     assert_eq!(env_steps(lethe::rl::Reset::Episode), 6 * 16 * 8);
