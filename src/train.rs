@@ -162,20 +162,11 @@ impl Looped for Run<'_> {
     /// One optimiser step; returns the task loss (nats per scored token).
     fn train_step(&mut self, window: &mut Window) -> Result<f64> {
         let lr = learning_rate(&self.cfg.train, self.step);
-        tch::manual_seed((Rng::derive(self.cfg.seed, self.step as u64).next_u64() >> 1) as i64);
+        seed_step(self.cfg.seed, self.step);
         let batch = self.data.next_batch();
         let s = optimisation_step(&self.lm, &mut self.opt, &mut self.mems, &batch, &self.cfg.train, lr)?;
         let loss = s.nll_sum / s.weight.max(1.0);
-        for value in [loss, s.aux, s.grad_norm] {
-            if !value.is_finite() {
-                return Err(LetheError::NonFiniteLoss {
-                    step: self.step + 1,
-                    value,
-                    last_checkpoint: self.last_checkpoint,
-                    dir: self.dir.clone(),
-                });
-            }
-        }
+        check_finite(&[loss, s.aux, s.grad_norm], self.step + 1, self.last_checkpoint, &self.dir)?;
         self.step += 1;
         self.tokens_seen += (batch.batch * batch.len) as u64;
         window.nll += s.nll_sum;
@@ -378,6 +369,24 @@ pub fn optimisation_step(lm: &Lm, opt: &mut Optimiser, mems: &mut [Memory], batc
     Ok(StepStats { nll_sum, weight, aux, grad_norm })
 }
 
+/// Seeds libtorch's global generator (dropout, Expire-Span's span noise) for step `step`
+/// of a run seeded `seed`, so that a resumed run draws what a straight run does.
+pub(crate) fn seed_step(seed: u64, step: usize) {
+    tch::manual_seed((Rng::derive(seed, step as u64).next_u64() >> 1) as i64);
+}
+
+/// Fails with [`LetheError::NonFiniteLoss`] for the first of `values` (step `step`'s
+/// loss and gradient figures) that is not finite.
+pub(crate) fn check_finite(values: &[f64], step: usize, last_checkpoint: usize, dir: &Path) -> Result<()> {
+    match values.iter().find(|v| !v.is_finite()) {
+        Some(&value) => Err(LetheError::NonFiniteLoss { step, value, last_checkpoint, dir: dir.to_path_buf() }),
+        None => Ok(()),
+    }
+}
+
+/// Creates the run folder `dir` and checks it against `opts`: resuming needs the
+/// checkpoint `ckpt`; a fresh run refuses to replace one without `--overwrite`, and
+/// with it removes the old checkpoint and metrics.
 pub(crate) fn prepare_run_dir(dir: &Path, ckpt: &Path, opts: &TrainOptions) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| LetheError::io(dir, e))?;
     if opts.resume {

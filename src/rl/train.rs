@@ -53,7 +53,7 @@ use crate::metrics::{format_count, format_duration, MetricsLog};
 use crate::model::Memory;
 use crate::optim::{learning_rate, Optimiser};
 use crate::rng::Rng;
-use crate::train::{check_resumable, drive, prepare_run_dir, Looped, TrainOptions};
+use crate::train::{check_finite, check_resumable, drive, prepare_run_dir, seed_step, Looped, TrainOptions};
 
 /// Stream number (of the data seed) of the evaluation episodes, apart from training's.
 const EVAL_STREAM: u64 = 0xE7A1;
@@ -303,7 +303,7 @@ impl Looped for Run<'_> {
     /// One truncation window: act, learn, one optimiser step. Returns the loss.
     fn train_step(&mut self, w: &mut Window) -> Result<f64> {
         let lr = learning_rate(&self.cfg.train, self.step);
-        tch::manual_seed((Rng::derive(self.cfg.seed, self.step as u64).next_u64() >> 1) as i64);
+        seed_step(self.cfg.seed, self.step);
         if self.state.episodes.all_done() {
             self.state.episodes.restart(self.cfg, self.cfg.train.batch)?;
             self.mem.reset();
@@ -311,11 +311,7 @@ impl Looped for Run<'_> {
         let start = snapshot(&self.mem);
         let (rollout, seen) = self.act(w)?;
         let figures = learn(&self.agent, &mut self.opt, &start, &rollout, &seen, self.cfg, lr)?;
-        for value in [figures.loss, figures.grad_norm] {
-            if !value.is_finite() {
-                return Err(LetheError::NonFiniteLoss { step: self.step + 1, value, last_checkpoint: self.last_checkpoint, dir: self.dir.clone() });
-            }
-        }
+        check_finite(&[figures.loss, figures.grad_norm], self.step + 1, self.last_checkpoint, &self.dir)?;
         self.step += 1;
         w.steps += 1;
         w.sums.add(&figures);
