@@ -256,6 +256,16 @@ pub enum Mechanism {
     Infinity,
 }
 
+impl Mechanism {
+    /// Whether the mechanism can keep the episodes of a row apart
+    /// (`AttendInput::episodes`, `rl.reset = "episode"`): its memory holds one state
+    /// per position. The Compressive Transformer and the ∞-former mix states into
+    /// shared slots, so they cannot.
+    pub fn separates_episodes(self) -> bool {
+        matches!(self, Mechanism::Fixed | Mechanism::Adaptive | Mechanism::Expire)
+    }
+}
+
 /// Where the training, validation and test streams come from.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -911,7 +921,7 @@ impl Config {
             self.model.validate_layers()?;
             self.memory.validate(self.train.block.min(self.memory.span))?;
             self.rl.validate()?;
-            if self.rl.reset == Reset::Episode && matches!(self.memory.mechanism, Mechanism::Compressive | Mechanism::Infinity) {
+            if self.rl.reset == Reset::Episode && !self.memory.mechanism.separates_episodes() {
                 return Err(LetheError::config(
                     "rl.reset",
                     "\"episode\"",

@@ -9,7 +9,7 @@ use tch::{Kind, Tensor};
 
 use super::attention::Attention;
 use super::memory::{self, AttendInput, MemoryLayer, MemoryReport};
-use crate::config::{MemoryConfig, ModelConfig};
+use crate::config::{Mechanism, MemoryConfig, ModelConfig};
 use crate::error::{LetheError, Result};
 
 /// One transformer layer's parameters.
@@ -109,6 +109,7 @@ pub struct Backbone {
     final_norm: Option<nn::LayerNorm>,
     key_pe: Tensor,
     memories: Vec<Box<dyn MemoryLayer>>,
+    mechanism: Mechanism,
 }
 
 /// The output of the backbone for one block.
@@ -132,7 +133,7 @@ impl Backbone {
         let final_norm = cfg.pre_norm.then(|| nn::layer_norm(p / "final_norm", vec![d], Default::default()));
         let rows = memory::position_rows(mem, block);
         let key_pe = p.var("key_pe", &[rows, d_head], nn::Init::Randn { mean: 0.0, stdev: 1.0 / (d_head as f64).sqrt() });
-        Ok(Backbone { cfg: cfg.clone(), layers, final_norm, key_pe, memories })
+        Ok(Backbone { cfg: cfg.clone(), layers, final_norm, key_pe, memories, mechanism: mem.mechanism })
     }
 
     /// Lets every layer's mechanism enforce its parameter constraints after an
@@ -152,10 +153,10 @@ impl Backbone {
     /// episode (see [`AttendInput::episodes`]); it fails for a mechanism that cannot
     /// keep episodes apart.
     pub fn forward(&self, h: Tensor, mem: &mut Memory, train: bool, episodes: Option<&Tensor>) -> Result<Hidden> {
-        if let Some(layer) = mem.layers.iter().find(|l| episodes.is_some() && !l.separates_episodes()) {
+        if episodes.is_some() && !self.mechanism.separates_episodes() {
             return Err(LetheError::Invalid(format!(
                 "the {} memory cannot keep the episodes of a row apart; play them in synchronous batches (rl.reset = \"batch\")",
-                layer.name()
+                format!("{:?}", self.mechanism).to_lowercase()
             )));
         }
         let p = self.cfg.dropout;

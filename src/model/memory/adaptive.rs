@@ -98,10 +98,6 @@ impl MemoryLayer for AdaptiveSpan {
         self.window.reset();
     }
 
-    fn separates_episodes(&self) -> bool {
-        true
-    }
-
     fn report(&self) -> MemoryReport {
         let spans: Vec<f64> = self.ratios().iter().map(|z| z * self.max_span as f64).collect();
         let mean = spans.iter().sum::<f64>() / spans.len().max(1) as f64;

@@ -312,10 +312,6 @@ impl MemoryLayer for ExpireSpan {
         self.pending_states = None;
     }
 
-    fn separates_episodes(&self) -> bool {
-        true
-    }
-
     fn report(&self) -> MemoryReport {
         let s = &self.stats;
         MemoryReport {

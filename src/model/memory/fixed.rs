@@ -51,10 +51,6 @@ impl MemoryLayer for FixedSpan {
         self.window.reset();
     }
 
-    fn separates_episodes(&self) -> bool {
-        true
-    }
-
     fn report(&self) -> MemoryReport {
         MemoryReport { mem_size: self.last_mem_size, held: self.window.len() as usize, extra: vec![], series: vec![] }
     }

@@ -109,12 +109,6 @@ pub trait MemoryLayer: Send {
     /// Empties the memory (start of a stream).
     fn reset(&mut self);
 
-    /// Whether the mechanism keeps episodes apart within a row
-    /// ([`AttendInput::episodes`]). Default: no; the backbone refuses episodes then.
-    fn separates_episodes(&self) -> bool {
-        false
-    }
-
     /// Figures to log.
     fn report(&self) -> MemoryReport;
 
