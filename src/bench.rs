@@ -133,7 +133,7 @@ pub fn bench(cfg: &Config, opts: &BenchOptions) -> Result<BenchResult> {
     for i in 0..opts.warmup + opts.steps {
         let batch = random_batch(&mut rng, cfg.train.batch, cfg.train.block, cfg.model.vocab, false);
         let start = Instant::now();
-        optimisation_step(&lm, &mut opt, &mut mems, &batch, &cfg.train, cfg.train.lr)?;
+        optimisation_step(&lm, &mut opt, &mut mems, &batch, &cfg.train, cfg.train.lr, 1.0)?;
         synchronize(device);
         if i >= opts.warmup {
             times.push(start.elapsed().as_secs_f64());

@@ -164,7 +164,8 @@ impl Looped for Run<'_> {
         let lr = learning_rate(&self.cfg.train, self.step);
         seed_step(self.cfg.seed, self.step);
         let batch = self.data.next_batch();
-        let s = optimisation_step(&self.lm, &mut self.opt, &mut self.mems, &batch, &self.cfg.train, lr)?;
+        let aux_scale = self.cfg.memory.aux_scale(self.step);
+        let s = optimisation_step(&self.lm, &mut self.opt, &mut self.mems, &batch, &self.cfg.train, lr, aux_scale)?;
         let loss = s.nll_sum / s.weight.max(1.0);
         check_finite(&[loss, s.aux, s.grad_norm], self.step + 1, self.last_checkpoint, &self.dir)?;
         self.step += 1;
@@ -342,7 +343,8 @@ pub struct StepStats {
 /// Forward and backward over `batch` in `mems.len()` micro-batches, clipping, and one
 /// Adam update at `lr` (skipped when the loss or the gradient is not finite, so that a
 /// NaN never reaches the parameters). The memories are reset first when the batch says so.
-pub fn optimisation_step(lm: &Lm, opt: &mut Optimiser, mems: &mut [Memory], batch: &Batch, cfg: &TrainConfig, lr: f64) -> Result<StepStats> {
+/// The memories' auxiliary loss is weighted by `aux_scale` (`MemoryConfig::aux_scale`).
+pub fn optimisation_step(lm: &Lm, opt: &mut Optimiser, mems: &mut [Memory], batch: &Batch, cfg: &TrainConfig, lr: f64, aux_scale: f64) -> Result<StepStats> {
     if batch.reset {
         mems.iter_mut().for_each(Memory::reset);
     }
@@ -356,10 +358,11 @@ pub fn optimisation_step(lm: &Lm, opt: &mut Optimiser, mems: &mut [Memory], batc
         let (x, y, w) = batch.tensors(i * per, (i + 1) * per, lm.device());
         let out = lm.model.forward(&x, mem, true)?;
         let nll = (token_nll(&out.logits, &y) * w).sum(Kind::Float);
-        let loss = &nll / total_weight + &out.aux_loss / accum as f64;
+        let out_aux = out.aux_loss * aux_scale;
+        let loss = &nll / total_weight + &out_aux / accum as f64;
         loss.backward();
         nll_sum += nll.double_value(&[]);
-        aux += out.aux_loss.double_value(&[]) / accum as f64;
+        aux += out_aux.double_value(&[]) / accum as f64;
     }
     let grad_norm = opt.clip_grad_norm(cfg.grad_clip);
     if nll_sum.is_finite() && aux.is_finite() && grad_norm.is_finite() {

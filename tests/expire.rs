@@ -194,3 +194,23 @@ fn an_inference_cap_shortens_every_span_and_the_memory() {
     assert!(held_full[29] >= 50, "uncapped spans near 58 keep ~58 memories: {}", held_full[29]);
     assert!(held_capped[29] <= 8 + 4 + 4, "capped at 8: {}", held_capped[29]);
 }
+
+/// The language-model trainer weighs the span loss by the warm-up too: with
+/// `alpha_warmup = 2` the first update is that of alpha / 2, the second is not.
+#[test]
+fn the_alpha_warm_up_weighs_the_span_loss_of_language_model_updates() {
+    let _rng = common::torch_rng_lock();
+    let losses = |alpha: f64, warmup: usize| {
+        let mut cfg = expire_config(16, 8, 8, 0.5);
+        cfg.memory.expire.alpha = alpha;
+        cfg.memory.expire.alpha_warmup = warmup;
+        (cfg.train.steps, cfg.train.log_every) = (3, 1);
+        let dir = tempfile::tempdir().unwrap();
+        let opts = lethe::train::TrainOptions { out_dir: dir.path().to_path_buf(), quiet: true, ..Default::default() };
+        lethe::train::train(&cfg, &opts).unwrap().losses
+    };
+    let (warm, half) = (losses(0.5, 2), losses(0.25, 0));
+    // The losses are the task's: the first two follow the same first update.
+    assert_eq!(warm[..2], half[..2]);
+    assert_ne!(warm[2], half[2], "the second update has the full alpha");
+}

@@ -167,6 +167,53 @@ fn every_memory_mechanism_drives_an_agent() {
     }
 }
 
+/// `memory.expire.alpha_warmup = 2` weighs the span loss by 1/2 at the first update and
+/// fully at the second: its first loss is that of a run at alpha / 2 without warm-up,
+/// and the second is not.
+#[test]
+fn the_alpha_warm_up_weighs_the_span_loss_of_each_update() {
+    let _rng = common::torch_rng_lock();
+    let losses = |alpha: f64, warmup: usize| {
+        let mut cfg = tiny_corridor("warmup", 16);
+        cfg.memory.mechanism = Mechanism::Expire;
+        cfg.memory.expire.alpha = alpha;
+        cfg.memory.expire.alpha_warmup = warmup;
+        (cfg.train.batch, cfg.train.steps, cfg.rl.eval_episodes) = (4, 2, 4);
+        run(&cfg).losses
+    };
+    let (warm, half, full) = (losses(0.5, 2), losses(0.25, 0), losses(0.5, 0));
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-6 * a.abs().max(1.0);
+    assert!(close(warm[0], half[0]), "{warm:?} {half:?}");
+    assert!(!close(warm[0], full[0]), "the span loss must count: {warm:?} {full:?}");
+    assert!(!close(warm[1], half[1]), "the second update has the full alpha: {warm:?} {half:?}");
+}
+
+/// Evaluation averages the memory size over every step of every episode played: with
+/// a span longer than any episode, step `t` of an episode sees its `t` earlier steps,
+/// so the mean is `sum T (T - 1) / 2 / sum T` over the episodes' lengths `T`, in both
+/// reset modes (rows whose episode has ended do not count).
+#[test]
+fn evaluation_averages_the_memory_over_the_steps_of_the_episodes() {
+    let _rng = common::torch_rng_lock();
+    for reset in [lethe::rl::Reset::Episode, lethe::rl::Reset::Batch] {
+        let mut cfg = tiny_corridor("eval-memory", 64);
+        cfg.rl.reset = reset;
+        cfg.train.batch = 4;
+        let agent = Agent::new(&cfg, Device::Cpu).unwrap();
+        let mut lengths = vec![];
+        let r = lethe::rl::train::play(&agent, 12, 5, &mut |eps, _, outcomes| {
+            lengths.extend(outcomes.iter().zip(&eps.slots).filter(|(o, _)| o.done).map(|(_, s)| s.length as f64));
+        })
+        .unwrap();
+        assert_eq!(lengths.len(), 12, "{reset:?}");
+        assert!(lengths.iter().any(|&t| t != lengths[0]), "episodes of different lengths: {lengths:?}");
+        let expected = lengths.iter().map(|t| t * (t - 1.0) / 2.0).sum::<f64>() / lengths.iter().sum::<f64>();
+        for m in &r.mem_size {
+            assert!((m - expected).abs() < 1e-9, "{reset:?}: memory {m}, expected {expected} from {lengths:?}");
+        }
+    }
+}
+
 #[test]
 fn a_batch_of_episodes_replays_from_its_seed() {
     let cfg = Config::preset("portal-small").unwrap();

@@ -321,8 +321,14 @@ impl Episodes {
 
     /// Starts a new episode in every row whose episode has ended.
     pub fn refill(&mut self, cfg: &Config) -> Result<()> {
+        self.refill_up_to(cfg, u64::MAX)
+    }
+
+    /// Starts a new episode in rows whose episode has ended, in row order, as long as
+    /// fewer than `total` episodes have been started; the other ended rows stay ended.
+    pub fn refill_up_to(&mut self, cfg: &Config, total: u64) -> Result<()> {
         for i in 0..self.slots.len() {
-            if self.slots[i].done {
+            if self.slots[i].done && self.started < total {
                 self.slots[i] = self.next_episode(cfg)?;
             }
         }

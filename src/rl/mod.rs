@@ -35,7 +35,7 @@ pub struct RlConfig {
     pub value_coef: f64,
     /// Episodes played at each evaluation (rounded up to whole batches). Default 256.
     pub eval_episodes: usize,
-    /// When the memory is reset in training. Default `episode`.
+    /// When the memory is reset, in training and evaluation. Default `episode`.
     pub reset: Reset,
 }
 

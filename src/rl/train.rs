@@ -30,7 +30,8 @@
 //!   `max_steps`); then a new batch starts and the whole memory is reset. Works with
 //!   every mechanism; the price is the idle time of episodes that end early.
 //!
-//! Evaluation ([`play`]) always plays whole batches from an empty memory.
+//! Evaluation ([`play`]) resets the memory the same way: in episode mode the rows play
+//! episodes back to back, in batch mode whole batches start from an empty memory.
 //!
 //! Actions are sampled with lethe's own generator, which is saved in checkpoints with
 //! the episodes in progress and the memory, so a resumed run repeats a straight one.
@@ -153,7 +154,7 @@ struct Window {
     mem: MemSum,
 }
 
-/// Running sum of per-layer memory sizes.
+/// Running sum of per-layer memory sizes over the steps of running episodes.
 #[derive(Default)]
 struct MemSum {
     sum: Vec<f64>,
@@ -161,11 +162,16 @@ struct MemSum {
 }
 
 impl MemSum {
-    fn add(&mut self, mem: &Memory) {
-        let sizes: Vec<f64> = mem.reports().iter().map(|r| r.mem_size).collect();
-        self.sum.resize(sizes.len(), 0.0);
-        self.sum.iter_mut().zip(&sizes).for_each(|(s, m)| *s += m);
-        self.count += 1;
+    /// Adds the memory sizes of the last step of the rows that were `active` (for
+    /// mechanisms that do not count streams apart, the batch's mean for each).
+    fn add(&mut self, mem: &Memory, active: &[bool]) {
+        let reports = mem.reports();
+        self.sum.resize(reports.len(), 0.0);
+        let rows: Vec<usize> = (0..active.len()).filter(|&i| active[i]).collect();
+        for (sum, report) in self.sum.iter_mut().zip(&reports) {
+            *sum += rows.iter().map(|&i| report.mem_size_of(i)).sum::<f64>();
+        }
+        self.count += rows.len();
     }
 
     fn mean(&self) -> Vec<f64> {
@@ -273,7 +279,7 @@ impl<'a> Run<'a> {
             if per_episode {
                 self.state.episodes.refill(self.cfg)?;
             }
-            w.mem.add(&self.mem);
+            w.mem.add(&self.mem, &active);
             let running = active.iter().filter(|&&a| a).count() as u64;
             w.env_steps += running;
             self.env_steps += running;
@@ -310,7 +316,8 @@ impl Looped for Run<'_> {
         }
         let start = snapshot(&self.mem);
         let (rollout, seen) = self.act(w)?;
-        let figures = learn(&self.agent, &mut self.opt, &start, &rollout, &seen, self.cfg, lr)?;
+        let scales = Scales { lr, aux: self.cfg.memory.aux_scale(self.step) };
+        let figures = learn(&self.agent, &mut self.opt, &start, &rollout, &seen, self.cfg, scales)?;
         check_finite(&[figures.loss, figures.grad_norm], self.step + 1, self.last_checkpoint, &self.dir)?;
         self.step += 1;
         w.steps += 1;
@@ -462,10 +469,17 @@ impl Learned {
     }
 }
 
+/// The learning rate and the weight of the memories' auxiliary loss at one step.
+#[derive(Clone, Copy)]
+struct Scales {
+    lr: f64,
+    aux: f64,
+}
+
 /// Runs the window's observations `seen` (`T + 1` steps) again with gradient, from
 /// the memory state `start`, and takes one optimiser step on the actor-critic loss
 /// (skipped when the loss or the gradient is not finite).
-fn learn(agent: &Agent, opt: &mut Optimiser, start: &[(String, Tensor)], rollout: &Rollout, seen: &Seen, cfg: &Config, lr: f64) -> Result<Learned> {
+fn learn(agent: &Agent, opt: &mut Optimiser, start: &[(String, Tensor)], rollout: &Rollout, seen: &Seen, cfg: &Config, scales: Scales) -> Result<Learned> {
     let mut mem = agent.new_memory();
     mem.load_state(start)?;
     let (steps, f) = (seen.obs.len() as i64, observation_size(cfg) as i64);
@@ -489,13 +503,14 @@ fn learn(agent: &Agent, opt: &mut Optimiser, start: &[(String, Tensor)], rollout
     let bootstrap: Vec<f64> = bootstrap.into_iter().map(f64::from).collect();
     let returns = a2c::returns(rollout, &bootstrap, cfg.rl.gamma);
     let l = a2c::loss(&logits.narrow(1, 0, t), &values.narrow(1, 0, t), rollout, &returns, &cfg.rl);
+    let aux = aux * scales.aux;
     let total = &l.total + &aux;
     opt.zero_grad();
     total.backward();
     let grad_norm = opt.clip_grad_norm(cfg.train.grad_clip);
     let loss = total.double_value(&[]);
     if loss.is_finite() && grad_norm.is_finite() {
-        opt.step(lr);
+        opt.step(scales.lr);
         agent.after_step();
     }
     Ok(Learned { loss, policy: l.policy, value: l.value, entropy: l.entropy, aux: aux.double_value(&[]), grad_norm })
@@ -505,34 +520,67 @@ fn learn(agent: &Agent, opt: &mut Optimiser, start: &[(String, Tensor)], rollout
 pub type Watch<'a> = dyn FnMut(&Episodes, &[Action], &[Outcome]) + 'a;
 
 /// Plays `episodes` episodes (rounded up to whole batches of `train.batch`) of the
-/// agent's task with fresh memories, sampling from the policy, on episodes apart from
-/// training's. `watch` sees the batch after every step, with the actions taken.
+/// agent's task, sampling from the policy, on episodes apart from training's. `watch`
+/// sees the batch after every step, with the actions taken.
+///
+/// The memory is reset as in training (`rl.reset`): in episode mode each row plays
+/// episodes back to back, in batch mode whole batches start from an empty memory. The
+/// memory size is averaged over every step of every episode played (for the
+/// compressive memory and the ∞-former, which do not count streams apart, a step
+/// counts the batch's mean).
 pub fn play(agent: &Agent, episodes: usize, seed: u64, watch: &mut Watch) -> Result<RlEval> {
     let _guard = tch::no_grad_guard();
     let cfg = &agent.config;
     let batch = cfg.train.batch.min(episodes.max(1));
-    let mut rng = Rng::derive(seed, SAMPLER_STREAM);
-    let mut batch_eps = Episodes::new(cfg, batch, seed)?;
-    let (mut finished, mut mem_sum) = (vec![], MemSum::default());
-    let vocab = vocabulary(cfg);
-    while finished.len() < episodes {
-        if batch_eps.all_done() {
-            batch_eps.restart(cfg, batch)?;
+    let total = episodes.div_ceil(batch) * batch;
+    let mut player = Player { agent, rng: Rng::derive(seed, SAMPLER_STREAM), vocab: vocabulary(cfg), finished: vec![], mem_sum: MemSum::default() };
+    let mut eps = Episodes::new(cfg, batch, seed)?;
+    let mut mem = agent.new_memory();
+    match cfg.rl.reset {
+        Reset::Episode => {
+            while player.finished.len() < total {
+                player.step(&mut eps, &mut mem, true, watch)?;
+                eps.refill_up_to(cfg, total as u64)?;
+            }
         }
-        let mut mem = agent.new_memory();
-        while !batch_eps.all_done() {
-            let mut now = Seen::default();
-            now.push(&batch_eps, vocab, false);
-            let probs = policy(agent, &now, &mut mem)?;
-            let active: Vec<bool> = batch_eps.slots.iter().map(|s| !s.done).collect();
-            let actions: Vec<Action> = sample(&probs, &active, &mut rng).into_iter().map(|a| Action::from_index(a as usize)).collect();
-            let (outcomes, ended) = batch_eps.step(&actions);
-            mem_sum.add(&mem);
-            finished.extend(ended);
-            watch(&batch_eps, &actions, &outcomes);
-        }
+        Reset::Batch => loop {
+            while !eps.all_done() {
+                player.step(&mut eps, &mut mem, false, watch)?;
+            }
+            if player.finished.len() >= total {
+                break;
+            }
+            eps.restart(cfg, batch)?;
+            mem = agent.new_memory();
+        },
     }
-    Ok(RlEval::of(&finished, mem_sum.mean(), cfg.data.source == Source::Portal))
+    Ok(RlEval::of(&player.finished, player.mem_sum.mean(), cfg.data.source == Source::Portal))
+}
+
+/// What [`play`] carries from step to step.
+struct Player<'a> {
+    agent: &'a Agent,
+    rng: Rng,
+    vocab: usize,
+    finished: Vec<EpisodeStats>,
+    mem_sum: MemSum,
+}
+
+impl Player<'_> {
+    /// One step of every running episode of `eps`, the memory seeing the observations
+    /// with their episode numbers if `numbered`.
+    fn step(&mut self, eps: &mut Episodes, mem: &mut Memory, numbered: bool, watch: &mut Watch) -> Result<()> {
+        let mut now = Seen::default();
+        now.push(eps, self.vocab, numbered);
+        let probs = policy(self.agent, &now, mem)?;
+        let active: Vec<bool> = eps.slots.iter().map(|s| !s.done).collect();
+        let actions: Vec<Action> = sample(&probs, &active, &mut self.rng).into_iter().map(|a| Action::from_index(a as usize)).collect();
+        let (outcomes, ended) = eps.step(&actions);
+        self.mem_sum.add(mem, &active);
+        self.finished.extend(ended);
+        watch(eps, &actions, &outcomes);
+        Ok(())
+    }
 }
 
 /// Evaluates the agent on `episodes` episodes drawn apart from training's (see [`play`]).

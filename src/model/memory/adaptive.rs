@@ -43,14 +43,15 @@ pub struct AdaptiveSpan {
     max_span: i64,
     z: Tensor,
     window: WindowCache,
-    last_mem_size: f64,
+    /// Memory size per stream at the last block.
+    last_mem_rows: Vec<f64>,
 }
 
 impl AdaptiveSpan {
     /// Creates the span ratios `z` (one per head) under `p / "adaptive"`.
     pub fn new(p: nn::Path, heads: i64, max_span: usize, cfg: &AdaptiveConfig) -> Self {
         let z = (p / "adaptive").var("z", &[heads], nn::Init::Const(cfg.init_ratio));
-        AdaptiveSpan { cfg: cfg.clone(), max_span: max_span as i64, z, window: WindowCache::default(), last_mem_size: 0.0 }
+        AdaptiveSpan { cfg: cfg.clone(), max_span: max_span as i64, z, window: WindowCache::default(), last_mem_rows: vec![] }
     }
 
     fn ratios(&self) -> Vec<f64> {
@@ -64,7 +65,6 @@ impl MemoryLayer for AdaptiveSpan {
     }
 
     fn attend(&mut self, input: &AttendInput) -> Result<AttendOutput> {
-        let m = input.x.size()[1];
         let WindowKeys { k, v, dist, visible, cached, same } = self.window.keys(input, self.max_span);
         let mut scores = window_scores(input.q, &k, input.key_pe, cached); // (b, h, m, n)
         let z = self.z.to_kind(scores.kind());
@@ -82,8 +82,7 @@ impl MemoryLayer for AdaptiveSpan {
         let probs = &probs / (probs.sum_dim_intlist([-1i64].as_slice(), true, probs.kind()) + 1e-8);
         let context = probs.dropout(input.attn.dropout, input.train).matmul(&v); // (b, h, m, dh)
         let earlier = mask.gt(0.0).logical_and(&dist.ge(1));
-        let queries = mask.size()[0] * z.size()[0] * m;
-        self.last_mem_size = earlier.to_kind(Kind::Float).sum(Kind::Double).double_value(&[]) / queries as f64;
+        self.last_mem_rows = super::mem_rows(&earlier); // from (b or 1, h, m, n)
         let aux = (input.train && self.cfg.loss_coef > 0.0).then(|| z.mean(z.kind()) * (self.cfg.loss_coef * self.max_span as f64));
         Ok(AttendOutput { context, aux_loss: aux, added: None })
     }
@@ -103,10 +102,8 @@ impl MemoryLayer for AdaptiveSpan {
         let mean = spans.iter().sum::<f64>() / spans.len().max(1) as f64;
         let max = spans.iter().copied().fold(0.0, f64::max);
         MemoryReport {
-            mem_size: self.last_mem_size,
-            held: self.window.len() as usize,
             extra: vec![("mean_span".into(), mean), ("max_span".into(), max)],
-            series: vec![],
+            ..MemoryReport::with_rows(self.last_mem_rows.clone(), self.window.len() as usize)
         }
     }
 
@@ -124,7 +121,7 @@ impl MemoryLayer for AdaptiveSpan {
             max_span: self.max_span,
             z: self.z.shallow_clone(),
             window: WindowCache::default(),
-            last_mem_size: 0.0,
+            last_mem_rows: vec![],
         })
     }
 

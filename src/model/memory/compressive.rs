@@ -188,6 +188,7 @@ impl MemoryLayer for CompressiveMemory {
         }
         MemoryReport {
             mem_size: self.last_mem_size,
+            mem_rows: vec![],
             held: (self.window.len() + pending + self.slots_held()) as usize,
             extra,
             series: vec![],

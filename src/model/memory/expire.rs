@@ -87,7 +87,8 @@ struct Cache {
 
 #[derive(Clone, Default)]
 struct Stats {
-    mem_size: f64,
+    /// Memory size per stream.
+    mem_rows: Vec<f64>,
     mean_span: f64,
     max_span: f64,
     live: f64,
@@ -315,10 +316,8 @@ impl MemoryLayer for ExpireSpan {
     fn report(&self) -> MemoryReport {
         let s = &self.stats;
         MemoryReport {
-            mem_size: s.mem_size,
-            held: self.cached_len() as usize,
             extra: vec![("mean_span".into(), s.mean_span), ("max_span".into(), s.max_span), ("live".into(), s.live)],
-            series: vec![],
+            ..MemoryReport::with_rows(s.mem_rows.clone(), self.cached_len() as usize)
         }
     }
 
@@ -388,9 +387,8 @@ impl ExpireSpan {
         let validf = valid.to_kind(Kind::Float);
         let live = validf.sum(Kind::Double).double_value(&[]);
         let (b, m) = (visible.size()[0], visible.size()[1]);
-        let earlier = visible.logical_and(&dist.ge(1.0)).to_kind(Kind::Float).sum(Kind::Double).double_value(&[]);
         self.stats = Stats {
-            mem_size: earlier / (b * m) as f64,
+            mem_rows: super::mem_rows(&visible.logical_and(&dist.ge(1.0))), // from (b, m, n)
             mean_span: (spans.to_kind(Kind::Float) * &validf).sum(Kind::Double).double_value(&[]) / live.max(1.0),
             max_span: spans.to_kind(Kind::Float).masked_fill(&valid.logical_not(), 0.0).max().double_value(&[]),
             live: (live / b as f64 - m as f64).max(0.0),

@@ -22,13 +22,14 @@ use crate::model::attention::{mix, window, window_scores};
 pub struct FixedSpan {
     span: i64,
     window: WindowCache,
-    last_mem_size: f64,
+    /// Memory size per stream at the last block.
+    last_mem_rows: Vec<f64>,
 }
 
 impl FixedSpan {
     /// An empty memory of `span` states.
     pub fn new(span: usize) -> Self {
-        FixedSpan { span: span as i64, window: WindowCache::default(), last_mem_size: 0.0 }
+        FixedSpan { span: span as i64, window: WindowCache::default(), last_mem_rows: vec![] }
     }
 }
 
@@ -38,8 +39,8 @@ impl MemoryLayer for FixedSpan {
     }
 
     fn attend(&mut self, input: &AttendInput) -> Result<AttendOutput> {
-        let (context, mem_size) = self.window.attend(input, self.span);
-        self.last_mem_size = mem_size;
+        let (context, mem_rows) = self.window.attend(input, self.span);
+        self.last_mem_rows = mem_rows;
         Ok(AttendOutput { context, aux_loss: None, added: None })
     }
 
@@ -52,7 +53,7 @@ impl MemoryLayer for FixedSpan {
     }
 
     fn report(&self) -> MemoryReport {
-        MemoryReport { mem_size: self.last_mem_size, held: self.window.len() as usize, extra: vec![], series: vec![] }
+        MemoryReport::with_rows(self.last_mem_rows.clone(), self.window.len() as usize)
     }
 
     fn state(&self) -> Vec<(String, Tensor)> {
@@ -154,21 +155,21 @@ impl WindowCache {
 
     /// Attention of the block of `input` over the window, each query seeing itself and
     /// at most `span` earlier positions: the context `(b, h, m, dh)`, and the mean number
-    /// of earlier positions the queries saw.
-    pub fn attend(&mut self, input: &AttendInput, span: i64) -> (Tensor, f64) {
+    /// of earlier positions the queries saw, per stream (one value when every stream has
+    /// the same).
+    pub fn attend(&mut self, input: &AttendInput, span: i64) -> (Tensor, Vec<f64>) {
         let m = input.x.size()[1];
         let w = self.keys(input, span);
         let mut scores = window_scores(input.q, &w.k, input.key_pe, w.cached); // (b, h, m, n)
-        let mem_size = match &w.same {
-            None => window_mem_size(w.cached, m, span),
+        let mem_rows = match &w.same {
+            None => vec![window_mem_size(w.cached, m, span)],
             Some(same) => {
                 let _ = scores.masked_fill_(&same.logical_not().unsqueeze(1), f64::NEG_INFINITY);
-                let earlier = w.visible.logical_and(same).logical_and(&w.dist.ge(1)); // (b, m, n)
-                earlier.to_kind(tch::Kind::Float).sum(tch::Kind::Double).double_value(&[]) / (same.size()[0] * m) as f64
+                super::mem_rows(&w.visible.logical_and(same).logical_and(&w.dist.ge(1))) // from (b, m, n)
             }
         };
         let context = mix(&scores, &w.v, input.attn.dropout, input.train);
-        (context, mem_size)
+        (context, mem_rows)
     }
 
     /// Appends the block `x` `(b, m, d)`, with its positions' episodes `(b, m)` when the

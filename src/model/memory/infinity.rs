@@ -323,7 +323,8 @@ impl MemoryLayer for InfinityMemory {
     }
 
     fn attend(&mut self, input: &AttendInput) -> Result<AttendOutput> {
-        let (context, stm_size) = self.window.attend(input, self.span);
+        let (context, stm_rows) = self.window.attend(input, self.span);
+        let stm_size = stm_rows.iter().sum::<f64>() / stm_rows.len().max(1) as f64;
         let (added, aux_loss) = match self.absorb_incoming()? {
             Some(coeffs) => {
                 let (added, aux) = self.attend_ltm(input, &coeffs);
@@ -363,6 +364,7 @@ impl MemoryLayer for InfinityMemory {
         }
         MemoryReport {
             mem_size: self.stats.mem_size,
+            mem_rows: vec![],
             held: (self.window.len() + waiting + self.ltm_slots()) as usize,
             extra,
             series,

@@ -64,6 +64,10 @@ pub struct MemoryReport {
     /// Mean number of memories a query of the last block could attend to, `|C_t|`
     /// (paper section 3), excluding the block itself.
     pub mem_size: f64,
+    /// `mem_size` per stream of the batch, where the mechanism counts streams apart
+    /// (fixed, adaptive and expire); one value or none where every stream has the
+    /// same, `mem_size`. See [`MemoryReport::mem_size_of`].
+    pub mem_rows: Vec<f64>,
     /// States physically held in the cache now, per stream.
     pub held: usize,
     /// Mechanism-specific figures (spans, compression, ...), by name.
@@ -73,6 +77,20 @@ pub struct MemoryReport {
 }
 
 impl MemoryReport {
+    /// The memory size of stream `row` of the batch.
+    pub fn mem_size_of(&self, row: usize) -> f64 {
+        match self.mem_rows.len() {
+            0 | 1 => self.mem_size,
+            _ => self.mem_rows[row],
+        }
+    }
+
+    /// A report whose memory size is `rows` per stream (their mean overall).
+    pub fn with_rows(rows: Vec<f64>, held: usize) -> MemoryReport {
+        let mem_size = rows.iter().sum::<f64>() / rows.len().max(1) as f64;
+        MemoryReport { mem_size, mem_rows: rows, held, extra: vec![], series: vec![] }
+    }
+
     /// A mechanism-specific figure by name.
     pub fn extra(&self, name: &str) -> Option<f64> {
         self.extra.iter().find(|(n, _)| n == name).map(|(_, v)| *v)
@@ -91,6 +109,17 @@ impl MemoryReport {
         }
         serde_json::Value::Object(map)
     }
+}
+
+/// The mean number of earlier positions each query of a stream saw: `earlier` is
+/// `(b, ..., m, n)` (heads or none between), true where a query saw a position; `b`
+/// may be 1 for a mask shared by every stream.
+pub(super) fn mem_rows(earlier: &Tensor) -> Vec<f64> {
+    let _guard = tch::no_grad_guard();
+    let size = earlier.size();
+    let queries: i64 = size[1..size.len() - 1].iter().product();
+    let rows = earlier.to_kind(tch::Kind::Double).flatten(1, -1).sum_dim_intlist([1i64].as_slice(), false, tch::Kind::Double) / queries as f64;
+    Vec::<f64>::try_from(&rows.to_device(tch::Device::Cpu)).unwrap_or_default()
 }
 
 /// One layer's memory. See the module documentation.
