@@ -28,11 +28,11 @@ use crate::checkpoint::write_atomic;
 use crate::config::{Config, Mechanism};
 use crate::data::Batch;
 use crate::error::{LetheError, Result};
-use crate::metrics::{peak_rss_bytes, reset_peak_rss};
+use crate::metrics::{mean, peak_rss_bytes, reset_peak_rss};
 use crate::model::Lm;
 use crate::optim::Optimiser;
 use crate::rng::Rng;
-use crate::train::optimisation_step;
+use crate::train::{optimisation_step, Scales};
 
 /// How long to bench each config.
 #[derive(Clone, Debug)]
@@ -107,7 +107,7 @@ impl BenchResult {
 
     /// The memory size `|C_t|` averaged over the layers.
     pub fn mean_mem_size(&self) -> f64 {
-        self.mem_size.iter().sum::<f64>() / self.mem_size.len().max(1) as f64
+        mean(&self.mem_size)
     }
 }
 
@@ -133,7 +133,7 @@ pub fn bench(cfg: &Config, opts: &BenchOptions) -> Result<BenchResult> {
     for i in 0..opts.warmup + opts.steps {
         let batch = random_batch(&mut rng, cfg.train.batch, cfg.train.block, cfg.model.vocab, false);
         let start = Instant::now();
-        optimisation_step(&lm, &mut opt, &mut mems, &batch, &cfg.train, cfg.train.lr, 1.0)?;
+        optimisation_step(&lm, &mut opt, &mut mems, &batch, &cfg.train, Scales { lr: cfg.train.lr, aux: 1.0 })?;
         synchronize(device);
         if i >= opts.warmup {
             times.push(start.elapsed().as_secs_f64());

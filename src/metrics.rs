@@ -29,6 +29,11 @@ impl MetricsLog {
     }
 }
 
+/// The mean of `values` (0 for none).
+pub fn mean(values: &[f64]) -> f64 {
+    values.iter().sum::<f64>() / values.len().max(1) as f64
+}
+
 /// `1h02m`, `3m05s` or `12s`.
 pub fn format_duration(d: Duration) -> String {
     let s = d.as_secs();

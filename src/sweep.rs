@@ -219,7 +219,7 @@ fn run_one(cfg: &Config, runs: &Path) -> Result<SweepPoint> {
         quality: m.quality,
         loss: m.loss,
         accuracy: m.accuracy,
-        mem_size: m.mem_size.iter().sum::<f64>() / m.mem_size.len().max(1) as f64,
+        mem_size: crate::metrics::mean(&m.mem_size),
         seconds: start.elapsed().as_secs_f64(),
         config: toml,
     };

@@ -161,11 +161,9 @@ impl Looped for Run<'_> {
 
     /// One optimiser step; returns the task loss (nats per scored token).
     fn train_step(&mut self, window: &mut Window) -> Result<f64> {
-        let lr = learning_rate(&self.cfg.train, self.step);
-        seed_step(self.cfg.seed, self.step);
+        let scales = begin_step(self.cfg, self.step);
         let batch = self.data.next_batch();
-        let aux_scale = self.cfg.memory.aux_scale(self.step);
-        let s = optimisation_step(&self.lm, &mut self.opt, &mut self.mems, &batch, &self.cfg.train, lr, aux_scale)?;
+        let s = optimisation_step(&self.lm, &mut self.opt, &mut self.mems, &batch, &self.cfg.train, scales)?;
         let loss = s.nll_sum / s.weight.max(1.0);
         check_finite(&[loss, s.aux, s.grad_norm], self.step + 1, self.last_checkpoint, &self.dir)?;
         self.step += 1;
@@ -341,10 +339,10 @@ pub struct StepStats {
 }
 
 /// Forward and backward over `batch` in `mems.len()` micro-batches, clipping, and one
-/// Adam update at `lr` (skipped when the loss or the gradient is not finite, so that a
-/// NaN never reaches the parameters). The memories are reset first when the batch says so.
-/// The memories' auxiliary loss is weighted by `aux_scale` (`MemoryConfig::aux_scale`).
-pub fn optimisation_step(lm: &Lm, opt: &mut Optimiser, mems: &mut [Memory], batch: &Batch, cfg: &TrainConfig, lr: f64, aux_scale: f64) -> Result<StepStats> {
+/// Adam update at `scales.lr` (skipped when the loss or the gradient is not finite, so
+/// that a NaN never reaches the parameters), with the memories' auxiliary loss weighted
+/// by `scales.aux`. The memories are reset first when the batch says so.
+pub fn optimisation_step(lm: &Lm, opt: &mut Optimiser, mems: &mut [Memory], batch: &Batch, cfg: &TrainConfig, scales: Scales) -> Result<StepStats> {
     if batch.reset {
         mems.iter_mut().for_each(Memory::reset);
     }
@@ -358,7 +356,7 @@ pub fn optimisation_step(lm: &Lm, opt: &mut Optimiser, mems: &mut [Memory], batc
         let (x, y, w) = batch.tensors(i * per, (i + 1) * per, lm.device());
         let out = lm.model.forward(&x, mem, true)?;
         let nll = (token_nll(&out.logits, &y) * w).sum(Kind::Float);
-        let out_aux = out.aux_loss * aux_scale;
+        let out_aux = out.aux_loss * scales.aux;
         let loss = &nll / total_weight + &out_aux / accum as f64;
         loss.backward();
         nll_sum += nll.double_value(&[]);
@@ -366,16 +364,27 @@ pub fn optimisation_step(lm: &Lm, opt: &mut Optimiser, mems: &mut [Memory], batc
     }
     let grad_norm = opt.clip_grad_norm(cfg.grad_clip);
     if nll_sum.is_finite() && aux.is_finite() && grad_norm.is_finite() {
-        opt.step(lr);
+        opt.step(scales.lr);
         lm.model.after_step();
     }
     Ok(StepStats { nll_sum, weight, aux, grad_norm })
 }
 
-/// Seeds libtorch's global generator (dropout, Expire-Span's span noise) for step `step`
-/// of a run seeded `seed`, so that a resumed run draws what a straight run does.
-pub(crate) fn seed_step(seed: u64, step: usize) {
-    tch::manual_seed((Rng::derive(seed, step as u64).next_u64() >> 1) as i64);
+/// The learning rate and the weight of the memories' auxiliary loss at one optimiser step.
+#[derive(Clone, Copy, Debug)]
+pub struct Scales {
+    /// Learning rate ([`learning_rate`]).
+    pub lr: f64,
+    /// Weight of the memories' auxiliary loss ([`crate::config::MemoryConfig::aux_scale`]).
+    pub aux: f64,
+}
+
+/// Starts optimiser step `step` (0-based) of the run `cfg`: seeds libtorch's global
+/// generator (dropout, Expire-Span's span noise) for it, so that a resumed run draws
+/// what a straight run does, and returns the step's scales.
+pub(crate) fn begin_step(cfg: &Config, step: usize) -> Scales {
+    tch::manual_seed((Rng::derive(cfg.seed, step as u64).next_u64() >> 1) as i64);
+    Scales { lr: learning_rate(&cfg.train, step), aux: cfg.memory.aux_scale(step) }
 }
 
 /// Fails with [`LetheError::NonFiniteLoss`] for the first of `values` (step `step`'s

@@ -54,7 +54,7 @@ use crate::metrics::{format_count, format_duration, MetricsLog};
 use crate::model::Memory;
 use crate::optim::{learning_rate, Optimiser};
 use crate::rng::Rng;
-use crate::train::{check_finite, check_resumable, drive, prepare_run_dir, seed_step, Looped, TrainOptions};
+use crate::train::{begin_step, check_finite, check_resumable, drive, prepare_run_dir, Looped, Scales, TrainOptions};
 
 /// Stream number (of the data seed) of the evaluation episodes, apart from training's.
 const EVAL_STREAM: u64 = 0xE7A1;
@@ -308,15 +308,13 @@ impl Looped for Run<'_> {
 
     /// One truncation window: act, learn, one optimiser step. Returns the loss.
     fn train_step(&mut self, w: &mut Window) -> Result<f64> {
-        let lr = learning_rate(&self.cfg.train, self.step);
-        seed_step(self.cfg.seed, self.step);
+        let scales = begin_step(self.cfg, self.step);
         if self.state.episodes.all_done() {
             self.state.episodes.restart(self.cfg, self.cfg.train.batch)?;
             self.mem.reset();
         }
         let start = snapshot(&self.mem);
         let (rollout, seen) = self.act(w)?;
-        let scales = Scales { lr, aux: self.cfg.memory.aux_scale(self.step) };
         let figures = learn(&self.agent, &mut self.opt, &start, &rollout, &seen, self.cfg, scales)?;
         check_finite(&[figures.loss, figures.grad_norm], self.step + 1, self.last_checkpoint, &self.dir)?;
         self.step += 1;
@@ -467,13 +465,6 @@ impl Learned {
         self.aux += other.aux;
         self.grad_norm += other.grad_norm;
     }
-}
-
-/// The learning rate and the weight of the memories' auxiliary loss at one step.
-#[derive(Clone, Copy)]
-struct Scales {
-    lr: f64,
-    aux: f64,
 }
 
 /// Runs the window's observations `seen` (`T + 1` steps) again with gradient, from

@@ -99,7 +99,7 @@ impl MemoryLayer for AdaptiveSpan {
 
     fn report(&self) -> MemoryReport {
         let spans: Vec<f64> = self.ratios().iter().map(|z| z * self.max_span as f64).collect();
-        let mean = spans.iter().sum::<f64>() / spans.len().max(1) as f64;
+        let mean = crate::metrics::mean(&spans);
         let max = spans.iter().copied().fold(0.0, f64::max);
         MemoryReport {
             extra: vec![("mean_span".into(), mean), ("max_span".into(), max)],

@@ -324,7 +324,7 @@ impl MemoryLayer for InfinityMemory {
 
     fn attend(&mut self, input: &AttendInput) -> Result<AttendOutput> {
         let (context, stm_rows) = self.window.attend(input, self.span);
-        let stm_size = stm_rows.iter().sum::<f64>() / stm_rows.len().max(1) as f64;
+        let stm_size = crate::metrics::mean(&stm_rows);
         let (added, aux_loss) = match self.absorb_incoming()? {
             Some(coeffs) => {
                 let (added, aux) = self.attend_ltm(input, &coeffs);

@@ -87,8 +87,7 @@ impl MemoryReport {
 
     /// A report whose memory size is `rows` per stream (their mean overall).
     pub fn with_rows(rows: Vec<f64>, held: usize) -> MemoryReport {
-        let mem_size = rows.iter().sum::<f64>() / rows.len().max(1) as f64;
-        MemoryReport { mem_size, mem_rows: rows, held, extra: vec![], series: vec![] }
+        MemoryReport { mem_size: crate::metrics::mean(&rows), mem_rows: rows, held, extra: vec![], series: vec![] }
     }
 
     /// A mechanism-specific figure by name.
