@@ -191,12 +191,18 @@ fn the_alpha_warm_up_weighs_the_span_loss_of_each_update() {
 /// Evaluation averages the memory size over every step of every episode played: with
 /// a span longer than any episode, step `t` of an episode sees its `t` earlier steps,
 /// so the mean is `sum T (T - 1) / 2 / sum T` over the episodes' lengths `T`, in both
-/// reset modes (rows whose episode has ended do not count).
+/// reset modes (rows whose episode has ended do not count), for each mechanism that
+/// counts its streams apart (Adaptive-Span and Expire-Span with spans that start
+/// beyond the 40 steps an episode may last).
 #[test]
 fn evaluation_averages_the_memory_over_the_steps_of_the_episodes() {
     let _rng = common::torch_rng_lock();
-    for reset in [lethe::rl::Reset::Episode, lethe::rl::Reset::Batch] {
+    let resets = [lethe::rl::Reset::Episode, lethe::rl::Reset::Batch];
+    for (mechanism, reset) in [Mechanism::Fixed, Mechanism::Adaptive, Mechanism::Expire].into_iter().flat_map(|m| resets.map(|r| (m, r))) {
         let mut cfg = tiny_corridor("eval-memory", 64);
+        cfg.memory.mechanism = mechanism;
+        cfg.memory.adaptive.init_ratio = 1.0;
+        cfg.memory.expire.init_fraction = 0.9;
         cfg.rl.reset = reset;
         cfg.train.batch = 4;
         let agent = Agent::new(&cfg, Device::Cpu).unwrap();
@@ -205,11 +211,11 @@ fn evaluation_averages_the_memory_over_the_steps_of_the_episodes() {
             lengths.extend(outcomes.iter().zip(&eps.slots).filter(|(o, _)| o.done).map(|(_, s)| s.length as f64));
         })
         .unwrap();
-        assert_eq!(lengths.len(), 12, "{reset:?}");
+        assert_eq!(lengths.len(), 12, "{mechanism:?} {reset:?}");
         assert!(lengths.iter().any(|&t| t != lengths[0]), "episodes of different lengths: {lengths:?}");
         let expected = lengths.iter().map(|t| t * (t - 1.0) / 2.0).sum::<f64>() / lengths.iter().sum::<f64>();
         for m in &r.mem_size {
-            assert!((m - expected).abs() < 1e-9, "{reset:?}: memory {m}, expected {expected} from {lengths:?}");
+            assert!((m - expected).abs() < 1e-9, "{mechanism:?} {reset:?}: memory {m}, expected {expected} from {lengths:?}");
         }
     }
 }
