@@ -353,6 +353,10 @@ fn sweep(a: SweepArgs) -> Result<()> {
     println!("sweep `{}`: {runs} runs of {} steps on {}; folder {}", base.name, base.train.steps, data::describe(&base), dir.display());
     let points = lethe::sweep::run(&base, &arms, &seeds, &dir, &mut |line| println!("{line}"))?;
     print!("{}", lethe::sweep::table(&points));
-    println!("wrote sweep.json, sweep.csv, sweep.svg and sweep.html in {}", dir.display());
+    if seeds.len() > 1 {
+        let metric = lethe::sweep::metric(base.data.source).0;
+        print!("over {} seeds:\n{}", seeds.len(), lethe::sweep::summary_table(&lethe::sweep::summarise(&points), metric));
+    }
+    println!("wrote sweep.json, sweep.csv, summary.csv, sweep.svg and sweep.html in {}", dir.display());
     Ok(())
 }

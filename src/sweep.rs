@@ -262,6 +262,68 @@ fn train_lm(cfg: &Config, opts: &TrainOptions) -> Result<Measured> {
     Ok(Measured { quality, loss: r.loss, accuracy: r.accuracy, mem_size: r.mem_size })
 }
 
+/// The runs of one mechanism and size, summarised over their seeds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SeedSummary {
+    /// The mechanism.
+    pub mechanism: String,
+    /// The size knob.
+    pub size: usize,
+    /// How many seeds were run.
+    pub seeds: usize,
+    /// Mean and sample standard deviation (0 for one seed) of the quality figure.
+    pub quality: (f64, f64),
+    /// Mean and sample standard deviation of the memory size.
+    pub mem_size: (f64, f64),
+}
+
+/// Mean and sample standard deviation (`n - 1` in the denominator; 0 for one value).
+pub fn mean_sd(values: &[f64]) -> (f64, f64) {
+    let m = crate::metrics::mean(values);
+    if values.len() < 2 {
+        return (m, 0.0);
+    }
+    let ss: f64 = values.iter().map(|v| (v - m) * (v - m)).sum();
+    (m, (ss / (values.len() - 1) as f64).sqrt())
+}
+
+/// One summary per (mechanism, size), in the order the runs came.
+pub fn summarise(points: &[SweepPoint]) -> Vec<SeedSummary> {
+    let mut keys: Vec<(&str, usize)> = vec![];
+    for p in points {
+        if !keys.contains(&(p.mechanism.as_str(), p.size)) {
+            keys.push((p.mechanism.as_str(), p.size));
+        }
+    }
+    keys.into_iter()
+        .map(|(mechanism, size)| {
+            let same: Vec<&SweepPoint> = points.iter().filter(|p| p.mechanism == mechanism && p.size == size).collect();
+            let quality: Vec<f64> = same.iter().map(|p| p.quality).collect();
+            let mem: Vec<f64> = same.iter().map(|p| p.mem_size).collect();
+            SeedSummary { mechanism: mechanism.to_string(), size, seeds: same.len(), quality: mean_sd(&quality), mem_size: mean_sd(&mem) }
+        })
+        .collect()
+}
+
+/// The summary over seeds as aligned text (mean ± sample standard deviation).
+pub fn summary_table(summaries: &[SeedSummary], metric: &str) -> String {
+    let mut out = format!("{:<12} {:>6} {:>5} {:>17} {:>15}\n", "mechanism", "size", "seeds", metric, "mem size");
+    for s in summaries {
+        let q = format!("{:.2} ± {:.2}", s.quality.0, s.quality.1);
+        let m = format!("{:.1} ± {:.1}", s.mem_size.0, s.mem_size.1);
+        let _ = writeln!(out, "{:<12} {:>6} {:>5} {:>17} {:>15}", s.mechanism, s.size, s.seeds, q, m);
+    }
+    out
+}
+
+fn summary_csv(summaries: &[SeedSummary]) -> String {
+    let mut out = String::from("mechanism,size,seeds,quality_mean,quality_sd,mem_size_mean,mem_size_sd\n");
+    for s in summaries {
+        let _ = writeln!(out, "{},{},{},{},{},{},{}", s.mechanism, s.size, s.seeds, s.quality.0, s.quality.1, s.mem_size.0, s.mem_size.1);
+    }
+    out
+}
+
 /// The table as aligned text.
 pub fn table(points: &[SweepPoint]) -> String {
     let metric = points.first().map_or("quality", |p| p.metric.as_str());
@@ -290,12 +352,14 @@ fn csv(points: &[SweepPoint]) -> String {
     out
 }
 
-/// Writes `sweep.json`, `sweep.csv`, `sweep.svg` and `sweep.html` into `dir`.
+/// Writes `sweep.json`, `sweep.csv`, `summary.csv` (mean and standard deviation over
+/// seeds), `sweep.svg` and `sweep.html` into `dir`.
 pub fn write_report(base: &Config, points: &[SweepPoint], dir: &Path) -> Result<Vec<PathBuf>> {
     let json = serde_json::to_string_pretty(points).map_err(|e| LetheError::Invalid(e.to_string()))?;
     let svg = plot_svg(points, metric(base.data.source).1);
     let html = report_html(base, points, &svg);
-    let files = [("sweep.json", json), ("sweep.csv", csv(points)), ("sweep.svg", svg), ("sweep.html", html)];
+    let summary = summary_csv(&summarise(points));
+    let files = [("sweep.json", json), ("sweep.csv", csv(points)), ("summary.csv", summary), ("sweep.svg", svg), ("sweep.html", html)];
     let mut written = vec![];
     for (name, body) in files {
         let path = dir.join(name);
@@ -425,8 +489,23 @@ fn report_html(base: &Config, points: &[SweepPoint], svg: &str) -> String {
         );
     }
     let metric = points.first().map_or("quality", |p| p.metric.as_str());
+    let mut means = String::new();
+    for s in summarise(points) {
+        let _ = writeln!(
+            means,
+            "<tr><td style=\"color:{}\">{}</td><td>{}</td><td>{}</td><td>{:.2} ± {:.2}</td><td>{:.1} ± {:.1}</td></tr>",
+            colour_of(&s.mechanism),
+            s.mechanism,
+            s.size,
+            s.seeds,
+            s.quality.0,
+            s.quality.1,
+            s.mem_size.0,
+            s.mem_size.1
+        );
+    }
     format!(
-        "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>lethe sweep: {name}</title>\n<style>body{{font-family:sans-serif;margin:2em}} td,th{{padding:2px 10px;text-align:right}} table{{border-collapse:collapse}} tr:nth-child(even){{background:#f4f4f4}}</style></head>\n<body><h1>Quality against memory size</h1>\n<p>Task: {data}. Model: {layers} layers x {d}, {heads} heads, block {block}, batch {batch}, {steps} steps. Validation split.</p>\n{svg}\n<table><tr><th>mechanism</th><th>size</th><th>seed</th><th>{metric}</th><th>mem size</th><th>loss</th><th>token acc.</th><th>time s</th></tr>\n{rows}</table>\n<p>Size: the span <i>L</i> (fixed, adaptive, expire) or the slots in all (compressive: half uncompressed, half compressed). Memory size: the average number of memories a query attends to, measured on the validation split.</p>\n</body></html>\n",
+        "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>lethe sweep: {name}</title>\n<style>body{{font-family:sans-serif;margin:2em}} td,th{{padding:2px 10px;text-align:right}} table{{border-collapse:collapse}} tr:nth-child(even){{background:#f4f4f4}}</style></head>\n<body><h1>Quality against memory size</h1>\n<p>Task: {data}. Model: {layers} layers x {d}, {heads} heads, block {block}, batch {batch}, {steps} steps. Validation split.</p>\n{svg}\n<table><tr><th>mechanism</th><th>size</th><th>seed</th><th>{metric}</th><th>mem size</th><th>loss</th><th>token acc.</th><th>time s</th></tr>\n{rows}</table>\n<h2>Over seeds</h2>\n<table><tr><th>mechanism</th><th>size</th><th>seeds</th><th>{metric}, mean ± sd</th><th>mem size, mean ± sd</th></tr>\n{means}</table>\n<p>Size: the span <i>L</i> (fixed, adaptive, expire) or the slots in all (compressive: half uncompressed, half compressed). Memory size: the average number of memories a query attends to, measured on the validation split.</p>\n</body></html>\n",
         name = base.name,
         data = crate::data::describe(base),
         layers = base.model.layers,
@@ -505,5 +584,39 @@ mod tests {
         let t = table(&points);
         assert_eq!(t.lines().count(), 4);
         assert!(t.lines().nth(3).unwrap().contains("expire"));
+    }
+
+    #[test]
+    fn seeds_are_summarised_by_mean_and_sample_standard_deviation() {
+        let point = |m: &str, size, seed, q, mem| SweepPoint {
+            mechanism: m.into(),
+            size,
+            seed,
+            run: format!("{m}-{size}-s{seed}"),
+            metric: "success %".into(),
+            quality: q,
+            loss: 0.0,
+            accuracy: 0.0,
+            mem_size: mem,
+            seconds: 1.0,
+            config: String::new(),
+        };
+        let points = vec![
+            point("fixed", 16, 1, 99.0, 8.0),
+            point("expire", 64, 1, 100.0, 6.0),
+            point("fixed", 16, 2, 100.0, 9.0),
+            point("fixed", 16, 3, 98.0, 10.0),
+        ];
+        let s = summarise(&points);
+        assert_eq!(s.len(), 2);
+        assert_eq!((s[0].mechanism.as_str(), s[0].size, s[0].seeds), ("fixed", 16, 3));
+        // Qualities 99, 100, 98: mean 99, squared deviations 0 + 1 + 1 over n - 1 = 2: sd 1.
+        assert!((s[0].quality.0 - 99.0).abs() < 1e-12 && (s[0].quality.1 - 1.0).abs() < 1e-12, "{:?}", s[0]);
+        assert!((s[0].mem_size.0 - 9.0).abs() < 1e-12 && (s[0].mem_size.1 - 1.0).abs() < 1e-12, "{:?}", s[0]);
+        assert_eq!((s[1].seeds, s[1].quality, s[1].mem_size), (1, (100.0, 0.0), (6.0, 0.0)), "one seed has no spread");
+        let t = summary_table(&s, "success %");
+        assert!(t.lines().nth(1).unwrap().contains("99.00 ± 1.00"), "{t}");
+        let csv = summary_csv(&s);
+        assert_eq!(csv.lines().nth(2).unwrap(), "expire,64,1,100,0,6,0");
     }
 }

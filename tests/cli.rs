@@ -238,14 +238,18 @@ fn sweep_writes_a_table_a_plot_and_a_report_and_resumes() {
     let args = [
         "sweep", "--set", "model.layers=1", "--set", "model.d_model=16", "--set", "model.heads=2", "--set", "model.d_ffn=32",
         "--set", "train.batch=2", "--set", "train.block=8", "--set", "data.copy.eval_tokens=128", "--distance", "5-20",
-        "--steps", "3", "--name", "tiny", "--mechanism", "fixed:8,16", "--mechanism", "compressive:16",
+        "--steps", "3", "--name", "tiny", "--mechanism", "fixed:8,16", "--mechanism", "compressive:16", "--seeds", "1,2",
     ];
     let out = succeeds(&lethe(dir.path(), &args));
-    assert!(out.contains("[3/3] compressive-16-s1"), "{out}");
+    assert!(out.contains("[6/6] compressive-16-s2"), "{out}");
+    assert!(out.contains("over 2 seeds:"), "{out}");
     let sweep = dir.path().join("runs/tiny-sweep");
     let csv = std::fs::read_to_string(sweep.join("sweep.csv")).unwrap();
-    assert_eq!(csv.lines().count(), 4, "{csv}");
-    assert!(csv.lines().nth(2).unwrap().starts_with("fixed,16,1,fixed-16-s1,answers %,"), "{csv}");
+    assert_eq!(csv.lines().count(), 7, "{csv}");
+    assert!(csv.lines().nth(3).unwrap().starts_with("fixed,16,1,fixed-16-s1,answers %,"), "{csv}");
+    let summary = std::fs::read_to_string(sweep.join("summary.csv")).unwrap();
+    assert_eq!(summary.lines().count(), 4, "{summary}");
+    assert!(summary.lines().nth(3).unwrap().starts_with("compressive,16,2,"), "{summary}");
     let svg = std::fs::read_to_string(sweep.join("sweep.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("compressive"));
     assert!(std::fs::read_to_string(sweep.join("sweep.html")).unwrap().contains("<table>"));
