@@ -50,6 +50,10 @@ pub struct PlayArgs {
     /// Print only each episode's last map and figures, not every step.
     #[arg(long)]
     pub summary: bool,
+    /// Expire-Span agents: write the span of every step's memory, per layer, into this
+    /// folder (agent-spans.svg, .html, .csv) instead of printing the steps.
+    #[arg(long, value_name = "DIR")]
+    pub spans: Option<PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]

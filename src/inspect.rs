@@ -4,8 +4,10 @@
 //! per layer, each byte shaded by its span (paper Figures 8 and 11). Edit the text and
 //! re-run to repeat the paper's probes ("Egypt", "somewhere", "Humpty Dumpty").
 //!
-//! `lethe inspect ltm` ([`ltm`]) does the same for an ∞-former's long-term memory.
+//! `lethe inspect ltm` ([`ltm`]) does the same for an ∞-former's long-term memory, and
+//! `lethe play --spans` ([`agent`]) for the steps of an Expire-Span agent's episodes.
 
+pub mod agent;
 pub mod ltm;
 
 use std::fmt::Write as _;

@@ -66,8 +66,18 @@ fn play(a: PlayArgs) -> Result<()> {
     let mechanism = format!("{:?}", agent.config.memory.mechanism).to_lowercase();
     // A closed pipe (`| head`) is not an error worth a panic: printing just stops.
     let _ = writeln!(out, "{} episode(s) of {} with {who} agent ({mechanism} memory)", a.episodes, data::describe(&agent.config));
+    if let Some(dir) = &a.spans {
+        let (trace, r) = lethe::inspect::agent::trace_agent(&agent, a.episodes, seed)?;
+        lethe::inspect::agent::write(&trace, agent.config.data.source, dir)?;
+        let _ = writeln!(out, "{}", r.line());
+        for line in lethe::inspect::agent::summary_lines(&trace) {
+            let _ = writeln!(out, "{line}");
+        }
+        let _ = writeln!(out, "wrote agent-spans.svg, agent-spans.html and agent-spans.csv in {}", dir.display());
+        return Ok(());
+    }
     let mut t = 0;
-    let r = lethe::rl::train::play(&agent, a.episodes, seed, &mut |episodes, actions, outcomes| {
+    let r = lethe::rl::train::play(&agent, a.episodes, seed, &mut |episodes, actions, outcomes, _| {
         let slot = &episodes.slots[0];
         t += 1;
         if !a.summary || slot.done && outcomes[0].done {

@@ -311,6 +311,11 @@ fn gridworlds_train_evaluate_play_and_sweep_from_the_command_line() {
     assert!(out.contains("(episode over)"), "{out}");
     let out = succeeds(&lethe(d, &["play", "--preset", "portal-small", "--episodes", "2", "--summary"]));
     assert!(out.contains("with an untrained agent") && out.contains("room ") && out.contains("2 episodes"), "{out}");
+    let out = succeeds(&lethe(d, &["play", "--preset", "portal-expire-small", "--episodes", "2", "--spans", "spans"]));
+    assert!(out.contains("layer 1: mean span 64.0") && out.contains("wrote agent-spans.svg"), "untrained: every span L/2: {out}");
+    let csv = std::fs::read_to_string(d.join("spans/agent-spans.csv")).unwrap();
+    assert!(csv.starts_with("episode,step,room,action,reward,door,span_0,span_1\n0,0,1,"), "{csv}");
+    assert!(std::fs::read_to_string(d.join("spans/agent-spans.html")).unwrap().contains("<svg"));
 
     let mut sweep = vec!["sweep", "--steps", "2", "--name", "gs", "--mechanism", "fixed:4,8", "--mechanism", "expire:8"];
     sweep.extend_from_slice(GRID);
@@ -335,6 +340,7 @@ fn gridworld_mistakes_are_named() {
     fails_with(&lethe(d, &["train", "--preset", "portal-small", "--set", "data.portal.rooms=1"]), &["data.portal.rooms"]);
     fails_with(&lethe(d, &["play", "--preset", "copy-tiny"]), &["plays gridworlds"]);
     fails_with(&lethe(d, &["play", "--preset", "corridor-small", "--episodes", "0"]), &["--episodes"]);
+    fails_with(&lethe(d, &["play", "--preset", "corridor-small", "--spans", "s"]), &["--spans", "Expire-Span"]);
     // A language-model checkpoint is not an agent, and a gridworld has no token stream.
     succeeds(&lethe(d, &["train", "--quiet", "--steps", "1", "--name", "lm", "--set", "train.eval_tokens=64", "--set", "data.copy.eval_tokens=128"]));
     fails_with(&lethe(d, &["play", "--checkpoint", "runs/lm"]), &["plays gridworlds"]);

@@ -207,7 +207,7 @@ fn evaluation_averages_the_memory_over_the_steps_of_the_episodes() {
         cfg.train.batch = 4;
         let agent = Agent::new(&cfg, Device::Cpu).unwrap();
         let mut lengths = vec![];
-        let r = lethe::rl::train::play(&agent, 12, 5, &mut |eps, _, outcomes| {
+        let r = lethe::rl::train::play(&agent, 12, 5, &mut |eps, _, outcomes, _| {
             lengths.extend(outcomes.iter().zip(&eps.slots).filter(|(o, _)| o.done).map(|(_, s)| s.length as f64));
         })
         .unwrap();
@@ -251,4 +251,55 @@ fn resetting_by_episode_leaves_no_step_idle() {
     assert_eq!(env_steps(lethe::rl::Reset::Episode), 6 * 16 * 8);
     let together = env_steps(lethe::rl::Reset::Batch);
     assert!(together < 6 * 16 * 8, "synchronous batches idle: {together} steps played");
+}
+
+/// `lethe play --spans`: every step of the played episodes is recorded once, with the
+/// door it took, and a step's span depends only on what its episode has seen (the
+/// memory is reset per episode): the first steps of corridor episodes see the object
+/// in one of two colours, so their spans take at most two values per layer.
+#[test]
+fn an_expire_span_agent_trace_records_every_step_and_its_door() {
+    let _rng = common::torch_rng_lock();
+    let mut cfg = tiny_corridor("trace", 16);
+    cfg.memory.mechanism = Mechanism::Expire;
+    cfg.train.batch = 1;
+    let agent = Agent::new(&cfg, Device::Cpu).unwrap();
+    // The span predictors start at zero (every span L/2); give them weights, so that a
+    // step's span says what the step saw.
+    tch::manual_seed(5);
+    tch::no_grad(|| {
+        for (name, mut var) in agent.vs.variables() {
+            if name.contains("expire") {
+                var.copy_(&(var.randn_like() * 0.5));
+            }
+        }
+    });
+    let (trace, eval) = lethe::inspect::agent::trace_agent(&agent, 8, 3).unwrap();
+    assert_eq!(trace.steps.len() as f64, eval.mean_length * 8.0, "every step of the 8 episodes");
+    assert_eq!(trace.steps.last().unwrap().episode, 7);
+    let right = trace.steps.iter().filter(|s| s.door == Some(true)).count();
+    assert_eq!(right as f64, eval.success_rate * 8.0, "one right door per success");
+    for e in 0..8 {
+        let steps: Vec<_> = trace.steps.iter().filter(|s| s.episode == e).collect();
+        let doors = steps.iter().filter(|s| s.door.is_some()).count();
+        assert!(doors <= 1 && steps.last().unwrap().door.is_some() == (doors == 1), "a door ends a corridor episode");
+        assert!(steps.iter().enumerate().all(|(i, s)| s.step == i && s.room.is_none()));
+    }
+    for layer in 0..2 {
+        let mut firsts: Vec<f32> = trace.steps.iter().filter(|s| s.step == 0).map(|s| s.spans[layer]).collect();
+        assert!(trace.steps.iter().all(|s| (0.0..=16.0).contains(&s.spans[layer])), "spans within [0, L]");
+        let distinct = |v: &mut Vec<f32>| {
+            v.sort_by(|a, b| a.total_cmp(b));
+            v.dedup_by(|a, b| (*a - *b).abs() < 1e-4);
+            v.len()
+        };
+        assert!(distinct(&mut firsts) <= 2, "layer {layer}: first-step spans {firsts:?}");
+        let mut all: Vec<f32> = trace.steps.iter().map(|s| s.spans[layer]).collect();
+        assert!(distinct(&mut all) > 4, "layer {layer}: the other steps' spans vary with what they saw");
+    }
+    // A fixed-span agent has no spans to show.
+    cfg.memory.mechanism = Mechanism::Fixed;
+    let fixed = Agent::new(&cfg, Device::Cpu).unwrap();
+    let err = lethe::inspect::agent::trace_agent(&fixed, 1, 3).unwrap_err().to_string();
+    assert!(err.contains("Expire-Span"), "{err}");
 }

@@ -175,6 +175,8 @@ mod tests {
             c.step(Action::Right);
             assert_eq!(c.step(action), Outcome { reward, done: true }, "top {top:?}, {action:?}");
             assert_eq!(c.succeeded(), reward == 1.0);
+            let progress = crate::rl::env::World::Corridor(c).progress();
+            assert_eq!(progress, if reward == 1.0 { (1, 0) } else { (0, 1) }, "the door counted as right or wrong");
         }
     }
 

@@ -236,12 +236,39 @@ impl World {
         }
     }
 
+    /// Doors taken so far, as `(right, wrong)` for the corridor (its one door ends the
+    /// episode) and `(room, wrong)` for the portal (the 0-based room, which a right door
+    /// raises by one and a wrong door resets). Both start at `(0, 0)`, so comparing two
+    /// readings tells which door a step took (see [`door_taken`]).
+    pub fn progress(&self) -> (usize, usize) {
+        match self {
+            World::Corridor(c) => match c.exit {
+                Some(door) if door == c.colour => (1, 0),
+                Some(_) => (0, 1),
+                None => (0, 0),
+            },
+            World::Portal(p) => (p.room, p.mistakes.iter().sum()),
+        }
+    }
+
     /// The map as text, one line per row (see the tasks' `render`).
     pub fn render(&self) -> String {
         match self {
             World::Corridor(c) => c.render(),
             World::Portal(p) => p.render(),
         }
+    }
+}
+
+/// Which door a step took, from [`World::progress`] before and after it: `Some(true)`
+/// for a right door, `Some(false)` for a wrong one, `None` for no door.
+pub fn door_taken(before: (usize, usize), after: (usize, usize)) -> Option<bool> {
+    if after.1 > before.1 {
+        Some(false)
+    } else if after.0 > before.0 {
+        Some(true)
+    } else {
+        None
     }
 }
 

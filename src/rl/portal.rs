@@ -292,6 +292,25 @@ mod tests {
     }
 
     #[test]
+    fn progress_tells_which_door_each_step_took() {
+        use crate::rl::env::{door_taken, World};
+        let mut world = World::Portal(portal());
+        let mut doors = vec![];
+        // Right in room 1, wrong in room 2 (back to 1), right in room 1 again.
+        for moves in ["UULU", "UURU", "UULU"] {
+            for c in moves.chars() {
+                let before = world.progress();
+                let World::Portal(p) = &mut world else { unreachable!() };
+                walk(p, &c.to_string());
+                doors.push(door_taken(before, world.progress()));
+            }
+        }
+        let taken: Vec<(usize, bool)> = doors.iter().enumerate().filter_map(|(i, d)| d.map(|d| (i, d))).collect();
+        assert_eq!(taken, vec![(3, true), (7, false), (11, true)]);
+        assert_eq!(world.progress(), (1, 1), "room 2 (0-based 1), one wrong door");
+    }
+
+    #[test]
     fn only_choices_in_rooms_where_a_door_was_taken_before_are_informed() {
         let mut p = portal();
         walk(&mut p, "UULU"); // room 1 passed: first visit, not informed

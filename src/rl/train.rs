@@ -507,8 +507,9 @@ fn learn(agent: &Agent, opt: &mut Optimiser, start: &[(String, Tensor)], rollout
     Ok(Learned { loss, policy: l.policy, value: l.value, entropy: l.entropy, aux: aux.double_value(&[]), grad_norm })
 }
 
-/// Sees a batch of episodes after every step, with the actions taken and their outcomes.
-pub type Watch<'a> = dyn FnMut(&Episodes, &[Action], &[Outcome]) + 'a;
+/// Sees a batch of episodes after every step, with the actions taken, their outcomes
+/// and the memory that absorbed the step's observations.
+pub type Watch<'a> = dyn FnMut(&Episodes, &[Action], &[Outcome], &Memory) + 'a;
 
 /// Plays `episodes` episodes (rounded up to whole batches of `train.batch`) of the
 /// agent's task, sampling from the policy, on episodes apart from training's. `watch`
@@ -569,7 +570,7 @@ impl Player<'_> {
         let (outcomes, ended) = eps.step(&actions);
         self.mem_sum.add(mem, &active);
         self.finished.extend(ended);
-        watch(eps, &actions, &outcomes);
+        watch(eps, &actions, &outcomes, mem);
         Ok(())
     }
 }
@@ -577,7 +578,7 @@ impl Player<'_> {
 /// Evaluates the agent on `episodes` episodes drawn apart from training's (see [`play`]).
 pub fn evaluate(agent: &Agent, episodes: usize) -> Result<RlEval> {
     let seed = Rng::derive(agent.config.data_seed(), EVAL_STREAM).next_u64();
-    play(agent, episodes, seed, &mut |_, _, _| {})
+    play(agent, episodes, seed, &mut |_, _, _, _| {})
 }
 
 #[cfg(test)]
