@@ -215,7 +215,7 @@ const WIDTH: usize = 40;
 /// per layer holding the span.
 pub fn to_svg(trace: &AgentTrace) -> String {
     let (cw, ch) = (26.0, 16.0);
-    let band = ch * (3 + trace.layers) as f64 + 10.0;
+    let band = ch * (header_rows(trace).len() + trace.layers) as f64 + 10.0;
     let mut body = String::new();
     let mut y = 10.0;
     let mut episode = usize::MAX;
@@ -236,10 +236,20 @@ pub fn to_svg(trace: &AgentTrace) -> String {
     )
 }
 
+/// The rows above the spans: the room only for the portal.
+fn header_rows(trace: &AgentTrace) -> Vec<&'static str> {
+    if trace.steps.iter().any(|s| s.room.is_some()) {
+        vec!["step", "room", "move"]
+    } else {
+        vec!["step", "move"]
+    }
+}
+
 /// One line of up to [`WIDTH`] steps, its top at `y`.
 fn svg_line(trace: &AgentTrace, line: &[AgentStep], y: f64, cw: f64, ch: f64) -> String {
     let mut s = String::new();
-    let mut labels = vec!["step", "room", "move"];
+    let mut labels = header_rows(trace);
+    let rows = labels.len();
     let names: Vec<String> = (0..trace.layers).map(|l| format!("layer {l}")).collect();
     labels.extend(names.iter().map(String::as_str));
     for (row, label) in labels.iter().enumerate() {
@@ -252,13 +262,15 @@ fn svg_line(trace: &AgentTrace, line: &[AgentStep], y: f64, cw: f64, ch: f64) ->
             Some(false) => "x",
             None => "",
         };
-        let room = st.room.map_or(String::new(), |r| r.to_string());
-        let top = [(st.step + 1).to_string(), room, format!("{}{door}", st.action)];
+        let mut top = vec![(st.step + 1).to_string(), format!("{}{door}", st.action)];
+        if let Some(room) = st.room.filter(|_| rows == 3) {
+            top.insert(1, room.to_string());
+        }
         for (row, text) in top.iter().enumerate() {
             let _ = writeln!(s, "<text x=\"{}\" y=\"{}\">{text}</text>", x + 3.0, y + ch * (row as f64 + 1.0) - 4.0);
         }
         for (l, &span) in st.spans.iter().enumerate() {
-            let cy = y + ch * (3 + l) as f64;
+            let cy = y + ch * (rows + l) as f64;
             let _ = writeln!(
                 s,
                 "<rect x=\"{x}\" y=\"{cy}\" width=\"{cw}\" height=\"{ch}\" fill=\"{}\" stroke=\"#ddd\"/><text x=\"{}\" y=\"{}\">{span:.0}</text>",
