@@ -471,39 +471,41 @@ fn short(v: f64) -> String {
     }
 }
 
+/// A table row: the mechanism in its plot colour, then the cells.
+fn html_row(mechanism: &str, cells: &[String]) -> String {
+    let cells: String = cells.iter().map(|c| format!("<td>{c}</td>")).collect();
+    format!("<tr><td style=\"color:{}\">{mechanism}</td>{cells}</tr>\n", colour_of(mechanism))
+}
+
 fn report_html(base: &Config, points: &[SweepPoint], svg: &str) -> String {
-    let mut rows = String::new();
-    for p in points {
-        let _ = writeln!(
-            rows,
-            "<tr><td style=\"color:{}\">{}</td><td>{}</td><td>{}</td><td>{:.2}</td><td>{:.1}</td><td>{:.4}</td><td>{:.1}%</td><td>{:.0}</td></tr>",
-            colour_of(&p.mechanism),
-            p.mechanism,
-            p.size,
-            p.seed,
-            p.quality,
-            p.mem_size,
-            p.loss,
-            100.0 * p.accuracy,
-            p.seconds
-        );
-    }
+    let rows: String = points
+        .iter()
+        .map(|p| {
+            let cells = [
+                p.size.to_string(),
+                p.seed.to_string(),
+                format!("{:.2}", p.quality),
+                format!("{:.1}", p.mem_size),
+                format!("{:.4}", p.loss),
+                format!("{:.1}%", 100.0 * p.accuracy),
+                format!("{:.0}", p.seconds),
+            ];
+            html_row(&p.mechanism, &cells)
+        })
+        .collect();
     let metric = points.first().map_or("quality", |p| p.metric.as_str());
-    let mut means = String::new();
-    for s in summarise(points) {
-        let _ = writeln!(
-            means,
-            "<tr><td style=\"color:{}\">{}</td><td>{}</td><td>{}</td><td>{:.2} ± {:.2}</td><td>{:.1} ± {:.1}</td></tr>",
-            colour_of(&s.mechanism),
-            s.mechanism,
-            s.size,
-            s.seeds,
-            s.quality.0,
-            s.quality.1,
-            s.mem_size.0,
-            s.mem_size.1
-        );
-    }
+    let means: String = summarise(points)
+        .iter()
+        .map(|s| {
+            let cells = [
+                s.size.to_string(),
+                s.seeds.to_string(),
+                format!("{:.2} ± {:.2}", s.quality.0, s.quality.1),
+                format!("{:.1} ± {:.1}", s.mem_size.0, s.mem_size.1),
+            ];
+            html_row(&s.mechanism, &cells)
+        })
+        .collect();
     format!(
         "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>lethe sweep: {name}</title>\n<style>body{{font-family:sans-serif;margin:2em}} td,th{{padding:2px 10px;text-align:right}} table{{border-collapse:collapse}} tr:nth-child(even){{background:#f4f4f4}}</style></head>\n<body><h1>Quality against memory size</h1>\n<p>Task: {data}. Model: {layers} layers x {d}, {heads} heads, block {block}, batch {batch}, {steps} steps. Validation split.</p>\n{svg}\n<table><tr><th>mechanism</th><th>size</th><th>seed</th><th>{metric}</th><th>mem size</th><th>loss</th><th>token acc.</th><th>time s</th></tr>\n{rows}</table>\n<h2>Over seeds</h2>\n<table><tr><th>mechanism</th><th>size</th><th>seeds</th><th>{metric}, mean ± sd</th><th>mem size, mean ± sd</th></tr>\n{means}</table>\n<p>Size: the span <i>L</i> (fixed, adaptive, expire) or the slots in all (compressive: half uncompressed, half compressed). Memory size: the average number of memories a query attends to, measured on the validation split.</p>\n</body></html>\n",
         name = base.name,
