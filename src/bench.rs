@@ -146,7 +146,7 @@ pub fn bench(cfg: &Config, opts: &BenchOptions) -> Result<BenchResult> {
     let flops = step_flops(cfg, &held);
     Ok(BenchResult {
         name: cfg.name.clone(),
-        mechanism: crate::sweep::mechanism_name(cfg.memory.mechanism).to_string(),
+        mechanism: cfg.memory.mechanism.name().to_string(),
         knob: None,
         value: None,
         span: cfg.memory.span,

@@ -263,6 +263,17 @@ pub enum Mechanism {
 }
 
 impl Mechanism {
+    /// The name used in configs, run names and messages (`fixed`, `expire`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            Mechanism::Fixed => "fixed",
+            Mechanism::Expire => "expire",
+            Mechanism::Adaptive => "adaptive",
+            Mechanism::Compressive => "compressive",
+            Mechanism::Infinity => "infinity",
+        }
+    }
+
     /// Whether the mechanism can keep the episodes of a row apart
     /// (`AttendInput::episodes`, `rl.reset = "episode"`): its memory holds one state
     /// per position. The Compressive Transformer and the ∞-former mix states into
@@ -945,7 +956,7 @@ impl Config {
                     "\"episode\"",
                     format!(
                         "the {} memory cannot keep the episodes of a row apart: set rl.reset = \"batch\" (synchronous batches)",
-                        format!("{:?}", self.memory.mechanism).to_lowercase()
+                        self.memory.mechanism.name()
                     ),
                 ));
             }

@@ -63,7 +63,7 @@ fn play(a: PlayArgs) -> Result<()> {
     };
     let who = if a.checkpoint.is_some() { "a trained" } else { "an untrained" };
     let mut out = std::io::stdout().lock();
-    let mechanism = format!("{:?}", agent.config.memory.mechanism).to_lowercase();
+    let mechanism = agent.config.memory.mechanism.name();
     // A closed pipe (`| head`) is not an error worth a panic: printing just stops.
     let _ = writeln!(out, "{} episode(s) of {} with {who} agent ({mechanism} memory)", a.episodes, data::describe(&agent.config));
     if let Some(dir) = &a.spans {

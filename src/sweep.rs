@@ -86,23 +86,12 @@ pub fn parse_sizes(text: &str) -> Result<Vec<usize>> {
         .collect()
 }
 
-/// The config name of a mechanism.
-pub fn mechanism_name(m: Mechanism) -> &'static str {
-    match m {
-        Mechanism::Fixed => "fixed",
-        Mechanism::Expire => "expire",
-        Mechanism::Adaptive => "adaptive",
-        Mechanism::Compressive => "compressive",
-        Mechanism::Infinity => "infinity",
-    }
-}
-
 /// The run's config: `base` with the mechanism, its size and the seed.
 pub fn configure(base: &Config, mechanism: Mechanism, size: usize, seed: u64) -> Result<Config> {
     let mut c = base.clone();
     c.memory.mechanism = mechanism;
     c.seed = seed;
-    c.name = format!("{}-{size}-s{seed}", mechanism_name(mechanism));
+    c.name = format!("{}-{size}-s{seed}", mechanism.name());
     // Two-memory mechanisms: half the size (at least a block) is the recent window,
     // the rest the second memory.
     let window = (size / 2).max(c.train.block);
@@ -207,7 +196,7 @@ fn run_one(cfg: &Config, runs: &Path) -> Result<SweepPoint> {
     let opts = TrainOptions { out_dir: runs.to_path_buf(), overwrite: true, quiet: true, ..TrainOptions::default() };
     let m = if cfg.data.source.is_rl() { train_agent(cfg, &opts)? } else { train_lm(cfg, &opts)? };
     let point = SweepPoint {
-        mechanism: mechanism_name(cfg.memory.mechanism).to_string(),
+        mechanism: cfg.memory.mechanism.name().to_string(),
         size: match cfg.memory.mechanism {
             Mechanism::Compressive => cfg.memory.span + cfg.memory.compressive.slots,
             Mechanism::Infinity => cfg.memory.span + cfg.memory.infinity.basis,

@@ -22,7 +22,7 @@ use crate::config::{Mechanism, Source};
 use crate::error::{LetheError, Result};
 use crate::model::Memory;
 use crate::rl::agent::Agent;
-use crate::rl::env::{door_taken, Episodes};
+use crate::rl::env::{door_taken, Episodes, World};
 use crate::rl::train::{play, RlEval};
 
 /// One step of an episode of the first row.
@@ -85,8 +85,8 @@ pub fn trace_agent(agent: &Agent, episodes: usize, seed: u64) -> Result<(AgentTr
     let cfg = &agent.config;
     if cfg.memory.mechanism != Mechanism::Expire {
         return Err(LetheError::Invalid(format!(
-            "`--spans` needs an Expire-Span agent (memory.mechanism = \"expire\"); this one's memory is {:?}",
-            cfg.memory.mechanism
+            "`--spans` needs an Expire-Span agent (memory.mechanism = \"expire\"); this one's memory is {}",
+            cfg.memory.mechanism.name()
         )));
     }
     let mut steps = vec![];
@@ -116,7 +116,7 @@ fn record(eps: &Episodes, action: char, reward: f64, mem: &Memory, follow: &mut 
         None => Follow { number: slot.number, episode: 0, step: 0, progress: (0, 0) },
     };
     let after = slot.world.progress();
-    let portal = matches!(slot.world, crate::rl::env::World::Portal(_));
+    let portal = matches!(slot.world, World::Portal(_));
     let step = AgentStep {
         episode: before.episode,
         step: before.step,

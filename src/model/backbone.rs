@@ -156,7 +156,7 @@ impl Backbone {
         if episodes.is_some() && !self.mechanism.separates_episodes() {
             return Err(LetheError::Invalid(format!(
                 "the {} memory cannot keep the episodes of a row apart; play them in synchronous batches (rl.reset = \"batch\")",
-                format!("{:?}", self.mechanism).to_lowercase()
+                self.mechanism.name()
             )));
         }
         let p = self.cfg.dropout;

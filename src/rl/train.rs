@@ -225,7 +225,7 @@ impl<'a> Run<'a> {
         run.say(&format!(
             "lethe: training `{}` by actor-critic: {} memory, span {} | {} layers x {} | {} parameters | {:?} | run folder {}",
             cfg.name,
-            format!("{:?}", cfg.memory.mechanism).to_lowercase(),
+            cfg.memory.mechanism.name(),
             cfg.memory.span,
             cfg.model.layers,
             cfg.model.d_model,
