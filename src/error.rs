@@ -34,13 +34,16 @@ pub enum LetheError {
     )]
     NonFiniteLoss { step: usize, value: f64, last_checkpoint: usize, dir: PathBuf },
 
-    /// A file could not be read or written.
-    #[error("`{path}`: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    /// A file could not be read or written. The message holds the reason, so `error`
+    /// is not also given as the error's `source()` (which would print it twice in a
+    /// chain, as `main`'s `{:#}` does).
+    #[error("`{path}`: {error}")]
+    Io { path: PathBuf, error: std::io::Error },
 
-    /// An error from libtorch, with what lethe was doing at the time.
-    #[error("{context}: {source}")]
-    Torch { context: String, source: tch::TchError },
+    /// An error from libtorch, with what lethe was doing at the time (the reason in the
+    /// message, as for `Io`).
+    #[error("{context}: {error}")]
+    Torch { context: String, error: tch::TchError },
 
     /// A request that makes no sense for this model or input (e.g. an empty prompt).
     #[error("{0}")]
@@ -58,7 +61,7 @@ impl LetheError {
 
     /// Shorthand for [`LetheError::Io`].
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        LetheError::Io { path: path.into(), source }
+        LetheError::Io { path: path.into(), error: source }
     }
 
     /// Shorthand for [`LetheError::Checkpoint`].
@@ -80,6 +83,6 @@ pub trait TorchContext<T> {
 
 impl<T> TorchContext<T> for std::result::Result<T, tch::TchError> {
     fn torch(self, context: &str) -> Result<T> {
-        self.map_err(|source| LetheError::Torch { context: context.to_string(), source })
+        self.map_err(|error| LetheError::Torch { context: context.to_string(), error })
     }
 }

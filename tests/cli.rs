@@ -341,6 +341,12 @@ fn gridworld_mistakes_are_named() {
     fails_with(&lethe(d, &["play", "--preset", "copy-tiny"]), &["plays gridworlds"]);
     fails_with(&lethe(d, &["play", "--preset", "corridor-small", "--episodes", "0"]), &["--episodes"]);
     fails_with(&lethe(d, &["play", "--preset", "corridor-small", "--spans", "s"]), &["--spans", "Expire-Span"]);
+    // An unwritable output folder names the path and gives the reason once (it used to
+    // be printed twice: in the message and again as the error's source).
+    std::fs::write(d.join("blocker"), "a file, not a folder").unwrap();
+    let out = lethe(d, &["play", "--preset", "corridor-expire-small", "--spans", "blocker/spans"]);
+    fails_with(&out, &["blocker/spans", "os error"]);
+    assert_eq!(String::from_utf8_lossy(&out.stderr).matches("os error").count(), 1, "{out:?}");
     // A language-model checkpoint is not an agent, and a gridworld has no token stream.
     succeeds(&lethe(d, &["train", "--quiet", "--steps", "1", "--name", "lm", "--set", "train.eval_tokens=64", "--set", "data.copy.eval_tokens=128"]));
     fails_with(&lethe(d, &["play", "--checkpoint", "runs/lm"]), &["plays gridworlds"]);
