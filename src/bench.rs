@@ -197,7 +197,7 @@ impl Timing {
 pub fn time_attention(cfg: &Config, steps: usize, warmup: usize) -> Result<Timing> {
     cfg.validate()?;
     let device = crate::device::for_training(&cfg.train)?;
-    tch::manual_seed(cfg.seed as i64);
+    let _seed = crate::rng::seed_torch(cfg.seed as i64);
     let vs = tch::nn::VarStore::new(device);
     let root = vs.root();
     let (d, heads) = (cfg.model.d_model as i64, cfg.model.heads as i64);

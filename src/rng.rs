@@ -4,8 +4,36 @@
 //! that the whole state fits in a checkpoint as one `u64` and a resumed run draws the
 //! same numbers. Dropout uses libtorch's generator, re-seeded from `(seed, step)` at
 //! every step, so it needs no saved state either.
+//!
+//! libtorch's generator is one per process. A seeded section ([`seed_torch`]) holds a
+//! process-wide lock from the seeding to the last draw, so that two threads (tests,
+//! or a library user's) never draw from each other's seed: model initialisation and
+//! each training step are such sections. Random inputs that need no libtorch draw come
+//! from [`Rng::normal_tensor`], which touches no global state at all.
 
+use parking_lot::{ReentrantMutex, ReentrantMutexGuard};
 use serde::{Deserialize, Serialize};
+use tch::{Kind, Tensor};
+
+/// Guards libtorch's process-wide generator (reentrant: a seeded section may start
+/// another on the same thread).
+static TORCH_GENERATOR: ReentrantMutex<()> = ReentrantMutex::new(());
+
+/// A seeded section of libtorch's generator: while it lives, no other thread can seed
+/// or (through another section) draw from it.
+#[must_use = "the section ends when the guard is dropped"]
+pub struct TorchSeed {
+    _guard: ReentrantMutexGuard<'static, ()>,
+}
+
+/// Seeds libtorch's process-wide generator with `seed` and holds it until the returned
+/// guard is dropped. Every draw lethe makes from that generator (initialisation,
+/// dropout, Expire-Span's span noise) happens inside such a section.
+pub fn seed_torch(seed: i64) -> TorchSeed {
+    let guard = TORCH_GENERATOR.lock();
+    tch::manual_seed(seed);
+    TorchSeed { _guard: guard }
+}
 
 /// SplitMix64: 64 bits of state, passes BigCrush, trivially serialisable.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -38,6 +66,21 @@ impl Rng {
     /// A float uniform in [0, 1).
     pub fn uniform(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// A standard normal draw (Box-Muller).
+    pub fn normal(&mut self) -> f64 {
+        let u1 = self.uniform().max(1e-300);
+        let u2 = self.uniform();
+        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+    }
+
+    /// A tensor of standard normal draws of `shape` and `kind` on the CPU, drawn from
+    /// this generator alone (no libtorch state): reproducible in any thread.
+    pub fn normal_tensor(&mut self, shape: &[i64], kind: Kind) -> Tensor {
+        let n: i64 = shape.iter().product();
+        let values: Vec<f64> = (0..n).map(|_| self.normal()).collect();
+        Tensor::from_slice(&values).view(shape).to_kind(kind)
     }
 
     /// An integer uniform in `[lo, hi]` (inclusive). `lo <= hi` is required.
@@ -78,6 +121,16 @@ mod tests {
             seen[a.range(2, 4) - 2] = true;
         }
         assert_eq!(seen, [true; 3]);
+    }
+
+    #[test]
+    fn normal_tensors_are_reproducible_and_standard() {
+        let a = Rng::new(3).normal_tensor(&[100, 100], Kind::Double);
+        let b = Rng::new(3).normal_tensor(&[100, 100], Kind::Double);
+        assert!(a.equal(&b));
+        assert!(!a.equal(&Rng::new(4).normal_tensor(&[100, 100], Kind::Double)));
+        let (mean, var) = (a.mean(Kind::Double).double_value(&[]), a.var(true).double_value(&[]));
+        assert!(mean.abs() < 0.03 && (var - 1.0).abs() < 0.05, "mean {mean}, variance {var}");
     }
 
     #[test]

@@ -20,7 +20,7 @@ use crate::eval::{evaluate, EvalResult};
 use crate::metrics::{format_count, format_duration, MetricsLog};
 use crate::model::{token_nll, Lm, Memory};
 use crate::optim::{learning_rate, Optimiser};
-use crate::rng::Rng;
+use crate::rng::{seed_torch, Rng, TorchSeed};
 
 /// How to run `train`, beyond the config.
 #[derive(Clone, Debug)]
@@ -161,7 +161,7 @@ impl Looped for Run<'_> {
 
     /// One optimiser step; returns the task loss (nats per scored token).
     fn train_step(&mut self, window: &mut Window) -> Result<f64> {
-        let scales = begin_step(self.cfg, self.step);
+        let (scales, _seed) = begin_step(self.cfg, self.step);
         let batch = self.data.next_batch();
         let s = optimisation_step(&self.lm, &mut self.opt, &mut self.mems, &batch, &self.cfg.train, scales)?;
         let loss = s.nll_sum / s.weight.max(1.0);
@@ -379,12 +379,13 @@ pub struct Scales {
     pub aux: f64,
 }
 
-/// Starts optimiser step `step` (0-based) of the run `cfg`: seeds libtorch's global
-/// generator (dropout, Expire-Span's span noise) for it, so that a resumed run draws
-/// what a straight run does, and returns the step's scales.
-pub(crate) fn begin_step(cfg: &Config, step: usize) -> Scales {
-    tch::manual_seed((Rng::derive(cfg.seed, step as u64).next_u64() >> 1) as i64);
-    Scales { lr: learning_rate(&cfg.train, step), aux: cfg.memory.aux_scale(step) }
+/// Starts optimiser step `step` (0-based) of the run `cfg`: seeds libtorch's generator
+/// (dropout, Expire-Span's span noise) for it, so that a resumed run draws what a
+/// straight run does, and returns the step's scales with the seeded section, to be
+/// held until the step's last draw (see [`crate::rng::seed_torch`]).
+pub(crate) fn begin_step(cfg: &Config, step: usize) -> (Scales, TorchSeed) {
+    let seed = seed_torch((Rng::derive(cfg.seed, step as u64).next_u64() >> 1) as i64);
+    (Scales { lr: learning_rate(&cfg.train, step), aux: cfg.memory.aux_scale(step) }, seed)
 }
 
 /// Fails with [`LetheError::NonFiniteLoss`] for the first of `values` (step `step`'s

@@ -5,7 +5,7 @@ mod common;
 
 use lethe::config::{Config, Mechanism};
 use lethe::model::Lm;
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Tensor};
 
 fn adaptive_config(span: usize, ramp: usize, init_ratio: f64, coef: f64) -> Config {
     let mut c = common::tiny_config();
@@ -26,7 +26,6 @@ use common::tokens;
 
 #[test]
 fn the_span_loss_is_coef_times_l_times_mean_ratio() {
-    let _rng = common::torch_rng_lock();
     let lm = Lm::new(&adaptive_config(16, 4, 0.0, 0.01), Device::Cpu).unwrap();
     let _guard = tch::no_grad_guard();
     z_of(&lm).copy_(&Tensor::from_slice(&[0.25f32, 0.75]));
@@ -37,7 +36,6 @@ fn the_span_loss_is_coef_times_l_times_mean_ratio() {
 
 #[test]
 fn ratios_are_clamped_to_the_unit_interval_after_a_step() {
-    let _rng = common::torch_rng_lock();
     let lm = Lm::new(&adaptive_config(16, 4, 0.5, 0.0), Device::Cpu).unwrap();
     tch::no_grad(|| z_of(&lm).copy_(&Tensor::from_slice(&[1.3f32, -0.2])));
     lm.model.after_step();
@@ -47,7 +45,6 @@ fn ratios_are_clamped_to_the_unit_interval_after_a_step() {
 
 #[test]
 fn gradients_through_the_span_ratio_match_finite_differences() {
-    let _rng = common::torch_rng_lock();
     // L = 8, R = 4, z = 0.3: distances 2.4 to 6.4 are on the ramp.
     let mut lm = Lm::new(&adaptive_config(8, 4, 0.3, 0.5), Device::Cpu).unwrap();
     lm.vs.double();
@@ -67,7 +64,6 @@ fn gradients_through_the_span_ratio_match_finite_differences() {
 
 #[test]
 fn adaptive_span_learns_the_copy_task_with_shrinking_spans() {
-    let _rng = common::torch_rng_lock();
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = common::copy_learning_config("copy-adaptive");
     cfg.memory.mechanism = Mechanism::Adaptive;
@@ -87,14 +83,13 @@ fn adaptive_span_learns_the_copy_task_with_shrinking_spans() {
 
 #[test]
 fn the_cache_holds_only_what_the_widest_head_can_see() {
-    let _rng = common::torch_rng_lock();
     // L = 512 but every head's ratio is 0.1: 52 + R 8 = 60 states, rounded up to 64.
     let mut cfg = adaptive_config(512, 8, 0.1, 0.0);
     cfg.train.block = 8;
     let lm = Lm::new(&cfg, Device::Cpu).unwrap();
     let _guard = tch::no_grad_guard();
     let mut mem = lm.model.new_memory();
-    let x = Tensor::randint(256, [2, 8], (Kind::Int64, Device::Cpu));
+    let x = common::random_tokens(1, 256, &[2, 8]);
     for _ in 0..20 {
         lm.model.forward(&x, &mut mem, false).unwrap();
     }

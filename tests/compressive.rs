@@ -38,7 +38,6 @@ fn third_block_losses(lm: &Lm, state: &[(String, Tensor)]) -> (Tensor, Tensor) {
 
 #[test]
 fn queries_see_the_compressed_slots() {
-    let _rng = common::torch_rng_lock();
     let lm = Lm::new(&compressive_config(Compressor::Pool), Device::Cpu).unwrap();
     let state = two_block_memory(&lm);
     let names: Vec<&str> = state.iter().map(|(n, _)| n.as_str()).collect();
@@ -60,7 +59,6 @@ fn queries_see_the_compressed_slots() {
 
 #[test]
 fn gradients_through_the_slot_positions_match_finite_differences() {
-    let _rng = common::torch_rng_lock();
     let mut lm = Lm::new(&compressive_config(Compressor::Pool), Device::Cpu).unwrap();
     lm.vs.double();
     let state = two_block_memory(&lm);
@@ -81,7 +79,6 @@ fn gradients_through_the_slot_positions_match_finite_differences() {
 
 #[test]
 fn the_reconstruction_loss_trains_only_the_convolution() {
-    let _rng = common::torch_rng_lock();
     let mut lm = Lm::new(&compressive_config(Compressor::Conv), Device::Cpu).unwrap();
     lm.vs.double();
     let state = two_block_memory(&lm);
@@ -111,7 +108,6 @@ fn the_reconstruction_loss_trains_only_the_convolution() {
 
 #[test]
 fn the_mean_pool_compressive_transformer_learns_the_copy_task() {
-    let _rng = common::torch_rng_lock();
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = common::copy_learning_config("copy-compressive");
     cfg.memory.mechanism = Mechanism::Compressive;

@@ -6,7 +6,7 @@ mod common;
 
 use lethe::config::{Config, Deletion, Mechanism};
 use lethe::model::Lm;
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Tensor};
 
 fn expire_config(span: usize, block: usize, ramp: usize, init_fraction: f64) -> Config {
     let mut c = common::tiny_config();
@@ -19,20 +19,14 @@ fn expire_config(span: usize, block: usize, ramp: usize, init_fraction: f64) -> 
 }
 
 
-/// Gives the span predictors random weights, so spans differ from memory to memory.
+/// Gives the span predictors random (seeded) weights, so spans differ from memory to
+/// memory.
 fn randomise_spans(lm: &Lm, scale: f64) {
-    let _guard = tch::no_grad_guard();
-    for (name, p) in lm.named_parameters() {
-        if name.ends_with("expire.w") {
-            let mut p = p;
-            p.copy_(&(Tensor::randn(p.size(), (p.kind(), p.device())) * scale));
-        }
-    }
+    common::randomise(&lm.vs, 17, scale, |name| name.ends_with("expire.w"));
 }
 
 #[test]
 fn gradients_through_the_span_predictor_match_finite_differences() {
-    let _rng = common::torch_rng_lock();
     // L = 8, R = 4, spans near 4: memories 4-8 back are on the ramp.
     let mut cfg = expire_config(8, 4, 4, 0.5);
     cfg.memory.expire.alpha = 0.5; // a span loss large enough to matter
@@ -63,10 +57,9 @@ fn gradients_through_the_span_predictor_match_finite_differences() {
 }
 
 /// Logits of `blocks` consecutive blocks of a random stream, and the cache held after each.
-fn run_stream(lm: &Lm, blocks: usize, block: i64, seed: i64) -> (Vec<Tensor>, Vec<usize>) {
+fn run_stream(lm: &Lm, blocks: usize, block: i64, seed: u64) -> (Vec<Tensor>, Vec<usize>) {
     let _guard = tch::no_grad_guard();
-    tch::manual_seed(seed);
-    let stream = Tensor::randint(256, [2, blocks as i64 * block], (Kind::Int64, Device::Cpu));
+    let stream = common::random_tokens(seed, 256, &[2, blocks as i64 * block]);
     let mut mem = lm.model.new_memory();
     let mut logits = vec![];
     let mut held = vec![];
@@ -90,7 +83,6 @@ fn with_deletion(base: &Lm, deletion: Deletion) -> Lm {
 
 #[test]
 fn deleting_expired_memories_changes_no_output() {
-    let _rng = common::torch_rng_lock();
     let mut cfg = expire_config(32, 4, 4, 0.3);
     cfg.model.layers = 2;
     let reference = Lm::new(&cfg, Device::Cpu).unwrap();
@@ -109,7 +101,6 @@ fn deleting_expired_memories_changes_no_output() {
 
 #[test]
 fn the_cache_stays_bounded_over_a_long_stream() {
-    let _rng = common::torch_rng_lock();
     // L = 4096 but every span starts at 0.02 L = 82: a memory lives at most e + R.
     let mut cfg = expire_config(4096, 8, 8, 0.02);
     cfg.memory.expire.alpha = 0.0;
@@ -135,7 +126,6 @@ fn copy_run(mechanism: Mechanism, span: usize, dir: &std::path::Path) -> lethe::
 
 #[test]
 fn expire_span_solves_the_copy_task_with_a_memory_far_below_the_distance() {
-    let _rng = common::torch_rng_lock();
     let dir = tempfile::tempdir().unwrap();
     // The run of A's lies 25 to 33 tokens back; blocks are 8 long.
     let expire = copy_run(Mechanism::Expire, 64, dir.path());
@@ -151,7 +141,6 @@ fn expire_span_solves_the_copy_task_with_a_memory_far_below_the_distance() {
 
 #[test]
 fn inspect_traces_one_span_per_byte_and_layer_and_refuses_fixed_models() {
-    let _rng = common::torch_rng_lock();
     let mut cfg = expire_config(32, 4, 4, 0.3);
     cfg.model.layers = 2;
     let lm = Lm::new(&cfg, Device::Cpu).unwrap();
@@ -176,7 +165,6 @@ fn inspect_traces_one_span_per_byte_and_layer_and_refuses_fixed_models() {
 
 #[test]
 fn an_inference_cap_shortens_every_span_and_the_memory() {
-    let _rng = common::torch_rng_lock();
     let cfg = expire_config(64, 4, 4, 0.9);
     let base = Lm::new(&cfg, Device::Cpu).unwrap();
     let mut capped_cfg = cfg.clone();
@@ -199,7 +187,6 @@ fn an_inference_cap_shortens_every_span_and_the_memory() {
 /// `alpha_warmup = 2` the first update is that of alpha / 2, the second is not.
 #[test]
 fn the_alpha_warm_up_weighs_the_span_loss_of_language_model_updates() {
-    let _rng = common::torch_rng_lock();
     let losses = |alpha: f64, warmup: usize| {
         let mut cfg = expire_config(16, 8, 8, 0.5);
         cfg.memory.expire.alpha = alpha;
@@ -213,4 +200,26 @@ fn the_alpha_warm_up_weighs_the_span_loss_of_language_model_updates() {
     // The losses are the task's: the first two follow the same first update.
     assert_eq!(warm[..2], half[..2]);
     assert_ne!(warm[2], half[2], "the second update has the full alpha");
+}
+
+/// Regression (issue 18): the bias was `-ln(1/p - 1)` inside the division by `pre_div`,
+/// so spans started at 46.9 with pre_div 4 and 62.9 with 64 instead of `p L` = 12.8.
+/// Every memory must start at span `p L` whatever the divisor.
+#[test]
+fn spans_start_at_the_initial_fraction_whatever_the_divisor() {
+    for pre_div in [1.0, 4.0, 64.0] {
+        for (span, p) in [(128usize, 0.1), (64, 0.01)] {
+            let mut cfg = expire_config(span, 8, 16, p);
+            cfg.memory.expire.pre_div = pre_div;
+            let lm = Lm::new(&cfg, Device::Cpu).unwrap();
+            let mut mem = lm.model.new_memory();
+            let x = Tensor::from_slice(&[3i64, 1, 4, 1, 5, 9, 2, 6]).view([1, 8]);
+            tch::no_grad(|| lm.model.forward(&x, &mut mem, false).unwrap());
+            for report in mem.reports() {
+                let mean = report.extra("mean_span").expect("Expire-Span reports its mean span");
+                let want = p * span as f64;
+                assert!((mean - want).abs() < 1e-3 * want, "pre_div {pre_div}, L {span}, p {p}: mean span {mean}, want {want}");
+            }
+        }
+    }
 }

@@ -49,7 +49,6 @@ fn replace(state: &[(String, Tensor)], name: &str, f: impl Fn(&Tensor) -> Tensor
 
 #[test]
 fn queries_see_the_long_term_memory() {
-    let _rng = common::torch_rng_lock();
     let lm = Lm::new(&infinity_config(), Device::Cpu).unwrap();
     let state = three_block_memory(&lm);
     let names: Vec<&str> = state.iter().map(|(n, _)| n.as_str()).collect();
@@ -75,7 +74,6 @@ fn queries_see_the_long_term_memory() {
 
 #[test]
 fn gradients_through_mu_sigma_gate_and_projections_match_finite_differences() {
-    let _rng = common::torch_rng_lock();
     let mut lm = Lm::new(&infinity_config(), Device::Cpu).unwrap();
     lm.vs.double();
     let state = three_block_memory(&lm);
@@ -101,7 +99,6 @@ fn gradients_through_mu_sigma_gate_and_projections_match_finite_differences() {
 
 #[test]
 fn the_kl_regulariser_matches_its_formula() {
-    let _rng = common::torch_rng_lock();
     let lm = Lm::new(&infinity_config(), Device::Cpu).unwrap();
     let state = three_block_memory(&lm);
     let (_, aux) = fourth_block_losses(&lm, &state);
@@ -115,7 +112,6 @@ fn the_kl_regulariser_matches_its_formula() {
 
 #[test]
 fn the_memory_stays_bounded_however_long_the_stream() {
-    let _rng = common::torch_rng_lock();
     let lm = Lm::new(&infinity_config(), Device::Cpu).unwrap();
     let mut mem = lm.model.new_memory();
     let x = common::tokens(&X, 2);
@@ -150,7 +146,6 @@ fn ltm_after_fourth_block(sticky: bool, hist: &dyn Fn(&Tensor) -> Tensor) -> Ten
 
 #[test]
 fn sticky_memories_sample_where_the_attention_went() {
-    let _rng = common::torch_rng_lock();
     let plain = ltm_after_fourth_block(false, &|h| h.copy());
     // A flat histogram: the sticky positions are the even ones.
     let flat = ltm_after_fourth_block(true, &|h| h.ones_like());
@@ -169,7 +164,6 @@ fn sticky_memories_sample_where_the_attention_went() {
 
 #[test]
 fn the_attention_histogram_is_a_distribution_over_the_bins() {
-    let _rng = common::torch_rng_lock();
     let lm = Lm::new(&infinity_config(), Device::Cpu).unwrap();
     let state = three_block_memory(&lm);
     let hist = &state.iter().find(|(n, _)| n.ends_with("histogram")).unwrap().1;
@@ -184,7 +178,6 @@ fn the_attention_histogram_is_a_distribution_over_the_bins() {
 
 #[test]
 fn a_tiny_infinity_former_learns_to_sort_by_frequency() {
-    let _rng = common::torch_rng_lock();
     let dir = tempfile::tempdir().unwrap();
     // 4 symbols, sequences of 96: the STM of 16 (plus the block of 16) sees a third of
     // a sequence, the LTM all of it.
@@ -207,7 +200,6 @@ fn a_tiny_infinity_former_learns_to_sort_by_frequency() {
 #[test]
 fn resuming_an_infinity_former_repeats_the_losses_of_a_straight_run() {
     use lethe::train::{train, TrainOptions};
-    let _rng = common::torch_rng_lock();
     let mut cfg = infinity_config();
     cfg.memory.infinity.sticky = true; // the histogram is part of the state
     cfg.train.steps = 12;

@@ -13,7 +13,6 @@ use common::tokens;
 
 #[test]
 fn forward_shapes_and_the_cache_is_bounded_by_the_span() {
-    let _rng = common::torch_rng_lock();
     let cfg = common::tiny_config(); // span 16, block 8
     let lm = Lm::new(&cfg, Device::Cpu).unwrap();
     let mut mem = lm.model.new_memory();
@@ -30,7 +29,6 @@ fn forward_shapes_and_the_cache_is_bounded_by_the_span() {
 
 #[test]
 fn gradients_match_finite_differences() {
-    let _rng = common::torch_rng_lock();
     let mut cfg = common::tiny_config();
     cfg.memory.span = 6; // the second block sees part of the first through the cache
     cfg.model.vocab = 11;
@@ -61,7 +59,6 @@ fn gradients_match_finite_differences() {
 
 #[test]
 fn streaming_in_blocks_equals_one_long_block_when_the_span_covers_it() {
-    let _rng = common::torch_rng_lock();
     let mut cfg = common::tiny_config();
     cfg.memory.span = 32;
     let lm = Lm::new(&cfg, Device::Cpu).unwrap();
@@ -88,7 +85,6 @@ fn streaming_in_blocks_equals_one_long_block_when_the_span_covers_it() {
 
 #[test]
 fn a_short_span_changes_the_result_so_the_window_matters() {
-    let _rng = common::torch_rng_lock();
     // Control for the test above: with a span shorter than the stream, blocks differ from
     // a model that sees everything, so that test can fail.
     let mut cfg = common::tiny_config();

@@ -41,7 +41,6 @@ fn run(cfg: &Config) -> RlSummary {
 /// from the same starting memory. The two must give the same policy and values, with
 /// and without episodes that end inside the window.
 fn check_step_by_step_equals_block(mechanism: Mechanism, episodes: Option<&Tensor>) {
-    let _rng = common::torch_rng_lock();
     let mut cfg = tiny_corridor("passes", 16);
     cfg.memory.mechanism = mechanism;
     cfg.memory.expire.init_fraction = 0.3; // spans of about 5: memories expire within the window
@@ -50,13 +49,9 @@ fn check_step_by_step_equals_block(mechanism: Mechanism, episodes: Option<&Tenso
     let f = observation_size(&cfg) as i64;
     let _guard = tch::no_grad_guard();
     // The heads start at zero; give them weights so that the logits say something.
-    for (name, mut var) in agent.vs.variables() {
-        if name.starts_with("policy") || name.starts_with("value") {
-            var.copy_(&(var.randn_like() * 0.3));
-        }
-    }
+    common::randomise(&agent.vs, 3, 0.3, |name| name.starts_with("policy") || name.starts_with("value"));
     // Random binary observations: 3 streams, a first block of 6 steps, then 12 more.
-    let obs = Tensor::rand([3, 18, f], (Kind::Float, Device::Cpu)).ge(0.7).to_kind(Kind::Float);
+    let obs = common::randn(4, &[3, 18, f], Kind::Float).ge(0.52).to_kind(Kind::Float);
     let at = |from: i64, len: i64| episodes.map(|e| e.narrow(1, from, len));
     let mut mem = agent.new_memory();
     agent.forward(&obs.narrow(1, 0, 6), &mut mem, false, at(0, 6).as_ref()).unwrap();
@@ -89,7 +84,6 @@ fn acting_step_by_step_matches_the_window_replayed_as_a_block() {
 
 #[test]
 fn a_tiny_corridor_is_learned_with_memory_and_guessed_without() {
-    let _rng = common::torch_rng_lock();
     // Transformer-XL with a span of 16: the object is always in reach.
     let with = run(&tiny_corridor("with-memory", 16)).last_eval.unwrap();
     // A span of 1 in each of 2 layers reaches 2 steps back: the colour is out of reach
@@ -106,7 +100,6 @@ fn a_tiny_corridor_is_learned_with_memory_and_guessed_without() {
 /// and reaches 2.25 rooms on average.
 #[test]
 fn a_tiny_portal_is_learned_by_remembering_the_doors() {
-    let _rng = common::torch_rng_lock();
     let mut c = Config::preset("portal-small").unwrap();
     c.name = "tiny-portal".into();
     c.data.portal.rooms = 3;
@@ -119,7 +112,6 @@ fn a_tiny_portal_is_learned_by_remembering_the_doors() {
 
 #[test]
 fn resuming_an_rl_run_repeats_the_losses_of_a_straight_run() {
-    let _rng = common::torch_rng_lock();
     // Windows of 8 over episodes of up to 12 steps: checkpoints fall inside episodes.
     let mut cfg = tiny_corridor("resume", 8);
     cfg.memory.mechanism = Mechanism::Expire;
@@ -144,7 +136,6 @@ fn resuming_an_rl_run_repeats_the_losses_of_a_straight_run() {
 
 #[test]
 fn every_memory_mechanism_drives_an_agent() {
-    let _rng = common::torch_rng_lock();
     for mechanism in [Mechanism::Fixed, Mechanism::Expire, Mechanism::Adaptive, Mechanism::Compressive, Mechanism::Infinity] {
         let mut cfg = tiny_corridor("mechanisms", 16);
         cfg.memory.mechanism = mechanism;
@@ -172,7 +163,6 @@ fn every_memory_mechanism_drives_an_agent() {
 /// and the second is not.
 #[test]
 fn the_alpha_warm_up_weighs_the_span_loss_of_each_update() {
-    let _rng = common::torch_rng_lock();
     let losses = |alpha: f64, warmup: usize| {
         let mut cfg = tiny_corridor("warmup", 16);
         cfg.memory.mechanism = Mechanism::Expire;
@@ -196,7 +186,6 @@ fn the_alpha_warm_up_weighs_the_span_loss_of_each_update() {
 /// beyond the 40 steps an episode may last).
 #[test]
 fn evaluation_averages_the_memory_over_the_steps_of_the_episodes() {
-    let _rng = common::torch_rng_lock();
     let resets = [lethe::rl::Reset::Episode, lethe::rl::Reset::Batch];
     for (mechanism, reset) in [Mechanism::Fixed, Mechanism::Adaptive, Mechanism::Expire].into_iter().flat_map(|m| resets.map(|r| (m, r))) {
         let mut cfg = tiny_corridor("eval-memory", 64);
@@ -237,7 +226,6 @@ fn a_batch_of_episodes_replays_from_its_seed() {
 /// of every window is played; with `batch`, rows whose episode has ended wait.
 #[test]
 fn resetting_by_episode_leaves_no_step_idle() {
-    let _rng = common::torch_rng_lock();
     let env_steps = |reset: lethe::rl::Reset| {
         let mut cfg = tiny_corridor("idle", 16);
         (cfg.train.batch, cfg.train.steps, cfg.train.log_every, cfg.rl.eval_episodes) = (8, 6, 6, 8);
@@ -259,21 +247,13 @@ fn resetting_by_episode_leaves_no_step_idle() {
 /// in one of two colours, so their spans take at most two values per layer.
 #[test]
 fn an_expire_span_agent_trace_records_every_step_and_its_door() {
-    let _rng = common::torch_rng_lock();
     let mut cfg = tiny_corridor("trace", 16);
     cfg.memory.mechanism = Mechanism::Expire;
     cfg.train.batch = 1;
     let agent = Agent::new(&cfg, Device::Cpu).unwrap();
     // The span predictors start at zero (every span L/2); give them weights, so that a
     // step's span says what the step saw.
-    tch::manual_seed(5);
-    tch::no_grad(|| {
-        for (name, mut var) in agent.vs.variables() {
-            if name.contains("expire") {
-                var.copy_(&(var.randn_like() * 0.5));
-            }
-        }
-    });
+    common::randomise(&agent.vs, 5, 0.5, |name| name.contains("expire"));
     let (trace, eval) = lethe::inspect::agent::trace_agent(&agent, 8, 3).unwrap();
     assert_eq!(trace.steps.len() as f64, eval.mean_length * 8.0, "every step of the 8 episodes");
     assert_eq!(trace.steps.last().unwrap().episode, 7);

@@ -14,7 +14,6 @@ fn options(dir: &std::path::Path) -> TrainOptions {
 
 #[test]
 fn a_tiny_model_learns_the_copy_task_below_the_unigram_baseline() {
-    let _rng = common::torch_rng_lock();
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = common::tiny_config();
     cfg.model.d_model = 32;
@@ -44,7 +43,6 @@ fn a_tiny_model_learns_the_copy_task_below_the_unigram_baseline() {
 
 #[test]
 fn resuming_repeats_the_losses_of_a_straight_run() {
-    let _rng = common::torch_rng_lock();
     let mut cfg = common::tiny_config();
     cfg.model.dropout = 0.1; // dropout must be reproduced too
     cfg.train.steps = 8;
@@ -68,7 +66,6 @@ fn resuming_repeats_the_losses_of_a_straight_run() {
 
 #[test]
 fn resuming_on_a_byte_corpus_repeats_the_losses_too() {
-    let _rng = common::torch_rng_lock();
     let data_dir = tempfile::tempdir().unwrap();
     let corpus = data_dir.path().join("text.txt");
     let text: Vec<u8> = (0..3000u32).map(|i| b"the quick brown fox jumps over the lazy dog. "[(i % 45) as usize] ^ ((i / 45 % 2) as u8)).collect();
@@ -90,7 +87,6 @@ fn resuming_on_a_byte_corpus_repeats_the_losses_too() {
 
 #[test]
 fn a_nan_loss_stops_training_and_keeps_the_last_good_checkpoint() {
-    let _rng = common::torch_rng_lock();
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = common::tiny_config();
     cfg.train.steps = 4;

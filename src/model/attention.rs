@@ -177,11 +177,12 @@ mod tests {
     /// for a cache that is filling, full, or empty, and their gradients agree.
     #[test]
     fn window_scores_equal_relative_scores_on_visible_keys() {
+        let mut rng = crate::rng::Rng::new(11);
         for (cached, m, span) in [(0, 3, 4), (2, 3, 4), (4, 3, 4), (5, 5, 5), (1, 4, 9)] {
             let n = cached + m;
-            let q = Tensor::randn([2, 3, m, 4], (Kind::Double, tch::Device::Cpu)).set_requires_grad(true);
-            let k = Tensor::randn([2, 3, n, 4], (Kind::Double, tch::Device::Cpu));
-            let pe = Tensor::randn([span + 1, 4], (Kind::Double, tch::Device::Cpu)).set_requires_grad(true);
+            let q = rng.normal_tensor(&[2, 3, m, 4], Kind::Double).set_requires_grad(true);
+            let k = rng.normal_tensor(&[2, 3, n, 4], Kind::Double);
+            let pe = rng.normal_tensor(&[span + 1, 4], Kind::Double).set_requires_grad(true);
             let (dist, vis) = window(cached, m, span, tch::Device::Cpu);
             let hidden = vis.logical_not();
             let skewed = window_scores(&q, &k, &pe, cached);
@@ -189,7 +190,7 @@ mod tests {
             let gathered = relative_scores(&q, &k, &pe, &dist).masked_fill(&hidden, 0.0);
             let skewed = skewed.masked_fill(&hidden, 0.0);
             assert!(gathered.allclose(&skewed, 1e-12, 1e-12, false), "cached {cached}, m {m}, span {span}");
-            let w = Tensor::randn(gathered.size(), (Kind::Double, tch::Device::Cpu));
+            let w = rng.normal_tensor(&gathered.size(), Kind::Double);
             let g1 = Tensor::run_backward(&[(&gathered * &w).sum(Kind::Double)], &[&q, &pe], false, false);
             let g2 = Tensor::run_backward(&[(&skewed * &w).sum(Kind::Double)], &[&q, &pe], false, false);
             for (a, b) in g1.iter().zip(&g2) {

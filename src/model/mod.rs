@@ -39,12 +39,11 @@ pub struct Lm {
 }
 
 impl Lm {
-    /// A freshly initialised model (initialisation is seeded by `config.seed`, through
-    /// libtorch's generator, which is global to the process: build models one at a time
-    /// when the numbers must be reproducible). Fails only for a config that does not
-    /// validate.
+    /// A freshly initialised model (initialisation is seeded by `config.seed`, in a
+    /// seeded section of libtorch's generator, so the same seed gives the same model
+    /// whatever other threads do). Fails only for a config that does not validate.
     pub fn new(config: &Config, device: Device) -> Result<Self> {
-        tch::manual_seed(config.seed as i64);
+        let _seed = crate::rng::seed_torch(config.seed as i64);
         let vs = nn::VarStore::new(device);
         let model = Model::new(&vs.root(), &config.model, &config.memory, config.train.block)?;
         Ok(Lm { vs, model, config: config.clone() })

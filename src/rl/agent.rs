@@ -37,10 +37,10 @@ pub struct AgentOutput {
 }
 
 impl Agent {
-    /// A freshly initialised agent for the task of `config` (seeded by `config.seed`,
-    /// through libtorch's global generator).
+    /// A freshly initialised agent for the task of `config` (seeded by `config.seed`, in
+    /// a seeded section of libtorch's generator: see [`crate::rng::seed_torch`]).
     pub fn new(config: &Config, device: Device) -> Result<Agent> {
-        tch::manual_seed(config.seed as i64);
+        let _seed = crate::rng::seed_torch(config.seed as i64);
         let vs = nn::VarStore::new(device);
         let p = vs.root();
         let d = config.model.d_model as i64;

@@ -308,7 +308,7 @@ impl Looped for Run<'_> {
 
     /// One truncation window: act, learn, one optimiser step. Returns the loss.
     fn train_step(&mut self, w: &mut Window) -> Result<f64> {
-        let scales = begin_step(self.cfg, self.step);
+        let (scales, _seed) = begin_step(self.cfg, self.step);
         if self.state.episodes.all_done() {
             self.state.episodes.restart(self.cfg, self.cfg.train.batch)?;
             self.mem.reset();

@@ -50,12 +50,33 @@ pub fn train_and_eval(cfg: &Config, dir: &std::path::Path) -> lethe::eval::EvalR
     lethe::train::train(cfg, &opts).unwrap().last_eval.unwrap()
 }
 
-/// libtorch's random generator (initialisation, dropout) is global to the process, and
-/// the test harness runs tests on parallel threads. Tests that need reproducible numbers
-/// hold this lock so that no other test reseeds or draws from it meanwhile.
-pub fn torch_rng_lock() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+/// Standard normal draws of `shape` and `kind` from lethe's own generator seeded with
+/// `seed`: reproducible whatever other tests run beside it (libtorch's generator is one
+/// per process, shared by the harness's threads, so tests never draw inputs from it).
+pub fn randn(seed: u64, shape: &[i64], kind: tch::Kind) -> tch::Tensor {
+    lethe::rng::Rng::new(seed).normal_tensor(shape, kind)
+}
+
+/// Tokens uniform in `0..vocab`, `shape`, from lethe's generator seeded with `seed`.
+pub fn random_tokens(seed: u64, vocab: usize, shape: &[i64]) -> tch::Tensor {
+    let mut rng = lethe::rng::Rng::new(seed);
+    let n: i64 = shape.iter().product();
+    let tokens: Vec<i64> = (0..n).map(|_| rng.range(0, vocab - 1) as i64).collect();
+    tch::Tensor::from_slice(&tokens).view(shape)
+}
+
+/// Replaces every variable of `vs` whose name satisfies `pick` by seeded normal draws
+/// times `scale` (for example to give zero-initialised heads some weights).
+pub fn randomise(vs: &tch::nn::VarStore, seed: u64, scale: f64, pick: impl Fn(&str) -> bool) {
+    let mut rng = lethe::rng::Rng::new(seed);
+    let mut vars: Vec<(String, tch::Tensor)> = vs.variables().into_iter().collect();
+    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    tch::no_grad(|| {
+        for (_, mut var) in vars.into_iter().filter(|(n, _)| pick(n)) {
+            let values = rng.normal_tensor(&var.size(), var.kind()).to_device(var.device()) * scale;
+            var.copy_(&values);
+        }
+    });
 }
 
 /// `(b, -1)` token tensor from a flat list.

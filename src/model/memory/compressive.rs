@@ -242,6 +242,7 @@ mod tests {
     use tch::Kind;
 
     fn memory(span: usize, rate: usize, slots: usize) -> CompressiveMemory {
+        let _seed = crate::rng::seed_torch(1);
         let vs = nn::VarStore::new(tch::Device::Cpu);
         let cfg = CompressiveConfig { rate, slots, ..CompressiveConfig::default() };
         CompressiveMemory::new(vs.root(), 2, 1, span, &cfg)

@@ -3,8 +3,9 @@
 //! deleted from the cache.
 //!
 //! - Span predictor per layer, shared by the heads (Eq. 3, Eq. 8):
-//!   `e_i = L sigmoid((w·h_i + b) / pre_div)`, `w = 0` and `b = -ln(1/p - 1)` at start,
-//!   so every memory starts at span `p L`.
+//!   `e_i = L sigmoid((w·h_i + b) / pre_div)`, `w = 0` and `b = -pre_div ln(1/p - 1)` at
+//!   start, so every memory starts at span `p L` whatever the divisor (the bias is
+//!   divided too, so it is scaled up by it; see ALGORITHMS.md).
 //! - Remaining span of memory `i` for query `t`: `r_ti = e_i - (t - i)`. Each memory
 //!   carries a counter, its distance to the first query of the block, so for query `q`
 //!   of the block `t - i = counter_i + q` (block-parallel, section 4.2).
@@ -99,7 +100,8 @@ impl ExpireSpan {
     /// `pos_rows` is the number of `key_pe` rows (distances `0..pos_rows`).
     pub fn new(p: nn::Path, d_model: i64, max_span: usize, pos_rows: i64, cfg: &ExpireConfig) -> Self {
         let p = p / "expire";
-        let init_bias = -(1.0 / cfg.init_fraction - 1.0).ln();
+        // `b / pre_div = logit(p)`, so that `L sigmoid(b / pre_div) = p L` at start.
+        let init_bias = -cfg.pre_div * (1.0 / cfg.init_fraction - 1.0).ln();
         let w = p.var("w", &[d_model], nn::Init::Const(0.0));
         let b = p.var("b", &[1], nn::Init::Const(init_bias));
         ExpireSpan {
@@ -409,6 +411,8 @@ mod tests {
     #[test]
     fn update_after_attend_keeps_what_update_alone_keeps() {
         use crate::model::attention::Attention;
+        let _seed = crate::rng::seed_torch(3);
+        let mut rng = crate::rng::Rng::new(3);
         let vs = tch::nn::VarStore::new(tch::Device::Cpu);
         let attn = Attention::new(vs.root() / "attn", 8, 2, 0.0);
         let cfg = ExpireConfig { ramp: 2, init_fraction: 0.5, ..ExpireConfig::default() };
@@ -417,7 +421,7 @@ mod tests {
         let key_pe = Tensor::zeros([5, 4], (Kind::Float, tch::Device::Cpu));
         let states = |m: &dyn MemoryLayer| m.state().into_iter().map(|(_, t)| t).collect::<Vec<_>>();
         for _ in 0..6 {
-            let x = Tensor::randn([2, 4, 8], (Kind::Float, tch::Device::Cpu));
+            let x = rng.normal_tensor(&[2, 4, 8], Kind::Float);
             let q = attn.queries(&x);
             attended.attend(&AttendInput { x: &x, q: &q, attn: &attn, key_pe: &key_pe, train: false, episodes: None }).unwrap();
             attended.update(&x.detach(), None);
@@ -425,7 +429,7 @@ mod tests {
             let (a, b) = (states(&attended), states(plain.as_ref()));
             assert!(!a.is_empty() && a.len() == b.len() && a.iter().zip(&b).all(|(a, b)| a.equal(b)));
         }
-        let (keyed, other) = (Tensor::randn([2, 4, 8], (Kind::Float, tch::Device::Cpu)), Tensor::randn([2, 4, 8], (Kind::Float, tch::Device::Cpu)));
+        let (keyed, other) = (rng.normal_tensor(&[2, 4, 8], Kind::Float), rng.normal_tensor(&[2, 4, 8], Kind::Float));
         let q = attn.queries(&keyed);
         attended.attend(&AttendInput { x: &keyed, q: &q, attn: &attn, key_pe: &key_pe, train: false, episodes: None }).unwrap();
         attended.update(&other, None);

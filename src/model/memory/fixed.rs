@@ -256,12 +256,14 @@ mod tests {
     /// for the keyed one.
     #[test]
     fn append_reuses_the_keyed_concatenation_only_for_the_same_block() {
+        let _seed = crate::rng::seed_torch(3);
+        let mut rng = crate::rng::Rng::new(3);
         let vs = tch::nn::VarStore::new(tch::Device::Cpu);
         let attn = Attention::new(vs.root(), 4, 1, 0.0);
         let key_pe = Tensor::zeros([8, 4], (tch::Kind::Float, tch::Device::Cpu));
         let (mut reused, mut plain) = (WindowCache::default(), WindowCache::default());
         for _ in 0..5 {
-            let x = Tensor::randn([2, 3, 4], (tch::Kind::Float, tch::Device::Cpu));
+            let x = rng.normal_tensor(&[2, 3, 4], tch::Kind::Float);
             let q = attn.queries(&x);
             reused.keys(&AttendInput { x: &x, q: &q, attn: &attn, key_pe: &key_pe, train: false, episodes: None }, 7);
             let a = reused.append(&x.detach(), None, 7);
@@ -271,8 +273,8 @@ mod tests {
             assert!(reused.state()[0].1.is_contiguous());
         }
         assert_eq!(reused.len(), 7);
-        let keyed = Tensor::randn([2, 3, 4], (tch::Kind::Float, tch::Device::Cpu));
-        let other = Tensor::randn([2, 3, 4], (tch::Kind::Float, tch::Device::Cpu));
+        let keyed = rng.normal_tensor(&[2, 3, 4], tch::Kind::Float);
+        let other = rng.normal_tensor(&[2, 3, 4], tch::Kind::Float);
         let q = attn.queries(&keyed);
         reused.keys(&AttendInput { x: &keyed, q: &q, attn: &attn, key_pe: &key_pe, train: false, episodes: None }, 7);
         reused.append(&other, None, 7);
@@ -283,6 +285,7 @@ mod tests {
     /// (12 GB of resident memory for a span of 32k in blocks of 256).
     #[test]
     fn the_window_keeps_the_masks_of_a_few_shapes_only() {
+        let _seed = crate::rng::seed_torch(3);
         let vs = tch::nn::VarStore::new(tch::Device::Cpu);
         let attn = Attention::new(vs.root(), 4, 1, 0.0);
         let key_pe = Tensor::zeros([65, 4], (tch::Kind::Float, tch::Device::Cpu));

@@ -443,9 +443,10 @@ mod tests {
     #[test]
     fn the_unfolded_gate_convolution_equals_conv1d() {
         let opts = (Kind::Double, tch::Device::Cpu);
-        let x = Tensor::randn([2, 5, 3], opts);
-        let w = Tensor::randn([3, 3, 3], opts);
-        let b = Tensor::randn([3], opts);
+        let mut rng = crate::rng::Rng::new(5);
+        let x = rng.normal_tensor(&[2, 5, 3], opts.0);
+        let w = rng.normal_tensor(&[3, 3, 3], opts.0);
+        let b = rng.normal_tensor(&[3], opts.0);
         let reference = x.transpose(1, 2).conv1d(&w, Some(&b), [1], [1], [1], 1).transpose(1, 2);
         let diff = (conv_k3(&x, &w, &b) - reference).abs().max().double_value(&[]);
         assert!(diff < 1e-12, "{diff}");
