@@ -1,8 +1,9 @@
 //! Checkpoints: one safetensors file holding the model parameters (named by module path,
 //! so `safetensors.torch.load_file` reads them), the optimiser moments (`optim.*`), the
 //! memory carried by each stream group (`memory.<group>.layers.<i>.*`), and in its
-//! metadata the resolved config (TOML) and the training state (JSON: step, data position,
-//! random state).
+//! metadata the resolved config (TOML), the training state (JSON: step, data position,
+//! random state) and a CRC-32 of every tensor's bytes (JSON `checksums`), checked on
+//! load so that flipped bits are caught, not computed with.
 //!
 //! Writes are atomic: the bytes go to a temporary file in the same folder, which is
 //! fsynced and renamed over the old checkpoint, then the folder is fsynced. A crash at
@@ -23,6 +24,9 @@ use crate::error::{LetheError, Result};
 /// File name of a run's checkpoint inside its run folder.
 pub const FILE_NAME: &str = "checkpoint.safetensors";
 const FORMAT: &str = "lethe-checkpoint-1";
+/// Keys of the config's and the training state's checksums (no tensor name has brackets).
+const CONFIG_SUM: &str = "(config)";
+const STATE_SUM: &str = "(state)";
 
 /// Where training stands, for exact resume.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -89,6 +93,11 @@ pub fn save(path: &Path, config: &Config, state: &TrainState, tensors: &[(String
         let shape: Vec<usize> = t.size().iter().map(|&s| s as usize).collect();
         raw.push((name.clone(), dtype_of(t.kind())?, shape, bytes));
     }
+    let config_text = config.to_toml()?;
+    let state_text = serde_json::to_string(state).map_err(|e| LetheError::checkpoint(path, e.to_string()))?;
+    let mut checksums: std::collections::BTreeMap<&str, u32> = raw.iter().map(|(n, _, _, b)| (n.as_str(), crc32fast::hash(b))).collect();
+    checksums.insert(CONFIG_SUM, crc32fast::hash(config_text.as_bytes()));
+    checksums.insert(STATE_SUM, crc32fast::hash(state_text.as_bytes()));
     let views = raw
         .iter()
         .map(|(n, d, s, b)| TensorView::new(*d, s.clone(), b).map(|v| (n.as_str(), v)))
@@ -96,26 +105,37 @@ pub fn save(path: &Path, config: &Config, state: &TrainState, tensors: &[(String
         .map_err(|e| LetheError::checkpoint(path, format!("{e:?}")))?;
     let metadata = HashMap::from([
         ("format".to_string(), FORMAT.to_string()),
-        ("config".to_string(), config.to_toml()?),
-        ("state".to_string(), serde_json::to_string(state).map_err(|e| LetheError::checkpoint(path, e.to_string()))?),
+        ("config".to_string(), config_text),
+        ("state".to_string(), state_text),
+        ("checksums".to_string(), serde_json::to_string(&checksums).map_err(|e| LetheError::checkpoint(path, e.to_string()))?),
     ]);
     let bytes = safetensors::serialize(views, &Some(metadata)).map_err(|e| LetheError::checkpoint(path, format!("{e:?}")))?;
     write_atomic(path, &bytes)
 }
 
-/// Writes `bytes` to `path` through a temporary file, fsync and rename.
+/// Writes `bytes` to `path` through a temporary file, fsync and rename. When any of it
+/// fails (a full disk), the temporary file is removed, so that it does not keep the
+/// disk full, and `path` is left as it was.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let tmp = dir.join(format!(".{}.tmp", path.file_name().and_then(|n| n.to_str()).unwrap_or("checkpoint")));
-    let mut f = std::fs::File::create(&tmp).map_err(|e| LetheError::io(&tmp, e))?;
-    f.write_all(bytes).map_err(|e| LetheError::io(&tmp, e))?;
-    f.sync_all().map_err(|e| LetheError::io(&tmp, e))?;
-    drop(f);
-    std::fs::rename(&tmp, path).map_err(|e| LetheError::io(path, e))?;
+    let written = write_synced(&tmp, bytes).map_err(|e| LetheError::io(&tmp, e));
+    let renamed = written.and_then(|()| std::fs::rename(&tmp, path).map_err(|e| LetheError::io(path, e)));
+    if renamed.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    renamed?;
     if let Ok(d) = std::fs::File::open(dir) {
         let _ = d.sync_all(); // best effort: not every filesystem can fsync a folder
     }
     Ok(())
+}
+
+/// Creates `path` with `bytes`, flushed to the disk.
+fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut f = std::fs::File::create(path)?;
+    f.write_all(bytes)?;
+    f.sync_all()
 }
 
 impl Checkpoint {
@@ -130,14 +150,29 @@ impl Checkpoint {
         if meta.get("format").map(String::as_str) != Some(FORMAT) {
             return Err(LetheError::checkpoint(&path, "not a lethe checkpoint (no `format` metadata)"));
         }
+        let checksums: Option<HashMap<String, u32>> = match meta.get("checksums") {
+            Some(s) => Some(serde_json::from_str(s).map_err(|e| corrupt(format!("checksums: {e}")))?),
+            None => None, // written before checksums were kept
+        };
+        let check = |what: &str, key: &str, bytes: &[u8]| match checksums.as_ref().map(|sums| sums.get(key)) {
+            None => Ok(()),
+            Some(Some(&sum)) if sum == crc32fast::hash(bytes) => Ok(()),
+            Some(Some(_)) => Err(corrupt(format!("{what} does not match its checksum: the file was changed or damaged"))),
+            Some(None) => Err(corrupt(format!("{what} has no checksum"))),
+        };
         let config_text = meta.get("config").ok_or_else(|| corrupt("no config".into()))?;
+        check("the config", CONFIG_SUM, config_text.as_bytes())?;
         let config = Config::from_toml(config_text, &format!("config inside {}", path.display()))?;
         let state = match meta.get("state") {
-            Some(s) => Some(serde_json::from_str(s).map_err(|e| corrupt(format!("training state: {e}")))?),
+            Some(s) => {
+                check("the training state", STATE_SUM, s.as_bytes())?;
+                Some(serde_json::from_str(s).map_err(|e| corrupt(format!("training state: {e}")))?)
+            }
             None => None,
         };
         let mut tensors = HashMap::new();
         for (name, view) in st.tensors() {
+            check(&format!("tensor `{name}`"), &name, view.data())?;
             let kind = kind_of(view.dtype()).ok_or_else(|| corrupt(format!("tensor `{name}` has dtype {:?}", view.dtype())))?;
             let shape: Vec<i64> = view.shape().iter().map(|&s| s as i64).collect();
             let t = Tensor::f_from_data_size(view.data(), &shape, kind).map_err(|e| corrupt(format!("tensor `{name}`: {e}")))?;
@@ -178,6 +213,12 @@ impl Checkpoint {
                         saved.size(),
                         var.size()
                     ),
+                ));
+            }
+            if saved.is_floating_point() && saved.isfinite().all().int64_value(&[]) == 0 {
+                return Err(LetheError::checkpoint(
+                    &self.path,
+                    format!("parameter `{name}` holds NaN or infinite values: this model cannot compute anything; resume from an earlier checkpoint"),
                 ));
             }
             let mut v = var.shallow_clone();

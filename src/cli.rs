@@ -45,7 +45,7 @@ pub struct PlayArgs {
     #[command(flatten)]
     pub config: ConfigArgs,
     /// Episodes to play.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1)]
     pub episodes: usize,
     /// Print only each episode's last map and figures, not every step.
     #[arg(long)]
@@ -99,13 +99,13 @@ pub struct ConfigArgs {
     #[arg(long)]
     pub data: Option<PathBuf>,
     /// Number of optimiser steps (train.steps).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub steps: Option<usize>,
     /// Run name (the run folder is <out>/<name>).
     #[arg(long)]
     pub name: Option<String>,
     /// Seed for initialisation, data and dropout.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub seed: Option<u64>,
     /// cpu, cuda, cuda:N or auto (train.device).
     #[arg(long)]
@@ -113,14 +113,14 @@ pub struct ConfigArgs {
     /// Task length, in the task's unit: copy, most `A`s per run; collision, steps per
     /// simulation; instruction, most instructions per episode; sorting, symbols to sort;
     /// corridor, longest corridor; portal, rooms.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub length: Option<usize>,
     /// Task distance, `N` or `MIN-MAX`: copy, filler tokens; instruction, distractor words;
     /// corridor, corridor lengths.
-    #[arg(long, value_name = "MIN-MAX", value_parser = parse_range)]
+    #[arg(long, allow_negative_numbers = true, value_name = "MIN-MAX", value_parser = parse_range)]
     pub distance: Option<(usize, usize)>,
     /// Seed of the generated data and the stream order alone (data.seed; default: --seed).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub data_seed: Option<u64>,
     /// List the presets and exit.
     #[arg(long)]
@@ -138,7 +138,7 @@ pub struct TrainArgs {
     #[arg(long, default_value = "runs")]
     pub out: PathBuf,
     /// Continue the run in <out>/<name> from its checkpoint.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "overwrite")]
     pub resume: bool,
     /// Start over even when <out>/<name> holds a checkpoint.
     #[arg(long)]
@@ -147,7 +147,7 @@ pub struct TrainArgs {
     #[arg(long, short)]
     pub quiet: bool,
     /// Stop after this step with a checkpoint, as if interrupted (continue with --resume).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub stop_after: Option<usize>,
 }
 
@@ -160,13 +160,13 @@ pub struct EvalArgs {
     #[arg(long, default_value = "valid")]
     pub split: String,
     /// Block length at evaluation (default: the training block length).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub block: Option<usize>,
     /// Parallel streams (default: the training batch).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub batch: Option<usize>,
     /// Stop after this many tokens (default: the whole split).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub max_tokens: Option<usize>,
     /// Read the data from here instead of the path saved in the checkpoint.
     #[arg(long)]
@@ -178,10 +178,10 @@ pub struct EvalArgs {
     #[arg(long)]
     pub json: bool,
     /// Expire-Span only: cap every predicted span at this many tokens (paper Fig. 9).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub max_span: Option<usize>,
     /// Gridworld checkpoints: episodes to play (default: the config's rl.eval_episodes).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub episodes: Option<usize>,
     /// Override a field of the checkpoint's config for this evaluation, e.g.
     /// --set memory.expire.deletion=batch (repeatable; the parameters must still fit).
@@ -201,19 +201,19 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub prompt_file: Option<PathBuf>,
     /// Bytes to generate.
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 200)]
     pub bytes: usize,
     /// Softmax temperature; 0 is greedy.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1.0)]
     pub temperature: f64,
     /// Sample only among the k most likely bytes (0: all).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
     pub top_k: usize,
     /// Sampler seed.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1)]
     pub seed: u64,
     /// Expire-Span only: cap every predicted span at this many tokens.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub max_span: Option<usize>,
     /// cpu, cuda, cuda:N or auto.
     #[arg(long, default_value = "cpu")]
@@ -225,14 +225,14 @@ pub struct BenchArgs {
     #[command(flatten)]
     pub config: ConfigArgs,
     /// Timed steps.
-    #[arg(long = "bench-steps", default_value_t = 20)]
+    #[arg(long = "bench-steps", allow_negative_numbers = true, default_value_t = 20)]
     pub bench_steps: usize,
     /// Untimed warm-up steps.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 3)]
     pub warmup: usize,
     /// Tokens per stream to stream through the model (forward only) before timing, e.g.
     /// 8192, 65536 or 1048576 (default: enough to fill the memory).
-    #[arg(long, value_name = "TOKENS")]
+    #[arg(long, allow_negative_numbers = true, value_name = "TOKENS")]
     pub context: Option<usize>,
     /// A mechanism to bench, optionally with its memory size as in `lethe sweep`:
     /// `fixed`, `expire:1024`, `infinity:512` (repeatable). Default: the config's own.
@@ -257,10 +257,10 @@ pub struct SweepArgs {
     pub mechanisms: Vec<String>,
     /// Memory sizes for mechanisms given without their own, e.g. 16,32,64 (default:
     /// L/8, L/4, L/2 and L of the config, at least one block).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub sizes: Option<String>,
     /// Seeds, e.g. 1,2,3 (default: the config's seed).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub seeds: Option<String>,
     /// Parent folder: the sweep is written to <out>/<name>-sweep.
     #[arg(long, default_value = "runs")]

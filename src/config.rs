@@ -944,6 +944,7 @@ impl Config {
 
     /// Checks every field for impossible values; the error names the field.
     pub fn validate(&self) -> Result<()> {
+        validate_name(&self.name)?;
         if self.data.source.is_rl() {
             // Observations come in through their own projection: no vocabulary. The
             // truncation window is cut into blocks of at most the span (see `rl::train`).
@@ -1191,6 +1192,21 @@ impl TrainConfig {
         }
         crate::device::parse(&self.device).map(|_| ())
     }
+}
+
+/// A run name is one plain folder name: it may not be empty, hold a path separator or
+/// be `.` or `..`, so that the run folder stays inside `--out`.
+fn validate_name(name: &str) -> Result<()> {
+    let reason = if name.trim().is_empty() {
+        "must not be empty"
+    } else if name.contains(['/', '\\']) || name == "." || name == ".." {
+        "must be a plain folder name (no `/`, `.` or `..`): the run folder is <out>/<name>"
+    } else if name.starts_with('-') {
+        "must not start with `-`"
+    } else {
+        return Ok(());
+    };
+    Err(LetheError::config("name", format!("{name:?}"), reason))
 }
 
 fn non_negative(field: &str, value: f64) -> Result<()> {

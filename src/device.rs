@@ -8,10 +8,27 @@ use crate::error::{LetheError, Result};
 /// (`train.threads`, 0 = libtorch's default).
 pub fn for_training(train: &crate::config::TrainConfig) -> Result<Device> {
     let device = parse(&train.device)?;
-    if train.threads > 0 {
-        tch::set_num_threads(train.threads as i32);
-    }
+    apply_threads(train)?;
     Ok(device)
+}
+
+/// Sets libtorch's CPU thread count to `train.threads` (0: libtorch's default). Refuses
+/// more threads than the machine has cores: libtorch would start them all and spend
+/// its time switching between them (a million threads hung the machine).
+pub fn apply_threads(train: &crate::config::TrainConfig) -> Result<()> {
+    if train.threads == 0 {
+        return Ok(());
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if train.threads > cores {
+        return Err(LetheError::config(
+            "train.threads",
+            train.threads,
+            format!("more than the {cores} cores of this machine; use at most {cores}, or 0 for libtorch's default"),
+        ));
+    }
+    tch::set_num_threads(train.threads as i32);
+    Ok(())
 }
 
 /// Parses a device name. `auto` picks the first GPU when libtorch sees one.

@@ -26,13 +26,13 @@ pub enum LetheError {
     #[error("checkpoint `{path}`: {reason}")]
     Checkpoint { path: PathBuf, reason: String },
 
-    /// The training loss became NaN or infinite.
-    #[error(
-        "loss became {value} at step {step}; training stopped. The last good checkpoint \
-         (step {last_checkpoint}) is kept in `{dir}`. Lower the learning rate or raise \
-         the warm-up, then resume."
-    )]
-    NonFiniteLoss { step: usize, value: f64, last_checkpoint: usize, dir: PathBuf },
+    /// The training loss became NaN or infinite. `kept` says what is left to go on from.
+    #[error("loss became {value} at step {step}; training stopped. {kept}")]
+    NonFiniteLoss { step: usize, value: f64, kept: String },
+
+    /// Training was stopped by a signal (SIGINT, SIGTERM or SIGHUP) after a checkpoint.
+    #[error("interrupted by {signal} after step {step}; the checkpoint is saved in `{dir}`: continue with --resume")]
+    Interrupted { signal: String, step: usize, dir: PathBuf },
 
     /// A file could not be read or written. The message holds the reason, so `error`
     /// is not also given as the error's `source()` (which would print it twice in a

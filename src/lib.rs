@@ -21,6 +21,7 @@ pub mod model;
 pub mod optim;
 pub mod rl;
 pub mod rng;
+pub mod run;
 pub mod sweep;
 pub mod train;
 

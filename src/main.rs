@@ -21,7 +21,11 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
-            ExitCode::FAILURE
+            match e.downcast_ref::<lethe::LetheError>() {
+                // 128 + SIGINT, as a shell reports a command stopped by Ctrl-C.
+                Some(lethe::LetheError::Interrupted { .. }) => ExitCode::from(130),
+                _ => ExitCode::FAILURE,
+            }
         }
     }
 }
@@ -215,8 +219,14 @@ fn eval(a: EvalArgs) -> Result<()> {
         cfg.data.path = Some(path);
     }
     let block = a.block.unwrap_or(cfg.train.block);
+    if block == 0 {
+        anyhow::bail!("--block must be at least 1");
+    }
     cfg.memory.validate(block)?;
     let batch = a.batch.unwrap_or(cfg.train.batch);
+    if batch == 0 {
+        anyhow::bail!("--batch must be at least 1");
+    }
     let lm = Lm::from_checkpoint(&ckpt, device)?;
     let data = data::load_split(&cfg, split, batch)?;
     let started = std::time::Instant::now();
@@ -264,6 +274,9 @@ fn eval(a: EvalArgs) -> Result<()> {
 fn eval_agent(ckpt: &Checkpoint, device: tch::Device, a: &EvalArgs) -> Result<()> {
     let mut ckpt_cfg = ckpt.config.clone();
     if let Some(batch) = a.batch {
+        if batch == 0 {
+            anyhow::bail!("--batch must be at least 1");
+        }
         ckpt_cfg.train.batch = batch;
     }
     let agent = lethe::rl::agent::Agent::new(&ckpt_cfg, device)?;
@@ -290,12 +303,25 @@ fn generate(a: GenerateArgs) -> Result<()> {
         (None, Some(f)) => std::fs::read(f).with_context(|| format!("reading prompt file `{}`", f.display()))?,
         (None, None) => anyhow::bail!("give a prompt with --prompt TEXT or --prompt-file FILE"),
     };
-    let ckpt = load_checkpoint(&a.checkpoint, a.max_span)?;
-    let lm = Lm::from_checkpoint(&ckpt, device)?;
     let sampling = Sampling { temperature: a.temperature, top_k: a.top_k, seed: a.seed };
+    sampling.validate()?;
+    let ckpt = load_checkpoint(&a.checkpoint, a.max_span)?;
+    // The checkpoint's thread count, at most this machine's cores (it may come from a larger one).
+    let mut threads = ckpt.config.train.clone();
+    threads.threads = threads.threads.min(std::thread::available_parallelism().map_or(1, |n| n.get()));
+    lethe::device::apply_threads(&threads)?;
+    let lm = Lm::from_checkpoint(&ckpt, device)?;
     let mut out = std::io::stdout().lock();
     out.write_all(&prompt)?;
-    lethe::generate::generate(&lm, &prompt, a.bytes, &sampling, |b| {
+    let started = std::time::Instant::now();
+    let mut last_report = started;
+    let progress = |done: usize, total: usize| {
+        if last_report.elapsed().as_secs_f64() >= 2.0 && done < total {
+            last_report = std::time::Instant::now();
+            eprintln!("reading the prompt: {done}/{total} bytes ({:.0}%)", 100.0 * done as f64 / total as f64);
+        }
+    };
+    lethe::generate::stream(&lm, &prompt, a.bytes, &sampling, progress, |b| {
         let _ = out.write_all(&[b]);
         let _ = out.flush();
     })?;
@@ -355,7 +381,7 @@ fn sweep(a: SweepArgs) -> Result<()> {
     };
     let arms = lethe::sweep::parse_arms(&items, &sizes)?;
     let seeds = match &a.seeds {
-        Some(text) => lethe::sweep::parse_sizes(text)?.into_iter().map(|s| s as u64).collect(),
+        Some(text) => lethe::sweep::parse_seeds(text)?,
         None => vec![base.seed],
     };
     let dir = a.out.join(format!("{}-sweep", base.name));

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use crate::error::{LetheError, Result};
 
-/// Appends JSON objects to `metrics.jsonl`, one per line.
+/// Appends JSON objects to `metrics.jsonl`, one per line, each line in one write (so
+/// that a kill leaves whole lines).
 pub struct MetricsLog {
     path: PathBuf,
     file: std::fs::File,
@@ -22,11 +23,39 @@ impl MetricsLog {
         Ok(MetricsLog { path, file })
     }
 
+    /// Opens `<dir>/metrics.jsonl` for a run that goes on from step `from` (0: a new
+    /// run): the records of later steps, which a resumed run writes again, and a torn
+    /// last line are removed first (the file is rewritten atomically).
+    pub fn open_from(dir: &Path, from: usize) -> Result<Self> {
+        let path = dir.join("metrics.jsonl");
+        if path.exists() {
+            let text = std::fs::read(&path).map_err(|e| LetheError::io(&path, e))?;
+            let kept = records_through(&text, from);
+            if kept.len() != text.len() {
+                crate::checkpoint::write_atomic(&path, &kept)?;
+            }
+        }
+        Self::open(dir)
+    }
+
     /// Appends one record.
     pub fn write(&mut self, record: &serde_json::Value) -> Result<()> {
-        writeln!(self.file, "{record}").map_err(|e| LetheError::io(&self.path, e))?;
-        self.file.flush().map_err(|e| LetheError::io(&self.path, e))
+        let line = format!("{record}\n");
+        self.file.write_all(line.as_bytes()).map_err(|e| LetheError::io(&self.path, e))
     }
+}
+
+/// The complete lines of a metrics log whose `step` is at most `step`, in order.
+fn records_through(text: &[u8], step: usize) -> Vec<u8> {
+    let mut kept = Vec::with_capacity(text.len());
+    for line in text.split_inclusive(|&b| b == b'\n').filter(|l| l.ends_with(b"\n")) {
+        let record: Option<serde_json::Value> = serde_json::from_slice(line).ok();
+        let line_step = record.as_ref().and_then(|r| r.get("step")).and_then(serde_json::Value::as_u64);
+        if line_step.is_some_and(|s| s <= step as u64) {
+            kept.extend_from_slice(line);
+        }
+    }
+    kept
 }
 
 /// The mean of `values` (0 for none).
@@ -98,5 +127,20 @@ mod tests {
         log.write(&serde_json::json!({"step": 2})).unwrap();
         let text = std::fs::read_to_string(dir.path().join("metrics.jsonl")).unwrap();
         assert_eq!(text, "{\"step\":1}\n{\"step\":2}\n");
+    }
+
+    /// Regression (issue 18): a kill could leave a torn last line, and the records
+    /// written after the checkpoint appeared twice after a resume.
+    #[test]
+    fn a_resumed_log_keeps_whole_records_up_to_the_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.jsonl");
+        std::fs::write(&path, "{\"step\":2}\n{\"step\":4,\"split\":\"valid\"}\n{\"step\":6}\n{\"step\":8,\"lo").unwrap();
+        let mut log = MetricsLog::open_from(dir.path(), 4).unwrap();
+        log.write(&serde_json::json!({"step": 6})).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text, "{\"step\":2}\n{\"step\":4,\"split\":\"valid\"}\n{\"step\":6}\n");
+        MetricsLog::open_from(dir.path(), 0).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "", "a new run starts an empty log");
     }
 }

@@ -86,6 +86,20 @@ pub fn parse_sizes(text: &str) -> Result<Vec<usize>> {
         .collect()
 }
 
+/// Seeds from `1,2,3`: whole numbers, each once (a repeated seed would train the same
+/// run twice into one folder).
+pub fn parse_seeds(text: &str) -> Result<Vec<u64>> {
+    let mut seeds: Vec<u64> = vec![];
+    for s in text.split(',') {
+        let seed = s.trim().parse::<u64>().map_err(|_| LetheError::Invalid(format!("--seeds: seed `{s}` is not a whole number (give them as 1,2,3)")))?;
+        if seeds.contains(&seed) {
+            return Err(LetheError::Invalid(format!("--seeds: seed {seed} is given twice")));
+        }
+        seeds.push(seed);
+    }
+    Ok(seeds)
+}
+
 /// The run's config: `base` with the mechanism, its size and the seed.
 pub fn configure(base: &Config, mechanism: Mechanism, size: usize, seed: u64) -> Result<Config> {
     let mut c = base.clone();

@@ -13,6 +13,7 @@ use serde_json::json;
 use tch::Kind;
 
 use crate::checkpoint::{self, Checkpoint, TrainState};
+use crate::run::{Intent, RunFolder};
 use crate::config::{Config, TrainConfig};
 use crate::data::{self, Batch, Split, SplitData, TrainStreams};
 use crate::error::{LetheError, Result};
@@ -35,6 +36,13 @@ pub struct TrainOptions {
     pub quiet: bool,
     /// Stop (with a checkpoint) after this step, as if interrupted; `--resume` goes on.
     pub stop_after: Option<usize>,
+}
+
+impl TrainOptions {
+    /// What these options ask of the run folder.
+    pub fn intent(&self) -> Intent {
+        Intent { resume: self.resume, overwrite: self.overwrite, stop_after: self.stop_after }
+    }
 }
 
 impl Default for TrainOptions {
@@ -60,6 +68,7 @@ pub struct TrainSummary {
 struct Run<'a> {
     cfg: &'a Config,
     opts: &'a TrainOptions,
+    folder: RunFolder,
     dir: PathBuf,
     lm: Lm,
     opt: Optimiser,
@@ -69,7 +78,7 @@ struct Run<'a> {
     metrics: MetricsLog,
     step: usize,
     tokens_seen: u64,
-    last_checkpoint: usize,
+    last_checkpoint: Option<usize>,
 }
 
 /// Sums over the steps since the last progress line.
@@ -95,21 +104,23 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainSummary> {
 }
 
 impl<'a> Run<'a> {
+    /// Checks the run folder and the checkpoint to resume, builds the data and the
+    /// model, and only then writes to the folder (see [`crate::run`]).
     fn start(cfg: &'a Config, opts: &'a TrainOptions) -> Result<Self> {
         let device = crate::device::for_training(&cfg.train)?;
-        let dir = opts.out_dir.join(&cfg.name);
-        let ckpt_path = dir.join(checkpoint::FILE_NAME);
-        prepare_run_dir(&dir, &ckpt_path, opts)?;
+        let mut folder = RunFolder::open(&opts.out_dir.join(&cfg.name), opts.intent())?;
+        let resumed = folder.resumable(cfg)?;
         let data = data::train_streams(cfg, cfg.train.batch)?;
         let valid = data::load_split(cfg, Split::Valid, cfg.train.batch)?;
         let lm = Lm::new(cfg, device)?;
         let opt = Optimiser::new(lm.named_parameters(), &cfg.train);
         let mems = (0..cfg.train.accum).map(|_| lm.model.new_memory()).collect();
-        checkpoint::write_atomic(&dir.join("config.toml"), cfg.to_toml()?.as_bytes())?;
-        let metrics = MetricsLog::open(&dir)?;
-        let mut run = Run { cfg, opts, dir, lm, opt, mems, data, valid, metrics, step: 0, tokens_seen: 0, last_checkpoint: 0 };
-        if opts.resume {
-            run.resume(&ckpt_path)?;
+        let from = resumed.as_ref().and_then(|ck| ck.state.as_ref()).map_or(0, |s| s.step);
+        let metrics = folder.commit(cfg, from)?;
+        let dir = folder.dir.clone();
+        let mut run = Run { cfg, opts, folder, dir, lm, opt, mems, data, valid, metrics, step: 0, tokens_seen: 0, last_checkpoint: None };
+        if let Some(ck) = resumed {
+            run.resume(&ck)?;
         }
         run.say(&format!(
             "lethe: training `{}`: {} memory, span {} | {} layers x {} | {} parameters | {:?} | run folder {}",
@@ -126,9 +137,8 @@ impl<'a> Run<'a> {
         Ok(run)
     }
 
-    fn resume(&mut self, path: &Path) -> Result<()> {
-        let ck = Checkpoint::load(path)?;
-        check_resumable(&ck, self.cfg)?;
+    fn resume(&mut self, ck: &Checkpoint) -> Result<()> {
+        let path = &ck.path;
         let state = ck.state.clone().ok_or_else(|| LetheError::checkpoint(path, "holds no training state"))?;
         ck.load_parameters(&self.lm.vs.variables())?;
         self.opt
@@ -141,7 +151,7 @@ impl<'a> Run<'a> {
         self.data.restore(state.data).map_err(|e| LetheError::checkpoint(path, e.to_string()))?;
         self.step = state.step;
         self.tokens_seen = state.tokens_seen;
-        self.last_checkpoint = state.step;
+        self.last_checkpoint = Some(state.step);
         self.say(&format!("resumed from {} at step {}", path.display(), state.step));
         Ok(())
     }
@@ -165,7 +175,7 @@ impl Looped for Run<'_> {
         let batch = self.data.next_batch();
         let s = optimisation_step(&self.lm, &mut self.opt, &mut self.mems, &batch, &self.cfg.train, scales)?;
         let loss = s.nll_sum / s.weight.max(1.0);
-        check_finite(&[loss, s.aux, s.grad_norm], self.step + 1, self.last_checkpoint, &self.dir)?;
+        check_finite(&[loss, s.aux, s.grad_norm], self.step + 1, self.last_checkpoint, &self.folder)?;
         self.step += 1;
         self.tokens_seen += (batch.batch * batch.len) as u64;
         window.nll += s.nll_sum;
@@ -239,9 +249,13 @@ impl Looped for Run<'_> {
             tensors.extend(mem.state().into_iter().map(|(n, t)| (format!("memory.{i}.{n}"), t)));
         }
         let state = TrainState { step: self.step, data: self.data.state(), tokens_seen: self.tokens_seen };
-        checkpoint::save(&self.dir.join(checkpoint::FILE_NAME), self.cfg, &state, &tensors)?;
-        self.last_checkpoint = self.step;
+        checkpoint::save(&self.folder.checkpoint_path(), self.cfg, &state, &tensors)?;
+        self.last_checkpoint = Some(self.step);
         Ok(())
+    }
+
+    fn dir(&self) -> &Path {
+        &self.dir
     }
 }
 
@@ -264,6 +278,8 @@ pub(crate) trait Looped {
     fn evaluate(&mut self) -> Result<Self::Eval>;
     /// Writes the checkpoint.
     fn save_checkpoint(&mut self) -> Result<()>;
+    /// The run folder.
+    fn dir(&self) -> &Path;
 
     /// Prints a progress line on stderr unless quiet.
     fn say(&self, line: &str) {
@@ -275,12 +291,21 @@ pub(crate) trait Looped {
 
 /// The training loop: step; then log, evaluate, checkpoint and stop when [`Due`] says;
 /// until `cfg.steps`. Returns the losses of the steps run and the last evaluation.
+///
+/// A first SIGINT, SIGTERM or SIGHUP lets the step finish, writes a checkpoint and
+/// returns [`LetheError::Interrupted`]; a second one exits at once.
 pub(crate) fn drive<R: Looped>(run: &mut R, cfg: &TrainConfig, opts: &TrainOptions) -> Result<(Vec<f64>, Option<R::Eval>)> {
+    let signals = Signals::watch().map_err(|e| LetheError::Invalid(format!("cannot watch for signals: {e}")))?;
     let (mut losses, mut last_eval) = (vec![], None);
     let mut window = R::Window::default();
     let mut clock = Instant::now();
     while run.step() < cfg.steps {
         losses.push(run.train_step(&mut window)?);
+        if let Some(signal) = signals.received() {
+            run.say(&format!("{signal}: writing a checkpoint after step {} (another signal stops at once)", run.step()));
+            run.save_checkpoint()?;
+            return Err(LetheError::Interrupted { signal, step: run.step(), dir: run.dir().to_path_buf() });
+        }
         let due = Due::after(run.step(), cfg, opts);
         if due.log {
             run.log_progress(&window, clock.elapsed().as_secs_f64())?;
@@ -389,80 +414,55 @@ pub(crate) fn begin_step(cfg: &Config, step: usize) -> (Scales, TorchSeed) {
 }
 
 /// Fails with [`LetheError::NonFiniteLoss`] for the first of `values` (step `step`'s
-/// loss and gradient figures) that is not finite.
-pub(crate) fn check_finite(values: &[f64], step: usize, last_checkpoint: usize, dir: &Path) -> Result<()> {
-    match values.iter().find(|v| !v.is_finite()) {
-        Some(&value) => Err(LetheError::NonFiniteLoss { step, value, last_checkpoint, dir: dir.to_path_buf() }),
-        None => Ok(()),
+/// loss and gradient figures) that is not finite, saying what `folder` keeps: the
+/// checkpoint of step `last_checkpoint`, or none yet.
+pub(crate) fn check_finite(values: &[f64], step: usize, last_checkpoint: Option<usize>, folder: &RunFolder) -> Result<()> {
+    let Some(&value) = values.iter().find(|v| !v.is_finite()) else { return Ok(()) };
+    let advice = "Lower the learning rate or raise the warm-up";
+    let kept = match last_checkpoint {
+        Some(at) => format!("The last good checkpoint (step {at}) is kept in `{}`. {advice}, then resume.", folder.checkpoint_path().display()),
+        None => format!("No checkpoint had been written yet, so there is nothing to resume in `{}`. {advice}, then start again.", folder.dir.display()),
+    };
+    Err(LetheError::NonFiniteLoss { step, value, kept })
+}
+
+/// The first of SIGINT, SIGTERM and SIGHUP received while watching; a second one ends
+/// the process at once (exit status 128 + the signal's number). The handlers are
+/// removed when this value is dropped.
+struct Signals {
+    received: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    ids: Vec<signal_hook::SigId>,
+}
+
+impl Signals {
+    const WATCHED: [(i32, &'static str); 3] =
+        [(signal_hook::consts::SIGINT, "SIGINT"), (signal_hook::consts::SIGTERM, "SIGTERM"), (signal_hook::consts::SIGHUP, "SIGHUP")];
+
+    fn watch() -> std::io::Result<Signals> {
+        use std::sync::atomic::{AtomicBool, AtomicUsize};
+        use std::sync::Arc;
+        let (seen, received) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicUsize::new(0)));
+        let mut ids = vec![];
+        for (signal, _) in Self::WATCHED {
+            // Order matters: the shutdown acts only if an earlier signal set `seen`.
+            ids.push(signal_hook::flag::register_conditional_shutdown(signal, 128 + signal, Arc::clone(&seen))?);
+            ids.push(signal_hook::flag::register(signal, Arc::clone(&seen))?);
+            ids.push(signal_hook::flag::register_usize(signal, Arc::clone(&received), signal as usize)?);
+        }
+        Ok(Signals { received, ids })
+    }
+
+    /// The name of the signal received, if any.
+    fn received(&self) -> Option<String> {
+        let signal = self.received.load(std::sync::atomic::Ordering::SeqCst) as i32;
+        Self::WATCHED.iter().find(|(s, _)| *s == signal).map(|(_, name)| name.to_string())
     }
 }
 
-/// Creates the run folder `dir` and checks it against `opts`: resuming needs the
-/// checkpoint `ckpt`; a fresh run refuses to replace one without `--overwrite`, and
-/// with it removes the old checkpoint and metrics.
-pub(crate) fn prepare_run_dir(dir: &Path, ckpt: &Path, opts: &TrainOptions) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(|e| LetheError::io(dir, e))?;
-    if opts.resume {
-        if !ckpt.exists() {
-            return Err(LetheError::checkpoint(ckpt, "nothing to resume: no checkpoint in this run folder"));
-        }
-        return Ok(());
-    }
-    if ckpt.exists() && !opts.overwrite {
-        return Err(LetheError::Invalid(format!(
-            "run folder `{}` already holds a checkpoint: pass --resume to continue it, --overwrite to start over, or --name for a new run",
-            dir.display()
-        )));
-    }
-    for f in [ckpt.to_path_buf(), dir.join("metrics.jsonl")] {
-        if f.exists() {
-            std::fs::remove_file(&f).map_err(|e| LetheError::io(&f, e))?;
+impl Drop for Signals {
+    fn drop(&mut self) {
+        for id in self.ids.drain(..) {
+            signal_hook::low_level::unregister(id);
         }
     }
-    Ok(())
-}
-
-/// Fields that must be equal for a checkpoint to be resumed under a config.
-const MUST_MATCH: &[&str] = &["seed", "model.", "memory.", "data.", "train.batch", "train.block", "train.accum"];
-
-/// Refuses to resume a checkpoint whose model, memory, data or batch layout differ from
-/// `cfg`, naming the first field that differs.
-pub fn check_resumable(ck: &Checkpoint, cfg: &Config) -> Result<()> {
-    let saved = flatten(&ck.config)?;
-    let now = flatten(cfg)?;
-    let keys: std::collections::BTreeSet<&String> = saved.keys().chain(now.keys()).collect();
-    for key in keys {
-        if !MUST_MATCH.iter().any(|p| key == p.trim_end_matches('.') || (p.ends_with('.') && key.starts_with(p))) {
-            continue;
-        }
-        let absent = "(none)".to_string();
-        let (old, value) = (saved.get(key).unwrap_or(&absent), now.get(key).unwrap_or(&absent));
-        if old != value {
-            return Err(LetheError::checkpoint(
-                &ck.path,
-                format!("was saved with {key} = {old}, but this run has {key} = {value}; a different model config cannot be resumed"),
-            ));
-        }
-    }
-    Ok(())
-}
-
-fn flatten(cfg: &Config) -> Result<std::collections::BTreeMap<String, String>> {
-    let value = toml::Value::try_from(cfg).map_err(|e| LetheError::ConfigParse(e.to_string()))?;
-    let mut out = std::collections::BTreeMap::new();
-    fn walk(prefix: &str, v: &toml::Value, out: &mut std::collections::BTreeMap<String, String>) {
-        match v {
-            toml::Value::Table(t) => {
-                for (k, v) in t {
-                    let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
-                    walk(&key, v, out);
-                }
-            }
-            other => {
-                out.insert(prefix.to_string(), other.to_string());
-            }
-        }
-    }
-    walk("", &value, &mut out);
-    Ok(out)
 }

@@ -54,7 +54,8 @@ use crate::metrics::{format_count, format_duration, MetricsLog};
 use crate::model::Memory;
 use crate::optim::{learning_rate, Optimiser};
 use crate::rng::Rng;
-use crate::train::{begin_step, check_finite, check_resumable, drive, prepare_run_dir, Looped, Scales, TrainOptions};
+use crate::run::RunFolder;
+use crate::train::{begin_step, check_finite, drive, Looped, Scales, TrainOptions};
 
 /// Stream number (of the data seed) of the evaluation episodes, apart from training's.
 const EVAL_STREAM: u64 = 0xE7A1;
@@ -183,6 +184,7 @@ impl MemSum {
 struct Run<'a> {
     cfg: &'a Config,
     opts: &'a TrainOptions,
+    folder: RunFolder,
     dir: PathBuf,
     agent: Agent,
     opt: Optimiser,
@@ -191,7 +193,7 @@ struct Run<'a> {
     metrics: MetricsLog,
     step: usize,
     env_steps: u64,
-    last_checkpoint: usize,
+    last_checkpoint: Option<usize>,
 }
 
 /// Trains an agent on the gridworld `cfg` describes. See the module documentation.
@@ -204,11 +206,12 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<RlSummary> {
 }
 
 impl<'a> Run<'a> {
+    /// Checks the run folder and the checkpoint to resume, builds the agent, and only
+    /// then writes to the folder (see [`crate::run`]).
     fn start(cfg: &'a Config, opts: &'a TrainOptions) -> Result<Self> {
         let device = crate::device::for_training(&cfg.train)?;
-        let dir = opts.out_dir.join(&cfg.name);
-        let ckpt_path = dir.join(checkpoint::FILE_NAME);
-        prepare_run_dir(&dir, &ckpt_path, opts)?;
+        let mut folder = RunFolder::open(&opts.out_dir.join(&cfg.name), opts.intent())?;
+        let resumed = folder.resumable(cfg)?;
         let agent = Agent::new(cfg, device)?;
         let opt = Optimiser::new(agent.named_parameters(), &cfg.train);
         let mem = agent.new_memory();
@@ -216,11 +219,12 @@ impl<'a> Run<'a> {
             episodes: Episodes::new(cfg, cfg.train.batch, cfg.data_seed())?,
             rng: Rng::derive(cfg.seed, SAMPLER_STREAM),
         };
-        checkpoint::write_atomic(&dir.join("config.toml"), cfg.to_toml()?.as_bytes())?;
-        let metrics = MetricsLog::open(&dir)?;
-        let mut run = Run { cfg, opts, dir, agent, opt, mem, state, metrics, step: 0, env_steps: 0, last_checkpoint: 0 };
-        if opts.resume {
-            run.resume(&ckpt_path)?;
+        let from = resumed.as_ref().and_then(|ck| ck.state.as_ref()).map_or(0, |s| s.step);
+        let metrics = folder.commit(cfg, from)?;
+        let dir = folder.dir.clone();
+        let mut run = Run { cfg, opts, folder, dir, agent, opt, mem, state, metrics, step: 0, env_steps: 0, last_checkpoint: None };
+        if let Some(ck) = resumed {
+            run.resume(&ck)?;
         }
         run.say(&format!(
             "lethe: training `{}` by actor-critic: {} memory, span {} | {} layers x {} | {} parameters | {:?} | run folder {}",
@@ -237,9 +241,8 @@ impl<'a> Run<'a> {
         Ok(run)
     }
 
-    fn resume(&mut self, path: &Path) -> Result<()> {
-        let ck = Checkpoint::load(path)?;
-        check_resumable(&ck, self.cfg)?;
+    fn resume(&mut self, ck: &Checkpoint) -> Result<()> {
+        let path = &ck.path;
         let state = ck.state.clone().ok_or_else(|| LetheError::checkpoint(path, "holds no training state"))?;
         let DataState::Episodes(rl) = state.data else {
             return Err(LetheError::checkpoint(path, "holds no episodes: it is not from a reinforcement-learning run"));
@@ -254,7 +257,7 @@ impl<'a> Run<'a> {
         self.state = rl;
         self.step = state.step;
         self.env_steps = state.tokens_seen;
-        self.last_checkpoint = state.step;
+        self.last_checkpoint = Some(state.step);
         self.say(&format!("resumed from {} at step {}", path.display(), state.step));
         Ok(())
     }
@@ -316,7 +319,7 @@ impl Looped for Run<'_> {
         let start = snapshot(&self.mem);
         let (rollout, seen) = self.act(w)?;
         let figures = learn(&self.agent, &mut self.opt, &start, &rollout, &seen, self.cfg, scales)?;
-        check_finite(&[figures.loss, figures.grad_norm], self.step + 1, self.last_checkpoint, &self.dir)?;
+        check_finite(&[figures.loss, figures.grad_norm], self.step + 1, self.last_checkpoint, &self.folder)?;
         self.step += 1;
         w.steps += 1;
         w.sums.add(&figures);
@@ -379,9 +382,13 @@ impl Looped for Run<'_> {
         tensors.extend(self.opt.state());
         tensors.extend(self.mem.state().into_iter().map(|(n, t)| (format!("memory.0.{n}"), t)));
         let state = TrainState { step: self.step, data: DataState::Episodes(self.state.clone()), tokens_seen: self.env_steps };
-        checkpoint::save(&self.dir.join(checkpoint::FILE_NAME), self.cfg, &state, &tensors)?;
-        self.last_checkpoint = self.step;
+        checkpoint::save(&self.folder.checkpoint_path(), self.cfg, &state, &tensors)?;
+        self.last_checkpoint = Some(self.step);
         Ok(())
+    }
+
+    fn dir(&self) -> &Path {
+        &self.dir
     }
 }
 

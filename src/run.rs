@@ -1,0 +1,210 @@
+//! A training run's folder, `<out>/<name>`: the checks before a run may touch it, the
+//! lock that keeps a second training out, and the files a run starts with.
+//!
+//! Nothing in the folder changes before the run is accepted: [`RunFolder::open`] checks
+//! the options against what the folder holds and locks it, [`RunFolder::resumable`]
+//! loads and checks the checkpoint to continue, and only [`RunFolder::commit`], called
+//! once the data and the model are built, removes an old run (`--overwrite`), writes
+//! `config.toml` and cuts `metrics.jsonl` back to the checkpoint's step. A folder that
+//! this run created and never committed is removed again.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, Write};
+use std::path::{Path, PathBuf};
+
+use crate::checkpoint::{self, Checkpoint};
+use crate::config::Config;
+use crate::error::{LetheError, Result};
+use crate::metrics::MetricsLog;
+
+/// Name of the lock file inside a run folder.
+pub const LOCK_FILE: &str = ".lethe.lock";
+
+/// How a training run wants its folder: the part of `TrainOptions` the folder checks.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Intent {
+    /// Continue from the folder's checkpoint.
+    pub resume: bool,
+    /// Replace the folder's run.
+    pub overwrite: bool,
+    /// Stop after this step (`--stop-after`).
+    pub stop_after: Option<usize>,
+}
+
+/// A locked run folder. The lock (an advisory `flock` on [`LOCK_FILE`]) is held until
+/// this value is dropped.
+pub struct RunFolder {
+    /// The folder.
+    pub dir: PathBuf,
+    intent: Intent,
+    _lock: File,
+    /// Whether this run created the folder (so that a refused run can remove it).
+    created: bool,
+    committed: bool,
+}
+
+impl RunFolder {
+    /// Checks `intent` against the folder `dir` (without writing), then creates the
+    /// folder if needed and locks it. Refuses a second training on the same folder.
+    pub fn open(dir: &Path, intent: Intent) -> Result<RunFolder> {
+        check_intent(dir, intent)?;
+        let created = !dir.exists();
+        std::fs::create_dir_all(dir).map_err(|e| LetheError::io(dir, e))?;
+        let lock = match lock(dir) {
+            Ok(lock) => lock,
+            Err(e) => {
+                if created {
+                    let _ = std::fs::remove_dir_all(dir);
+                }
+                return Err(e);
+            }
+        };
+        Ok(RunFolder { dir: dir.to_path_buf(), intent, _lock: lock, created, committed: false })
+    }
+
+    /// The folder's checkpoint file.
+    pub fn checkpoint_path(&self) -> PathBuf {
+        self.dir.join(checkpoint::FILE_NAME)
+    }
+
+    /// When resuming, the folder's checkpoint, checked against `cfg`: same model, data
+    /// and batch layout, a step before `train.steps`, and a `--stop-after` after it.
+    pub fn resumable(&self, cfg: &Config) -> Result<Option<Checkpoint>> {
+        if !self.intent.resume {
+            return Ok(None);
+        }
+        let path = self.checkpoint_path();
+        let ck = Checkpoint::load(&path)?;
+        check_resumable(&ck, cfg)?;
+        let step = ck.state.as_ref().ok_or_else(|| LetheError::checkpoint(&path, "holds no training state"))?.step;
+        if step >= cfg.train.steps {
+            return Err(LetheError::checkpoint(
+                &path,
+                format!("is at step {step}, and train.steps is {}: nothing left to train; raise --steps to continue", cfg.train.steps),
+            ));
+        }
+        if let Some(stop) = self.intent.stop_after.filter(|&s| s <= step) {
+            return Err(LetheError::config("--stop-after", stop, format!("must be after the checkpoint's step {step}")));
+        }
+        Ok(Some(ck))
+    }
+
+    /// Accepts the run: removes an old run's checkpoint (`--overwrite`), writes the
+    /// resolved config, and opens the metrics log with the records after step `from`
+    /// (the resumed checkpoint's, 0 for a new run) removed.
+    pub fn commit(&mut self, cfg: &Config, from: usize) -> Result<MetricsLog> {
+        if !self.intent.resume {
+            let old = self.checkpoint_path();
+            if old.exists() {
+                std::fs::remove_file(&old).map_err(|e| LetheError::io(&old, e))?;
+            }
+        }
+        checkpoint::write_atomic(&self.dir.join("config.toml"), cfg.to_toml()?.as_bytes())?;
+        let metrics = MetricsLog::open_from(&self.dir, from)?;
+        self.committed = true;
+        Ok(metrics)
+    }
+}
+
+impl Drop for RunFolder {
+    fn drop(&mut self) {
+        if self.created && !self.committed {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// The checks that need no write: resuming needs a checkpoint; a new run refuses to
+/// replace one without `--overwrite`; the two flags exclude each other.
+fn check_intent(dir: &Path, intent: Intent) -> Result<()> {
+    let ckpt = dir.join(checkpoint::FILE_NAME);
+    if intent.resume && intent.overwrite {
+        return Err(LetheError::Invalid("--resume continues a run and --overwrite replaces it: give one of them".into()));
+    }
+    if intent.stop_after == Some(0) {
+        return Err(LetheError::config("--stop-after", 0, "must be at least 1 (the step after which to stop)"));
+    }
+    if intent.resume && !ckpt.exists() {
+        return Err(LetheError::checkpoint(ckpt, "nothing to resume: no checkpoint in this run folder"));
+    }
+    if !intent.resume && !intent.overwrite && ckpt.exists() {
+        return Err(LetheError::Invalid(format!(
+            "run folder `{}` already holds a checkpoint: pass --resume to continue it, --overwrite to start over, or --name for a new run",
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Takes the folder's lock without waiting, and writes this process's id into it.
+fn lock(dir: &Path) -> Result<File> {
+    let path = dir.join(LOCK_FILE);
+    let mut file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).map_err(|e| LetheError::io(&path, e))?;
+    if let Err(e) = file.try_lock() {
+        let mut holder = String::new();
+        let _ = file.read_to_string(&mut holder);
+        let holder = holder.trim();
+        let who = if holder.is_empty() { String::new() } else { format!(" (process {holder})") };
+        return Err(match e {
+            std::fs::TryLockError::WouldBlock => LetheError::Invalid(format!(
+                "run folder `{}` is in use by another training{who}: wait for it to finish, or pick another --name",
+                dir.display()
+            )),
+            std::fs::TryLockError::Error(e) => LetheError::io(&path, e),
+        });
+    }
+    let write_pid = |f: &mut File| -> std::io::Result<()> {
+        f.set_len(0)?;
+        f.rewind()?;
+        f.write_all(std::process::id().to_string().as_bytes())
+    };
+    write_pid(&mut file).map_err(|e| LetheError::io(&path, e))?;
+    Ok(file)
+}
+
+/// Fields that must be equal for a checkpoint to be resumed under a config.
+const MUST_MATCH: &[&str] = &["seed", "model.", "memory.", "data.", "train.batch", "train.block", "train.accum"];
+
+/// Refuses to resume a checkpoint whose model, memory, data or batch layout differ from
+/// `cfg`, naming the first field that differs.
+pub fn check_resumable(ck: &Checkpoint, cfg: &Config) -> Result<()> {
+    let saved = flatten(&ck.config)?;
+    let now = flatten(cfg)?;
+    let keys: BTreeSet<&String> = saved.keys().chain(now.keys()).collect();
+    for key in keys {
+        if !MUST_MATCH.iter().any(|p| key == p.trim_end_matches('.') || (p.ends_with('.') && key.starts_with(p))) {
+            continue;
+        }
+        let absent = "(none)".to_string();
+        let (old, value) = (saved.get(key).unwrap_or(&absent), now.get(key).unwrap_or(&absent));
+        if old != value {
+            return Err(LetheError::checkpoint(
+                &ck.path,
+                format!("was saved with {key} = {old}, but this run has {key} = {value}; a different model config cannot be resumed"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The config as `dotted.key -> value` text.
+fn flatten(cfg: &Config) -> Result<BTreeMap<String, String>> {
+    let value = toml::Value::try_from(cfg).map_err(|e| LetheError::ConfigParse(e.to_string()))?;
+    let mut out = BTreeMap::new();
+    fn walk(prefix: &str, v: &toml::Value, out: &mut BTreeMap<String, String>) {
+        match v {
+            toml::Value::Table(t) => {
+                for (k, v) in t {
+                    let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                    walk(&key, v, out);
+                }
+            }
+            other => {
+                out.insert(prefix.to_string(), other.to_string());
+            }
+        }
+    }
+    walk("", &value, &mut out);
+    Ok(out)
+}

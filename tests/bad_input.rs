@@ -1,0 +1,202 @@
+//! Regression tests for issue 18: bad input gets one clear error and a non-zero exit,
+//! never a panic, a hang, lost work or a silently wrong result. One test per class.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+const TINY: &[&str] = &[
+    "--set", "model.layers=1", "--set", "model.d_model=16", "--set", "model.heads=2", "--set", "model.d_ffn=32",
+    "--set", "memory.span=16", "--set", "train.batch=2", "--set", "train.block=8", "--set", "train.log_every=1",
+    "--set", "train.eval_tokens=64", "--set", "data.copy.eval_tokens=128", "--set", "data.copy.distance_min=5", "--set", "data.copy.distance_max=20",
+];
+
+fn lethe(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lethe")).current_dir(dir).args(args).stdin(Stdio::null()).output().expect("run lethe")
+}
+
+fn train(dir: &Path, extra: &[&str]) -> Output {
+    let mut args = vec!["train", "--quiet", "--out", "runs"];
+    args.extend_from_slice(TINY);
+    args.extend_from_slice(extra);
+    lethe(dir, &args)
+}
+
+/// Asserts a clean failure whose message contains every one of `needles`.
+fn fails_with(out: &Output, needles: &[&str]) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "expected failure, got success; stderr:\n{stderr}");
+    assert!(!stderr.contains("panicked"), "panicked:\n{stderr}");
+    for n in needles {
+        assert!(stderr.contains(n), "expected `{n}` in:\n{stderr}");
+    }
+}
+
+fn succeeds(out: &Output) {
+    assert!(out.status.success(), "failed:\n{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Lost work: a refused resume rewrote `config.toml` first, so every later resume was
+/// refused too. Nothing in the folder may change before a resume is accepted.
+#[test]
+fn a_refused_resume_changes_nothing_in_the_run_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    succeeds(&train(d, &["--steps", "4", "--stop-after", "2", "--name", "r"]));
+    let files = ["config.toml", "metrics.jsonl", "checkpoint.safetensors"].map(|f| d.join("runs/r").join(f));
+    let before: Vec<Vec<u8>> = files.iter().map(|f| std::fs::read(f).unwrap()).collect();
+    fails_with(&train(d, &["--steps", "4", "--name", "r", "--resume", "--seed", "9"]), &["seed"]);
+    let after: Vec<Vec<u8>> = files.iter().map(|f| std::fs::read(f).unwrap()).collect();
+    assert!(before == after, "a refused resume changed the run folder");
+    succeeds(&train(d, &["--steps", "4", "--name", "r", "--resume"]));
+}
+
+/// Lost work: records written after the checkpoint appeared twice after a resume.
+#[test]
+fn a_resumed_run_logs_each_step_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    succeeds(&train(d, &["--steps", "6", "--name", "m", "--set", "train.checkpoint_every=2", "--stop-after", "3"]));
+    // The checkpoint is at step 3 (the stop); fake a later record, as a kill after it leaves.
+    let log = d.join("runs/m/metrics.jsonl");
+    let mut text = std::fs::read_to_string(&log).unwrap();
+    text.push_str("{\"step\":5,\"split\":\"train\",\"loss\":1.0}\n{\"step\":6,\"spl");
+    std::fs::write(&log, text).unwrap();
+    succeeds(&train(d, &["--steps", "6", "--name", "m", "--resume"]));
+    let text = std::fs::read_to_string(&log).unwrap();
+    let train_steps: Vec<u64> = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("every line is whole JSON"))
+        .filter(|r| r["split"] == "train")
+        .map(|r| r["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(train_steps, vec![1, 2, 3, 4, 5, 6], "{text}");
+}
+
+/// Lost work: two trainings on one run folder raced and corrupted its files.
+#[test]
+fn a_second_training_on_a_locked_run_folder_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let folder = d.join("runs/busy");
+    std::fs::create_dir_all(&folder).unwrap();
+    let lock = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(folder.join(".lethe.lock")).unwrap();
+    lock.lock().unwrap(); // as a running training holds it
+    fails_with(&train(d, &["--steps", "2", "--name", "busy"]), &["runs/busy", "in use by another training"]);
+    assert!(!folder.join("config.toml").exists(), "the refused run wrote into the folder");
+    lock.unlock().unwrap();
+    succeeds(&train(d, &["--steps", "2", "--name", "busy"]));
+}
+
+/// Lost work: SIGINT, SIGTERM and SIGHUP killed training with no checkpoint. The first
+/// signal finishes the step, writes a checkpoint and exits non-zero; resume goes on.
+#[test]
+fn a_signal_stops_training_with_a_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for (signal, name) in [(libc::SIGINT, "SIGINT"), (libc::SIGTERM, "SIGTERM"), (libc::SIGHUP, "SIGHUP")] {
+        let run = format!("sig{signal}");
+        let mut args = vec!["train", "--out", "runs", "--name", &run, "--steps", "100000", "--set", "train.checkpoint_every=0"];
+        args.extend_from_slice(TINY);
+        let child = Command::new(env!("CARGO_BIN_EXE_lethe"))
+            .current_dir(d)
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Wait until training has started (the first progress line is written to the log).
+        let log = d.join("runs").join(&run).join("metrics.jsonl");
+        let started = std::time::Instant::now();
+        while std::fs::read_to_string(&log).map_or(true, |t| t.is_empty()) {
+            assert!(started.elapsed().as_secs() < 120, "training did not start");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        // SAFETY: sending a signal to our own child process.
+        unsafe { libc::kill(child.id() as i32, signal) };
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{name}: {stderr}");
+        assert!(stderr.contains(name) && stderr.contains("--resume"), "{name}: {stderr}");
+        assert!(d.join("runs").join(&run).join("checkpoint.safetensors").exists(), "{name}: no checkpoint");
+    }
+}
+
+/// Lost work: a failed checkpoint write left its temporary file behind.
+#[test]
+fn a_failed_atomic_write_leaves_no_temporary_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("occupied");
+    std::fs::create_dir(&target).unwrap();
+    std::fs::write(target.join("inside"), b"x").unwrap(); // a folder that rename cannot replace
+    assert!(lethe::checkpoint::write_atomic(&target, b"bytes").is_err());
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("occupied")], "temporary file left behind");
+}
+
+/// Silently wrong: flipped bits in tensor data, NaN weights, a checkpoint already at
+/// `train.steps`, and options that contradict each other.
+#[test]
+fn damaged_checkpoints_and_contradictory_options_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    succeeds(&train(d, &["--steps", "2", "--name", "c"]));
+    let ckpt = d.join("runs/c/checkpoint.safetensors");
+    let bytes = std::fs::read(&ckpt).unwrap();
+    let mut flipped = bytes.clone();
+    let last = flipped.len() - 3; // inside the last tensor's data
+    flipped[last] ^= 0x10;
+    std::fs::write(d.join("flipped.safetensors"), &flipped).unwrap();
+    fails_with(&lethe(d, &["eval", "--checkpoint", "flipped.safetensors"]), &["flipped.safetensors", "checksum"]);
+
+    fails_with(&train(d, &["--steps", "2", "--name", "c", "--resume"]), &["step 2", "--steps"]);
+    fails_with(&train(d, &["--steps", "4", "--name", "c", "--resume", "--stop-after", "1"]), &["--stop-after", "step 2"]);
+    fails_with(&train(d, &["--steps", "4", "--name", "z", "--stop-after", "0"]), &["--stop-after"]);
+    fails_with(&train(d, &["--steps", "4", "--name", "c", "--resume", "--overwrite"]), &["--overwrite"]);
+    for name in ["../../x", "", "a/b", ".."] {
+        fails_with(&train(d, &["--steps", "2", "--name", name]), &["name"]);
+    }
+    assert!(!d.join("x").exists() && !d.parent().unwrap().join("x").exists());
+    fails_with(&lethe(d, &["generate", "--checkpoint", "runs/c", "--prompt", "a", "--temperature", "-1"]), &["--temperature"]);
+    fails_with(&lethe(d, &["generate", "--checkpoint", "runs/c", "--prompt", "a", "--temperature", "NaN"]), &["--temperature"]);
+    fails_with(&lethe(d, &["eval", "--checkpoint", "runs/c", "--block", "0"]), &["--block"]);
+    fails_with(&lethe(d, &["eval", "--checkpoint", "runs/c", "--batch", "0"]), &["--batch"]);
+    fails_with(&lethe(d, &["sweep", "--seeds", "1,1"]), &["seed 1", "twice"]);
+    let out = lethe(d, &["sweep", "--seeds", ""]);
+    fails_with(&out, &["--seeds"]);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("memory size"));
+    fails_with(&lethe(d, &["train", "--steps", "-5"]), &["-5", "--steps"]);
+}
+
+/// Misleading: a NaN at the first steps named a checkpoint that did not exist.
+#[test]
+fn a_nan_before_any_checkpoint_says_that_none_was_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let out = train(d, &["--steps", "10", "--name", "nan", "--set", "train.lr=1e38", "--set", "train.warmup=0", "--set", "train.grad_clip=0"]);
+    fails_with(&out, &["at step", "No checkpoint had been written yet"]);
+    assert!(!d.join("runs/nan/checkpoint.safetensors").exists());
+}
+
+/// Hangs: a thread count far beyond the cores started that many libtorch threads.
+#[test]
+fn more_threads_than_cores_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    fails_with(&train(dir.path(), &["--steps", "2", "--set", "train.threads=1000000"]), &["train.threads", "cores"]);
+}
+
+/// Silently wrong: a checkpoint whose weights hold NaN (with valid checksums) evaluated
+/// to NaN without a word.
+#[test]
+fn nan_weights_in_a_checkpoint_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    succeeds(&train(d, &["--steps", "2", "--name", "w"]));
+    let ck = lethe::checkpoint::Checkpoint::load(&d.join("runs/w")).unwrap();
+    let mut tensors = ck.with_prefix("");
+    let (name, t) = tensors.iter_mut().find(|(n, _)| n.starts_with("layers.0")).unwrap();
+    *t = t.fill(f64::NAN);
+    let name = name.clone();
+    lethe::checkpoint::save(&d.join("nan.safetensors"), &ck.config, ck.state.as_ref().unwrap(), &tensors).unwrap();
+    fails_with(&lethe(d, &["eval", "--checkpoint", "nan.safetensors"]), &["nan.safetensors", &name, "NaN"]);
+}
