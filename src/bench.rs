@@ -475,6 +475,9 @@ pub fn plan(base: &Config, mechanisms: &[String], scale: Option<&Scale>, context
 
 /// Benches every case in turn, telling `say` about each result as it comes.
 pub fn run(cases: &[Case], opts: &BenchOptions, gemm_gflops: f64, say: &mut dyn FnMut(&BenchResult)) -> Result<Vec<BenchResult>> {
+    for case in cases {
+        crate::model::check_fits(&case.cfg, crate::device::parse(&case.cfg.train.device)?)?;
+    }
     let mut out = vec![];
     for case in cases {
         let o = BenchOptions { context: case.context, ..opts.clone() };

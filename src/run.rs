@@ -39,8 +39,9 @@ pub struct RunFolder {
     pub dir: PathBuf,
     intent: Intent,
     _lock: File,
-    /// Whether this run created the folder (so that a refused run can remove it).
-    created: bool,
+    /// The outermost folder this run created, if any (so that a refused run can remove
+    /// it again).
+    created: Option<PathBuf>,
     committed: bool,
 }
 
@@ -49,13 +50,13 @@ impl RunFolder {
     /// folder if needed and locks it. Refuses a second training on the same folder.
     pub fn open(dir: &Path, intent: Intent) -> Result<RunFolder> {
         check_intent(dir, intent)?;
-        let created = !dir.exists();
+        let created = dir.ancestors().take_while(|a| !a.as_os_str().is_empty() && !a.exists()).last().map(Path::to_path_buf);
         std::fs::create_dir_all(dir).map_err(|e| LetheError::io(dir, e))?;
         let lock = match lock(dir) {
             Ok(lock) => lock,
             Err(e) => {
-                if created {
-                    let _ = std::fs::remove_dir_all(dir);
+                if let Some(root) = &created {
+                    let _ = std::fs::remove_dir_all(root);
                 }
                 return Err(e);
             }
@@ -109,8 +110,8 @@ impl RunFolder {
 
 impl Drop for RunFolder {
     fn drop(&mut self) {
-        if self.created && !self.committed {
-            let _ = std::fs::remove_dir_all(&self.dir);
+        if let Some(root) = self.created.as_ref().filter(|_| !self.committed) {
+            let _ = std::fs::remove_dir_all(root);
         }
     }
 }

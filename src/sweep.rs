@@ -168,8 +168,6 @@ pub fn metric(source: Source) -> (&'static str, bool) {
 /// Trains every run of the plan under `dir` (skipping finished ones) and writes the
 /// report. `say` receives one progress line per run.
 pub fn run(base: &Config, arms: &[Arm], seeds: &[u64], dir: &Path, say: &mut dyn FnMut(&str)) -> Result<Vec<SweepPoint>> {
-    std::fs::create_dir_all(dir).map_err(|e| LetheError::io(dir, e))?;
-    write_atomic(&dir.join("base.toml"), base.to_toml()?.as_bytes())?;
     let mut plan = vec![];
     for arm in arms {
         for &size in &arm.sizes {
@@ -179,6 +177,12 @@ pub fn run(base: &Config, arms: &[Arm], seeds: &[u64], dir: &Path, say: &mut dyn
         }
     }
     let mut points = vec![];
+    // Every run must fit before the first one starts, and before anything is written.
+    for cfg in &plan {
+        crate::model::check_fits(cfg, crate::device::parse(&cfg.train.device)?)?;
+    }
+    std::fs::create_dir_all(dir).map_err(|e| LetheError::io(dir, e))?;
+    write_atomic(&dir.join("base.toml"), base.to_toml()?.as_bytes())?;
     for (i, cfg) in plan.iter().enumerate() {
         let point = run_one(cfg, &dir.join("runs"))?;
         say(&format!(

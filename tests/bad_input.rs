@@ -200,3 +200,18 @@ fn nan_weights_in_a_checkpoint_are_refused() {
     lethe::checkpoint::save(&d.join("nan.safetensors"), &ck.config, ck.state.as_ref().unwrap(), &tensors).unwrap();
     fails_with(&lethe(d, &["eval", "--checkpoint", "nan.safetensors"]), &["nan.safetensors", &name, "NaN"]);
 }
+
+/// Panics: sizes that cannot be allocated made libtorch abort (a span of 10^12 asked
+/// for 64 TB). They are refused before anything is allocated or written, naming the
+/// field, through train, bench and sweep alike.
+#[test]
+fn sizes_that_cannot_be_allocated_are_refused_by_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let huge = "memory.span=1000000000000";
+    fails_with(&train(d, &["--steps", "2", "--name", "big", "--set", huge]), &["memory.span", "GiB"]);
+    assert!(!d.join("runs").exists(), "a refused run left its folder");
+    fails_with(&lethe(d, &["bench", "--out", "runs", "--bench-steps", "1", "--mechanism", "expire:1000000000000"]), &["memory.span", "GiB"]);
+    fails_with(&lethe(d, &["sweep", "--out", "runs", "--mechanism", "fixed", "--sizes", "1000000000000"]), &["memory.span", "GiB"]);
+    assert!(!d.join("runs").exists(), "a refused sweep wrote its folder");
+}

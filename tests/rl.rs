@@ -125,7 +125,7 @@ fn resuming_an_rl_run_repeats_the_losses_of_a_straight_run() {
 
     let dir = tempfile::tempdir().unwrap();
     let first = train(&cfg, &TrainOptions { stop_after: Some(3), ..options(dir.path()) }).unwrap().losses;
-    let second = train(&cfg, &TrainOptions { resume: true, ..options(dir.path()) }).unwrap().losses;
+    let second = train(&cfg, &TrainOptions { resume: true, overwrite: false, ..options(dir.path()) }).unwrap().losses;
     assert_eq!((first.len(), second.len()), (3, 5));
     let resumed: Vec<f64> = first.into_iter().chain(second).collect();
     assert_eq!(straight, resumed);

@@ -12,7 +12,7 @@ pub use backbone::{correct, token_nll, Backbone, Forward, Hidden, Memory, Model}
 
 use crate::checkpoint::Checkpoint;
 use crate::config::Config;
-use crate::error::Result;
+use crate::error::{LetheError, Result};
 
 /// The parameters of `vs` by name, sorted (a stable order for the optimiser and
 /// checkpoints). Shared by the language model and the gridworld agent.
@@ -26,6 +26,66 @@ pub fn sorted_parameters(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
 /// Number of scalar parameters in `vs`.
 pub fn parameter_count(vs: &nn::VarStore) -> usize {
     vs.variables().values().map(Tensor::numel).sum()
+}
+
+/// A lower bound of the bytes one training step of `config` needs, and the config
+/// field that drives the largest part of it.
+pub fn footprint(config: &Config) -> (f64, &'static str) {
+    let (m, d, l) = (&config.model, config.model.d_model as f64, config.model.layers as f64);
+    let (batch, block) = (config.train.batch as f64, config.train.block.min(config.memory.span) as f64);
+    let reach = config.memory.span as f64 + block;
+    let rows = memory::position_rows(&config.memory, config.train.block) as f64;
+    let f32s = |n: f64| 4.0 * n;
+    // Parameters, their gradients and two Adam moments: four copies.
+    let positions = 4.0 * f32s(rows * d / m.heads as f64);
+    let embeddings = 4.0 * f32s(2.0 * m.vocab as f64 * d);
+    let layers = 4.0 * f32s(l * (4.0 * d * d + 2.0 * d * m.d_ffn as f64));
+    let cache = f32s(l * batch * reach * d);
+    let attention = 3.0 * f32s(l * batch * m.heads as f64 * block * reach);
+    let activations = f32s(l * batch * block * (10.0 * d + 2.0 * m.d_ffn as f64));
+    let parts = [
+        (positions + cache + attention, "memory.span"),
+        (embeddings, "model.vocab"),
+        (layers, "model.d_model"),
+        (activations, "train.batch"),
+    ];
+    let total = parts.iter().map(|p| p.0).sum();
+    let largest = parts.iter().max_by(|a, b| a.0.total_cmp(&b.0)).map_or("memory.span", |p| p.1);
+    (total, largest)
+}
+
+/// Refuses, before anything is allocated, a config whose training step cannot fit in
+/// this machine's memory on the CPU (a span of 10^12 made libtorch abort on a 64 TB
+/// allocation). GPUs are not checked here: libtorch's own error says so there.
+pub fn check_fits(config: &Config, device: Device) -> Result<()> {
+    if device != Device::Cpu {
+        return Ok(());
+    }
+    let Some(available) = total_memory_bytes() else { return Ok(()) };
+    let (need, field) = footprint(config);
+    if need <= available as f64 {
+        return Ok(());
+    }
+    let value = match field {
+        "memory.span" => config.memory.span,
+        "model.vocab" => config.model.vocab,
+        "model.d_model" => config.model.d_model,
+        _ => config.train.batch,
+    };
+    let gib = |b: f64| b / (1u64 << 30) as f64;
+    Err(LetheError::config(
+        field,
+        value,
+        format!("a training step would need at least {:.1} GiB, more than this machine's {:.1} GiB of memory", gib(need), gib(available as f64)),
+    ))
+}
+
+/// The machine's memory (`MemTotal`), where the OS reports it.
+fn total_memory_bytes() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
 
 /// A model with its parameter store and the config it was built from.
@@ -43,6 +103,7 @@ impl Lm {
     /// seeded section of libtorch's generator, so the same seed gives the same model
     /// whatever other threads do). Fails only for a config that does not validate.
     pub fn new(config: &Config, device: Device) -> Result<Self> {
+        check_fits(config, device)?;
         let _seed = crate::rng::seed_torch(config.seed as i64);
         let vs = nn::VarStore::new(device);
         let model = Model::new(&vs.root(), &config.model, &config.memory, config.train.block)?;

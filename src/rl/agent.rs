@@ -40,6 +40,7 @@ impl Agent {
     /// A freshly initialised agent for the task of `config` (seeded by `config.seed`, in
     /// a seeded section of libtorch's generator: see [`crate::rng::seed_torch`]).
     pub fn new(config: &Config, device: Device) -> Result<Agent> {
+        crate::model::check_fits(config, device)?;
         let _seed = crate::rng::seed_torch(config.seed as i64);
         let vs = nn::VarStore::new(device);
         let p = vs.root();
