@@ -1,39 +1,11 @@
 //! Regression tests for issue 18: bad input gets one clear error and a non-zero exit,
 //! never a panic, a hang, lost work or a silently wrong result. One test per class.
 
-use std::path::Path;
-use std::process::{Command, Output, Stdio};
+mod common;
 
-const TINY: &[&str] = &[
-    "--set", "model.layers=1", "--set", "model.d_model=16", "--set", "model.heads=2", "--set", "model.d_ffn=32",
-    "--set", "memory.span=16", "--set", "train.batch=2", "--set", "train.block=8", "--set", "train.log_every=1",
-    "--set", "train.eval_tokens=64", "--set", "data.copy.eval_tokens=128", "--set", "data.copy.distance_min=5", "--set", "data.copy.distance_max=20",
-];
+use std::process::{Command, Stdio};
 
-fn lethe(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_lethe")).current_dir(dir).args(args).stdin(Stdio::null()).output().expect("run lethe")
-}
-
-fn train(dir: &Path, extra: &[&str]) -> Output {
-    let mut args = vec!["train", "--quiet", "--out", "runs"];
-    args.extend_from_slice(TINY);
-    args.extend_from_slice(extra);
-    lethe(dir, &args)
-}
-
-/// Asserts a clean failure whose message contains every one of `needles`.
-fn fails_with(out: &Output, needles: &[&str]) {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "expected failure, got success; stderr:\n{stderr}");
-    assert!(!stderr.contains("panicked"), "panicked:\n{stderr}");
-    for n in needles {
-        assert!(stderr.contains(n), "expected `{n}` in:\n{stderr}");
-    }
-}
-
-fn succeeds(out: &Output) {
-    assert!(out.status.success(), "failed:\n{}", String::from_utf8_lossy(&out.stderr));
-}
+use common::cli::{fails_with, lethe, succeeds, train, TINY};
 
 /// Lost work: a refused resume rewrote `config.toml` first, so every later resume was
 /// refused too. Nothing in the folder may change before a resume is accepted.

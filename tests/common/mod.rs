@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod cli;
+
 use lethe::config::{Config, CopyConfig};
 
 /// A model and task small enough to train in a second or two on 2 cores.

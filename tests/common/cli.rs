@@ -1,0 +1,40 @@
+//! Running the `lethe` binary as a user does, for the command-line tests.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+/// A model small enough that a few steps take well under a second.
+pub const TINY: &[&str] = &[
+    "--set", "model.layers=1", "--set", "model.d_model=16", "--set", "model.heads=2", "--set", "model.d_ffn=32",
+    "--set", "memory.span=16", "--set", "train.batch=2", "--set", "train.block=8", "--set", "train.log_every=1",
+    "--set", "train.eval_tokens=64", "--set", "data.copy.eval_tokens=128", "--set", "data.copy.distance_min=5", "--set", "data.copy.distance_max=20",
+];
+
+pub fn lethe(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lethe")).current_dir(dir).args(args).stdin(Stdio::null()).output().expect("run lethe")
+}
+
+pub fn train(dir: &Path, extra: &[&str]) -> Output {
+    let mut args = vec!["train", "--quiet", "--out", "runs"];
+    args.extend_from_slice(TINY);
+    args.extend_from_slice(extra);
+    lethe(dir, &args)
+}
+
+/// Asserts a clean failure whose message contains every one of `needles`.
+pub fn fails_with(out: &Output, needles: &[&str]) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "expected failure, got success; stderr:\n{stderr}");
+    assert!(!stderr.contains("panicked"), "panicked:\n{stderr}");
+    let error_lines = stderr.lines().filter(|l| l.starts_with("error:")).count();
+    assert_eq!(error_lines, 1, "expected one error line:\n{stderr}");
+    for n in needles {
+        assert!(stderr.contains(n), "expected `{n}` in:\n{stderr}");
+    }
+}
+
+pub fn succeeds(out: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "failed:\n{stderr}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
