@@ -187,3 +187,16 @@ fn sizes_that_cannot_be_allocated_are_refused_by_field() {
     fails_with(&lethe(d, &["sweep", "--out", "runs", "--mechanism", "fixed", "--sizes", "1000000000000"]), &["memory.span", "GiB"]);
     assert!(!d.join("runs").exists(), "a refused sweep wrote its folder");
 }
+
+/// Panics: past the size check (which a GPU skips), the position embeddings a huge
+/// span asks for are allocated fallibly: libtorch's refusal is an error naming the span.
+#[test]
+fn a_backbone_too_large_to_allocate_is_an_error() {
+    let cfg = lethe::config::Config::preset("copy-tiny").unwrap();
+    let mut memory = cfg.memory.clone();
+    memory.span = 1_000_000_000_000;
+    let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+    let _seed = lethe::rng::seed_torch(1); // the layers before it draw their initial weights
+    let err = lethe::model::Backbone::new(&vs.root(), &cfg.model, &memory, cfg.train.block).err().expect("64 TB cannot be allocated");
+    assert!(err.to_string().contains("memory.span = 1000000000000"), "{err}");
+}

@@ -10,7 +10,7 @@ use tch::{Kind, Tensor};
 use super::attention::Attention;
 use super::memory::{self, AttendInput, MemoryLayer, MemoryReport};
 use crate::config::{Mechanism, MemoryConfig, ModelConfig};
-use crate::error::{LetheError, Result};
+use crate::error::{LetheError, Result, TorchContext};
 
 /// One transformer layer's parameters.
 #[derive(Debug)]
@@ -132,7 +132,11 @@ impl Backbone {
             .collect::<Result<Vec<_>>>()?;
         let final_norm = cfg.pre_norm.then(|| nn::layer_norm(p / "final_norm", vec![d], Default::default()));
         let rows = memory::position_rows(mem, block);
-        let key_pe = p.var("key_pe", &[rows, d_head], nn::Init::Randn { mean: 0.0, stdev: 1.0 / (d_head as f64).sqrt() });
+        // The one parameter whose size the memory sets: allocated fallibly, so that a span
+        // the device cannot hold is an error, not a panic.
+        let key_pe = p
+            .f_var("key_pe", &[rows, d_head], nn::Init::Randn { mean: 0.0, stdev: 1.0 / (d_head as f64).sqrt() })
+            .torch(&format!("allocating the position embeddings for memory.span = {} ({rows} x {d_head})", mem.span))?;
         Ok(Backbone { cfg: cfg.clone(), layers, final_norm, key_pe, memories, mechanism: mem.mechanism })
     }
 
