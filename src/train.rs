@@ -69,7 +69,6 @@ struct Run<'a> {
     cfg: &'a Config,
     opts: &'a TrainOptions,
     folder: RunFolder,
-    dir: PathBuf,
     lm: Lm,
     opt: Optimiser,
     mems: Vec<Memory>,
@@ -98,7 +97,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainSummary> {
     let mut run = Run::start(cfg, opts)?;
     let unigram_baseline = data::unigram_entropy(&run.valid.docs);
     run.say(&format!("valid unigram baseline: {unigram_baseline:.4} nats ({:.4} bits) per scored token", unigram_baseline / std::f64::consts::LN_2));
-    let mut summary = TrainSummary { run_dir: run.dir.clone(), losses: vec![], last_eval: None, unigram_baseline };
+    let mut summary = TrainSummary { run_dir: run.folder.dir.clone(), losses: vec![], last_eval: None, unigram_baseline };
     (summary.losses, summary.last_eval) = drive(&mut run, &cfg.train, opts)?;
     Ok(summary)
 }
@@ -117,8 +116,7 @@ impl<'a> Run<'a> {
         let mems = (0..cfg.train.accum).map(|_| lm.model.new_memory()).collect();
         let from = resumed.as_ref().and_then(|ck| ck.state.as_ref()).map_or(0, |s| s.step);
         let metrics = folder.commit(cfg, from)?;
-        let dir = folder.dir.clone();
-        let mut run = Run { cfg, opts, folder, dir, lm, opt, mems, data, valid, metrics, step: 0, tokens_seen: 0, last_checkpoint: None };
+        let mut run = Run { cfg, opts, folder, lm, opt, mems, data, valid, metrics, step: 0, tokens_seen: 0, last_checkpoint: None };
         if let Some(ck) = resumed {
             run.resume(&ck)?;
         }
@@ -131,7 +129,7 @@ impl<'a> Run<'a> {
             cfg.model.d_model,
             format_count(run.lm.parameter_count() as f64),
             device,
-            run.dir.display()
+            run.folder.dir.display()
         ));
         run.say(&format!("data: {}", data::describe(cfg)));
         Ok(run)
@@ -255,7 +253,7 @@ impl Looped for Run<'_> {
     }
 
     fn dir(&self) -> &Path {
-        &self.dir
+        &self.folder.dir
     }
 }
 

@@ -185,7 +185,6 @@ struct Run<'a> {
     cfg: &'a Config,
     opts: &'a TrainOptions,
     folder: RunFolder,
-    dir: PathBuf,
     agent: Agent,
     opt: Optimiser,
     mem: Memory,
@@ -200,7 +199,7 @@ struct Run<'a> {
 pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<RlSummary> {
     cfg.validate()?;
     let mut run = Run::start(cfg, opts)?;
-    let mut summary = RlSummary { run_dir: run.dir.clone(), losses: vec![], last_eval: None };
+    let mut summary = RlSummary { run_dir: run.folder.dir.clone(), losses: vec![], last_eval: None };
     (summary.losses, summary.last_eval) = drive(&mut run, &cfg.train, opts)?;
     Ok(summary)
 }
@@ -221,8 +220,7 @@ impl<'a> Run<'a> {
         };
         let from = resumed.as_ref().and_then(|ck| ck.state.as_ref()).map_or(0, |s| s.step);
         let metrics = folder.commit(cfg, from)?;
-        let dir = folder.dir.clone();
-        let mut run = Run { cfg, opts, folder, dir, agent, opt, mem, state, metrics, step: 0, env_steps: 0, last_checkpoint: None };
+        let mut run = Run { cfg, opts, folder, agent, opt, mem, state, metrics, step: 0, env_steps: 0, last_checkpoint: None };
         if let Some(ck) = resumed {
             run.resume(&ck)?;
         }
@@ -235,7 +233,7 @@ impl<'a> Run<'a> {
             cfg.model.d_model,
             format_count(run.agent.parameter_count() as f64),
             device,
-            run.dir.display()
+            run.folder.dir.display()
         ));
         run.say(&format!("task: {}", crate::data::describe(cfg)));
         Ok(run)
@@ -388,7 +386,7 @@ impl Looped for Run<'_> {
     }
 
     fn dir(&self) -> &Path {
-        &self.dir
+        &self.folder.dir
     }
 }
 
