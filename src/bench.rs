@@ -46,6 +46,16 @@ pub struct BenchOptions {
     pub context: Option<usize>,
 }
 
+impl BenchOptions {
+    /// Refuses options that would time nothing.
+    pub fn validate(&self) -> Result<()> {
+        if self.steps == 0 {
+            return Err(LetheError::Invalid("--bench-steps must be at least 1".into()));
+        }
+        Ok(())
+    }
+}
+
 impl Default for BenchOptions {
     fn default() -> Self {
         BenchOptions { steps: 20, warmup: 3, context: None }
@@ -119,9 +129,7 @@ const MAX_FILL_BLOCKS: usize = 4096;
 /// `mfu` is left empty: [`with_mfu`] fills it from a measured GEMM rate.
 pub fn bench(cfg: &Config, opts: &BenchOptions) -> Result<BenchResult> {
     cfg.validate()?;
-    if opts.steps == 0 {
-        return Err(LetheError::Invalid("--bench-steps must be at least 1".into()));
-    }
+    opts.validate()?;
     let device = crate::device::for_training(&cfg.train)?;
     reset_peak_rss();
     let lm = Lm::new(cfg, device)?;

@@ -71,7 +71,7 @@ pub struct InspectSpansArgs {
     /// Checkpoint file, or a run folder holding checkpoint.safetensors.
     #[arg(long)]
     pub checkpoint: PathBuf,
-    /// The text to stream through the model.
+    /// A file holding the text to stream through the model.
     #[arg(long)]
     pub text: PathBuf,
     /// Folder for the pictures (spans.svg and spans.html, or ltm.svg and ltm.html).
@@ -156,9 +156,9 @@ pub struct EvalArgs {
     /// Checkpoint file, or a run folder holding checkpoint.safetensors.
     #[arg(long)]
     pub checkpoint: PathBuf,
-    /// train, valid or test.
-    #[arg(long, default_value = "valid")]
-    pub split: String,
+    /// train, valid or test [default: valid].
+    #[arg(long)]
+    pub split: Option<String>,
     /// Block length at evaluation (default: the training block length).
     #[arg(long, allow_negative_numbers = true)]
     pub block: Option<usize>,
@@ -281,6 +281,10 @@ impl ConfigArgs {
         }
         let name = self.name.as_deref().unwrap_or("copy-tiny");
         let path = out.join(name).join("config.toml");
+        if !path.is_file() {
+            let why = format!("no run to resume in `{}` (it has no config.toml): train without --resume to start it", out.join(name).display());
+            return Err(lethe::LetheError::Invalid(why));
+        }
         let text = std::fs::read_to_string(&path).map_err(|e| lethe::LetheError::io(&path, e))?;
         self.resolve_over(Config::from_toml(&text, &path.display().to_string())?)
     }

@@ -262,6 +262,18 @@ pub enum Mechanism {
     Infinity,
 }
 
+impl std::fmt::Display for Mechanism {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 impl Mechanism {
     /// The name used in configs, run names and messages (`fixed`, `expire`, ...).
     pub fn name(self) -> &'static str {
@@ -349,6 +361,20 @@ pub enum Source {
 }
 
 impl Source {
+    /// The name used in configs and messages (`copy`, `file`, `corridor`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            Source::Copy => "copy",
+            Source::File => "file",
+            Source::Folder => "folder",
+            Source::Collision => "collision",
+            Source::Instruction => "instruction",
+            Source::Sorting => "sorting",
+            Source::Corridor => "corridor",
+            Source::Portal => "portal",
+        }
+    }
+
     /// Whether this is a reinforcement-learning environment rather than a token stream.
     pub fn is_rl(self) -> bool {
         matches!(self, Source::Corridor | Source::Portal)

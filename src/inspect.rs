@@ -54,7 +54,7 @@ pub fn trace_spans(lm: &Lm, text: &[u8]) -> Result<SpanTrace> {
         for (layer, s) in mem.token_spans().into_iter().enumerate() {
             let s = s.ok_or_else(|| {
                 LetheError::Invalid(format!(
-                    "`{:?}` memory predicts no spans; `inspect spans` needs an Expire-Span model",
+                    "`{}` memory predicts no spans; `inspect spans` needs an Expire-Span model",
                     lm.config.memory.mechanism
                 ))
             })?;

@@ -52,7 +52,7 @@ fn play(a: PlayArgs) -> Result<()> {
         None => a.config.resolve()?,
     };
     if !cfg.data.source.is_rl() {
-        anyhow::bail!("`lethe play` plays gridworlds (corridor, portal); this config's data.source is {:?}", cfg.data.source);
+        anyhow::bail!("`lethe play` plays gridworlds (corridor, portal); this config's data.source is `{}`", cfg.data.source);
     }
     let device = lethe::device::parse(&cfg.train.device)?;
     let seed = a.config.seed.unwrap_or(cfg.seed);
@@ -194,7 +194,7 @@ fn load_checkpoint(path: &std::path::Path, max_span: Option<usize>) -> Result<Ch
     let mut ckpt = Checkpoint::load(path)?;
     if let Some(cap) = max_span {
         if ckpt.config.memory.mechanism != Mechanism::Expire {
-            anyhow::bail!("--max-span {cap}: only Expire-Span models predict spans; this checkpoint uses `{:?}` memory", ckpt.config.memory.mechanism);
+            anyhow::bail!("--max-span {cap}: only Expire-Span models predict spans; this checkpoint's memory is `{}`", ckpt.config.memory.mechanism);
         }
         if cap == 0 {
             anyhow::bail!("--max-span must be at least 1");
@@ -210,9 +210,16 @@ fn eval(a: EvalArgs) -> Result<()> {
     ckpt.config = ckpt.config.clone().apply_overrides(&a.overrides)?;
     ckpt.config.validate()?;
     if ckpt.config.data.source.is_rl() {
+        refuse_stream_flags(&a)?;
         return eval_agent(&ckpt, device, &a);
     }
-    let split: Split = a.split.parse()?;
+    if a.episodes.is_some() {
+        anyhow::bail!("--episodes applies to gridworld checkpoints (corridor, portal); this one is a language model");
+    }
+    if a.max_tokens == Some(0) {
+        anyhow::bail!("--max-tokens must be at least 1");
+    }
+    let split: Split = a.split.as_deref().unwrap_or("valid").parse()?;
     let mut cfg = ckpt.config.clone();
     if let Some(path) = a.data {
         cfg.data.source = if path.is_dir() { Source::Folder } else { Source::File };
@@ -227,6 +234,9 @@ fn eval(a: EvalArgs) -> Result<()> {
     if batch == 0 {
         anyhow::bail!("--batch must be at least 1");
     }
+    let mut sized = cfg.clone();
+    (sized.train.batch, sized.train.block) = (batch, block);
+    lethe::model::check_fits(&sized, device).context("--batch and --block")?;
     let lm = Lm::from_checkpoint(&ckpt, device)?;
     let data = data::load_split(&cfg, split, batch)?;
     let started = std::time::Instant::now();
@@ -266,6 +276,20 @@ fn eval(a: EvalArgs) -> Result<()> {
         let spans = r.mean_span.as_ref().map(|s| format!(" | mean span per layer [{}]", fmt(s))).unwrap_or_default();
         println!("memory size per layer [{}] | cache held per layer [{}]{spans}", fmt(&r.mem_size), fmt(&r.held));
         println!("evaluated in {:.1} s", started.elapsed().as_secs_f64());
+    }
+    Ok(())
+}
+
+/// Refuses the flags of `lethe eval` that apply to token streams only, for an agent.
+fn refuse_stream_flags(a: &EvalArgs) -> Result<()> {
+    let given = [
+        ("--split", a.split.is_some()),
+        ("--block", a.block.is_some()),
+        ("--max-tokens", a.max_tokens.is_some()),
+        ("--data", a.data.is_some()),
+    ];
+    if let Some((flag, _)) = given.iter().find(|(_, set)| *set) {
+        anyhow::bail!("{flag} applies to language-model checkpoints; a gridworld agent is scored on fresh episodes (see --episodes)");
     }
     Ok(())
 }
@@ -337,6 +361,7 @@ fn bench(a: BenchArgs) -> Result<()> {
     let scale = a.scale.as_deref().map(lethe::bench::parse_scale).transpose()?;
     let cases = lethe::bench::plan(&cfg, &a.mechanisms, scale.as_ref(), a.context)?;
     let opts = lethe::bench::BenchOptions { steps: a.bench_steps, warmup: a.warmup, context: a.context };
+    opts.validate()?;
     let (gemm, threads) = lethe::bench::machine_rate(&cfg)?;
     println!("matrix multiply on {}: {gemm:.1} GFLOP/s with {threads} threads (the peak for MFU)", cfg.train.device);
     let results = lethe::bench::run(&cases, &opts, gemm, &mut |r| {

@@ -49,9 +49,12 @@ impl RunFolder {
     /// Checks `intent` against the folder `dir` (without writing), then creates the
     /// folder if needed and locks it. Refuses a second training on the same folder.
     pub fn open(dir: &Path, intent: Intent) -> Result<RunFolder> {
+        if dir.join(LOCK_FILE).is_file() {
+            drop(try_lock(dir)?); // in use by another training: say so before anything else
+        }
         check_intent(dir, intent)?;
         let created = dir.ancestors().take_while(|a| !a.as_os_str().is_empty() && !a.exists()).last().map(Path::to_path_buf);
-        std::fs::create_dir_all(dir).map_err(|e| LetheError::io(dir, e))?;
+        std::fs::create_dir_all(dir).map_err(|e| LetheError::Invalid(format!("cannot create the run folder `{}`: {e}", dir.display())))?;
         let lock = match lock(dir) {
             Ok(lock) => lock,
             Err(e) => {
@@ -141,6 +144,20 @@ fn check_intent(dir: &Path, intent: Intent) -> Result<()> {
 /// Takes the folder's lock without waiting, and writes this process's id into it.
 fn lock(dir: &Path) -> Result<File> {
     let path = dir.join(LOCK_FILE);
+    let mut file = try_lock(dir)?;
+    let write_pid = |f: &mut File| -> std::io::Result<()> {
+        f.set_len(0)?;
+        f.rewind()?;
+        f.write_all(std::process::id().to_string().as_bytes())
+    };
+    write_pid(&mut file).map_err(|e| LetheError::io(&path, e))?;
+    Ok(file)
+}
+
+/// Opens (creating if needed) and locks the folder's lock file, without writing to it;
+/// refuses, naming the holder's pid, when another process holds the lock.
+fn try_lock(dir: &Path) -> Result<File> {
+    let path = dir.join(LOCK_FILE);
     let mut file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).map_err(|e| LetheError::io(&path, e))?;
     if let Err(e) = file.try_lock() {
         let mut holder = String::new();
@@ -155,12 +172,6 @@ fn lock(dir: &Path) -> Result<File> {
             std::fs::TryLockError::Error(e) => LetheError::io(&path, e),
         });
     }
-    let write_pid = |f: &mut File| -> std::io::Result<()> {
-        f.set_len(0)?;
-        f.rewind()?;
-        f.write_all(std::process::id().to_string().as_bytes())
-    };
-    write_pid(&mut file).map_err(|e| LetheError::io(&path, e))?;
     Ok(file)
 }
 

@@ -200,3 +200,47 @@ fn a_backbone_too_large_to_allocate_is_an_error() {
     let err = lethe::model::Backbone::new(&vs.root(), &cfg.model, &memory, cfg.train.block).err().expect("64 TB cannot be allocated");
     assert!(err.to_string().contains("memory.span = 1000000000000"), "{err}");
 }
+
+/// Found by `scripts/hostile.sh`: flags that did nothing, misleading messages, a batch
+/// whose streams aborted on allocation, and a locked folder reported as "holds a checkpoint".
+#[test]
+fn the_campaigns_finds_are_refused_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    succeeds(&train(d, &["--steps", "2", "--name", "lm"]));
+    // Silently wrong: `--max-tokens 0` scored tokens anyway; `--episodes` was ignored on a language model.
+    fails_with(&lethe(d, &["eval", "--checkpoint", "runs/lm", "--max-tokens", "0"]), &["--max-tokens"]);
+    fails_with(&lethe(d, &["eval", "--checkpoint", "runs/lm", "--episodes", "3"]), &["--episodes", "gridworld"]);
+    // Panic: the streams of a huge batch aborted the process before the size check ran.
+    fails_with(&train(d, &["--steps", "2", "--name", "wide", "--set", "train.batch=1000000000"]), &["train.batch", "GiB"]);
+    fails_with(&lethe(d, &["eval", "--checkpoint", "runs/lm", "--batch", "1000000000"]), &["--batch", "GiB"]);
+    // Misleading: resuming a run that does not exist named a missing config.toml.
+    fails_with(&train(d, &["--steps", "2", "--name", "nosuch", "--resume"]), &["no run to resume", "runs/nosuch"]);
+    // Misleading: a second training on a busy folder that already held a checkpoint was
+    // told to pass --resume, which the lock then refused.
+    let lock = std::fs::OpenOptions::new().write(true).open(d.join("runs/lm/.lethe.lock")).unwrap();
+    lock.lock().unwrap();
+    fails_with(&train(d, &["--steps", "4", "--name", "lm"]), &["in use by another training"]);
+    lock.unlock().unwrap();
+    // An unwritable --out names the run folder it could not create.
+    let mut args = vec!["train", "--quiet", "--steps", "2", "--out", "/proc/lethe-none"];
+    args.extend_from_slice(TINY);
+    fails_with(&lethe(d, &args), &["cannot create the run folder", "/proc/lethe-none"]);
+}
+
+/// Found by `scripts/hostile.sh`: a gridworld agent's checkpoint given to `generate`
+/// failed on a missing parameter, and `eval` ignored the token-stream flags for it.
+#[test]
+fn an_agent_checkpoint_is_named_as_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let agent = ["--preset", "corridor-small", "--set", "rl.eval_episodes=2", "--set", "model.layers=1", "--set", "model.d_model=16", "--set", "model.heads=2", "--set", "model.d_ffn=32"];
+    let mut args = vec!["train", "--quiet", "--out", "runs", "--steps", "1", "--name", "rl"];
+    args.extend_from_slice(&agent);
+    succeeds(&lethe(d, &args));
+    fails_with(&lethe(d, &["generate", "--checkpoint", "runs/rl", "--prompt", "a"]), &["gridworld agent", "corridor", "lethe play"]);
+    for flag in [["--block", "8"], ["--split", "test"], ["--max-tokens", "5"]] {
+        fails_with(&lethe(d, &["eval", "--checkpoint", "runs/rl", flag[0], flag[1]]), &[flag[0], "gridworld agent"]);
+    }
+    fails_with(&lethe(d, &["play", "--preset", "copy-tiny"]), &["data.source is `copy`"]);
+}

@@ -160,7 +160,7 @@ fn inspect_traces_one_span_per_byte_and_layer_and_refuses_fixed_models() {
 
     let fixed = Lm::new(&common::tiny_config(), Device::Cpu).unwrap();
     let err = lethe::inspect::trace_spans(&fixed, text).unwrap_err().to_string();
-    assert!(err.contains("Fixed") && err.contains("Expire-Span"), "{err}");
+    assert!(err.contains("`fixed` memory") && err.contains("Expire-Span"), "{err}");
 }
 
 #[test]

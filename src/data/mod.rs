@@ -194,7 +194,7 @@ pub fn load_split(cfg: &Config, split: Split, batch: usize) -> Result<SplitData>
 fn not_a_stream(cfg: &Config) -> LetheError {
     LetheError::Invalid(format!(
         "`{}` is a reinforcement-learning task: it has episodes, not a token stream (train it with `lethe train`, evaluate it with `lethe eval`)",
-        format!("{:?}", cfg.data.source).to_lowercase()
+        cfg.data.source.name()
     ))
 }
 

@@ -42,7 +42,7 @@ pub struct LtmPicture {
 pub fn trace_ltm(lm: &Lm, text: &[u8]) -> Result<LtmPicture> {
     if lm.config.memory.mechanism != Mechanism::Infinity {
         return Err(LetheError::Invalid(format!(
-            "`{:?}` memory has no continuous long-term memory; `inspect ltm` needs an ∞-former model",
+            "`{}` memory has no continuous long-term memory; `inspect ltm` needs an ∞-former model",
             lm.config.memory.mechanism
         )));
     }

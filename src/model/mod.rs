@@ -112,6 +112,11 @@ impl Lm {
 
     /// A model with the parameters (and config) of a checkpoint.
     pub fn from_checkpoint(ckpt: &Checkpoint, device: Device) -> Result<Self> {
+        let task = ckpt.config.data.source;
+        if task.is_rl() {
+            let why = format!("holds a gridworld agent ({task}), not a language model: use `lethe play` or `lethe eval` on it");
+            return Err(LetheError::checkpoint(&ckpt.path, why));
+        }
         let lm = Lm::new(&ckpt.config, device)?;
         ckpt.load_parameters(&lm.vs.variables())?;
         Ok(lm)

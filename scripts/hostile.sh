@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# Hostile-input campaign (issue 18): runs the lethe binary on inputs a careless or hostile
+# user might give and classifies each outcome:
+#   error   non-zero exit, no panic (then check the message by eye in the log)
+#   ok      exit 0 (accepted: check by eye that accepting it is right)
+#   PANIC   the process panicked
+#   running it ran past the time limit, still writing output (expected only of
+#           `generate --bytes` with a huge count, which streams until stopped)
+#   HANG    it ran past the time limit with no output
+# Usage: scripts/hostile.sh [LOG]   (build first: cargo build --release)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+. scripts/env.sh >/dev/null
+BIN="$PWD/target/release/lethe"
+LOG="${1:-/tmp/lethe-hostile.log}"
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+cd "$WORK"
+: > "$LOG"
+TINY=(--set model.layers=1 --set model.d_model=16 --set model.heads=2 --set model.d_ffn=32
+      --set train.block=8 --set memory.span=16 --set train.batch=2 --set train.eval_tokens=64 --set data.copy.eval_tokens=128 --set data.copy.distance_min=5 --set data.copy.distance_max=20)
+declare -A COUNT
+run_case() {
+  local name="$1"; shift
+  local out rc class
+  timeout 60 "$@" > case.out 2>&1 < /dev/null; rc=$?
+  out="$(tail -c 4000 case.out | tr -d '\0')"
+  if grep -q "panicked" <<<"$out" || { [ $rc -ge 128 ] && [ $rc -ne 137 ]; }; then class=PANIC  # panic, or abort/crash by signal
+  elif [ $rc -eq 124 ] && [ -n "$out" ]; then class=running   # still producing output
+  elif [ $rc -eq 124 ]; then class=HANG
+  elif [ $rc -eq 0 ]; then class=ok
+  else class=error; fi
+  COUNT[$class]=$(( ${COUNT[$class]:-0} + 1 ))
+  printf '%-6s %-44s %s\n' "$class" "$name" "$(tail -n 1 <<<"$out" | cut -c1-150)" | tee -a "$LOG"
+}
+# A small trained run to aim eval, generate and resume at.
+"$BIN" train -q "${TINY[@]}" --steps 4 --name base --set train.checkpoint_every=2 >/dev/null 2>&1
+printf 'hello world\n' > prompt.txt
+head -c 3000000 /dev/urandom > big.bin
+: > empty.txt
+printf 'ab' > short.txt
+printf '[model\nlayers=' > broken.toml
+printf '[model]\nlayers = "two"\n' > typed.toml
+printf '[model]\nlayerz = 2\n' > unknown.toml
+mkdir emptydir
+cp runs/base/checkpoint.safetensors trunc.safetensors && truncate -s 1000 trunc.safetensors
+printf 'not a checkpoint' > junk.safetensors
+cp runs/base/checkpoint.safetensors flipped.safetensors
+size=$(stat -c %s flipped.safetensors)
+printf '\x55' | dd of=flipped.safetensors bs=1 seek=$((size - 100)) conv=notrunc status=none
+"$BIN" train -q -p corridor-small --steps 2 --set rl.eval_episodes=4 --name rl >/dev/null 2>&1
+"$BIN" train -q "${TINY[@]}" --steps 4 --set memory.mechanism=expire --name exp >/dev/null 2>&1
+# A run killed by SIGKILL after its first checkpoint.
+"$BIN" train -q "${TINY[@]}" --steps 100000 --set train.checkpoint_every=2 --name killed >/dev/null 2>&1 &
+pid=$!; while [ ! -f runs/killed/checkpoint.safetensors ]; do sleep 0.2; done; kill -9 $pid; wait $pid 2>/dev/null
+# A run that holds its folder's lock while the campaign tries a second training there.
+"$BIN" train -q "${TINY[@]}" --steps 100000 --name locked >/dev/null 2>&1 &
+locked=$!; while [ ! -f runs/locked/.lethe.lock ]; do sleep 0.2; done
+
+run_case "train --steps 0"                 "$BIN" train -q "${TINY[@]}" --steps 0 --name a1
+run_case "train --steps -1"                "$BIN" train -q "${TINY[@]}" --steps -1 --name a2
+run_case "train --set model.layers=0"      "$BIN" train -q "${TINY[@]}" --set model.layers=0 --name a3
+run_case "train --set model.heads=3"       "$BIN" train -q "${TINY[@]}" --set model.heads=3 --name a4
+run_case "train --set train.lr=nan"        "$BIN" train -q "${TINY[@]}" --set train.lr=nan --name a5
+run_case "train --set train.lr=-1"         "$BIN" train -q "${TINY[@]}" --set train.lr=-1 --name a6
+run_case "train --set train.lr=1e30"       "$BIN" train -q "${TINY[@]}" --set train.lr=1e30 --steps 3 --name a7
+run_case "train --set train.batch=0"       "$BIN" train -q "${TINY[@]}" --set train.batch=0 --name a8
+run_case "train --set train.block=0"        "$BIN" train -q "${TINY[@]}" --set train.block=0 --name a9
+run_case "train --set memory.span=0"       "$BIN" train -q "${TINY[@]}" --set memory.span=0 --name a10
+run_case "train --set memory.span=1e12"    "$BIN" train -q "${TINY[@]}" --set memory.span=1000000000000 --name a11
+run_case "train --set model.dropout=1.5"   "$BIN" train -q "${TINY[@]}" --set model.dropout=1.5 --name a12
+run_case "train --set nosuch.field=1"      "$BIN" train -q "${TINY[@]}" --set nosuch.field=1 --name a13
+run_case "train --set model.layers"        "$BIN" train -q "${TINY[@]}" --set model.layers --name a14
+run_case "train --set model.layers=two"    "$BIN" train -q "${TINY[@]}" --set model.layers=two --name a15
+run_case "train --preset nosuch"           "$BIN" train --preset nosuch --name a16
+run_case "train --config missing.toml"     "$BIN" train -q "${TINY[@]}" --config missing.toml --name a17
+run_case "train --config broken.toml"      "$BIN" train -q "${TINY[@]}" --config broken.toml --name a18
+run_case "train --config typed.toml"       "$BIN" train -q "${TINY[@]}" --config typed.toml --name a19
+run_case "train --config unknown.toml"     "$BIN" train -q "${TINY[@]}" --config unknown.toml --name a20
+run_case "train --data empty.txt"          "$BIN" train -q -p enwik8-tiny "${TINY[@]}" --data empty.txt --name a21
+run_case "train --data short.txt"          "$BIN" train -q -p enwik8-tiny "${TINY[@]}" --data short.txt --name a22
+run_case "train --data emptydir"           "$BIN" train -q -p books-tiny "${TINY[@]}" --data emptydir --name a23
+run_case "train --data missing"            "$BIN" train -q -p enwik8-tiny "${TINY[@]}" --data missing --name a24
+run_case "train --device cuda (no GPU)"    "$BIN" train -q "${TINY[@]}" --device cuda --name a25
+run_case "train --device tpu"              "$BIN" train -q "${TINY[@]}" --device tpu --name a26
+run_case "train --distance 100-10"         "$BIN" train -q "${TINY[@]}" --distance 100-10 --name a27
+run_case "train --distance x"              "$BIN" train -q "${TINY[@]}" --distance x --name a28
+run_case "train --length 0"                "$BIN" train -q "${TINY[@]}" --length 0 --name a29
+run_case "train --name ../x"               "$BIN" train -q "${TINY[@]}" --name ../x
+run_case "train --name ''"                 "$BIN" train -q "${TINY[@]}" --name ''
+run_case "train --out /proc/x"             "$BIN" train -q "${TINY[@]}" --out /proc/x --name a30
+run_case "train again without --resume"    "$BIN" train -q "${TINY[@]}" --steps 4 --name base
+run_case "train --resume, no run"          "$BIN" train -q "${TINY[@]}" --resume --name nosuch
+run_case "train --resume --seed 9"         "$BIN" train -q "${TINY[@]}" --steps 4 --resume --seed 9 --name base
+run_case "train --resume --overwrite"      "$BIN" train -q "${TINY[@]}" --resume --overwrite --name base
+run_case "train --stop-after 0"            "$BIN" train -q "${TINY[@]}" --stop-after 0 --name a31
+run_case "train --stop-after 99 (steps 4)" "$BIN" train -q "${TINY[@]}" --steps 4 --stop-after 99 --name a32
+run_case "train --set train.threads=999"   "$BIN" train -q "${TINY[@]}" --set train.threads=999 --name a33
+run_case "train --set memory.mechanism=nosuch"  "$BIN" train -q "${TINY[@]}" --set memory.mechanism=nosuch --name a34
+run_case "train --set memory.expire.ramp=0" "$BIN" train -q "${TINY[@]}" --set memory.mechanism=expire --set memory.expire.ramp=0 --name a35
+run_case "train expire init_fraction=1"    "$BIN" train -q "${TINY[@]}" --set memory.mechanism=expire --set memory.expire.init_fraction=1 --name a36
+run_case "train expire init_fraction=0"    "$BIN" train -q "${TINY[@]}" --set memory.mechanism=expire --set memory.expire.init_fraction=0 --name a37
+run_case "train compressive rate=0"        "$BIN" train -q "${TINY[@]}" --set memory.mechanism=compressive --set memory.compressive.rate=0 --name a38
+run_case "train infinity basis=0"          "$BIN" train -q -p sorting-infinity-tiny "${TINY[@]}" --set memory.infinity.basis=0 --name a39
+run_case "train infinity tau=2"            "$BIN" train -q -p sorting-infinity-tiny "${TINY[@]}" --set memory.infinity.tau=2 --name a40
+run_case "eval --checkpoint missing"       "$BIN" eval --checkpoint nosuch
+run_case "eval --checkpoint trunc"         "$BIN" eval --checkpoint trunc.safetensors
+run_case "eval --checkpoint junk"          "$BIN" eval --checkpoint junk.safetensors
+run_case "eval --checkpoint emptydir"      "$BIN" eval --checkpoint emptydir
+run_case "eval --split nosuch"             "$BIN" eval --checkpoint runs/base --split nosuch
+run_case "eval --block 0"                  "$BIN" eval --checkpoint runs/base --block 0
+run_case "eval --max-tokens 0"             "$BIN" eval --checkpoint runs/base --max-tokens 0
+run_case "eval --max-span -5"              "$BIN" eval --checkpoint runs/base --max-span -5
+run_case "eval --set model.layers=3"       "$BIN" eval --checkpoint runs/base --set model.layers=3
+run_case "eval --episodes 0 (LM ckpt)"     "$BIN" eval --checkpoint runs/base --episodes 0
+run_case "generate --bytes 0"              "$BIN" generate --checkpoint runs/base --prompt hi --bytes 0
+run_case "generate --bytes huge"           "$BIN" generate --checkpoint runs/base --prompt hi --bytes 18446744073709551615
+run_case "generate --top-k -1"             "$BIN" generate --checkpoint runs/base --prompt hi --top-k -1
+run_case "generate --temperature inf"      "$BIN" generate --checkpoint runs/base --prompt hi --temperature inf
+run_case "generate --prompt ''"            "$BIN" generate --checkpoint runs/base --prompt '' --bytes 5
+run_case "generate prompt and prompt-file" "$BIN" generate --checkpoint runs/base --prompt a --prompt-file prompt.txt
+run_case "generate --prompt-file missing"  "$BIN" generate --checkpoint runs/base --prompt-file nosuch
+run_case "generate --prompt-file 3MB"      "$BIN" generate --checkpoint runs/base --prompt-file big.bin --bytes 1
+run_case "bench --bench-steps 0"           "$BIN" bench "${TINY[@]}" --bench-steps 0 --name b1
+run_case "bench --mechanism nosuch"        "$BIN" bench "${TINY[@]}" --mechanism nosuch --name b2
+run_case "bench --mechanism expire:0"      "$BIN" bench "${TINY[@]}" --mechanism expire:0 --name b3
+run_case "bench --mechanism expire:huge"   "$BIN" bench "${TINY[@]}" --mechanism expire:99999999999 --name b4
+run_case "bench --scale span="             "$BIN" bench "${TINY[@]}" --scale span= --name b5
+run_case "bench --scale nosuch=1"          "$BIN" bench "${TINY[@]}" --scale nosuch=1 --name b6
+run_case "bench --context -1"              "$BIN" bench "${TINY[@]}" --context -1 --name b7
+run_case "sweep --sizes 0"                 "$BIN" sweep "${TINY[@]}" --sizes 0 --name s1
+run_case "sweep --sizes ''"                "$BIN" sweep "${TINY[@]}" --sizes '' --name s2
+run_case "sweep --seeds 1,,2"              "$BIN" sweep "${TINY[@]}" --seeds 1,,2 --name s3
+run_case "sweep --mechanism fixed:x"       "$BIN" sweep "${TINY[@]}" --mechanism fixed:x --name s4
+run_case "play --episodes 0"               "$BIN" play -p corridor-small --episodes 0
+run_case "play --checkpoint LM run"        "$BIN" play --checkpoint runs/base --episodes 1
+run_case "play -p copy-tiny (not RL)"      "$BIN" play -p copy-tiny --episodes 1
+run_case "inspect (no subcommand)"         "$BIN" inspect
+run_case "eval flipped bit in tensor data"  "$BIN" eval --checkpoint flipped.safetensors
+run_case "eval --checkpoint a directory file" "$BIN" eval --checkpoint /
+run_case "eval --data empty.txt"           "$BIN" eval --checkpoint runs/base --data empty.txt
+run_case "eval --batch 100000"             "$BIN" eval --checkpoint runs/base --batch 100000
+run_case "eval --set memory.span=1e12"     "$BIN" eval --checkpoint runs/base --set memory.span=1000000000000
+run_case "eval --device cuda:7"            "$BIN" eval --checkpoint runs/base --device cuda:7
+run_case "generate from RL checkpoint"     "$BIN" generate --checkpoint runs/rl --prompt hi
+run_case "generate --max-span 0"           "$BIN" generate --checkpoint runs/base --prompt hi --max-span 0
+run_case "inspect spans on an XL model"    "$BIN" inspect spans --checkpoint runs/base --text hello --out insp
+run_case "inspect ltm on an XL model"      "$BIN" inspect ltm --checkpoint runs/base --text hello --out insp
+run_case "inspect spans --text ''"         "$BIN" inspect spans --checkpoint runs/exp --text '' --out insp
+run_case "inspect spans --out a file"      "$BIN" inspect spans --checkpoint runs/exp --text hello --out prompt.txt
+run_case "eval RL --split nosuch"          "$BIN" eval --checkpoint runs/rl --split nosuch
+run_case "eval RL --block 0"               "$BIN" eval --checkpoint runs/rl --block 0
+run_case "eval RL --max-tokens 5"          "$BIN" eval --checkpoint runs/rl --max-tokens 5
+run_case "play --checkpoint RL, episodes 2" "$BIN" play --checkpoint runs/rl --episodes 2 --summary
+run_case "play --spans on an XL agent"     "$BIN" play --checkpoint runs/rl --spans sp
+run_case "train corridor --distance 5-2"   "$BIN" train -q -p corridor-small --distance 5-2 --name r1
+run_case "train corridor --length 1"       "$BIN" train -q -p corridor-small --length 1 --name r2
+run_case "train portal --length 0"         "$BIN" train -q -p portal-small --length 0 --name r3
+run_case "train rl.gamma=1.5"              "$BIN" train -q -p corridor-small --set rl.gamma=1.5 --name r4
+run_case "train rl.reset=nosuch"           "$BIN" train -q -p corridor-small --set rl.reset=nosuch --name r5
+run_case "train data.split=[0.5,0.5,0.5]"  "$BIN" train -q -p enwik8-tiny "${TINY[@]}" --data prompt.txt --set 'data.split=[0.5,0.5,0.5]' --name a41
+run_case "train train.accum=0"             "$BIN" train -q "${TINY[@]}" --set train.accum=0 --name a42
+run_case "train train.grad_clip=-1"        "$BIN" train -q "${TINY[@]}" --set train.grad_clip=-1 --name a43
+run_case "train train.warmup > steps"      "$BIN" train -q "${TINY[@]}" --set train.warmup=100 --steps 3 --name a44
+run_case "train train.beta1=1"             "$BIN" train -q "${TINY[@]}" --set train.beta1=1 --name a45
+run_case "train train.optimizer=sgdx"      "$BIN" train -q "${TINY[@]}" --set train.optimizer=sgdx --name a46
+run_case "train model.vocab=10 (bytes)"    "$BIN" train -q "${TINY[@]}" --set model.vocab=10 --name a47
+run_case "train model.d_model=1e9"         "$BIN" train -q "${TINY[@]}" --set model.d_model=1000000000 --name a48
+run_case "train train.batch=1e9"           "$BIN" train -q "${TINY[@]}" --set train.batch=1000000000 --name a49
+run_case "train copy count_min=0"          "$BIN" train -q "${TINY[@]}" --set data.copy.count_min=0 --name a50
+run_case "train collision speed=-1"        "$BIN" train -q -p collision-tiny "${TINY[@]}" --set data.collision.speed=-1 --name a51
+run_case "train infinity widths=[]"        "$BIN" train -q -p sorting-infinity-tiny "${TINY[@]}" --set 'memory.infinity.widths=[]' --name a52
+run_case "train infinity ridge=0"          "$BIN" train -q -p sorting-infinity-tiny "${TINY[@]}" --set memory.infinity.ridge=0 --name a53
+run_case "train infinity samples=0"        "$BIN" train -q -p sorting-infinity-tiny "${TINY[@]}" --set memory.infinity.samples=0 --name a54
+run_case "train --set seed=-5"             "$BIN" train -q "${TINY[@]}" --set seed=-5 --name a55
+run_case "train --resume on a killed run"  "$BIN" train -q "${TINY[@]}" --steps 8 --resume --name killed
+run_case "train while another trains"      "$BIN" train -q "${TINY[@]}" --steps 4 --name locked
+kill $locked; wait
+for c in "${!COUNT[@]}"; do echo "$c: ${COUNT[$c]}"; done | sort | tee -a "$LOG"
