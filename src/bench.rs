@@ -644,13 +644,22 @@ mod tests {
     }
 
     #[test]
+    fn percentiles_pick_the_nearest_rank_of_the_sorted_times() {
+        // Sorted: 1..=10; ranks round(9 q): q 0.1 -> 1, 0.5 -> 4.5 -> 5, 0.9 -> 8.1 -> 8.
+        let t = Timing::of(vec![5.0, 1.0, 4.0, 2.0, 3.0, 10.0, 9.0, 8.0, 7.0, 6.0]);
+        assert_eq!((t.p10_s, t.median_s, t.p90_s), (2.0, 6.0, 9.0));
+        let one = Timing::of(vec![3.0]);
+        assert_eq!((one.p10_s, one.median_s, one.p90_s), (3.0, 3.0, 3.0));
+    }
+
+    #[test]
     fn attention_of_every_mechanism_can_be_timed() {
         let mut cfg = Config::preset("copy-tiny").unwrap();
         cfg.train.batch = 2;
         for m in ["fixed", "adaptive", "expire", "compressive", "infinity"] {
             cfg.memory.mechanism = crate::sweep::parse_mechanism(m).unwrap();
             let t = time_attention(&cfg, 2, 1).unwrap();
-            assert!(t.p10_s <= t.median_s && t.median_s <= t.p90_s && t.median_s > 0.0, "{m}: {t:?}");
+            assert!(t.median_s.is_finite() && t.median_s > 0.0, "{m}: {t:?}");
         }
         assert!(time_attention(&cfg, 0, 0).is_err());
     }

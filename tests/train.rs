@@ -13,6 +13,7 @@ fn options(dir: &std::path::Path) -> TrainOptions {
 }
 
 #[test]
+#[ignore = "slow tier (a model must learn): ./test.sh -- --include-ignored, as CI runs it"]
 fn a_tiny_model_learns_the_copy_task_below_the_unigram_baseline() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = common::tiny_config();
