@@ -581,7 +581,7 @@ pub fn write_report(dir: &Path, results: &[BenchResult], gemm_gflops: f64) -> Re
     std::fs::create_dir_all(dir).map_err(|e| LetheError::io(dir, e))?;
     let written_at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let report = Report { lethe: env!("CARGO_PKG_VERSION"), written_at, gemm_gflops, threads: tch::get_num_threads(), results };
-    let json = serde_json::to_string_pretty(&report).map_err(|e| LetheError::Invalid(format!("bench report: {e}")))?;
+    let json = serde_json::to_string_pretty(&report)?;
     let (j, c) = (dir.join("bench.json"), dir.join("bench.csv"));
     write_atomic(&j, json.as_bytes())?;
     write_atomic(&c, csv(results).as_bytes())?;

@@ -18,7 +18,6 @@ use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
 use crate::config::Config;
-use crate::data::stream::DataState;
 use crate::error::{LetheError, Result};
 
 /// File name of a run's checkpoint inside its run folder.
@@ -33,10 +32,25 @@ const STATE_SUM: &str = "(state)";
 pub struct TrainState {
     /// Optimiser steps completed.
     pub step: usize,
-    /// Position of the training data.
-    pub data: DataState,
+    /// Where the trainer's data stands (the language-model trainer's stream positions,
+    /// the RL trainer's episodes in progress), serialised by the trainer that owns it, so
+    /// that the checkpoint format names no trainer's types.
+    pub data: serde_json::Value,
     /// Tokens consumed so far (all streams).
     pub tokens_seen: u64,
+}
+
+impl TrainState {
+    /// The state after `step` steps, with the trainer's own `data` position.
+    pub fn new(step: usize, data: &impl Serialize, tokens_seen: u64) -> Result<Self> {
+        Ok(TrainState { step, data: serde_json::to_value(data)?, tokens_seen })
+    }
+
+    /// The trainer's data position, as the trainer saved it; `None` when it is of another
+    /// kind (another trainer's).
+    pub fn data<D: serde::de::DeserializeOwned>(&self) -> Option<D> {
+        serde_json::from_value(self.data.clone()).ok()
+    }
 }
 
 /// A loaded checkpoint.
@@ -94,7 +108,7 @@ pub fn save(path: &Path, config: &Config, state: &TrainState, tensors: &[(String
         raw.push((name.clone(), dtype_of(t.kind())?, shape, bytes));
     }
     let config_text = config.to_toml()?;
-    let state_text = serde_json::to_string(state).map_err(|e| LetheError::checkpoint(path, e.to_string()))?;
+    let state_text = serde_json::to_string(state)?;
     let mut checksums: std::collections::BTreeMap<&str, u32> = raw.iter().map(|(n, _, _, b)| (n.as_str(), crc32fast::hash(b))).collect();
     checksums.insert(CONFIG_SUM, crc32fast::hash(config_text.as_bytes()));
     checksums.insert(STATE_SUM, crc32fast::hash(state_text.as_bytes()));
@@ -107,7 +121,7 @@ pub fn save(path: &Path, config: &Config, state: &TrainState, tensors: &[(String
         ("format".to_string(), FORMAT.to_string()),
         ("config".to_string(), config_text),
         ("state".to_string(), state_text),
-        ("checksums".to_string(), serde_json::to_string(&checksums).map_err(|e| LetheError::checkpoint(path, e.to_string()))?),
+        ("checksums".to_string(), serde_json::to_string(&checksums)?),
     ]);
     let bytes = safetensors::serialize(views, &Some(metadata)).map_err(|e| LetheError::checkpoint(path, format!("{e:?}")))?;
     write_atomic(path, &bytes)

@@ -45,6 +45,11 @@ pub enum LetheError {
     #[error("{context}: {error}")]
     Torch { context: String, error: tch::TchError },
 
+    /// A value could not be turned into JSON or back (a report, a metrics record, a
+    /// checkpoint's training state).
+    #[error("JSON: {0}")]
+    Json(#[from] serde_json::Error),
+
     /// A request that makes no sense for this model or input (e.g. an empty prompt).
     #[error("{0}")]
     Invalid(String),

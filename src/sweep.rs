@@ -230,7 +230,7 @@ fn run_one(cfg: &Config, runs: &Path) -> Result<SweepPoint> {
         seconds: start.elapsed().as_secs_f64(),
         config: toml,
     };
-    let json = serde_json::to_string_pretty(&point).map_err(|e| LetheError::Invalid(e.to_string()))?;
+    let json = serde_json::to_string_pretty(&point)?;
     write_atomic(&path, json.as_bytes())?;
     Ok(point)
 }
@@ -362,7 +362,7 @@ fn csv(points: &[SweepPoint]) -> String {
 /// Writes `sweep.json`, `sweep.csv`, `summary.csv` (mean and standard deviation over
 /// seeds), `sweep.svg` and `sweep.html` into `dir`.
 pub fn write_report(base: &Config, points: &[SweepPoint], dir: &Path) -> Result<Vec<PathBuf>> {
-    let json = serde_json::to_string_pretty(points).map_err(|e| LetheError::Invalid(e.to_string()))?;
+    let json = serde_json::to_string_pretty(points)?;
     let svg = plot_svg(points, metric(base.data.source).1);
     let html = report_html(base, points, &svg);
     let summary = summary_csv(&summarise(points));

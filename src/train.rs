@@ -147,7 +147,8 @@ impl<'a> Run<'a> {
             let saved: Vec<_> = ck.with_prefix(&format!("memory.{i}.")).into_iter().map(|(n, t)| (n, t.to_device(self.lm.device()))).collect();
             mem.load_state(&saved).map_err(|e| LetheError::checkpoint(path, e.to_string()))?;
         }
-        self.data.restore(state.data).map_err(|e| LetheError::checkpoint(path, e.to_string()))?;
+        let data = state.data().ok_or_else(|| LetheError::checkpoint(path, "holds no stream position: it is not from a language-model run"))?;
+        self.data.restore(data).map_err(|e| LetheError::checkpoint(path, e.to_string()))?;
         self.step = state.step;
         self.tokens_seen = state.tokens_seen;
         self.last_checkpoint = Some(state.step);
@@ -234,7 +235,7 @@ impl Looped for Run<'_> {
             100.0 * r.accuracy,
             r.tokens
         ));
-        let mut record = serde_json::to_value(&r).map_err(|e| LetheError::Invalid(e.to_string()))?;
+        let mut record = serde_json::to_value(&r)?;
         record["step"] = json!(self.step);
         record["split"] = json!("valid");
         self.metrics.write(&record)?;
@@ -247,7 +248,7 @@ impl Looped for Run<'_> {
         for (i, mem) in self.mems.iter().enumerate() {
             tensors.extend(mem.state().into_iter().map(|(n, t)| (format!("memory.{i}.{n}"), t)));
         }
-        let state = TrainState { step: self.step, data: self.data.state(), tokens_seen: self.tokens_seen };
+        let state = TrainState::new(self.step, &self.data.state(), self.tokens_seen)?;
         checkpoint::save(&self.folder.checkpoint_path(), self.cfg, &state, &tensors)?;
         self.last_checkpoint = Some(self.step);
         Ok(())

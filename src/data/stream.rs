@@ -208,8 +208,6 @@ pub enum DataState {
     Fixed(BlockState),
     /// Generator state of each stream.
     Generated(Vec<GenStream>),
-    /// The episodes in progress of a reinforcement-learning run.
-    Episodes(crate::rl::train::RlState),
 }
 
 impl TrainStreams {

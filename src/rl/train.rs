@@ -48,7 +48,6 @@ use super::env::{observation_size, vocabulary, Action, EpisodeStats, Episodes, O
 use super::Reset;
 use crate::checkpoint::{self, Checkpoint, TrainState};
 use crate::config::{Config, Source};
-use crate::data::stream::DataState;
 use crate::error::{LetheError, Result, TorchContext};
 use crate::metrics::{format_count, format_duration, MetricsLog};
 use crate::model::Memory;
@@ -69,6 +68,13 @@ pub struct RlState {
     pub episodes: Episodes,
     /// The action sampler.
     pub rng: Rng,
+}
+
+/// The RL trainer's data position in a checkpoint, tagged `Episodes` as the language-model
+/// trainer's are tagged `Fixed` and `Generated`.
+#[derive(Serialize, Deserialize)]
+enum RlData {
+    Episodes(RlState),
 }
 
 /// The figures of a set of finished episodes.
@@ -242,7 +248,7 @@ impl<'a> Run<'a> {
     fn resume(&mut self, ck: &Checkpoint) -> Result<()> {
         let path = &ck.path;
         let state = ck.state.clone().ok_or_else(|| LetheError::checkpoint(path, "holds no training state"))?;
-        let DataState::Episodes(rl) = state.data else {
+        let Some(RlData::Episodes(rl)) = state.data() else {
             return Err(LetheError::checkpoint(path, "holds no episodes: it is not from a reinforcement-learning run"));
         };
         if rl.episodes.slots.len() != self.cfg.train.batch {
@@ -368,7 +374,7 @@ impl Looped for Run<'_> {
     fn evaluate(&mut self) -> Result<RlEval> {
         let r = evaluate(&self.agent, self.cfg.rl.eval_episodes)?;
         self.say(&format!("eval step {} | {}", self.step, r.line()));
-        let mut record = serde_json::to_value(&r).map_err(|e| LetheError::Invalid(e.to_string()))?;
+        let mut record = serde_json::to_value(&r)?;
         record["step"] = json!(self.step);
         record["split"] = json!("eval");
         self.metrics.write(&record)?;
@@ -379,7 +385,7 @@ impl Looped for Run<'_> {
         let mut tensors = self.agent.named_parameters();
         tensors.extend(self.opt.state());
         tensors.extend(self.mem.state().into_iter().map(|(n, t)| (format!("memory.0.{n}"), t)));
-        let state = TrainState { step: self.step, data: DataState::Episodes(self.state.clone()), tokens_seen: self.env_steps };
+        let state = TrainState::new(self.step, &RlData::Episodes(self.state.clone()), self.env_steps)?;
         checkpoint::save(&self.folder.checkpoint_path(), self.cfg, &state, &tensors)?;
         self.last_checkpoint = Some(self.step);
         Ok(())
