@@ -14,8 +14,8 @@
 
 use tch::{nn, Kind, Tensor};
 
-use super::fixed::{WindowCache, WindowKeys};
-use super::{AttendInput, AttendOutput, MemoryLayer, MemoryReport};
+use super::window::{WindowCache, WindowKeys};
+use super::layer::{AttendInput, AttendOutput, MemoryLayer, MemoryReport};
 use crate::config::AdaptiveConfig;
 use crate::error::Result;
 use crate::model::attention::window_scores;
@@ -82,7 +82,7 @@ impl MemoryLayer for AdaptiveSpan {
         let probs = &probs / (probs.sum_dim_intlist([-1i64].as_slice(), true, probs.kind()) + 1e-8);
         let context = probs.dropout(input.attn.dropout, input.train).matmul(&v); // (b, h, m, dh)
         let earlier = mask.gt(0.0).logical_and(&dist.ge(1));
-        self.last_mem_rows = super::mem_rows(&earlier); // from (b or 1, h, m, n)
+        self.last_mem_rows = super::layer::mem_rows(&earlier); // from (b or 1, h, m, n)
         let aux = (input.train && self.cfg.loss_coef > 0.0).then(|| z.mean(z.kind()) * (self.cfg.loss_coef * self.max_span as f64));
         Ok(AttendOutput { context, aux_loss: aux, added: None })
     }

@@ -28,8 +28,8 @@
 
 use tch::{nn, Tensor};
 
-use super::fixed::{concat_time, keep_last, window_mem_size, WindowCache, WindowKeys};
-use super::{AttendInput, AttendOutput, MemoryLayer, MemoryReport};
+use super::window::{concat_time, keep_last, window_mem_size, WindowCache, WindowKeys};
+use super::layer::{AttendInput, AttendOutput, MemoryLayer, MemoryReport};
 use crate::config::{CompressiveConfig, Compressor};
 use crate::error::{LetheError, Result};
 use crate::model::attention::{mix, window_scores};

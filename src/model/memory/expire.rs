@@ -33,7 +33,7 @@
 
 use tch::{nn, Kind, Tensor};
 
-use super::{same_episode, with_cached_episodes, AttendInput, AttendOutput, MemoryLayer, MemoryReport};
+use super::layer::{same_episode, with_cached_episodes, AttendInput, AttendOutput, MemoryLayer, MemoryReport};
 use crate::config::{Deletion, ExpireConfig};
 use crate::error::{LetheError, Result};
 
@@ -390,7 +390,7 @@ impl ExpireSpan {
         let live = validf.sum(Kind::Double).double_value(&[]);
         let (b, m) = (visible.size()[0], visible.size()[1]);
         self.stats = Stats {
-            mem_rows: super::mem_rows(&visible.logical_and(&dist.ge(1.0))), // from (b, m, n)
+            mem_rows: super::layer::mem_rows(&visible.logical_and(&dist.ge(1.0))), // from (b, m, n)
             mean_span: (spans.to_kind(Kind::Float) * &validf).sum(Kind::Double).double_value(&[]) / live.max(1.0),
             max_span: spans.to_kind(Kind::Float).masked_fill(&valid.logical_not(), 0.0).max().double_value(&[]),
             live: (live / b as f64 - m as f64).max(0.0),

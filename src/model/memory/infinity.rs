@@ -40,8 +40,8 @@ use std::sync::{Arc, Mutex};
 use tch::{nn, Kind, Tensor};
 
 use self::signal::{bin_mass, evaluate, positions, quantile_positions, ridge_matrix, update_positions, Basis};
-use super::fixed::{concat_time, WindowCache};
-use super::{AttendInput, AttendOutput, LtmTrace, MemoryLayer, MemoryReport};
+use super::window::{concat_time, WindowCache};
+use super::layer::{AttendInput, AttendOutput, LtmTrace, MemoryLayer, MemoryReport};
 use crate::config::InfinityConfig;
 use crate::error::{LetheError, Result};
 use crate::model::attention::merge_heads;
