@@ -6,28 +6,29 @@ use crate::error::{LetheError, Result};
 
 /// The device of a run (`train.device`), after applying its thread count
 /// (`train.threads`, 0 = libtorch's default).
-pub fn for_training(train: &crate::config::TrainConfig) -> Result<Device> {
-    let device = parse(&train.device)?;
-    apply_threads(train)?;
+pub fn for_training(device: &str, threads: usize) -> Result<Device> {
+    let device = parse(device)?;
+    apply_threads(threads)?;
     Ok(device)
 }
 
-/// Sets libtorch's CPU thread count to `train.threads` (0: libtorch's default). Refuses
-/// more threads than the machine has cores: libtorch would start them all and spend
-/// its time switching between them (a million threads hung the machine).
-pub fn apply_threads(train: &crate::config::TrainConfig) -> Result<()> {
-    if train.threads == 0 {
+/// Sets libtorch's CPU thread count to `threads`, the config's `train.threads` (0:
+/// libtorch's default). Refuses more threads than the machine has cores: libtorch
+/// would start them all and spend its time switching between them (a million threads
+/// hung the machine).
+pub fn apply_threads(threads: usize) -> Result<()> {
+    if threads == 0 {
         return Ok(());
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if train.threads > cores {
+    if threads > cores {
         return Err(LetheError::config(
             "train.threads",
-            train.threads,
+            threads,
             format!("more than the {cores} cores of this machine; use at most {cores}, or 0 for libtorch's default"),
         ));
     }
-    tch::set_num_threads(train.threads as i32);
+    tch::set_num_threads(threads as i32);
     Ok(())
 }
 

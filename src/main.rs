@@ -331,9 +331,8 @@ fn generate(a: GenerateArgs) -> Result<()> {
     sampling.validate()?;
     let ckpt = load_checkpoint(&a.checkpoint, a.max_span)?;
     // The checkpoint's thread count, at most this machine's cores (it may come from a larger one).
-    let mut threads = ckpt.config.train.clone();
-    threads.threads = threads.threads.min(std::thread::available_parallelism().map_or(1, |n| n.get()));
-    lethe::device::apply_threads(&threads)?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    lethe::device::apply_threads(ckpt.config.train.threads.min(cores))?;
     let lm = Lm::from_checkpoint(&ckpt, device)?;
     let mut out = std::io::stdout().lock();
     out.write_all(&prompt)?;

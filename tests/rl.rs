@@ -6,7 +6,7 @@ mod common;
 
 use lethe::config::{Config, Mechanism};
 use lethe::rl::agent::Agent;
-use lethe::rl::corridor::CorridorConfig;
+use lethe::config::CorridorConfig;
 use lethe::rl::env::{observation_size, Episodes};
 use lethe::rl::train::{train, RlSummary};
 use lethe::train::TrainOptions;

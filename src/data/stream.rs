@@ -342,7 +342,8 @@ mod tests {
 
     #[test]
     fn generated_streams_carry_labels_as_targets() {
-        use crate::data::tasks::collision::{CollisionConfig, CollisionTask};
+        use crate::config::CollisionConfig;
+        use crate::data::tasks::collision::CollisionTask;
         use crate::data::tasks::Task;
         let cfg = CollisionConfig { steps: 30, ..CollisionConfig::default() };
         let mut streams = GeneratedStreams::new(Box::new(CollisionTask::new(&cfg)), 4, 1, 16);

@@ -18,25 +18,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::env::{Action, Colour, Outcome, Word};
+use crate::config::CorridorConfig;
 use crate::rng::Rng;
-
-/// The corridor task's parameters.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct CorridorConfig {
-    /// Shortest corridor, in cells (at least 2). Default 3 (paper).
-    pub length_min: usize,
-    /// Longest corridor, in cells. Default 200 (paper).
-    pub length_max: usize,
-    /// Steps after which an episode ends with no reward. Default 1000.
-    pub max_steps: usize,
-}
-
-impl Default for CorridorConfig {
-    fn default() -> Self {
-        CorridorConfig { length_min: 3, length_max: 200, max_steps: 1000 }
-    }
-}
 
 /// One corridor episode.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

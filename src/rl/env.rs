@@ -442,7 +442,7 @@ mod tests {
 
     fn corridor_config(lo: usize, hi: usize, max_steps: usize) -> Config {
         let mut c = Config::preset("corridor-small").unwrap();
-        c.data.corridor = crate::rl::corridor::CorridorConfig { length_min: lo, length_max: hi, max_steps };
+        c.data.corridor = crate::config::CorridorConfig { length_min: lo, length_max: hi, max_steps };
         c
     }
 

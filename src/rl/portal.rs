@@ -32,27 +32,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::env::{Action, Colour, Outcome, Word};
+use crate::config::PortalConfig;
 use crate::rng::Rng;
-
-/// The portal task's parameters.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PortalConfig {
-    /// Rooms in the sequence (at least 2). Default 50 (paper).
-    pub rooms: usize,
-    /// Side of a room's floor, in cells (at least 2). Default 5 (paper).
-    pub size: usize,
-    /// Wrong doors in one room that end the episode. Default 2 (paper).
-    pub mistakes: usize,
-    /// Steps after which an episode ends. Default 1000 (paper).
-    pub max_steps: usize,
-}
-
-impl Default for PortalConfig {
-    fn default() -> Self {
-        PortalConfig { rooms: 50, size: 5, mistakes: 2, max_steps: 1000 }
-    }
-}
 
 /// The doors of one room.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

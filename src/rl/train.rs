@@ -214,7 +214,7 @@ impl<'a> Run<'a> {
     /// Checks the run folder and the checkpoint to resume, builds the agent, and only
     /// then writes to the folder (see [`crate::run`]).
     fn start(cfg: &'a Config, opts: &'a TrainOptions) -> Result<Self> {
-        let device = crate::device::for_training(&cfg.train)?;
+        let device = crate::device::for_training(&cfg.train.device, cfg.train.threads)?;
         let mut folder = RunFolder::open(&opts.out_dir.join(&cfg.name), opts.intent())?;
         let resumed = folder.resumable(cfg)?;
         let agent = Agent::new(cfg, device)?;

@@ -18,9 +18,9 @@
 //! An episode is one simulation of `steps` steps followed by the separator token 47,
 //! which marks a fresh grid and carries the last step's answer as its target.
 
-use serde::{Deserialize, Serialize};
 
 use crate::data::TokenSeq;
+use crate::config::CollisionConfig;
 use crate::rng::Rng;
 
 use super::Task;
@@ -33,30 +33,6 @@ pub const COLOURS: usize = 5;
 pub const SEPARATOR: u8 = 47;
 /// Tokens per simulation step.
 pub const TOKENS_PER_STEP: usize = 8;
-
-/// The collision task's parameters.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct CollisionConfig {
-    /// The easy version: no colours, ask for the last collision. Default false.
-    pub easy: bool,
-    /// Simulation steps per episode (8 tokens each). Default 2000.
-    pub steps: usize,
-    /// Standard deviation of each velocity component, in cells per step. Default 0.5.
-    pub speed: f64,
-    /// Probability that a particle re-draws its colour at a step. Default 0.05.
-    pub recolour: f64,
-    /// Share of queries about the pair of the most recent collision. Default 0.4.
-    pub match_share: f64,
-    /// Tokens in each of the generated validation and test streams. Default 65536.
-    pub eval_tokens: usize,
-}
-
-impl Default for CollisionConfig {
-    fn default() -> Self {
-        CollisionConfig { easy: false, steps: 2000, speed: 0.5, recolour: 0.05, match_share: 0.4, eval_tokens: 65536 }
-    }
-}
 
 /// What happened at one step, for checking the generator.
 #[derive(Clone, Debug, PartialEq)]

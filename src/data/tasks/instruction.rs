@@ -29,15 +29,16 @@
 //!   see you!"` to "can you tell the butler that the town official wants to see them?",
 //!   the execution repeats the message of the instruction.
 
-use serde::{Deserialize, Serialize};
 
 use crate::data::TokenSeq;
+use crate::config::tasks::INSTRUCTION_CHARACTERS;
+use crate::config::InstructionConfig;
 use crate::rng::Rng;
 
 use super::Task;
 
 /// The characters of the world. `characters` in the config takes the first n.
-pub const CHARACTERS: [&str; 40] = [
+pub const CHARACTERS: [&str; INSTRUCTION_CHARACTERS] = [
     "guard", "wizard", "baker", "knight", "queen", "king", "merchant", "farmer", "priest", "thief",
     "blacksmith", "hunter", "sailor", "monk", "healer", "bard", "miller", "weaver", "potter", "scribe",
     "soldier", "captain", "fisherman", "shepherd", "innkeeper", "jester", "witch", "ranger", "servant", "cook",
@@ -84,32 +85,6 @@ const INSTRUCTIONS: [&str; 4] = [
     "the {g} whispers: if you meet the {x}, tell the {x} that the {y} wants to see them.",
     "the {g} says to you: please, tell the {x} that the {y} wants to see them!",
 ];
-
-/// The instruction task's parameters.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct InstructionConfig {
-    /// Characters in play, the first n of lethe's 40 (at least 4). Default 40.
-    pub characters: usize,
-    /// Most instructions per episode (uniform from 1); several are pending at once. Default 3.
-    pub queue_max: usize,
-    /// Fewest distractor words between an instruction and its execution. Default 700.
-    pub distance_min: usize,
-    /// Most distractor words between an instruction and its execution. Default 1200
-    /// (mean 950, as in the paper's LIGHT setting).
-    pub distance_max: usize,
-    /// Probability that a distractor sentence is followed by the arrival of a character
-    /// with nothing pending, who is greeted (not scored). Default 0.05.
-    pub greet_rate: f64,
-    /// Tokens in each of the generated validation and test streams. Default 262144.
-    pub eval_tokens: usize,
-}
-
-impl Default for InstructionConfig {
-    fn default() -> Self {
-        InstructionConfig { characters: 40, queue_max: 3, distance_min: 700, distance_max: 1200, greet_rate: 0.05, eval_tokens: 1 << 18 }
-    }
-}
 
 /// One instruction of an episode, for checking the generator.
 #[derive(Clone, Debug, PartialEq)]

@@ -10,33 +10,15 @@
 //!   alphabetical), then a newline. Only those sorted symbols are scored.
 //! - Symbols are the letters `a`, `b`, ... (20 in the paper).
 
-use serde::{Deserialize, Serialize};
 
 use crate::data::TokenSeq;
+use crate::config::SortingConfig;
 use crate::rng::Rng;
 
 use super::Task;
 
 /// Marks the end of the sequence: the sorted symbols follow.
 pub const SEPARATOR: u8 = b'|';
-
-/// The sorting task's parameters.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct SortingConfig {
-    /// Number of distinct symbols, 2 to 26 (the paper: 20). Default 20.
-    pub symbols: usize,
-    /// Length `T` of the sequence to sort, in symbols (the paper: 4000, 8000, 16000). Default 4000.
-    pub length: usize,
-    /// Tokens in each of the generated validation and test streams. Default 262144.
-    pub eval_tokens: usize,
-}
-
-impl Default for SortingConfig {
-    fn default() -> Self {
-        SortingConfig { symbols: 20, length: 4000, eval_tokens: 1 << 18 }
-    }
-}
 
 /// The sorting task with its parameters.
 #[derive(Clone, Debug)]

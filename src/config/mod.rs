@@ -9,13 +9,13 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::data::tasks::collision::CollisionConfig;
-use crate::data::tasks::instruction::InstructionConfig;
-use crate::data::tasks::sorting::SortingConfig;
+pub mod rl;
+pub mod tasks;
+
+pub use rl::{Reset, RlConfig};
+pub use tasks::{CollisionConfig, CorridorConfig, InstructionConfig, PortalConfig, SortingConfig};
+
 use crate::error::{LetheError, Result};
-use crate::rl::corridor::CorridorConfig;
-use crate::rl::portal::PortalConfig;
-use crate::rl::{Reset, RlConfig};
 
 /// Everything a run needs. Serialises to the TOML users write.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -1162,7 +1162,7 @@ impl DataConfig {
 
     fn validate_instruction(&self) -> Result<()> {
         let i = &self.instruction;
-        let most = crate::data::tasks::instruction::CHARACTERS.len();
+        let most = tasks::INSTRUCTION_CHARACTERS;
         if !(4..=most).contains(&i.characters) {
             return Err(LetheError::config("data.instruction.characters", i.characters, format!("must be in 4..={most}")));
         }
