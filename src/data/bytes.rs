@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use crate::config::{DataConfig, FileFormat, FolderMode, Source};
 use crate::error::{LetheError, Result};
 
-use super::{Split, SplitData, TokenSeq};
+use super::seq::{Split, SplitData, TokenSeq};
 
 /// Size of enwik8: the first 10^8 bytes of the English Wikipedia dump of 2006.
 pub const ENWIK8_BYTES: usize = 100_000_000;

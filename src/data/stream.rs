@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
 use super::tasks::Task;
-use super::{SplitData, TokenSeq};
+use super::seq::{SplitData, TokenSeq};
 use crate::error::{LetheError, Result};
 use crate::rng::Rng;
 

@@ -17,7 +17,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::env::{Action, Colour, Outcome, Word};
+use super::grid::{Action, Colour, Outcome, Word};
 use crate::config::CorridorConfig;
 use crate::rng::Rng;
 

@@ -4,7 +4,8 @@
 //! mechanism. The paper's code for these tasks was never released; this is a
 //! reimplementation from the text.
 //!
-//! - [`env`]: words, 3x3 observations, actions, a batch of episodes stepped together.
+//! - [`grid`]: the vocabulary: words, colours, the four moves, a step's outcome.
+//! - [`env`]: 3x3 observations and a batch of episodes stepped together.
 //! - [`corridor`], [`portal`]: the two tasks.
 //! - [`agent`]: observation projection, backbone, policy and value heads.
 //! - [`a2c`]: discounted returns, advantages and the actor-critic loss.
@@ -15,6 +16,7 @@ pub mod a2c;
 pub mod agent;
 pub mod corridor;
 pub mod env;
+pub mod grid;
 pub mod portal;
 pub mod train;
 

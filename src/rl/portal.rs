@@ -31,7 +31,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::env::{Action, Colour, Outcome, Word};
+use super::grid::{Action, Colour, Outcome, Word};
 use crate::config::PortalConfig;
 use crate::rng::Rng;
 

@@ -19,7 +19,7 @@
 //! which marks a fresh grid and carries the last step's answer as its target.
 
 
-use crate::data::TokenSeq;
+use crate::data::seq::TokenSeq;
 use crate::config::CollisionConfig;
 use crate::rng::Rng;
 

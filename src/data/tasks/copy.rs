@@ -13,7 +13,7 @@
 
 use crate::config::CopyConfig;
 use crate::data::stream::GeneratedStreams;
-use crate::data::{Split, SplitData, TokenSeq};
+use crate::data::seq::{Split, SplitData, TokenSeq};
 use crate::rng::Rng;
 
 use super::Task;

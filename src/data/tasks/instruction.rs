@@ -30,7 +30,7 @@
 //!   the execution repeats the message of the instruction.
 
 
-use crate::data::TokenSeq;
+use crate::data::seq::TokenSeq;
 use crate::config::tasks::INSTRUCTION_CHARACTERS;
 use crate::config::InstructionConfig;
 use crate::rng::Rng;

@@ -6,7 +6,7 @@ pub mod copy;
 pub mod instruction;
 pub mod sorting;
 
-use crate::data::TokenSeq;
+use crate::data::seq::TokenSeq;
 use crate::rng::Rng;
 
 /// A generator of episodes: token sequences whose scored tokens are the answers.
@@ -17,8 +17,8 @@ pub trait Task: Send {
 
 /// A fixed evaluation split of a task: `batch` documents of whole episodes, about
 /// `tokens` tokens in all, from a seed of its own per split.
-pub fn eval_split(task: &dyn Task, name: &str, seed: u64, split: crate::data::Split, batch: usize, tokens: usize) -> crate::data::SplitData {
-    use crate::data::Split;
+pub fn eval_split(task: &dyn Task, name: &str, seed: u64, split: crate::data::seq::Split, batch: usize, tokens: usize) -> crate::data::seq::SplitData {
+    use crate::data::seq::Split;
     let split_index = match split {
         Split::Train => 0,
         Split::Valid => 1,
@@ -35,5 +35,5 @@ pub fn eval_split(task: &dyn Task, name: &str, seed: u64, split: crate::data::Sp
             doc
         })
         .collect();
-    crate::data::SplitData { origin: format!("{name} task ({split})").into(), docs, mode: crate::config::FolderMode::Documents }
+    crate::data::seq::SplitData { origin: format!("{name} task ({split})").into(), docs, mode: crate::config::FolderMode::Documents }
 }

@@ -11,7 +11,7 @@
 //! - Symbols are the letters `a`, `b`, ... (20 in the paper).
 
 
-use crate::data::TokenSeq;
+use crate::data::seq::TokenSeq;
 use crate::config::SortingConfig;
 use crate::rng::Rng;
 
