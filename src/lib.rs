@@ -4,8 +4,27 @@
 //! ([`model`]) whose layers remember the past through pluggable memory mechanisms
 //! ([`model::memory`]), byte corpora and synthetic tasks ([`data`]), the training loop
 //! ([`train`]), streaming evaluation ([`eval`]) and generation ([`generate`]),
-//! checkpoints ([`checkpoint`]), benchmarks ([`bench`]) and reinforcement learning on the
+//! checkpoints ([`checkpoint`]), benchmarks ([`bench`](mod@bench)) and reinforcement learning on the
 //! paper's gridworlds ([`rl`]).
+//!
+//! # Layers
+//!
+//! Dependencies point one way, down this list; nothing imports a module above it
+//! (`scripts/module-cycles.py` checks that no `src/` file takes part in an import cycle).
+//!
+//! 1. **Commands** (`main.rs`, `cli.rs`): parse and validate flags, call one library
+//!    function, print. A new command goes here and in the module it calls.
+//! 2. **Applications**: the training loops ([`train`] for language models and tasks,
+//!    [`rl::train`] for gridworld agents, sharing [`run`]'s run folder), [`sweep`],
+//!    [`bench`](mod@bench), [`inspect`], [`eval`], [`generate`].
+//! 3. **Model, data, tasks, environments**: [`model`] (the backbone and, in
+//!    [`model::memory`], one file per mechanism; a new mechanism is a file there and a
+//!    line in [`model::memory::build`]), [`data`] (corpora, streams, and in
+//!    [`data::tasks`] one file per generated task), [`rl`] (the gridworlds and the agent),
+//!    [`optim`], [`metrics`].
+//! 4. **Bottom**: [`config`] (every setting, with the task settings in
+//!    [`config::tasks`]), [`checkpoint`] (the file format; each trainer serialises its own
+//!    data position into it), [`error`], [`rng`], [`device`].
 
 pub mod bench;
 pub mod checkpoint;
