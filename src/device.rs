@@ -20,7 +20,7 @@ pub fn apply_threads(threads: usize) -> Result<()> {
     if threads == 0 {
         return Ok(());
     }
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cores = cores();
     if threads > cores {
         return Err(LetheError::config(
             "train.threads",
@@ -30,6 +30,11 @@ pub fn apply_threads(threads: usize) -> Result<()> {
     }
     tch::set_num_threads(threads as i32);
     Ok(())
+}
+
+/// This machine's cores, as the OS reports them (1 when it does not).
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// Parses a device name. `auto` picks the first GPU when libtorch sees one.

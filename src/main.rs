@@ -331,8 +331,7 @@ fn generate(a: GenerateArgs) -> Result<()> {
     sampling.validate()?;
     let ckpt = load_checkpoint(&a.checkpoint, a.max_span)?;
     // The checkpoint's thread count, at most this machine's cores (it may come from a larger one).
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    lethe::device::apply_threads(ckpt.config.train.threads.min(cores))?;
+    lethe::device::apply_threads(ckpt.config.train.threads.min(lethe::device::cores()))?;
     let lm = Lm::from_checkpoint(&ckpt, device)?;
     let mut out = std::io::stdout().lock();
     out.write_all(&prompt)?;
