@@ -32,7 +32,8 @@ use crate::metrics::{mean, peak_rss_bytes, reset_peak_rss};
 use crate::model::Lm;
 use crate::optim::Optimiser;
 use crate::rng::Rng;
-use crate::train::{optimisation_step, Scales};
+use crate::run::Scales;
+use crate::train::optimisation_step;
 
 /// How long to bench each config.
 #[derive(Clone, Debug)]
@@ -198,7 +199,7 @@ impl Timing {
 }
 
 /// Times one layer's attention through `cfg`'s memory mechanism alone, forward and
-/// backward, with the memory full (as after [`bench`]'s fill): the block's input
+/// backward, with the memory full (as after [`bench()`]'s fill): the block's input
 /// `(batch, block, d)` is random, the queries come from the layer's projections, and
 /// the loss is the sum of the context (plus the ∞-former's added term). Each timed
 /// iteration also lets the memory absorb the block, as in training.

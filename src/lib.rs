@@ -15,7 +15,8 @@
 //! 1. **Commands** (`main.rs`, `cli.rs`): parse and validate flags, call one library
 //!    function, print. A new command goes here and in the module it calls.
 //! 2. **Applications**: the training loops ([`train`] for language models and tasks,
-//!    [`rl::train`] for gridworld agents, sharing [`run`]'s run folder), [`sweep`],
+//!    [`rl::train`] for gridworld agents, sharing [`run`]: the run folder and the loop
+//!    that steps, logs, evaluates and checkpoints), [`sweep`],
 //!    [`bench`](mod@bench), [`inspect`], [`eval`], [`generate`].
 //! 3. **Model, data, tasks, environments**: [`model`] (the backbone and, in
 //!    [`model::memory`], one file per mechanism; a new mechanism is a file there and a

@@ -122,7 +122,7 @@ impl Optimiser {
         out
     }
 
-    /// Restores moments saved by [`Adam::state`]; `find` looks a tensor up by name.
+    /// Restores moments saved by [`Optimiser::state`]; `find` looks a tensor up by name.
     pub fn load_state(&mut self, steps: usize, find: impl Fn(&str) -> Option<Tensor>) -> Result<()> {
         let _guard = tch::no_grad_guard();
         for (i, (name, p)) in self.params.iter().enumerate() {

@@ -7,13 +7,11 @@
 //! position is saved in checkpoints, so a resumed run repeats the same numbers on CPU.
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 use serde_json::json;
 use tch::Kind;
 
 use crate::checkpoint::{self, Checkpoint, TrainState};
-use crate::run::{Intent, RunFolder};
 use crate::config::{Config, TrainConfig};
 use crate::data::{self, Batch, Split, SplitData, TrainStreams};
 use crate::error::{LetheError, Result};
@@ -21,35 +19,8 @@ use crate::eval::{evaluate, EvalResult};
 use crate::metrics::{format_count, format_duration, MetricsLog};
 use crate::model::{token_nll, Lm, Memory};
 use crate::optim::{learning_rate, Optimiser};
-use crate::rng::{seed_torch, Rng, TorchSeed};
-
-/// How to run `train`, beyond the config.
-#[derive(Clone, Debug)]
-pub struct TrainOptions {
-    /// Parent of the run folder (`<out>/<name>`). Default `runs`.
-    pub out_dir: PathBuf,
-    /// Continue from the run folder's checkpoint.
-    pub resume: bool,
-    /// Start over even if the run folder holds a checkpoint.
-    pub overwrite: bool,
-    /// Print nothing on the terminal.
-    pub quiet: bool,
-    /// Stop (with a checkpoint) after this step, as if interrupted; `--resume` goes on.
-    pub stop_after: Option<usize>,
-}
-
-impl TrainOptions {
-    /// What these options ask of the run folder.
-    pub fn intent(&self) -> Intent {
-        Intent { resume: self.resume, overwrite: self.overwrite, stop_after: self.stop_after }
-    }
-}
-
-impl Default for TrainOptions {
-    fn default() -> Self {
-        TrainOptions { out_dir: PathBuf::from("runs"), resume: false, overwrite: false, quiet: false, stop_after: None }
-    }
-}
+use crate::run::{begin_step, check_finite, drive, Looped, RunFolder, Scales};
+pub use crate::run::TrainOptions;
 
 /// What a finished run reports.
 #[derive(Clone, Debug)]
@@ -259,97 +230,6 @@ impl Looped for Run<'_> {
     }
 }
 
-/// A training run as the loop sees it: the language-model run and the gridworld run.
-pub(crate) trait Looped {
-    /// What the steps since the last progress line sum up.
-    type Window: Default;
-    /// What an evaluation returns.
-    type Eval;
-
-    /// Optimiser steps taken.
-    fn step(&self) -> usize;
-    /// Whether progress output is off.
-    fn quiet(&self) -> bool;
-    /// One optimiser step, summed into `window`; returns its loss.
-    fn train_step(&mut self, window: &mut Self::Window) -> Result<f64>;
-    /// Prints and logs the progress over `window`, which took `seconds`.
-    fn log_progress(&mut self, window: &Self::Window, seconds: f64) -> Result<()>;
-    /// Evaluates, prints and logs.
-    fn evaluate(&mut self) -> Result<Self::Eval>;
-    /// Writes the checkpoint.
-    fn save_checkpoint(&mut self) -> Result<()>;
-    /// The run folder.
-    fn dir(&self) -> &Path;
-
-    /// Prints a progress line on stderr unless quiet.
-    fn say(&self, line: &str) {
-        if !self.quiet() {
-            eprintln!("{line}");
-        }
-    }
-}
-
-/// The training loop: step; then log, evaluate, checkpoint and stop when [`Due`] says;
-/// until `cfg.steps`. Returns the losses of the steps run and the last evaluation.
-///
-/// A first SIGINT, SIGTERM or SIGHUP lets the step finish, writes a checkpoint and
-/// returns [`LetheError::Interrupted`]; a second one exits at once.
-pub(crate) fn drive<R: Looped>(run: &mut R, cfg: &TrainConfig, opts: &TrainOptions) -> Result<(Vec<f64>, Option<R::Eval>)> {
-    let signals = Signals::watch().map_err(|e| LetheError::Invalid(format!("cannot watch for signals: {e}")))?;
-    let (mut losses, mut last_eval) = (vec![], None);
-    let mut window = R::Window::default();
-    let mut clock = Instant::now();
-    while run.step() < cfg.steps {
-        losses.push(run.train_step(&mut window)?);
-        if let Some(signal) = signals.received() {
-            run.say(&format!("{signal}: writing a checkpoint after step {} (another signal stops at once)", run.step()));
-            run.save_checkpoint()?;
-            return Err(LetheError::Interrupted { signal, step: run.step(), dir: run.dir().to_path_buf() });
-        }
-        let due = Due::after(run.step(), cfg, opts);
-        if due.log {
-            run.log_progress(&window, clock.elapsed().as_secs_f64())?;
-            window = R::Window::default();
-            clock = Instant::now();
-        }
-        if due.eval {
-            last_eval = Some(run.evaluate()?);
-        }
-        if due.checkpoint {
-            run.save_checkpoint()?;
-        }
-        if due.stop {
-            run.say(&format!("stopped after step {} as asked; continue with --resume", run.step()));
-            break;
-        }
-    }
-    Ok((losses, last_eval))
-}
-
-/// What the loop does after an optimiser step (shared by the language-model and the
-/// gridworld loops).
-struct Due {
-    /// Print and log progress.
-    pub log: bool,
-    /// Evaluate.
-    pub eval: bool,
-    /// Write a checkpoint.
-    pub checkpoint: bool,
-    /// Stop here (`--stop-after`).
-    pub stop: bool,
-}
-
-impl Due {
-    /// After optimiser step `step` (counted from 1): every `log_every`, `eval_every` and
-    /// `checkpoint_every` steps (0: never), and all three at the last step or a stop.
-    fn after(step: usize, cfg: &TrainConfig, opts: &TrainOptions) -> Due {
-        let stop = opts.stop_after == Some(step);
-        let last = step == cfg.steps || stop;
-        let every = |n: usize| n > 0 && step.is_multiple_of(n);
-        Due { log: every(cfg.log_every) || last, eval: every(cfg.eval_every) || last, checkpoint: every(cfg.checkpoint_every) || last, stop }
-    }
-}
-
 /// The sums of one optimiser step.
 #[derive(Clone, Copy, Debug)]
 pub struct StepStats {
@@ -393,76 +273,4 @@ pub fn optimisation_step(lm: &Lm, opt: &mut Optimiser, mems: &mut [Memory], batc
         lm.model.after_step();
     }
     Ok(StepStats { nll_sum, weight, aux, grad_norm })
-}
-
-/// The learning rate and the weight of the memories' auxiliary loss at one optimiser step.
-#[derive(Clone, Copy, Debug)]
-pub struct Scales {
-    /// Learning rate ([`learning_rate`]).
-    pub lr: f64,
-    /// Weight of the memories' auxiliary loss ([`crate::config::MemoryConfig::aux_scale`]).
-    pub aux: f64,
-}
-
-/// Starts optimiser step `step` (0-based) of the run `cfg`: seeds libtorch's generator
-/// (dropout, Expire-Span's span noise) for it, so that a resumed run draws what a
-/// straight run does, and returns the step's scales with the seeded section, to be
-/// held until the step's last draw (see [`crate::rng::seed_torch`]).
-pub(crate) fn begin_step(cfg: &Config, step: usize) -> (Scales, TorchSeed) {
-    let seed = seed_torch((Rng::derive(cfg.seed, step as u64).next_u64() >> 1) as i64);
-    (Scales { lr: learning_rate(&cfg.train, step), aux: cfg.memory.aux_scale(step) }, seed)
-}
-
-/// Fails with [`LetheError::NonFiniteLoss`] for the first of `values` (step `step`'s
-/// loss and gradient figures) that is not finite, saying what `folder` keeps: the
-/// checkpoint of step `last_checkpoint`, or none yet.
-pub(crate) fn check_finite(values: &[f64], step: usize, last_checkpoint: Option<usize>, folder: &RunFolder) -> Result<()> {
-    let Some(&value) = values.iter().find(|v| !v.is_finite()) else { return Ok(()) };
-    let advice = "Lower the learning rate or raise the warm-up";
-    let kept = match last_checkpoint {
-        Some(at) => format!("The last good checkpoint (step {at}) is kept in `{}`. {advice}, then resume.", folder.checkpoint_path().display()),
-        None => format!("No checkpoint had been written yet, so there is nothing to resume in `{}`. {advice}, then start again.", folder.dir.display()),
-    };
-    Err(LetheError::NonFiniteLoss { step, value, kept })
-}
-
-/// The first of SIGINT, SIGTERM and SIGHUP received while watching; a second one ends
-/// the process at once (exit status 128 + the signal's number). The handlers are
-/// removed when this value is dropped.
-struct Signals {
-    received: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    ids: Vec<signal_hook::SigId>,
-}
-
-impl Signals {
-    const WATCHED: [(i32, &'static str); 3] =
-        [(signal_hook::consts::SIGINT, "SIGINT"), (signal_hook::consts::SIGTERM, "SIGTERM"), (signal_hook::consts::SIGHUP, "SIGHUP")];
-
-    fn watch() -> std::io::Result<Signals> {
-        use std::sync::atomic::{AtomicBool, AtomicUsize};
-        use std::sync::Arc;
-        let (seen, received) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicUsize::new(0)));
-        let mut ids = vec![];
-        for (signal, _) in Self::WATCHED {
-            // Order matters: the shutdown acts only if an earlier signal set `seen`.
-            ids.push(signal_hook::flag::register_conditional_shutdown(signal, 128 + signal, Arc::clone(&seen))?);
-            ids.push(signal_hook::flag::register(signal, Arc::clone(&seen))?);
-            ids.push(signal_hook::flag::register_usize(signal, Arc::clone(&received), signal as usize)?);
-        }
-        Ok(Signals { received, ids })
-    }
-
-    /// The name of the signal received, if any.
-    fn received(&self) -> Option<String> {
-        let signal = self.received.load(std::sync::atomic::Ordering::SeqCst) as i32;
-        Self::WATCHED.iter().find(|(s, _)| *s == signal).map(|(_, name)| name.to_string())
-    }
-}
-
-impl Drop for Signals {
-    fn drop(&mut self) {
-        for id in self.ids.drain(..) {
-            signal_hook::low_level::unregister(id);
-        }
-    }
 }

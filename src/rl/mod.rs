@@ -5,7 +5,7 @@
 //! reimplementation from the text.
 //!
 //! - [`grid`]: the vocabulary: words, colours, the four moves, a step's outcome.
-//! - [`env`]: 3x3 observations and a batch of episodes stepped together.
+//! - [`env`](mod@env): 3x3 observations and a batch of episodes stepped together.
 //! - [`corridor`], [`portal`]: the two tasks.
 //! - [`agent`]: observation projection, backbone, policy and value heads.
 //! - [`a2c`]: discounted returns, advantages and the actor-critic loss.

@@ -53,8 +53,7 @@ use crate::metrics::{format_count, format_duration, MetricsLog};
 use crate::model::Memory;
 use crate::optim::{learning_rate, Optimiser};
 use crate::rng::Rng;
-use crate::run::RunFolder;
-use crate::train::{begin_step, check_finite, drive, Looped, Scales, TrainOptions};
+use crate::run::{begin_step, check_finite, drive, Looped, RunFolder, Scales, TrainOptions};
 
 /// Stream number (of the data seed) of the evaluation episodes, apart from training's.
 const EVAL_STREAM: u64 = 0xE7A1;

@@ -1,0 +1,11 @@
+//! What both trainers share about a training run: its folder ([`folder`]: the checks
+//! before a run may touch it, the lock, the files it starts with), the loop that steps
+//! it ([`driver`]) and the signals that stop it with a checkpoint (`signals`).
+
+pub mod driver;
+pub mod folder;
+mod signals;
+
+pub(crate) use driver::{begin_step, check_finite, drive, Looped};
+pub use driver::{Scales, TrainOptions};
+pub use folder::{Intent, RunFolder, LOCK_FILE};
