@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use lethe::config::{Config, Source};
+use lethe::config::{Config, Source, PRESETS};
 use lethe::error::Result;
 
 /// lethe: train, evaluate and run transformers with long memory.
@@ -85,8 +85,8 @@ pub struct InspectSpansArgs {
 /// Options that build a config: preset, file, overrides.
 #[derive(Args, Debug, Clone)]
 pub struct ConfigArgs {
-    /// Named preset to start from (see --list-presets). Default: copy-tiny.
-    #[arg(long, short)]
+    /// Named preset to start from (also --list-presets). Default: copy-tiny.
+    #[arg(long, short, value_parser = preset_names())]
     pub preset: Option<String>,
     /// TOML file merged over the preset.
     #[arg(long, short)]
@@ -327,4 +327,10 @@ fn parse_range(text: &str) -> std::result::Result<(usize, usize), String> {
         Some((lo, hi)) => Ok((number(lo)?, number(hi)?)),
         None => number(text).map(|n| (n, n)),
     }
+}
+
+/// The `--preset` values with their one-line descriptions, from [`PRESETS`]: `--help`
+/// lists them, and clap refuses any other name with the list.
+fn preset_names() -> clap::builder::PossibleValuesParser {
+    clap::builder::PossibleValuesParser::new(PRESETS.iter().map(|p| clap::builder::PossibleValue::new(p.name).help(p.about)))
 }

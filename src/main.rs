@@ -150,8 +150,9 @@ fn inspect_spans(a: InspectSpansArgs) -> Result<()> {
 /// Handles --list-presets and --print-config; returns true when the command is done.
 fn informational(args: &cli::ConfigArgs) -> Result<bool> {
     if args.list_presets {
-        for (name, about) in PRESETS {
-            println!("{name:<12} {about}");
+        let width = PRESETS.iter().map(|p| p.name.len()).max().unwrap_or(0);
+        for p in PRESETS {
+            println!("{:<width$}  {}", p.name, p.about);
         }
         return Ok(true);
     }

@@ -320,3 +320,19 @@ fn gridworld_mistakes_are_named() {
     bench.extend_from_slice(GRID);
     fails_with(&lethe(d, &bench), &["reinforcement-learning task"]);
 }
+
+/// The README's preset table is the one `--list-presets` prints, row for row: a preset
+/// added, renamed or redescribed without the README fails here.
+#[test]
+fn the_readme_lists_every_preset_as_list_presets_does() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let header = "| preset | what it is for |\n|---|---|\n";
+    let start = readme.find(header).expect("README has a preset table") + header.len();
+    let table: Vec<&str> = readme[start..].lines().take_while(|l| l.starts_with('|')).collect();
+    let expected: Vec<String> = lethe::config::PRESETS.iter().map(|p| format!("| `{}` | {} |", p.name, p.about)).collect();
+    assert_eq!(table, expected, "README.md's preset table should read:\n{}", expected.join("\n"));
+    let listed = succeeds(&lethe(std::path::Path::new("."), &["train", "--list-presets"]));
+    for p in lethe::config::PRESETS {
+        assert!(listed.lines().any(|l| l.starts_with(p.name) && l.ends_with(p.about)), "--list-presets lacks {}", p.name);
+    }
+}

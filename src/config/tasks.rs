@@ -4,8 +4,48 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::check::{not_below, positive, positive_number, probability};
+use crate::error::{LetheError, Result};
+
 /// The characters the instruction task knows (`data.instruction.characters` takes the first n).
 pub const INSTRUCTION_CHARACTERS: usize = 40;
+
+/// The copy task of the Expire-Span paper (Table 1): a run of `A`s, a long stretch of
+/// `B`s, then `=` and the model must write as many `a`s as it saw `A`s, then `.`.
+/// Only the answer (the `a`s and the `.` after `=`) is scored.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CopyConfig {
+    /// Smallest number of `A`s in a run. Default 1.
+    pub count_min: usize,
+    /// Largest number of `A`s in a run. Default 8.
+    pub count_max: usize,
+    /// Smallest number of filler `B`s between the run and the question. Default 40.
+    pub distance_min: usize,
+    /// Largest number of filler `B`s (up to 131072 = 128k). Default 100.
+    pub distance_max: usize,
+    /// Tokens in each of the generated validation and test streams. Default 16384.
+    pub eval_tokens: usize,
+}
+
+impl Default for CopyConfig {
+    fn default() -> Self {
+        CopyConfig { count_min: 1, count_max: 8, distance_min: 40, distance_max: 100, eval_tokens: 16384 }
+    }
+}
+
+impl CopyConfig {
+    /// Checks every field for impossible values; the error names the field.
+    pub fn validate(&self) -> Result<()> {
+        positive("data.copy.count_min", self.count_min)?;
+        not_below("data.copy.count_max", self.count_max, "data.copy.count_min", self.count_min)?;
+        not_below("data.copy.distance_max", self.distance_max, "data.copy.distance_min", self.distance_min)?;
+        if self.distance_max > 1 << 17 {
+            return Err(LetheError::config("data.copy.distance_max", self.distance_max, "must be at most 131072 (128k)"));
+        }
+        positive("data.copy.eval_tokens", self.eval_tokens)
+    }
+}
 
 /// The collision task's parameters.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -28,6 +68,17 @@ pub struct CollisionConfig {
 impl Default for CollisionConfig {
     fn default() -> Self {
         CollisionConfig { easy: false, steps: 2000, speed: 0.5, recolour: 0.05, match_share: 0.4, eval_tokens: 65536 }
+    }
+}
+
+impl CollisionConfig {
+    /// Checks every field for impossible values; the error names the field.
+    pub fn validate(&self) -> Result<()> {
+        positive("data.collision.steps", self.steps)?;
+        positive("data.collision.eval_tokens", self.eval_tokens)?;
+        probability("data.collision.recolour", self.recolour)?;
+        probability("data.collision.match_share", self.match_share)?;
+        positive_number("data.collision.speed", self.speed)
     }
 }
 
@@ -57,6 +108,28 @@ impl Default for InstructionConfig {
     }
 }
 
+impl InstructionConfig {
+    /// Checks every field for impossible values; the error names the field.
+    pub fn validate(&self) -> Result<()> {
+        let most = INSTRUCTION_CHARACTERS;
+        if !(4..=most).contains(&self.characters) {
+            return Err(LetheError::config("data.instruction.characters", self.characters, format!("must be in 4..={most}")));
+        }
+        positive("data.instruction.queue_max", self.queue_max)?;
+        if self.queue_max + 2 > self.characters {
+            return Err(LetheError::config(
+                "data.instruction.queue_max",
+                self.queue_max,
+                format!("must leave two characters free: at most data.instruction.characters - 2 = {}", self.characters - 2),
+            ));
+        }
+        positive("data.instruction.distance_min", self.distance_min)?;
+        not_below("data.instruction.distance_max", self.distance_max, "data.instruction.distance_min", self.distance_min)?;
+        probability("data.instruction.greet_rate", self.greet_rate)?;
+        positive("data.instruction.eval_tokens", self.eval_tokens)
+    }
+}
+
 /// The sorting task's parameters.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -72,6 +145,17 @@ pub struct SortingConfig {
 impl Default for SortingConfig {
     fn default() -> Self {
         SortingConfig { symbols: 20, length: 4000, eval_tokens: 1 << 18 }
+    }
+}
+
+impl SortingConfig {
+    /// Checks every field for impossible values; the error names the field.
+    pub fn validate(&self) -> Result<()> {
+        if !(2..=26).contains(&self.symbols) {
+            return Err(LetheError::config("data.sorting.symbols", self.symbols, "must be in 2..=26"));
+        }
+        positive("data.sorting.length", self.length)?;
+        positive("data.sorting.eval_tokens", self.eval_tokens)
     }
 }
 
@@ -93,6 +177,17 @@ impl Default for CorridorConfig {
     }
 }
 
+impl CorridorConfig {
+    /// Checks every field for impossible values; the error names the field.
+    pub fn validate(&self) -> Result<()> {
+        if self.length_min < 2 {
+            return Err(LetheError::config("data.corridor.length_min", self.length_min, "must be at least 2 (the object and the doors need their own cells)"));
+        }
+        not_below("data.corridor.length_max", self.length_max, "data.corridor.length_min", self.length_min)?;
+        positive("data.corridor.max_steps", self.max_steps)
+    }
+}
+
 /// The portal task's parameters.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -110,5 +205,19 @@ pub struct PortalConfig {
 impl Default for PortalConfig {
     fn default() -> Self {
         PortalConfig { rooms: 50, size: 5, mistakes: 2, max_steps: 1000 }
+    }
+}
+
+impl PortalConfig {
+    /// Checks every field for impossible values; the error names the field.
+    pub fn validate(&self) -> Result<()> {
+        if self.rooms < 2 {
+            return Err(LetheError::config("data.portal.rooms", self.rooms, "must be at least 2"));
+        }
+        if self.size < 2 {
+            return Err(LetheError::config("data.portal.size", self.size, "must be at least 2 (two doors in the top wall)"));
+        }
+        positive("data.portal.mistakes", self.mistakes)?;
+        positive("data.portal.max_steps", self.max_steps)
     }
 }

@@ -1,0 +1,54 @@
+//! The checks every section's validation uses: each names the field it refuses.
+
+use crate::error::{LetheError, Result};
+
+/// A run name is one plain folder name: it may not be empty, hold a path separator or
+/// be `.` or `..`, so that the run folder stays inside `--out`.
+pub(super) fn validate_name(name: &str) -> Result<()> {
+    let reason = if name.trim().is_empty() {
+        "must not be empty"
+    } else if name.contains(['/', '\\']) || name == "." || name == ".." {
+        "must be a plain folder name (no `/`, `.` or `..`): the run folder is <out>/<name>"
+    } else if name.starts_with('-') {
+        "must not start with `-`"
+    } else {
+        return Ok(());
+    };
+    Err(LetheError::config("name", format!("{name:?}"), reason))
+}
+
+pub(super) fn non_negative(field: &str, value: f64) -> Result<()> {
+    if !(value >= 0.0 && value.is_finite()) {
+        return Err(LetheError::config(field, value, "must be a non-negative number"));
+    }
+    Ok(())
+}
+
+pub(super) fn positive_number(field: &str, value: f64) -> Result<()> {
+    if !(value > 0.0 && value.is_finite()) {
+        return Err(LetheError::config(field, value, "must be a positive number"));
+    }
+    Ok(())
+}
+
+pub(super) fn probability(field: &str, value: f64) -> Result<()> {
+    if !(0.0..=1.0).contains(&value) {
+        return Err(LetheError::config(field, value, "must be a probability in [0, 1]"));
+    }
+    Ok(())
+}
+
+/// `value` (of `field`) must be at least `min` (of `min_field`).
+pub(super) fn not_below(field: &str, value: usize, min_field: &str, min: usize) -> Result<()> {
+    if value < min {
+        return Err(LetheError::config(field, value, format!("must be >= {min_field}")));
+    }
+    Ok(())
+}
+
+pub(super) fn positive(field: &str, value: usize) -> Result<()> {
+    if value == 0 {
+        return Err(LetheError::config(field, value, "must be at least 1"));
+    }
+    Ok(())
+}

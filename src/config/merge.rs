@@ -1,0 +1,95 @@
+//! Reading and writing configs as TOML: a file merged over a config, `--set` overrides,
+//! and the round trip through `config.toml`.
+
+use std::path::Path;
+
+use super::run::Config;
+use crate::error::{LetheError, Result};
+
+impl Config {
+    /// Merges a TOML file over `self` (fields the file leaves out keep their values).
+    pub fn merge_file(self, path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path).map_err(|e| LetheError::io(path, e))?;
+        let overlay: toml::Table = text
+            .parse()
+            .map_err(|e| LetheError::ConfigParse(format!("`{}`: {e}", path.display())))?;
+        self.merge_table(overlay, &path.display().to_string())
+    }
+
+    /// Merges `overlay` over `self`; `origin` names it in errors.
+    pub(super) fn merge_table(self, overlay: toml::Table, origin: &str) -> Result<Config> {
+        let mut base = self.to_table()?;
+        merge_tables(&mut base, overlay);
+        Self::from_table(base, origin)
+    }
+
+    /// Applies `section.field=value` overrides. The value is read as TOML (`4`, `0.5`,
+    /// `true`, `[0.8, 0.1, 0.1]`) and otherwise taken as a string.
+    pub fn apply_overrides(self, overrides: &[String]) -> Result<Config> {
+        if overrides.is_empty() {
+            return Ok(self);
+        }
+        let mut table = self.to_table()?;
+        for item in overrides {
+            let (key, raw) = item.split_once('=').ok_or_else(|| {
+                LetheError::ConfigParse(format!("override `{item}` is not of the form section.field=value"))
+            })?;
+            set_path(&mut table, key.trim(), parse_value(raw.trim()))?;
+        }
+        Self::from_table(table, "--set")
+    }
+
+    /// Reads a config from TOML text (as written by [`Config::to_toml`]).
+    pub fn from_toml(text: &str, origin: &str) -> Result<Config> {
+        toml::from_str(text).map_err(|e| LetheError::ConfigParse(format!("{origin}: {e}")))
+    }
+
+    /// The config as TOML text.
+    pub fn to_toml(&self) -> Result<String> {
+        toml::to_string_pretty(self).map_err(|e| LetheError::ConfigParse(e.to_string()))
+    }
+
+    fn to_table(&self) -> Result<toml::Table> {
+        toml::Table::try_from(self).map_err(|e| LetheError::ConfigParse(e.to_string()))
+    }
+
+    fn from_table(table: toml::Table, origin: &str) -> Result<Config> {
+        table.try_into().map_err(|e: toml::de::Error| LetheError::ConfigParse(format!("{origin}: {e}")))
+    }
+}
+
+fn merge_tables(base: &mut toml::Table, overlay: toml::Table) {
+    for (key, value) in overlay {
+        match (base.get_mut(&key), value) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge_tables(b, o),
+            (_, v) => {
+                base.insert(key, v);
+            }
+        }
+    }
+}
+
+fn parse_value(raw: &str) -> toml::Value {
+    let probe = format!("v = {raw}");
+    match probe.parse::<toml::Table>() {
+        Ok(mut t) => t.remove("v").unwrap_or_else(|| toml::Value::String(raw.to_string())),
+        Err(_) => toml::Value::String(raw.to_string()),
+    }
+}
+
+fn set_path(table: &mut toml::Table, key: &str, value: toml::Value) -> Result<()> {
+    let mut parts: Vec<&str> = key.split('.').collect();
+    let last = parts.pop().filter(|s| !s.is_empty()).ok_or_else(|| LetheError::ConfigParse(format!("empty key in `{key}`")))?;
+    let mut cur = table;
+    for part in parts {
+        cur = match cur.get_mut(part) {
+            Some(toml::Value::Table(t)) => t,
+            _ => return Err(LetheError::ConfigParse(format!("unknown config section `{part}` in `{key}`"))),
+        };
+    }
+    if !cur.contains_key(last) && last != "path" {
+        return Err(LetheError::ConfigParse(format!("unknown config field `{key}`")));
+    }
+    cur.insert(last.to_string(), value);
+    Ok(())
+}

@@ -1,0 +1,138 @@
+//! The named presets: one table ([`PRESETS`]) of names, one line each on what the
+//! preset is for, and its settings, a small TOML file in `src/config/presets/` embedded
+//! at build time (as nanoGPT keeps its `config/` files). The table feeds
+//! `--list-presets`, the `--preset` values in `--help` and the README's preset table
+//! (a test checks that the README lists every preset with the same line).
+//!
+//! A preset file holds only what differs from [`Config::default`] (the `copy-tiny`
+//! preset) or, with `extends = "NAME"` at the top, from another preset; its comments
+//! say where a setting comes from. `lethe train --preset NAME --print-config` prints the
+//! resolved config.
+
+use super::run::Config;
+use crate::error::{LetheError, Result};
+
+/// A named preset.
+#[derive(Clone, Copy, Debug)]
+pub struct Preset {
+    /// The name given to `--preset`, and the run's default name.
+    pub name: &'static str,
+    /// One line on what the preset is for.
+    pub about: &'static str,
+    /// The settings, as TOML merged over the defaults (or over `extends`).
+    pub settings: &'static str,
+}
+
+macro_rules! preset {
+    ($name:literal, $about:literal) => {
+        Preset { name: $name, about: $about, settings: include_str!(concat!("presets/", $name, ".toml")) }
+    };
+}
+
+/// Every preset, in the order `--list-presets` and the README show them.
+pub const PRESETS: &[Preset] = &[
+    preset!("copy-tiny", "the default: the copy task, distances 40-100, counts 1-8; 2 layers x 64, Transformer-XL span 128, block 32, batch 16, 1500 steps; about a minute on 2 cores"),
+    preset!("copy-xl-2k", "the copy task at the paper's scale (distances up to 128k) with the Transformer-XL 2k-span baseline of Table 1; GPU"),
+    preset!("copy-expire", "Expire-Span on the copy task, distances 200-400, L = 512, R = 16, alpha 1e-3, spans starting at 0.9 L: it learns to keep the run of `A`s and expire the filler; minutes on 2 cores"),
+    preset!("copy-sweep-tiny", "for `lethe sweep`: the copy task with the run 24-32 tokens back (counts 1-4), 2 layers x 32, blocks of 8, 800 steps, L = 64; seconds per run"),
+    preset!("enwik8-tiny", "enwik8 (or any file with --data): 2 layers x 128, span 256, block 64, batch 16; a laptop CPU"),
+    preset!("enwik8-expire-tiny", "enwik8-tiny with Expire-Span, L = 1024, R = 32, alpha 1e-5; CPU"),
+    preset!("enwik8-12l", "the paper's small enwik8 model (A.3.4): 12 layers x 512, 8 heads, FFN 2048, span 1024, block 512, batch 512 in 8 micro-batches, lr 7e-4, 8000 warm-up steps, 100k steps; GPU"),
+    preset!("enwik8-expire-12l", "the paper's small Expire-Span enwik8 model: enwik8-12l with L = 16k, R = 128, alpha 3e-7, pre_div 64, noisy spans; GPU"),
+    preset!("books-tiny", "a folder of text files (PG-19 style) in data/books, one stream per set of whole documents; 2 layers x 128; CPU"),
+    preset!("collision-tiny", "object collision (hard), Transformer-XL span 512, block 64; exercises the pipeline on a CPU (the task needs L of 4k or more)"),
+    preset!("collision-easy-tiny", "collision-tiny without colours: the query asks for the last collision; CPU"),
+    preset!("collision-expire-16k", "object collision with Expire-Span L = 16k (paper Table 3) on the enwik8-12l backbone, R = 128, alpha 1e-6, init fraction 0.01, noisy spans; GPU"),
+    preset!("instruction-tiny", "instruction following with distractors: 8 characters, up to 2 instructions pending, 8-16 distractor words, Transformer-XL span 256; CPU, 3 minutes"),
+    preset!("instruction-expire-tiny", "instruction-tiny with Expire-Span, L = 1024, R = 32, alpha 1e-5; CPU"),
+    preset!("instruction-light", "the paper's LIGHT setting (A.3.2): 700-1200 distractor words, 40 characters, 6 layers x 512, Expire-Span L = 16k, R = 64, alpha 2e-6; GPU"),
+    preset!("sorting-tiny", "sorting by frequency (∞-former paper 4.1) on a CPU: 8 symbols, sequences of 256, blocks of 32, Transformer-XL span 64, 3000 steps; about a minute"),
+    preset!("sorting-infinity-tiny", "sorting-tiny with the ∞-former at the same cost: STM 32 + LTM of 32 basis functions, 128 samples; about a minute"),
+    preset!("sorting-sticky-tiny", "sorting-infinity-tiny with sticky memories; about a minute"),
+    preset!("sorting-xl", "the ∞-former paper's sorting setup (C.1): 20 symbols, length 4000, 3 layers x 384, 6 heads, blocks of 1024, batch 8, 80k steps, Transformer-XL span 2048; GPU"),
+    preset!("sorting-infinity", "sorting-xl with the ∞-former: STM 1024 + LTM of 1024 basis functions; GPU"),
+    preset!("corridor-small", "the corridor gridworld (paper 5.2), lengths 3-30, actor-critic with Adam 1e-3, batch 32, windows of 32, 1500 updates, Transformer-XL span 64; 2-4 minutes on 2 cores"),
+    preset!("corridor-expire-small", "corridor-small with Expire-Span, L = 64, R = 4, spans starting at L/2, alpha warmed up over 750 updates; 2-4 minutes on 2 cores"),
+    preset!("corridor-xl", "the paper's corridor (A.3.1): lengths 3-200, RMSProp 1e-4, batch 64, BPTT 100, 100M environment steps, Transformer-XL span 200; GPU"),
+    preset!("corridor-expire", "corridor-xl with Expire-Span, L = 200, R = 16, alpha 5e-6; GPU"),
+    preset!("portal-small", "the multi-room portal (paper 5.2) with 5 rooms of 2x2, discount 0.98, Adam 5e-4, clip 0.1, batch 32, windows of 50, 2000 updates, Transformer-XL span 128; minutes on 2 cores"),
+    preset!("portal-expire-small", "portal-small with Expire-Span, L = 128, R = 4, spans starting at L/2, alpha 1e-3 warmed up over 1000 updates; minutes on 2 cores"),
+    preset!("portal-xl", "the paper's portal (A.3.1): 50 rooms of 5x5, Adam 5e-4, batch 1024, clip 0.1, discount 0.98, BPTT 100, 20k updates, Transformer-XL span 100; GPU"),
+    preset!("portal-expire", "portal-xl with Expire-Span, L = 100, R = 16, alpha 1e-6; GPU"),
+];
+
+impl Preset {
+    /// The preset called `name`; the error lists the known ones.
+    pub fn find(name: &str) -> Result<Preset> {
+        PRESETS.iter().find(|p| p.name == name).copied().ok_or_else(|| {
+            let known = PRESETS.iter().map(|p| p.name).collect::<Vec<_>>().join(", ");
+            LetheError::UnknownPreset { name: name.to_string(), known }
+        })
+    }
+
+    /// The resolved config: the settings merged over their base, named after the preset.
+    pub fn config(&self) -> Result<Config> {
+        let origin = format!("preset `{}`", self.name);
+        let mut settings: toml::Table = self.settings.parse().map_err(|e| LetheError::ConfigParse(format!("{origin}: {e}")))?;
+        let base = match settings.remove("extends") {
+            None => Config::default(),
+            Some(toml::Value::String(parent)) if parent != self.name => Preset::find(&parent)?.config()?,
+            Some(other) => return Err(LetheError::ConfigParse(format!("{origin}: `extends` must name another preset, not {other}"))),
+        };
+        let mut c = base.merge_table(settings, &origin)?;
+        c.name = self.name.to_string();
+        Ok(c)
+    }
+}
+
+impl Config {
+    /// The preset called `name` (see [`PRESETS`]).
+    pub fn preset(name: &str) -> Result<Config> {
+        Preset::find(name)?.config()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_preset_is_valid_named_after_itself_and_round_trips_through_toml() {
+        for p in PRESETS {
+            let c = Config::preset(p.name).unwrap();
+            assert_eq!(c.name, p.name);
+            c.validate().unwrap();
+            let back = Config::from_toml(&c.to_toml().unwrap(), "test").unwrap();
+            assert_eq!(back, c);
+        }
+    }
+
+    #[test]
+    fn names_are_unique_and_about_lines_are_single_lines() {
+        let mut names: Vec<_> = PRESETS.iter().map(|p| p.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), PRESETS.len());
+        assert!(PRESETS.iter().all(|p| !p.about.contains('\n') && !p.about.contains('|')));
+    }
+
+    #[test]
+    fn the_default_preset_is_the_default_config() {
+        assert_eq!(Config::preset("copy-tiny").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn extends_starts_from_the_named_preset() {
+        let tiny = Config::preset("sorting-infinity-tiny").unwrap();
+        let sticky = Config::preset("sorting-sticky-tiny").unwrap();
+        assert!(sticky.memory.infinity.sticky && !tiny.memory.infinity.sticky);
+        assert_eq!(sticky.data, tiny.data);
+        assert_eq!(sticky.memory.infinity.basis, tiny.memory.infinity.basis);
+    }
+
+    #[test]
+    fn unknown_preset_lists_the_known_ones() {
+        let msg = Config::preset("nope").unwrap_err().to_string();
+        assert!(msg.contains("nope") && msg.contains("copy-tiny"), "{msg}");
+    }
+}

@@ -1,0 +1,172 @@
+//! The whole of a run's settings, [`Config`]: one section per part of the run, and the
+//! validation that checks them together.
+
+use serde::{Deserialize, Serialize};
+
+use super::check::validate_name;
+use super::data::{DataConfig, Source};
+use super::memory::MemoryConfig;
+use super::model::ModelConfig;
+use super::rl::{Reset, RlConfig};
+use super::train::TrainConfig;
+use crate::error::{LetheError, Result};
+
+/// Everything a run needs. Serialises to the TOML users write.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Run name; the run folder is `<out>/<name>`. Default: the preset's name.
+    pub name: String,
+    /// Seed for initialisation, data order, dropout and sampling. Default 1.
+    pub seed: u64,
+    /// The network.
+    pub model: ModelConfig,
+    /// How each layer remembers the past.
+    pub memory: MemoryConfig,
+    /// Where the tokens come from.
+    pub data: DataConfig,
+    /// The optimiser and the loop.
+    pub train: TrainConfig,
+    /// Actor-critic settings, for the reinforcement-learning tasks (`corridor`, `portal`).
+    #[serde(default)]
+    pub rl: RlConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            name: "copy-tiny".to_string(),
+            seed: 1,
+            model: ModelConfig::default(),
+            memory: MemoryConfig::default(),
+            data: DataConfig::default(),
+            train: TrainConfig::default(),
+            rl: RlConfig::default(),
+        }
+    }
+}
+
+impl Config {
+    /// The seed of the data: `data.seed`, or the run's seed when that is 0.
+    pub fn data_seed(&self) -> u64 {
+        if self.data.seed == 0 {
+            self.seed
+        } else {
+            self.data.seed
+        }
+    }
+
+    /// Applies the options every task takes, each in the task's own unit: `length`
+    /// (copy: most `A`s in a run; collision: steps per simulation; instruction: most
+    /// instructions per episode; sorting: symbols to sort; corridor: longest corridor;
+    /// portal: rooms) and `distance` (copy: filler tokens; instruction: distractor words;
+    /// corridor: corridor lengths), as `(min, max)`. A task without the option is an error.
+    pub fn apply_task_options(&mut self, length: Option<usize>, distance: Option<(usize, usize)>) -> Result<()> {
+        let d = &mut self.data;
+        if let Some(n) = length {
+            match d.source {
+                Source::Copy => d.copy.count_max = n,
+                Source::Collision => d.collision.steps = n,
+                Source::Instruction => d.instruction.queue_max = n,
+                Source::Sorting => d.sorting.length = n,
+                Source::Corridor => d.corridor.length_max = n,
+                Source::Portal => d.portal.rooms = n,
+                Source::File | Source::Folder => {
+                    return Err(LetheError::config("--length", n, "applies to generated tasks, not to a file or folder"))
+                }
+            }
+        }
+        if let Some((lo, hi)) = distance {
+            match d.source {
+                Source::Copy => (d.copy.distance_min, d.copy.distance_max) = (lo, hi),
+                Source::Instruction => (d.instruction.distance_min, d.instruction.distance_max) = (lo, hi),
+                Source::Corridor => (d.corridor.length_min, d.corridor.length_max) = (lo, hi),
+                _ => {
+                    return Err(LetheError::config(
+                        "--distance",
+                        format!("{lo}-{hi}"),
+                        "applies to the copy, instruction and corridor tasks (collision distances come from the simulation)",
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks every field for impossible values; the error names the field.
+    pub fn validate(&self) -> Result<()> {
+        validate_name(&self.name)?;
+        if self.data.source.is_rl() {
+            // Observations come in through their own projection: no vocabulary. The
+            // truncation window is cut into blocks of at most the span (see `rl::train`).
+            self.model.validate_layers()?;
+            self.memory.validate(self.train.block.min(self.memory.span))?;
+            self.rl.validate()?;
+            if self.rl.reset == Reset::Episode && !self.memory.mechanism.separates_episodes() {
+                return Err(LetheError::config(
+                    "rl.reset",
+                    "\"episode\"",
+                    format!(
+                        "the {} memory cannot keep the episodes of a row apart: set rl.reset = \"batch\" (synchronous batches)",
+                        self.memory.mechanism.name()
+                    ),
+                ));
+            }
+        } else {
+            self.model.validate()?;
+            self.memory.validate(self.train.block)?;
+        }
+        self.data.validate()?;
+        self.train.validate()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Mechanism, Schedule};
+
+    #[test]
+    fn overrides_set_typed_values_and_reject_unknown_fields() {
+        let c = Config::default()
+            .apply_overrides(&["model.layers=3".into(), "train.schedule=constant".into(), "data.split=[0.8,0.1,0.1]".into()])
+            .unwrap();
+        assert_eq!(c.model.layers, 3);
+        assert_eq!(c.train.schedule, Schedule::Constant);
+        assert_eq!(c.data.split, [0.8, 0.1, 0.1]);
+        let err = Config::default().apply_overrides(&["model.layerz=3".into()]).unwrap_err();
+        assert!(err.to_string().contains("model.layerz"), "{err}");
+    }
+
+    type Breaker = Box<dyn Fn(&mut Config)>;
+
+    #[test]
+    fn impossible_values_name_their_field() {
+        let cases: Vec<(&str, Breaker)> = vec![
+            ("model.heads", Box::new(|c| c.model.heads = 0)),
+            ("model.d_model", Box::new(|c| c.model.d_model = 66)),
+            ("train.block", Box::new(|c| c.train.block = 1000)),
+            ("train.accum", Box::new(|c| c.train.accum = 3)),
+            ("model.dropout", Box::new(|c| c.model.dropout = 1.5)),
+            ("data.split", Box::new(|c| c.data.split = [0.5, 0.1, 0.1])),
+            ("train.device", Box::new(|c| c.train.device = "tpu".into())),
+            (
+                "memory.compressive.rate",
+                Box::new(|c| {
+                    c.memory.mechanism = Mechanism::Compressive;
+                    c.memory.compressive.rate = 0;
+                }),
+            ),
+            ("data.instruction.queue_max", Box::new(|c| c.data.instruction.queue_max = 39)),
+            ("data.instruction.characters", Box::new(|c| c.data.instruction.characters = 41)),
+            ("data.instruction.distance_max", Box::new(|c| c.data.instruction.distance_max = 10)),
+            ("data.sorting.symbols", Box::new(|c| c.data.sorting.symbols = 30)),
+        ];
+        for (field, breaker) in cases {
+            let mut c = Config::default();
+            breaker(&mut c);
+            let msg = c.validate().unwrap_err().to_string();
+            assert!(msg.contains(field), "expected `{field}` in: {msg}");
+        }
+    }
+}

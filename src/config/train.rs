@@ -1,0 +1,137 @@
+//! `[train]`: the optimiser, the learning-rate schedule and the training loop's rhythm.
+
+use serde::{Deserialize, Serialize};
+
+use super::check::{non_negative, positive, positive_number};
+use crate::error::{LetheError, Result};
+
+/// The optimiser (Adam), the schedule and the training loop.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainConfig {
+    /// Parallel streams `B` per step. Default 16.
+    pub batch: usize,
+    /// Block length `M`: tokens per stream per step. Default 32.
+    pub block: usize,
+    /// Optimiser steps. Default 1500.
+    pub steps: usize,
+    /// Peak learning rate. Default 1e-3.
+    pub lr: f64,
+    /// Linear warm-up steps from 0 to `lr`. Default 100.
+    pub warmup: usize,
+    /// After warm-up: `cosine` (decay to `lr * min_lr_ratio` at `steps`) or `constant`.
+    pub schedule: Schedule,
+    /// Final learning rate of the cosine schedule, as a fraction of `lr`. Default 0.1.
+    pub min_lr_ratio: f64,
+    /// Adam beta1. Default 0.9.
+    pub beta1: f64,
+    /// Adam beta2; with RMSProp, the decay of the average of squared gradients.
+    /// Default 0.999.
+    pub beta2: f64,
+    /// Adam (or RMSProp) epsilon, added to the root of the second moment. Default 1e-8.
+    pub eps: f64,
+    /// The optimiser: `adam` or `rmsprop` (no momentum; decay `beta2`). Default `adam`.
+    #[serde(default)]
+    pub optimizer: Optimizer,
+    /// Decoupled weight decay (AdamW); 0 disables it. Default 0.
+    pub weight_decay: f64,
+    /// Gradient clipping by global norm; 0 disables it. Default 1.0.
+    pub grad_clip: f64,
+    /// Gradient accumulation: the batch is processed in this many micro-batches of
+    /// `batch / accum` streams, each with its own cache. Default 1.
+    pub accum: usize,
+    /// Evaluate on the validation stream every this many steps (0: only at the end). Default 250.
+    pub eval_every: usize,
+    /// Tokens of the validation stream scored at each periodic evaluation
+    /// (0: the whole split). Default 16384.
+    pub eval_tokens: usize,
+    /// Write a checkpoint every this many steps (0: only at the end). Default 500.
+    pub checkpoint_every: usize,
+    /// Print progress and log training metrics every this many steps. Default 50.
+    pub log_every: usize,
+    /// `cpu`, `cuda`, `cuda:N` or `auto` (the GPU when there is one). Default `cpu`.
+    pub device: String,
+    /// CPU threads for libtorch (0: libtorch's default). Default 0.
+    pub threads: usize,
+}
+
+/// Optimisers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Optimizer {
+    /// Adam (AdamW with `weight_decay`).
+    #[default]
+    Adam,
+    /// RMSProp: `v = beta2 v + (1 - beta2) g^2`, `p -= lr g / (sqrt(v) + eps)`.
+    RmsProp,
+}
+
+/// Learning-rate schedule after warm-up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Schedule {
+    /// Cosine decay to `lr * min_lr_ratio` at the last step.
+    Cosine,
+    /// Constant `lr`.
+    Constant,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            batch: 16,
+            block: 32,
+            steps: 1500,
+            lr: 1e-3,
+            warmup: 100,
+            schedule: Schedule::Cosine,
+            min_lr_ratio: 0.1,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            optimizer: Optimizer::Adam,
+            weight_decay: 0.0,
+            grad_clip: 1.0,
+            accum: 1,
+            eval_every: 250,
+            eval_tokens: 16384,
+            checkpoint_every: 500,
+            log_every: 50,
+            device: "cpu".to_string(),
+            threads: 0,
+        }
+    }
+}
+
+impl TrainConfig {
+    /// Checks every field for impossible values; the error names the field.
+    pub fn validate(&self) -> Result<()> {
+        positive("train.batch", self.batch)?;
+        positive("train.block", self.block)?;
+        positive("train.steps", self.steps)?;
+        positive("train.accum", self.accum)?;
+        positive("train.log_every", self.log_every)?;
+        if !self.batch.is_multiple_of(self.accum) {
+            return Err(LetheError::config(
+                "train.accum",
+                self.accum,
+                format!("must divide train.batch = {}", self.batch),
+            ));
+        }
+        positive_number("train.lr", self.lr)?;
+        for (field, v) in [("train.beta1", self.beta1), ("train.beta2", self.beta2)] {
+            if !(0.0..1.0).contains(&v) {
+                return Err(LetheError::config(field, v, "must be in [0, 1)"));
+            }
+        }
+        for (field, v) in [
+            ("train.eps", self.eps),
+            ("train.weight_decay", self.weight_decay),
+            ("train.grad_clip", self.grad_clip),
+            ("train.min_lr_ratio", self.min_lr_ratio),
+        ] {
+            non_negative(field, v)?;
+        }
+        crate::device::parse(&self.device).map(|_| ())
+    }
+}
