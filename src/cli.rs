@@ -314,7 +314,7 @@ impl ConfigArgs {
         if let Some(seed) = self.data_seed {
             cfg.data.seed = seed;
         }
-        cfg.apply_task_options(self.length, self.distance)?;
+        lethe::task::apply_options(&mut cfg, self.length, self.distance)?;
         cfg.validate()?;
         Ok(cfg)
     }

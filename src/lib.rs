@@ -22,7 +22,10 @@
 //!    [`model::memory`], one file per mechanism; a new mechanism is a file there and a
 //!    line in [`model::memory::build`]), [`data`] (corpora, streams, and in
 //!    [`data::tasks`] one file per generated task), [`rl`] (the gridworlds and the agent),
-//!    [`optim`], [`metrics`].
+//!    [`optim`], [`metrics`], and [`task`]: the registry of tasks. A new task is a file
+//!    that implements [`task::Task`] (its streams or episodes, description, quality
+//!    metric and the `--length`/`--distance` it takes), its settings in
+//!    [`config::tasks`] with a `data.source` name, and one line in [`task::of`].
 //! 4. **Bottom**: [`config`] (every setting, with the task settings in
 //!    [`config::tasks`]), [`checkpoint`] (the file format; each trainer serialises its own
 //!    data position into it), [`error`], [`rng`], [`device`].
@@ -43,6 +46,7 @@ pub mod rl;
 pub mod rng;
 pub mod run;
 pub mod sweep;
+pub mod task;
 pub mod train;
 
 pub use config::Config;

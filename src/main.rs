@@ -12,7 +12,7 @@ use clap::Parser;
 use cli::{BenchArgs, Cli, Command, EvalArgs, GenerateArgs, InspectCommand, InspectSpansArgs, PlayArgs, SweepArgs, TrainArgs};
 use lethe::checkpoint::Checkpoint;
 use lethe::config::{Mechanism, Source, PRESETS};
-use lethe::data::{self, Split};
+use lethe::data::Split;
 use lethe::generate::Sampling;
 use lethe::model::Lm;
 
@@ -69,7 +69,7 @@ fn play(a: PlayArgs) -> Result<()> {
     let mut out = std::io::stdout().lock();
     let mechanism = agent.config.memory.mechanism.name();
     // A closed pipe (`| head`) is not an error worth a panic: printing just stops.
-    let _ = writeln!(out, "{} episode(s) of {} with {who} agent ({mechanism} memory)", a.episodes, data::describe(&agent.config));
+    let _ = writeln!(out, "{} episode(s) of {} with {who} agent ({mechanism} memory)", a.episodes, lethe::task::describe(&agent.config));
     if let Some(dir) = &a.spans {
         let (trace, r) = lethe::inspect::agent::trace_agent(&agent, a.episodes, seed)?;
         lethe::inspect::agent::write(&trace, agent.config.data.source, dir)?;
@@ -239,7 +239,7 @@ fn eval(a: EvalArgs) -> Result<()> {
     (sized.train.batch, sized.train.block) = (batch, block);
     lethe::model::check_fits(&sized, device).context("--batch and --block")?;
     let lm = Lm::from_checkpoint(&ckpt, device)?;
-    let data = data::load_split(&cfg, split, batch)?;
+    let data = lethe::task::load_split(&cfg, split, batch)?;
     let started = std::time::Instant::now();
     let mut last_report = started;
     let progress = |done: usize, total: usize| {
@@ -410,11 +410,11 @@ fn sweep(a: SweepArgs) -> Result<()> {
     };
     let dir = a.out.join(format!("{}-sweep", base.name));
     let runs: usize = arms.iter().map(|arm| arm.sizes.len()).sum::<usize>() * seeds.len();
-    println!("sweep `{}`: {runs} runs of {} steps on {}; folder {}", base.name, base.train.steps, data::describe(&base), dir.display());
+    println!("sweep `{}`: {runs} runs of {} steps on {}; folder {}", base.name, base.train.steps, lethe::task::describe(&base), dir.display());
     let points = lethe::sweep::run(&base, &arms, &seeds, &dir, &mut |line| println!("{line}"))?;
     print!("{}", lethe::sweep::table(&points));
     if seeds.len() > 1 {
-        let metric = lethe::sweep::metric(base.data.source).0;
+        let metric = lethe::task::metric(&base).name();
         print!("over {} seeds:\n{}", seeds.len(), lethe::sweep::summary_table(&lethe::sweep::summarise(&points), metric));
     }
     println!("wrote sweep.json, sweep.csv, summary.csv, sweep.svg and sweep.html in {}", dir.display());

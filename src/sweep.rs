@@ -21,9 +21,10 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::write_atomic;
-use crate::config::{Config, Mechanism, Source};
+use crate::config::{Config, Mechanism};
 use crate::error::{LetheError, Result};
 use crate::train::{train, TrainOptions};
+use crate::task::Metric;
 
 /// One mechanism with the sizes to try.
 #[derive(Clone, Debug, PartialEq)]
@@ -153,18 +154,6 @@ pub struct SweepPoint {
     pub config: String,
 }
 
-/// The quality figure of a task: (name, higher is better).
-pub fn metric(source: Source) -> (&'static str, bool) {
-    match source {
-        Source::Copy | Source::Instruction => ("answers %", true),
-        Source::Collision => ("error %", false),
-        Source::Sorting => ("accuracy %", true),
-        Source::File | Source::Folder => ("bpb", false),
-        Source::Corridor => ("success %", true),
-        Source::Portal => ("rooms", true),
-    }
-}
-
 /// Trains every run of the plan under `dir` (skipping finished ones) and writes the
 /// report. `say` receives one progress line per run.
 pub fn run(base: &Config, arms: &[Arm], seeds: &[u64], dir: &Path, say: &mut dyn FnMut(&str)) -> Result<Vec<SweepPoint>> {
@@ -222,7 +211,7 @@ fn run_one(cfg: &Config, runs: &Path) -> Result<SweepPoint> {
         },
         seed: cfg.seed,
         run: cfg.name.clone(),
-        metric: metric(cfg.data.source).0.to_string(),
+        metric: crate::task::metric(cfg).name().to_string(),
         quality: m.quality,
         loss: m.loss,
         accuracy: m.accuracy,
@@ -259,12 +248,12 @@ fn train_agent(cfg: &Config, opts: &TrainOptions) -> Result<Measured> {
 /// Trains a language model and reads its last validation.
 fn train_lm(cfg: &Config, opts: &TrainOptions) -> Result<Measured> {
     let r = train(cfg, opts)?.last_eval.ok_or_else(|| no_evaluation(cfg))?;
-    let quality = match cfg.data.source {
-        Source::Copy | Source::Instruction => 100.0 * r.answer_accuracy.unwrap_or(0.0),
-        Source::Collision => 100.0 * (1.0 - r.accuracy),
-        Source::Sorting => 100.0 * r.accuracy,
-        Source::File | Source::Folder => r.bpb,
-        Source::Corridor | Source::Portal => return Err(LetheError::Invalid("gridworlds have no validation stream".into())),
+    let quality = match crate::task::metric(cfg) {
+        Metric::Answers => 100.0 * r.answer_accuracy.unwrap_or(0.0),
+        Metric::Error => 100.0 * (1.0 - r.accuracy),
+        Metric::Accuracy => 100.0 * r.accuracy,
+        Metric::Bpb => r.bpb,
+        Metric::Success | Metric::Rooms => return Err(LetheError::Invalid("gridworlds have no validation stream".into())),
     };
     Ok(Measured { quality, loss: r.loss, accuracy: r.accuracy, mem_size: r.mem_size })
 }
@@ -363,7 +352,7 @@ fn csv(points: &[SweepPoint]) -> String {
 /// seeds), `sweep.svg` and `sweep.html` into `dir`.
 pub fn write_report(base: &Config, points: &[SweepPoint], dir: &Path) -> Result<Vec<PathBuf>> {
     let json = serde_json::to_string_pretty(points)?;
-    let svg = plot_svg(points, metric(base.data.source).1);
+    let svg = plot_svg(points, crate::task::metric(base).higher_is_better());
     let html = report_html(base, points, &svg);
     let summary = summary_csv(&summarise(points));
     let files = [("sweep.json", json), ("sweep.csv", csv(points)), ("summary.csv", summary), ("sweep.svg", svg), ("sweep.html", html)];
@@ -516,7 +505,7 @@ fn report_html(base: &Config, points: &[SweepPoint], svg: &str) -> String {
     format!(
         "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>lethe sweep: {name}</title>\n<style>body{{font-family:sans-serif;margin:2em}} td,th{{padding:2px 10px;text-align:right}} table{{border-collapse:collapse}} tr:nth-child(even){{background:#f4f4f4}}</style></head>\n<body><h1>Quality against memory size</h1>\n<p>Task: {data}. Model: {layers} layers x {d}, {heads} heads, block {block}, batch {batch}, {steps} steps. Validation split.</p>\n{svg}\n<table><tr><th>mechanism</th><th>size</th><th>seed</th><th>{metric}</th><th>mem size</th><th>loss</th><th>token acc.</th><th>time s</th></tr>\n{rows}</table>\n<h2>Over seeds</h2>\n<table><tr><th>mechanism</th><th>size</th><th>seeds</th><th>{metric}, mean ± sd</th><th>mem size, mean ± sd</th></tr>\n{means}</table>\n<p>Size: the span <i>L</i> (fixed, adaptive, expire) or the slots in all (compressive: half uncompressed, half compressed). Memory size: the average number of memories a query attends to, measured on the validation split.</p>\n</body></html>\n",
         name = base.name,
-        data = crate::data::describe(base),
+        data = crate::task::describe(base),
         layers = base.model.layers,
         d = base.model.d_model,
         heads = base.model.heads,

@@ -81,8 +81,8 @@ impl<'a> Run<'a> {
         crate::model::check_fits(cfg, device)?; // before the streams, which grow with the batch
         let mut folder = RunFolder::open(&opts.out_dir.join(&cfg.name), opts.intent())?;
         let resumed = folder.resumable(cfg)?;
-        let data = data::train_streams(cfg, cfg.train.batch)?;
-        let valid = data::load_split(cfg, Split::Valid, cfg.train.batch)?;
+        let data = crate::task::train_streams(cfg, cfg.train.batch)?;
+        let valid = crate::task::load_split(cfg, Split::Valid, cfg.train.batch)?;
         let lm = Lm::new(cfg, device)?;
         let opt = Optimiser::new(lm.named_parameters(), &cfg.train);
         let mems = (0..cfg.train.accum).map(|_| lm.model.new_memory()).collect();
@@ -103,7 +103,7 @@ impl<'a> Run<'a> {
             device,
             run.folder.dir.display()
         ));
-        run.say(&format!("data: {}", data::describe(cfg)));
+        run.say(&format!("data: {}", crate::task::describe(cfg)));
         Ok(run)
     }
 

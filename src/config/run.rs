@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::check::validate_name;
-use super::data::{DataConfig, Source};
+use super::data::DataConfig;
 use super::memory::MemoryConfig;
 use super::model::ModelConfig;
 use super::rl::{Reset, RlConfig};
@@ -54,43 +54,6 @@ impl Config {
         } else {
             self.data.seed
         }
-    }
-
-    /// Applies the options every task takes, each in the task's own unit: `length`
-    /// (copy: most `A`s in a run; collision: steps per simulation; instruction: most
-    /// instructions per episode; sorting: symbols to sort; corridor: longest corridor;
-    /// portal: rooms) and `distance` (copy: filler tokens; instruction: distractor words;
-    /// corridor: corridor lengths), as `(min, max)`. A task without the option is an error.
-    pub fn apply_task_options(&mut self, length: Option<usize>, distance: Option<(usize, usize)>) -> Result<()> {
-        let d = &mut self.data;
-        if let Some(n) = length {
-            match d.source {
-                Source::Copy => d.copy.count_max = n,
-                Source::Collision => d.collision.steps = n,
-                Source::Instruction => d.instruction.queue_max = n,
-                Source::Sorting => d.sorting.length = n,
-                Source::Corridor => d.corridor.length_max = n,
-                Source::Portal => d.portal.rooms = n,
-                Source::File | Source::Folder => {
-                    return Err(LetheError::config("--length", n, "applies to generated tasks, not to a file or folder"))
-                }
-            }
-        }
-        if let Some((lo, hi)) = distance {
-            match d.source {
-                Source::Copy => (d.copy.distance_min, d.copy.distance_max) = (lo, hi),
-                Source::Instruction => (d.instruction.distance_min, d.instruction.distance_max) = (lo, hi),
-                Source::Corridor => (d.corridor.length_min, d.corridor.length_max) = (lo, hi),
-                _ => {
-                    return Err(LetheError::config(
-                        "--distance",
-                        format!("{lo}-{hi}"),
-                        "applies to the copy, instruction and corridor tasks (collision distances come from the simulation)",
-                    ))
-                }
-            }
-        }
-        Ok(())
     }
 
     /// Checks every field for impossible values; the error names the field.

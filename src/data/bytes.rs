@@ -3,10 +3,12 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::config::{DataConfig, FileFormat, FolderMode, Source};
+use crate::config::{Config, DataConfig, FileFormat, FolderMode, Source};
 use crate::error::{LetheError, Result};
+use crate::task::spec::{Metric, Task};
 
 use super::seq::{Split, SplitData, TokenSeq};
+use super::stream::{BlockStreams, TrainStreams};
 
 /// Size of enwik8: the first 10^8 bytes of the English Wikipedia dump of 2006.
 pub const ENWIK8_BYTES: usize = 100_000_000;
@@ -149,6 +151,64 @@ fn load_folder(dir: &Path, cfg: &DataConfig, split: Split) -> Result<SplitData> 
         ));
     }
     Ok(SplitData { origin: dir.to_path_buf(), docs, mode: cfg.folder_mode })
+}
+
+/// Byte corpora in the registry ([`crate::task::of`]): one file, or a folder of text files.
+pub enum Corpus {
+    /// `data.source = "file"`.
+    File,
+    /// `data.source = "folder"`.
+    Folder,
+}
+
+impl Task for Corpus {
+    fn name(&self) -> &'static str {
+        match self {
+            Corpus::File => "file",
+            Corpus::Folder => "folder",
+        }
+    }
+
+    fn describe(&self, d: &DataConfig) -> String {
+        let path = d.path.as_deref().unwrap_or(Path::new("?"));
+        match self {
+            Corpus::Folder => format!("folder {} ({:?} mode)", path.display(), d.folder_mode).to_lowercase(),
+            Corpus::File => describe_file(path, d),
+        }
+    }
+
+    fn metric(&self) -> Metric {
+        Metric::Bpb
+    }
+
+    fn load_split(&self, cfg: &Config, split: Split, _batch: usize) -> Result<SplitData> {
+        load(&cfg.data, split)
+    }
+
+    /// `batch` streams over the training split, in an order drawn from the data seed.
+    fn train_streams(&self, cfg: &Config, batch: usize) -> Result<TrainStreams> {
+        let split = load(&cfg.data, Split::Train)?;
+        Ok(TrainStreams::Fixed(BlockStreams::new(&split, batch, cfg.train.block, cfg.data_seed())?))
+    }
+}
+
+/// The file's size and split, or why it cannot be read.
+fn describe_file(path: &Path, d: &DataConfig) -> String {
+    let len = std::fs::metadata(path).map(|m| m.len() as usize).unwrap_or(0);
+    match file_ranges(path, len, d.format, d.split) {
+        Ok(r) if len == ENWIK8_BYTES && r[0].1 == ENWIK8_SPLIT[0] && d.format != FileFormat::Bytes => {
+            format!("{} as enwik8: standard split, train 90M / valid 5M / test 5M bytes", path.display())
+        }
+        Ok(r) => format!(
+            "{}: {len} bytes split by fractions {:?}: train {} / valid {} / test {} bytes",
+            path.display(),
+            d.split,
+            r[0].1 - r[0].0,
+            r[1].1 - r[1].0,
+            r[2].1 - r[2].0
+        ),
+        Err(e) => e.to_string(),
+    }
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
-use super::tasks::Task;
+use super::tasks::Generator;
 use super::seq::{SplitData, TokenSeq};
 use crate::error::{LetheError, Result};
 use crate::rng::Rng;
@@ -144,7 +144,7 @@ impl BlockStreams {
 /// Training streams from a task generator: each stream draws whole episodes from its own
 /// random generator and is consumed `M` tokens at a time. Never ends.
 pub struct GeneratedStreams {
-    task: Box<dyn Task>,
+    task: Box<dyn Generator>,
     block: usize,
     streams: Vec<GenStream>,
 }
@@ -161,7 +161,7 @@ pub struct GenStream {
 
 impl GeneratedStreams {
     /// `batch` streams of `task`, stream `b` seeded with `Rng::derive(seed, b)`.
-    pub fn new(task: Box<dyn Task>, seed: u64, batch: usize, block: usize) -> Self {
+    pub fn new(task: Box<dyn Generator>, seed: u64, batch: usize, block: usize) -> Self {
         let streams = (0..batch)
             .map(|b| GenStream {
                 rng: Rng::derive(seed, b as u64),
@@ -344,7 +344,7 @@ mod tests {
     fn generated_streams_carry_labels_as_targets() {
         use crate::config::CollisionConfig;
         use crate::data::tasks::collision::CollisionTask;
-        use crate::data::tasks::Task;
+        use crate::data::tasks::Generator;
         let cfg = CollisionConfig { steps: 30, ..CollisionConfig::default() };
         let mut streams = GeneratedStreams::new(Box::new(CollisionTask::new(&cfg)), 4, 1, 16);
         // The same episodes drawn directly from the stream's generator.

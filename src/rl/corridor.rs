@@ -18,7 +18,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::grid::{Action, Colour, Outcome, Word};
-use crate::config::CorridorConfig;
+use crate::config::{CorridorConfig, DataConfig};
+use crate::task::spec::{Metric, Task};
 use crate::rng::Rng;
 
 /// One corridor episode.
@@ -112,6 +113,40 @@ impl Corridor {
             out.push('\n');
         }
         out
+    }
+}
+
+/// The corridor in the registry ([`crate::task::of`]).
+pub struct CorridorSpec;
+
+impl Task for CorridorSpec {
+    fn name(&self) -> &'static str {
+        "corridor"
+    }
+
+    fn describe(&self, d: &DataConfig) -> String {
+        let c = &d.corridor;
+        format!("corridor gridworld, lengths {}-{}, at most {} steps per episode; chance success 50%", c.length_min, c.length_max, c.max_steps)
+    }
+
+    fn metric(&self) -> Metric {
+        Metric::Success
+    }
+
+    fn is_episodic(&self) -> bool {
+        true
+    }
+
+    /// The longest corridor.
+    fn set_length(&self, d: &mut DataConfig, n: usize) -> bool {
+        d.corridor.length_max = n;
+        true
+    }
+
+    /// The corridor lengths.
+    fn set_distance(&self, d: &mut DataConfig, min: usize, max: usize) -> bool {
+        (d.corridor.length_min, d.corridor.length_max) = (min, max);
+        true
     }
 }
 

@@ -32,7 +32,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::grid::{Action, Colour, Outcome, Word};
-use crate::config::PortalConfig;
+use crate::config::{DataConfig, PortalConfig};
+use crate::task::spec::{Metric, Task};
 use crate::rng::Rng;
 
 /// The doors of one room.
@@ -197,6 +198,37 @@ impl Portal {
             out.push('\n');
         }
         out
+    }
+}
+
+/// The portal in the registry ([`crate::task::of`]).
+pub struct PortalSpec;
+
+impl Task for PortalSpec {
+    fn name(&self) -> &'static str {
+        "portal"
+    }
+
+    fn describe(&self, d: &DataConfig) -> String {
+        let p = &d.portal;
+        format!(
+            "multi-room portal gridworld, {} rooms of {}x{}, {} mistakes per room end an episode, at most {} steps",
+            p.rooms, p.size, p.size, p.mistakes, p.max_steps
+        )
+    }
+
+    fn metric(&self) -> Metric {
+        Metric::Rooms
+    }
+
+    fn is_episodic(&self) -> bool {
+        true
+    }
+
+    /// The rooms per episode.
+    fn set_length(&self, d: &mut DataConfig, n: usize) -> bool {
+        d.portal.rooms = n;
+        true
     }
 }
 

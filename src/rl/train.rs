@@ -240,7 +240,7 @@ impl<'a> Run<'a> {
             device,
             run.folder.dir.display()
         ));
-        run.say(&format!("task: {}", crate::data::describe(cfg)));
+        run.say(&format!("task: {}", crate::task::describe(cfg)));
         Ok(run)
     }
 

@@ -20,10 +20,11 @@
 
 
 use crate::data::seq::TokenSeq;
-use crate::config::CollisionConfig;
+use crate::config::{CollisionConfig, DataConfig};
 use crate::rng::Rng;
 
-use super::Task;
+use super::Generator;
+use crate::task::spec::{Metric, Task};
 
 /// Side of the grid in cells.
 pub const GRID: usize = 16;
@@ -181,9 +182,37 @@ pub fn tokens_of(records: &[StepRecord], easy: bool) -> TokenSeq {
     TokenSeq { tokens, scored: Some(scored), labels: Some(labels) }
 }
 
-impl Task for CollisionTask {
+impl Generator for CollisionTask {
     fn episode(&self, rng: &mut Rng) -> TokenSeq {
         tokens_of(&simulate(&self.cfg, rng, self.cfg.steps), self.cfg.easy)
+    }
+}
+
+/// The collision task in the registry ([`crate::task::of`]).
+pub struct CollisionSpec;
+
+impl Task for CollisionSpec {
+    fn name(&self) -> &'static str {
+        "collision"
+    }
+
+    fn describe(&self, d: &DataConfig) -> String {
+        let k = &d.collision;
+        format!("object collision ({}), {} steps of 8 tokens per simulation; chance error 75%", if k.easy { "easy" } else { "hard" }, k.steps)
+    }
+
+    fn metric(&self) -> Metric {
+        Metric::Error
+    }
+
+    /// The simulation steps per episode.
+    fn set_length(&self, d: &mut DataConfig, n: usize) -> bool {
+        d.collision.steps = n;
+        true
+    }
+
+    fn generator(&self, d: &DataConfig) -> Option<(Box<dyn Generator>, usize)> {
+        Some((Box::new(CollisionTask::new(&d.collision)), d.collision.eval_tokens))
     }
 }
 

@@ -11,12 +11,12 @@
 //! with `a` (distances 6-12, counts 1-4), because it must otherwise separate its own
 //! answer from the run by position.
 
-use crate::config::CopyConfig;
-use crate::data::stream::GeneratedStreams;
-use crate::data::seq::{Split, SplitData, TokenSeq};
+use crate::config::{CopyConfig, DataConfig};
+use crate::data::seq::TokenSeq;
 use crate::rng::Rng;
+use crate::task::spec::{Metric, Task};
 
-use super::Task;
+use super::Generator;
 
 /// The symbol of the run to copy.
 pub const RUN: u8 = b'A';
@@ -42,7 +42,7 @@ impl CopyTask {
     }
 }
 
-impl Task for CopyTask {
+impl Generator for CopyTask {
     fn episode(&self, rng: &mut Rng) -> TokenSeq {
         let n = rng.range(self.cfg.count_min, self.cfg.count_max);
         let d = rng.range(self.cfg.distance_min, self.cfg.distance_max);
@@ -58,15 +58,38 @@ impl Task for CopyTask {
     }
 }
 
-/// Endless training streams of the copy task.
-pub fn train_streams(cfg: &CopyConfig, seed: u64, batch: usize, block: usize) -> GeneratedStreams {
-    GeneratedStreams::new(Box::new(CopyTask::new(cfg)), seed, batch, block)
-}
+/// The copy task in the registry ([`crate::task::of`]).
+pub struct CopySpec;
 
-/// A fixed evaluation split: `batch` documents of whole episodes, about
-/// `cfg.eval_tokens` tokens in all, from a seed of its own per split.
-pub fn eval_split(cfg: &CopyConfig, seed: u64, split: Split, batch: usize) -> SplitData {
-    super::eval_split(&CopyTask::new(cfg), "copy", seed, split, batch, cfg.eval_tokens)
+impl Task for CopySpec {
+    fn name(&self) -> &'static str {
+        "copy"
+    }
+
+    fn describe(&self, d: &DataConfig) -> String {
+        let c = &d.copy;
+        format!("copy task, counts {}-{}, distances {}-{}", c.count_min, c.count_max, c.distance_min, c.distance_max)
+    }
+
+    fn metric(&self) -> Metric {
+        Metric::Answers
+    }
+
+    /// The most `A`s in a run.
+    fn set_length(&self, d: &mut DataConfig, n: usize) -> bool {
+        d.copy.count_max = n;
+        true
+    }
+
+    /// The filler tokens between the run and the question.
+    fn set_distance(&self, d: &mut DataConfig, min: usize, max: usize) -> bool {
+        (d.copy.distance_min, d.copy.distance_max) = (min, max);
+        true
+    }
+
+    fn generator(&self, d: &DataConfig) -> Option<(Box<dyn Generator>, usize)> {
+        Some((Box::new(CopyTask::new(&d.copy)), d.copy.eval_tokens))
+    }
 }
 
 #[cfg(test)]
@@ -102,12 +125,13 @@ mod tests {
 
     #[test]
     fn eval_splits_are_fixed_and_differ_between_valid_and_test() {
-        let cfg = CopyConfig::default();
-        let a = eval_split(&cfg, 1, Split::Valid, 4);
-        let b = eval_split(&cfg, 1, Split::Valid, 4);
-        let c = eval_split(&cfg, 1, Split::Test, 4);
+        use crate::data::seq::Split;
+        let cfg = crate::config::Config::default();
+        let a = CopySpec.load_split(&cfg, Split::Valid, 4).unwrap();
+        let b = CopySpec.load_split(&cfg, Split::Valid, 4).unwrap();
+        let c = CopySpec.load_split(&cfg, Split::Test, 4).unwrap();
         assert_eq!(a.docs, b.docs);
         assert_ne!(a.docs, c.docs);
-        assert!(a.total_len() >= cfg.eval_tokens);
+        assert!(a.total_len() >= cfg.data.copy.eval_tokens);
     }
 }

@@ -32,10 +32,11 @@
 
 use crate::data::seq::TokenSeq;
 use crate::config::tasks::INSTRUCTION_CHARACTERS;
-use crate::config::InstructionConfig;
+use crate::config::{DataConfig, InstructionConfig};
 use crate::rng::Rng;
 
-use super::Task;
+use super::Generator;
+use crate::task::spec::{Metric, Task};
 
 /// The characters of the world. `characters` in the config takes the first n.
 pub const CHARACTERS: [&str; INSTRUCTION_CHARACTERS] = [
@@ -261,9 +262,46 @@ fn next_event(issues: &mut Vec<(usize, usize)>, executions: &mut Vec<(usize, usi
     Some((te, Event::Execute(e)))
 }
 
-impl Task for InstructionTask {
+impl Generator for InstructionTask {
     fn episode(&self, rng: &mut Rng) -> TokenSeq {
         self.simulate(rng).0
+    }
+}
+
+/// The instruction task in the registry ([`crate::task::of`]).
+pub struct InstructionSpec;
+
+impl Task for InstructionSpec {
+    fn name(&self) -> &'static str {
+        "instruction"
+    }
+
+    fn describe(&self, d: &DataConfig) -> String {
+        let i = &d.instruction;
+        format!(
+            "instruction following, {} characters, up to {} instructions pending, {}-{} distractor words; only executions scored",
+            i.characters, i.queue_max, i.distance_min, i.distance_max
+        )
+    }
+
+    fn metric(&self) -> Metric {
+        Metric::Answers
+    }
+
+    /// The most instructions pending in an episode.
+    fn set_length(&self, d: &mut DataConfig, n: usize) -> bool {
+        d.instruction.queue_max = n;
+        true
+    }
+
+    /// The distractor words between an instruction and its execution.
+    fn set_distance(&self, d: &mut DataConfig, min: usize, max: usize) -> bool {
+        (d.instruction.distance_min, d.instruction.distance_max) = (min, max);
+        true
+    }
+
+    fn generator(&self, d: &DataConfig) -> Option<(Box<dyn Generator>, usize)> {
+        Some((Box::new(InstructionTask::new(&d.instruction)), d.instruction.eval_tokens))
     }
 }
 

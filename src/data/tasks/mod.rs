@@ -10,14 +10,14 @@ use crate::data::seq::TokenSeq;
 use crate::rng::Rng;
 
 /// A generator of episodes: token sequences whose scored tokens are the answers.
-pub trait Task: Send {
+pub trait Generator: Send {
     /// The next episode.
     fn episode(&self, rng: &mut Rng) -> TokenSeq;
 }
 
 /// A fixed evaluation split of a task: `batch` documents of whole episodes, about
 /// `tokens` tokens in all, from a seed of its own per split.
-pub fn eval_split(task: &dyn Task, name: &str, seed: u64, split: crate::data::seq::Split, batch: usize, tokens: usize) -> crate::data::seq::SplitData {
+pub fn eval_split(task: &dyn Generator, name: &str, seed: u64, split: crate::data::seq::Split, batch: usize, tokens: usize) -> crate::data::seq::SplitData {
     use crate::data::seq::Split;
     let split_index = match split {
         Split::Train => 0,

@@ -12,10 +12,11 @@
 
 
 use crate::data::seq::TokenSeq;
-use crate::config::SortingConfig;
+use crate::config::{DataConfig, SortingConfig};
 use crate::rng::Rng;
 
-use super::Task;
+use super::Generator;
+use crate::task::spec::{Metric, Task};
 
 /// Marks the end of the sequence: the sorted symbols follow.
 pub const SEPARATOR: u8 = b'|';
@@ -62,7 +63,7 @@ pub fn by_frequency(seq: &[usize], symbols: usize) -> Vec<usize> {
     order
 }
 
-impl Task for SortingTask {
+impl Generator for SortingTask {
     fn episode(&self, rng: &mut Rng) -> TokenSeq {
         let seq = self.sequence(rng);
         let answer = by_frequency(&seq, self.cfg.symbols);
@@ -74,6 +75,33 @@ impl Task for SortingTask {
         tokens.push(b'\n');
         let scored = (0..tokens.len()).map(|i| i >= question_len && i < tokens.len() - 1).collect();
         TokenSeq { tokens, scored: Some(scored), labels: None }
+    }
+}
+
+/// The sorting task in the registry ([`crate::task::of`]).
+pub struct SortingSpec;
+
+impl Task for SortingSpec {
+    fn name(&self) -> &'static str {
+        "sorting"
+    }
+
+    fn describe(&self, d: &DataConfig) -> String {
+        format!("sorting by frequency, {} symbols, sequences of {}; only the sorted symbols scored", d.sorting.symbols, d.sorting.length)
+    }
+
+    fn metric(&self) -> Metric {
+        Metric::Accuracy
+    }
+
+    /// The symbols to sort per sequence.
+    fn set_length(&self, d: &mut DataConfig, n: usize) -> bool {
+        d.sorting.length = n;
+        true
+    }
+
+    fn generator(&self, d: &DataConfig) -> Option<(Box<dyn Generator>, usize)> {
+        Some((Box::new(SortingTask::new(&d.sorting)), d.sorting.eval_tokens))
     }
 }
 
