@@ -16,10 +16,11 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use lethe::bench::{bench, time_attention, BenchOptions};
-use lethe::config::Config;
+use lethe::config::{Config, Mechanism};
 use lethe::sweep::configure;
 
-const MECHANISMS: [(&str, usize); 5] = [("fixed", 256), ("adaptive", 1024), ("expire", 1024), ("compressive", 512), ("infinity", 512)];
+const MECHANISMS: [(Mechanism, usize); 5] =
+    [(Mechanism::Fixed, 256), (Mechanism::Adaptive, 1024), (Mechanism::Expire, 1024), (Mechanism::Compressive, 512), (Mechanism::Infinity, 512)];
 const BASELINE: &str = "target/lethe-bench-baseline.json";
 const STEPS: usize = 40;
 const WARMUP: usize = 3;
@@ -32,8 +33,9 @@ fn main() -> lethe::Result<()> {
     let baseline = read_baseline();
     let mut now = BTreeMap::new();
     println!("{:<24} {:>10} {:>18} {:>10}", "benchmark", "median ms", "p10-p90 ms", "vs base");
-    for (name, size) in MECHANISMS {
-        let cfg = configure(&base, lethe::sweep::parse_mechanism(name)?, size, base.seed)?;
+    for (mechanism, size) in MECHANISMS {
+        let name = mechanism.name();
+        let cfg = configure(&base, mechanism, size, base.seed)?;
         for (what, run) in [("attention", true), ("step", false)] {
             let id = format!("{what}/{name}-{size}");
             if !id.contains(&filter) {

@@ -443,7 +443,7 @@ pub fn plan(base: &Config, mechanisms: &[String], scale: Option<&Scale>, context
     let mut configs = vec![];
     for item in mechanisms {
         let (name, size) = item.split_once(':').unwrap_or((item, ""));
-        let mechanism = crate::sweep::parse_mechanism(name.trim())?;
+        let mechanism = Mechanism::parse(name.trim())?;
         let cfg = if size.trim().is_empty() {
             let mut c = base.clone();
             c.memory.mechanism = mechanism;
@@ -532,38 +532,53 @@ pub fn table(results: &[BenchResult]) -> String {
     s
 }
 
-/// The results as CSV, one row per config.
-pub fn csv(results: &[BenchResult]) -> String {
-    let mut s = String::from(
-        "name,mechanism,knob,value,span,parameters,tokens_per_step,steps,median_s,p10_s,p90_s,tokens_per_s,peak_rss_mib,mean_mem_size,flops_per_step,gflops,mfu,threads,context_tokens\n",
-    );
-    for r in results {
-        let opt = |v: Option<f64>| v.map(|x| format!("{x}")).unwrap_or_default();
-        let _ = writeln!(
-            s,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
-            r.name,
-            r.mechanism,
-            r.knob.clone().unwrap_or_default(),
-            r.value.map(|v| v.to_string()).unwrap_or_default(),
-            r.span,
-            r.parameters,
-            r.tokens_per_step,
-            r.steps,
-            r.median_s,
-            r.p10_s,
-            r.p90_s,
-            r.tokens_per_s,
-            opt(r.peak_rss_mib),
-            r.mean_mem_size(),
-            r.flops_per_step,
-            r.gflops,
-            opt(r.mfu),
-            r.threads,
-            r.context_tokens
-        );
-    }
-    s
+/// One row of `bench.csv`: a result with its per-layer figures averaged.
+#[derive(Serialize)]
+struct CsvRow<'a> {
+    name: &'a str,
+    mechanism: &'a str,
+    knob: Option<&'a str>,
+    value: Option<usize>,
+    span: usize,
+    parameters: usize,
+    tokens_per_step: usize,
+    steps: usize,
+    median_s: f64,
+    p10_s: f64,
+    p90_s: f64,
+    tokens_per_s: f64,
+    peak_rss_mib: Option<f64>,
+    mean_mem_size: f64,
+    flops_per_step: f64,
+    gflops: f64,
+    mfu: Option<f64>,
+    threads: i32,
+    context_tokens: usize,
+}
+
+/// The results as CSV, one row per config (an empty cell where a figure is unknown).
+pub fn csv(results: &[BenchResult]) -> Result<String> {
+    crate::metrics::csv_text(results.iter().map(|r| CsvRow {
+        name: &r.name,
+        mechanism: &r.mechanism,
+        knob: r.knob.as_deref(),
+        value: r.value,
+        span: r.span,
+        parameters: r.parameters,
+        tokens_per_step: r.tokens_per_step,
+        steps: r.steps,
+        median_s: r.median_s,
+        p10_s: r.p10_s,
+        p90_s: r.p90_s,
+        tokens_per_s: r.tokens_per_s,
+        peak_rss_mib: r.peak_rss_mib,
+        mean_mem_size: r.mean_mem_size(),
+        flops_per_step: r.flops_per_step,
+        gflops: r.gflops,
+        mfu: r.mfu,
+        threads: r.threads,
+        context_tokens: r.context_tokens,
+    }))
 }
 
 /// What `bench.json` holds: the machine's GEMM rate and every result.
@@ -585,7 +600,7 @@ pub fn write_report(dir: &Path, results: &[BenchResult], gemm_gflops: f64) -> Re
     let json = serde_json::to_string_pretty(&report)?;
     let (j, c) = (dir.join("bench.json"), dir.join("bench.csv"));
     write_atomic(&j, json.as_bytes())?;
-    write_atomic(&c, csv(results).as_bytes())?;
+    write_atomic(&c, csv(results)?.as_bytes())?;
     Ok(vec![j, c])
 }
 
@@ -658,7 +673,7 @@ mod tests {
         let mut cfg = Config::preset("copy-tiny").unwrap();
         cfg.train.batch = 2;
         for m in ["fixed", "adaptive", "expire", "compressive", "infinity"] {
-            cfg.memory.mechanism = crate::sweep::parse_mechanism(m).unwrap();
+            cfg.memory.mechanism = Mechanism::parse(m).unwrap();
             let t = time_attention(&cfg, 2, 1).unwrap();
             assert!(t.median_s.is_finite() && t.median_s > 0.0, "{m}: {t:?}");
         }

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use lethe::config::{Config, Source, PRESETS};
+use lethe::config::{Config, Mechanism, Source, PRESETS};
 use lethe::error::Result;
 
 /// lethe: train, evaluate and run transformers with long memory.
@@ -236,7 +236,7 @@ pub struct BenchArgs {
     pub context: Option<usize>,
     /// A mechanism to bench, optionally with its memory size as in `lethe sweep`:
     /// `fixed`, `expire:1024`, `infinity:512` (repeatable). Default: the config's own.
-    #[arg(long = "mechanism", value_name = "MECH[:SIZE]")]
+    #[arg(long = "mechanism", value_name = "MECH[:SIZE]", value_parser = mechanism_item)]
     pub mechanisms: Vec<String>,
     /// Sweep one knob and report how time and memory grow: `span=256,512,1024`,
     /// `context=8192,65536`, `block=32,64` or `batch=8,16`.
@@ -252,8 +252,8 @@ pub struct SweepArgs {
     #[command(flatten)]
     pub config: ConfigArgs,
     /// A mechanism to train, optionally with its own sizes: `fixed:8,16,32`, `expire:64`
-    /// (repeatable). Default: fixed, adaptive, expire, compressive and infinity at --sizes.
-    #[arg(long = "mechanism", value_name = "MECH[:SIZES]")]
+    /// (repeatable). Default: every mechanism at --sizes.
+    #[arg(long = "mechanism", value_name = "MECH[:SIZES]", value_parser = mechanism_item)]
     pub mechanisms: Vec<String>,
     /// Memory sizes for mechanisms given without their own, e.g. 16,32,64 (default:
     /// L/8, L/4, L/2 and L of the config, at least one block).
@@ -333,4 +333,11 @@ fn parse_range(text: &str) -> std::result::Result<(usize, usize), String> {
 /// lists them, and clap refuses any other name with the list.
 fn preset_names() -> clap::builder::PossibleValuesParser {
     clap::builder::PossibleValuesParser::new(PRESETS.iter().map(|p| clap::builder::PossibleValue::new(p.name).help(p.about)))
+}
+
+/// A `--mechanism MECH[:SIZES]` item whose mechanism lethe knows (the sizes are read by
+/// the command); the error lists the mechanisms.
+fn mechanism_item(item: &str) -> std::result::Result<String, String> {
+    let name = item.split_once(':').map_or(item, |(name, _)| name);
+    Mechanism::parse(name.trim()).map(|_| item.to_string()).map_err(|e| e.to_string())
 }

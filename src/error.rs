@@ -50,6 +50,10 @@ pub enum LetheError {
     #[error("JSON: {0}")]
     Json(#[from] serde_json::Error),
 
+    /// A table could not be written as CSV.
+    #[error("csv: {0}")]
+    Csv(#[from] csv::Error),
+
     /// A request that makes no sense for this model or input (e.g. an empty prompt).
     #[error("{0}")]
     Invalid(String),

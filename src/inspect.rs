@@ -94,9 +94,9 @@ fn glyph(byte: u8) -> &'static str {
     }
 }
 
-/// Text with the HTML markup characters escaped.
+/// Text with the HTML markup characters escaped and newlines shown as `↵`.
 fn escape(text: &str) -> String {
-    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;").replace('\n', "↵")
+    crate::metrics::html_escape(text).replace('\n', "↵")
 }
 
 /// Lines of at most `width` bytes, also broken after each newline: `(start, end)` pairs.

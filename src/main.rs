@@ -399,7 +399,7 @@ fn sweep(a: SweepArgs) -> Result<()> {
         None => lethe::sweep::default_sizes(&base),
     };
     let items = if a.mechanisms.is_empty() {
-        ["fixed", "adaptive", "expire", "compressive", "infinity"].map(String::from).to_vec()
+        Mechanism::all().iter().map(|m| m.name().to_string()).collect()
     } else {
         a.mechanisms.clone()
     };

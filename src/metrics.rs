@@ -1,5 +1,5 @@
-//! Run folders, the metrics log (`metrics.jsonl`, one JSON object per line) and the
-//! progress line on the terminal.
+//! Run folders, the metrics log (`metrics.jsonl`, one JSON object per line), tables as
+//! CSV and the progress line on the terminal.
 
 use std::fs::OpenOptions;
 use std::io::Write;
@@ -56,6 +56,27 @@ fn records_through(text: &[u8], step: usize) -> Vec<u8> {
         }
     }
     kept
+}
+
+/// Text with the HTML markup characters (`&`, `<`, `>`, `"`, `'`) escaped, for names
+/// and paths written into reports.
+pub fn html_escape(text: &str) -> String {
+    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;").replace('\'', "&#39;")
+}
+
+/// `rows` as CSV text (the `csv` crate), with a header row of their field names.
+pub fn csv_text<T: serde::Serialize>(rows: impl IntoIterator<Item = T>) -> Result<String> {
+    let mut w = csv::Writer::from_writer(vec![]);
+    for row in rows {
+        w.serialize(row)?;
+    }
+    records_text(w)
+}
+
+/// The text of a CSV writer whose records are written.
+pub fn records_text(w: csv::Writer<Vec<u8>>) -> Result<String> {
+    let bytes = w.into_inner().map_err(|e| csv::Error::from(e.into_error()))?;
+    String::from_utf8(bytes).map_err(|e| LetheError::Invalid(format!("csv: {e}")))
 }
 
 /// The mean of `values` (0 for none).

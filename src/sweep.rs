@@ -24,6 +24,7 @@ use crate::checkpoint::write_atomic;
 use crate::config::{Config, Mechanism};
 use crate::error::{LetheError, Result};
 use crate::train::{train, TrainOptions};
+use crate::metrics::html_escape;
 use crate::task::Metric;
 
 /// One mechanism with the sizes to try.
@@ -41,7 +42,7 @@ pub fn parse_arms(items: &[String], default_sizes: &[usize]) -> Result<Vec<Arm>>
         .iter()
         .map(|item| {
             let (name, sizes) = item.split_once(':').unwrap_or((item, ""));
-            let mechanism = parse_mechanism(name.trim())?;
+            let mechanism = Mechanism::parse(name.trim())?;
             let sizes = if sizes.trim().is_empty() { default_sizes.to_vec() } else { parse_sizes(sizes)? };
             if sizes.is_empty() {
                 return Err(LetheError::Invalid(format!("sweep arm `{item}`: no sizes (give --sizes or `{name}:16,32`)")));
@@ -49,20 +50,6 @@ pub fn parse_arms(items: &[String], default_sizes: &[usize]) -> Result<Vec<Arm>>
             Ok(Arm { mechanism, sizes })
         })
         .collect()
-}
-
-/// A mechanism by its config name.
-pub fn parse_mechanism(name: &str) -> Result<Mechanism> {
-    match name {
-        "fixed" => Ok(Mechanism::Fixed),
-        "expire" => Ok(Mechanism::Expire),
-        "adaptive" => Ok(Mechanism::Adaptive),
-        "compressive" => Ok(Mechanism::Compressive),
-        "infinity" => Ok(Mechanism::Infinity),
-        _ => Err(LetheError::Invalid(format!(
-            "unknown mechanism `{name}` in the sweep (known: fixed, expire, adaptive, compressive, infinity)"
-        ))),
-    }
 }
 
 /// The sizes tried when none are given: `L/8`, `L/4`, `L/2` and `L` of `cfg`, each at
@@ -312,12 +299,28 @@ pub fn summary_table(summaries: &[SeedSummary], metric: &str) -> String {
     out
 }
 
-fn summary_csv(summaries: &[SeedSummary]) -> String {
-    let mut out = String::from("mechanism,size,seeds,quality_mean,quality_sd,mem_size_mean,mem_size_sd\n");
-    for s in summaries {
-        let _ = writeln!(out, "{},{},{},{},{},{},{}", s.mechanism, s.size, s.seeds, s.quality.0, s.quality.1, s.mem_size.0, s.mem_size.1);
-    }
-    out
+/// One row of `summary.csv`.
+#[derive(Serialize)]
+struct SummaryRow<'a> {
+    mechanism: &'a str,
+    size: usize,
+    seeds: usize,
+    quality_mean: f64,
+    quality_sd: f64,
+    mem_size_mean: f64,
+    mem_size_sd: f64,
+}
+
+fn summary_csv(summaries: &[SeedSummary]) -> Result<String> {
+    crate::metrics::csv_text(summaries.iter().map(|s| SummaryRow {
+        mechanism: &s.mechanism,
+        size: s.size,
+        seeds: s.seeds,
+        quality_mean: s.quality.0,
+        quality_sd: s.quality.1,
+        mem_size_mean: s.mem_size.0,
+        mem_size_sd: s.mem_size.1,
+    }))
 }
 
 /// The table as aligned text.
@@ -336,16 +339,34 @@ pub fn table(points: &[SweepPoint]) -> String {
     out
 }
 
-fn csv(points: &[SweepPoint]) -> String {
-    let mut out = String::from("mechanism,size,seed,run,metric,quality,mem_size,loss,accuracy,seconds\n");
-    for p in points {
-        let _ = writeln!(
-            out,
-            "{},{},{},{},{},{},{},{},{},{}",
-            p.mechanism, p.size, p.seed, p.run, p.metric, p.quality, p.mem_size, p.loss, p.accuracy, p.seconds
-        );
-    }
-    out
+/// One row of `sweep.csv`: a point without its config.
+#[derive(Serialize)]
+struct PointRow<'a> {
+    mechanism: &'a str,
+    size: usize,
+    seed: u64,
+    run: &'a str,
+    metric: &'a str,
+    quality: f64,
+    mem_size: f64,
+    loss: f64,
+    accuracy: f64,
+    seconds: f64,
+}
+
+fn csv(points: &[SweepPoint]) -> Result<String> {
+    crate::metrics::csv_text(points.iter().map(|p| PointRow {
+        mechanism: &p.mechanism,
+        size: p.size,
+        seed: p.seed,
+        run: &p.run,
+        metric: &p.metric,
+        quality: p.quality,
+        mem_size: p.mem_size,
+        loss: p.loss,
+        accuracy: p.accuracy,
+        seconds: p.seconds,
+    }))
 }
 
 /// Writes `sweep.json`, `sweep.csv`, `summary.csv` (mean and standard deviation over
@@ -354,8 +375,8 @@ pub fn write_report(base: &Config, points: &[SweepPoint], dir: &Path) -> Result<
     let json = serde_json::to_string_pretty(points)?;
     let svg = plot_svg(points, crate::task::metric(base).higher_is_better());
     let html = report_html(base, points, &svg);
-    let summary = summary_csv(&summarise(points));
-    let files = [("sweep.json", json), ("sweep.csv", csv(points)), ("summary.csv", summary), ("sweep.svg", svg), ("sweep.html", html)];
+    let summary = summary_csv(&summarise(points))?;
+    let files = [("sweep.json", json), ("sweep.csv", csv(points)?), ("summary.csv", summary), ("sweep.svg", svg), ("sweep.html", html)];
     let mut written = vec![];
     for (name, body) in files {
         let path = dir.join(name);
@@ -365,10 +386,16 @@ pub fn write_report(base: &Config, points: &[SweepPoint], dir: &Path) -> Result<
     Ok(written)
 }
 
-const COLOURS: [(&str, &str); 4] = [("fixed", "#1f77b4"), ("expire", "#d62728"), ("adaptive", "#2ca02c"), ("compressive", "#9467bd")];
-
+/// The colour of a mechanism's points and line (grey for a name lethe does not know).
 fn colour_of(mechanism: &str) -> &'static str {
-    COLOURS.iter().find(|(m, _)| *m == mechanism).map_or("#555555", |(_, c)| c)
+    match Mechanism::parse(mechanism) {
+        Ok(Mechanism::Fixed) => "#1f77b4",
+        Ok(Mechanism::Expire) => "#d62728",
+        Ok(Mechanism::Adaptive) => "#2ca02c",
+        Ok(Mechanism::Compressive) => "#9467bd",
+        Ok(Mechanism::Infinity) => "#ff7f0e",
+        Err(_) => "#555555",
+    }
 }
 
 /// The plot: quality against average memory size, one colour per mechanism, a line
@@ -385,7 +412,7 @@ pub fn plot_svg(points: &[SweepPoint], higher_is_better: bool) -> String {
         left + t * (w - left - right)
     };
     let fy = |y: f64| top + (1.0 - (y - y_lo) / (y_hi - y_lo).max(1e-9)) * (h - top - bottom);
-    let metric = points.first().map_or("quality", |p| p.metric.as_str());
+    let metric = html_escape(points.first().map_or("quality", |p| p.metric.as_str()));
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
     );
@@ -416,7 +443,7 @@ pub fn plot_svg(points: &[SweepPoint], higher_is_better: bool) -> String {
                 "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"4\" fill=\"{c}\"><title>{} size {} seed {}: {:.2}, mem {:.1}</title></circle>",
                 fx(p.mem_size.max(1e-3)),
                 fy(p.quality),
-                p.mechanism,
+                html_escape(&p.mechanism),
                 p.size,
                 p.seed,
                 p.quality,
@@ -470,7 +497,7 @@ fn short(v: f64) -> String {
 /// A table row: the mechanism in its plot colour, then the cells.
 fn html_row(mechanism: &str, cells: &[String]) -> String {
     let cells: String = cells.iter().map(|c| format!("<td>{c}</td>")).collect();
-    format!("<tr><td style=\"color:{}\">{mechanism}</td>{cells}</tr>\n", colour_of(mechanism))
+    format!("<tr><td style=\"color:{}\">{}</td>{cells}</tr>\n", colour_of(mechanism), html_escape(mechanism))
 }
 
 fn report_html(base: &Config, points: &[SweepPoint], svg: &str) -> String {
@@ -489,7 +516,7 @@ fn report_html(base: &Config, points: &[SweepPoint], svg: &str) -> String {
             html_row(&p.mechanism, &cells)
         })
         .collect();
-    let metric = points.first().map_or("quality", |p| p.metric.as_str());
+    let metric = html_escape(points.first().map_or("quality", |p| p.metric.as_str()));
     let means: String = summarise(points)
         .iter()
         .map(|s| {
@@ -504,8 +531,8 @@ fn report_html(base: &Config, points: &[SweepPoint], svg: &str) -> String {
         .collect();
     format!(
         "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>lethe sweep: {name}</title>\n<style>body{{font-family:sans-serif;margin:2em}} td,th{{padding:2px 10px;text-align:right}} table{{border-collapse:collapse}} tr:nth-child(even){{background:#f4f4f4}}</style></head>\n<body><h1>Quality against memory size</h1>\n<p>Task: {data}. Model: {layers} layers x {d}, {heads} heads, block {block}, batch {batch}, {steps} steps. Validation split.</p>\n{svg}\n<table><tr><th>mechanism</th><th>size</th><th>seed</th><th>{metric}</th><th>mem size</th><th>loss</th><th>token acc.</th><th>time s</th></tr>\n{rows}</table>\n<h2>Over seeds</h2>\n<table><tr><th>mechanism</th><th>size</th><th>seeds</th><th>{metric}, mean ± sd</th><th>mem size, mean ± sd</th></tr>\n{means}</table>\n<p>Size: the span <i>L</i> (fixed, adaptive, expire) or the slots in all (compressive: half uncompressed, half compressed). Memory size: the average number of memories a query attends to, measured on the validation split.</p>\n</body></html>\n",
-        name = base.name,
-        data = crate::task::describe(base),
+        name = html_escape(&base.name),
+        data = html_escape(&crate::task::describe(base)),
         layers = base.model.layers,
         d = base.model.d_model,
         heads = base.model.heads,
@@ -614,7 +641,32 @@ mod tests {
         assert_eq!((s[1].seeds, s[1].quality, s[1].mem_size), (1, (100.0, 0.0), (6.0, 0.0)), "one seed has no spread");
         let t = summary_table(&s, "success %");
         assert!(t.lines().nth(1).unwrap().contains("99.00 ± 1.00"), "{t}");
-        let csv = summary_csv(&s);
-        assert_eq!(csv.lines().nth(2).unwrap(), "expire,64,1,100,0,6,0");
+        let csv = summary_csv(&s).unwrap();
+        assert_eq!(csv.lines().next().unwrap(), "mechanism,size,seeds,quality_mean,quality_sd,mem_size_mean,mem_size_sd");
+        assert_eq!(csv.lines().nth(2).unwrap(), "expire,64,1,100.0,0.0,6.0,0.0");
+    }
+
+    #[test]
+    fn reports_quote_csv_fields_and_escape_names_and_paths_in_html() {
+        let mut base = Config::preset("copy-sweep-tiny").unwrap();
+        base.name = "a<b>&\"c\",d".into();
+        let p = SweepPoint {
+            mechanism: "fixed".into(),
+            size: 8,
+            seed: 1,
+            run: "run,with \"quotes\"".into(),
+            metric: "answers %".into(),
+            quality: 50.0,
+            loss: 0.5,
+            accuracy: 0.5,
+            mem_size: 8.0,
+            seconds: 1.0,
+            config: String::new(),
+        };
+        let csv = csv(std::slice::from_ref(&p)).unwrap();
+        assert_eq!(csv.lines().nth(1).unwrap(), "fixed,8,1,\"run,with \"\"quotes\"\"\",answers %,50.0,8.0,0.5,0.5,1.0");
+        let html = report_html(&base, &[p], "");
+        assert!(html.contains("lethe sweep: a&lt;b&gt;&amp;&quot;c&quot;,d</title>"), "{html}");
+        assert!(!html.contains("a<b>"), "{html}");
     }
 }

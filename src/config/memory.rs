@@ -2,6 +2,7 @@
 //! (Transformer-XL, Expire-Span, Adaptive-Span, the Compressive Transformer, the
 //! ∞-former), with their validation.
 
+use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 
 use super::check::{non_negative, positive, positive_number};
@@ -194,9 +195,11 @@ impl Default for ExpireConfig {
     }
 }
 
-/// The memory mechanisms lethe knows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// The memory mechanisms lethe knows: the one list the config, the command line
+/// (`--mechanism`, through clap's [`ValueEnum`]), sweeps, benches and plots share.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
 #[serde(rename_all = "lowercase")]
+#[value(rename_all = "lowercase")]
 pub enum Mechanism {
     /// Transformer-XL: keep the last `span` states.
     Fixed,
@@ -217,6 +220,19 @@ impl std::fmt::Display for Mechanism {
 }
 
 impl Mechanism {
+    /// Every mechanism, in the order messages and plots list them.
+    pub fn all() -> &'static [Mechanism] {
+        Mechanism::value_variants()
+    }
+
+    /// The mechanism called `name` (its config name); the error lists the known ones.
+    pub fn parse(name: &str) -> Result<Mechanism> {
+        Mechanism::from_str(name, false).map_err(|_| {
+            let known: Vec<&str> = Mechanism::all().iter().map(|m| m.name()).collect();
+            LetheError::Invalid(format!("unknown mechanism `{name}` (known: {})", known.join(", ")))
+        })
+    }
+
     /// The name used in configs, run names and messages (`fixed`, `expire`, ...).
     pub fn name(self) -> &'static str {
         match self {
@@ -355,5 +371,18 @@ mod tests {
         assert_eq!(scales, [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]);
         m.mechanism = Mechanism::Adaptive;
         assert_eq!(m.aux_scale(0), 1.0);
+    }
+
+    #[test]
+    fn every_mechanism_has_one_name_in_configs_messages_and_the_command_line() {
+        for &m in Mechanism::all() {
+            let serde_name = toml::Value::try_from(m).unwrap();
+            assert_eq!(serde_name.as_str(), Some(m.name()));
+            assert_eq!(m.to_possible_value().unwrap().get_name(), m.name());
+            assert_eq!(Mechanism::parse(m.name()).unwrap(), m);
+        }
+        assert_eq!(Mechanism::all().len(), 5);
+        let msg = Mechanism::parse("lstm").unwrap_err().to_string();
+        assert!(msg.contains("lstm") && msg.contains("fixed, expire, adaptive, compressive, infinity"), "{msg}");
     }
 }

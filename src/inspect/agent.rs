@@ -185,26 +185,22 @@ pub fn summary_lines(trace: &AgentTrace) -> Vec<String> {
 }
 
 /// A line per step: `episode,step,room,action,reward,door,span_0,...`.
-pub fn to_csv(trace: &AgentTrace) -> String {
-    let mut out = String::from("episode,step,room,action,reward,door");
-    for l in 0..trace.layers {
-        let _ = write!(out, ",span_{l}");
-    }
-    out.push('\n');
+pub fn to_csv(trace: &AgentTrace) -> Result<String> {
+    let mut w = csv::Writer::from_writer(vec![]);
+    let mut header: Vec<String> = ["episode", "step", "room", "action", "reward", "door"].map(String::from).to_vec();
+    header.extend((0..trace.layers).map(|l| format!("span_{l}")));
+    w.write_record(&header)?;
     for s in &trace.steps {
-        let room = s.room.map_or(String::new(), |r| r.to_string());
         let door = match s.door {
             Some(true) => "right",
             Some(false) => "wrong",
             None => "",
         };
-        let _ = write!(out, "{},{},{room},{},{},{door}", s.episode, s.step, s.action, s.reward);
-        for v in &s.spans {
-            let _ = write!(out, ",{v}");
-        }
-        out.push('\n');
+        let mut record = vec![s.episode.to_string(), s.step.to_string(), s.room.map_or(String::new(), |r| r.to_string()), s.action.to_string(), s.reward.to_string(), door.to_string()];
+        record.extend(s.spans.iter().map(|v| v.to_string()));
+        w.write_record(&record)?;
     }
-    out
+    crate::metrics::records_text(w)
 }
 
 /// Steps per line of the picture.
@@ -306,7 +302,7 @@ pub fn write(trace: &AgentTrace, task: Source, dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| LetheError::io(dir, e))?;
     write_atomic(&dir.join("agent-spans.svg"), to_svg(trace).as_bytes())?;
     write_atomic(&dir.join("agent-spans.html"), to_html(trace, task).as_bytes())?;
-    write_atomic(&dir.join("agent-spans.csv"), to_csv(trace).as_bytes())
+    write_atomic(&dir.join("agent-spans.csv"), to_csv(trace)?.as_bytes())
 }
 
 #[cfg(test)]
@@ -334,7 +330,7 @@ mod tests {
         assert_eq!(s[0], LayerSpans { all: 20.0, first: 20.0, right: 40.0, wrong: 20.0, rest: 40.0 / 3.0 });
         assert_eq!(s[1], LayerSpans { all: 3.0, first: 2.0, right: 5.0, wrong: 2.0, rest: 8.0 / 3.0 });
         assert!(summary_lines(&trace)[1].contains("right doors 5.0, wrong doors 2.0"), "{:?}", summary_lines(&trace));
-        let csv = to_csv(&trace);
+        let csv = to_csv(&trace).unwrap();
         assert_eq!(csv.lines().next(), Some("episode,step,room,action,reward,door,span_0,span_1"));
         assert_eq!(csv.lines().nth(2), Some("0,1,1,U,0,wrong,20,2"));
         assert_eq!(csv.lines().count(), 6);
