@@ -194,8 +194,7 @@ fn the_alpha_warm_up_weighs_the_span_loss_of_language_model_updates() {
         cfg.memory.expire.alpha_warmup = warmup;
         (cfg.train.steps, cfg.train.log_every) = (3, 1);
         let dir = tempfile::tempdir().unwrap();
-        let opts = lethe::train::TrainOptions { out_dir: dir.path().to_path_buf(), quiet: true, ..Default::default() };
-        lethe::train::train(&cfg, &opts).unwrap().losses
+        lethe::train::train(&cfg, &common::quiet(dir.path())).unwrap().losses
     };
     let (warm, half) = (losses(0.5, 2), losses(0.25, 0));
     // The losses are the task's: the first two follow the same first update.

@@ -204,7 +204,7 @@ fn resuming_an_infinity_former_repeats_the_losses_of_a_straight_run() {
     let mut cfg = infinity_config();
     cfg.memory.infinity.sticky = true; // the histogram is part of the state
     cfg.train.steps = 12;
-    let options = |dir: &std::path::Path| TrainOptions { out_dir: dir.to_path_buf(), quiet: true, ..TrainOptions::default() };
+    let options = common::quiet;
     let straight_dir = tempfile::tempdir().unwrap();
     let straight = train(&cfg, &options(straight_dir.path())).unwrap().losses;
     let dir = tempfile::tempdir().unwrap();

@@ -13,7 +13,7 @@ use lethe::train::TrainOptions;
 use tch::{Device, Kind, Tensor};
 
 fn options(dir: &std::path::Path) -> TrainOptions {
-    TrainOptions { out_dir: dir.to_path_buf(), quiet: true, overwrite: true, ..TrainOptions::default() }
+    TrainOptions { overwrite: true, ..common::quiet(dir) }
 }
 
 /// The `corridor-small` agent (2 layers x 64) on corridors of 5 to 8 cells, where the

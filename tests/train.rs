@@ -8,9 +8,7 @@ use lethe::config::CopyConfig;
 use lethe::train::{train, TrainOptions};
 use lethe::LetheError;
 
-fn options(dir: &std::path::Path) -> TrainOptions {
-    TrainOptions { out_dir: dir.to_path_buf(), quiet: true, ..TrainOptions::default() }
-}
+use common::quiet as options;
 
 #[test]
 #[ignore = "slow tier (a model must learn): ./test.sh -- --include-ignored, as CI runs it"]

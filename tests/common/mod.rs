@@ -46,10 +46,14 @@ pub fn copy_learning_config(name: &str) -> Config {
     c
 }
 
+/// Options for a quiet training run under `dir` (the run folder is `dir/<name>`).
+pub fn quiet(dir: &std::path::Path) -> lethe::train::TrainOptions {
+    lethe::train::TrainOptions { out_dir: dir.to_path_buf(), quiet: true, ..Default::default() }
+}
+
 /// Trains `cfg` quietly under `dir` and returns its last validation result.
 pub fn train_and_eval(cfg: &Config, dir: &std::path::Path) -> lethe::eval::EvalResult {
-    let opts = lethe::train::TrainOptions { out_dir: dir.to_path_buf(), quiet: true, ..Default::default() };
-    lethe::train::train(cfg, &opts).unwrap().last_eval.unwrap()
+    lethe::train::train(cfg, &quiet(dir)).unwrap().last_eval.unwrap()
 }
 
 /// Standard normal draws of `shape` and `kind` from lethe's own generator seeded with
