@@ -1,12 +1,39 @@
 //! Embeds an rpath to the libtorch that torch-sys linked against, so that the `lethe`
 //! binary (and the test binaries) find `libtorch_cpu.so` without `LD_LIBRARY_PATH`,
-//! and records that folder for loading the CUDA backend at run time.
+//! records that folder for loading the CUDA backend at run time, and compiles
+//! `csrc/dist.cpp`, lethe's bridge to c10d, against the same libtorch's headers.
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
-    if let Ok(lib) = std::env::var("DEP_TCH_LIBTORCH_LIB") {
-        println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
-        // For `device::load_cuda_backend`: the linker's --as-needed drops libtorch_cuda,
-        // so lethe loads it itself when a GPU is asked for.
-        println!("cargo:rustc-env=LETHE_LIBTORCH_LIB={lib}");
-    }
+    println!("cargo:rerun-if-changed=csrc");
+    let Ok(lib) = std::env::var("DEP_TCH_LIBTORCH_LIB") else {
+        panic!("torch-sys did not say where libtorch is (DEP_TCH_LIBTORCH_LIB): run `. scripts/env.sh` first");
+    };
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
+    // For `device::load_cuda_backend`: the linker's --as-needed drops libtorch_cuda,
+    // so lethe loads it itself when a GPU is asked for.
+    println!("cargo:rustc-env=LETHE_LIBTORCH_LIB={lib}");
+    compile_dist(std::path::Path::new(&lib));
+}
+
+/// The c10d bridge: libtorch's headers (beside its `lib` folder, as in the torch wheel)
+/// and the Gloo headers in `csrc/third_party`, which the wheel leaves out.
+fn compile_dist(lib: &std::path::Path) {
+    let include = lib.parent().map(|p| p.join("include")).filter(|p| p.join("torch").is_dir());
+    let Some(include) = include else {
+        panic!("no libtorch headers beside {}: lethe needs the include folder of the torch wheel or libtorch archive", lib.display());
+    };
+    cc::Build::new()
+        .cpp(true)
+        .file("csrc/dist.cpp")
+        .include(&include)
+        .include(include.join("torch/csrc/api/include"))
+        .include("csrc/third_party")
+        .flag("-std=c++17")
+        .define("USE_C10D_GLOO", None)
+        .define("_GLIBCXX_USE_CXX11_ABI", "1")
+        .warnings(false)
+        .flag("-w")
+        .compile("lethe_dist");
+    println!("cargo:rustc-link-lib=dylib=torch_cpu");
+    println!("cargo:rustc-link-lib=dylib=c10");
 }

@@ -34,6 +34,24 @@ pub enum Command {
     /// Play gridworld episodes (corridor, portal) and print them as text, step by step:
     /// a trained agent from --checkpoint, or an untrained one for --preset.
     Play(PlayArgs),
+    /// Check a distributed launch: join the process group torchrun describes, then
+    /// all-reduce, broadcast and meet at a barrier with known values, and time them
+    /// (`torchrun --nproc-per-node 2 --no-python lethe dist-check`).
+    DistCheck(DistCheckArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct DistCheckArgs {
+    /// Floats per all-reduce.
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1 << 20)]
+    pub elements: usize,
+    /// All-reduces to time (the median is reported).
+    #[arg(long, allow_negative_numbers = true, default_value_t = 5)]
+    pub rounds: usize,
+    /// Seconds the rendezvous and each collective wait for the other ranks before
+    /// giving up with an error.
+    #[arg(long, allow_negative_numbers = true, default_value_t = 60)]
+    pub timeout: u64,
 }
 
 #[derive(Args, Debug)]

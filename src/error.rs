@@ -50,6 +50,11 @@ pub enum LetheError {
     #[error("JSON: {0}")]
     Json(#[from] serde_json::Error),
 
+    /// A collective of the distributed process group failed: a peer is gone, the
+    /// rendezvous or a collective timed out, or the launch environment is inconsistent.
+    #[error("distributed (rank {rank}): {reason}")]
+    Distributed { rank: usize, reason: String },
+
     /// A table could not be written as CSV.
     #[error("csv: {0}")]
     Csv(#[from] csv::Error),

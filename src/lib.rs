@@ -28,13 +28,15 @@
 //!    [`config::tasks`] with a `data.source` name, and one line in [`task::of`].
 //! 4. **Bottom**: [`config`] (every setting, with the task settings in
 //!    [`config::tasks`]), [`checkpoint`] (the file format; each trainer serialises its own
-//!    data position into it), [`error`], [`rng`], [`device`].
+//!    data position into it), [`error`], [`rng`], [`device`], [`dist`] (the c10d process
+//!    group that data-parallel ranks share).
 
 pub mod bench;
 pub mod checkpoint;
 pub mod config;
 pub mod data;
 pub mod device;
+pub mod dist;
 pub mod error;
 pub mod eval;
 pub mod generate;

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::Parser;
 
-use cli::{BenchArgs, Cli, Command, EvalArgs, GenerateArgs, InspectCommand, InspectSpansArgs, PlayArgs, SweepArgs, TrainArgs};
+use cli::{BenchArgs, Cli, Command, DistCheckArgs, EvalArgs, GenerateArgs, InspectCommand, InspectSpansArgs, PlayArgs, SweepArgs, TrainArgs};
 use lethe::checkpoint::Checkpoint;
 use lethe::config::{Mechanism, Source, PRESETS};
 use lethe::data::Split;
@@ -40,6 +40,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Inspect(InspectCommand::Spans(a)) => inspect_spans(a),
         Command::Inspect(InspectCommand::Ltm(a)) => inspect_ltm(a),
         Command::Play(a) => play(a),
+        Command::DistCheck(a) => dist_check(a),
     }
 }
 
@@ -418,5 +419,18 @@ fn sweep(a: SweepArgs) -> Result<()> {
         print!("over {} seeds:\n{}", seeds.len(), lethe::sweep::summary_table(&lethe::sweep::summarise(&points), metric));
     }
     println!("wrote sweep.json, sweep.csv, summary.csv, sweep.svg and sweep.html in {}", dir.display());
+    Ok(())
+}
+
+fn dist_check(a: DistCheckArgs) -> Result<()> {
+    let launch = lethe::dist::Launch::from_env()?.context("no distributed launch: WORLD_SIZE is not set (start it with torchrun --nproc-per-node N --no-python lethe dist-check)")?;
+    let who = format!("rank {}/{}", launch.rank, launch.world_size);
+    let start = std::time::Instant::now();
+    let group = lethe::dist::ProcessGroup::join(&launch, std::time::Duration::from_secs(a.timeout))?;
+    let store = if launch.agent_store { "torchrun's store" } else { "rank 0's store" };
+    println!("{who}: joined in {:.2} s through {store} at {}:{} (Gloo)", start.elapsed().as_secs_f64(), launch.master_addr, launch.master_port);
+    let r = lethe::dist::self_check(&group, a.elements, a.rounds)?;
+    let gb_per_s = (r.elements * 4) as f64 / r.all_reduce_s.max(1e-9) / 1e9;
+    println!("{who}: all-reduce of {} floats right, median {:.2} ms ({gb_per_s:.2} GB/s); broadcast right; barrier {:.2} ms", r.elements, 1e3 * r.all_reduce_s, 1e3 * r.barrier_s);
     Ok(())
 }

@@ -1,0 +1,337 @@
+//! Several processes as one: PyTorch's distributed engine (c10d), as `torchrun` starts it.
+//!
+//! `torchrun` (or any launcher that sets the same variables) starts one process per
+//! rank with `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR` and `MASTER_PORT` in its
+//! environment; [`Launch::from_env`] reads them (none set: a plain single process).
+//! [`ProcessGroup::join`] meets the other ranks through c10d's `TCPStore` — torchrun's own
+//! store when `TORCHELASTIC_USE_AGENT_STORE=True`, otherwise one that rank 0 hosts — and
+//! builds a Gloo process group for CPU tensors. Collectives (all-reduce, broadcast,
+//! barrier) give up after the group's timeout with an error that names the rank, so a
+//! dead peer ends every other rank with a message and a non-zero exit, never a hang.
+//!
+//! tch does not bind c10d and no maintained crate does for libtorch 2.11, so
+//! `csrc/dist.cpp` (compiled by `build.rs` against the torch wheel's headers) is a small
+//! C interface over libtorch's own `TCPStore` and `ProcessGroupGloo`; this module is its
+//! safe wrapper.
+
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::ptr::NonNull;
+use std::time::Duration;
+
+use tch::{Device, Tensor};
+
+use crate::error::{LetheError, Result};
+
+/// The C side's process group (`struct lethe_pg` in `csrc/dist.cpp`).
+#[repr(C)]
+struct RawGroup {
+    _opaque: [u8; 0],
+}
+
+extern "C" {
+    fn lethe_dist_init(
+        host: *const c_char,
+        port: c_int,
+        rank: c_int,
+        world: c_int,
+        store_server: c_int,
+        prefix: *const c_char,
+        timeout_ms: i64,
+        error: *mut *mut c_char,
+    ) -> *mut RawGroup;
+    fn lethe_dist_all_reduce_sum(pg: *mut RawGroup, tensor: *mut c_void, error: *mut *mut c_char) -> c_int;
+    fn lethe_dist_broadcast(pg: *mut RawGroup, tensor: *mut c_void, root: c_int, error: *mut *mut c_char) -> c_int;
+    fn lethe_dist_barrier(pg: *mut RawGroup, error: *mut *mut c_char) -> c_int;
+    fn lethe_dist_free(pg: *mut RawGroup);
+    fn lethe_dist_free_error(error: *mut c_char);
+}
+
+/// Where this process stands in a launch, as the launcher's environment says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Launch {
+    /// This process's rank, `0..world_size` (`RANK`).
+    pub rank: usize,
+    /// Number of processes (`WORLD_SIZE`).
+    pub world_size: usize,
+    /// Rank on this machine (`LOCAL_RANK`; default: `rank`), which picks the GPU.
+    pub local_rank: usize,
+    /// Host of the rendezvous store (`MASTER_ADDR`).
+    pub master_addr: String,
+    /// Port of the rendezvous store (`MASTER_PORT`).
+    pub master_port: u16,
+    /// The store is torchrun's agent's (`TORCHELASTIC_USE_AGENT_STORE=True`): every rank
+    /// is a client. Otherwise rank 0 hosts it.
+    pub agent_store: bool,
+    /// torchrun's restart count (`TORCHELASTIC_RESTART_COUNT`), which keeps the keys of
+    /// a restarted group apart from the last attempt's.
+    pub restart: usize,
+}
+
+impl Launch {
+    /// The launch this process is part of, or `None` when `WORLD_SIZE` is not set
+    /// (a plain `lethe` command: one process).
+    pub fn from_env() -> Result<Option<Launch>> {
+        Launch::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// As [`Launch::from_env`], reading the variables through `var`.
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Option<Launch>> {
+        let Some(world) = var("WORLD_SIZE") else { return Ok(None) };
+        let number = |name: &str, text: Option<String>| -> Result<usize> {
+            let text = text.ok_or_else(|| invalid_launch(format!("WORLD_SIZE is set but {name} is not")))?;
+            text.trim().parse().map_err(|_| invalid_launch(format!("{name}={text:?} is not a whole number")))
+        };
+        let world_size = number("WORLD_SIZE", Some(world))?;
+        let rank = number("RANK", var("RANK"))?;
+        if world_size == 0 || rank >= world_size {
+            return Err(invalid_launch(format!("RANK={rank} is not below WORLD_SIZE={world_size}")));
+        }
+        let local_rank = match var("LOCAL_RANK") {
+            Some(text) => number("LOCAL_RANK", Some(text))?,
+            None => rank,
+        };
+        let master_addr = var("MASTER_ADDR").ok_or_else(|| invalid_launch("WORLD_SIZE is set but MASTER_ADDR is not".into()))?;
+        let port = number("MASTER_PORT", var("MASTER_PORT"))?;
+        let master_port = u16::try_from(port).map_err(|_| invalid_launch(format!("MASTER_PORT={port} is not a port")))?;
+        let agent_store = var("TORCHELASTIC_USE_AGENT_STORE").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        let restart = var("TORCHELASTIC_RESTART_COUNT").map(|t| number("TORCHELASTIC_RESTART_COUNT", Some(t))).transpose()?.unwrap_or(0);
+        Ok(Some(Launch { rank, world_size, local_rank, master_addr, master_port, agent_store, restart }))
+    }
+
+    /// Whether this process hosts the rendezvous store.
+    fn hosts_store(&self) -> bool {
+        self.rank == 0 && !self.agent_store
+    }
+
+    /// The key prefix of this group in the store (torchrun's, then lethe's own).
+    fn prefix(&self) -> String {
+        if self.agent_store {
+            format!("/worker/attempt_{}/lethe", self.restart)
+        } else {
+            "lethe".to_string()
+        }
+    }
+}
+
+fn invalid_launch(reason: String) -> LetheError {
+    LetheError::Invalid(format!("launch environment: {reason} (start lethe with torchrun, or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT)"))
+}
+
+/// A joined process group: every rank of the launch, with Gloo collectives on CPU tensors.
+pub struct ProcessGroup {
+    raw: NonNull<RawGroup>,
+    rank: usize,
+    world_size: usize,
+}
+
+// The C++ process group is built to be driven from any thread (c10d runs its work on its
+// own threads); lethe drives it from one thread at a time (`&mut self` is not needed
+// because every collective waits for its own completion).
+unsafe impl Send for ProcessGroup {}
+
+impl ProcessGroup {
+    /// Meets the other ranks of `launch` and builds the group. The rendezvous and every
+    /// collective give up after `timeout`.
+    pub fn join(launch: &Launch, timeout: Duration) -> Result<ProcessGroup> {
+        let host = CString::new(launch.master_addr.as_str()).map_err(|_| invalid_launch("MASTER_ADDR holds a NUL byte".into()))?;
+        let prefix = CString::new(launch.prefix()).map_err(|_| invalid_launch("the store prefix holds a NUL byte".into()))?;
+        let timeout_ms = i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX);
+        let mut error = std::ptr::null_mut();
+        // SAFETY: the strings outlive the call; `error` receives a malloc'ed message or stays null.
+        let raw = unsafe {
+            lethe_dist_init(
+                host.as_ptr(),
+                c_int::from(launch.master_port),
+                launch.rank as c_int,
+                launch.world_size as c_int,
+                c_int::from(launch.hosts_store()),
+                prefix.as_ptr(),
+                timeout_ms,
+                &mut error,
+            )
+        };
+        let rank = launch.rank;
+        match NonNull::new(raw) {
+            Some(raw) => Ok(ProcessGroup { raw, rank, world_size: launch.world_size }),
+            None => Err(LetheError::Distributed {
+                rank,
+                reason: format!(
+                    "could not join the group of {} through the store at {}:{}: {}",
+                    launch.world_size,
+                    launch.master_addr,
+                    launch.master_port,
+                    take_error(error)
+                ),
+            }),
+        }
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    /// Replaces `tensor` (a contiguous CPU tensor) on every rank by its sum over the ranks.
+    pub fn all_reduce_sum(&self, tensor: &mut Tensor) -> Result<()> {
+        self.check(tensor, "all-reduce")?;
+        let ptr = tensor.as_mut_ptr() as *mut c_void;
+        // SAFETY: `ptr` is a live at::Tensor for the duration of the call.
+        self.status("all-reduce", |error| unsafe { lethe_dist_all_reduce_sum(self.raw.as_ptr(), ptr, error) })
+    }
+
+    /// Replaces `tensor` on every rank by rank `root`'s.
+    pub fn broadcast(&self, tensor: &mut Tensor, root: usize) -> Result<()> {
+        self.check(tensor, "broadcast")?;
+        let ptr = tensor.as_mut_ptr() as *mut c_void;
+        // SAFETY: as in `all_reduce_sum`.
+        self.status("broadcast", |error| unsafe { lethe_dist_broadcast(self.raw.as_ptr(), ptr, root as c_int, error) })
+    }
+
+    /// Returns once every rank has reached it.
+    pub fn barrier(&self) -> Result<()> {
+        // SAFETY: the group is live.
+        self.status("barrier", |error| unsafe { lethe_dist_barrier(self.raw.as_ptr(), error) })
+    }
+
+    /// Gloo takes contiguous CPU tensors; lethe reduces flat buffers, so anything else
+    /// is a bug in the caller, reported as an error rather than a crash in C++.
+    fn check(&self, tensor: &Tensor, what: &str) -> Result<()> {
+        if tensor.device() != Device::Cpu || !tensor.is_contiguous() {
+            return Err(LetheError::Distributed { rank: self.rank, reason: format!("{what} needs a contiguous CPU tensor, got one on {:?}", tensor.device()) });
+        }
+        Ok(())
+    }
+
+    /// Runs a C call that returns 0 or -1 with a message.
+    fn status(&self, what: &str, call: impl FnOnce(*mut *mut c_char) -> c_int) -> Result<()> {
+        let mut error = std::ptr::null_mut();
+        if call(&mut error) == 0 {
+            return Ok(());
+        }
+        let reason = format!("{what} failed (is a peer gone?): {}", take_error(error));
+        Err(LetheError::Distributed { rank: self.rank, reason })
+    }
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        // SAFETY: `raw` came from `lethe_dist_init` and is freed once.
+        unsafe { lethe_dist_free(self.raw.as_ptr()) }
+    }
+}
+
+/// The message of a C-side error, freed.
+fn take_error(error: *mut c_char) -> String {
+    if error.is_null() {
+        return "no message".to_string();
+    }
+    // SAFETY: a non-null `error` is a NUL-terminated string malloc'ed by csrc/dist.cpp.
+    let text = unsafe { CStr::from_ptr(error) }.to_string_lossy().into_owned();
+    unsafe { lethe_dist_free_error(error) };
+    text.lines().next().unwrap_or("").to_string()
+}
+
+/// What [`self_check`] measured on one rank.
+#[derive(Clone, Debug)]
+pub struct SelfCheck {
+    /// Elements per all-reduce.
+    pub elements: usize,
+    /// Median seconds of one all-reduce.
+    pub all_reduce_s: f64,
+    /// Seconds of the barrier after the rounds.
+    pub barrier_s: f64,
+}
+
+/// Checks the group's collectives with known values: `rounds` all-reduces of
+/// `elements` floats (rank `r` gives `r + 1`, so the sum is `n (n + 1) / 2`), a
+/// broadcast of rank 0's values and a barrier. A wrong number is an error.
+pub fn self_check(group: &ProcessGroup, elements: usize, rounds: usize) -> Result<SelfCheck> {
+    let n = group.world_size() as f64;
+    let mut times = vec![];
+    for _ in 0..rounds.max(1) {
+        let mut t = Tensor::full([elements as i64], group.rank() as f64 + 1.0, (tch::Kind::Float, Device::Cpu));
+        let start = std::time::Instant::now();
+        group.all_reduce_sum(&mut t)?;
+        times.push(start.elapsed().as_secs_f64());
+        expect_all(group, &t, n * (n + 1.0) / 2.0, "all-reduce")?;
+    }
+    let mut t = Tensor::full([elements as i64], group.rank() as f64 + 10.0, (tch::Kind::Float, Device::Cpu));
+    group.broadcast(&mut t, 0)?;
+    expect_all(group, &t, 10.0, "broadcast")?;
+    let start = std::time::Instant::now();
+    group.barrier()?;
+    let barrier_s = start.elapsed().as_secs_f64();
+    times.sort_by(f64::total_cmp);
+    Ok(SelfCheck { elements, all_reduce_s: times[times.len() / 2], barrier_s })
+}
+
+/// Fails unless every element of `t` is `value`.
+fn expect_all(group: &ProcessGroup, t: &Tensor, value: f64, what: &str) -> Result<()> {
+    let (lo, hi) = (t.min().double_value(&[]), t.max().double_value(&[]));
+    if lo != value || hi != value {
+        let reason = format!("{what} gave values in [{lo}, {hi}], expected {value} everywhere");
+        return Err(LetheError::Distributed { rank: group.rank(), reason });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: std::collections::HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        move |name| map.get(name).cloned()
+    }
+
+    #[test]
+    fn no_world_size_means_a_single_process() {
+        assert_eq!(Launch::from_vars(vars(&[("RANK", "0")])).unwrap(), None);
+    }
+
+    #[test]
+    fn a_torchrun_environment_is_read_whole() {
+        let env = [
+            ("RANK", "1"),
+            ("WORLD_SIZE", "4"),
+            ("LOCAL_RANK", "1"),
+            ("MASTER_ADDR", "10.0.0.2"),
+            ("MASTER_PORT", "29500"),
+            ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+            ("TORCHELASTIC_RESTART_COUNT", "2"),
+        ];
+        let l = Launch::from_vars(vars(&env)).unwrap().unwrap();
+        assert_eq!((l.rank, l.world_size, l.local_rank, l.master_port, l.agent_store, l.restart), (1, 4, 1, 29500, true, 2));
+        assert_eq!(l.master_addr, "10.0.0.2");
+        assert!(!l.hosts_store());
+        assert_eq!(l.prefix(), "/worker/attempt_2/lethe");
+    }
+
+    #[test]
+    fn without_the_agent_store_rank_0_hosts_it() {
+        let env = [("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")];
+        let l = Launch::from_vars(vars(&env)).unwrap().unwrap();
+        assert!(l.hosts_store() && !l.agent_store);
+        assert_eq!((l.local_rank, l.prefix().as_str()), (0, "lethe"));
+    }
+
+    #[test]
+    fn an_inconsistent_environment_names_the_variable() {
+        let cases: [(&[(&str, &str)], &str); 5] = [
+            (&[("WORLD_SIZE", "2"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "1")], "RANK is not"),
+            (&[("WORLD_SIZE", "2"), ("RANK", "2"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "1")], "RANK=2 is not below WORLD_SIZE=2"),
+            (&[("WORLD_SIZE", "two"), ("RANK", "0")], "WORLD_SIZE=\"two\""),
+            (&[("WORLD_SIZE", "2"), ("RANK", "0"), ("MASTER_PORT", "1")], "MASTER_ADDR is not"),
+            (&[("WORLD_SIZE", "2"), ("RANK", "0"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "70000")], "MASTER_PORT=70000 is not a port"),
+        ];
+        for (env, needle) in cases {
+            let msg = Launch::from_vars(vars(env)).unwrap_err().to_string();
+            assert!(msg.contains(needle) && msg.contains("torchrun"), "expected `{needle}` in: {msg}");
+        }
+    }
+}
