@@ -27,6 +27,7 @@ use tch::{Device, Kind, Tensor};
 use crate::checkpoint::write_atomic;
 use crate::config::{Config, Mechanism};
 use crate::data::Batch;
+use crate::dist::ProcessGroup;
 use crate::error::{LetheError, Result};
 use crate::metrics::{mean, peak_rss_bytes, reset_peak_rss};
 use crate::model::Lm;
@@ -102,8 +103,12 @@ pub struct BenchResult {
     pub gflops: f64,
     /// Model FLOPs utilisation: the achieved rate over the measured GEMM rate.
     pub mfu: Option<f64>,
-    /// libtorch CPU threads.
+    /// libtorch CPU threads (per rank).
     pub threads: i32,
+    /// Data-parallel ranks (torchrun), 1 for a single process.
+    pub ranks: usize,
+    /// Median seconds per step in the ranks' collectives (the gradient all-reduce).
+    pub comm_s: f64,
     /// Forward-only blocks run first so that the memory is at its steady size.
     pub fill_blocks: usize,
     /// Tokens per stream seen before the timed steps (`fill_blocks * block`).
@@ -127,28 +132,33 @@ const MAX_FILL_BLOCKS: usize = 4096;
 
 /// Runs `opts.warmup` untimed then `opts.steps` timed training steps of `cfg`, after
 /// streaming `opts.context` tokens per stream (default: enough to fill the memory).
-/// `mfu` is left empty: [`with_mfu`] fills it from a measured GEMM rate.
-pub fn bench(cfg: &Config, opts: &BenchOptions) -> Result<BenchResult> {
+/// `mfu` is left empty: [`with_mfu`] fills it from a measured GEMM rate. Under torchrun
+/// (`group`) every rank runs its share of the micro-batches and the figures are the
+/// whole group's, with the time spent in the gradient all-reduce.
+pub fn bench(cfg: &Config, opts: &BenchOptions, group: Option<&ProcessGroup>) -> Result<BenchResult> {
     cfg.validate()?;
     opts.validate()?;
     let device = crate::device::for_training(&cfg.train.device, cfg.train.threads)?;
+    crate::dist::check_device(group, device)?;
     reset_peak_rss();
     let lm = Lm::new(cfg, device)?;
     let mut opt = Optimiser::new(lm.named_parameters(), &cfg.train);
     let mut mems: Vec<_> = (0..cfg.train.accum).map(|_| lm.model.new_memory()).collect();
     let mut rng = Rng::new(cfg.seed);
-    let fill_blocks = fill_memory(&lm, &mut mems, cfg, &mut rng, opts.context)?;
-    let mut times = Vec::with_capacity(opts.steps);
+    let fill_blocks = fill_memory(&lm, &mut mems, cfg, &mut rng, opts.context, group.map_or(1, ProcessGroup::world_size))?;
+    let (mut times, mut comm) = (Vec::with_capacity(opts.steps), Vec::with_capacity(opts.steps));
     for i in 0..opts.warmup + opts.steps {
         let batch = random_batch(&mut rng, cfg.train.batch, cfg.train.block, cfg.model.vocab, false);
         let start = Instant::now();
-        optimisation_step(&lm, &mut opt, &mut mems, &batch, &cfg.train, Scales { lr: cfg.train.lr, aux: 1.0 })?;
+        let s = optimisation_step(&lm, &mut opt, &mut mems, &batch, &cfg.train, Scales { lr: cfg.train.lr, aux: 1.0 }, group)?;
         synchronize(device);
         if i >= opts.warmup {
             times.push(start.elapsed().as_secs_f64());
+            comm.push(s.comm_s);
         }
     }
     let t = Timing::of(times);
+    let comm_s = Timing::of(comm).median_s;
     let tokens = cfg.train.batch * cfg.train.block;
     let reports = mems[0].reports();
     let held: Vec<usize> = reports.iter().map(|r| r.held).collect();
@@ -173,6 +183,8 @@ pub fn bench(cfg: &Config, opts: &BenchOptions) -> Result<BenchResult> {
         gflops: flops / t.median_s / 1e9,
         mfu: None,
         threads: tch::get_num_threads(),
+        ranks: group.map_or(1, ProcessGroup::world_size),
+        comm_s,
         fill_blocks,
         context_tokens: fill_blocks * cfg.train.block,
     })
@@ -247,7 +259,8 @@ pub fn time_attention(cfg: &Config, steps: usize, warmup: usize) -> Result<Timin
 
 /// `r` with its MFU against a measured GEMM rate of `gemm_gflops`.
 pub fn with_mfu(mut r: BenchResult, gemm_gflops: f64) -> BenchResult {
-    r.mfu = (gemm_gflops > 0.0).then(|| r.gflops / gemm_gflops);
+    // Each rank has its own cores (and GEMM rate): the group's peak is their sum.
+    r.mfu = (gemm_gflops > 0.0).then(|| r.gflops / (gemm_gflops * r.ranks as f64));
     r
 }
 
@@ -261,13 +274,13 @@ fn synchronize(device: Device) {
 /// memory can hold a full span (`L / M` blocks, at most [`MAX_FILL_BLOCKS`]), so that the
 /// timed steps see the steady-state memory and not an empty cache. Returns the number
 /// of blocks run.
-fn fill_memory(lm: &Lm, mems: &mut [crate::model::Memory], cfg: &Config, rng: &mut Rng, context: Option<usize>) -> Result<usize> {
+fn fill_memory(lm: &Lm, mems: &mut [crate::model::Memory], cfg: &Config, rng: &mut Rng, context: Option<usize>, ranks: usize) -> Result<usize> {
     let _guard = tch::no_grad_guard();
     let blocks = match context {
         Some(tokens) => tokens.div_ceil(cfg.train.block),
         None => memory_reach(cfg).div_ceil(cfg.train.block).min(MAX_FILL_BLOCKS),
     };
-    let per = cfg.train.batch / mems.len();
+    let per = cfg.train.batch / (mems.len() * ranks); // one micro-batch's streams
     for i in 0..blocks {
         if context.is_some() && blocks >= 1000 && (i + 1) % (blocks / 10) == 0 {
             eprintln!("streamed {} of {} context tokens", (i + 1) * cfg.train.block, blocks * cfg.train.block);
@@ -483,14 +496,14 @@ pub fn plan(base: &Config, mechanisms: &[String], scale: Option<&Scale>, context
 }
 
 /// Benches every case in turn, telling `say` about each result as it comes.
-pub fn run(cases: &[Case], opts: &BenchOptions, gemm_gflops: f64, say: &mut dyn FnMut(&BenchResult)) -> Result<Vec<BenchResult>> {
+pub fn run(cases: &[Case], opts: &BenchOptions, gemm_gflops: f64, group: Option<&ProcessGroup>, say: &mut dyn FnMut(&BenchResult)) -> Result<Vec<BenchResult>> {
     for case in cases {
         crate::model::check_fits(&case.cfg, crate::device::parse(&case.cfg.train.device)?)?;
     }
     let mut out = vec![];
     for case in cases {
         let o = BenchOptions { context: case.context, ..opts.clone() };
-        let mut r = with_mfu(bench(&case.cfg, &o)?, gemm_gflops);
+        let mut r = with_mfu(bench(&case.cfg, &o, group)?, gemm_gflops);
         if let Some((knob, value)) = case.scaled {
             r.knob = Some(knob.name().to_string());
             r.value = Some(value);
@@ -553,6 +566,8 @@ struct CsvRow<'a> {
     gflops: f64,
     mfu: Option<f64>,
     threads: i32,
+    ranks: usize,
+    comm_s: f64,
     context_tokens: usize,
 }
 
@@ -577,6 +592,8 @@ pub fn csv(results: &[BenchResult]) -> Result<String> {
         gflops: r.gflops,
         mfu: r.mfu,
         threads: r.threads,
+        ranks: r.ranks,
+        comm_s: r.comm_s,
         context_tokens: r.context_tokens,
     }))
 }
@@ -687,7 +704,7 @@ mod tests {
         let mut cfg = Config::preset("copy-tiny").unwrap();
         cfg.model.layers = 1;
         cfg.train.batch = 2;
-        let r = bench(&cfg, &BenchOptions { steps: 2, warmup: 0, context: None }).unwrap();
+        let r = bench(&cfg, &BenchOptions { steps: 2, warmup: 0, context: None }, None).unwrap();
         let r = with_mfu(r, rate);
         let mfu = r.mfu.unwrap();
         assert!((mfu - r.gflops / rate).abs() < 1e-12 && mfu > 0.0);

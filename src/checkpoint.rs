@@ -38,12 +38,21 @@ pub struct TrainState {
     pub data: serde_json::Value,
     /// Tokens consumed so far (all streams).
     pub tokens_seen: u64,
+    /// Data-parallel ranks that trained it (their memories are `memory.<g>.*`, rank `r`'s
+    /// micro-batch `i` at `g = r * accum + i`). 1 for a single process, and for
+    /// checkpoints written before lethe trained on several.
+    #[serde(default = "one")]
+    pub world_size: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 impl TrainState {
     /// The state after `step` steps, with the trainer's own `data` position.
     pub fn new(step: usize, data: &impl Serialize, tokens_seen: u64) -> Result<Self> {
-        Ok(TrainState { step, data: serde_json::to_value(data)?, tokens_seen })
+        Ok(TrainState { step, data: serde_json::to_value(data)?, tokens_seen, world_size: 1 })
     }
 
     /// The trainer's data position, as the trainer saved it; `None` when it is of another

@@ -236,6 +236,153 @@ fn take_error(error: *mut c_char) -> String {
     text.lines().next().unwrap_or("").to_string()
 }
 
+/// Floats per all-reduce when gradients are reduced in buckets (16 MiB of f32): few
+/// calls, each large enough to keep the links busy, none holding a second copy of a
+/// large model at once.
+pub const BUCKET_ELEMENTS: i64 = 4 << 20;
+
+impl ProcessGroup {
+    /// Sums `values` over the ranks (in f64) and returns the sums.
+    pub fn sum_f64(&self, values: &[f64]) -> Result<Vec<f64>> {
+        let mut t = Tensor::from_slice(values);
+        self.all_reduce_sum(&mut t)?;
+        Vec::<f64>::try_from(&t).map_err(|e| LetheError::Distributed { rank: self.rank, reason: format!("reading a reduced value: {e}") })
+    }
+
+    /// Whether `flag` is set on any rank: every rank gets the same answer, so that all
+    /// of them take the same branch (stop on a signal, write a checkpoint).
+    pub fn any(&self, flag: bool) -> Result<bool> {
+        Ok(self.sum_f64(&[f64::from(u8::from(flag))])?[0] > 0.0)
+    }
+
+    /// Sums the gradients of `params` over the ranks, in place, in flat buckets of at
+    /// most [`BUCKET_ELEMENTS`] floats (one all-reduce per bucket, not per tensor).
+    /// Every rank must hold a gradient for the same parameters; `names` says which one
+    /// differs when they do not.
+    pub fn sum_gradients(&self, params: &[(String, Tensor)]) -> Result<()> {
+        let _guard = tch::no_grad_guard();
+        let defined: Vec<f64> = params.iter().map(|(_, p)| f64::from(u8::from(p.grad().defined()))).collect();
+        let counts = self.sum_f64(&defined)?;
+        let world = self.world_size as f64;
+        if let Some(((name, _), _)) = params.iter().zip(&counts).find(|(_, &c)| c != 0.0 && c != world) {
+            return Err(LetheError::Distributed { rank: self.rank, reason: format!("parameter `{name}` has a gradient on some ranks only") });
+        }
+        let grads: Vec<Tensor> = params.iter().map(|(_, p)| p.grad()).filter(Tensor::defined).collect();
+        for bucket in buckets(&grads) {
+            let flat: Vec<Tensor> = bucket.iter().map(|g| g.reshape([-1]).to_device(Device::Cpu)).collect();
+            let mut flat = Tensor::cat(&flat, 0);
+            self.all_reduce_sum(&mut flat)?;
+            let mut offset = 0;
+            for g in bucket {
+                let n = g.numel() as i64;
+                g.shallow_clone().copy_(&flat.narrow(0, offset, n).view_as(g).to_device(g.device()));
+                offset += n;
+            }
+        }
+        Ok(())
+    }
+
+    /// Replaces every tensor of `tensors` by rank 0's, in flat buckets.
+    pub fn broadcast_from_root(&self, tensors: &[Tensor]) -> Result<()> {
+        let _guard = tch::no_grad_guard();
+        for bucket in buckets(tensors) {
+            let flat: Vec<Tensor> = bucket.iter().map(|t| t.reshape([-1]).to_device(Device::Cpu)).collect();
+            let mut flat = Tensor::cat(&flat, 0);
+            self.broadcast(&mut flat, 0)?;
+            let mut offset = 0;
+            for t in bucket {
+                let n = t.numel() as i64;
+                let mut t = t.shallow_clone();
+                t.copy_(&flat.narrow(0, offset, n).view_as(&t).to_device(t.device()));
+                offset += n;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every rank's `bytes`, in rank order, on every rank (two all-reduces: the lengths,
+    /// then the bytes, each rank's at its own offset and zeros elsewhere).
+    pub fn all_gather_bytes(&self, bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let mut lengths = vec![0.0; self.world_size];
+        lengths[self.rank] = bytes.len() as f64;
+        let lengths: Vec<usize> = self.sum_f64(&lengths)?.into_iter().map(|l| l as usize).collect();
+        let offset: usize = lengths[..self.rank].iter().sum();
+        let mut all = vec![0u8; lengths.iter().sum()];
+        all[offset..offset + bytes.len()].copy_from_slice(bytes);
+        let mut t = Tensor::from_slice(&all);
+        self.all_reduce_sum(&mut t)?;
+        let all = Vec::<u8>::try_from(&t).map_err(|e| LetheError::Distributed { rank: self.rank, reason: format!("reading gathered bytes: {e}") })?;
+        let mut start = 0;
+        Ok(lengths.iter().map(|&n| {
+            let part = all[start..start + n].to_vec();
+            start += n;
+            part
+        }).collect())
+    }
+
+    /// Every rank's named tensors, in rank order, on every rank (for checkpoints: each
+    /// rank's memory). The names must already say whose each tensor is.
+    pub fn all_gather_named(&self, named: &[(String, Tensor)]) -> Result<Vec<(String, Tensor)>> {
+        let fail = |what: &str, e: tch::TchError| LetheError::Distributed { rank: self.rank, reason: format!("{what} tensors to gather: {e}") };
+        let mut bytes = vec![];
+        Tensor::save_multi_to_stream(named, &mut bytes).map_err(|e| fail("writing", e))?;
+        let mut out = vec![];
+        for part in self.all_gather_bytes(&bytes)? {
+            out.extend(Tensor::load_multi_from_stream(std::io::Cursor::new(part)).map_err(|e| fail("reading", e))?);
+        }
+        Ok(out)
+    }
+}
+
+/// `tensors` cut into runs of at most [`BUCKET_ELEMENTS`] elements (a larger tensor is
+/// a bucket of its own).
+fn buckets(tensors: &[Tensor]) -> Vec<&[Tensor]> {
+    let mut out = vec![];
+    let (mut start, mut size) = (0, 0);
+    for (i, t) in tensors.iter().enumerate() {
+        let n = t.numel() as i64;
+        if size > 0 && size + n > BUCKET_ELEMENTS {
+            out.push(&tensors[start..i]);
+            (start, size) = (i, 0);
+        }
+        size += n;
+    }
+    if start < tensors.len() {
+        out.push(&tensors[start..]);
+    }
+    out
+}
+
+/// The data-parallel group of a training (or bench) under torchrun, when the launch has
+/// more than one rank; `None` for a single process. The batch must split evenly into
+/// every rank's micro-batches (`train.batch` a multiple of ranks x `train.accum`).
+pub fn join_for_training(cfg: &crate::config::Config) -> Result<Option<ProcessGroup>> {
+    let Some(launch) = Launch::from_env()? else { return Ok(None) };
+    if launch.world_size == 1 {
+        return Ok(None);
+    }
+    let parts = launch.world_size * cfg.train.accum;
+    if !cfg.train.batch.is_multiple_of(parts) {
+        let reason = format!("must split into {} ranks x {} micro-batches (train.accum): a multiple of {parts}", launch.world_size, cfg.train.accum);
+        return Err(LetheError::config("train.batch", cfg.train.batch, reason));
+    }
+    ProcessGroup::join(&launch, std::time::Duration::from_secs(cfg.train.dist_timeout)).map(Some)
+}
+
+/// Data-parallel ranks train on the CPU: their collectives are Gloo's. On a GPU every
+/// rank would also take the same device (lethe does not yet map `LOCAL_RANK` to one)
+/// and the gradients would cross host memory, so such a run is refused until lethe
+/// builds c10d's NCCL group.
+pub fn check_device(group: Option<&ProcessGroup>, device: Device) -> Result<()> {
+    match group {
+        Some(g) if device != Device::Cpu => Err(LetheError::Distributed {
+            rank: g.rank(),
+            reason: format!("data-parallel training runs on the CPU (Gloo) for now, and train.device asks for {device:?}: set --device cpu, or train on one process"),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// What [`self_check`] measured on one rank.
 #[derive(Clone, Debug)]
 pub struct SelfCheck {

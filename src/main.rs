@@ -178,7 +178,8 @@ fn train(a: TrainArgs) -> Result<()> {
         return Ok(());
     }
     let summary = lethe::train::train(&cfg, &opts)?;
-    if let Some(r) = summary.last_eval {
+    let leader = lethe::dist::Launch::from_env()?.is_none_or(|l| l.rank == 0); // rank 0 speaks for a torchrun launch
+    if let Some(r) = summary.last_eval.filter(|_| leader) {
         println!(
             "done: valid loss {:.4} nats ({:.4} bpb), accuracy {:.1}% (unigram baseline {:.4} nats); run folder {}",
             r.loss,
@@ -362,11 +363,19 @@ fn bench(a: BenchArgs) -> Result<()> {
     let cases = lethe::bench::plan(&cfg, &a.mechanisms, scale.as_ref(), a.context)?;
     let opts = lethe::bench::BenchOptions { steps: a.bench_steps, warmup: a.warmup, context: a.context };
     opts.validate()?;
+    let group = lethe::dist::join_for_training(&cfg)?;
+    let leader = group.as_ref().is_none_or(|g| g.rank() == 0); // rank 0 speaks for a torchrun launch
     let (gemm, threads) = lethe::bench::machine_rate(&cfg)?;
-    println!("matrix multiply on {}: {gemm:.1} GFLOP/s with {threads} threads (the peak for MFU)", cfg.train.device);
-    let results = lethe::bench::run(&cases, &opts, gemm, &mut |r| {
+    if leader {
+        println!("matrix multiply on {}: {gemm:.1} GFLOP/s with {threads} threads (the peak for MFU)", cfg.train.device);
+    }
+    let results = lethe::bench::run(&cases, &opts, gemm, group.as_ref(), &mut |r| {
+        if !leader {
+            return;
+        }
+        let comm = if r.ranks > 1 { format!(" | {} ranks, {:.0}% of the step in all-reduce", r.ranks, 100.0 * r.comm_s / r.median_s) } else { String::new() };
         println!(
-            "{:<14} {:<11} {:>9} params | {} tok/step | step median {:.1} ms (p10 {:.1}, p90 {:.1}) | {:.0} tok/s | peak RSS {} | mem {:?} | {:.2} GFLOP/step, MFU {} | context {} tokens",
+            "{:<14} {:<11} {:>9} params | {} tok/step | step median {:.1} ms (p10 {:.1}, p90 {:.1}) | {:.0} tok/s | peak RSS {} | mem {:?} | {:.2} GFLOP/step, MFU {} | context {} tokens{comm}",
             r.name,
             r.mechanism,
             r.parameters,
@@ -382,6 +391,9 @@ fn bench(a: BenchArgs) -> Result<()> {
             r.context_tokens
         );
     })?;
+    if !leader {
+        return Ok(());
+    }
     if results.len() > 1 {
         print!("{}", lethe::bench::table(&results));
     }

@@ -5,6 +5,14 @@
 //! negative log-likelihood over the scored tokens of the whole batch, plus the layers'
 //! auxiliary losses. Dropout is re-seeded from `(seed, step)` at every step and the data
 //! position is saved in checkpoints, so a resumed run repeats the same numbers on CPU.
+//!
+//! Under `torchrun` ([`crate::dist`]) the run is data-parallel: every rank reads the
+//! whole batch (the data position is the same everywhere) but runs only its share of
+//! the micro-batches, rank `r` the `accum` micro-batches from `r * accum`, each with its
+//! own memory. The gradients are summed over the ranks in flat buckets, so that every
+//! rank clips and steps on the gradient a single process with `accum * world`
+//! micro-batches would have; the parameters stay identical. Rank 0 alone prints, logs
+//! and writes the run folder; a checkpoint holds every rank's memory.
 
 use std::path::{Path, PathBuf};
 
@@ -19,6 +27,7 @@ use crate::eval::{evaluate, EvalResult};
 use crate::metrics::{format_count, format_duration, MetricsLog};
 use crate::model::{token_nll, Lm, Memory};
 use crate::optim::{learning_rate, Optimiser};
+use crate::dist::ProcessGroup;
 use crate::run::{begin_step, check_finite, drive, Looped, RunFolder, Scales};
 pub use crate::run::TrainOptions;
 
@@ -39,13 +48,17 @@ pub struct TrainSummary {
 struct Run<'a> {
     cfg: &'a Config,
     opts: &'a TrainOptions,
-    folder: RunFolder,
+    /// The run folder: locked and written by rank 0 alone (`None` on the other ranks).
+    folder: Option<RunFolder>,
+    dir: PathBuf,
+    /// The data-parallel group, under torchrun with more than one rank.
+    group: Option<ProcessGroup>,
     lm: Lm,
     opt: Optimiser,
     mems: Vec<Memory>,
     data: TrainStreams,
     valid: SplitData,
-    metrics: MetricsLog,
+    metrics: Option<MetricsLog>,
     step: usize,
     tokens_seen: u64,
     last_checkpoint: Option<usize>,
@@ -68,7 +81,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainSummary> {
     let mut run = Run::start(cfg, opts)?;
     let unigram_baseline = data::unigram_entropy(&run.valid.docs);
     run.say(&format!("valid unigram baseline: {unigram_baseline:.4} nats ({:.4} bits) per scored token", unigram_baseline / std::f64::consts::LN_2));
-    let mut summary = TrainSummary { run_dir: run.folder.dir.clone(), losses: vec![], last_eval: None, unigram_baseline };
+    let mut summary = TrainSummary { run_dir: run.dir.clone(), losses: vec![], last_eval: None, unigram_baseline };
     (summary.losses, summary.last_eval) = drive(&mut run, &cfg.train, opts)?;
     Ok(summary)
 }
@@ -79,18 +92,25 @@ impl<'a> Run<'a> {
     fn start(cfg: &'a Config, opts: &'a TrainOptions) -> Result<Self> {
         let device = crate::device::for_training(&cfg.train.device, cfg.train.threads)?;
         crate::model::check_fits(cfg, device)?; // before the streams, which grow with the batch
-        let mut folder = RunFolder::open(&opts.out_dir.join(&cfg.name), opts.intent())?;
-        let resumed = folder.resumable(cfg)?;
+        let group = crate::dist::join_for_training(cfg)?;
+        crate::dist::check_device(group.as_ref(), device)?;
+        let dir = opts.out_dir.join(&cfg.name);
+        let (mut folder, resumed) = open_folder(cfg, opts, &dir, group.as_ref())?;
         let data = crate::task::train_streams(cfg, cfg.train.batch)?;
         let valid = crate::task::load_split(cfg, Split::Valid, cfg.train.batch)?;
         let lm = Lm::new(cfg, device)?;
         let opt = Optimiser::new(lm.named_parameters(), &cfg.train);
         let mems = (0..cfg.train.accum).map(|_| lm.model.new_memory()).collect();
         let from = resumed.as_ref().and_then(|ck| ck.state.as_ref()).map_or(0, |s| s.step);
-        let metrics = folder.commit(cfg, from)?;
-        let mut run = Run { cfg, opts, folder, lm, opt, mems, data, valid, metrics, step: 0, tokens_seen: 0, last_checkpoint: None };
+        let metrics = folder.as_mut().map(|f| f.commit(cfg, from)).transpose()?;
+        let mut run = Run { cfg, opts, folder, dir, group, lm, opt, mems, data, valid, metrics, step: 0, tokens_seen: 0, last_checkpoint: None };
         if let Some(ck) = resumed {
             run.resume(&ck)?;
+        }
+        if let Some(g) = &run.group {
+            // Identical already (same seed or checkpoint); made certain, as DDP does.
+            let params: Vec<_> = run.lm.named_parameters().into_iter().map(|(_, t)| t).collect();
+            g.broadcast_from_root(&params)?;
         }
         run.say(&format!(
             "lethe: training `{}`: {} memory, span {} | {} layers x {} | {} parameters | {:?} | run folder {}",
@@ -101,8 +121,12 @@ impl<'a> Run<'a> {
             cfg.model.d_model,
             format_count(run.lm.parameter_count() as f64),
             device,
-            run.folder.dir.display()
+            run.dir.display()
         ));
+        if let Some(g) = &run.group {
+            let per = cfg.train.batch / g.world_size();
+            run.say(&format!("data-parallel: {} ranks x {per} streams ({} micro-batches each), gradients summed over Gloo", g.world_size(), cfg.train.accum));
+        }
         run.say(&format!("data: {}", crate::task::describe(cfg)));
         Ok(run)
     }
@@ -114,8 +138,9 @@ impl<'a> Run<'a> {
         self.opt
             .load_state(state.step, |n| ck.tensor(n))
             .map_err(|e| LetheError::checkpoint(path, e.to_string()))?;
+        let first = self.first_micro_batch();
         for (i, mem) in self.mems.iter_mut().enumerate() {
-            let saved: Vec<_> = ck.with_prefix(&format!("memory.{i}.")).into_iter().map(|(n, t)| (n, t.to_device(self.lm.device()))).collect();
+            let saved: Vec<_> = ck.with_prefix(&format!("memory.{}.", first + i)).into_iter().map(|(n, t)| (n, t.to_device(self.lm.device()))).collect();
             mem.load_state(&saved).map_err(|e| LetheError::checkpoint(path, e.to_string()))?;
         }
         let data = state.data().ok_or_else(|| LetheError::checkpoint(path, "holds no stream position: it is not from a language-model run"))?;
@@ -137,16 +162,20 @@ impl Looped for Run<'_> {
     }
 
     fn quiet(&self) -> bool {
-        self.opts.quiet
+        self.opts.quiet || self.folder.is_none()
+    }
+
+    fn agree(&self, flag: bool) -> Result<bool> {
+        self.group.as_ref().map_or(Ok(flag), |g| g.any(flag))
     }
 
     /// One optimiser step; returns the task loss (nats per scored token).
     fn train_step(&mut self, window: &mut Window) -> Result<f64> {
         let (scales, _seed) = begin_step(self.cfg, self.step);
         let batch = self.data.next_batch();
-        let s = optimisation_step(&self.lm, &mut self.opt, &mut self.mems, &batch, &self.cfg.train, scales)?;
+        let s = optimisation_step(&self.lm, &mut self.opt, &mut self.mems, &batch, &self.cfg.train, scales, self.group.as_ref())?;
         let loss = s.nll_sum / s.weight.max(1.0);
-        check_finite(&[loss, s.aux, s.grad_norm], self.step + 1, self.last_checkpoint, &self.folder)?;
+        check_finite(&[loss, s.aux, s.grad_norm], self.step + 1, self.last_checkpoint, &self.dir)?;
         self.step += 1;
         self.tokens_seen += (batch.batch * batch.len) as u64;
         window.nll += s.nll_sum;
@@ -179,7 +208,7 @@ impl Looped for Run<'_> {
             per_layer(&|r| Some(r.mem_size)),
             format_duration(eta)
         ));
-        self.metrics.write(&json!({
+        self.log(&json!({
             "step": self.step,
             "split": "train",
             "loss": loss,
@@ -209,25 +238,72 @@ impl Looped for Run<'_> {
         let mut record = serde_json::to_value(&r)?;
         record["step"] = json!(self.step);
         record["split"] = json!("valid");
-        self.metrics.write(&record)?;
+        self.log(&record)?;
         Ok(r)
     }
 
     fn save_checkpoint(&mut self) -> Result<()> {
+        let first = self.first_micro_batch();
+        let mut memories = vec![];
+        for (i, mem) in self.mems.iter().enumerate() {
+            memories.extend(mem.state().into_iter().map(|(n, t)| (format!("memory.{}.{n}", first + i), t.to_device(tch::Device::Cpu))));
+        }
+        if let Some(g) = &self.group {
+            memories = g.all_gather_named(&memories)?; // every rank's, for rank 0 to write
+        }
+        self.last_checkpoint = Some(self.step);
+        let Some(folder) = &self.folder else { return Ok(()) };
         let mut tensors = self.lm.named_parameters();
         tensors.extend(self.opt.state());
-        for (i, mem) in self.mems.iter().enumerate() {
-            tensors.extend(mem.state().into_iter().map(|(n, t)| (format!("memory.{i}.{n}"), t)));
-        }
-        let state = TrainState::new(self.step, &self.data.state(), self.tokens_seen)?;
-        checkpoint::save(&self.folder.checkpoint_path(), self.cfg, &state, &tensors)?;
-        self.last_checkpoint = Some(self.step);
-        Ok(())
+        tensors.extend(memories);
+        let mut state = TrainState::new(self.step, &self.data.state(), self.tokens_seen)?;
+        state.world_size = self.group.as_ref().map_or(1, ProcessGroup::world_size);
+        checkpoint::save(&folder.checkpoint_path(), self.cfg, &state, &tensors)
     }
 
     fn dir(&self) -> &Path {
-        &self.folder.dir
+        &self.dir
     }
+}
+
+impl Run<'_> {
+    /// The global index of this rank's first micro-batch (0 on a single process).
+    fn first_micro_batch(&self) -> usize {
+        self.group.as_ref().map_or(0, |g| g.rank() * self.cfg.train.accum)
+    }
+
+    /// Appends a record to `metrics.jsonl` (rank 0 only).
+    fn log(&mut self, record: &serde_json::Value) -> Result<()> {
+        self.metrics.as_mut().map_or(Ok(()), |m| m.write(record))
+    }
+}
+
+/// Rank 0 (or a single process) locks the run folder and checks the checkpoint to
+/// resume; the other ranks read that checkpoint without touching the folder. A
+/// checkpoint of another number of ranks is refused before anything is written.
+fn open_folder(cfg: &Config, opts: &TrainOptions, dir: &Path, group: Option<&ProcessGroup>) -> Result<(Option<RunFolder>, Option<Checkpoint>)> {
+    let (folder, resumed) = if group.is_none_or(|g| g.rank() == 0) {
+        let folder = RunFolder::open(dir, opts.intent())?;
+        let resumed = folder.resumable(cfg)?;
+        (Some(folder), resumed)
+    } else if opts.resume {
+        let ck = Checkpoint::load(&dir.join(checkpoint::FILE_NAME))?;
+        crate::run::folder::check_resumable(&ck, cfg)?;
+        (None, Some(ck))
+    } else {
+        (None, None)
+    };
+    let world = group.map_or(1, ProcessGroup::world_size);
+    if let Some((ck, state)) = resumed.as_ref().and_then(|ck| ck.state.as_ref().map(|s| (ck, s))) {
+        if state.world_size != world {
+            let reason = format!(
+                "was written by {} rank(s), each carrying the memory of its own streams; resume it with the same number (torchrun --nproc-per-node {}), not {world}",
+                state.world_size, state.world_size
+            );
+            return Err(LetheError::checkpoint(&ck.path, reason));
+        }
+    }
+    Ok((folder, resumed))
 }
 
 /// The sums of one optimiser step.
@@ -241,36 +317,62 @@ pub struct StepStats {
     pub aux: f64,
     /// Gradient norm before clipping.
     pub grad_norm: f64,
+    /// Seconds spent in the data-parallel collectives (0 on a single process).
+    pub comm_s: f64,
 }
 
 /// Forward and backward over `batch` in `mems.len()` micro-batches, clipping, and one
 /// Adam update at `scales.lr` (skipped when the loss or the gradient is not finite, so
 /// that a NaN never reaches the parameters), with the memories' auxiliary loss weighted
 /// by `scales.aux`. The memories are reset first when the batch says so.
-pub fn optimisation_step(lm: &Lm, opt: &mut Optimiser, mems: &mut [Memory], batch: &Batch, cfg: &TrainConfig, scales: Scales) -> Result<StepStats> {
+///
+/// With a data-parallel `group`, this rank runs micro-batches `rank * accum ..` of the
+/// `accum * world` the batch is cut into, and the gradients and the sums are summed
+/// over the ranks before the clip: every rank then steps as a single process with
+/// `accum * world` micro-batches would.
+pub fn optimisation_step(
+    lm: &Lm,
+    opt: &mut Optimiser,
+    mems: &mut [Memory],
+    batch: &Batch,
+    cfg: &TrainConfig,
+    scales: Scales,
+    group: Option<&ProcessGroup>,
+) -> Result<StepStats> {
     if batch.reset {
         mems.iter_mut().for_each(Memory::reset);
     }
-    let weight = batch.scored();
+    let weight = batch.scored(); // the whole batch's: every rank reads all of it
     let total_weight = weight.max(1.0);
+    let (rank, world) = group.map_or((0, 1), |g| (g.rank(), g.world_size()));
     let accum = mems.len();
-    let per = batch.batch / accum;
+    let micro_batches = accum * world;
+    let per = batch.batch / micro_batches;
     opt.zero_grad();
     let (mut nll_sum, mut aux) = (0.0, 0.0);
     for (i, mem) in mems.iter_mut().enumerate() {
-        let (x, y, w) = batch.tensors(i * per, (i + 1) * per, lm.device());
+        let first = (rank * accum + i) * per;
+        let (x, y, w) = batch.tensors(first, first + per, lm.device());
         let out = lm.model.forward(&x, mem, true)?;
         let nll = (token_nll(&out.logits, &y) * w).sum(Kind::Float);
         let out_aux = out.aux_loss * scales.aux;
-        let loss = &nll / total_weight + &out_aux / accum as f64;
+        let loss = &nll / total_weight + &out_aux / micro_batches as f64;
         loss.backward();
         nll_sum += nll.double_value(&[]);
-        aux += out_aux.double_value(&[]) / accum as f64;
+        aux += out_aux.double_value(&[]) / micro_batches as f64;
+    }
+    let mut comm_s = 0.0;
+    if let Some(g) = group {
+        let start = std::time::Instant::now();
+        g.sum_gradients(&lm.named_parameters())?;
+        let sums = g.sum_f64(&[nll_sum, aux])?;
+        (nll_sum, aux) = (sums[0], sums[1]);
+        comm_s = start.elapsed().as_secs_f64();
     }
     let grad_norm = opt.clip_grad_norm(cfg.grad_clip);
     if nll_sum.is_finite() && aux.is_finite() && grad_norm.is_finite() {
         opt.step(scales.lr);
         lm.model.after_step();
     }
-    Ok(StepStats { nll_sum, weight, aux, grad_norm })
+    Ok(StepStats { nll_sum, weight, aux, grad_norm, comm_s })
 }

@@ -86,3 +86,153 @@ fn dist_check_outside_a_launch_says_how_to_start_one() {
     let out = Command::new(env!("CARGO_BIN_EXE_lethe")).arg("dist-check").env_remove("WORLD_SIZE").output().unwrap();
     fails_with(&out, &["WORLD_SIZE is not set", "torchrun"]);
 }
+
+/// A tiny copy-task run: 1 layer x 16, span 16, blocks of 8, batch 4, one thread.
+const TINY_RUN: &[&str] = &[
+    "--quiet", "--set", "model.layers=1", "--set", "model.d_model=16", "--set", "model.heads=2", "--set", "model.d_ffn=32",
+    "--set", "memory.span=16", "--set", "train.block=8", "--set", "train.batch=4", "--set", "train.log_every=1",
+    "--set", "train.eval_tokens=64", "--set", "data.copy.eval_tokens=128", "--set", "data.copy.distance_min=5",
+    "--set", "data.copy.distance_max=20", "--set", "train.threads=1", "--set", "train.dist_timeout=60",
+];
+
+/// `lethe train` with `args` in `dir`, as rank `r` of `world` (no launch when `world` is 0).
+fn trainer(dir: &std::path::Path, r: usize, world: usize, port: u16, args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_lethe"));
+    c.current_dir(dir).arg("train").args(TINY_RUN).args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    c.env_remove("TORCHELASTIC_USE_AGENT_STORE");
+    if world == 0 {
+        c.env_remove("WORLD_SIZE").env_remove("RANK");
+    } else {
+        c.env("RANK", r.to_string()).env("WORLD_SIZE", world.to_string()).env("MASTER_ADDR", "127.0.0.1").env("MASTER_PORT", port.to_string());
+    }
+    c
+}
+
+/// Trains on 2 ranks (rank `r` gets `args` and `per_rank[r]`); returns both outputs.
+fn two_ranks(dir: &std::path::Path, args: &[&str], per_rank: [&[&str]; 2]) -> [Output; 2] {
+    let port = free_port();
+    let children = [0, 1].map(|r| {
+        let mut c = trainer(dir, r, 2, port, args);
+        c.args(per_rank[r]);
+        spawn(c)
+    });
+    children.map(finish)
+}
+
+/// The training losses a run logged, step by step.
+fn losses(run: &std::path::Path) -> Vec<f64> {
+    let text = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    text.lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["split"] == "train")
+        .map(|v| v["loss"].as_f64().unwrap())
+        .collect()
+}
+
+/// Every tensor of a checkpoint (parameters, optimiser moments, memories), by name.
+fn tensors(run: &std::path::Path) -> Vec<(String, tch::Tensor)> {
+    let ck = lethe::checkpoint::Checkpoint::load(&run.join("checkpoint.safetensors")).unwrap();
+    let mut names: Vec<String> = ck.with_prefix("").into_iter().map(|(n, _)| n).collect();
+    names.sort();
+    names.into_iter().map(|n| (n.clone(), ck.tensor(&n).unwrap())).collect()
+}
+
+#[test]
+fn two_ranks_train_as_one_process_with_the_same_micro_batches() {
+    for mechanism in ["fixed", "expire", "infinity"] {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let set = format!("memory.mechanism={mechanism}");
+        let args = ["--steps", "20", "--set", &set];
+        // One process, the batch in 2 micro-batches, each with its memory ...
+        let one = finish(spawn({
+            let mut c = trainer(d, 0, 0, 0, &args);
+            c.args(["--name", "one", "--set", "train.accum=2"]);
+            c
+        }));
+        succeeds(&one);
+        // ... against 2 ranks of 1 micro-batch each.
+        let [r0, r1] = two_ranks(d, &args, [&["--name", "two"], &["--name", "two"]]);
+        let said = succeeds(&r0);
+        succeeds(&r1);
+        assert!(said.contains("done:") && succeeds(&r1).is_empty(), "rank 0 alone reports: {said}");
+        let (a, b) = (losses(&d.join("runs/one")), losses(&d.join("runs/two")));
+        assert_eq!(a.len(), 20);
+        for (x, y) in a.iter().zip(&b) {
+            assert!((x - y).abs() <= 1e-6 * x.abs().max(1e-12), "{mechanism}: {a:?} against {b:?}");
+        }
+        let (ta, tb) = (tensors(&d.join("runs/one")), tensors(&d.join("runs/two")));
+        assert_eq!(ta.iter().map(|(n, _)| n).collect::<Vec<_>>(), tb.iter().map(|(n, _)| n).collect::<Vec<_>>(), "{mechanism}");
+        assert!(ta.iter().any(|(n, _)| n.starts_with("memory.1.")), "{mechanism}: both ranks' memories are kept");
+        for ((name, x), (_, y)) in ta.iter().zip(&tb) {
+            let diff = (x - y).abs().max().double_value(&[]);
+            let scale = x.abs().max().double_value(&[]).max(1e-12);
+            assert!(diff <= 1e-6 * scale, "{mechanism}: `{name}` differs by {diff}");
+        }
+    }
+}
+
+#[test]
+fn a_resumed_two_rank_run_repeats_the_straight_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let args = ["--steps", "12", "--set", "memory.mechanism=expire"];
+    for out in two_ranks(d, &args, [&["--name", "straight"], &["--name", "straight"]]) {
+        succeeds(&out);
+    }
+    for out in two_ranks(d, &args, [&["--name", "cut", "--stop-after", "5"], &["--name", "cut", "--stop-after", "5"]]) {
+        succeeds(&out);
+    }
+    for out in two_ranks(d, &args, [&["--name", "cut", "--resume"], &["--name", "cut", "--resume"]]) {
+        succeeds(&out);
+    }
+    assert_eq!(losses(&d.join("runs/cut")), losses(&d.join("runs/straight")));
+    // One process cannot carry on two ranks' memories.
+    let alone = finish(spawn({
+        let mut c = trainer(d, 0, 0, 0, &["--steps", "14", "--set", "memory.mechanism=expire"]);
+        c.args(["--name", "straight", "--resume"]);
+        c
+    }));
+    fails_with(&alone, &["was written by 2 rank(s)", "--nproc-per-node 2"]);
+}
+
+#[test]
+fn rank_0_alone_writes_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let [r0, r1] = two_ranks(d, &["--steps", "3", "--name", "run"], [&["--out", "rank0"], &["--out", "rank1"]]);
+    succeeds(&r0);
+    succeeds(&r1);
+    assert!(d.join("rank0/run/checkpoint.safetensors").is_file() && d.join("rank0/run/metrics.jsonl").is_file());
+    assert!(!d.join("rank1").exists(), "rank 1 created its --out");
+}
+
+#[test]
+fn a_batch_that_does_not_split_over_the_ranks_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    for out in two_ranks(dir.path(), &["--steps", "3", "--set", "train.accum=4"], [&[], &[]]) {
+        fails_with(&out, &["train.batch", "2 ranks x 4 micro-batches"]);
+    }
+}
+
+#[test]
+fn a_rank_killed_mid_training_stops_the_other_with_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let port = free_port();
+    let args = ["--steps", "100000", "--set", "train.dist_timeout=10", "--set", "train.checkpoint_every=0"];
+    let survivor = spawn(trainer(d, 0, 2, port, &args));
+    let mut victim = spawn(trainer(d, 1, 2, port, &args));
+    std::thread::sleep(std::time::Duration::from_secs(4)); // both started and training
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+    fails_with(&finish(survivor), &["distributed (rank 0)", "is a peer gone?"]);
+}
+
+#[test]
+fn a_gridworld_agent_under_torchrun_is_refused_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    for out in two_ranks(dir.path(), &["--preset", "corridor-small", "--steps", "2"], [&[], &[]]) {
+        fails_with(&out, &["gridworld agent trains on one process", "without torchrun"]);
+    }
+}

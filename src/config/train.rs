@@ -53,6 +53,15 @@ pub struct TrainConfig {
     pub device: String,
     /// CPU threads for libtorch (0: libtorch's default). Default 0.
     pub threads: usize,
+    /// Under torchrun: seconds the rendezvous and every collective wait for the other
+    /// ranks before the run stops with an error naming the rank (a dead or stuck peer).
+    /// Default 600.
+    #[serde(default = "default_dist_timeout")]
+    pub dist_timeout: u64,
+}
+
+fn default_dist_timeout() -> u64 {
+    600
 }
 
 /// Optimisers.
@@ -99,6 +108,7 @@ impl Default for TrainConfig {
             log_every: 50,
             device: "cpu".to_string(),
             threads: 0,
+            dist_timeout: default_dist_timeout(),
         }
     }
 }
@@ -111,6 +121,7 @@ impl TrainConfig {
         positive("train.steps", self.steps)?;
         positive("train.accum", self.accum)?;
         positive("train.log_every", self.log_every)?;
+        positive("train.dist_timeout", self.dist_timeout as usize)?;
         if !self.batch.is_multiple_of(self.accum) {
             return Err(LetheError::config(
                 "train.accum",

@@ -203,6 +203,10 @@ struct Run<'a> {
 /// Trains an agent on the gridworld `cfg` describes. See the module documentation.
 pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<RlSummary> {
     cfg.validate()?;
+    if let Some(launch) = crate::dist::Launch::from_env()?.filter(|l| l.world_size > 1) {
+        let reason = format!("a gridworld agent trains on one process for now; this is rank {} of {}: start it without torchrun", launch.rank, launch.world_size);
+        return Err(LetheError::Invalid(reason));
+    }
     let mut run = Run::start(cfg, opts)?;
     let mut summary = RlSummary { run_dir: run.folder.dir.clone(), losses: vec![], last_eval: None };
     (summary.losses, summary.last_eval) = drive(&mut run, &cfg.train, opts)?;
@@ -322,7 +326,7 @@ impl Looped for Run<'_> {
         let start = snapshot(&self.mem);
         let (rollout, seen) = self.act(w)?;
         let figures = learn(&self.agent, &mut self.opt, &start, &rollout, &seen, self.cfg, scales)?;
-        check_finite(&[figures.loss, figures.grad_norm], self.step + 1, self.last_checkpoint, &self.folder)?;
+        check_finite(&[figures.loss, figures.grad_norm], self.step + 1, self.last_checkpoint, &self.folder.dir)?;
         self.step += 1;
         w.steps += 1;
         w.sums.add(&figures);

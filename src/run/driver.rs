@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use super::folder::{Intent, RunFolder};
+use super::folder::Intent;
 use super::signals::Signals;
 use crate::config::{Config, TrainConfig};
 use crate::error::{LetheError, Result};
@@ -63,6 +63,12 @@ pub(crate) trait Looped {
     /// The run folder.
     fn dir(&self) -> &Path;
 
+    /// Whether `flag` holds on any rank of a data-parallel run (on every rank the same
+    /// answer, so that all take the same branch); `flag` itself on a single process.
+    fn agree(&self, flag: bool) -> Result<bool> {
+        Ok(flag)
+    }
+
     /// Prints a progress line on stderr unless quiet.
     fn say(&self, line: &str) {
         if !self.quiet() {
@@ -83,7 +89,9 @@ pub(crate) fn drive<R: Looped>(run: &mut R, cfg: &TrainConfig, opts: &TrainOptio
     let mut clock = Instant::now();
     while run.step() < cfg.steps {
         losses.push(run.train_step(&mut window)?);
-        if let Some(signal) = signals.received() {
+        let received = signals.received();
+        if run.agree(received.is_some())? {
+            let signal = received.unwrap_or_else(|| "a signal to another rank".to_string());
             run.say(&format!("{signal}: writing a checkpoint after step {} (another signal stops at once)", run.step()));
             run.save_checkpoint()?;
             return Err(LetheError::Interrupted { signal, step: run.step(), dir: run.dir().to_path_buf() });
@@ -153,12 +161,12 @@ pub(crate) fn begin_step(cfg: &Config, step: usize) -> (Scales, TorchSeed) {
 /// Fails with [`LetheError::NonFiniteLoss`] for the first of `values` (step `step`'s
 /// loss and gradient figures) that is not finite, saying what `folder` keeps: the
 /// checkpoint of step `last_checkpoint`, or none yet.
-pub(crate) fn check_finite(values: &[f64], step: usize, last_checkpoint: Option<usize>, folder: &RunFolder) -> Result<()> {
+pub(crate) fn check_finite(values: &[f64], step: usize, last_checkpoint: Option<usize>, dir: &Path) -> Result<()> {
     let Some(&value) = values.iter().find(|v| !v.is_finite()) else { return Ok(()) };
     let advice = "Lower the learning rate or raise the warm-up";
     let kept = match last_checkpoint {
-        Some(at) => format!("The last good checkpoint (step {at}) is kept in `{}`. {advice}, then resume.", folder.checkpoint_path().display()),
-        None => format!("No checkpoint had been written yet, so there is nothing to resume in `{}`. {advice}, then start again.", folder.dir.display()),
+        Some(at) => format!("The last good checkpoint (step {at}) is kept in `{}`. {advice}, then resume.", dir.join(crate::checkpoint::FILE_NAME).display()),
+        None => format!("No checkpoint had been written yet, so there is nothing to resume in `{}`. {advice}, then start again.", dir.display()),
     };
     Err(LetheError::NonFiniteLoss { step, value, kept })
 }
