@@ -72,12 +72,12 @@ lethe_pg* lethe_dist_init(const char* host, int port, int rank, int world, int s
   return pg;
 }
 
-// Sums `tensor` over the ranks, in place.
-int lethe_dist_all_reduce_sum(lethe_pg* pg, void* tensor, char** error) {
+// Reduces `tensor` over the ranks, in place: the sum (`max` = 0) or the maximum.
+int lethe_dist_all_reduce(lethe_pg* pg, void* tensor, int max, char** error) {
   return guarded(error, [&] {
     std::vector<at::Tensor> tensors{*static_cast<at::Tensor*>(tensor)};
     c10d::AllreduceOptions options;
-    options.reduceOp = c10d::ReduceOp::SUM;
+    options.reduceOp = max ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
     pg->gloo->allreduce(tensors, options)->wait();
   });
 }

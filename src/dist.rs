@@ -39,7 +39,7 @@ extern "C" {
         timeout_ms: i64,
         error: *mut *mut c_char,
     ) -> *mut RawGroup;
-    fn lethe_dist_all_reduce_sum(pg: *mut RawGroup, tensor: *mut c_void, error: *mut *mut c_char) -> c_int;
+    fn lethe_dist_all_reduce(pg: *mut RawGroup, tensor: *mut c_void, max: c_int, error: *mut *mut c_char) -> c_int;
     fn lethe_dist_broadcast(pg: *mut RawGroup, tensor: *mut c_void, root: c_int, error: *mut *mut c_char) -> c_int;
     fn lethe_dist_barrier(pg: *mut RawGroup, error: *mut *mut c_char) -> c_int;
     fn lethe_dist_free(pg: *mut RawGroup);
@@ -178,10 +178,20 @@ impl ProcessGroup {
 
     /// Replaces `tensor` (a contiguous CPU tensor) on every rank by its sum over the ranks.
     pub fn all_reduce_sum(&self, tensor: &mut Tensor) -> Result<()> {
+        self.all_reduce(tensor, false)
+    }
+
+    /// Replaces `tensor` (a contiguous CPU tensor) on every rank by its elementwise
+    /// maximum over the ranks.
+    pub fn all_reduce_max(&self, tensor: &mut Tensor) -> Result<()> {
+        self.all_reduce(tensor, true)
+    }
+
+    fn all_reduce(&self, tensor: &mut Tensor, max: bool) -> Result<()> {
         self.check(tensor, "all-reduce")?;
         let ptr = tensor.as_mut_ptr() as *mut c_void;
         // SAFETY: `ptr` is a live at::Tensor for the duration of the call.
-        self.status("all-reduce", |error| unsafe { lethe_dist_all_reduce_sum(self.raw.as_ptr(), ptr, error) })
+        self.status("all-reduce", |error| unsafe { lethe_dist_all_reduce(self.raw.as_ptr(), ptr, c_int::from(max), error) })
     }
 
     /// Replaces `tensor` on every rank by rank `root`'s.
@@ -246,6 +256,13 @@ impl ProcessGroup {
     pub fn sum_f64(&self, values: &[f64]) -> Result<Vec<f64>> {
         let mut t = Tensor::from_slice(values);
         self.all_reduce_sum(&mut t)?;
+        Vec::<f64>::try_from(&t).map_err(|e| LetheError::Distributed { rank: self.rank, reason: format!("reading a reduced value: {e}") })
+    }
+
+    /// The elementwise maximum of `values` over the ranks.
+    pub fn max_f64(&self, values: &[f64]) -> Result<Vec<f64>> {
+        let mut t = Tensor::from_slice(values);
+        self.all_reduce_max(&mut t)?;
         Vec::<f64>::try_from(&t).map_err(|e| LetheError::Distributed { rank: self.rank, reason: format!("reading a reduced value: {e}") })
     }
 

@@ -5,6 +5,7 @@
 use serde::Serialize;
 use tch::Kind;
 
+use crate::dist::ProcessGroup;
 use crate::data::{EvalWalker, SplitData};
 use crate::error::Result;
 use crate::model::{token_nll, Lm};
@@ -77,6 +78,22 @@ pub fn evaluate_with_progress(
     batch: usize,
     block: usize,
     max_tokens: Option<usize>,
+    progress: impl FnMut(usize, usize),
+) -> Result<EvalResult> {
+    evaluate_sharded(lm, split, batch, block, max_tokens, None, progress)
+}
+
+/// [`evaluate_with_progress`] over the ranks of a data-parallel `group`: every rank walks
+/// the same blocks of all `batch` streams but runs the model on its own share of them
+/// (rank `r` the streams `r * b / n .. (r + 1) * b / n`), and the sums are reduced, so
+/// every rank returns what one process scoring all the streams would.
+pub fn evaluate_sharded(
+    lm: &Lm,
+    split: &SplitData,
+    batch: usize,
+    block: usize,
+    max_tokens: Option<usize>,
+    group: Option<&ProcessGroup>,
     mut progress: impl FnMut(usize, usize),
 ) -> Result<EvalResult> {
     let _guard = tch::no_grad_guard();
@@ -84,32 +101,28 @@ pub fn evaluate_with_progress(
     let mut walker = EvalWalker::new(split, batch)?;
     let every_token_scored = split.docs.iter().all(|d| d.scored.is_none());
     let b = walker.batch();
+    let (rank, world) = group.map_or((0, 1), |g| (g.rank(), g.world_size()));
+    let (lo, hi) = (rank * b / world, (rank + 1) * b / world); // this rank's streams
+    let share = (hi - lo) as f64 / b as f64;
     let total = walker.positions().min(max_tokens.unwrap_or(usize::MAX));
     let mut mem = lm.model.new_memory();
-    let (mut nll_sum, mut weight, mut hits, mut seen) = (0.0f64, 0.0f64, 0.0f64, 0usize);
-    let layers = lm.config.model.layers;
-    let (mut mem_size, mut held, mut spans) = (vec![0.0; layers], vec![0.0; layers], vec![0.0; layers]);
-    let mut has_spans = false;
-    let mut blocks = 0usize;
+    let mut s = Sums::new(lm.config.model.layers);
+    let (mut seen, mut blocks) = (0usize, 0usize);
     let mut answers = Answers::default();
     while let Some(batch) = walker.next_block(block) {
-        let (x, y, w) = batch.tensors(0, b, device);
-        let out = lm.model.forward(&x, &mut mem, false)?;
-        let nll = token_nll(&out.logits, &y).to_kind(Kind::Double); // (b, m)
-        nll_sum += (&nll * w.to_kind(Kind::Double)).sum(Kind::Double).double_value(&[]);
-        weight += batch.scored();
-        let hit: Vec<f32> = out.logits.argmax(-1, false).eq_tensor(&y).to_kind(Kind::Float).flatten(0, -1).try_into().unwrap_or_default();
-        for (i, (&h, &wt)) in hit.iter().zip(&batch.weights).enumerate() {
-            hits += (h * wt) as f64;
-            answers.observe(i / batch.len, wt > 0.0, h > 0.0);
-        }
-        for (l, r) in mem.reports().iter().enumerate() {
-            mem_size[l] += r.mem_size;
-            held[l] += r.held as f64;
-            if let Some(s) = r.extra("mean_span") {
-                spans[l] += s;
-                has_spans = true;
+        if hi > lo {
+            let (x, y, w) = batch.tensors(lo, hi, device);
+            let out = lm.model.forward(&x, &mut mem, false)?;
+            let nll = token_nll(&out.logits, &y).to_kind(Kind::Double); // (hi - lo, m)
+            s.nll += (&nll * w.to_kind(Kind::Double)).sum(Kind::Double).double_value(&[]);
+            let weights = &batch.weights[lo * batch.len..hi * batch.len];
+            s.weight += weights.iter().map(|&w| w as f64).sum::<f64>();
+            let hit: Vec<f32> = out.logits.argmax(-1, false).eq_tensor(&y).to_kind(Kind::Float).flatten(0, -1).try_into().unwrap_or_default();
+            for (i, (&h, &wt)) in hit.iter().zip(weights).enumerate() {
+                s.hits += (h * wt) as f64;
+                answers.observe(i / batch.len, wt > 0.0, h > 0.0);
             }
+            s.observe_memory(&mem, share);
         }
         blocks += 1;
         seen += batch.batch * batch.len;
@@ -119,17 +132,81 @@ pub fn evaluate_with_progress(
         }
     }
     answers.finish();
-    let loss = nll_sum / weight.max(1.0);
-    Ok(EvalResult {
-        loss,
-        bpb: loss / std::f64::consts::LN_2,
-        accuracy: hits / weight.max(1.0),
-        answer_accuracy: (!every_token_scored).then(|| answers.right as f64 / answers.total.max(1) as f64),
-        tokens: weight as u64,
-        mem_size: per_block(&mem_size, blocks),
-        held: per_block(&held, blocks),
-        mean_span: has_spans.then(|| per_block(&spans, blocks)),
-    })
+    (s.right, s.answers) = (answers.right as f64, answers.total as f64);
+    if let Some(g) = group {
+        s = s.reduced(g)?;
+    }
+    Ok(s.result(blocks, every_token_scored))
+}
+
+/// What an evaluation adds up, per rank before the reduction.
+struct Sums {
+    nll: f64,
+    weight: f64,
+    hits: f64,
+    right: f64,
+    answers: f64,
+    /// Per layer, summed over the blocks: memory size and span (weighted by the rank's
+    /// share of the streams), and the cache held (the widest rank's).
+    mem_size: Vec<f64>,
+    spans: Vec<f64>,
+    held: Vec<f64>,
+    has_spans: bool,
+}
+
+impl Sums {
+    fn new(layers: usize) -> Sums {
+        let zeros = vec![0.0; layers];
+        Sums { nll: 0.0, weight: 0.0, hits: 0.0, right: 0.0, answers: 0.0, mem_size: zeros.clone(), spans: zeros.clone(), held: zeros, has_spans: false }
+    }
+
+    /// Adds a block's memory report, as `share` of all the streams.
+    fn observe_memory(&mut self, mem: &crate::model::Memory, share: f64) {
+        for (l, r) in mem.reports().iter().enumerate() {
+            self.mem_size[l] += share * r.mem_size;
+            self.held[l] += r.held as f64;
+            if let Some(span) = r.extra("mean_span") {
+                self.spans[l] += share * span;
+                self.has_spans = true;
+            }
+        }
+    }
+
+    /// The sums over the ranks (the held cache: the maximum).
+    fn reduced(self, g: &ProcessGroup) -> Result<Sums> {
+        let layers = self.mem_size.len();
+        let mut flat = vec![self.nll, self.weight, self.hits, self.right, self.answers, f64::from(u8::from(self.has_spans))];
+        flat.extend(&self.mem_size);
+        flat.extend(&self.spans);
+        let sums = g.sum_f64(&flat)?;
+        let held = g.max_f64(&self.held)?;
+        let (scalars, per_layer) = sums.split_at(6);
+        Ok(Sums {
+            nll: scalars[0],
+            weight: scalars[1],
+            hits: scalars[2],
+            right: scalars[3],
+            answers: scalars[4],
+            has_spans: scalars[5] > 0.0,
+            mem_size: per_layer[..layers].to_vec(),
+            spans: per_layer[layers..].to_vec(),
+            held,
+        })
+    }
+
+    fn result(&self, blocks: usize, every_token_scored: bool) -> EvalResult {
+        let loss = self.nll / self.weight.max(1.0);
+        EvalResult {
+            loss,
+            bpb: loss / std::f64::consts::LN_2,
+            accuracy: self.hits / self.weight.max(1.0),
+            answer_accuracy: (!every_token_scored).then(|| self.right / self.answers.max(1.0)),
+            tokens: self.weight as u64,
+            mem_size: per_block(&self.mem_size, blocks),
+            held: per_block(&self.held, blocks),
+            mean_span: self.has_spans.then(|| per_block(&self.spans, blocks)),
+        }
+    }
 }
 
 fn per_block(sums: &[f64], blocks: usize) -> Vec<f64> {

@@ -23,7 +23,7 @@ use crate::checkpoint::{self, Checkpoint, TrainState};
 use crate::config::{Config, TrainConfig};
 use crate::data::{self, Batch, Split, SplitData, TrainStreams};
 use crate::error::{LetheError, Result};
-use crate::eval::{evaluate, EvalResult};
+use crate::eval::{evaluate_sharded, EvalResult};
 use crate::metrics::{format_count, format_duration, MetricsLog};
 use crate::model::{token_nll, Lm, Memory};
 use crate::optim::{learning_rate, Optimiser};
@@ -225,7 +225,7 @@ impl Looped for Run<'_> {
 
     fn evaluate(&mut self) -> Result<EvalResult> {
         let cap = (self.cfg.train.eval_tokens > 0).then_some(self.cfg.train.eval_tokens);
-        let r = evaluate(&self.lm, &self.valid, self.cfg.train.batch, self.cfg.train.block, cap)?;
+        let r = evaluate_sharded(&self.lm, &self.valid, self.cfg.train.batch, self.cfg.train.block, cap, self.group.as_ref(), |_, _| {})?;
         let answers = r.answer_accuracy.map(|a| format!(" | answers {:.1}%", 100.0 * a)).unwrap_or_default();
         self.say(&format!(
             "eval step {} | valid loss {:.4} | bpb {:.4} | accuracy {:.1}%{answers} | {} tokens",

@@ -121,11 +121,16 @@ fn two_ranks(dir: &std::path::Path, args: &[&str], per_rank: [&[&str]; 2]) -> [O
 
 /// The training losses a run logged, step by step.
 fn losses(run: &std::path::Path) -> Vec<f64> {
+    logged(run, "train", "loss")
+}
+
+/// Field `field` of every `split` record of a run's metrics.
+fn logged(run: &std::path::Path, split: &str, field: &str) -> Vec<f64> {
     let text = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
     text.lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|v| v["split"] == "train")
-        .map(|v| v["loss"].as_f64().unwrap())
+        .filter(|v| v["split"] == split)
+        .map(|v| v[field].as_f64().unwrap())
         .collect()
 }
 
@@ -160,6 +165,14 @@ fn two_ranks_train_as_one_process_with_the_same_micro_batches() {
         assert_eq!(a.len(), 20);
         for (x, y) in a.iter().zip(&b) {
             assert!((x - y).abs() <= 1e-6 * x.abs().max(1e-12), "{mechanism}: {a:?} against {b:?}");
+        }
+        // The validation, sharded over the ranks and reduced, as one process scores it.
+        for field in ["loss", "accuracy", "tokens"] {
+            let (a, b) = (logged(&d.join("runs/one"), "valid", field), logged(&d.join("runs/two"), "valid", field));
+            assert!(!a.is_empty() && a.len() == b.len(), "{mechanism} {field}: {a:?} against {b:?}");
+            for (x, y) in a.iter().zip(&b) {
+                assert!((x - y).abs() <= 1e-6 * x.abs().max(1e-12), "{mechanism} valid {field}: {a:?} against {b:?}");
+            }
         }
         let (ta, tb) = (tensors(&d.join("runs/one")), tensors(&d.join("runs/two")));
         assert_eq!(ta.iter().map(|(n, _)| n).collect::<Vec<_>>(), tb.iter().map(|(n, _)| n).collect::<Vec<_>>(), "{mechanism}");
