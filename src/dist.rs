@@ -103,12 +103,14 @@ impl Launch {
         self.rank == 0 && !self.agent_store
     }
 
-    /// The key prefix of this group in the store (torchrun's, then lethe's own).
-    fn prefix(&self) -> String {
+    /// The key prefix of this process's `n`-th group in the store (torchrun's, then
+    /// lethe's own with the group's number, so that a process that joins twice, as a
+    /// bench of several configs does, never reads the keys of its last group).
+    fn prefix(&self, n: usize) -> String {
         if self.agent_store {
-            format!("/worker/attempt_{}/lethe", self.restart)
+            format!("/worker/attempt_{}/lethe/{n}", self.restart)
         } else {
-            "lethe".to_string()
+            format!("lethe/{n}")
         }
     }
 }
@@ -116,6 +118,10 @@ impl Launch {
 fn invalid_launch(reason: String) -> LetheError {
     LetheError::Invalid(format!("launch environment: {reason} (start lethe with torchrun, or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT)"))
 }
+
+/// Groups this process has joined so far: every rank joins its groups in the same
+/// order, so the count names the same group on all of them.
+static JOINED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// A joined process group: every rank of the launch, with Gloo collectives on CPU tensors.
 pub struct ProcessGroup {
@@ -134,7 +140,7 @@ impl ProcessGroup {
     /// collective give up after `timeout`.
     pub fn join(launch: &Launch, timeout: Duration) -> Result<ProcessGroup> {
         let host = CString::new(launch.master_addr.as_str()).map_err(|_| invalid_launch("MASTER_ADDR holds a NUL byte".into()))?;
-        let prefix = CString::new(launch.prefix()).map_err(|_| invalid_launch("the store prefix holds a NUL byte".into()))?;
+        let prefix = CString::new(launch.prefix(JOINED.fetch_add(1, std::sync::atomic::Ordering::SeqCst))).map_err(|_| invalid_launch("the store prefix holds a NUL byte".into()))?;
         let timeout_ms = i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX);
         let mut error = std::ptr::null_mut();
         // SAFETY: the strings outlive the call; `error` receives a malloc'ed message or stays null.
@@ -473,7 +479,7 @@ mod tests {
         assert_eq!((l.rank, l.world_size, l.local_rank, l.master_port, l.agent_store, l.restart), (1, 4, 1, 29500, true, 2));
         assert_eq!(l.master_addr, "10.0.0.2");
         assert!(!l.hosts_store());
-        assert_eq!(l.prefix(), "/worker/attempt_2/lethe");
+        assert_eq!(l.prefix(0), "/worker/attempt_2/lethe/0");
     }
 
     #[test]
@@ -481,7 +487,7 @@ mod tests {
         let env = [("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")];
         let l = Launch::from_vars(vars(&env)).unwrap().unwrap();
         assert!(l.hosts_store() && !l.agent_store);
-        assert_eq!((l.local_rank, l.prefix().as_str()), (0, "lethe"));
+        assert_eq!((l.local_rank, l.prefix(3).as_str()), (0, "lethe/3"));
     }
 
     #[test]

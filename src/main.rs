@@ -31,6 +31,9 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<()> {
+    if !matches!(cli.command, Command::Train(_) | Command::Bench(_) | Command::DistCheck(_)) {
+        one_process()?;
+    }
     match cli.command {
         Command::Train(a) => train(a),
         Command::Eval(a) => eval(a),
@@ -42,6 +45,15 @@ fn run(cli: Cli) -> Result<()> {
         Command::Play(a) => play(a),
         Command::DistCheck(a) => dist_check(a),
     }
+}
+
+/// Refuses a multi-rank launch for the commands that run on one process (each rank
+/// would repeat the work and write the same files).
+fn one_process() -> Result<()> {
+    if let Some(l) = lethe::dist::Launch::from_env()?.filter(|l| l.world_size > 1) {
+        anyhow::bail!("this command runs on one process (rank {} of {} here): start it without torchrun; `train` and `bench` run data-parallel", l.rank, l.world_size);
+    }
+    Ok(())
 }
 
 fn play(a: PlayArgs) -> Result<()> {

@@ -249,3 +249,21 @@ fn a_gridworld_agent_under_torchrun_is_refused_with_the_reason() {
         fails_with(&out, &["gridworld agent trains on one process", "without torchrun"]);
     }
 }
+
+#[test]
+fn commands_that_run_on_one_process_refuse_a_multi_rank_launch() {
+    let dir = tempfile::tempdir().unwrap();
+    for command in [&["sweep", "--preset", "copy-sweep-tiny"][..], &["play", "--preset", "corridor-small"], &["eval", "--checkpoint", "nowhere"]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_lethe"))
+            .current_dir(dir.path())
+            .args(command)
+            .env("RANK", "1")
+            .env("WORLD_SIZE", "2")
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", "1")
+            .output()
+            .unwrap();
+        fails_with(&out, &["runs on one process (rank 1 of 2 here)", "without torchrun"]);
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing written");
+}
