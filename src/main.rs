@@ -182,15 +182,15 @@ fn train(a: TrainArgs) -> Result<()> {
     }
     let cfg = if a.resume { a.config.resolve_for_resume(&a.out)? } else { a.config.resolve()? };
     let opts = lethe::train::TrainOptions { out_dir: a.out, resume: a.resume, overwrite: a.overwrite, quiet: a.quiet, stop_after: a.stop_after };
+    let leader = lethe::dist::Launch::from_env()?.is_none_or(|l| l.rank == 0); // rank 0 speaks for a torchrun launch
     if cfg.data.source.is_rl() {
         let summary = lethe::rl::train::train(&cfg, &opts)?;
-        if let Some(r) = summary.last_eval {
+        if let Some(r) = summary.last_eval.filter(|_| leader) {
             println!("done: {}; run folder {}", r.line(), summary.run_dir.display());
         }
         return Ok(());
     }
     let summary = lethe::train::train(&cfg, &opts)?;
-    let leader = lethe::dist::Launch::from_env()?.is_none_or(|l| l.rank == 0); // rank 0 speaks for a torchrun launch
     if let Some(r) = summary.last_eval.filter(|_| leader) {
         println!(
             "done: valid loss {:.4} nats ({:.4} bpb), accuracy {:.1}% (unigram baseline {:.4} nats); run folder {}",

@@ -95,7 +95,7 @@ impl<'a> Run<'a> {
         let group = crate::dist::join_for_training(cfg)?;
         crate::dist::check_device(group.as_ref(), device)?;
         let dir = opts.out_dir.join(&cfg.name);
-        let (mut folder, resumed) = open_folder(cfg, opts, &dir, group.as_ref())?;
+        let (mut folder, resumed) = crate::run::folder::open_for_ranks(cfg, opts.intent(), &dir, group.as_ref())?;
         let data = crate::task::train_streams(cfg, cfg.train.batch)?;
         let valid = crate::task::load_split(cfg, Split::Valid, cfg.train.batch)?;
         let lm = Lm::new(cfg, device)?;
@@ -278,33 +278,6 @@ impl Run<'_> {
     }
 }
 
-/// Rank 0 (or a single process) locks the run folder and checks the checkpoint to
-/// resume; the other ranks read that checkpoint without touching the folder. A
-/// checkpoint of another number of ranks is refused before anything is written.
-fn open_folder(cfg: &Config, opts: &TrainOptions, dir: &Path, group: Option<&ProcessGroup>) -> Result<(Option<RunFolder>, Option<Checkpoint>)> {
-    let (folder, resumed) = if group.is_none_or(|g| g.rank() == 0) {
-        let folder = RunFolder::open(dir, opts.intent())?;
-        let resumed = folder.resumable(cfg)?;
-        (Some(folder), resumed)
-    } else if opts.resume {
-        let ck = Checkpoint::load(&dir.join(checkpoint::FILE_NAME))?;
-        crate::run::folder::check_resumable(&ck, cfg)?;
-        (None, Some(ck))
-    } else {
-        (None, None)
-    };
-    let world = group.map_or(1, ProcessGroup::world_size);
-    if let Some((ck, state)) = resumed.as_ref().and_then(|ck| ck.state.as_ref().map(|s| (ck, s))) {
-        if state.world_size != world {
-            let reason = format!(
-                "was written by {} rank(s), each carrying the memory of its own streams; resume it with the same number (torchrun --nproc-per-node {}), not {world}",
-                state.world_size, state.world_size
-            );
-            return Err(LetheError::checkpoint(&ck.path, reason));
-        }
-    }
-    Ok((folder, resumed))
-}
 
 /// The sums of one optimiser step.
 #[derive(Clone, Copy, Debug)]

@@ -243,10 +243,32 @@ fn a_rank_killed_mid_training_stops_the_other_with_an_error() {
 }
 
 #[test]
-fn a_gridworld_agent_under_torchrun_is_refused_with_the_reason() {
-    let dir = tempfile::tempdir().unwrap();
-    for out in two_ranks(dir.path(), &["--preset", "corridor-small", "--steps", "2"], [&[], &[]]) {
-        fails_with(&out, &["gridworld agent trains on one process", "without torchrun"]);
+fn two_ranks_train_a_gridworld_agent_as_one_process() {
+    for preset in ["corridor-small", "corridor-expire-small"] {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let args = ["--preset", preset, "--steps", "20", "--set", "train.batch=4", "--set", "train.block=8", "--set", "rl.eval_episodes=8"];
+        succeeds(&finish(spawn({
+            let mut c = trainer(d, 0, 0, 0, &args);
+            c.args(["--name", "one"]);
+            c
+        })));
+        let [r0, r1] = two_ranks(d, &args, [&["--name", "two"], &["--name", "two"]]);
+        assert!(succeeds(&r0).contains("done:") && succeeds(&r1).is_empty(), "rank 0 alone reports");
+        let (a, b) = (losses(&d.join("runs/one")), losses(&d.join("runs/two")));
+        assert_eq!(a.len(), 20, "{preset}");
+        for (x, y) in a.iter().zip(&b) {
+            assert!((x - y).abs() <= 1e-6 * x.abs().max(1e-12), "{preset}: {a:?} against {b:?}");
+        }
+        let (ta, tb) = (tensors(&d.join("runs/one")), tensors(&d.join("runs/two")));
+        assert!(tb.iter().any(|(n, _)| n.starts_with("memory.1.")), "{preset}: both ranks' memories are kept");
+        let learned = |t: &[(String, tch::Tensor)]| t.iter().filter(|(n, _)| !n.starts_with("memory.")).map(|(n, x)| (n.clone(), x.shallow_clone())).collect::<Vec<_>>();
+        let (ta, tb) = (learned(&ta), learned(&tb));
+        assert_eq!(ta.iter().map(|(n, _)| n).collect::<Vec<_>>(), tb.iter().map(|(n, _)| n).collect::<Vec<_>>());
+        for ((name, x), (_, y)) in ta.iter().zip(&tb) {
+            let diff = (x - y).abs().max().double_value(&[]);
+            assert!(diff <= 1e-6 * x.abs().max().double_value(&[]).max(1e-12), "{preset}: `{name}` differs by {diff}");
+        }
     }
 }
 
@@ -266,4 +288,21 @@ fn commands_that_run_on_one_process_refuse_a_multi_rank_launch() {
         fails_with(&out, &["runs on one process (rank 1 of 2 here)", "without torchrun"]);
     }
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing written");
+}
+
+#[test]
+fn a_resumed_two_rank_agent_repeats_the_straight_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let args = ["--preset", "corridor-small", "--steps", "10", "--set", "train.batch=4", "--set", "train.block=8", "--set", "rl.eval_episodes=8"];
+    for out in two_ranks(d, &args, [&["--name", "straight"], &["--name", "straight"]]) {
+        succeeds(&out);
+    }
+    for out in two_ranks(d, &args, [&["--name", "cut", "--stop-after", "4"], &["--name", "cut", "--stop-after", "4"]]) {
+        succeeds(&out);
+    }
+    for out in two_ranks(d, &args, [&["--name", "cut", "--resume"], &["--name", "cut", "--resume"]]) {
+        succeeds(&out);
+    }
+    assert_eq!(losses(&d.join("runs/cut")), losses(&d.join("runs/straight")));
 }

@@ -39,6 +39,14 @@ impl Rollout {
     pub fn active_steps(&self) -> usize {
         self.active.iter().flatten().filter(|&&a| a).count()
     }
+
+    /// The window of episodes `lo..hi` alone (a data-parallel rank's rows).
+    pub fn rows(&self, lo: usize, hi: usize) -> Rollout {
+        fn cut<T: Clone>(steps: &[Vec<T>], lo: usize, hi: usize) -> Vec<Vec<T>> {
+            steps.iter().map(|s| s[lo..hi].to_vec()).collect()
+        }
+        Rollout { actions: cut(&self.actions, lo, hi), rewards: cut(&self.rewards, lo, hi), ends: cut(&self.ends, lo, hi), active: cut(&self.active, lo, hi) }
+    }
 }
 
 /// Discounted returns `R_t = r_t + γ (1 - end_t) R_{t+1}`, `[t][b]`, starting from
@@ -81,6 +89,13 @@ pub struct Loss {
 /// The actor-critic loss. `logits` `(b, T, 4)` and `values` `(b, T)` come from the
 /// agent; `returns` `[t][b]` from [`returns`].
 pub fn loss(logits: &Tensor, values: &Tensor, rollout: &Rollout, returns: &[Vec<f64>], cfg: &RlConfig) -> Loss {
+    loss_over(logits, values, rollout, returns, cfg, rollout.active_steps().max(1) as f64)
+}
+
+/// [`loss`] with the means taken over `count` running steps: a data-parallel rank
+/// passes its own rows and the whole batch's count, so that the ranks' losses (and
+/// gradients) add up to the whole batch's.
+pub fn loss_over(logits: &Tensor, values: &Tensor, rollout: &Rollout, returns: &[Vec<f64>], cfg: &RlConfig, count: f64) -> Loss {
     let (b, t) = (values.size()[0], values.size()[1]);
     let device = values.device();
     let batch_major = |rows: Vec<f32>| Tensor::from_slice(&rows).view([t, b]).transpose(0, 1).to_device(device); // (b, T)
@@ -91,8 +106,6 @@ pub fn loss(logits: &Tensor, values: &Tensor, rollout: &Rollout, returns: &[Vec<
         .view([t, b])
         .transpose(0, 1)
         .to_device(device); // (b, T)
-    let count = rollout.active_steps().max(1) as f64;
-
     let logp = logits.log_softmax(-1, Kind::Float); // (b, T, 4)
     let taken = logp.gather(-1, &actions.unsqueeze(-1), false).squeeze_dim(-1); // (b, T)
     let advantage = (&target - values).detach();

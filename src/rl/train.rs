@@ -35,6 +35,15 @@
 //!
 //! Actions are sampled with lethe's own generator, which is saved in checkpoints with
 //! the episodes in progress and the memory, so a resumed run repeats a straight one.
+//!
+//! **Data-parallel** (under torchrun, [`crate::dist`]): every rank steps the whole
+//! batch of episodes, but runs the agent on its own rows (rank `r` of `n`: rows
+//! `r * B / n ..`), each with its own memory. The policy's probabilities and the
+//! critic's bootstrap values of all rows are summed into every rank (a rank contributes
+//! its rows, zeros elsewhere), so every rank samples the same actions from the same
+//! generator and the episodes stay identical. Each rank's loss takes its means over the
+//! whole batch's running steps, so the gradients, summed over the ranks, are the whole
+//! batch's. Rank 0 alone prints, logs and writes; a checkpoint holds every rank's memory.
 
 use std::path::{Path, PathBuf};
 
@@ -53,6 +62,7 @@ use crate::metrics::{format_count, format_duration, MetricsLog};
 use crate::model::Memory;
 use crate::optim::{learning_rate, Optimiser};
 use crate::rng::Rng;
+use crate::dist::ProcessGroup;
 use crate::run::{begin_step, check_finite, drive, Looped, RunFolder, Scales, TrainOptions};
 
 /// Stream number (of the data seed) of the evaluation episodes, apart from training's.
@@ -189,12 +199,18 @@ impl MemSum {
 struct Run<'a> {
     cfg: &'a Config,
     opts: &'a TrainOptions,
-    folder: RunFolder,
+    /// The run folder: locked and written by rank 0 alone (`None` on the other ranks).
+    folder: Option<RunFolder>,
+    dir: PathBuf,
+    /// The data-parallel group, under torchrun with more than one rank.
+    group: Option<ProcessGroup>,
+    /// This rank's rows of the batch, `lo..hi` (all of them on a single process).
+    rows: (usize, usize),
     agent: Agent,
     opt: Optimiser,
     mem: Memory,
     state: RlState,
-    metrics: MetricsLog,
+    metrics: Option<MetricsLog>,
     step: usize,
     env_steps: u64,
     last_checkpoint: Option<usize>,
@@ -203,12 +219,8 @@ struct Run<'a> {
 /// Trains an agent on the gridworld `cfg` describes. See the module documentation.
 pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<RlSummary> {
     cfg.validate()?;
-    if let Some(launch) = crate::dist::Launch::from_env()?.filter(|l| l.world_size > 1) {
-        let reason = format!("a gridworld agent trains on one process for now; this is rank {} of {}: start it without torchrun", launch.rank, launch.world_size);
-        return Err(LetheError::Invalid(reason));
-    }
     let mut run = Run::start(cfg, opts)?;
-    let mut summary = RlSummary { run_dir: run.folder.dir.clone(), losses: vec![], last_eval: None };
+    let mut summary = RlSummary { run_dir: run.dir.clone(), losses: vec![], last_eval: None };
     (summary.losses, summary.last_eval) = drive(&mut run, &cfg.train, opts)?;
     Ok(summary)
 }
@@ -218,8 +230,13 @@ impl<'a> Run<'a> {
     /// then writes to the folder (see [`crate::run`]).
     fn start(cfg: &'a Config, opts: &'a TrainOptions) -> Result<Self> {
         let device = crate::device::for_training(&cfg.train.device, cfg.train.threads)?;
-        let mut folder = RunFolder::open(&opts.out_dir.join(&cfg.name), opts.intent())?;
-        let resumed = folder.resumable(cfg)?;
+        let group = crate::dist::join_for_training(cfg)?;
+        crate::dist::check_device(group.as_ref(), device)?;
+        let dir = opts.out_dir.join(&cfg.name);
+        let (mut folder, resumed) = crate::run::folder::open_for_ranks(cfg, opts.intent(), &dir, group.as_ref())?;
+        let (rank, world) = group.as_ref().map_or((0, 1), |g| (g.rank(), g.world_size()));
+        let b = cfg.train.batch;
+        let rows = (rank * b / world, (rank + 1) * b / world);
         let agent = Agent::new(cfg, device)?;
         let opt = Optimiser::new(agent.named_parameters(), &cfg.train);
         let mem = agent.new_memory();
@@ -228,10 +245,14 @@ impl<'a> Run<'a> {
             rng: Rng::derive(cfg.seed, SAMPLER_STREAM),
         };
         let from = resumed.as_ref().and_then(|ck| ck.state.as_ref()).map_or(0, |s| s.step);
-        let metrics = folder.commit(cfg, from)?;
-        let mut run = Run { cfg, opts, folder, agent, opt, mem, state, metrics, step: 0, env_steps: 0, last_checkpoint: None };
+        let metrics = folder.as_mut().map(|f| f.commit(cfg, from)).transpose()?;
+        let mut run = Run { cfg, opts, folder, dir, group, rows, agent, opt, mem, state, metrics, step: 0, env_steps: 0, last_checkpoint: None };
         if let Some(ck) = resumed {
             run.resume(&ck)?;
+        }
+        if let Some(g) = &run.group {
+            let params: Vec<_> = run.agent.named_parameters().into_iter().map(|(_, t)| t).collect();
+            g.broadcast_from_root(&params)?;
         }
         run.say(&format!(
             "lethe: training `{}` by actor-critic: {} memory, span {} | {} layers x {} | {} parameters | {:?} | run folder {}",
@@ -242,8 +263,11 @@ impl<'a> Run<'a> {
             cfg.model.d_model,
             format_count(run.agent.parameter_count() as f64),
             device,
-            run.folder.dir.display()
+            run.dir.display()
         ));
+        if let Some(g) = &run.group {
+            run.say(&format!("data-parallel: {} ranks x {} episodes, gradients summed over Gloo", g.world_size(), cfg.train.batch / g.world_size()));
+        }
         run.say(&format!("task: {}", crate::task::describe(cfg)));
         Ok(run)
     }
@@ -259,7 +283,8 @@ impl<'a> Run<'a> {
         }
         ck.load_parameters(&self.agent.vs.variables())?;
         self.opt.load_state(state.step, |n| ck.tensor(n)).map_err(|e| LetheError::checkpoint(path, e.to_string()))?;
-        let saved: Vec<_> = ck.with_prefix("memory.0.").into_iter().map(|(n, t)| (n, t.to_device(self.agent.device()))).collect();
+        let rank = self.group.as_ref().map_or(0, ProcessGroup::rank);
+        let saved: Vec<_> = ck.with_prefix(&format!("memory.{rank}.")).into_iter().map(|(n, t)| (n, t.to_device(self.agent.device()))).collect();
         self.mem.load_state(&saved).map_err(|e| LetheError::checkpoint(path, e.to_string()))?;
         self.state = rl;
         self.step = state.step;
@@ -282,14 +307,15 @@ impl<'a> Run<'a> {
         seen.push(&self.state.episodes, vocab, per_episode);
         let mut rollout = Rollout::default();
         for _ in 0..self.cfg.train.block {
-            let probs = policy(&self.agent, &seen, &mut self.mem)?;
+            let probs = policy(&self.agent, &seen, &mut self.mem, self.rows)?;
+            let probs = all_rows(self.group.as_ref(), probs, self.rows, self.cfg.train.batch, Action::COUNT)?;
             let active: Vec<bool> = self.state.episodes.slots.iter().map(|s| !s.done).collect();
             let actions = sample(&probs, &active, &mut self.state.rng);
             let (outcomes, ended) = self.state.episodes.step(&actions.iter().map(|&a| Action::from_index(a as usize)).collect::<Vec<_>>());
             if per_episode {
                 self.state.episodes.refill(self.cfg)?;
             }
-            w.mem.add(&self.mem, &active);
+            w.mem.add(&self.mem, &active[self.rows.0..self.rows.1]);
             let running = active.iter().filter(|&&a| a).count() as u64;
             w.env_steps += running;
             self.env_steps += running;
@@ -313,7 +339,11 @@ impl Looped for Run<'_> {
     }
 
     fn quiet(&self) -> bool {
-        self.opts.quiet
+        self.opts.quiet || self.folder.is_none()
+    }
+
+    fn agree(&self, flag: bool) -> Result<bool> {
+        self.group.as_ref().map_or(Ok(flag), |g| g.any(flag))
     }
 
     /// One truncation window: act, learn, one optimiser step. Returns the loss.
@@ -325,8 +355,9 @@ impl Looped for Run<'_> {
         }
         let start = snapshot(&self.mem);
         let (rollout, seen) = self.act(w)?;
-        let figures = learn(&self.agent, &mut self.opt, &start, &rollout, &seen, self.cfg, scales)?;
-        check_finite(&[figures.loss, figures.grad_norm], self.step + 1, self.last_checkpoint, &self.folder.dir)?;
+        let ranks = Ranks { group: self.group.as_ref(), rows: self.rows };
+        let figures = learn(&self.agent, &mut self.opt, &start, &rollout, &seen, self.cfg, scales, ranks)?;
+        check_finite(&[figures.loss, figures.grad_norm], self.step + 1, self.last_checkpoint, &self.dir)?;
         self.step += 1;
         w.steps += 1;
         w.sums.add(&figures);
@@ -351,7 +382,7 @@ impl Looped for Run<'_> {
             format_duration(eta)
         ));
         let reports = self.mem.reports();
-        self.metrics.write(&json!({
+        self.log(&json!({
             "step": self.step,
             "split": "train",
             "episodes": ep.episodes,
@@ -380,23 +411,55 @@ impl Looped for Run<'_> {
         let mut record = serde_json::to_value(&r)?;
         record["step"] = json!(self.step);
         record["split"] = json!("eval");
-        self.metrics.write(&record)?;
+        self.log(&record)?;
         Ok(r)
     }
 
     fn save_checkpoint(&mut self) -> Result<()> {
+        let rank = self.group.as_ref().map_or(0, ProcessGroup::rank);
+        let mut memory: Vec<_> = self.mem.state().into_iter().map(|(n, t)| (format!("memory.{rank}.{n}"), t.to_device(tch::Device::Cpu))).collect();
+        if let Some(g) = &self.group {
+            memory = g.all_gather_named(&memory)?; // every rank's, for rank 0 to write
+        }
+        self.last_checkpoint = Some(self.step);
+        let Some(folder) = &self.folder else { return Ok(()) };
         let mut tensors = self.agent.named_parameters();
         tensors.extend(self.opt.state());
-        tensors.extend(self.mem.state().into_iter().map(|(n, t)| (format!("memory.0.{n}"), t)));
-        let state = TrainState::new(self.step, &RlData::Episodes(self.state.clone()), self.env_steps)?;
-        checkpoint::save(&self.folder.checkpoint_path(), self.cfg, &state, &tensors)?;
-        self.last_checkpoint = Some(self.step);
-        Ok(())
+        tensors.extend(memory);
+        let mut state = TrainState::new(self.step, &RlData::Episodes(self.state.clone()), self.env_steps)?;
+        state.world_size = self.group.as_ref().map_or(1, ProcessGroup::world_size);
+        checkpoint::save(&folder.checkpoint_path(), self.cfg, &state, &tensors)
     }
 
     fn dir(&self) -> &Path {
-        &self.folder.dir
+        &self.dir
     }
+}
+
+impl Run<'_> {
+    /// Appends a record to `metrics.jsonl` (rank 0 only).
+    fn log(&mut self, record: &serde_json::Value) -> Result<()> {
+        self.metrics.as_mut().map_or(Ok(()), |m| m.write(record))
+    }
+}
+
+/// Where a data-parallel rank stands: its group and its rows of the batch.
+#[derive(Clone, Copy)]
+struct Ranks<'a> {
+    group: Option<&'a ProcessGroup>,
+    rows: (usize, usize),
+}
+
+/// `values` (`per_row` for each of this rank's `rows`) as the values of all `batch`
+/// rows, summed from every rank (each gives its rows and zeros elsewhere); `values`
+/// itself on a single process.
+fn all_rows(group: Option<&ProcessGroup>, values: Vec<f32>, rows: (usize, usize), batch: usize, per_row: usize) -> Result<Vec<f32>> {
+    let Some(g) = group else { return Ok(values) };
+    let mut all = vec![0f32; batch * per_row];
+    all[rows.0 * per_row..rows.1 * per_row].copy_from_slice(&values);
+    let mut t = Tensor::from_slice(&all);
+    g.all_reduce_sum(&mut t)?;
+    Vec::<f32>::try_from(&t).torch("reading the gathered rows")
 }
 
 /// A deep copy of a memory's state (the mechanisms replace their tensors, but a copy
@@ -435,9 +498,10 @@ impl Seen {
 
 /// The policy's action probabilities `B x 4` for the last observation of `seen`, as the
 /// memory absorbs it.
-fn policy(agent: &Agent, seen: &Seen, mem: &mut Memory) -> Result<Vec<f32>> {
+fn policy(agent: &Agent, seen: &Seen, mem: &mut Memory, rows: (usize, usize)) -> Result<Vec<f32>> {
     let f = observation_size(&agent.config) as i64;
     let (x, episodes) = seen.tensors(seen.obs.len() - 1, 1, f, agent.device()); // (b, 1, F), (b, 1)
+    let (x, episodes) = own_rows(x, episodes, rows);
     let out = agent.forward(&x, mem, false, episodes.as_ref())?;
     let probs = out.logits.softmax(-1, Kind::Float).view([-1]).to_device(tch::Device::Cpu);
     Vec::<f32>::try_from(&probs).torch("reading the policy")
@@ -484,11 +548,13 @@ impl Learned {
 /// Runs the window's observations `seen` (`T + 1` steps) again with gradient, from
 /// the memory state `start`, and takes one optimiser step on the actor-critic loss
 /// (skipped when the loss or the gradient is not finite).
-fn learn(agent: &Agent, opt: &mut Optimiser, start: &[(String, Tensor)], rollout: &Rollout, seen: &Seen, cfg: &Config, scales: Scales) -> Result<Learned> {
+#[allow(clippy::too_many_arguments)]
+fn learn(agent: &Agent, opt: &mut Optimiser, start: &[(String, Tensor)], rollout: &Rollout, seen: &Seen, cfg: &Config, scales: Scales, ranks: Ranks) -> Result<Learned> {
     let mut mem = agent.new_memory();
     mem.load_state(start)?;
     let (steps, f) = (seen.obs.len() as i64, observation_size(cfg) as i64);
     let (x, episodes) = seen.tensors(0, steps as usize, f, agent.device()); // (b, T+1, F), (b, T+1)
+    let (x, episodes) = own_rows(x, episodes, ranks.rows);
     let chunk = cfg.train.block.min(cfg.memory.span).max(1) as i64;
     let (mut logits, mut values) = (vec![], vec![]);
     let mut aux = Tensor::zeros([], (Kind::Float, agent.device()));
@@ -505,20 +571,41 @@ fn learn(agent: &Agent, opt: &mut Optimiser, start: &[(String, Tensor)], rollout
     let t = rollout.len() as i64;
     let (logits, values) = (Tensor::cat(&logits, 1), Tensor::cat(&values, 1)); // (b, T+1, 4), (b, T+1)
     let bootstrap: Vec<f32> = Vec::try_from(&values.narrow(1, t, 1).detach().view([-1]).to_device(tch::Device::Cpu)).torch("reading the values")?;
+    let bootstrap = all_rows(ranks.group, bootstrap, ranks.rows, cfg.train.batch, 1)?;
     let bootstrap: Vec<f64> = bootstrap.into_iter().map(f64::from).collect();
     let returns = a2c::returns(rollout, &bootstrap, cfg.rl.gamma);
-    let l = a2c::loss(&logits.narrow(1, 0, t), &values.narrow(1, 0, t), rollout, &returns, &cfg.rl);
-    let aux = aux * scales.aux;
+    let (lo, hi) = ranks.rows;
+    let mine: Vec<Vec<f64>> = returns.iter().map(|r| r[lo..hi].to_vec()).collect();
+    let count = rollout.active_steps().max(1) as f64; // the whole batch's
+    let l = a2c::loss_over(&logits.narrow(1, 0, t), &values.narrow(1, 0, t), &rollout.rows(lo, hi), &mine, &cfg.rl, count);
+    // The memories' losses are means over the rows: each rank's counts for its share.
+    let world = ranks.group.map_or(1, ProcessGroup::world_size) as f64;
+    let aux = aux * (scales.aux / world);
     let total = &l.total + &aux;
     opt.zero_grad();
     total.backward();
+    let mut sums = [total.double_value(&[]), l.policy, l.value, l.entropy, aux.double_value(&[])];
+    if let Some(g) = ranks.group {
+        g.sum_gradients(&agent.named_parameters())?;
+        let reduced = g.sum_f64(&sums)?;
+        sums.copy_from_slice(&reduced);
+    }
+    let [loss, policy, value, entropy, aux] = sums;
     let grad_norm = opt.clip_grad_norm(cfg.train.grad_clip);
-    let loss = total.double_value(&[]);
     if loss.is_finite() && grad_norm.is_finite() {
         opt.step(scales.lr);
         agent.after_step();
     }
-    Ok(Learned { loss, policy: l.policy, value: l.value, entropy: l.entropy, aux: aux.double_value(&[]), grad_norm })
+    Ok(Learned { loss, policy, value, entropy, aux, grad_norm })
+}
+
+/// Rows `lo..hi` of a window's observations `(b, t, F)` and episode numbers `(b, t)`.
+fn own_rows(x: Tensor, episodes: Option<Tensor>, (lo, hi): (usize, usize)) -> (Tensor, Option<Tensor>) {
+    let (lo, n) = (lo as i64, (hi - lo) as i64);
+    if lo == 0 && n == x.size()[0] {
+        return (x, episodes);
+    }
+    (x.narrow(0, lo, n), episodes.map(|e| e.narrow(0, lo, n)))
 }
 
 /// Sees a batch of episodes after every step, with the actions taken, their outcomes
@@ -578,7 +665,7 @@ impl Player<'_> {
     fn step(&mut self, eps: &mut Episodes, mem: &mut Memory, numbered: bool, watch: &mut Watch) -> Result<()> {
         let mut now = Seen::default();
         now.push(eps, self.vocab, numbered);
-        let probs = policy(self.agent, &now, mem)?;
+        let probs = policy(self.agent, &now, mem, (0, eps.slots.len()))?;
         let active: Vec<bool> = eps.slots.iter().map(|s| !s.done).collect();
         let actions: Vec<Action> = sample(&probs, &active, &mut self.rng).into_iter().map(|a| Action::from_index(a as usize)).collect();
         let (outcomes, ended) = eps.step(&actions);

@@ -14,6 +14,7 @@ use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
 
 use crate::checkpoint::{self, Checkpoint};
+use crate::dist::ProcessGroup;
 use crate::config::Config;
 use crate::error::{LetheError, Result};
 use crate::metrics::MetricsLog;
@@ -220,3 +221,31 @@ fn flatten(cfg: &Config) -> Result<BTreeMap<String, String>> {
     walk("", &value, &mut out);
     Ok(out)
 }
+/// Rank 0 (or a single process) locks the run folder and checks the checkpoint to
+/// resume; the other ranks read that checkpoint without touching the folder. A
+/// checkpoint of another number of ranks is refused before anything is written.
+pub(crate) fn open_for_ranks(cfg: &Config, intent: Intent, dir: &Path, group: Option<&ProcessGroup>) -> Result<(Option<RunFolder>, Option<Checkpoint>)> {
+    let (folder, resumed) = if group.is_none_or(|g| g.rank() == 0) {
+        let folder = RunFolder::open(dir, intent)?;
+        let resumed = folder.resumable(cfg)?;
+        (Some(folder), resumed)
+    } else if intent.resume {
+        let ck = Checkpoint::load(&dir.join(checkpoint::FILE_NAME))?;
+        check_resumable(&ck, cfg)?;
+        (None, Some(ck))
+    } else {
+        (None, None)
+    };
+    let world = group.map_or(1, ProcessGroup::world_size);
+    if let Some((ck, state)) = resumed.as_ref().and_then(|ck| ck.state.as_ref().map(|s| (ck, s))) {
+        if state.world_size != world {
+            let reason = format!(
+                "was written by {} rank(s), each carrying the memory of its own streams; resume it with the same number (torchrun --nproc-per-node {}), not {world}",
+                state.world_size, state.world_size
+            );
+            return Err(LetheError::checkpoint(&ck.path, reason));
+        }
+    }
+    Ok((folder, resumed))
+}
+
