@@ -2,6 +2,7 @@
 
 pub mod attention;
 pub mod backbone;
+pub mod gpt2;
 pub mod memory;
 
 use std::collections::HashMap;
