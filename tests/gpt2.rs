@@ -1,9 +1,12 @@
-//! GPT-2 read from the Hugging Face layout gives the logits `transformers` gives: the
-//! fixture (tests/fixtures/gpt2-tiny, made by scripts/gpt2-fixture.py) is a tiny random
-//! GPT-2 saved by `transformers`, with a batch of ids and the logits it computed.
+//! GPT-2 read from the Hugging Face layout gives the logits `transformers` gives, and its
+//! tokenizer the ids Hugging Face `tokenizers` gives: the fixture (tests/fixtures/gpt2-tiny,
+//! made by scripts/gpt2-fixture.py) is a tiny random GPT-2 saved by `transformers` with a
+//! byte-level BPE trained by `tokenizers`, a batch of ids and the logits computed for it,
+//! and a sample text with its ids.
 
 use std::path::{Path, PathBuf};
 
+use lethe::data::tokenizer::Tokenizer;
 use lethe::model::gpt2::{Gpt2, Gpt2Config};
 use tch::{Device, Tensor};
 
@@ -49,7 +52,7 @@ fn bad_folders_and_inputs_are_named() {
     std::fs::write(dir.path().join("config.json"), text).unwrap();
     std::fs::copy(fixture().join("model.safetensors"), dir.path().join("model.safetensors")).unwrap();
     let err = Gpt2::load(dir.path(), Device::Cpu).err().unwrap().to_string();
-    assert!(err.contains("wte.weight") && err.contains("[96, 24]"), "{err}");
+    assert!(err.contains("wte.weight") && err.contains("[300, 24]"), "{err}");
     let model = Gpt2::load(&fixture(), Device::Cpu).unwrap();
     let too_long = Tensor::zeros([1, 33], (tch::Kind::Int64, Device::Cpu));
     assert!(model.forward(&too_long).err().unwrap().to_string().contains("1 to 32 positions"));
@@ -85,3 +88,58 @@ fn a_tensor_gpt2_does_not_have_is_refused_by_name() {
     let err = Gpt2::load(dir.path(), Device::Cpu).err().unwrap().to_string();
     assert!(err.contains("h.0.attn.q_norm.weight") && err.contains("another architecture"), "{err}");
 }
+
+fn sample() -> (String, Vec<u32>) {
+    let text = std::fs::read_to_string(fixture().join("sample.txt")).unwrap();
+    let ids: Vec<i64> = Tensor::read_safetensors(fixture().join("expected.safetensors"))
+        .unwrap()
+        .into_iter()
+        .find(|(n, _)| n == "sample_ids")
+        .map(|(_, t)| Vec::try_from(&t).unwrap())
+        .unwrap();
+    (text, ids.into_iter().map(|i| i as u32).collect())
+}
+
+#[test]
+fn the_tokenizer_gives_the_ids_of_hugging_face_tokenizers_and_round_trips() {
+    let (text, want) = sample();
+    let tokenizer = Tokenizer::from_dir(&fixture()).unwrap();
+    assert_eq!(tokenizer.vocab_size(), 300);
+    let ids = tokenizer.encode(&text).unwrap();
+    assert_eq!(ids, want);
+    assert_eq!(tokenizer.decode(&ids).unwrap(), text);
+    assert!(ids.len() < text.len(), "merges were applied: {} ids for {} bytes", ids.len(), text.len());
+}
+
+#[test]
+fn the_older_vocab_and_merges_pair_reads_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["vocab.json", "merges.txt"] {
+        std::fs::copy(fixture().join(f), dir.path().join(f)).unwrap();
+    }
+    let (text, want) = sample();
+    let tokenizer = Tokenizer::from_dir(dir.path()).unwrap();
+    assert_eq!(tokenizer.encode(&text).unwrap(), want);
+    assert_eq!(tokenizer.decode(&want).unwrap(), text);
+}
+
+#[test]
+fn a_folder_without_a_tokenizer_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = Tokenizer::from_dir(dir.path()).err().unwrap().to_string();
+    assert!(err.contains("neither tokenizer.json nor vocab.json"), "{err}");
+    std::fs::write(dir.path().join("tokenizer.json"), "{not json").unwrap();
+    let err = Tokenizer::from_dir(dir.path()).err().unwrap().to_string();
+    assert!(err.contains("tokenizer.json") && err.contains("not a tokenizer"), "{err}");
+}
+
+#[test]
+fn the_model_reads_the_tokenizers_ids() {
+    let (text, _) = sample();
+    let tokenizer = Tokenizer::from_dir(&fixture()).unwrap();
+    let model = Gpt2::load(&fixture(), Device::Cpu).unwrap();
+    let ids: Vec<i64> = tokenizer.encode(&text).unwrap().into_iter().take(32).map(i64::from).collect();
+    let logits = tch::no_grad(|| model.forward(&Tensor::from_slice(&ids).unsqueeze(0))).unwrap();
+    assert_eq!(logits.size(), [1, ids.len() as i64, tokenizer.vocab_size() as i64]);
+}
+

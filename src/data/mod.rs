@@ -10,6 +10,7 @@
 pub mod bytes;
 pub mod seq;
 pub mod stream;
+pub mod tokenizer;
 pub mod tasks;
 
 
