@@ -191,7 +191,9 @@ fn train(a: TrainArgs) -> Result<()> {
         return Ok(());
     }
     let summary = lethe::train::train(&cfg, &opts)?;
-    if let Some(r) = summary.last_eval.filter(|_| leader) {
+    if summary.last_eval.as_ref().is_some_and(|r| leader && r.tokens == 0) {
+        println!("done: the last evaluation scored no token (raise train.eval_tokens, or 0 for the whole split); run folder {}", summary.run_dir.display());
+    } else if let Some(r) = summary.last_eval.filter(|_| leader) {
         println!(
             "done: valid loss {:.4} nats ({:.4} bpb), accuracy {:.1}% (unigram baseline {:.4} nats); run folder {}",
             r.loss,

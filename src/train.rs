@@ -188,7 +188,9 @@ impl Looped for Run<'_> {
     }
 
     fn log_progress(&mut self, w: &Window, seconds: f64) -> Result<()> {
-        let loss = w.nll / w.weight.max(1.0);
+        // No scored token in the window (a copy task's filler): no loss, not a loss of 0.
+        let loss = (w.weight > 0.0).then(|| w.nll / w.weight);
+        let bpb = loss.map(|l| l / std::f64::consts::LN_2);
         let lr = learning_rate(&self.cfg.train, self.step.saturating_sub(1));
         let tokens_per_s = w.tokens as f64 / seconds.max(1e-9);
         let eta = std::time::Duration::from_secs_f64(seconds / w.steps.max(1) as f64 * (self.cfg.train.steps - self.step) as f64);
@@ -200,10 +202,11 @@ impl Looped for Run<'_> {
         let spans = per_layer(&|r| r.extra("mean_span"));
         let spans = if spans.is_empty() { String::new() } else { format!(" | span {spans}") };
         self.say(&format!(
-            "step {:>6}/{} | loss {loss:.4} | bpb {:.4} | lr {lr:.2e} | {} tok/s | mem {}{spans} | ETA {}",
+            "step {:>6}/{} | loss {} | bpb {} | lr {lr:.2e} | {} tok/s | mem {}{spans} | ETA {}",
             self.step,
             self.cfg.train.steps,
-            loss / std::f64::consts::LN_2,
+            or_dash(loss),
+            or_dash(bpb),
             format_count(tokens_per_s),
             per_layer(&|r| Some(r.mem_size)),
             format_duration(eta)
@@ -212,7 +215,7 @@ impl Looped for Run<'_> {
             "step": self.step,
             "split": "train",
             "loss": loss,
-            "bpb": loss / std::f64::consts::LN_2,
+            "bpb": bpb,
             "aux_loss": w.aux / w.steps.max(1) as f64,
             "grad_norm": w.grad_norm / w.steps.max(1) as f64,
             "lr": lr,
@@ -226,16 +229,23 @@ impl Looped for Run<'_> {
     fn evaluate(&mut self) -> Result<EvalResult> {
         let cap = (self.cfg.train.eval_tokens > 0).then_some(self.cfg.train.eval_tokens);
         let r = evaluate_sharded(&self.lm, &self.valid, self.cfg.train.batch, self.cfg.train.block, cap, self.group.as_ref(), |_, _| {})?;
-        let answers = r.answer_accuracy.map(|a| format!(" | answers {:.1}%", 100.0 * a)).unwrap_or_default();
+        let scored = r.tokens > 0; // none: the figures are not 0, they do not exist
+        let answers = r.answer_accuracy.filter(|_| scored).map(|a| format!(" | answers {:.1}%", 100.0 * a)).unwrap_or_default();
+        let accuracy = if scored { format!("{:.1}%", 100.0 * r.accuracy) } else { "-".into() };
+        let hint = if scored { String::new() } else { " (no scored token: raise train.eval_tokens, or 0 for the whole split)".to_string() };
         self.say(&format!(
-            "eval step {} | valid loss {:.4} | bpb {:.4} | accuracy {:.1}%{answers} | {} tokens",
+            "eval step {} | valid loss {} | bpb {} | accuracy {accuracy}{answers} | {} tokens{hint}",
             self.step,
-            r.loss,
-            r.bpb,
-            100.0 * r.accuracy,
+            or_dash(scored.then_some(r.loss)),
+            or_dash(scored.then_some(r.bpb)),
             r.tokens
         ));
         let mut record = serde_json::to_value(&r)?;
+        if !scored {
+            for field in ["loss", "bpb", "accuracy", "answer_accuracy"] {
+                record[field] = serde_json::Value::Null;
+            }
+        }
         record["step"] = json!(self.step);
         record["split"] = json!("valid");
         self.log(&record)?;
@@ -278,6 +288,11 @@ impl Run<'_> {
     }
 }
 
+
+/// `value` to 4 decimals, or `-` when there is none.
+fn or_dash(value: Option<f64>) -> String {
+    value.map_or_else(|| "-".to_string(), |v| format!("{v:.4}"))
+}
 
 /// The sums of one optimiser step.
 #[derive(Clone, Copy, Debug)]

@@ -336,3 +336,22 @@ fn the_readme_lists_every_preset_as_list_presets_does() {
         assert!(listed.lines().any(|l| l.starts_with(p.name) && l.ends_with(p.about)), "--list-presets lacks {}", p.name);
     }
 }
+
+/// Regression (issue 24): steps and evaluations without a scored token were logged as a
+/// loss of 0; they are logged as null and printed as `-`.
+#[test]
+fn a_window_without_a_scored_token_logs_no_loss_rather_than_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // The answer lies 60-80 tokens away: the first blocks of 8 hold only the run and filler.
+    let far = ["--steps", "4", "--set", "data.copy.distance_min=60", "--set", "data.copy.distance_max=80", "--set", "train.eval_tokens=8"];
+    let said = succeeds(&train(d, &far));
+    assert!(said.contains("scored no token"), "{said}");
+    let text = std::fs::read_to_string(d.join("runs/copy-tiny/metrics.jsonl")).unwrap();
+    let records: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(records.len(), 5, "4 steps and 1 evaluation");
+    for r in &records {
+        assert!(r["loss"].is_null() && r["bpb"].is_null(), "{r}");
+    }
+    assert!(records.iter().any(|r| r["split"] == "valid" && r["accuracy"].is_null() && r["tokens"] == 0));
+}

@@ -119,19 +119,28 @@ fn two_ranks(dir: &std::path::Path, args: &[&str], per_rank: [&[&str]; 2]) -> [O
     children.map(finish)
 }
 
-/// The training losses a run logged, step by step.
-fn losses(run: &std::path::Path) -> Vec<f64> {
+/// The training losses a run logged, step by step (`None` for a step without a scored token).
+fn losses(run: &std::path::Path) -> Vec<Option<f64>> {
     logged(run, "train", "loss")
 }
 
 /// Field `field` of every `split` record of a run's metrics.
-fn logged(run: &std::path::Path, split: &str, field: &str) -> Vec<f64> {
+fn logged(run: &std::path::Path, split: &str, field: &str) -> Vec<Option<f64>> {
     let text = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
     text.lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
         .filter(|v| v["split"] == split)
-        .map(|v| v[field].as_f64().unwrap())
+        .map(|v| v[field].as_f64())
         .collect()
+}
+
+/// Whether two logged figures agree to 1e-6 relative (or are both absent).
+fn close(x: &Option<f64>, y: &Option<f64>) -> bool {
+    match (x, y) {
+        (Some(x), Some(y)) => (x - y).abs() <= 1e-6 * x.abs().max(1e-12),
+        (None, None) => true,
+        _ => false,
+    }
 }
 
 /// Every tensor of a checkpoint (parameters, optimiser moments, memories), by name.
@@ -163,16 +172,13 @@ fn two_ranks_train_as_one_process_with_the_same_micro_batches() {
         assert!(said.contains("done:") && succeeds(&r1).is_empty(), "rank 0 alone reports: {said}");
         let (a, b) = (losses(&d.join("runs/one")), losses(&d.join("runs/two")));
         assert_eq!(a.len(), 20);
-        for (x, y) in a.iter().zip(&b) {
-            assert!((x - y).abs() <= 1e-6 * x.abs().max(1e-12), "{mechanism}: {a:?} against {b:?}");
-        }
+        assert!(a.iter().filter(|x| x.is_some()).count() > 10, "{mechanism}: most steps score tokens: {a:?}");
+        assert!(a.len() == b.len() && a.iter().zip(&b).all(|(x, y)| close(x, y)), "{mechanism}: {a:?} against {b:?}");
         // The validation, sharded over the ranks and reduced, as one process scores it.
         for field in ["loss", "accuracy", "tokens"] {
             let (a, b) = (logged(&d.join("runs/one"), "valid", field), logged(&d.join("runs/two"), "valid", field));
-            assert!(!a.is_empty() && a.len() == b.len(), "{mechanism} {field}: {a:?} against {b:?}");
-            for (x, y) in a.iter().zip(&b) {
-                assert!((x - y).abs() <= 1e-6 * x.abs().max(1e-12), "{mechanism} valid {field}: {a:?} against {b:?}");
-            }
+            assert!(!a.is_empty() && a.iter().all(Option::is_some), "{mechanism} {field}: {a:?}");
+            assert!(a.len() == b.len() && a.iter().zip(&b).all(|(x, y)| close(x, y)), "{mechanism} valid {field}: {a:?} against {b:?}");
         }
         let (ta, tb) = (tensors(&d.join("runs/one")), tensors(&d.join("runs/two")));
         assert_eq!(ta.iter().map(|(n, _)| n).collect::<Vec<_>>(), tb.iter().map(|(n, _)| n).collect::<Vec<_>>(), "{mechanism}");
@@ -257,9 +263,7 @@ fn two_ranks_train_a_gridworld_agent_as_one_process() {
         assert!(succeeds(&r0).contains("done:") && succeeds(&r1).is_empty(), "rank 0 alone reports");
         let (a, b) = (losses(&d.join("runs/one")), losses(&d.join("runs/two")));
         assert_eq!(a.len(), 20, "{preset}");
-        for (x, y) in a.iter().zip(&b) {
-            assert!((x - y).abs() <= 1e-6 * x.abs().max(1e-12), "{preset}: {a:?} against {b:?}");
-        }
+        assert!(a.len() == b.len() && a.iter().zip(&b).all(|(x, y)| close(x, y)), "{preset}: {a:?} against {b:?}");
         let (ta, tb) = (tensors(&d.join("runs/one")), tensors(&d.join("runs/two")));
         assert!(tb.iter().any(|(n, _)| n.starts_with("memory.1.")), "{preset}: both ranks' memories are kept");
         let learned = |t: &[(String, tch::Tensor)]| t.iter().filter(|(n, _)| !n.starts_with("memory.")).map(|(n, x)| (n.clone(), x.shallow_clone())).collect::<Vec<_>>();
