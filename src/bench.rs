@@ -139,7 +139,6 @@ pub fn bench(cfg: &Config, opts: &BenchOptions, group: Option<&ProcessGroup>) ->
     cfg.validate()?;
     opts.validate()?;
     let device = crate::device::for_training(&cfg.train.device, cfg.train.threads)?;
-    crate::dist::check_device(group, device)?;
     reset_peak_rss();
     let lm = Lm::new(cfg, device)?;
     let mut opt = Optimiser::new(lm.named_parameters(), &cfg.train);

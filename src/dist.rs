@@ -279,44 +279,41 @@ impl ProcessGroup {
     }
 
     /// Sums the gradients of `params` over the ranks, in place, in flat buckets of at
-    /// most [`BUCKET_ELEMENTS`] floats (one all-reduce per bucket, not per tensor).
-    /// Every rank must hold a gradient for the same parameters; `names` says which one
-    /// differs when they do not.
-    pub fn sum_gradients(&self, params: &[(String, Tensor)]) -> Result<()> {
-        let _guard = tch::no_grad_guard();
-        let defined: Vec<f64> = params.iter().map(|(_, p)| f64::from(u8::from(p.grad().defined()))).collect();
-        let counts = self.sum_f64(&defined)?;
+    /// most [`BUCKET_ELEMENTS`] floats (one all-reduce per bucket, not per tensor), and
+    /// returns the sums of `figures` (the step's loss figures), reduced in the same call
+    /// as the check that every rank holds a gradient for the same parameters (the error
+    /// names the first that differs).
+    pub fn sum_gradients(&self, params: &[(String, Tensor)], figures: &[f64]) -> Result<Vec<f64>> {
+        let mut flags: Vec<f64> = params.iter().map(|(_, p)| f64::from(u8::from(p.grad().defined()))).collect();
+        flags.extend(figures);
+        let sums = self.sum_f64(&flags)?;
+        let (counts, figures) = sums.split_at(params.len());
         let world = self.world_size as f64;
-        if let Some(((name, _), _)) = params.iter().zip(&counts).find(|(_, &c)| c != 0.0 && c != world) {
+        if let Some(((name, _), _)) = params.iter().zip(counts).find(|(_, &c)| c != 0.0 && c != world) {
             return Err(LetheError::Distributed { rank: self.rank, reason: format!("parameter `{name}` has a gradient on some ranks only") });
         }
         let grads: Vec<Tensor> = params.iter().map(|(_, p)| p.grad()).filter(Tensor::defined).collect();
-        for bucket in buckets(&grads) {
-            let flat: Vec<Tensor> = bucket.iter().map(|g| g.reshape([-1]).to_device(Device::Cpu)).collect();
-            let mut flat = Tensor::cat(&flat, 0);
-            self.all_reduce_sum(&mut flat)?;
-            let mut offset = 0;
-            for g in bucket {
-                let n = g.numel() as i64;
-                g.shallow_clone().copy_(&flat.narrow(0, offset, n).view_as(g).to_device(g.device()));
-                offset += n;
-            }
-        }
-        Ok(())
+        self.through_buckets(&grads, |flat| self.all_reduce_sum(flat))?;
+        Ok(figures.to_vec())
     }
 
     /// Replaces every tensor of `tensors` by rank 0's, in flat buckets.
     pub fn broadcast_from_root(&self, tensors: &[Tensor]) -> Result<()> {
+        self.through_buckets(tensors, |flat| self.broadcast(flat, 0))
+    }
+
+    /// Runs `collective` on each bucket of `tensors` flattened into one CPU tensor, then
+    /// copies the result back into the tensors, in place.
+    fn through_buckets(&self, tensors: &[Tensor], collective: impl Fn(&mut Tensor) -> Result<()>) -> Result<()> {
         let _guard = tch::no_grad_guard();
         for bucket in buckets(tensors) {
             let flat: Vec<Tensor> = bucket.iter().map(|t| t.reshape([-1]).to_device(Device::Cpu)).collect();
             let mut flat = Tensor::cat(&flat, 0);
-            self.broadcast(&mut flat, 0)?;
+            collective(&mut flat)?;
             let mut offset = 0;
             for t in bucket {
                 let n = t.numel() as i64;
-                let mut t = t.shallow_clone();
-                t.copy_(&flat.narrow(0, offset, n).view_as(&t).to_device(t.device()));
+                t.shallow_clone().copy_(&flat.narrow(0, offset, n).view_as(t).to_device(t.device()));
                 offset += n;
             }
         }
@@ -379,10 +376,20 @@ fn buckets(tensors: &[Tensor]) -> Vec<&[Tensor]> {
 /// The data-parallel group of a training (or bench) under torchrun, when the launch has
 /// more than one rank; `None` for a single process. The batch must split evenly into
 /// every rank's micro-batches (`train.batch` a multiple of ranks x `train.accum`).
+///
+/// Data-parallel ranks train on the CPU: their collectives are Gloo's. On a GPU every
+/// rank would also take the same device (lethe does not yet map `LOCAL_RANK` to one)
+/// and the gradients would cross host memory, so such a run is refused, before any
+/// rank waits for another, until lethe builds c10d's NCCL group.
 pub fn join_for_training(cfg: &crate::config::Config) -> Result<Option<ProcessGroup>> {
     let Some(launch) = Launch::from_env()? else { return Ok(None) };
     if launch.world_size == 1 {
         return Ok(None);
+    }
+    let device = crate::device::parse(&cfg.train.device)?;
+    if device != Device::Cpu {
+        let reason = format!("data-parallel training runs on the CPU (Gloo) for now, and train.device asks for {device:?}: set --device cpu, or train on one process");
+        return Err(LetheError::Distributed { rank: launch.rank, reason });
     }
     let parts = launch.world_size * cfg.train.accum;
     if !cfg.train.batch.is_multiple_of(parts) {
@@ -390,20 +397,6 @@ pub fn join_for_training(cfg: &crate::config::Config) -> Result<Option<ProcessGr
         return Err(LetheError::config("train.batch", cfg.train.batch, reason));
     }
     ProcessGroup::join(&launch, std::time::Duration::from_secs(cfg.train.dist_timeout)).map(Some)
-}
-
-/// Data-parallel ranks train on the CPU: their collectives are Gloo's. On a GPU every
-/// rank would also take the same device (lethe does not yet map `LOCAL_RANK` to one)
-/// and the gradients would cross host memory, so such a run is refused until lethe
-/// builds c10d's NCCL group.
-pub fn check_device(group: Option<&ProcessGroup>, device: Device) -> Result<()> {
-    match group {
-        Some(g) if device != Device::Cpu => Err(LetheError::Distributed {
-            rank: g.rank(),
-            reason: format!("data-parallel training runs on the CPU (Gloo) for now, and train.device asks for {device:?}: set --device cpu, or train on one process"),
-        }),
-        _ => Ok(()),
-    }
 }
 
 /// What [`self_check`] measured on one rank.
@@ -421,6 +414,9 @@ pub struct SelfCheck {
 /// `elements` floats (rank `r` gives `r + 1`, so the sum is `n (n + 1) / 2`), a
 /// broadcast of rank 0's values and a barrier. A wrong number is an error.
 pub fn self_check(group: &ProcessGroup, elements: usize, rounds: usize) -> Result<SelfCheck> {
+    if elements == 0 {
+        return Err(LetheError::Invalid("the self-check needs at least one element".into()));
+    }
     let n = group.world_size() as f64;
     let mut times = vec![];
     for _ in 0..rounds.max(1) {

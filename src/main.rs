@@ -449,6 +449,16 @@ fn sweep(a: SweepArgs) -> Result<()> {
 }
 
 fn dist_check(a: DistCheckArgs) -> Result<()> {
+    const MOST_ELEMENTS: usize = 1 << 28; // 1 GiB of floats
+    if a.elements == 0 || a.elements > MOST_ELEMENTS {
+        anyhow::bail!("--elements must be in 1..={MOST_ELEMENTS} (1 GiB of floats), not {}", a.elements);
+    }
+    if a.rounds == 0 {
+        anyhow::bail!("--rounds must be at least 1");
+    }
+    if a.timeout == 0 || a.timeout > lethe::config::train::MAX_DIST_TIMEOUT_S {
+        anyhow::bail!("--timeout must be in 1..={} seconds, not {}", lethe::config::train::MAX_DIST_TIMEOUT_S, a.timeout);
+    }
     let launch = lethe::dist::Launch::from_env()?.context("no distributed launch: WORLD_SIZE is not set (start it with torchrun --nproc-per-node N --no-python lethe dist-check)")?;
     let who = format!("rank {}/{}", launch.rank, launch.world_size);
     let start = std::time::Instant::now();

@@ -93,7 +93,6 @@ impl<'a> Run<'a> {
         let device = crate::device::for_training(&cfg.train.device, cfg.train.threads)?;
         crate::model::check_fits(cfg, device)?; // before the streams, which grow with the batch
         let group = crate::dist::join_for_training(cfg)?;
-        crate::dist::check_device(group.as_ref(), device)?;
         let dir = opts.out_dir.join(&cfg.name);
         let (mut folder, resumed) = crate::run::folder::open_for_ranks(cfg, opts.intent(), &dir, group.as_ref())?;
         let data = crate::task::train_streams(cfg, cfg.train.batch)?;
@@ -165,8 +164,8 @@ impl Looped for Run<'_> {
         self.opts.quiet || self.folder.is_none()
     }
 
-    fn agree(&self, flag: bool) -> Result<bool> {
-        self.group.as_ref().map_or(Ok(flag), |g| g.any(flag))
+    fn group(&self) -> Option<&ProcessGroup> {
+        self.group.as_ref()
     }
 
     /// One optimiser step; returns the task loss (nats per scored token).
@@ -352,8 +351,7 @@ pub fn optimisation_step(
     let mut comm_s = 0.0;
     if let Some(g) = group {
         let start = std::time::Instant::now();
-        g.sum_gradients(&lm.named_parameters())?;
-        let sums = g.sum_f64(&[nll_sum, aux])?;
+        let sums = g.sum_gradients(&lm.named_parameters(), &[nll_sum, aux])?;
         (nll_sum, aux) = (sums[0], sums[1]);
         comm_s = start.elapsed().as_secs_f64();
     }

@@ -310,3 +310,20 @@ fn a_resumed_two_rank_agent_repeats_the_straight_run() {
     }
     assert_eq!(losses(&d.join("runs/cut")), losses(&d.join("runs/straight")));
 }
+
+#[test]
+fn impossible_dist_check_flags_are_refused_before_joining() {
+    let port = free_port();
+    for (flag, value, needle) in [
+        ("--elements", "0", "--elements must be in 1..="),
+        ("--elements", "99999999999", "--elements must be in 1..="),
+        ("--rounds", "0", "--rounds must be at least 1"),
+        ("--timeout", "0", "--timeout must be in 1..="),
+        ("--timeout", "99999999999", "--timeout must be in 1..="),
+    ] {
+        fails_with(&finish(spawn(rank(0, 2, port, &[flag, value]))), &[needle]);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = finish(spawn(trainer(dir.path(), 0, 2, port, &["--set", "train.dist_timeout=99999999999"])));
+    fails_with(&out, &["train.dist_timeout", "at most 604800"]);
+}

@@ -56,6 +56,9 @@ fn bad_folders_and_inputs_are_named() {
     let model = Gpt2::load(&fixture(), Device::Cpu).unwrap();
     let too_long = Tensor::zeros([1, 33], (tch::Kind::Int64, Device::Cpu));
     assert!(model.forward(&too_long).err().unwrap().to_string().contains("1 to 32 positions"));
+    for bad in [Tensor::from_slice(&[0i64, 300]).unsqueeze(0), Tensor::from_slice(&[-1i64, 3]).unsqueeze(0), Tensor::from_slice(&[1.0f32, 2.0]).unsqueeze(0)] {
+        assert!(model.forward(&bad).err().unwrap().to_string().contains("int64 in 0..300"));
+    }
     let cfg = Gpt2Config::from_file(&fixture().join("config.json")).unwrap();
     assert_eq!((cfg.n_layer, cfg.n_head, cfg.inner(), cfg.activation_function.as_str()), (2, 3, 96, "gelu_new"));
 }

@@ -60,6 +60,10 @@ pub struct TrainConfig {
     pub dist_timeout: u64,
 }
 
+/// The longest wait for the other ranks lethe accepts, seconds (a week): longer ones
+/// would overflow c10d's clock arithmetic.
+pub const MAX_DIST_TIMEOUT_S: u64 = 7 * 24 * 3600;
+
 fn default_dist_timeout() -> u64 {
     600
 }
@@ -122,6 +126,9 @@ impl TrainConfig {
         positive("train.accum", self.accum)?;
         positive("train.log_every", self.log_every)?;
         positive("train.dist_timeout", self.dist_timeout as usize)?;
+        if self.dist_timeout > MAX_DIST_TIMEOUT_S {
+            return Err(LetheError::config("train.dist_timeout", self.dist_timeout, format!("must be at most {} s (a week)", MAX_DIST_TIMEOUT_S)));
+        }
         if !self.batch.is_multiple_of(self.accum) {
             return Err(LetheError::config(
                 "train.accum",

@@ -151,11 +151,16 @@ impl Gpt2 {
         Ok(Gpt2 { config, wte, wpe, blocks, ln_f, lm_head })
     }
 
-    /// Logits `(b, t, vocab)` for token ids `(b, t)`, `t` at most `n_positions`.
+    /// Logits `(b, t, vocab)` for token ids `(b, t)` (int64, each below `vocab_size`),
+    /// `t` at most `n_positions`.
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
         let t = ids.size().get(1).copied().unwrap_or(0);
-        if t == 0 || t > self.config.n_positions as i64 {
-            return Err(LetheError::Invalid(format!("GPT-2 reads 1 to {} positions at a time, not {t}", self.config.n_positions)));
+        if ids.dim() != 2 || t == 0 || t > self.config.n_positions as i64 {
+            return Err(LetheError::Invalid(format!("GPT-2 reads ids (batch, 1 to {} positions), not a tensor of shape {:?}", self.config.n_positions, ids.size())));
+        }
+        let v = self.config.vocab_size as i64;
+        if ids.kind() != Kind::Int64 || ids.numel() == 0 || ids.min().int64_value(&[]) < 0 || ids.max().int64_value(&[]) >= v {
+            return Err(LetheError::Invalid(format!("GPT-2's token ids must be int64 in 0..{v}")));
         }
         let positions = Tensor::arange(t, (Kind::Int64, ids.device()));
         let mut h = self.wte.index_select(0, &ids.flatten(0, -1)).view([ids.size()[0], t, -1]) + self.wpe.index_select(0, &positions); // (b, t, d)

@@ -231,7 +231,6 @@ impl<'a> Run<'a> {
     fn start(cfg: &'a Config, opts: &'a TrainOptions) -> Result<Self> {
         let device = crate::device::for_training(&cfg.train.device, cfg.train.threads)?;
         let group = crate::dist::join_for_training(cfg)?;
-        crate::dist::check_device(group.as_ref(), device)?;
         let dir = opts.out_dir.join(&cfg.name);
         let (mut folder, resumed) = crate::run::folder::open_for_ranks(cfg, opts.intent(), &dir, group.as_ref())?;
         let (rank, world) = group.as_ref().map_or((0, 1), |g| (g.rank(), g.world_size()));
@@ -342,8 +341,8 @@ impl Looped for Run<'_> {
         self.opts.quiet || self.folder.is_none()
     }
 
-    fn agree(&self, flag: bool) -> Result<bool> {
-        self.group.as_ref().map_or(Ok(flag), |g| g.any(flag))
+    fn group(&self) -> Option<&ProcessGroup> {
+        self.group.as_ref()
     }
 
     /// One truncation window: act, learn, one optimiser step. Returns the loss.
@@ -586,8 +585,7 @@ fn learn(agent: &Agent, opt: &mut Optimiser, start: &[(String, Tensor)], rollout
     total.backward();
     let mut sums = [total.double_value(&[]), l.policy, l.value, l.entropy, aux.double_value(&[])];
     if let Some(g) = ranks.group {
-        g.sum_gradients(&agent.named_parameters())?;
-        let reduced = g.sum_f64(&sums)?;
+        let reduced = g.sum_gradients(&agent.named_parameters(), &sums)?;
         sums.copy_from_slice(&reduced);
     }
     let [loss, policy, value, entropy, aux] = sums;

@@ -9,6 +9,7 @@ use std::time::Instant;
 use super::folder::Intent;
 use super::signals::Signals;
 use crate::config::{Config, TrainConfig};
+use crate::dist::ProcessGroup;
 use crate::error::{LetheError, Result};
 use crate::optim::learning_rate;
 use crate::rng::{seed_torch, Rng, TorchSeed};
@@ -63,10 +64,15 @@ pub(crate) trait Looped {
     /// The run folder.
     fn dir(&self) -> &Path;
 
+    /// The data-parallel group, under torchrun with more than one rank.
+    fn group(&self) -> Option<&ProcessGroup> {
+        None
+    }
+
     /// Whether `flag` holds on any rank of a data-parallel run (on every rank the same
     /// answer, so that all take the same branch); `flag` itself on a single process.
     fn agree(&self, flag: bool) -> Result<bool> {
-        Ok(flag)
+        self.group().map_or(Ok(flag), |g| g.any(flag))
     }
 
     /// Prints a progress line on stderr unless quiet.
