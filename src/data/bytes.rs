@@ -79,7 +79,7 @@ fn load_file(path: &Path, cfg: &DataConfig, split: Split) -> Result<SplitData> {
     }
     Ok(SplitData {
         origin: path.to_path_buf(),
-        docs: vec![TokenSeq::all_scored(bytes[start..end].to_vec())],
+        docs: vec![TokenSeq::bytes(&bytes[start..end], None, None)],
         mode: FolderMode::Concat,
     })
 }
@@ -141,7 +141,7 @@ fn load_folder(dir: &Path, cfg: &DataConfig, split: Split) -> Result<SplitData> 
     for f in &files {
         let bytes = std::fs::read(f).map_err(|e| LetheError::data(f, format!("cannot read: {e}")))?;
         if !bytes.is_empty() {
-            docs.push(TokenSeq::all_scored(bytes));
+            docs.push(TokenSeq::bytes(&bytes, None, None));
         }
     }
     if docs.is_empty() {
@@ -214,6 +214,7 @@ fn describe_file(path: &Path, d: &DataConfig) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::data::{bytes_of, Token};
 
     #[test]
     fn enwik8_split_is_90_5_5_million() {
@@ -244,15 +245,15 @@ mod tests {
         cfg.split = [0.8, 0.1, 0.1];
         let train = load(&cfg, Split::Train).unwrap();
         assert_eq!(train.docs.len(), 8);
-        assert_eq!(train.docs[0].tokens, vec![b'a'; 5]);
+        assert_eq!(bytes_of(&train.docs[0].tokens), vec![b'a'; 5]);
         let test = load(&cfg, Split::Test).unwrap();
         assert_eq!(test.docs.len(), 1);
-        assert_eq!(test.docs[0].tokens, vec![b'j'; 14]);
+        assert_eq!(bytes_of(&test.docs[0].tokens), vec![b'j'; 14]);
         // Documents mode keeps each book whole within a stream.
         let streams = train.into_streams(2);
         for s in &streams {
             let mut runs = s.tokens.chunk_by(|a, b| a == b).map(|r| (r[0], r.len()));
-            assert!(runs.all(|(byte, len)| len == 5 + (byte - b'a') as usize));
+            assert!(runs.all(|(byte, len)| len == 5 + (byte - Token::from(b'a')) as usize));
         }
     }
 
@@ -269,7 +270,7 @@ mod tests {
         assert_eq!(load(&cfg, Split::Train).unwrap().docs.len(), 3);
         let valid = load(&cfg, Split::Valid).unwrap();
         assert_eq!(valid.docs.len(), 2);
-        assert_eq!(valid.docs[1].tokens, b"validation 1".to_vec());
+        assert_eq!(bytes_of(&valid.docs[1].tokens), b"validation 1".to_vec());
         assert_eq!(load(&cfg, Split::Test).unwrap().docs.len(), 1);
     }
 

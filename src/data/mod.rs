@@ -1,7 +1,8 @@
 //! Data: token sequences, the three splits of a corpus or task, and the parallel
 //! streams that feed the model `B` blocks of `M` tokens at a time.
 //!
-//! Every source yields bytes (vocabulary 256). A sequence may flag which tokens are
+//! The byte sources and synthetic tasks yield bytes (vocabulary 256); tokenised text
+//! yields the ids of its tokenizer's vocabulary ([`Token`]). A sequence may flag which tokens are
 //! scored: predicting a flagged token counts in the loss and the metrics, the others are
 //! context only (the copy task scores only its answers; byte corpora score everything).
 //! A sequence may also carry labels: the target at a position is then the label, not
@@ -14,24 +15,23 @@ pub mod tokenizer;
 pub mod tasks;
 
 
-pub use seq::{Split, SplitData, TokenSeq};
+pub use seq::{bytes_of, Split, SplitData, Token, TokenSeq};
 pub use stream::{Batch, BlockStreams, EvalWalker, TrainStreams};
 
 /// Entropy in nats of the unigram distribution of the scored tokens of `seqs`: the loss
 /// of the best model that ignores context.
 pub fn unigram_entropy(seqs: &[TokenSeq]) -> f64 {
-    let mut counts = [0u64; 256];
+    let mut counts: std::collections::BTreeMap<Token, u64> = std::collections::BTreeMap::new(); // ordered: a fixed sum order
     for s in seqs {
         for i in 0..s.len() {
             if s.is_scored(i) {
-                counts[s.target(i) as usize] += 1;
+                *counts.entry(s.target(i)).or_default() += 1;
             }
         }
     }
-    let total: u64 = counts.iter().sum();
+    let total: u64 = counts.values().sum();
     counts
-        .iter()
-        .filter(|&&c| c > 0)
+        .values()
         .map(|&c| {
             let p = c as f64 / total as f64;
             -p * p.ln()

@@ -6,27 +6,45 @@ use std::path::PathBuf;
 use crate::config::FolderMode;
 use crate::error::{LetheError, Result};
 
+/// A token id: a byte for the byte-level sources and the synthetic tasks, an id of the
+/// tokenizer's vocabulary for tokenised text (GPT-2's 50,257, a word vocabulary's
+/// hundreds of thousands).
+pub type Token = u32;
+
+/// Tokens of a byte vocabulary as bytes (an id above 255, which no byte source
+/// yields, becomes `?`).
+pub fn bytes_of(tokens: &[Token]) -> Vec<u8> {
+    tokens.iter().map(|&t| u8::try_from(t).unwrap_or(b'?')).collect()
+}
+
 /// A finite token sequence. Position `i` is predicted from the inputs before it: its
 /// target is `labels[i]` when there are labels, `tokens[i]` otherwise. `scored[i]` says
 /// whether that prediction counts; `None` means every position counts.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TokenSeq {
     /// The tokens (the inputs).
-    pub tokens: Vec<u8>,
+    pub tokens: Vec<Token>,
     /// Which targets are scored (`None`: all).
     pub scored: Option<Vec<bool>>,
     /// Targets that differ from the tokens (`None`: the targets are the tokens).
-    pub labels: Option<Vec<u8>>,
+    pub labels: Option<Vec<Token>>,
 }
 
 impl TokenSeq {
     /// A sequence in which every token is scored.
-    pub fn all_scored(tokens: Vec<u8>) -> Self {
+    pub fn all_scored(tokens: Vec<Token>) -> Self {
         TokenSeq { tokens, scored: None, labels: None }
     }
 
+    /// A sequence of bytes (the synthetic tasks' and byte corpora's tokens), with which
+    /// targets are scored and the labels that replace them, if any.
+    pub fn bytes(tokens: &[u8], scored: Option<Vec<bool>>, labels: Option<&[u8]>) -> Self {
+        let ids = |b: &[u8]| b.iter().map(|&t| Token::from(t)).collect::<Vec<Token>>();
+        TokenSeq { tokens: ids(tokens), scored, labels: labels.map(ids) }
+    }
+
     /// The target of position `i`.
-    pub fn target(&self, i: usize) -> u8 {
+    pub fn target(&self, i: usize) -> Token {
         self.labels.as_ref().map_or(self.tokens[i], |l| l[i])
     }
 

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
 use super::tasks::Generator;
-use super::seq::{SplitData, TokenSeq};
+use super::seq::{SplitData, Token, TokenSeq};
 use crate::error::{LetheError, Result};
 use crate::rng::Rng;
 
@@ -39,8 +39,8 @@ impl Batch {
     /// Appends one stream's `len` inputs, targets and scored flags.
     fn push_stream(
         &mut self,
-        inputs: impl Iterator<Item = u8>,
-        targets: impl Iterator<Item = u8>,
+        inputs: impl Iterator<Item = Token>,
+        targets: impl Iterator<Item = Token>,
         scored: impl Iterator<Item = f32>,
     ) {
         self.inputs.extend(inputs.take(self.len).map(i64::from));
@@ -154,8 +154,8 @@ pub struct GeneratedStreams {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct GenStream {
     rng: Rng,
-    tokens: VecDeque<u8>,
-    targets: VecDeque<u8>,
+    tokens: VecDeque<Token>,
+    targets: VecDeque<Token>,
     scored: VecDeque<bool>,
 }
 
@@ -308,7 +308,7 @@ mod tests {
     use crate::config::FolderMode;
 
     fn split(tokens: Vec<u8>) -> SplitData {
-        SplitData { origin: "mem".into(), docs: vec![TokenSeq::all_scored(tokens)], mode: FolderMode::Concat }
+        SplitData { origin: "mem".into(), docs: vec![TokenSeq::bytes(&tokens, None, None)], mode: FolderMode::Concat }
     }
 
     #[test]

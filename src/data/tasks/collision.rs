@@ -179,7 +179,7 @@ pub fn tokens_of(records: &[StepRecord], easy: bool) -> TokenSeq {
         labels[after_query] = r.label;
         scored[after_query] = r.label > 0;
     }
-    TokenSeq { tokens, scored: Some(scored), labels: Some(labels) }
+    TokenSeq::bytes(&tokens, Some(scored), Some(&labels))
 }
 
 impl Generator for CollisionTask {
@@ -259,13 +259,14 @@ mod tests {
         let records = simulate(&cfg, &mut Rng::new(1), 400);
         let seq = tokens_of(&records, false);
         assert_eq!(seq.len(), 400 * 8 + 1);
-        assert_eq!(seq.tokens[seq.len() - 1], SEPARATOR);
+        let bytes = crate::data::bytes_of(&seq.tokens);
+        assert_eq!(bytes[seq.len() - 1], SEPARATOR);
         for (s, r) in records.iter().enumerate() {
             let base = s * 8;
-            assert_eq!(seq.tokens[base], r.cells[0].0);
-            assert_eq!(seq.tokens[base + 4], r.cells[1].1 + 16);
-            assert_eq!(seq.tokens[base + 6], r.query.0 + 37);
-            assert_eq!(seq.target(base + 8), r.label);
+            assert_eq!(bytes[base], r.cells[0].0);
+            assert_eq!(bytes[base + 4], r.cells[1].1 + 16);
+            assert_eq!(bytes[base + 6], r.query.0 + 37);
+            assert_eq!(seq.target(base + 8), u32::from(r.label));
             assert_eq!(seq.is_scored(base + 8), r.label > 0);
         }
         let scored = (0..seq.len()).filter(|&i| seq.is_scored(i)).count();

@@ -54,7 +54,7 @@ impl Generator for CopyTask {
         tokens.extend(std::iter::repeat_n(COPY, n));
         tokens.push(END);
         let scored = (0..tokens.len()).map(|i| i >= question_len).collect();
-        TokenSeq { tokens, scored: Some(scored), labels: None }
+        TokenSeq::bytes(&tokens, Some(scored), None)
     }
 }
 
@@ -100,7 +100,7 @@ mod tests {
     fn episode_has_the_run_the_gap_and_a_scored_answer_of_the_same_length() {
         let cfg = CopyConfig { count_min: 3, count_max: 3, distance_min: 5, distance_max: 5, eval_tokens: 10 };
         let ep = CopyTask::new(&cfg).episode(&mut Rng::new(1));
-        assert_eq!(ep.tokens, b"AAABBBBB=aaa.".to_vec());
+        assert_eq!(crate::data::bytes_of(&ep.tokens), b"AAABBBBB=aaa.".to_vec());
         let scored: Vec<usize> = (0..ep.len()).filter(|&i| ep.is_scored(i)).collect();
         assert_eq!(scored, vec![9, 10, 11, 12]);
     }
@@ -113,8 +113,8 @@ mod tests {
         let (mut counts, mut gaps) = (std::collections::BTreeSet::new(), std::collections::BTreeSet::new());
         for _ in 0..200 {
             let ep = task.episode(&mut rng);
-            let n = ep.tokens.iter().take_while(|&&t| t == RUN).count();
-            let d = ep.tokens.iter().filter(|&&t| t == FILL).count();
+            let n = ep.tokens.iter().take_while(|&&t| t == u32::from(RUN)).count();
+            let d = ep.tokens.iter().filter(|&&t| t == u32::from(FILL)).count();
             assert_eq!(ep.len(), 2 * n + d + 2);
             counts.insert(n);
             gaps.insert(d);

@@ -228,7 +228,7 @@ impl InstructionTask {
                 }
             }
         }
-        (TokenSeq { tokens: w.tokens, scored: Some(w.scored), labels: None }, records)
+        (TokenSeq::bytes(&w.tokens, Some(w.scored), None), records)
     }
 
     /// One distractor sentence, sometimes followed by the greeting of a character with
@@ -314,7 +314,7 @@ mod tests {
     }
 
     fn text(seq: &TokenSeq, range: std::ops::Range<usize>) -> String {
-        String::from_utf8(seq.tokens[range].to_vec()).unwrap()
+        String::from_utf8(crate::data::bytes_of(&seq.tokens[range])).unwrap()
     }
 
     #[test]

@@ -74,7 +74,7 @@ impl Generator for SortingTask {
         tokens.extend(answer.iter().map(|&s| letter(s)));
         tokens.push(b'\n');
         let scored = (0..tokens.len()).map(|i| i >= question_len && i < tokens.len() - 1).collect();
-        TokenSeq { tokens, scored: Some(scored), labels: None }
+        TokenSeq::bytes(&tokens, Some(scored), None)
     }
 }
 
@@ -115,9 +115,9 @@ mod tests {
         let task = SortingTask::new(&SortingConfig { symbols: 5, length: 50, eval_tokens: 100 });
         let ep = task.episode(&mut Rng::new(3));
         assert_eq!(ep.len(), 50 + 1 + 5 + 1);
-        assert_eq!(ep.tokens[50], SEPARATOR);
-        let seq: Vec<usize> = ep.tokens[..50].iter().map(|&t| (t - b'a') as usize).collect();
-        let answer: Vec<usize> = ep.tokens[51..56].iter().map(|&t| (t - b'a') as usize).collect();
+        assert_eq!(ep.tokens[50], u32::from(SEPARATOR));
+        let seq: Vec<usize> = ep.tokens[..50].iter().map(|&t| (t - u32::from(b'a')) as usize).collect();
+        let answer: Vec<usize> = ep.tokens[51..56].iter().map(|&t| (t - u32::from(b'a')) as usize).collect();
         assert_eq!(answer, by_frequency(&seq, 5));
         let scored: Vec<usize> = (0..ep.len()).filter(|&i| ep.is_scored(i)).collect();
         assert_eq!(scored, (51..56).collect::<Vec<_>>(), "only the sorted symbols are scored");
