@@ -314,7 +314,7 @@ impl ConfigArgs {
         }
         cfg = cfg.apply_overrides(&self.overrides)?;
         if let Some(path) = &self.data {
-            cfg.data.source = if path.is_dir() { Source::Folder } else { Source::File };
+            cfg.data.source = Source::for_path(&path);
             cfg.data.path = Some(path.clone());
         }
         if let Some(steps) = self.steps {

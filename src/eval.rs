@@ -22,6 +22,11 @@ pub struct EvalResult {
     /// Share of answers (maximal runs of consecutive scored tokens) predicted entirely
     /// right; `None` when every token is scored (a plain corpus).
     pub answer_accuracy: Option<f64>,
+    /// Perplexity per token: `exp(loss)`.
+    pub ppl: f64,
+    /// Perplexity per word of the raw text, `exp(loss · tokens / words)` over the split
+    /// (see [`crate::data::text`]); `None` for the synthetic tasks.
+    pub word_ppl: Option<f64>,
     /// Scored tokens.
     pub tokens: u64,
     /// Mean memory size `|C_t|` per layer over the pass.
@@ -136,7 +141,8 @@ pub fn evaluate_sharded(
     if let Some(g) = group {
         s = s.reduced(g)?;
     }
-    Ok(s.result(blocks, every_token_scored))
+    let per_word = split.words.filter(|&w| w > 0).map(|w| split.total_len() as f64 / w as f64);
+    Ok(s.result(blocks, every_token_scored, per_word))
 }
 
 /// What an evaluation adds up, per rank before the reduction.
@@ -194,11 +200,14 @@ impl Sums {
         })
     }
 
-    fn result(&self, blocks: usize, every_token_scored: bool) -> EvalResult {
+    /// `tokens_per_word`: the split's, for the perplexity per word.
+    fn result(&self, blocks: usize, every_token_scored: bool, tokens_per_word: Option<f64>) -> EvalResult {
         let loss = self.nll / self.weight.max(1.0);
         EvalResult {
             loss,
             bpb: loss / std::f64::consts::LN_2,
+            ppl: loss.exp(),
+            word_ppl: tokens_per_word.map(|r| (loss * r).exp()),
             accuracy: self.hits / self.weight.max(1.0),
             answer_accuracy: (!every_token_scored).then(|| self.right / self.answers.max(1.0)),
             tokens: self.weight as u64,

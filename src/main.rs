@@ -239,14 +239,14 @@ fn eval(a: EvalArgs) -> Result<()> {
     let split: Split = a.split.as_deref().unwrap_or("valid").parse()?;
     let mut cfg = ckpt.config.clone();
     if let Some(path) = a.data {
-        cfg.data.source = if path.is_dir() { Source::Folder } else { Source::File };
+        cfg.data.source = Source::for_path(&path);
         cfg.data.path = Some(path);
     }
     let block = a.block.unwrap_or(cfg.train.block);
     if block == 0 {
         anyhow::bail!("--block must be at least 1");
     }
-    cfg.memory.validate(block)?;
+    cfg.memory.validate(block, cfg.model.arch)?;
     let batch = a.batch.unwrap_or(cfg.train.batch);
     if batch == 0 {
         anyhow::bail!("--batch must be at least 1");
@@ -282,10 +282,13 @@ fn eval(a: EvalArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {
         let answers = r.answer_accuracy.map(|x| format!(", answers {:.2}%", 100.0 * x)).unwrap_or_default();
+        let unit = if cfg.data.tokenizer.is_some() { "token" } else { "byte" };
+        let words = r.word_ppl.map(|p| format!(", per word {p:.2}")).unwrap_or_default();
         println!(
-            "{split}: loss {:.4} nats, {:.4} bits per byte, accuracy {:.2}%{answers} over {} scored tokens (block {block}, {batch} streams)",
+            "{split}: loss {:.4} nats, {:.4} bits per {unit}, perplexity {:.2}{words}, accuracy {:.2}%{answers} over {} scored tokens (block {block}, {batch} streams)",
             r.loss,
             r.bpb,
+            r.ppl,
             100.0 * r.accuracy,
             r.tokens
         );

@@ -240,6 +240,7 @@ fn train_lm(cfg: &Config, opts: &TrainOptions) -> Result<Measured> {
         Metric::Error => 100.0 * (1.0 - r.accuracy),
         Metric::Accuracy => 100.0 * r.accuracy,
         Metric::Bpb => r.bpb,
+        Metric::WordPerplexity => r.word_ppl.unwrap_or(f64::NAN),
         Metric::Success | Metric::Rooms => return Err(LetheError::Invalid("gridworlds have no validation stream".into())),
     };
     Ok(Measured { quality, loss: r.loss, accuracy: r.accuracy, mem_size: r.mem_size })

@@ -231,9 +231,10 @@ impl Looped for Run<'_> {
         let scored = r.tokens > 0; // none: the figures are not 0, they do not exist
         let answers = r.answer_accuracy.filter(|_| scored).map(|a| format!(" | answers {:.1}%", 100.0 * a)).unwrap_or_default();
         let accuracy = if scored { format!("{:.1}%", 100.0 * r.accuracy) } else { "-".into() };
+        let words = r.word_ppl.filter(|_| scored).map(|p| format!(" | word ppl {p:.2}")).unwrap_or_default();
         let hint = if scored { String::new() } else { " (no scored token: raise train.eval_tokens, or 0 for the whole split)".to_string() };
         self.say(&format!(
-            "eval step {} | valid loss {} | bpb {} | accuracy {accuracy}{answers} | {} tokens{hint}",
+            "eval step {} | valid loss {} | bpb {}{words} | accuracy {accuracy}{answers} | {} tokens{hint}",
             self.step,
             or_dash(scored.then_some(r.loss)),
             or_dash(scored.then_some(r.bpb)),
@@ -241,7 +242,7 @@ impl Looped for Run<'_> {
         ));
         let mut record = serde_json::to_value(&r)?;
         if !scored {
-            for field in ["loss", "bpb", "accuracy", "answer_accuracy"] {
+            for field in ["loss", "bpb", "ppl", "word_ppl", "accuracy", "answer_accuracy"] {
                 record[field] = serde_json::Value::Null;
             }
         }

@@ -75,7 +75,7 @@ fn streaming_in_blocks_equals_one_long_block_when_the_span_covers_it() {
 
     // The same through `evaluate`, with different block lengths.
     let bytes: Vec<u8> = (0..2 * 25).map(|i| (i * 13 % 97) as u8).collect();
-    let split = SplitData { origin: "mem".into(), docs: vec![TokenSeq::bytes(&bytes, None, None)], mode: FolderMode::Concat };
+    let split = SplitData { origin: "mem".into(), docs: vec![TokenSeq::bytes(&bytes, None, None)], mode: FolderMode::Concat, words: None };
     let one = evaluate(&lm, &split, 2, 24, None).unwrap();
     let blocks = evaluate(&lm, &split, 2, 5, None).unwrap();
     assert_eq!(one.tokens, 48);

@@ -26,8 +26,15 @@ pub struct DataConfig {
     /// or enwik8), `folder` (a folder of text files), or the reinforcement-learning
     /// gridworlds `corridor` and `portal` (trained by actor-critic). Default `copy`.
     pub source: Source,
-    /// Path of the file or folder, for `file` and `folder`. Default: none.
+    /// Path of the file or folder, for `file`, `folder` and `wikitext`. Default: none.
     pub path: Option<PathBuf>,
+    /// A folder holding a tokenizer (`tokenizer.json`, or GPT-2's `vocab.json` and
+    /// `merges.txt`, as Hugging Face saves them): the text of `file`, `folder` and
+    /// `wikitext` is then tokenised with it instead of read as bytes, and the vocabulary
+    /// is the tokenizer's. `--init-from` a Hugging Face folder sets it to that folder.
+    /// Default: none (bytes).
+    #[serde(default)]
+    pub tokenizer: Option<PathBuf>,
     /// How to split a file: `auto` (enwik8's standard split when the file is named
     /// `enwik8*` and holds exactly 10^8 bytes, byte fractions otherwise), `bytes`
     /// (fractions) or `enwik8` (90M/5M/5M, required). Default `auto`.
@@ -77,6 +84,9 @@ pub enum Source {
     Corridor,
     /// The multi-room portal gridworld (reinforcement learning, Expire-Span paper 5.2).
     Portal,
+    /// Wikitext-103's (or Wikitext-2's) folder: `wiki.train.tokens`, `wiki.valid.tokens`
+    /// and `wiki.test.tokens` (∞-former paper 4.2, App. D).
+    Wikitext,
 }
 
 impl Source {
@@ -91,7 +101,24 @@ impl Source {
             Source::Sorting => "sorting",
             Source::Corridor => "corridor",
             Source::Portal => "portal",
+            Source::Wikitext => "wikitext",
         }
+    }
+
+    /// The text source `--data PATH` means: `wikitext` for a folder holding Wikitext's
+    /// `wiki.*.tokens` (or `.raw`) files, `folder` for another folder, `file` otherwise.
+    pub fn for_path(path: &std::path::Path) -> Source {
+        let wikitext = ["tokens", "raw"].iter().any(|ext| ["train", "valid", "test"].iter().any(|s| path.join(format!("wiki.{s}.{ext}")).is_file()));
+        match (path.is_dir(), wikitext) {
+            (true, true) => Source::Wikitext,
+            (true, false) => Source::Folder,
+            _ => Source::File,
+        }
+    }
+
+    /// Whether the data are text read from `data.path` (bytes, or tokenised).
+    pub fn reads_text(self) -> bool {
+        matches!(self, Source::File | Source::Folder | Source::Wikitext)
     }
 
     /// Whether this is a reinforcement-learning environment rather than a token stream.
@@ -128,6 +155,7 @@ impl Default for DataConfig {
             seed: 0,
             source: Source::Copy,
             path: None,
+            tokenizer: None,
             format: FileFormat::Auto,
             folder_mode: FolderMode::Concat,
             split: [0.9, 0.05, 0.05],
@@ -151,8 +179,15 @@ impl DataConfig {
                 "must be three fractions in [0, 1] that sum to 1",
             ));
         }
-        if matches!(self.source, Source::File | Source::Folder) && self.path.is_none() {
+        if self.source.reads_text() && self.path.is_none() {
             return Err(LetheError::config("data.path", "none", "a file or folder is needed (--data PATH)"));
+        }
+        if let (Some(t), false) = (&self.tokenizer, self.source.reads_text()) {
+            return Err(LetheError::config(
+                "data.tokenizer",
+                t.display(),
+                format!("tokenises the text of file, folder and wikitext; the {} task has its own symbols", self.source),
+            ));
         }
         self.copy.validate()?;
         self.collision.validate()?;

@@ -6,6 +6,7 @@ use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 
 use super::check::{non_negative, positive, positive_number};
+use super::model::Arch;
 use crate::error::{LetheError, Result};
 
 /// Which memory mechanism each layer uses, and its size.
@@ -267,9 +268,24 @@ impl Default for MemoryConfig {
 }
 
 impl MemoryConfig {
-    /// `block` is the block length the memory will be used with.
-    pub fn validate(&self, block: usize) -> Result<()> {
-        positive("memory.span", self.span)?;
+    /// `block` is the block length the memory will be used with, `arch` the layers'
+    /// architecture. On the papers' backbone a query sees itself and `memory.span`
+    /// earlier positions, so the span must cover the block. On GPT-2 a query always sees
+    /// its block up to itself, and `memory.span` counts the earlier blocks' states kept
+    /// besides (0: none, as GPT-2); its absolute positions leave no relative distance for
+    /// Expire-Span and Adaptive-Span to act on.
+    pub fn validate(&self, block: usize, arch: Arch) -> Result<()> {
+        match arch {
+            Arch::Lethe => self.validate_window(block)?,
+            Arch::Gpt2 if matches!(self.mechanism, Mechanism::Expire | Mechanism::Adaptive) => {
+                return Err(LetheError::config(
+                    "memory.mechanism",
+                    self.mechanism.name(),
+                    "needs the relative positions of model.arch = \"lethe\"; on GPT-2 use fixed, compressive or infinity",
+                ));
+            }
+            Arch::Gpt2 => {}
+        }
         match self.mechanism {
             Mechanism::Expire => self.expire.validate()?,
             Mechanism::Adaptive => self.adaptive.validate()?,
@@ -277,6 +293,12 @@ impl MemoryConfig {
             Mechanism::Infinity => self.infinity.validate()?,
             Mechanism::Fixed => {}
         }
+        Ok(())
+    }
+
+    /// The span covers the block, on the papers' backbone.
+    fn validate_window(&self, block: usize) -> Result<()> {
+        positive("memory.span", self.span)?;
         if block > self.span {
             return Err(LetheError::config(
                 "train.block",

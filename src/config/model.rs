@@ -1,4 +1,5 @@
-//! `[model]`: the decoder-only, block-recurrent transformer every mechanism shares.
+//! `[model]`: the decoder-only, block-recurrent transformer every mechanism shares, in
+//! one of two architectures: the papers' own (`lethe`) or GPT-2's (`gpt2`).
 
 use serde::{Deserialize, Serialize};
 
@@ -24,20 +25,77 @@ pub struct ModelConfig {
     /// Pre-norm (LayerNorm before each sublayer, plus a final one) when true; post-norm
     /// (LayerNorm after each residual, as in the adaptive-span code) when false. Default true.
     pub pre_norm: bool,
+    /// The architecture of the layers: `lethe` (the papers' backbone: learned relative
+    /// positions `key_pe`, attention without biases, ReLU, a separate output head) or
+    /// `gpt2` (GPT-2 exactly: learned absolute positions that restart at every block,
+    /// biases, the tanh GELU, pre-norm, the output tied to the token embedding; what
+    /// `--init-from` a Hugging Face GPT-2 folder sets). Default `lethe`.
+    #[serde(default)]
+    pub arch: Arch,
+    /// For `gpt2`: rows of the absolute position embedding (GPT-2's `n_positions`), the
+    /// longest block. Default 1024.
+    #[serde(default = "default_positions")]
+    pub positions: usize,
+    /// LayerNorm epsilon. Default 1e-5.
+    #[serde(default = "default_norm_eps")]
+    pub norm_eps: f64,
+}
+
+/// The layers' architecture.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Arch {
+    /// The papers' backbone (Expire-Span section 3, the adaptive-span code).
+    #[default]
+    Lethe,
+    /// GPT-2 (Radford et al., 2019) as Hugging Face `transformers` defines it.
+    Gpt2,
+}
+
+impl Arch {
+    /// The name in configs and messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Lethe => "lethe",
+            Arch::Gpt2 => "gpt2",
+        }
+    }
+}
+
+fn default_positions() -> usize {
+    1024
+}
+
+fn default_norm_eps() -> f64 {
+    1e-5
 }
 
 impl Default for ModelConfig {
     fn default() -> Self {
-        ModelConfig { vocab: 256, layers: 2, d_model: 64, heads: 4, d_ffn: 256, dropout: 0.0, pre_norm: true }
+        ModelConfig {
+            vocab: 256,
+            layers: 2,
+            d_model: 64,
+            heads: 4,
+            d_ffn: 256,
+            dropout: 0.0,
+            pre_norm: true,
+            arch: Arch::Lethe,
+            positions: default_positions(),
+            norm_eps: default_norm_eps(),
+        }
     }
 }
 
 impl ModelConfig {
-    /// Checks every field for impossible values; the error names the field.
-    pub fn validate(&self) -> Result<()> {
-        if self.vocab < 256 {
-            return Err(LetheError::config("model.vocab", self.vocab, "must be at least 256: every data source yields bytes"));
+    /// Checks every field for impossible values; the error names the field. `bytes`:
+    /// the data are bytes (no tokenizer), so the vocabulary must hold 256 ids; a
+    /// tokenizer's vocabulary is checked when it is read.
+    pub fn validate(&self, bytes: bool) -> Result<()> {
+        if bytes && self.vocab < 256 {
+            return Err(LetheError::config("model.vocab", self.vocab, "must be at least 256: the data are bytes (set data.tokenizer for a smaller vocabulary)"));
         }
+        positive("model.vocab", self.vocab)?;
         self.validate_layers()
     }
 
@@ -56,6 +114,13 @@ impl ModelConfig {
         }
         if !(0.0..1.0).contains(&self.dropout) {
             return Err(LetheError::config("model.dropout", self.dropout, "must be in [0, 1)"));
+        }
+        positive("model.positions", self.positions)?;
+        if !(self.norm_eps > 0.0 && self.norm_eps < 1.0) {
+            return Err(LetheError::config("model.norm_eps", self.norm_eps, "must be in (0, 1)"));
+        }
+        if self.arch == Arch::Gpt2 && !self.pre_norm {
+            return Err(LetheError::config("model.pre_norm", false, "GPT-2 is pre-norm (model.arch = \"gpt2\")"));
         }
         Ok(())
     }

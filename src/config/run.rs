@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use super::check::validate_name;
 use super::data::DataConfig;
 use super::memory::MemoryConfig;
-use super::model::ModelConfig;
+use super::model::{Arch, ModelConfig};
 use super::rl::{Reset, RlConfig};
 use super::train::TrainConfig;
 use crate::error::{LetheError, Result};
@@ -63,7 +63,10 @@ impl Config {
             // Observations come in through their own projection: no vocabulary. The
             // truncation window is cut into blocks of at most the span (see `rl::train`).
             self.model.validate_layers()?;
-            self.memory.validate(self.train.block.min(self.memory.span))?;
+            if self.model.arch != Arch::Lethe {
+                return Err(LetheError::config("model.arch", self.model.arch.name(), "the gridworld agents are built on the papers' backbone (model.arch = \"lethe\")"));
+            }
+            self.memory.validate(self.train.block.min(self.memory.span), Arch::Lethe)?;
             self.rl.validate()?;
             if self.rl.reset == Reset::Episode && !self.memory.mechanism.separates_episodes() {
                 return Err(LetheError::config(
@@ -76,8 +79,15 @@ impl Config {
                 ));
             }
         } else {
-            self.model.validate()?;
-            self.memory.validate(self.train.block)?;
+            self.model.validate(self.data.tokenizer.is_none())?;
+            self.memory.validate(self.train.block, self.model.arch)?;
+            if self.model.arch == Arch::Gpt2 && self.train.block > self.model.positions {
+                return Err(LetheError::config(
+                    "train.block",
+                    self.train.block,
+                    format!("GPT-2's positions restart at every block, and it has model.positions = {} of them", self.model.positions),
+                ));
+            }
         }
         self.data.validate()?;
         self.train.validate()

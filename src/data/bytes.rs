@@ -81,6 +81,7 @@ fn load_file(path: &Path, cfg: &DataConfig, split: Split) -> Result<SplitData> {
         origin: path.to_path_buf(),
         docs: vec![TokenSeq::bytes(&bytes[start..end], None, None)],
         mode: FolderMode::Concat,
+        words: None,
     })
 }
 
@@ -150,7 +151,7 @@ fn load_folder(dir: &Path, cfg: &DataConfig, split: Split) -> Result<SplitData> 
             format!("no non-empty documents for the {split} split ({} files found there)", files.len()),
         ));
     }
-    Ok(SplitData { origin: dir.to_path_buf(), docs, mode: cfg.folder_mode })
+    Ok(SplitData { origin: dir.to_path_buf(), docs, mode: cfg.folder_mode, words: None })
 }
 
 /// Byte corpora in the registry ([`crate::task::of`]): one file, or a folder of text files.
@@ -181,13 +182,14 @@ impl Task for Corpus {
         Metric::Bpb
     }
 
+    /// The split's bytes, tokenised when the config names a tokenizer.
     fn load_split(&self, cfg: &Config, split: Split, _batch: usize) -> Result<SplitData> {
-        load(&cfg.data, split)
+        super::text::prepare(cfg, load(&cfg.data, split)?, false)
     }
 
     /// `batch` streams over the training split, in an order drawn from the data seed.
     fn train_streams(&self, cfg: &Config, batch: usize) -> Result<TrainStreams> {
-        let split = load(&cfg.data, Split::Train)?;
+        let split = self.load_split(cfg, Split::Train, batch)?;
         Ok(TrainStreams::Fixed(BlockStreams::new(&split, batch, cfg.train.block, cfg.data_seed())?))
     }
 }

@@ -11,6 +11,7 @@
 pub mod bytes;
 pub mod seq;
 pub mod stream;
+pub mod text;
 pub mod tokenizer;
 pub mod tasks;
 
@@ -51,7 +52,7 @@ mod tests {
             TokenSeq::all_scored(vec![2; 3]),
             TokenSeq::all_scored(vec![3; 4]),
         ];
-        let mut split = SplitData { origin: "t".into(), docs, mode: FolderMode::Concat };
+        let mut split = SplitData { origin: "t".into(), docs, mode: FolderMode::Concat, words: None };
         let s = split.into_streams(2);
         assert_eq!(s[0].tokens, vec![1, 1, 1, 1, 1, 2]);
         assert_eq!(s[1].tokens, vec![2, 2, 3, 3, 3, 3]);

@@ -135,6 +135,9 @@ pub struct SplitData {
     pub docs: Vec<TokenSeq>,
     /// Concatenate and cut, or keep documents whole per stream.
     pub mode: FolderMode,
+    /// Words of the raw text, for perplexity per word (see [`super::text`]); `None`
+    /// for the synthetic tasks.
+    pub words: Option<u64>,
 }
 
 impl SplitData {

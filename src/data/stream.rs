@@ -308,7 +308,7 @@ mod tests {
     use crate::config::FolderMode;
 
     fn split(tokens: Vec<u8>) -> SplitData {
-        SplitData { origin: "mem".into(), docs: vec![TokenSeq::bytes(&tokens, None, None)], mode: FolderMode::Concat }
+        SplitData { origin: "mem".into(), docs: vec![TokenSeq::bytes(&tokens, None, None)], mode: FolderMode::Concat, words: None }
     }
 
     #[test]

@@ -45,6 +45,12 @@ impl Tokenizer {
         Ok(encoding.get_ids().to_vec())
     }
 
+    /// The ids of each of `texts` (no special tokens added), tokenised in parallel.
+    pub fn encode_batch(&self, texts: &[&str]) -> Result<Vec<Vec<u32>>> {
+        let encodings = self.inner.encode_batch(texts.to_vec(), false).map_err(|e| LetheError::Invalid(format!("cannot tokenise the text: {e}")))?;
+        Ok(encodings.iter().map(|e| e.get_ids().to_vec()).collect())
+    }
+
     /// The text of `ids`.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         self.inner.decode(ids, false).map_err(|e| LetheError::Invalid(format!("cannot decode token ids: {e}")))

@@ -10,6 +10,7 @@ pub use spec::{Metric, Task};
 
 use crate::config::{Config, Source};
 use crate::data::bytes::Corpus;
+use crate::data::text::Wikitext;
 use crate::data::seq::{Split, SplitData};
 use crate::data::stream::TrainStreams;
 use crate::data::tasks::{collision::CollisionSpec, copy::CopySpec, instruction::InstructionSpec, sorting::SortingSpec};
@@ -27,12 +28,22 @@ pub fn of(source: Source) -> &'static dyn Task {
         Source::Folder => &Corpus::Folder,
         Source::Corridor => &CorridorSpec,
         Source::Portal => &PortalSpec,
+        Source::Wikitext => &Wikitext,
     }
 }
 
 /// Every source, in the order messages list them.
-pub const SOURCES: [Source; 8] =
-    [Source::Copy, Source::Collision, Source::Instruction, Source::Sorting, Source::File, Source::Folder, Source::Corridor, Source::Portal];
+pub const SOURCES: [Source; 9] = [
+    Source::Copy,
+    Source::Collision,
+    Source::Instruction,
+    Source::Sorting,
+    Source::File,
+    Source::Folder,
+    Source::Wikitext,
+    Source::Corridor,
+    Source::Portal,
+];
 
 /// Loads one split of the data the config names (see [`Task::load_split`]).
 pub fn load_split(cfg: &Config, split: Split, batch: usize) -> Result<SplitData> {
@@ -101,7 +112,7 @@ mod tests {
 
     #[test]
     fn token_tasks_give_streams_and_splits_and_gridworlds_refuse_them() {
-        for s in SOURCES.into_iter().filter(|s| !matches!(s, Source::File | Source::Folder)) {
+        for s in SOURCES.into_iter().filter(|s| !s.reads_text()) {
             let mut cfg = Config::default();
             cfg.data.source = s;
             let split = load_split(&cfg, Split::Valid, 2);

@@ -22,6 +22,8 @@ pub enum Metric {
     Accuracy,
     /// Bits per byte (byte corpora).
     Bpb,
+    /// Perplexity per word of the raw text (Wikitext).
+    WordPerplexity,
     /// Share of episodes that reach the goal, in percent (corridor).
     Success,
     /// Rooms reached per episode (portal).
@@ -36,6 +38,7 @@ impl Metric {
             Metric::Error => "error %",
             Metric::Accuracy => "accuracy %",
             Metric::Bpb => "bpb",
+            Metric::WordPerplexity => "word ppl",
             Metric::Success => "success %",
             Metric::Rooms => "rooms",
         }
@@ -43,7 +46,7 @@ impl Metric {
 
     /// Whether a larger figure is better.
     pub fn higher_is_better(self) -> bool {
-        !matches!(self, Metric::Error | Metric::Bpb)
+        !matches!(self, Metric::Error | Metric::Bpb | Metric::WordPerplexity)
     }
 }
 

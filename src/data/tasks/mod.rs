@@ -35,5 +35,5 @@ pub fn eval_split(task: &dyn Generator, name: &str, seed: u64, split: crate::dat
             doc
         })
         .collect();
-    crate::data::seq::SplitData { origin: format!("{name} task ({split})").into(), docs, mode: crate::config::FolderMode::Documents }
+    crate::data::seq::SplitData { origin: format!("{name} task ({split})").into(), docs, mode: crate::config::FolderMode::Documents, words: None }
 }
