@@ -221,7 +221,7 @@ pub fn time_attention(cfg: &Config, steps: usize, warmup: usize) -> Result<Timin
     let vs = tch::nn::VarStore::new(device);
     let root = vs.root();
     let (d, heads) = (cfg.model.d_model as i64, cfg.model.heads as i64);
-    let attn = crate::model::attention::Attention::new(&root / "attn", d, heads, 0.0);
+    let attn = crate::model::attention::Attention::new(&root / "attn", d, heads, 0.0, false);
     let mut memory = crate::model::memory::build(&cfg.memory, &root / "attn", d, heads, cfg.train.block)?;
     let rows = crate::model::memory::position_rows(&cfg.memory, cfg.train.block);
     let key_pe = root.randn("key_pe", &[rows, d / heads], 0.0, 1.0);
@@ -232,7 +232,7 @@ pub fn time_attention(cfg: &Config, steps: usize, warmup: usize) -> Result<Timin
         let x = Tensor::randn(shape, (Kind::Float, device)).set_requires_grad(i >= fill);
         let start = Instant::now();
         let q = attn.queries(&x);
-        let input = crate::model::memory::AttendInput { x: &x, q: &q, attn: &attn, key_pe: &key_pe, train: i >= fill, episodes: None };
+        let input = crate::model::memory::AttendInput { x: &x, q: &q, attn: &attn, key_pe: Some(&key_pe), train: i >= fill, episodes: None };
         let out = memory.attend(&input)?;
         memory.update(&x.detach(), None);
         if i >= fill {

@@ -220,6 +220,12 @@ impl Checkpoint {
         out
     }
 
+    /// The model parameters by name (neither the optimiser's moments nor the memories).
+    pub fn parameters(&self) -> HashMap<String, Tensor> {
+        let state = |n: &str| n.starts_with("optim.") || n.starts_with("memory.");
+        self.tensors.iter().filter(|(n, _)| !state(n)).map(|(n, t)| (n.clone(), t.shallow_clone())).collect()
+    }
+
     /// Copies the saved parameters into `vars` (name -> variable). Every variable must be
     /// present with its exact shape, and no parameter may be left over.
     pub fn load_parameters(&self, vars: &HashMap<String, Tensor>) -> Result<()> {

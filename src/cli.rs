@@ -116,6 +116,11 @@ pub struct ConfigArgs {
     /// a file sets data.source = file).
     #[arg(long)]
     pub data: Option<PathBuf>,
+    /// Start from trained parameters: a Hugging Face GPT-2 folder (config.json,
+    /// model.safetensors, and its tokenizer), or a lethe run folder or checkpoint. The
+    /// model's sizes become the source's; a memory it lacks starts fresh (train.init_from).
+    #[arg(long, value_name = "DIR")]
+    pub init_from: Option<PathBuf>,
     /// Number of optimiser steps (train.steps).
     #[arg(long, allow_negative_numbers = true)]
     pub steps: Option<usize>,
@@ -288,7 +293,7 @@ pub struct SweepArgs {
 impl ConfigArgs {
     /// Preset, then file, then overrides and flags; validated.
     pub fn resolve(&self) -> Result<Config> {
-        self.resolve_over(Config::preset(self.preset.as_deref().unwrap_or("copy-tiny"))?)
+        self.resolve_over(Config::preset(self.preset.as_deref().unwrap_or("copy-tiny"))?, true)
     }
 
     /// Like [`ConfigArgs::resolve`], but for `--resume` without `--preset` or `--config`
@@ -304,10 +309,12 @@ impl ConfigArgs {
             return Err(lethe::LetheError::Invalid(why));
         }
         let text = std::fs::read_to_string(&path).map_err(|e| lethe::LetheError::io(&path, e))?;
-        self.resolve_over(Config::from_toml(&text, &path.display().to_string())?)
+        // The saved config has adopted its init source's sizes already, and the run's
+        // parameters are in its checkpoint: the source is not read again.
+        self.resolve_over(Config::from_toml(&text, &path.display().to_string())?, false)
     }
 
-    fn resolve_over(&self, base: Config) -> Result<Config> {
+    fn resolve_over(&self, base: Config, adopt_init: bool) -> Result<Config> {
         let mut cfg = base;
         if let Some(file) = &self.config {
             cfg = cfg.merge_file(file)?;
@@ -333,6 +340,9 @@ impl ConfigArgs {
             cfg.data.seed = seed;
         }
         lethe::task::apply_options(&mut cfg, self.length, self.distance)?;
+        if let Some(from) = self.init_from.clone().or(cfg.train.init_from.clone()).filter(|_| adopt_init) {
+            lethe::model::init::adopt(&mut cfg, &from)?;
+        }
         cfg.validate()?;
         Ok(cfg)
     }

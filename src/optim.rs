@@ -12,6 +12,8 @@ use crate::error::{LetheError, Result};
 pub struct Optimiser {
     rule: Optimizer,
     params: Vec<(String, Tensor)>,
+    /// The factor on the learning rate of each parameter (its group's).
+    lr_scale: Vec<f64>,
     exp_avg: Vec<Tensor>,
     exp_avg_sq: Vec<Tensor>,
     /// Updates taken so far (for bias correction).
@@ -30,6 +32,7 @@ impl Optimiser {
             rule: cfg.optimizer,
             exp_avg: params.iter().map(|(_, p)| zeros(p)).collect(),
             exp_avg_sq: params.iter().map(|(_, p)| zeros(p)).collect(),
+            lr_scale: vec![1.0; params.len()],
             params,
             steps: 0,
             beta1: cfg.beta1,
@@ -37,6 +40,20 @@ impl Optimiser {
             eps: cfg.eps,
             weight_decay: cfg.weight_decay,
         }
+    }
+
+    /// Puts the parameters for which `member` is true in a group of their own, whose
+    /// learning rate is `factor` times the one given to [`Optimiser::step`] (PyTorch's
+    /// parameter groups under one schedule). Returns how many parameters it holds.
+    pub fn group(&mut self, member: impl Fn(&str) -> bool, factor: f64) -> usize {
+        let mut n = 0;
+        for ((name, _), scale) in self.params.iter().zip(&mut self.lr_scale) {
+            if member(name) {
+                *scale = factor;
+                n += 1;
+            }
+        }
+        n
     }
 
     /// Clears every gradient.
@@ -76,6 +93,7 @@ impl Optimiser {
             if !g.defined() {
                 continue;
             }
+            let lr = lr * self.lr_scale[i];
             let m = &mut self.exp_avg[i];
             let _ = m.g_mul_scalar_(self.beta1);
             let _ = m.g_add_(&(&g * (1.0 - self.beta1)));
@@ -101,6 +119,7 @@ impl Optimiser {
             if !g.defined() {
                 continue;
             }
+            let lr = lr * self.lr_scale[i];
             let v = &mut self.exp_avg_sq[i];
             let _ = v.g_mul_scalar_(self.beta2);
             let _ = v.g_add_(&(g.square() * (1.0 - self.beta2)));
@@ -225,6 +244,21 @@ mod tests {
         for i in 0..2 {
             assert!((got[i] - x[i]).abs() < 1e-12, "{got:?} vs {x:?}");
         }
+    }
+
+    /// Two groups, the second at 5 times the rate: with equal gradients Adam's first
+    /// update is `lr` per parameter (the normalised moment is 1), so it is 5 times larger.
+    #[test]
+    fn a_group_steps_at_its_own_learning_rate() {
+        let a = Tensor::from_slice(&[1.0f64]).set_requires_grad(true);
+        let b = Tensor::from_slice(&[1.0f64]).set_requires_grad(true);
+        let cfg = TrainConfig { eps: 0.0, ..TrainConfig::default() };
+        let mut adam = Optimiser::new(vec![("layers.0.ff1.weight".into(), a.shallow_clone()), ("layers.0.attn.ltm.k".into(), b.shallow_clone())], &cfg);
+        assert_eq!(adam.group(|n| n.contains(".ltm."), 5.0), 1);
+        ((&a + &b).sum(Kind::Double)).backward();
+        adam.step(0.01);
+        let (a, b) = (a.double_value(&[0]), b.double_value(&[0]));
+        assert!((1.0 - a - 0.01).abs() < 1e-12 && (1.0 - b - 0.05).abs() < 1e-12, "{a} {b}");
     }
 
     #[test]

@@ -75,6 +75,15 @@ struct Window {
     grad_norm: f64,
 }
 
+/// The first few of `names`, and how many more.
+fn abbreviate(names: &[String]) -> String {
+    let shown: Vec<&str> = names.iter().take(3).map(String::as_str).collect();
+    match names.len() {
+        n if n > 3 => format!("{}, and {} more", shown.join(", "), n - 3),
+        _ => shown.join(", "),
+    }
+}
+
 /// Trains the model `cfg` describes. See the module documentation.
 pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainSummary> {
     cfg.validate()?;
@@ -98,7 +107,12 @@ impl<'a> Run<'a> {
         let data = crate::task::train_streams(cfg, cfg.train.batch)?;
         let valid = crate::task::load_split(cfg, Split::Valid, cfg.train.batch)?;
         let lm = Lm::new(cfg, device)?;
-        let opt = Optimiser::new(lm.named_parameters(), &cfg.train);
+        let init = match (&cfg.train.init_from, &resumed) {
+            (Some(from), None) => Some(crate::model::init::load(&lm, from)?),
+            _ => None, // a resumed run's parameters are its checkpoint's
+        };
+        let mut opt = Optimiser::new(lm.named_parameters(), &cfg.train);
+        let in_memory_group = opt.group(crate::model::memory::is_mechanism_parameter, cfg.train.memory_lr_scale());
         let mems = (0..cfg.train.accum).map(|_| lm.model.new_memory()).collect();
         let from = resumed.as_ref().and_then(|ck| ck.state.as_ref()).map_or(0, |s| s.step);
         let metrics = folder.as_mut().map(|f| f.commit(cfg, from)).transpose()?;
@@ -125,6 +139,13 @@ impl<'a> Run<'a> {
         if let Some(g) = &run.group {
             let per = cfg.train.batch / g.world_size();
             run.say(&format!("data-parallel: {} ranks x {per} streams ({} micro-batches each), gradients summed over Gloo", g.world_size(), cfg.train.accum));
+        }
+        if let (Some(loaded), Some(from)) = (&init, &cfg.train.init_from) {
+            let fresh = if loaded.fresh.is_empty() { String::new() } else { format!("; {} new ones start fresh ({})", loaded.fresh.len(), abbreviate(&loaded.fresh)) };
+            run.say(&format!("initialised from {}: {} parameters{fresh}", from.display(), loaded.copied));
+        }
+        if cfg.train.memory_lr > 0.0 {
+            run.say(&format!("learning rates: {:.2e} for the memory's {in_memory_group} parameters, {:.2e} for the others", cfg.train.memory_lr, cfg.train.lr));
         }
         run.say(&format!("data: {}", crate::task::describe(cfg)));
         Ok(run)

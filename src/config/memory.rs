@@ -74,6 +74,12 @@ pub struct InfinityConfig {
     pub kl_coef: f64,
     /// Standard deviation `σ0` of the KL regulariser's reference Gaussian. Default 0.05.
     pub sigma0: f64,
+    /// Memory threshold: once the long-term memory has absorbed this many tokens it is
+    /// emptied before the next absorption, so that it spans at most this many (the
+    /// paper's GPT-2 runs: 2048, "the same computational budget" as a compressed memory
+    /// of 512 slots at rate 4; the official code's `mem_threshold`). 0: never. Default 0.
+    #[serde(default)]
+    pub threshold: usize,
 }
 
 impl Default for InfinityConfig {
@@ -91,6 +97,7 @@ impl Default for InfinityConfig {
             min_var: 1e-4,
             kl_coef: 1e-5,
             sigma0: 0.05,
+            threshold: 0,
         }
     }
 }

@@ -17,6 +17,20 @@ pub struct TrainConfig {
     pub steps: usize,
     /// Peak learning rate. Default 1e-3.
     pub lr: f64,
+    /// Peak learning rate of the memory mechanism's own parameters (the ∞-former's
+    /// long-term memory, the Compressive Transformer's compressor and slot positions,
+    /// Expire-Span's predictor, Adaptive-Span's ratios), when it should differ from
+    /// `lr`: the ∞-former paper fine-tunes GPT-2 at 5e-5 and its new memory at 2.5e-4
+    /// (C.2). The schedule scales both alike. 0: `lr`. Default 0.
+    #[serde(default)]
+    pub memory_lr: f64,
+    /// Start from the parameters of a Hugging Face GPT-2 folder (`config.json`,
+    /// `model.safetensors`) or of a lethe run (its folder or checkpoint file): the
+    /// architecture (the `[model]` sizes) is the source's, and the parameters it lacks
+    /// (a new memory's) start fresh. Ignored on `--resume`, which continues from the
+    /// run's own checkpoint. Default: none.
+    #[serde(default)]
+    pub init_from: Option<std::path::PathBuf>,
     /// Linear warm-up steps from 0 to `lr`. Default 100.
     pub warmup: usize,
     /// After warm-up: `cosine` (decay to `lr * min_lr_ratio` at `steps`) or `constant`.
@@ -96,6 +110,8 @@ impl Default for TrainConfig {
             block: 32,
             steps: 1500,
             lr: 1e-3,
+            memory_lr: 0.0,
+            init_from: None,
             warmup: 100,
             schedule: Schedule::Cosine,
             min_lr_ratio: 0.1,
@@ -118,6 +134,16 @@ impl Default for TrainConfig {
 }
 
 impl TrainConfig {
+    /// The factor on the learning rate of the memory mechanism's parameters:
+    /// `memory_lr / lr`, or 1.
+    pub fn memory_lr_scale(&self) -> f64 {
+        if self.memory_lr > 0.0 {
+            self.memory_lr / self.lr
+        } else {
+            1.0
+        }
+    }
+
     /// Checks every field for impossible values; the error names the field.
     pub fn validate(&self) -> Result<()> {
         positive("train.batch", self.batch)?;
@@ -147,6 +173,7 @@ impl TrainConfig {
             ("train.weight_decay", self.weight_decay),
             ("train.grad_clip", self.grad_clip),
             ("train.min_lr_ratio", self.min_lr_ratio),
+            ("train.memory_lr", self.memory_lr),
         ] {
             non_negative(field, v)?;
         }

@@ -8,7 +8,8 @@
 use tch::nn::{self, Module};
 use tch::{Kind, Tensor};
 
-/// The projections of one layer's attention. No biases, as in the adaptive-span code.
+/// The projections of one layer's attention: no biases on the papers' backbone, as in
+/// the adaptive-span code; biases on GPT-2.
 #[derive(Debug)]
 pub struct Attention {
     q: nn::Linear,
@@ -22,9 +23,10 @@ pub struct Attention {
 }
 
 impl Attention {
-    /// Projections `d_model -> d_model` for queries, keys, values and the output.
-    pub fn new(p: nn::Path, d_model: i64, heads: i64, dropout: f64) -> Self {
-        let cfg = nn::LinearConfig { bias: false, ..Default::default() };
+    /// Projections `d_model -> d_model` for queries, keys, values and the output, with
+    /// biases when `bias`.
+    pub fn new(p: nn::Path, d_model: i64, heads: i64, dropout: f64, bias: bool) -> Self {
+        let cfg = nn::LinearConfig { bias, ..Default::default() };
         Attention {
             q: nn::linear(&p / "q", d_model, d_model, cfg),
             k: nn::linear(&p / "k", d_model, d_model, cfg),
@@ -62,7 +64,7 @@ impl Attention {
     /// `attn(h, mem)` of the Compressive Transformer's attention-reconstruction loss,
     /// whose gradient must reach only the compression network (Rae et al., 2020, 3.2).
     pub fn detached_content_attention(&self, h: &Tensor, states: &Tensor) -> Tensor {
-        let project = |x: &Tensor, lin: &nn::Linear| self.split_heads(&x.matmul(&lin.ws.detach().tr()));
+        let project = |x: &Tensor, lin: &nn::Linear| self.split_heads(&x.linear(&lin.ws.detach(), lin.bs.as_ref().map(Tensor::detach)));
         let (q, k, v) = (project(h, &self.q), project(states, &self.k), project(states, &self.v));
         let scores = q.matmul(&k.transpose(-2, -1)) / (self.d_head as f64).sqrt(); // (b, h, m, n)
         scores.softmax(-1, scores.kind()).matmul(&v)
@@ -109,6 +111,22 @@ pub fn window_scores(q: &Tensor, k: &Tensor, key_pe: &Tensor, cached: i64) -> Te
         .view([b, h, m, p + m]); // row i: flipped[i] starting at column i
     scores += skewed.narrow(3, p - 1 - cached, n);
     scores
+}
+
+/// Attention scores over a window: [`window_scores`] with the learned relative
+/// positions `key_pe` when the layers have them, otherwise content alone,
+/// `q·k / sqrt(dh)`, with the keys a query may not see (`visible` `(m, n)` false) at
+/// `-inf` (GPT-2: its absolute positions are in its inputs already).
+/// Shapes: `q` `(b, h, m, dh)`, `k` `(b, h, cached + m, dh)`; returns `(b, h, m, cached + m)`.
+pub fn scores_over_window(q: &Tensor, k: &Tensor, key_pe: Option<&Tensor>, cached: i64, visible: &Tensor) -> Tensor {
+    match key_pe {
+        Some(pe) => window_scores(q, k, pe, cached),
+        None => {
+            let dh = q.size()[3];
+            let scores = (q / (dh as f64).sqrt()).matmul(&k.transpose(-2, -1)); // (b, h, m, n)
+            scores.masked_fill(&visible.logical_not(), f64::NEG_INFINITY)
+        }
+    }
 }
 
 /// Softmax over the keys of masked scores `(b, h, m, n)` (`-inf` where a key is not

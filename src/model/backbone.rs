@@ -1,15 +1,25 @@
-//! The shared backbone: a decoder-only, block-recurrent transformer over bytes
-//! (Expire-Span paper, section 3; ALGORITHMS.md, backbone). Embedding, `layers` blocks of
-//! attention + feed-forward (pre-norm or post-norm, dropout), learned relative position
-//! embeddings `key_pe` shared by every layer, and a linear output head. How each layer
-//! remembers the past is its [`MemoryLayer`]'s business.
+//! The shared backbone: a decoder-only, block-recurrent transformer (Expire-Span paper,
+//! section 3; ALGORITHMS.md, backbone). Embedding, `layers` blocks of attention +
+//! feed-forward (pre-norm or post-norm, dropout), and a linear output head. How each
+//! layer remembers the past is its [`MemoryLayer`]'s business.
+//!
+//! Two architectures (`model.arch`) share this code, so that a memory mechanism is the
+//! same on both:
+//! - `lethe`, the papers' backbone: learned relative positions `key_pe` shared by every
+//!   layer (A.1), attention without biases, ReLU, a separate output head;
+//! - `gpt2`, GPT-2 as Hugging Face `transformers` defines it (Radford et al., 2019; the
+//!   ∞-former paper's 4.2): learned absolute positions added to the token embedding and
+//!   restarting at every block (as GPT-2 is fine-tuned on blocks of 512 tokens), biases
+//!   on every projection, the tanh approximation of GELU, pre-norm with a final norm, and
+//!   the output projection tied to the token embedding. [`super::gpt2`] reads a
+//!   pretrained GPT-2 into it.
 
 use tch::nn::{self, Module};
 use tch::{Kind, Tensor};
 
 use super::attention::Attention;
 use super::memory::{self, AttendInput, MemoryLayer, MemoryReport};
-use crate::config::{Mechanism, MemoryConfig, ModelConfig};
+use crate::config::{Arch, Mechanism, MemoryConfig, ModelConfig};
 use crate::error::{LetheError, Result, TorchContext};
 
 /// One transformer layer's parameters.
@@ -20,22 +30,30 @@ struct Layer {
     ff1: nn::Linear,
     ff2: nn::Linear,
     norm2: nn::LayerNorm,
+    arch: Arch,
 }
 
 impl Layer {
     fn new(p: nn::Path, cfg: &ModelConfig) -> Self {
         let (d, f) = (cfg.d_model as i64, cfg.d_ffn as i64);
+        let norm = || nn::LayerNormConfig { eps: cfg.norm_eps, ..Default::default() };
         Layer {
-            attn: Attention::new(&p / "attn", d, cfg.heads as i64, cfg.dropout),
-            norm1: nn::layer_norm(&p / "norm1", vec![d], Default::default()),
+            attn: Attention::new(&p / "attn", d, cfg.heads as i64, cfg.dropout, cfg.arch == Arch::Gpt2),
+            norm1: nn::layer_norm(&p / "norm1", vec![d], norm()),
             ff1: nn::linear(&p / "ff1", d, f, Default::default()),
             ff2: nn::linear(&p / "ff2", f, d, Default::default()),
-            norm2: nn::layer_norm(&p / "norm2", vec![d], Default::default()),
+            norm2: nn::layer_norm(&p / "norm2", vec![d], norm()),
+            arch: cfg.arch,
         }
     }
 
     fn ffn(&self, x: &Tensor, dropout: f64, train: bool) -> Tensor {
-        self.ff2.forward(&self.ff1.forward(x).relu().dropout(dropout, train))
+        let a = self.ff1.forward(x);
+        let a = match self.arch {
+            Arch::Lethe => a.relu(),
+            Arch::Gpt2 => a.gelu("tanh"), // GPT-2's `gelu_new`
+        };
+        self.ff2.forward(&a.dropout(dropout, train))
     }
 }
 
@@ -107,7 +125,8 @@ pub struct Backbone {
     cfg: ModelConfig,
     layers: Vec<Layer>,
     final_norm: Option<nn::LayerNorm>,
-    key_pe: Tensor,
+    /// Relative positions (`lethe`); none on GPT-2.
+    key_pe: Option<Tensor>,
     memories: Vec<Box<dyn MemoryLayer>>,
     mechanism: Mechanism,
 }
@@ -130,13 +149,19 @@ impl Backbone {
         let memories = (0..cfg.layers)
             .map(|i| memory::build(mem, p / "layers" / i / "attn", d, cfg.heads as i64, block))
             .collect::<Result<Vec<_>>>()?;
-        let final_norm = cfg.pre_norm.then(|| nn::layer_norm(p / "final_norm", vec![d], Default::default()));
-        let rows = memory::position_rows(mem, block);
-        // The one parameter whose size the memory sets: allocated fallibly, so that a span
-        // the device cannot hold is an error, not a panic.
-        let key_pe = p
-            .f_var("key_pe", &[rows, d_head], nn::Init::Randn { mean: 0.0, stdev: 1.0 / (d_head as f64).sqrt() })
-            .torch(&format!("allocating the position embeddings for memory.span = {} ({rows} x {d_head})", mem.span))?;
+        let norm = nn::LayerNormConfig { eps: cfg.norm_eps, ..Default::default() };
+        let final_norm = cfg.pre_norm.then(|| nn::layer_norm(p / "final_norm", vec![d], norm));
+        let key_pe = match cfg.arch {
+            Arch::Gpt2 => None,
+            Arch::Lethe => {
+                let rows = memory::position_rows(mem, block);
+                // The one parameter whose size the memory sets: allocated fallibly, so that
+                // a span the device cannot hold is an error, not a panic.
+                let init = nn::Init::Randn { mean: 0.0, stdev: 1.0 / (d_head as f64).sqrt() };
+                let pe = p.f_var("key_pe", &[rows, d_head], init);
+                Some(pe.torch(&format!("allocating the position embeddings for memory.span = {} ({rows} x {d_head})", mem.span))?)
+            }
+        };
         Ok(Backbone { cfg: cfg.clone(), layers, final_norm, key_pe, memories, mechanism: mem.mechanism })
     }
 
@@ -169,7 +194,7 @@ impl Backbone {
         for (layer, memory) in self.layers.iter().zip(mem.layers.iter_mut()) {
             let x = if self.cfg.pre_norm { layer.norm1.forward(&h) } else { h.shallow_clone() };
             let q = layer.attn.queries(&x); // (b, heads, m, dh)
-            let out = memory.attend(&AttendInput { x: &x, q: &q, attn: &layer.attn, key_pe: &self.key_pe, train, episodes })?;
+            let out = memory.attend(&AttendInput { x: &x, q: &q, attn: &layer.attn, key_pe: self.key_pe.as_ref(), train, episodes })?;
             memory.update(&x.detach(), episodes);
             if let Some(a) = out.aux_loss {
                 aux += a;
@@ -196,27 +221,36 @@ impl Backbone {
     }
 }
 
-/// The language model: byte (token) embeddings, the [`Backbone`], and a linear output
-/// head (its parameters live in the `VarStore` the model was built in).
+/// The language model: token embeddings (plus absolute positions on GPT-2), the
+/// [`Backbone`], and a linear output head, tied to the embedding on GPT-2 (its parameters
+/// live in the `VarStore` the model was built in).
 pub struct Model {
     cfg: ModelConfig,
     embed: nn::Embedding,
+    /// GPT-2's absolute positions `(positions, d)`.
+    positions: Option<nn::Embedding>,
     body: Backbone,
-    head: nn::Linear,
+    /// The output head; none when tied to `embed` (GPT-2).
+    head: Option<nn::Linear>,
 }
 
 impl Model {
     /// Creates the parameters under `p`. Tensor names follow the module path
-    /// (`layers.1.attn.q.weight`, `key_pe`, `embed.weight`, `head.weight`, ...).
-    /// `block` is the training block length (it sets Expire-Span's position rows).
+    /// (`layers.1.attn.q.weight`, `key_pe`, `embed.weight`, `head.weight`, and on GPT-2
+    /// `positions.weight`, ...). `block` is the training block length (it sets
+    /// Expire-Span's position rows).
     pub fn new(p: &nn::Path, cfg: &ModelConfig, mem: &MemoryConfig, block: usize) -> Result<Self> {
         let d = cfg.d_model as i64;
         let body = Backbone::new(p, cfg, mem, block)?;
+        let gpt2 = cfg.arch == Arch::Gpt2;
+        // GPT-2's initialisation: N(0, 0.02) embeddings.
+        let embedding = nn::EmbeddingConfig { ws_init: nn::Init::Randn { mean: 0.0, stdev: 0.02 }, ..Default::default() };
         Ok(Model {
             cfg: cfg.clone(),
-            embed: nn::embedding(p / "embed", cfg.vocab as i64, d, Default::default()),
+            embed: nn::embedding(p / "embed", cfg.vocab as i64, d, if gpt2 { embedding } else { Default::default() }),
+            positions: gpt2.then(|| nn::embedding(p / "positions", cfg.positions as i64, d, embedding)),
             body,
-            head: nn::linear(p / "head", d, cfg.vocab as i64, Default::default()),
+            head: (!gpt2).then(|| nn::linear(p / "head", d, cfg.vocab as i64, Default::default())),
         })
     }
 
@@ -234,9 +268,17 @@ impl Model {
     /// Runs one block `tokens` `(b, m)` with the memory carried in `mem`, then lets each
     /// layer's memory absorb the block.
     pub fn forward(&self, tokens: &Tensor, mem: &mut Memory, train: bool) -> Result<Forward> {
-        let h = self.embed.forward(tokens).dropout(self.cfg.dropout, train); // (b, m, d)
-        let out = self.body.forward(h, mem, train, None)?;
-        Ok(Forward { logits: self.head.forward(&out.h), aux_loss: out.aux_loss })
+        let mut h = self.embed.forward(tokens); // (b, m, d)
+        if let Some(positions) = &self.positions {
+            let m = tokens.size()[1];
+            h = h + positions.forward(&Tensor::arange(m, (Kind::Int64, tokens.device()))); // (m, d), restarting every block
+        }
+        let out = self.body.forward(h.dropout(self.cfg.dropout, train), mem, train, None)?;
+        let logits = match &self.head {
+            Some(head) => head.forward(&out.h),
+            None => out.h.matmul(&self.embed.ws.tr()), // tied: (b, m, vocab)
+        };
+        Ok(Forward { logits, aux_loss: out.aux_loss })
     }
 }
 

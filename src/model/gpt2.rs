@@ -1,20 +1,24 @@
-//! GPT-2 (Radford et al., 2019) exactly as Hugging Face `transformers` defines it, read
-//! from a local folder in its layout (`config.json`, `model.safetensors`): the first step
-//! of the ∞-former paper's language-modelling experiments (section 4.2, C.2), which
-//! fine-tune a pretrained GPT-2 with a long-term memory.
+//! A pretrained GPT-2 (Radford et al., 2019) read from a local folder in the Hugging Face
+//! layout (`config.json`, `model.safetensors`) into lethe's backbone with
+//! `model.arch = "gpt2"` ([`super::backbone`]): the first step of the ∞-former paper's
+//! language-modelling experiments (section 4.2, C.2), which fine-tune a pretrained GPT-2
+//! with a long-term memory. Nothing is downloaded: the user fetches the weights.
 //!
 //! The architecture: token and learned absolute position embeddings; `n_layer` pre-norm
 //! blocks `h = h + Attn(LN_1(h))`, `h = h + MLP(LN_2(h))` with causal multi-head
 //! attention scaled by `1/sqrt(d_head)` and an MLP of width `n_inner` (default `4 d`)
 //! through the tanh approximation of GELU (`gelu_new`); a final LayerNorm; the output
-//! projection tied to the token embedding (unless `tie_word_embeddings` is false).
-//! `transformers` stores the linear maps as `Conv1D`, weight `(in, out)`, so a layer is
-//! `x W + b`, not `x W^T + b`. Nothing is downloaded: the user fetches the weights.
+//! projection tied to the token embedding. `transformers` stores the linear maps as
+//! `Conv1D`, weight `(in, out)` (a layer is `x W + b`), and the query, key and value
+//! maps as one `c_attn` of width `3d`: they are transposed and split into lethe's
+//! `(out, in)` weights of `attn.q`, `attn.k` and `attn.v`.
 
 use std::path::Path;
 
 use serde::Deserialize;
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
+
+use crate::config::{Arch, ModelConfig};
 
 use crate::error::{LetheError, Result};
 
@@ -43,6 +47,15 @@ pub struct Gpt2Config {
     /// Whether the output projection is the token embedding. Default true.
     #[serde(default = "default_true")]
     pub tie_word_embeddings: bool,
+    /// Variants of the attention lethe does not implement (refused when set).
+    #[serde(default)]
+    pub scale_attn_by_inverse_layer_idx: bool,
+    /// See `scale_attn_by_inverse_layer_idx`.
+    #[serde(default)]
+    pub reorder_and_upcast_attn: bool,
+    /// Attention scaled by `1/sqrt(d_head)`. Default true (refused when false).
+    #[serde(default = "default_true")]
+    pub scale_attn_weights: bool,
 }
 
 fn default_eps() -> f64 {
@@ -74,10 +87,32 @@ impl Gpt2Config {
         if !self.n_embd.is_multiple_of(self.n_head) {
             return bad(format!("n_embd = {} is not a multiple of n_head = {}", self.n_embd, self.n_head));
         }
-        if !["gelu_new", "gelu_pytorch_tanh", "gelu", "relu"].contains(&self.activation_function.as_str()) {
-            return bad(format!("activation_function `{}` is not one GPT-2 uses", self.activation_function));
+        if !["gelu_new", "gelu_pytorch_tanh"].contains(&self.activation_function.as_str()) {
+            return bad(format!("activation_function `{}`: lethe's GPT-2 has the tanh GELU (gelu_new) only", self.activation_function));
+        }
+        if !self.tie_word_embeddings {
+            return bad("tie_word_embeddings = false: lethe's GPT-2 ties the output to the token embedding".into());
+        }
+        if self.scale_attn_by_inverse_layer_idx || self.reorder_and_upcast_attn || !self.scale_attn_weights {
+            return bad("an attention variant lethe does not implement (scale_attn_by_inverse_layer_idx, reorder_and_upcast_attn or scale_attn_weights = false)".into());
         }
         Ok(())
+    }
+
+    /// The `[model]` section of this GPT-2, with `dropout`.
+    pub fn model_config(&self, dropout: f64) -> ModelConfig {
+        ModelConfig {
+            vocab: self.vocab_size,
+            layers: self.n_layer,
+            d_model: self.n_embd,
+            heads: self.n_head,
+            d_ffn: self.inner(),
+            dropout,
+            pre_norm: true,
+            arch: Arch::Gpt2,
+            positions: self.n_positions,
+            norm_eps: self.layer_norm_epsilon,
+        }
     }
 
     /// The MLP width.
@@ -86,122 +121,55 @@ impl Gpt2Config {
     }
 }
 
-/// One block's parameters, by their `transformers` names.
-struct Block {
-    ln_1: (Tensor, Tensor),
-    c_attn: (Tensor, Tensor),
-    attn_proj: (Tensor, Tensor),
-    ln_2: (Tensor, Tensor),
-    c_fc: (Tensor, Tensor),
-    mlp_proj: (Tensor, Tensor),
+/// Whether `dir` holds a Hugging Face model (`config.json` and `model.safetensors`).
+pub fn is_hugging_face_folder(dir: &Path) -> bool {
+    dir.join("config.json").is_file() && dir.join("model.safetensors").is_file()
 }
 
-/// A GPT-2 language model with its weights.
-pub struct Gpt2 {
-    /// The model's `config.json`.
-    pub config: Gpt2Config,
-    wte: Tensor,
-    wpe: Tensor,
-    blocks: Vec<Block>,
-    ln_f: (Tensor, Tensor),
-    lm_head: Tensor,
-}
-
-impl Gpt2 {
-    /// Reads `dir/config.json` and `dir/model.safetensors` onto `device`. Every tensor
-    /// the architecture needs must be there with its shape; the causal-mask buffers some
-    /// files carry (`attn.bias`, `attn.masked_bias`) are not needed.
-    pub fn load(dir: &Path, device: Device) -> Result<Gpt2> {
-        let config = Gpt2Config::from_file(&dir.join("config.json"))?;
-        let path = dir.join("model.safetensors");
-        let raw = Tensor::read_safetensors(&path).map_err(|e| LetheError::checkpoint(&path, format!("cannot read: {e}")))?;
-        let mut weights: std::collections::HashMap<String, Tensor> =
-            raw.into_iter().map(|(name, t)| (name.strip_prefix("transformer.").unwrap_or(&name).to_string(), t)).collect();
-        let (d, inner, v) = (config.n_embd as i64, config.inner() as i64, config.vocab_size as i64);
-        let mut take = |name: &str, shape: &[i64]| -> Result<Tensor> {
-            let t = weights.remove(name).ok_or_else(|| LetheError::checkpoint(&path, format!("has no tensor `{name}`")))?;
-            if t.size() != shape {
-                return Err(LetheError::checkpoint(&path, format!("tensor `{name}` has shape {:?}, the config says {shape:?}", t.size())));
-            }
-            Ok(t.to_kind(Kind::Float).to_device(device))
-        };
-        let wte = take("wte.weight", &[v, d])?;
-        let wpe = take("wpe.weight", &[config.n_positions as i64, d])?;
-        let mut blocks = vec![];
-        for i in 0..config.n_layer {
-            let mut pair = |name: &str, w: &[i64], b: i64| -> Result<(Tensor, Tensor)> {
-                Ok((take(&format!("h.{i}.{name}.weight"), w)?, take(&format!("h.{i}.{name}.bias"), &[b])?))
-            };
-            blocks.push(Block {
-                ln_1: pair("ln_1", &[d], d)?,
-                c_attn: pair("attn.c_attn", &[d, 3 * d], 3 * d)?,
-                attn_proj: pair("attn.c_proj", &[d, d], d)?,
-                ln_2: pair("ln_2", &[d], d)?,
-                c_fc: pair("mlp.c_fc", &[d, inner], inner)?,
-                mlp_proj: pair("mlp.c_proj", &[inner, d], d)?,
-            });
+/// The weights of `dir/model.safetensors` under lethe's names (see the module
+/// documentation), on the CPU in float32, checked against `config`: every tensor GPT-2
+/// needs must be there with its shape; the causal-mask buffers some files carry
+/// (`attn.bias`, `attn.masked_bias`) and a tied head saved twice are skipped; anything
+/// else is refused, naming the tensor.
+pub fn read_weights(dir: &Path, config: &Gpt2Config) -> Result<Vec<(String, Tensor)>> {
+    let path = dir.join("model.safetensors");
+    let raw = Tensor::read_safetensors(&path).map_err(|e| LetheError::checkpoint(&path, format!("cannot read: {e}")))?;
+    let mut weights: std::collections::HashMap<String, Tensor> =
+        raw.into_iter().map(|(name, t)| (name.strip_prefix("transformer.").unwrap_or(&name).to_string(), t)).collect();
+    let (d, inner, v) = (config.n_embd as i64, config.inner() as i64, config.vocab_size as i64);
+    let mut take = |name: &str, shape: &[i64]| -> Result<Tensor> {
+        let t = weights.remove(name).ok_or_else(|| LetheError::checkpoint(&path, format!("has no tensor `{name}`")))?;
+        if t.size() != shape {
+            return Err(LetheError::checkpoint(&path, format!("tensor `{name}` has shape {:?}, the config says {shape:?}", t.size())));
         }
-        let ln_f = (take("ln_f.weight", &[d])?, take("ln_f.bias", &[d])?);
-        let lm_head = if config.tie_word_embeddings { wte.shallow_clone() } else { take("lm_head.weight", &[v, d])? };
-        // What may be left: the causal-mask buffers, and a tied head saved twice.
-        let needless = |name: &str| name.ends_with("attn.bias") || name.ends_with("attn.masked_bias") || name == "lm_head.weight";
-        if let Some(name) = weights.keys().filter(|n| !needless(n)).min() {
-            return Err(LetheError::checkpoint(&path, format!("holds `{name}`, which GPT-2 does not have: is it another architecture?")));
+        Ok(t.to_kind(Kind::Float))
+    };
+    let mut out = vec![("embed.weight".to_string(), take("wte.weight", &[v, d])?), ("positions.weight".to_string(), take("wpe.weight", &[config.n_positions as i64, d])?)];
+    for i in 0..config.n_layer {
+        let h = format!("h.{i}");
+        let l = format!("layers.{i}");
+        let c_attn = take(&format!("{h}.attn.c_attn.weight"), &[d, 3 * d])?; // (in, 3 out)
+        let c_attn_b = take(&format!("{h}.attn.c_attn.bias"), &[3 * d])?;
+        for (j, part) in ["q", "k", "v"].iter().enumerate() {
+            let j = j as i64;
+            out.push((format!("{l}.attn.{part}.weight"), c_attn.narrow(1, j * d, d).tr().contiguous())); // (out, in)
+            out.push((format!("{l}.attn.{part}.bias"), c_attn_b.narrow(0, j * d, d).contiguous()));
         }
-        Ok(Gpt2 { config, wte, wpe, blocks, ln_f, lm_head })
-    }
-
-    /// Logits `(b, t, vocab)` for token ids `(b, t)` (int64, each below `vocab_size`),
-    /// `t` at most `n_positions`.
-    pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
-        let t = ids.size().get(1).copied().unwrap_or(0);
-        if ids.dim() != 2 || t == 0 || t > self.config.n_positions as i64 {
-            return Err(LetheError::Invalid(format!("GPT-2 reads ids (batch, 1 to {} positions), not a tensor of shape {:?}", self.config.n_positions, ids.size())));
+        for (theirs, ours, shape) in [("attn.c_proj", "attn.o", [d, d]), ("mlp.c_fc", "ff1", [d, inner]), ("mlp.c_proj", "ff2", [inner, d])] {
+            out.push((format!("{l}.{ours}.weight"), take(&format!("{h}.{theirs}.weight"), &shape)?.tr().contiguous()));
+            out.push((format!("{l}.{ours}.bias"), take(&format!("{h}.{theirs}.bias"), &[shape[1]])?));
         }
-        let v = self.config.vocab_size as i64;
-        if ids.kind() != Kind::Int64 || ids.numel() == 0 || ids.min().int64_value(&[]) < 0 || ids.max().int64_value(&[]) >= v {
-            return Err(LetheError::Invalid(format!("GPT-2's token ids must be int64 in 0..{v}")));
+        for (theirs, ours) in [("ln_1", "norm1"), ("ln_2", "norm2")] {
+            out.push((format!("{l}.{ours}.weight"), take(&format!("{h}.{theirs}.weight"), &[d])?));
+            out.push((format!("{l}.{ours}.bias"), take(&format!("{h}.{theirs}.bias"), &[d])?));
         }
-        let positions = Tensor::arange(t, (Kind::Int64, ids.device()));
-        let mut h = self.wte.index_select(0, &ids.flatten(0, -1)).view([ids.size()[0], t, -1]) + self.wpe.index_select(0, &positions); // (b, t, d)
-        for block in &self.blocks {
-            h = &h + self.attention(block, &self.norm(&h, &block.ln_1));
-            h = &h + self.mlp(block, &self.norm(&h, &block.ln_2));
-        }
-        Ok(self.norm(&h, &self.ln_f).matmul(&self.lm_head.tr())) // (b, t, vocab)
     }
-
-    fn norm(&self, x: &Tensor, (w, b): &(Tensor, Tensor)) -> Tensor {
-        x.layer_norm([self.config.n_embd as i64], Some(w), Some(b), self.config.layer_norm_epsilon, false)
+    out.push(("final_norm.weight".to_string(), take("ln_f.weight", &[d])?));
+    out.push(("final_norm.bias".to_string(), take("ln_f.bias", &[d])?));
+    // What may be left: the causal-mask buffers, and a tied head saved twice.
+    let needless = |name: &str| name.ends_with("attn.bias") || name.ends_with("attn.masked_bias") || name == "lm_head.weight";
+    if let Some(name) = weights.keys().filter(|n| !needless(n)).min() {
+        return Err(LetheError::checkpoint(&path, format!("holds `{name}`, which GPT-2 does not have: is it another architecture?")));
     }
-
-    /// Causal multi-head self-attention of one block on the normalised `x` `(b, t, d)`.
-    fn attention(&self, block: &Block, x: &Tensor) -> Tensor {
-        let (b, t, d) = x.size3().unwrap_or((0, 0, 0));
-        let heads = self.config.n_head as i64;
-        let dh = d / heads;
-        let qkv = conv1d(x, &block.c_attn); // (b, t, 3d)
-        let split = |i: i64| qkv.narrow(-1, i * d, d).view([b, t, heads, dh]).transpose(1, 2); // (b, heads, t, dh)
-        let (q, k, v) = (split(0), split(1), split(2));
-        let scores = q.matmul(&k.transpose(-2, -1)) / (dh as f64).sqrt(); // (b, heads, t, t)
-        let future = Tensor::ones([t, t], (Kind::Bool, x.device())).triu(1);
-        let probs = scores.masked_fill(&future, f64::NEG_INFINITY).softmax(-1, Kind::Float);
-        let context = probs.matmul(&v).transpose(1, 2).contiguous().view([b, t, d]); // (b, t, d)
-        conv1d(&context, &block.attn_proj)
-    }
-
-    fn mlp(&self, block: &Block, x: &Tensor) -> Tensor {
-        let a = conv1d(x, &block.c_fc);
-        let a = match self.config.activation_function.as_str() {
-            "gelu" => a.gelu("none"),
-            "relu" => a.relu(),
-            _ => a.gelu("tanh"), // gelu_new, gelu_pytorch_tanh
-        };
-        conv1d(&a, &block.mlp_proj)
-    }
-}
-
-/// `transformers`' `Conv1D`: `x W + b` with `W` `(in, out)`.
-fn conv1d(x: &Tensor, (w, b): &(Tensor, Tensor)) -> Tensor {
-    x.matmul(w) + b
+    Ok(out)
 }

@@ -3,6 +3,7 @@
 pub mod attention;
 pub mod backbone;
 pub mod gpt2;
+pub mod init;
 pub mod memory;
 
 use std::collections::HashMap;
@@ -38,7 +39,10 @@ pub fn footprint(config: &Config) -> (f64, &'static str) {
     let rows = memory::position_rows(&config.memory, config.train.block) as f64;
     let f32s = |n: f64| 4.0 * n;
     // Parameters, their gradients and two Adam moments: four copies.
-    let positions = 4.0 * f32s(rows * d / m.heads as f64);
+    let positions = match m.arch {
+        crate::config::Arch::Lethe => 4.0 * f32s(rows * d / m.heads as f64),
+        crate::config::Arch::Gpt2 => 4.0 * f32s(m.positions as f64 * d),
+    };
     let embeddings = 4.0 * f32s(2.0 * m.vocab as f64 * d);
     let layers = 4.0 * f32s(l * (4.0 * d * d + 2.0 * d * m.d_ffn as f64));
     let cache = f32s(l * batch * reach * d);

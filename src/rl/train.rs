@@ -237,7 +237,8 @@ impl<'a> Run<'a> {
         let b = cfg.train.batch;
         let rows = (rank * b / world, (rank + 1) * b / world);
         let agent = Agent::new(cfg, device)?;
-        let opt = Optimiser::new(agent.named_parameters(), &cfg.train);
+        let mut opt = Optimiser::new(agent.named_parameters(), &cfg.train);
+        opt.group(crate::model::memory::is_mechanism_parameter, cfg.train.memory_lr_scale());
         let mem = agent.new_memory();
         let state = RlState {
             episodes: Episodes::new(cfg, cfg.train.batch, cfg.data_seed())?,

@@ -17,7 +17,7 @@ use tch::{nn, Kind, Tensor};
 use super::window::{WindowCache, WindowKeys};
 use super::layer::{AttendInput, AttendOutput, MemoryLayer, MemoryReport};
 use crate::config::AdaptiveConfig;
-use crate::error::Result;
+use crate::error::{LetheError, Result};
 use crate::model::attention::window_scores;
 
 /// Granularity of the cache trim, as in the official code.
@@ -66,7 +66,8 @@ impl MemoryLayer for AdaptiveSpan {
 
     fn attend(&mut self, input: &AttendInput) -> Result<AttendOutput> {
         let WindowKeys { k, v, dist, visible, cached, same } = self.window.keys(input, self.max_span);
-        let mut scores = window_scores(input.q, &k, input.key_pe, cached); // (b, h, m, n)
+        let key_pe = input.key_pe.ok_or_else(|| LetheError::Invalid("Adaptive-Span needs relative positions (model.arch = \"lethe\")".into()))?;
+        let mut scores = window_scores(input.q, &k, key_pe, cached); // (b, h, m, n)
         let z = self.z.to_kind(scores.kind());
         let mask = span_mask(&z, &dist, self.max_span as f64, self.cfg.ramp as f64) * visible.to_kind(scores.kind()); // (h, m, n)
         let mask = match &same {

@@ -28,11 +28,11 @@
 
 use tch::{nn, Tensor};
 
-use super::window::{concat_time, keep_last, window_mem_size, WindowCache, WindowKeys};
+use super::window::{concat_time, keep_last, reach, window_mem_size, WindowCache, WindowKeys};
 use super::layer::{AttendInput, AttendOutput, MemoryLayer, MemoryReport};
 use crate::config::{CompressiveConfig, Compressor};
 use crate::error::{LetheError, Result};
-use crate::model::attention::{mix, window_scores};
+use crate::model::attention::{mix, scores_over_window};
 
 /// Mean of every `rate` consecutive states: `(b, g·rate, d)` -> `(b, g, d)`.
 pub fn mean_pool(states: &Tensor, rate: i64) -> Tensor {
@@ -156,10 +156,10 @@ impl MemoryLayer for CompressiveMemory {
         let m = input.x.size()[1];
         let w = self.window.keys(input, self.span);
         let cached = w.cached;
-        let scores = window_scores(input.q, &w.k, input.key_pe, w.cached); // (b, h, m, n)
+        let scores = scores_over_window(input.q, &w.k, input.key_pe, w.cached, &w.visible); // (b, h, m, n)
         let (scores, v) = self.with_slots(input, w, scores);
         let context = mix(&scores, &v, input.attn.dropout, input.train);
-        self.last_mem_size = self.slots_held() as f64 + window_mem_size(cached, m, self.span);
+        self.last_mem_size = self.slots_held() as f64 + window_mem_size(cached, m, reach(self.span, m));
         let aux_loss = self.reconstruction_loss(input);
         self.last_recon = aux_loss.as_ref().map(|l| l.detach());
         Ok(AttendOutput { context, aux_loss, added: None })

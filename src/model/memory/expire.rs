@@ -252,7 +252,8 @@ impl MemoryLayer for ExpireSpan {
         // Scaled queries, and the scores summed and masked in place (as in attention::window_scores).
         let q = input.q / (input.attn.d_head() as f64).sqrt();
         let mut scores = q.matmul(&k.transpose(-2, -1)); // (b, h, m, n)
-        scores += self.position_scores(&q, input.key_pe, &dist);
+        let key_pe = input.key_pe.ok_or_else(|| LetheError::Invalid("Expire-Span needs relative positions (model.arch = \"lethe\")".into()))?;
+        scores += self.position_scores(&q, key_pe, &dist);
         let _ = scores.masked_fill_(&visible.logical_not().unsqueeze(1), f64::NEG_INFINITY);
         let probs = scores.softmax(-1, scores.kind());
         let probs = &probs * mask.unsqueeze(1); // (b, h, m, n)
@@ -414,7 +415,7 @@ mod tests {
         let _seed = crate::rng::seed_torch(3);
         let mut rng = crate::rng::Rng::new(3);
         let vs = tch::nn::VarStore::new(tch::Device::Cpu);
-        let attn = Attention::new(vs.root() / "attn", 8, 2, 0.0);
+        let attn = Attention::new(vs.root() / "attn", 8, 2, 0.0, false);
         let cfg = ExpireConfig { ramp: 2, init_fraction: 0.5, ..ExpireConfig::default() };
         let mut attended = ExpireSpan::new(vs.root() / "attn", 8, 12, 5, &cfg);
         let mut plain = attended.fresh();
@@ -423,7 +424,7 @@ mod tests {
         for _ in 0..6 {
             let x = rng.normal_tensor(&[2, 4, 8], Kind::Float);
             let q = attn.queries(&x);
-            attended.attend(&AttendInput { x: &x, q: &q, attn: &attn, key_pe: &key_pe, train: false, episodes: None }).unwrap();
+            attended.attend(&AttendInput { x: &x, q: &q, attn: &attn, key_pe: Some(&key_pe), train: false, episodes: None }).unwrap();
             attended.update(&x.detach(), None);
             plain.update(&x, None);
             let (a, b) = (states(&attended), states(plain.as_ref()));
@@ -431,7 +432,7 @@ mod tests {
         }
         let (keyed, other) = (rng.normal_tensor(&[2, 4, 8], Kind::Float), rng.normal_tensor(&[2, 4, 8], Kind::Float));
         let q = attn.queries(&keyed);
-        attended.attend(&AttendInput { x: &keyed, q: &q, attn: &attn, key_pe: &key_pe, train: false, episodes: None }).unwrap();
+        attended.attend(&AttendInput { x: &keyed, q: &q, attn: &attn, key_pe: Some(&key_pe), train: false, episodes: None }).unwrap();
         attended.update(&other, None);
         plain.update(&other, None);
         let (a, b) = (states(&attended), states(plain.as_ref()));

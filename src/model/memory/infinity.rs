@@ -240,6 +240,10 @@ impl InfinityMemory {
     fn absorb_incoming(&mut self) -> Result<Option<Tensor>> {
         self.last = Absorption::default();
         let Some(x) = self.incoming.take() else { return Ok(self.coeffs.as_ref().map(|c| c.shallow_clone())) };
+        if self.cfg.threshold > 0 && self.absorbed >= self.cfg.threshold as i64 {
+            // The memory threshold: start a new memory (the official `mem_threshold`).
+            (self.coeffs, self.histogram, self.absorbed) = (None, None, 0);
+        }
         let n = x.size()[1];
         let sticky = self.cfg.sticky && self.coeffs.is_some();
         self.last = Absorption {

@@ -29,8 +29,9 @@ pub struct AttendInput<'a> {
     pub q: &'a Tensor,
     /// The layer's projections, to compute keys and values of remembered states.
     pub attn: &'a Attention,
-    /// Learned relative-position key embeddings, shared by all layers: `(P, dh)`.
-    pub key_pe: &'a Tensor,
+    /// Learned relative-position key embeddings, shared by all layers: `(P, dh)`; none
+    /// on GPT-2, whose positions are absolute and in its inputs.
+    pub key_pe: Option<&'a Tensor>,
     /// Training mode: dropout and training-only regularisers are on.
     pub train: bool,
     /// The episode of each position `(b, m)` (int64), when the streams are episodes that

@@ -39,6 +39,16 @@ pub fn build(cfg: &MemoryConfig, p: nn::Path, d_model: i64, heads: i64, block: u
     })
 }
 
+/// The names of the sub-paths under a layer's attention where the mechanisms keep their
+/// parameters (`layers.<i>.attn.<path>.*`).
+pub const PARAMETER_PATHS: [&str; 4] = ["ltm", "compressive", "expire", "adaptive"];
+
+/// Whether the parameter `name` belongs to a memory mechanism (its own learning rate,
+/// `train.memory_lr`), rather than to the transformer.
+pub fn is_mechanism_parameter(name: &str) -> bool {
+    PARAMETER_PATHS.iter().any(|p| name.contains(&format!(".attn.{p}.")))
+}
+
 /// Rows of `key_pe` (distances `0..rows` covered by learned position embeddings):
 /// the whole span for Transformer-XL, Adaptive-Span and the Compressive Transformer's
 /// uncompressed memory and the ∞-former's short-term memory, `min(L, M) + 1` for

@@ -11,7 +11,7 @@ use tch::Tensor;
 
 use super::layer::{mem_rows, same_episode, with_cached_episodes, AttendInput};
 use crate::error::{LetheError, Result};
-use crate::model::attention::{mix, window, window_scores};
+use crate::model::attention::{mix, scores_over_window, window};
 
 /// `[prev, x]` along the time axis of `(b, n, d)` states; `x` alone when there is no `prev`.
 pub(crate) fn concat_time(prev: Option<&Tensor>, x: &Tensor) -> Tensor {
@@ -29,6 +29,13 @@ pub(crate) fn keep_last(all: Tensor, keep: i64) -> Tensor {
     } else {
         all
     }
+}
+
+/// How far back a query of a block of `m` sees, for a memory of `span`: the span, and
+/// never less than the block itself (on GPT-2 `memory.span` may be shorter than the
+/// block, even 0, and a query still sees its block up to itself).
+pub(crate) fn reach(span: i64, m: i64) -> i64 {
+    span.max(m - 1)
 }
 
 /// Mean over `m` queries that follow `cached` states of the earlier positions each one
@@ -92,7 +99,8 @@ impl WindowCache {
         if !self.windows.contains_key(&(cached, m)) && self.windows.len() >= MAX_WINDOW_SHAPES {
             self.windows.clear();
         }
-        let (dist, visible) = self.windows.entry((cached, m)).or_insert_with(|| window(cached, m, span, device));
+        let reach = reach(span, m);
+        let (dist, visible) = self.windows.entry((cached, m)).or_insert_with(|| window(cached, m, reach, device));
         let same = input.episodes.map(|e| same_episode(e, &with_cached_episodes(self.episodes.as_ref(), cached, e)));
         WindowKeys { k, v, dist: dist.shallow_clone(), visible: visible.shallow_clone(), cached, same }
     }
@@ -104,9 +112,9 @@ impl WindowCache {
     pub fn attend(&mut self, input: &AttendInput, span: i64) -> (Tensor, Vec<f64>) {
         let m = input.x.size()[1];
         let w = self.keys(input, span);
-        let mut scores = window_scores(input.q, &w.k, input.key_pe, w.cached); // (b, h, m, n)
+        let mut scores = scores_over_window(input.q, &w.k, input.key_pe, w.cached, &w.visible); // (b, h, m, n)
         let mem_rows = match &w.same {
-            None => vec![window_mem_size(w.cached, m, span)],
+            None => vec![window_mem_size(w.cached, m, reach(span, m))],
             Some(same) => {
                 let _ = scores.masked_fill_(&same.logical_not().unsqueeze(1), f64::NEG_INFINITY);
                 mem_rows(&w.visible.logical_and(same).logical_and(&w.dist.ge(1))) // from (b, m, n)
@@ -203,13 +211,13 @@ mod tests {
         let _seed = crate::rng::seed_torch(3);
         let mut rng = crate::rng::Rng::new(3);
         let vs = tch::nn::VarStore::new(tch::Device::Cpu);
-        let attn = Attention::new(vs.root(), 4, 1, 0.0);
+        let attn = Attention::new(vs.root(), 4, 1, 0.0, false);
         let key_pe = Tensor::zeros([8, 4], (tch::Kind::Float, tch::Device::Cpu));
         let (mut reused, mut plain) = (WindowCache::default(), WindowCache::default());
         for _ in 0..5 {
             let x = rng.normal_tensor(&[2, 3, 4], tch::Kind::Float);
             let q = attn.queries(&x);
-            reused.keys(&AttendInput { x: &x, q: &q, attn: &attn, key_pe: &key_pe, train: false, episodes: None }, 7);
+            reused.keys(&AttendInput { x: &x, q: &q, attn: &attn, key_pe: Some(&key_pe), train: false, episodes: None }, 7);
             let a = reused.append(&x.detach(), None, 7);
             let b = plain.append(&x, None, 7);
             assert_eq!(a.is_some(), b.is_some());
@@ -220,7 +228,7 @@ mod tests {
         let keyed = rng.normal_tensor(&[2, 3, 4], tch::Kind::Float);
         let other = rng.normal_tensor(&[2, 3, 4], tch::Kind::Float);
         let q = attn.queries(&keyed);
-        reused.keys(&AttendInput { x: &keyed, q: &q, attn: &attn, key_pe: &key_pe, train: false, episodes: None }, 7);
+        reused.keys(&AttendInput { x: &keyed, q: &q, attn: &attn, key_pe: Some(&key_pe), train: false, episodes: None }, 7);
         reused.append(&other, None, 7);
         assert!(reused.cache.as_ref().unwrap().narrow(1, 4, 3).equal(&other));
     }
@@ -231,13 +239,13 @@ mod tests {
     fn the_window_keeps_the_masks_of_a_few_shapes_only() {
         let _seed = crate::rng::seed_torch(3);
         let vs = tch::nn::VarStore::new(tch::Device::Cpu);
-        let attn = Attention::new(vs.root(), 4, 1, 0.0);
+        let attn = Attention::new(vs.root(), 4, 1, 0.0, false);
         let key_pe = Tensor::zeros([65, 4], (tch::Kind::Float, tch::Device::Cpu));
         let mut w = WindowCache::default();
         for _ in 0..20 {
             let x = Tensor::ones([1, 2, 4], (tch::Kind::Float, tch::Device::Cpu));
             let q = attn.queries(&x);
-            let input = AttendInput { x: &x, q: &q, attn: &attn, key_pe: &key_pe, train: false, episodes: None };
+            let input = AttendInput { x: &x, q: &q, attn: &attn, key_pe: Some(&key_pe), train: false, episodes: None };
             let keys = w.keys(&input, 64);
             assert_eq!(keys.visible.size(), vec![2, keys.cached + 2]);
             w.append(&x, None, 64);
