@@ -1,14 +1,20 @@
-//! GPT-2 read from the Hugging Face layout gives the logits `transformers` gives, and its
-//! tokenizer the ids Hugging Face `tokenizers` gives: the fixture (tests/fixtures/gpt2-tiny,
-//! made by scripts/gpt2-fixture.py) is a tiny random GPT-2 saved by `transformers` with a
+//! GPT-2 read from the Hugging Face layout into lethe's backbone gives the logits
+//! `transformers` gives, with and without an (empty) memory, and its tokenizer the ids
+//! Hugging Face `tokenizers` gives: the fixture (tests/fixtures/gpt2-tiny, made by
+//! scripts/gpt2-fixture.py) is a tiny random GPT-2 saved by `transformers` with a
 //! byte-level BPE trained by `tokenizers`, a batch of ids and the logits computed for it,
-//! and a sample text with its ids.
+//! and a sample text with its ids. The ∞-former and Compressive memories on GPT-2 pass
+//! the gradient and state checks they pass on the papers' backbone.
+
+mod common;
 
 use std::path::{Path, PathBuf};
 
+use lethe::config::{Arch, Config, Mechanism};
 use lethe::data::tokenizer::Tokenizer;
-use lethe::model::gpt2::{Gpt2, Gpt2Config};
-use tch::{Device, Tensor};
+use lethe::model::gpt2::{read_weights, Gpt2Config};
+use lethe::model::{init, Lm};
+use tch::{Device, Kind, Tensor};
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpt2-tiny")
@@ -19,46 +25,194 @@ fn expected() -> (Tensor, Tensor) {
     (t.remove("ids").unwrap(), t.remove("logits").unwrap())
 }
 
+/// The fixture's GPT-2 with `mechanism` (memory.span 0: GPT-2's own block, plus the
+/// mechanism's long-term part), its parameters read from the folder.
+fn gpt2_with(mechanism: Mechanism, edit: impl Fn(&mut Config)) -> Lm {
+    let mut cfg = Config::default();
+    init::adopt(&mut cfg, &fixture()).unwrap();
+    assert_eq!(cfg.model.arch, Arch::Gpt2);
+    cfg.memory.mechanism = mechanism;
+    cfg.memory.span = 0;
+    cfg.train.block = 8;
+    cfg.memory.infinity.basis = 8;
+    cfg.memory.infinity.widths = vec![0.1, 0.3];
+    cfg.memory.infinity.samples = 16;
+    cfg.memory.infinity.bins = 8;
+    cfg.memory.infinity.kl_coef = 0.01;
+    (cfg.memory.compressive.rate, cfg.memory.compressive.slots) = (2, 4);
+    edit(&mut cfg);
+    cfg.memory.validate(cfg.train.block, cfg.model.arch).unwrap();
+    let lm = Lm::new(&cfg, Device::Cpu).unwrap();
+    let loaded = init::load(&lm, &fixture()).unwrap();
+    assert_eq!(loaded.copied, 2 + 2 * 16 + 2, "every GPT-2 tensor (q, k, v split) was read");
+    assert!(loaded.fresh.iter().all(|n| lethe::model::memory::is_mechanism_parameter(n)), "{:?}", loaded.fresh);
+    lm
+}
+
+fn logits(lm: &Lm, ids: &Tensor) -> Tensor {
+    let mut mem = lm.model.new_memory();
+    tch::no_grad(|| lm.model.forward(ids, &mut mem, false)).unwrap().logits
+}
+
 #[test]
 fn the_logits_match_transformers() {
-    let model = Gpt2::load(&fixture(), Device::Cpu).unwrap();
+    let lm = gpt2_with(Mechanism::Fixed, |_| {});
     let (ids, want) = expected();
-    let got = tch::no_grad(|| model.forward(&ids)).unwrap();
+    let got = logits(&lm, &ids);
     assert_eq!(got.size(), want.size());
     let diff = (&got - &want).abs().max().double_value(&[]);
     assert!(diff < 1e-5, "largest difference {diff}");
     assert!(want.abs().max().double_value(&[]) > 0.1, "the fixture's logits are not trivially small");
 }
 
+/// With the memory added but empty (the first block), GPT-2 + memory is GPT-2.
+#[test]
+fn an_empty_memory_leaves_the_logits_of_gpt2() {
+    let (ids, want) = expected();
+    for mechanism in [Mechanism::Infinity, Mechanism::Compressive] {
+        let lm = gpt2_with(mechanism, |_| {});
+        let diff = (&logits(&lm, &ids) - &want).abs().max().double_value(&[]);
+        assert!(diff < 1e-5, "{mechanism}: largest difference {diff}");
+    }
+}
+
 #[test]
 fn each_position_sees_only_the_past() {
-    let model = Gpt2::load(&fixture(), Device::Cpu).unwrap();
+    let lm = gpt2_with(Mechanism::Fixed, |_| {});
     let (ids, _) = expected();
-    let full = tch::no_grad(|| model.forward(&ids)).unwrap();
-    let prefix = tch::no_grad(|| model.forward(&ids.narrow(1, 0, 7))).unwrap();
+    let full = logits(&lm, &ids);
+    let prefix = logits(&lm, &ids.narrow(1, 0, 7));
     let diff = (&full.narrow(1, 0, 7) - &prefix).abs().max().double_value(&[]);
     assert!(diff < 1e-5, "{diff}");
 }
 
+/// Blocks of 8 from the fixture's ids: the second block's logits depend on the first
+/// through the memory (and only through it: GPT-2's positions restart at each block).
 #[test]
-fn bad_folders_and_inputs_are_named() {
+fn the_memory_carries_the_previous_block_to_the_next() {
+    let (ids, _) = expected();
+    for mechanism in [Mechanism::Infinity, Mechanism::Compressive, Mechanism::Fixed] {
+        let lm = gpt2_with(mechanism, |c| c.memory.span = if c.memory.mechanism == Mechanism::Fixed { 8 } else { 0 });
+        let mut mem = lm.model.new_memory();
+        let second = tch::no_grad(|| {
+            lm.model.forward(&ids.narrow(1, 0, 8), &mut mem, false).unwrap();
+            lm.model.forward(&ids.narrow(1, 8, 8), &mut mem, false).unwrap().logits
+        });
+        let alone = logits(&lm, &ids.narrow(1, 8, 8));
+        let diff = (&second - &alone).abs().max().double_value(&[]);
+        assert!(diff > 1e-4, "{mechanism}: the first block changed nothing ({diff})");
+    }
+}
+
+/// The ∞-former's long-term memory and the Compressive memory on GPT-2: the gradient of
+/// the fourth block's loss matches finite differences for the memory's own parameters
+/// and GPT-2's, given the memory of the first three blocks of 4. The loss is the task's
+/// plus the auxiliary one, except for the Compressive memory's reconstruction loss,
+/// which by design (Rae et al., 3.2) reaches only the compressor: its inputs are
+/// detached, so a finite difference of another parameter would see it move and the
+/// gradient would not.
+#[test]
+fn gradients_of_the_memories_on_gpt2_match_finite_differences() {
+    let seq: Vec<i64> = (0..32).map(|i| (i * 37 + 11) % 300).collect();
+    let checks: [(Mechanism, &[&str]); 2] = [
+        (Mechanism::Infinity, &["ltm.mu", "ltm.sigma_w", "ltm.gate_w", "ltm.k", "ltm.v", "ltm.o", "layers.1.attn.q.weight", "layers.0.attn.k.bias"]),
+        (Mechanism::Compressive, &["compressive.slot_pe", "compressive.conv_w", "layers.1.attn.v.bias", "positions.weight"]),
+    ];
+    for (mechanism, names) in checks {
+        let mut lm = gpt2_with(mechanism, |c| {
+            c.train.block = 4;
+            c.memory.compressive.compressor = lethe::config::Compressor::Conv;
+        });
+        lm.vs.double();
+        let state = common::memory_after(&lm, &seq, 3, 4);
+        for name in names {
+            let with_aux = mechanism == Mechanism::Infinity || name.contains("conv");
+            let loss = || {
+                let (task, aux) = common::block_losses(&lm, &seq, 3, 4, &state);
+                if with_aux { task + aux } else { task }
+            };
+            for v in lm.vs.variables().values_mut() {
+                v.zero_grad();
+            }
+            loss().backward();
+            let (_, p) = lm.named_parameters().into_iter().find(|(n, _)| n.contains(name)).unwrap_or_else(|| panic!("no {name}"));
+            let grad = p.grad().flatten(0, -1);
+            assert!(grad.abs().sum(Kind::Double).double_value(&[]) > 0.0, "{mechanism}: no gradient reached {name}");
+            for idx in [0i64, 5] {
+                let analytic = grad.double_value(&[idx]);
+                let numeric = common::numeric_grad(&p, idx, || loss().double_value(&[]));
+                assert!((analytic - numeric).abs() < 1e-6 + 1e-4 * numeric.abs(), "{mechanism} {name}[{idx}]: {analytic} vs {numeric}");
+            }
+        }
+    }
+}
+
+/// A memory saved and restored gives the next block the same logits (exact resume).
+#[test]
+fn a_saved_memory_on_gpt2_restores_exactly() {
+    let seq: Vec<i64> = (0..32).map(|i| (i * 53 + 7) % 300).collect();
+    for mechanism in [Mechanism::Infinity, Mechanism::Compressive] {
+        let lm = gpt2_with(mechanism, |c| c.train.block = 4);
+        let state = common::memory_after(&lm, &seq, 3, 4);
+        let x = common::tokens(&seq, 2).narrow(1, 12, 4);
+        let run = |state: &[(String, Tensor)]| {
+            let mut mem = lm.model.new_memory();
+            mem.load_state(state).unwrap();
+            tch::no_grad(|| lm.model.forward(&x, &mut mem, false)).unwrap().logits
+        };
+        let once = run(&state);
+        assert!(once.equal(&run(&state)), "{mechanism}");
+        let mut straight = lm.model.new_memory();
+        let want = tch::no_grad(|| {
+            for i in 0..3 {
+                lm.model.forward(&common::tokens(&seq, 2).narrow(1, 4 * i, 4), &mut straight, true).unwrap();
+            }
+            lm.model.forward(&x, &mut straight, false).unwrap().logits
+        });
+        assert!(once.allclose(&want, 1e-6, 1e-6, false), "{mechanism}: restored differs from straight");
+    }
+}
+
+/// The ∞-former's memory threshold empties the long-term memory once it has absorbed
+/// that many tokens (the official GPT-2 code's `mem_threshold`).
+#[test]
+fn the_memory_threshold_starts_a_new_long_term_memory() {
+    let seq: Vec<i64> = (0..32).map(|i| (i * 29 + 3) % 300).collect();
+    let lm = gpt2_with(Mechanism::Infinity, |c| {
+        c.train.block = 4;
+        c.memory.infinity.threshold = 8;
+    });
+    let mut mem = lm.model.new_memory();
+    let x = common::tokens(&seq, 2);
+    let mut absorbed = vec![];
+    tch::no_grad(|| {
+        for i in 0..6 {
+            lm.model.forward(&x.narrow(1, 4 * (i % 4), 4), &mut mem, false).unwrap();
+            absorbed.push(mem.reports()[0].extra("ltm_tokens").unwrap());
+        }
+    });
+    // Block i absorbs block i-1's 4 states; at 8 the memory starts again.
+    assert_eq!(absorbed, vec![0.0, 4.0, 8.0, 4.0, 8.0, 4.0]);
+}
+
+#[test]
+fn bad_folders_are_named() {
     let dir = tempfile::tempdir().unwrap();
-    let err = Gpt2::load(dir.path(), Device::Cpu).err().unwrap().to_string();
-    assert!(err.contains("config.json"), "{err}");
+    let err = init::Source::open(dir.path()).err().unwrap().to_string();
+    assert!(err.contains("neither a Hugging Face model folder"), "{err}");
     std::fs::copy(fixture().join("config.json"), dir.path().join("config.json")).unwrap();
-    let err = Gpt2::load(dir.path(), Device::Cpu).err().unwrap().to_string();
+    let err = init::Source::open(dir.path()).err().unwrap().to_string();
     assert!(err.contains("model.safetensors"), "{err}");
     let text = std::fs::read_to_string(fixture().join("config.json")).unwrap().replace("\"n_embd\": 24", "\"n_embd\": 30");
     std::fs::write(dir.path().join("config.json"), text).unwrap();
     std::fs::copy(fixture().join("model.safetensors"), dir.path().join("model.safetensors")).unwrap();
-    let err = Gpt2::load(dir.path(), Device::Cpu).err().unwrap().to_string();
+    let cfg = Gpt2Config::from_file(&dir.path().join("config.json")).unwrap();
+    let err = read_weights(dir.path(), &cfg).err().unwrap().to_string();
     assert!(err.contains("wte.weight") && err.contains("[300, 24]"), "{err}");
-    let model = Gpt2::load(&fixture(), Device::Cpu).unwrap();
-    let too_long = Tensor::zeros([1, 33], (tch::Kind::Int64, Device::Cpu));
-    assert!(model.forward(&too_long).err().unwrap().to_string().contains("1 to 32 positions"));
-    for bad in [Tensor::from_slice(&[0i64, 300]).unsqueeze(0), Tensor::from_slice(&[-1i64, 3]).unsqueeze(0), Tensor::from_slice(&[1.0f32, 2.0]).unsqueeze(0)] {
-        assert!(model.forward(&bad).err().unwrap().to_string().contains("int64 in 0..300"));
-    }
+    let text = std::fs::read_to_string(fixture().join("config.json")).unwrap().replace("gelu_new", "swish");
+    std::fs::write(dir.path().join("config.json"), text).unwrap();
+    let err = Gpt2Config::from_file(&dir.path().join("config.json")).err().unwrap().to_string();
+    assert!(err.contains("swish") && err.contains("config.json"), "{err}");
     let cfg = Gpt2Config::from_file(&fixture().join("config.json")).unwrap();
     assert_eq!((cfg.n_layer, cfg.n_head, cfg.inner(), cfg.activation_function.as_str()), (2, 3, 96, "gelu_new"));
 }
@@ -76,9 +230,13 @@ fn hub_style_names_and_mask_buffers_are_read_alike() {
         .collect();
     named.push(("h.0.attn.bias".into(), Tensor::ones([1, 1, 32, 32], (tch::Kind::Float, Device::Cpu)).tril(0)));
     Tensor::write_safetensors(&named, dir.path().join("model.safetensors")).unwrap();
-    let (ids, want) = expected();
-    let got = tch::no_grad(|| Gpt2::load(dir.path(), Device::Cpu).unwrap().forward(&ids)).unwrap();
-    assert!((&got - &want).abs().max().double_value(&[]) < 1e-5);
+    let cfg = Gpt2Config::from_file(&fixture().join("config.json")).unwrap();
+    let theirs: std::collections::HashMap<String, Tensor> = read_weights(dir.path(), &cfg).unwrap().into_iter().collect();
+    let ours = read_weights(&fixture(), &cfg).unwrap();
+    assert_eq!(theirs.len(), ours.len());
+    for (name, t) in &ours {
+        assert!(theirs[name].equal(t), "{name}");
+    }
 }
 
 #[test]
@@ -88,7 +246,8 @@ fn a_tensor_gpt2_does_not_have_is_refused_by_name() {
     let mut named = Tensor::read_safetensors(fixture().join("model.safetensors")).unwrap();
     named.push(("transformer.h.0.attn.q_norm.weight".into(), Tensor::ones([24], (tch::Kind::Float, Device::Cpu))));
     Tensor::write_safetensors(&named, dir.path().join("model.safetensors")).unwrap();
-    let err = Gpt2::load(dir.path(), Device::Cpu).err().unwrap().to_string();
+    let cfg = Gpt2Config::from_file(&fixture().join("config.json")).unwrap();
+    let err = read_weights(dir.path(), &cfg).err().unwrap().to_string();
     assert!(err.contains("h.0.attn.q_norm.weight") && err.contains("another architecture"), "{err}");
 }
 
@@ -140,9 +299,25 @@ fn a_folder_without_a_tokenizer_is_named() {
 fn the_model_reads_the_tokenizers_ids() {
     let (text, _) = sample();
     let tokenizer = Tokenizer::from_dir(&fixture()).unwrap();
-    let model = Gpt2::load(&fixture(), Device::Cpu).unwrap();
+    let lm = gpt2_with(Mechanism::Fixed, |_| {});
     let ids: Vec<i64> = tokenizer.encode(&text).unwrap().into_iter().take(32).map(i64::from).collect();
-    let logits = tch::no_grad(|| model.forward(&Tensor::from_slice(&ids).unsqueeze(0))).unwrap();
-    assert_eq!(logits.size(), [1, ids.len() as i64, tokenizer.vocab_size() as i64]);
+    let out = logits(&lm, &Tensor::from_slice(&ids).unsqueeze(0));
+    assert_eq!(out.size(), [1, ids.len() as i64, tokenizer.vocab_size() as i64]);
+}
+
+/// Long text is tokenised in pieces cut at line starts; the ids are those of the whole.
+#[test]
+fn long_text_tokenised_in_pieces_gives_the_ids_of_the_whole() {
+    let (text, _) = sample();
+    let tokenizer = Tokenizer::from_dir(&fixture()).unwrap();
+    let mut long = String::new();
+    let mut i = 0;
+    while long.len() < 3 << 20 {
+        long.push_str(&text);
+        long.push_str(["\n", "\n\n", " = = Heading = = \n\n", "\n  two spaces\n", ""][i % 5]);
+        i += 1;
+    }
+    assert!(lethe::data::text::chunks(&long).len() >= 3);
+    assert_eq!(lethe::data::text::encode_long(&tokenizer, &long).unwrap(), tokenizer.encode(&long).unwrap());
 }
 
