@@ -171,11 +171,15 @@ pub fn learning_rate(cfg: &TrainConfig, step: usize) -> f64 {
     }
     match cfg.schedule {
         Schedule::Constant => cfg.lr,
-        Schedule::Cosine => {
+        Schedule::Cosine | Schedule::Linear => {
             let span = cfg.steps.saturating_sub(cfg.warmup).max(1) as f64;
             let progress = ((step - cfg.warmup) as f64 / span).min(1.0);
             let min = cfg.lr * cfg.min_lr_ratio;
-            min + (cfg.lr - min) * 0.5 * (1.0 + (std::f64::consts::PI * progress).cos())
+            let left = match cfg.schedule {
+                Schedule::Linear => 1.0 - progress,
+                _ => 0.5 * (1.0 + (std::f64::consts::PI * progress).cos()),
+            };
+            min + (cfg.lr - min) * left
         }
     }
 }
@@ -193,8 +197,11 @@ mod tests {
         assert!((learning_rate(&cfg, 10) - 1.0).abs() < 1e-12);
         assert!((learning_rate(&cfg, 60) - 0.55).abs() < 1e-12);
         assert!((learning_rate(&cfg, 110) - 0.1).abs() < 1e-12);
-        let constant = TrainConfig { schedule: Schedule::Constant, ..cfg };
+        let constant = TrainConfig { schedule: Schedule::Constant, ..cfg.clone() };
         assert_eq!(learning_rate(&constant, 80), 1.0);
+        let linear = TrainConfig { schedule: Schedule::Linear, ..cfg };
+        assert!((learning_rate(&linear, 60) - 0.55).abs() < 1e-12 && (learning_rate(&linear, 35) - 0.775).abs() < 1e-12);
+        assert!((learning_rate(&linear, 110) - 0.1).abs() < 1e-12);
     }
 
     /// Two Adam steps on f(p) = sum(p^2) / 2 (gradient = p), against the formulas by hand.

@@ -321,3 +321,38 @@ fn long_text_tokenised_in_pieces_gives_the_ids_of_the_whole() {
     assert_eq!(lethe::data::text::encode_long(&tokenizer, &long).unwrap(), tokenizer.encode(&long).unwrap());
 }
 
+
+/// Fine-tuning the fixture's GPT-2 with the ∞-former on tokenised text, its memory at 5
+/// times the learning rate (two optimiser groups): a run stopped and resumed repeats the
+/// losses of a straight run, and the evaluation reports perplexity per word.
+#[test]
+fn fine_tuning_gpt2_with_two_learning_rates_resumes_exactly() {
+    use lethe::config::Source;
+    use lethe::train::{train, TrainOptions};
+    let data = tempfile::tempdir().unwrap();
+    let (sample, _) = sample();
+    let text: String = (0..120).map(|i| format!("line {i}: {sample}\n")).collect();
+    std::fs::write(data.path().join("text.txt"), &text).unwrap();
+    let mut cfg = Config::default();
+    (cfg.data.source, cfg.data.path) = (Source::File, Some(data.path().join("text.txt")));
+    init::adopt(&mut cfg, &fixture()).unwrap();
+    assert_eq!(cfg.data.tokenizer.as_deref(), Some(fixture().as_path()), "the folder's tokenizer is adopted");
+    cfg.memory.mechanism = Mechanism::Infinity;
+    cfg.memory.span = 0;
+    let i = &mut cfg.memory.infinity;
+    (i.basis, i.widths, i.samples, i.sticky, i.bins) = (8, vec![0.1, 0.3], 16, true, 8);
+    (cfg.train.batch, cfg.train.block, cfg.train.steps, cfg.train.warmup) = (2, 16, 6, 0);
+    (cfg.train.lr, cfg.train.memory_lr, cfg.train.eval_every, cfg.train.eval_tokens) = (1e-3, 5e-3, 0, 256);
+    cfg.validate().unwrap();
+    let straight_dir = tempfile::tempdir().unwrap();
+    let straight = train(&cfg, &common::quiet(straight_dir.path())).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let first = train(&cfg, &TrainOptions { stop_after: Some(3), ..common::quiet(dir.path()) }).unwrap().losses;
+    let second = train(&cfg, &TrainOptions { resume: true, ..common::quiet(dir.path()) }).unwrap().losses;
+    let resumed: Vec<f64> = first.into_iter().chain(second).collect();
+    assert_eq!(straight.losses.len(), 6);
+    assert_eq!(straight.losses, resumed);
+    let eval = straight.last_eval.unwrap();
+    let words = eval.word_ppl.expect("text has words");
+    assert!(words > eval.ppl, "a word spans several tokens: {words} vs {}", eval.ppl);
+}

@@ -33,7 +33,7 @@ pub struct TrainConfig {
     pub init_from: Option<std::path::PathBuf>,
     /// Linear warm-up steps from 0 to `lr`. Default 100.
     pub warmup: usize,
-    /// After warm-up: `cosine` (decay to `lr * min_lr_ratio` at `steps`) or `constant`.
+    /// After warm-up: `cosine` or `linear` (decay to `lr * min_lr_ratio` at `steps`), or `constant`.
     pub schedule: Schedule,
     /// Final learning rate of the cosine schedule, as a fraction of `lr`. Default 0.1.
     pub min_lr_ratio: f64,
@@ -101,6 +101,9 @@ pub enum Schedule {
     Cosine,
     /// Constant `lr`.
     Constant,
+    /// Linear decay to `lr * min_lr_ratio` at the last step (the schedule of
+    /// `transformers`' Trainer, with which the ∞-former paper fine-tunes GPT-2).
+    Linear,
 }
 
 impl Default for TrainConfig {
