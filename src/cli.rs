@@ -321,7 +321,7 @@ impl ConfigArgs {
         }
         cfg = cfg.apply_overrides(&self.overrides)?;
         if let Some(path) = &self.data {
-            cfg.data.source = Source::for_path(&path);
+            cfg.data.source = Source::for_path(path);
             cfg.data.path = Some(path.clone());
         }
         if let Some(steps) = self.steps {

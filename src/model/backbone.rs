@@ -271,7 +271,7 @@ impl Model {
         let mut h = self.embed.forward(tokens); // (b, m, d)
         if let Some(positions) = &self.positions {
             let m = tokens.size()[1];
-            h = h + positions.forward(&Tensor::arange(m, (Kind::Int64, tokens.device()))); // (m, d), restarting every block
+            h = &h + positions.forward(&Tensor::arange(m, (Kind::Int64, tokens.device()))); // (m, d), restarting every block
         }
         let out = self.body.forward(h.dropout(self.cfg.dropout, train), mem, train, None)?;
         let logits = match &self.head {
