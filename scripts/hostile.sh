@@ -12,6 +12,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh >/dev/null
 BIN="$PWD/target/release/lethe"
+FIX="$PWD/tests/fixtures/gpt2-tiny"   # a tiny GPT-2 in the Hugging Face layout
 LOG="${1:-/tmp/lethe-hostile.log}"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
@@ -176,4 +177,29 @@ run_case "train --set seed=-5"             "$BIN" train -q "${TINY[@]}" --set se
 run_case "train --resume on a killed run"  "$BIN" train -q "${TINY[@]}" --steps 8 --resume --name killed
 run_case "train while another trains"      "$BIN" train -q "${TINY[@]}" --steps 4 --name locked
 kill $locked; wait
+# GPT-2, tokenizers and the options of issue 22.
+G=(-p gpt2-tiny --set model.layers=1 --set model.d_model=16 --set model.heads=2 --set model.d_ffn=32 --set train.batch=2 --set train.block=8 --steps 2 --set "data.tokenizer=$FIX")
+for i in $(seq 400); do echo "line $i of a small text, with words enough to fill a few blocks"; done > text.txt
+mkdir -p wt wt-bad hf-bad tok-bad && printf '{"version": ' > tok-bad/tokenizer.json && for s in train valid test; do printf ' = T = \n hello world \n' > wt/wiki.$s.tokens; done
+cp wt/* wt-bad/ && printf '\xff\xfe hello\n' > wt-bad/wiki.train.tokens
+cp "$FIX"/* hf-bad/ && printf '{"model_type": "gpt2", "n_embd": ' > hf-bad/config.json
+run_case "train gpt2 memory_lr=NaN"          "$BIN" train -q "${G[@]}" --set train.memory_lr=nan --data text.txt --name g1
+run_case "train gpt2 memory_lr=-1"           "$BIN" train -q "${G[@]}" --set train.memory_lr=-1 --data text.txt --name g2
+run_case "train --init-from a missing path"  "$BIN" train -q "${G[@]}" --init-from nosuch --data text.txt --name g3
+run_case "train --init-from a text file"     "$BIN" train -q "${G[@]}" --init-from prompt.txt --data text.txt --name g4
+run_case "train --init-from a bad config"    "$BIN" train -q "${G[@]}" --init-from hf-bad --data text.txt --name g5
+run_case "train --init-from an XL run"       "$BIN" train -q "${G[@]}" --init-from runs/base --data text.txt --name g6
+run_case "train gpt2 positions=1e12"         "$BIN" train -q "${G[@]}" --set model.positions=1000000000000 --data text.txt --name g7
+run_case "train gpt2 block > positions"      "$BIN" train -q "${G[@]}" --set model.positions=4 --data text.txt --name g8
+run_case "train gpt2 expire"                 "$BIN" train -q "${G[@]}" --set memory.mechanism=expire --data text.txt --name g9
+run_case "train gpt2 vocab=10"               "$BIN" train -q "${G[@]}" --set model.vocab=10 --data text.txt --name g10
+run_case "train gpt2 tokenizer missing"      "$BIN" train -q "${G[@]}" --set data.tokenizer=nosuch --data text.txt --name g11
+run_case "train gpt2 tokenizer corrupt"      "$BIN" train -q "${G[@]}" --set data.tokenizer=tok-bad --data text.txt --name g12
+run_case "train copy with a tokenizer"       "$BIN" train -q "${TINY[@]}" --set "data.tokenizer=$FIX" --name g13
+run_case "train gpt2 threshold=0"            "$BIN" train -q "${G[@]}" --set memory.mechanism=infinity --set memory.infinity.threshold=0 --data text.txt --name g14
+run_case "train gpt2 wikitext non-UTF-8"     "$BIN" train -q "${G[@]}" --data wt-bad --name g15
+run_case "train gpt2 wikitext tiny"          "$BIN" train -q "${G[@]}" --data wt --name g16
+run_case "train gpt2 on empty.txt"           "$BIN" train -q "${G[@]}" --data empty.txt --name g17
+run_case "train gpt2 norm_eps=0"             "$BIN" train -q "${G[@]}" --set model.norm_eps=0 --data text.txt --name g18
+run_case "train gpt2 schedule=linear"        "$BIN" train -q "${G[@]}" --set train.schedule=linear --data text.txt --name g19
 for c in "${!COUNT[@]}"; do echo "$c: ${COUNT[$c]}"; done | sort | tee -a "$LOG"

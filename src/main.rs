@@ -34,6 +34,10 @@ fn run(cli: Cli) -> Result<()> {
     if !matches!(cli.command, Command::Train(_) | Command::Bench(_) | Command::DistCheck(_)) {
         one_process()?;
     }
+    let trains = matches!(&cli.command, Command::Train(a) if !a.config.list_presets && !a.config.print_config);
+    if !trains {
+        quiet_on_closed_pipe();
+    }
     match cli.command {
         Command::Train(a) => train(a),
         Command::Eval(a) => eval(a),
@@ -44,6 +48,17 @@ fn run(cli: Cli) -> Result<()> {
         Command::Inspect(InspectCommand::Ltm(a)) => inspect_ltm(a),
         Command::Play(a) => play(a),
         Command::DistCheck(a) => dist_check(a),
+    }
+}
+
+/// Lets a reader that stops early (`lethe eval … | head`) end the process quietly, as it
+/// ends any Unix filter, instead of a panic on the next print. Rust ignores SIGPIPE;
+/// this restores the default. Training keeps ignoring it: its progress lines go to
+/// stderr and are dropped when nobody reads them, so the run and its checkpoints go on.
+fn quiet_on_closed_pipe() {
+    // SAFETY: called once, before any thread is started; SIG_DFL is a valid handler.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 
@@ -185,19 +200,21 @@ fn train(a: TrainArgs) -> Result<()> {
     let leader = lethe::dist::Launch::from_env()?.is_none_or(|l| l.rank == 0); // rank 0 speaks for a torchrun launch
     if cfg.data.source.is_rl() {
         let summary = lethe::rl::train::train(&cfg, &opts)?;
+        quiet_on_closed_pipe(); // all is saved; the summary line may meet a closed pipe
         if let Some(r) = summary.last_eval.filter(|_| leader) {
             println!("done: {}; run folder {}", r.line(), summary.run_dir.display());
         }
         return Ok(());
     }
     let summary = lethe::train::train(&cfg, &opts)?;
+    quiet_on_closed_pipe();
     if summary.last_eval.as_ref().is_some_and(|r| leader && r.tokens == 0) {
         println!("done: the last evaluation scored no token (raise train.eval_tokens, or 0 for the whole split); run folder {}", summary.run_dir.display());
     } else if let Some(r) = summary.last_eval.filter(|_| leader) {
+        let rate = if cfg.data.tokenizer.is_some() { format!("perplexity {:.2}", r.ppl) } else { format!("{:.4} bpb", r.bpb) };
         println!(
-            "done: valid loss {:.4} nats ({:.4} bpb), accuracy {:.1}% (unigram baseline {:.4} nats); run folder {}",
+            "done: valid loss {:.4} nats ({rate}), accuracy {:.1}% (unigram baseline {:.4} nats); run folder {}",
             r.loss,
-            r.bpb,
             100.0 * r.accuracy,
             summary.unigram_baseline,
             summary.run_dir.display()

@@ -221,12 +221,16 @@ impl Looped for Run<'_> {
         };
         let spans = per_layer(&|r| r.extra("mean_span"));
         let spans = if spans.is_empty() { String::new() } else { format!(" | span {spans}") };
+        let (rate, rate_value) = match self.cfg.data.tokenizer {
+            Some(_) => ("ppl", loss.map(f64::exp)),
+            None => ("bpb", bpb),
+        };
         self.say(&format!(
-            "step {:>6}/{} | loss {} | bpb {} | lr {lr:.2e} | {} tok/s | mem {}{spans} | ETA {}",
+            "step {:>6}/{} | loss {} | {rate} {} | lr {lr:.2e} | {} tok/s | mem {}{spans} | ETA {}",
             self.step,
             self.cfg.train.steps,
             or_dash(loss),
-            or_dash(bpb),
+            or_dash(rate_value),
             format_count(tokens_per_s),
             per_layer(&|r| Some(r.mem_size)),
             format_duration(eta)
@@ -253,12 +257,14 @@ impl Looped for Run<'_> {
         let answers = r.answer_accuracy.filter(|_| scored).map(|a| format!(" | answers {:.1}%", 100.0 * a)).unwrap_or_default();
         let accuracy = if scored { format!("{:.1}%", 100.0 * r.accuracy) } else { "-".into() };
         let words = r.word_ppl.filter(|_| scored).map(|p| format!(" | word ppl {p:.2}")).unwrap_or_default();
+        // Bits per byte for byte models; a tokenised corpus reads in perplexity.
+        let (rate, rate_value) = if self.cfg.data.tokenizer.is_some() { ("ppl", r.ppl) } else { ("bpb", r.bpb) };
         let hint = if scored { String::new() } else { " (no scored token: raise train.eval_tokens, or 0 for the whole split)".to_string() };
         self.say(&format!(
-            "eval step {} | valid loss {} | bpb {}{words} | accuracy {accuracy}{answers} | {} tokens{hint}",
+            "eval step {} | valid loss {} | {rate} {}{words} | accuracy {accuracy}{answers} | {} tokens{hint}",
             self.step,
             or_dash(scored.then_some(r.loss)),
-            or_dash(scored.then_some(r.bpb)),
+            or_dash(scored.then_some(rate_value)),
             r.tokens
         ));
         let mut record = serde_json::to_value(&r)?;

@@ -244,3 +244,50 @@ fn an_agent_checkpoint_is_named_as_one() {
     }
     fails_with(&lethe(d, &["play", "--preset", "copy-tiny"]), &["data.source is `copy`"]);
 }
+
+/// Found by hand: `lethe eval … | head` panicked ("failed printing to stdout: Broken
+/// pipe") once the reader had gone. A closed pipe now ends the command as it ends any
+/// Unix filter: by SIGPIPE, with nothing on stderr.
+#[test]
+fn a_reader_that_stops_early_gets_no_panic() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    // The pipe's reading end is closed before the command starts, so its first print fails.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lethe"))
+        .current_dir(dir.path())
+        .args(["train", "--list-presets"])
+        .stdin(std::process::Stdio::null())
+        .stdout(writer)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "panicked:\n{stderr}");
+    assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "status {:?}; stderr:\n{stderr}", out.status);
+}
+
+/// Found by `scripts/hostile.sh` on the options of GPT-2 and tokenised corpora: `--set
+/// data.tokenizer` was an "unknown config field" (an unset option has no table entry);
+/// a non-UTF-8 corpus was tokenised with its bytes replaced; a huge `model.positions`
+/// was blamed on `memory.span`; a missing `--init-from` was "cannot read".
+#[test]
+fn the_gpt2_campaigns_finds_are_refused_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let fixture = format!("data.tokenizer={}", std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpt2-tiny").display());
+    fails_with(&train(d, &["--steps", "1", "--set", &fixture]), &["data.tokenizer", "copy"]);
+    std::fs::create_dir(d.join("wt")).unwrap();
+    for split in ["train", "valid", "test"] {
+        std::fs::write(d.join(format!("wt/wiki.{split}.tokens")), b" = T = \n caf\xe9 au lait \n".repeat(50)).unwrap();
+    }
+    let gpt2 = ["train", "--quiet", "--out", "runs", "-p", "gpt2-tiny", "--steps", "1", "--data", "wt", "--set", &fixture];
+    fails_with(&lethe(d, &gpt2), &["wiki.train.tokens", "not UTF-8", "offset 12"]);
+    let mut huge = gpt2.to_vec();
+    huge.extend(["--set", "model.positions=1000000000000"]);
+    fails_with(&lethe(d, &huge), &["model.positions", "GiB"]);
+    let mut missing = gpt2.to_vec();
+    missing.extend(["--init-from", "nosuch"]);
+    fails_with(&lethe(d, &missing), &["nosuch", "does not exist", "--init-from"]);
+    assert!(!d.join("runs").exists(), "a refused run wrote {:?}", std::fs::read_dir(d.join("runs")).map(|r| r.count()));
+}

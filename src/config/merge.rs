@@ -87,7 +87,9 @@ fn set_path(table: &mut toml::Table, key: &str, value: toml::Value) -> Result<()
             _ => return Err(LetheError::ConfigParse(format!("unknown config section `{part}` in `{key}`"))),
         };
     }
-    if !cur.contains_key(last) && last != "path" {
+    // A field that is unset (`None`) has no entry in the table, yet may be set.
+    const OPTIONAL: [&str; 3] = ["data.path", "data.tokenizer", "train.init_from"];
+    if !cur.contains_key(last) && !OPTIONAL.contains(&key) {
         return Err(LetheError::ConfigParse(format!("unknown config field `{key}`")));
     }
     cur.insert(last.to_string(), value);

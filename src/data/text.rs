@@ -88,7 +88,10 @@ pub fn prepare(cfg: &Config, bytes: SplitData, eos_per_line: bool) -> Result<Spl
         Some(tokenizer) => {
             let mut docs = Vec::with_capacity(bytes.docs.len());
             for d in &bytes.docs {
-                let text = String::from_utf8_lossy(&super::seq::bytes_of(&d.tokens)).into_owned();
+                let text = String::from_utf8(super::seq::bytes_of(&d.tokens)).map_err(|e| {
+                    let at = e.utf8_error().valid_up_to();
+                    LetheError::data(&bytes.origin, format!("is not UTF-8 text (an invalid byte at offset {at}), and the tokenizer reads text; convert it, e.g. `iconv -f latin1 -t utf-8`"))
+                })?;
                 let ids = encode_long(&tokenizer, &text).map_err(|e| LetheError::data(&bytes.origin, e.to_string()))?;
                 if !ids.is_empty() {
                     docs.push(TokenSeq::all_scored(ids));

@@ -38,6 +38,10 @@ impl Source {
             let config = Gpt2Config::from_file(&path.join("config.json"))?;
             return Ok(Source::HuggingFace { dir: path.to_path_buf(), config });
         }
+        if !path.exists() {
+            let why = "does not exist; train.init_from (--init-from) names a Hugging Face model folder, a lethe run folder or a checkpoint file";
+            return Err(LetheError::checkpoint(path, why));
+        }
         if path.is_dir() && !path.join("checkpoint.safetensors").is_file() {
             let why = "is neither a Hugging Face model folder (config.json and model.safetensors) nor a lethe run folder (checkpoint.safetensors)";
             return Err(LetheError::checkpoint(path, why));

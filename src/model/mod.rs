@@ -34,14 +34,19 @@ pub fn parameter_count(vs: &nn::VarStore) -> usize {
 /// field that drives the largest part of it.
 pub fn footprint(config: &Config) -> (f64, &'static str) {
     let (m, d, l) = (&config.model, config.model.d_model as f64, config.model.layers as f64);
-    let (batch, block) = (config.train.batch as f64, config.train.block.min(config.memory.span) as f64);
-    let reach = config.memory.span as f64 + block;
+    // On GPT-2 a query sees its whole block even when memory.span is shorter (or 0).
+    let span = match m.arch {
+        crate::config::Arch::Lethe => config.memory.span,
+        crate::config::Arch::Gpt2 => config.memory.span.max(config.train.block),
+    };
+    let (batch, block) = (config.train.batch as f64, config.train.block.min(span) as f64);
+    let reach = span as f64 + block;
     let rows = memory::position_rows(&config.memory, config.train.block) as f64;
     let f32s = |n: f64| 4.0 * n;
     // Parameters, their gradients and two Adam moments: four copies.
     let positions = match m.arch {
-        crate::config::Arch::Lethe => 4.0 * f32s(rows * d / m.heads as f64),
-        crate::config::Arch::Gpt2 => 4.0 * f32s(m.positions as f64 * d),
+        crate::config::Arch::Lethe => (4.0 * f32s(rows * d / m.heads as f64), "memory.span"),
+        crate::config::Arch::Gpt2 => (4.0 * f32s(m.positions as f64 * d), "model.positions"),
     };
     let embeddings = 4.0 * f32s(2.0 * m.vocab as f64 * d);
     let layers = 4.0 * f32s(l * (4.0 * d * d + 2.0 * d * m.d_ffn as f64));
@@ -49,7 +54,8 @@ pub fn footprint(config: &Config) -> (f64, &'static str) {
     let attention = 3.0 * f32s(l * batch * m.heads as f64 * block * reach);
     let activations = f32s(l * batch * block * (10.0 * d + 2.0 * m.d_ffn as f64));
     let parts = [
-        (positions + cache + attention, "memory.span"),
+        positions,
+        (cache + attention, "memory.span"),
         (embeddings, "model.vocab"),
         (layers, "model.d_model"),
         (activations, "train.batch"),
@@ -73,6 +79,7 @@ pub fn check_fits(config: &Config, device: Device) -> Result<()> {
     }
     let value = match field {
         "memory.span" => config.memory.span,
+        "model.positions" => config.model.positions,
         "model.vocab" => config.model.vocab,
         "model.d_model" => config.model.d_model,
         _ => config.train.batch,

@@ -75,10 +75,12 @@ pub(crate) trait Looped {
         self.group().map_or(Ok(flag), |g| g.any(flag))
     }
 
-    /// Prints a progress line on stderr unless quiet.
+    /// Prints a progress line on stderr unless quiet. A closed stderr (`2>&1 | head`)
+    /// drops the line: the metrics file has it, and training goes on.
     fn say(&self, line: &str) {
         if !self.quiet() {
-            eprintln!("{line}");
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "{line}");
         }
     }
 }
