@@ -223,13 +223,13 @@ pub struct GenerateArgs {
     /// Read the prompt from a file.
     #[arg(long)]
     pub prompt_file: Option<PathBuf>,
-    /// Bytes to generate.
-    #[arg(long, allow_negative_numbers = true, default_value_t = 200)]
+    /// Bytes to generate; tokens for a model with a tokenizer (--tokens is the same flag).
+    #[arg(long, alias = "tokens", allow_negative_numbers = true, default_value_t = 200)]
     pub bytes: usize,
     /// Softmax temperature; 0 is greedy.
     #[arg(long, allow_negative_numbers = true, default_value_t = 1.0)]
     pub temperature: f64,
-    /// Sample only among the k most likely bytes (0: all).
+    /// Sample only among the k most likely tokens (0: all).
     #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
     pub top_k: usize,
     /// Sampler seed.

@@ -1,20 +1,31 @@
 //! Streaming generation: the prompt is read in blocks, then the model continues it one
-//! byte at a time, each byte a block of one with the memory carried. Memory is bounded by
-//! the mechanism (the span for Transformer-XL), so a run of any length uses constant
-//! memory; nothing grows with the number of bytes generated.
+//! token (a byte, or a tokenizer's id) at a time with the memory carried. Memory is
+//! bounded by the mechanism (the span for Transformer-XL), so a run of any length uses
+//! constant memory; nothing grows with the number of tokens generated.
+//!
+//! Two ways to feed a new token, chosen by the model ([`Feeding`]):
+//! - **one token at a time**: each new token is a block of one (Transformer-XL,
+//!   Adaptive-Span and Expire-Span on relative positions: the cache slides by one);
+//! - **block by block**: as the model was trained. GPT-2's absolute positions restart at
+//!   every block, and the ∞-former and Compressive memories take in a whole block at
+//!   once, so the current block fills token by token: each new token is read with the
+//!   block so far on top of the memory of the blocks before, and the memory takes in the
+//!   block only once it is full. Each token then costs a forward over the partial block.
 
 use tch::{Kind, Tensor};
 
+use crate::config::{Arch, Mechanism};
+use crate::data::Token;
 use crate::error::{LetheError, Result};
 use crate::model::{Lm, Memory};
 use crate::rng::Rng;
 
-/// How the next byte is chosen.
+/// How the next token is chosen.
 #[derive(Clone, Debug)]
 pub struct Sampling {
     /// Softmax temperature; 0 means greedy (argmax). Default 1.
     pub temperature: f64,
-    /// Keep only the `top_k` most likely bytes (0: all). Default 0.
+    /// Keep only the `top_k` most likely tokens (0: all). Default 0.
     pub top_k: usize,
     /// Seed of the sampler.
     pub seed: u64,
@@ -30,28 +41,56 @@ impl Sampling {
     }
 }
 
-/// A streaming generator: reads a prompt, then yields one byte at a time. Its memory is
-/// that of the model's mechanism, whatever the number of bytes produced.
+/// How a model takes in the tokens it generates (see the module's doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Feeding {
+    /// Each token a block of one.
+    OneByOne,
+    /// The current block re-read with each new token; the memory takes it in when full.
+    BlockByBlock,
+}
+
+impl Feeding {
+    /// How `lm` was trained to see its input.
+    pub fn of(lm: &Lm) -> Feeding {
+        let blocks = matches!(lm.config.memory.mechanism, Mechanism::Infinity | Mechanism::Compressive);
+        if lm.config.model.arch == Arch::Gpt2 || blocks {
+            Feeding::BlockByBlock
+        } else {
+            Feeding::OneByOne
+        }
+    }
+}
+
+/// A streaming generator: reads a prompt, then yields one token at a time. Its memory is
+/// that of the model's mechanism, whatever the number of tokens produced.
 pub struct Generator<'a> {
     lm: &'a Lm,
     mem: Memory,
     logits: Tensor,
     rng: Rng,
     sampling: Sampling,
+    feeding: Feeding,
+    /// The tokens of the block being filled (block-by-block feeding).
+    partial: Vec<i64>,
 }
 
 impl<'a> Generator<'a> {
     /// Reads `prompt` in blocks of the training block length.
-    pub fn new(lm: &'a Lm, prompt: &[u8], sampling: &Sampling) -> Result<Self> {
+    pub fn new(lm: &'a Lm, prompt: &[Token], sampling: &Sampling) -> Result<Self> {
         Self::with_progress(lm, prompt, sampling, |_, _| {})
     }
 
-    /// Like [`Generator::new`], calling `progress(bytes read, prompt length)` after
+    /// Like [`Generator::new`], calling `progress(tokens read, prompt length)` after
     /// every block of the prompt (a long prompt takes a while).
-    pub fn with_progress(lm: &'a Lm, prompt: &[u8], sampling: &Sampling, mut progress: impl FnMut(usize, usize)) -> Result<Self> {
+    pub fn with_progress(lm: &'a Lm, prompt: &[Token], sampling: &Sampling, mut progress: impl FnMut(usize, usize)) -> Result<Self> {
         sampling.validate()?;
         if prompt.is_empty() {
-            return Err(LetheError::Invalid("the prompt is empty: give at least one byte (--prompt)".into()));
+            return Err(LetheError::Invalid("the prompt is empty: give at least one token (--prompt)".into()));
+        }
+        let vocab = lm.config.model.vocab;
+        if let Some(t) = prompt.iter().find(|&&t| t as usize >= vocab) {
+            return Err(LetheError::Invalid(format!("the prompt holds token id {t}, beyond the model's vocabulary of {vocab}")));
         }
         let mut g = Generator {
             lm,
@@ -59,30 +98,64 @@ impl<'a> Generator<'a> {
             logits: Tensor::zeros([0], (Kind::Float, lm.device())),
             rng: Rng::new(sampling.seed),
             sampling: sampling.clone(),
+            feeding: Feeding::of(lm),
+            partial: vec![],
         };
         let mut read = 0;
         for chunk in prompt.chunks(lm.config.train.block.max(1)) {
-            g.feed(chunk)?;
+            let ids: Vec<i64> = chunk.iter().map(|&t| t as i64).collect();
+            match g.feeding {
+                Feeding::OneByOne => g.absorb(&ids)?,
+                Feeding::BlockByBlock => {
+                    g.partial = ids;
+                    g.step_block()?;
+                }
+            }
             read += chunk.len();
             progress(read, prompt.len());
         }
         Ok(g)
     }
 
-    /// Runs `bytes` through the model; keeps the logits of the last one.
-    fn feed(&mut self, bytes: &[u8]) -> Result<()> {
+    /// Runs `ids` through the model, the memory taking them in; keeps the logits of
+    /// the last one.
+    fn absorb(&mut self, ids: &[i64]) -> Result<()> {
         let _guard = tch::no_grad_guard();
-        let ids: Vec<i64> = bytes.iter().map(|&b| b as i64).collect();
-        let x = Tensor::from_slice(&ids).view([1, -1]).to_device(self.lm.device()); // (1, m)
+        let x = Tensor::from_slice(ids).view([1, -1]).to_device(self.lm.device()); // (1, m)
         let out = self.lm.model.forward(&x, &mut self.mem, false)?;
         self.logits = out.logits.select(1, -1).squeeze_dim(0); // (V)
         Ok(())
     }
 
-    /// The next byte, which is also fed back as the next input.
-    pub fn next_byte(&mut self) -> Result<u8> {
+    /// Block-by-block feeding: a full block is taken into memory; a partial one is read
+    /// over the memory, which is then put back as it was.
+    fn step_block(&mut self) -> Result<()> {
+        let ids = std::mem::take(&mut self.partial);
+        if ids.len() >= self.lm.config.train.block {
+            return self.absorb(&ids);
+        }
+        let before = self.mem.state();
+        self.absorb(&ids)?;
+        self.mem.load_state(&before)?;
+        self.partial = ids;
+        Ok(())
+    }
+
+    /// The logits `(V)` of the next token.
+    pub fn next_logits(&self) -> &Tensor {
+        &self.logits
+    }
+
+    /// The next token, which is also fed back as the next input.
+    pub fn next_token(&mut self) -> Result<Token> {
         let next = choose(&self.logits, &self.sampling, &mut self.rng);
-        self.feed(&[next])?;
+        match self.feeding {
+            Feeding::OneByOne => self.absorb(&[next as i64])?,
+            Feeding::BlockByBlock => {
+                self.partial.push(next as i64);
+                self.step_block()?;
+            }
+        }
         Ok(next)
     }
 
@@ -92,34 +165,35 @@ impl<'a> Generator<'a> {
     }
 }
 
-/// Continues `prompt` by `count` bytes, calling `emit` on each new byte as it is made.
-/// Returns the generated bytes.
-pub fn generate(lm: &Lm, prompt: &[u8], count: usize, sampling: &Sampling, mut emit: impl FnMut(u8)) -> Result<Vec<u8>> {
+/// Continues `prompt` by `count` tokens, calling `emit` on each new one as it is made.
+/// Returns the generated tokens.
+pub fn generate(lm: &Lm, prompt: &[Token], count: usize, sampling: &Sampling, mut emit: impl FnMut(Token)) -> Result<Vec<Token>> {
     let mut out = vec![];
-    stream(lm, prompt, count, sampling, |_, _| {}, |b| {
-        emit(b);
-        out.push(b);
+    stream(lm, prompt, count, sampling, |_, _| {}, |t| {
+        emit(t);
+        out.push(t);
+        Ok(())
     })?;
     Ok(out)
 }
 
-/// Continues `prompt` by `count` bytes, handing each to `emit` and keeping none (memory
+/// Continues `prompt` by `count` tokens, handing each to `emit` and keeping none (memory
 /// stays constant however large `count` is), with `progress` as for
-/// [`Generator::with_progress`].
-pub fn stream(lm: &Lm, prompt: &[u8], count: usize, sampling: &Sampling, progress: impl FnMut(usize, usize), mut emit: impl FnMut(u8)) -> Result<()> {
+/// [`Generator::with_progress`]. `emit` may stop the stream early by returning an error.
+pub fn stream(lm: &Lm, prompt: &[Token], count: usize, sampling: &Sampling, progress: impl FnMut(usize, usize), mut emit: impl FnMut(Token) -> Result<()>) -> Result<()> {
     let mut g = Generator::with_progress(lm, prompt, sampling, progress)?;
     for _ in 0..count {
-        emit(g.next_byte()?);
+        emit(g.next_token()?)?;
     }
     Ok(())
 }
 
-/// Picks a byte from `logits` `(V)` by `sampling`.
-fn choose(logits: &Tensor, sampling: &Sampling, rng: &mut Rng) -> u8 {
+/// Picks a token from `logits` `(V)` by `sampling`.
+fn choose(logits: &Tensor, sampling: &Sampling, rng: &mut Rng) -> Token {
     let values: Vec<f32> = logits.to_kind(Kind::Float).to_device(tch::Device::Cpu).try_into().unwrap_or_default();
     if sampling.temperature <= 0.0 {
         let best = values.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map_or(0, |(i, _)| i);
-        return best as u8;
+        return best as Token;
     }
     let mut order: Vec<usize> = (0..values.len()).collect();
     order.sort_by(|&a, &b| values[b].total_cmp(&values[a]));
@@ -128,7 +202,7 @@ fn choose(logits: &Tensor, sampling: &Sampling, rng: &mut Rng) -> u8 {
     }
     let top = values[order[0]] as f64;
     let weights: Vec<f32> = order.iter().map(|&i| ((values[i] as f64 - top) / sampling.temperature).exp() as f32).collect();
-    order[rng.categorical(&weights)] as u8
+    order[rng.categorical(&weights)] as Token
 }
 
 #[cfg(test)]
@@ -145,19 +219,20 @@ mod tests {
         cfg.train.block = 4;
         let lm = Lm::new(&cfg, tch::Device::Cpu).unwrap();
         let sampling = Sampling { temperature: 1.0, top_k: 0, seed: 3 };
-        let mut g = Generator::new(&lm, b"hello", &sampling).unwrap();
+        let hello: Vec<Token> = b"hello".iter().map(|&b| b as Token).collect();
+        let mut g = Generator::new(&lm, &hello, &sampling).unwrap();
         assert_eq!(g.memory_held(), vec![5, 5]);
         let mut held = vec![];
         for i in 0..300 {
-            g.next_byte().unwrap();
+            g.next_token().unwrap();
             if i % 50 == 49 {
                 held.push(g.memory_held());
             }
         }
         assert!(held.iter().all(|h| h == &vec![12, 12]), "{held:?}");
         // Same seed, same bytes.
-        let a = generate(&lm, b"hello", 20, &sampling, |_| {}).unwrap();
-        let b = generate(&lm, b"hello", 20, &sampling, |_| {}).unwrap();
+        let a = generate(&lm, &hello, 20, &sampling, |_| {}).unwrap();
+        let b = generate(&lm, &hello, 20, &sampling, |_| {}).unwrap();
         assert_eq!(a, b);
     }
 

@@ -16,15 +16,54 @@ use std::path::Path;
 use tch::{Kind, Tensor};
 
 use crate::checkpoint::write_atomic;
+use crate::data::tokenizer::Tokenizer;
+use crate::data::Token;
 use crate::error::{LetheError, Result};
 use crate::model::{Lm, Memory};
 
-/// Spans per layer for every byte of a text.
+/// A text to inspect: the ids the model reads and how each is shown.
+#[derive(Clone, Debug)]
+pub struct Text {
+    /// Token ids: bytes for a byte-level model, else the tokenizer's.
+    pub ids: Vec<Token>,
+    /// What each id stands for: a byte's character (`·` when it is not printable
+    /// ASCII), or a token's text (`·` for part of a character).
+    pub pieces: Vec<String>,
+}
+
+impl Text {
+    /// The bytes of a text, each its own token.
+    pub fn bytes(bytes: &[u8]) -> Text {
+        let piece = |b: u8| match b {
+            b'\n' | 32..=126 => (b as char).to_string(),
+            _ => "·".to_string(),
+        };
+        Text { ids: bytes.iter().map(|&b| b as Token).collect(), pieces: bytes.iter().map(|&b| piece(b)).collect() }
+    }
+
+    /// `text` through `tokenizer`, each token shown as its own text.
+    pub fn tokens(tokenizer: &Tokenizer, text: &str) -> Result<Text> {
+        let ids = crate::data::text::encode_long(tokenizer, text)?;
+        let mut pieces = Vec::with_capacity(ids.len());
+        for &id in &ids {
+            let piece = tokenizer.decode(&[id])?;
+            pieces.push(if piece.contains('\u{FFFD}') { "·".to_string() } else { piece });
+        }
+        Ok(Text { ids, pieces })
+    }
+
+    /// The pieces `a..b` joined.
+    pub fn join(&self, a: usize, b: usize) -> String {
+        self.pieces[a..b.min(self.pieces.len())].concat()
+    }
+}
+
+/// Spans per layer for every token of a text.
 #[derive(Clone, Debug)]
 pub struct SpanTrace {
     /// The text.
-    pub text: Vec<u8>,
-    /// `spans[layer][i]`: the span predicted for byte `i` at that layer.
+    pub text: Text,
+    /// `spans[layer][i]`: the span predicted for token `i` at that layer.
     pub spans: Vec<Vec<f32>>,
     /// The maximum span `L` (the top of the colour scale).
     pub max_span: f64,
@@ -32,14 +71,14 @@ pub struct SpanTrace {
 
 /// Streams `text` through `lm` as one stream, in blocks of its training length, with
 /// the memory carried and no gradient; `after_block` sees the memory after each block.
-fn stream_text(lm: &Lm, text: &[u8], mut after_block: impl FnMut(&Memory) -> Result<()>) -> Result<()> {
+fn stream_text(lm: &Lm, text: &[Token], mut after_block: impl FnMut(&Memory) -> Result<()>) -> Result<()> {
     if text.is_empty() {
         return Err(LetheError::Invalid("the text to inspect is empty".into()));
     }
     let _guard = tch::no_grad_guard();
     let mut mem = lm.model.new_memory();
     for chunk in text.chunks(lm.config.train.block.max(1)) {
-        let ids: Vec<i64> = chunk.iter().map(|&b| b as i64).collect();
+        let ids: Vec<i64> = chunk.iter().map(|&t| t as i64).collect();
         let x = Tensor::from_slice(&ids).view([1, -1]).to_device(lm.device());
         lm.model.forward(&x, &mut mem, false)?;
         after_block(&mem)?;
@@ -48,9 +87,9 @@ fn stream_text(lm: &Lm, text: &[u8], mut after_block: impl FnMut(&Memory) -> Res
 }
 
 /// Streams `text` through `lm` in blocks of its training length and records the spans.
-pub fn trace_spans(lm: &Lm, text: &[u8]) -> Result<SpanTrace> {
-    let mut spans = vec![Vec::with_capacity(text.len()); lm.config.model.layers];
-    stream_text(lm, text, |mem| {
+pub fn trace_spans(lm: &Lm, text: &Text) -> Result<SpanTrace> {
+    let mut spans = vec![Vec::with_capacity(text.ids.len()); lm.config.model.layers];
+    stream_text(lm, &text.ids, |mem| {
         for (layer, s) in mem.token_spans().into_iter().enumerate() {
             let s = s.ok_or_else(|| {
                 LetheError::Invalid(format!(
@@ -63,7 +102,7 @@ pub fn trace_spans(lm: &Lm, text: &[u8]) -> Result<SpanTrace> {
         }
         Ok(())
     })?;
-    Ok(SpanTrace { text: text.to_vec(), spans, max_span: lm.config.memory.span as f64 })
+    Ok(SpanTrace { text: text.clone(), spans, max_span: lm.config.memory.span as f64 })
 }
 
 /// Colour scale position in [0, 1]: logarithmic, so short and long spans both show.
@@ -78,20 +117,16 @@ fn colour(level: f64) -> String {
     format!("rgb(255,{g},{b})")
 }
 
-/// A byte as something printable: ASCII as is, newline as `↵`, the rest as `·`.
-fn glyph(byte: u8) -> &'static str {
-    const ASCII: [&str; 95] = [
-        " ", "!", "&quot;", "#", "$", "%", "&amp;", "'", "(", ")", "*", "+", ",", "-", ".", "/", "0", "1", "2", "3", "4",
-        "5", "6", "7", "8", "9", ":", ";", "&lt;", "=", "&gt;", "?", "@", "A", "B", "C", "D", "E", "F", "G", "H", "I",
-        "J", "K", "L", "M", "N", "O", "P", "Q", "R", "S", "T", "U", "V", "W", "X", "Y", "Z", "[", "\\", "]", "^", "_",
-        "`", "a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", "n", "o", "p", "q", "r", "s", "t", "u",
-        "v", "w", "x", "y", "z", "{", "|", "}", "~",
-    ];
-    match byte {
-        b'\n' => "↵",
-        32..=126 => ASCII[(byte - 32) as usize],
-        _ => "·",
-    }
+/// A piece as markup: HTML characters escaped, a newline as `↵`, other control
+/// characters as `·`.
+fn glyph(piece: &str) -> String {
+    let shown: String = piece.chars().map(|c| if c == '\n' { '↵' } else if c.is_control() { '·' } else { c }).collect();
+    crate::metrics::html_escape(&shown)
+}
+
+/// The cells a piece takes in a picture (one per character, at least one).
+fn cells(piece: &str) -> usize {
+    piece.chars().count().max(1)
 }
 
 /// Text with the HTML markup characters escaped and newlines shown as `↵`.
@@ -99,18 +134,24 @@ fn escape(text: &str) -> String {
     crate::metrics::html_escape(text).replace('\n', "↵")
 }
 
-/// Lines of at most `width` bytes, also broken after each newline: `(start, end)` pairs.
-fn lines(text: &[u8], width: usize) -> Vec<(usize, usize)> {
+/// Lines of pieces at most `width` cells wide (a longer piece gets a line of its own),
+/// also broken after each newline: `(start, end)` pairs of piece indices.
+fn lines(pieces: &[String], width: usize) -> Vec<(usize, usize)> {
     let mut out = vec![];
-    let mut start = 0;
-    for (i, &b) in text.iter().enumerate() {
-        if b == b'\n' || i + 1 - start == width {
+    let (mut start, mut used) = (0, 0);
+    for (i, piece) in pieces.iter().enumerate() {
+        if used > 0 && used + cells(piece) > width {
+            out.push((start, i));
+            (start, used) = (i, 0);
+        }
+        used += cells(piece);
+        if piece.ends_with('\n') {
             out.push((start, i + 1));
-            start = i + 1;
+            (start, used) = (i + 1, 0);
         }
     }
-    if start < text.len() {
-        out.push((start, text.len()));
+    if start < pieces.len() {
+        out.push((start, pieces.len()));
     }
     out
 }
@@ -118,7 +159,7 @@ fn lines(text: &[u8], width: usize) -> Vec<(usize, usize)> {
 /// The trace as an SVG image: one panel per layer, each byte a shaded cell.
 pub fn to_svg(trace: &SpanTrace) -> String {
     let (cw, ch, width) = (9.0, 16.0, 100);
-    let rows = lines(&trace.text, width);
+    let rows = lines(&trace.text.pieces, width);
     let panel = ch * (rows.len() as f64 + 1.5);
     let (w, h) = (cw * width as f64 + 20.0, panel * trace.spans.len() as f64 + 10.0);
     let mut s = format!(
@@ -129,16 +170,18 @@ pub fn to_svg(trace: &SpanTrace) -> String {
         let _ = writeln!(s, "<text x=\"10\" y=\"{}\" font-weight=\"bold\">layer {layer}</text>", top + ch - 3.0);
         for (row, &(a, b)) in rows.iter().enumerate() {
             let y = top + ch * (row as f64 + 1.2);
-            for (col, (&span, &byte)) in spans[a..b].iter().zip(&trace.text[a..b]).enumerate() {
-                let x = 10.0 + cw * col as f64;
+            let mut x = 10.0;
+            for (&span, piece) in spans[a..b].iter().zip(&trace.text.pieces[a..b]) {
+                let pw = cw * cells(piece) as f64;
                 let _ = writeln!(
                     s,
-                    "<rect x=\"{x}\" y=\"{y}\" width=\"{cw}\" height=\"{ch}\" fill=\"{}\"><title>{span:.0}</title></rect><text x=\"{}\" y=\"{}\">{}</text>",
+                    "<rect x=\"{x}\" y=\"{y}\" width=\"{pw}\" height=\"{ch}\" fill=\"{}\" stroke=\"#eee\"><title>{span:.0}</title></rect><text x=\"{}\" y=\"{}\">{}</text>",
                     colour(level(span, trace.max_span)),
                     x + 1.0,
                     y + ch - 4.0,
-                    glyph(byte)
+                    glyph(piece)
                 );
+                x += pw;
             }
         }
     }
@@ -155,8 +198,9 @@ pub fn to_html(trace: &SpanTrace) -> String {
     for (layer, spans) in trace.spans.iter().enumerate() {
         let mean = spans.iter().map(|&v| v as f64).sum::<f64>() / spans.len().max(1) as f64;
         let _ = writeln!(s, "<h2>Layer {layer} (mean span {mean:.1})</h2>\n<pre>");
-        for (i, &b) in trace.text.iter().enumerate() {
-            let shown = if b == b'\n' { "↵\n" } else { glyph(b) };
+        for (i, piece) in trace.text.pieces.iter().enumerate() {
+            let newline = if piece.ends_with('\n') { "\n" } else { "" };
+            let shown = format!("{}{newline}", glyph(piece));
             let _ = write!(s, "<span style=\"background:{}\" title=\"{:.0}\">{shown}</span>", colour(level(spans[i], trace.max_span)), spans[i]);
         }
         s.push_str("</pre>\n");
@@ -177,14 +221,18 @@ mod tests {
 
     #[test]
     fn lines_break_at_width_and_after_newlines() {
-        assert_eq!(lines(b"abcdef\ngh", 4), vec![(0, 4), (4, 7), (7, 9)]);
+        let bytes = Text::bytes(b"abcdef\ngh");
+        assert_eq!(lines(&bytes.pieces, 4), vec![(0, 4), (4, 7), (7, 9)]);
+        // Pieces of several characters: a line holds what fits, a long piece stands alone.
+        let pieces: Vec<String> = ["ab", "cd", "e\n", "fghijk", "l"].iter().map(|s| s.to_string()).collect();
+        assert_eq!(lines(&pieces, 4), vec![(0, 2), (2, 3), (3, 4), (4, 5)]);
     }
 
     #[test]
     fn longer_spans_are_darker_and_markup_is_escaped() {
         assert!(level(10.0, 100.0) < level(90.0, 100.0));
         assert_eq!(level(100.0, 100.0), 1.0);
-        let trace = SpanTrace { text: b"<a&".to_vec(), spans: vec![vec![0.0, 50.0, 100.0]], max_span: 100.0 };
+        let trace = SpanTrace { text: Text::bytes(b"<a&"), spans: vec![vec![0.0, 50.0, 100.0]], max_span: 100.0 };
         let html = to_html(&trace);
         assert!(html.contains("&lt;") && html.contains("&amp;") && !html.contains("<a&"));
         assert!(html.contains("title=\"50\""));

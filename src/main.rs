@@ -125,10 +125,18 @@ fn play(a: PlayArgs) -> Result<()> {
 }
 
 /// The model and the text of an `inspect` command.
-fn inspect_inputs(a: &InspectSpansArgs) -> Result<(Lm, Vec<u8>)> {
+/// The model and the text, read as the model reads: bytes, or through its tokenizer.
+fn inspect_inputs(a: &InspectSpansArgs) -> Result<(Lm, lethe::inspect::Text)> {
     let device = lethe::device::parse(&a.device)?;
-    let text = std::fs::read(&a.text).with_context(|| format!("reading text `{}`", a.text.display()))?;
+    let bytes = std::fs::read(&a.text).with_context(|| format!("reading text `{}`", a.text.display()))?;
     let ckpt = Checkpoint::load(&a.checkpoint)?;
+    let text = match lethe::data::text::tokenizer_of_checkpoint(&ckpt.config, &ckpt.path)? {
+        None => lethe::inspect::Text::bytes(&bytes),
+        Some(tokenizer) => {
+            let utf8 = String::from_utf8(bytes).map_err(|e| anyhow::anyhow!("`{}` is not UTF-8 text (an invalid byte at offset {}); this model reads text through its tokenizer", a.text.display(), e.utf8_error().valid_up_to()))?;
+            lethe::inspect::Text::tokens(&tokenizer, &utf8)?
+        }
+    };
     Ok((Lm::from_checkpoint(&ckpt, device)?, text))
 }
 
@@ -142,11 +150,11 @@ fn inspect_ltm(a: InspectSpansArgs) -> Result<()> {
         let largest: Vec<String> = lethe::inspect::ltm::largest(spaces, 5)
             .into_iter()
             .map(|(i, space)| {
-                let context = String::from_utf8_lossy(&text[i.saturating_sub(6)..=i]).replace('\n', "\\n");
+                let context = text.join(i.saturating_sub(6), i + 1).replace('\n', "\\n");
                 format!("{context:?} ({:.1}x)", space * spaces.len() as f64)
             })
             .collect();
-        println!("layer {layer}: mean attended position {mean:.2} of [0, 1]; {} bytes absorbed; most space: {}", spaces.len(), largest.join(", "));
+        println!("layer {layer}: mean attended position {mean:.2} of [0, 1]; {} tokens absorbed; most space: {}", spaces.len(), largest.join(", "));
     }
     println!("wrote {}", a.out.join("ltm.html").display());
     Ok(())
@@ -163,8 +171,7 @@ fn inspect_spans(a: InspectSpansArgs) -> Result<()> {
             .iter()
             .take(5)
             .map(|&i| {
-                let a = i.saturating_sub(6);
-                let context = String::from_utf8_lossy(&text[a..(i + 1).min(text.len())]).replace('\n', "\\n");
+                let context = text.join(i.saturating_sub(6), i + 1).replace('\n', "\\n");
                 format!("{:?} ({:.0})", context, spans[i])
             })
             .collect();
@@ -370,20 +377,36 @@ fn generate(a: GenerateArgs) -> Result<()> {
     // The checkpoint's thread count, at most this machine's cores (it may come from a larger one).
     lethe::device::apply_threads(ckpt.config.train.threads.min(lethe::device::cores()))?;
     let lm = Lm::from_checkpoint(&ckpt, device)?;
+    let tokenizer = lethe::data::text::tokenizer_of_checkpoint(&ckpt.config, &ckpt.path)?;
+    let (ids, unit) = match &tokenizer {
+        None => (prompt.iter().map(|&b| b as lethe::data::Token).collect(), "bytes"),
+        Some(t) => {
+            let text = std::str::from_utf8(&prompt).map_err(|e| anyhow::anyhow!("the prompt is not UTF-8 text (an invalid byte at offset {}); this model reads text through its tokenizer", e.valid_up_to()))?;
+            (t.encode(text)?, "tokens")
+        }
+    };
     let mut out = std::io::stdout().lock();
     out.write_all(&prompt)?;
+    out.flush()?;
     let started = std::time::Instant::now();
     let mut last_report = started;
     let progress = |done: usize, total: usize| {
         if last_report.elapsed().as_secs_f64() >= 2.0 && done < total {
             last_report = std::time::Instant::now();
-            eprintln!("reading the prompt: {done}/{total} bytes ({:.0}%)", 100.0 * done as f64 / total as f64);
+            eprintln!("reading the prompt: {done}/{total} {unit} ({:.0}%)", 100.0 * done as f64 / total as f64);
         }
     };
-    lethe::generate::stream(&lm, &prompt, a.bytes, &sampling, progress, |b| {
-        let _ = out.write_all(&[b]);
-        let _ = out.flush();
+    let mut text = tokenizer.as_ref().map(lethe::data::tokenizer::TextStream::new);
+    lethe::generate::stream(&lm, &ids, a.bytes, &sampling, progress, |t| {
+        let piece = match text.as_mut() {
+            None => vec![t as u8],
+            Some(s) => s.push(t)?.into_bytes(),
+        };
+        out.write_all(&piece).and_then(|()| out.flush()).map_err(|e| lethe::LetheError::io("stdout", e))
     })?;
+    if let Some(s) = text.as_mut() {
+        out.write_all(s.finish()?.as_bytes())?;
+    }
     writeln!(out)?;
     Ok(())
 }

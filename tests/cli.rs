@@ -180,7 +180,7 @@ fn inspect_ltm_draws_an_infinity_former_memory() {
     std::fs::write(d.join("long.txt"), "the quick brown fox jumps over the lazy dog. ".repeat(3)).unwrap();
     let out = succeeds(&lethe(d, &["inspect", "ltm", "--checkpoint", "runs/inf", "--text", "long.txt", "--out", "pics"]));
     // 135 bytes in blocks of 8: the STM keeps 16 + the block, the rest was absorbed.
-    assert!(out.contains("layer 0: mean attended position") && out.contains("112 bytes absorbed"), "{out}");
+    assert!(out.contains("layer 0: mean attended position") && out.contains("112 tokens absorbed"), "{out}");
     assert!(d.join("pics/ltm.svg").exists() && d.join("pics/ltm.html").exists());
     succeeds(&train(d, &["--steps", "2", "--name", "fixed"]));
     fails_with(&lethe(d, &["inspect", "ltm", "--checkpoint", "runs/fixed", "--text", "long.txt"]), &["∞-former"]);

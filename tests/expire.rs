@@ -146,10 +146,11 @@ fn inspect_traces_one_span_per_byte_and_layer_and_refuses_fixed_models() {
     cfg.model.layers = 2;
     let lm = Lm::new(&cfg, Device::Cpu).unwrap();
     randomise_spans(&lm, 1.0);
-    let text = b"It was the best of times,\nit was the worst of times.";
+    let bytes = b"It was the best of times,\nit was the worst of times.";
+    let text = &lethe::inspect::Text::bytes(bytes);
     let trace = lethe::inspect::trace_spans(&lm, text).unwrap();
     assert_eq!(trace.spans.len(), 2);
-    assert!(trace.spans.iter().all(|s| s.len() == text.len()));
+    assert!(trace.spans.iter().all(|s| s.len() == bytes.len()));
     assert!(trace.spans[0].iter().all(|&s| (0.0..=32.0).contains(&s)));
     // Spans depend on the byte: a random predictor does not give every byte the same span.
     let first = trace.spans[0][0];

@@ -356,3 +356,82 @@ fn fine_tuning_gpt2_with_two_learning_rates_resumes_exactly() {
     let words = eval.word_ppl.expect("text has words");
     assert!(words > eval.ppl, "a word spans several tokens: {words} vs {}", eval.ppl);
 }
+
+/// Generation on GPT-2 (and with the block-wise memories) fills the current block token
+/// by token over the memory of the blocks before: at every step its next-token logits
+/// are those of the whole sequence read in blocks, as in training. A partial block read
+/// to predict must not change the memory, and the positions restart at each block.
+#[test]
+fn generation_predicts_as_the_sequence_read_in_blocks() {
+    use lethe::generate::{Feeding, Generator, Sampling};
+    for mechanism in [Mechanism::Fixed, Mechanism::Infinity, Mechanism::Compressive] {
+        let lm = gpt2_with(mechanism, |c| c.memory.infinity.threshold = 16);
+        assert_eq!(Feeding::of(&lm), Feeding::BlockByBlock);
+        let prompt: Vec<u32> = (0..11).map(|i| (i * 37 + 5) % 300).collect();
+        let sampling = Sampling { temperature: 1.0, top_k: 0, seed: 4 };
+        let mut g = Generator::new(&lm, &prompt, &sampling).unwrap();
+        let (mut all, mut predicted) = (prompt.clone(), vec![]);
+        for _ in 0..22 {
+            predicted.push(g.next_logits().shallow_clone());
+            all.push(g.next_token().unwrap());
+        }
+        let ids: Vec<i64> = all.iter().map(|&t| t as i64).collect();
+        let mut mem = lm.model.new_memory();
+        let read: Vec<Tensor> = ids.chunks(8).map(|c| tch::no_grad(|| lm.model.forward(&Tensor::from_slice(c).view([1, -1]), &mut mem, false)).unwrap().logits.squeeze_dim(0)).collect();
+        let read = Tensor::cat(&read, 0); // (len, V)
+        for (k, p) in predicted.iter().enumerate() {
+            let want = read.get(prompt.len() as i64 - 1 + k as i64);
+            let diff = (p - &want).abs().max().double_value(&[]);
+            assert!(diff < 1e-4, "{mechanism}: step {k}: largest difference {diff}");
+        }
+        assert!(all[prompt.len()..].iter().collect::<std::collections::BTreeSet<_>>().len() > 3, "{mechanism}: sampling gave {:?}", &all[prompt.len()..]);
+    }
+}
+
+/// Token by token, the text stream prints each character once it is whole: the pieces
+/// join to the text, and none holds a replacement character (the sample has 東京 and 🙂,
+/// several byte-level tokens each).
+#[test]
+fn a_text_stream_prints_whole_characters() {
+    let (text, ids) = sample();
+    let tokenizer = Tokenizer::from_dir(&fixture()).unwrap();
+    let mut stream = lethe::data::tokenizer::TextStream::new(&tokenizer);
+    let mut pieces: Vec<String> = ids.iter().map(|&id| stream.push(id).unwrap()).collect();
+    pieces.push(stream.finish().unwrap());
+    assert!(pieces.iter().all(|p| !p.contains('\u{FFFD}')), "{pieces:?}");
+    assert!(pieces.iter().filter(|p| p.is_empty()).count() >= 2, "some ids waited for the rest of their character");
+    assert_eq!(pieces.concat(), text);
+}
+
+/// `lethe generate` on a GPT-2 run prints text through the run's tokenizer, which the run
+/// folder keeps: the run still generates when moved away from the tokenizer it named.
+#[test]
+fn generate_prints_text_from_a_run_that_moved() {
+    use common::cli::{lethe, succeeds};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("text.txt"), "the memory keeps what matters, and forgets the rest.\n".repeat(40)).unwrap();
+    std::fs::create_dir(d.join("tok")).unwrap();
+    std::fs::copy(fixture().join("tokenizer.json"), d.join("tok/tokenizer.json")).unwrap();
+    let args = ["train", "--quiet", "--out", "runs", "--name", "g", "-p", "gpt2-tiny-infinity", "--steps", "2", "--data", "text.txt", "--set", "data.tokenizer=tok",
+        "--set", "model.layers=1", "--set", "model.d_model=16", "--set", "model.heads=2", "--set", "model.d_ffn=32", "--set", "train.batch=2", "--set", "train.block=8", "--set", "memory.infinity.threshold=32"];
+    succeeds(&lethe(d, &args));
+    assert!(d.join("runs/g/tokenizer.json").is_file());
+    std::fs::remove_dir_all(d.join("tok")).unwrap();
+    let out = succeeds(&lethe(d, &["generate", "--checkpoint", "runs/g", "--prompt", "the memory 東京", "--tokens", "30", "--seed", "3"]));
+    assert!(out.starts_with("the memory 東京"), "{out}");
+    let generated = &out["the memory 東京".len()..];
+    assert!(generated.trim_end().chars().count() >= 30, "30 tokens of at least a character each: {generated:?}");
+    let again = succeeds(&lethe(d, &["generate", "--checkpoint", "runs/g", "--prompt", "the memory 東京", "--tokens", "30", "--seed", "3"]));
+    assert_eq!(out, again, "the same seed gives the same text");
+    // `inspect ltm` reads the text through the tokenizer and draws each token's text.
+    let out = succeeds(&lethe(d, &["inspect", "ltm", "--checkpoint", "runs/g", "--text", "text.txt", "--out", "ltm"]));
+    let text = std::fs::read_to_string(d.join("text.txt")).unwrap();
+    let tokens = lethe::inspect::Text::tokens(&Tokenizer::from_dir(&fixture()).unwrap(), &text).unwrap();
+    assert!(out.contains("tokens absorbed"), "{out}");
+    assert!(tokens.pieces.iter().any(|p| p.chars().count() > 1), "the tokenizer merged bytes: {:?}", &tokens.pieces[..10]);
+    let svg = std::fs::read_to_string(d.join("ltm/ltm.svg")).unwrap();
+    for piece in tokens.pieces.iter().take(6).filter(|p| p.trim() == p.as_str()) {
+        assert!(svg.contains(&format!(">{piece}</text>")), "`{piece}` is not drawn");
+    }
+}

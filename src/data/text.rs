@@ -79,6 +79,19 @@ pub fn tokenizer_of(cfg: &Config) -> Result<Option<Tokenizer>> {
     Ok(Some(tokenizer))
 }
 
+/// The tokenizer of a trained model, from its checkpoint: the run folder's own copy
+/// (`tokenizer.json`, written when the run started), else the config's
+/// `data.tokenizer`. `None` for a byte-level model.
+pub fn tokenizer_of_checkpoint(cfg: &Config, checkpoint: &Path) -> Result<Option<Tokenizer>> {
+    if cfg.data.tokenizer.is_none() {
+        return Ok(None);
+    }
+    match checkpoint.parent().filter(|dir| dir.join("tokenizer.json").is_file()) {
+        Some(dir) => Tokenizer::from_dir(dir).map(Some),
+        None => tokenizer_of(cfg),
+    }
+}
+
 /// A split read as bytes, made ready for the model: its words counted, then tokenised
 /// when the config names a tokenizer. `eos_per_line`: count one word per line too.
 pub fn prepare(cfg: &Config, bytes: SplitData, eos_per_line: bool) -> Result<SplitData> {

@@ -60,6 +60,45 @@ impl Tokenizer {
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }
+
+    /// The tokenizer as a `tokenizer.json` text, which [`Tokenizer::from_dir`] reads back.
+    pub fn to_json(&self) -> Result<String> {
+        self.inner.to_string(false).map_err(|e| LetheError::Invalid(format!("cannot write the tokenizer: {e}")))
+    }
+}
+
+/// Text from token ids arriving one at a time (generation): each call returns the text
+/// completed so far. A byte-level token may hold half of a character; such ids wait
+/// until the character is whole, so no replacement character is printed mid-stream.
+pub struct TextStream<'a> {
+    tokenizer: &'a Tokenizer,
+    waiting: Vec<u32>,
+}
+
+impl<'a> TextStream<'a> {
+    /// A stream with nothing waiting.
+    pub fn new(tokenizer: &'a Tokenizer) -> Self {
+        TextStream { tokenizer, waiting: vec![] }
+    }
+
+    /// Adds `id`; returns the text it completes (empty while a character is unfinished).
+    pub fn push(&mut self, id: u32) -> Result<String> {
+        self.waiting.push(id);
+        let text = self.tokenizer.decode(&self.waiting)?;
+        // Give up waiting after a few ids: the model may never finish the character.
+        if text.ends_with('\u{FFFD}') && self.waiting.len() < 4 {
+            return Ok(String::new());
+        }
+        self.waiting.clear();
+        Ok(text)
+    }
+
+    /// Whatever is still waiting, as text.
+    pub fn finish(&mut self) -> Result<String> {
+        let text = self.tokenizer.decode(&self.waiting)?;
+        self.waiting.clear();
+        Ok(text)
+    }
 }
 
 fn data_error(path: &Path, e: impl std::fmt::Display) -> LetheError {

@@ -3,8 +3,8 @@
 //!
 //! - the attention over the LTM's axis `[0, 1]`, as a histogram averaged over every
 //!   block that attended it (the ∞-former paper's Figure 7);
-//! - the "memory space" of every byte absorbed into the LTM: the length of the stretch
-//!   of `[0, 1]` it occupies at the end of the text (paper Figures 10-11). New bytes
+//! - the "memory space" of every token (byte or tokenizer id) absorbed into the LTM: the length of the stretch
+//!   of `[0, 1]` it occupies at the end of the text (paper Figures 10-11). New tokens
 //!   share `(τ, 1]` evenly; at each update the old axis moves by `t -> τ · CDF(t)`, where
 //!   `CDF` is the distribution by which the old signal was sampled (uniform without
 //!   sticky memories, so everything contracts evenly; the previous block's attention
@@ -17,7 +17,7 @@ use std::path::Path;
 
 use tch::{Kind, Tensor};
 
-use super::{colour, glyph, lines, stream_text};
+use super::{cells, colour, glyph, lines, stream_text, Text};
 use crate::checkpoint::write_atomic;
 use crate::config::Mechanism;
 use crate::error::{LetheError, Result};
@@ -28,18 +28,18 @@ use crate::model::Lm;
 #[derive(Clone, Debug)]
 pub struct LtmPicture {
     /// The text.
-    pub text: Vec<u8>,
+    pub text: Text,
     /// Per layer, the mean attention histogram over `[0, 1]` (D bins, sums to 1).
     pub attention: Vec<Vec<f64>>,
-    /// Per layer, the interval `(start, end)` of `[0, 1]` held by each absorbed byte at
-    /// the end, for the first `spaces[layer].len()` bytes of the text.
+    /// Per layer, the interval `(start, end)` of `[0, 1]` held by each absorbed token at
+    /// the end, for the first `spaces[layer].len()` tokens of the text.
     pub spaces: Vec<Vec<(f64, f64)>>,
     /// Whether the model uses sticky memories.
     pub sticky: bool,
 }
 
 /// Streams `text` through `lm` (an ∞-former) in blocks of its training length.
-pub fn trace_ltm(lm: &Lm, text: &[u8]) -> Result<LtmPicture> {
+pub fn trace_ltm(lm: &Lm, text: &Text) -> Result<LtmPicture> {
     if lm.config.memory.mechanism != Mechanism::Infinity {
         return Err(LetheError::Invalid(format!(
             "`{}` memory has no continuous long-term memory; `inspect ltm` needs an ∞-former model",
@@ -50,7 +50,7 @@ pub fn trace_ltm(lm: &Lm, text: &[u8]) -> Result<LtmPicture> {
     let mut sums: Vec<Vec<f64>> = vec![vec![]; layers];
     let mut blocks = vec![0usize; layers];
     let mut spaces: Vec<Vec<(f64, f64)>> = vec![vec![]; layers];
-    stream_text(lm, text, |mem| {
+    stream_text(lm, &text.ids, |mem| {
         // A layer has no trace until its LTM has been attended to.
         for (layer, trace) in mem.ltm_traces().into_iter().enumerate() {
             let Some(trace) = trace else { continue };
@@ -66,14 +66,14 @@ pub fn trace_ltm(lm: &Lm, text: &[u8]) -> Result<LtmPicture> {
     })?;
     if blocks.iter().all(|&b| b == 0) {
         return Err(LetheError::Invalid(format!(
-            "the text ({} bytes) is too short to reach the long-term memory: it must be longer than the short-term memory (memory.span = {}) plus a block ({})",
-            text.len(),
+            "the text ({} tokens) is too short to reach the long-term memory: it must be longer than the short-term memory (memory.span = {}) plus a block ({})",
+            text.ids.len(),
             lm.config.memory.span,
             lm.config.train.block
         )));
     }
     let attention = sums.into_iter().zip(&blocks).map(|(s, &n)| s.into_iter().map(|v| v / n.max(1) as f64).collect()).collect();
-    Ok(LtmPicture { text: text.to_vec(), attention, spaces, sticky: lm.config.memory.infinity.sticky })
+    Ok(LtmPicture { text: text.clone(), attention, spaces, sticky: lm.config.memory.infinity.sticky })
 }
 
 /// The first stream's row of a `(b, D)` histogram.
@@ -82,7 +82,7 @@ fn first_row(t: &Tensor) -> Result<Vec<f64>> {
         .map_err(|e| LetheError::Invalid(format!("reading the LTM histogram: {e}")))
 }
 
-/// Applies one block's absorption to the bytes' intervals.
+/// Applies one block's absorption to the tokens' intervals.
 fn move_spaces(spaces: &mut Vec<(f64, f64)>, trace: &LtmTrace) -> Result<()> {
     let n = trace.absorbed as usize;
     if n == 0 {
@@ -117,7 +117,7 @@ pub fn histogram_cdf(hist: Option<&[f64]>, t: f64) -> f64 {
     (h[..bin].iter().sum::<f64>() + h[bin] * (x - bin as f64)) / total
 }
 
-/// A byte's space relative to an even share of the memory (1 = even), on a log colour
+/// A token's space relative to an even share of the memory (1 = even), on a log colour
 /// scale from 1/8 (white) to 8 times (deep red).
 fn space_level(space: f64, count: usize) -> f64 {
     let relative = (space * count as f64).max(1e-12);
@@ -148,7 +148,7 @@ fn bars(s: &mut String, hist: &[f64], x: f64, y: f64, w: f64, h: f64) {
 /// shaded by memory space.
 pub fn to_svg(p: &LtmPicture) -> String {
     let (cw, ch, width) = (9.0, 16.0, 100);
-    let panels: Vec<Vec<(usize, usize)>> = p.spaces.iter().map(|sp| lines(&p.text[..sp.len()], width)).collect();
+    let panels: Vec<Vec<(usize, usize)>> = p.spaces.iter().map(|sp| lines(&p.text.pieces[..sp.len()], width)).collect();
     let panel_height = |rows: usize| 150.0 + ch * (rows as f64 + 1.0);
     let total: f64 = panels.iter().map(|r| panel_height(r.len())).sum();
     let w = cw * width as f64 + 20.0;
@@ -160,21 +160,23 @@ pub fn to_svg(p: &LtmPicture) -> String {
     for (layer, rows) in panels.iter().enumerate() {
         let _ = writeln!(s, "<text x=\"10\" y=\"{}\" font-weight=\"bold\">layer {layer}: attention over the LTM</text>", top + 12.0);
         bars(&mut s, &p.attention[layer], 10.0, top + 20.0, w - 20.0, 90.0);
-        let _ = writeln!(s, "<text x=\"10\" y=\"{}\" font-weight=\"bold\">memory space per byte</text>", top + 140.0);
+        let _ = writeln!(s, "<text x=\"10\" y=\"{}\" font-weight=\"bold\">memory space per token</text>", top + 140.0);
         let spaces = &p.spaces[layer];
         for (row, &(a, b)) in rows.iter().enumerate() {
             let y = top + 146.0 + ch * row as f64;
-            for (col, i) in (a..b).enumerate() {
-                let x = 10.0 + cw * col as f64;
+            let mut x = 10.0;
+            for i in a..b {
+                let pw = cw * cells(&p.text.pieces[i]) as f64;
                 let space = spaces[i].1 - spaces[i].0;
                 let _ = writeln!(
                     s,
-                    "<rect x=\"{x}\" y=\"{y}\" width=\"{cw}\" height=\"{ch}\" fill=\"{}\"><title>{space:.2e}</title></rect><text x=\"{}\" y=\"{}\">{}</text>",
+                    "<rect x=\"{x}\" y=\"{y}\" width=\"{pw}\" height=\"{ch}\" fill=\"{}\" stroke=\"#eee\"><title>{space:.2e}</title></rect><text x=\"{}\" y=\"{}\">{}</text>",
                     colour(space_level(space, spaces.len())),
                     x + 1.0,
                     y + ch - 4.0,
-                    glyph(p.text[i])
+                    glyph(&p.text.pieces[i])
                 );
+                x += pw;
             }
         }
         top += panel_height(rows.len());
@@ -183,22 +185,22 @@ pub fn to_svg(p: &LtmPicture) -> String {
     s
 }
 
-/// The picture as an HTML page: the SVG plus the bytes with the most space.
+/// The picture as an HTML page: the SVG plus the tokens with the most space.
 pub fn to_html(p: &LtmPicture) -> String {
     let mut s = String::from(
         "<!doctype html>\n<meta charset=\"utf-8\">\n<title>lethe: ∞-former long-term memory</title>\n<style>body{font-family:sans-serif;margin:2em}code{background:#eee}</style>\n",
     );
     let _ = writeln!(
         s,
-        "<h1>∞-former long-term memory</h1>\n<p>Sticky memories: {}. Bars: the attention given to each region of the LTM, averaged over the blocks (0 = oldest, 1 = newest). Text: the share of the memory each absorbed byte holds at the end (white: 1/8 of an even share or less; deep red: 8 times or more). Hover for values.</p>",
+        "<h1>∞-former long-term memory</h1>\n<p>Sticky memories: {}. Bars: the attention given to each region of the LTM, averaged over the blocks (0 = oldest, 1 = newest). Text: the share of the memory each absorbed token holds at the end (white: 1/8 of an even share or less; deep red: 8 times or more). Hover for values.</p>",
         if p.sticky { "on" } else { "off" }
     );
     s.push_str(&to_svg(p));
     for (layer, spaces) in p.spaces.iter().enumerate() {
-        let _ = writeln!(s, "<h2>Layer {layer}: the bytes with the most space</h2>\n<ol>");
+        let _ = writeln!(s, "<h2>Layer {layer}: the tokens with the most space</h2>\n<ol>");
         for (i, space) in largest(spaces, 10) {
             let a = i.saturating_sub(12);
-            let context = super::escape(&String::from_utf8_lossy(&p.text[a..=i]));
+            let context = super::escape(&p.text.join(a, i + 1));
             let _ = writeln!(s, "<li><code>{context}</code>: {:.2} times an even share</li>", space * spaces.len() as f64);
         }
         s.push_str("</ol>\n");
@@ -206,7 +208,7 @@ pub fn to_html(p: &LtmPicture) -> String {
     s
 }
 
-/// The `k` bytes with the largest spaces: `(index, space)`, largest first.
+/// The `k` tokens with the largest spaces: `(index, space)`, largest first.
 pub fn largest(spaces: &[(f64, f64)], k: usize) -> Vec<(usize, f64)> {
     let mut all: Vec<(usize, f64)> = spaces.iter().enumerate().map(|(i, (a, b))| (i, b - a)).collect();
     all.sort_by(|x, y| y.1.total_cmp(&x.1));

@@ -62,14 +62,17 @@ impl Source {
     }
 
     /// The tokenizer the source was trained with: a Hugging Face folder's own (when it
-    /// holds one), or the run's `data.tokenizer`.
+    /// holds one), or the run's: its folder's copy, else its `data.tokenizer`.
     pub fn tokenizer(&self) -> Option<PathBuf> {
         match self {
             Source::HuggingFace { dir, .. } => {
                 let has = dir.join("tokenizer.json").is_file() || dir.join("vocab.json").is_file();
                 has.then(|| dir.clone())
             }
-            Source::Run(ckpt) => ckpt.config.data.tokenizer.clone(),
+            Source::Run(ckpt) => {
+                let own = ckpt.path.parent().filter(|dir| dir.join("tokenizer.json").is_file() && ckpt.config.data.tokenizer.is_some());
+                own.map(Path::to_path_buf).or_else(|| ckpt.config.data.tokenizer.clone())
+            }
         }
     }
 

@@ -106,6 +106,10 @@ impl RunFolder {
             }
         }
         checkpoint::write_atomic(&self.dir.join("config.toml"), cfg.to_toml()?.as_bytes())?;
+        // The run keeps its tokenizer, so that its checkpoints work wherever they go.
+        if let Some(tokenizer) = crate::data::text::tokenizer_of(cfg)?.filter(|_| !self.intent.resume) {
+            checkpoint::write_atomic(&self.dir.join("tokenizer.json"), tokenizer.to_json()?.as_bytes())?;
+        }
         let metrics = MetricsLog::open_from(&self.dir, from)?;
         self.committed = true;
         Ok(metrics)
