@@ -21,8 +21,12 @@ pub enum Command {
     Train(TrainArgs),
     /// Score a checkpoint on a split, streaming with the memory carried.
     Eval(EvalArgs),
-    /// Continue a prompt byte by byte with the memory carried (constant memory).
+    /// Continue a prompt token by token with the memory carried (constant memory).
     Generate(GenerateArgs),
+    /// Build a tokenizer from text files: a word vocabulary (`words`) or a byte-level
+    /// BPE (`bpe`), written as DIR/tokenizer.json for data.tokenizer = DIR.
+    #[command(subcommand)]
+    Tokenizer(TokenizerCommand),
     /// Time training steps: median step time, tokens/s, peak memory.
     Bench(BenchArgs),
     /// Train each mechanism at several memory sizes on one task, then write a table and a
@@ -82,6 +86,51 @@ pub enum InspectCommand {
     /// Show an ∞-former's long-term memory over a text: the attention over the memory
     /// per layer and the memory space each byte holds (writes ltm.svg and ltm.html).
     Ltm(InspectSpansArgs),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TokenizerCommand {
+    /// A word vocabulary (the ∞-former paper's appendix D, Transformer-XL's Wikitext-103
+    /// set-up): whitespace-separated words and <eos> at line ends, most frequent first;
+    /// rare words read as <unk>.
+    Words(WordsArgs),
+    /// A byte-level BPE as GPT-2's, learned from the text.
+    Bpe(BpeArgs),
+}
+
+/// Where a tokenizer is learned from and written to.
+#[derive(Args, Debug)]
+pub struct TokenizerOut {
+    /// Text files to learn from (for Wikitext: wiki.train.tokens only).
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// Folder to write tokenizer.json into.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Replace a tokenizer.json already in --out.
+    #[arg(long)]
+    pub overwrite: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct WordsArgs {
+    #[command(flatten)]
+    pub io: TokenizerOut,
+    /// Words seen fewer times than this read as <unk>.
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1)]
+    pub min_count: u64,
+    /// Keep at most this many words, the most frequent (0: all).
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
+    pub max_size: usize,
+}
+
+#[derive(Args, Debug)]
+pub struct BpeArgs {
+    #[command(flatten)]
+    pub io: TokenizerOut,
+    /// Token ids in all: the 256 byte symbols plus the merges learned.
+    #[arg(long, allow_negative_numbers = true)]
+    pub vocab: usize,
 }
 
 #[derive(Args, Debug)]

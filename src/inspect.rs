@@ -47,7 +47,9 @@ impl Text {
         let mut pieces = Vec::with_capacity(ids.len());
         for &id in &ids {
             let piece = tokenizer.decode(&[id])?;
-            pieces.push(if piece.contains('\u{FFFD}') { "·".to_string() } else { piece });
+            let piece = if piece.contains('\u{FFFD}') { "·".to_string() } else { piece };
+            // Words of a word vocabulary are shown with the space between them.
+            pieces.push(if tokenizer.spaced() { format!("{piece} ") } else { piece });
         }
         Ok(Text { ids, pieces })
     }

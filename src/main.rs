@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::Parser;
 
-use cli::{BenchArgs, Cli, Command, DistCheckArgs, EvalArgs, GenerateArgs, InspectCommand, InspectSpansArgs, PlayArgs, SweepArgs, TrainArgs};
+use cli::{BenchArgs, Cli, Command, DistCheckArgs, EvalArgs, GenerateArgs, InspectCommand, InspectSpansArgs, PlayArgs, SweepArgs, TokenizerCommand, TrainArgs};
 use lethe::checkpoint::Checkpoint;
 use lethe::config::{Mechanism, Source, PRESETS};
 use lethe::data::Split;
@@ -42,6 +42,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Train(a) => train(a),
         Command::Eval(a) => eval(a),
         Command::Generate(a) => generate(a),
+        Command::Tokenizer(c) => tokenizer(c),
         Command::Bench(a) => bench(a),
         Command::Sweep(a) => sweep(a),
         Command::Inspect(InspectCommand::Spans(a)) => inspect_spans(a),
@@ -408,6 +409,55 @@ fn generate(a: GenerateArgs) -> Result<()> {
         out.write_all(s.finish()?.as_bytes())?;
     }
     writeln!(out)?;
+    Ok(())
+}
+
+/// Learns a tokenizer from text files and writes it as `<out>/tokenizer.json`.
+fn tokenizer(c: TokenizerCommand) -> Result<()> {
+    use lethe::data::tokenizer::{Tokenizer, UNK};
+    let io = match &c {
+        TokenizerCommand::Words(a) => &a.io,
+        TokenizerCommand::Bpe(a) => &a.io,
+    };
+    let target = io.out.join("tokenizer.json");
+    if target.exists() && !io.overwrite {
+        anyhow::bail!("`{}` already holds a tokenizer; pass --overwrite to replace it", target.display());
+    }
+    let mut texts = vec![];
+    for file in &io.files {
+        let bytes = std::fs::read(file).with_context(|| format!("reading `{}`", file.display()))?;
+        eprintln!("read `{}`: {:.1} MB", file.display(), bytes.len() as f64 / 1e6);
+        let text = String::from_utf8(bytes).map_err(|e| anyhow::anyhow!("`{}` is not UTF-8 text (an invalid byte at offset {})", file.display(), e.utf8_error().valid_up_to()))?;
+        texts.push(text);
+    }
+    if texts.iter().all(|t| t.trim().is_empty()) {
+        anyhow::bail!("the text files hold no text to learn a tokenizer from");
+    }
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let tokenizer = match &c {
+        TokenizerCommand::Words(a) => Tokenizer::train_words(&refs, a.min_count, a.max_size)?,
+        TokenizerCommand::Bpe(a) => Tokenizer::train_bpe(&refs, a.vocab)?,
+    };
+    // How the text reads through it.
+    let (mut tokens, mut unknown) = (0usize, 0usize);
+    let unk = tokenizer.encode(UNK)?.first().copied().filter(|_| tokenizer.spaced());
+    for text in &refs {
+        let ids = lethe::data::text::encode_long(&tokenizer, text)?;
+        tokens += ids.len();
+        unknown += unk.map_or(0, |u| ids.iter().filter(|&&i| i == u).count());
+    }
+    std::fs::create_dir_all(&io.out).with_context(|| format!("creating `{}`", io.out.display()))?;
+    lethe::checkpoint::write_atomic(&target, tokenizer.to_json()?.as_bytes())?;
+    let bytes: usize = refs.iter().map(|t| t.len()).sum();
+    let unknown = unk.map(|_| format!(", {:.2}% of them {UNK}", 100.0 * unknown as f64 / tokens.max(1) as f64)).unwrap_or_default();
+    println!(
+        "vocabulary of {} ids; the text reads as {tokens} tokens ({:.2} bytes each){unknown}; wrote {} (use it with --set data.tokenizer={} and model.vocab >= {})",
+        tokenizer.vocab_size(),
+        bytes as f64 / tokens.max(1) as f64,
+        target.display(),
+        io.out.display(),
+        tokenizer.vocab_size()
+    );
     Ok(())
 }
 

@@ -39,6 +39,22 @@ pub struct ModelConfig {
     /// LayerNorm epsilon. Default 1e-5.
     #[serde(default = "default_norm_eps")]
     pub norm_eps: f64,
+    /// Adaptive input and softmax (Transformer-XL's word-level models): the ids where
+    /// the vocabulary's frequency clusters start, ids sorted most frequent first (as
+    /// `lethe tokenizer words` numbers them), e.g. `[20000, 40000, 200000]` for
+    /// Wikitext-103. The head cluster holds the ids below the first cut-off. Empty: one
+    /// plain embedding and softmax. Default empty.
+    #[serde(default)]
+    pub cutoffs: Vec<usize>,
+    /// With `cutoffs`: cluster `i` embeds in `d_model / div_val^i` dimensions, projected
+    /// to `d_model` (Transformer-XL's `div_val`; 1 keeps every cluster at `d_model`).
+    /// Default 1.
+    #[serde(default = "default_div_val")]
+    pub div_val: usize,
+}
+
+fn default_div_val() -> usize {
+    1
 }
 
 /// The layers' architecture.
@@ -83,6 +99,8 @@ impl Default for ModelConfig {
             arch: Arch::Lethe,
             positions: default_positions(),
             norm_eps: default_norm_eps(),
+            cutoffs: vec![],
+            div_val: default_div_val(),
         }
     }
 }
@@ -96,7 +114,33 @@ impl ModelConfig {
             return Err(LetheError::config("model.vocab", self.vocab, "must be at least 256: the data are bytes (set data.tokenizer for a smaller vocabulary)"));
         }
         positive("model.vocab", self.vocab)?;
+        self.validate_cutoffs()?;
         self.validate_layers()
+    }
+
+    /// The adaptive input and softmax's cut-offs: increasing, inside the vocabulary, and
+    /// every cluster at least one dimension wide.
+    pub fn validate_cutoffs(&self) -> Result<()> {
+        if self.cutoffs.is_empty() {
+            return Ok(());
+        }
+        let shown = format!("{:?}", self.cutoffs);
+        if self.arch == Arch::Gpt2 {
+            return Err(LetheError::config("model.cutoffs", shown, "GPT-2 has one tied softmax; adaptive clusters are for model.arch = \"lethe\""));
+        }
+        let mut previous = 0;
+        for &c in &self.cutoffs {
+            if c <= previous || c >= self.vocab {
+                return Err(LetheError::config("model.cutoffs", shown, format!("must increase from above 0 to below model.vocab = {}", self.vocab)));
+            }
+            previous = c;
+        }
+        positive("model.div_val", self.div_val)?;
+        let narrowest = (self.div_val as f64).powi(self.cutoffs.len() as i32);
+        if (self.d_model as f64) < narrowest {
+            return Err(LetheError::config("model.div_val", self.div_val, format!("the last cluster would embed in d_model / div_val^{} < 1 dimension", self.cutoffs.len())));
+        }
+        Ok(())
     }
 
     /// Everything but the vocabulary.

@@ -4,11 +4,16 @@
 //! GPT-2's byte-level BPE, which it puts together as GPT-2 does: a byte-level
 //! pre-tokenizer without a prefix space and a byte-level decoder.
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
-use tokenizers::models::bpe::BPE;
+use tokenizers::models::bpe::{BpeTrainer, BPE};
+use tokenizers::models::wordlevel::WordLevel;
+use tokenizers::models::TrainerWrapper;
+use tokenizers::normalizers::replace::Replace;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::whitespace::WhitespaceSplit;
 
 use crate::error::{LetheError, Result};
 
@@ -61,11 +66,75 @@ impl Tokenizer {
         self.inner.get_vocab_size(true)
     }
 
+    /// A word-level vocabulary (Transformer-XL's for Wikitext-103): the whitespace-separated
+    /// words of `texts` and an `<eos>` at every line end, numbered most frequent first
+    /// (ties in byte order), so that the adaptive softmax's clusters hold the frequent
+    /// words first. Words seen fewer than `min_count` times, and any beyond the
+    /// `max_size` most frequent (0: no limit), read as `<unk>`, which is added last
+    /// unless the text has it.
+    pub fn train_words(texts: &[&str], min_count: u64, max_size: usize) -> Result<Tokenizer> {
+        let mut counts: HashMap<&str, u64> = HashMap::new();
+        for text in texts {
+            for line in text.split_inclusive('\n') {
+                line.split_whitespace().for_each(|w| *counts.entry(w).or_default() += 1);
+                if line.ends_with('\n') {
+                    *counts.entry(EOS).or_default() += 1;
+                }
+            }
+        }
+        let mut order: Vec<(&str, u64)> = counts.into_iter().filter(|&(_, n)| n >= min_count.max(1)).collect();
+        order.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+        if max_size > 0 {
+            order.truncate(max_size);
+        }
+        let mut words: Vec<String> = order.into_iter().map(|(w, _)| w.to_string()).collect();
+        if !words.iter().any(|w| w == UNK) {
+            words.push(UNK.to_string());
+        }
+        let model = WordLevel::builder()
+            .vocab(words.into_iter().enumerate().map(|(i, w)| (w, i as u32)).collect())
+            .unk_token(UNK.to_string())
+            .build()
+            .map_err(|e| LetheError::Invalid(format!("cannot build the word vocabulary: {e}")))?;
+        let mut inner = tokenizers::Tokenizer::new(model);
+        let eos = Replace::new("\n", format!(" {EOS} ")).map_err(|e| LetheError::Invalid(format!("cannot build the word vocabulary: {e}")))?;
+        inner.with_normalizer(Some(eos));
+        inner.with_pre_tokenizer(Some(WhitespaceSplit));
+        Ok(Tokenizer { inner })
+    }
+
+    /// A byte-level BPE of `vocab` ids (GPT-2's kind: any text encodes, no unknown
+    /// token) learned from `texts` by the `tokenizers` crate's trainer.
+    pub fn train_bpe(texts: &[&str], vocab: usize) -> Result<Tokenizer> {
+        let alphabet = ByteLevel::alphabet();
+        if vocab < alphabet.len() {
+            return Err(LetheError::Invalid(format!("--vocab {vocab}: a byte-level BPE needs at least its {} byte symbols", alphabet.len())));
+        }
+        let mut inner = tokenizers::Tokenizer::new(BPE::default());
+        inner.with_pre_tokenizer(Some(ByteLevel::default().add_prefix_space(false)));
+        inner.with_decoder(Some(ByteLevelDecoder::default()));
+        let trainer = BpeTrainer::builder().vocab_size(vocab).min_frequency(2).show_progress(false).initial_alphabet(alphabet.into_iter().collect()).build();
+        let mut trainer = TrainerWrapper::from(trainer);
+        inner.train(&mut trainer, texts.iter()).map_err(|e| LetheError::Invalid(format!("cannot learn the BPE: {e}")))?;
+        Ok(Tokenizer { inner })
+    }
+
+    /// Whether decoded tokens are joined by spaces (a word vocabulary has no decoder of
+    /// its own, so `tokenizers` puts a space between words).
+    pub fn spaced(&self) -> bool {
+        self.inner.get_decoder().is_none()
+    }
+
     /// The tokenizer as a `tokenizer.json` text, which [`Tokenizer::from_dir`] reads back.
     pub fn to_json(&self) -> Result<String> {
         self.inner.to_string(false).map_err(|e| LetheError::Invalid(format!("cannot write the tokenizer: {e}")))
     }
 }
+
+/// The word vocabulary's end of line.
+pub const EOS: &str = "<eos>";
+/// The word vocabulary's unknown word.
+pub const UNK: &str = "<unk>";
 
 /// Text from token ids arriving one at a time (generation): each call returns the text
 /// completed so far. A byte-level token may hold half of a character; such ids wait
@@ -73,12 +142,14 @@ impl Tokenizer {
 pub struct TextStream<'a> {
     tokenizer: &'a Tokenizer,
     waiting: Vec<u32>,
+    /// Words are joined by spaces (a word vocabulary).
+    spaced: bool,
 }
 
 impl<'a> TextStream<'a> {
     /// A stream with nothing waiting.
     pub fn new(tokenizer: &'a Tokenizer) -> Self {
-        TextStream { tokenizer, waiting: vec![] }
+        TextStream { tokenizer, waiting: vec![], spaced: tokenizer.spaced() }
     }
 
     /// Adds `id`; returns the text it completes (empty while a character is unfinished).
@@ -90,7 +161,7 @@ impl<'a> TextStream<'a> {
             return Ok(String::new());
         }
         self.waiting.clear();
-        Ok(text)
+        Ok(if self.spaced { format!(" {text}") } else { text })
     }
 
     /// Whatever is still waiting, as text.

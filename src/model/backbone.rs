@@ -110,7 +110,7 @@ impl Memory {
 
 /// The output of one block.
 pub struct Forward {
-    /// Next-token logits `(b, m, vocab)`.
+    /// Next-token logits `(b, m, vocab)` (with the adaptive softmax, its log-probabilities).
     pub logits: Tensor,
     /// Sum of the layers' auxiliary losses (a zero scalar when there are none).
     pub aux_loss: Tensor,
@@ -226,12 +226,55 @@ impl Backbone {
 /// live in the `VarStore` the model was built in).
 pub struct Model {
     cfg: ModelConfig,
-    embed: nn::Embedding,
+    vocabulary: Vocabulary,
     /// GPT-2's absolute positions `(positions, d)`.
     positions: Option<nn::Embedding>,
     body: Backbone,
-    /// The output head; none when tied to `embed` (GPT-2).
-    head: Option<nn::Linear>,
+}
+
+/// The two ends of the model that touch the vocabulary: token ids in, scores out.
+enum Vocabulary {
+    /// One embedding and one softmax layer.
+    Plain {
+        embed: nn::Embedding,
+        /// The output head; none when tied to `embed` (GPT-2).
+        head: Option<nn::Linear>,
+    },
+    /// Adaptive input and softmax in frequency clusters (`model.cutoffs`).
+    Adaptive(super::adaptive::Adaptive),
+}
+
+impl Vocabulary {
+    fn new(p: &nn::Path, cfg: &ModelConfig) -> Vocabulary {
+        if !cfg.cutoffs.is_empty() {
+            return Vocabulary::Adaptive(super::adaptive::Adaptive::new(&(p / "adaptive"), cfg));
+        }
+        let (d, gpt2) = (cfg.d_model as i64, cfg.arch == Arch::Gpt2);
+        // GPT-2's initialisation: N(0, 0.02) embeddings.
+        let embedding = nn::EmbeddingConfig { ws_init: nn::Init::Randn { mean: 0.0, stdev: 0.02 }, ..Default::default() };
+        Vocabulary::Plain {
+            embed: nn::embedding(p / "embed", cfg.vocab as i64, d, if gpt2 { embedding } else { Default::default() }),
+            head: (!gpt2).then(|| nn::linear(p / "head", d, cfg.vocab as i64, Default::default())),
+        }
+    }
+
+    /// `(b, m)` token ids to `(b, m, d)` vectors.
+    fn embed(&self, tokens: &Tensor) -> Tensor {
+        match self {
+            Vocabulary::Plain { embed, .. } => embed.forward(tokens),
+            Vocabulary::Adaptive(a) => a.embed(tokens),
+        }
+    }
+
+    /// `(b, m, d)` to scores `(b, m, V)`: logits, or the adaptive softmax's
+    /// log-probabilities (logits whose log-sum-exp is already 0).
+    fn scores(&self, h: &Tensor) -> Tensor {
+        match self {
+            Vocabulary::Plain { head: Some(head), .. } => head.forward(h),
+            Vocabulary::Plain { embed, head: None } => h.matmul(&embed.ws.tr()), // tied
+            Vocabulary::Adaptive(a) => a.log_probs(h),
+        }
+    }
 }
 
 impl Model {
@@ -242,15 +285,13 @@ impl Model {
     pub fn new(p: &nn::Path, cfg: &ModelConfig, mem: &MemoryConfig, block: usize) -> Result<Self> {
         let d = cfg.d_model as i64;
         let body = Backbone::new(p, cfg, mem, block)?;
-        let gpt2 = cfg.arch == Arch::Gpt2;
-        // GPT-2's initialisation: N(0, 0.02) embeddings.
+        cfg.validate_cutoffs()?; // the clusters' sizes come from them
         let embedding = nn::EmbeddingConfig { ws_init: nn::Init::Randn { mean: 0.0, stdev: 0.02 }, ..Default::default() };
         Ok(Model {
             cfg: cfg.clone(),
-            embed: nn::embedding(p / "embed", cfg.vocab as i64, d, if gpt2 { embedding } else { Default::default() }),
-            positions: gpt2.then(|| nn::embedding(p / "positions", cfg.positions as i64, d, embedding)),
+            vocabulary: Vocabulary::new(p, cfg),
+            positions: (cfg.arch == Arch::Gpt2).then(|| nn::embedding(p / "positions", cfg.positions as i64, d, embedding)),
             body,
-            head: (!gpt2).then(|| nn::linear(p / "head", d, cfg.vocab as i64, Default::default())),
         })
     }
 
@@ -268,16 +309,13 @@ impl Model {
     /// Runs one block `tokens` `(b, m)` with the memory carried in `mem`, then lets each
     /// layer's memory absorb the block.
     pub fn forward(&self, tokens: &Tensor, mem: &mut Memory, train: bool) -> Result<Forward> {
-        let mut h = self.embed.forward(tokens); // (b, m, d)
+        let mut h = self.vocabulary.embed(tokens); // (b, m, d)
         if let Some(positions) = &self.positions {
             let m = tokens.size()[1];
             h = &h + positions.forward(&Tensor::arange(m, (Kind::Int64, tokens.device()))); // (m, d), restarting every block
         }
         let out = self.body.forward(h.dropout(self.cfg.dropout, train), mem, train, None)?;
-        let logits = match &self.head {
-            Some(head) => head.forward(&out.h),
-            None => out.h.matmul(&self.embed.ws.tr()), // tied: (b, m, vocab)
-        };
+        let logits = self.vocabulary.scores(&out.h); // (b, m, vocab)
         Ok(Forward { logits, aux_loss: out.aux_loss })
     }
 }

@@ -112,6 +112,7 @@ impl Gpt2Config {
             arch: Arch::Gpt2,
             positions: self.n_positions,
             norm_eps: self.layer_norm_epsilon,
+            ..ModelConfig::default()
         }
     }
 

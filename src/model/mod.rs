@@ -1,5 +1,6 @@
 //! The model: the shared backbone, its attention helpers, and the memory mechanisms.
 
+pub mod adaptive;
 pub mod attention;
 pub mod backbone;
 pub mod gpt2;
