@@ -42,6 +42,10 @@ pub struct DataConfig {
     /// For `folder`: `concat` (all documents as one stream, cut into `batch` parallel
     /// streams) or `documents` (each stream reads whole documents, never cut). Default `concat`.
     pub folder_mode: FolderMode,
+    /// For `folder`: read at most this many training documents, the first in path order
+    /// (the ∞-former paper's PG-19 subset: the first 2,000 books). 0: all. Default 0.
+    #[serde(default)]
+    pub max_documents: usize,
     /// Fractions of the bytes (or documents) for train, valid and test; they must sum to 1.
     /// Default [0.9, 0.05, 0.05].
     pub split: [f64; 3],
@@ -158,6 +162,7 @@ impl Default for DataConfig {
             tokenizer: None,
             format: FileFormat::Auto,
             folder_mode: FolderMode::Concat,
+            max_documents: 0,
             split: [0.9, 0.05, 0.05],
             copy: CopyConfig::default(),
             collision: CollisionConfig::default(),
@@ -181,6 +186,9 @@ impl DataConfig {
         }
         if self.source.reads_text() && self.path.is_none() {
             return Err(LetheError::config("data.path", "none", "a file or folder is needed (--data PATH)"));
+        }
+        if self.max_documents > 0 && self.source != Source::Folder {
+            return Err(LetheError::config("data.max_documents", self.max_documents, format!("limits the documents of a folder; data.source is `{}`", self.source)));
         }
         if let (Some(t), false) = (&self.tokenizer, self.source.reads_text()) {
             return Err(LetheError::config(

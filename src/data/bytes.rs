@@ -127,7 +127,7 @@ fn load_folder(dir: &Path, cfg: &DataConfig, split: Split) -> Result<SplitData> 
         Split::Valid => vec!["valid", "validation"],
         Split::Test => vec!["test"],
     };
-    let files = match sub.iter().map(|s| dir.join(s)).find(|p| p.is_dir()) {
+    let mut files = match sub.iter().map(|s| dir.join(s)).find(|p| p.is_dir()) {
         Some(subdir) => list_files(&subdir)?,
         None => {
             let all = list_files(dir)?;
@@ -138,6 +138,9 @@ fn load_folder(dir: &Path, cfg: &DataConfig, split: Split) -> Result<SplitData> 
             all[range.0..range.1].to_vec()
         }
     };
+    if split == Split::Train && cfg.max_documents > 0 {
+        files.truncate(cfg.max_documents);
+    }
     let mut docs = Vec::with_capacity(files.len());
     for f in &files {
         let bytes = std::fs::read(f).map_err(|e| LetheError::data(f, format!("cannot read: {e}")))?;
@@ -274,6 +277,12 @@ mod tests {
         assert_eq!(valid.docs.len(), 2);
         assert_eq!(bytes_of(&valid.docs[1].tokens), b"validation 1".to_vec());
         assert_eq!(load(&cfg, Split::Test).unwrap().docs.len(), 1);
+        // The paper's subset: the first books of the training split only.
+        let mut first = folder_config(dir.path(), FolderMode::Concat);
+        first.max_documents = 2;
+        let train = load(&first, Split::Train).unwrap();
+        assert_eq!(train.docs.iter().map(|d| bytes_of(&d.tokens)).collect::<Vec<_>>(), vec![b"train 0".to_vec(), b"train 1".to_vec()]);
+        assert_eq!(load(&first, Split::Valid).unwrap().docs.len(), 2);
     }
 
     #[test]

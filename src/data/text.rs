@@ -100,7 +100,15 @@ pub fn prepare(cfg: &Config, bytes: SplitData, eos_per_line: bool) -> Result<Spl
         None => bytes.docs,
         Some(tokenizer) => {
             let mut docs = Vec::with_capacity(bytes.docs.len());
+            let total: usize = bytes.docs.iter().map(|d| d.tokens.len()).sum();
+            let (mut done, mut said) = (0, std::time::Instant::now());
             for d in &bytes.docs {
+                // A large corpus (PG-19) takes minutes: say how far it is every 10 s.
+                done += d.tokens.len();
+                if said.elapsed().as_secs() >= 10 {
+                    eprintln!("tokenising `{}`: {:.0} of {:.0} MB", bytes.origin.display(), done as f64 / 1e6, total as f64 / 1e6);
+                    said = std::time::Instant::now();
+                }
                 let text = String::from_utf8(super::seq::bytes_of(&d.tokens)).map_err(|e| {
                     let at = e.utf8_error().valid_up_to();
                     LetheError::data(&bytes.origin, format!("is not UTF-8 text (an invalid byte at offset {at}), and the tokenizer reads text; convert it, e.g. `iconv -f latin1 -t utf-8`"))
