@@ -25,7 +25,7 @@ use crate::data::{self, Batch, Split, SplitData, TrainStreams};
 use crate::error::{LetheError, Result};
 use crate::eval::{evaluate_sharded, EvalResult};
 use crate::metrics::{format_count, format_duration, MetricsLog};
-use crate::model::{token_nll, Lm, Memory};
+use crate::model::{Lm, Memory};
 use crate::optim::{learning_rate, Optimiser};
 use crate::dist::ProcessGroup;
 use crate::run::{begin_step, check_finite, drive, Looped, RunFolder, Scales};
@@ -368,9 +368,9 @@ pub fn optimisation_step(
     for (i, mem) in mems.iter_mut().enumerate() {
         let first = (rank * accum + i) * per;
         let (x, y, w) = batch.tensors(first, first + per, lm.device());
-        let out = lm.model.forward(&x, mem, true)?;
-        let nll = (token_nll(&out.logits, &y) * w).sum(Kind::Float);
-        let out_aux = out.aux_loss * scales.aux;
+        let (nll, aux_loss) = lm.model.forward_nll(&x, &y, mem, true)?;
+        let nll = (nll * w).sum(Kind::Float);
+        let out_aux = aux_loss * scales.aux;
         let loss = &nll / total_weight + &out_aux / micro_batches as f64;
         loss.backward();
         nll_sum += nll.double_value(&[]);

@@ -226,3 +226,30 @@ fn a_word_level_model_with_adaptive_ends_learns() {
     let loss = r["loss"].as_f64().unwrap();
     assert!(loss < 1.2, "valid loss {loss} nats; the unigram baseline is 2.69");
 }
+
+/// Training scores only the targets: each target's log-probability, and its gradients,
+/// equal those of the whole distribution's entry.
+#[test]
+fn the_targets_alone_score_as_the_whole_distribution() {
+    let (vs, a) = adaptive(Kind::Double, 7);
+    let h = common::randn(8, &[2, 9, 16], Kind::Double);
+    let targets = Tensor::from_slice(&[0i64, 4, 5, 11, 12, 29, 3, 3, 20, 6, 7, 1, 28, 13, 5, 0, 2, 17]).view([2, 9]);
+    let whole = a.log_probs(&h).gather(-1, &targets.unsqueeze(-1), false).squeeze_dim(-1);
+    let alone = a.target_log_probs(&h, &targets);
+    assert!((&whole - &alone).abs().max().double_value(&[]) < 1e-12);
+    let grads = |loss: Tensor| -> Vec<Tensor> {
+        for (_, mut v) in vs.variables() {
+            let _ = v.grad().f_zero_();
+        }
+        loss.backward();
+        let mut vars: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+        vars.sort_by(|x, y| x.0.cmp(&y.0));
+        vars.iter().map(|(_, v)| v.grad().copy()).collect()
+    };
+    let g_whole = grads(whole.sum(Kind::Double));
+    let g_alone = grads(a.target_log_probs(&h, &targets).sum(Kind::Double));
+    for (x, y) in g_whole.iter().zip(&g_alone) {
+        assert!((x - y).abs().max().double_value(&[]) < 1e-12);
+    }
+    assert!(g_alone.iter().all(|g| g.abs().sum(Kind::Double).double_value(&[]) > 0.0), "every parameter is reached");
+}

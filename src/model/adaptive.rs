@@ -82,6 +82,40 @@ impl Adaptive {
         (out * (self.d as f64).sqrt()).view([size[0], size[1], self.d]) // (b, m, d)
     }
 
+    /// The log-probability of each of `targets` `(b, m)` after `h` `(b, m, d)`: `(b, m)`,
+    /// the entries of [`Adaptive::log_probs`] at the targets, without its `(b, m, V)`
+    /// tensor: a tail cluster's scores are computed only where a target falls in it (what
+    /// makes training on a vocabulary of 267k words affordable).
+    pub fn target_log_probs(&self, h: &Tensor, targets: &Tensor) -> Tensor {
+        let (size, head_size) = (targets.size(), self.bounds[1]);
+        let h = h.reshape([-1, self.d]); // (N, d)
+        let t = targets.flatten(0, -1); // (N)
+        let head = Tensor::cat(&[h.matmul(&self.emb[0].tr()) + &self.bias[0], h.matmul(&self.cluster_weight.tr()) + &self.cluster_bias], -1)
+            .log_softmax(-1, h.kind()); // (N, c_1 + tails)
+        let mut out = Tensor::zeros([t.size()[0]], (h.kind(), h.device()));
+        for i in 0..self.clusters() {
+            let (lo, hi) = (self.bounds[i], self.bounds[i + 1]);
+            let at = t.ge(lo).logical_and(&t.lt(hi)).nonzero().squeeze_dim(1); // (k)
+            if at.numel() == 0 {
+                continue;
+            }
+            let rows = head.index_select(0, &at); // (k, c_1 + tails)
+            let logp = if i == 0 {
+                rows.gather(1, &t.index_select(0, &at).unsqueeze(1), false).squeeze_dim(1)
+            } else {
+                let mut hi_ = h.index_select(0, &at); // (k, d)
+                if let Some(p) = &self.proj[i] {
+                    hi_ = hi_.matmul(p); // (k, d_i)
+                }
+                let tail = (hi_.matmul(&self.emb[i].tr()) + &self.bias[i]).log_softmax(-1, h.kind()); // (k, n_i)
+                let word = tail.gather(1, &(t.index_select(0, &at) - lo).unsqueeze(1), false).squeeze_dim(1);
+                word + rows.select(1, head_size + i as i64 - 1)
+            };
+            out = out.index_add(0, &at, &logp);
+        }
+        out.view(size.as_slice()) // (b, m)
+    }
+
     /// The log-probability of every word after each of `h` `(b, m, d)`: `(b, m, V)`.
     pub fn log_probs(&self, h: &Tensor) -> Tensor {
         let head_size = self.bounds[1];

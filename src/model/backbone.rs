@@ -309,14 +309,31 @@ impl Model {
     /// Runs one block `tokens` `(b, m)` with the memory carried in `mem`, then lets each
     /// layer's memory absorb the block.
     pub fn forward(&self, tokens: &Tensor, mem: &mut Memory, train: bool) -> Result<Forward> {
+        let out = self.hidden(tokens, mem, train)?;
+        let logits = self.vocabulary.scores(&out.h); // (b, m, vocab)
+        Ok(Forward { logits, aux_loss: out.aux_loss })
+    }
+
+    /// As [`Model::forward`], but returns only the negative log-likelihood `(b, m)` of
+    /// `targets` `(b, m)` (and the auxiliary loss): with the adaptive softmax, no score
+    /// of the whole vocabulary is made.
+    pub fn forward_nll(&self, tokens: &Tensor, targets: &Tensor, mem: &mut Memory, train: bool) -> Result<(Tensor, Tensor)> {
+        let out = self.hidden(tokens, mem, train)?;
+        let nll = match &self.vocabulary {
+            Vocabulary::Adaptive(a) => -a.target_log_probs(&out.h, targets),
+            plain => token_nll(&plain.scores(&out.h), targets),
+        };
+        Ok((nll, out.aux_loss))
+    }
+
+    /// The last layer's output for `tokens`, the memory carried.
+    fn hidden(&self, tokens: &Tensor, mem: &mut Memory, train: bool) -> Result<Hidden> {
         let mut h = self.vocabulary.embed(tokens); // (b, m, d)
         if let Some(positions) = &self.positions {
             let m = tokens.size()[1];
             h = &h + positions.forward(&Tensor::arange(m, (Kind::Int64, tokens.device()))); // (m, d), restarting every block
         }
-        let out = self.body.forward(h.dropout(self.cfg.dropout, train), mem, train, None)?;
-        let logits = self.vocabulary.scores(&out.h); // (b, m, vocab)
-        Ok(Forward { logits, aux_loss: out.aux_loss })
+        self.body.forward(h.dropout(self.cfg.dropout, train), mem, train, None)
     }
 }
 
