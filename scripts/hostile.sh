@@ -202,4 +202,28 @@ run_case "train gpt2 wikitext tiny"          "$BIN" train -q "${G[@]}" --data wt
 run_case "train gpt2 on empty.txt"           "$BIN" train -q "${G[@]}" --data empty.txt --name g17
 run_case "train gpt2 norm_eps=0"             "$BIN" train -q "${G[@]}" --set model.norm_eps=0 --data text.txt --name g18
 run_case "train gpt2 schedule=linear"        "$BIN" train -q "${G[@]}" --set train.schedule=linear --data text.txt --name g19
+# Word vocabularies, the adaptive softmax, tokenised generation.
+run_case "tokenizer words empty.txt"         "$BIN" tokenizer words empty.txt --out tw1
+run_case "tokenizer words nosuch.txt"        "$BIN" tokenizer words nosuch.txt --out tw2
+run_case "tokenizer words big.bin"           "$BIN" tokenizer words big.bin --out tw3
+run_case "tokenizer words --out /proc/x"     "$BIN" tokenizer words text.txt --out /proc/lethe-x
+run_case "tokenizer words --min-count 1e9"   "$BIN" tokenizer words text.txt --out tw4 --min-count 1000000000
+run_case "tokenizer bpe --vocab 1e9"         "$BIN" tokenizer bpe text.txt --out tw5 --vocab 1000000000
+run_case "tokenizer bpe --vocab -1"          "$BIN" tokenizer bpe text.txt --out tw6 --vocab -1
+"$BIN" tokenizer words text.txt --out tw >/dev/null 2>&1
+W=(-p words-tiny --set model.layers=1 --set model.d_model=16 --set model.heads=2 --set model.d_ffn=32 --set train.batch=2 --set train.block=8 --set memory.span=8 --steps 2 --data text.txt --set data.tokenizer=tw)
+run_case "train words vocab=5"               "$BIN" train -q "${W[@]}" --set model.vocab=5 --name w1
+run_case "train words cutoffs=[]"            "$BIN" train -q "${W[@]}" --set 'model.cutoffs=[]' --name w2
+run_case "train words cutoffs=[5000]"        "$BIN" train -q "${W[@]}" --set 'model.cutoffs=[5000]' --name w3
+run_case "train words cutoffs=[10,10]"       "$BIN" train -q "${W[@]}" --set 'model.cutoffs=[10,10]' --name w4
+run_case "train words div_val=1e9"           "$BIN" train -q "${W[@]}" --set model.div_val=1000000000 --name w5
+run_case "train words cutoffs=\"x\""          "$BIN" train -q "${W[@]}" --set 'model.cutoffs="x"' --name w6
+run_case "train words max_documents=3"       "$BIN" train -q "${W[@]}" --set data.max_documents=3 --name w7
+run_case "train words"                       "$BIN" train -q "${W[@]}" --name w8
+run_case "generate words --tokens 0"         "$BIN" generate --checkpoint runs/w8 --prompt "line 1" --tokens 0
+run_case "generate words unknown prompt"     "$BIN" generate --checkpoint runs/w8 --prompt "zzz qqq" --tokens 5
+run_case "generate words prompt file latin1" "$BIN" generate --checkpoint runs/w8 --prompt-file wt-bad/wiki.train.tokens --tokens 5
+run_case "generate words empty prompt"       "$BIN" generate --checkpoint runs/w8 --prompt "" --tokens 5
+run_case "generate words whitespace prompt"  "$BIN" generate --checkpoint runs/w8 --prompt "   " --tokens 5
+run_case "inspect ltm on words xl"           "$BIN" inspect ltm --checkpoint runs/w8 --text text.txt --out iw
 for c in "${!COUNT[@]}"; do echo "$c: ${COUNT[$c]}"; done | sort | tee -a "$LOG"

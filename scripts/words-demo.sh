@@ -13,13 +13,7 @@ cd "$(dirname "$0")/.."
 . scripts/env.sh
 OUT=${1:-runs}
 SEEDS=${2:-1}
-mkdir -p data
-python3 - <<'PY'
-from pydoc_data.topics import topics
-with open("data/demo.txt", "w") as f:
-    for key in sorted(topics):
-        f.write(topics[key].strip() + "\n\n")
-PY
+scripts/demo-corpus.sh
 cargo build --release --quiet
 LETHE=target/release/lethe
 $LETHE tokenizer words data/demo.txt --out data/demo-words --min-count 3 --overwrite

@@ -290,4 +290,8 @@ fn the_gpt2_campaigns_finds_are_refused_clearly() {
     missing.extend(["--init-from", "nosuch"]);
     fails_with(&lethe(d, &missing), &["nosuch", "does not exist", "--init-from"]);
     assert!(!d.join("runs").exists(), "a refused run wrote {:?}", std::fs::read_dir(d.join("runs")).map(|r| r.count()));
+    // Abort: a BPE of 10^9 ids made the trainer ask for 70 GB.
+    std::fs::write(d.join("t.txt"), "a b c\n").unwrap();
+    fails_with(&lethe(d, &["tokenizer", "bpe", "t.txt", "--out", "tok", "--vocab", "1000000000"]), &["--vocab 1000000000", "at most"]);
+    assert!(!d.join("tok").exists());
 }

@@ -238,7 +238,7 @@ fn the_targets_alone_score_as_the_whole_distribution() {
     let alone = a.target_log_probs(&h, &targets);
     assert!((&whole - &alone).abs().max().double_value(&[]) < 1e-12);
     let grads = |loss: Tensor| -> Vec<Tensor> {
-        for (_, mut v) in vs.variables() {
+        for (_, v) in vs.variables() {
             let _ = v.grad().f_zero_();
         }
         loss.backward();

@@ -107,6 +107,10 @@ impl Tokenizer {
     /// token) learned from `texts` by the `tokenizers` crate's trainer.
     pub fn train_bpe(texts: &[&str], vocab: usize) -> Result<Tokenizer> {
         let alphabet = ByteLevel::alphabet();
+        // The trainer reserves room for every id up front (1e9 ids asked for 70 GB).
+        if vocab > MAX_BPE_VOCAB {
+            return Err(LetheError::Invalid(format!("--vocab {vocab}: at most {MAX_BPE_VOCAB} ids (GPT-2 has 50,257)")));
+        }
         if vocab < alphabet.len() {
             return Err(LetheError::Invalid(format!("--vocab {vocab}: a byte-level BPE needs at least its {} byte symbols", alphabet.len())));
         }
@@ -130,6 +134,9 @@ impl Tokenizer {
         self.inner.to_string(false).map_err(|e| LetheError::Invalid(format!("cannot write the tokenizer: {e}")))
     }
 }
+
+/// The largest byte-level BPE `lethe tokenizer bpe` learns (2^20 ids).
+pub const MAX_BPE_VOCAB: usize = 1 << 20;
 
 /// The word vocabulary's end of line.
 pub const EOS: &str = "<eos>";
