@@ -253,3 +253,31 @@ fn the_targets_alone_score_as_the_whole_distribution() {
     }
     assert!(g_alone.iter().all(|g| g.abs().sum(Kind::Double).double_value(&[]) > 0.0), "every parameter is reached");
 }
+
+/// Against an independent implementation: PyTorch's `AdaptiveLogSoftmaxWithLoss` with
+/// random weights (scripts/adaptive-fixture.py), read into lethe's layout with zero
+/// biases, gives the same log-probabilities of every word.
+#[test]
+fn the_log_probabilities_match_pytorchs_adaptive_softmax() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/adaptive-softmax.safetensors");
+    let t: std::collections::HashMap<String, Tensor> = Tensor::read_safetensors(path).unwrap().into_iter().collect();
+    let (vs, a) = adaptive(Kind::Double, 9);
+    let vars = vs.variables();
+    let head = &t["head.weight"];
+    let set = |name: &str, value: &Tensor| {
+        tch::no_grad(|| vars[name].shallow_clone().copy_(value));
+    };
+    set("emb.0", &head.narrow(0, 0, 5));
+    set("cluster.weight", &head.narrow(0, 5, 2));
+    for i in 1..3 {
+        set(&format!("proj.{i}"), &t[&format!("tail.{}.proj", i - 1)].tr());
+        set(&format!("emb.{i}"), &t[&format!("tail.{}.out", i - 1)]);
+    }
+    for name in ["bias.0", "bias.1", "bias.2", "cluster.bias"] {
+        let _ = tch::no_grad(|| vars[name].shallow_clone().zero_());
+    }
+    let got = a.log_probs(&t["hidden"].unsqueeze(0)).squeeze_dim(0); // (7, 30)
+    let diff = (&got - &t["log_probs"]).abs().max().double_value(&[]);
+    assert!(diff < 1e-10, "largest difference {diff}");
+    assert!(t["log_probs"].std(true).double_value(&[]) > 0.5, "the fixture's distribution is far from uniform");
+}
