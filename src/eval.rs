@@ -8,7 +8,7 @@ use tch::Kind;
 use crate::dist::ProcessGroup;
 use crate::data::{EvalWalker, SplitData};
 use crate::error::Result;
-use crate::model::{token_nll, Lm};
+use crate::model::Lm;
 
 /// The scores of one pass over a split.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -117,12 +117,12 @@ pub fn evaluate_sharded(
     while let Some(batch) = walker.next_block(block) {
         if hi > lo {
             let (x, y, w) = batch.tensors(lo, hi, device);
-            let out = lm.model.forward(&x, &mut mem, false)?;
-            let nll = token_nll(&out.logits, &y).to_kind(Kind::Double); // (hi - lo, m)
+            let (nll, predicted) = lm.model.forward_eval(&x, &y, &mut mem)?;
+            let nll = nll.to_kind(Kind::Double); // (hi - lo, m)
             s.nll += (&nll * w.to_kind(Kind::Double)).sum(Kind::Double).double_value(&[]);
             let weights = &batch.weights[lo * batch.len..hi * batch.len];
             s.weight += weights.iter().map(|&w| w as f64).sum::<f64>();
-            let hit: Vec<f32> = out.logits.argmax(-1, false).eq_tensor(&y).to_kind(Kind::Float).flatten(0, -1).try_into().unwrap_or_default();
+            let hit: Vec<f32> = predicted.eq_tensor(&y).to_kind(Kind::Float).flatten(0, -1).try_into().unwrap_or_default();
             for (i, (&h, &wt)) in hit.iter().zip(weights).enumerate() {
                 s.hits += (h * wt) as f64;
                 answers.observe(i / batch.len, wt > 0.0, h > 0.0);

@@ -252,6 +252,15 @@ fn the_targets_alone_score_as_the_whole_distribution() {
         assert!((x - y).abs().max().double_value(&[]) < 1e-12);
     }
     assert!(g_alone.iter().all(|g| g.abs().sum(Kind::Double).double_value(&[]) > 0.0), "every parameter is reached");
+    // Evaluation's most likely words, found a few positions at a time, are the whole
+    // distribution's, and lie in more than one cluster.
+    let h = h * 4.0;
+    let want = a.log_probs(&h).argmax(-1, false);
+    for rows in [1, 4, 100] {
+        assert!(a.argmax(&h, rows).equal(&want), "rows {rows}");
+    }
+    let best: Vec<i64> = Vec::try_from(want.flatten(0, -1)).unwrap();
+    assert!(best.iter().any(|&w| w < 5) && best.iter().any(|&w| w >= 5), "{best:?}");
 }
 
 /// Against an independent implementation: PyTorch's `AdaptiveLogSoftmaxWithLoss` with

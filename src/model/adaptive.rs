@@ -116,6 +116,15 @@ impl Adaptive {
         out.view(size.as_slice()) // (b, m)
     }
 
+    /// The most likely word after each of `h` `(b, m, d)`: `(b, m)`, found over at most
+    /// `rows` positions at a time (each needs a score per word).
+    pub fn argmax(&self, h: &Tensor, rows: i64) -> Tensor {
+        let size = h.size();
+        let flat = h.reshape([-1, self.d]); // (N, d)
+        let parts: Vec<Tensor> = flat.split(rows.max(1), 0).iter().map(|chunk| self.log_probs(chunk).argmax(-1, false)).collect();
+        Tensor::cat(&parts, 0).view([size[0], size[1]]) // (b, m)
+    }
+
     /// The log-probability of every word after each of `h` `(b, m, d)`: `(b, m, V)`.
     pub fn log_probs(&self, h: &Tensor) -> Tensor {
         let head_size = self.bounds[1];

@@ -326,6 +326,20 @@ impl Model {
         Ok((nll, out.aux_loss))
     }
 
+    /// Evaluation's view of a block: the negative log-likelihood of `targets` `(b, m)`
+    /// and the most likely next tokens `(b, m)`. With the adaptive softmax the whole
+    /// vocabulary is scored a few hundred positions at a time, never for the whole block.
+    pub fn forward_eval(&self, tokens: &Tensor, targets: &Tensor, mem: &mut Memory) -> Result<(Tensor, Tensor)> {
+        let out = self.hidden(tokens, mem, false)?;
+        Ok(match &self.vocabulary {
+            Vocabulary::Adaptive(a) => (-a.target_log_probs(&out.h, targets), a.argmax(&out.h, 512)),
+            plain => {
+                let logits = plain.scores(&out.h); // (b, m, V)
+                (token_nll(&logits, targets), logits.argmax(-1, false))
+            }
+        })
+    }
+
     /// The last layer's output for `tokens`, the memory carried.
     fn hidden(&self, tokens: &Tensor, mem: &mut Memory, train: bool) -> Result<Hidden> {
         let mut h = self.vocabulary.embed(tokens); // (b, m, d)
