@@ -221,6 +221,10 @@ pub struct TrainArgs {
     /// Stop after this step with a checkpoint, as if interrupted (continue with --resume).
     #[arg(long, allow_negative_numbers = true)]
     pub stop_after: Option<usize>,
+    /// Evaluate never, not even at the end: a smoke run of a large preset
+    /// (`--steps 1 --no-eval`) takes one step and writes its checkpoint.
+    #[arg(long)]
+    pub no_eval: bool,
 }
 
 #[derive(Args, Debug)]

@@ -204,19 +204,23 @@ fn train(a: TrainArgs) -> Result<()> {
         return Ok(());
     }
     let cfg = if a.resume { a.config.resolve_for_resume(&a.out)? } else { a.config.resolve()? };
-    let opts = lethe::train::TrainOptions { out_dir: a.out, resume: a.resume, overwrite: a.overwrite, quiet: a.quiet, stop_after: a.stop_after };
+    let opts = lethe::train::TrainOptions { out_dir: a.out, resume: a.resume, overwrite: a.overwrite, quiet: a.quiet, stop_after: a.stop_after, no_eval: a.no_eval };
     let leader = lethe::dist::Launch::from_env()?.is_none_or(|l| l.rank == 0); // rank 0 speaks for a torchrun launch
     if cfg.data.source.is_rl() {
         let summary = lethe::rl::train::train(&cfg, &opts)?;
         quiet_on_closed_pipe(); // all is saved; the summary line may meet a closed pipe
-        if let Some(r) = summary.last_eval.filter(|_| leader) {
-            println!("done: {}; run folder {}", r.line(), summary.run_dir.display());
+        match summary.last_eval.filter(|_| leader) {
+            Some(r) => println!("done: {}; run folder {}", r.line(), summary.run_dir.display()),
+            None if leader => println!("done: not evaluated (--no-eval); run folder {}", summary.run_dir.display()),
+            None => {}
         }
         return Ok(());
     }
     let summary = lethe::train::train(&cfg, &opts)?;
     quiet_on_closed_pipe();
-    if summary.last_eval.as_ref().is_some_and(|r| leader && r.tokens == 0) {
+    if summary.last_eval.is_none() && leader {
+        println!("done: not evaluated (--no-eval); run folder {}", summary.run_dir.display());
+    } else if summary.last_eval.as_ref().is_some_and(|r| leader && r.tokens == 0) {
         println!("done: the last evaluation scored no token (raise train.eval_tokens, or 0 for the whole split); run folder {}", summary.run_dir.display());
     } else if let Some(r) = summary.last_eval.filter(|_| leader) {
         let rate = if cfg.data.tokenizer.is_some() { format!("perplexity {:.2}", r.ppl) } else { format!("{:.4} bpb", r.bpb) };

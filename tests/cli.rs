@@ -99,6 +99,12 @@ fn train_eval_and_generate_run_end_to_end() {
     assert!(out.starts_with("It was") && out.len() >= 46, "{out:?}");
     fails_with(&lethe(d, &["generate", "--checkpoint", "runs/book", "--prompt", ""]), &["prompt is empty"]);
     fails_with(&lethe(d, &["eval", "--checkpoint", "runs/book", "--block", "64"]), &["train.block", "64"]);
+    // A smoke run: one step, its checkpoint, and no evaluation at all.
+    let out = succeeds(&train(d, &["--data", "book.txt", "--steps", "1", "--name", "smoke", "--no-eval"]));
+    assert!(out.contains("not evaluated (--no-eval)"), "{out}");
+    let metrics = std::fs::read_to_string(d.join("runs/smoke/metrics.jsonl")).unwrap();
+    assert!(metrics.contains("\"split\":\"train\"") && !metrics.contains("\"split\":\"valid\""), "{metrics}");
+    assert!(d.join("runs/smoke/checkpoint.safetensors").is_file());
 }
 
 #[test]

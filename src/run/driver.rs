@@ -27,6 +27,8 @@ pub struct TrainOptions {
     pub quiet: bool,
     /// Stop (with a checkpoint) after this step, as if interrupted; `--resume` goes on.
     pub stop_after: Option<usize>,
+    /// Evaluate never, not even at the end (`--no-eval`: a smoke run of a large preset).
+    pub no_eval: bool,
 }
 
 impl TrainOptions {
@@ -38,7 +40,7 @@ impl TrainOptions {
 
 impl Default for TrainOptions {
     fn default() -> Self {
-        TrainOptions { out_dir: PathBuf::from("runs"), resume: false, overwrite: false, quiet: false, stop_after: None }
+        TrainOptions { out_dir: PathBuf::from("runs"), resume: false, overwrite: false, quiet: false, stop_after: None, no_eval: false }
     }
 }
 
@@ -139,12 +141,14 @@ struct Due {
 
 impl Due {
     /// After optimiser step `step` (counted from 1): every `log_every`, `eval_every` and
-    /// `checkpoint_every` steps (0: never), and all three at the last step or a stop.
+    /// `checkpoint_every` steps (0: never), and all three at the last step or a stop;
+    /// no evaluation at all with `--no-eval`.
     fn after(step: usize, cfg: &TrainConfig, opts: &TrainOptions) -> Due {
         let stop = opts.stop_after == Some(step);
         let last = step == cfg.steps || stop;
         let every = |n: usize| n > 0 && step.is_multiple_of(n);
-        Due { log: every(cfg.log_every) || last, eval: every(cfg.eval_every) || last, checkpoint: every(cfg.checkpoint_every) || last, stop }
+        let eval = !opts.no_eval && (every(cfg.eval_every) || last);
+        Due { log: every(cfg.log_every) || last, eval, checkpoint: every(cfg.checkpoint_every) || last, stop }
     }
 }
 
