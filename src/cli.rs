@@ -225,6 +225,10 @@ pub struct TrainArgs {
     /// (`--steps 1 --no-eval`) takes one step and writes its checkpoint.
     #[arg(long)]
     pub no_eval: bool,
+    /// With --resume: continue under changed optimisation settings (train.lr, the
+    /// schedule, the optimiser), which --resume otherwise refuses.
+    #[arg(long, requires = "resume")]
+    pub accept_changes: bool,
 }
 
 #[derive(Args, Debug)]

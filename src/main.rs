@@ -204,7 +204,7 @@ fn train(a: TrainArgs) -> Result<()> {
         return Ok(());
     }
     let cfg = if a.resume { a.config.resolve_for_resume(&a.out)? } else { a.config.resolve()? };
-    let opts = lethe::train::TrainOptions { out_dir: a.out, resume: a.resume, overwrite: a.overwrite, quiet: a.quiet, stop_after: a.stop_after, no_eval: a.no_eval };
+    let opts = lethe::train::TrainOptions { out_dir: a.out, resume: a.resume, overwrite: a.overwrite, quiet: a.quiet, stop_after: a.stop_after, no_eval: a.no_eval, accept_changes: a.accept_changes };
     let leader = lethe::dist::Launch::from_env()?.is_none_or(|l| l.rank == 0); // rank 0 speaks for a torchrun launch
     if cfg.data.source.is_rl() {
         let summary = lethe::rl::train::train(&cfg, &opts)?;

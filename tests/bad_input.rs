@@ -17,9 +17,19 @@ fn a_refused_resume_changes_nothing_in_the_run_folder() {
     let files = ["config.toml", "metrics.jsonl", "checkpoint.safetensors"].map(|f| d.join("runs/r").join(f));
     let before: Vec<Vec<u8>> = files.iter().map(|f| std::fs::read(f).unwrap()).collect();
     fails_with(&train(d, &["--steps", "4", "--name", "r", "--resume", "--seed", "9"]), &["seed"]);
+    // Silently accepted (issue 24): a changed learning rate or schedule. Each is named.
+    let changed = ["--steps", "4", "--name", "r", "--resume", "--set", "train.lr=0.0001", "--set", "train.schedule=linear"];
+    fails_with(&train(d, &changed), &["train.lr 0.001 -> 0.0001", "train.schedule \"cosine\" -> \"linear\"", "--accept-changes", "--init-from"]);
     let after: Vec<Vec<u8>> = files.iter().map(|f| std::fs::read(f).unwrap()).collect();
     assert!(before == after, "a refused resume changed the run folder");
-    succeeds(&train(d, &["--steps", "4", "--name", "r", "--resume"]));
+    fails_with(&lethe(d, &["train", "--name", "r", "--accept-changes"]), &["--resume"]);
+    let mut accepted = vec!["train", "--out", "runs"];
+    accepted.extend_from_slice(TINY);
+    accepted.extend_from_slice(&changed);
+    accepted.push("--accept-changes");
+    let out = lethe(d, &accepted);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && stderr.contains("at step 2, with changed settings: train.lr 0.001 -> 0.0001"), "{stderr}");
 }
 
 /// Lost work: records written after the checkpoint appeared twice after a resume.

@@ -62,7 +62,7 @@ fn a_nan_loss_exits_with_the_step_and_keeps_the_checkpoint() {
     succeeds(&train(d, &["--steps", "2", "--name", "nan"]));
     let out = train(
         d,
-        &["--steps", "10", "--name", "nan", "--resume", "--set", "train.lr=1e38", "--set", "train.warmup=0", "--set", "train.grad_clip=0"],
+        &["--steps", "10", "--name", "nan", "--resume", "--set", "train.lr=1e38", "--set", "train.warmup=0", "--set", "train.grad_clip=0", "--accept-changes"],
     );
     fails_with(&out, &["at step", "last good checkpoint"]);
     succeeds(&lethe(d, &["eval", "--checkpoint", "runs/nan", "--max-tokens", "32"]));

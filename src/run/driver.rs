@@ -29,18 +29,20 @@ pub struct TrainOptions {
     pub stop_after: Option<usize>,
     /// Evaluate never, not even at the end (`--no-eval`: a smoke run of a large preset).
     pub no_eval: bool,
+    /// Resume under changed optimisation settings (`--accept-changes`).
+    pub accept_changes: bool,
 }
 
 impl TrainOptions {
     /// What these options ask of the run folder.
     pub fn intent(&self) -> Intent {
-        Intent { resume: self.resume, overwrite: self.overwrite, stop_after: self.stop_after }
+        Intent { resume: self.resume, overwrite: self.overwrite, stop_after: self.stop_after, accept_changes: self.accept_changes }
     }
 }
 
 impl Default for TrainOptions {
     fn default() -> Self {
-        TrainOptions { out_dir: PathBuf::from("runs"), resume: false, overwrite: false, quiet: false, stop_after: None, no_eval: false }
+        TrainOptions { out_dir: PathBuf::from("runs"), resume: false, overwrite: false, quiet: false, stop_after: None, no_eval: false, accept_changes: false }
     }
 }
 

@@ -31,6 +31,8 @@ pub struct Intent {
     pub overwrite: bool,
     /// Stop after this step (`--stop-after`).
     pub stop_after: Option<usize>,
+    /// Resume under changed optimisation settings (`--accept-changes`).
+    pub accept_changes: bool,
 }
 
 /// A locked run folder. The lock (an advisory `flock` on [`LOCK_FILE`]) is held until
@@ -81,7 +83,7 @@ impl RunFolder {
         }
         let path = self.checkpoint_path();
         let ck = Checkpoint::load(&path)?;
-        check_resumable(&ck, cfg)?;
+        check_resumable(&ck, cfg, self.intent.accept_changes)?;
         let step = ck.state.as_ref().ok_or_else(|| LetheError::checkpoint(&path, "holds no training state"))?.step;
         if step >= cfg.train.steps {
             return Err(LetheError::checkpoint(
@@ -183,9 +185,29 @@ fn try_lock(dir: &Path) -> Result<File> {
 /// Fields that must be equal for a checkpoint to be resumed under a config.
 const MUST_MATCH: &[&str] = &["seed", "model.", "memory.", "data.", "train.batch", "train.block", "train.accum"];
 
+/// Optimisation settings: a resumed run keeps its own unless told to accept new ones.
+const OPTIMISATION: &[&str] = &[
+    "train.lr", "train.memory_lr", "train.warmup", "train.schedule", "train.min_lr_ratio", "train.beta1", "train.beta2", "train.eps",
+    "train.optimizer", "train.weight_decay", "train.grad_clip",
+];
+
+/// The optimisation settings `cfg` changes from the checkpoint's, as `key old -> new`.
+pub fn setting_changes(ck: &Checkpoint, cfg: &Config) -> Result<Vec<String>> {
+    let (saved, now) = (flatten(&ck.config)?, flatten(cfg)?);
+    let absent = "(none)".to_string();
+    Ok(OPTIMISATION
+        .iter()
+        .filter_map(|&key| {
+            let (old, new) = (saved.get(key).unwrap_or(&absent), now.get(key).unwrap_or(&absent));
+            (old != new).then(|| format!("{key} {old} -> {new}"))
+        })
+        .collect())
+}
+
 /// Refuses to resume a checkpoint whose model, memory, data or batch layout differ from
-/// `cfg`, naming the first field that differs.
-pub fn check_resumable(ck: &Checkpoint, cfg: &Config) -> Result<()> {
+/// `cfg`, naming the first field that differs; and one whose optimisation settings
+/// differ, naming them all, unless `accept_changes`.
+pub fn check_resumable(ck: &Checkpoint, cfg: &Config, accept_changes: bool) -> Result<()> {
     let saved = flatten(&ck.config)?;
     let now = flatten(cfg)?;
     let keys: BTreeSet<&String> = saved.keys().chain(now.keys()).collect();
@@ -202,7 +224,22 @@ pub fn check_resumable(ck: &Checkpoint, cfg: &Config) -> Result<()> {
             ));
         }
     }
+    let changes = setting_changes(ck, cfg)?;
+    if !changes.is_empty() && !accept_changes {
+        let why = format!(
+            "was trained with other optimisation settings ({}): resuming under them would not continue the same run; pass --accept-changes to resume with them anyway, or start a new run from this one with --init-from",
+            changes.join(", ")
+        );
+        return Err(LetheError::checkpoint(&ck.path, why));
+    }
     Ok(())
+}
+
+/// The line a resumed run prints: the checkpoint, its step, and the settings changed.
+pub fn resumed_line(ck: &Checkpoint, cfg: &Config, step: usize) -> Result<String> {
+    let changes = setting_changes(ck, cfg)?;
+    let changed = if changes.is_empty() { String::new() } else { format!(", with changed settings: {}", changes.join(", ")) };
+    Ok(format!("resumed from {} at step {step}{changed}", ck.path.display()))
 }
 
 /// The config as `dotted.key -> value` text.
@@ -235,7 +272,7 @@ pub(crate) fn open_for_ranks(cfg: &Config, intent: Intent, dir: &Path, group: Op
         (Some(folder), resumed)
     } else if intent.resume {
         let ck = Checkpoint::load(&dir.join(checkpoint::FILE_NAME))?;
-        check_resumable(&ck, cfg)?;
+        check_resumable(&ck, cfg, intent.accept_changes)?;
         (None, Some(ck))
     } else {
         (None, None)
