@@ -257,6 +257,10 @@ pub struct EvalArgs {
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Also write every target's loss (and its span and the memory size per layer) as
+    /// CSV to this file, to compare two models token by token (Expire-Span Fig. 9).
+    #[arg(long, value_name = "FILE")]
+    pub per_token: Option<PathBuf>,
     /// Expire-Span only: cap every predicted span at this many tokens (paper Fig. 9).
     #[arg(long, allow_negative_numbers = true)]
     pub max_span: Option<usize>,

@@ -3,11 +3,11 @@
 //! (ALGORITHMS.md, backbone). The block length may differ from training.
 
 use serde::Serialize;
-use tch::Kind;
+use tch::{Kind, Tensor};
 
 use crate::dist::ProcessGroup;
 use crate::data::{EvalWalker, SplitData};
-use crate::error::Result;
+use crate::error::{LetheError, Result};
 use crate::model::Lm;
 
 /// The scores of one pass over a split.
@@ -99,7 +99,113 @@ pub fn evaluate_sharded(
     block: usize,
     max_tokens: Option<usize>,
     group: Option<&ProcessGroup>,
+    progress: impl FnMut(usize, usize),
+) -> Result<EvalResult> {
+    run(lm, split, (batch, block, max_tokens), group, progress, None)
+}
+
+/// One target position of an evaluation (`eval --per-token`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenScore {
+    /// The stream, `0..batch`.
+    pub stream: usize,
+    /// The position of the target in its stream.
+    pub position: usize,
+    /// The token to predict.
+    pub target: crate::data::Token,
+    /// Its negative log-likelihood, in nats.
+    pub loss: f64,
+    /// Whether the task scores it (a copy task scores only its answers).
+    pub scored: bool,
+    /// Per layer, the span the model gave the input token at this position (Expire-Span;
+    /// empty for other mechanisms).
+    pub spans: Vec<f32>,
+    /// Per layer, the memory size over this block (mean over the streams).
+    pub mem_size: Vec<f64>,
+}
+
+/// [`evaluate_with_progress`], handing `sink` every target position's [`TokenScore`],
+/// block by block, each block's stream by stream (one process).
+pub fn evaluate_per_token(
+    lm: &Lm,
+    split: &SplitData,
+    (batch, block, max_tokens): (usize, usize, Option<usize>),
+    progress: impl FnMut(usize, usize),
+    mut sink: impl FnMut(&TokenScore) -> Result<()>,
+) -> Result<EvalResult> {
+    run(lm, split, (batch, block, max_tokens), None, progress, Some(&mut sink))
+}
+
+/// Writes [`TokenScore`]s as CSV (`eval --per-token FILE`), one row per target: `stream,
+/// position, target, text, loss, scored`, then `span_<layer>` (Expire-Span) and
+/// `mem_<layer>`. The rows go to `FILE.tmp`, renamed to `FILE` once complete.
+pub struct PerTokenCsv {
+    path: std::path::PathBuf,
+    tmp: std::path::PathBuf,
+    writer: csv::Writer<std::io::BufWriter<std::fs::File>>,
+    header: bool,
+}
+
+impl PerTokenCsv {
+    /// Starts the file at `path` (nothing appears there until [`PerTokenCsv::finish`]).
+    pub fn create(path: &std::path::Path) -> Result<PerTokenCsv> {
+        let tmp = path.with_extension("csv.tmp");
+        let file = std::fs::File::create(&tmp).map_err(|e| LetheError::io(&tmp, e))?;
+        let writer = csv::Writer::from_writer(std::io::BufWriter::new(file));
+        Ok(PerTokenCsv { path: path.to_path_buf(), tmp, writer, header: false })
+    }
+
+    /// Adds `s`, whose target reads as `text`.
+    pub fn write(&mut self, s: &TokenScore, text: &str) -> Result<()> {
+        if !self.header {
+            let mut names: Vec<String> = ["stream", "position", "target", "text", "loss", "scored"].map(String::from).to_vec();
+            names.extend((0..s.spans.len()).map(|l| format!("span_{l}")));
+            names.extend((0..s.mem_size.len()).map(|l| format!("mem_{l}")));
+            self.writer.write_record(&names)?;
+            self.header = true;
+        }
+        let mut row = vec![s.stream.to_string(), s.position.to_string(), s.target.to_string(), text.to_string(), format!("{:.6}", s.loss), (s.scored as u8).to_string()];
+        row.extend(s.spans.iter().map(|v| format!("{v:.2}")));
+        row.extend(s.mem_size.iter().map(|v| format!("{v:.1}")));
+        Ok(self.writer.write_record(&row)?)
+    }
+
+    /// Completes the file.
+    pub fn finish(mut self) -> Result<()> {
+        self.writer.flush().map_err(|e| LetheError::io(&self.tmp, e))?;
+        drop(self.writer);
+        std::fs::rename(&self.tmp, &self.path).map_err(|e| LetheError::io(&self.path, e))
+    }
+}
+
+/// The figures of one evaluated block, as [`TokenScore`]s.
+fn token_scores(mem: &crate::model::Memory, targets: &Tensor, nll: &Tensor, weights: &[f32], start: usize) -> Result<Vec<TokenScore>> {
+    let read = |t: &Tensor| -> Result<Vec<f64>> { Vec::<f64>::try_from(t.to_kind(Kind::Double).to_device(tch::Device::Cpu).flatten(0, -1)).map_err(|e| LetheError::Invalid(e.to_string())) };
+    let (losses, ids) = (read(nll)?, read(targets)?);
+    let m = targets.size()[1] as usize;
+    let spans: Vec<Vec<f64>> = mem.token_spans().iter().flatten().map(read).collect::<Result<_>>()?;
+    let mem_size: Vec<f64> = mem.reports().iter().map(|r| r.mem_size).collect();
+    Ok((0..losses.len())
+        .map(|i| TokenScore {
+            stream: i / m,
+            position: start + i % m,
+            target: ids[i] as crate::data::Token,
+            loss: losses[i],
+            scored: weights[i] > 0.0,
+            spans: spans.iter().map(|s| s[i] as f32).collect(),
+            mem_size: mem_size.clone(),
+        })
+        .collect())
+}
+
+/// The evaluation loop of [`evaluate_sharded`] and [`evaluate_per_token`].
+fn run(
+    lm: &Lm,
+    split: &SplitData,
+    (batch, block, max_tokens): (usize, usize, Option<usize>),
+    group: Option<&ProcessGroup>,
     mut progress: impl FnMut(usize, usize),
+    mut sink: Option<&mut dyn FnMut(&TokenScore) -> Result<()>>,
 ) -> Result<EvalResult> {
     let _guard = tch::no_grad_guard();
     let device = lm.device();
@@ -128,6 +234,11 @@ pub fn evaluate_sharded(
                 answers.observe(i / batch.len, wt > 0.0, h > 0.0);
             }
             s.observe_memory(&mem, share);
+            if let Some(sink) = sink.as_mut() {
+                for score in token_scores(&mem, &y, &nll, weights, seen / batch.batch)? {
+                    sink(&score)?;
+                }
+            }
         }
         blocks += 1;
         seen += batch.batch * batch.len;

@@ -299,7 +299,21 @@ fn eval(a: EvalArgs) -> Result<()> {
             );
         }
     };
-    let r = lethe::eval::evaluate_with_progress(&lm, &data, batch, block, a.max_tokens, progress)?;
+    let r = match &a.per_token {
+        None => lethe::eval::evaluate_with_progress(&lm, &data, batch, block, a.max_tokens, progress)?,
+        Some(path) => {
+            let tokenizer = lethe::data::text::tokenizer_of_checkpoint(&ckpt.config, &ckpt.path)?;
+            let text = |id: lethe::data::Token| match &tokenizer {
+                Some(t) => t.decode(&[id]),
+                None => Ok(String::from_utf8_lossy(&[id as u8]).into_owned()),
+            };
+            let mut csv = lethe::eval::PerTokenCsv::create(path)?;
+            let r = lethe::eval::evaluate_per_token(&lm, &data, (batch, block, a.max_tokens), progress, |s| csv.write(s, &text(s.target)?))?;
+            csv.finish()?;
+            eprintln!("wrote {}", path.display());
+            r
+        }
+    };
     if r.tokens == 0 {
         anyhow::bail!(
             "no scored token in the {split} tokens evaluated ({} streams x blocks of {block}{}): this task scores only its answers; raise --max-tokens or lower --batch",

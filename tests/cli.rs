@@ -361,3 +361,33 @@ fn a_window_without_a_scored_token_logs_no_loss_rather_than_zero() {
     }
     assert!(records.iter().any(|r| r["split"] == "valid" && r["accuracy"].is_null() && r["tokens"] == 0));
 }
+
+/// `eval --per-token` writes one row per target: its loss, span and memory size per
+/// layer; the scored rows' mean loss is the reported loss, and a span cap shows in the
+/// spans (Expire-Span Fig. 9 compares two caps token by token).
+#[test]
+fn eval_per_token_writes_each_targets_loss_and_span() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    succeeds(&train(d, &["--steps", "3", "--name", "expire", "--set", "memory.mechanism=expire", "--set", "memory.expire.init_fraction=0.9"]));
+    let rows = |file: &str, extra: &[&str]| -> (serde_json::Value, Vec<csv::StringRecord>, csv::StringRecord) {
+        let mut args = vec!["eval", "--checkpoint", "runs/expire", "--max-tokens", "128", "--json", "--per-token", file];
+        args.extend_from_slice(extra);
+        let r = serde_json::from_str(&succeeds(&lethe(d, &args))).unwrap();
+        let mut reader = csv::Reader::from_path(d.join(file)).unwrap();
+        let header = reader.headers().unwrap().clone();
+        (r, reader.records().map(|r| r.unwrap()).collect(), header)
+    };
+    let (r, all, header) = rows("all.csv", &[]);
+    assert_eq!(header.iter().collect::<Vec<_>>(), vec!["stream", "position", "target", "text", "loss", "scored", "span_0", "mem_0"]);
+    assert_eq!(all.len(), 128, "2 streams x 64 positions");
+    let scored: Vec<f64> = all.iter().filter(|row| &row[5] == "1").map(|row| row[4].parse().unwrap()).collect();
+    let mean = scored.iter().sum::<f64>() / scored.len() as f64;
+    assert!((mean - r["loss"].as_f64().unwrap()).abs() < 1e-4, "rows {mean}, reported {}", r["loss"]);
+    let stream0: Vec<usize> = all.iter().filter(|row| &row[0] == "0").map(|row| row[1].parse().unwrap()).collect();
+    assert_eq!(stream0, (0..64).collect::<Vec<_>>());
+    let (_, capped, _) = rows("capped.csv", &["--max-span", "2"]);
+    let longest = |rows: &[csv::StringRecord]| rows.iter().map(|row| row[6].parse::<f64>().unwrap()).fold(0.0, f64::max);
+    assert!(longest(&capped) <= 2.0 && longest(&all) > 2.0, "capped {} against {}", longest(&capped), longest(&all));
+    assert!(!d.join("all.csv.tmp").exists());
+}

@@ -237,7 +237,8 @@ impl MemoryLayer for ExpireSpan {
         let spans = self.spans(&states); // (b, n), with gradient to w and b
         self.pending_spans = Some(self.capped(&spans.detach(), input.train));
         let n = spans.size()[1];
-        self.block_spans = Some(spans.detach().narrow(1, n - m, m));
+        // The spans the memories were given: at inference, under the cap.
+        self.block_spans = Some(self.capped(&spans.detach(), input.train).narrow(1, n - m, m));
         let e = self.effective_spans(&spans, input.train);
         let (remaining, dist) = remaining(&e, &counter, m); // (b, m, n) each
         let mask = soft_mask(&remaining, self.cfg.ramp as f64).to_kind(states.kind()); // (b, m, n)
