@@ -22,7 +22,7 @@
 //!    [`model::memory`], one file per mechanism; a new mechanism is a file there and a
 //!    line in [`model::memory::build`]), [`data`] (corpora, streams, and in
 //!    [`data::tasks`] one file per generated task), [`rl`] (the gridworlds and the agent),
-//!    [`optim`], [`metrics`], and [`task`]: the registry of tasks. A new task is a file
+//!    [`optim`], [`metrics`] (with [`tensorboard`]'s event files), and [`task`]: the registry of tasks. A new task is a file
 //!    that implements [`task::Task`] (its streams or episodes, description, quality
 //!    metric and the `--length`/`--distance` it takes), its settings in
 //!    [`config::tasks`] with a `data.source` name, and one line in [`task::of`].
@@ -49,6 +49,7 @@ pub mod rng;
 pub mod run;
 pub mod sweep;
 pub mod task;
+pub mod tensorboard;
 pub mod train;
 
 pub use config::Config;

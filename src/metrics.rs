@@ -9,18 +9,21 @@ use std::time::Duration;
 use crate::error::{LetheError, Result};
 
 /// Appends JSON objects to `metrics.jsonl`, one per line, each line in one write (so
-/// that a kill leaves whole lines).
+/// that a kill leaves whole lines), and their numbers to a TensorBoard event file
+/// beside it ([`crate::tensorboard`]; one file per session of the run).
 pub struct MetricsLog {
     path: PathBuf,
     file: std::fs::File,
+    events: crate::tensorboard::EventWriter,
 }
 
 impl MetricsLog {
-    /// Opens (creating if needed) `<dir>/metrics.jsonl` for appending.
+    /// Opens (creating if needed) `<dir>/metrics.jsonl` for appending, and a new
+    /// TensorBoard event file in `dir`.
     pub fn open(dir: &Path) -> Result<Self> {
         let path = dir.join("metrics.jsonl");
         let file = OpenOptions::new().create(true).append(true).open(&path).map_err(|e| LetheError::io(&path, e))?;
-        Ok(MetricsLog { path, file })
+        Ok(MetricsLog { path, file, events: crate::tensorboard::EventWriter::create(dir)? })
     }
 
     /// Opens `<dir>/metrics.jsonl` for a run that goes on from step `from` (0: a new
@@ -41,7 +44,8 @@ impl MetricsLog {
     /// Appends one record.
     pub fn write(&mut self, record: &serde_json::Value) -> Result<()> {
         let line = format!("{record}\n");
-        self.file.write_all(line.as_bytes()).map_err(|e| LetheError::io(&self.path, e))
+        self.file.write_all(line.as_bytes()).map_err(|e| LetheError::io(&self.path, e))?;
+        self.events.write_metrics(record)
     }
 }
 

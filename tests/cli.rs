@@ -92,6 +92,20 @@ fn train_eval_and_generate_run_end_to_end() {
     let metrics = std::fs::read_to_string(d.join("runs/book/metrics.jsonl")).unwrap();
     assert_eq!(metrics.lines().filter(|l| l.contains("\"split\":\"train\"")).count(), 6);
     assert!(metrics.lines().any(|l| l.contains("\"split\":\"valid\"") && l.contains("\"bpb\"")));
+    // TensorBoard: the same losses at the same steps, in the run folder's event file.
+    let events = std::fs::read_dir(d.join("runs/book")).unwrap().map(|e| e.unwrap().path()).find(|p| p.to_string_lossy().contains("events.out.tfevents.")).unwrap();
+    let losses: Vec<(i64, f32)> = lethe::tensorboard::read_events(&events)
+        .unwrap()
+        .iter()
+        .flat_map(|e| e.summary.iter().flat_map(|s| s.value.iter()).filter(|v| v.tag == "train/loss").map(|v| (e.step, v.simple_value.unwrap())))
+        .collect();
+    let logged: Vec<(i64, f32)> = metrics
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|r| r["split"] == "train")
+        .map(|r| (r["step"].as_i64().unwrap(), r["loss"].as_f64().unwrap() as f32))
+        .collect();
+    assert_eq!(losses, logged);
 
     let out = succeeds(&lethe(d, &["eval", "--checkpoint", "runs/book", "--split", "test", "--block", "4"]));
     assert!(out.contains("test: loss") && out.contains("bits per byte"), "{out}");

@@ -1,0 +1,195 @@
+//! TensorBoard event files (`events.out.tfevents.<time>.<host>` in the run folder), so
+//! that `tensorboard --logdir runs` shows every run's curves. Each metrics record
+//! becomes one event of scalars named `<split>/<field>` (a per-layer list gives
+//! `<split>/<field>/<layer>`), at the record's step.
+//!
+//! The file is TensorFlow's record format: per record the length (u64, little end), its
+//! masked CRC-32C, the bytes, their masked CRC-32C; each record one `Event` protocol
+//! buffer (tensorflow/core/util/event.proto). The messages are encoded by `prost` and the
+//! checksums by `crc32c`. lethe declares the few message fields it writes rather than
+//! depend on `tensorboard-rs`, which is no longer maintained, pulls in an old image
+//! stack, and panics when a write fails.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use prost::Message;
+
+use crate::error::{LetheError, Result};
+
+/// `tensorflow.Event`: the fields lethe writes.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Event {
+    /// Seconds since the epoch.
+    #[prost(double, tag = "1")]
+    pub wall_time: f64,
+    /// The training step.
+    #[prost(int64, tag = "2")]
+    pub step: i64,
+    /// The file's first event names the format (`brain.Event:2`).
+    #[prost(string, optional, tag = "3")]
+    pub file_version: Option<String>,
+    /// The values of this step.
+    #[prost(message, optional, tag = "5")]
+    pub summary: Option<Summary>,
+}
+
+/// `tensorflow.Summary`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Summary {
+    /// Named values.
+    #[prost(message, repeated, tag = "1")]
+    pub value: Vec<Value>,
+}
+
+/// `tensorflow.Summary.Value` with a scalar (`simple_value`).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Value {
+    /// The curve's name.
+    #[prost(string, tag = "1")]
+    pub tag: String,
+    /// The scalar.
+    #[prost(float, optional, tag = "2")]
+    pub simple_value: Option<f32>,
+}
+
+/// TensorFlow's checksum of a record part: CRC-32C, rotated and offset.
+fn masked_crc(bytes: &[u8]) -> u32 {
+    let crc = crc32c::crc32c(bytes);
+    crc.rotate_right(15).wrapping_add(0xa282_ead8)
+}
+
+/// One record: length, its checksum, the bytes, their checksum.
+fn record(data: &[u8]) -> Vec<u8> {
+    let len = (data.len() as u64).to_le_bytes();
+    let mut out = Vec::with_capacity(data.len() + 16);
+    out.extend_from_slice(&len);
+    out.extend_from_slice(&masked_crc(&len).to_le_bytes());
+    out.extend_from_slice(data);
+    out.extend_from_slice(&masked_crc(data).to_le_bytes());
+    out
+}
+
+/// The events of a record file, checksums verified (for tests and tools).
+pub fn read_events(path: &Path) -> Result<Vec<Event>> {
+    let bytes = std::fs::read(path).map_err(|e| LetheError::io(path, e))?;
+    let corrupt = |why: &str| LetheError::Data { path: path.to_path_buf(), reason: format!("not a TensorBoard event file: {why}") };
+    let (mut at, mut events) = (0, vec![]);
+    while at < bytes.len() {
+        let head = bytes.get(at..at + 12).ok_or_else(|| corrupt("a truncated record header"))?;
+        let len = u64::from_le_bytes(head[..8].try_into().map_err(|_| corrupt("a bad length"))?) as usize;
+        if u32::from_le_bytes(head[8..12].try_into().map_err(|_| corrupt("a bad length"))?) != masked_crc(&head[..8]) {
+            return Err(corrupt("a length checksum does not match"));
+        }
+        let data = bytes.get(at + 12..at + 12 + len).ok_or_else(|| corrupt("a truncated record"))?;
+        let crc = bytes.get(at + 12 + len..at + 16 + len).ok_or_else(|| corrupt("a truncated record"))?;
+        if u32::from_le_bytes(crc.try_into().map_err(|_| corrupt("a bad checksum"))?) != masked_crc(data) {
+            return Err(corrupt("a data checksum does not match"));
+        }
+        events.push(Event::decode(data).map_err(|e| corrupt(&e.to_string()))?);
+        at += 16 + len;
+    }
+    Ok(events)
+}
+
+/// Appends events to one event file of a run folder.
+pub struct EventWriter {
+    path: PathBuf,
+    file: std::fs::File,
+}
+
+impl EventWriter {
+    /// A new event file in `dir`, opened with the format's version event.
+    pub fn create(dir: &Path) -> Result<EventWriter> {
+        let now = wall_time();
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "localhost".into());
+        let path = dir.join(format!("events.out.tfevents.{}.{host}", now as u64));
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(|e| LetheError::io(&path, e))?;
+        let mut w = EventWriter { path, file };
+        w.append(&Event { wall_time: now, step: 0, file_version: Some("brain.Event:2".into()), summary: None })?;
+        Ok(w)
+    }
+
+    /// The file written.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn append(&mut self, event: &Event) -> Result<()> {
+        self.file.write_all(&record(&event.encode_to_vec())).map_err(|e| LetheError::io(&self.path, e))
+    }
+
+    /// Writes the numbers of a metrics `record` (an object with `step` and `split`) as
+    /// scalars; a record without them, or without a number, writes nothing.
+    pub fn write_metrics(&mut self, record: &serde_json::Value) -> Result<()> {
+        let (Some(step), Some(split)) = (record.get("step").and_then(serde_json::Value::as_i64), record.get("split").and_then(serde_json::Value::as_str)) else {
+            return Ok(());
+        };
+        let value = scalars(split, record);
+        if value.is_empty() {
+            return Ok(());
+        }
+        self.append(&Event { wall_time: wall_time(), step, file_version: None, summary: Some(Summary { value }) })
+    }
+}
+
+/// The numbers of `record` as tagged scalars: `<split>/<field>`, and for a list of
+/// numbers `<split>/<field>/<index>`. `null` (no scored token) writes no point.
+fn scalars(split: &str, record: &serde_json::Value) -> Vec<Value> {
+    let scalar = |tag: String, v: f64| Value { tag, simple_value: Some(v as f32) };
+    let mut out = vec![];
+    for (field, v) in record.as_object().into_iter().flatten() {
+        if field == "step" || field == "split" {
+            continue;
+        }
+        match v {
+            serde_json::Value::Number(n) => out.extend(n.as_f64().map(|x| scalar(format!("{split}/{field}"), x))),
+            serde_json::Value::Array(items) => {
+                out.extend(items.iter().enumerate().filter_map(|(i, item)| item.as_f64().map(|x| scalar(format!("{split}/{field}/{i}"), x))));
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+fn wall_time() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The CRC-32C check value of "123456789" is 0xE3069283 (RFC 3720), and the mask is
+    /// TensorFlow's (tensorflow/core/lib/hash/crc32c.h): rotate right by 15, add
+    /// 0xa282ead8.
+    #[test]
+    fn the_checksum_is_tensorflows_masked_crc32c() {
+        assert_eq!(crc32c::crc32c(b"123456789"), 0xE306_9283);
+        let crc: u32 = 0xE306_9283;
+        assert_eq!(masked_crc(b"123456789"), ((crc >> 15) | (crc << 17)).wrapping_add(0xa282_ead8));
+    }
+
+    #[test]
+    fn metrics_records_become_scalars_and_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = EventWriter::create(dir.path()).unwrap();
+        w.write_metrics(&serde_json::json!({"step": 3, "split": "train", "loss": 1.5, "mem_size": [4.0, 8.0], "note": "x"})).unwrap();
+        w.write_metrics(&serde_json::json!({"step": 4, "split": "valid", "loss": null})).unwrap();
+        w.write_metrics(&serde_json::json!({"kind": "no step"})).unwrap();
+        let events = read_events(w.path()).unwrap();
+        assert_eq!(events.len(), 2, "the version event and one of scalars");
+        assert_eq!(events[0].file_version.as_deref(), Some("brain.Event:2"));
+        assert_eq!(events[1].step, 3);
+        let values = &events[1].summary.as_ref().unwrap().value;
+        let tags: Vec<(&str, f32)> = values.iter().map(|v| (v.tag.as_str(), v.simple_value.unwrap())).collect();
+        assert_eq!(tags, vec![("train/loss", 1.5), ("train/mem_size/0", 4.0), ("train/mem_size/1", 8.0)]);
+        // A damaged byte is caught by the checksum.
+        let mut bytes = std::fs::read(w.path()).unwrap();
+        let last = bytes.len() - 6;
+        bytes[last] ^= 1;
+        std::fs::write(w.path(), bytes).unwrap();
+        assert!(read_events(w.path()).unwrap_err().to_string().contains("checksum"));
+    }
+}
