@@ -198,6 +198,9 @@ fn token_scores(mem: &crate::model::Memory, targets: &Tensor, nll: &Tensor, weig
         .collect())
 }
 
+/// Where [`evaluate_per_token`] hands each target's figures.
+type TokenSink<'a> = &'a mut dyn FnMut(&TokenScore) -> Result<()>;
+
 /// The evaluation loop of [`evaluate_sharded`] and [`evaluate_per_token`].
 fn run(
     lm: &Lm,
@@ -205,7 +208,7 @@ fn run(
     (batch, block, max_tokens): (usize, usize, Option<usize>),
     group: Option<&ProcessGroup>,
     mut progress: impl FnMut(usize, usize),
-    mut sink: Option<&mut dyn FnMut(&TokenScore) -> Result<()>>,
+    mut sink: Option<TokenSink>,
 ) -> Result<EvalResult> {
     let _guard = tch::no_grad_guard();
     let device = lm.device();

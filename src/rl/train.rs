@@ -290,7 +290,7 @@ impl<'a> Run<'a> {
         self.step = state.step;
         self.env_steps = state.tokens_seen;
         self.last_checkpoint = Some(state.step);
-        self.say(&crate::run::folder::resumed_line(ck, &self.cfg, state.step)?);
+        self.say(&crate::run::folder::resumed_line(ck, self.cfg, state.step)?);
         Ok(())
     }
 
