@@ -41,6 +41,11 @@ impl MetricsLog {
         Self::open(dir)
     }
 
+    /// Writes TensorBoard histograms `(tag, histogram)` at `step`.
+    pub fn histograms(&mut self, step: usize, histograms: Vec<(String, crate::tensorboard::Histogram)>) -> Result<()> {
+        self.events.write_histograms(step as i64, histograms)
+    }
+
     /// Appends one record.
     pub fn write(&mut self, record: &serde_json::Value) -> Result<()> {
         let line = format!("{record}\n");

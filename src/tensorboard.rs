@@ -42,7 +42,7 @@ pub struct Summary {
     pub value: Vec<Value>,
 }
 
-/// `tensorflow.Summary.Value` with a scalar (`simple_value`).
+/// `tensorflow.Summary.Value` with a scalar (`simple_value`) or a histogram (`histo`).
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Value {
     /// The curve's name.
@@ -51,6 +51,72 @@ pub struct Value {
     /// The scalar.
     #[prost(float, optional, tag = "2")]
     pub simple_value: Option<f32>,
+    /// The histogram.
+    #[prost(message, optional, tag = "5")]
+    pub histo: Option<Histogram>,
+}
+
+/// `tensorflow.HistogramProto`: bucket `i` counts the values up to `bucket_limit[i]`
+/// (and above the previous limit).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Histogram {
+    /// Smallest value.
+    #[prost(double, tag = "1")]
+    pub min: f64,
+    /// Largest value.
+    #[prost(double, tag = "2")]
+    pub max: f64,
+    /// Total count.
+    #[prost(double, tag = "3")]
+    pub num: f64,
+    /// Sum of the values.
+    #[prost(double, tag = "4")]
+    pub sum: f64,
+    /// Sum of their squares.
+    #[prost(double, tag = "5")]
+    pub sum_squares: f64,
+    /// Upper edge of each bucket.
+    #[prost(double, repeated, tag = "6")]
+    pub bucket_limit: Vec<f64>,
+    /// Count of each bucket.
+    #[prost(double, repeated, tag = "7")]
+    pub bucket: Vec<f64>,
+}
+
+impl Histogram {
+    /// `values` in `buckets` equal buckets between their least and greatest.
+    pub fn of(values: &[f64], buckets: usize) -> Histogram {
+        let (min, max) = values.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &v| (a.min(v), b.max(v)));
+        let (min, max) = if values.is_empty() { (0.0, 0.0) } else { (min, max) };
+        let n = buckets.max(1);
+        let width = (max - min) / n as f64;
+        let bucket_limit: Vec<f64> = (1..=n).map(|i| if i == n { max } else { min + width * i as f64 }).collect();
+        let mut bucket = vec![0.0; n];
+        for &v in values {
+            // Bucket i holds (limit[i - 1], limit[i]]; the least value the first.
+            let i = if width > 0.0 { (((v - min) / width).ceil() as usize).clamp(1, n) - 1 } else { n - 1 };
+            bucket[i] += 1.0;
+        }
+        let sum = values.iter().sum();
+        let sum_squares = values.iter().map(|v| v * v).sum();
+        Histogram { min, max, num: values.len() as f64, sum, sum_squares, bucket_limit, bucket }
+    }
+
+    /// A distribution over the equal bins of `[0, 1]` given by their masses (the
+    /// ∞-former's attention over its memory's axis).
+    pub fn over_unit_interval(mass: &[f64]) -> Histogram {
+        let n = mass.len().max(1) as f64;
+        let centres: Vec<f64> = (0..mass.len()).map(|i| (i as f64 + 0.5) / n).collect();
+        Histogram {
+            min: 0.0,
+            max: 1.0,
+            num: mass.iter().sum(),
+            sum: mass.iter().zip(&centres).map(|(m, c)| m * c).sum(),
+            sum_squares: mass.iter().zip(&centres).map(|(m, c)| m * c * c).sum(),
+            bucket_limit: (1..=mass.len()).map(|i| i as f64 / n).collect(),
+            bucket: mass.to_vec(),
+        }
+    }
 }
 
 /// TensorFlow's checksum of a record part: CRC-32C, rotated and offset.
@@ -131,26 +197,38 @@ impl EventWriter {
         }
         self.append(&Event { wall_time: wall_time(), step, file_version: None, summary: Some(Summary { value }) })
     }
+
+    /// Writes histograms `(tag, histogram)` at `step`.
+    pub fn write_histograms(&mut self, step: i64, histograms: Vec<(String, Histogram)>) -> Result<()> {
+        if histograms.is_empty() {
+            return Ok(());
+        }
+        let value = histograms.into_iter().map(|(tag, h)| Value { tag, simple_value: None, histo: Some(h) }).collect();
+        self.append(&Event { wall_time: wall_time(), step, file_version: None, summary: Some(Summary { value }) })
+    }
 }
 
-/// The numbers of `record` as tagged scalars: `<split>/<field>`, and for a list of
-/// numbers `<split>/<field>/<index>`. `null` (no scored token) writes no point.
+/// The numbers of `record` as tagged scalars: `<split>/<field>`, for a list
+/// `<split>/<field>/<index>`, for an object in a list (a layer's memory report)
+/// `<split>/<field>/<index>/<key>`. `null` (no scored token) writes no point.
 fn scalars(split: &str, record: &serde_json::Value) -> Vec<Value> {
-    let scalar = |tag: String, v: f64| Value { tag, simple_value: Some(v as f32) };
     let mut out = vec![];
     for (field, v) in record.as_object().into_iter().flatten() {
-        if field == "step" || field == "split" {
-            continue;
-        }
-        match v {
-            serde_json::Value::Number(n) => out.extend(n.as_f64().map(|x| scalar(format!("{split}/{field}"), x))),
-            serde_json::Value::Array(items) => {
-                out.extend(items.iter().enumerate().filter_map(|(i, item)| item.as_f64().map(|x| scalar(format!("{split}/{field}/{i}"), x))));
-            }
-            _ => {}
+        if field != "step" && field != "split" {
+            numbers(&format!("{split}/{field}"), v, 2, &mut out);
         }
     }
     out
+}
+
+/// The numbers in `v` under `tag`, lists and objects `depth` levels down.
+fn numbers(tag: &str, v: &serde_json::Value, depth: usize, out: &mut Vec<Value>) {
+    match v {
+        serde_json::Value::Number(n) => out.extend(n.as_f64().map(|x| Value { tag: tag.to_string(), simple_value: Some(x as f32), histo: None })),
+        serde_json::Value::Array(items) if depth > 0 => items.iter().enumerate().for_each(|(i, item)| numbers(&format!("{tag}/{i}"), item, depth - 1, out)),
+        serde_json::Value::Object(map) if depth > 0 => map.iter().for_each(|(k, item)| numbers(&format!("{tag}/{k}"), item, depth - 1, out)),
+        _ => {}
+    }
 }
 
 fn wall_time() -> f64 {
@@ -175,7 +253,7 @@ mod tests {
     fn metrics_records_become_scalars_and_read_back() {
         let dir = tempfile::tempdir().unwrap();
         let mut w = EventWriter::create(dir.path()).unwrap();
-        w.write_metrics(&serde_json::json!({"step": 3, "split": "train", "loss": 1.5, "mem_size": [4.0, 8.0], "note": "x"})).unwrap();
+        w.write_metrics(&serde_json::json!({"step": 3, "split": "train", "loss": 1.5, "mem_size": [4.0, 8.0], "memory": [{"mean_span": 2.0}], "note": "x"})).unwrap();
         w.write_metrics(&serde_json::json!({"step": 4, "split": "valid", "loss": null})).unwrap();
         w.write_metrics(&serde_json::json!({"kind": "no step"})).unwrap();
         let events = read_events(w.path()).unwrap();
@@ -184,12 +262,27 @@ mod tests {
         assert_eq!(events[1].step, 3);
         let values = &events[1].summary.as_ref().unwrap().value;
         let tags: Vec<(&str, f32)> = values.iter().map(|v| (v.tag.as_str(), v.simple_value.unwrap())).collect();
-        assert_eq!(tags, vec![("train/loss", 1.5), ("train/mem_size/0", 4.0), ("train/mem_size/1", 8.0)]);
+        assert_eq!(tags, vec![("train/loss", 1.5), ("train/mem_size/0", 4.0), ("train/mem_size/1", 8.0), ("train/memory/0/mean_span", 2.0)]);
         // A damaged byte is caught by the checksum.
         let mut bytes = std::fs::read(w.path()).unwrap();
         let last = bytes.len() - 6;
         bytes[last] ^= 1;
         std::fs::write(w.path(), bytes).unwrap();
         assert!(read_events(w.path()).unwrap_err().to_string().contains("checksum"));
+    }
+
+    #[test]
+    fn histograms_count_by_hand() {
+        let h = Histogram::of(&[0.0, 1.0, 1.5, 4.0], 4);
+        assert_eq!((h.min, h.max, h.num, h.sum, h.sum_squares), (0.0, 4.0, 4.0, 6.5, 19.25));
+        assert_eq!(h.bucket_limit, vec![1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(h.bucket, vec![2.0, 1.0, 0.0, 1.0], "(0, 1] holds 0 and 1; (1, 2] 1.5; (3, 4] 4");
+        let u = Histogram::over_unit_interval(&[0.25, 0.75]);
+        assert_eq!((u.bucket_limit.clone(), u.num, u.sum), (vec![0.5, 1.0], 1.0, 0.25 * 0.25 + 0.75 * 0.75));
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = EventWriter::create(dir.path()).unwrap();
+        w.write_histograms(7, vec![("train/spans/0".into(), h.clone())]).unwrap();
+        let events = read_events(w.path()).unwrap();
+        assert_eq!(events[1].summary.as_ref().unwrap().value[0].histo.as_ref(), Some(&h));
     }
 }

@@ -25,6 +25,7 @@ use crate::data::{self, Batch, Split, SplitData, TrainStreams};
 use crate::error::{LetheError, Result};
 use crate::eval::{evaluate_sharded, EvalResult};
 use crate::metrics::{format_count, format_duration, MetricsLog};
+use crate::tensorboard::Histogram;
 use crate::model::{Lm, Memory};
 use crate::optim::{learning_rate, Optimiser};
 use crate::dist::ProcessGroup;
@@ -235,6 +236,7 @@ impl Looped for Run<'_> {
             per_layer(&|r| Some(r.mem_size)),
             format_duration(eta)
         ));
+        self.log_histograms()?;
         self.log(&json!({
             "step": self.step,
             "split": "train",
@@ -310,6 +312,21 @@ impl Run<'_> {
     }
 
     /// Appends a record to `metrics.jsonl` (rank 0 only).
+    /// TensorBoard histograms of the last block: per layer, the spans Expire-Span gave
+    /// the tokens, and the ∞-former's attention over its memory's axis.
+    fn log_histograms(&mut self) -> Result<()> {
+        let Some(metrics) = self.metrics.as_mut() else { return Ok(()) };
+        let read = |t: &tch::Tensor| Vec::<f64>::try_from(t.to_kind(Kind::Double).to_device(tch::Device::Cpu).flatten(0, -1)).unwrap_or_default();
+        let mut out = vec![];
+        for (layer, spans) in self.mems[0].token_spans().iter().enumerate() {
+            out.extend(spans.as_ref().map(|s| (format!("train/spans/{layer}"), Histogram::of(&read(s), 30))));
+        }
+        for (layer, trace) in self.mems[0].ltm_traces().iter().enumerate() {
+            out.extend(trace.as_ref().map(|t| (format!("train/ltm_attention/{layer}"), Histogram::over_unit_interval(&read(&t.attention.mean_dim(0, false, Kind::Double))))));
+        }
+        metrics.histograms(self.step, out)
+    }
+
     fn log(&mut self, record: &serde_json::Value) -> Result<()> {
         self.metrics.as_mut().map_or(Ok(()), |m| m.write(record))
     }
