@@ -21,6 +21,17 @@ if ! lethe_torch_ok; then
     "$LETHE_VENV/bin/pip" install --quiet "torch==$LETHE_TORCH_VERSION" || return 1 2>/dev/null || exit 1
 fi
 
+# `lethe plot` draws text through fontconfig and FreeType (the plotters crate): the build
+# needs fontconfig's headers and a font. Installed here when missing and apt is at hand.
+if ! pkg-config --exists fontconfig 2>/dev/null || ! fc-list 2>/dev/null | grep -q .; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "lethe: installing fontconfig and the DejaVu fonts for plots (one time)" >&2
+        { apt-get update -qq && apt-get install -y -qq pkg-config libfontconfig1-dev fonts-dejavu-core >/dev/null; } || return 1 2>/dev/null || exit 1
+    else
+        echo "lethe: the build needs fontconfig's headers and a font: install pkg-config, libfontconfig1-dev and fonts-dejavu-core" >&2
+    fi
+fi
+
 export VIRTUAL_ENV="$LETHE_VENV"
 export PATH="$LETHE_VENV/bin:$PATH"
 export LIBTORCH_USE_PYTORCH=1

@@ -35,6 +35,8 @@ pub enum Command {
     /// Pictures of what a model remembers.
     #[command(subcommand)]
     Inspect(InspectCommand),
+    /// Training and validation curves of several runs on one figure (PNG and SVG).
+    Plot(PlotArgs),
     /// Play gridworld episodes (corridor, portal) and print them as text, step by step:
     /// a trained agent from --checkpoint, or an untrained one for --preset.
     Play(PlayArgs),
@@ -86,6 +88,19 @@ pub enum InspectCommand {
     /// Show an ∞-former's long-term memory over a text: the attention over the memory
     /// per layer and the memory space each byte holds (writes ltm.svg and ltm.html).
     Ltm(InspectSpansArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct PlotArgs {
+    /// Run folders (each holds metrics.jsonl).
+    #[arg(required = true)]
+    pub runs: Vec<PathBuf>,
+    /// The field of metrics.jsonl to plot: loss, bpb, ppl, accuracy, lr, grad_norm, ...
+    #[arg(long, default_value = "loss")]
+    pub metric: String,
+    /// The figure's path without extension: writes OUT.png and OUT.svg.
+    #[arg(long, default_value = "curves")]
+    pub out: PathBuf,
 }
 
 #[derive(Subcommand, Debug)]

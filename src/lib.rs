@@ -17,7 +17,7 @@
 //! 2. **Applications**: the training loops ([`train`] for language models and tasks,
 //!    [`rl::train`] for gridworld agents, sharing [`run`]: the run folder and the loop
 //!    that steps, logs, evaluates and checkpoints), [`sweep`],
-//!    [`bench`](mod@bench), [`inspect`], [`eval`], [`generate`].
+//!    [`bench`](mod@bench), [`inspect`], [`eval`], [`generate`], [`plot`].
 //! 3. **Model, data, tasks, environments**: [`model`] (the backbone and, in
 //!    [`model::memory`], one file per mechanism; a new mechanism is a file there and a
 //!    line in [`model::memory::build`]), [`data`] (corpora, streams, and in
@@ -42,6 +42,7 @@ pub mod eval;
 pub mod generate;
 pub mod inspect;
 pub mod metrics;
+pub mod plot;
 pub mod model;
 pub mod optim;
 pub mod rl;

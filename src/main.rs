@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::Parser;
 
-use cli::{BenchArgs, Cli, Command, DistCheckArgs, EvalArgs, GenerateArgs, InspectCommand, InspectSpansArgs, PlayArgs, SweepArgs, TokenizerCommand, TrainArgs};
+use cli::{BenchArgs, Cli, Command, DistCheckArgs, EvalArgs, GenerateArgs, InspectCommand, InspectSpansArgs, PlayArgs, PlotArgs, SweepArgs, TokenizerCommand, TrainArgs};
 use lethe::checkpoint::Checkpoint;
 use lethe::config::{Mechanism, Source, PRESETS};
 use lethe::data::Split;
@@ -43,6 +43,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Eval(a) => eval(a),
         Command::Generate(a) => generate(a),
         Command::Tokenizer(c) => tokenizer(c),
+        Command::Plot(a) => plot(a),
         Command::Bench(a) => bench(a),
         Command::Sweep(a) => sweep(a),
         Command::Inspect(InspectCommand::Spans(a)) => inspect_spans(a),
@@ -427,6 +428,17 @@ fn generate(a: GenerateArgs) -> Result<()> {
         out.write_all(s.finish()?.as_bytes())?;
     }
     writeln!(out)?;
+    Ok(())
+}
+
+/// Draws the curves of the runs into `<out>.png` and `<out>.svg`.
+fn plot(a: PlotArgs) -> Result<()> {
+    let runs = a.runs.iter().map(|r| lethe::plot::read_curves(r, &a.metric)).collect::<lethe::error::Result<Vec<_>>>()?;
+    if let Some(parent) = a.out.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).with_context(|| format!("creating `{}`", parent.display()))?;
+    }
+    let [png, svg] = lethe::plot::plot(&runs, &a.metric, &a.out)?;
+    println!("wrote {} and {}", png.display(), svg.display());
     Ok(())
 }
 

@@ -405,3 +405,27 @@ fn eval_per_token_writes_each_targets_loss_and_span() {
     assert!(longest(&capped) <= 2.0 && longest(&all) > 2.0, "capped {} against {}", longest(&capped), longest(&all));
     assert!(!d.join("all.csv.tmp").exists());
 }
+
+/// `lethe plot` draws two runs' curves into a PNG and an SVG, each run named in the
+/// legend; a folder without metrics and an unknown field are named.
+#[test]
+fn plot_draws_the_curves_of_two_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for (name, mechanism) in [("xl", "fixed"), ("expire", "expire")] {
+        succeeds(&train(d, &["--steps", "4", "--name", name, "--set", &format!("memory.mechanism={mechanism}"), "--set", "train.eval_every=2"]));
+    }
+    let out = succeeds(&lethe(d, &["plot", "runs/xl", "runs/expire", "--out", "figs/curves"]));
+    assert!(out.contains("figs/curves.png") && out.contains("figs/curves.svg"), "{out}");
+    let png = std::fs::read(d.join("figs/curves.png")).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    let (w, h) = (u32::from_be_bytes(png[16..20].try_into().unwrap()), u32::from_be_bytes(png[20..24].try_into().unwrap()));
+    assert_eq!((w, h), (960, 600));
+    let svg = std::fs::read_to_string(d.join("figs/curves.svg")).unwrap();
+    for label in ["xl (train)", "xl (valid)", "expire (train)", "expire (valid)", "step"] {
+        assert!(svg.contains(label), "the SVG lacks `{label}`");
+    }
+    std::fs::create_dir(d.join("empty")).unwrap();
+    fails_with(&lethe(d, &["plot", "runs/xl", "empty"]), &["empty/metrics.jsonl"]);
+    fails_with(&lethe(d, &["plot", "runs/xl", "--metric", "nosuch"]), &["no `nosuch`"]);
+}

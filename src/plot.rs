@@ -1,0 +1,132 @@
+//! `lethe plot RUN [RUN...]`: the training and validation curves of several runs on one
+//! figure, drawn by the `plotters` crate as PNG and SVG. Each run has a colour; its
+//! training curve is a line, its validation curve a line with dots. The y axis is a
+//! field of `metrics.jsonl` (`loss` by default; `bpb`, `accuracy`, `ppl`, ...).
+
+use std::path::{Path, PathBuf};
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
+use crate::error::{LetheError, Result};
+
+/// One run's points of the metric: `(step, value)` per split.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Curves {
+    /// The run's name (its folder's).
+    pub name: String,
+    /// Training points.
+    pub train: Vec<(f64, f64)>,
+    /// Validation points.
+    pub valid: Vec<(f64, f64)>,
+}
+
+/// The points of `metric` in the run folder `dir`'s `metrics.jsonl`. Records without a
+/// number there (`null`: no scored token) are skipped.
+pub fn read_curves(dir: &Path, metric: &str) -> Result<Curves> {
+    let path = dir.join("metrics.jsonl");
+    let text = std::fs::read_to_string(&path).map_err(|e| LetheError::Data { path: path.clone(), reason: format!("cannot read the run's metrics: {e}") })?;
+    let mut curves = Curves { name: dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned()), train: vec![], valid: vec![] };
+    for line in text.lines() {
+        let Ok(record) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        let (Some(step), Some(value)) = (record["step"].as_f64(), record[metric].as_f64()) else { continue };
+        match record["split"].as_str() {
+            Some("train") => curves.train.push((step, value)),
+            Some("valid") => curves.valid.push((step, value)),
+            _ => {}
+        }
+    }
+    if curves.train.is_empty() && curves.valid.is_empty() {
+        return Err(LetheError::Data { path, reason: format!("holds no `{metric}` to plot (fields: loss, bpb, ppl, accuracy, lr, grad_norm, tokens_per_s, ...)") });
+    }
+    Ok(curves)
+}
+
+/// Draws `runs` on one chart of `metric` against the step, into `<out>.png` and
+/// `<out>.svg`; returns the two paths.
+pub fn plot(runs: &[Curves], metric: &str, out: &Path) -> Result<[PathBuf; 2]> {
+    let png = out.with_extension("png");
+    let svg = out.with_extension("svg");
+    let size = (960, 600);
+    draw(&BitMapBackend::new(&png, size).into_drawing_area(), runs, metric).map_err(|e| LetheError::Invalid(format!("drawing `{}`: {e}", png.display())))?;
+    draw(&SVGBackend::new(&svg, size).into_drawing_area(), runs, metric).map_err(|e| LetheError::Invalid(format!("drawing `{}`: {e}", svg.display())))?;
+    Ok([png, svg])
+}
+
+/// The colour of the `i`-th run (a qualitative palette that prints and reads apart).
+fn colour(i: usize) -> RGBColor {
+    const PALETTE: [RGBColor; 8] = [
+        RGBColor(31, 119, 180),
+        RGBColor(214, 39, 40),
+        RGBColor(44, 160, 44),
+        RGBColor(148, 103, 189),
+        RGBColor(255, 127, 14),
+        RGBColor(140, 86, 75),
+        RGBColor(227, 119, 194),
+        RGBColor(23, 190, 207),
+    ];
+    PALETTE[i % PALETTE.len()]
+}
+
+/// The range of every point, widened a little so no point sits on the frame.
+fn bounds(runs: &[Curves]) -> ((f64, f64), (f64, f64)) {
+    let points = runs.iter().flat_map(|r| r.train.iter().chain(&r.valid));
+    let (mut x0, mut x1, mut y0, mut y1) = (f64::INFINITY, f64::NEG_INFINITY, f64::INFINITY, f64::NEG_INFINITY);
+    for &(x, y) in points {
+        (x0, x1, y0, y1) = (x0.min(x), x1.max(x), y0.min(y), y1.max(y));
+    }
+    let pad = ((y1 - y0) * 0.05).max(1e-6);
+    ((x0.min(x1), x1.max(x0 + 1.0)), (y0 - pad, y1 + pad))
+}
+
+fn draw<B: DrawingBackend>(area: &DrawingArea<B, Shift>, runs: &[Curves], metric: &str) -> std::result::Result<(), DrawingAreaErrorKind<B::ErrorType>> {
+    area.fill(&WHITE)?;
+    let ((x0, x1), (y0, y1)) = bounds(runs);
+    let mut chart = ChartBuilder::on(area)
+        .caption(format!("{metric} against training step (line: train, dots: valid)"), ("sans-serif", 22))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(70)
+        .build_cartesian_2d(x0..x1, y0..y1)?;
+    chart.configure_mesh().x_desc("step").y_desc(metric).x_label_formatter(&|x| format!("{x:.0}")).light_line_style(RGBColor(235, 235, 235)).label_style(("sans-serif", 15)).draw()?;
+    for (i, run) in runs.iter().enumerate() {
+        let c = colour(i);
+        chart
+            .draw_series(LineSeries::new(run.train.iter().copied(), c.stroke_width(2)))?
+            .label(format!("{} (train)", run.name))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+        if !run.valid.is_empty() {
+            chart.draw_series(LineSeries::new(run.valid.iter().copied(), c.mix(0.5).stroke_width(1)))?;
+            chart
+                .draw_series(run.valid.iter().map(|&p| Circle::new(p, 5, c.filled())))?
+                .label(format!("{} (valid)", run.name))
+                .legend(move |(x, y)| Circle::new((x + 10, y), 5, c.filled()));
+        }
+    }
+    chart.configure_series_labels().background_style(WHITE.mix(0.85)).border_style(BLACK).label_font(("sans-serif", 15)).position(SeriesLabelPosition::UpperRight).draw()?;
+    area.present()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn curves_skip_records_without_the_metric() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().join("a");
+        std::fs::create_dir(&run).unwrap();
+        let lines = [
+            r#"{"step":1,"split":"train","loss":2.0}"#,
+            r#"{"step":2,"split":"train","loss":null}"#,
+            r#"{"step":2,"split":"valid","loss":1.5}"#,
+            "torn line",
+        ];
+        std::fs::write(run.join("metrics.jsonl"), lines.join("\n")).unwrap();
+        let c = read_curves(&run, "loss").unwrap();
+        assert_eq!((c.name.as_str(), c.train.clone(), c.valid.clone()), ("a", vec![(1.0, 2.0)], vec![(2.0, 1.5)]));
+        let err = read_curves(&run, "nosuch").unwrap_err().to_string();
+        assert!(err.contains("no `nosuch`") && err.contains("metrics.jsonl"), "{err}");
+        assert_eq!(bounds(&[c]), ((1.0, 2.0), (1.475, 2.025)));
+    }
+}
