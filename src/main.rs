@@ -567,7 +567,7 @@ fn sweep(a: SweepArgs) -> Result<()> {
         let metric = lethe::task::metric(&base).name();
         print!("over {} seeds:\n{}", seeds.len(), lethe::sweep::summary_table(&lethe::sweep::summarise(&points), metric));
     }
-    println!("wrote sweep.json, sweep.csv, summary.csv, sweep.svg and sweep.html in {}", dir.display());
+    println!("wrote sweep.json, sweep.csv, summary.csv, sweep.svg, sweep.png and sweep.html in {}", dir.display());
     Ok(())
 }
 

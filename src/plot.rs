@@ -48,9 +48,22 @@ pub fn plot(runs: &[Curves], metric: &str, out: &Path) -> Result<[PathBuf; 2]> {
     let png = out.with_extension("png");
     let svg = out.with_extension("svg");
     let size = (960, 600);
-    draw(&BitMapBackend::new(&png, size).into_drawing_area(), runs, metric).map_err(|e| LetheError::Invalid(format!("drawing `{}`: {e}", png.display())))?;
-    draw(&SVGBackend::new(&svg, size).into_drawing_area(), runs, metric).map_err(|e| LetheError::Invalid(format!("drawing `{}`: {e}", svg.display())))?;
+    write_png(&png, |tmp| draw(&BitMapBackend::new(tmp, size).into_drawing_area(), runs, metric).map_err(|e| e.to_string()))?;
+    let mut text = String::new();
+    draw(&SVGBackend::with_string(&mut text, size).into_drawing_area(), runs, metric).map_err(|e| LetheError::Invalid(format!("drawing `{}`: {e}", svg.display())))?;
+    crate::checkpoint::write_atomic(&svg, text.as_bytes())?;
     Ok([png, svg])
+}
+
+/// Draws a PNG by `draw` into a temporary file beside `path`, then renames it: a failed
+/// drawing leaves no half-written picture.
+fn write_png(path: &Path, draw: impl FnOnce(&Path) -> std::result::Result<(), String>) -> Result<()> {
+    let tmp = path.with_extension("tmp.png");
+    if let Err(e) = draw(&tmp) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(LetheError::Invalid(format!("drawing `{}`: {e}", path.display())));
+    }
+    std::fs::rename(&tmp, path).map_err(|e| LetheError::io(path, e))
 }
 
 /// The colour of the `i`-th run (a qualitative palette that prints and reads apart).
@@ -107,6 +120,73 @@ fn draw<B: DrawingBackend>(area: &DrawingArea<B, Shift>, runs: &[Curves], metric
     area.present()
 }
 
+/// One mechanism of a sweep chart: its runs as dots, and a line through its means.
+#[derive(Clone, Debug)]
+pub struct SweepSeries {
+    /// The legend's name.
+    pub name: String,
+    /// Its colour.
+    pub colour: RGBColor,
+    /// Each run: `(memory size, quality)`.
+    pub points: Vec<(f64, f64)>,
+    /// The mean per size, in order of size.
+    pub means: Vec<(f64, f64)>,
+}
+
+/// The sweep's chart: quality (`y_label`) against the average memory size, on a log
+/// scale when the sizes span more than 8x. Returns the SVG text and writes the PNG to
+/// `png`.
+pub fn sweep_chart(series: &[SweepSeries], y_label: &str, png: &Path) -> Result<String> {
+    let size = (760, 460);
+    let mut svg = String::new();
+    draw_sweep(&SVGBackend::with_string(&mut svg, size).into_drawing_area(), series, y_label).map_err(|e| LetheError::Invalid(format!("drawing the sweep chart: {e}")))?;
+    write_png(png, |tmp| draw_sweep(&BitMapBackend::new(tmp, size).into_drawing_area(), series, y_label).map_err(|e| e.to_string()))?;
+    Ok(svg)
+}
+
+fn draw_sweep<B: DrawingBackend>(area: &DrawingArea<B, Shift>, series: &[SweepSeries], y_label: &str) -> std::result::Result<(), DrawingAreaErrorKind<B::ErrorType>> {
+    area.fill(&WHITE)?;
+    let runs: Vec<Curves> = series.iter().map(|s| Curves { name: s.name.clone(), train: s.points.clone(), valid: vec![] }).collect();
+    let ((x0, x1), (y0, y1)) = bounds(&runs);
+    let mut builder = ChartBuilder::on(area);
+    builder.margin(15).x_label_area_size(45).y_label_area_size(70);
+    if x0 > 0.0 && x1 / x0 > 8.0 {
+        let (lo, hi) = (x0 / 1.2, x1 * 1.2);
+        let mut chart = builder.build_cartesian_2d((lo..hi).log_scale().with_key_points(log_ticks(lo, hi)), y0..y1)?;
+        fill_sweep(&mut chart, series, ("average memory size (log scale)", y_label))?;
+    } else {
+        let pad = ((x1 - x0) * 0.05).max(1e-3);
+        let mut chart = builder.build_cartesian_2d((x0 - pad)..(x1 + pad), y0..y1)?;
+        fill_sweep(&mut chart, series, ("average memory size", y_label))?;
+    }
+    area.present()
+}
+
+/// Ticks of a log axis over `[lo, hi]`: 1, 2 and 5 times the powers of ten.
+fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
+    let first = lo.max(1e-9).log10().floor() as i32;
+    let last = hi.max(1e-9).log10().ceil() as i32;
+    (first..=last).flat_map(|e| [1.0, 2.0, 5.0].map(|m| m * 10f64.powi(e))).filter(|t| (lo..=hi).contains(t)).collect()
+}
+
+/// The mesh, the means' lines, the runs' dots and the legend of a sweep chart on either
+/// x scale.
+fn fill_sweep<'a, B, X>(chart: &mut ChartContext<'a, B, Cartesian2d<X, plotters::coord::types::RangedCoordf64>>, series: &[SweepSeries], (x_label, y_label): (&str, &str)) -> std::result::Result<(), DrawingAreaErrorKind<B::ErrorType>>
+where
+    B: DrawingBackend + 'a,
+    X: Ranged<ValueType = f64> + plotters::coord::ranged1d::ValueFormatter<f64>,
+{
+    let tick = |x: &f64| if x.abs() >= 100.0 || x.fract() == 0.0 { format!("{x:.0}") } else { format!("{x:.1}") };
+    chart.configure_mesh().x_labels(12).x_desc(x_label).y_desc(y_label).x_label_formatter(&tick).light_line_style(RGBColor(235, 235, 235)).label_style(("sans-serif", 14)).draw()?;
+    for s in series {
+        let c = s.colour;
+        chart.draw_series(LineSeries::new(s.means.iter().copied(), c.stroke_width(2)))?;
+        chart.draw_series(s.points.iter().map(|&p| Circle::new(p, 5, c.filled())))?.label(s.name.clone()).legend(move |(x, y)| Circle::new((x + 10, y), 5, c.filled()));
+    }
+    chart.configure_series_labels().background_style(WHITE.mix(0.85)).border_style(BLACK).label_font(("sans-serif", 14)).position(SeriesLabelPosition::UpperRight).draw()?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,5 +208,6 @@ mod tests {
         let err = read_curves(&run, "nosuch").unwrap_err().to_string();
         assert!(err.contains("no `nosuch`") && err.contains("metrics.jsonl"), "{err}");
         assert_eq!(bounds(&[c]), ((1.0, 2.0), (1.475, 2.025)));
+        assert_eq!(log_ticks(3.0, 260.0), vec![5.0, 10.0, 20.0, 50.0, 100.0, 200.0]);
     }
 }

@@ -2,7 +2,7 @@
 //! paper's Figures 4 and 5. The same backbone is trained once per mechanism, memory size
 //! and seed on one task; each run is evaluated on the validation split, and the sweep
 //! writes a table (terminal, `sweep.csv`, `sweep.json`), a plot of quality against the
-//! measured average memory size (`sweep.svg`) and an HTML report (`sweep.html`).
+//! measured average memory size (`sweep.svg`, `sweep.png`) and an HTML report (`sweep.html`).
 //!
 //! The size knob of each mechanism:
 //! - `fixed`, `adaptive`, `expire`: the (maximum) span `L`. Adaptive-Span and
@@ -25,6 +25,7 @@ use crate::config::{Config, Mechanism};
 use crate::error::{LetheError, Result};
 use crate::train::{train, TrainOptions};
 use crate::metrics::html_escape;
+use crate::plot::SweepSeries;
 use crate::task::Metric;
 
 /// One mechanism with the sizes to try.
@@ -371,14 +372,15 @@ fn csv(points: &[SweepPoint]) -> Result<String> {
 }
 
 /// Writes `sweep.json`, `sweep.csv`, `summary.csv` (mean and standard deviation over
-/// seeds), `sweep.svg` and `sweep.html` into `dir`.
+/// seeds), `sweep.svg`, `sweep.png` and `sweep.html` into `dir`.
 pub fn write_report(base: &Config, points: &[SweepPoint], dir: &Path) -> Result<Vec<PathBuf>> {
     let json = serde_json::to_string_pretty(points)?;
-    let svg = plot_svg(points, crate::task::metric(base).higher_is_better());
+    let png = dir.join("sweep.png");
+    let svg = plot(points, crate::task::metric(base).higher_is_better(), &png)?;
     let html = report_html(base, points, &svg);
     let summary = summary_csv(&summarise(points))?;
     let files = [("sweep.json", json), ("sweep.csv", csv(points)?), ("summary.csv", summary), ("sweep.svg", svg), ("sweep.html", html)];
-    let mut written = vec![];
+    let mut written = vec![png];
     for (name, body) in files {
         let path = dir.join(name);
         write_atomic(&path, body.as_bytes())?;
@@ -388,74 +390,47 @@ pub fn write_report(base: &Config, points: &[SweepPoint], dir: &Path) -> Result<
 }
 
 /// The colour of a mechanism's points and line (grey for a name lethe does not know).
-fn colour_of(mechanism: &str) -> &'static str {
+fn rgb_of(mechanism: &str) -> (u8, u8, u8) {
     match Mechanism::parse(mechanism) {
-        Ok(Mechanism::Fixed) => "#1f77b4",
-        Ok(Mechanism::Expire) => "#d62728",
-        Ok(Mechanism::Adaptive) => "#2ca02c",
-        Ok(Mechanism::Compressive) => "#9467bd",
-        Ok(Mechanism::Infinity) => "#ff7f0e",
-        Err(_) => "#555555",
+        Ok(Mechanism::Fixed) => (31, 119, 180),
+        Ok(Mechanism::Expire) => (214, 39, 40),
+        Ok(Mechanism::Adaptive) => (44, 160, 44),
+        Ok(Mechanism::Compressive) => (148, 103, 189),
+        Ok(Mechanism::Infinity) => (255, 127, 14),
+        Err(_) => (85, 85, 85),
     }
 }
 
-/// The plot: quality against average memory size, one colour per mechanism, a line
-/// through each mechanism's mean per size; log-scaled x when the sizes span more than 8x.
-pub fn plot_svg(points: &[SweepPoint], higher_is_better: bool) -> String {
-    let (w, h, left, right, top, bottom) = (640.0, 420.0, 70.0, 150.0, 30.0, 50.0);
-    let xs: Vec<f64> = points.iter().map(|p| p.mem_size.max(1e-3)).collect();
-    let ys: Vec<f64> = points.iter().map(|p| p.quality).collect();
-    let (x_lo, x_hi) = bounds(&xs);
-    let (y_lo, y_hi) = bounds(&ys);
-    let log_x = x_hi / x_lo.max(1e-9) > 8.0;
-    let fx = |x: f64| {
-        let t = if log_x { (x.ln() - x_lo.ln()) / (x_hi.ln() - x_lo.ln()).max(1e-9) } else { (x - x_lo) / (x_hi - x_lo).max(1e-9) };
-        left + t * (w - left - right)
-    };
-    let fy = |y: f64| top + (1.0 - (y - y_lo) / (y_hi - y_lo).max(1e-9)) * (h - top - bottom);
-    let metric = html_escape(points.first().map_or("quality", |p| p.metric.as_str()));
-    let mut s = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-    );
-    let _ = writeln!(s, "<line x1=\"{left}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>", h - bottom, w - right, h - bottom);
-    let _ = writeln!(s, "<line x1=\"{left}\" y1=\"{top}\" x2=\"{left}\" y2=\"{}\" stroke=\"black\"/>", h - bottom);
-    for i in 0..=4 {
-        let t = i as f64 / 4.0;
-        let xv = if log_x { (x_lo.ln() + t * (x_hi.ln() - x_lo.ln())).exp() } else { x_lo + t * (x_hi - x_lo) };
-        let yv = y_lo + t * (y_hi - y_lo);
-        let _ = writeln!(s, "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{}</text>", fx(xv), h - bottom + 16.0, short(xv));
-        let _ = writeln!(s, "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>", left - 6.0, fy(yv) + 4.0, short(yv));
-    }
-    let scale = if log_x { " (log scale)" } else { "" };
-    let _ = writeln!(s, "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">average memory size{scale}</text>", (left + w - right) / 2.0, h - 12.0);
-    let better = if higher_is_better { "higher is better" } else { "lower is better" };
-    let _ = writeln!(s, "<text x=\"14\" y=\"{:.1}\" transform=\"rotate(-90 14 {:.1})\" text-anchor=\"middle\">{metric} ({better})</text>", (top + h - bottom) / 2.0, (top + h - bottom) / 2.0);
+/// [`rgb_of`] as an HTML colour.
+fn colour_of(mechanism: &str) -> String {
+    let (r, g, b) = rgb_of(mechanism);
+    format!("#{r:02x}{g:02x}{b:02x}")
+}
+
+/// The plot (through [`crate::plot::sweep_chart`]): quality against average memory
+/// size, one colour per mechanism, a line through each mechanism's mean per size; the x
+/// axis on a log scale when the sizes span more than 8x. Returns the SVG text and writes
+/// the same chart to `png`.
+pub fn plot(points: &[SweepPoint], higher_is_better: bool, png: &Path) -> Result<String> {
     let mut mechanisms: Vec<&str> = points.iter().map(|p| p.mechanism.as_str()).collect();
     mechanisms.sort();
     mechanisms.dedup();
-    for (row, m) in mechanisms.iter().enumerate() {
-        let c = colour_of(m);
-        let mine: Vec<&SweepPoint> = points.iter().filter(|p| p.mechanism == *m).collect();
-        let line: Vec<String> = means_by_size(&mine).iter().map(|(x, y)| format!("{:.1},{:.1}", fx(*x), fy(*y))).collect();
-        let _ = writeln!(s, "<polyline points=\"{}\" fill=\"none\" stroke=\"{c}\" stroke-width=\"1.5\"/>", line.join(" "));
-        for p in &mine {
-            let _ = writeln!(
-                s,
-                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"4\" fill=\"{c}\"><title>{} size {} seed {}: {:.2}, mem {:.1}</title></circle>",
-                fx(p.mem_size.max(1e-3)),
-                fy(p.quality),
-                html_escape(&p.mechanism),
-                p.size,
-                p.seed,
-                p.quality,
-                p.mem_size
-            );
-        }
-        let ly = top + 10.0 + 18.0 * row as f64;
-        let _ = writeln!(s, "<circle cx=\"{}\" cy=\"{ly}\" r=\"5\" fill=\"{c}\"/><text x=\"{}\" y=\"{}\">{m}</text>", w - right + 20.0, w - right + 30.0, ly + 4.0);
-    }
-    s.push_str("</svg>\n");
-    s
+    let series: Vec<SweepSeries> = mechanisms
+        .iter()
+        .map(|m| {
+            let mine: Vec<&SweepPoint> = points.iter().filter(|p| p.mechanism == *m).collect();
+            let (r, g, b) = rgb_of(m);
+            SweepSeries {
+                name: m.to_string(),
+                colour: plotters::style::RGBColor(r, g, b),
+                points: mine.iter().map(|p| (p.mem_size.max(1e-3), p.quality)).collect(),
+                means: means_by_size(&mine),
+            }
+        })
+        .collect();
+    let metric = points.first().map_or("quality", |p| p.metric.as_str());
+    let better = if higher_is_better { "higher is better" } else { "lower is better" };
+    crate::plot::sweep_chart(&series, &format!("{metric} ({better})"), png)
 }
 
 /// Mean memory size and quality per size knob, in order of size.
@@ -471,28 +446,6 @@ fn means_by_size(points: &[&SweepPoint]) -> Vec<(f64, f64)> {
             (same.iter().map(|p| p.mem_size.max(1e-3)).sum::<f64>() / n, same.iter().map(|p| p.quality).sum::<f64>() / n)
         })
         .collect()
-}
-
-fn bounds(v: &[f64]) -> (f64, f64) {
-    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    if !lo.is_finite() {
-        return (0.0, 1.0);
-    }
-    let pad = ((hi - lo) * 0.05).max(hi.abs() * 0.05).max(1e-3);
-    if lo > 0.0 && hi / lo > 8.0 {
-        (lo / 1.2, hi * 1.2)
-    } else {
-        (lo - pad, hi + pad)
-    }
-}
-
-fn short(v: f64) -> String {
-    if v.abs() >= 100.0 {
-        format!("{v:.0}")
-    } else {
-        format!("{v:.1}")
-    }
 }
 
 /// A table row: the mechanism in its plot colour, then the cells.
@@ -602,11 +555,13 @@ mod tests {
             seconds: 1.0,
             config: String::new(),
         };
-        let points = vec![point("fixed", 8, 20.0, 7.5), point("fixed", 64, 50.0, 57.0), point("expire", 64, 90.0, 11.0)];
-        let svg = plot_svg(&points, true);
-        assert_eq!(svg.matches("<circle").count(), 3 + 2);
-        assert_eq!(svg.matches("<polyline").count(), 2);
-        assert!(svg.contains("(log scale)"), "7.5 to 57 spans more than 8x");
+        let points = vec![point("fixed", 8, 20.0, 5.0), point("fixed", 64, 50.0, 57.0), point("expire", 64, 90.0, 11.0)];
+        let dir = tempfile::tempdir().unwrap();
+        let svg = plot(&points, true, &dir.path().join("sweep.png")).unwrap();
+        assert_eq!(svg.matches("<circle").count(), 3 + 2, "a dot per run and one per legend entry");
+        assert!(svg.contains("(log scale)"), "5 to 57 spans more than 8x");
+        assert!(svg.contains("answers % (higher is better)") && svg.contains(">\nexpire\n<") && svg.contains(">\nfixed\n<"));
+        assert_eq!(&std::fs::read(dir.path().join("sweep.png")).unwrap()[..4], b"\x89PNG");
         let t = table(&points);
         assert_eq!(t.lines().count(), 4);
         assert!(t.lines().nth(3).unwrap().contains("expire"));
