@@ -107,9 +107,26 @@ pub fn trace_spans(lm: &Lm, text: &Text) -> Result<SpanTrace> {
     Ok(SpanTrace { text: text.clone(), spans, max_span: lm.config.memory.span as f64 })
 }
 
-/// Colour scale position in [0, 1]: logarithmic, so short and long spans both show.
+/// Colour scale position in [0, 1]: linear in the span, 0 to the maximum span `L` (a log
+/// scale gave spans of 30 and 139 one colour).
 fn level(span: f32, max_span: f64) -> f64 {
-    ((1.0 + span.max(0.0) as f64).ln() / (1.0 + max_span).ln()).clamp(0.0, 1.0)
+    (span.max(0.0) as f64 / max_span.max(1e-9)).clamp(0.0, 1.0)
+}
+
+/// A colour bar of `to_colour` over `[0, 1]` at `(x, y)`, `w` wide, with its ends and
+/// middle labelled by `label(t)`, and a caption before it.
+fn colour_bar(s: &mut String, (x, y, w): (f64, f64, f64), caption: &str, to_colour: impl Fn(f64) -> String, label: impl Fn(f64) -> String) {
+    let cells = 20;
+    let cell = w / cells as f64;
+    let _ = writeln!(s, "<text x=\"{}\" y=\"{}\" text-anchor=\"end\" font-family=\"sans-serif\" font-size=\"12\">{}</text>", x - 8.0, y + 11.0, crate::metrics::html_escape(caption));
+    for i in 0..cells {
+        let t = (i as f64 + 0.5) / cells as f64;
+        let _ = writeln!(s, "<rect x=\"{:.1}\" y=\"{y}\" width=\"{:.1}\" height=\"12\" fill=\"{}\"/>", x + cell * i as f64, cell + 0.5, to_colour(t));
+    }
+    let _ = writeln!(s, "<rect x=\"{x}\" y=\"{y}\" width=\"{w}\" height=\"12\" fill=\"none\" stroke=\"#999\"/>");
+    for (t, anchor) in [(0.0, "start"), (0.5, "middle"), (1.0, "end")] {
+        let _ = writeln!(s, "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"{anchor}\" font-family=\"sans-serif\" font-size=\"11\">{}</text>", x + w * t, y + 25.0, label(t));
+    }
 }
 
 /// White to deep red.
@@ -163,12 +180,15 @@ pub fn to_svg(trace: &SpanTrace) -> String {
     let (cw, ch, width) = (9.0, 16.0, 100);
     let rows = lines(&trace.text.pieces, width);
     let panel = ch * (rows.len() as f64 + 1.5);
-    let (w, h) = (cw * width as f64 + 20.0, panel * trace.spans.len() as f64 + 10.0);
+    let legend = 40.0;
+    let (w, h) = (cw * width as f64 + 20.0, legend + panel * trace.spans.len() as f64 + 10.0);
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"monospace\" font-size=\"13\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
     );
+    let max = trace.max_span;
+    colour_bar(&mut s, (w - 330.0, 8.0, 300.0), "span given to each token (tokens)", colour, |t| format!("{:.0}", t * max));
     for (layer, spans) in trace.spans.iter().enumerate() {
-        let top = layer as f64 * panel + 5.0;
+        let top = legend + layer as f64 * panel + 5.0;
         let _ = writeln!(s, "<text x=\"10\" y=\"{}\" font-weight=\"bold\">layer {layer}</text>", top + ch - 3.0);
         for (row, &(a, b)) in rows.iter().enumerate() {
             let y = top + ch * (row as f64 + 1.2);
@@ -196,7 +216,7 @@ pub fn to_html(trace: &SpanTrace) -> String {
     let mut s = String::from(
         "<!doctype html>\n<meta charset=\"utf-8\">\n<title>lethe: expire-spans</title>\n<style>body{font-family:sans-serif;margin:2em}pre{font-family:monospace;font-size:14px;line-height:1.5;white-space:pre-wrap}</style>\n",
     );
-    let _ = writeln!(s, "<h1>Expire-spans per byte</h1>\n<p>Darker: kept longer (log scale, white = 0, red = L = {:.0}). Hover a byte for its span.</p>", trace.max_span);
+    let _ = writeln!(s, "<h1>Expire-spans per token</h1>\n<p>Darker: kept longer (linear scale, white = 0, deep red = L = {:.0} tokens). Hover a token for its span.</p>", trace.max_span);
     for (layer, spans) in trace.spans.iter().enumerate() {
         let mean = spans.iter().map(|&v| v as f64).sum::<f64>() / spans.len().max(1) as f64;
         let _ = writeln!(s, "<h2>Layer {layer} (mean span {mean:.1})</h2>\n<pre>");
@@ -239,7 +259,8 @@ mod tests {
         assert!(html.contains("&lt;") && html.contains("&amp;") && !html.contains("<a&"));
         assert!(html.contains("title=\"50\""));
         let svg = to_svg(&trace);
-        assert_eq!(svg.matches("<rect x=").count(), 3);
+        assert_eq!(svg.matches("<rect x=").count(), 3 + 20 + 1, "a cell per byte, then the colour bar's cells and frame");
+        assert!(svg.contains(">50</text>") && svg.contains(">100</text>"), "the bar's middle and end are labelled");
         assert!(svg.contains("rgb(255,255,255)") && svg.contains("rgb(255,38,0)"));
     }
 }

@@ -202,6 +202,10 @@ fn inspect_ltm_draws_an_infinity_former_memory() {
     // 135 bytes in blocks of 8: the STM keeps 16 + the block, the rest was absorbed.
     assert!(out.contains("layer 0: mean attended position") && out.contains("112 tokens absorbed"), "{out}");
     assert!(d.join("pics/ltm.svg").exists() && d.join("pics/ltm.html").exists());
+    // The picture says what its marks mean: the y axis of the bars and the tau line.
+    let svg = std::fs::read_to_string(d.join("pics/ltm.svg")).unwrap();
+    assert!(svg.contains("τ = 0.75: older memory | the last block") && svg.contains("stroke-dasharray"), "no tau line");
+    assert!(svg.contains(">0.000</text>"), "no y axis");
     succeeds(&train(d, &["--steps", "2", "--name", "fixed"]));
     fails_with(&lethe(d, &["inspect", "ltm", "--checkpoint", "runs/fixed", "--text", "long.txt"]), &["∞-former"]);
 }

@@ -36,6 +36,9 @@ pub struct LtmPicture {
     pub spaces: Vec<Vec<(f64, f64)>>,
     /// Whether the model uses sticky memories.
     pub sticky: bool,
+    /// The contraction `τ`: at each update the old memory moves into `[0, τ]` and the
+    /// new block takes `(τ, 1]`.
+    pub tau: f64,
 }
 
 /// Streams `text` through `lm` (an ∞-former) in blocks of its training length.
@@ -73,7 +76,7 @@ pub fn trace_ltm(lm: &Lm, text: &Text) -> Result<LtmPicture> {
         )));
     }
     let attention = sums.into_iter().zip(&blocks).map(|(s, &n)| s.into_iter().map(|v| v / n.max(1) as f64).collect()).collect();
-    Ok(LtmPicture { text: text.clone(), attention, spaces, sticky: lm.config.memory.infinity.sticky })
+    Ok(LtmPicture { text: text.clone(), attention, spaces, sticky: lm.config.memory.infinity.sticky, tau: lm.config.memory.infinity.tau })
 }
 
 /// The first stream's row of a `(b, D)` histogram.
@@ -124,8 +127,9 @@ fn space_level(space: f64, count: usize) -> f64 {
     ((relative.log2() + 3.0) / 6.0).clamp(0.0, 1.0)
 }
 
-/// One layer's attention histogram as SVG bars in a box at `(x, y)` of `w` by `h`.
-fn bars(s: &mut String, hist: &[f64], x: f64, y: f64, w: f64, h: f64) {
+/// One layer's attention histogram as SVG bars in a box at `(x, y)` of `w` by `h`, with
+/// its y axis (the share of attention per bin) and a dashed line at `tau`.
+fn bars(s: &mut String, hist: &[f64], (x, y, w, h): (f64, f64, f64, f64), tau: f64) {
     let top = hist.iter().cloned().fold(1e-12, f64::max);
     let bw = w / hist.len().max(1) as f64;
     let _ = writeln!(s, "<rect x=\"{x}\" y=\"{y}\" width=\"{w}\" height=\"{h}\" fill=\"none\" stroke=\"#999\"/>");
@@ -142,6 +146,18 @@ fn bars(s: &mut String, hist: &[f64], x: f64, y: f64, w: f64, h: f64) {
         );
     }
     let _ = writeln!(s, "<text x=\"{x}\" y=\"{}\" font-size=\"11\">0 (oldest)</text><text x=\"{}\" y=\"{}\" font-size=\"11\" text-anchor=\"end\">1 (newest)</text>", y + h + 12.0, x + w, y + h + 12.0);
+    // The y axis: the share of the attention in a bin, 0 to the largest.
+    for (value, at) in [(0.0, y + h), (top / 2.0, y + h / 2.0), (top, y)] {
+        let _ = writeln!(s, "<text x=\"{}\" y=\"{:.1}\" font-size=\"10\" text-anchor=\"end\">{value:.3}</text>", x - 3.0, at + 3.0);
+    }
+    let tx = x + w * tau;
+    let _ = writeln!(
+        s,
+        "<line x1=\"{tx:.1}\" y1=\"{y}\" x2=\"{tx:.1}\" y2=\"{}\" stroke=\"#333\" stroke-dasharray=\"4 3\"/><text x=\"{:.1}\" y=\"{}\" font-size=\"11\">τ = {tau}: older memory | the last block</text>",
+        y + h,
+        tx + 4.0,
+        y + 11.0
+    );
 }
 
 /// The picture as SVG: per layer, the attention histogram, then the absorbed text
@@ -158,8 +174,8 @@ pub fn to_svg(p: &LtmPicture) -> String {
     );
     let mut top = 5.0;
     for (layer, rows) in panels.iter().enumerate() {
-        let _ = writeln!(s, "<text x=\"10\" y=\"{}\" font-weight=\"bold\">layer {layer}: attention over the LTM</text>", top + 12.0);
-        bars(&mut s, &p.attention[layer], 10.0, top + 20.0, w - 20.0, 90.0);
+        let _ = writeln!(s, "<text x=\"10\" y=\"{}\" font-weight=\"bold\">layer {layer}: share of the attention over the LTM's axis</text>", top + 12.0);
+        bars(&mut s, &p.attention[layer], (45.0, top + 20.0, w - 55.0, 90.0), p.tau);
         let _ = writeln!(s, "<text x=\"10\" y=\"{}\" font-weight=\"bold\">memory space per token</text>", top + 140.0);
         let spaces = &p.spaces[layer];
         for (row, &(a, b)) in rows.iter().enumerate() {
