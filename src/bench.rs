@@ -461,7 +461,7 @@ pub fn plan(base: &Config, mechanisms: &[String], scale: Option<&Scale>, context
             c.memory.mechanism = mechanism;
             c
         } else {
-            let size = crate::sweep::parse_sizes(size)?;
+            let size = crate::sweep::parse_sizes(size, &format!("--mechanism {item}"))?;
             if size.len() != 1 {
                 return Err(LetheError::Invalid(format!("--mechanism `{item}`: give one size (sweep sizes with --scale span=...)")));
             }

@@ -545,7 +545,7 @@ fn sweep(a: SweepArgs) -> Result<()> {
     }
     let base = a.config.resolve()?;
     let sizes = match &a.sizes {
-        Some(text) => lethe::sweep::parse_sizes(text)?,
+        Some(text) => lethe::sweep::parse_sizes(text, "--sizes")?,
         None => lethe::sweep::default_sizes(&base),
     };
     let items = if a.mechanisms.is_empty() {

@@ -44,7 +44,7 @@ pub fn parse_arms(items: &[String], default_sizes: &[usize]) -> Result<Vec<Arm>>
         .map(|item| {
             let (name, sizes) = item.split_once(':').unwrap_or((item, ""));
             let mechanism = Mechanism::parse(name.trim())?;
-            let sizes = if sizes.trim().is_empty() { default_sizes.to_vec() } else { parse_sizes(sizes)? };
+            let sizes = if sizes.trim().is_empty() { default_sizes.to_vec() } else { parse_sizes(sizes, &format!("--mechanism {item}"))? };
             if sizes.is_empty() {
                 return Err(LetheError::Invalid(format!("sweep arm `{item}`: no sizes (give --sizes or `{name}:16,32`)")));
             }
@@ -62,15 +62,15 @@ pub fn default_sizes(cfg: &Config) -> Vec<usize> {
     sizes
 }
 
-/// Parses `16,32,64`.
-pub fn parse_sizes(text: &str) -> Result<Vec<usize>> {
+/// Parses `16,32,64`, given by the flag `flag` (named in the error).
+pub fn parse_sizes(text: &str, flag: &str) -> Result<Vec<usize>> {
     text.split(',')
         .map(|s| {
             s.trim()
                 .parse::<usize>()
                 .ok()
                 .filter(|&n| n > 0)
-                .ok_or_else(|| LetheError::Invalid(format!("memory size `{s}` is not a positive whole number")))
+                .ok_or_else(|| LetheError::Invalid(format!("{flag}: memory size `{s}` is not a positive whole number")))
         })
         .collect()
 }
