@@ -98,7 +98,7 @@ fn a_nan_loss_stops_training_and_keeps_the_last_good_checkpoint() {
     cfg.train.warmup = 0;
     cfg.train.checkpoint_every = 1; // would overwrite the checkpoint at every good step
     cfg.train.grad_clip = 0.0;
-    let err = train(&cfg, &TrainOptions { resume: true, ..options(dir.path()) }).unwrap_err();
+    let err = train(&cfg, &TrainOptions { resume: true, accept_changes: true, ..options(dir.path()) }).unwrap_err();
     let LetheError::NonFiniteLoss { step, kept, .. } = &err else { panic!("unexpected error {err}") };
     assert!(*step > 4 && *step <= 12, "step {step}");
     assert!(kept.contains(&format!("checkpoint (step {})", *step - 1)), "{kept}");
