@@ -256,8 +256,11 @@ fn the_targets_alone_score_as_the_whole_distribution() {
     // distribution's, and lie in more than one cluster.
     let h = h * 4.0;
     let want = a.log_probs(&h).argmax(-1, false);
+    let whole = a.log_probs(&h).gather(-1, &targets.unsqueeze(-1), false).squeeze_dim(-1);
     for rows in [1, 4, 100] {
-        assert!(a.argmax(&h, rows).equal(&want), "rows {rows}");
+        let (logp, best) = a.score_in_chunks(&h, &targets, rows);
+        assert!(best.equal(&want), "rows {rows}");
+        assert!((&logp - &whole).abs().max().double_value(&[]) < 1e-12, "rows {rows}");
     }
     let best: Vec<i64> = Vec::try_from(want.flatten(0, -1)).unwrap();
     assert!(best.iter().any(|&w| w < 5) && best.iter().any(|&w| w >= 5), "{best:?}");

@@ -116,13 +116,21 @@ impl Adaptive {
         out.view(size.as_slice()) // (b, m)
     }
 
-    /// The most likely word after each of `h` `(b, m, d)`: `(b, m)`, found over at most
-    /// `rows` positions at a time (each needs a score per word).
-    pub fn argmax(&self, h: &Tensor, rows: i64) -> Tensor {
-        let size = h.size();
+    /// Evaluation's figures after each of `h` `(b, m, d)`: the log-probability of each of
+    /// `targets` `(b, m)` and the most likely word `(b, m)`, both read from the whole
+    /// distribution, made for at most `rows` positions at a time (each needs a score per
+    /// word).
+    pub fn score_in_chunks(&self, h: &Tensor, targets: &Tensor, rows: i64) -> (Tensor, Tensor) {
+        let size = targets.size();
         let flat = h.reshape([-1, self.d]); // (N, d)
-        let parts: Vec<Tensor> = flat.split(rows.max(1), 0).iter().map(|chunk| self.log_probs(chunk).argmax(-1, false)).collect();
-        Tensor::cat(&parts, 0).view([size[0], size[1]]) // (b, m)
+        let flat_targets = targets.reshape([-1, 1]); // (N, 1)
+        let (mut logp, mut best) = (vec![], vec![]);
+        for (chunk, t) in flat.split(rows.max(1), 0).iter().zip(flat_targets.split(rows.max(1), 0)) {
+            let all = self.log_probs(chunk); // (rows, V)
+            logp.push(all.gather(1, &t, false).squeeze_dim(1));
+            best.push(all.argmax(-1, false));
+        }
+        (Tensor::cat(&logp, 0).view(size.as_slice()), Tensor::cat(&best, 0).view(size.as_slice())) // (b, m) each
     }
 
     /// The log-probability of every word after each of `h` `(b, m, d)`: `(b, m, V)`.

@@ -244,16 +244,19 @@ enum Vocabulary {
     Adaptive(super::adaptive::Adaptive),
 }
 
+/// GPT-2's initialisation of its embeddings: N(0, 0.02).
+fn gpt2_embedding() -> nn::EmbeddingConfig {
+    nn::EmbeddingConfig { ws_init: nn::Init::Randn { mean: 0.0, stdev: 0.02 }, ..Default::default() }
+}
+
 impl Vocabulary {
     fn new(p: &nn::Path, cfg: &ModelConfig) -> Vocabulary {
         if !cfg.cutoffs.is_empty() {
             return Vocabulary::Adaptive(super::adaptive::Adaptive::new(&(p / "adaptive"), cfg));
         }
         let (d, gpt2) = (cfg.d_model as i64, cfg.arch == Arch::Gpt2);
-        // GPT-2's initialisation: N(0, 0.02) embeddings.
-        let embedding = nn::EmbeddingConfig { ws_init: nn::Init::Randn { mean: 0.0, stdev: 0.02 }, ..Default::default() };
         Vocabulary::Plain {
-            embed: nn::embedding(p / "embed", cfg.vocab as i64, d, if gpt2 { embedding } else { Default::default() }),
+            embed: nn::embedding(p / "embed", cfg.vocab as i64, d, if gpt2 { gpt2_embedding() } else { Default::default() }),
             head: (!gpt2).then(|| nn::linear(p / "head", d, cfg.vocab as i64, Default::default())),
         }
     }
@@ -275,6 +278,31 @@ impl Vocabulary {
             Vocabulary::Adaptive(a) => a.log_probs(h),
         }
     }
+
+    /// The negative log-likelihood `(b, m)` of `targets` after `h`; the adaptive softmax
+    /// scores only the targets' clusters.
+    fn nll(&self, h: &Tensor, targets: &Tensor) -> Tensor {
+        match self {
+            Vocabulary::Adaptive(a) => -a.target_log_probs(h, targets),
+            plain => token_nll(&plain.scores(h), targets),
+        }
+    }
+
+    /// The negative log-likelihood of `targets` and the most likely tokens, `(b, m)`
+    /// each, from one scoring of the vocabulary (the adaptive softmax's a few hundred
+    /// positions at a time).
+    fn nll_and_argmax(&self, h: &Tensor, targets: &Tensor) -> (Tensor, Tensor) {
+        match self {
+            Vocabulary::Adaptive(a) => {
+                let (logp, best) = a.score_in_chunks(h, targets, 512);
+                (-logp, best)
+            }
+            plain => {
+                let logits = plain.scores(h); // (b, m, V)
+                (token_nll(&logits, targets), logits.argmax(-1, false))
+            }
+        }
+    }
 }
 
 impl Model {
@@ -286,11 +314,10 @@ impl Model {
         let d = cfg.d_model as i64;
         let body = Backbone::new(p, cfg, mem, block)?;
         cfg.validate_cutoffs()?; // the clusters' sizes come from them
-        let embedding = nn::EmbeddingConfig { ws_init: nn::Init::Randn { mean: 0.0, stdev: 0.02 }, ..Default::default() };
         Ok(Model {
             cfg: cfg.clone(),
             vocabulary: Vocabulary::new(p, cfg),
-            positions: (cfg.arch == Arch::Gpt2).then(|| nn::embedding(p / "positions", cfg.positions as i64, d, embedding)),
+            positions: (cfg.arch == Arch::Gpt2).then(|| nn::embedding(p / "positions", cfg.positions as i64, d, gpt2_embedding())),
             body,
         })
     }
@@ -319,11 +346,7 @@ impl Model {
     /// of the whole vocabulary is made.
     pub fn forward_nll(&self, tokens: &Tensor, targets: &Tensor, mem: &mut Memory, train: bool) -> Result<(Tensor, Tensor)> {
         let out = self.hidden(tokens, mem, train)?;
-        let nll = match &self.vocabulary {
-            Vocabulary::Adaptive(a) => -a.target_log_probs(&out.h, targets),
-            plain => token_nll(&plain.scores(&out.h), targets),
-        };
-        Ok((nll, out.aux_loss))
+        Ok((self.vocabulary.nll(&out.h, targets), out.aux_loss))
     }
 
     /// Evaluation's view of a block: the negative log-likelihood of `targets` `(b, m)`
@@ -331,13 +354,7 @@ impl Model {
     /// vocabulary is scored a few hundred positions at a time, never for the whole block.
     pub fn forward_eval(&self, tokens: &Tensor, targets: &Tensor, mem: &mut Memory) -> Result<(Tensor, Tensor)> {
         let out = self.hidden(tokens, mem, false)?;
-        Ok(match &self.vocabulary {
-            Vocabulary::Adaptive(a) => (-a.target_log_probs(&out.h, targets), a.argmax(&out.h, 512)),
-            plain => {
-                let logits = plain.scores(&out.h); // (b, m, V)
-                (token_nll(&logits, targets), logits.argmax(-1, false))
-            }
-        })
+        Ok(self.vocabulary.nll_and_argmax(&out.h, targets))
     }
 
     /// The last layer's output for `tokens`, the memory carried.
