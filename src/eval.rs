@@ -8,7 +8,7 @@ use tch::{Kind, Tensor};
 use crate::dist::ProcessGroup;
 use crate::data::{EvalWalker, SplitData};
 use crate::error::{LetheError, Result};
-use crate::model::Lm;
+use crate::model::{host_values, Lm};
 
 /// The scores of one pass over a split.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -180,10 +180,9 @@ impl PerTokenCsv {
 
 /// The figures of one evaluated block, as [`TokenScore`]s.
 fn token_scores(mem: &crate::model::Memory, targets: &Tensor, nll: &Tensor, weights: &[f32], start: usize) -> Result<Vec<TokenScore>> {
-    let read = |t: &Tensor| -> Result<Vec<f64>> { Vec::<f64>::try_from(t.to_kind(Kind::Double).to_device(tch::Device::Cpu).flatten(0, -1)).map_err(|e| LetheError::Invalid(e.to_string())) };
-    let (losses, ids) = (read(nll)?, read(targets)?);
+    let (losses, ids) = (host_values(nll)?, host_values(targets)?);
     let m = targets.size()[1] as usize;
-    let spans: Vec<Vec<f64>> = mem.token_spans().iter().flatten().map(read).collect::<Result<_>>()?;
+    let spans: Vec<Vec<f64>> = mem.token_spans().iter().flatten().map(host_values).collect::<Result<_>>()?;
     let mem_size: Vec<f64> = mem.reports().iter().map(|r| r.mem_size).collect();
     Ok((0..losses.len())
         .map(|i| TokenScore {

@@ -104,17 +104,22 @@ impl<'a> Generator<'a> {
         let mut read = 0;
         for chunk in prompt.chunks(lm.config.train.block.max(1)) {
             let ids: Vec<i64> = chunk.iter().map(|&t| t as i64).collect();
-            match g.feeding {
-                Feeding::OneByOne => g.absorb(&ids)?,
-                Feeding::BlockByBlock => {
-                    g.partial = ids;
-                    g.step_block()?;
-                }
-            }
+            g.feed(&ids)?;
             read += chunk.len();
             progress(read, prompt.len());
         }
         Ok(g)
+    }
+
+    /// Takes in `ids` as the model's feeding says (at most the rest of a block).
+    fn feed(&mut self, ids: &[i64]) -> Result<()> {
+        match self.feeding {
+            Feeding::OneByOne => self.absorb(ids),
+            Feeding::BlockByBlock => {
+                self.partial.extend_from_slice(ids);
+                self.step_block()
+            }
+        }
     }
 
     /// Runs `ids` through the model, the memory taking them in; keeps the logits of
@@ -149,13 +154,7 @@ impl<'a> Generator<'a> {
     /// The next token, which is also fed back as the next input.
     pub fn next_token(&mut self) -> Result<Token> {
         let next = choose(&self.logits, &self.sampling, &mut self.rng);
-        match self.feeding {
-            Feeding::OneByOne => self.absorb(&[next as i64])?,
-            Feeding::BlockByBlock => {
-                self.partial.push(next as i64);
-                self.step_block()?;
-            }
-        }
+        self.feed(&[next as i64])?;
         Ok(next)
     }
 

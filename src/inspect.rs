@@ -13,7 +13,7 @@ pub mod ltm;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use tch::{Kind, Tensor};
+use tch::Tensor;
 
 use crate::checkpoint::write_atomic;
 use crate::data::tokenizer::Tokenizer;
@@ -99,8 +99,7 @@ pub fn trace_spans(lm: &Lm, text: &Text) -> Result<SpanTrace> {
                     lm.config.memory.mechanism
                 ))
             })?;
-            let values: Vec<f32> = s.to_kind(Kind::Float).to_device(tch::Device::Cpu).flatten(0, -1).try_into().unwrap_or_default();
-            spans[layer].extend(values);
+            spans[layer].extend(crate::model::host_values(&s)?.into_iter().map(|v| v as f32));
         }
         Ok(())
     })?;

@@ -191,19 +191,19 @@ impl EventWriter {
         let (Some(step), Some(split)) = (record.get("step").and_then(serde_json::Value::as_i64), record.get("split").and_then(serde_json::Value::as_str)) else {
             return Ok(());
         };
-        let value = scalars(split, record);
-        if value.is_empty() {
-            return Ok(());
-        }
-        self.append(&Event { wall_time: wall_time(), step, file_version: None, summary: Some(Summary { value }) })
+        self.write_values(step, scalars(split, record))
     }
 
     /// Writes histograms `(tag, histogram)` at `step`.
     pub fn write_histograms(&mut self, step: i64, histograms: Vec<(String, Histogram)>) -> Result<()> {
-        if histograms.is_empty() {
+        self.write_values(step, histograms.into_iter().map(|(tag, h)| Value { tag, simple_value: None, histo: Some(h) }).collect())
+    }
+
+    /// One event of `value` at `step`; nothing when there is no value.
+    fn write_values(&mut self, step: i64, value: Vec<Value>) -> Result<()> {
+        if value.is_empty() {
             return Ok(());
         }
-        let value = histograms.into_iter().map(|(tag, h)| Value { tag, simple_value: None, histo: Some(h) }).collect();
         self.append(&Event { wall_time: wall_time(), step, file_version: None, summary: Some(Summary { value }) })
     }
 }

@@ -26,7 +26,7 @@ use crate::error::{LetheError, Result};
 use crate::eval::{evaluate_sharded, EvalResult};
 use crate::metrics::{format_count, format_duration, MetricsLog};
 use crate::tensorboard::Histogram;
-use crate::model::{Lm, Memory};
+use crate::model::{host_values, Lm, Memory};
 use crate::optim::{learning_rate, Optimiser};
 use crate::dist::ProcessGroup;
 use crate::run::{begin_step, check_finite, drive, Looped, RunFolder, Scales};
@@ -311,22 +311,25 @@ impl Run<'_> {
         self.group.as_ref().map_or(0, |g| g.rank() * self.cfg.train.accum)
     }
 
-    /// Appends a record to `metrics.jsonl` (rank 0 only).
     /// TensorBoard histograms of the last block: per layer, the spans Expire-Span gave
     /// the tokens, and the ∞-former's attention over its memory's axis.
     fn log_histograms(&mut self) -> Result<()> {
         let Some(metrics) = self.metrics.as_mut() else { return Ok(()) };
-        let read = |t: &tch::Tensor| Vec::<f64>::try_from(t.to_kind(Kind::Double).to_device(tch::Device::Cpu).flatten(0, -1)).unwrap_or_default();
         let mut out = vec![];
         for (layer, spans) in self.mems[0].token_spans().iter().enumerate() {
-            out.extend(spans.as_ref().map(|s| (format!("train/spans/{layer}"), Histogram::of(&read(s), 30))));
+            if let Some(s) = spans {
+                out.push((format!("train/spans/{layer}"), Histogram::of(&host_values(s)?, 30)));
+            }
         }
         for (layer, trace) in self.mems[0].ltm_traces().iter().enumerate() {
-            out.extend(trace.as_ref().map(|t| (format!("train/ltm_attention/{layer}"), Histogram::over_unit_interval(&read(&t.attention.mean_dim(0, false, Kind::Double))))));
+            if let Some(t) = trace {
+                out.push((format!("train/ltm_attention/{layer}"), Histogram::over_unit_interval(&host_values(&t.attention.mean_dim(0, false, Kind::Double))?)));
+            }
         }
         metrics.histograms(self.step, out)
     }
 
+    /// Appends a record to `metrics.jsonl` (rank 0 only).
     fn log(&mut self, record: &serde_json::Value) -> Result<()> {
         self.metrics.as_mut().map_or(Ok(()), |m| m.write(record))
     }

@@ -149,14 +149,12 @@ pub const UNK: &str = "<unk>";
 pub struct TextStream<'a> {
     tokenizer: &'a Tokenizer,
     waiting: Vec<u32>,
-    /// Words are joined by spaces (a word vocabulary).
-    spaced: bool,
 }
 
 impl<'a> TextStream<'a> {
     /// A stream with nothing waiting.
     pub fn new(tokenizer: &'a Tokenizer) -> Self {
-        TextStream { tokenizer, waiting: vec![], spaced: tokenizer.spaced() }
+        TextStream { tokenizer, waiting: vec![] }
     }
 
     /// Adds `id`; returns the text it completes (empty while a character is unfinished).
@@ -168,7 +166,8 @@ impl<'a> TextStream<'a> {
             return Ok(String::new());
         }
         self.waiting.clear();
-        Ok(if self.spaced { format!(" {text}") } else { text })
+        // A word vocabulary joins its words by spaces.
+        Ok(if self.tokenizer.spaced() { format!(" {text}") } else { text })
     }
 
     /// Whatever is still waiting, as text.

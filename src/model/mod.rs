@@ -26,6 +26,11 @@ pub fn sorted_parameters(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
     out
 }
 
+/// The entries of `t`, flattened, as numbers on the host.
+pub fn host_values(t: &Tensor) -> Result<Vec<f64>> {
+    Vec::<f64>::try_from(t.to_kind(tch::Kind::Double).to_device(Device::Cpu).flatten(0, -1)).map_err(|e| LetheError::Invalid(format!("reading a tensor: {e}")))
+}
+
 /// Number of scalar parameters in `vs`.
 pub fn parameter_count(vs: &nn::VarStore) -> usize {
     vs.variables().values().map(Tensor::numel).sum()
