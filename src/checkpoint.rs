@@ -220,6 +220,14 @@ impl Checkpoint {
         out
     }
 
+    /// The folder holding the run's own copy of its tokenizer (`tokenizer.json` beside
+    /// the checkpoint, written when the run started), when the run was tokenised and
+    /// the copy is there.
+    pub fn run_tokenizer(&self) -> Option<PathBuf> {
+        self.config.data.tokenizer.as_ref()?;
+        self.path.parent().filter(|dir| dir.join("tokenizer.json").is_file()).map(Path::to_path_buf)
+    }
+
     /// The model parameters by name (neither the optimiser's moments nor the memories).
     pub fn parameters(&self) -> HashMap<String, Tensor> {
         let state = |n: &str| n.starts_with("optim.") || n.starts_with("memory.");

@@ -132,11 +132,10 @@ fn inspect_inputs(a: &InspectSpansArgs) -> Result<(Lm, lethe::inspect::Text)> {
     let device = lethe::device::parse(&a.device)?;
     let bytes = std::fs::read(&a.text).with_context(|| format!("reading text `{}`", a.text.display()))?;
     let ckpt = Checkpoint::load(&a.checkpoint)?;
-    let text = match lethe::data::text::tokenizer_of_checkpoint(&ckpt.config, &ckpt.path)? {
+    let text = match lethe::data::text::tokenizer_of_checkpoint(&ckpt)? {
         None => lethe::inspect::Text::bytes(&bytes),
         Some(tokenizer) => {
-            let utf8 = String::from_utf8(bytes).map_err(|e| anyhow::anyhow!("`{}` is not UTF-8 text (an invalid byte at offset {}); this model reads text through its tokenizer", a.text.display(), e.utf8_error().valid_up_to()))?;
-            lethe::inspect::Text::tokens(&tokenizer, &utf8)?
+            lethe::inspect::Text::tokens(&tokenizer, &lethe::data::text::utf8(bytes, &a.text)?)?
         }
     };
     Ok((Lm::from_checkpoint(&ckpt, device)?, text))
@@ -303,7 +302,7 @@ fn eval(a: EvalArgs) -> Result<()> {
     let r = match &a.per_token {
         None => lethe::eval::evaluate_with_progress(&lm, &data, batch, block, a.max_tokens, progress)?,
         Some(path) => {
-            let tokenizer = lethe::data::text::tokenizer_of_checkpoint(&ckpt.config, &ckpt.path)?;
+            let tokenizer = lethe::data::text::tokenizer_of_checkpoint(&ckpt)?;
             let text = |id: lethe::data::Token| match &tokenizer {
                 Some(t) => t.decode(&[id]),
                 None => Ok(String::from_utf8_lossy(&[id as u8]).into_owned()),
@@ -397,12 +396,12 @@ fn generate(a: GenerateArgs) -> Result<()> {
     // The checkpoint's thread count, at most this machine's cores (it may come from a larger one).
     lethe::device::apply_threads(ckpt.config.train.threads.min(lethe::device::cores()))?;
     let lm = Lm::from_checkpoint(&ckpt, device)?;
-    let tokenizer = lethe::data::text::tokenizer_of_checkpoint(&ckpt.config, &ckpt.path)?;
+    let tokenizer = lethe::data::text::tokenizer_of_checkpoint(&ckpt)?;
     let (ids, unit) = match &tokenizer {
         None => (prompt.iter().map(|&b| b as lethe::data::Token).collect(), "bytes"),
         Some(t) => {
-            let text = std::str::from_utf8(&prompt).map_err(|e| anyhow::anyhow!("the prompt is not UTF-8 text (an invalid byte at offset {}); this model reads text through its tokenizer", e.valid_up_to()))?;
-            (t.encode(text)?, "tokens")
+            let origin = a.prompt_file.clone().unwrap_or_else(|| "--prompt".into());
+            (t.encode(&lethe::data::text::utf8(prompt.clone(), &origin)?)?, "tokens")
         }
     };
     let mut out = std::io::stdout().lock();
@@ -457,8 +456,7 @@ fn tokenizer(c: TokenizerCommand) -> Result<()> {
     for file in &io.files {
         let bytes = std::fs::read(file).with_context(|| format!("reading `{}`", file.display()))?;
         eprintln!("read `{}`: {:.1} MB", file.display(), bytes.len() as f64 / 1e6);
-        let text = String::from_utf8(bytes).map_err(|e| anyhow::anyhow!("`{}` is not UTF-8 text (an invalid byte at offset {})", file.display(), e.utf8_error().valid_up_to()))?;
-        texts.push(text);
+        texts.push(lethe::data::text::utf8(bytes, file)?);
     }
     if texts.iter().all(|t| t.trim().is_empty()) {
         anyhow::bail!("the text files hold no text to learn a tokenizer from");

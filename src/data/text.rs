@@ -12,6 +12,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::checkpoint::Checkpoint;
 use crate::config::{Config, DataConfig, FolderMode};
 use crate::error::{LetheError, Result};
 use crate::task::spec::{Metric, Task};
@@ -79,17 +80,23 @@ pub fn tokenizer_of(cfg: &Config) -> Result<Option<Tokenizer>> {
     Ok(Some(tokenizer))
 }
 
-/// The tokenizer of a trained model, from its checkpoint: the run folder's own copy
-/// (`tokenizer.json`, written when the run started), else the config's
-/// `data.tokenizer`. `None` for a byte-level model.
-pub fn tokenizer_of_checkpoint(cfg: &Config, checkpoint: &Path) -> Result<Option<Tokenizer>> {
-    if cfg.data.tokenizer.is_none() {
-        return Ok(None);
+/// The tokenizer of a trained model: the run folder's own copy
+/// ([`Checkpoint::run_tokenizer`]), else the config's `data.tokenizer`. `None` for a
+/// byte-level model.
+pub fn tokenizer_of_checkpoint(ckpt: &Checkpoint) -> Result<Option<Tokenizer>> {
+    match ckpt.run_tokenizer() {
+        Some(dir) => Tokenizer::from_dir(&dir).map(Some),
+        None => tokenizer_of(&ckpt.config),
     }
-    match checkpoint.parent().filter(|dir| dir.join("tokenizer.json").is_file()) {
-        Some(dir) => Tokenizer::from_dir(dir).map(Some),
-        None => tokenizer_of(cfg),
-    }
+}
+
+/// `bytes` as text for a tokenizer; the error names `origin` and the first byte that is
+/// not UTF-8.
+pub fn utf8(bytes: Vec<u8>, origin: &Path) -> Result<String> {
+    String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        LetheError::data(origin, format!("is not UTF-8 text (an invalid byte at offset {at}), and the tokenizer reads text; convert it, e.g. `iconv -f latin1 -t utf-8`"))
+    })
 }
 
 /// A split read as bytes, made ready for the model: its words counted, then tokenised
@@ -109,10 +116,7 @@ pub fn prepare(cfg: &Config, bytes: SplitData, eos_per_line: bool) -> Result<Spl
                     eprintln!("tokenising `{}`: {:.0} of {:.0} MB", bytes.origin.display(), done as f64 / 1e6, total as f64 / 1e6);
                     said = std::time::Instant::now();
                 }
-                let text = String::from_utf8(super::seq::bytes_of(&d.tokens)).map_err(|e| {
-                    let at = e.utf8_error().valid_up_to();
-                    LetheError::data(&bytes.origin, format!("is not UTF-8 text (an invalid byte at offset {at}), and the tokenizer reads text; convert it, e.g. `iconv -f latin1 -t utf-8`"))
-                })?;
+                let text = utf8(super::seq::bytes_of(&d.tokens), &bytes.origin)?;
                 let ids = encode_long(&tokenizer, &text).map_err(|e| LetheError::data(&bytes.origin, e.to_string()))?;
                 if !ids.is_empty() {
                     docs.push(TokenSeq::all_scored(ids));

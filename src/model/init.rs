@@ -69,10 +69,7 @@ impl Source {
                 let has = dir.join("tokenizer.json").is_file() || dir.join("vocab.json").is_file();
                 has.then(|| dir.clone())
             }
-            Source::Run(ckpt) => {
-                let own = ckpt.path.parent().filter(|dir| dir.join("tokenizer.json").is_file() && ckpt.config.data.tokenizer.is_some());
-                own.map(Path::to_path_buf).or_else(|| ckpt.config.data.tokenizer.clone())
-            }
+            Source::Run(ckpt) => ckpt.run_tokenizer().or_else(|| ckpt.config.data.tokenizer.clone()),
         }
     }
 
