@@ -37,6 +37,9 @@ pub enum Command {
     Inspect(InspectCommand),
     /// Training and validation curves of several runs on one figure (PNG and SVG).
     Plot(PlotArgs),
+    /// Score generated text against references, one pair per line of two files: unigram
+    /// F1, ROUGE-1, ROUGE-L and METEOR, as the ∞-former paper's Table 2.
+    Score(ScoreArgs),
     /// Play gridworld episodes (corridor, portal) and print them as text, step by step:
     /// a trained agent from --checkpoint, or an untrained one for --preset.
     Play(PlayArgs),
@@ -101,6 +104,17 @@ pub struct PlotArgs {
     /// The figure's path without extension: writes OUT.png and OUT.svg.
     #[arg(long, default_value = "curves")]
     pub out: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct ScoreArgs {
+    /// Generated responses, one per line.
+    pub predictions: PathBuf,
+    /// Reference responses, one per line, in the same order.
+    pub references: PathBuf,
+    /// Also write every pair's scores (precision, recall and F of each ROUGE) to this CSV.
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]

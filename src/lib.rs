@@ -51,6 +51,7 @@ pub mod run;
 pub mod sweep;
 pub mod task;
 pub mod tensorboard;
+pub mod textmetrics;
 pub mod train;
 
 pub use config::Config;

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::Parser;
 
-use cli::{BenchArgs, Cli, Command, DistCheckArgs, EvalArgs, GenerateArgs, InspectCommand, InspectSpansArgs, PlayArgs, PlotArgs, SweepArgs, TokenizerCommand, TrainArgs};
+use cli::{BenchArgs, Cli, Command, DistCheckArgs, EvalArgs, GenerateArgs, InspectCommand, InspectSpansArgs, PlayArgs, PlotArgs, ScoreArgs, SweepArgs, TokenizerCommand, TrainArgs};
 use lethe::checkpoint::Checkpoint;
 use lethe::config::{Mechanism, Source, PRESETS};
 use lethe::data::Split;
@@ -44,6 +44,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Generate(a) => generate(a),
         Command::Tokenizer(c) => tokenizer(c),
         Command::Plot(a) => plot(a),
+        Command::Score(a) => score(a),
         Command::Bench(a) => bench(a),
         Command::Sweep(a) => sweep(a),
         Command::Inspect(InspectCommand::Spans(a)) => inspect_spans(a),
@@ -438,6 +439,18 @@ fn plot(a: PlotArgs) -> Result<()> {
     }
     let [png, svg] = lethe::plot::plot(&runs, &a.metric, &a.out)?;
     println!("wrote {} and {}", png.display(), svg.display());
+    Ok(())
+}
+
+/// Scores predictions against references, line by line, and prints the means.
+fn score(a: ScoreArgs) -> Result<()> {
+    use lethe::textmetrics;
+    let scores = textmetrics::score_files(&a.predictions, &a.references)?;
+    if let Some(path) = &a.csv {
+        lethe::checkpoint::write_atomic(path, &textmetrics::csv(&scores)?)?;
+    }
+    let mean = textmetrics::mean(&scores).context("no pairs to score")?;
+    println!("{}", textmetrics::summary(&mean, scores.len()));
     Ok(())
 }
 
