@@ -37,6 +37,9 @@ pub enum Command {
     Inspect(InspectCommand),
     /// Training and validation curves of several runs on one figure (PNG and SVG).
     Plot(PlotArgs),
+    /// Write a small generated data set in the CMU-DoG layout (document-grounded
+    /// dialogues, one movie per conversation) with a word vocabulary, for the CPU.
+    DialogueData(DialogueDataArgs),
     /// Score generated text against references, one pair per line of two files: unigram
     /// F1, ROUGE-1, ROUGE-L and METEOR, as the ∞-former paper's Table 2.
     Score(ScoreArgs),
@@ -104,6 +107,19 @@ pub struct PlotArgs {
     /// The figure's path without extension: writes OUT.png and OUT.svg.
     #[arg(long, default_value = "curves")]
     pub out: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct DialogueDataArgs {
+    /// The folder to write (WikiData/, Conversations/{train,valid,test}/, tokenizer/).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Conversations in all, split 0.8 / 0.05 / 0.15.
+    #[arg(long, allow_negative_numbers = true, default_value_t = 600)]
+    pub conversations: usize,
+    /// Seed of the generated movies and conversations.
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1)]
+    pub seed: u64,
 }
 
 #[derive(Args, Debug)]

@@ -254,7 +254,8 @@ fn run(
     if let Some(g) = group {
         s = s.reduced(g)?;
     }
-    let per_word = split.words.filter(|&w| w > 0).map(|w| split.total_len() as f64 / w as f64);
+    // `words` counts the scored words (all of them, but for dialogue's responses).
+    let per_word = split.words.filter(|&w| w > 0).map(|w| split.scored_len() as f64 / w as f64);
     Ok(s.result(blocks, every_token_scored, per_word))
 }
 

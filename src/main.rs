@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::Parser;
 
-use cli::{BenchArgs, Cli, Command, DistCheckArgs, EvalArgs, GenerateArgs, InspectCommand, InspectSpansArgs, PlayArgs, PlotArgs, ScoreArgs, SweepArgs, TokenizerCommand, TrainArgs};
+use cli::{BenchArgs, Cli, Command, DistCheckArgs, EvalArgs, GenerateArgs, InspectCommand, InspectSpansArgs, PlayArgs, PlotArgs, ScoreArgs, DialogueDataArgs, SweepArgs, TokenizerCommand, TrainArgs};
 use lethe::checkpoint::Checkpoint;
 use lethe::config::{Mechanism, Source, PRESETS};
 use lethe::data::Split;
@@ -45,6 +45,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Tokenizer(c) => tokenizer(c),
         Command::Plot(a) => plot(a),
         Command::Score(a) => score(a),
+        Command::DialogueData(a) => dialogue_data(a),
         Command::Bench(a) => bench(a),
         Command::Sweep(a) => sweep(a),
         Command::Inspect(InspectCommand::Spans(a)) => inspect_spans(a),
@@ -439,6 +440,15 @@ fn plot(a: PlotArgs) -> Result<()> {
     }
     let [png, svg] = lethe::plot::plot(&runs, &a.metric, &a.out)?;
     println!("wrote {} and {}", png.display(), svg.display());
+    Ok(())
+}
+
+/// Writes the generated dialogue data set.
+fn dialogue_data(a: DialogueDataArgs) -> Result<()> {
+    let w = lethe::data::dialogue::synthetic::write(&a.out, a.conversations, a.seed)?;
+    let [train, valid, test] = w.counts;
+    println!("wrote {train} / {valid} / {test} conversations (train / valid / test) to {}", a.out.display());
+    println!("word vocabulary of {} words: {}", w.words, w.tokenizer.display());
     Ok(())
 }
 

@@ -16,6 +16,7 @@ fn refusals_name_what_is_wrong_in_the_users_words() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     std::fs::write(d.join("text.txt"), "some text\n".repeat(50)).unwrap();
+    std::fs::write(d.join("one.txt"), "a line\n").unwrap();
     let train = |extra: &[&str]| -> Vec<String> {
         let mut args: Vec<&str> = vec!["train", "--quiet", "--out", "runs", "--steps", "1"];
         args.extend_from_slice(TINY);
@@ -49,6 +50,10 @@ fn refusals_name_what_is_wrong_in_the_users_words() {
         (plain(&["tokenizer", "words", "missing.txt", "--out", "tok"]), vec!["missing.txt"]),
         (plain(&["bench", "--mechanism", "lstm"]), vec!["lstm"]),
         (plain(&["sweep", "--sizes", "0"]), vec!["--sizes"]),
+        (plain(&["score", "text.txt", "missing.txt"]), vec!["missing.txt"]),
+        (plain(&["score", "text.txt", "one.txt"]), vec!["text.txt", "50 lines", "one.txt", "has 1"]),
+        (plain(&["dialogue-data", "--out", "dog", "--conversations", "5"]), vec!["--conversations", "at least 20"]),
+        (train(&["--set", "data.source=dialogue", "--data", "."]), vec!["WikiData", "CMU-DoG"]),
     ];
     for (args, needles) in &cases {
         let argv: Vec<&str> = args.iter().map(String::as_str).collect();

@@ -30,5 +30,5 @@ pub use model::{Arch, ModelConfig};
 pub use presets::{Preset, PRESETS};
 pub use rl::{Reset, RlConfig};
 pub use run::Config;
-pub use tasks::{CollisionConfig, CopyConfig, CorridorConfig, InstructionConfig, PortalConfig, SortingConfig};
+pub use tasks::{CollisionConfig, CopyConfig, CorridorConfig, DialogueConfig, InstructionConfig, PortalConfig, SortingConfig};
 pub use train::{Optimizer, Schedule, TrainConfig};

@@ -82,6 +82,21 @@ impl CollisionConfig {
     }
 }
 
+/// The dialogue source's settings (CMU-DoG, ∞-former paper §4.3).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DialogueConfig {
+    /// Whether each conversation is preceded by its document. False gives the paper's
+    /// "GPT-2 w/o doc" row of Table 2. Default true.
+    pub document: bool,
+}
+
+impl Default for DialogueConfig {
+    fn default() -> Self {
+        DialogueConfig { document: true }
+    }
+}
+
 /// The instruction task's parameters.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]

@@ -9,6 +9,7 @@
 //! the next input (the collision task's answer is a quadrant, not the next token).
 
 pub mod bytes;
+pub mod dialogue;
 pub mod seq;
 pub mod stream;
 pub mod text;

@@ -135,8 +135,9 @@ pub struct SplitData {
     pub docs: Vec<TokenSeq>,
     /// Concatenate and cut, or keep documents whole per stream.
     pub mode: FolderMode,
-    /// Words of the raw text, for perplexity per word (see [`super::text`]); `None`
-    /// for the synthetic tasks.
+    /// Words of the scored text, for perplexity per word (see [`super::text`]): the
+    /// whole raw text of a corpus, the responses of dialogues; `None` for the
+    /// synthetic tasks.
     pub words: Option<u64>,
 }
 
@@ -144,6 +145,11 @@ impl SplitData {
     /// Total tokens.
     pub fn total_len(&self) -> usize {
         self.docs.iter().map(TokenSeq::len).sum()
+    }
+
+    /// Tokens whose prediction counts.
+    pub fn scored_len(&self) -> usize {
+        self.docs.iter().map(|d| d.scored.as_ref().map_or(d.len(), |s| s.iter().filter(|&&x| x).count())).sum()
     }
 
     /// Lays the split out as `batch` parallel streams.

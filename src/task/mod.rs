@@ -10,6 +10,7 @@ pub use spec::{Metric, Task};
 
 use crate::config::{Config, Source};
 use crate::data::bytes::Corpus;
+use crate::data::dialogue::Dialogue;
 use crate::data::text::Wikitext;
 use crate::data::seq::{Split, SplitData};
 use crate::data::stream::TrainStreams;
@@ -29,11 +30,12 @@ pub fn of(source: Source) -> &'static dyn Task {
         Source::Corridor => &CorridorSpec,
         Source::Portal => &PortalSpec,
         Source::Wikitext => &Wikitext,
+        Source::Dialogue => &Dialogue,
     }
 }
 
 /// Every source, in the order messages list them.
-pub const SOURCES: [Source; 9] = [
+pub const SOURCES: [Source; 10] = [
     Source::Copy,
     Source::Collision,
     Source::Instruction,
@@ -41,6 +43,7 @@ pub const SOURCES: [Source; 9] = [
     Source::File,
     Source::Folder,
     Source::Wikitext,
+    Source::Dialogue,
     Source::Corridor,
     Source::Portal,
 ];
