@@ -53,7 +53,7 @@ fn refusals_name_what_is_wrong_in_the_users_words() {
         (plain(&["score", "text.txt", "missing.txt"]), vec!["missing.txt"]),
         (plain(&["score", "text.txt", "one.txt"]), vec!["text.txt", "50 lines", "one.txt", "has 1"]),
         (plain(&["dialogue-data", "--out", "dog", "--conversations", "5"]), vec!["--conversations", "at least 20"]),
-        (train(&["--set", "data.source=dialogue", "--data", "."]), vec!["WikiData", "CMU-DoG"]),
+        (train(&["--set", "data.source=dialogue", "--set", "data.path=."]), vec!["WikiData", "CMU-DoG"]),
     ];
     for (args, needles) in &cases {
         let argv: Vec<&str> = args.iter().map(String::as_str).collect();
