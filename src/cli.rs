@@ -40,6 +40,10 @@ pub enum Command {
     /// Write a small generated data set in the CMU-DoG layout (document-grounded
     /// dialogues, one movie per conversation) with a word vocabulary, for the CPU.
     DialogueData(DialogueDataArgs),
+    /// Reply to every turn of a dialogue split (after the first --min-history) and score
+    /// the replies against what was said (F1, ROUGE-1, ROUGE-L, METEOR), with the
+    /// perplexity of the true responses: one row of the ∞-former paper's Table 2.
+    DialogueEval(DialogueEvalArgs),
     /// Score generated text against references, one pair per line of two files: unigram
     /// F1, ROUGE-1, ROUGE-L and METEOR, as the ∞-former paper's Table 2.
     Score(ScoreArgs),
@@ -120,6 +124,58 @@ pub struct DialogueDataArgs {
     /// Seed of the generated movies and conversations.
     #[arg(long, allow_negative_numbers = true, default_value_t = 1)]
     pub seed: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct DialogueEvalArgs {
+    /// Checkpoint file, or a run folder holding checkpoint.safetensors, trained on dialogues.
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    /// train, valid or test.
+    #[arg(long, default_value = "test")]
+    pub split: String,
+    /// Another CMU-DoG folder than the one the model was trained on.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// greedy, sample (--temperature, --top-k, --top-p) or beam (--beam).
+    #[arg(long, default_value = "greedy")]
+    pub decode: String,
+    /// Hypotheses kept by beam search.
+    #[arg(long, allow_negative_numbers = true, default_value_t = 4)]
+    pub beam: usize,
+    /// Sampling temperature.
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1.0)]
+    pub temperature: f64,
+    /// Sample only among the k most likely tokens (0: all).
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
+    pub top_k: usize,
+    /// Nucleus sampling threshold (the official evaluation's 0.9).
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.9)]
+    pub top_p: f64,
+    /// Sampler seed.
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1)]
+    pub seed: u64,
+    /// Most tokens in a reply.
+    #[arg(long, allow_negative_numbers = true, default_value_t = 50)]
+    pub max_length: usize,
+    /// Turns read before the first reply of each conversation.
+    #[arg(long, allow_negative_numbers = true, default_value_t = 2)]
+    pub min_history: usize,
+    /// Only the first N conversations of the split (0: all).
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
+    pub conversations: usize,
+    /// Write every reply with its reference and scores to this CSV.
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<PathBuf>,
+    /// Print the figures as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// cpu, cuda, cuda:N or auto.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Override a config field for this evaluation, e.g. `data.dialogue.document=false`.
+    #[arg(long = "set", value_name = "FIELD=VALUE")]
+    pub overrides: Vec<String>,
 }
 
 #[derive(Args, Debug)]
@@ -338,6 +394,10 @@ pub struct GenerateArgs {
     /// Sample only among the k most likely tokens (0: all).
     #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
     pub top_k: usize,
+    /// Nucleus sampling: only among the most likely tokens that make up this much
+    /// probability (1: all).
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1.0)]
+    pub top_p: f64,
     /// Sampler seed.
     #[arg(long, allow_negative_numbers = true, default_value_t = 1)]
     pub seed: u64,

@@ -27,6 +27,10 @@ pub struct Sampling {
     pub temperature: f64,
     /// Keep only the `top_k` most likely tokens (0: all). Default 0.
     pub top_k: usize,
+    /// Nucleus sampling: keep the most likely tokens up to this much probability, the
+    /// one that crosses it included (the official dialogue evaluation's 0.9; 1: all).
+    /// Default 1.
+    pub top_p: f64,
     /// Seed of the sampler.
     pub seed: u64,
 }
@@ -36,6 +40,9 @@ impl Sampling {
     pub fn validate(&self) -> Result<()> {
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
             return Err(LetheError::Invalid(format!("--temperature {}: must be a finite number, 0 (greedy) or more", self.temperature)));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(LetheError::Invalid(format!("--top-p {}: must be in (0, 1]", self.top_p)));
         }
         Ok(())
     }
@@ -158,10 +165,51 @@ impl<'a> Generator<'a> {
         Ok(next)
     }
 
+    /// Takes in `tokens` as if they had been generated (the other speaker's turn, or a
+    /// reference response): no sampling, the memory carried.
+    pub fn read(&mut self, tokens: &[Token]) -> Result<()> {
+        let block = self.lm.config.train.block.max(1);
+        let mut rest: Vec<i64> = tokens.iter().map(|&t| t as i64).collect();
+        while !rest.is_empty() {
+            // Block-by-block feeding fills the current block first (it holds fewer than
+            // a block's tokens: a full one is taken into memory); never more than a block.
+            let room = (block - self.partial.len()).min(rest.len());
+            let piece: Vec<i64> = rest.drain(..room).collect();
+            self.feed(&piece)?;
+        }
+        Ok(())
+    }
+
+    /// Everything the next token depends on, to come back to with [`Generator::restore`]
+    /// (cheap: the memory's tensors are shared, not copied).
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot { memory: self.mem.state(), logits: self.logits.shallow_clone(), partial: self.partial.clone() }
+    }
+
+    /// Returns to a [`Generator::snapshot`].
+    pub fn restore(&mut self, s: &Snapshot) -> Result<()> {
+        self.mem.load_state(&s.memory)?;
+        self.logits = s.logits.shallow_clone();
+        self.partial = s.partial.clone();
+        Ok(())
+    }
+
+    /// Takes in `token` without sampling (beam search chooses its own).
+    pub fn push(&mut self, token: Token) -> Result<()> {
+        self.feed(&[token as i64])
+    }
+
     /// States held by each layer's memory now.
     pub fn memory_held(&self) -> Vec<usize> {
         self.mem.reports().iter().map(|r| r.held).collect()
     }
+}
+
+/// A generator's state at one point (see [`Generator::snapshot`]).
+pub struct Snapshot {
+    memory: Vec<(String, Tensor)>,
+    logits: Tensor,
+    partial: Vec<i64>,
 }
 
 /// Continues `prompt` by `count` tokens, calling `emit` on each new one as it is made.
@@ -200,7 +248,17 @@ fn choose(logits: &Tensor, sampling: &Sampling, rng: &mut Rng) -> Token {
         order.truncate(sampling.top_k);
     }
     let top = values[order[0]] as f64;
-    let weights: Vec<f32> = order.iter().map(|&i| ((values[i] as f64 - top) / sampling.temperature).exp() as f32).collect();
+    let mut weights: Vec<f32> = order.iter().map(|&i| ((values[i] as f64 - top) / sampling.temperature).exp() as f32).collect();
+    if sampling.top_p < 1.0 {
+        // Keep the smallest prefix whose probability reaches top_p (at least one token).
+        let total: f64 = weights.iter().map(|&w| w as f64).sum();
+        let mut mass = 0.0;
+        let keep = weights.iter().position(|&w| {
+            mass += w as f64 / total;
+            mass >= sampling.top_p
+        });
+        weights.truncate(keep.map_or(weights.len(), |k| k + 1));
+    }
     order[rng.categorical(&weights)] as Token
 }
 
@@ -217,7 +275,7 @@ mod tests {
         cfg.memory.span = 12;
         cfg.train.block = 4;
         let lm = Lm::new(&cfg, tch::Device::Cpu).unwrap();
-        let sampling = Sampling { temperature: 1.0, top_k: 0, seed: 3 };
+        let sampling = Sampling { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 3 };
         let hello: Vec<Token> = b"hello".iter().map(|&b| b as Token).collect();
         let mut g = Generator::new(&lm, &hello, &sampling).unwrap();
         assert_eq!(g.memory_held(), vec![5, 5]);
@@ -239,11 +297,18 @@ mod tests {
     fn greedy_takes_the_argmax_and_top_k_limits_the_choice() {
         let logits = Tensor::from_slice(&[0.0f32, 3.0, 2.9, -1.0]);
         let mut rng = Rng::new(1);
-        let greedy = Sampling { temperature: 0.0, top_k: 0, seed: 1 };
+        let greedy = Sampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 1 };
         assert_eq!(choose(&logits, &greedy, &mut rng), 1);
-        let top2 = Sampling { temperature: 1.0, top_k: 2, seed: 1 };
+        let top2 = Sampling { temperature: 1.0, top_k: 2, top_p: 1.0, seed: 1 };
         for _ in 0..200 {
             assert!(matches!(choose(&logits, &top2, &mut rng), 1 | 2));
         }
+        // Probabilities of [0, 3, 2.9, -1] are about .03 .51 .46 .01: top_p 0.5 keeps
+        // token 1 alone (it crosses 0.5), 0.9 keeps 1 and 2, 0.99 adds 0.
+        let nucleus = |p: f64| Sampling { temperature: 1.0, top_k: 0, top_p: p, seed: 1 };
+        let seen = |p: f64, rng: &mut Rng| (0..300).map(|_| choose(&logits, &nucleus(p), rng)).collect::<std::collections::BTreeSet<_>>();
+        assert_eq!(seen(0.5, &mut rng).into_iter().collect::<Vec<_>>(), vec![1]);
+        assert_eq!(seen(0.9, &mut rng).into_iter().collect::<Vec<_>>(), vec![1, 2]);
+        assert_eq!(seen(0.99, &mut rng).into_iter().collect::<Vec<_>>(), vec![0, 1, 2]);
     }
 }

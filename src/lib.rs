@@ -14,7 +14,7 @@
 //!
 //! 1. **Commands** (`main.rs`, `cli.rs`): parse and validate flags, call one library
 //!    function, print. A new command goes here and in the module it calls.
-//! 2. **Applications**: the training loops ([`train`] for language models and tasks,
+//! 2. **Applications**: [`dialogue`] (replies to conversations, scored), the training loops ([`train`] for language models and tasks,
 //!    [`rl::train`] for gridworld agents, sharing [`run`]: the run folder and the loop
 //!    that steps, logs, evaluates and checkpoints), [`sweep`],
 //!    [`bench`](mod@bench), [`inspect`], [`eval`], [`generate`], [`plot`].
@@ -36,6 +36,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod data;
 pub mod device;
+pub mod dialogue;
 pub mod dist;
 pub mod error;
 pub mod eval;

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::Parser;
 
-use cli::{BenchArgs, Cli, Command, DistCheckArgs, EvalArgs, GenerateArgs, InspectCommand, InspectSpansArgs, PlayArgs, PlotArgs, ScoreArgs, DialogueDataArgs, SweepArgs, TokenizerCommand, TrainArgs};
+use cli::{BenchArgs, Cli, Command, DistCheckArgs, EvalArgs, GenerateArgs, InspectCommand, InspectSpansArgs, PlayArgs, PlotArgs, ScoreArgs, DialogueDataArgs, DialogueEvalArgs, SweepArgs, TokenizerCommand, TrainArgs};
 use lethe::checkpoint::Checkpoint;
 use lethe::config::{Mechanism, Source, PRESETS};
 use lethe::data::Split;
@@ -46,6 +46,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Plot(a) => plot(a),
         Command::Score(a) => score(a),
         Command::DialogueData(a) => dialogue_data(a),
+        Command::DialogueEval(a) => dialogue_eval(a),
         Command::Bench(a) => bench(a),
         Command::Sweep(a) => sweep(a),
         Command::Inspect(InspectCommand::Spans(a)) => inspect_spans(a),
@@ -392,7 +393,7 @@ fn generate(a: GenerateArgs) -> Result<()> {
         (None, Some(f)) => std::fs::read(f).with_context(|| format!("reading prompt file `{}`", f.display()))?,
         (None, None) => anyhow::bail!("give a prompt with --prompt TEXT or --prompt-file FILE"),
     };
-    let sampling = Sampling { temperature: a.temperature, top_k: a.top_k, seed: a.seed };
+    let sampling = Sampling { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed };
     sampling.validate()?;
     let ckpt = load_checkpoint(&a.checkpoint, a.max_span)?;
     // The checkpoint's thread count, at most this machine's cores (it may come from a larger one).
@@ -440,6 +441,75 @@ fn plot(a: PlotArgs) -> Result<()> {
     }
     let [png, svg] = lethe::plot::plot(&runs, &a.metric, &a.out)?;
     println!("wrote {} and {}", png.display(), svg.display());
+    Ok(())
+}
+
+/// The decoding that --decode and its options describe.
+fn decoding(a: &DialogueEvalArgs) -> Result<lethe::dialogue::Decoding> {
+    use lethe::dialogue::Decoding;
+    let sampling = |temperature: f64, top_p: f64| Sampling { temperature, top_k: a.top_k, top_p, seed: a.seed };
+    let d = match a.decode.as_str() {
+        "greedy" => Decoding::Sample(sampling(0.0, 1.0)),
+        "sample" => Decoding::Sample(sampling(a.temperature, a.top_p)),
+        "beam" => Decoding::Beam { width: a.beam },
+        other => anyhow::bail!("--decode {other}: must be greedy, sample or beam"),
+    };
+    if let Decoding::Sample(s) = &d {
+        s.validate()?;
+    }
+    Ok(d)
+}
+
+/// Replies to a dialogue split and scores them, with the true responses' perplexity.
+fn dialogue_eval(a: DialogueEvalArgs) -> Result<()> {
+    use lethe::dialogue::{respond_to_split, Codec, Options};
+    let device = lethe::device::parse(&a.device)?;
+    let decoding = decoding(&a)?;
+    let split: Split = a.split.parse()?;
+    let ckpt = load_checkpoint(&a.checkpoint, None)?;
+    let mut cfg = ckpt.config.clone().apply_overrides(&a.overrides)?;
+    if let Some(path) = &a.data {
+        cfg.data.path = Some(path.clone());
+    }
+    cfg.validate()?;
+    if cfg.data.source != Source::Dialogue {
+        anyhow::bail!("--checkpoint: this model was trained on `{}`, not on dialogues (data.source = \"dialogue\")", cfg.data.source);
+    }
+    let dir = cfg.data.path.clone().context("data.path: the CMU-DoG folder is needed (--data DIR)")?;
+    let mut conversations = lethe::data::dialogue::read_split(&dir, split)?;
+    if a.conversations > 0 {
+        conversations.truncate(a.conversations);
+    }
+    let lm = Lm::from_checkpoint(&ckpt, device)?;
+    let tokenizer = lethe::data::text::tokenizer_of_checkpoint(&ckpt)?;
+    let codec = Codec::new(tokenizer.as_ref())?;
+    let opts = Options { decoding, max_length: a.max_length, min_history: a.min_history, with_document: cfg.data.dialogue.document };
+    let started = std::time::Instant::now();
+    let mut said = started;
+    let replies = respond_to_split(&lm, &codec, &conversations, &opts, |done, total| {
+        if said.elapsed().as_secs() >= 10 && done < total {
+            said = std::time::Instant::now();
+            eprintln!("replying: {done}/{total} conversations ({:.0} s)", started.elapsed().as_secs_f64());
+        }
+    })?;
+    let scores: Vec<_> = replies.iter().map(|r| r.scores).collect();
+    let mean = lethe::textmetrics::mean(&scores).context("no turn to reply to: every conversation has at most --min-history turns")?;
+    // Perplexity of the true responses, over the same conversations.
+    let mut data = lethe::task::load_split(&cfg, split, 1)?;
+    data.docs.truncate(conversations.len());
+    data.words = Some(conversations.iter().flat_map(|c| &c.turns).map(|t| t.text.split_whitespace().count() as u64 + 1).sum());
+    let ppl = lethe::eval::evaluate(&lm, &data, 1, cfg.train.block, None)?;
+    if let Some(path) = &a.csv {
+        lethe::checkpoint::write_atomic(path, &lethe::dialogue::replies_csv(&replies)?)?;
+        eprintln!("wrote {}", path.display());
+    }
+    if a.json {
+        let out = serde_json::json!({"split": split.to_string(), "conversations": conversations.len(), "replies": replies.len(), "ppl": ppl.ppl, "word_ppl": ppl.word_ppl, "scores": mean});
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!("{split}: {} replies in {} conversations ({} decoding), perplexity of the true responses {:.2}", replies.len(), conversations.len(), a.decode, ppl.ppl);
+        println!("{}", lethe::textmetrics::summary(&mean, replies.len()));
+    }
     Ok(())
 }
 

@@ -368,7 +368,7 @@ fn generation_predicts_as_the_sequence_read_in_blocks() {
         let lm = gpt2_with(mechanism, |c| c.memory.infinity.threshold = 16);
         assert_eq!(Feeding::of(&lm), Feeding::BlockByBlock);
         let prompt: Vec<u32> = (0..11).map(|i| (i * 37 + 5) % 300).collect();
-        let sampling = Sampling { temperature: 1.0, top_k: 0, seed: 4 };
+        let sampling = Sampling { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 4 };
         let mut g = Generator::new(&lm, &prompt, &sampling).unwrap();
         let (mut all, mut predicted) = (prompt.clone(), vec![]);
         for _ in 0..22 {
