@@ -44,6 +44,9 @@ pub enum Command {
     /// the replies against what was said (F1, ROUGE-1, ROUGE-L, METEOR), with the
     /// perplexity of the true responses: one row of the ∞-former paper's Table 2.
     DialogueEval(DialogueEvalArgs),
+    /// Talk with a dialogue model about a document: the document is read into memory,
+    /// then each line on standard input gets a reply on standard output.
+    Chat(ChatArgs),
     /// Score generated text against references, one pair per line of two files: unigram
     /// F1, ROUGE-1, ROUGE-L and METEOR, as the ∞-former paper's Table 2.
     Score(ScoreArgs),
@@ -176,6 +179,40 @@ pub struct DialogueEvalArgs {
     /// Override a config field for this evaluation, e.g. `data.dialogue.document=false`.
     #[arg(long = "set", value_name = "FIELD=VALUE")]
     pub overrides: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct ChatArgs {
+    /// Checkpoint file, or a run folder holding checkpoint.safetensors, trained on dialogues.
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    /// The document to talk about (text).
+    #[arg(long)]
+    pub document: PathBuf,
+    /// greedy, sample (--temperature, --top-k, --top-p) or beam (--beam).
+    #[arg(long, default_value = "greedy")]
+    pub decode: String,
+    /// Hypotheses kept by beam search.
+    #[arg(long, allow_negative_numbers = true, default_value_t = 4)]
+    pub beam: usize,
+    /// Sampling temperature.
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1.0)]
+    pub temperature: f64,
+    /// Sample only among the k most likely tokens (0: all).
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
+    pub top_k: usize,
+    /// Nucleus sampling threshold.
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.9)]
+    pub top_p: f64,
+    /// Sampler seed.
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1)]
+    pub seed: u64,
+    /// Most tokens in a reply.
+    #[arg(long, allow_negative_numbers = true, default_value_t = 50)]
+    pub max_length: usize,
+    /// cpu, cuda, cuda:N or auto.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
 }
 
 #[derive(Args, Debug)]

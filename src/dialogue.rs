@@ -211,6 +211,44 @@ pub fn respond_to_split(lm: &Lm, codec: &Codec, conversations: &[Conversation], 
     Ok(out)
 }
 
+/// A conversation with a person about a document: the document is read into memory
+/// first, then each of the person's lines (speaker `A`) is read and the model replies
+/// as `B`, its reply read back as said. Memory stays bounded by the mechanism however
+/// long the talk goes on.
+pub struct Chat<'a> {
+    generator: Generator<'a>,
+    codec: Codec<'a>,
+    decoding: Decoding,
+    max_length: usize,
+}
+
+impl<'a> Chat<'a> {
+    /// Reads `document` (text; at least one token).
+    pub fn new(lm: &'a Lm, codec: Codec<'a>, document: &str, decoding: Decoding, max_length: usize) -> Result<Self> {
+        let sampling = match &decoding {
+            Decoding::Sample(s) => s.clone(),
+            Decoding::Beam { .. } => Sampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 },
+        };
+        let text = format!("{}\n", document.trim_end());
+        let generator = Generator::new(lm, &codec.encode(&text)?, &sampling)?;
+        Ok(Chat { generator, codec, decoding, max_length })
+    }
+
+    /// Reads the person's `line` and returns the model's reply.
+    pub fn turn(&mut self, line: &str) -> Result<String> {
+        let said = format!("{} {}\n{}", crate::data::dialogue::SPEAKERS[0], line.trim(), crate::data::dialogue::SPEAKERS[1]);
+        self.generator.read(&self.codec.encode(&said)?)?;
+        let answer = reply(&mut self.generator, &self.codec, &self.decoding, self.max_length)?;
+        self.generator.read(&self.codec.encode(&format!(" {answer}\n"))?)?;
+        Ok(answer)
+    }
+
+    /// States held by each layer's memory now.
+    pub fn memory_held(&self) -> Vec<usize> {
+        self.generator.memory_held()
+    }
+}
+
 /// The replies as CSV: conversation, turn, reference, prediction and every score.
 pub fn replies_csv(replies: &[Reply]) -> Result<Vec<u8>> {
     let mut w = csv::Writer::from_writer(Vec::new());

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::Parser;
 
-use cli::{BenchArgs, Cli, Command, DistCheckArgs, EvalArgs, GenerateArgs, InspectCommand, InspectSpansArgs, PlayArgs, PlotArgs, ScoreArgs, DialogueDataArgs, DialogueEvalArgs, SweepArgs, TokenizerCommand, TrainArgs};
+use cli::{BenchArgs, Cli, Command, DistCheckArgs, EvalArgs, GenerateArgs, InspectCommand, InspectSpansArgs, PlayArgs, PlotArgs, ScoreArgs, DialogueDataArgs, DialogueEvalArgs, ChatArgs, SweepArgs, TokenizerCommand, TrainArgs};
 use lethe::checkpoint::Checkpoint;
 use lethe::config::{Mechanism, Source, PRESETS};
 use lethe::data::Split;
@@ -47,6 +47,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Score(a) => score(a),
         Command::DialogueData(a) => dialogue_data(a),
         Command::DialogueEval(a) => dialogue_eval(a),
+        Command::Chat(a) => chat(a),
         Command::Bench(a) => bench(a),
         Command::Sweep(a) => sweep(a),
         Command::Inspect(InspectCommand::Spans(a)) => inspect_spans(a),
@@ -444,14 +445,15 @@ fn plot(a: PlotArgs) -> Result<()> {
     Ok(())
 }
 
-/// The decoding that --decode and its options describe.
-fn decoding(a: &DialogueEvalArgs) -> Result<lethe::dialogue::Decoding> {
+/// The decoding that --decode and its options describe (`sampling` holds --temperature,
+/// --top-k, --top-p and --seed).
+fn decoding(decode: &str, beam: usize, sampling: Sampling) -> Result<lethe::dialogue::Decoding> {
     use lethe::dialogue::Decoding;
-    let sampling = |temperature: f64, top_p: f64| Sampling { temperature, top_k: a.top_k, top_p, seed: a.seed };
-    let d = match a.decode.as_str() {
-        "greedy" => Decoding::Sample(sampling(0.0, 1.0)),
-        "sample" => Decoding::Sample(sampling(a.temperature, a.top_p)),
-        "beam" => Decoding::Beam { width: a.beam },
+    let d = match decode {
+        "greedy" => Decoding::Sample(Sampling { temperature: 0.0, top_p: 1.0, ..sampling }),
+        "sample" => Decoding::Sample(sampling),
+        "beam" if beam == 0 => anyhow::bail!("--beam 0: a beam needs at least one hypothesis"),
+        "beam" => Decoding::Beam { width: beam },
         other => anyhow::bail!("--decode {other}: must be greedy, sample or beam"),
     };
     if let Decoding::Sample(s) = &d {
@@ -460,11 +462,42 @@ fn decoding(a: &DialogueEvalArgs) -> Result<lethe::dialogue::Decoding> {
     Ok(d)
 }
 
+/// Talks about a document: one reply on stdout per line on stdin.
+fn chat(a: ChatArgs) -> Result<()> {
+    use lethe::dialogue::{Chat, Codec};
+    use std::io::BufRead;
+    let device = lethe::device::parse(&a.device)?;
+    let decoding = decoding(&a.decode, a.beam, Sampling { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed })?;
+    if a.max_length == 0 {
+        anyhow::bail!("--max-length 0: a reply needs room for at least one token");
+    }
+    let bytes = std::fs::read(&a.document).with_context(|| format!("cannot read `{}`", a.document.display()))?;
+    let document = lethe::data::text::utf8(bytes, &a.document)?;
+    if document.trim().is_empty() {
+        anyhow::bail!("`{}` holds no text to talk about", a.document.display());
+    }
+    let ckpt = load_checkpoint(&a.checkpoint, None)?;
+    let lm = Lm::from_checkpoint(&ckpt, device)?;
+    let tokenizer = lethe::data::text::tokenizer_of_checkpoint(&ckpt)?;
+    let mut chat = Chat::new(&lm, Codec::new(tokenizer.as_ref())?, &document, decoding, a.max_length)?;
+    eprintln!("read `{}` (memory held per layer: {:?}); type a line, end with Ctrl-D", a.document.display(), chat.memory_held());
+    let stdout = std::io::stdout();
+    for line in std::io::stdin().lock().lines() {
+        let line = line.context("reading standard input")?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let answer = chat.turn(&line)?;
+        writeln!(stdout.lock(), "{answer}")?;
+    }
+    Ok(())
+}
+
 /// Replies to a dialogue split and scores them, with the true responses' perplexity.
 fn dialogue_eval(a: DialogueEvalArgs) -> Result<()> {
     use lethe::dialogue::{respond_to_split, Codec, Options};
     let device = lethe::device::parse(&a.device)?;
-    let decoding = decoding(&a)?;
+    let decoding = decoding(&a.decode, a.beam, Sampling { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed })?;
     let split: Split = a.split.parse()?;
     let ckpt = load_checkpoint(&a.checkpoint, None)?;
     let mut cfg = ckpt.config.clone().apply_overrides(&a.overrides)?;

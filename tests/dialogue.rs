@@ -41,3 +41,90 @@ fn generated_dialogues_train_and_only_responses_are_scored() {
     assert_eq!(without["tokens"], with_doc["tokens"]);
     assert_ne!(without["loss"], with_doc["loss"]);
 }
+
+/// A byte-level model of 1 layer with a block of 8, randomly initialised, with `mechanism`.
+fn byte_model(mechanism: &str) -> lethe::model::Lm {
+    let mut cfg = common::tiny_config();
+    cfg.train.block = 8;
+    cfg = cfg.apply_overrides(&[format!("memory.mechanism={mechanism}")]).unwrap();
+    tch::manual_seed(5);
+    lethe::model::Lm::new(&cfg, tch::Device::Cpu).unwrap()
+}
+
+fn conversation() -> lethe::data::dialogue::Conversation {
+    use lethe::data::dialogue::{Conversation, Turn};
+    let turns = ["hi", "hello there", "who is it by?", "nora vance", "thanks"];
+    Conversation { document: "a film by nora vance".into(), turns: turns.iter().enumerate().map(|(i, t)| Turn { speaker: i % 2, text: t.to_string() }).collect() }
+}
+
+#[test]
+fn a_beam_of_one_replies_as_greedy_decoding_and_replying_leaves_the_state_as_it_was() {
+    use lethe::dialogue::{reply, Codec, Decoding};
+    use lethe::generate::{Generator, Sampling};
+    let greedy = Sampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 };
+    for mechanism in ["fixed", "infinity"] {
+        let lm = byte_model(mechanism);
+        let codec = Codec::new(None).unwrap();
+        let prompt = codec.encode("a film by nora vance\nA: who is it by?\nB:").unwrap();
+        let mut g = Generator::new(&lm, &prompt, &greedy).unwrap();
+        let before = g.next_logits().copy();
+        let a = reply(&mut g, &codec, &Decoding::Sample(greedy.clone()), 12).unwrap();
+        let b = reply(&mut g, &codec, &Decoding::Beam { width: 1 }, 12).unwrap();
+        assert_eq!(a, b, "{mechanism}");
+        assert!(g.next_logits().equal(&before), "{mechanism}: the reply moved the generator");
+        // A wider beam finds a reply too, and the generator is still where it was.
+        reply(&mut g, &codec, &Decoding::Beam { width: 3 }, 12).unwrap();
+        assert!(g.next_logits().equal(&before), "{mechanism}");
+    }
+}
+
+#[test]
+fn every_turn_after_the_history_gets_one_reply_scored_against_it() {
+    use lethe::dialogue::{respond_to_split, Codec, Decoding, Options};
+    use lethe::generate::Sampling;
+    let lm = byte_model("fixed");
+    let codec = Codec::new(None).unwrap();
+    let sampled = Decoding::Sample(Sampling { temperature: 1.0, top_k: 0, top_p: 0.9, seed: 2 });
+    let opts = Options { decoding: sampled, max_length: 6, min_history: 2, with_document: true };
+    let convs = [conversation(), conversation()];
+    let replies = respond_to_split(&lm, &codec, &convs, &opts, |_, _| {}).unwrap();
+    assert_eq!(replies.iter().map(|r| (r.conversation, r.turn)).collect::<Vec<_>>(), vec![(0, 2), (0, 3), (0, 4), (1, 2), (1, 3), (1, 4)]);
+    let scorer = lethe::textmetrics::Scorer::default();
+    for r in &replies {
+        assert_eq!(r.reference, convs[r.conversation].turns[r.turn].text);
+        assert!(r.prediction.chars().count() <= 6 && !r.prediction.contains('\n'), "{:?}", r.prediction);
+        assert_eq!(r.scores, scorer.score(&r.prediction, &r.reference));
+    }
+    // The same seed samples the same replies.
+    let again = respond_to_split(&lm, &codec, &convs, &opts, |_, _| {}).unwrap();
+    assert_eq!(replies.iter().map(|r| &r.prediction).collect::<Vec<_>>(), again.iter().map(|r| &r.prediction).collect::<Vec<_>>());
+}
+
+#[test]
+fn chat_reads_a_document_and_replies_to_each_line() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    succeeds(&lethe(d, &["dialogue-data", "--out", "dog", "--conversations", "20"]));
+    let mut args = vec!["train", "-p", "dialogue-tiny", "--quiet", "--out", "runs", "--data", "dog", "--set", "data.tokenizer=dog/tokenizer", "--steps", "2", "--no-eval"];
+    args.extend_from_slice(SMALL);
+    succeeds(&lethe(d, &args));
+    std::fs::write(d.join("doc.txt"), "the quiet road (1990)\nDirector: nora vance\n").unwrap();
+    let talk = || {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_lethe"))
+            .current_dir(d)
+            .args(["chat", "--checkpoint", "runs/dialogue-tiny", "--document", "doc.txt", "--max-length", "8"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(b"hi !\n\nwho directed it ?\n").unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let first = talk();
+    assert_eq!(first.lines().count(), 2, "one reply per non-empty line: {first:?}");
+    assert_eq!(first, talk(), "greedy replies are the same every time");
+}
