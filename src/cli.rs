@@ -277,8 +277,15 @@ pub struct InspectSpansArgs {
     #[arg(long)]
     pub checkpoint: PathBuf,
     /// A file holding the text to stream through the model.
-    #[arg(long)]
-    pub text: PathBuf,
+    #[arg(long, required_unless_present = "conversation")]
+    pub text: Option<PathBuf>,
+    /// Instead of --text, conversation N (from 0) of the run's dialogue data as the model
+    /// reads it: the document, then the turns (the ∞-former paper's Figure 5).
+    #[arg(long, conflicts_with = "text")]
+    pub conversation: Option<usize>,
+    /// The split --conversation is taken from.
+    #[arg(long, default_value = "test")]
+    pub split: String,
     /// Folder for the pictures (spans.svg and spans.html, or ltm.svg and ltm.html).
     #[arg(long, default_value = "inspect")]
     pub out: PathBuf,

@@ -134,15 +134,30 @@ fn play(a: PlayArgs) -> Result<()> {
 /// The model and the text, read as the model reads: bytes, or through its tokenizer.
 fn inspect_inputs(a: &InspectSpansArgs) -> Result<(Lm, lethe::inspect::Text)> {
     let device = lethe::device::parse(&a.device)?;
-    let bytes = std::fs::read(&a.text).with_context(|| format!("reading text `{}`", a.text.display()))?;
     let ckpt = Checkpoint::load(&a.checkpoint)?;
+    let bytes = match (&a.text, a.conversation) {
+        (Some(path), _) => std::fs::read(path).with_context(|| format!("reading text `{}`", path.display()))?,
+        (None, Some(n)) => conversation_text(&ckpt, &a.split, n)?.into_bytes(),
+        (None, None) => anyhow::bail!("give --text FILE or --conversation N"),
+    };
+    let origin = a.text.clone().unwrap_or_else(|| std::path::PathBuf::from("--conversation"));
     let text = match lethe::data::text::tokenizer_of_checkpoint(&ckpt)? {
         None => lethe::inspect::Text::bytes(&bytes),
-        Some(tokenizer) => {
-            lethe::inspect::Text::tokens(&tokenizer, &lethe::data::text::utf8(bytes, &a.text)?)?
-        }
+        Some(tokenizer) => lethe::inspect::Text::tokens(&tokenizer, &lethe::data::text::utf8(bytes, &origin)?)?,
     };
     Ok((Lm::from_checkpoint(&ckpt, device)?, text))
+}
+
+/// Conversation `n` of a dialogue run's `split`, as the model reads it.
+fn conversation_text(ckpt: &Checkpoint, split: &str, n: usize) -> Result<String> {
+    let data = &ckpt.config.data;
+    if data.source != Source::Dialogue {
+        anyhow::bail!("--conversation: this model was trained on `{}`, not on dialogues; give --text FILE", data.source);
+    }
+    let dir = data.path.as_deref().context("data.path: the run names no CMU-DoG folder")?;
+    let conversations = lethe::data::dialogue::read_split(dir, split.parse()?)?;
+    let c = conversations.get(n).with_context(|| format!("--conversation {n}: the {split} split has {} conversations (0 to {})", conversations.len(), conversations.len().saturating_sub(1)))?;
+    Ok(c.segments(data.dialogue.document).into_iter().map(|(s, _)| s).collect())
 }
 
 fn inspect_ltm(a: InspectSpansArgs) -> Result<()> {

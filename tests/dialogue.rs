@@ -12,7 +12,7 @@ use lethe::data::Split;
 const SMALL: &[&str] = &["--set", "model.layers=1", "--set", "model.d_model=16", "--set", "model.heads=2", "--set", "model.d_ffn=32", "--set", "train.batch=4"];
 
 fn eval_json(dir: &std::path::Path, extra: &[&str]) -> serde_json::Value {
-    let mut args = vec!["eval", "--checkpoint", "runs/dialogue-tiny", "--split", "test", "--json"];
+    let mut args = vec!["eval", "--checkpoint", "runs/dialogue-tiny-infinity", "--split", "test", "--json"];
     args.extend_from_slice(extra);
     serde_json::from_str(&succeeds(&lethe(dir, &args))).expect("eval --json prints JSON")
 }
@@ -22,7 +22,7 @@ fn generated_dialogues_train_and_only_responses_are_scored() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     succeeds(&lethe(d, &["dialogue-data", "--out", "dog", "--conversations", "40", "--seed", "3"]));
-    let mut args = vec!["train", "-p", "dialogue-tiny", "--quiet", "--out", "runs", "--data", "dog", "--set", "data.tokenizer=dog/tokenizer", "--steps", "2", "--no-eval"];
+    let mut args = vec!["train", "-p", "dialogue-tiny-infinity", "--quiet", "--out", "runs", "--data", "dog", "--set", "data.tokenizer=dog/tokenizer", "--steps", "2", "--no-eval"];
     args.extend_from_slice(SMALL);
     succeeds(&lethe(d, &args));
 
@@ -40,6 +40,12 @@ fn generated_dialogues_train_and_only_responses_are_scored() {
     let without = eval_json(d, &["--set", "data.dialogue.document=false"]);
     assert_eq!(without["tokens"], with_doc["tokens"]);
     assert_ne!(without["loss"], with_doc["loss"]);
+
+    // The long-term memory over a test conversation, read as in training (Figure 5).
+    let out = succeeds(&lethe(d, &["inspect", "ltm", "--checkpoint", "runs/dialogue-tiny-infinity", "--conversation", "1", "--out", "ltm"]));
+    assert!(out.contains("tokens absorbed"), "{out}");
+    assert!(d.join("ltm/ltm.html").is_file());
+    common::cli::fails_with(&lethe(d, &["inspect", "ltm", "--checkpoint", "runs/dialogue-tiny-infinity", "--conversation", "6"]), &["--conversation 6", "6 conversations (0 to 5)"]);
 }
 
 /// A byte-level model of 1 layer with a block of 8, randomly initialised, with `mechanism`.
