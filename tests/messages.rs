@@ -17,6 +17,15 @@ fn refusals_name_what_is_wrong_in_the_users_words() {
     let d = dir.path();
     std::fs::write(d.join("text.txt"), "some text\n".repeat(50)).unwrap();
     std::fs::write(d.join("one.txt"), "a line\n").unwrap();
+    std::fs::write(d.join("empty.txt"), "").unwrap();
+    // Two broken CMU-DoG folders: a conversation that is not JSON, and one naming a
+    // document that no WikiData file has.
+    for (folder, conversation) in [("badjson", "{not json"), ("nodoc", r#"{"docLinkIdx": 9, "history": [{"text": "hi", "uid": "u"}]}"#)] {
+        std::fs::create_dir_all(d.join(folder).join("WikiData")).unwrap();
+        std::fs::create_dir_all(d.join(folder).join("Conversations/train")).unwrap();
+        std::fs::write(d.join(folder).join("WikiData/m.json"), r#"{"0": {"movieName": "M"}, "1": "", "2": "", "3": "", "wikiDocumentIdx": 1}"#).unwrap();
+        std::fs::write(d.join(folder).join("Conversations/train/1.json"), conversation).unwrap();
+    }
     let train = |extra: &[&str]| -> Vec<String> {
         let mut args: Vec<&str> = vec!["train", "--quiet", "--out", "runs", "--steps", "1"];
         args.extend_from_slice(TINY);
@@ -54,6 +63,16 @@ fn refusals_name_what_is_wrong_in_the_users_words() {
         (plain(&["score", "text.txt", "one.txt"]), vec!["text.txt", "50 lines", "one.txt", "has 1"]),
         (plain(&["dialogue-data", "--out", "dog", "--conversations", "5"]), vec!["--conversations", "at least 20"]),
         (train(&["--set", "data.source=dialogue", "--set", "data.path=."]), vec!["WikiData", "CMU-DoG"]),
+        (train(&["--set", "data.source=dialogue", "--set", "data.path=badjson"]), vec!["badjson/Conversations/train/1.json", "not a CMU-DoG JSON file"]),
+        (train(&["--set", "data.source=dialogue", "--set", "data.path=nodoc"]), vec!["nodoc/Conversations/train/1.json", "document 9"]),
+        (plain(&["score", "empty.txt", "empty.txt"]), vec!["empty.txt", "no lines"]),
+        (plain(&["dialogue-eval", "--checkpoint", "nosuch", "--decode", "topk"]), vec!["--decode topk", "greedy, sample or beam"]),
+        (plain(&["dialogue-eval", "--checkpoint", "nosuch", "--decode", "beam", "--beam", "0"]), vec!["--beam 0"]),
+        (plain(&["dialogue-eval", "--checkpoint", "nosuch", "--decode", "sample", "--top-p", "0"]), vec!["--top-p 0"]),
+        (plain(&["dialogue-eval", "--checkpoint", "nosuch"]), vec!["nosuch"]),
+        (plain(&["chat", "--checkpoint", "nosuch", "--document", "missing.txt"]), vec!["missing.txt"]),
+        (plain(&["chat", "--checkpoint", "nosuch", "--document", "empty.txt"]), vec!["empty.txt", "no text"]),
+        (plain(&["inspect", "ltm", "--checkpoint", "nosuch", "--conversation", "0"]), vec!["nosuch"]),
     ];
     for (args, needles) in &cases {
         let argv: Vec<&str> = args.iter().map(String::as_str).collect();
