@@ -122,7 +122,7 @@ pub struct DialogueDataArgs {
     #[arg(long)]
     pub out: PathBuf,
     /// Conversations in all, split 0.8 / 0.05 / 0.15.
-    #[arg(long, allow_negative_numbers = true, default_value_t = 600)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 3000)]
     pub conversations: usize,
     /// Seed of the generated movies and conversations.
     #[arg(long, allow_negative_numbers = true, default_value_t = 1)]

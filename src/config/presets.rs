@@ -69,7 +69,7 @@ pub const PRESETS: &[Preset] = &[
     preset!("sticky-wikitext", "infinity-wikitext with sticky memories (App. D); GPU"),
     preset!("words-tiny", "a word-level Transformer-XL of 2 layers x 64 with the adaptive input and softmax on a text file's word vocabulary (scripts/words-demo.sh); minutes on 2 cores"),
     preset!("words-tiny-infinity", "words-tiny with the ∞-former: LTM of 32 basis functions, threshold 256; minutes on 2 cores"),
-    preset!("dialogue-tiny", "document-grounded dialogue at CPU size (∞-former paper Table 2, GPT-2 row) on `lethe dialogue-data`'s movies: a word-level transformer of 2 layers x 64 with a window of 64 words; minutes on 2 cores"),
+    preset!("dialogue-tiny", "document-grounded dialogue at CPU size (∞-former paper Table 2, GPT-2 row) on `lethe dialogue-data`'s movies: a word-level transformer of 2 layers x 64 with a window of 64 words, 15k steps; 2-4 minutes on 2 cores"),
     preset!("dialogue-tiny-nodoc", "dialogue-tiny without the documents (Table 2, GPT-2 w/o doc); minutes on 2 cores"),
     preset!("dialogue-tiny-compressive", "dialogue-tiny + a compressed memory of 64 slots at rate 3 (Table 2, Compressive); minutes on 2 cores"),
     preset!("dialogue-tiny-infinity", "dialogue-tiny + the ∞-former's LTM of 64 basis functions, tau 0.5, KL 1e-6 (Table 2, ∞-former); minutes on 2 cores"),
