@@ -140,6 +140,31 @@ pub struct DialogueEvalArgs {
     /// Another CMU-DoG folder than the one the model was trained on.
     #[arg(long)]
     pub data: Option<PathBuf>,
+    #[command(flatten)]
+    pub reply: ReplyArgs,
+    /// Turns read before the first reply of each conversation.
+    #[arg(long, allow_negative_numbers = true, default_value_t = 2)]
+    pub min_history: usize,
+    /// Only the first N conversations of the split (0: all).
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
+    pub conversations: usize,
+    /// Write every reply with its reference and scores to this CSV.
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<PathBuf>,
+    /// Print the figures as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// cpu, cuda, cuda:N or auto.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Override a config field for this evaluation, e.g. `data.dialogue.document=false`.
+    #[arg(long = "set", value_name = "FIELD=VALUE")]
+    pub overrides: Vec<String>,
+}
+
+/// How a dialogue model writes its replies (dialogue-eval, chat).
+#[derive(Args, Debug)]
+pub struct ReplyArgs {
     /// greedy, sample (--temperature, --top-k, --top-p) or beam (--beam).
     #[arg(long, default_value = "greedy")]
     pub decode: String,
@@ -161,24 +186,6 @@ pub struct DialogueEvalArgs {
     /// Most tokens in a reply.
     #[arg(long, allow_negative_numbers = true, default_value_t = 50)]
     pub max_length: usize,
-    /// Turns read before the first reply of each conversation.
-    #[arg(long, allow_negative_numbers = true, default_value_t = 2)]
-    pub min_history: usize,
-    /// Only the first N conversations of the split (0: all).
-    #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
-    pub conversations: usize,
-    /// Write every reply with its reference and scores to this CSV.
-    #[arg(long, value_name = "FILE")]
-    pub csv: Option<PathBuf>,
-    /// Print the figures as JSON.
-    #[arg(long)]
-    pub json: bool,
-    /// cpu, cuda, cuda:N or auto.
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
-    /// Override a config field for this evaluation, e.g. `data.dialogue.document=false`.
-    #[arg(long = "set", value_name = "FIELD=VALUE")]
-    pub overrides: Vec<String>,
 }
 
 #[derive(Args, Debug)]
@@ -189,27 +196,8 @@ pub struct ChatArgs {
     /// The document to talk about (text).
     #[arg(long)]
     pub document: PathBuf,
-    /// greedy, sample (--temperature, --top-k, --top-p) or beam (--beam).
-    #[arg(long, default_value = "greedy")]
-    pub decode: String,
-    /// Hypotheses kept by beam search.
-    #[arg(long, allow_negative_numbers = true, default_value_t = 4)]
-    pub beam: usize,
-    /// Sampling temperature.
-    #[arg(long, allow_negative_numbers = true, default_value_t = 1.0)]
-    pub temperature: f64,
-    /// Sample only among the k most likely tokens (0: all).
-    #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
-    pub top_k: usize,
-    /// Nucleus sampling threshold.
-    #[arg(long, allow_negative_numbers = true, default_value_t = 0.9)]
-    pub top_p: f64,
-    /// Sampler seed.
-    #[arg(long, allow_negative_numbers = true, default_value_t = 1)]
-    pub seed: u64,
-    /// Most tokens in a reply.
-    #[arg(long, allow_negative_numbers = true, default_value_t = 50)]
-    pub max_length: usize,
+    #[command(flatten)]
+    pub reply: ReplyArgs,
     /// cpu, cuda, cuda:N or auto.
     #[arg(long, default_value = "cpu")]
     pub device: String,

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::Parser;
 
-use cli::{BenchArgs, Cli, Command, DistCheckArgs, EvalArgs, GenerateArgs, InspectCommand, InspectSpansArgs, PlayArgs, PlotArgs, ScoreArgs, DialogueDataArgs, DialogueEvalArgs, ChatArgs, SweepArgs, TokenizerCommand, TrainArgs};
+use cli::{BenchArgs, Cli, Command, DistCheckArgs, EvalArgs, GenerateArgs, InspectCommand, InspectSpansArgs, PlayArgs, PlotArgs, ScoreArgs, DialogueDataArgs, DialogueEvalArgs, ChatArgs, ReplyArgs, SweepArgs, TokenizerCommand, TrainArgs};
 use lethe::checkpoint::Checkpoint;
 use lethe::config::{Mechanism, Source, PRESETS};
 use lethe::data::Split;
@@ -460,11 +460,14 @@ fn plot(a: PlotArgs) -> Result<()> {
     Ok(())
 }
 
-/// The decoding that --decode and its options describe (`sampling` holds --temperature,
-/// --top-k, --top-p and --seed).
-fn decoding(decode: &str, beam: usize, sampling: Sampling) -> Result<lethe::dialogue::Decoding> {
+/// The decoding that --decode and its options describe.
+fn decoding(a: &ReplyArgs) -> Result<lethe::dialogue::Decoding> {
     use lethe::dialogue::Decoding;
-    let d = match decode {
+    if a.max_length == 0 {
+        anyhow::bail!("--max-length 0: a reply needs room for at least one token");
+    }
+    let (beam, sampling) = (a.beam, Sampling { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed });
+    let d = match a.decode.as_str() {
         "greedy" => Decoding::Sample(Sampling { temperature: 0.0, top_p: 1.0, ..sampling }),
         "sample" => Decoding::Sample(sampling),
         "beam" if beam == 0 => anyhow::bail!("--beam 0: a beam needs at least one hypothesis"),
@@ -482,10 +485,7 @@ fn chat(a: ChatArgs) -> Result<()> {
     use lethe::dialogue::{Chat, Codec};
     use std::io::BufRead;
     let device = lethe::device::parse(&a.device)?;
-    let decoding = decoding(&a.decode, a.beam, Sampling { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed })?;
-    if a.max_length == 0 {
-        anyhow::bail!("--max-length 0: a reply needs room for at least one token");
-    }
+    let decoding = decoding(&a.reply)?;
     let bytes = std::fs::read(&a.document).with_context(|| format!("cannot read `{}`", a.document.display()))?;
     let document = lethe::data::text::utf8(bytes, &a.document)?;
     if document.trim().is_empty() {
@@ -494,7 +494,7 @@ fn chat(a: ChatArgs) -> Result<()> {
     let ckpt = load_checkpoint(&a.checkpoint, None)?;
     let lm = Lm::from_checkpoint(&ckpt, device)?;
     let tokenizer = lethe::data::text::tokenizer_of_checkpoint(&ckpt)?;
-    let mut chat = Chat::new(&lm, Codec::new(tokenizer.as_ref())?, &document, decoding, a.max_length)?;
+    let mut chat = Chat::new(&lm, Codec::new(tokenizer.as_ref())?, &document, decoding, a.reply.max_length)?;
     eprintln!("read `{}` (memory held per layer: {:?}); type a line, end with Ctrl-D", a.document.display(), chat.memory_held());
     let stdout = std::io::stdout();
     for line in std::io::stdin().lock().lines() {
@@ -512,7 +512,7 @@ fn chat(a: ChatArgs) -> Result<()> {
 fn dialogue_eval(a: DialogueEvalArgs) -> Result<()> {
     use lethe::dialogue::{respond_to_split, Codec, Options};
     let device = lethe::device::parse(&a.device)?;
-    let decoding = decoding(&a.decode, a.beam, Sampling { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed })?;
+    let decoding = decoding(&a.reply)?;
     let split: Split = a.split.parse()?;
     let ckpt = load_checkpoint(&a.checkpoint, None)?;
     let mut cfg = ckpt.config.clone().apply_overrides(&a.overrides)?;
@@ -531,7 +531,7 @@ fn dialogue_eval(a: DialogueEvalArgs) -> Result<()> {
     let lm = Lm::from_checkpoint(&ckpt, device)?;
     let tokenizer = lethe::data::text::tokenizer_of_checkpoint(&ckpt)?;
     let codec = Codec::new(tokenizer.as_ref())?;
-    let opts = Options { decoding, max_length: a.max_length, min_history: a.min_history, with_document: cfg.data.dialogue.document };
+    let opts = Options { decoding, max_length: a.reply.max_length, min_history: a.min_history, with_document: cfg.data.dialogue.document };
     let started = std::time::Instant::now();
     let mut said = started;
     let replies = respond_to_split(&lm, &codec, &conversations, &opts, |done, total| {
@@ -555,7 +555,7 @@ fn dialogue_eval(a: DialogueEvalArgs) -> Result<()> {
         let out = serde_json::json!({"split": split.to_string(), "conversations": conversations.len(), "replies": replies.len(), "ppl": ppl.ppl, "word_ppl": ppl.word_ppl, "scores": mean});
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
-        println!("{split}: {} replies in {} conversations ({} decoding), perplexity of the true responses {:.2}", replies.len(), conversations.len(), a.decode, ppl.ppl);
+        println!("{split}: {} replies in {} conversations ({} decoding), perplexity of the true responses {:.2}", replies.len(), conversations.len(), a.reply.decode, ppl.ppl);
         println!("{}", lethe::textmetrics::summary(&mean, replies.len()));
     }
     Ok(())
