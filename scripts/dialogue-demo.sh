@@ -27,7 +27,7 @@ for seed in $SEEDS; do
   for run in dialogue-tiny-nodoc dialogue-tiny dialogue-tiny-compressive dialogue-tiny-infinity dialogue-tiny-sticky; do
     name="demo-$run-s$seed"
     $LETHE train --preset $run --data "$DATA" --set "data.tokenizer=$DATA/tokenizer" "${steps[@]}" \
-      --seed "$seed" --out "$OUT" --name "$name" --overwrite --quiet
+      --seed "$seed" --out "$OUT" --name "$name" --overwrite --quiet > /dev/null
     $LETHE dialogue-eval --checkpoint "$OUT/$name" --json --csv "$OUT/$name/replies.csv" > "$OUT/$name/dialogue-eval.json" 2>/dev/null
     python3 - "$run" "$seed" "$OUT/$name" <<'PY'
 import csv, json, sys
