@@ -157,8 +157,8 @@ fn critics_right(run: &std::path::Path, data: &std::path::Path) -> (usize, usize
 /// The document reaches an answer only through memory once it is out of the window: the
 /// same word-level model, trained the same way on the generated dialogues, answers the
 /// critics' word above chance (1 in 10) with a memory of 384 words that reaches the
-/// document, and at chance with a window of 64 words that does not. About 6 minutes on
-/// 2 cores.
+/// document, and at chance with a window of 64 words that does not. About 11 minutes
+/// on 2 cores.
 #[test]
 #[ignore]
 fn a_word_only_the_document_holds_is_answered_through_memory() {
@@ -169,13 +169,18 @@ fn a_word_only_the_document_holds_is_answered_through_memory() {
     for span in ["384", "64"] {
         let set = format!("memory.span={span}");
         let name = format!("span{span}");
-        let args = ["train", "-p", "dialogue-tiny", "--quiet", "--out", "runs", "--name", &name, "--data", "dog", "--set", "data.tokenizer=dog/tokenizer", "--set", &set, "--seed", "3", "--no-eval"];
+        // 25k steps: the copying is learned between 15k (23% right) and 25k (55%).
+        let args = ["train", "-p", "dialogue-tiny", "--quiet", "--out", "runs", "--name", &name, "--data", "dog", "--set", "data.tokenizer=dog/tokenizer", "--set", &set, "--seed", "3", "--steps", "25000", "--no-eval"];
         succeeds(&lethe(d, &args));
         right.push(critics_right(&d.join("runs").join(&name), &d.join("dog")));
     }
     let share = |(r, n): (usize, usize)| r as f64 / n as f64;
     let (memory, window) = (right[0], right[1]);
+    eprintln!("the critics' word right: {memory:?} with a memory of 384, {window:?} with a window of 64");
     assert!(memory.1 >= 80 && window.1 == memory.1, "{right:?}");
-    assert!(share(memory) > 0.3, "with memory: {memory:?} right, chance is 1 in 10");
-    assert!(share(window) < 0.2, "without: {window:?} right, chance is 1 in 10");
+    // Measured on this machine: 60 of 110 with memory, 17 of 110 with the window. Chance
+    // is 11 of 110 (sd 3), so the window's figure may stray 2-3 sd above it.
+    assert!(share(memory) > 0.35, "with memory: {memory:?} right, chance is 1 in 10");
+    assert!(share(window) < 0.25, "without: {window:?} right, chance is 1 in 10");
+    assert!(memory.0 >= 2 * window.0, "memory {memory:?} against window {window:?}");
 }
