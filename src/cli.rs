@@ -274,6 +274,10 @@ pub struct InspectSpansArgs {
     /// The split --conversation is taken from.
     #[arg(long, default_value = "test")]
     pub split: String,
+    /// inspect ltm: a second ∞-former run to draw beside the first, on the same text
+    /// (e.g. without and with sticky memories).
+    #[arg(long, value_name = "RUN")]
+    pub compare: Option<PathBuf>,
     /// Folder for the pictures (spans.svg and spans.html, or ltm.svg and ltm.html).
     #[arg(long, default_value = "inspect")]
     pub out: PathBuf,

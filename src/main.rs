@@ -132,9 +132,9 @@ fn play(a: PlayArgs) -> Result<()> {
 
 /// The model and the text of an `inspect` command.
 /// The model and the text, read as the model reads: bytes, or through its tokenizer.
-fn inspect_inputs(a: &InspectSpansArgs) -> Result<(Lm, lethe::inspect::Text)> {
+fn inspect_inputs(a: &InspectSpansArgs, checkpoint: &std::path::Path) -> Result<(Lm, lethe::inspect::Text)> {
     let device = lethe::device::parse(&a.device)?;
-    let ckpt = Checkpoint::load(&a.checkpoint)?;
+    let ckpt = Checkpoint::load(checkpoint)?;
     let bytes = match (&a.text, a.conversation) {
         (Some(path), _) => std::fs::read(path).with_context(|| format!("reading text `{}`", path.display()))?,
         (None, Some(n)) => conversation_text(&ckpt, &a.split, n)?.into_bytes(),
@@ -161,9 +161,29 @@ fn conversation_text(ckpt: &Checkpoint, split: &str, n: usize) -> Result<String>
 }
 
 fn inspect_ltm(a: InspectSpansArgs) -> Result<()> {
-    let (lm, text) = inspect_inputs(&a)?;
-    let picture = lethe::inspect::ltm::trace_ltm(&lm, &text)?;
-    lethe::inspect::ltm::write(&picture, &a.out)?;
+    let mut runs = vec![a.checkpoint.clone()];
+    runs.extend(a.compare.clone());
+    let mut pictures = vec![];
+    for run in &runs {
+        let (lm, text) = inspect_inputs(&a, run)?;
+        let picture = lethe::inspect::ltm::trace_ltm(&lm, &text).with_context(|| format!("`{}`", run.display()))?;
+        pictures.push((run.display().to_string(), picture));
+    }
+    let named: Vec<(&str, &lethe::inspect::ltm::LtmPicture)> = pictures.iter().map(|(n, p)| (if runs.len() > 1 { n.as_str() } else { "" }, p)).collect();
+    lethe::inspect::ltm::write_compared(&named, &a.out)?;
+    for (name, picture) in &pictures {
+        if runs.len() > 1 {
+            println!("{name}:");
+        }
+        print_ltm_summary(picture);
+    }
+    println!("wrote {}", a.out.join("ltm.html").display());
+    Ok(())
+}
+
+/// Per layer: where the attention went on average and the tokens with the most space.
+fn print_ltm_summary(picture: &lethe::inspect::ltm::LtmPicture) {
+    let text = &picture.text;
     for (layer, (hist, spaces)) in picture.attention.iter().zip(&picture.spaces).enumerate() {
         let d = hist.len().max(1) as f64;
         let mean: f64 = hist.iter().enumerate().map(|(i, h)| h * (i as f64 + 0.5) / d).sum();
@@ -176,12 +196,13 @@ fn inspect_ltm(a: InspectSpansArgs) -> Result<()> {
             .collect();
         println!("layer {layer}: mean attended position {mean:.2} of [0, 1]; {} tokens absorbed; most space: {}", spaces.len(), largest.join(", "));
     }
-    println!("wrote {}", a.out.join("ltm.html").display());
-    Ok(())
 }
 
 fn inspect_spans(a: InspectSpansArgs) -> Result<()> {
-    let (lm, text) = inspect_inputs(&a)?;
+    if a.compare.is_some() {
+        anyhow::bail!("--compare applies to `inspect ltm`, not to `inspect spans`");
+    }
+    let (lm, text) = inspect_inputs(&a, &a.checkpoint)?;
     let trace = lethe::inspect::trace_spans(&lm, &text)?;
     lethe::inspect::write(&trace, &a.out)?;
     for (layer, spans) in trace.spans.iter().enumerate() {

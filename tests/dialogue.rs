@@ -46,6 +46,16 @@ fn generated_dialogues_train_and_only_responses_are_scored() {
     assert!(out.contains("tokens absorbed"), "{out}");
     assert!(d.join("ltm/ltm.html").is_file());
     common::cli::fails_with(&lethe(d, &["inspect", "ltm", "--checkpoint", "runs/dialogue-tiny-infinity", "--conversation", "6"]), &["--conversation 6", "6 conversations (0 to 5)"]);
+
+    // Two runs side by side (here the same run twice: the two panels are equal).
+    let run = "runs/dialogue-tiny-infinity";
+    succeeds(&lethe(d, &["inspect", "ltm", "--checkpoint", run, "--compare", run, "--conversation", "1", "--out", "both"]));
+    let svg = std::fs::read_to_string(d.join("both/ltm.svg")).unwrap();
+    let panels: Vec<&str> = svg.split("<g transform=").skip(1).map(|p| p.split_once('>').unwrap().1.split("</g>").next().unwrap()).collect();
+    assert_eq!(panels.len(), 2);
+    assert!(panels[0] == panels[1], "the same run draws the same panel twice");
+    assert_eq!(svg.matches(run).count(), 2, "each panel is named");
+    common::cli::fails_with(&lethe(d, &["inspect", "spans", "--checkpoint", run, "--compare", run, "--conversation", "1"]), &["--compare", "inspect ltm"]);
 }
 
 /// A byte-level model of 1 layer with a block of 8, randomly initialised, with `mechanism`.

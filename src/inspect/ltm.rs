@@ -163,15 +163,41 @@ fn bars(s: &mut String, hist: &[f64], (x, y, w, h): (f64, f64, f64, f64), tau: f
 /// The picture as SVG: per layer, the attention histogram, then the absorbed text
 /// shaded by memory space.
 pub fn to_svg(p: &LtmPicture) -> String {
+    side_by_side(&[("", p)])
+}
+
+/// Several pictures in one SVG, side by side, each under its name (`inspect ltm
+/// --compare`: two runs on the same text, as the ∞-former paper's Figures 10-11 set
+/// the model with and without sticky memories beside each other).
+pub fn side_by_side(pictures: &[(&str, &LtmPicture)]) -> String {
+    let drawn: Vec<(String, f64, f64)> = pictures.iter().map(|(_, p)| panels(p)).collect();
+    let named = pictures.iter().any(|(name, _)| !name.is_empty());
+    let head = if named { 22.0 } else { 0.0 };
+    let width: f64 = drawn.iter().map(|d| d.1).sum();
+    let height = drawn.iter().map(|d| d.2).fold(0.0, f64::max) + head;
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" font-family=\"monospace\" font-size=\"13\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+    );
+    let mut x = 0.0;
+    for ((name, _), (body, w, _)) in pictures.iter().zip(&drawn) {
+        if named {
+            let _ = writeln!(s, "<text x=\"{}\" y=\"16\" font-weight=\"bold\" font-size=\"15\">{}</text>", x + 10.0, super::escape(name));
+        }
+        let _ = writeln!(s, "<g transform=\"translate({x},{head})\">\n{body}</g>");
+        x += w;
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+/// One picture's panels as SVG elements, with their width and height.
+fn panels(p: &LtmPicture) -> (String, f64, f64) {
     let (cw, ch, width) = (9.0, 16.0, 100);
     let panels: Vec<Vec<(usize, usize)>> = p.spaces.iter().map(|sp| lines(&p.text.pieces[..sp.len()], width)).collect();
     let panel_height = |rows: usize| 150.0 + ch * (rows as f64 + 1.0);
     let total: f64 = panels.iter().map(|r| panel_height(r.len())).sum();
     let w = cw * width as f64 + 20.0;
-    let mut s = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{}\" font-family=\"monospace\" font-size=\"13\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
-        total + 10.0
-    );
+    let mut s = String::new();
     let mut top = 5.0;
     for (layer, rows) in panels.iter().enumerate() {
         let _ = writeln!(s, "<text x=\"10\" y=\"{}\" font-weight=\"bold\">layer {layer}: share of the attention over the LTM's axis</text>", top + 12.0);
@@ -197,23 +223,37 @@ pub fn to_svg(p: &LtmPicture) -> String {
         }
         top += panel_height(rows.len());
     }
-    s.push_str("</svg>\n");
-    s
+    (s, w, total + 10.0)
 }
 
 /// The picture as an HTML page: the SVG plus the tokens with the most space.
 pub fn to_html(p: &LtmPicture) -> String {
+    compare_html(&[("", p)])
+}
+
+/// Several pictures (see [`side_by_side`]) as one HTML page, with each one's tokens
+/// that hold the most space.
+pub fn compare_html(pictures: &[(&str, &LtmPicture)]) -> String {
     let mut s = String::from(
         "<!doctype html>\n<meta charset=\"utf-8\">\n<title>lethe: ∞-former long-term memory</title>\n<style>body{font-family:sans-serif;margin:2em}code{background:#eee}</style>\n",
     );
     let _ = writeln!(
         s,
-        "<h1>∞-former long-term memory</h1>\n<p>Sticky memories: {}. Bars: the attention given to each region of the LTM, averaged over the blocks (0 = oldest, 1 = newest). Text: the share of the memory each absorbed token holds at the end (white: 1/8 of an even share or less; deep red: 8 times or more). Hover for values.</p>",
-        if p.sticky { "on" } else { "off" }
+        "<h1>∞-former long-term memory</h1>\n<p>{}. Bars: the attention given to each region of the LTM, averaged over the blocks (0 = oldest, 1 = newest). Text: the share of the memory each absorbed token holds at the end (white: 1/8 of an even share or less; deep red: 8 times or more). Hover for values.</p>",
+        pictures.iter().map(|(name, p)| format!("{name}{}sticky memories {}", if name.is_empty() { "" } else { ": " }, if p.sticky { "on" } else { "off" })).collect::<Vec<_>>().join("; ")
     );
-    s.push_str(&to_svg(p));
+    s.push_str(&side_by_side(pictures));
+    for (name, p) in pictures {
+        most_space(&mut s, name, p);
+    }
+    s
+}
+
+/// The list of the tokens with the most space, per layer of `p`.
+fn most_space(s: &mut String, name: &str, p: &LtmPicture) {
+    let name = if name.is_empty() { String::new() } else { format!("{}, ", super::escape(name)) };
     for (layer, spaces) in p.spaces.iter().enumerate() {
-        let _ = writeln!(s, "<h2>Layer {layer}: the tokens with the most space</h2>\n<ol>");
+        let _ = writeln!(s, "<h2>{name}layer {layer}: the tokens with the most space</h2>\n<ol>");
         for (i, space) in largest(spaces, 10) {
             let a = i.saturating_sub(12);
             let context = super::escape(&p.text.join(a, i + 1));
@@ -221,7 +261,6 @@ pub fn to_html(p: &LtmPicture) -> String {
         }
         s.push_str("</ol>\n");
     }
-    s
 }
 
 /// The `k` tokens with the largest spaces: `(index, space)`, largest first.
@@ -234,9 +273,14 @@ pub fn largest(spaces: &[(f64, f64)], k: usize) -> Vec<(usize, f64)> {
 
 /// Writes `ltm.svg` and `ltm.html` into `dir`.
 pub fn write(p: &LtmPicture, dir: &Path) -> Result<()> {
+    write_compared(&[("", p)], dir)
+}
+
+/// Writes several named pictures side by side as `ltm.svg` and `ltm.html` into `dir`.
+pub fn write_compared(pictures: &[(&str, &LtmPicture)], dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| LetheError::io(dir, e))?;
-    write_atomic(&dir.join("ltm.svg"), to_svg(p).as_bytes())?;
-    write_atomic(&dir.join("ltm.html"), to_html(p).as_bytes())
+    write_atomic(&dir.join("ltm.svg"), side_by_side(pictures).as_bytes())?;
+    write_atomic(&dir.join("ltm.html"), compare_html(pictures).as_bytes())
 }
 
 #[cfg(test)]
