@@ -28,6 +28,17 @@ pub enum Decoding {
     Beam { width: usize },
 }
 
+impl Decoding {
+    /// The sampling a [`Generator`] is built with: this one's, or greedy for beam search
+    /// (which picks its own tokens and never samples).
+    fn generator_sampling(&self) -> Sampling {
+        match self {
+            Decoding::Sample(s) => s.clone(),
+            Decoding::Beam { .. } => Sampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 },
+        }
+    }
+}
+
 /// What [`respond_to_split`] does.
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -171,10 +182,7 @@ fn beam_reply(g: &mut Generator, codec: &Codec, width: usize, max_length: usize)
 /// The replies to every turn after the first `min_history` of `conversation` (number
 /// `index` in its split).
 pub fn respond_to(lm: &Lm, codec: &Codec, conversation: &Conversation, index: usize, opts: &Options) -> Result<Vec<Reply>> {
-    let sampling = match &opts.decoding {
-        Decoding::Sample(s) => s.clone(),
-        Decoding::Beam { .. } => Sampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 },
-    };
+    let sampling = opts.decoding.generator_sampling();
     let segments = conversation.segments(opts.with_document);
     let (first, rest) = segments.split_first().ok_or_else(|| LetheError::Invalid("a conversation without turns".into()))?;
     let mut g = Generator::new(lm, &codec.encode(&first.0)?, &sampling)?;
@@ -225,10 +233,7 @@ pub struct Chat<'a> {
 impl<'a> Chat<'a> {
     /// Reads `document` (text; at least one token).
     pub fn new(lm: &'a Lm, codec: Codec<'a>, document: &str, decoding: Decoding, max_length: usize) -> Result<Self> {
-        let sampling = match &decoding {
-            Decoding::Sample(s) => s.clone(),
-            Decoding::Beam { .. } => Sampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 },
-        };
+        let sampling = decoding.generator_sampling();
         let text = format!("{}\n", document.trim_end());
         let generator = Generator::new(lm, &codec.encode(&text)?, &sampling)?;
         Ok(Chat { generator, codec, decoding, max_length })

@@ -204,6 +204,8 @@ pub fn write(dir: &Path, n: usize, seed: u64) -> Result<Written> {
     let mut rng = Rng::new(seed);
     let mut text = String::new();
     let io = |p: &Path, e| LetheError::io(p, e);
+    let wikidata = dir.join("WikiData");
+    std::fs::create_dir_all(&wikidata).map_err(|e| io(&wikidata, e))?;
     for (split, name) in ["train", "valid", "test"].iter().enumerate() {
         let folder = dir.join("Conversations").join(name);
         std::fs::create_dir_all(&folder).map_err(|e| io(&folder, e))?;
@@ -214,7 +216,7 @@ pub fn write(dir: &Path, n: usize, seed: u64) -> Result<Written> {
             let wiki = movie.wikidata(index);
             let history: Vec<serde_json::Value> = turns.iter().map(|t| json!({"docIdx": 0, "text": t.text, "uid": USERS[t.speaker]})).collect();
             let convo = json!({"docLinkIdx": index, "history": history, "whoSawDoc": ["user2"]});
-            write_json(&dir.join("WikiData").join(format!("movie_{index:05}.json")), &wiki)?;
+            write_json(&wikidata.join(format!("movie_{index:05}.json")), &wiki)?;
             write_json(&folder.join(format!("{index:05}.json")), &convo)?;
             let c = Conversation { document: super::document_text(&wiki), turns };
             c.segments(true).iter().for_each(|(s, _)| text.push_str(s));
@@ -227,10 +229,8 @@ pub fn write(dir: &Path, n: usize, seed: u64) -> Result<Written> {
     Ok(Written { counts, tokenizer, words: vocab.vocab_size() })
 }
 
+/// Writes `value` as pretty JSON to `path`, whose folder exists.
 fn write_json(path: &Path, value: &serde_json::Value) -> Result<()> {
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).map_err(|e| LetheError::io(parent, e))?;
-    }
     let bytes = serde_json::to_vec_pretty(value)?;
     std::fs::write(path, bytes).map_err(|e| LetheError::io(path, e))
 }
