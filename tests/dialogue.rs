@@ -143,6 +143,13 @@ fn chat_reads_a_document_and_replies_to_each_line() {
     let first = talk();
     assert_eq!(first.lines().count(), 2, "one reply per non-empty line: {first:?}");
     assert_eq!(first, talk(), "greedy replies are the same every time");
+
+    // Regression: dialogue-eval read the true responses through the data folder's
+    // tokenizer and the replies through the run's own copy; both now use the run's
+    // copy, so the evaluation works once the data's tokenizer folder is gone.
+    std::fs::remove_dir_all(d.join("dog/tokenizer")).unwrap();
+    let out = succeeds(&lethe(d, &["dialogue-eval", "--checkpoint", "runs/dialogue-tiny", "--conversations", "2", "--max-length", "4"]));
+    assert!(out.contains("perplexity of the true responses"), "{out}");
 }
 
 /// Share of the replies to "what did the critics say ?" that give the critics' word of

@@ -233,18 +233,25 @@ pub fn read_split(dir: &Path, split: Split) -> Result<Vec<Conversation>> {
 /// CMU-DoG in the registry ([`crate::task::of`]): `data.source = "dialogue"`.
 pub struct Dialogue;
 
+/// `conversations` of `split` of the CMU-DoG folder `dir` as a model reads them: token
+/// sequences (`tokenizer`'s ids, or bytes without one), each with its document first
+/// when `with_document`, one document per conversation, read whole by the streams, with
+/// the words of the responses (and a line end each) counted for perplexity per word.
+pub fn split_data(tokenizer: Option<&Tokenizer>, with_document: bool, conversations: &[Conversation], dir: &Path, split: Split) -> Result<SplitData> {
+    let encode = encoder(tokenizer);
+    let origin = dir.join("Conversations").join(split_folder(split));
+    let docs = conversations.iter().map(|c| c.encode(with_document, &encode)).collect::<Result<Vec<_>>>()?;
+    let words = conversations.iter().flat_map(|c| &c.turns).map(|t| t.text.split_whitespace().count() as u64 + 1).sum();
+    Ok(SplitData { origin, docs, mode: FolderMode::Documents, words: Some(words) })
+}
+
 impl Dialogue {
-    /// One split as token sequences (a tokenizer's ids, or bytes without one), one
-    /// document per conversation, read whole by the streams.
+    /// One split of the config's CMU-DoG folder through the config's tokenizer, as
+    /// [`split_data`].
     fn tokens(cfg: &Config, split: Split) -> Result<SplitData> {
         let dir = cfg.data.path.as_deref().ok_or_else(|| LetheError::config("data.path", "none", "the CMU-DoG folder is needed (--data DIR)"))?;
-        let conversations = read_split(dir, split)?;
         let tokenizer = super::text::tokenizer_of(cfg)?;
-        let encode = encoder(tokenizer.as_ref());
-        let origin = dir.join("Conversations").join(split_folder(split));
-        let docs = conversations.iter().map(|c| c.encode(cfg.data.dialogue.document, &encode)).collect::<Result<Vec<_>>>()?;
-        let words = conversations.iter().flat_map(|c| &c.turns).map(|t| t.text.split_whitespace().count() as u64 + 1).sum();
-        Ok(SplitData { origin, docs, mode: FolderMode::Documents, words: Some(words) })
+        split_data(tokenizer.as_ref(), cfg.data.dialogue.document, &read_split(dir, split)?, dir, split)
     }
 }
 
