@@ -62,6 +62,7 @@ fn refusals_name_what_is_wrong_in_the_users_words() {
         (plain(&["score", "text.txt", "missing.txt"]), vec!["missing.txt"]),
         (plain(&["score", "text.txt", "one.txt"]), vec!["text.txt", "50 lines", "one.txt", "has 1"]),
         (plain(&["dialogue-data", "--out", "dog", "--conversations", "5"]), vec!["--conversations", "at least 20"]),
+        (plain(&["dialogue-data", "--out", "dog", "--conversations", "1000000000"]), vec!["--conversations", "at most 1000000"]),
         (train(&["--set", "data.source=dialogue", "--set", "data.path=."]), vec!["WikiData", "CMU-DoG"]),
         (train(&["--set", "data.source=dialogue", "--set", "data.path=badjson"]), vec!["badjson/Conversations/train/1.json", "not a CMU-DoG JSON file"]),
         (train(&["--set", "data.source=dialogue", "--set", "data.path=nodoc"]), vec!["nodoc/Conversations/train/1.json", "document 9"]),

@@ -170,6 +170,9 @@ fn conversation(movie: &Movie, rng: &mut Rng) -> Vec<Turn> {
     lines.into_iter().flat_map(|(q, a)| [Turn { speaker: 0, text: q }, Turn { speaker: 1, text: a }]).collect()
 }
 
+/// Most conversations `write` makes.
+pub const MAX_CONVERSATIONS: usize = 1_000_000;
+
 /// What was written.
 #[derive(Debug)]
 pub struct Written {
@@ -194,6 +197,10 @@ pub fn split_counts(n: usize) -> [usize; 3] {
 pub fn write(dir: &Path, n: usize, seed: u64) -> Result<Written> {
     if n < 20 {
         return Err(LetheError::config("--conversations", n, "must be at least 20 (the test split is 15% of them)"));
+    }
+    // About 8 KB of files each: a million is 8 GB, far past any CPU demonstration.
+    if n > MAX_CONVERSATIONS {
+        return Err(LetheError::config("--conversations", n, format!("must be at most {MAX_CONVERSATIONS} (about 8 KB of files each)")));
     }
     for sub in ["WikiData", "Conversations", "tokenizer"] {
         if dir.join(sub).exists() {
