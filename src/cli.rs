@@ -88,7 +88,7 @@ pub struct PlayArgs {
     #[arg(long)]
     pub summary: bool,
     /// Expire-Span agents: write the span of every step's memory, per layer, into this
-    /// folder (agent-spans.svg, .html, .csv) instead of printing the steps.
+    /// folder (agent-spans.svg, .png, .html, .csv) instead of printing the steps.
     #[arg(long, value_name = "DIR")]
     pub spans: Option<PathBuf>,
 }
@@ -96,10 +96,10 @@ pub struct PlayArgs {
 #[derive(Subcommand, Debug)]
 pub enum InspectCommand {
     /// Shade every byte of a text by the span an Expire-Span model gives it, per layer
-    /// (writes spans.svg and spans.html).
+    /// (writes spans.svg, spans.png and spans.html).
     Spans(InspectSpansArgs),
     /// Show an ∞-former's long-term memory over a text: the attention over the memory
-    /// per layer and the memory space each byte holds (writes ltm.svg and ltm.html).
+    /// per layer and the memory space each byte holds (writes ltm.svg, ltm.png and ltm.html).
     Ltm(InspectSpansArgs),
 }
 
@@ -278,7 +278,7 @@ pub struct InspectSpansArgs {
     /// (e.g. without and with sticky memories).
     #[arg(long, value_name = "RUN")]
     pub compare: Option<PathBuf>,
-    /// Folder for the pictures (spans.svg and spans.html, or ltm.svg and ltm.html).
+    /// Folder for the pictures (spans.svg, .png and .html, or ltm.svg, .png and .html).
     #[arg(long, default_value = "inspect")]
     pub out: PathBuf,
     /// cpu, cuda, cuda:N or auto.

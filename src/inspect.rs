@@ -229,10 +229,10 @@ pub fn to_html(trace: &SpanTrace) -> String {
     s
 }
 
-/// Writes `spans.svg` and `spans.html` into `dir`.
+/// Writes `spans.svg`, `spans.png` and `spans.html` into `dir`.
 pub fn write(trace: &SpanTrace, dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| LetheError::io(dir, e))?;
-    write_atomic(&dir.join("spans.svg"), to_svg(trace).as_bytes())?;
+    crate::plot::write_svg_and_png(&dir.join("spans.svg"), &to_svg(trace))?;
     write_atomic(&dir.join("spans.html"), to_html(trace).as_bytes())
 }
 

@@ -111,7 +111,7 @@ fn play(a: PlayArgs) -> Result<()> {
         for line in lethe::inspect::agent::summary_lines(&trace) {
             let _ = writeln!(out, "{line}");
         }
-        let _ = writeln!(out, "wrote agent-spans.svg, agent-spans.html and agent-spans.csv in {}", dir.display());
+        let _ = writeln!(out, "wrote agent-spans.svg, .png, .html and .csv in {}", dir.display());
         return Ok(());
     }
     let mut t = 0;
@@ -177,7 +177,7 @@ fn inspect_ltm(a: InspectSpansArgs) -> Result<()> {
         }
         print_ltm_summary(picture);
     }
-    println!("wrote {}", a.out.join("ltm.html").display());
+    println!("wrote {}, ltm.png and ltm.html", a.out.join("ltm.svg").display());
     Ok(())
 }
 
@@ -219,7 +219,7 @@ fn inspect_spans(a: InspectSpansArgs) -> Result<()> {
         let mean = spans.iter().map(|&v| v as f64).sum::<f64>() / spans.len().max(1) as f64;
         println!("layer {layer}: mean span {mean:.1}; longest at {}", longest.join(", "));
     }
-    println!("wrote {} and {}", a.out.join("spans.svg").display(), a.out.join("spans.html").display());
+    println!("wrote {}, spans.png and spans.html", a.out.join("spans.svg").display());
     Ok(())
 }
 

@@ -66,6 +66,62 @@ fn write_png(path: &Path, draw: impl FnOnce(&Path) -> std::result::Result<(), St
     std::fs::rename(&tmp, path).map_err(|e| LetheError::io(path, e))
 }
 
+/// The largest PNG drawn from an SVG, in pixels: a longer picture is scaled down to fit
+/// (16M pixels are 64 MB of RGBA while drawing).
+const MAX_PNG_PIXELS: f32 = 16.0e6;
+
+/// Writes the SVG text `svg` to `path` and the same picture as PNG beside it (`.png`),
+/// drawn by `resvg` at twice the SVG's size (less when that exceeds 16M pixels). The PNG is
+/// drawn before either file is written, so a picture that cannot be drawn leaves neither.
+/// Returns the PNG's path.
+pub fn write_svg_and_png(path: &Path, svg: &str) -> Result<PathBuf> {
+    let png_path = path.with_extension("png");
+    let png = svg_to_png(svg).map_err(|e| LetheError::Invalid(format!("drawing `{}`: {e}", png_path.display())))?;
+    crate::checkpoint::write_atomic(path, svg.as_bytes())?;
+    crate::checkpoint::write_atomic(&png_path, &png)?;
+    Ok(png_path)
+}
+
+/// Rasterises an SVG text to PNG bytes.
+pub fn svg_to_png(svg: &str) -> std::result::Result<Vec<u8>, String> {
+    use resvg::{tiny_skia, usvg};
+    let options = usvg::Options { fontdb: fonts(), ..usvg::Options::default() };
+    let tree = usvg::Tree::from_str(svg, &options).map_err(|e| e.to_string())?;
+    let size = tree.size();
+    let scale = 2.0f32.min((MAX_PNG_PIXELS / (size.width() * size.height()).max(1.0)).sqrt());
+    let (w, h) = (((size.width() * scale).ceil() as u32).max(1), ((size.height() * scale).ceil() as u32).max(1));
+    let mut pixmap = tiny_skia::Pixmap::new(w, h).ok_or_else(|| format!("a picture of {w} x {h} pixels cannot be allocated"))?;
+    resvg::render(&tree, tiny_skia::Transform::from_scale(scale, scale), &mut pixmap.as_mut());
+    pixmap.encode_png().map_err(|e| e.to_string())
+}
+
+/// The system's fonts, read once, with the generic families (`sans-serif`, `monospace`,
+/// `serif`) set to the first common family installed: fontdb's defaults (Arial, Courier
+/// New, Times New Roman) are rarely on Linux.
+fn fonts() -> std::sync::Arc<resvg::usvg::fontdb::Database> {
+    static FONTS: std::sync::OnceLock<std::sync::Arc<resvg::usvg::fontdb::Database>> = std::sync::OnceLock::new();
+    FONTS
+        .get_or_init(|| {
+            let mut db = resvg::usvg::fontdb::Database::new();
+            db.load_system_fonts();
+            let installed = |names: &[&str]| names.iter().find(|n| db.faces().any(|f| f.families.iter().any(|(name, _)| name == *n))).map(|n| n.to_string());
+            let sans = installed(&["DejaVu Sans", "Liberation Sans", "Noto Sans", "Arial", "Helvetica"]);
+            let mono = installed(&["DejaVu Sans Mono", "Liberation Mono", "Noto Sans Mono", "Courier New"]);
+            let serif = installed(&["DejaVu Serif", "Liberation Serif", "Noto Serif", "Times New Roman"]);
+            if let Some(f) = sans {
+                db.set_sans_serif_family(f);
+            }
+            if let Some(f) = mono {
+                db.set_monospace_family(f);
+            }
+            if let Some(f) = serif {
+                db.set_serif_family(f);
+            }
+            std::sync::Arc::new(db)
+        })
+        .clone()
+}
+
 /// The colour of the `i`-th run (a qualitative palette that prints and reads apart).
 fn colour(i: usize) -> RGBColor {
     const PALETTE: [RGBColor; 8] = [
@@ -209,5 +265,42 @@ mod tests {
         assert!(err.contains("no `nosuch`") && err.contains("metrics.jsonl"), "{err}");
         assert_eq!(bounds(&[c]), ((1.0, 2.0), (1.475, 2.025)));
         assert_eq!(log_ticks(3.0, 260.0), vec![5.0, 10.0, 20.0, 50.0, 100.0, 200.0]);
+    }
+
+    /// The colour of the PNG's pixel `(x, y)`.
+    fn pixel(p: &resvg::tiny_skia::Pixmap, x: u32, y: u32) -> [u8; 4] {
+        let c = p.pixel(x, y).unwrap();
+        [c.red(), c.green(), c.blue(), c.alpha()]
+    }
+
+    #[test]
+    fn an_svg_is_drawn_as_png_at_twice_its_size_with_its_text() {
+        let svg = r##"<svg xmlns="http://www.w3.org/2000/svg" width="120" height="40" font-family="monospace" font-size="20">
+<rect width="100%" height="100%" fill="white"/><rect x="100" y="0" width="20" height="40" fill="#ff0000"/>
+<text x="2" y="28">WWW</text></svg>"##;
+        let dir = tempfile::tempdir().unwrap();
+        let png_path = write_svg_and_png(&dir.path().join("a.svg"), svg).unwrap();
+        assert_eq!(std::fs::read_to_string(dir.path().join("a.svg")).unwrap(), svg);
+        let png = std::fs::read(&png_path).unwrap();
+        let p = resvg::tiny_skia::Pixmap::decode_png(&png).unwrap();
+        assert_eq!((p.width(), p.height()), (240, 80));
+        assert_eq!(pixel(&p, 230, 40), [255, 0, 0, 255]);
+        assert_eq!(pixel(&p, 190, 10), [255, 255, 255, 255]);
+        // The text is drawn (with a system font for `monospace`): dark pixels where it is.
+        let dark = (0..80).flat_map(|y| (0..100).map(move |x| (x, y))).filter(|&(x, y)| pixel(&p, x, y)[0] < 100).count();
+        assert!(dark > 200, "{dark} dark pixels where the text is");
+    }
+
+    #[test]
+    fn a_huge_svg_is_drawn_smaller_and_a_broken_one_writes_nothing() {
+        let svg = r#"<svg xmlns="http://www.w3.org/2000/svg" width="400" height="100000"><rect width="100%" height="100%" fill="white"/></svg>"#;
+        let png = svg_to_png(svg).unwrap();
+        let p = resvg::tiny_skia::Pixmap::decode_png(&png).unwrap();
+        // 40M pixels at scale 1: drawn at scale sqrt(16/40) = 0.632, as 253 x 63246.
+        assert_eq!((p.width(), p.height()), (253, 63246));
+        let dir = tempfile::tempdir().unwrap();
+        let err = write_svg_and_png(&dir.path().join("b.svg"), "<svg").unwrap_err().to_string();
+        assert!(err.contains("b.png"), "{err}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 }

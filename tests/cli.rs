@@ -171,6 +171,18 @@ fn bench_scales_a_knob_for_several_mechanisms_into_a_table_json_and_csv() {
     fails_with(&lethe(d, &["bench", "--mechanism", "lstm"]), &["unknown mechanism `lstm`"]);
 }
 
+/// Checks that the SVG picture `svg` has its PNG beside it, at twice its size.
+fn png_beside(svg: &std::path::Path) {
+    let text = std::fs::read_to_string(svg).unwrap();
+    let twice = |name: &str| -> u32 {
+        let start = text.find(&format!(" {name}=\"")).unwrap() + name.len() + 3;
+        let len = text[start..].find('"').unwrap();
+        (2.0 * text[start..start + len].parse::<f64>().unwrap()).ceil() as u32
+    };
+    let png = resvg::tiny_skia::Pixmap::load_png(svg.with_extension("png")).unwrap();
+    assert_eq!((png.width(), png.height()), (twice("width"), twice("height")), "{}", svg.display());
+}
+
 #[test]
 fn inspect_and_max_span_need_an_expire_span_model() {
     let dir = tempfile::tempdir().unwrap();
@@ -183,7 +195,8 @@ fn inspect_and_max_span_need_an_expire_span_model() {
     succeeds(&train(d, &["--steps", "2", "--name", "expire", "--set", "memory.mechanism=expire"]));
     let out = succeeds(&lethe(d, &["inspect", "spans", "--checkpoint", "runs/expire", "--text", "probe.txt", "--out", "pics"]));
     assert!(out.contains("layer 0: mean span"), "{out}");
-    assert!(d.join("pics/spans.svg").exists() && d.join("pics/spans.html").exists());
+    assert!(d.join("pics/spans.html").exists());
+    png_beside(&d.join("pics/spans.svg"));
     let out = succeeds(&lethe(d, &["eval", "--checkpoint", "runs/expire", "--max-span", "4", "--max-tokens", "64"]));
     assert!(out.contains("mean span per layer"), "{out}");
     fails_with(&lethe(d, &["inspect", "spans", "--checkpoint", "runs/expire", "--text", "missing.txt"]), &["missing.txt"]);
@@ -201,7 +214,8 @@ fn inspect_ltm_draws_an_infinity_former_memory() {
     let out = succeeds(&lethe(d, &["inspect", "ltm", "--checkpoint", "runs/inf", "--text", "long.txt", "--out", "pics"]));
     // 135 bytes in blocks of 8: the STM keeps 16 + the block, the rest was absorbed.
     assert!(out.contains("layer 0: mean attended position") && out.contains("112 tokens absorbed"), "{out}");
-    assert!(d.join("pics/ltm.svg").exists() && d.join("pics/ltm.html").exists());
+    assert!(d.join("pics/ltm.html").exists());
+    png_beside(&d.join("pics/ltm.svg"));
     // The picture says what its marks mean: the y axis of the bars and the tau line.
     let svg = std::fs::read_to_string(d.join("pics/ltm.svg")).unwrap();
     assert!(svg.contains("τ = 0.75: older memory | the last block") && svg.contains("stroke-dasharray"), "no tau line");
@@ -303,6 +317,7 @@ fn gridworlds_train_evaluate_play_and_sweep_from_the_command_line() {
     assert!(out.contains("with an untrained agent") && out.contains("room ") && out.contains("2 episodes"), "{out}");
     let out = succeeds(&lethe(d, &["play", "--preset", "portal-expire-small", "--episodes", "2", "--spans", "spans"]));
     assert!(out.contains("layer 1: mean span 64.0") && out.contains("wrote agent-spans.svg"), "untrained: every span L/2: {out}");
+    png_beside(&d.join("spans/agent-spans.svg"));
     let csv = std::fs::read_to_string(d.join("spans/agent-spans.csv")).unwrap();
     assert!(csv.starts_with("episode,step,room,action,reward,door,span_0,span_1\n0,0,1,"), "{csv}");
     assert!(std::fs::read_to_string(d.join("spans/agent-spans.html")).unwrap().contains("<svg"));

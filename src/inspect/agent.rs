@@ -297,10 +297,11 @@ pub fn to_html(trace: &AgentTrace, task: Source) -> String {
     s
 }
 
-/// Writes `agent-spans.svg`, `agent-spans.html` and `agent-spans.csv` into `dir`.
+/// Writes `agent-spans.svg`, `agent-spans.png`, `agent-spans.html` and `agent-spans.csv`
+/// into `dir`.
 pub fn write(trace: &AgentTrace, task: Source, dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| LetheError::io(dir, e))?;
-    write_atomic(&dir.join("agent-spans.svg"), to_svg(trace).as_bytes())?;
+    crate::plot::write_svg_and_png(&dir.join("agent-spans.svg"), &to_svg(trace))?;
     write_atomic(&dir.join("agent-spans.html"), to_html(trace, task).as_bytes())?;
     write_atomic(&dir.join("agent-spans.csv"), to_csv(trace)?.as_bytes())
 }

@@ -10,7 +10,7 @@
 //!   sticky memories, so everything contracts evenly; the previous block's attention
 //!   histogram with them, so attended regions keep more space).
 //!
-//! Written as `ltm.svg` and `ltm.html`.
+//! Written as `ltm.svg` (and the same picture as `ltm.png`) and `ltm.html`.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -271,15 +271,16 @@ pub fn largest(spaces: &[(f64, f64)], k: usize) -> Vec<(usize, f64)> {
     all
 }
 
-/// Writes `ltm.svg` and `ltm.html` into `dir`.
+/// Writes `ltm.svg`, `ltm.png` and `ltm.html` into `dir`.
 pub fn write(p: &LtmPicture, dir: &Path) -> Result<()> {
     write_compared(&[("", p)], dir)
 }
 
-/// Writes several named pictures side by side as `ltm.svg` and `ltm.html` into `dir`.
+/// Writes several named pictures side by side as `ltm.svg`, `ltm.png` and `ltm.html`
+/// into `dir`.
 pub fn write_compared(pictures: &[(&str, &LtmPicture)], dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| LetheError::io(dir, e))?;
-    write_atomic(&dir.join("ltm.svg"), side_by_side(pictures).as_bytes())?;
+    crate::plot::write_svg_and_png(&dir.join("ltm.svg"), &side_by_side(pictures))?;
     write_atomic(&dir.join("ltm.html"), compare_html(pictures).as_bytes())
 }
 
