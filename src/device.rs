@@ -53,6 +53,16 @@ pub fn parse(name: &str) -> Result<Device> {
     }
 }
 
+/// A device's name as `--device` takes it: `cpu`, `cuda:N` (`mps`, `vulkan`).
+pub fn name(device: Device) -> String {
+    match device {
+        Device::Cpu => "cpu".to_string(),
+        Device::Cuda(n) => format!("cuda:{n}"),
+        Device::Mps => "mps".to_string(),
+        Device::Vulkan => "vulkan".to_string(),
+    }
+}
+
 fn cuda(index: usize) -> Result<Device> {
     // Validation may run before a GPU is needed; only refuse when asked for one that is absent.
     if tch::Cuda::is_available() && index < tch::Cuda::device_count() as usize {
@@ -85,4 +95,16 @@ pub fn load_cuda_backend() {
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_are_named_as_the_flag_takes_them() {
+        assert_eq!(name(Device::Cpu), "cpu");
+        assert_eq!(name(Device::Cuda(1)), "cuda:1");
+        assert_eq!(parse(&name(Device::Cpu)).unwrap(), Device::Cpu);
+    }
 }

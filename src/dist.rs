@@ -218,7 +218,7 @@ impl ProcessGroup {
     /// is a bug in the caller, reported as an error rather than a crash in C++.
     fn check(&self, tensor: &Tensor, what: &str) -> Result<()> {
         if tensor.device() != Device::Cpu || !tensor.is_contiguous() {
-            return Err(LetheError::Distributed { rank: self.rank, reason: format!("{what} needs a contiguous CPU tensor, got one on {:?}", tensor.device()) });
+            return Err(LetheError::Distributed { rank: self.rank, reason: format!("{what} needs a contiguous CPU tensor, got one on {}", crate::device::name(tensor.device())) });
         }
         Ok(())
     }

@@ -127,14 +127,14 @@ impl<'a> Run<'a> {
             g.broadcast_from_root(&params)?;
         }
         run.say(&format!(
-            "lethe: training `{}`: {} memory, span {} | {} layers x {} | {} parameters | {:?} | run folder {}",
+            "lethe: training `{}`: {} memory, span {} | {} layers x {} | {} parameters | {} | run folder {}",
             cfg.name,
             cfg.memory.mechanism.name(),
             cfg.memory.span,
             cfg.model.layers,
             cfg.model.d_model,
             format_count(run.lm.parameter_count() as f64),
-            device,
+            crate::device::name(device),
             run.dir.display()
         ));
         if let Some(g) = &run.group {

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Regenerates the figures, CSVs and tables the README quotes, into docs/. Each section
+# trains what it needs under OUT (default runs/docs) and writes its results to docs/;
+# the README's text quotes those files. Run from anywhere; all seeds and thread counts are
+# fixed, so a section run twice on the same machine gives the same figures (timings and
+# tokens/s aside).
+#
+#   scripts/docs.sh [SECTION...]        (default: every section, in this order)
+#   DOCS_OUT=/tmp/docs scripts/docs.sh default sweep
+#
+# Sections, and their time on 2 cores:
+#   default   the default run's output                     docs/default-run.txt             1 min
+#   sweep     the copy sweep example (--seeds 1,2)          docs/sweep-copy-tiny.{csv,svg,png} 4 min
+#   gpt2      scripts/gpt2-demo.sh, seeds 1 2 3             docs/gpt2-demo.txt                8 min
+#   words     scripts/words-demo.sh, seeds 1 2 3            docs/words-demo.txt               4 min
+#   dialogue  scripts/dialogue-demo.sh, seed 1              docs/dialogue-demo.md            20 min
+#   corridor  the corridor sweep, 3 seeds; agent spans      docs/sweep-corridor-small.csv,
+#                                                           docs/agent-spans-corridor.*      60 min
+#   portal    the portal sweeps (5 and 8 rooms); spans      docs/sweep-portal-*.csv,
+#                                                           docs/agent-spans-portal.*       150 min
+#   enwik8    the Table-4 analogue: sweep and bench on a    docs/sweep-enwik8-tiny.csv,
+#             10 MB stand-in corpus (Rust's HTML docs)      docs/bench-enwik8-tiny.txt       80 min
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/env.sh
+cargo build --release --quiet
+LETHE=target/release/lethe
+OUT=${DOCS_OUT:-runs/docs}
+THREADS=2
+mkdir -p docs "$OUT"
+SECTIONS=("$@")
+[ ${#SECTIONS[@]} -gt 0 ] || SECTIONS=(default sweep gpt2 words dialogue corridor portal enwik8)
+
+# Copies a sweep's table, chart and PNG to docs/NAME.{csv,svg,png}.
+keep_sweep() { # SWEEP_DIR NAME
+  cp "$1/sweep.csv" "docs/$2.csv"
+  cp "$1/sweep.svg" "docs/$2.svg"
+  cp "$1/sweep.png" "docs/$2.png"
+}
+
+# Plays an Expire-Span agent and keeps its spans picture as docs/NAME.{svg,png}.
+keep_spans() { # CHECKPOINT NAME EPISODES SEED
+  $LETHE play --checkpoint "$1" --episodes "$3" --seed "$4" --spans "$OUT/$2"
+  cp "$OUT/$2/agent-spans.svg" "docs/$2.svg"
+  cp "$OUT/$2/agent-spans.png" "docs/$2.png"
+  $LETHE play --checkpoint "$1" --episodes 64 --seed 1 --spans "$OUT/$2-64" | tail -n +2 > "docs/$2-64-episodes.txt"
+}
+
+section_default() {
+  # The README's "What the default run prints": the copy-tiny preset, as ./run.sh runs it
+  # (from OUT, so that the run folder reads runs/copy-tiny), without the progress lines.
+  local root=$PWD
+  (cd "$OUT" && "$root/$LETHE" train --overwrite --set train.threads=$THREADS 2>&1) | grep -v '^step ' > docs/default-run.txt
+  cat docs/default-run.txt
+}
+
+section_sweep() {
+  $LETHE sweep --preset copy-sweep-tiny --mechanism fixed:8,16,32,64 --mechanism compressive:16,32,64 \
+    --mechanism adaptive:64 --mechanism expire:64 --seeds 1,2 --set train.threads=$THREADS --out "$OUT/copy"
+  keep_sweep "$OUT/copy/copy-sweep-tiny-sweep" sweep-copy-tiny
+}
+
+section_gpt2() {
+  scripts/gpt2-demo.sh "$OUT" "1 2 3" | tee docs/gpt2-demo.txt
+}
+
+section_words() {
+  scripts/words-demo.sh "$OUT" "1 2 3" | tee docs/words-demo.txt
+}
+
+section_dialogue() {
+  scripts/dialogue-demo.sh "$OUT" 1 | tee docs/dialogue-demo.md
+}
+
+section_corridor() {
+  $LETHE sweep --preset corridor-small --mechanism fixed:4,8,16,32,64 --mechanism expire:64 --seeds 1,2,3 \
+    --set train.threads=$THREADS --out "$OUT/corridor"
+  keep_sweep "$OUT/corridor/corridor-small-sweep" sweep-corridor-small
+  keep_spans "$OUT/corridor/expire-64-s3" agent-spans-corridor 3 2
+}
+
+section_portal() {
+  $LETHE sweep --preset portal-small --mechanism fixed:4,8,16,128 --mechanism expire:128 --seeds 1,2,3 \
+    --set train.threads=$THREADS --out "$OUT/portal"
+  keep_sweep "$OUT/portal/portal-small-sweep" sweep-portal-small
+  keep_spans "$OUT/portal/expire-128-s1" agent-spans-portal 2 4
+  $LETHE sweep --preset portal-small --mechanism fixed:8,16,32 --mechanism expire:128 --seeds 1,2,3 \
+    --length 8 --set data.portal.max_steps=200 --set train.threads=$THREADS --out "$OUT/portal-8"
+  keep_sweep "$OUT/portal-8/portal-small-sweep" sweep-portal-8-rooms
+}
+
+section_enwik8() {
+  # The stand-in for enwik8: the HTML of four of the books shipped with the Rust
+  # toolchain, in path order, cut at 10 MB (markup and English, like enwik8's).
+  local corpus="$OUT/rust-html.txt" doc
+  doc="$(rustc --print sysroot)/share/doc/rust/html"
+  find "$doc/book" "$doc/reference" "$doc/nomicon" "$doc/cargo" -name '*.html' | LC_ALL=C sort | xargs cat | head -c 10000000 > "$corpus"
+  $LETHE sweep --preset enwik8-tiny --data "$corpus" --steps 1500 --mechanism fixed:256 --mechanism adaptive:1024 \
+    --mechanism expire:1024 --mechanism compressive:512 --mechanism infinity:512 --seeds 1,2,3 \
+    --set train.threads=$THREADS --out "$OUT/enwik8"
+  keep_sweep "$OUT/enwik8/enwik8-tiny-sweep" sweep-enwik8-tiny
+  $LETHE bench --preset enwik8-tiny --data "$corpus" --mechanism fixed --mechanism adaptive:1024 --mechanism expire:1024 \
+    --mechanism compressive:512 --mechanism infinity:512 --bench-steps 40 --set train.threads=$THREADS | tee docs/bench-enwik8-tiny.txt
+}
+
+for s in "${SECTIONS[@]}"; do
+  if ! declare -F "section_$s" > /dev/null; then
+    echo "docs.sh: no section \`$s\` (sections: default sweep gpt2 words dialogue corridor portal enwik8)" >&2
+    exit 2
+  fi
+done
+for s in "${SECTIONS[@]}"; do
+  start=$(date +%s)
+  echo "== docs.sh: $s"
+  "section_$s"
+  echo "== docs.sh: $s took $(( $(date +%s) - start )) s"
+done

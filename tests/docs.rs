@@ -1,0 +1,43 @@
+//! The README's quoted figures against what the code prints today. `scripts/docs.sh`
+//! regenerates them; these tests fail when the code has changed what it prints and the
+//! README was not regenerated.
+
+mod common;
+
+use common::cli::lethe;
+
+/// The lines of the README's fenced block that follows `heading`.
+fn quoted_block(heading: &str) -> Vec<String> {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let after = &readme[readme.find(heading).unwrap_or_else(|| panic!("no `{heading}` in the README"))..];
+    let start = after.find("```\n").unwrap() + 4;
+    let len = after[start..].find("```").unwrap();
+    after[start..start + len].lines().map(str::to_string).collect()
+}
+
+/// The lines whose figures do not depend on the machine's speed: not the progress lines
+/// (tokens/s, ETA) nor the README's `...`.
+fn settled(lines: &[String]) -> Vec<String> {
+    lines.iter().filter(|l| !l.starts_with("step ") && *l != "...").cloned().collect()
+}
+
+/// Trains the default preset as `./run.sh` does, on the reference settings (2 threads, as
+/// on the 2-core CPU the README's figures come from), about a minute, and checks the
+/// README's quoted lines and `docs/default-run.txt` against its output.
+#[test]
+#[ignore]
+fn the_readme_quotes_what_the_default_run_prints() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = lethe(dir.path(), &["train", "--overwrite", "--set", "train.threads=2"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let printed = format!("{}{}", String::from_utf8_lossy(&out.stderr), String::from_utf8_lossy(&out.stdout));
+    let printed: Vec<String> = settled(&printed.lines().map(str::to_string).collect::<Vec<_>>());
+
+    let quoted = settled(&quoted_block("What the default run prints"));
+    assert!(quoted.len() >= 4, "{quoted:?}");
+    for line in &quoted {
+        assert!(printed.contains(line), "the README quotes\n  {line}\nbut the default run printed\n  {}\n(run scripts/docs.sh default and update the README)", printed.join("\n  "));
+    }
+    let kept = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/default-run.txt")).unwrap();
+    assert_eq!(settled(&kept.lines().map(str::to_string).collect::<Vec<_>>()), printed, "docs/default-run.txt is stale: run scripts/docs.sh default");
+}
