@@ -204,6 +204,10 @@ fn draw_sweep<B: DrawingBackend>(area: &DrawingArea<B, Shift>, series: &[SweepSe
     area.fill(&WHITE)?;
     let runs: Vec<Curves> = series.iter().map(|s| Curves { name: s.name.clone(), train: s.points.clone(), valid: vec![] }).collect();
     let ((x0, x1), (y0, y1)) = bounds(&runs);
+    // Headroom above the highest point for the legend (about 22 px a line of the 370 px
+    // plot), so that it hides no point.
+    let legend = ((22 * series.len() + 20) as f64 / 370.0).min(0.6);
+    let y1 = y1 + (y1 - y0) * legend / (1.0 - legend);
     let mut builder = ChartBuilder::on(area);
     builder.margin(15).x_label_area_size(45).y_label_area_size(70);
     if x0 > 0.0 && x1 / x0 > 8.0 {
