@@ -192,8 +192,14 @@ pub fn split_counts(n: usize) -> [usize; 3] {
     [n - valid - test, valid, test]
 }
 
+/// Where [`write`] builds the data set before moving its three folders into place.
+const STAGING: &str = ".dialogue-data.partial";
+
 /// Writes `n` generated conversations under `dir` in the CMU-DoG layout, with a word
 /// vocabulary. `dir` must not hold a data set already; nothing is written when it does.
+/// The files are written into a staging folder first (`dir/.dialogue-data.partial`), and
+/// its three folders renamed into place when all are written, so an interrupted or failed
+/// run leaves no half data set that would read as a whole one.
 pub fn write(dir: &Path, n: usize, seed: u64) -> Result<Written> {
     if n < 20 {
         return Err(LetheError::config("--conversations", n, "must be at least 20 (the test split is 15% of them)"));
@@ -207,6 +213,23 @@ pub fn write(dir: &Path, n: usize, seed: u64) -> Result<Written> {
             return Err(LetheError::data(dir.join(sub), "exists already; choose an empty folder"));
         }
     }
+    let staging = dir.join(STAGING);
+    if staging.exists() {
+        std::fs::remove_dir_all(&staging).map_err(|e| LetheError::io(&staging, e))?;
+    }
+    let written = write_into(&staging, n, seed);
+    let moved = written.and_then(|w| {
+        for sub in ["WikiData", "Conversations", "tokenizer"] {
+            std::fs::rename(staging.join(sub), dir.join(sub)).map_err(|e| LetheError::io(dir.join(sub), e))?;
+        }
+        Ok(Written { tokenizer: dir.join("tokenizer"), ..w })
+    });
+    let _ = std::fs::remove_dir_all(&staging);
+    moved
+}
+
+/// Writes the data set's three folders into `dir`.
+fn write_into(dir: &Path, n: usize, seed: u64) -> Result<Written> {
     let counts = split_counts(n);
     let mut rng = Rng::new(seed);
     let mut text = String::new();
@@ -277,5 +300,19 @@ mod tests {
         let a = std::fs::read(dir.path().join("Conversations/test/00039.json")).unwrap();
         assert_eq!(a, std::fs::read(again.path().join("Conversations/test/00039.json")).unwrap());
         assert!(write(dir.path(), 40, 7).unwrap_err().to_string().contains("exists already"));
+    }
+
+    #[test]
+    fn a_data_set_appears_whole_or_not_at_all() {
+        let dir = tempfile::tempdir().unwrap();
+        // What an interrupted run left behind is replaced; nothing stays staged.
+        std::fs::create_dir_all(dir.path().join(STAGING).join("WikiData")).unwrap();
+        std::fs::write(dir.path().join(STAGING).join("WikiData/movie_99999.json"), "{").unwrap();
+        write(dir.path(), 20, 1).unwrap();
+        let mut names: Vec<String> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        names.sort();
+        assert_eq!(names, ["Conversations", "WikiData", "tokenizer"]);
+        assert_eq!(std::fs::read_dir(dir.path().join("WikiData")).unwrap().count(), 20);
+        assert!(!dir.path().join("WikiData/movie_99999.json").exists());
     }
 }
