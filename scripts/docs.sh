@@ -9,11 +9,11 @@
 #   DOCS_OUT=/tmp/docs scripts/docs.sh default sweep
 #
 # Sections, and their time on 2 cores:
-#   default   the default run's output                     docs/default-run.txt             1 min
-#   sweep     the copy sweep example (--seeds 1,2)          docs/sweep-copy-tiny.{csv,svg,png} 4 min
-#   gpt2      scripts/gpt2-demo.sh, seeds 1 2 3             docs/gpt2-demo.txt                8 min
-#   words     scripts/words-demo.sh, seeds 1 2 3            docs/words-demo.txt               4 min
-#   dialogue  scripts/dialogue-demo.sh, seed 1              docs/dialogue-demo.md            20 min
+#   default   the default run's output                     docs/default-run.txt            1 min
+#   sweep     the copy sweep example (--seeds 1,2)          docs/sweep-copy-tiny.{csv,svg,png} 5 min
+#   gpt2      scripts/gpt2-demo.sh, seeds 1 2 3             docs/gpt2-demo.txt              3 min
+#   words     scripts/words-demo.sh, seeds 1 2 3            docs/words-demo.txt             2 min
+#   dialogue  scripts/dialogue-demo.sh, seed 1              docs/dialogue-demo.md          20 min
 #   corridor  the corridor sweep, 3 seeds; agent spans      docs/sweep-corridor-small.csv,
 #                                                           docs/agent-spans-corridor.*      60 min
 #   portal    the portal sweeps (5 and 8 rooms); spans      docs/sweep-portal-*.csv,
@@ -76,14 +76,14 @@ section_corridor() {
   $LETHE sweep --preset corridor-small --mechanism fixed:4,8,16,32,64 --mechanism expire:64 --seeds 1,2,3 \
     --set train.threads=$THREADS --out "$OUT/corridor"
   keep_sweep "$OUT/corridor/corridor-small-sweep" sweep-corridor-small
-  keep_spans "$OUT/corridor/expire-64-s3" agent-spans-corridor 3 2
+  keep_spans "$OUT/corridor/corridor-small-sweep/runs/expire-64-s3" agent-spans-corridor 3 2
 }
 
 section_portal() {
   $LETHE sweep --preset portal-small --mechanism fixed:4,8,16,128 --mechanism expire:128 --seeds 1,2,3 \
     --set train.threads=$THREADS --out "$OUT/portal"
   keep_sweep "$OUT/portal/portal-small-sweep" sweep-portal-small
-  keep_spans "$OUT/portal/expire-128-s1" agent-spans-portal 2 4
+  keep_spans "$OUT/portal/portal-small-sweep/runs/expire-128-s1" agent-spans-portal 2 4
   $LETHE sweep --preset portal-small --mechanism fixed:8,16,32 --mechanism expire:128 --seeds 1,2,3 \
     --length 8 --set data.portal.max_steps=200 --set train.threads=$THREADS --out "$OUT/portal-8"
   keep_sweep "$OUT/portal-8/portal-small-sweep" sweep-portal-8-rooms

@@ -171,14 +171,16 @@ pub fn summary_lines(trace: &AgentTrace) -> Vec<String> {
         .iter()
         .enumerate()
         .map(|(l, s)| {
+            // A kind of step the episodes never took has no mean: `-`, not NaN.
+            let shown = |v: f64| if v.is_nan() { "-".to_string() } else { format!("{v:.1}") };
             format!(
-                "layer {l}: mean span {:.1} over {} steps; first steps {:.1}, right doors {:.1}, wrong doors {:.1}, no door {:.1}",
-                s.all,
+                "layer {l}: mean span {} over {} steps; first steps {}, right doors {}, wrong doors {}, no door {}",
+                shown(s.all),
                 trace.steps.len(),
-                s.first,
-                s.right,
-                s.wrong,
-                s.rest
+                shown(s.first),
+                shown(s.right),
+                shown(s.wrong),
+                shown(s.rest)
             )
         })
         .collect()
@@ -338,6 +340,14 @@ mod tests {
         let svg = to_svg(&trace);
         assert_eq!(svg.matches("<rect x=").count(), 10, "a cell per step and layer");
         assert_eq!(svg.matches(">episode ").count(), 2);
+    }
+
+    #[test]
+    fn a_kind_of_step_never_taken_is_shown_as_a_dash_not_nan() {
+        // Regression: an agent that never took a wrong door printed `wrong doors NaN`.
+        let trace = AgentTrace { steps: vec![step(0, 0, None, vec![10.0]), step(0, 1, Some(true), vec![20.0])], layers: 1, max_span: 64.0 };
+        let line = &summary_lines(&trace)[0];
+        assert!(line.ends_with("right doors 20.0, wrong doors -, no door 10.0"), "{line}");
     }
 
     #[test]
