@@ -55,19 +55,19 @@ pub struct AgentTrace {
     pub max_span: f64,
 }
 
-/// Mean spans of one layer over kinds of steps (NaN where there was no such step).
+/// Mean spans of one layer over kinds of steps (None where there was no such step).
 #[derive(Clone, Debug, PartialEq)]
 pub struct LayerSpans {
     /// Over every step.
-    pub all: f64,
+    pub all: Option<f64>,
     /// Over the first step of each episode.
-    pub first: f64,
+    pub first: Option<f64>,
     /// Over the steps that went through a right door.
-    pub right: f64,
+    pub right: Option<f64>,
     /// Over the steps that went through a wrong door.
-    pub wrong: f64,
+    pub wrong: Option<f64>,
     /// Over the other steps.
-    pub rest: f64,
+    pub rest: Option<f64>,
 }
 
 /// The first row's view of the game so far: the episode it is in and that episode's
@@ -148,11 +148,7 @@ fn first_row_spans(mem: &Memory) -> Result<Vec<f32>> {
 pub fn summarise(trace: &AgentTrace) -> Vec<LayerSpans> {
     let mean = |keep: &dyn Fn(&AgentStep) -> bool, layer: usize| {
         let v: Vec<f64> = trace.steps.iter().filter(|s| keep(s)).map(|s| s.spans[layer] as f64).collect();
-        if v.is_empty() {
-            f64::NAN
-        } else {
-            crate::metrics::mean(&v)
-        }
+        (!v.is_empty()).then(|| crate::metrics::mean(&v))
     };
     (0..trace.layers)
         .map(|l| LayerSpans {
@@ -171,8 +167,8 @@ pub fn summary_lines(trace: &AgentTrace) -> Vec<String> {
         .iter()
         .enumerate()
         .map(|(l, s)| {
-            // A kind of step the episodes never took has no mean: `-`, not NaN.
-            let shown = |v: f64| if v.is_nan() { "-".to_string() } else { format!("{v:.1}") };
+            // A kind of step the episodes never took has no mean: `-`.
+            let shown = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.1}"));
             format!(
                 "layer {l}: mean span {} over {} steps; first steps {}, right doors {}, wrong doors {}, no door {}",
                 shown(s.all),
@@ -330,8 +326,8 @@ mod tests {
             max_span: 64.0,
         };
         let s = summarise(&trace);
-        assert_eq!(s[0], LayerSpans { all: 20.0, first: 20.0, right: 40.0, wrong: 20.0, rest: 40.0 / 3.0 });
-        assert_eq!(s[1], LayerSpans { all: 3.0, first: 2.0, right: 5.0, wrong: 2.0, rest: 8.0 / 3.0 });
+        assert_eq!(s[0], LayerSpans { all: Some(20.0), first: Some(20.0), right: Some(40.0), wrong: Some(20.0), rest: Some(40.0 / 3.0) });
+        assert_eq!(s[1], LayerSpans { all: Some(3.0), first: Some(2.0), right: Some(5.0), wrong: Some(2.0), rest: Some(8.0 / 3.0) });
         assert!(summary_lines(&trace)[1].contains("right doors 5.0, wrong doors 2.0"), "{:?}", summary_lines(&trace));
         let csv = to_csv(&trace).unwrap();
         assert_eq!(csv.lines().next(), Some("episode,step,room,action,reward,door,span_0,span_1"));

@@ -219,7 +219,8 @@ pub fn write(dir: &Path, n: usize, seed: u64) -> Result<Written> {
     }
     let written = write_into(&staging, n, seed);
     let moved = written.and_then(|w| {
-        for sub in ["WikiData", "Conversations", "tokenizer"] {
+        // Conversations/, which marks a data set (`Source::for_path`), goes last.
+        for sub in ["tokenizer", "WikiData", "Conversations"] {
             std::fs::rename(staging.join(sub), dir.join(sub)).map_err(|e| LetheError::io(dir.join(sub), e))?;
         }
         Ok(Written { tokenizer: dir.join("tokenizer"), ..w })
