@@ -46,6 +46,9 @@ pub struct BenchOptions {
     /// Tokens per stream streamed through the model (forward only) before timing.
     /// Default: enough to fill the memory.
     pub context: Option<usize>,
+    /// After the timed steps, run as many again with every phase timed
+    /// ([`crate::profile`]), and report the time per phase. Default false.
+    pub profile: bool,
 }
 
 impl BenchOptions {
@@ -60,7 +63,7 @@ impl BenchOptions {
 
 impl Default for BenchOptions {
     fn default() -> Self {
-        BenchOptions { steps: 20, warmup: 3, context: None }
+        BenchOptions { steps: 20, warmup: 3, context: None, profile: false }
     }
 }
 
@@ -113,6 +116,8 @@ pub struct BenchResult {
     pub fill_blocks: usize,
     /// Tokens per stream seen before the timed steps (`fill_blocks * block`).
     pub context_tokens: usize,
+    /// Time per phase over `steps` more steps, with `--profile`.
+    pub profile: Option<Vec<crate::profile::PhaseTime>>,
 }
 
 impl BenchResult {
@@ -156,6 +161,7 @@ pub fn bench(cfg: &Config, opts: &BenchOptions, group: Option<&ProcessGroup>) ->
             comm.push(s.comm_s);
         }
     }
+    let profile = opts.profile.then(|| profile_steps(&lm, &mut opt, &mut mems, cfg, opts.steps, &mut rng, group)).transpose()?;
     let t = Timing::of(times);
     let comm_s = Timing::of(comm).median_s;
     let tokens = cfg.train.batch * cfg.train.block;
@@ -186,7 +192,20 @@ pub fn bench(cfg: &Config, opts: &BenchOptions, group: Option<&ProcessGroup>) ->
         comm_s,
         fill_blocks,
         context_tokens: fill_blocks * cfg.train.block,
+        profile,
     })
+}
+
+/// Runs `steps` more training steps with every phase timed ([`crate::profile`]).
+fn profile_steps(lm: &Lm, opt: &mut Optimiser, mems: &mut [crate::model::Memory], cfg: &Config, steps: usize, rng: &mut Rng, group: Option<&ProcessGroup>) -> Result<Vec<crate::profile::PhaseTime>> {
+    crate::profile::start(lm.device());
+    let ran = (0..steps).try_for_each(|_| {
+        let batch = random_batch(rng, cfg.train.batch, cfg.train.block, cfg.model.vocab, false);
+        let _step = crate::profile::phase("step");
+        optimisation_step(lm, opt, mems, &batch, &cfg.train, Scales { lr: cfg.train.lr, aux: 1.0 }, group).map(|_| ())
+    });
+    let phases = crate::profile::finish();
+    ran.map(|()| phases)
 }
 
 /// The median and spread of some timings.
@@ -703,10 +722,35 @@ mod tests {
         let mut cfg = Config::preset("copy-tiny").unwrap();
         cfg.model.layers = 1;
         cfg.train.batch = 2;
-        let r = bench(&cfg, &BenchOptions { steps: 2, warmup: 0, context: None }, None).unwrap();
+        let r = bench(&cfg, &BenchOptions { steps: 2, warmup: 0, context: None, profile: false }, None).unwrap();
         let r = with_mfu(r, rate);
         let mfu = r.mfu.unwrap();
         assert!((mfu - r.gflops / rate).abs() < 1e-12 && mfu > 0.0);
         assert_eq!(r.flops_per_step, step_flops(&cfg, &r.held));
+        assert!(r.profile.is_none(), "no profile unless asked");
+    }
+
+    /// `--profile` times the phases of the step, down to the memory's own, and each
+    /// phase's children take no longer than it does.
+    #[test]
+    fn a_profile_has_every_phase_of_the_step_nested_in_it() {
+        let mut cfg = Config::preset("copy-tiny").unwrap();
+        cfg.memory.mechanism = Mechanism::Expire;
+        cfg.model.layers = 2;
+        cfg.train.batch = 2;
+        let r = bench(&cfg, &BenchOptions { steps: 2, warmup: 0, context: None, profile: true }, None).unwrap();
+        let phases = r.profile.unwrap();
+        let find = |name: &str| phases.iter().find(|p| p.name() == name).unwrap_or_else(|| panic!("no phase {name}"));
+        assert_eq!(find("step").calls, 2);
+        assert_eq!(find("step > backward").calls, 2);
+        assert_eq!(find("step > forward > layer").calls, 4, "two layers, two steps");
+        let attend = find("step > forward > layer > memory attend");
+        assert_eq!(find("step > forward > layer > memory attend > attention").calls, 4);
+        assert_eq!(find("step > forward > layer > memory update > deletion").calls, 4);
+        for p in &phases {
+            let children: f64 = phases.iter().filter(|c| c.path.len() == p.path.len() + 1 && c.path.starts_with(&p.path)).map(|c| c.seconds).sum();
+            assert!(children <= p.seconds, "{} takes {} s, its phases {children} s", p.name(), p.seconds);
+        }
+        assert!(attend.seconds > 0.0);
     }
 }

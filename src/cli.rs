@@ -459,6 +459,11 @@ pub struct BenchArgs {
     /// 8192, 65536 or 1048576 (default: enough to fill the memory).
     #[arg(long, allow_negative_numbers = true, value_name = "TOKENS")]
     pub context: Option<usize>,
+    /// After the timed steps, run as many again with each phase of the step timed
+    /// (forward, backward, optimiser, and inside the forward pass each layer's
+    /// attention, memory and feed-forward), and print the time per phase.
+    #[arg(long)]
+    pub profile: bool,
     /// A mechanism to bench, optionally with its memory size as in `lethe sweep`:
     /// `fixed`, `expire:1024`, `infinity:512` (repeatable). Default: the config's own.
     #[arg(long = "mechanism", value_name = "MECH[:SIZE]", value_parser = mechanism_item)]

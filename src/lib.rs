@@ -44,6 +44,7 @@ pub mod generate;
 pub mod inspect;
 pub mod metrics;
 pub mod plot;
+pub mod profile;
 pub mod model;
 pub mod optim;
 pub mod rl;

@@ -657,7 +657,7 @@ fn bench(a: BenchArgs) -> Result<()> {
     let cfg = a.config.resolve()?;
     let scale = a.scale.as_deref().map(lethe::bench::parse_scale).transpose()?;
     let cases = lethe::bench::plan(&cfg, &a.mechanisms, scale.as_ref(), a.context)?;
-    let opts = lethe::bench::BenchOptions { steps: a.bench_steps, warmup: a.warmup, context: a.context };
+    let opts = lethe::bench::BenchOptions { steps: a.bench_steps, warmup: a.warmup, context: a.context, profile: a.profile };
     opts.validate()?;
     let group = lethe::dist::join_for_training(&cfg)?;
     let leader = group.as_ref().is_none_or(|g| g.rank() == 0); // rank 0 speaks for a torchrun launch
@@ -686,6 +686,9 @@ fn bench(a: BenchArgs) -> Result<()> {
             r.mfu.map(|m| format!("{:.1}%", 100.0 * m)).unwrap_or_else(|| "n/a".into()),
             r.context_tokens
         );
+        if let Some(phases) = &r.profile {
+            print!("{}", lethe::profile::table(phases, r.steps));
+        }
     })?;
     if !leader {
         return Ok(());

@@ -83,6 +83,13 @@ impl Rng {
         Tensor::from_slice(&values).view(shape).to_kind(kind)
     }
 
+    /// A tensor of draws uniform in `[0, 1)`, like [`Rng::normal_tensor`].
+    pub fn uniform_tensor(&mut self, shape: &[i64], kind: Kind) -> Tensor {
+        let n: i64 = shape.iter().product();
+        let values: Vec<f64> = (0..n).map(|_| self.uniform()).collect();
+        Tensor::from_slice(&values).view(shape).to_kind(kind)
+    }
+
     /// An integer uniform in `[lo, hi]` (inclusive). `lo <= hi` is required.
     pub fn range(&mut self, lo: usize, hi: usize) -> usize {
         debug_assert!(lo <= hi);

@@ -25,6 +25,7 @@ use crate::data::{self, Batch, Split, SplitData, TrainStreams};
 use crate::error::{LetheError, Result};
 use crate::eval::{evaluate_sharded, EvalResult};
 use crate::metrics::{format_count, format_duration, MetricsLog};
+use crate::profile;
 use crate::tensorboard::Histogram;
 use crate::model::{host_values, Lm, Memory};
 use crate::optim::{learning_rate, Optimiser};
@@ -388,22 +389,31 @@ pub fn optimisation_step(
     for (i, mem) in mems.iter_mut().enumerate() {
         let first = (rank * accum + i) * per;
         let (x, y, w) = batch.tensors(first, first + per, lm.device());
+        let forward = profile::phase("forward");
         let (nll, aux_loss) = lm.model.forward_nll(&x, &y, mem, true)?;
         let nll = (nll * w).sum(Kind::Float);
         let out_aux = aux_loss * scales.aux;
         let loss = &nll / total_weight + &out_aux / micro_batches as f64;
+        drop(forward);
+        let backward = profile::phase("backward");
         loss.backward();
+        drop(backward);
+        let _read = profile::phase("read the loss");
         nll_sum += nll.double_value(&[]);
         aux += out_aux.double_value(&[]) / micro_batches as f64;
     }
     let mut comm_s = 0.0;
     if let Some(g) = group {
         let start = std::time::Instant::now();
+        let _reduce = profile::phase("all-reduce");
         let sums = g.sum_gradients(&lm.named_parameters(), &[nll_sum, aux])?;
         (nll_sum, aux) = (sums[0], sums[1]);
         comm_s = start.elapsed().as_secs_f64();
     }
+    let clip = profile::phase("clip");
     let grad_norm = opt.clip_grad_norm(cfg.grad_clip);
+    drop(clip);
+    let _step = profile::phase("optimiser");
     if nll_sum.is_finite() && aux.is_finite() && grad_norm.is_finite() {
         opt.step(scales.lr);
         lm.model.after_step();

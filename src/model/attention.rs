@@ -138,6 +138,41 @@ pub fn mix(scores: &Tensor, v: &Tensor, dropout: f64, train: bool) -> Tensor {
     probs.matmul(v)
 }
 
+/// Attention with an additive bias: `softmax(q·k / sqrt(dh) + bias) v`, with dropout on
+/// the weights in training. `bias` holds everything a mechanism adds to the content
+/// score: the relative positions (`q·key_pe[dist] / sqrt(dh)`), `-inf` where a key may
+/// not be seen, and `ln m` for a soft mask `m` applied after the softmax with
+/// renormalisation, since `softmax(s) m / sum(softmax(s) m) = softmax(s + ln m)`.
+///
+/// On a GPU, and wherever the bias needs no gradient, this is libtorch's fused
+/// `scaled_dot_product_attention` (the memory-efficient CUDA kernel takes a bias with a
+/// gradient). On the CPU in training, libtorch's fused kernel refuses a bias with a
+/// gradient and falls back to its reference path, which checks for fully masked rows
+/// first; the same operations written here are about 4% faster on a training step
+/// (`lethe bench`, Expire-Span, 2 threads), so they are used instead.
+/// Shapes: `q` `(b, h, m, dh)`, `k` and `v` `(b, h, n, dh)`, `bias` broadcastable to
+/// `(b, h, m, n)`; returns `(b, h, m, dh)`. Every query must see at least one key.
+pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor, dropout: f64, train: bool) -> Tensor {
+    if q.device().is_cuda() || !bias.requires_grad() {
+        let p = if train { dropout } else { 0.0 };
+        return Tensor::scaled_dot_product_attention(q, k, v, Some(bias), p, false, None, false);
+    }
+    let dh = q.size()[3];
+    let mut scores = (q / (dh as f64).sqrt()).matmul(&k.transpose(-2, -1)); // (b, h, m, n)
+    // In place: the product's output is not needed for its backward pass.
+    scores += bias;
+    mix(&scores, v, dropout, train)
+}
+
+/// `ln m` of a soft mask `m` `(.., m, n)` in `[0, 1]` as an additive attention bias, and
+/// `-inf` where `m = 0` or `visible` is false, with no infinite or undefined gradient:
+/// `m` is floored at the smallest normal float before the log, and the floored entries
+/// are then replaced (their gradient is zero).
+pub fn log_mask(mask: &Tensor, visible: &Tensor) -> Tensor {
+    let floor = f64::from(f32::MIN_POSITIVE);
+    mask.clamp_min(floor).log().masked_fill(&visible.logical_and(&mask.gt(0.0)).logical_not(), f64::NEG_INFINITY)
+}
+
 /// The distance index and visibility of a window attention: `m` queries that follow
 /// `cached` earlier positions, each seeing itself and at most `span` earlier positions.
 /// Returns `(dist, visible)`, both `(m, cached + m)`; `dist` is clamped to `[0, span]`.

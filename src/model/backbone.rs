@@ -21,6 +21,7 @@ use super::attention::Attention;
 use super::memory::{self, AttendInput, MemoryLayer, MemoryReport};
 use crate::config::{Arch, Mechanism, MemoryConfig, ModelConfig};
 use crate::error::{LetheError, Result, TorchContext};
+use crate::profile;
 
 /// One transformer layer's parameters.
 #[derive(Debug)]
@@ -192,13 +193,21 @@ impl Backbone {
         let mut h = h;
         let mut aux = Tensor::zeros([], (h.kind(), h.device()));
         for (layer, memory) in self.layers.iter().zip(mem.layers.iter_mut()) {
+            let _layer = profile::phase("layer");
+            let queries = profile::phase("norm, queries");
             let x = if self.cfg.pre_norm { layer.norm1.forward(&h) } else { h.shallow_clone() };
             let q = layer.attn.queries(&x); // (b, heads, m, dh)
+            drop(queries);
+            let attend = profile::phase("memory attend");
             let out = memory.attend(&AttendInput { x: &x, q: &q, attn: &layer.attn, key_pe: self.key_pe.as_ref(), train, episodes })?;
+            drop(attend);
+            let update = profile::phase("memory update");
             memory.update(&x.detach(), episodes);
+            drop(update);
             if let Some(a) = out.aux_loss {
                 aux += a;
             }
+            let _rest = profile::phase("output, feed-forward");
             let mut a = layer.attn.output(&out.context); // (b, m, d)
             if let Some(added) = out.added {
                 a += added;
@@ -346,6 +355,7 @@ impl Model {
     /// of the whole vocabulary is made.
     pub fn forward_nll(&self, tokens: &Tensor, targets: &Tensor, mem: &mut Memory, train: bool) -> Result<(Tensor, Tensor)> {
         let out = self.hidden(tokens, mem, train)?;
+        let _head = profile::phase("head, loss");
         Ok((self.vocabulary.nll(&out.h, targets), out.aux_loss))
     }
 

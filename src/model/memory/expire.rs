@@ -36,6 +36,8 @@ use tch::{nn, Kind, Tensor};
 use super::layer::{same_episode, with_cached_episodes, AttendInput, AttendOutput, MemoryLayer, MemoryReport};
 use crate::config::{Deletion, ExpireConfig};
 use crate::error::{LetheError, Result};
+use crate::model::attention;
+use crate::profile;
 
 /// Soft mask of Eq. 5: `clamp(1 + r / R, 0, 1)`.
 pub fn soft_mask(remaining: &Tensor, ramp: f64) -> Tensor {
@@ -45,9 +47,15 @@ pub fn soft_mask(remaining: &Tensor, ramp: f64) -> Tensor {
 /// Remaining spans `r[b, q, k] = e[b, k] - (counter[b, k] + q)` of `m` queries: `spans` and
 /// `counter` are `(b, n)`; returns `(r, dist)`, both `(b, m, n)`, where `dist = t - i`.
 pub fn remaining(spans: &Tensor, counter: &Tensor, m: i64) -> (Tensor, Tensor) {
-    let query = Tensor::arange(m, (Kind::Float, counter.device())).view([1, m, 1]);
-    let dist = counter.unsqueeze(1) + query; // (b, m, n)
+    let dist = distances(counter, m);
     (spans.unsqueeze(1) - &dist, dist)
+}
+
+/// Distances `t - i = counter[b, k] + q` `(b, m, n)` of `m` queries to memories whose
+/// distance to the first query is `counter` `(b, n)`.
+fn distances(counter: &Tensor, m: i64) -> Tensor {
+    let query = Tensor::arange(m, (Kind::Float, counter.device())).view([1, m, 1]);
+    counter.unsqueeze(1) + query // (b, m, n)
 }
 
 /// The span loss over the ramp: `alpha * sum(r where 0 < m < 1) / R / M` per stream,
@@ -73,7 +81,7 @@ pub struct ExpireSpan {
     pending_states: Option<(Tensor, Tensor)>,
     /// Spans of the last block's own tokens, `(b, m)`.
     block_spans: Option<Tensor>,
-    stats: Stats,
+    stats: Option<Stats>,
 }
 
 /// The cache: states, each memory's distance to the next block's first query, and which
@@ -86,13 +94,17 @@ struct Cache {
     episode: Option<Tensor>,
 }
 
-#[derive(Clone, Default)]
+/// What the last block's figures are computed from, when they are asked for
+/// ([`MemoryLayer::report`]): reading them back every block would wait for the device.
 struct Stats {
-    /// Memory size per stream.
-    mem_rows: Vec<f64>,
-    mean_span: f64,
-    max_span: f64,
-    live: f64,
+    /// Un-noised spans of `[cache, block]` `(b, n)`.
+    spans: Tensor,
+    /// Which slots of `[cache, block]` hold a memory `(b, n)`.
+    valid: Tensor,
+    /// Which keys each query saw `(b, m, n)`.
+    visible: Tensor,
+    /// Each key's distance to the block's first query `(b, n)`.
+    counter: Tensor,
 }
 
 impl ExpireSpan {
@@ -114,7 +126,7 @@ impl ExpireSpan {
             pending_spans: None,
             pending_states: None,
             block_spans: None,
-            stats: Stats::default(),
+            stats: None,
         }
     }
 
@@ -169,20 +181,40 @@ impl ExpireSpan {
         }
     }
 
-    /// Relative-position scores for distances below `pos_rows`, zero elsewhere:
-    /// `q` `(b, h, m, dh)`, `dist` `(b, m, n)`. Only the last `pos_rows - 1 + m` keys can
-    /// be that close (the cache is ordered by time), so only they are gathered.
-    fn position_scores(&self, q: &Tensor, key_pe: &Tensor, dist: &Tensor) -> Tensor {
+    /// The attention of Eq. 4, the soft mask `mask` `(b, m, n)` applied after the softmax
+    /// with renormalisation, as one attention with an additive bias: `ln m` and the
+    /// relative positions (see [`attention::attend`]). `q` `(b, h, m, dh)`, `k` and `v`
+    /// `(b, h, n, dh)`, `dist` and `visible` `(b, m, n)`; returns `(b, h, m, dh)`.
+    #[allow(clippy::too_many_arguments)]
+    fn context(&self, q: &Tensor, k: &Tensor, v: &Tensor, key_pe: &Tensor, dist: &Tensor, mask: &Tensor, visible: &Tensor, dropout: f64, train: bool) -> Tensor {
+        let scoring = profile::phase("bias");
+        let scaled = q / (q.size()[3] as f64).sqrt();
+        let bias = self.bias(&scaled, key_pe, dist, &attention::log_mask(mask, visible).unsqueeze(1)); // (b, h, m, n)
+        drop(scoring);
+        let _mixing = profile::phase("attention");
+        attention::attend(q, k, v, &bias, dropout, train)
+    }
+
+    /// The attention bias `(b, h, m, n)`: the relative-position scores for distances below
+    /// `pos_rows` (zero beyond) plus `log_mask` `(b, 1, m, n)`. `q` `(b, h, m, dh)` is
+    /// scaled already, `dist` `(b, m, n)`. Only the last `pos_rows - 1 + m` keys can be that
+    /// close (the cache is ordered by time), so only they are gathered.
+    fn bias(&self, q: &Tensor, key_pe: &Tensor, dist: &Tensor, log_mask: &Tensor) -> Tensor {
         let (b, h, m, _) = q.size4().expect("queries must be (b, h, m, dh)");
-        let n = dist.size()[2];
-        let width = n.min(self.pos_rows - 1 + m);
+        let (n, rows) = (dist.size()[2], self.pos_rows);
+        let width = n.min(rows - 1 + m);
         let near = dist.narrow(2, n - width, width); // (b, m, w)
-        let index = near.clamp(0.0, (self.pos_rows - 1) as f64).to_kind(Kind::Int64);
-        let by_distance = q.matmul(&key_pe.tr()); // (b, h, m, P)
-        let gathered = by_distance.gather(-1, &index.unsqueeze(1).expand([b, h, m, width], false), false);
-        let in_range = near.lt((self.pos_rows) as f64).logical_and(&near.ge(0.0)).unsqueeze(1);
-        let pos = &gathered * in_range.to_kind(gathered.kind()); // (b, h, m, w)
-        pos.constant_pad_nd([n - width, 0])
+        // Distances out of range read an extra row of zeros at index `rows` (a later key,
+        // at a negative distance, is masked by `log_mask` anyway).
+        let in_range = near.ge(0.0).logical_and(&near.lt(rows as f64));
+        let index = near.to_kind(Kind::Int64).where_scalarother(&in_range, rows); // (b, m, w)
+        let zero_row = key_pe.zeros_like().narrow(0, 0, 1);
+        let by_distance = q.matmul(&Tensor::cat(&[key_pe, &zero_row], 0).tr()); // (b, h, m, P + 1)
+        let near_bias = by_distance.gather(-1, &index.unsqueeze(1).expand([b, h, m, width], false), false) + log_mask.narrow(3, n - width, width); // (b, h, m, w)
+        if width == n {
+            return near_bias;
+        }
+        Tensor::cat(&[&log_mask.narrow(3, 0, n - width).expand([b, h, m, n - width], false), &near_bias], 3)
     }
 
     /// After a block: which memories of `[cache, block]` to keep under the policy.
@@ -232,6 +264,7 @@ impl MemoryLayer for ExpireSpan {
 
     fn attend(&mut self, input: &AttendInput) -> Result<AttendOutput> {
         let m = input.x.size()[1];
+        let spans_mask = profile::phase("spans, mask");
         let (states, counter, valid) = self.keys_with_meta(input.x, None); // (b, n, d), (b, n), (b, n)
         self.pending_states = Some((input.x.shallow_clone(), states.detach()));
         let spans = self.spans(&states); // (b, n), with gradient to w and b
@@ -248,22 +281,19 @@ impl MemoryLayer for ExpireSpan {
             _ => valid.unsqueeze(1),
         };
         let visible = usable.logical_and(&dist.ge(0.0)).logical_and(&mask.gt(0.0)); // (b, m, n)
+        drop(spans_mask);
 
+        let keys = profile::phase("keys, values");
         let (k, v) = input.attn.keys_values(&states); // (b, h, n, dh)
-        // Scaled queries, and the scores summed and masked in place (as in attention::window_scores).
-        let q = input.q / (input.attn.d_head() as f64).sqrt();
-        let mut scores = q.matmul(&k.transpose(-2, -1)); // (b, h, m, n)
+        drop(keys);
         let key_pe = input.key_pe.ok_or_else(|| LetheError::Invalid("Expire-Span needs relative positions (model.arch = \"lethe\")".into()))?;
-        scores += self.position_scores(&q, key_pe, &dist);
-        let _ = scores.masked_fill_(&visible.logical_not().unsqueeze(1), f64::NEG_INFINITY);
-        let probs = scores.softmax(-1, scores.kind());
-        let probs = &probs * mask.unsqueeze(1); // (b, h, m, n)
-        let probs = &probs / (probs.sum_dim_intlist([-1i64].as_slice(), true, probs.kind()) + 1e-8);
-        let context = probs.dropout(input.attn.dropout, input.train).matmul(&v); // (b, h, m, dh)
+        let context = self.context(input.q, &k, &v, key_pe, &dist, &mask, &visible, input.attn.dropout, input.train); // (b, h, m, dh)
 
+        let loss = profile::phase("span loss");
         let aux = (self.cfg.alpha > 0.0 && input.train)
             .then(|| ramp_loss(&remaining.where_self(&usable, &remaining.zeros_like()), &mask, self.cfg.ramp as f64, m, self.cfg.alpha));
-        self.record_stats(&spans.detach(), &valid, &visible, &dist);
+        drop(loss);
+        self.stats = Some(Stats { spans: spans.detach(), valid, visible, counter });
         Ok(AttendOutput { context, aux_loss: aux, added: None })
     }
 
@@ -278,6 +308,7 @@ impl MemoryLayer for ExpireSpan {
             Some(s) if s.size() == counter_next.size() => s,
             _ => self.spans(&states).detach(),
         };
+        let _compaction = profile::phase("deletion");
         let mut keep = self.keep(&spans, &counter_next, &valid, m);
         let ids = self.episodes_of(episodes); // (b, n)
         if let (Some(ids), Some(block), false) = (&ids, episodes, self.cfg.deletion == Deletion::Off) {
@@ -318,10 +349,25 @@ impl MemoryLayer for ExpireSpan {
     }
 
     fn report(&self) -> MemoryReport {
-        let s = &self.stats;
+        let held = self.cached_len() as usize;
+        let Some(s) = &self.stats else {
+            let zero = vec![("mean_span".into(), 0.0), ("max_span".into(), 0.0), ("live".into(), 0.0)];
+            return MemoryReport { extra: zero, ..MemoryReport::with_rows(vec![], held) };
+        };
+        let _guard = tch::no_grad_guard();
+        let validf = s.valid.to_kind(Kind::Float);
+        let live = validf.sum(Kind::Double).double_value(&[]);
+        let (b, m) = (s.visible.size()[0], s.visible.size()[1]);
+        let spans = s.spans.to_kind(Kind::Float);
+        // Memories seen: keys at distance 1 or more, `counter + q >= 1`.
+        let dist = distances(&s.counter, m); // (b, m, n)
         MemoryReport {
-            extra: vec![("mean_span".into(), s.mean_span), ("max_span".into(), s.max_span), ("live".into(), s.live)],
-            ..MemoryReport::with_rows(s.mem_rows.clone(), self.cached_len() as usize)
+            extra: vec![
+                ("mean_span".into(), (&spans * &validf).sum(Kind::Double).double_value(&[]) / live.max(1.0)),
+                ("max_span".into(), spans.masked_fill(&s.valid.logical_not(), 0.0).max().double_value(&[])),
+                ("live".into(), (live / b as f64 - m as f64).max(0.0)),
+            ],
+            ..MemoryReport::with_rows(super::layer::mem_rows(&s.visible.logical_and(&dist.ge(1.0))), held)
         }
     }
 
@@ -376,27 +422,12 @@ impl MemoryLayer for ExpireSpan {
             pending_spans: None,
             pending_states: None,
             block_spans: None,
-            stats: Stats::default(),
+            stats: None,
         })
     }
 
     fn token_spans(&self) -> Option<Tensor> {
         self.block_spans.as_ref().map(Tensor::shallow_clone)
-    }
-}
-
-impl ExpireSpan {
-    fn record_stats(&mut self, spans: &Tensor, valid: &Tensor, visible: &Tensor, dist: &Tensor) {
-        let _guard = tch::no_grad_guard();
-        let validf = valid.to_kind(Kind::Float);
-        let live = validf.sum(Kind::Double).double_value(&[]);
-        let (b, m) = (visible.size()[0], visible.size()[1]);
-        self.stats = Stats {
-            mem_rows: super::layer::mem_rows(&visible.logical_and(&dist.ge(1.0))), // from (b, m, n)
-            mean_span: (spans.to_kind(Kind::Float) * &validf).sum(Kind::Double).double_value(&[]) / live.max(1.0),
-            max_span: spans.to_kind(Kind::Float).masked_fill(&valid.logical_not(), 0.0).max().double_value(&[]),
-            live: (live / b as f64 - m as f64).max(0.0),
-        };
     }
 }
 
@@ -438,6 +469,70 @@ mod tests {
         plain.update(&other, None);
         let (a, b) = (states(&attended), states(plain.as_ref()));
         assert!(a.iter().zip(&b).all(|(a, b)| a.equal(b)));
+    }
+
+    /// The attention as it was computed before the fused path: relative positions by a
+    /// gather, `-inf` where a key is not visible, softmax, then the soft mask with
+    /// renormalisation (Eq. 4), as the official code does.
+    fn reference_context(q: &Tensor, k: &Tensor, v: &Tensor, key_pe: &Tensor, dist: &Tensor, mask: &Tensor, visible: &Tensor) -> Tensor {
+        let (b, h, m, _) = q.size4().unwrap();
+        let (n, rows) = (dist.size()[2], key_pe.size()[0]);
+        let q = q / (q.size()[3] as f64).sqrt();
+        let index = dist.clamp(0.0, (rows - 1) as f64).to_kind(Kind::Int64).unsqueeze(1).expand([b, h, m, n], false);
+        let in_range = dist.ge(0.0).logical_and(&dist.lt(rows as f64)).unsqueeze(1).to_kind(q.kind());
+        let scores = q.matmul(&k.transpose(-2, -1)) + q.matmul(&key_pe.tr()).gather(-1, &index, false) * in_range;
+        let probs = scores.masked_fill(&visible.logical_not().unsqueeze(1), f64::NEG_INFINITY).softmax(-1, q.kind());
+        let probs = &probs * mask.unsqueeze(1);
+        (&probs / (probs.sum_dim_intlist([-1i64].as_slice(), true, q.kind()) + 1e-8)).matmul(v)
+    }
+
+    /// The fused attention (one additive bias, `ln m` for the mask) computes what the
+    /// softmax, mask and renormalisation did, to the renormalisation's 1e-8, gradients
+    /// included (to the queries, keys, values, positions and the mask, through which the
+    /// spans learn); with every key near enough for a position, and with far keys.
+    #[test]
+    fn fused_attention_equals_the_masked_softmax_with_renormalisation() {
+        let mut rng = crate::rng::Rng::new(25);
+        let cfg = ExpireConfig { ramp: 4, ..ExpireConfig::default() };
+        let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+        for (cached, rows) in [(6, 8), (20, 4)] {
+            let layer = ExpireSpan::new(vs.root() / "e", 8, 32, rows, &cfg);
+            let (b, h, m, dh, n) = (2, 3, 5, 4, cached + 5);
+            let q = rng.normal_tensor(&[b, h, m, dh], Kind::Double).set_requires_grad(true);
+            let k = rng.normal_tensor(&[b, h, n, dh], Kind::Double).set_requires_grad(true);
+            let v = rng.normal_tensor(&[b, h, n, dh], Kind::Double).set_requires_grad(true);
+            let key_pe = rng.normal_tensor(&[rows, dh], Kind::Double).set_requires_grad(true);
+            // Counters as after a per-stream compaction: cached memories at increasing
+            // distances (some gaps), then the block at 0, -1, ..
+            let gaps = (rng.uniform_tensor(&[b, cached], Kind::Double) * 3.0).floor() + 1.0;
+            let cached_counter = gaps.flip([1]).cumsum(1, Kind::Double).flip([1]);
+            let block_counter = -Tensor::arange(m, (Kind::Double, tch::Device::Cpu)).unsqueeze(0).expand([b, m], false);
+            let counter = Tensor::cat(&[cached_counter, block_counter], 1);
+            let spans = rng.uniform_tensor(&[b, n], Kind::Double) * 2.0 * n as f64;
+            let (r, dist) = remaining(&spans, &counter, m);
+            let mask = soft_mask(&r, 4.0).detach().set_requires_grad(true);
+            let valid = rng.uniform_tensor(&[b, 1, n], Kind::Double).gt(0.1);
+            let visible = valid.logical_and(&dist.ge(0.0)).logical_and(&mask.gt(0.0));
+            assert!(mask.gt(0.0).logical_and(&mask.lt(1.0)).any().int64_value(&[]) == 1, "some memories are on the ramp");
+            assert!(visible.logical_not().any().int64_value(&[]) == 1, "some are hidden");
+            let fused = layer.context(&q, &k, &v, &key_pe, &dist, &mask, &visible, 0.0, true);
+            let reference = reference_context(&q, &k, &v, &key_pe, &dist, &mask, &visible);
+            let gap = (&fused - &reference).abs().max().double_value(&[]);
+            assert!(gap < 1e-7, "cached {cached}, rows {rows}: outputs differ by {gap}");
+            // Without gradients (evaluation), libtorch's fused attention computes it.
+            let inference = tch::no_grad(|| layer.context(&q, &k, &v, &key_pe, &dist, &mask, &visible, 0.0, false));
+            let gap = (&inference - &reference).abs().max().double_value(&[]);
+            assert!(gap < 1e-7, "cached {cached}, rows {rows}: without gradients, outputs differ by {gap}");
+            let w = rng.normal_tensor(&fused.size(), Kind::Double);
+            let inputs = [&q, &k, &v, &key_pe, &mask];
+            let g1 = Tensor::run_backward(&[(&fused * &w).sum(Kind::Double)], &inputs, false, false);
+            let g2 = Tensor::run_backward(&[(&reference * &w).sum(Kind::Double)], &inputs, false, false);
+            for (i, (a, b)) in g1.iter().zip(&g2).enumerate() {
+                assert!(a.isfinite().all().int64_value(&[]) == 1, "input {i}: a gradient is not finite");
+                let gap = (a - b).abs().max().double_value(&[]);
+                assert!(gap < 1e-6, "cached {cached}, rows {rows}, input {i}: gradients differ by {gap}");
+            }
+        }
     }
 
     #[test]

@@ -1,0 +1,167 @@
+//! Wall-clock time per phase of a training step, for `lethe bench --profile`.
+//!
+//! The code marks its phases with [`phase`] (`let _t = profile::phase("attention");`):
+//! while a profile is being taken on this thread ([`start`] .. [`finish`]), the guard
+//! adds the time until it is dropped to the phase's total; otherwise it does nothing
+//! and costs one thread-local read. Phases nest: a phase opened inside another is
+//! recorded under its path (`forward > attention > softmax`), so the report is a tree
+//! whose children add up to at most their parent.
+//!
+//! On a GPU, kernels run asynchronously: every phase boundary then waits for the device
+//! ([`tch::Cuda::synchronize`]), so that a phase is charged for its own kernels. That
+//! wait slows the step a little; the bench's step times are taken without it.
+//!
+//! What timers cannot split: the backward pass is one libtorch call (`backward`), so it
+//! is one phase. A forward phase that costs a fraction `f` of the forward pass usually
+//! costs about as much in the backward pass, but that is a rule of thumb, not a measure.
+
+use std::cell::RefCell;
+use std::time::Instant;
+
+use serde::Serialize;
+use tch::Device;
+
+/// One phase's time over the profiled steps.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PhaseTime {
+    /// The phase's path, outermost first: `["forward", "layer", "attention"]`.
+    pub path: Vec<String>,
+    /// Total seconds spent in the phase.
+    pub seconds: f64,
+    /// How many times the phase was entered.
+    pub calls: usize,
+}
+
+impl PhaseTime {
+    /// The path joined with ` > `.
+    pub fn name(&self) -> String {
+        self.path.join(" > ")
+    }
+}
+
+struct Recorder {
+    device: Device,
+    /// Open phases, outermost first.
+    stack: Vec<&'static str>,
+    /// Totals by path, in the order the paths were first seen.
+    totals: Vec<(Vec<&'static str>, f64, usize)>,
+}
+
+thread_local! {
+    static RECORDER: RefCell<Option<Recorder>> = const { RefCell::new(None) };
+}
+
+/// Starts a profile on this thread; phases entered from now on are timed. `device` is
+/// waited for at each phase boundary when it is a GPU. A profile already running is
+/// discarded.
+pub fn start(device: Device) {
+    RECORDER.with(|r| *r.borrow_mut() = Some(Recorder { device, stack: vec![], totals: vec![] }));
+}
+
+/// Ends the profile and returns each phase's time, in the order the phases were first
+/// entered (a parent before its children). Empty when no profile was running.
+pub fn finish() -> Vec<PhaseTime> {
+    let recorder = RECORDER.with(|r| r.borrow_mut().take());
+    recorder.map_or_else(Vec::new, |rec| {
+        rec.totals
+            .into_iter()
+            .map(|(path, seconds, calls)| PhaseTime { path: path.iter().map(|s| s.to_string()).collect(), seconds, calls })
+            .collect()
+    })
+}
+
+/// Times a phase until the returned guard is dropped, when a profile is running.
+#[must_use = "the phase ends when the guard is dropped"]
+pub fn phase(name: &'static str) -> Option<Phase> {
+    RECORDER.with(|r| {
+        let mut r = r.borrow_mut();
+        let rec = r.as_mut()?;
+        wait_for(rec.device);
+        rec.stack.push(name);
+        // Listed when first entered, so that a parent comes before its children.
+        if !rec.totals.iter().any(|(p, _, _)| *p == rec.stack) {
+            rec.totals.push((rec.stack.clone(), 0.0, 0));
+        }
+        Some(Phase { start: Instant::now() })
+    })
+}
+
+/// An open phase (see [`phase`]).
+pub struct Phase {
+    start: Instant,
+}
+
+impl Drop for Phase {
+    fn drop(&mut self) {
+        RECORDER.with(|r| {
+            let mut r = r.borrow_mut();
+            let Some(rec) = r.as_mut() else { return };
+            wait_for(rec.device);
+            let seconds = self.start.elapsed().as_secs_f64();
+            if let Some((_, total, calls)) = rec.totals.iter_mut().find(|(p, _, _)| *p == rec.stack) {
+                *total += seconds;
+                *calls += 1;
+            }
+            rec.stack.pop();
+        });
+    }
+}
+
+fn wait_for(device: Device) {
+    if let Device::Cuda(i) = device {
+        tch::Cuda::synchronize(i as i64);
+    }
+}
+
+/// The profile as a table: each phase's milliseconds per step (over `steps` steps),
+/// its share of the outermost phases' time, and its calls per step, indented by depth.
+pub fn table(phases: &[PhaseTime], steps: usize) -> String {
+    let steps = steps.max(1) as f64;
+    let step_s = phases.iter().filter(|p| p.path.len() == 1).map(|p| p.seconds).sum::<f64>() / steps;
+    let mut out = format!("{:<44} {:>10} {:>7} {:>9}\n", "phase", "ms/step", "share", "calls");
+    for p in phases {
+        let name = format!("{}{}", "  ".repeat(p.path.len().saturating_sub(1)), p.path.last().map_or("", String::as_str));
+        let ms = p.seconds / steps * 1e3;
+        let share = if step_s > 0.0 { p.seconds / steps / step_s * 100.0 } else { 0.0 };
+        out += &format!("{name:<44} {ms:>10.2} {share:>6.1}% {:>9.1}\n", p.calls as f64 / steps);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn busy(ms: u64) {
+        let start = Instant::now();
+        while start.elapsed().as_millis() < ms as u128 {}
+    }
+
+    #[test]
+    fn phases_nest_add_up_and_cost_nothing_when_off() {
+        assert!(phase("off").is_none(), "no profile running: no guard");
+        start(Device::Cpu);
+        for _ in 0..2 {
+            let _outer = phase("forward");
+            for _ in 0..3 {
+                let _inner = phase("attention");
+                busy(2);
+            }
+            busy(1);
+        }
+        {
+            let _b = phase("backward");
+        }
+        let phases = finish();
+        assert!(phase("after").is_none(), "finish ends the profile");
+        let names: Vec<String> = phases.iter().map(PhaseTime::name).collect();
+        assert_eq!(names, ["forward", "forward > attention", "backward"]);
+        let calls: Vec<usize> = phases.iter().map(|p| p.calls).collect();
+        assert_eq!(calls, [2, 6, 1]);
+        let (outer, inner) = (phases[0].seconds, phases[1].seconds);
+        assert!(inner >= 0.012 && outer >= inner + 0.002, "outer {outer} s, inner {inner} s");
+        let text = table(&phases, 2);
+        assert!(text.contains("\nforward ") && text.contains("\n  attention ") && text.contains("\nbackward "), "{text}");
+        assert!(finish().is_empty(), "a second finish has nothing");
+    }
+}
