@@ -93,14 +93,22 @@ pub fn merge_heads(context: &Tensor) -> Tensor {
 /// Shapes: `q` `(b, h, m, dh)`, `k` `(b, h, cached + m, dh)`, `key_pe` `(P, dh)`;
 /// returns `(b, h, m, cached + m)`.
 pub fn window_scores(q: &Tensor, k: &Tensor, key_pe: &Tensor, cached: i64) -> Tensor {
-    let (b, h, m, dh) = q.size4().expect("queries must be (b, h, m, dh)");
-    let n = k.size()[2];
-    assert!(cached < key_pe.size()[0] && n == cached + m, "window_scores: {cached} cached states, {n} keys, {:?} position rows", key_pe.size());
+    let dh = q.size()[3];
+    let q = q / (dh as f64).sqrt();
+    let mut scores = q.matmul(&k.transpose(-2, -1)); // (b, h, m, n)
+    scores += window_positions(&q, key_pe, cached, k.size()[2]);
+    scores
+}
+
+/// The position term of [`window_scores`], `q·key_pe[dist]` for queries `q`
+/// `(b, h, m, dh)` already divided by `sqrt(dh)`, over `n = cached + m` keys: `(b, h, m, n)`,
+/// `-inf` where a key is later than the query or more than `P - 1` back.
+pub fn window_positions(q: &Tensor, key_pe: &Tensor, cached: i64, n: i64) -> Tensor {
+    let (b, h, m, _) = q.size4().expect("queries must be (b, h, m, dh)");
+    assert!(cached < key_pe.size()[0] && n == cached + m, "window_positions: {cached} cached states, {n} keys, {:?} position rows", key_pe.size());
     // No pair is further apart than n - 1: a cache shorter than the span (filling, or
     // trimmed by Adaptive-Span) needs only the first n rows.
     let p = key_pe.size()[0].min(n);
-    let q = q / (dh as f64).sqrt();
-    let mut scores = q.matmul(&k.transpose(-2, -1)); // (b, h, m, n)
     // Column c of `flipped` is distance p-1-c; row i shifted right by i puts distance
     // cached+i-j at column j + (p-1-cached).
     let flipped = q.matmul(&key_pe.narrow(0, 0, p).flip([0]).tr()); // (b, h, m, p)
@@ -109,8 +117,7 @@ pub fn window_scores(q: &Tensor, k: &Tensor, key_pe: &Tensor, cached: i64) -> Te
         .view([b, h, m * (p + m + 1)])
         .narrow(2, 0, m * (p + m))
         .view([b, h, m, p + m]); // row i: flipped[i] starting at column i
-    scores += skewed.narrow(3, p - 1 - cached, n);
-    scores
+    skewed.narrow(3, p - 1 - cached, n)
 }
 
 /// Attention scores over a window: [`window_scores`] with the learned relative
@@ -144,24 +151,42 @@ pub fn mix(scores: &Tensor, v: &Tensor, dropout: f64, train: bool) -> Tensor {
 /// not be seen, and `ln m` for a soft mask `m` applied after the softmax with
 /// renormalisation, since `softmax(s) m / sum(softmax(s) m) = softmax(s + ln m)`.
 ///
-/// On a GPU, and wherever the bias needs no gradient, this is libtorch's fused
-/// `scaled_dot_product_attention` (the memory-efficient CUDA kernel takes a bias with a
-/// gradient). On the CPU in training, libtorch's fused kernel refuses a bias with a
-/// gradient and falls back to its reference path, which checks for fully masked rows
-/// first; the same operations written here are about 4% faster on a training step
-/// (`lethe bench`, Expire-Span, 2 threads), so they are used instead.
+/// On a GPU this is libtorch's fused `scaled_dot_product_attention` ([`fused`]; its
+/// memory-efficient CUDA kernel takes a bias with a gradient). On the CPU it is the same
+/// operations written out: libtorch's CPU kernel refuses a bias with a gradient (every
+/// mechanism's has one, through the positions) and falls back to its reference path,
+/// which checks for fully masked rows first and was about 4% slower on a training step
+/// (`lethe bench`, Expire-Span, 2 threads); and the written-out path keeps the CPU's
+/// figures what they were to the last bit.
 /// Shapes: `q` `(b, h, m, dh)`, `k` and `v` `(b, h, n, dh)`, `bias` broadcastable to
 /// `(b, h, m, n)`; returns `(b, h, m, dh)`. Every query must see at least one key.
 pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor, dropout: f64, train: bool) -> Tensor {
-    if q.device().is_cuda() || !bias.requires_grad() {
-        let p = if train { dropout } else { 0.0 };
-        return Tensor::scaled_dot_product_attention(q, k, v, Some(bias), p, false, None, false);
+    if q.device().is_cuda() {
+        return fused(q, k, v, bias, dropout, train);
     }
     let dh = q.size()[3];
     let mut scores = (q / (dh as f64).sqrt()).matmul(&k.transpose(-2, -1)); // (b, h, m, n)
     // In place: the product's output is not needed for its backward pass.
     scores += bias;
     mix(&scores, v, dropout, train)
+}
+
+/// [`attend`] through libtorch's `scaled_dot_product_attention`, on any device.
+pub fn fused(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor, dropout: f64, train: bool) -> Tensor {
+    let p = if train { dropout } else { 0.0 };
+    Tensor::scaled_dot_product_attention(q, k, v, Some(bias), p, false, None, false)
+}
+
+/// The bias of a window attention (see [`attend`]): the relative positions
+/// `q·key_pe[dist] / sqrt(dh)` laid out by [`window_positions`] when the layers have
+/// them, otherwise zero (GPT-2: its absolute positions are in its inputs already), and
+/// `-inf` where a key is not `visible` `(m, n)`. `q` `(b, h, m, dh)`; returns
+/// `(b, h, m, n)` with positions, `(m, n)` without.
+pub fn window_bias(q: &Tensor, key_pe: Option<&Tensor>, cached: i64, visible: &Tensor) -> Tensor {
+    match key_pe {
+        Some(pe) => window_positions(&(q / (q.size()[3] as f64).sqrt()), pe, cached, visible.size()[1]),
+        None => Tensor::zeros(visible.size(), (q.kind(), q.device())).masked_fill(&visible.logical_not(), f64::NEG_INFINITY),
+    }
 }
 
 /// `ln m` of a soft mask `m` `(.., m, n)` in `[0, 1]` as an additive attention bias, and
@@ -204,6 +229,48 @@ mod tests {
         // In place: the product's output is not needed for its backward pass.
         scores += by_distance.gather(-1, &dist.expand([b, h, m, n], false), false); // (b, h, m, n)
         scores
+    }
+
+    /// libtorch's fused attention (the GPU's path) computes what the written-out one
+    /// (the CPU's) does, with a bias that has `-inf` entries and a gradient, in value
+    /// and in every gradient.
+    #[test]
+    fn the_fused_attention_equals_the_written_out_one() {
+        let mut rng = crate::rng::Rng::new(12);
+        let q = rng.normal_tensor(&[2, 3, 5, 4], Kind::Double).set_requires_grad(true);
+        let k = rng.normal_tensor(&[2, 3, 9, 4], Kind::Double).set_requires_grad(true);
+        let v = rng.normal_tensor(&[2, 3, 9, 4], Kind::Double).set_requires_grad(true);
+        let (_, visible) = window(4, 5, 6, tch::Device::Cpu);
+        let bias = rng.normal_tensor(&[2, 3, 5, 9], Kind::Double).masked_fill(&visible.logical_not(), f64::NEG_INFINITY).set_requires_grad(true);
+        let a = attend(&q, &k, &v, &bias, 0.0, true);
+        let b = fused(&q, &k, &v, &bias, 0.0, true);
+        assert!(a.allclose(&b, 1e-12, 1e-12, false));
+        let w = rng.normal_tensor(&a.size(), Kind::Double);
+        let inputs = [&q, &k, &v, &bias];
+        let ga = Tensor::run_backward(&[(&a * &w).sum(Kind::Double)], &inputs, false, false);
+        let gb = Tensor::run_backward(&[(&b * &w).sum(Kind::Double)], &inputs, false, false);
+        for (x, y) in ga.iter().zip(&gb) {
+            assert!(x.allclose(y, 1e-10, 1e-10, false));
+        }
+    }
+
+    /// The window attention through a bias computes, on the CPU, exactly the scores and
+    /// softmax it computed before the bias existed (the same operations, so the same
+    /// bits), with positions and without.
+    #[test]
+    fn the_window_attention_through_a_bias_is_bitwise_the_old_one() {
+        let mut rng = crate::rng::Rng::new(13);
+        let (cached, m, span) = (6, 4, 8);
+        let q = rng.normal_tensor(&[2, 2, m, 4], Kind::Float);
+        let k = rng.normal_tensor(&[2, 2, cached + m, 4], Kind::Float);
+        let v = rng.normal_tensor(&[2, 2, cached + m, 4], Kind::Float);
+        let pe = rng.normal_tensor(&[span + 1, 4], Kind::Float);
+        let (_, visible) = window(cached, m, span, tch::Device::Cpu);
+        for key_pe in [Some(&pe), None] {
+            let old = mix(&scores_over_window(&q, &k, key_pe, cached, &visible), &v, 0.0, false);
+            let new = attend(&q, &k, &v, &window_bias(&q, key_pe, cached, &visible), 0.0, false);
+            assert!(old.equal(&new), "positions: {}", key_pe.is_some());
+        }
     }
 
     fn t(v: &[f64], shape: &[i64]) -> Tensor {

@@ -6,7 +6,8 @@
 //! - Mask for a key at distance `d` (0 = the query itself):
 //!   `m = clamp((z L - d) / R + 1, 0, 1)`, the adaptive-span code's
 //!   `clamp((template + z L) / R + 1, 0, 1)` with `template = -d`. It is applied after
-//!   the softmax with renormalisation, `a = a m / (sum(a m) + 1e-8)`.
+//!   the softmax with renormalisation, `a = a m / (sum(a m) + 1e-8)`, computed as one
+//!   softmax with the bias `ln m` (`attention::attend`; equal up to the 1e-8).
 //! - Span loss `coef * L * mean(z)` over the heads of the layer.
 //! - `z` is clamped to [0, 1] after each optimiser step ([`MemoryLayer::after_step`]).
 //! - The cache keeps only what the widest head can see: `min(L, max(z) L + R)` states,
@@ -18,7 +19,7 @@ use super::window::{WindowCache, WindowKeys};
 use super::layer::{AttendInput, AttendOutput, MemoryLayer, MemoryReport};
 use crate::config::AdaptiveConfig;
 use crate::error::{LetheError, Result};
-use crate::model::attention::window_scores;
+use crate::model::attention::{attend, log_mask, window_bias};
 
 /// Granularity of the cache trim, as in the official code.
 const TRIM_MULTIPLE: i64 = 64;
@@ -67,22 +68,18 @@ impl MemoryLayer for AdaptiveSpan {
     fn attend(&mut self, input: &AttendInput) -> Result<AttendOutput> {
         let WindowKeys { k, v, dist, visible, cached, same } = self.window.keys(input, self.max_span);
         let key_pe = input.key_pe.ok_or_else(|| LetheError::Invalid("Adaptive-Span needs relative positions (model.arch = \"lethe\")".into()))?;
-        let mut scores = window_scores(input.q, &k, key_pe, cached); // (b, h, m, n)
-        let z = self.z.to_kind(scores.kind());
-        let mask = span_mask(&z, &dist, self.max_span as f64, self.cfg.ramp as f64) * visible.to_kind(scores.kind()); // (h, m, n)
-        let mask = match &same {
-            Some(same) => {
-                // Other episodes out of the softmax too, so that its normalisation is a fresh memory's.
-                let _ = scores.masked_fill_(&same.logical_not().unsqueeze(1), f64::NEG_INFINITY);
-                mask.unsqueeze(0) * same.unsqueeze(1).to_kind(scores.kind()) // (b, h, m, n)
-            }
-            None => mask.unsqueeze(0), // (1, h, m, n)
+        let positions = window_bias(input.q, Some(key_pe), cached, &visible); // (b, h, m, n)
+        let z = self.z.to_kind(input.q.kind());
+        let mask = span_mask(&z, &dist, self.max_span as f64, self.cfg.ramp as f64).unsqueeze(0); // (1, h, m, n)
+        // Keys of other episodes are not visible, so that the softmax's normalisation is a fresh memory's.
+        let visible = match &same {
+            Some(same) => visible.logical_and(same).unsqueeze(1), // (b, 1, m, n)
+            None => visible.view([1, 1, visible.size()[0], visible.size()[1]]),
         };
-        let probs = scores.softmax(-1, scores.kind()); // masked: -inf where not visible
-        let probs = &probs * &mask; // (b, h, m, n)
-        let probs = &probs / (probs.sum_dim_intlist([-1i64].as_slice(), true, probs.kind()) + 1e-8);
-        let context = probs.dropout(input.attn.dropout, input.train).matmul(&v); // (b, h, m, dh)
-        let earlier = mask.gt(0.0).logical_and(&dist.ge(1));
+        // The mask after the softmax with renormalisation is the bias ln m before it.
+        let bias = positions + log_mask(&mask, &visible); // (b, h, m, n)
+        let context = attend(input.q, &k, &v, &bias, input.attn.dropout, input.train); // (b, h, m, dh)
+        let earlier = mask.gt(0.0).logical_and(&visible).logical_and(&dist.ge(1));
         self.last_mem_rows = super::layer::mem_rows(&earlier); // from (b or 1, h, m, n)
         let aux = (input.train && self.cfg.loss_coef > 0.0).then(|| z.mean(z.kind()) * (self.cfg.loss_coef * self.max_span as f64));
         Ok(AttendOutput { context, aux_loss: aux, added: None })
@@ -148,6 +145,50 @@ mod tests {
         assert_eq!(head0, &[0.0, 0.0, 0.0, 0.5, 1.0, 1.0, 1.0, 1.0, 1.0]);
         let head1 = &m[9..]; // z = 0: only the query itself and a ramp of R
         assert_eq!(head1, &[0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.5, 1.0]);
+    }
+
+    /// The one-softmax attention with the bias `ln m` equals the mask applied after the
+    /// softmax with renormalisation (the adaptive-span code's, less its 1e-8, which
+    /// moves the output by up to 1e-8 over the masked weights' sum: 2e-7 here), in value
+    /// and in the gradients to the inputs, positions and span ratios.
+    #[test]
+    fn the_biased_softmax_equals_the_renormalised_mask() {
+        use crate::model::attention::{window_scores, Attention};
+        let mut rng = crate::rng::Rng::new(7);
+        let mut vs = tch::nn::VarStore::new(tch::Device::Cpu);
+        let attn = Attention::new(vs.root() / "attn", 8, 2, 0.0, false);
+        let cfg = AdaptiveConfig { ramp: 3, ..AdaptiveConfig::default() };
+        let mut layer = AdaptiveSpan::new(vs.root() / "attn", 2, 10, &cfg);
+        vs.double();
+        // Spans of 1.3 and 2.7: no key sits exactly where the mask reaches 0, the kink
+        // where the two choose different one-sided derivatives (the clamp passes a
+        // gradient at its bound; a key at -inf passes none).
+        tch::no_grad(|| layer.z.copy_(&Tensor::from_slice(&[0.13f64, 0.27])));
+        let key_pe = rng.normal_tensor(&[11, 4], Kind::Double).set_requires_grad(true);
+        for block in 0..3 {
+            let x = rng.normal_tensor(&[2, 4, 8], Kind::Double).set_requires_grad(true);
+            let q = attn.queries(&x);
+            let input = AttendInput { x: &x, q: &q, attn: &attn, key_pe: Some(&key_pe), train: true, episodes: None };
+            // The reference, from the same cache, before `attend` adds to it.
+            let WindowKeys { k, v, dist, visible, cached, .. } = layer.window.keys(&input, 10);
+            let scores = window_scores(&q, &k, &key_pe, cached);
+            let mask = (span_mask(&layer.z, &dist, 10.0, 3.0) * visible.to_kind(Kind::Double)).unsqueeze(0);
+            let probs = scores.softmax(-1, Kind::Double) * &mask;
+            let reference = (&probs / probs.sum_dim_intlist([-1i64].as_slice(), true, Kind::Double)).matmul(&v);
+            let out = layer.attend(&input).unwrap().context;
+            let gap = (&out - &reference).abs().max().double_value(&[]);
+            assert!(gap < 1e-12, "block {block}: outputs differ by {gap}");
+            let w = rng.normal_tensor(&out.size(), Kind::Double);
+            let inputs = [&x, &key_pe, &layer.z];
+            // The queries' graph is shared by both: keep it for the second pass.
+            let g1 = Tensor::run_backward(&[(&out * &w).sum(Kind::Double)], &inputs, true, false);
+            let g2 = Tensor::run_backward(&[(&reference * &w).sum(Kind::Double)], &inputs, false, false);
+            for (i, (a, b)) in g1.iter().zip(&g2).enumerate() {
+                let gap = (a - b).abs().max().double_value(&[]);
+                assert!(gap < 1e-10 && a.abs().sum(Kind::Double).double_value(&[]) > 0.0, "block {block}, input {i}: gradients differ by {gap}");
+            }
+            layer.update(&x.detach(), None);
+        }
     }
 
     #[test]

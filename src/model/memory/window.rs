@@ -11,7 +11,7 @@ use tch::Tensor;
 
 use super::layer::{mem_rows, same_episode, with_cached_episodes, AttendInput};
 use crate::error::{LetheError, Result};
-use crate::model::attention::{mix, scores_over_window, window};
+use crate::model::attention::{attend, window, window_bias};
 
 /// `[prev, x]` along the time axis of `(b, n, d)` states; `x` alone when there is no `prev`.
 pub(crate) fn concat_time(prev: Option<&Tensor>, x: &Tensor) -> Tensor {
@@ -112,15 +112,15 @@ impl WindowCache {
     pub fn attend(&mut self, input: &AttendInput, span: i64) -> (Tensor, Vec<f64>) {
         let m = input.x.size()[1];
         let w = self.keys(input, span);
-        let mut scores = scores_over_window(input.q, &w.k, input.key_pe, w.cached, &w.visible); // (b, h, m, n)
-        let mem_rows = match &w.same {
-            None => vec![window_mem_size(w.cached, m, reach(span, m))],
-            Some(same) => {
-                let _ = scores.masked_fill_(&same.logical_not().unsqueeze(1), f64::NEG_INFINITY);
-                mem_rows(&w.visible.logical_and(same).logical_and(&w.dist.ge(1))) // from (b, m, n)
-            }
+        let bias = window_bias(input.q, input.key_pe, w.cached, &w.visible); // (b, h, m, n), or (m, n) without positions
+        let (bias, mem_rows) = match &w.same {
+            None => (bias, vec![window_mem_size(w.cached, m, reach(span, m))]),
+            Some(same) => (
+                bias.masked_fill(&same.logical_not().unsqueeze(1), f64::NEG_INFINITY), // (b, h or 1, m, n)
+                mem_rows(&w.visible.logical_and(same).logical_and(&w.dist.ge(1))), // from (b, m, n)
+            ),
         };
-        let context = mix(&scores, &w.v, input.attn.dropout, input.train);
+        let context = attend(input.q, &w.k, &w.v, &bias, input.attn.dropout, input.train);
         (context, mem_rows)
     }
 
