@@ -8,7 +8,8 @@
 #   scripts/vs-official.sh OFFICIAL_CHECKOUT [ARM...]
 #
 # ARM is `expire:L` (Expire-Span, maximum span L; ramp 64, loss 1e-6, initial
-# fraction 0.1, pre-div 1) or `fixed:L` (Transformer-XL span L). Default: expire:512
+# fraction 0.1, pre-div 1), `adaptive:L` (Adaptive-Span, ramp 32, loss 2e-6, initial
+# ratio 0, the official `--adapt-span-cache`) or `fixed:L` (Transformer-XL span L). Default: expire:512
 # expire:2048 expire:16384. Environment: ROUNDS (3), STEPS (80), THREADS (2),
 # OUT (runs/vs-official), LETHE (target/release/lethe), PYTHON (.venv/bin/python, which
 # has torch 2.11).
@@ -26,12 +27,12 @@
 # of text (the enwik8 preparation of the official data script).
 set -euo pipefail
 
-usage() { echo "usage: $0 OFFICIAL_CHECKOUT [expire:L|fixed:L ...]" >&2; exit 2; }
+usage() { echo "usage: $0 OFFICIAL_CHECKOUT [expire:L|adaptive:L|fixed:L ...]" >&2; exit 2; }
 [ $# -ge 1 ] || usage
 SRC=$1; shift
 [ -f "$SRC/main.py" ] && [ -f "$SRC/models/expire_span.py" ] || { echo "$SRC is not a transformer-sequential checkout" >&2; exit 2; }
 ARMS=("$@"); [ ${#ARMS[@]} -gt 0 ] || ARMS=(expire:512 expire:2048 expire:16384)
-for arm in "${ARMS[@]}"; do [[ $arm =~ ^(expire|fixed):[0-9]+$ ]] || { echo "bad arm '$arm': expire:L or fixed:L" >&2; exit 2; }; done
+for arm in "${ARMS[@]}"; do [[ $arm =~ ^(expire|adaptive|fixed):[0-9]+$ ]] || { echo "bad arm '$arm': expire:L, adaptive:L or fixed:L" >&2; exit 2; }; done
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 ROUNDS=${ROUNDS:-3}; STEPS=${STEPS:-80}; THREADS=${THREADS:-2}
 OUT=${OUT:-runs/vs-official}; LETHE=${LETHE:-$ROOT/target/release/lethe}; PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
@@ -89,6 +90,8 @@ official() { # LOG ARM
     local kind=${1%%:*} span=${1##*:} extra=()
     if [ "$kind" = expire ]; then
         extra=(--expire-span --attn-lim "$span" --mem-sz 256 --expire-span-loss 0.000001 --expire-span-ramp 64 --expire-span-init-percentage 0.1 --expire-span-pre-div 1)
+    elif [ "$kind" = adaptive ]; then
+        extra=(--mem-sz 256 --attn-lim "$span" --adapt-span --adapt-span-loss 0.000002 --adapt-span-len 32 --adapt-span-init 0 --adapt-span-cache)
     else
         extra=(--mem-sz 256 --attn-lim "$span")
     fi
@@ -102,6 +105,8 @@ lethe() { # LOG ARM RUN
     local kind=${1%%:*} span=${1##*:} extra=()
     if [ "$kind" = expire ]; then
         extra=(--set memory.mechanism=expire --set memory.expire.ramp=64 --set memory.expire.alpha=1e-6 --set memory.expire.init_fraction=0.1 --set memory.expire.pre_div=1)
+    elif [ "$kind" = adaptive ]; then
+        extra=(--set memory.mechanism=adaptive --set memory.adaptive.ramp=32 --set memory.adaptive.loss_coef=2e-6 --set memory.adaptive.init_ratio=0)
     else
         extra=(--set memory.mechanism=fixed)
     fi
