@@ -120,20 +120,17 @@ pub fn window_positions(q: &Tensor, key_pe: &Tensor, cached: i64, n: i64) -> Ten
     skewed.narrow(3, p - 1 - cached, n)
 }
 
-/// Attention scores over a window: [`window_scores`] with the learned relative
-/// positions `key_pe` when the layers have them, otherwise content alone,
-/// `q·k / sqrt(dh)`, with the keys a query may not see (`visible` `(m, n)` false) at
-/// `-inf` (GPT-2: its absolute positions are in its inputs already).
-/// Shapes: `q` `(b, h, m, dh)`, `k` `(b, h, cached + m, dh)`; returns `(b, h, m, cached + m)`.
+/// Attention scores over a window: the content score `q·k / sqrt(dh)` plus its
+/// [`window_bias`] (the learned relative positions when the layers have them; `-inf`
+/// where a key may not be seen), the scores [`attend`] builds on the CPU.
+/// Shapes: `q` `(b, h, m, dh)`, `k` `(b, h, cached + m, dh)`, `visible` `(m, n)`;
+/// returns `(b, h, m, cached + m)`.
 pub fn scores_over_window(q: &Tensor, k: &Tensor, key_pe: Option<&Tensor>, cached: i64, visible: &Tensor) -> Tensor {
-    match key_pe {
-        Some(pe) => window_scores(q, k, pe, cached),
-        None => {
-            let dh = q.size()[3];
-            let scores = (q / (dh as f64).sqrt()).matmul(&k.transpose(-2, -1)); // (b, h, m, n)
-            scores.masked_fill(&visible.logical_not(), f64::NEG_INFINITY)
-        }
-    }
+    let dh = q.size()[3];
+    let mut scores = (q / (dh as f64).sqrt()).matmul(&k.transpose(-2, -1)); // (b, h, m, n)
+    // In place: the product's output is not needed for its backward pass.
+    scores += window_bias(q, key_pe, cached, visible);
+    scores
 }
 
 /// Softmax over the keys of masked scores `(b, h, m, n)` (`-inf` where a key is not
@@ -266,10 +263,15 @@ mod tests {
         let v = rng.normal_tensor(&[2, 2, cached + m, 4], Kind::Float);
         let pe = rng.normal_tensor(&[span + 1, 4], Kind::Float);
         let (_, visible) = window(cached, m, span, tch::Device::Cpu);
-        for key_pe in [Some(&pe), None] {
-            let old = mix(&scores_over_window(&q, &k, key_pe, cached, &visible), &v, 0.0, false);
+        // Before the bias: the skewed positions added to the scores (window_scores), or
+        // the content scores masked in place.
+        let content = (&q / 2.0).matmul(&k.transpose(-2, -1));
+        let old_scores = [window_scores(&q, &k, &pe, cached), content.masked_fill(&visible.logical_not(), f64::NEG_INFINITY)];
+        for (key_pe, old_scores) in [Some(&pe), None].into_iter().zip(old_scores) {
+            let old = mix(&old_scores, &v, 0.0, false);
             let new = attend(&q, &k, &v, &window_bias(&q, key_pe, cached, &visible), 0.0, false);
             assert!(old.equal(&new), "positions: {}", key_pe.is_some());
+            assert!(scores_over_window(&q, &k, key_pe, cached, &visible).equal(&old_scores), "positions: {}", key_pe.is_some());
         }
     }
 
