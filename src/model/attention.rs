@@ -191,8 +191,13 @@ pub fn window_bias(q: &Tensor, key_pe: Option<&Tensor>, cached: i64, visible: &T
 /// `m` is floored at the smallest normal float before the log, and the floored entries
 /// are then replaced (their gradient is zero).
 pub fn log_mask(mask: &Tensor, visible: &Tensor) -> Tensor {
+    log_mask_of_visible(mask, &visible.logical_and(&mask.gt(0.0)))
+}
+
+/// [`log_mask`] where `visible` is already false wherever `m = 0` (Expire-Span's is).
+pub fn log_mask_of_visible(mask: &Tensor, visible: &Tensor) -> Tensor {
     let floor = f64::from(f32::MIN_POSITIVE);
-    mask.clamp_min(floor).log().masked_fill(&visible.logical_and(&mask.gt(0.0)).logical_not(), f64::NEG_INFINITY)
+    mask.clamp_min(floor).log().masked_fill(&visible.logical_not(), f64::NEG_INFINITY)
 }
 
 /// The distance index and visibility of a window attention: `m` queries that follow

@@ -59,12 +59,25 @@ fn distances(counter: &Tensor, m: i64) -> Tensor {
     counter.unsqueeze(1) + query // (b, m, n)
 }
 
+/// Which query-memory pairs are on the ramp, `0 < m < 1`, among those a query may see:
+/// `mask` `(b, m, n)`, `visible` `(b, m, n)` (false wherever `m = 0`).
+pub fn on_ramp(mask: &Tensor, visible: &Tensor) -> Tensor {
+    visible.logical_and(&mask.lt(1.0))
+}
+
 /// The span loss over the ramp: `alpha * sum(r where 0 < m < 1) / R / M` per stream,
-/// averaged over streams. `remaining` and `mask` are `(b, m, n)`.
-pub fn ramp_loss(remaining: &Tensor, mask: &Tensor, ramp: f64, block: i64, alpha: f64) -> Tensor {
-    let on_ramp = mask.gt(0.0).logical_and(&mask.lt(1.0)).to_kind(remaining.kind());
-    let per_stream = (remaining * on_ramp).sum_dim_intlist([1i64, 2].as_slice(), false, remaining.kind()); // (b)
-    per_stream.mean(remaining.kind()) * (alpha / ramp / block as f64)
+/// averaged over streams, for spans `e` `(b, n)`, distances `dist` `(b, m, n)` and the
+/// pairs [`on_ramp`] `(b, m, n)`. Since `r = e - dist`, the sum is computed as
+/// `sum_k e_k c_k - sum(dist on the ramp)`, where `c_k` counts the queries that see
+/// memory `k` on the ramp: the gradient, `alpha / (R M)` per ramp pair, reaches the
+/// spans through a `(b, n)` product instead of a `(b, m, n)` one. The sums are taken in
+/// double precision, so that the difference loses nothing to cancellation.
+pub fn ramp_loss(spans: &Tensor, dist: &Tensor, on_ramp: &Tensor, ramp: f64, block: i64, alpha: f64) -> Tensor {
+    let kind = spans.kind();
+    let counts = on_ramp.sum_dim_intlist([1i64].as_slice(), false, kind); // (b, n)
+    let by_span = (spans * counts).sum_dim_intlist([1i64].as_slice(), false, Kind::Double); // (b)
+    let by_distance = dist.where_scalarother(on_ramp, 0.0).sum_dim_intlist([1i64, 2].as_slice(), false, Kind::Double); // (b)
+    ((by_span - by_distance).mean(Kind::Double) * (alpha / ramp / block as f64)).to_kind(kind)
 }
 
 /// One layer's Expire-Span memory: the span predictor's parameters and the cache.
@@ -185,12 +198,12 @@ impl ExpireSpan {
     /// The attention of Eq. 4, the soft mask `mask` `(b, m, n)` applied after the softmax
     /// with renormalisation, as one attention with an additive bias: `ln m` and the
     /// relative positions (see [`attention::attend`]). `q` `(b, h, m, dh)`, `k` and `v`
-    /// `(b, h, n, dh)`, `dist` and `visible` `(b, m, n)`; returns `(b, h, m, dh)`.
+    /// `(b, h, n, dh)`, `dist` and `visible` `(b, m, n)` (`visible` false wherever `m = 0`); returns `(b, h, m, dh)`.
     #[allow(clippy::too_many_arguments)]
     fn context(&self, q: &Tensor, k: &Tensor, v: &Tensor, key_pe: &Tensor, dist: &Tensor, mask: &Tensor, visible: &Tensor, dropout: f64, train: bool) -> Tensor {
         let scoring = profile::phase("bias");
         let scaled = q / (q.size()[3] as f64).sqrt();
-        let bias = self.bias(&scaled, key_pe, dist, &attention::log_mask(mask, visible).unsqueeze(1)); // (b, h, m, n)
+        let bias = self.bias(&scaled, key_pe, dist, &attention::log_mask_of_visible(mask, visible).unsqueeze(1)); // (b, h, m, n)
         drop(scoring);
         let _mixing = profile::phase("attention");
         attention::attend(q, k, v, &bias, dropout, train)
@@ -215,7 +228,9 @@ impl ExpireSpan {
         let index = near.to_kind(Kind::Int64).where_scalarother(&in_range, rows); // (b, m, w)
         let zero_row = key_pe.zeros_like().narrow(0, 0, 1);
         let by_distance = q.matmul(&Tensor::cat(&[key_pe, &zero_row], 0).tr()); // (b, h, m, P + 1)
-        let near_bias = by_distance.gather(-1, &index.unsqueeze(1).expand([b, h, m, width], false), false) + log_mask.narrow(3, n - width, width); // (b, h, m, w)
+        let mut near_bias = by_distance.gather(-1, &index.unsqueeze(1).expand([b, h, m, width], false), false); // (b, h, m, w)
+        // In place: the gather's backward pass needs only its index.
+        near_bias += log_mask.narrow(3, n - width, width);
         if width == n {
             return near_bias;
         }
@@ -296,7 +311,7 @@ impl MemoryLayer for ExpireSpan {
 
         let loss = profile::phase("span loss");
         let aux = (self.cfg.alpha > 0.0 && input.train)
-            .then(|| ramp_loss(&remaining.where_self(&usable, &remaining.zeros_like()), &mask, self.cfg.ramp as f64, m, self.cfg.alpha));
+            .then(|| ramp_loss(&e, &dist, &on_ramp(&mask, &visible), self.cfg.ramp as f64, m, self.cfg.alpha));
         drop(loss);
         self.stats = Some(Stats { spans: spans.detach(), valid, visible, counter });
         Ok(AttendOutput { context, aux_loss: aux, added: None })
@@ -558,19 +573,68 @@ mod tests {
         assert_eq!(vec1(&r), vec![1.0, 1.0, 6.0, 2.0, 0.0, 0.0, 5.0, 1.0]);
     }
 
+    /// What the span loss was before it was computed through the counts: the sum of the
+    /// remaining spans on the ramp over `(b, m, n)`, as the official code sums it.
+    fn reference_ramp_loss(spans: &Tensor, counter: &Tensor, usable: &Tensor, ramp: f64, block: i64, alpha: f64) -> Tensor {
+        let (r, _) = remaining(spans, counter, block);
+        let mask = soft_mask(&r, ramp);
+        let ramp_pairs = usable.logical_and(&mask.gt(0.0)).logical_and(&mask.lt(1.0)).to_kind(r.kind());
+        let per_stream = (&r * ramp_pairs).sum_dim_intlist([1i64, 2].as_slice(), false, r.kind()); // (b)
+        per_stream.mean(r.kind()) * (alpha / ramp / block as f64)
+    }
+
+    /// The loss of a block from its spans and counters, as `attend` computes it.
+    fn loss_of(spans: &Tensor, counter: &Tensor, usable: &Tensor, ramp: f64, block: i64, alpha: f64) -> Tensor {
+        let (r, dist) = remaining(spans, counter, block);
+        let mask = soft_mask(&r, ramp);
+        let visible = usable.logical_and(&dist.ge(0.0)).logical_and(&mask.gt(0.0));
+        ramp_loss(spans, &dist, &on_ramp(&mask, &visible), ramp, block, alpha)
+    }
+
     #[test]
     fn ramp_loss_counts_only_memories_strictly_on_the_ramp() {
-        // R = 4, block M = 2, one stream. r = -2 and -1 are on the ramp; r = 0 (m = 1)
-        // and r = -4 (m = 0) are on its edges and do not count.
-        let r = Tensor::from_slice(&[-2.0f64, 0.0, -4.0, -1.0]).view([1, 2, 2]);
-        let m = soft_mask(&r, 4.0);
-        let loss = ramp_loss(&r, &m, 4.0, 2, 0.5).double_value(&[]);
-        assert!((loss - 0.5 * (-3.0) / 4.0 / 2.0).abs() < 1e-12, "{loss}");
-        // Averaged over streams: a second stream with no ramp halves it.
-        let r2 = Tensor::cat(&[&r, &Tensor::from_slice(&[1.0f64, 1.0, -5.0, 0.0]).view([1, 2, 2])], 0);
-        let m2 = soft_mask(&r2, 4.0);
-        let loss2 = ramp_loss(&r2, &m2, 4.0, 2, 0.5).double_value(&[]);
+        // R = 4, block M = 2, one stream. Remaining spans r = e - (counter + q):
+        // memory 0 (e 2, counter 4): -2, -3, both on the ramp; memory 1 (5, 1): 4, 3,
+        // mask 1; memory 2 (3, 3): 0 (m = 1, the ramp's edge, not counted), then -1;
+        // memory 3 (0, 4): -4 (m = 0, the other edge), -5. Sum on the ramp: -6.
+        let spans = Tensor::from_slice(&[2.0f64, 5.0, 3.0, 0.0]).view([1, 4]);
+        let counter = Tensor::from_slice(&[4.0f64, 1.0, 3.0, 4.0]).view([1, 4]);
+        let usable = Tensor::ones([1, 1, 4], (Kind::Bool, tch::Device::Cpu));
+        let loss = loss_of(&spans, &counter, &usable, 4.0, 2, 0.5).double_value(&[]);
+        assert!((loss - 0.5 * (-6.0) / 4.0 / 2.0).abs() < 1e-12, "{loss}");
+        // Averaged over streams: a second stream with no memory on the ramp halves it.
+        let spans2 = Tensor::cat(&[&spans, &Tensor::full([1, 4], 10.0, (Kind::Double, tch::Device::Cpu))], 0);
+        let counter2 = Tensor::cat(&[&counter, &counter.zeros_like()], 0);
+        let usable2 = Tensor::ones([2, 1, 4], (Kind::Bool, tch::Device::Cpu));
+        let loss2 = loss_of(&spans2, &counter2, &usable2, 4.0, 2, 0.5).double_value(&[]);
         assert!((loss2 - loss / 2.0).abs() < 1e-12, "{loss2}");
+        // A memory the queries may not see (another episode, padding) does not count.
+        let hidden = Tensor::from_slice(&[false, true, true, true]).view([1, 1, 4]);
+        let loss3 = loss_of(&spans, &counter, &hidden, 4.0, 2, 0.5).double_value(&[]);
+        assert!((loss3 - 0.5 * (-1.0) / 4.0 / 2.0).abs() < 1e-12, "{loss3}");
+    }
+
+    /// The loss through the counts equals the sum over every query-memory pair, in value
+    /// and in its gradient to the spans, on spans where many pairs are on the ramp.
+    #[test]
+    fn ramp_loss_through_counts_equals_the_sum_over_pairs() {
+        let mut rng = crate::rng::Rng::new(31);
+        let (b, m, cached) = (3, 6, 9);
+        let gaps = (rng.uniform_tensor(&[b, cached], Kind::Double) * 3.0).floor() + 1.0;
+        let cached_counter = gaps.flip([1]).cumsum(1, Kind::Double).flip([1]);
+        let block_counter = -Tensor::arange(m, (Kind::Double, tch::Device::Cpu)).unsqueeze(0).expand([b, m], false);
+        let counter = Tensor::cat(&[cached_counter, block_counter], 1);
+        let n = cached + m;
+        let spans = (rng.uniform_tensor(&[b, n], Kind::Double) * 30.0).set_requires_grad(true);
+        let usable = rng.uniform_tensor(&[b, 1, n], Kind::Double).gt(0.2);
+        let ours = loss_of(&spans, &counter, &usable, 8.0, m, 1e-3);
+        let reference = reference_ramp_loss(&spans, &counter, &usable, 8.0, m, 1e-3);
+        assert!(reference.double_value(&[]).abs() > 1e-4, "some pairs are on the ramp");
+        assert!((&ours - &reference).abs().double_value(&[]) < 1e-15, "{ours:?} vs {reference:?}");
+        let g = Tensor::run_backward(&[ours], &[&spans], false, false);
+        let g_ref = Tensor::run_backward(&[reference], &[&spans], false, false);
+        assert!(g[0].allclose(&g_ref[0], 1e-15, 1e-15, false));
+        assert!(g[0].abs().sum(Kind::Double).double_value(&[]) > 0.0);
     }
 
     #[test]
