@@ -611,7 +611,7 @@ mod tests {
         // A memory the queries may not see (another episode, padding) does not count.
         let hidden = Tensor::from_slice(&[false, true, true, true]).view([1, 1, 4]);
         let loss3 = loss_of(&spans, &counter, &hidden, 4.0, 2, 0.5).double_value(&[]);
-        assert!((loss3 - 0.5 * (-1.0) / 4.0 / 2.0).abs() < 1e-12, "{loss3}");
+        assert!((loss3 - -0.5 / 4.0 / 2.0).abs() < 1e-12, "{loss3}");
     }
 
     /// The loss through the counts equals the sum over every query-memory pair, in value
