@@ -19,7 +19,7 @@
 #   portal    the portal sweeps (5 and 8 rooms); spans      docs/sweep-portal-*.csv,
 #                                                           docs/agent-spans-portal.*       150 min
 #   enwik8    the Table-4 analogue: sweep and bench on a    docs/sweep-enwik8-tiny.csv,
-#             10 MB stand-in corpus (Rust's HTML docs)      docs/bench-enwik8-tiny.txt       80 min
+#             10 MB stand-in corpus (Rust's HTML docs)      docs/bench-enwik8-tiny.txt       25 min
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
