@@ -8,6 +8,10 @@
 #   scripts/docs.sh [SECTION...]        (default: every section, in this order)
 #   DOCS_OUT=/tmp/docs scripts/docs.sh default sweep
 #
+# A sweep skips the runs it finds finished under OUT with an unchanged config, and a
+# config does not record the code that trained it: after a change to the code, give a
+# fresh DOCS_OUT (or remove runs/docs) so that every figure is trained again.
+#
 # Sections, and their time on 2 cores:
 #   default   the default run's output                     docs/default-run.txt            1 min
 #   sweep     the copy sweep example (--seeds 1,2)          docs/sweep-copy-tiny.{csv,svg,png} 5 min
@@ -15,7 +19,7 @@
 #   words     scripts/words-demo.sh, seeds 1 2 3            docs/words-demo.txt             2 min
 #   dialogue  scripts/dialogue-demo.sh, seed 1              docs/dialogue-demo.md          20 min
 #   corridor  the corridor sweep, 3 seeds; agent spans      docs/sweep-corridor-small.csv,
-#                                                           docs/agent-spans-corridor.*      60 min
+#                                                           docs/agent-spans-corridor.*      20 min
 #   portal    the portal sweeps (5 and 8 rooms); spans      docs/sweep-portal-*.csv,
 #                                                           docs/agent-spans-portal.*       150 min
 #   enwik8    the Table-4 analogue: sweep and bench on a    docs/sweep-enwik8-tiny.csv,
