@@ -59,6 +59,12 @@ fn distances(counter: &Tensor, m: i64) -> Tensor {
     counter.unsqueeze(1) + query // (b, m, n)
 }
 
+/// Which memories each query sees `(b, m, n)`: those it may use (`usable`, `(b, 1, n)` or
+/// `(b, m, n)`), not later than the query (`dist >= 0`) and not fully masked (`m > 0`).
+pub fn visible_pairs(usable: &Tensor, dist: &Tensor, mask: &Tensor) -> Tensor {
+    usable.logical_and(&dist.ge(0.0)).logical_and(&mask.gt(0.0))
+}
+
 /// Which query-memory pairs are on the ramp, `0 < m < 1`, among those a query may see:
 /// `mask` `(b, m, n)`, `visible` `(b, m, n)` (false wherever `m = 0`).
 pub fn on_ramp(mask: &Tensor, visible: &Tensor) -> Tensor {
@@ -300,7 +306,7 @@ impl MemoryLayer for ExpireSpan {
             (Some(block), Some(all)) => valid.unsqueeze(1).logical_and(&same_episode(block, &all)),
             _ => valid.unsqueeze(1),
         };
-        let visible = usable.logical_and(&dist.ge(0.0)).logical_and(&mask.gt(0.0)); // (b, m, n)
+        let visible = visible_pairs(&usable, &dist, &mask); // (b, m, n)
         drop(spans_mask);
 
         let keys = profile::phase("keys, values");
@@ -524,17 +530,12 @@ mod tests {
             let k = rng.normal_tensor(&[b, h, n, dh], Kind::Double).set_requires_grad(true);
             let v = rng.normal_tensor(&[b, h, n, dh], Kind::Double).set_requires_grad(true);
             let key_pe = rng.normal_tensor(&[rows, dh], Kind::Double).set_requires_grad(true);
-            // Counters as after a per-stream compaction: cached memories at increasing
-            // distances (some gaps), then the block at 0, -1, ..
-            let gaps = (rng.uniform_tensor(&[b, cached], Kind::Double) * 3.0).floor() + 1.0;
-            let cached_counter = gaps.flip([1]).cumsum(1, Kind::Double).flip([1]);
-            let block_counter = -Tensor::arange(m, (Kind::Double, tch::Device::Cpu)).unsqueeze(0).expand([b, m], false);
-            let counter = Tensor::cat(&[cached_counter, block_counter], 1);
+            let counter = compacted_counter(&mut rng, b, cached, m);
             let spans = rng.uniform_tensor(&[b, n], Kind::Double) * 2.0 * n as f64;
             let (r, dist) = remaining(&spans, &counter, m);
             let mask = soft_mask(&r, 4.0).detach().set_requires_grad(true);
             let valid = rng.uniform_tensor(&[b, 1, n], Kind::Double).gt(0.1);
-            let visible = valid.logical_and(&dist.ge(0.0)).logical_and(&mask.gt(0.0));
+            let visible = visible_pairs(&valid, &dist, &mask);
             assert!(mask.gt(0.0).logical_and(&mask.lt(1.0)).any().int64_value(&[]) == 1, "some memories are on the ramp");
             assert!(visible.logical_not().any().int64_value(&[]) == 1, "some are hidden");
             let fused = layer.context(&q, &k, &v, &key_pe, &dist, &mask, &visible, 0.0, true);
@@ -573,6 +574,15 @@ mod tests {
         assert_eq!(vec1(&r), vec![1.0, 1.0, 6.0, 2.0, 0.0, 0.0, 5.0, 1.0]);
     }
 
+    /// Counters `(b, cached + m)` as after a per-stream compaction: `cached` memories at
+    /// increasing distances (gaps of 1-3), then the block's `m` at 0, -1, ..
+    fn compacted_counter(rng: &mut crate::rng::Rng, b: i64, cached: i64, m: i64) -> Tensor {
+        let gaps = (rng.uniform_tensor(&[b, cached], Kind::Double) * 3.0).floor() + 1.0;
+        let cached_counter = gaps.flip([1]).cumsum(1, Kind::Double).flip([1]);
+        let block_counter = -Tensor::arange(m, (Kind::Double, tch::Device::Cpu)).unsqueeze(0).expand([b, m], false);
+        Tensor::cat(&[cached_counter, block_counter], 1)
+    }
+
     /// What the span loss was before it was computed through the counts: the sum of the
     /// remaining spans on the ramp over `(b, m, n)`, as the official code sums it.
     fn reference_ramp_loss(spans: &Tensor, counter: &Tensor, usable: &Tensor, ramp: f64, block: i64, alpha: f64) -> Tensor {
@@ -587,8 +597,7 @@ mod tests {
     fn loss_of(spans: &Tensor, counter: &Tensor, usable: &Tensor, ramp: f64, block: i64, alpha: f64) -> Tensor {
         let (r, dist) = remaining(spans, counter, block);
         let mask = soft_mask(&r, ramp);
-        let visible = usable.logical_and(&dist.ge(0.0)).logical_and(&mask.gt(0.0));
-        ramp_loss(spans, &dist, &on_ramp(&mask, &visible), ramp, block, alpha)
+        ramp_loss(spans, &dist, &on_ramp(&mask, &visible_pairs(usable, &dist, &mask)), ramp, block, alpha)
     }
 
     #[test]
@@ -620,10 +629,7 @@ mod tests {
     fn ramp_loss_through_counts_equals_the_sum_over_pairs() {
         let mut rng = crate::rng::Rng::new(31);
         let (b, m, cached) = (3, 6, 9);
-        let gaps = (rng.uniform_tensor(&[b, cached], Kind::Double) * 3.0).floor() + 1.0;
-        let cached_counter = gaps.flip([1]).cumsum(1, Kind::Double).flip([1]);
-        let block_counter = -Tensor::arange(m, (Kind::Double, tch::Device::Cpu)).unsqueeze(0).expand([b, m], false);
-        let counter = Tensor::cat(&[cached_counter, block_counter], 1);
+        let counter = compacted_counter(&mut rng, b, cached, m);
         let n = cached + m;
         let spans = (rng.uniform_tensor(&[b, n], Kind::Double) * 30.0).set_requires_grad(true);
         let usable = rng.uniform_tensor(&[b, 1, n], Kind::Double).gt(0.2);
