@@ -35,7 +35,11 @@ fn run(cli: Cli) -> Result<()> {
         one_process()?;
     }
     let trains = matches!(&cli.command, Command::Train(a) if !a.config.list_presets && !a.config.print_config);
-    if !trains {
+    // A rank of a launch keeps ignoring SIGPIPE too: Gloo writes to its peers' sockets,
+    // and a write to a dead peer must come back as an error naming the rank, not kill
+    // this process without a word.
+    let launched = lethe::dist::Launch::from_env()?.is_some_and(|l| l.world_size > 1);
+    if !trains && !launched {
         quiet_on_closed_pipe();
     }
     match cli.command {
@@ -61,6 +65,8 @@ fn run(cli: Cli) -> Result<()> {
 /// ends any Unix filter, instead of a panic on the next print. Rust ignores SIGPIPE;
 /// this restores the default. Training keeps ignoring it: its progress lines go to
 /// stderr and are dropped when nobody reads them, so the run and its checkpoints go on.
+/// So does every rank of a distributed launch (`bench`, `dist-check`), whose sockets
+/// to the other ranks would otherwise kill it silently when a peer dies.
 fn quiet_on_closed_pipe() {
     // SAFETY: called once, before any thread is started; SIG_DFL is a valid handler.
     unsafe {
