@@ -20,8 +20,10 @@
 #   dialogue  scripts/dialogue-demo.sh, seed 1              docs/dialogue-demo.md          20 min
 #   corridor  the corridor sweep, 3 seeds; agent spans      docs/sweep-corridor-small.csv,
 #                                                           docs/agent-spans-corridor.*      20 min
+#   ablation  the corridor's Expire-Span ablations          docs/ablation-corridor.csv      20 min
 #   portal    the portal sweeps (5 and 8 rooms); spans      docs/sweep-portal-*.csv,
-#                                                           docs/agent-spans-portal.*       150 min
+#                                                           docs/agent-spans-portal*        75 min
+#   scaling   time and memory against span and context      docs/bench-scaling.txt          10 min
 #   enwik8    the Table-4 analogue: sweep and bench on a    docs/sweep-enwik8-tiny.csv,
 #             10 MB stand-in corpus (Rust's HTML docs)      docs/bench-enwik8-tiny.txt       25 min
 set -euo pipefail
@@ -33,7 +35,8 @@ OUT=${DOCS_OUT:-runs/docs}
 THREADS=2
 mkdir -p docs "$OUT"
 SECTIONS=("$@")
-[ ${#SECTIONS[@]} -gt 0 ] || SECTIONS=(default sweep gpt2 words dialogue corridor portal enwik8)
+ALL=(default sweep gpt2 words dialogue corridor ablation portal enwik8 scaling)
+[ ${#SECTIONS[@]} -gt 0 ] || SECTIONS=("${ALL[@]}")
 
 # Copies a sweep's table, chart and PNG to docs/NAME.{csv,svg,png}.
 keep_sweep() { # SWEEP_DIR NAME
@@ -47,7 +50,17 @@ keep_spans() { # CHECKPOINT NAME EPISODES SEED
   $LETHE play --checkpoint "$1" --episodes "$3" --seed "$4" --spans "$OUT/$2"
   cp "$OUT/$2/agent-spans.svg" "docs/$2.svg"
   cp "$OUT/$2/agent-spans.png" "docs/$2.png"
-  $LETHE play --checkpoint "$1" --episodes 64 --seed 1 --spans "$OUT/$2-64" | tail -n +2 > "docs/$2-64-episodes.txt"
+}
+
+# Plays 64 episodes with each seed's Expire-Span agent of a sweep (runs RUNS/PREFIX-s1..3)
+# and keeps the span summaries, seed by seed, as docs/NAME-64-episodes.txt.
+keep_span_summaries() { # RUNS PREFIX NAME
+  local seed
+  for seed in 1 2 3; do
+    echo "seed $seed ($2-s$seed):"
+    $LETHE play --checkpoint "$1/$2-s$seed" --episodes 64 --seed 1 --spans "$OUT/$3-64-s$seed" | tail -n +2 | grep -v '^wrote '
+  done > "docs/$3-64-episodes.txt"
+  cat "docs/$3-64-episodes.txt"
 }
 
 section_default() {
@@ -81,6 +94,31 @@ section_corridor() {
     --set train.threads=$THREADS --out "$OUT/corridor"
   keep_sweep "$OUT/corridor/corridor-small-sweep" sweep-corridor-small
   keep_spans "$OUT/corridor/corridor-small-sweep/runs/expire-64-s3" agent-spans-corridor 3 2
+  keep_span_summaries "$OUT/corridor/corridor-small-sweep/runs" expire-64 agent-spans-corridor
+}
+
+section_ablation() {
+  # The corridor sweep's Expire-Span row (L = 64) with one setting of the preset's
+  # (ramp 4, span loss warmed up over 750 updates) changed, 3 seeds each; one CSV with
+  # the ablation's name in front of each sweep row.
+  local name settings first=1
+  while read -r name settings; do
+    # shellcheck disable=SC2086 # the settings are words
+    $LETHE sweep --preset corridor-small --mechanism expire:64 --seeds 1,2,3 $settings \
+      --set train.threads=$THREADS --out "$OUT/ablation/$name" < /dev/null >&2
+    local csv="$OUT/ablation/$name/corridor-small-sweep/sweep.csv"
+    [ $first -eq 0 ] || { echo "ablation,$(head -1 "$csv")"; first=0; }
+    tail -n +2 "$csv" | sed "s/^/$name,/"
+  done > "$OUT/ablation.csv" <<'ROWS'
+r16-no-warmup --set memory.expire.ramp=16 --set memory.expire.alpha_warmup=0
+r16-no-warmup-pre-div-16 --set memory.expire.ramp=16 --set memory.expire.alpha_warmup=0 --set memory.expire.pre_div=16
+r16-warmup-300 --set memory.expire.ramp=16 --set memory.expire.alpha_warmup=300
+r16-warmup-750 --set memory.expire.ramp=16
+r8-warmup-750 --set memory.expire.ramp=8
+r4-no-warmup --set memory.expire.alpha_warmup=0
+ROWS
+  cp "$OUT/ablation.csv" docs/ablation-corridor.csv
+  cat docs/ablation-corridor.csv
 }
 
 section_portal() {
@@ -88,9 +126,11 @@ section_portal() {
     --set train.threads=$THREADS --out "$OUT/portal"
   keep_sweep "$OUT/portal/portal-small-sweep" sweep-portal-small
   keep_spans "$OUT/portal/portal-small-sweep/runs/expire-128-s1" agent-spans-portal 2 4
+  keep_span_summaries "$OUT/portal/portal-small-sweep/runs" expire-128 agent-spans-portal
   $LETHE sweep --preset portal-small --mechanism fixed:8,16,32 --mechanism expire:128 --seeds 1,2,3 \
     --length 8 --set data.portal.max_steps=200 --set train.threads=$THREADS --out "$OUT/portal-8"
   keep_sweep "$OUT/portal-8/portal-small-sweep" sweep-portal-8-rooms
+  keep_span_summaries "$OUT/portal-8/portal-small-sweep/runs" expire-128 agent-spans-portal-8-rooms
 }
 
 section_enwik8() {
@@ -107,12 +147,31 @@ section_enwik8() {
     --set train.threads=$THREADS --out "$OUT/enwik8"
   keep_sweep "$OUT/enwik8/enwik8-tiny-sweep" sweep-enwik8-tiny
   $LETHE bench --preset enwik8-tiny --data "$corpus" --mechanism fixed --mechanism adaptive:1024 --mechanism expire:1024 \
-    --mechanism compressive:512 --mechanism infinity:512 --bench-steps 40 --set train.threads=$THREADS | tee docs/bench-enwik8-tiny.txt
+    --mechanism compressive:512 --mechanism infinity:512 --bench-steps 40 --set train.threads=$THREADS \
+    --out "$OUT/bench" | tee docs/bench-enwik8-tiny.txt
+}
+
+section_scaling() {
+  # The README's Scaling tables: untrained enwik8-tiny models on the bench's own data,
+  # each config with its memory filled first (the bench streams `span` tokens, or
+  # `context`, before the timed steps).
+  local bench=($LETHE bench --preset enwik8-tiny --bench-steps 20 --set train.threads=$THREADS --out "$OUT/scaling")
+  {
+    echo "## Transformer-XL, span L"
+    "${bench[@]}" --mechanism fixed --scale span=256,512,1024,2048,4096
+    echo "## Expire-Span, maximum span L (spans start at 0.1 L)"
+    "${bench[@]}" --mechanism expire --scale span=256,1024,4096,16384
+    echo "## Expire-Span, spans starting at 128 tokens, maximum span 1024 and 65536"
+    "${bench[@]}" --mechanism expire --set memory.span=1024 --set memory.expire.init_fraction=0.125
+    "${bench[@]}" --mechanism expire --set memory.span=65536 --set memory.expire.init_fraction=0.001953125
+    echo "## context streamed first: the ∞-former (STM 256 + N 256) and Transformer-XL (L = 256)"
+    "${bench[@]}" --mechanism infinity:512 --mechanism fixed --scale context=512,8192,32768,131072
+  } 2>&1 | grep -v '^matrix multiply\|^wrote ' | tee docs/bench-scaling.txt
 }
 
 for s in "${SECTIONS[@]}"; do
   if ! declare -F "section_$s" > /dev/null; then
-    echo "docs.sh: no section \`$s\` (sections: default sweep gpt2 words dialogue corridor portal enwik8)" >&2
+    echo "docs.sh: no section \`$s\` (sections: ${ALL[*]})" >&2
     exit 2
   fi
 done

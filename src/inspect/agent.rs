@@ -16,7 +16,7 @@ use std::path::Path;
 
 use tch::Kind;
 
-use super::{colour, level};
+use super::{colour, colour_bar, level};
 use crate::checkpoint::write_atomic;
 use crate::config::{Mechanism, Source};
 use crate::error::{LetheError, Result};
@@ -204,14 +204,16 @@ pub fn to_csv(trace: &AgentTrace) -> Result<String> {
 /// Steps per line of the picture.
 const WIDTH: usize = 40;
 
-/// The trace as an SVG image: per episode, lines of up to 40 steps, each a column with
-/// the room, the action and the door taken (`+` right, `x` wrong) above one shaded cell
-/// per layer holding the span.
+/// The trace as an SVG image: a legend (what the marks mean, and a colour bar of the
+/// span from 0 to `L`), then per episode lines of up to 40 steps, each a column with the
+/// room, the action and the door taken (`+` right, `x` wrong) above one shaded cell per
+/// layer holding the span.
 pub fn to_svg(trace: &AgentTrace) -> String {
     let (cw, ch) = (26.0, 16.0);
     let band = ch * (header_rows(trace).len() + trace.layers) as f64 + 10.0;
-    let mut body = String::new();
-    let mut y = 10.0;
+    let w = 70.0 + cw * WIDTH as f64;
+    let mut body = legend(trace, w);
+    let mut y = 56.0;
     let mut episode = usize::MAX;
     let lines = trace.steps.chunk_by(|a, b| a.episode == b.episode).flat_map(|e| e.chunks(WIDTH));
     for line in lines {
@@ -223,11 +225,26 @@ pub fn to_svg(trace: &AgentTrace) -> String {
         body.push_str(&svg_line(trace, line, y, cw, ch));
         y += band;
     }
-    let w = 70.0 + cw * WIDTH as f64;
     format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{}\" font-family=\"monospace\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n{body}</svg>\n",
         y + 10.0
     )
+}
+
+/// The picture's legend, in a band 50 high across `w`: the marks on the left, the colour
+/// bar of the span on the right.
+fn legend(trace: &AgentTrace, w: f64) -> String {
+    let mut s = String::new();
+    let lines = [
+        "each cell: the span the layer gave that step's memory, in steps (it stays visible for its span plus the ramp)",
+        "move: U up, D down, L left, R right; + took the right door, x a wrong one",
+    ];
+    for (i, line) in lines.iter().enumerate() {
+        let _ = writeln!(s, "<text x=\"10\" y=\"{}\" font-family=\"sans-serif\" font-size=\"12\">{line}</text>", 18.0 + 16.0 * i as f64);
+    }
+    let max = trace.max_span;
+    colour_bar(&mut s, (w - 230.0, 8.0, 200.0), "span", colour, |t| format!("{:.0}", t * max));
+    s
 }
 
 /// The rows above the spans: the room only for the portal.
@@ -284,7 +301,7 @@ pub fn to_html(trace: &AgentTrace, task: Source) -> String {
     );
     let _ = writeln!(
         s,
-        "<h1>Expire-spans of an agent's steps ({task:?})</h1>\n<p>Each step's memory is kept for its span (number in the cell; darker: longer, log scale, red = L = {:.0}). Moves: U, D, L, R; <b>+</b> a right door, <b>x</b> a wrong one.</p>\n<ul>",
+        "<h1>Expire-spans of an agent's steps ({task})</h1>\n<p>Each step's memory is kept for its span plus the ramp (number in the cell; darker: longer, linear from 0 to L = {:.0}). Moves: U, D, L, R; <b>+</b> a right door, <b>x</b> a wrong one.</p>\n<ul>",
         trace.max_span
     );
     for line in summary_lines(trace) {
@@ -334,7 +351,11 @@ mod tests {
         assert_eq!(csv.lines().nth(2), Some("0,1,1,U,0,wrong,20,2"));
         assert_eq!(csv.lines().count(), 6);
         let svg = to_svg(&trace);
-        assert_eq!(svg.matches("<rect x=").count(), 10, "a cell per step and layer");
+        assert_eq!(svg.matches("stroke=\"#ddd\"").count(), 10, "a cell per step and layer");
+        assert!(svg.contains("+ took the right door, x a wrong one") && svg.contains(">span</text>"), "the legend and the colour bar");
+        assert!(svg.contains(">64</text>"), "the colour bar ends at L");
+        let html = to_html(&trace, Source::Portal);
+        assert!(html.contains("(portal)") && html.contains("linear"), "user-facing names, the scale as drawn");
         assert_eq!(svg.matches(">episode ").count(), 2);
     }
 
