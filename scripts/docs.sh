@@ -20,7 +20,7 @@
 #   dialogue  scripts/dialogue-demo.sh, seed 1              docs/dialogue-demo.md          20 min
 #   corridor  the corridor sweep, 3 seeds; agent spans      docs/sweep-corridor-small.csv,
 #                                                           docs/agent-spans-corridor.*      20 min
-#   ablation  the corridor's Expire-Span ablations          docs/ablation-corridor.csv      20 min
+#   ablation  the corridor's Expire-Span ablations          docs/ablation-corridor.csv      30 min
 #   portal    the portal sweeps (5 and 8 rooms); spans      docs/sweep-portal-*.csv,
 #                                                           docs/agent-spans-portal*        75 min
 #   scaling   time and memory against span and context      docs/bench-scaling.txt          10 min
@@ -164,9 +164,11 @@ section_scaling() {
     echo "## Expire-Span, spans starting at 128 tokens, maximum span 1024 and 65536"
     "${bench[@]}" --mechanism expire --set memory.span=1024 --set memory.expire.init_fraction=0.125
     "${bench[@]}" --mechanism expire --set memory.span=65536 --set memory.expire.init_fraction=0.001953125
+    echo "## equal memory: Transformer-XL L = 128 and Expire-Span L = 1024 (keeping about 120 per layer)"
+    "${bench[@]}" --mechanism fixed:128 --mechanism expire:1024
     echo "## context streamed first: the ∞-former (STM 256 + N 256) and Transformer-XL (L = 256)"
     "${bench[@]}" --mechanism infinity:512 --mechanism fixed --scale context=512,8192,32768,131072
-  } 2>&1 | grep -v '^matrix multiply\|^wrote ' | tee docs/bench-scaling.txt
+  } 2>&1 | grep -v '^matrix multiply\|^wrote \|^streamed ' | tee docs/bench-scaling.txt
 }
 
 for s in "${SECTIONS[@]}"; do

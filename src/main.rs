@@ -126,7 +126,7 @@ fn play(a: PlayArgs) -> Result<()> {
         t += 1;
         if !a.summary || slot.done && outcomes[0].done {
             let over = if outcomes[0].done { " (episode over)" } else { "" };
-            let _ = write!(out, "step {t}: {:?}, reward {}{over}\n{}", actions[0], outcomes[0].reward, slot.world.render());
+            let _ = write!(out, "step {t}: {}, reward {}{over}\n{}", actions[0].name(), outcomes[0].reward, slot.world.render());
         }
         if outcomes[0].done {
             t = 0;

@@ -312,6 +312,8 @@ fn gridworlds_train_evaluate_play_and_sweep_from_the_command_line() {
     assert!(out.starts_with("8 episodes"), "whole batches of 4: {out}");
     let out = succeeds(&lethe(d, &["play", "--checkpoint", "runs/grid", "--seed", "3"]));
     assert!(out.contains("with a trained agent") && out.contains("step 1: ") && out.contains("#A"), "{out}");
+    let first = out.lines().find(|l| l.starts_with("step 1: ")).unwrap();
+    assert!(["up", "down", "left", "right"].iter().any(|a| first.starts_with(&format!("step 1: {a}, reward"))), "moves by their names: {first}");
     assert!(out.contains("(episode over)"), "{out}");
     let out = succeeds(&lethe(d, &["play", "--preset", "portal-small", "--episodes", "2", "--summary"]));
     assert!(out.contains("with an untrained agent") && out.contains("room ") && out.contains("2 episodes"), "{out}");

@@ -39,7 +39,7 @@ impl World {
         match cfg.data.source {
             Source::Corridor => Ok(World::Corridor(Corridor::new(&cfg.data.corridor, rng))),
             Source::Portal => Ok(World::Portal(Portal::new(&cfg.data.portal, rng))),
-            other => Err(LetheError::Invalid(format!("data.source = {other:?} is not a reinforcement-learning task"))),
+            other => Err(LetheError::Invalid(format!("data.source = \"{other}\" is not a reinforcement-learning task (corridor, portal)"))),
         }
     }
 

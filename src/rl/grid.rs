@@ -44,6 +44,16 @@ impl Action {
         }
     }
 
+    /// The action's name, as `lethe play` prints it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Action::Up => "up",
+            Action::Down => "down",
+            Action::Left => "left",
+            Action::Right => "right",
+        }
+    }
+
     /// A one-letter name for renderings.
     pub fn letter(self) -> char {
         match self {
