@@ -31,15 +31,16 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<()> {
+    // The launch this process is a rank of, when there are several ranks.
+    let launch = lethe::dist::Launch::from_env()?.filter(|l| l.world_size > 1);
     if !matches!(cli.command, Command::Train(_) | Command::Bench(_) | Command::DistCheck(_)) {
-        one_process()?;
+        one_process(launch.as_ref())?;
     }
     let trains = matches!(&cli.command, Command::Train(a) if !a.config.list_presets && !a.config.print_config);
     // A rank of a launch keeps ignoring SIGPIPE too: Gloo writes to its peers' sockets,
     // and a write to a dead peer must come back as an error naming the rank, not kill
     // this process without a word.
-    let launched = lethe::dist::Launch::from_env()?.is_some_and(|l| l.world_size > 1);
-    if !trains && !launched {
+    if !trains && launch.is_none() {
         quiet_on_closed_pipe();
     }
     match cli.command {
@@ -76,8 +77,8 @@ fn quiet_on_closed_pipe() {
 
 /// Refuses a multi-rank launch for the commands that run on one process (each rank
 /// would repeat the work and write the same files).
-fn one_process() -> Result<()> {
-    if let Some(l) = lethe::dist::Launch::from_env()?.filter(|l| l.world_size > 1) {
+fn one_process(launch: Option<&lethe::dist::Launch>) -> Result<()> {
+    if let Some(l) = launch {
         anyhow::bail!("this command runs on one process (rank {} of {} here): start it without torchrun; `train` and `bench` run data-parallel", l.rank, l.world_size);
     }
     Ok(())

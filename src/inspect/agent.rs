@@ -204,6 +204,9 @@ pub fn to_csv(trace: &AgentTrace) -> Result<String> {
 /// Steps per line of the picture.
 const WIDTH: usize = 40;
 
+/// Height of the picture's [`legend`] band.
+const LEGEND: f64 = 46.0;
+
 /// The trace as an SVG image: a legend (what the marks mean, and a colour bar of the
 /// span from 0 to `L`), then per episode lines of up to 40 steps, each a column with the
 /// room, the action and the door taken (`+` right, `x` wrong) above one shaded cell per
@@ -213,7 +216,7 @@ pub fn to_svg(trace: &AgentTrace) -> String {
     let band = ch * (header_rows(trace).len() + trace.layers) as f64 + 10.0;
     let w = 70.0 + cw * WIDTH as f64;
     let mut body = legend(trace, w);
-    let mut y = 56.0;
+    let mut y = LEGEND + 10.0;
     let mut episode = usize::MAX;
     let lines = trace.steps.chunk_by(|a, b| a.episode == b.episode).flat_map(|e| e.chunks(WIDTH));
     for line in lines {
@@ -231,8 +234,8 @@ pub fn to_svg(trace: &AgentTrace) -> String {
     )
 }
 
-/// The picture's legend, in a band 50 high across `w`: the marks on the left, the colour
-/// bar of the span on the right.
+/// The picture's legend, in a band [`LEGEND`] high across `w`: the marks on the left,
+/// the colour bar of the span on the right.
 fn legend(trace: &AgentTrace, w: f64) -> String {
     let mut s = String::new();
     let lines = [
