@@ -13,7 +13,7 @@
 # fresh DOCS_OUT (or remove runs/docs) so that every figure is trained again.
 #
 # Sections, and their time on 2 cores:
-#   default   the default run's output                     docs/default-run.txt            1 min
+#   default   the default run's output, and its machine    docs/default-run{.txt,-machine.json} 1 min
 #   sweep     the copy sweep example (--seeds 1,2)          docs/sweep-copy-tiny.{csv,svg,png} 1 min
 #   gpt2      scripts/gpt2-demo.sh, seeds 1 2 3             docs/gpt2-demo.txt              3 min
 #   words     scripts/words-demo.sh, seeds 1 2 3            docs/words-demo.txt             2 min
@@ -70,6 +70,8 @@ section_default() {
   # (from OUT, so that the run folder reads runs/copy-tiny), without the progress lines.
   local root=$PWD
   (cd "$OUT" && "$root/$LETHE" train --overwrite --set train.threads=$THREADS 2>&1) | grep -v '^step ' > docs/default-run.txt
+  # The machine it ran on: the test of the quoted lines checks only where one rounds alike.
+  cp "$OUT/runs/copy-tiny/machine.json" docs/default-run-machine.json
   cat docs/default-run.txt
 }
 

@@ -32,6 +32,40 @@ pub fn apply_threads(threads: usize) -> Result<()> {
     Ok(())
 }
 
+/// How this machine's libtorch rounds, as a short hex string: a hash of the bits of a
+/// fixed matrix product, softmax, log and sum, at the current thread count. Two
+/// machines whose CPUs take different kernels (MKL picks them by processor: AVX-512,
+/// AVX2, AMD's Zen) round differently, so one seed trains to other figures on them;
+/// equal fingerprints say that figures can be compared to the last digit.
+pub fn numerics_fingerprint() -> String {
+    let _guard = tch::no_grad_guard();
+    // Inputs made exactly from integers, so that they are the same bits everywhere.
+    let values = |rows: i64, cols: i64, salt: i64| {
+        let v: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919 + salt) % 2003) as f32 / 2003.0 - 0.5).collect();
+        tch::Tensor::from_slice(&v).view([rows, cols])
+    };
+    let product = values(96, 300, 1).matmul(&values(300, 72, 2)); // (96, 72)
+    let probs = (&product * 4.0).softmax(-1, tch::Kind::Float);
+    let logs = (&probs + 1e-3).log();
+    let sums = logs.sum_dim_intlist([0i64].as_slice(), false, tch::Kind::Float);
+    // FNV-1a over the bits of every result.
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for t in [&product, &probs, &logs, &sums] {
+        let bits: Vec<f32> = t.flatten(0, -1).try_into().unwrap_or_default();
+        for byte in bits.iter().flat_map(|x| x.to_bits().to_le_bytes()) {
+            hash = (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    format!("{hash:016x}")
+}
+
+/// The CPU's model name (`/proc/cpuinfo`), or `unknown`.
+pub fn cpu_model() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = info.lines().find_map(|l| l.strip_prefix("model name").and_then(|rest| rest.split_once(':')).map(|(_, name)| name.trim().to_string()));
+    model.unwrap_or_else(|| "unknown".into())
+}
+
 /// This machine's cores, as the OS reports them (1 when it does not).
 pub fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())

@@ -5,7 +5,7 @@
 //! the options against what the folder holds and locks it, [`RunFolder::resumable`]
 //! loads and checks the checkpoint to continue, and only [`RunFolder::commit`], called
 //! once the data and the model are built, removes an old run (`--overwrite`), writes
-//! `config.toml` and cuts `metrics.jsonl` back to the checkpoint's step. A folder that
+//! `config.toml` and `machine.json` and cuts `metrics.jsonl` back to the checkpoint's step. A folder that
 //! this run created and never committed is removed again.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -21,6 +21,20 @@ use crate::metrics::MetricsLog;
 
 /// Name of the lock file inside a run folder.
 pub const LOCK_FILE: &str = ".lethe.lock";
+
+/// The file in a run folder that says on what machine the run (or its last resume)
+/// trained: the CPU, libtorch's thread count and [`crate::device::numerics_fingerprint`].
+pub const MACHINE_FILE: &str = "machine.json";
+
+/// The contents of [`MACHINE_FILE`] for this process.
+fn machine_json() -> String {
+    let machine = serde_json::json!({
+        "cpu": crate::device::cpu_model(),
+        "threads": tch::get_num_threads(),
+        "numerics": crate::device::numerics_fingerprint(),
+    });
+    format!("{machine:#}\n")
+}
 
 /// How a training run wants its folder: the part of `TrainOptions` the folder checks.
 #[derive(Clone, Copy, Debug, Default)]
@@ -108,6 +122,7 @@ impl RunFolder {
             }
         }
         checkpoint::write_atomic(&self.dir.join("config.toml"), cfg.to_toml()?.as_bytes())?;
+        checkpoint::write_atomic(&self.dir.join(MACHINE_FILE), machine_json().as_bytes())?;
         // The run keeps its tokenizer, so that its checkpoints work wherever they go.
         if let Some(tokenizer) = crate::data::text::tokenizer_of(cfg)?.filter(|_| !self.intent.resume) {
             checkpoint::write_atomic(&self.dir.join("tokenizer.json"), tokenizer.to_json()?.as_bytes())?;
