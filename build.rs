@@ -1,7 +1,8 @@
 //! Embeds an rpath to the libtorch that torch-sys linked against, so that the `lethe`
 //! binary (and the test binaries) find `libtorch_cpu.so` without `LD_LIBRARY_PATH`,
-//! records that folder for loading the CUDA backend at run time, and compiles
-//! `csrc/dist.cpp`, lethe's bridge to c10d, against the same libtorch's headers.
+//! records that folder for loading the CUDA backend at run time, and compiles lethe's
+//! C++ against the same libtorch's headers: `csrc/dist.cpp`, the bridge to c10d, and
+//! `csrc/expire.cpp`, Expire-Span's fused attention scores.
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=csrc");
@@ -12,12 +13,12 @@ fn main() {
     // For `device::load_cuda_backend`: the linker's --as-needed drops libtorch_cuda,
     // so lethe loads it itself when a GPU is asked for.
     println!("cargo:rustc-env=LETHE_LIBTORCH_LIB={lib}");
-    compile_dist(std::path::Path::new(&lib));
+    compile_csrc(std::path::Path::new(&lib));
 }
 
-/// The c10d bridge: libtorch's headers (beside its `lib` folder, as in the torch wheel)
+/// The C++ parts: libtorch's headers (beside its `lib` folder, as in the torch wheel)
 /// and the Gloo headers in `csrc/third_party`, which the wheel leaves out.
-fn compile_dist(lib: &std::path::Path) {
+fn compile_csrc(lib: &std::path::Path) {
     let include = lib.parent().map(|p| p.join("include")).filter(|p| p.join("torch").is_dir());
     let Some(include) = include else {
         panic!("no libtorch headers beside {}: lethe needs the include folder of the torch wheel or libtorch archive", lib.display());
@@ -25,6 +26,7 @@ fn compile_dist(lib: &std::path::Path) {
     cc::Build::new()
         .cpp(true)
         .file("csrc/dist.cpp")
+        .file("csrc/expire.cpp")
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
         .include("csrc/third_party")
@@ -33,7 +35,7 @@ fn compile_dist(lib: &std::path::Path) {
         .define("_GLIBCXX_USE_CXX11_ABI", "1")
         .warnings(false)
         .flag("-w")
-        .compile("lethe_dist");
+        .compile("lethe_csrc");
     println!("cargo:rustc-link-lib=dylib=torch_cpu");
     println!("cargo:rustc-link-lib=dylib=c10");
 }

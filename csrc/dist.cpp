@@ -11,39 +11,16 @@
 
 #include <chrono>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <string>
+
+#include "guard.h"
 
 struct lethe_pg {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;
 };
 
-namespace {
-
-// Copies `message` into a malloc'ed C string for the caller (freed by lethe_dist_free_error).
-void set_error(char** error, const std::string& message) {
-  if (error == nullptr) return;
-  *error = static_cast<char*>(std::malloc(message.size() + 1));
-  if (*error != nullptr) std::memcpy(*error, message.c_str(), message.size() + 1);
-}
-
-// Runs `body`, turning any exception into an error message and a status of -1.
-template <typename F>
-int guarded(char** error, F body) {
-  try {
-    body();
-    return 0;
-  } catch (const std::exception& e) {
-    set_error(error, e.what());
-  } catch (...) {
-    set_error(error, "unknown C++ exception in c10d");
-  }
-  return -1;
-}
-
-}  // namespace
+using lethe::guarded;
 
 extern "C" {
 
@@ -105,6 +82,6 @@ void lethe_dist_free(lethe_pg* pg) {
   }
 }
 
-void lethe_dist_free_error(char* error) { std::free(error); }
+void lethe_free_error(char* error) { std::free(error); }
 
 }  // extern "C"

@@ -43,7 +43,7 @@ extern "C" {
     fn lethe_dist_broadcast(pg: *mut RawGroup, tensor: *mut c_void, root: c_int, error: *mut *mut c_char) -> c_int;
     fn lethe_dist_barrier(pg: *mut RawGroup, error: *mut *mut c_char) -> c_int;
     fn lethe_dist_free(pg: *mut RawGroup);
-    fn lethe_dist_free_error(error: *mut c_char);
+    fn lethe_free_error(error: *mut c_char);
 }
 
 /// Where this process stands in a launch, as the launcher's environment says.
@@ -241,14 +241,14 @@ impl Drop for ProcessGroup {
     }
 }
 
-/// The message of a C-side error, freed.
-fn take_error(error: *mut c_char) -> String {
+/// The message of a failed call into lethe's C++ (`csrc/`), first line only; frees it.
+pub(crate) fn take_error(error: *mut c_char) -> String {
     if error.is_null() {
         return "no message".to_string();
     }
-    // SAFETY: a non-null `error` is a NUL-terminated string malloc'ed by csrc/dist.cpp.
+    // SAFETY: a non-null `error` is a NUL-terminated string malloc'ed by csrc/guard.h.
     let text = unsafe { CStr::from_ptr(error) }.to_string_lossy().into_owned();
-    unsafe { lethe_dist_free_error(error) };
+    unsafe { lethe_free_error(error) };
     text.lines().next().unwrap_or("").to_string()
 }
 

@@ -183,6 +183,11 @@ pub struct ExpireConfig {
     /// At evaluation and generation, clamp spans to this many tokens (0: no cap; paper
     /// Fig. 9). Default 0.
     pub inference_cap: usize,
+    /// On the CPU, build the attention scores (mask, relative positions, the span loss's
+    /// ramp counts) with lethe's fused kernel (`csrc/expire.cpp`) instead of a dozen
+    /// tensor operations: the same function to float rounding, fewer passes over memory.
+    /// No effect on a GPU (libtorch's fused attention there). Default false.
+    pub fused: bool,
 }
 
 /// Expire-Span's deletion policies.
@@ -199,7 +204,7 @@ pub enum Deletion {
 
 impl Default for ExpireConfig {
     fn default() -> Self {
-        ExpireConfig { ramp: 16, alpha: 1e-6, alpha_warmup: 0, init_fraction: 0.1, pre_div: 1.0, noisy: false, deletion: Deletion::Stream, inference_cap: 0 }
+        ExpireConfig { ramp: 16, alpha: 1e-6, alpha_warmup: 0, init_fraction: 0.1, pre_div: 1.0, noisy: false, deletion: Deletion::Stream, inference_cap: 0, fused: false }
     }
 }
 

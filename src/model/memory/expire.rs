@@ -38,6 +38,7 @@ use super::layer::{same_episode, with_cached_episodes, AttendInput, AttendOutput
 use crate::config::{Deletion, ExpireConfig};
 use crate::error::{LetheError, Result};
 use crate::model::attention;
+use crate::model::memory::expire_fused;
 use crate::profile;
 
 /// Soft mask of Eq. 5: `clamp(1 + r / R, 0, 1)`.
@@ -79,11 +80,39 @@ pub fn on_ramp(mask: &Tensor, visible: &Tensor) -> Tensor {
 /// spans through a `(b, n)` product instead of a `(b, m, n)` one. The sums are taken in
 /// double precision, so that the difference loses nothing to cancellation.
 pub fn ramp_loss(spans: &Tensor, dist: &Tensor, on_ramp: &Tensor, ramp: f64, block: i64, alpha: f64) -> Tensor {
-    let kind = spans.kind();
-    let counts = on_ramp.sum_dim_intlist([1i64].as_slice(), false, kind); // (b, n)
-    let by_span = (spans * counts).sum_dim_intlist([1i64].as_slice(), false, Kind::Double); // (b)
+    let counts = on_ramp.sum_dim_intlist([1i64].as_slice(), false, spans.kind()); // (b, n)
     let by_distance = dist.where_scalarother(on_ramp, 0.0).sum_dim_intlist([1i64, 2].as_slice(), false, Kind::Double); // (b)
-    ((by_span - by_distance).mean(Kind::Double) * (alpha / ramp / block as f64)).to_kind(kind)
+    ramp_loss_of_counts(spans, &counts, &by_distance, ramp, block, alpha)
+}
+
+/// [`ramp_loss`] from its parts: `counts` `(b, n)`, how many queries see each memory on
+/// the ramp, and `by_distance` `(b)` (double), the sum of the distances on the ramp.
+pub fn ramp_loss_of_counts(spans: &Tensor, counts: &Tensor, by_distance: &Tensor, ramp: f64, block: i64, alpha: f64) -> Tensor {
+    let by_span = (spans * counts).sum_dim_intlist([1i64].as_slice(), false, Kind::Double); // (b)
+    ((by_span - by_distance).mean(Kind::Double) * (alpha / ramp / block as f64)).to_kind(spans.kind())
+}
+
+/// Which keys each query of the last block saw: the pairs themselves, or (the fused
+/// kernel does not write them out) what they are computed from.
+enum Seen {
+    /// `(b, m, n)`.
+    Pairs(Tensor),
+    /// The spans the mask used `(b, n)` and the keys each query could use, `(b, 1, n)`
+    /// or `(b, m, n)`.
+    Spans { spans: Tensor, usable: Tensor, ramp: f64 },
+}
+
+impl Seen {
+    /// The visible pairs `(b, m, n)` of `m` queries over keys at `counter` `(b, n)`.
+    fn pairs(&self, counter: &Tensor, m: i64) -> Tensor {
+        match self {
+            Seen::Pairs(v) => v.shallow_clone(),
+            Seen::Spans { spans, usable, ramp } => {
+                let (remaining, dist) = remaining(spans, counter, m);
+                visible_pairs(usable, &dist, &soft_mask(&remaining, *ramp))
+            }
+        }
+    }
 }
 
 /// One layer's Expire-Span memory: the span predictor's parameters and the cache.
@@ -114,6 +143,20 @@ struct Cache {
     episode: Option<Tensor>,
 }
 
+/// What a block's attention is computed from: queries `(b, h, m, dh)`, keys and values
+/// `(b, h, n, dh)`, the position embeddings `(P, dh)`, the spans the mask uses `(b, n)`,
+/// each key's distance to the first query `(b, n)`, and the keys each query may use
+/// `(b, 1, n)` or `(b, m, n)`.
+struct Pairs<'a> {
+    q: &'a Tensor,
+    k: &'a Tensor,
+    v: &'a Tensor,
+    key_pe: &'a Tensor,
+    spans: &'a Tensor,
+    counter: &'a Tensor,
+    usable: &'a Tensor,
+}
+
 /// What the last block's figures are computed from, when they are asked for
 /// ([`MemoryLayer::report`]): reading them back every block would wait for the device.
 struct Stats {
@@ -121,8 +164,8 @@ struct Stats {
     spans: Tensor,
     /// Which slots of `[cache, block]` hold a memory `(b, n)`.
     valid: Tensor,
-    /// Which keys each query saw `(b, m, n)`.
-    visible: Tensor,
+    /// Which keys each query saw.
+    seen: Seen,
     /// Each key's distance to the block's first query `(b, n)`.
     counter: Tensor,
 }
@@ -243,6 +286,50 @@ impl ExpireSpan {
         Tensor::cat(&[&log_mask.narrow(3, 0, n - width).expand([b, h, m, n - width], false), &near_bias], 3)
     }
 
+    /// The attention of a block as the written-out tensor operations (the reference,
+    /// and the GPU's path): the soft mask, its log and the positions as a bias, the
+    /// span loss from the pairs on the ramp. Returns the context `(b, h, m, dh)`, the
+    /// span loss in training, and the pairs seen.
+    fn attend_written_out(&self, p: &Pairs, input: &AttendInput) -> (Tensor, Option<Tensor>, Seen) {
+        let m = input.x.size()[1];
+        let masking = profile::phase("mask");
+        let (remaining, dist) = remaining(p.spans, p.counter, m); // (b, m, n) each
+        let mask = soft_mask(&remaining, self.cfg.ramp as f64).to_kind(p.spans.kind()); // (b, m, n)
+        let visible = visible_pairs(p.usable, &dist, &mask); // (b, m, n)
+        drop(masking);
+        let context = self.context(p.q, p.k, p.v, p.key_pe, &dist, &mask, &visible, input.attn.dropout, input.train); // (b, h, m, dh)
+        let _loss = profile::phase("span loss");
+        let aux = self.span_loss_applies(input.train).then(|| ramp_loss(p.spans, &dist, &on_ramp(&mask, &visible), self.cfg.ramp as f64, m, self.cfg.alpha));
+        (context, aux, Seen::Pairs(visible))
+    }
+
+    /// [`Self::attend_written_out`] with the scores from the fused CPU kernel
+    /// ([`expire_fused`]): the content and position products are matrix products, the
+    /// mask, its log, the positions' layout and the ramp counts one pass.
+    fn attend_fused(&self, p: &Pairs, input: &AttendInput) -> Result<(Tensor, Option<Tensor>, Seen)> {
+        let m = input.x.size()[1];
+        let ramp = self.cfg.ramp as f64;
+        let scoring = profile::phase("scores");
+        let scaled = p.q / (p.q.size()[3] as f64).sqrt();
+        let content = scaled.matmul(&p.k.transpose(-2, -1)); // (b, h, m, n)
+        let positions = scaled.matmul(&p.key_pe.tr()); // (b, h, m, P)
+        let counter = p.counter.to_kind(p.q.kind());
+        let fused = expire_fused::expire_scores(&content, &positions, p.spans, &counter, p.usable, ramp)?;
+        drop(scoring);
+        let mixing = profile::phase("attention");
+        let context = attention::mix(&fused.scores, p.v, input.attn.dropout, input.train); // (b, h, m, dh)
+        drop(mixing);
+        let _loss = profile::phase("span loss");
+        let aux = self
+            .span_loss_applies(input.train)
+            .then(|| ramp_loss_of_counts(p.spans, &fused.ramp_counts, &fused.ramp_distance, ramp, m, self.cfg.alpha));
+        Ok((context, aux, Seen::Spans { spans: p.spans.detach(), usable: p.usable.shallow_clone(), ramp }))
+    }
+
+    fn span_loss_applies(&self, train: bool) -> bool {
+        self.cfg.alpha > 0.0 && train
+    }
+
     /// After a block: which memories of `[cache, block]` to keep under the policy.
     fn keep(&self, spans: &Tensor, counter_next: &Tensor, valid: &Tensor, m: i64) -> Tensor {
         let n = spans.size()[1];
@@ -290,7 +377,7 @@ impl MemoryLayer for ExpireSpan {
 
     fn attend(&mut self, input: &AttendInput) -> Result<AttendOutput> {
         let m = input.x.size()[1];
-        let spans_mask = profile::phase("spans, mask");
+        let predicting = profile::phase("spans");
         let (states, counter, valid) = self.keys_with_meta(input.x, None); // (b, n, d), (b, n), (b, n)
         self.pending_states = Some((input.x.shallow_clone(), states.detach()));
         let spans = self.spans(&states); // (b, n), with gradient to w and b
@@ -299,27 +386,24 @@ impl MemoryLayer for ExpireSpan {
         // The spans the memories were given: at inference, under the cap.
         self.block_spans = Some(self.capped(&spans.detach(), input.train).narrow(1, n - m, m));
         let e = self.effective_spans(&spans, input.train);
-        let (remaining, dist) = remaining(&e, &counter, m); // (b, m, n) each
-        let mask = soft_mask(&remaining, self.cfg.ramp as f64).to_kind(states.kind()); // (b, m, n)
         // Memories of the query's episode that hold a state: (b, 1, n), or (b, m, n) with episodes.
         let usable = match (input.episodes, self.episodes_of(input.episodes)) {
             (Some(block), Some(all)) => valid.unsqueeze(1).logical_and(&same_episode(block, &all)),
             _ => valid.unsqueeze(1),
         };
-        let visible = visible_pairs(&usable, &dist, &mask); // (b, m, n)
-        drop(spans_mask);
+        drop(predicting);
 
         let keys = profile::phase("keys, values");
         let (k, v) = input.attn.keys_values(&states); // (b, h, n, dh)
         drop(keys);
         let key_pe = input.key_pe.ok_or_else(|| LetheError::Invalid("Expire-Span needs relative positions (model.arch = \"lethe\")".into()))?;
-        let context = self.context(input.q, &k, &v, key_pe, &dist, &mask, &visible, input.attn.dropout, input.train); // (b, h, m, dh)
-
-        let loss = profile::phase("span loss");
-        let aux = (self.cfg.alpha > 0.0 && input.train)
-            .then(|| ramp_loss(&e, &dist, &on_ramp(&mask, &visible), self.cfg.ramp as f64, m, self.cfg.alpha));
-        drop(loss);
-        self.stats = Some(Stats { spans: spans.detach(), valid, visible, counter });
+        let pairs = Pairs { q: input.q, k: &k, v: &v, key_pe, spans: &e, counter: &counter, usable: &usable };
+        let (context, aux, seen) = if self.cfg.fused && expire_fused::supports(input.q) {
+            self.attend_fused(&pairs, input)?
+        } else {
+            self.attend_written_out(&pairs, input)
+        };
+        self.stats = Some(Stats { spans: spans.detach(), valid, seen, counter });
         Ok(AttendOutput { context, aux_loss: aux, added: None })
     }
 
@@ -383,7 +467,8 @@ impl MemoryLayer for ExpireSpan {
         let _guard = tch::no_grad_guard();
         let validf = s.valid.to_kind(Kind::Float);
         let live = validf.sum(Kind::Double).double_value(&[]);
-        let (b, m) = (s.visible.size()[0], s.visible.size()[1]);
+        let (b, m) = (s.counter.size()[0], self.block_spans.as_ref().map_or(0, |t| t.size()[1]));
+        let visible = s.seen.pairs(&s.counter, m); // (b, m, n)
         let spans = s.spans.to_kind(Kind::Float);
         // Memories seen: keys at distance 1 or more, `counter + q >= 1`.
         let dist = distances(&s.counter, m); // (b, m, n)
@@ -393,7 +478,7 @@ impl MemoryLayer for ExpireSpan {
                 ("max_span".into(), spans.masked_fill(&s.valid.logical_not(), 0.0).max().double_value(&[])),
                 ("live".into(), (live / b as f64 - m as f64).max(0.0)),
             ],
-            ..MemoryReport::with_rows(super::layer::mem_rows(&s.visible.logical_and(&dist.ge(1.0))), held)
+            ..MemoryReport::with_rows(super::layer::mem_rows(&visible.logical_and(&dist.ge(1.0))), held)
         }
     }
 
@@ -555,6 +640,48 @@ mod tests {
                 let gap = (a - b).abs().max().double_value(&[]);
                 assert!(gap < 1e-6, "cached {cached}, rows {rows}, input {i}: gradients differ by {gap}");
             }
+        }
+    }
+
+    /// A layer with the fused kernel computes what the written-out one does, block after
+    /// block (with deletion between), in training: the context, the span loss, what it
+    /// keeps, and the gradients of the predictor and the attention's projections.
+    #[test]
+    fn the_fused_layer_equals_the_written_out_one() {
+        use crate::model::attention::Attention;
+        let _seed = crate::rng::seed_torch(5);
+        let mut rng = crate::rng::Rng::new(5);
+        let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+        let attn = Attention::new(vs.root() / "attn", 8, 2, 0.0, false);
+        let cfg = ExpireConfig { ramp: 3, init_fraction: 0.4, alpha: 0.1, ..ExpireConfig::default() };
+        let mut written = ExpireSpan::new(vs.root() / "attn", 8, 16, 5, &cfg);
+        let mut fused = ExpireSpan::new(vs.root() / "unused", 8, 16, 5, &ExpireConfig { fused: true, ..cfg.clone() });
+        (fused.w, fused.b) = (written.w.shallow_clone(), written.b.shallow_clone());
+        let key_pe = (rng.normal_tensor(&[5, 4], Kind::Float) * 0.5).set_requires_grad(true);
+        let params = [written.w.shallow_clone(), written.b.shallow_clone(), key_pe.shallow_clone()];
+        for step in 0..6 {
+            let x = rng.normal_tensor(&[2, 4, 8], Kind::Float);
+            // Row 0 starts an episode in every block's middle; row 1 is one episode.
+            let episodes = Tensor::from_slice(&[step, step, step + 1, step + 1, 0, 0, 0, 0]).view([2, 4]);
+            let q = attn.queries(&x);
+            let input = AttendInput { x: &x, q: &q, attn: &attn, key_pe: Some(&key_pe), train: true, episodes: Some(&episodes) };
+            let (a, b) = (written.attend(&input).unwrap(), fused.attend(&input).unwrap());
+            let gap = (&a.context - &b.context).abs().max().double_value(&[]);
+            assert!(gap < 1e-5, "step {step}: contexts differ by {gap}");
+            let (la, lb) = (a.aux_loss.as_ref().unwrap(), b.aux_loss.as_ref().unwrap());
+            assert!(la.allclose(lb, 1e-5, 1e-9, false), "step {step}: span losses {la:?} and {lb:?}");
+            let objective = |o: &AttendOutput| (&o.context * o.context.ones_like().cumsum(-1, Kind::Float)).sum(Kind::Float) + o.aux_loss.as_ref().unwrap();
+            let ga = Tensor::run_backward(&[objective(&a)], &params, false, false);
+            let gb = Tensor::run_backward(&[objective(&b)], &params, false, false);
+            for (i, (x, y)) in ga.iter().zip(&gb).enumerate() {
+                let gap = (x - y).abs().max().double_value(&[]);
+                assert!(gap < 1e-4 * (1.0 + x.abs().max().double_value(&[])), "step {step}, parameter {i}: gradients differ by {gap}");
+            }
+            assert_eq!(vec1(&Tensor::from_slice(&written.report().mem_rows)), vec1(&Tensor::from_slice(&fused.report().mem_rows)), "step {step}");
+            written.update(&x.detach(), Some(&episodes));
+            fused.update(&x.detach(), Some(&episodes));
+            let (sa, sb) = (written.state(), fused.state());
+            assert!(sa.iter().zip(&sb).all(|((_, a), (_, b))| a.equal(b)), "step {step}: the caches differ");
         }
     }
 

@@ -5,6 +5,7 @@
 //! - [`fixed`]: Transformer-XL, the last `L` states;
 //! - [`adaptive`]: Adaptive-Span, a learned span per head;
 //! - [`expire`]: Expire-Span, a learned span per memory, expired memories deleted;
+//!   [`expire_fused`] its attention scores from one CPU kernel;
 //! - [`compressive`]: the Compressive Transformer, old states compressed into slots;
 //! - [`infinity`]: the ∞-former, an unbounded continuous long-term memory;
 //! - [`window`]: the sliding-window cache the window-based ones share.
@@ -12,6 +13,7 @@
 pub mod adaptive;
 pub mod compressive;
 pub mod expire;
+pub mod expire_fused;
 pub mod fixed;
 pub mod infinity;
 pub mod layer;

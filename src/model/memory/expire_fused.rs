@@ -1,0 +1,237 @@
+//! Expire-Span's attention scores from one fused CPU kernel (`csrc/expire.cpp`): the
+//! soft mask of Eq. 5 applied after the softmax with renormalisation (Eq. 4) as the
+//! additive bias `ln m`, the relative positions (A.1) and the ramp counts of the span
+//! loss (4.2), computed in one pass over the `(b, h, m, n)` scores instead of a dozen
+//! `(b, m, n)` tensors and a gather, with a backward pass of its own.
+//!
+//! The written-out path ([`super::expire`]) stays the reference and the GPU's path;
+//! the tests check that the two agree in value and gradient, and the gradient against
+//! finite differences.
+
+use std::ffi::{c_char, c_int, c_void};
+
+use tch::{Kind, Tensor};
+
+use crate::error::{LetheError, Result};
+
+extern "C" {
+    fn lethe_expire_scores(
+        scores: *mut c_void,
+        pq: *mut c_void,
+        spans: *mut c_void,
+        counter: *mut c_void,
+        usable: *mut c_void,
+        ramp: f64,
+        out: *mut *mut c_void,
+        error: *mut *mut c_char,
+    ) -> c_int;
+}
+
+/// What the kernel returns.
+pub struct FusedScores {
+    /// The attention scores `(b, h, m, n)`: `scores + positions + ln m` where a query
+    /// sees a key, `-inf` elsewhere; with gradient to the scores, positions and spans.
+    pub scores: Tensor,
+    /// Per key, how many queries see it on the ramp, `0 < m < 1` `(b, n)`; no gradient.
+    pub ramp_counts: Tensor,
+    /// Per stream, the sum of the distances `t - i` of the pairs on the ramp `(b)`,
+    /// double; no gradient.
+    pub ramp_distance: Tensor,
+}
+
+/// The fused scores of `m` queries over `n` keys.
+///
+/// - `scores` `(b, h, m, n)`: the content scores `q·k / sqrt(dh)`;
+/// - `positions` `(b, h, m, P)`: `q·key_pe[d] / sqrt(dh)` for distances `d < P` (beyond,
+///   the position term is zero);
+/// - `spans` `(b, n)`: the spans `e` the mask uses (with gradient);
+/// - `counter` `(b, n)`: each key's distance to the first query (whole numbers);
+/// - `usable` `(b, 1, n)` or `(b, m, n)` bool: the keys a query may use at all.
+///
+/// CPU only; float or double, one kind for all.
+pub fn expire_scores(scores: &Tensor, positions: &Tensor, spans: &Tensor, counter: &Tensor, usable: &Tensor, ramp: f64) -> Result<FusedScores> {
+    let mut out: [*mut c_void; 3] = [std::ptr::null_mut(); 3];
+    let mut error: *mut c_char = std::ptr::null_mut();
+    let ptr = |t: &Tensor| t.as_ptr() as *mut c_void;
+    // SAFETY: each pointer is a live `at::Tensor*` owned by its `Tensor` for the call (the
+    // kernel reads them only);
+    // on success the kernel writes three new `at::Tensor*`, which `from_ptr` takes over.
+    let status = unsafe {
+        lethe_expire_scores(ptr(scores), ptr(positions), ptr(spans), ptr(counter), ptr(usable), ramp, out.as_mut_ptr(), &mut error)
+    };
+    if status != 0 {
+        return Err(LetheError::Invalid(format!("expire-span fused scores: {}", crate::dist::take_error(error))));
+    }
+    // SAFETY: see above; each pointer is taken over once.
+    let [s, c, d] = out.map(|p| unsafe { Tensor::from_ptr(p as *mut torch_sys::C_tensor) });
+    Ok(FusedScores { scores: s, ramp_counts: c, ramp_distance: d })
+}
+
+/// Whether [`expire_scores`] can compute scores of this kind on this device.
+pub fn supports(scores: &Tensor) -> bool {
+    scores.device() == tch::Device::Cpu && matches!(scores.kind(), Kind::Float | Kind::Double)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::attention;
+    use crate::model::memory::expire::{on_ramp, remaining, soft_mask, visible_pairs};
+    use crate::rng::Rng;
+
+    /// One block's inputs: content scores `(b, h, m, n)`, positions `(b, h, m, P)`,
+    /// spans, counters `(b, n)` (compacted: cached memories at gaps of 1-3, then the
+    /// block at 0, -1, ..), and the usable keys, `(b, m, n)` with episode boundaries when
+    /// `episodes`, else `(b, 1, n)` with some padding.
+    struct Block {
+        content: Tensor,
+        positions: Tensor,
+        spans: Tensor,
+        counter: Tensor,
+        usable: Tensor,
+        v: Tensor,
+    }
+
+    const RAMP: f64 = 4.0;
+
+    fn block(rng: &mut Rng, cached: i64, rows: i64, episodes: bool) -> Block {
+        let (b, h, m, dh) = (2, 3, 5, 4);
+        let n = cached + m;
+        let gaps = (rng.uniform_tensor(&[b, cached], Kind::Double) * 3.0).floor() + 1.0;
+        let cached_counter = gaps.flip([1]).cumsum(1, Kind::Double).flip([1]);
+        let block_counter = -Tensor::arange(m, (Kind::Double, tch::Device::Cpu)).unsqueeze(0).expand([b, m], false);
+        let counter = Tensor::cat(&[cached_counter, block_counter], 1);
+        let usable = if episodes {
+            // Each key's episode, and each query's: a boundary somewhere in the stream.
+            let key_episode = (rng.uniform_tensor(&[b, n], Kind::Double) * 2.0).floor().cumsum(1, Kind::Int64);
+            key_episode.narrow(1, n - m, m).unsqueeze(2).eq_tensor(&key_episode.unsqueeze(1)) // (b, m, n)
+        } else {
+            rng.uniform_tensor(&[b, 1, n], Kind::Double).gt(0.1)
+        };
+        Block {
+            content: rng.normal_tensor(&[b, h, m, n], Kind::Double).set_requires_grad(true),
+            positions: rng.normal_tensor(&[b, h, m, rows], Kind::Double).set_requires_grad(true),
+            // Spans near each memory's distance, so that many pairs fall on the ramp.
+            spans: (&counter + rng.uniform_tensor(&[b, n], Kind::Double) * 8.0 - 3.5).clamp_min(0.1).set_requires_grad(true),
+            counter,
+            usable,
+            v: rng.normal_tensor(&[b, h, n, dh], Kind::Double),
+        }
+    }
+
+    /// The written-out scores, as `expire.rs` builds them: the soft mask, its log as a
+    /// bias, the positions gathered by distance (zero from `P` on), `-inf` where a key is
+    /// not seen. Also the ramp counts and distance sums.
+    fn written_out(x: &Block) -> (Tensor, Tensor, Tensor) {
+        let (b, h, m, n) = x.content.size4().unwrap();
+        let rows = x.positions.size()[3];
+        let (r, dist) = remaining(&x.spans, &x.counter, m);
+        let mask = soft_mask(&r, RAMP);
+        let visible = visible_pairs(&x.usable, &dist, &mask);
+        let log_mask = attention::log_mask_of_visible(&mask, &visible).unsqueeze(1); // (b, 1, m, n)
+        let index = dist.clamp(0.0, (rows - 1) as f64).to_kind(Kind::Int64).unsqueeze(1).expand([b, h, m, n], false);
+        let near = dist.ge(0.0).logical_and(&dist.lt(rows as f64)).unsqueeze(1);
+        let by_distance = x.positions.gather(-1, &index, false).where_scalarother(&near, 0.0);
+        let scores = &x.content + (by_distance + log_mask);
+        let ramp = on_ramp(&mask, &visible);
+        let counts = ramp.sum_dim_intlist([1i64].as_slice(), false, Kind::Double);
+        let by_dist = dist.where_scalarother(&ramp, 0.0).sum_dim_intlist([1i64, 2].as_slice(), false, Kind::Double);
+        (scores, counts, by_dist)
+    }
+
+    /// The attention of both, weighted: what the gradients are taken of.
+    fn objective(scores: &Tensor, v: &Tensor, w: &Tensor) -> Tensor {
+        (attention::mix(scores, v, 0.0, false) * w).sum(Kind::Double)
+    }
+
+    const CASES: [(i64, i64, bool); 5] = [(6, 8, false), (20, 8, false), (20, 4, true), (0, 8, false), (12, 30, true)];
+
+    /// The kernel computes the written-out scores (the same `-inf`s, the rest to double
+    /// rounding), ramp counts and distance sums: with every cached memory near enough
+    /// for a position, with far ones, with episodes, with an empty cache.
+    #[test]
+    fn the_fused_scores_equal_the_written_out_ones() {
+        let mut rng = Rng::new(31);
+        for (cached, rows, episodes) in CASES {
+            let x = block(&mut rng, cached, rows, episodes);
+            let fused = expire_scores(&x.content, &x.positions, &x.spans, &x.counter, &x.usable, RAMP).unwrap();
+            let (scores, counts, by_dist) = written_out(&x);
+            let case = format!("cached {cached}, rows {rows}, episodes {episodes}");
+            assert!(fused.scores.isinf().equal(&scores.isinf()), "{case}: the hidden pairs differ");
+            assert!(scores.isinf().any().int64_value(&[]) == 1 && scores.isfinite().any().int64_value(&[]) == 1, "{case}");
+            let finite = scores.isfinite();
+            let gap = (fused.scores.masked_select(&finite) - scores.masked_select(&finite)).abs().max().double_value(&[]);
+            assert!(gap < 1e-12, "{case}: scores differ by {gap}");
+            assert!(counts.sum(Kind::Double).double_value(&[]) > 0.0, "{case}: some pairs are on the ramp");
+            assert!(fused.ramp_counts.equal(&counts), "{case}: ramp counts");
+            assert!(fused.ramp_distance.allclose(&by_dist, 1e-12, 1e-12, false), "{case}: ramp distances");
+        }
+    }
+
+    /// Its backward pass gives the content scores, the positions and the spans the
+    /// gradient the written-out operations give.
+    #[test]
+    fn the_fused_gradient_equals_the_written_out_one() {
+        let mut rng = Rng::new(32);
+        for (cached, rows, episodes) in CASES {
+            let x = block(&mut rng, cached, rows, episodes);
+            let fused = expire_scores(&x.content, &x.positions, &x.spans, &x.counter, &x.usable, RAMP).unwrap();
+            let (scores, _, _) = written_out(&x);
+            let w = rng.normal_tensor(&[2, 3, 5, 4], Kind::Double); // (b, h, m, dh)
+            let inputs = [&x.content, &x.positions, &x.spans];
+            let g1 = Tensor::run_backward(&[objective(&fused.scores, &x.v, &w)], &inputs, false, false);
+            let g2 = Tensor::run_backward(&[objective(&scores, &x.v, &w)], &inputs, false, false);
+            for (i, (a, b)) in g1.iter().zip(&g2).enumerate() {
+                assert!(b.abs().sum(Kind::Double).double_value(&[]) > 0.0, "input {i} has a gradient");
+                let gap = (a - b).abs().max().double_value(&[]);
+                assert!(gap < 1e-12, "cached {cached}, rows {rows}, input {i}: gradients differ by {gap}");
+            }
+        }
+    }
+
+    /// The kernel's gradient against central differences of the objective, for every
+    /// position entry and span of a block (double precision).
+    #[test]
+    fn the_fused_gradient_matches_finite_differences() {
+        let mut rng = Rng::new(33);
+        let x = block(&mut rng, 12, 6, false);
+        let w = rng.normal_tensor(&[2, 3, 5, 4], Kind::Double);
+        let f = |positions: &Tensor, spans: &Tensor| {
+            let s = expire_scores(&x.content, positions, spans, &x.counter, &x.usable, RAMP).unwrap();
+            objective(&s.scores, &x.v, &w).double_value(&[])
+        };
+        let s = expire_scores(&x.content, &x.positions, &x.spans, &x.counter, &x.usable, RAMP).unwrap();
+        let grads = Tensor::run_backward(&[objective(&s.scores, &x.v, &w)], &[&x.positions, &x.spans], false, false);
+        let eps = 1e-6;
+        for (which, (input, grad)) in [&x.positions, &x.spans].into_iter().zip(&grads).enumerate() {
+            let flat = input.detach().flatten(0, -1);
+            let analytic: Vec<f64> = grad.flatten(0, -1).try_into().unwrap();
+            let mut checked = 0;
+            for i in 0..flat.size()[0] {
+                let nudged = |d: f64| {
+                    let t = flat.copy();
+                    let _ = t.get(i).f_add_scalar_(d).unwrap();
+                    t.view(input.size().as_slice())
+                };
+                let (up, down) = (nudged(eps), nudged(-eps));
+                let numeric = if which == 0 { (f(&up, &x.spans) - f(&down, &x.spans)) / (2.0 * eps) } else { (f(&x.positions, &up) - f(&x.positions, &down)) / (2.0 * eps) };
+                assert!((numeric - analytic[i as usize]).abs() < 1e-6, "input {which}, entry {i}: {numeric} vs {}", analytic[i as usize]);
+                checked += usize::from(analytic[i as usize] != 0.0);
+            }
+            assert!(checked > 5, "input {which}: only {checked} non-zero gradients were checked");
+        }
+    }
+
+    /// Inputs the kernel cannot take are an error with a message, not a crash.
+    #[test]
+    fn bad_inputs_are_an_error() {
+        let mut rng = Rng::new(34);
+        let x = block(&mut rng, 6, 8, false);
+        let not_bool = x.usable.to_kind(Kind::Int64);
+        let err = expire_scores(&x.content, &x.positions, &x.spans, &x.counter, &not_bool, RAMP).err().unwrap().to_string();
+        assert!(err.contains("usable must be bool"), "{err}");
+        let short = x.spans.narrow(1, 0, 3);
+        let err = expire_scores(&x.content, &x.positions, &short, &x.counter, &x.usable, RAMP).err().unwrap().to_string();
+        assert!(err.contains("spans and counter must be (b, n)"), "{err}");
+    }
+}
