@@ -1,7 +1,7 @@
 // Expire-Span's attention scores in one pass on the CPU, with their gradient: the soft
 // mask of Eq. 5, the renormalised post-softmax mask of Eq. 4 as the additive bias ln m,
 // the relative positions (A.1) and the span loss's ramp counts (4.2), fused into one
-// custom autograd function that src/model/memory/fused.rs wraps.
+// custom autograd function that src/model/memory/expire_fused.rs wraps.
 //
 // For `m` queries of a block over `n` keys, with d = counter[b, j] + i the distance of
 // key j to query i:
@@ -26,8 +26,7 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include <cfloat>
-#include <cmath>
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -62,24 +61,6 @@ Dims check(const at::Tensor& scores, const at::Tensor& pq, const at::Tensor& spa
   return d;
 }
 
-// One query's view of the keys: distance, mask and visibility of key j, computed as
-// the written-out path does (the same float operations in the same order).
-template <typename T>
-struct Pair {
-  T d, pre, mask;
-  bool vis;
-};
-
-template <typename T>
-inline Pair<T> pair(const T* spans, const T* counter, const bool* usable, int64_t i, int64_t j, T ramp) {
-  Pair<T> p;
-  p.d = counter[j] + static_cast<T>(i);
-  p.pre = (spans[j] - p.d) / ramp + T(1);
-  p.mask = std::min(std::max(p.pre, T(0)), T(1));
-  p.vis = usable[j] && p.d >= T(0) && p.mask > T(0);
-  return p;
-}
-
 // The first pass, per stream, query and key: the mask clamped for its log (1 where the
 // key is not seen), the index of the key's position row: `p`, a slot that holds 0,
 // where it has none, `p + 1`, a slot that holds -inf, where it is not seen (log 0 would
@@ -96,8 +77,8 @@ void mask_pass(const Dims& dm, const at::Tensor& spans, const at::Tensor& counte
   int32_t* rw = row.data_ptr<int32_t>();
   T* sl = slope.data_ptr<T>();
   at::parallel_for(0, dm.b, 1, [&](int64_t b0, int64_t b1) {
-    // Ramp pairs per key and per query, as integers: their sums vectorise, and the
-    // distance sum below is exact from them.
+    // Ramp pairs per key and per query, as integers: the distance sum below is exact
+    // from them.
     std::vector<int32_t> key_ramp(dm.n);
     const int32_t p = static_cast<int32_t>(dm.p), n = static_cast<int32_t>(dm.n);
     for (int64_t b = b0; b < b1; ++b) {
@@ -113,8 +94,8 @@ void mask_pass(const Dims& dm, const at::Tensor& spans, const at::Tensor& counte
         T* __restrict sli = sl + (b * dm.m + i) * dm.n;
         const T fi = static_cast<T>(i);
         int32_t on_row = 0;
-        // Branch-free (whether a key is seen follows no pattern a predictor learns), so
-        // that the compiler vectorises it; the same float operations as pair().
+        // Branch-free: whether a key is seen follows no pattern a predictor learns. The
+        // same float operations, in the same order, as the written-out path's.
         for (int32_t j = 0; j < n; ++j) {
           const T d = c[j] + fi;
           const T pre = (e[j] - d) / ramp + T(1);

@@ -147,7 +147,7 @@ struct Cache {
 /// `(b, h, n, dh)`, the position embeddings `(P, dh)`, the spans the mask uses `(b, n)`,
 /// each key's distance to the first query `(b, n)`, and the keys each query may use
 /// `(b, 1, n)` or `(b, m, n)`.
-struct Pairs<'a> {
+struct Operands<'a> {
     q: &'a Tensor,
     k: &'a Tensor,
     v: &'a Tensor,
@@ -290,7 +290,7 @@ impl ExpireSpan {
     /// and the GPU's path): the soft mask, its log and the positions as a bias, the
     /// span loss from the pairs on the ramp. Returns the context `(b, h, m, dh)`, the
     /// span loss in training, and the pairs seen.
-    fn attend_written_out(&self, p: &Pairs, input: &AttendInput) -> (Tensor, Option<Tensor>, Seen) {
+    fn attend_written_out(&self, p: &Operands, input: &AttendInput) -> (Tensor, Option<Tensor>, Seen) {
         let m = input.x.size()[1];
         let masking = profile::phase("mask");
         let (remaining, dist) = remaining(p.spans, p.counter, m); // (b, m, n) each
@@ -306,7 +306,7 @@ impl ExpireSpan {
     /// [`Self::attend_written_out`] with the scores from the fused CPU kernel
     /// ([`expire_fused`]): the content and position products are matrix products, the
     /// mask, its log, the positions' layout and the ramp counts one pass.
-    fn attend_fused(&self, p: &Pairs, input: &AttendInput) -> Result<(Tensor, Option<Tensor>, Seen)> {
+    fn attend_fused(&self, p: &Operands, input: &AttendInput) -> Result<(Tensor, Option<Tensor>, Seen)> {
         let m = input.x.size()[1];
         let ramp = self.cfg.ramp as f64;
         let scoring = profile::phase("scores");
@@ -397,11 +397,11 @@ impl MemoryLayer for ExpireSpan {
         let (k, v) = input.attn.keys_values(&states); // (b, h, n, dh)
         drop(keys);
         let key_pe = input.key_pe.ok_or_else(|| LetheError::Invalid("Expire-Span needs relative positions (model.arch = \"lethe\")".into()))?;
-        let pairs = Pairs { q: input.q, k: &k, v: &v, key_pe, spans: &e, counter: &counter, usable: &usable };
+        let operands = Operands { q: input.q, k: &k, v: &v, key_pe, spans: &e, counter: &counter, usable: &usable };
         let (context, aux, seen) = if self.cfg.fused && expire_fused::supports(input.q) {
-            self.attend_fused(&pairs, input)?
+            self.attend_fused(&operands, input)?
         } else {
-            self.attend_written_out(&pairs, input)
+            self.attend_written_out(&operands, input)
         };
         self.stats = Some(Stats { spans: spans.detach(), valid, seen, counter });
         Ok(AttendOutput { context, aux_loss: aux, added: None })
@@ -644,8 +644,9 @@ mod tests {
     }
 
     /// A layer with the fused kernel computes what the written-out one does, block after
-    /// block (with deletion between), in training: the context, the span loss, what it
-    /// keeps, and the gradients of the predictor and the attention's projections.
+    /// block (with deletion between), in training: the context, the span loss, the memory
+    /// report, what it keeps, and the gradients of the span predictor and the position
+    /// embeddings.
     #[test]
     fn the_fused_layer_equals_the_written_out_one() {
         use crate::model::attention::Attention;
