@@ -1,5 +1,6 @@
-//! Training end to end: a tiny model learns the copy task, a resumed run repeats the
-//! same losses, and a NaN stops training without touching the last checkpoint.
+//! Training end to end: a tiny model learns the copy task, the run folder records its
+//! machine, a resumed run repeats the same losses, and a NaN stops training without
+//! touching the last checkpoint.
 
 mod common;
 
@@ -38,6 +39,24 @@ fn a_tiny_model_learns_the_copy_task_below_the_unigram_baseline() {
     for f in ["config.toml", "metrics.jsonl", "checkpoint.safetensors"] {
         assert!(summary.run_dir.join(f).exists(), "{f} missing");
     }
+}
+
+/// The run folder says on what machine it trained: the CPU, the thread count, and the
+/// fingerprint of how this process's libtorch rounds.
+#[test]
+fn the_run_folder_records_its_machine() {
+    let mut cfg = common::tiny_config();
+    cfg.train.steps = 2;
+    cfg.train.threads = 1;
+    let dir = tempfile::tempdir().unwrap();
+    let summary = train(&cfg, &options(dir.path())).unwrap();
+    let text = std::fs::read_to_string(summary.run_dir.join("machine.json")).expect("machine.json is written");
+    let machine: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(machine["threads"], 1, "{text}");
+    assert!(!machine["cpu"].as_str().unwrap().is_empty(), "{text}");
+    let numerics = machine["numerics"].as_str().unwrap();
+    assert_eq!(numerics.len(), 16, "{text}");
+    assert_eq!(numerics, lethe::device::numerics_fingerprint(), "the fingerprint is the same every time on one machine");
 }
 
 #[test]
