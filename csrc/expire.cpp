@@ -20,18 +20,33 @@
 // key j on the ramp, 0 < m < 1, visible) and the sum of d over the ramp per stream, from
 // which the span loss is built.
 //
+// The work is split by rows (b, i), one query of one stream: its mask row, its log and
+// its h score rows are computed together while they are in cache. Only the last
+// `P - 1 + m` keys can be nearer than P (the cache is in time order, one key per
+// position), so only they read a position; the keys before them add the mask's log alone,
+// a loop the compiler vectorises. The mask row is written with AVX2 where the CPU has it
+// (float only; Sleef's log, which libtorch ships, on the pairs of the ramp) and as plain
+// loops elsewhere. Every sum runs in a fixed order: the results do not depend on the
+// thread count.
+//
 // Tensors cross as `at::Tensor*`, which is what tch's `Tensor::as_mut_ptr` holds.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <immintrin.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
 
 #include "guard.h"
+
+// Sleef's 8-wide log for AVX2, exported by libtorch_cpu (sleef.h declares it only where
+// the whole file is compiled for AVX).
+extern "C" __m256 Sleef_logf8_u10avx2(__m256);
 
 namespace {
 
@@ -41,6 +56,8 @@ using torch::autograd::variable_list;
 // The shapes of one call, checked once.
 struct Dims {
   int64_t b, h, m, n, p, usable_rows;
+  // How many of the last keys can be nearer than p to some query: those read a position.
+  int64_t near() const { return std::min(n, p - 1 + m); }
 };
 
 Dims check(const at::Tensor& scores, const at::Tensor& pq, const at::Tensor& spans, const at::Tensor& counter,
@@ -61,135 +78,203 @@ Dims check(const at::Tensor& scores, const at::Tensor& pq, const at::Tensor& spa
   return d;
 }
 
-// The first pass, per stream, query and key: the mask clamped for its log (1 where the
-// key is not seen), the index of the key's position row: `p`, a slot that holds 0,
-// where it has none, `p + 1`, a slot that holds -inf, where it is not seen (log 0 would
-// give the -inf too, but libtorch's log takes a slow path on zeros); and the ramp
-// figures.
+// Whether this CPU runs the AVX2 mask row.
+bool cpu_has_avx2() {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+}
+
+// One mask row's inputs: the stream's spans and counters, the row's usable keys, the
+// query's index and the ramp R.
 template <typename T>
-void mask_pass(const Dims& dm, const at::Tensor& spans, const at::Tensor& counter, const at::Tensor& usable, T ramp,
-               at::Tensor& clamped, at::Tensor& row, at::Tensor& slope, at::Tensor& counts, at::Tensor& ramp_dist) {
-  const T floor = std::numeric_limits<T>::min();
-  const T* sp = spans.data_ptr<T>();
-  const T* ct = counter.data_ptr<T>();
-  const bool* us = usable.data_ptr<bool>();
-  T* cl = clamped.data_ptr<T>();
-  int32_t* rw = row.data_ptr<int32_t>();
-  T* sl = slope.data_ptr<T>();
-  at::parallel_for(0, dm.b, 1, [&](int64_t b0, int64_t b1) {
-    // Ramp pairs per key and per query, as integers: the distance sum below is exact
-    // from them.
-    std::vector<int32_t> key_ramp(dm.n);
-    const int32_t p = static_cast<int32_t>(dm.p), n = static_cast<int32_t>(dm.n);
-    for (int64_t b = b0; b < b1; ++b) {
-      std::fill(key_ramp.begin(), key_ramp.end(), 0);
-      int64_t query_weighted = 0;  // sum over ramp pairs of the query's index
-      const T* __restrict e = sp + b * dm.n;
-      const T* __restrict c = ct + b * dm.n;
-      int32_t* __restrict kr = key_ramp.data();
-      for (int64_t i = 0; i < dm.m; ++i) {
-        const bool* __restrict u = us + (b * dm.usable_rows + (dm.usable_rows == 1 ? 0 : i)) * dm.n;
-        T* __restrict cli = cl + (b * dm.m + i) * dm.n;
-        int32_t* __restrict rwi = rw + (b * dm.m + i) * dm.n;
-        T* __restrict sli = sl + (b * dm.m + i) * dm.n;
-        const T fi = static_cast<T>(i);
-        int32_t on_row = 0;
-        // Branch-free: whether a key is seen follows no pattern a predictor learns. The
-        // same float operations, in the same order, as the written-out path's.
-        for (int32_t j = 0; j < n; ++j) {
-          const T d = c[j] + fi;
-          const T pre = (e[j] - d) / ramp + T(1);
-          const T mask = std::min(std::max(pre, T(0)), T(1));
-          const bool vis = u[j] & (d >= T(0)) & (mask > T(0));
-          const int32_t di = static_cast<int32_t>(d);
-          cli[j] = vis ? std::max(mask, floor) : T(1);
-          rwi[j] = vis ? (di < p ? di : p) : p + 1;
-          // d ln max(m, floor) / d e = 1 / (m R) through clamp(r / R + 1, 0, 1), the
-          // floor and the log, where the key is seen; kept as m R, 0 where none.
-          sli[j] = vis & (pre <= T(1)) & (mask >= floor) ? mask * ramp : T(0);
-          const int32_t ramp_pair = vis & (mask < T(1));
-          kr[j] += ramp_pair;
-          on_row += ramp_pair;
-        }
-        query_weighted += on_row * i;
-      }
-      T* cnt = counts.data_ptr<T>() + b * dm.n;
-      double by_key = 0.0;
-      for (int64_t j = 0; j < dm.n; ++j) {
-        cnt[j] = static_cast<T>(key_ramp[j]);
-        by_key += static_cast<double>(key_ramp[j]) * static_cast<double>(c[j]);
-      }
-      // Sum over ramp pairs of d = counter[j] + i, whole numbers: exact in double.
-      ramp_dist.data_ptr<double>()[b] = by_key + static_cast<double>(query_weighted);
+struct MaskRow {
+  const T* e;
+  const T* c;
+  const bool* u;
+  T fi;
+  T ramp;
+};
+
+// A ramp pair at key j: counted for the key (rows of one stream run in parallel, and
+// integer sums do not depend on their order).
+inline void count_ramp(int32_t* key_ramp, int64_t j) { __atomic_fetch_add(key_ramp + j, 1, __ATOMIC_RELAXED); }
+
+// Keys [j0, n) of a mask row, one at a time: ln max(m, floor) where the key is seen, -inf
+// where not; m R where the span has a gradient, 0 where not; the ramp pairs counted.
+// Returns how many of the row's pairs are on the ramp. The same float operations, in the
+// same order, as the written-out path's.
+template <typename T>
+int32_t mask_row_scalar(const MaskRow<T>& x, int64_t j0, int64_t n, T* lm, T* sl, int32_t* key_ramp) {
+  const T floor = std::numeric_limits<T>::min(), minus_inf = -std::numeric_limits<T>::infinity();
+  int32_t on_row = 0;
+  for (int64_t j = j0; j < n; ++j) {
+    const T d = x.c[j] + x.fi;
+    const T pre = (x.e[j] - d) / x.ramp + T(1);
+    const T mask = std::min(std::max(pre, T(0)), T(1));
+    const bool vis = x.u[j] && d >= T(0) && mask > T(0);
+    lm[j] = vis ? std::log(std::max(mask, floor)) : minus_inf;
+    sl[j] = vis && pre <= T(1) && mask >= floor ? mask * x.ramp : T(0);
+    if (vis && mask < T(1)) {
+      count_ramp(key_ramp, j);
+      ++on_row;
     }
-  });
+  }
+  return on_row;
+}
+
+// mask_row_scalar for float, 8 keys at a time. The log (Sleef's, within 1 ulp) runs only
+// on groups with a pair on the ramp: elsewhere a seen key's mask is 1 and its log 0.
+__attribute__((target("avx2"))) int32_t mask_row_avx2(const MaskRow<float>& x, int64_t n, float* lm, float* sl,
+                                                     int32_t* key_ramp) {
+  const __m256 fi = _mm256_set1_ps(x.fi), ramp = _mm256_set1_ps(x.ramp), one = _mm256_set1_ps(1.0f),
+               zero = _mm256_setzero_ps(), floor = _mm256_set1_ps(std::numeric_limits<float>::min()),
+               minus_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  int32_t on_row = 0;
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 d = _mm256_add_ps(_mm256_loadu_ps(x.c + j), fi);
+    const __m256 pre = _mm256_add_ps(_mm256_div_ps(_mm256_sub_ps(_mm256_loadu_ps(x.e + j), d), ramp), one);
+    const __m256 mask = _mm256_min_ps(_mm256_max_ps(pre, zero), one);
+    const __m256i used = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(x.u + j)));
+    const __m256 vis = _mm256_and_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(used, _mm256_setzero_si256())),
+                                     _mm256_and_ps(_mm256_cmp_ps(d, zero, _CMP_GE_OQ), _mm256_cmp_ps(mask, zero, _CMP_GT_OQ)));
+    const __m256 on_ramp = _mm256_and_ps(vis, _mm256_cmp_ps(mask, one, _CMP_LT_OQ));
+    const int ramp_bits = _mm256_movemask_ps(on_ramp);
+    __m256 log_mask = zero;
+    if (ramp_bits != 0) {
+      log_mask = _mm256_blendv_ps(zero, Sleef_logf8_u10avx2(_mm256_max_ps(mask, floor)), on_ramp);
+      on_row += __builtin_popcount(ramp_bits);
+      for (int k = 0; k < 8; ++k) {
+        if (ramp_bits & (1 << k)) count_ramp(key_ramp, j + k);
+      }
+    }
+    _mm256_storeu_ps(lm + j, _mm256_blendv_ps(minus_inf, log_mask, vis));
+    const __m256 has_slope =
+        _mm256_and_ps(vis, _mm256_and_ps(_mm256_cmp_ps(pre, one, _CMP_LE_OQ), _mm256_cmp_ps(mask, floor, _CMP_GE_OQ)));
+    _mm256_storeu_ps(sl + j, _mm256_and_ps(has_slope, _mm256_mul_ps(mask, ramp)));
+  }
+  return on_row + mask_row_scalar(x, j, n, lm, sl, key_ramp);
 }
 
 template <typename T>
-void forward_kernel(const Dims& dm, const at::Tensor& scores, const at::Tensor& pq, const at::Tensor& spans,
-                    const at::Tensor& counter, const at::Tensor& usable, double ramp, at::Tensor& out,
-                    at::Tensor& counts, at::Tensor& ramp_dist, at::Tensor& row, at::Tensor& slope) {
-  auto clamped = at::empty({dm.b, dm.m, dm.n}, scores.options());
-  mask_pass<T>(dm, spans, counter, usable, static_cast<T>(ramp), clamped, row, slope, counts, ramp_dist);
-  // The mask's log, shared by the heads: libtorch's vectorised log.
-  clamped.log_();
-  const T* lm = clamped.data_ptr<T>();
-  const int32_t* rw = row.data_ptr<int32_t>();
-  const T* sc = scores.data_ptr<T>();
-  const T* pos = pq.data_ptr<T>();
-  T* o = out.data_ptr<T>();
-  // Rows (b, h, i): the position is added to the mask's log first, then to the score,
-  // as the written-out path adds its bias; a key without a position reads the zero slot,
-// a hidden one the -inf slot.
-  at::parallel_for(0, dm.b * dm.h * dm.m, 16, [&](int64_t r0, int64_t r1) {
-    std::vector<T> positions(dm.p + 2, T(0));
-    positions[dm.p + 1] = -std::numeric_limits<T>::infinity();
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t b = r / (dm.h * dm.m), i = r % dm.m;
-      const int64_t mask_row = (b * dm.m + i) * dm.n;
-      std::copy(pos + r * dm.p, pos + (r + 1) * dm.p, positions.begin());
-      const T* s = sc + r * dm.n;
-      const T* l = lm + mask_row;
-      const int32_t* w = rw + mask_row;
-      T* y = o + r * dm.n;
-      for (int64_t j = 0; j < dm.n; ++j) y[j] = s[j] + (positions[w[j]] + l[j]);
-    }
-  });
+int32_t mask_row(const MaskRow<T>& x, int64_t n, T* lm, T* sl, int32_t* key_ramp, bool vector) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (vector && cpu_has_avx2()) return mask_row_avx2(x, n, lm, sl, key_ramp);
+  }
+  return mask_row_scalar(x, 0, n, lm, sl, key_ramp);
+}
+
+// The forward pass's inputs and outputs, as pointers.
+template <typename T>
+struct Forward {
+  const T *scores, *pq, *spans, *counter;
+  const bool* usable;
+  T ramp;
+  bool vector;
+  T *out, *slope;
+  int32_t *near_row, *key_ramp;
+  int64_t* query_weighted;
+};
+
+// Row (b, i): the mask row (into `lm`, n long), then the h score rows. `positions` holds
+// P + 1 slots, the last one zero.
+template <typename T>
+void forward_row(const Dims& dm, const Forward<T>& f, int64_t b, int64_t i, T* lm, std::vector<T>& positions) {
+  const int64_t n = dm.n, w = dm.near(), far = n - w, mask_row_at = (b * dm.m + i) * n;
+  const MaskRow<T> x{f.spans + b * n, f.counter + b * n, f.usable + (b * dm.usable_rows + (dm.usable_rows == 1 ? 0 : i)) * n,
+                     static_cast<T>(i), f.ramp};
+  const int32_t on_row = mask_row(x, n, lm, f.slope + mask_row_at, f.key_ramp + b * n, f.vector);
+  if (on_row > 0) __atomic_fetch_add(f.query_weighted + b, static_cast<int64_t>(on_row) * i, __ATOMIC_RELAXED);
+  // The near keys' position slots (p: none; a hidden key's -inf comes from its log).
+  int32_t* __restrict near = f.near_row + (b * dm.m + i) * w;
+  for (int64_t k = 0; k < w; ++k) {
+    const T d = x.c[far + k] + x.fi;
+    near[k] = std::isfinite(lm[far + k]) && d < static_cast<T>(dm.p) ? static_cast<int32_t>(d) : static_cast<int32_t>(dm.p);
+  }
+  for (int64_t h = 0; h < dm.h; ++h) {
+    const int64_t r = (b * dm.h + h) * dm.m + i;
+    std::copy(f.pq + r * dm.p, f.pq + (r + 1) * dm.p, positions.begin());
+    const T* __restrict s = f.scores + r * n;
+    const T* __restrict l = lm;
+    T* __restrict y = f.out + r * n;
+    for (int64_t j = 0; j < far; ++j) y[j] = s[j] + l[j];
+    // As the written-out path adds its bias: the position to the log first.
+    for (int64_t k = 0; k < w; ++k) y[far + k] = s[far + k] + (positions[near[k]] + l[far + k]);
+  }
 }
 
 template <typename T>
-void backward_kernel(const Dims& dm, const at::Tensor& grad, const at::Tensor& row, const at::Tensor& slope,
+void forward_kernel(const Dims& dm, const Forward<T>& f) {
+  at::parallel_for(0, dm.b * dm.m, 4, [&](int64_t r0, int64_t r1) {
+    std::vector<T> lm(dm.n), positions(dm.p + 1, T(0));
+    for (int64_t r = r0; r < r1; ++r) forward_row(dm, f, r / dm.m, r % dm.m, lm.data(), positions);
+  });
+}
+
+// Per stream, from the ramp pairs counted: the counts per key, and the sum of the
+// distances d = counter[j] + i over the pairs (whole numbers: exact in double).
+template <typename T>
+void ramp_totals(const Dims& dm, const int32_t* key_ramp, const int64_t* query_weighted, const T* counter, T* counts,
+                 double* ramp_dist) {
+  for (int64_t b = 0; b < dm.b; ++b) {
+    double by_key = 0.0;
+    for (int64_t j = 0; j < dm.n; ++j) {
+      counts[b * dm.n + j] = static_cast<T>(key_ramp[b * dm.n + j]);
+      by_key += static_cast<double>(key_ramp[b * dm.n + j]) * static_cast<double>(counter[b * dm.n + j]);
+    }
+    ramp_dist[b] = by_key + static_cast<double>(query_weighted[b]);
+  }
+}
+
+// Row (b, i) of the backward pass: each head's positions gradient (the near keys', each
+// at its own distance: nothing collides), and into `by_query` (n long) the spans' share
+// of this query, the sum over heads of g divided by m R.
+template <typename T>
+void backward_row(const Dims& dm, const T* g, const int32_t* near_row, const T* slope, T* gp, int64_t b, int64_t i,
+                  T* by_query) {
+  const int64_t n = dm.n, w = dm.near(), far = n - w;
+  const int32_t p = static_cast<int32_t>(dm.p);
+  const int32_t* __restrict near = near_row + (b * dm.m + i) * w;
+  T* __restrict sum = by_query;
+  std::fill(sum, sum + n, T(0));
+  for (int64_t h = 0; h < dm.h; ++h) {
+    const int64_t r = (b * dm.h + h) * dm.m + i;
+    const T* __restrict gr = g + r * n;
+    T* __restrict gpr = gp + r * dm.p;
+    std::fill(gpr, gpr + dm.p, T(0));
+    for (int64_t k = 0; k < w; ++k) {
+      if (near[k] < p) gpr[near[k]] += gr[far + k];
+    }
+    for (int64_t j = 0; j < n; ++j) sum[j] += gr[j];
+  }
+  const T* __restrict s = slope + (b * dm.m + i) * n;
+  for (int64_t j = 0; j < n; ++j) sum[j] = s[j] > T(0) ? sum[j] / s[j] : T(0);
+}
+
+template <typename T>
+void backward_kernel(const Dims& dm, const at::Tensor& grad, const at::Tensor& near_row, const at::Tensor& slope,
                      at::Tensor& grad_pq, at::Tensor& grad_spans) {
+  // Each query's share of the spans' gradient (b, m, n), then their sum over queries in
+  // query order.
+  auto by_query = at::empty({dm.b, dm.m, dm.n}, grad.options());
   const T* g = grad.data_ptr<T>();
-  const int32_t* rw = row.data_ptr<int32_t>();
+  const int32_t* nr = near_row.data_ptr<int32_t>();
   const T* sl = slope.data_ptr<T>();
   T* gp = grad_pq.data_ptr<T>();
+  T* bq = by_query.data_ptr<T>();
+  at::parallel_for(0, dm.b * dm.m, 4, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) backward_row(dm, g, nr, sl, gp, r / dm.m, r % dm.m, bq + r * dm.n);
+  });
   T* ge = grad_spans.data_ptr<T>();
-  // Streams in parallel: a stream's span gradient sums over its queries and heads.
-  at::parallel_for(0, dm.b, 1, [&](int64_t b0, int64_t b1) {
-    std::vector<T> by_mask(dm.n);  // sum over heads of the gradient
-    const int32_t p = static_cast<int32_t>(dm.p);
-    for (int64_t b = b0; b < b1; ++b) {
-      T* __restrict geb = ge + b * dm.n;
+  constexpr int64_t chunk = 256;
+  const int64_t chunks = (dm.n + chunk - 1) / chunk;
+  at::parallel_for(0, dm.b * chunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t b = c / chunks, j0 = (c % chunks) * chunk, j1 = std::min(dm.n, j0 + chunk);
+      T* __restrict total = ge + b * dm.n;
       for (int64_t i = 0; i < dm.m; ++i) {
-        const int32_t* __restrict w = rw + (b * dm.m + i) * dm.n;
-        const T* __restrict s = sl + (b * dm.m + i) * dm.n;
-        T* __restrict bm = by_mask.data();
-        std::fill(by_mask.begin(), by_mask.end(), T(0));
-        for (int64_t h = 0; h < dm.h; ++h) {
-          const int64_t r = (b * dm.h + h) * dm.m + i;
-          const T* __restrict gr = g + r * dm.n;
-          T* __restrict gpr = gp + r * dm.p;
-          std::fill(gpr, gpr + dm.p, T(0));
-          // Keys seen at a distance below p, each at its own distance: the scatter of
-          // the positions' gather. (Hidden keys have a zero gradient: the softmax gives
-          // them none.)
-          for (int64_t j = 0; j < dm.n; ++j) {
-            if (w[j] < p) gpr[w[j]] += gr[j];
-          }
-          for (int64_t j = 0; j < dm.n; ++j) bm[j] += gr[j];
-        }
-        for (int64_t j = 0; j < dm.n; ++j) geb[j] += s[j] > T(0) ? bm[j] / s[j] : T(0);
+        const T* __restrict q = bq + (b * dm.m + i) * dm.n;
+        for (int64_t j = j0; j < j1; ++j) total[j] += q[j];
       }
     }
   });
@@ -198,20 +283,29 @@ void backward_kernel(const Dims& dm, const at::Tensor& grad, const at::Tensor& r
 struct ExpireScores : public torch::autograd::Function<ExpireScores> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& scores_in, const at::Tensor& pq_in,
                                const at::Tensor& spans_in, const at::Tensor& counter_in, const at::Tensor& usable_in,
-                               double ramp) {
+                               double ramp, bool vector) {
     const auto scores = scores_in.contiguous(), pq = pq_in.contiguous(), spans = spans_in.contiguous(),
                counter = counter_in.contiguous(), usable = usable_in.contiguous();
     const Dims dm = check(scores, pq, spans, counter, usable);
     auto out = at::empty_like(scores);
-    auto counts = at::zeros({dm.b, dm.n}, spans.options());
-    auto ramp_dist = at::zeros({dm.b}, spans.options().dtype(at::kDouble));
-    // For the backward pass, per (b, i, j): the key's position row, and m R (0: none).
-    auto row = at::empty({dm.b, dm.m, dm.n}, scores.options().dtype(at::kInt));
+    auto counts = at::empty({dm.b, dm.n}, spans.options());
+    auto ramp_dist = at::empty({dm.b}, spans.options().dtype(at::kDouble));
+    auto key_ramp = at::zeros({dm.b, dm.n}, spans.options().dtype(at::kInt));
+    auto query_weighted = at::zeros({dm.b}, spans.options().dtype(at::kLong));
+    // For the backward pass: the near keys' position slots (b, m, near), and m R per
+    // (b, i, j) (0: none).
+    auto near_row = at::empty({dm.b, dm.m, dm.near()}, scores.options().dtype(at::kInt));
     auto slope = at::empty({dm.b, dm.m, dm.n}, scores.options());
     AT_DISPATCH_FLOATING_TYPES(scores.scalar_type(), "expire_scores", [&] {
-      forward_kernel<scalar_t>(dm, scores, pq, spans, counter, usable, ramp, out, counts, ramp_dist, row, slope);
+      const Forward<scalar_t> f{scores.data_ptr<scalar_t>(), pq.data_ptr<scalar_t>(), spans.data_ptr<scalar_t>(),
+                                counter.data_ptr<scalar_t>(), usable.data_ptr<bool>(), static_cast<scalar_t>(ramp),
+                                vector, out.data_ptr<scalar_t>(), slope.data_ptr<scalar_t>(), near_row.data_ptr<int32_t>(),
+                                key_ramp.data_ptr<int32_t>(), query_weighted.data_ptr<int64_t>()};
+      forward_kernel<scalar_t>(dm, f);
+      ramp_totals<scalar_t>(dm, key_ramp.data_ptr<int32_t>(), query_weighted.data_ptr<int64_t>(),
+                            counter.data_ptr<scalar_t>(), counts.data_ptr<scalar_t>(), ramp_dist.data_ptr<double>());
     });
-    ctx->save_for_backward({row, slope});
+    ctx->save_for_backward({near_row, slope});
     ctx->saved_data["p"] = dm.p;
     ctx->saved_data["h"] = dm.h;
     ctx->mark_non_differentiable({counts, ramp_dist});
@@ -220,16 +314,16 @@ struct ExpireScores : public torch::autograd::Function<ExpireScores> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const auto &row = saved[0], &slope = saved[1];
+    const auto &near_row = saved[0], &slope = saved[1];
     const auto grad = grads[0].contiguous();
     const int64_t p = ctx->saved_data["p"].toInt(), h = ctx->saved_data["h"].toInt();
-    const Dims dm{row.size(0), h, row.size(1), row.size(2), p, 1};
+    const Dims dm{slope.size(0), h, slope.size(1), slope.size(2), p, 1};
     auto grad_pq = at::empty({dm.b, dm.h, dm.m, dm.p}, grad.options());
     auto grad_spans = at::zeros({dm.b, dm.n}, grad.options());
-      AT_DISPATCH_FLOATING_TYPES(grad.scalar_type(), "expire_scores_backward", [&] {
-      backward_kernel<scalar_t>(dm, grad, row, slope, grad_pq, grad_spans);
+    AT_DISPATCH_FLOATING_TYPES(grad.scalar_type(), "expire_scores_backward", [&] {
+      backward_kernel<scalar_t>(dm, grad, near_row, slope, grad_pq, grad_spans);
     });
-    return {grad, grad_pq, grad_spans, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad, grad_pq, grad_spans, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -239,12 +333,13 @@ extern "C" {
 
 // The fused scores (see the top of this file). Writes three new tensors to `out`:
 // the scores (b, h, m, n), with gradient; the ramp counts (b, n) and the ramp's
-// distance sum per stream (b, double), without.
-int lethe_expire_scores(void* scores, void* pq, void* spans, void* counter, void* usable, double ramp, void** out,
-                        char** error) {
+// distance sum per stream (b, double), without. `vector` 0 keeps to the plain loops
+// (the AVX2 mask row is used only where the CPU has it either way).
+int lethe_expire_scores(void* scores, void* pq, void* spans, void* counter, void* usable, double ramp, int vector,
+                        void** out, char** error) {
   return lethe::guarded(error, [&] {
     auto t = [](void* x) -> const at::Tensor& { return *static_cast<at::Tensor*>(x); };
-    auto result = ExpireScores::apply(t(scores), t(pq), t(spans), t(counter), t(usable), ramp);
+    auto result = ExpireScores::apply(t(scores), t(pq), t(spans), t(counter), t(usable), ramp, vector != 0);
     for (size_t k = 0; k < 3; ++k) out[k] = new at::Tensor(std::move(result[k]));
   });
 }

@@ -22,6 +22,7 @@ extern "C" {
         counter: *mut c_void,
         usable: *mut c_void,
         ramp: f64,
+        vector: c_int,
         out: *mut *mut c_void,
         error: *mut *mut c_char,
     ) -> c_int;
@@ -48,8 +49,14 @@ pub struct FusedScores {
 /// - `counter` `(b, n)`: each key's distance to the first query (whole numbers);
 /// - `usable` `(b, 1, n)` or `(b, m, n)` bool: the keys a query may use at all.
 ///
-/// CPU only; float or double, one kind for all.
+/// CPU only; float or double, one kind for all. Float runs the mask with AVX2 where the
+/// CPU has it.
 pub fn expire_scores(scores: &Tensor, positions: &Tensor, spans: &Tensor, counter: &Tensor, usable: &Tensor, ramp: f64) -> Result<FusedScores> {
+    scores_with(scores, positions, spans, counter, usable, ramp, true)
+}
+
+/// [`expire_scores`], with `vector` false keeping to the plain loops on any CPU.
+fn scores_with(scores: &Tensor, positions: &Tensor, spans: &Tensor, counter: &Tensor, usable: &Tensor, ramp: f64, vector: bool) -> Result<FusedScores> {
     let mut out: [*mut c_void; 3] = [std::ptr::null_mut(); 3];
     let mut error: *mut c_char = std::ptr::null_mut();
     let ptr = |t: &Tensor| t.as_ptr() as *mut c_void;
@@ -57,7 +64,7 @@ pub fn expire_scores(scores: &Tensor, positions: &Tensor, spans: &Tensor, counte
     // kernel reads them only);
     // on success the kernel writes three new `at::Tensor*`, which `from_ptr` takes over.
     let status = unsafe {
-        lethe_expire_scores(ptr(scores), ptr(positions), ptr(spans), ptr(counter), ptr(usable), ramp, out.as_mut_ptr(), &mut error)
+        lethe_expire_scores(ptr(scores), ptr(positions), ptr(spans), ptr(counter), ptr(usable), ramp, c_int::from(vector), out.as_mut_ptr(), &mut error)
     };
     if status != 0 {
         return Err(LetheError::Invalid(format!("expire-span fused scores: {}", crate::dist::take_error(error))));
@@ -106,7 +113,11 @@ mod tests {
             let key_episode = (rng.uniform_tensor(&[b, n], Kind::Double) * 2.0).floor().cumsum(1, Kind::Int64);
             key_episode.narrow(1, n - m, m).unsqueeze(2).eq_tensor(&key_episode.unsqueeze(1)) // (b, m, n)
         } else {
-            rng.uniform_tensor(&[b, 1, n], Kind::Double).gt(0.1)
+            // Some padding in the cache; a block's own keys are always usable, as in the
+            // model (a query with no key at all would have no attention).
+            let usable = rng.uniform_tensor(&[b, 1, n], Kind::Double).gt(0.1);
+            let _ = usable.narrow(2, cached, m).fill_(1);
+            usable
         };
         Block {
             content: rng.normal_tensor(&[b, h, m, n], Kind::Double).set_requires_grad(true),
@@ -219,6 +230,52 @@ mod tests {
                 checked += usize::from(analytic[i as usize] != 0.0);
             }
             assert!(checked > 5, "input {which}: only {checked} non-zero gradients were checked");
+        }
+    }
+
+    /// A block in float, its scores, positions and spans leaves with gradient.
+    fn in_float(x: &Block) -> Block {
+        let leaf = |t: &Tensor| t.detach().to_kind(Kind::Float).set_requires_grad(true);
+        Block {
+            content: leaf(&x.content),
+            positions: leaf(&x.positions),
+            spans: leaf(&x.spans),
+            counter: x.counter.to_kind(Kind::Float),
+            usable: x.usable.shallow_clone(),
+            v: x.v.to_kind(Kind::Float),
+        }
+    }
+
+    /// In float, both the vector loops (the AVX2 mask where the CPU has it) and the plain
+    /// ones give the written-out scores to float rounding: the same hidden pairs and ramp
+    /// figures, the scores and the gradients within a few ulps (the log differs in its
+    /// last bit).
+    #[test]
+    fn in_float_both_loops_equal_the_written_out_scores() {
+        let mut rng = Rng::new(35);
+        for (cached, rows, episodes) in CASES {
+            let x = in_float(&block(&mut rng, cached, rows, episodes));
+            let (scores, counts, by_dist) = written_out(&x);
+            let w = rng.normal_tensor(&[2, 3, 5, 4], Kind::Float); // (b, h, m, dh)
+            let inputs = [&x.content, &x.positions, &x.spans];
+            let reference = Tensor::run_backward(&[objective(&scores, &x.v, &w)], &inputs, false, false);
+            let finite = scores.isfinite();
+            for vector in [false, true] {
+                let case = format!("cached {cached}, rows {rows}, episodes {episodes}, vector {vector}");
+                let fused = scores_with(&x.content, &x.positions, &x.spans, &x.counter, &x.usable, RAMP, vector).unwrap();
+                assert!(fused.scores.isinf().equal(&scores.isinf()), "{case}: the hidden pairs differ");
+                let gap = (fused.scores.masked_select(&finite) - scores.masked_select(&finite)).abs().max().double_value(&[]);
+                assert!(gap < 1e-5, "{case}: scores differ by {gap}");
+                assert!(fused.ramp_counts.equal(&counts.to_kind(Kind::Float)), "{case}: ramp counts");
+                assert!(fused.ramp_distance.allclose(&by_dist, 1e-12, 1e-12, false), "{case}: ramp distances");
+                let grads = Tensor::run_backward(&[objective(&fused.scores, &x.v, &w)], &inputs, false, false);
+                for (i, (a, b)) in grads.iter().zip(&reference).enumerate() {
+                    // (Without a cache a query may see one key alone: no content gradient.)
+                    let scale = b.abs().max().double_value(&[]);
+                    let gap = (a - b).abs().max().double_value(&[]);
+                    assert!(gap <= 1e-5 * scale + 1e-7, "{case}, input {i}: gradients differ by {gap} (largest {scale})");
+                }
+            }
         }
     }
 
