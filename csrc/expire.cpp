@@ -164,6 +164,33 @@ int32_t mask_row(const MaskRow<T>& x, int64_t n, T* lm, T* sl, int32_t* key_ramp
   return mask_row_scalar(x, 0, n, lm, sl, key_ramp);
 }
 
+// The near keys' scores of one row: the score plus (the position at the key's slot plus
+// the mask's log), as the written-out path adds its bias.
+template <typename T>
+void near_row_scalar(int64_t k0, int64_t w, const int32_t* near, const T* positions, const T* s, const T* l, T* y) {
+  for (int64_t k = k0; k < w; ++k) y[k] = s[k] + (positions[near[k]] + l[k]);
+}
+
+// near_row_scalar for float, 8 keys at a time through AVX2's gather.
+__attribute__((target("avx2"))) void near_row_avx2(int64_t w, const int32_t* near, const float* positions,
+                                                  const float* s, const float* l, float* y) {
+  int64_t k = 0;
+  for (; k + 8 <= w; k += 8) {
+    const __m256i slot = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(near + k));
+    const __m256 position = _mm256_i32gather_ps(positions, slot, 4);
+    _mm256_storeu_ps(y + k, _mm256_add_ps(_mm256_loadu_ps(s + k), _mm256_add_ps(position, _mm256_loadu_ps(l + k))));
+  }
+  near_row_scalar(k, w, near, positions, s, l, y);
+}
+
+template <typename T>
+void near_row(int64_t w, const int32_t* near, const T* positions, const T* s, const T* l, T* y, bool vector) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (vector && cpu_has_avx2()) return near_row_avx2(w, near, positions, s, l, y);
+  }
+  near_row_scalar(0, w, near, positions, s, l, y);
+}
+
 // The forward pass's inputs and outputs, as pointers.
 template <typename T>
 struct Forward {
@@ -198,8 +225,7 @@ void forward_row(const Dims& dm, const Forward<T>& f, int64_t b, int64_t i, T* l
     const T* __restrict l = lm;
     T* __restrict y = f.out + r * n;
     for (int64_t j = 0; j < far; ++j) y[j] = s[j] + l[j];
-    // As the written-out path adds its bias: the position to the log first.
-    for (int64_t k = 0; k < w; ++k) y[far + k] = s[far + k] + (positions[near[k]] + l[far + k]);
+    near_row(w, near, positions.data(), s + far, l + far, y + far, f.vector);
   }
 }
 

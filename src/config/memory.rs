@@ -186,7 +186,8 @@ pub struct ExpireConfig {
     /// On the CPU, build the attention scores (mask, relative positions, the span loss's
     /// ramp counts) with lethe's fused kernel (`csrc/expire.cpp`) instead of a dozen
     /// tensor operations: the same function to float rounding, fewer passes over memory.
-    /// No effect on a GPU (libtorch's fused attention there). Default false.
+    /// `false` runs the written-out operations (the reference). No effect on a GPU
+    /// (libtorch's fused attention there). Default true.
     pub fused: bool,
 }
 
@@ -204,7 +205,7 @@ pub enum Deletion {
 
 impl Default for ExpireConfig {
     fn default() -> Self {
-        ExpireConfig { ramp: 16, alpha: 1e-6, alpha_warmup: 0, init_fraction: 0.1, pre_div: 1.0, noisy: false, deletion: Deletion::Stream, inference_cap: 0, fused: false }
+        ExpireConfig { ramp: 16, alpha: 1e-6, alpha_warmup: 0, init_fraction: 0.1, pre_div: 1.0, noisy: false, deletion: Deletion::Stream, inference_cap: 0, fused: true }
     }
 }
 

@@ -663,7 +663,7 @@ mod tests {
         let mut rng = crate::rng::Rng::new(5);
         let vs = tch::nn::VarStore::new(tch::Device::Cpu);
         let attn = Attention::new(vs.root() / "attn", 8, 2, 0.0, false);
-        let cfg = ExpireConfig { ramp: 3, init_fraction: 0.4, alpha: 0.1, ..ExpireConfig::default() };
+        let cfg = ExpireConfig { ramp: 3, init_fraction: 0.4, alpha: 0.1, fused: false, ..ExpireConfig::default() };
         let mut written = ExpireSpan::new(vs.root() / "attn", 8, 16, 5, &cfg);
         let mut fused = ExpireSpan::new(vs.root() / "unused", 8, 16, 5, &ExpireConfig { fused: true, ..cfg.clone() });
         (fused.w, fused.b) = (written.w.shallow_clone(), written.b.shallow_clone());
