@@ -792,6 +792,18 @@ mod tests {
         assert_eq!(v, vec![true, true, true, false, false, true]);
     }
 
+    /// Compaction's row copy picks what libtorch's gather along the keys picks.
+    #[test]
+    fn gather_rows_equals_the_gather_along_the_keys() {
+        let mut rng = crate::rng::Rng::new(9);
+        let (b, n, d, c) = (3, 7, 5, 4);
+        let states = rng.normal_tensor(&[b, n, d], Kind::Float);
+        let index = (rng.uniform_tensor(&[b, c], Kind::Double) * n as f64).floor().to_kind(Kind::Int64);
+        let expected = states.gather(1, &index.unsqueeze(-1).expand([b, c, d], false), false);
+        assert!(gather_rows(&states, &index).equal(&expected));
+        assert!(gather_rows(&states, &index.flip([0])).equal(&states.gather(1, &index.flip([0]).unsqueeze(-1).expand([b, c, d], false), false)));
+    }
+
     #[test]
     fn batch_policy_drops_the_common_dead_prefix_in_whole_blocks() {
         // Dead prefixes of 5 and 7 slots: the minimum 5 rounds down to 4 with blocks of 2.
