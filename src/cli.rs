@@ -151,6 +151,11 @@ pub struct DialogueEvalArgs {
     /// Write every reply with its reference and scores to this CSV.
     #[arg(long, value_name = "FILE")]
     pub csv: Option<PathBuf>,
+    /// WordNet's database folder (index.noun, data.noun, noun.exc, ...; Debian's
+    /// wordnet-base installs /usr/share/wordnet): METEOR then matches synonyms too, as
+    /// NLTK's. Without it METEOR has the exact and stem stages only.
+    #[arg(long, value_name = "DIR")]
+    pub wordnet: Option<PathBuf>,
     /// Print the figures as JSON.
     #[arg(long)]
     pub json: bool,
@@ -212,6 +217,11 @@ pub struct ScoreArgs {
     /// Also write every pair's scores (precision, recall and F of each ROUGE) to this CSV.
     #[arg(long, value_name = "FILE")]
     pub csv: Option<PathBuf>,
+    /// WordNet's database folder (index.noun, data.noun, noun.exc, ...; Debian's
+    /// wordnet-base installs /usr/share/wordnet): METEOR then matches synonyms too, as
+    /// NLTK's. Without it METEOR has the exact and stem stages only.
+    #[arg(long, value_name = "DIR")]
+    pub wordnet: Option<PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]

@@ -181,13 +181,12 @@ fn beam_reply(g: &mut Generator, codec: &Codec, width: usize, max_length: usize)
 
 /// The replies to every turn after the first `min_history` of `conversation` (number
 /// `index` in its split).
-pub fn respond_to(lm: &Lm, codec: &Codec, conversation: &Conversation, index: usize, opts: &Options) -> Result<Vec<Reply>> {
+pub fn respond_to(lm: &Lm, codec: &Codec, conversation: &Conversation, index: usize, opts: &Options, scorer: &Scorer) -> Result<Vec<Reply>> {
     let sampling = opts.decoding.generator_sampling();
     let segments = conversation.segments(opts.with_document);
     let (first, rest) = segments.split_first().ok_or_else(|| LetheError::Invalid("a conversation without turns".into()))?;
     let mut g = Generator::new(lm, &codec.encode(&first.0)?, &sampling)?;
     let (mut turn, mut replies) = (0, vec![]);
-    let scorer = Scorer::default();
     for (text, is_turn) in rest {
         if *is_turn {
             if turn >= opts.min_history {
@@ -203,8 +202,9 @@ pub fn respond_to(lm: &Lm, codec: &Codec, conversation: &Conversation, index: us
     Ok(replies)
 }
 
-/// The replies to every conversation of a split, calling `progress(done, total)` after each.
-pub fn respond_to_split(lm: &Lm, codec: &Codec, conversations: &[Conversation], opts: &Options, mut progress: impl FnMut(usize, usize)) -> Result<Vec<Reply>> {
+/// The replies to every conversation of a split, scored by `scorer`, calling
+/// `progress(done, total)` after each.
+pub fn respond_to_split(lm: &Lm, codec: &Codec, conversations: &[Conversation], opts: &Options, scorer: &Scorer, mut progress: impl FnMut(usize, usize)) -> Result<Vec<Reply>> {
     if let Decoding::Beam { width: 0 } = opts.decoding {
         return Err(LetheError::Invalid("--beam 0: a beam needs at least one hypothesis".into()));
     }
@@ -213,7 +213,7 @@ pub fn respond_to_split(lm: &Lm, codec: &Codec, conversations: &[Conversation], 
     }
     let mut out = vec![];
     for (i, c) in conversations.iter().enumerate() {
-        out.extend(respond_to(lm, codec, c, i, opts)?);
+        out.extend(respond_to(lm, codec, c, i, opts, scorer)?);
         progress(i + 1, conversations.len());
     }
     Ok(out)

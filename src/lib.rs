@@ -22,7 +22,7 @@
 //!    [`model::memory`], one file per mechanism; a new mechanism is a file there and a
 //!    line in [`model::memory::build`]), [`data`] (corpora, dialogues, streams, and in
 //!    [`data::tasks`] one file per generated task), [`rl`] (the gridworlds and the agent),
-//!    [`optim`], [`metrics`] (with [`tensorboard`]'s event files), [`textmetrics`] (F1, ROUGE and METEOR of generated text), and [`task`]: the registry of tasks. A new task is a file
+//!    [`optim`], [`metrics`] (with [`tensorboard`]'s event files), [`textmetrics`] (F1, ROUGE and METEOR of generated text, with METEOR's synonyms from [`wordnet`]), and [`task`]: the registry of tasks. A new task is a file
 //!    that implements [`task::Task`] (its streams or episodes, description, quality
 //!    metric and the `--length`/`--distance` it takes), its settings in
 //!    [`config::tasks`] with a `data.source` name, and one line in [`task::of`].
@@ -54,6 +54,7 @@ pub mod sweep;
 pub mod task;
 pub mod tensorboard;
 pub mod textmetrics;
+pub mod wordnet;
 pub mod train;
 
 pub use config::Config;

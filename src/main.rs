@@ -556,13 +556,14 @@ fn dialogue_eval(a: DialogueEvalArgs) -> Result<()> {
     if a.conversations > 0 {
         conversations.truncate(a.conversations);
     }
+    let scorer = scorer(a.wordnet.as_deref())?;
     let lm = Lm::from_checkpoint(&ckpt, device)?;
     let tokenizer = lethe::data::text::tokenizer_of_checkpoint(&ckpt)?;
     let codec = Codec::new(tokenizer.as_ref())?;
     let opts = Options { decoding, max_length: a.reply.max_length, min_history: a.min_history, with_document: cfg.data.dialogue.document };
     let started = std::time::Instant::now();
     let mut said = started;
-    let replies = respond_to_split(&lm, &codec, &conversations, &opts, |done, total| {
+    let replies = respond_to_split(&lm, &codec, &conversations, &opts, &scorer, |done, total| {
         if said.elapsed().as_secs() >= 10 && done < total {
             said = std::time::Instant::now();
             eprintln!("replying: {done}/{total} conversations ({:.0} s)", started.elapsed().as_secs_f64());
@@ -579,11 +580,11 @@ fn dialogue_eval(a: DialogueEvalArgs) -> Result<()> {
         eprintln!("wrote {}", path.display());
     }
     if a.json {
-        let out = serde_json::json!({"split": split.to_string(), "conversations": conversations.len(), "replies": replies.len(), "ppl": ppl.ppl, "word_ppl": ppl.word_ppl, "scores": mean});
+        let out = serde_json::json!({"split": split.to_string(), "conversations": conversations.len(), "replies": replies.len(), "ppl": ppl.ppl, "word_ppl": ppl.word_ppl, "scores": mean, "meteor_synonyms": scorer.wordnet().is_some()});
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         println!("{split}: {} replies in {} conversations ({} decoding), perplexity of the true responses {:.2}", replies.len(), conversations.len(), a.reply.decode, ppl.ppl);
-        println!("{}", lethe::textmetrics::summary(&mean, replies.len()));
+        println!("{}", lethe::textmetrics::summary(&mean, replies.len(), scorer.wordnet().is_some()));
     }
     Ok(())
 }
@@ -600,13 +601,23 @@ fn dialogue_data(a: DialogueDataArgs) -> Result<()> {
 /// Scores predictions against references, line by line, and prints the means.
 fn score(a: ScoreArgs) -> Result<()> {
     use lethe::textmetrics;
-    let scores = textmetrics::score_files(&a.predictions, &a.references)?;
+    let scorer = scorer(a.wordnet.as_deref())?;
+    let scores = textmetrics::score_files(&a.predictions, &a.references, &scorer)?;
     if let Some(path) = &a.csv {
         lethe::checkpoint::write_atomic(path, &textmetrics::csv(&scores)?)?;
     }
     let mean = textmetrics::mean(&scores).context("no pairs to score")?;
-    println!("{}", textmetrics::summary(&mean, scores.len()));
+    println!("{}", textmetrics::summary(&mean, scores.len(), scorer.wordnet().is_some()));
     Ok(())
+}
+
+/// The text scorer: METEOR with WordNet's synonyms when given its folder.
+fn scorer(wordnet: Option<&std::path::Path>) -> Result<lethe::textmetrics::Scorer> {
+    use lethe::textmetrics::Scorer;
+    Ok(match wordnet {
+        Some(dir) => Scorer::with_wordnet(lethe::wordnet::WordNet::open(dir).context("--wordnet")?),
+        None => Scorer::default(),
+    })
 }
 
 /// Learns a tokenizer from text files and writes it as `<out>/tokenizer.json`.

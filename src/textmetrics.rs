@@ -14,13 +14,16 @@
 //!   break, words longer than 3 characters Porter-stemmed; ROUGE-1 from unigram counts,
 //!   ROUGE-L from the longest common subsequence. Each gives precision, recall and F.
 //! - **METEOR** (Banerjee & Lavie 2005, as `nltk.translate.meteor_score`): whitespace
-//!   words in lower case aligned in stages, exact words then Porter stems, each stage
-//!   matching from the hypothesis's last word to the reference's last free occurrence;
+//!   words in lower case aligned in stages, exact words then Porter stems, then (given a
+//!   WordNet database, [`Scorer::with_wordnet`]) WordNet synonyms, each stage matching
+//!   from the hypothesis's last free word to the last free reference word it accepts;
 //!   Fmean = PR / (αP + (1-α)R) with α = 0.9, a penalty γ (chunks/matches)^β with
-//!   β = 3, γ = 0.5, score = Fmean (1 - penalty). NLTK's third stage, WordNet synonyms,
-//!   is left out: it needs the WordNet database, which lethe does not ship. The check
-//!   script compares with NLTK given an empty WordNet, and also reports how far the full
-//!   NLTK score is where WordNet can be loaded.
+//!   β = 3, γ = 0.5, score = Fmean (1 - penalty). As in NLTK, the synonym stage sees the
+//!   words the stem stage left, stemmed: a hypothesis word's stem is looked up in WordNet,
+//!   and its synonyms are compared with the reference words' stems (so "film" matches
+//!   "flick", whose stem is itself, but not "movie", whose stem is "movi"). Without a
+//!   WordNet the third stage is left out (lethe does not ship the database), and the score
+//!   is at most NLTK's.
 //!
 //! The Porter stemmer is the `nltk-porter` crate, a port of NLTK's (both packages stem
 //! with it).
@@ -29,6 +32,8 @@ use std::collections::HashMap;
 
 use nltk_porter::{Mode, PorterStemmer};
 use serde::Serialize;
+
+use crate::wordnet::WordNet;
 
 /// Precision, recall and their harmonic mean, each in [0, 1].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
@@ -56,22 +61,35 @@ pub struct Scores {
     pub f1: f64,
     pub rouge1: Prf,
     pub rouge_l: Prf,
-    /// METEOR with exact and stem matching.
+    /// METEOR with exact and stem matching, and synonyms where the scorer has a WordNet.
     pub meteor: f64,
 }
 
-/// Scores one prediction against its reference with a shared stemmer.
+/// Scores one prediction against its reference with a shared stemmer and, optionally, a
+/// WordNet for METEOR's synonyms.
 pub struct Scorer {
     stemmer: PorterStemmer,
+    wordnet: Option<WordNet>,
 }
 
 impl Default for Scorer {
+    /// METEOR without the synonym stage.
     fn default() -> Self {
-        Scorer { stemmer: PorterStemmer::new(Mode::Nltk) }
+        Scorer { stemmer: PorterStemmer::new(Mode::Nltk), wordnet: None }
     }
 }
 
 impl Scorer {
+    /// METEOR with all three of NLTK's stages, synonyms from `wordnet`.
+    pub fn with_wordnet(wordnet: WordNet) -> Self {
+        Scorer { wordnet: Some(wordnet), ..Scorer::default() }
+    }
+
+    /// The WordNet of METEOR's synonym stage, if any.
+    pub fn wordnet(&self) -> Option<&WordNet> {
+        self.wordnet.as_ref()
+    }
+
     /// All four metrics of `prediction` against `reference`.
     pub fn score(&self, prediction: &str, reference: &str) -> Scores {
         let (p, r) = (self.rouge_tokens(prediction), self.rouge_tokens(reference));
@@ -90,25 +108,31 @@ impl Scorer {
             .collect()
     }
 
-    /// METEOR of `hypothesis` against `reference` (exact and stem stages).
+    /// METEOR of `hypothesis` against `reference` (exact, stem and, with a WordNet,
+    /// synonym stages).
     pub fn meteor(&self, hypothesis: &str, reference: &str) -> f64 {
         let hyp: Vec<String> = hypothesis.split_whitespace().map(str::to_lowercase).collect();
         let refs: Vec<String> = reference.split_whitespace().map(str::to_lowercase).collect();
         let mut free_hyp: Vec<(usize, String)> = hyp.iter().cloned().enumerate().collect();
         let mut free_ref: Vec<(usize, String)> = refs.iter().cloned().enumerate().collect();
-        let mut matches = match_stage(&mut free_hyp, &mut free_ref);
+        let itself = |w: &str| vec![w.to_string()];
+        let mut matches = match_stage(&mut free_hyp, &mut free_ref, itself);
         let stem = |list: &mut Vec<(usize, String)>| list.iter_mut().for_each(|(_, w)| *w = self.stemmer.stem(w));
         stem(&mut free_hyp);
         stem(&mut free_ref);
-        matches.extend(match_stage(&mut free_hyp, &mut free_ref));
+        matches.extend(match_stage(&mut free_hyp, &mut free_ref, itself));
+        if let Some(wordnet) = &self.wordnet {
+            matches.extend(match_stage(&mut free_hyp, &mut free_ref, |w| wordnet.synonyms(w).into_iter().collect()));
+        }
         matches.sort_by_key(|&(h, _)| h);
         meteor_of(&matches, hyp.len(), refs.len())
     }
 }
 
 /// One alignment stage: from the last free hypothesis word backwards, each takes the
-/// last free reference word equal to it. Matched words leave both lists.
-fn match_stage(hyp: &mut Vec<(usize, String)>, reference: &mut Vec<(usize, String)>) -> Vec<(usize, usize)> {
+/// last free reference word among the words `accepts` gives it (itself, or its
+/// synonyms). Matched words leave both lists.
+fn match_stage(hyp: &mut Vec<(usize, String)>, reference: &mut Vec<(usize, String)>, accepts: impl Fn(&str) -> Vec<String>) -> Vec<(usize, usize)> {
     let mut positions: HashMap<&str, Vec<usize>> = HashMap::new();
     for (j, (_, w)) in reference.iter().enumerate() {
         positions.entry(w.as_str()).or_default().push(j);
@@ -116,7 +140,10 @@ fn match_stage(hyp: &mut Vec<(usize, String)>, reference: &mut Vec<(usize, Strin
     let (mut hyp_taken, mut ref_taken) = (vec![false; hyp.len()], vec![false; reference.len()]);
     let mut matches = Vec::new();
     for i in (0..hyp.len()).rev() {
-        if let Some(j) = positions.get_mut(hyp[i].1.as_str()).and_then(Vec::pop) {
+        // The accepted word whose last free position is the latest.
+        let accepted = accepts(&hyp[i].1);
+        let best = accepted.iter().filter_map(|w| positions.get(w.as_str()).and_then(|p| p.last()).map(|&j| (j, w))).max_by_key(|&(j, _)| j);
+        if let Some(j) = best.and_then(|(_, w)| positions.get_mut(w.as_str())).and_then(Vec::pop) {
             hyp_taken[i] = true;
             ref_taken[j] = true;
             matches.push((hyp[i].0, reference[j].0));
@@ -228,7 +255,7 @@ pub fn read_lines(path: &std::path::Path) -> crate::Result<Vec<String>> {
 
 /// Scores each prediction against the reference on the same line of two files. The
 /// files must hold the same number of lines, at least one.
-pub fn score_files(predictions: &std::path::Path, references: &std::path::Path) -> crate::Result<Vec<Scores>> {
+pub fn score_files(predictions: &std::path::Path, references: &std::path::Path, scorer: &Scorer) -> crate::Result<Vec<Scores>> {
     let (p, r) = (read_lines(predictions)?, read_lines(references)?);
     if p.is_empty() {
         return Err(crate::LetheError::data(predictions, "holds no lines to score"));
@@ -237,7 +264,6 @@ pub fn score_files(predictions: &std::path::Path, references: &std::path::Path) 
         let reason = format!("has {} lines but `{}` has {}: each prediction needs the reference on the same line", p.len(), references.display(), r.len());
         return Err(crate::LetheError::data(predictions, reason));
     }
-    let scorer = Scorer::default();
     Ok(p.iter().zip(&r).map(|(p, r)| scorer.score(p, r)).collect())
 }
 
@@ -255,11 +281,13 @@ pub fn csv(scores: &[Scores]) -> crate::Result<Vec<u8>> {
     w.into_inner().map_err(|e| crate::LetheError::Invalid(format!("csv: {e}")))
 }
 
-/// The means as lines for a terminal, in percent as the paper's Table 2.
-pub fn summary(mean: &Scores, pairs: usize) -> String {
+/// The means as lines for a terminal, in percent as the paper's Table 2; METEOR says
+/// which stages it had (`synonyms`: whether the scorer had a WordNet).
+pub fn summary(mean: &Scores, pairs: usize, synonyms: bool) -> String {
     let prf = |p: &Prf| format!("P {:6.2}  R {:6.2}  F {:6.2}", 100.0 * p.precision, 100.0 * p.recall, 100.0 * p.f);
+    let stages = if synonyms { "exact, stem, WordNet synonyms" } else { "exact, stem; --wordnet DIR adds synonyms" };
     format!(
-        "pairs    {pairs}\nf1       {:6.2}\nrouge1   {}\nrougeL   {}\nmeteor   {:6.2}",
+        "pairs    {pairs}\nf1       {:6.2}\nrouge1   {}\nrougeL   {}\nmeteor   {:6.2}  ({stages})",
         100.0 * mean.f1,
         prf(&mean.rouge1),
         prf(&mean.rouge_l),
@@ -334,6 +362,37 @@ mod tests {
         let (p, r) = (1.0, 2.0 / 3.0);
         let fmean = p * r / (0.9 * p + 0.1 * r);
         assert!((m - fmean * (1.0 - 0.5 * 1.0f64.powi(3))).abs() < 1e-12, "{m}");
+    }
+
+    #[test]
+    fn meteor_matches_wordnet_synonyms_of_the_stems_the_stem_stage_left() {
+        let (_dir, wn) = crate::wordnet::tests::small_wordnet();
+        let (plain, s) = (Scorer::default(), Scorer::with_wordnet(wn));
+        // "flick" is a synonym of "film" and its own stem: two matches in one chunk.
+        assert!((s.meteor("the film", "the flick") - (1.0 - 0.5 / 8.0)).abs() < 1e-12);
+        // Without WordNet only "the" matches: P = R = 1/2, one chunk of one.
+        assert!((plain.meteor("the film", "the flick") - 0.5 * 0.5).abs() < 1e-12);
+        // The reference word is compared by its stem: "movie" stems to "movi", no lemma.
+        assert_eq!(s.meteor("film", "movie"), 0.0);
+        // The hypothesis word is looked up by its stem: "happy" stems to "happi", which
+        // WordNet does not know, while "glad" (its own stem) finds "happy" but the
+        // reference's stem is "happi".
+        assert_eq!(s.meteor("happy", "glad"), 0.0);
+        assert_eq!(s.meteor("glad", "happy"), 0.0);
+        // "films" stems to "film"; the noun rules then find it.
+        assert!(s.meteor("films", "flick") > 0.0);
+    }
+
+    #[test]
+    fn meteor_takes_the_latest_free_synonym_in_the_reference() {
+        let (_dir, wn) = crate::wordnet::tests::small_wordnet();
+        let s = Scorer::with_wordnet(wn);
+        // "the" matches exactly; "film" accepts "cinema" (1) and "flick" (2) and takes
+        // "flick": matches (0, 0), (1, 2), two chunks. P = 1, R = 2/3.
+        let (p, r) = (1.0, 2.0 / 3.0);
+        let fmean = p * r / (0.9 * p + 0.1 * r);
+        let m = s.meteor("the film", "the cinema flick");
+        assert!((m - fmean * (1.0 - 0.5)).abs() < 1e-12, "{m}");
     }
 
     #[test]

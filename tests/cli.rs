@@ -450,3 +450,37 @@ fn plot_draws_the_curves_of_two_runs() {
     fails_with(&lethe(d, &["plot", "runs/xl", "empty"]), &["empty/metrics.jsonl"]);
     fails_with(&lethe(d, &["plot", "runs/xl", "--metric", "nosuch"]), &["no `nosuch`"]);
 }
+
+/// Writes a WordNet of one synset per part of speech, in WordNet's file format.
+fn tiny_wordnet(dir: &std::path::Path) {
+    for (part, pos, a, b) in [("noun", "n", "film", "flick"), ("verb", "v", "begin", "start"), ("adj", "a", "glad", "happy"), ("adv", "r", "fast", "quickly")] {
+        std::fs::write(dir.join(format!("data.{part}")), format!("00000000 00 {pos} 02 {a} 0 {b} 0 000 | a gloss\n")).unwrap();
+        std::fs::write(dir.join(format!("index.{part}")), format!("{a} {pos} 1 0 1 0 00000000\n{b} {pos} 1 0 1 0 00000000\n")).unwrap();
+        std::fs::write(dir.join(format!("{part}.exc")), "").unwrap();
+    }
+}
+
+/// `lethe score` prints the means, and `--wordnet` adds METEOR's synonym stage: "film"
+/// then matches "flick" (its own stem) but not "movie" (whose stem is "movi", as NLTK).
+#[test]
+fn score_prints_the_means_and_wordnet_adds_synonyms_to_meteor() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir(d.join("wn")).unwrap();
+    tiny_wordnet(&d.join("wn"));
+    std::fs::write(d.join("pred.txt"), "the film\nthe film\n").unwrap();
+    std::fs::write(d.join("ref.txt"), "the flick\nthe movie\n").unwrap();
+    let meteor = |out: &str| -> String { out.lines().find(|l| l.starts_with("meteor")).unwrap().to_string() };
+    // Without synonyms each line matches "the" alone: P = R = 1/2, one chunk of one
+    // match, METEOR 0.5 * (1 - 0.5) = 25%.
+    let plain = succeeds(&lethe(d, &["score", "pred.txt", "ref.txt"]));
+    assert!(plain.contains("pairs    2"), "{plain}");
+    assert!(meteor(&plain).contains(" 25.00  (exact, stem; --wordnet DIR adds synonyms)"), "{plain}");
+    // With them the first line matches both words in one chunk: 1 - 0.5 / 8 = 0.9375;
+    // the mean is (0.9375 + 0.25) / 2 = 59.375%.
+    let out = succeeds(&lethe(d, &["score", "pred.txt", "ref.txt", "--wordnet", "wn", "--csv", "s.csv"]));
+    assert!(meteor(&out).contains(" 59.38  (exact, stem, WordNet synonyms)"), "{out}");
+    let csv = std::fs::read_to_string(d.join("s.csv")).unwrap();
+    let last: Vec<&str> = csv.lines().skip(1).map(|l| l.rsplit(',').next().unwrap()).collect();
+    assert_eq!(last, vec!["0.937500", "0.250000"]);
+}

@@ -97,13 +97,14 @@ fn a_beam_of_one_replies_as_greedy_decoding_and_replying_leaves_the_state_as_it_
 #[test]
 fn every_turn_after_the_history_gets_one_reply_scored_against_it() {
     use lethe::dialogue::{respond_to_split, Codec, Decoding, Options};
+    use lethe::textmetrics::Scorer;
     use lethe::generate::Sampling;
     let lm = byte_model("fixed");
     let codec = Codec::new(None).unwrap();
     let sampled = Decoding::Sample(Sampling { temperature: 1.0, top_k: 0, top_p: 0.9, seed: 2 });
     let opts = Options { decoding: sampled, max_length: 6, min_history: 2, with_document: true };
     let convs = [conversation(), conversation()];
-    let replies = respond_to_split(&lm, &codec, &convs, &opts, |_, _| {}).unwrap();
+    let replies = respond_to_split(&lm, &codec, &convs, &opts, &Scorer::default(), |_, _| {}).unwrap();
     assert_eq!(replies.iter().map(|r| (r.conversation, r.turn)).collect::<Vec<_>>(), vec![(0, 2), (0, 3), (0, 4), (1, 2), (1, 3), (1, 4)]);
     let scorer = lethe::textmetrics::Scorer::default();
     for r in &replies {
@@ -112,7 +113,7 @@ fn every_turn_after_the_history_gets_one_reply_scored_against_it() {
         assert_eq!(r.scores, scorer.score(&r.prediction, &r.reference));
     }
     // The same seed samples the same replies.
-    let again = respond_to_split(&lm, &codec, &convs, &opts, |_, _| {}).unwrap();
+    let again = respond_to_split(&lm, &codec, &convs, &opts, &Scorer::default(), |_, _| {}).unwrap();
     assert_eq!(replies.iter().map(|r| &r.prediction).collect::<Vec<_>>(), again.iter().map(|r| &r.prediction).collect::<Vec<_>>());
 }
 
@@ -157,6 +158,7 @@ fn chat_reads_a_document_and_replies_to_each_line() {
 /// only the document holds, about 250 words before the question.
 fn critics_right(run: &std::path::Path, data: &std::path::Path) -> (usize, usize) {
     use lethe::dialogue::{respond_to_split, Codec, Decoding, Options};
+    use lethe::textmetrics::Scorer;
     let ckpt = lethe::checkpoint::Checkpoint::load(run).unwrap();
     let lm = lethe::model::Lm::from_checkpoint(&ckpt, tch::Device::Cpu).unwrap();
     let tokenizer = lethe::data::text::tokenizer_of_checkpoint(&ckpt).unwrap();
@@ -165,7 +167,7 @@ fn critics_right(run: &std::path::Path, data: &std::path::Path) -> (usize, usize
     test.truncate(200);
     let greedy = Decoding::Sample(lethe::generate::Sampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 });
     let opts = Options { decoding: greedy, max_length: 8, min_history: 2, with_document: true };
-    let replies = respond_to_split(&lm, &codec, &test, &opts, |_, _| {}).unwrap();
+    let replies = respond_to_split(&lm, &codec, &test, &opts, &Scorer::default(), |_, _| {}).unwrap();
     let word = |t: &str| t.split_whitespace().nth(3).map(str::to_string);
     let asked: Vec<_> = replies.iter().filter(|r| r.reference.starts_with("critics called it")).collect();
     (asked.iter().filter(|r| word(&r.prediction) == word(&r.reference)).count(), asked.len())

@@ -67,6 +67,8 @@ fn refusals_name_what_is_wrong_in_the_users_words() {
         (train(&["--set", "data.source=dialogue", "--set", "data.path=badjson"]), vec!["badjson/Conversations/train/1.json", "not a CMU-DoG JSON file"]),
         (train(&["--set", "data.source=dialogue", "--set", "data.path=nodoc"]), vec!["nodoc/Conversations/train/1.json", "document 9"]),
         (plain(&["score", "empty.txt", "empty.txt"]), vec!["empty.txt", "no lines"]),
+        (plain(&["score", "text.txt", "text.txt", "--wordnet", "nowhere"]), vec!["--wordnet", "nowhere", "not a folder"]),
+        (plain(&["score", "text.txt", "text.txt", "--wordnet", "."]), vec!["--wordnet", "index.noun"]),
         (plain(&["dialogue-eval", "--checkpoint", "nosuch", "--decode", "topk"]), vec!["--decode topk", "greedy, sample or beam"]),
         (plain(&["dialogue-eval", "--checkpoint", "nosuch", "--decode", "beam", "--beam", "0"]), vec!["--beam 0"]),
         (plain(&["dialogue-eval", "--checkpoint", "nosuch", "--decode", "sample", "--top-p", "0"]), vec!["--top-p 0"]),
