@@ -19,7 +19,7 @@ DATA=${3:-data/dialogue}
 STEPS=${4:-}
 cargo build --release --quiet
 LETHE=target/release/lethe
-[ -d "$DATA/Conversations" ] || $LETHE dialogue-data --out "$DATA"
+[ -d "$DATA/Conversations" ] || $LETHE dialogue-data --out "$DATA" >&2
 steps=()
 [ -n "$STEPS" ] && steps=(--steps "$STEPS")
 printf '| run | seed | ppl | F1 | ROUGE-1 | ROUGE-L | METEOR | facts right |\n|---|---|---|---|---|---|---|---|\n'

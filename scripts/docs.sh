@@ -19,14 +19,14 @@
 #   words     scripts/words-demo.sh, seeds 1 2 3            docs/words-demo.txt             2 min
 #   dialogue  scripts/dialogue-demo.sh, seed 1              docs/dialogue-demo.md          30 min
 #   corridor  the corridor sweep, 3 seeds; agent spans      docs/sweep-corridor-small.csv,
-#                                                           docs/agent-spans-corridor.*      20 min
-#   ablation  the corridor's Expire-Span ablations          docs/ablation-corridor.csv      25 min
+#                                                           docs/agent-spans-corridor.*      35 min
+#   ablation  the corridor's Expire-Span ablations          docs/ablation-corridor.csv      35 min
 #   portal    the portal sweeps (5 and 8 rooms); spans      docs/sweep-portal-*.csv,
 #                                                           docs/agent-spans-portal*        60 min
 #   enwik8    the Table-4 analogue: sweep and bench on a    docs/sweep-enwik8-tiny.csv,
 #             10 MB stand-in corpus (Rust's HTML docs)      docs/bench-enwik8-tiny.txt       25 min
 #   scaling   time and memory against span and context      docs/bench-scaling.txt           6 min
-# In all about 3 hours; the sections that time (enwik8, scaling) want the CPU to
+# In all about 4 hours; the sections that time (enwik8, scaling) want the CPU to
 # themselves.
 set -euo pipefail
 cd "$(dirname "$0")/.."
