@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The document-grounded dialogue demonstration at CPU size (README, "Document-grounded
 # dialogue"): the ∞-former paper's Table 2 rows on lethe's generated movies. Writes the
-# data set (600 conversations unless DATA exists), trains each row's preset for each of
+# data set (3,000 conversations unless DATA exists), trains each row's preset for each of
 # SEEDS, and replies to every test turn after the first two (greedy). Prints, per run,
 # the true responses' perplexity, F1, ROUGE-1, ROUGE-L and METEOR (percent), and how
 # many of the replies that state a fact of the document state it right (the director,
@@ -9,7 +9,7 @@
 # document holds).
 #
 #   scripts/dialogue-demo.sh [OUT] [SEEDS] [DATA] [STEPS]
-#   (defaults: runs, "1", data/dialogue, the presets' 3000)
+#   (defaults: runs, "1", data/dialogue, the presets' 15,000)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
