@@ -59,7 +59,6 @@ struct Part {
 /// A WordNet database read into memory.
 pub struct WordNet {
     parts: Vec<Part>,
-    dir: PathBuf,
 }
 
 impl WordNet {
@@ -69,12 +68,7 @@ impl WordNet {
             return Err(LetheError::data(dir, "is not a folder: --wordnet wants the folder of WordNet's index.noun, data.noun, noun.exc, ... (Debian's wordnet-base installs /usr/share/wordnet)"));
         }
         let parts = PARTS.iter().map(|p| Part::open(dir, p)).collect::<Result<Vec<_>>>()?;
-        Ok(WordNet { parts, dir: dir.to_path_buf() })
-    }
-
-    /// The folder it was read from.
-    pub fn dir(&self) -> &Path {
-        &self.dir
+        Ok(WordNet { parts })
     }
 
     /// The synonyms NLTK's METEOR gives `word`: the names of the lemmas of its synsets in

@@ -104,16 +104,16 @@ fn every_turn_after_the_history_gets_one_reply_scored_against_it() {
     let sampled = Decoding::Sample(Sampling { temperature: 1.0, top_k: 0, top_p: 0.9, seed: 2 });
     let opts = Options { decoding: sampled, max_length: 6, min_history: 2, with_document: true };
     let convs = [conversation(), conversation()];
-    let replies = respond_to_split(&lm, &codec, &convs, &opts, &Scorer::default(), |_, _| {}).unwrap();
+    let scorer = Scorer::default();
+    let replies = respond_to_split(&lm, &codec, &convs, &opts, &scorer, |_, _| {}).unwrap();
     assert_eq!(replies.iter().map(|r| (r.conversation, r.turn)).collect::<Vec<_>>(), vec![(0, 2), (0, 3), (0, 4), (1, 2), (1, 3), (1, 4)]);
-    let scorer = lethe::textmetrics::Scorer::default();
     for r in &replies {
         assert_eq!(r.reference, convs[r.conversation].turns[r.turn].text);
         assert!(r.prediction.chars().count() <= 6 && !r.prediction.contains('\n'), "{:?}", r.prediction);
         assert_eq!(r.scores, scorer.score(&r.prediction, &r.reference));
     }
     // The same seed samples the same replies.
-    let again = respond_to_split(&lm, &codec, &convs, &opts, &Scorer::default(), |_, _| {}).unwrap();
+    let again = respond_to_split(&lm, &codec, &convs, &opts, &scorer, |_, _| {}).unwrap();
     assert_eq!(replies.iter().map(|r| &r.prediction).collect::<Vec<_>>(), again.iter().map(|r| &r.prediction).collect::<Vec<_>>());
 }
 
