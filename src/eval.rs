@@ -223,6 +223,9 @@ fn run(
     let (mut seen, mut blocks) = (0usize, 0usize);
     let mut answers = Answers::default();
     while let Some(batch) = walker.next_block(block) {
+        if batch.reset && blocks > 0 {
+            mem.reset(); // a new round of documents read one at a time
+        }
         if hi > lo {
             let (x, y, w) = batch.tensors(lo, hi, device);
             let (nll, predicted) = lm.model.forward_eval(&x, &y, &mut mem)?;

@@ -573,7 +573,7 @@ fn dialogue_eval(a: DialogueEvalArgs) -> Result<()> {
     let mean = lethe::textmetrics::mean(&scores).context("no turn to reply to: every conversation has at most --min-history turns")?;
     // Perplexity of the true responses, over the same conversations, read through the
     // replies' tokenizer (the run's own copy).
-    let data = lethe::data::dialogue::split_data(tokenizer.as_ref(), cfg.data.dialogue.document, &conversations, &dir, split)?;
+    let data = lethe::data::dialogue::split_data(tokenizer.as_ref(), &cfg.data.dialogue, &conversations, &dir, split)?;
     let ppl = lethe::eval::evaluate(&lm, &data, 1, cfg.train.block, None)?;
     if let Some(path) = &a.csv {
         lethe::checkpoint::write_atomic(path, &lethe::dialogue::replies_csv(&replies)?)?;

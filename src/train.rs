@@ -150,6 +150,9 @@ impl<'a> Run<'a> {
             run.say(&format!("learning rates: {:.2e} for the memory's {in_memory_group} parameters, {:.2e} for the others", cfg.train.memory_lr, cfg.train.lr));
         }
         run.say(&format!("data: {}", crate::task::describe(cfg)));
+        if let Some(layout) = run.data.describe() {
+            run.say(&format!("data: {layout}"));
+        }
         Ok(run)
     }
 

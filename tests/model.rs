@@ -113,3 +113,35 @@ fn a_short_span_changes_the_result_so_the_window_matters() {
     assert!(early < 1e-4, "positions within the span agree: {early}");
     assert!(late > 1e-3, "positions beyond the span differ: {late}");
 }
+
+/// Documents read one at a time (`FolderMode::Separate`: rounds of one document per
+/// stream, the memory emptied before each round) score as each document evaluated on
+/// its own, for every mechanism; read one after another in a stream (`documents`), the
+/// memory carries the earlier ones into the later, which changes the score.
+#[test]
+fn documents_read_one_at_a_time_score_as_each_document_alone() {
+    use lethe::config::Mechanism;
+    let docs: Vec<TokenSeq> = [30usize, 21, 25]
+        .iter()
+        .enumerate()
+        .map(|(d, &n)| TokenSeq::bytes(&(0..n).map(|i| ((i * 37 + d * 11 + 5) % 251) as u8).collect::<Vec<_>>(), None, None))
+        .collect();
+    let split = |docs: Vec<TokenSeq>, mode| SplitData { origin: "mem".into(), docs, mode, words: None };
+    for mechanism in [Mechanism::Fixed, Mechanism::Expire, Mechanism::Adaptive, Mechanism::Compressive, Mechanism::Infinity] {
+        let mut cfg = common::tiny_config();
+        cfg.memory.mechanism = mechanism;
+        let lm = {
+            let _seed = lethe::rng::seed_torch(3);
+            Lm::new(&cfg, Device::Cpu).unwrap()
+        };
+        let rounds = evaluate(&lm, &split(docs.clone(), FolderMode::Separate), 2, 8, None).unwrap();
+        let alone: Vec<_> = docs.iter().map(|d| evaluate(&lm, &split(vec![d.clone()], FolderMode::Concat), 1, 8, None).unwrap()).collect();
+        let tokens: u64 = alone.iter().map(|r| r.tokens).sum();
+        let loss = alone.iter().map(|r| r.loss * r.tokens as f64).sum::<f64>() / tokens as f64;
+        assert_eq!(rounds.tokens, tokens, "{mechanism:?}");
+        assert!((rounds.loss - loss).abs() < 1e-5, "{mechanism:?}: {} in rounds, {loss} alone", rounds.loss);
+        let carried = evaluate(&lm, &split(docs.clone(), FolderMode::Documents), 1, 8, None).unwrap();
+        assert_eq!(carried.tokens, tokens + 2, "{mechanism:?}: the first token of the 2nd and 3rd documents is a target when carried");
+        assert!((carried.loss - loss).abs() > 1e-4, "{mechanism:?}: carrying the memory changed nothing ({})", carried.loss);
+    }
+}

@@ -103,6 +103,30 @@ fn resuming_on_a_byte_corpus_repeats_the_losses_too() {
     assert_eq!(straight, losses);
 }
 
+/// Documents read one at a time (`folder_mode = "separate"`): rounds of one document per
+/// stream, drawn anew each epoch; a resumed run repeats the straight one across rounds
+/// and epochs.
+#[test]
+fn resuming_over_documents_read_one_at_a_time_repeats_the_losses_too() {
+    let data_dir = tempfile::tempdir().unwrap();
+    for d in 0..20u32 {
+        let text: Vec<u8> = (0..30 + 7 * (d % 6)).map(|i| b"abcdefghij klmnopq rstuvwxyz. "[((i * (d + 3)) % 30) as usize]).collect();
+        std::fs::write(data_dir.path().join(format!("doc{d:02}.txt")), text).unwrap();
+    }
+    let mut cfg = common::tiny_config();
+    cfg.data.source = lethe::config::Source::Folder;
+    cfg.data.path = Some(data_dir.path().to_path_buf());
+    cfg.data.folder_mode = lethe::config::FolderMode::Separate;
+    cfg.data.split = [0.8, 0.1, 0.1];
+    cfg.train.batch = 4; // 16 training documents: 4 rounds of 4 blocks or so an epoch
+    cfg.train.steps = 30;
+    let straight = train(&cfg, &options(tempfile::tempdir().unwrap().path())).unwrap().losses;
+    let dir = tempfile::tempdir().unwrap();
+    let mut losses = train(&cfg, &TrainOptions { stop_after: Some(17), ..options(dir.path()) }).unwrap().losses;
+    losses.extend(train(&cfg, &TrainOptions { resume: true, ..options(dir.path()) }).unwrap().losses);
+    assert_eq!(straight, losses);
+}
+
 #[test]
 fn a_nan_loss_stops_training_and_keeps_the_last_good_checkpoint() {
     let dir = tempfile::tempdir().unwrap();

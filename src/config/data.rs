@@ -41,7 +41,11 @@ pub struct DataConfig {
     /// (fractions) or `enwik8` (90M/5M/5M, required). Default `auto`.
     pub format: FileFormat,
     /// For `folder`: `concat` (all documents as one stream, cut into `batch` parallel
-    /// streams) or `documents` (each stream reads whole documents, never cut). Default `concat`.
+    /// streams), `documents` (each stream reads whole documents one after another, never
+    /// cut, the memory carried from one into the next) or `separate` (each stream reads
+    /// one document at a time, the streams start theirs together and the memory is
+    /// emptied before each; a shorter document is padded, unscored, to the longest of its
+    /// round). Default `concat`.
     pub folder_mode: FolderMode,
     /// For `folder`: read at most this many training documents, the first in path order
     /// (the ∞-former paper's PG-19 subset: the first 2,000 books). 0: all. Default 0.
@@ -162,6 +166,9 @@ pub enum FolderMode {
     Concat,
     /// Whole documents per stream.
     Documents,
+    /// One document per stream at a time, the streams starting their documents
+    /// together with an empty memory (each padded to the round's longest).
+    Separate,
 }
 
 impl Default for DataConfig {

@@ -89,11 +89,17 @@ pub struct DialogueConfig {
     /// Whether each conversation is preceded by its document. False gives the paper's
     /// "GPT-2 w/o doc" row of Table 2. Default true.
     pub document: bool,
+    /// Whether the memory is emptied before every conversation, as the official code
+    /// reads each conversation on its own: the streams then read one conversation each
+    /// at a time, starting together, a shorter one padded (unscored) to the longest of
+    /// its round. False reads the conversations one after another with the memory
+    /// carried from one into the next. Default true.
+    pub reset: bool,
 }
 
 impl Default for DialogueConfig {
     fn default() -> Self {
-        DialogueConfig { document: true }
+        DialogueConfig { document: true, reset: true }
     }
 }
 

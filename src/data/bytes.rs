@@ -8,7 +8,7 @@ use crate::error::{LetheError, Result};
 use crate::task::spec::{Metric, Task};
 
 use super::seq::{Split, SplitData, TokenSeq};
-use super::stream::{BlockStreams, TrainStreams};
+use super::stream::TrainStreams;
 
 /// Size of enwik8: the first 10^8 bytes of the English Wikipedia dump of 2006.
 pub const ENWIK8_BYTES: usize = 100_000_000;
@@ -193,7 +193,7 @@ impl Task for Corpus {
     /// `batch` streams over the training split, in an order drawn from the data seed.
     fn train_streams(&self, cfg: &Config, batch: usize) -> Result<TrainStreams> {
         let split = self.load_split(cfg, Split::Train, batch)?;
-        Ok(TrainStreams::Fixed(BlockStreams::new(&split, batch, cfg.train.block, cfg.data_seed())?))
+        TrainStreams::of_split(&split, batch, cfg.train.block, cfg.data_seed())
     }
 }
 

@@ -10,6 +10,7 @@
 
 pub mod bytes;
 pub mod dialogue;
+pub mod rounds;
 pub mod seq;
 pub mod stream;
 pub mod text;

@@ -155,8 +155,9 @@ impl SplitData {
     /// Lays the split out as `batch` parallel streams.
     ///
     /// `concat`: all documents end to end, cut into `batch` equal pieces (the remainder
-    /// of fewer than `batch` tokens is dropped). `documents`: each document goes whole
-    /// to the currently shortest stream.
+    /// of fewer than `batch` tokens is dropped). `documents` (and `separate`, whose
+    /// streams [`super::rounds`] reads in rounds instead): each document goes whole to
+    /// the currently shortest stream.
     pub fn into_streams(&self, batch: usize) -> Vec<TokenSeq> {
         match self.mode {
             FolderMode::Concat => {
@@ -167,7 +168,7 @@ impl SplitData {
                 let per = all.len() / batch;
                 (0..batch).map(|b| all.slice(b * per, (b + 1) * per)).collect()
             }
-            FolderMode::Documents => {
+            FolderMode::Documents | FolderMode::Separate => {
                 let mut streams = vec![TokenSeq::default(); batch];
                 for d in &self.docs {
                     if let Some(s) = streams.iter_mut().min_by_key(|s| s.len()) {

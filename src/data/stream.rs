@@ -8,8 +8,10 @@ use std::collections::VecDeque;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
+use super::rounds::{EvalRounds, RoundState, RoundStreams};
 use super::tasks::Generator;
 use super::seq::{SplitData, Token, TokenSeq};
+use crate::config::FolderMode;
 use crate::error::{LetheError, Result};
 use crate::rng::Rng;
 
@@ -31,13 +33,13 @@ pub struct Batch {
 }
 
 impl Batch {
-    fn with_capacity(batch: usize, len: usize, reset: bool) -> Self {
+    pub(super) fn with_capacity(batch: usize, len: usize, reset: bool) -> Self {
         let n = batch * len;
         Batch { batch, len, inputs: Vec::with_capacity(n), targets: Vec::with_capacity(n), weights: Vec::with_capacity(n), reset }
     }
 
     /// Appends one stream's `len` inputs, targets and scored flags.
-    fn push_stream(
+    pub(super) fn push_stream(
         &mut self,
         inputs: impl Iterator<Item = Token>,
         targets: impl Iterator<Item = Token>,
@@ -199,6 +201,8 @@ pub enum TrainStreams {
     Fixed(BlockStreams),
     /// A task generator.
     Generated(GeneratedStreams),
+    /// A split read one document per stream at a time (`FolderMode::Separate`).
+    Rounds(RoundStreams),
 }
 
 /// Where the training data stands, saved in checkpoints.
@@ -208,14 +212,35 @@ pub enum DataState {
     Fixed(BlockState),
     /// Generator state of each stream.
     Generated(Vec<GenStream>),
+    /// Epoch and position in rounds of documents.
+    Rounds(RoundState),
 }
 
 impl TrainStreams {
+    /// `batch` streams of blocks of `block` tokens over a finite split, laid out as its
+    /// mode says: in rounds of one document per stream for `FolderMode::Separate`,
+    /// else as [`BlockStreams`].
+    pub fn of_split(split: &SplitData, batch: usize, block: usize, seed: u64) -> Result<Self> {
+        Ok(match split.mode {
+            FolderMode::Separate => TrainStreams::Rounds(RoundStreams::new(split, batch, block, seed)?),
+            FolderMode::Concat | FolderMode::Documents => TrainStreams::Fixed(BlockStreams::new(split, batch, block, seed)?),
+        })
+    }
+
     /// The next block of every stream.
     pub fn next_batch(&mut self) -> Batch {
         match self {
             TrainStreams::Fixed(s) => s.next_batch(),
             TrainStreams::Generated(s) => s.next_batch(),
+            TrainStreams::Rounds(s) => s.next_batch(),
+        }
+    }
+
+    /// How the streams read the data, when that needs saying (rounds of documents).
+    pub fn describe(&self) -> Option<String> {
+        match self {
+            TrainStreams::Rounds(s) => Some(s.describe()),
+            TrainStreams::Fixed(_) | TrainStreams::Generated(_) => None,
         }
     }
 
@@ -224,6 +249,7 @@ impl TrainStreams {
         match self {
             TrainStreams::Fixed(s) => DataState::Fixed(s.state()),
             TrainStreams::Generated(s) => DataState::Generated(s.streams.clone()),
+            TrainStreams::Rounds(s) => DataState::Rounds(s.state()),
         }
     }
 
@@ -241,23 +267,30 @@ impl TrainStreams {
                 s.streams = streams;
                 Ok(())
             }
+            (TrainStreams::Rounds(s), DataState::Rounds(st)) => s.restore(st),
             _ => Err(LetheError::Invalid("the saved data position does not fit this data and batch size".into())),
         }
     }
 }
 
-/// Walks a split once as parallel streams for evaluation, block by block. Streams of
-/// unequal length are padded with unscored tokens once they run out.
-pub struct EvalWalker {
-    streams: Vec<TokenSeq>,
-    longest: usize,
-    pos: usize,
+/// Walks a split once as parallel streams for evaluation, block by block: streams of
+/// unequal length are padded with unscored tokens once they run out; a
+/// `FolderMode::Separate` split is read in rounds of one document per stream
+/// ([`EvalRounds`]), the memory emptied before each (`Batch::reset`).
+pub enum EvalWalker {
+    /// The split as `B` streams read from start to end.
+    Streams { streams: Vec<TokenSeq>, longest: usize, pos: usize },
+    /// Rounds of documents.
+    Rounds(EvalRounds),
 }
 
 impl EvalWalker {
     /// `batch` streams over `split` (fewer when the split is too short to give each
-    /// stream two tokens).
+    /// stream two tokens, or has fewer documents to read one at a time).
     pub fn new(split: &SplitData, batch: usize) -> Result<Self> {
+        if split.mode == FolderMode::Separate {
+            return Ok(EvalWalker::Rounds(EvalRounds::new(split, batch)?));
+        }
         let total = split.total_len();
         let batch = batch.min(total / 2).max(1);
         let streams = split.into_streams(batch);
@@ -265,39 +298,44 @@ impl EvalWalker {
         if longest < 2 {
             return Err(LetheError::data(&split.origin, format!("too short to evaluate: {total} tokens")));
         }
-        Ok(EvalWalker { streams, longest, pos: 0 })
-    }
-
-    /// The parallel streams.
-    pub fn streams(&self) -> &[TokenSeq] {
-        &self.streams
+        Ok(EvalWalker::Streams { streams, longest, pos: 0 })
     }
 
     /// Number of parallel streams.
     pub fn batch(&self) -> usize {
-        self.streams.len()
+        match self {
+            EvalWalker::Streams { streams, .. } => streams.len(),
+            EvalWalker::Rounds(r) => r.batch(),
+        }
     }
 
     /// Target positions the whole walk covers (all streams, padding included).
     pub fn positions(&self) -> usize {
-        self.longest.saturating_sub(1) * self.streams.len()
+        match self {
+            EvalWalker::Streams { streams, longest, .. } => longest.saturating_sub(1) * streams.len(),
+            EvalWalker::Rounds(r) => r.positions(),
+        }
     }
 
     /// The next block of at most `block` tokens, or `None` at the end.
     pub fn next_block(&mut self, block: usize) -> Option<Batch> {
-        if self.pos + 1 >= self.longest {
+        let (streams, longest, pos) = match self {
+            EvalWalker::Streams { streams, longest, pos } => (streams, *longest, pos),
+            EvalWalker::Rounds(r) => return r.next_block(block),
+        };
+        if *pos + 1 >= longest {
             return None;
         }
-        let len = block.min(self.longest - 1 - self.pos);
-        let mut batch = Batch::with_capacity(self.streams.len(), len, self.pos == 0);
-        for s in &self.streams {
-            let p = self.pos;
+        let len = block.min(longest - 1 - *pos);
+        let mut batch = Batch::with_capacity(streams.len(), len, *pos == 0);
+        for s in streams.iter() {
+            let p = *pos;
             let inputs = (p..p + len).map(|i| s.tokens.get(i).copied().unwrap_or(0));
             let targets = (p + 1..=p + len).map(|i| if i < s.len() { s.target(i) } else { 0 });
             let flags = (p + 1..=p + len).map(|i| if i < s.len() { flag(s, i) } else { 0.0 });
             batch.push_stream(inputs, targets, flags);
         }
-        self.pos += len;
+        *pos += len;
         Some(batch)
     }
 }

@@ -18,7 +18,7 @@ use crate::error::{LetheError, Result};
 use crate::task::spec::{Metric, Task};
 
 use super::seq::{Split, SplitData, Token, TokenSeq};
-use super::stream::{BlockStreams, TrainStreams};
+use super::stream::TrainStreams;
 use super::tokenizer::Tokenizer;
 
 /// Words of `text`: whitespace-separated tokens, plus one per line when `eos_per_line`.
@@ -185,7 +185,7 @@ impl Task for Wikitext {
 
     fn train_streams(&self, cfg: &Config, batch: usize) -> Result<TrainStreams> {
         let split = self.load_split(cfg, Split::Train, batch)?;
-        Ok(TrainStreams::Fixed(BlockStreams::new(&split, batch, cfg.train.block, cfg.data_seed())?))
+        TrainStreams::of_split(&split, batch, cfg.train.block, cfg.data_seed())
     }
 }
 

@@ -48,12 +48,12 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::config::{Config, DataConfig, FolderMode};
+use crate::config::{Config, DataConfig, DialogueConfig, FolderMode};
 use crate::error::{LetheError, Result};
 use crate::task::spec::{Metric, Task};
 
 use super::seq::{Split, SplitData, Token, TokenSeq};
-use super::stream::{BlockStreams, TrainStreams};
+use super::stream::TrainStreams;
 use super::tokenizer::Tokenizer;
 
 /// The marker that opens a turn of speaker 0 or 1.
@@ -235,14 +235,16 @@ pub struct Dialogue;
 
 /// `conversations` of `split` of the CMU-DoG folder `dir` as a model reads them: token
 /// sequences (`tokenizer`'s ids, or bytes without one), each with its document first
-/// when `with_document`, one document per conversation, read whole by the streams, with
-/// the words of the responses (and a line end each) counted for perplexity per word.
-pub fn split_data(tokenizer: Option<&Tokenizer>, with_document: bool, conversations: &[Conversation], dir: &Path, split: Split) -> Result<SplitData> {
+/// when `opts.document`, one sequence per conversation, read whole by the streams (one
+/// at a time with the memory emptied before each when `opts.reset`), with the words of
+/// the responses (and a line end each) counted for perplexity per word.
+pub fn split_data(tokenizer: Option<&Tokenizer>, opts: &DialogueConfig, conversations: &[Conversation], dir: &Path, split: Split) -> Result<SplitData> {
     let encode = encoder(tokenizer);
     let origin = dir.join("Conversations").join(split_folder(split));
-    let docs = conversations.iter().map(|c| c.encode(with_document, &encode)).collect::<Result<Vec<_>>>()?;
+    let docs = conversations.iter().map(|c| c.encode(opts.document, &encode)).collect::<Result<Vec<_>>>()?;
     let words = conversations.iter().flat_map(|c| &c.turns).map(|t| t.text.split_whitespace().count() as u64 + 1).sum();
-    Ok(SplitData { origin, docs, mode: FolderMode::Documents, words: Some(words) })
+    let mode = if opts.reset { FolderMode::Separate } else { FolderMode::Documents };
+    Ok(SplitData { origin, docs, mode, words: Some(words) })
 }
 
 impl Dialogue {
@@ -251,7 +253,7 @@ impl Dialogue {
     fn tokens(cfg: &Config, split: Split) -> Result<SplitData> {
         let dir = cfg.data.path.as_deref().ok_or_else(|| LetheError::config("data.path", "none", "the CMU-DoG folder is needed (--data DIR)"))?;
         let tokenizer = super::text::tokenizer_of(cfg)?;
-        split_data(tokenizer.as_ref(), cfg.data.dialogue.document, &read_split(dir, split)?, dir, split)
+        split_data(tokenizer.as_ref(), &cfg.data.dialogue, &read_split(dir, split)?, dir, split)
     }
 }
 
@@ -267,7 +269,8 @@ impl Task for Dialogue {
             None => "as bytes".to_string(),
         };
         let doc = if d.dialogue.document { "document then dialogue" } else { "dialogue without its document" };
-        format!("CMU-DoG dialogues {} ({doc}, responses scored) {reading}", path.display())
+        let memory = if d.dialogue.reset { "memory emptied per conversation" } else { "memory carried across conversations" };
+        format!("CMU-DoG dialogues {} ({doc}, responses scored, {memory}) {reading}", path.display())
     }
 
     fn metric(&self) -> Metric {
@@ -280,7 +283,7 @@ impl Task for Dialogue {
 
     fn train_streams(&self, cfg: &Config, batch: usize) -> Result<TrainStreams> {
         let split = Dialogue::tokens(cfg, Split::Train)?;
-        Ok(TrainStreams::Fixed(BlockStreams::new(&split, batch, cfg.train.block, cfg.data_seed())?))
+        TrainStreams::of_split(&split, batch, cfg.train.block, cfg.data_seed())
     }
 }
 
