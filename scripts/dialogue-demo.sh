@@ -8,8 +8,12 @@
 # an actor, the year, the critics' word, the rating: a name or number that only the
 # document holds).
 #
-#   scripts/dialogue-demo.sh [OUT] [SEEDS] [DATA] [STEPS]
+#   [WORDNET=DIR] scripts/dialogue-demo.sh [OUT] [SEEDS] [DATA] [STEPS]
 #   (defaults: runs, "1", data/dialogue, the presets' 15,000)
+#
+# WORDNET, a folder of WordNet 3.0's database files (`apt install wordnet-base` puts them
+# in /usr/share/wordnet), adds METEOR's synonym stage as NLTK runs it (`--wordnet`);
+# without it METEOR has the exact and stem stages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
@@ -17,6 +21,8 @@ OUT=${1:-runs}
 SEEDS=${2:-1}
 DATA=${3:-data/dialogue}
 STEPS=${4:-}
+wordnet=()
+[ -n "${WORDNET:-}" ] && wordnet=(--wordnet "$WORDNET")
 cargo build --release --quiet
 LETHE=target/release/lethe
 [ -d "$DATA/Conversations" ] || $LETHE dialogue-data --out "$DATA" >&2
@@ -28,7 +34,7 @@ for seed in $SEEDS; do
     name="demo-$run-s$seed"
     $LETHE train --preset $run --data "$DATA" --set "data.tokenizer=$DATA/tokenizer" "${steps[@]}" \
       --seed "$seed" --out "$OUT" --name "$name" --overwrite --quiet > /dev/null
-    $LETHE dialogue-eval --checkpoint "$OUT/$name" --json --csv "$OUT/$name/replies.csv" > "$OUT/$name/dialogue-eval.json" 2>/dev/null
+    $LETHE dialogue-eval --checkpoint "$OUT/$name" "${wordnet[@]}" --json --csv "$OUT/$name/replies.csv" > "$OUT/$name/dialogue-eval.json" 2>/dev/null
     python3 - "$run" "$seed" "$OUT/$name" <<'PY'
 import csv, json, sys
 run, seed, folder = sys.argv[1:4]

@@ -109,7 +109,8 @@ pub fn evaluate_sharded(
 pub struct TokenScore {
     /// The stream, `0..batch`.
     pub stream: usize,
-    /// The position of the target in its stream.
+    /// The position of the target in its stream (documents read one at a time: in the
+    /// stream's rounds one after another, padding included).
     pub position: usize,
     /// The token to predict.
     pub target: crate::data::Token,

@@ -82,6 +82,16 @@ fn resuming_repeats_the_losses_of_a_straight_run() {
     assert_ne!(straight, other);
 }
 
+/// Trains `cfg` straight, and again stopped after 17 steps and resumed: the losses must
+/// be the same.
+fn assert_resuming_after_17_steps_repeats_the_straight_run(cfg: &lethe::config::Config) {
+    let straight = train(cfg, &options(tempfile::tempdir().unwrap().path())).unwrap().losses;
+    let dir = tempfile::tempdir().unwrap();
+    let mut losses = train(cfg, &TrainOptions { stop_after: Some(17), ..options(dir.path()) }).unwrap().losses;
+    losses.extend(train(cfg, &TrainOptions { resume: true, ..options(dir.path()) }).unwrap().losses);
+    assert_eq!(straight, losses);
+}
+
 #[test]
 fn resuming_on_a_byte_corpus_repeats_the_losses_too() {
     let data_dir = tempfile::tempdir().unwrap();
@@ -96,11 +106,7 @@ fn resuming_on_a_byte_corpus_repeats_the_losses_too() {
     cfg.train.block = 16; // 2700 train bytes / 8 streams = 337 per stream: wraps around after 21 blocks
     cfg.memory.span = 32;
     cfg.train.steps = 30;
-    let straight = train(&cfg, &options(tempfile::tempdir().unwrap().path())).unwrap().losses;
-    let dir = tempfile::tempdir().unwrap();
-    let mut losses = train(&cfg, &TrainOptions { stop_after: Some(17), ..options(dir.path()) }).unwrap().losses;
-    losses.extend(train(&cfg, &TrainOptions { resume: true, ..options(dir.path()) }).unwrap().losses);
-    assert_eq!(straight, losses);
+    assert_resuming_after_17_steps_repeats_the_straight_run(&cfg);
 }
 
 /// Documents read one at a time (`folder_mode = "separate"`): rounds of one document per
@@ -120,11 +126,7 @@ fn resuming_over_documents_read_one_at_a_time_repeats_the_losses_too() {
     cfg.data.split = [0.8, 0.1, 0.1];
     cfg.train.batch = 4; // 16 training documents: 4 rounds of 4 blocks or so an epoch
     cfg.train.steps = 30;
-    let straight = train(&cfg, &options(tempfile::tempdir().unwrap().path())).unwrap().losses;
-    let dir = tempfile::tempdir().unwrap();
-    let mut losses = train(&cfg, &TrainOptions { stop_after: Some(17), ..options(dir.path()) }).unwrap().losses;
-    losses.extend(train(&cfg, &TrainOptions { resume: true, ..options(dir.path()) }).unwrap().losses);
-    assert_eq!(straight, losses);
+    assert_resuming_after_17_steps_repeats_the_straight_run(&cfg);
 }
 
 #[test]

@@ -8,6 +8,7 @@
 //! A sequence may also carry labels: the target at a position is then the label, not
 //! the next input (the collision task's answer is a quadrant, not the next token).
 
+pub mod batch;
 pub mod bytes;
 pub mod dialogue;
 pub mod rounds;
@@ -19,7 +20,8 @@ pub mod tasks;
 
 
 pub use seq::{bytes_of, Split, SplitData, Token, TokenSeq};
-pub use stream::{Batch, BlockStreams, EvalWalker, TrainStreams};
+pub use batch::Batch;
+pub use stream::{BlockStreams, EvalWalker, TrainStreams};
 
 /// Entropy in nats of the unigram distribution of the scored tokens of `seqs`: the loss
 /// of the best model that ignores context.

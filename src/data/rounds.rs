@@ -19,7 +19,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::seq::{SplitData, TokenSeq};
-use super::stream::Batch;
+use super::batch::Batch;
 use crate::error::{LetheError, Result};
 use crate::rng::Rng;
 
