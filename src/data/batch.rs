@@ -3,7 +3,7 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::seq::Token;
+use super::seq::{Token, TokenSeq};
 
 /// One step's worth of tokens: `batch` streams of `len` tokens.
 #[derive(Clone, Debug, PartialEq)]
@@ -38,6 +38,16 @@ impl Batch {
         self.inputs.extend(inputs.take(self.len).map(i64::from));
         self.targets.extend(targets.take(self.len).map(i64::from));
         self.weights.extend(scored.take(self.len));
+    }
+
+    /// Appends the `len` positions of `seq` from `pos`: its inputs, their targets and
+    /// scored flags; positions past its end are padding (token 0, target 0, unscored).
+    pub(super) fn push_from(&mut self, seq: &TokenSeq, pos: usize) {
+        let n = seq.len();
+        let inputs = (pos..pos + self.len).map(|i| seq.tokens.get(i).copied().unwrap_or(0));
+        let targets = (pos + 1..=pos + self.len).map(|i| if i < n { seq.target(i) } else { 0 });
+        let flags = (pos + 1..=pos + self.len).map(|i| if i < n && seq.is_scored(i) { 1.0 } else { 0.0 });
+        self.push_stream(inputs, targets, flags);
     }
 
     /// Number of scored targets.

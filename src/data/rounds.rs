@@ -31,17 +31,6 @@ fn round_targets(docs: &[TokenSeq], rows: &[usize]) -> usize {
     rows.iter().map(|&i| docs[i].len().saturating_sub(1)).max().unwrap_or(0)
 }
 
-/// Stream `row`'s `len` inputs, targets and flags from position `pos` of `doc` (none:
-/// padding), appended to `batch`.
-fn push_row(batch: &mut Batch, doc: Option<&TokenSeq>, pos: usize, len: usize) {
-    let empty = TokenSeq::default();
-    let d = doc.unwrap_or(&empty);
-    let inputs = (pos..pos + len).map(|i| d.tokens.get(i).copied().unwrap_or(0));
-    let targets = (pos + 1..=pos + len).map(|i| if i < d.len() { d.target(i) } else { 0 });
-    let flags = (pos + 1..=pos + len).map(|i| if i < d.len() && d.is_scored(i) { 1.0 } else { 0.0 });
-    batch.push_stream(inputs, targets, flags);
-}
-
 /// The rounds of the epoch that starts with `rng` (per round, the document of each
 /// stream), and the generator after drawing them: the next epoch's start.
 fn draw_rounds(docs: &[TokenSeq], batch: usize, rng: &Rng) -> (Vec<Vec<usize>>, Rng) {
@@ -127,9 +116,9 @@ impl RoundStreams {
         }
         let len = self.block.min(self.round_len() - self.pos);
         let mut batch = Batch::with_capacity(self.batch, len, self.pos == 0);
-        let rows = &self.rounds[self.round];
+        let (rows, empty) = (&self.rounds[self.round], TokenSeq::default());
         for row in 0..self.batch {
-            push_row(&mut batch, rows.get(row).map(|&i| &self.docs[i]), self.pos, len);
+            batch.push_from(rows.get(row).map_or(&empty, |&i| &self.docs[i]), self.pos); // none: padding
         }
         self.pos += len;
         if self.pos >= self.round_len() {
@@ -208,10 +197,9 @@ impl EvalRounds {
         }
         let len = block.min(self.targets(self.round) - self.pos);
         let mut batch = Batch::with_capacity(self.batch, len, self.pos == 0);
-        let rows = self.rows(self.round);
+        let (rows, empty) = (self.rows(self.round), TokenSeq::default());
         for row in 0..self.batch {
-            let doc = rows.clone().nth(row).map(|i| &self.docs[i]);
-            push_row(&mut batch, doc, self.pos, len);
+            batch.push_from(rows.clone().nth(row).map_or(&empty, |i| &self.docs[i]), self.pos); // none: padding
         }
         self.pos += len;
         Some(batch)

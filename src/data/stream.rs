@@ -15,14 +15,6 @@ use crate::config::FolderMode;
 use crate::error::{LetheError, Result};
 use crate::rng::Rng;
 
-fn flag(seq: &TokenSeq, i: usize) -> f32 {
-    if seq.is_scored(i) {
-        1.0
-    } else {
-        0.0
-    }
-}
-
 /// Training streams over a finite split. At the end of the data, every stream restarts
 /// at a random offset in `[0, M)` with a fresh cache.
 #[derive(Debug)]
@@ -76,12 +68,7 @@ impl BlockStreams {
         }
         let mut batch = Batch::with_capacity(self.streams.len(), self.block, reset);
         for s in &self.streams {
-            let targets = self.pos + 1..=self.pos + self.block;
-            batch.push_stream(
-                s.tokens[self.pos..].iter().copied(),
-                targets.clone().map(|i| s.target(i)),
-                targets.map(|i| flag(s, i)),
-            );
+            batch.push_from(s, self.pos); // never past the end: pos + block < usable
         }
         self.pos += self.block;
         batch
@@ -278,11 +265,7 @@ impl EvalWalker {
         let len = block.min(longest - 1 - *pos);
         let mut batch = Batch::with_capacity(streams.len(), len, *pos == 0);
         for s in streams.iter() {
-            let p = *pos;
-            let inputs = (p..p + len).map(|i| s.tokens.get(i).copied().unwrap_or(0));
-            let targets = (p + 1..=p + len).map(|i| if i < s.len() { s.target(i) } else { 0 });
-            let flags = (p + 1..=p + len).map(|i| if i < s.len() { flag(s, i) } else { 0.0 });
-            batch.push_stream(inputs, targets, flags);
+            batch.push_from(s, *pos); // a stream that ran out: padding
         }
         *pos += len;
         Some(batch)
