@@ -99,6 +99,28 @@ fn deleting_expired_memories_changes_no_output() {
     }
 }
 
+/// Regression (issue 25): per stream, the block just read is deleted too where the next
+/// block's first query cannot see it (paper 4.1); the official batch policy keeps it
+/// whole. The outputs are those of no deletion either way.
+#[test]
+fn per_stream_deletion_drops_the_block_just_read_where_nothing_will_see_it() {
+    // L = 64, R = 4, blocks of 8; untrained spans are all 0.02 L = 1.28. After a block,
+    // its j-th memory is 8 - j from the next block's first query and stays while
+    // 1.28 + 4 > 8 - j: j = 3..7, five memories a stream.
+    let mut cfg = expire_config(64, 8, 4, 0.02);
+    cfg.model.layers = 2;
+    let reference = Lm::new(&cfg, Device::Cpu).unwrap();
+    let (off, _) = run_stream(&with_deletion(&reference, Deletion::Off), 12, 8, 5);
+    let (stream, stream_held) = run_stream(&with_deletion(&reference, Deletion::Stream), 12, 8, 5);
+    let (_, batch_held) = run_stream(&with_deletion(&reference, Deletion::Batch), 12, 8, 5);
+    for (i, (a, b)) in off.iter().zip(&stream).enumerate() {
+        let diff = (a - b).abs().max().double_value(&[]);
+        assert!(diff < 1e-5, "block {i} differs by {diff}");
+    }
+    assert!(stream_held.iter().all(|&h| h == 5), "per stream held {stream_held:?}, not 5 after every block");
+    assert!(batch_held.iter().all(|&h| h == 8), "the batch policy held {batch_held:?}, not the whole block");
+}
+
 #[test]
 fn the_cache_stays_bounded_over_a_long_stream() {
     // L = 4096 but every span starts at 0.02 L = 82: a memory lives at most e + R.

@@ -195,9 +195,11 @@ pub struct ExpireConfig {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Deletion {
-    /// Per-stream compaction.
+    /// Per-stream compaction: every stream keeps exactly the memories the next block's
+    /// first query still sees, the block just read included (paper 4.1).
     Stream,
-    /// The official batch-minimum policy.
+    /// The official batch-minimum policy: the dead prefix common to every stream, in
+    /// whole blocks, never the block just read.
     Batch,
     /// No deletion beyond the `L + R` window.
     Off,
