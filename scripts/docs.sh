@@ -22,12 +22,13 @@
 #                                                           docs/agent-spans-corridor.*      35 min
 #   ablation  the corridor's Expire-Span ablations          docs/ablation-corridor.csv      35 min
 #   portal    the portal sweeps (5 and 8 rooms); spans      docs/sweep-portal-*.csv,
-#                                                           docs/agent-spans-portal*        60 min
+#                                                           docs/agent-spans-portal*       120 min
 #   enwik8    the Table-4 analogue: sweep and bench on a    docs/sweep-enwik8-tiny.csv,
 #             10 MB stand-in corpus (Rust's HTML docs)      docs/bench-enwik8-tiny.txt       25 min
 #   scaling   time and memory against span and context      docs/bench-scaling.txt           6 min
-# In all about 4 hours; the sections that time (enwik8, scaling) want the CPU to
-# themselves.
+# In all about 5 hours (portal: 60 minutes for its 5-room sweep on the AMD EPYC of
+# 2026-11-24, about as long again for the 8-room one); the sections that time (enwik8,
+# scaling) want the CPU to themselves.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
