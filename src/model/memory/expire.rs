@@ -344,16 +344,14 @@ impl ExpireSpan {
     /// of 256.
     fn keep(&self, spans: &Tensor, counter_next: &Tensor, valid: &Tensor, m: i64) -> Tensor {
         let ramp = self.cfg.ramp as f64;
-        let visible_later = match self.cfg.deletion {
-            Deletion::Off => counter_next.lt(self.max_span + ramp),
-            Deletion::Stream | Deletion::Batch => (spans + ramp - counter_next).gt(0.0),
-        };
-        if self.cfg.deletion == Deletion::Stream {
-            return valid.logical_and(&visible_later);
-        }
         let n = spans.size()[1];
-        let in_block = Tensor::arange(n, (Kind::Int64, spans.device())).ge(n - m).unsqueeze(0); // (1, n)
-        valid.logical_and(&visible_later.logical_or(&in_block))
+        let in_block = || Tensor::arange(n, (Kind::Int64, spans.device())).ge(n - m).unsqueeze(0); // (1, n)
+        let kept = match self.cfg.deletion {
+            Deletion::Stream => (spans + ramp - counter_next).gt(0.0),
+            Deletion::Batch => (spans + ramp - counter_next).gt(0.0).logical_or(&in_block()),
+            Deletion::Off => counter_next.lt(self.max_span + ramp).logical_or(&in_block()),
+        };
+        valid.logical_and(&kept)
     }
 }
 
