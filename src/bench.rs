@@ -25,11 +25,12 @@ use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
 use crate::checkpoint::write_atomic;
-use crate::config::{Config, Mechanism};
+use crate::config::{Arch, Config, Mechanism};
 use crate::data::Batch;
 use crate::dist::ProcessGroup;
 use crate::error::{LetheError, Result};
 use crate::metrics::{mean, peak_rss_bytes, reset_peak_rss};
+use crate::model::memory::window::{self, query_chunks, Chunk, QUERY_CHUNK};
 use crate::model::Lm;
 use crate::optim::Optimiser;
 use crate::rng::Rng;
@@ -330,6 +331,25 @@ fn random_batch(rng: &mut Rng, batch: usize, block: usize, vocab: usize, reset: 
     Batch { batch, len: block, inputs: tokens[..n].to_vec(), targets: tokens[batch..].to_vec(), weights: vec![1.0; n], reset }
 }
 
+/// The chunks in which a block's queries score their keys when `held` states are held
+/// (see [`step_flops`]): one chunk of every key but for the window mechanisms on the CPU.
+fn scored_chunks(cfg: &Config, held: i64) -> Vec<Chunk> {
+    let m = cfg.train.block as i64;
+    let whole = Chunk { q0: 0, queries: m, k0: 0, keys: held + m };
+    let span = cfg.memory.span as i64;
+    let reach = match cfg.memory.mechanism {
+        // Without relative positions (GPT-2) a query sees its whole block.
+        Mechanism::Fixed | Mechanism::Infinity if cfg.model.arch == Arch::Gpt2 => window::reach(span, m),
+        Mechanism::Fixed | Mechanism::Infinity => span,
+        Mechanism::Adaptive => held.min(span),
+        Mechanism::Expire | Mechanism::Compressive => return vec![whole],
+    };
+    if crate::device::parse(&cfg.train.device).map_or(false, |d| d.is_cuda()) {
+        return vec![whole];
+    }
+    query_chunks(held, m, reach, QUERY_CHUNK)
+}
+
 /// Floating-point operations of one training step of `cfg` when layer `i` holds
 /// `held[i]` states per stream: the matrix products of the forward pass, times 3 for
 /// forward and backward (the usual count: the backward pass costs two forward passes).
@@ -340,7 +360,10 @@ fn random_batch(rng: &mut Rng, batch: usize, block: usize, vocab: usize, reset: 
 /// - keys and values of every state held and of the block, `2 * 2 n d²` (Transformer-XL
 ///   recomputes them from the cached states every block);
 /// - scores and the weighted sum, `2 * 2 m n d`, and the relative-position scores over
-///   the `min(P, n)` position rows a block can reach, `2 m P d`;
+///   the `min(P, n)` position rows a block can reach, `2 m P d`; where the queries attend
+///   in chunks (the window mechanisms on the CPU, `model::memory::window`), each chunk
+///   of `c` queries over its `k` keys instead: `2 * 2 c k d` and `2 c min(P, k) d`
+///   (Adaptive-Span's reach counted as its whole cache, an upper bound);
 /// - for the ∞-former, its long-term memory's keys, values and output projection,
 ///   `3 * 2 N d²`, and scores and context over the `N` basis functions, `2 * 2 m N d`.
 ///
@@ -353,9 +376,12 @@ pub fn step_flops(cfg: &Config, held: &[usize]) -> f64 {
     let p = crate::model::memory::position_rows(&cfg.memory, cfg.train.block) as f64;
     let per_layer = |held: usize| {
         let n = held as f64 + m;
-        // No pair is further apart than n - 1, and only those rows are used.
-        let p = p.min(n);
-        let mut flops = 4.0 * m * d * d + 4.0 * m * d * f + 4.0 * n * d * d + 4.0 * m * n * d + 2.0 * m * p * d;
+        let mut flops = 4.0 * m * d * d + 4.0 * m * d * f + 4.0 * n * d * d;
+        for c in scored_chunks(cfg, held as i64) {
+            let (queries, keys) = (c.queries as f64, c.keys as f64);
+            // No pair is further apart than keys - 1, and only those rows are used.
+            flops += 4.0 * queries * keys * d + 2.0 * queries * p.min(keys) * d;
+        }
         if cfg.memory.mechanism == Mechanism::Infinity {
             let basis = cfg.memory.infinity.basis as f64;
             flops += 6.0 * basis * d * d + 4.0 * m * basis * d;
@@ -675,6 +701,13 @@ mod tests {
         // An empty memory: n = 2 keys, so only 2 of the 6 position rows are used.
         let forward = 3.0 * (128.0 + 256.0 + 4.0 * 2.0 * 16.0 + 4.0 * 2.0 * 2.0 * 4.0 + 2.0 * 2.0 * 2.0 * 4.0 + 160.0);
         assert_eq!(step_flops(&cfg, &[0]), 3.0 * forward);
+        // Blocks of 128 over 64 states held, span 64: on the CPU the queries attend in two
+        // chunks of 64, each over 128 keys (not 192), with 65 of the position rows.
+        cfg.train.block = 128;
+        cfg.memory.span = 64;
+        let (q_o, ffn, k_v, head) = (4.0 * 128.0 * 16.0, 4.0 * 128.0 * 4.0 * 8.0, 4.0 * 192.0 * 16.0, 2.0 * 128.0 * 4.0 * 10.0);
+        let chunks = 2.0 * (4.0 * 64.0 * 128.0 * 4.0 + 2.0 * 64.0 * 65.0 * 4.0);
+        assert_eq!(step_flops(&cfg, &[64]), 3.0 * 3.0 * (q_o + ffn + k_v + chunks + head));
     }
 
     #[test]

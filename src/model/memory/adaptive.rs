@@ -15,7 +15,7 @@
 
 use tch::{nn, Kind, Tensor};
 
-use super::window::{WindowCache, WindowKeys};
+use super::window::{cat_chunks, chunk_keys, chunk_queries, WindowCache};
 use super::layer::{AttendInput, AttendOutput, MemoryLayer, MemoryReport};
 use crate::config::AdaptiveConfig;
 use crate::error::{LetheError, Result};
@@ -55,6 +55,12 @@ impl AdaptiveSpan {
         AdaptiveSpan { cfg: cfg.clone(), max_span: max_span as i64, z, window: WindowCache::default(), last_mem_rows: vec![] }
     }
 
+    /// How far back the widest head sees: the mask is 0 from `z L + R` on.
+    fn reach(&self) -> i64 {
+        let widest = self.ratios().into_iter().fold(0.0, f64::max).clamp(0.0, 1.0);
+        (widest * self.max_span as f64).ceil() as i64 + self.cfg.ramp as i64
+    }
+
     fn ratios(&self) -> Vec<f64> {
         Vec::<f64>::try_from(self.z.detach().to_kind(Kind::Double).to_device(tch::Device::Cpu)).unwrap_or_default()
     }
@@ -66,20 +72,29 @@ impl MemoryLayer for AdaptiveSpan {
     }
 
     fn attend(&mut self, input: &AttendInput) -> Result<AttendOutput> {
-        let WindowKeys { k, v, dist, visible, cached, same } = self.window.keys(input, self.max_span);
+        let w = self.window.keys(input, self.max_span);
         let key_pe = input.key_pe.ok_or_else(|| LetheError::Invalid("Adaptive-Span needs relative positions (model.arch = \"lethe\")".into()))?;
-        let positions = window_bias(input.q, Some(key_pe), cached, &visible); // (b, h, m, n)
         let z = self.z.to_kind(input.q.kind());
-        let mask = span_mask(&z, &dist, self.max_span as f64, self.cfg.ramp as f64).unsqueeze(0); // (1, h, m, n)
+        let mask = span_mask(&z, &w.dist, self.max_span as f64, self.cfg.ramp as f64).unsqueeze(0); // (1, h, m, n)
         // Keys of other episodes are not visible, so that the softmax's normalisation is a fresh memory's.
-        let visible = match &same {
-            Some(same) => visible.logical_and(same).unsqueeze(1), // (b, 1, m, n)
-            None => visible.view([1, 1, visible.size()[0], visible.size()[1]]),
+        let visible = match &w.same {
+            Some(same) => w.visible.logical_and(same).unsqueeze(1), // (b, 1, m, n)
+            None => w.visible.view([1, 1, w.visible.size()[0], w.visible.size()[1]]),
         };
-        // The mask after the softmax with renormalisation is the bias ln m before it.
-        let bias = positions + log_mask(&mask, &visible); // (b, h, m, n)
-        let context = attend(input.q, &k, &v, &bias, input.attn.dropout, input.train); // (b, h, m, dh)
-        let earlier = mask.gt(0.0).logical_and(&visible).logical_and(&dist.ge(1));
+        let reach = self.reach().min(self.max_span);
+        let contexts: Vec<Tensor> = w
+            .chunks(input.q, reach)
+            .iter()
+            .map(|c| {
+                let q = chunk_queries(input.q, c); // (b, h, queries, dh)
+                let positions = window_bias(&q, Some(key_pe), c.cached(), &c.of(&w.visible)); // (b, h, queries, keys)
+                // The mask after the softmax with renormalisation is the bias ln m before it.
+                let bias = positions + log_mask(&c.of(&mask), &c.of(&visible)); // (b, h, queries, keys)
+                attend(&q, &chunk_keys(&w.k, c), &chunk_keys(&w.v, c), &bias, input.attn.dropout, input.train)
+            })
+            .collect();
+        let context = cat_chunks(contexts); // (b, h, m, dh)
+        let earlier = mask.gt(0.0).logical_and(&visible).logical_and(&w.dist.ge(1));
         self.last_mem_rows = super::layer::mem_rows(&earlier); // from (b or 1, h, m, n)
         let aux = (input.train && self.cfg.loss_coef > 0.0).then(|| z.mean(z.kind()) * (self.cfg.loss_coef * self.max_span as f64));
         Ok(AttendOutput { context, aux_loss: aux, added: None })
@@ -153,26 +168,42 @@ mod tests {
     /// and in the gradients to the inputs, positions and span ratios.
     #[test]
     fn the_biased_softmax_equals_the_renormalised_mask() {
+        // Spans of 1.3 and 2.7 of L = 10 over blocks of 4: one chunk a block.
+        biased_softmax_equals_renormalised_mask(10, 4, [0.13, 0.27]);
+    }
+
+    /// The same, over blocks of 150 that attend in chunks (spans 7.8 and 16.2 of 60, so
+    /// each chunk of 64 queries sees 64 + 20 keys of up to 210).
+    #[test]
+    fn chunked_attention_equals_the_renormalised_mask() {
+        biased_softmax_equals_renormalised_mask(60, 150, [0.13, 0.27]);
+    }
+
+    fn biased_softmax_equals_renormalised_mask(max_span: i64, m: i64, ratios: [f64; 2]) {
         use crate::model::attention::{window_scores, Attention};
+        use crate::model::memory::window::WindowKeys;
         let mut rng = crate::rng::Rng::new(7);
         let mut vs = tch::nn::VarStore::new(tch::Device::Cpu);
         let attn = Attention::new(vs.root() / "attn", 8, 2, 0.0, false);
         let cfg = AdaptiveConfig { ramp: 3, ..AdaptiveConfig::default() };
-        let mut layer = AdaptiveSpan::new(vs.root() / "attn", 2, 10, &cfg);
+        let mut layer = AdaptiveSpan::new(vs.root() / "attn", 2, max_span as usize, &cfg);
         vs.double();
-        // Spans of 1.3 and 2.7: no key sits exactly where the mask reaches 0, the kink
+        // Spans with a fraction: no key sits exactly where the mask reaches 0, the kink
         // where the two choose different one-sided derivatives (the clamp passes a
         // gradient at its bound; a key at -inf passes none).
-        tch::no_grad(|| layer.z.copy_(&Tensor::from_slice(&[0.13f64, 0.27])));
-        let key_pe = rng.normal_tensor(&[11, 4], Kind::Double).set_requires_grad(true);
+        tch::no_grad(|| layer.z.copy_(&Tensor::from_slice(&ratios)));
+        let key_pe = rng.normal_tensor(&[max_span + 1, 4], Kind::Double).set_requires_grad(true);
         for block in 0..3 {
-            let x = rng.normal_tensor(&[2, 4, 8], Kind::Double).set_requires_grad(true);
+            let x = rng.normal_tensor(&[2, m, 8], Kind::Double).set_requires_grad(true);
             let q = attn.queries(&x);
             let input = AttendInput { x: &x, q: &q, attn: &attn, key_pe: Some(&key_pe), train: true, episodes: None };
             // The reference, from the same cache, before `attend` adds to it.
-            let WindowKeys { k, v, dist, visible, cached, .. } = layer.window.keys(&input, 10);
+            let keys = layer.window.keys(&input, max_span);
+            let chunks = keys.chunks(&q, layer.reach()).len();
+            assert!(if m > 64 { chunks > 1 } else { chunks == 1 }, "block {block}: {chunks} chunks");
+            let WindowKeys { k, v, dist, visible, cached, .. } = keys;
             let scores = window_scores(&q, &k, &key_pe, cached);
-            let mask = (span_mask(&layer.z, &dist, 10.0, 3.0) * visible.to_kind(Kind::Double)).unsqueeze(0);
+            let mask = (span_mask(&layer.z, &dist, max_span as f64, 3.0) * visible.to_kind(Kind::Double)).unsqueeze(0);
             let probs = scores.softmax(-1, Kind::Double) * &mask;
             let reference = (&probs / probs.sum_dim_intlist([-1i64].as_slice(), true, Kind::Double)).matmul(&v);
             let out = layer.attend(&input).unwrap().context;

@@ -4,6 +4,13 @@
 //! ([`super::infinity`]). It keeps a layer's last input states (detached) and, per recent
 //! `(cached, m)` shape, the distance and visibility masks of a window of `span`
 //! (Transformer-XL's `C_t = {t-L, ..., t-1}`), built once and reused.
+//!
+//! On the CPU a block's queries attend in chunks of [`QUERY_CHUNK`] ([`query_chunks`]):
+//! each chunk's scores cover only the keys from its first query's reach to its last
+//! query, not all of `[cache, block]`. A block of `M` queries with a reach of `L` over
+//! `L + M` keys computes about `L + 64` scores a query instead of `L + M` (a quarter
+//! fewer at `L = 512`, `M = 256`; two thirds fewer for Adaptive-Span's short spans),
+//! and the same numbers: a key out of a chunk's range was masked with `-inf`.
 
 use std::collections::HashMap;
 
@@ -44,6 +51,54 @@ pub(crate) fn window_mem_size(cached: i64, m: i64, span: i64) -> f64 {
     (0..m).map(|q| (cached + q).min(span) as f64).sum::<f64>() / m as f64
 }
 
+/// Queries per chunk of a block's attention on the CPU (see the module doc).
+pub(crate) const QUERY_CHUNK: i64 = 64;
+
+/// A run of a block's queries and the range of `[cache, block]` they may see.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Chunk {
+    /// The chunk's first query (0 = the block's first), and how many queries.
+    pub q0: i64,
+    pub queries: i64,
+    /// The first key the chunk's first query may see, and how many keys from there to
+    /// the chunk's last query.
+    pub k0: i64,
+    pub keys: i64,
+}
+
+impl Chunk {
+    /// Keys before the chunk's first query: the `cached` of the chunk's own window.
+    pub fn cached(&self) -> i64 {
+        self.keys - self.queries
+    }
+
+    /// The chunk's rows and columns of a `(.., m, n)` tensor of the block (a view).
+    pub fn of(&self, t: &Tensor) -> Tensor {
+        t.narrow(-2, self.q0, self.queries).narrow(-1, self.k0, self.keys)
+    }
+}
+
+/// The chunks in which `m` queries after `cached` states attend when each sees at most
+/// `reach` states before itself: runs of `chunk` queries, each over the keys from its
+/// first query's reach to its last query. The leading runs that would all start at key
+/// 0 are one chunk (nothing to save between them), so a window that spans the whole
+/// block is a single chunk, the block.
+pub(crate) fn query_chunks(cached: i64, m: i64, reach: i64, chunk: i64) -> Vec<Chunk> {
+    let mut chunks: Vec<Chunk> = Vec::new();
+    for q0 in (0..m).step_by(chunk.max(1) as usize) {
+        let queries = chunk.min(m - q0);
+        let k0 = (cached + q0 - reach).max(0);
+        match chunks.last_mut() {
+            Some(first) if k0 == 0 => {
+                first.queries += queries;
+                first.keys += queries;
+            }
+            _ => chunks.push(Chunk { q0, queries, k0, keys: cached + q0 + queries - k0 }),
+        }
+    }
+    chunks
+}
+
 /// Most `(cached, m)` mask shapes a [`WindowCache`] keeps. While the cache fills, every
 /// block has a new shape; keeping them all cost `L / M` masks of `M x L` (9.6 GB for
 /// L = 32k, M = 256), so older shapes are dropped and only the steady ones stay.
@@ -81,6 +136,35 @@ pub(crate) struct WindowKeys {
     pub same: Option<Tensor>,
 }
 
+impl WindowKeys {
+    /// The chunks in which the block's queries `q` `(b, h, m, dh)` attend when each sees
+    /// at most `reach` earlier states: chunks of [`QUERY_CHUNK`] on the CPU; the whole
+    /// block on a GPU, whose fused kernel is not measured chunked.
+    pub fn chunks(&self, q: &Tensor, reach: i64) -> Vec<Chunk> {
+        let m = q.size()[2];
+        let chunk = if q.device().is_cuda() { m } else { QUERY_CHUNK };
+        query_chunks(self.cached, m, reach, chunk)
+    }
+}
+
+/// The chunk's queries `(b, h, queries, dh)` of the block's `q` `(b, h, m, dh)` (a view).
+pub(crate) fn chunk_queries(q: &Tensor, c: &Chunk) -> Tensor {
+    q.narrow(2, c.q0, c.queries)
+}
+
+/// The contexts `(b, h, queries, dh)` of a block's chunks, in order: `(b, h, m, dh)`.
+pub(crate) fn cat_chunks(mut contexts: Vec<Tensor>) -> Tensor {
+    match contexts.len() {
+        1 => contexts.remove(0),
+        _ => Tensor::cat(&contexts, 2),
+    }
+}
+
+/// The chunk's keys or values `(b, h, keys, dh)` of the block's `(b, h, n, dh)` (a view).
+pub(crate) fn chunk_keys(k: &Tensor, c: &Chunk) -> Tensor {
+    k.narrow(2, c.k0, c.keys)
+}
+
 impl WindowCache {
     /// States held.
     pub fn len(&self) -> i64 {
@@ -111,17 +195,28 @@ impl WindowCache {
     /// the same).
     pub fn attend(&mut self, input: &AttendInput, span: i64) -> (Tensor, Vec<f64>) {
         let m = input.x.size()[1];
+        let reach = reach(span, m);
         let w = self.keys(input, span);
-        let bias = window_bias(input.q, input.key_pe, w.cached, &w.visible); // (b, h, m, n), or (m, n) without positions
-        let (bias, mem_rows) = match &w.same {
-            None => (bias, vec![window_mem_size(w.cached, m, reach(span, m))]),
-            Some(same) => (
-                bias.masked_fill(&same.logical_not().unsqueeze(1), f64::NEG_INFINITY), // (b, h or 1, m, n)
-                mem_rows(&w.visible.logical_and(same).logical_and(&w.dist.ge(1))), // from (b, m, n)
-            ),
+        let mem_rows = match &w.same {
+            None => vec![window_mem_size(w.cached, m, reach)],
+            Some(same) => mem_rows(&w.visible.logical_and(same).logical_and(&w.dist.ge(1))), // from (b, m, n)
         };
-        let context = attend(input.q, &w.k, &w.v, &bias, input.attn.dropout, input.train);
-        (context, mem_rows)
+        // Positions are learned up to P - 1 back: no key further back can be seen.
+        let seen = input.key_pe.map_or(reach, |pe| reach.min(pe.size()[0] - 1));
+        let contexts: Vec<Tensor> = w
+            .chunks(input.q, seen)
+            .iter()
+            .map(|c| {
+                let q = chunk_queries(input.q, c); // (b, h, queries, dh)
+                let bias = window_bias(&q, input.key_pe, c.cached(), &c.of(&w.visible)); // (b, h, queries, keys), or (queries, keys) without positions
+                let bias = match &w.same {
+                    None => bias,
+                    Some(same) => bias.masked_fill(&c.of(same).logical_not().unsqueeze(1), f64::NEG_INFINITY), // (b, h or 1, queries, keys)
+                };
+                attend(&q, &chunk_keys(&w.k, c), &chunk_keys(&w.v, c), &bias, input.attn.dropout, input.train)
+            })
+            .collect();
+        (cat_chunks(contexts), mem_rows)
     }
 
     /// Appends the block `x` `(b, m, d)`, with its positions' episodes `(b, m)` when the
@@ -231,6 +326,68 @@ mod tests {
         reused.keys(&AttendInput { x: &keyed, q: &q, attn: &attn, key_pe: Some(&key_pe), train: false, episodes: None }, 7);
         reused.append(&other, None, 7);
         assert!(reused.cache.as_ref().unwrap().narrow(1, 4, 3).equal(&other));
+    }
+
+    /// Chunks of a block's queries: runs of `chunk`, each from its first query's reach to
+    /// its last query; the leading runs that start at key 0 are one.
+    #[test]
+    fn queries_attend_in_chunks_over_the_keys_they_reach() {
+        let c = |q0, queries, k0, keys| Chunk { q0, queries, k0, keys };
+        // A full cache of 512 before a block of 256, span 512: every chunk over 576 keys.
+        assert_eq!(query_chunks(512, 256, 512, 64), vec![c(0, 64, 0, 576), c(64, 64, 64, 576), c(128, 64, 128, 576), c(192, 64, 192, 576)]);
+        // An empty cache, reach 100: the first two runs both start at key 0, so are one.
+        assert_eq!(query_chunks(0, 256, 100, 64), vec![c(0, 128, 0, 128), c(128, 64, 28, 164), c(192, 64, 92, 164)]);
+        // A window over the whole block is the block; a last run shorter than the rest.
+        assert_eq!(query_chunks(10, 100, 200, 64), vec![c(0, 100, 0, 110)]);
+        assert_eq!(query_chunks(64, 100, 64, 64), vec![c(0, 64, 0, 128), c(64, 36, 64, 100)]);
+        assert_eq!(c(64, 36, 64, 100).cached(), 64);
+    }
+
+    /// The chunked attention equals the block's attention over all of `[cache, block]`
+    /// (the keys a chunk leaves out were masked), in value and in the gradients to the
+    /// inputs and positions, in double precision: while the cache fills and after it,
+    /// with and without episodes.
+    #[test]
+    fn chunked_attention_equals_the_whole_block() {
+        use crate::model::attention::window_bias;
+        use tch::Kind::{Double, Int64};
+        let _seed = crate::rng::seed_torch(5);
+        let mut rng = crate::rng::Rng::new(5);
+        let mut vs = tch::nn::VarStore::new(tch::Device::Cpu);
+        let attn = Attention::new(vs.root(), 8, 2, 0.0, false);
+        vs.double();
+        let (span, m) = (40, 150);
+        let key_pe = rng.normal_tensor(&[span + 1, 4], Double).set_requires_grad(true);
+        for with_episodes in [false, true] {
+            let mut w = WindowCache::default();
+            for block in 0..3 {
+                let x = rng.normal_tensor(&[2, m, 8], Double).set_requires_grad(true);
+                // Episodes of 70 steps in the first stream and 110 in the second.
+                let pos = Tensor::arange_start(block * m, (block + 1) * m, (Int64, tch::Device::Cpu));
+                let episodes = with_episodes.then(|| Tensor::stack(&[pos.floor_divide_scalar(70), pos.floor_divide_scalar(110)], 0));
+                let q = attn.queries(&x);
+                let input = AttendInput { x: &x, q: &q, attn: &attn, key_pe: Some(&key_pe), train: true, episodes: episodes.as_ref() };
+                let keys = w.keys(&input, span);
+                assert!(keys.chunks(&q, span).len() > 1, "block {block}: one chunk");
+                let mut bias = window_bias(&q, Some(&key_pe), keys.cached, &keys.visible); // (b, h, m, n)
+                if let Some(same) = &keys.same {
+                    bias = bias.masked_fill(&same.logical_not().unsqueeze(1), f64::NEG_INFINITY);
+                }
+                let whole = attend(&q, &keys.k, &keys.v, &bias, 0.0, true);
+                let (chunked, _) = w.attend(&input, span);
+                let gap = (&chunked - &whole).abs().max().double_value(&[]);
+                assert!(gap < 1e-12, "block {block}, episodes {with_episodes}: outputs differ by {gap}");
+                let weights = rng.normal_tensor(&whole.size(), Double);
+                let inputs = [&x, &key_pe];
+                let g1 = Tensor::run_backward(&[(&chunked * &weights).sum(Double)], &inputs, true, false);
+                let g2 = Tensor::run_backward(&[(&whole * &weights).sum(Double)], &inputs, false, false);
+                for (i, (a, b)) in g1.iter().zip(&g2).enumerate() {
+                    let gap = (a - b).abs().max().double_value(&[]);
+                    assert!(gap < 1e-10 && a.abs().sum(Double).double_value(&[]) > 0.0, "block {block}, input {i}: gradients differ by {gap}");
+                }
+                w.append(&x.detach(), episodes.as_ref(), span);
+            }
+        }
     }
 
     /// Regression: the masks of every shape seen while the cache filled were kept
