@@ -21,14 +21,15 @@
 #   corridor  the corridor sweep, 3 seeds; agent spans      docs/sweep-corridor-small.csv,
 #                                                           docs/agent-spans-corridor.*      35 min
 #   ablation  the corridor's Expire-Span ablations          docs/ablation-corridor.csv      35 min
-#   portal    the portal sweeps (5 and 8 rooms); spans      docs/sweep-portal-*.csv,
-#                                                           docs/agent-spans-portal*       120 min
+#   portal    the 5-room portal sweep; agent spans          docs/sweep-portal-small.*,
+#                                                           docs/agent-spans-portal.*       60 min
+#   portal8   the 8-room portal sweep; its spans            docs/sweep-portal-8-rooms.*,
+#                                                           docs/agent-spans-portal-8-rooms* 60 min
 #   enwik8    the Table-4 analogue: sweep and bench on a    docs/sweep-enwik8-tiny.csv,
 #             10 MB stand-in corpus (Rust's HTML docs)      docs/bench-enwik8-tiny.txt       25 min
 #   scaling   time and memory against span and context      docs/bench-scaling.txt           6 min
 # In all about 5 hours (portal: 60 minutes for its 5-room sweep on the AMD EPYC of
-# 2026-11-24, about as long again for the 8-room one); the sections that time (enwik8,
-# scaling) want the CPU to themselves.
+# 2026-11-24); the sections that time (enwik8, scaling) want the CPU to themselves.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
@@ -38,7 +39,7 @@ OUT=${DOCS_OUT:-runs/docs}
 THREADS=2
 mkdir -p docs "$OUT"
 SECTIONS=("$@")
-ALL=(default sweep gpt2 words dialogue corridor ablation portal enwik8 scaling)
+ALL=(default sweep gpt2 words dialogue corridor ablation portal portal8 enwik8 scaling)
 [ ${#SECTIONS[@]} -gt 0 ] || SECTIONS=("${ALL[@]}")
 
 # Copies a sweep's table, chart and PNG to docs/NAME.{csv,svg,png}.
@@ -132,6 +133,9 @@ section_portal() {
   keep_sweep "$OUT/portal/portal-small-sweep" sweep-portal-small
   keep_spans "$OUT/portal/portal-small-sweep/runs/expire-128-s1" agent-spans-portal 2 4
   keep_span_summaries "$OUT/portal/portal-small-sweep/runs" expire-128 agent-spans-portal
+}
+
+section_portal8() {
   $LETHE sweep --preset portal-small --mechanism fixed:8,16,32 --mechanism expire:128 --seeds 1,2,3 \
     --length 8 --set data.portal.max_steps=200 --set train.threads=$THREADS --out "$OUT/portal-8"
   keep_sweep "$OUT/portal-8/portal-small-sweep" sweep-portal-8-rooms

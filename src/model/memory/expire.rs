@@ -39,6 +39,7 @@ use crate::config::{Deletion, ExpireConfig};
 use crate::error::{LetheError, Result};
 use crate::model::attention;
 use crate::model::memory::expire_fused;
+use crate::model::memory::window::{cat_chunks, chunk_keys, chunk_queries, Chunk, QUERY_CHUNK};
 use crate::profile;
 
 /// Soft mask of Eq. 5: `clamp(1 + r / R, 0, 1)`.
@@ -306,26 +307,45 @@ impl ExpireSpan {
     /// [`Self::attend_written_out`] with the scores from the fused CPU kernel
     /// ([`expire_fused`]): the content and position products are matrix products, the
     /// mask, its log, the positions' layout and the ramp counts one pass.
+    ///
+    /// The queries go in chunks of [`QUERY_CHUNK`], each over the keys up to its last
+    /// query: the block's later keys are masked for every query of a chunk (a query sees
+    /// no key after itself), so they are left out of its products, kernel and softmax.
     fn attend_fused(&self, p: &Operands, input: &AttendInput) -> Result<(Tensor, Option<Tensor>, Seen)> {
-        let m = input.x.size()[1];
+        let (m, n) = (input.x.size()[1], p.k.size()[2]);
         let ramp = self.cfg.ramp as f64;
-        let scoring = profile::phase("scores");
-        let products = profile::phase("products");
         let scaled = p.q / (p.q.size()[3] as f64).sqrt();
-        let content = scaled.matmul(&p.k.transpose(-2, -1)); // (b, h, m, n)
-        let positions = scaled.matmul(&p.key_pe.tr()); // (b, h, m, P)
-        drop(products);
-        let kernel = profile::phase("fused kernel");
         let counter = p.counter.to_kind(p.q.kind());
-        let fused = expire_fused::expire_scores(&content, &positions, p.spans, &counter, p.usable, ramp)?;
-        drop((kernel, scoring));
-        let mixing = profile::phase("attention");
-        let context = attention::mix(&fused.scores, p.v, input.attn.dropout, input.train); // (b, h, m, dh)
-        drop(mixing);
+        let mut contexts = Vec::new();
+        let (mut ramp_counts, mut ramp_distance) = (Vec::new(), Vec::new());
+        for c in causal_chunks(n - m, m, QUERY_CHUNK) {
+            let scoring = profile::phase("scores");
+            let products = profile::phase("products");
+            let q = chunk_queries(&scaled, &c); // (b, h, queries, dh)
+            let content = q.matmul(&chunk_keys(p.k, &c).transpose(-2, -1)); // (b, h, queries, keys)
+            let positions = q.matmul(&p.key_pe.tr()); // (b, h, queries, P)
+            drop(products);
+            let kernel = profile::phase("fused kernel");
+            // Distances to the chunk's first query; the usable keys of its rows.
+            let chunk_counter = counter.narrow(1, 0, c.keys) + c.q0 as f64; // (b, keys)
+            let usable = match p.usable.size()[1] {
+                1 => p.usable.narrow(2, 0, c.keys), // (b, 1, keys)
+                _ => c.of(p.usable),                // (b, queries, keys)
+            };
+            let spans = p.spans.narrow(1, 0, c.keys);
+            let fused = expire_fused::expire_scores(&content, &positions, &spans, &chunk_counter, &usable, ramp)?;
+            drop((kernel, scoring));
+            let _mixing = profile::phase("attention");
+            contexts.push(attention::mix(&fused.scores, &chunk_keys(p.v, &c), input.attn.dropout, input.train)); // (b, h, queries, dh)
+            ramp_counts.push(fused.ramp_counts.constant_pad_nd([0, n - c.keys])); // (b, n)
+            ramp_distance.push(fused.ramp_distance); // (b)
+        }
+        let context = cat_chunks(contexts); // (b, h, m, dh)
         let _loss = profile::phase("span loss");
-        let aux = self
-            .span_loss_applies(input.train)
-            .then(|| ramp_loss_of_counts(p.spans, &fused.ramp_counts, &fused.ramp_distance, ramp, m, self.cfg.alpha));
+        let aux = match (ramp_counts.into_iter().reduce(|a, b| a + b), ramp_distance.into_iter().reduce(|a, b| a + b)) {
+            (Some(counts), Some(distance)) if self.span_loss_applies(input.train) => Some(ramp_loss_of_counts(p.spans, &counts, &distance, ramp, m, self.cfg.alpha)),
+            _ => None,
+        };
         Ok((context, aux, Seen::Spans { spans: p.spans.detach(), usable: p.usable.shallow_clone(), ramp }))
     }
 
@@ -353,6 +373,16 @@ impl ExpireSpan {
         };
         valid.logical_and(&kept)
     }
+}
+
+/// The chunks of `chunk` queries of a block of `m` after `cached` keys, each over the keys
+/// from the first to its last query (`k0 = 0`: a memory's span, not its age, decides
+/// whether a query sees it).
+fn causal_chunks(cached: i64, m: i64, chunk: i64) -> Vec<Chunk> {
+    (0..m).step_by(chunk.max(1) as usize).map(|q0| {
+        let queries = chunk.min(m - q0);
+        Chunk { q0, queries, k0: 0, keys: cached + q0 + queries }
+    }).collect()
 }
 
 /// Keeps, for every stream, the slots where `keep` is true, in order, right-aligned and
@@ -670,21 +700,34 @@ mod tests {
     /// embeddings.
     #[test]
     fn the_fused_layer_equals_the_written_out_one() {
+        fused_layer_equals_written_out(4, 16, 5);
+    }
+
+    /// The same over blocks of 150, whose queries the fused path takes in three chunks.
+    #[test]
+    fn the_fused_layer_in_chunks_equals_the_written_out_one() {
+        assert_eq!(causal_chunks(20, 150, QUERY_CHUNK).len(), 3);
+        fused_layer_equals_written_out(150, 40, 41);
+    }
+
+    /// Blocks of `m`, maximum span `max_span`, `positions` rows of `key_pe`.
+    fn fused_layer_equals_written_out(m: i64, max_span: usize, positions: i64) {
         use crate::model::attention::Attention;
         let _seed = crate::rng::seed_torch(5);
         let mut rng = crate::rng::Rng::new(5);
         let vs = tch::nn::VarStore::new(tch::Device::Cpu);
         let attn = Attention::new(vs.root() / "attn", 8, 2, 0.0, false);
         let cfg = ExpireConfig { ramp: 3, init_fraction: 0.4, alpha: 0.1, fused: false, ..ExpireConfig::default() };
-        let mut written = ExpireSpan::new(vs.root() / "attn", 8, 16, 5, &cfg);
-        let mut fused = ExpireSpan::new(vs.root() / "unused", 8, 16, 5, &ExpireConfig { fused: true, ..cfg.clone() });
+        let mut written = ExpireSpan::new(vs.root() / "attn", 8, max_span, positions, &cfg);
+        let mut fused = ExpireSpan::new(vs.root() / "unused", 8, max_span, positions, &ExpireConfig { fused: true, ..cfg.clone() });
         (fused.w, fused.b) = (written.w.shallow_clone(), written.b.shallow_clone());
-        let key_pe = (rng.normal_tensor(&[5, 4], Kind::Float) * 0.5).set_requires_grad(true);
+        let key_pe = (rng.normal_tensor(&[positions, 4], Kind::Float) * 0.5).set_requires_grad(true);
         let params = [written.w.shallow_clone(), written.b.shallow_clone(), key_pe.shallow_clone()];
         for step in 0..6 {
-            let x = rng.normal_tensor(&[2, 4, 8], Kind::Float);
+            let x = rng.normal_tensor(&[2, m, 8], Kind::Float);
             // Row 0 starts an episode in every block's middle; row 1 is one episode.
-            let episodes = Tensor::from_slice(&[step, step, step + 1, step + 1, 0, 0, 0, 0]).view([2, 4]);
+            let half = Tensor::arange(m, (Kind::Int64, tch::Device::Cpu)).ge(m / 2).to_kind(Kind::Int64);
+            let episodes = Tensor::stack(&[half + step, Tensor::zeros([m], (Kind::Int64, tch::Device::Cpu))], 0); // (2, m)
             let q = attn.queries(&x);
             let input = AttendInput { x: &x, q: &q, attn: &attn, key_pe: Some(&key_pe), train: true, episodes: Some(&episodes) };
             let (a, b) = (written.attend(&input).unwrap(), fused.attend(&input).unwrap());

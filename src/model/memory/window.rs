@@ -152,17 +152,17 @@ pub(crate) fn chunk_queries(q: &Tensor, c: &Chunk) -> Tensor {
     q.narrow(2, c.q0, c.queries)
 }
 
+/// The chunk's keys or values `(b, h, keys, dh)` of the block's `(b, h, n, dh)` (a view).
+pub(crate) fn chunk_keys(k: &Tensor, c: &Chunk) -> Tensor {
+    k.narrow(2, c.k0, c.keys)
+}
+
 /// The contexts `(b, h, queries, dh)` of a block's chunks, in order: `(b, h, m, dh)`.
 pub(crate) fn cat_chunks(mut contexts: Vec<Tensor>) -> Tensor {
     match contexts.len() {
         1 => contexts.remove(0),
         _ => Tensor::cat(&contexts, 2),
     }
-}
-
-/// The chunk's keys or values `(b, h, keys, dh)` of the block's `(b, h, n, dh)` (a view).
-pub(crate) fn chunk_keys(k: &Tensor, c: &Chunk) -> Tensor {
-    k.narrow(2, c.k0, c.keys)
 }
 
 impl WindowCache {
