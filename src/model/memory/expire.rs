@@ -20,9 +20,11 @@
 //!   `u L`, `u ~ U(0, 1)`, for the mask and the loss, not for deletion.
 //! - Relative positions (A.1): `key_pe` only for distances up to `min(L, M)`; older
 //!   memories are matched on content alone, so the position cost is `O(M)`, not `O(L)`.
+//! - On the CPU (the fused kernel) the block's queries go in causal chunks of 64, each
+//!   over the keys up to its last query: a query sees no later key.
 //! - Physical deletion: after a block, a memory is dropped when every query of the next
-//!   block would mask it fully, `e + R - counter_next <= 0`; the block just processed is
-//!   always kept. The cache is a padded tensor `(b, C, d)`, right-aligned, with a
+//!   block would mask it fully, `e + R - counter_next <= 0`, the block just processed
+//!   included under `stream` (the official code keeps that block for its skew). The cache is a padded tensor `(b, C, d)`, right-aligned, with a
 //!   per-slot counter and a validity flag. Policy `stream` compacts every stream to its
 //!   own live memories (padding only up to the longest stream); `batch` reproduces the
 //!   official code (drop the batch minimum of leading dead memories, rounded down to a
