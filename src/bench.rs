@@ -30,6 +30,7 @@ use crate::data::Batch;
 use crate::dist::ProcessGroup;
 use crate::error::{LetheError, Result};
 use crate::metrics::{mean, peak_rss_bytes, reset_peak_rss};
+use crate::model::memory::expire;
 use crate::model::memory::window::{self, query_chunks, Chunk, QUERY_CHUNK};
 use crate::model::Lm;
 use crate::optim::Optimiser;
@@ -337,16 +338,17 @@ fn scored_chunks(cfg: &Config, held: i64) -> Vec<Chunk> {
     let m = cfg.train.block as i64;
     let whole = Chunk { q0: 0, queries: m, k0: 0, keys: held + m };
     let span = cfg.memory.span as i64;
+    if crate::device::parse(&cfg.train.device).map_or(false, |d| d.is_cuda()) {
+        return vec![whole];
+    }
     let reach = match cfg.memory.mechanism {
         // Without relative positions (GPT-2) a query sees its whole block.
         Mechanism::Fixed | Mechanism::Infinity if cfg.model.arch == Arch::Gpt2 => window::reach(span, m),
         Mechanism::Fixed | Mechanism::Infinity => span,
         Mechanism::Adaptive => held.min(span),
+        Mechanism::Expire if cfg.memory.expire.fused => return expire::causal_chunks(held, m, QUERY_CHUNK),
         Mechanism::Expire | Mechanism::Compressive => return vec![whole],
     };
-    if crate::device::parse(&cfg.train.device).map_or(false, |d| d.is_cuda()) {
-        return vec![whole];
-    }
     query_chunks(held, m, reach, QUERY_CHUNK)
 }
 
@@ -363,7 +365,9 @@ fn scored_chunks(cfg: &Config, held: i64) -> Vec<Chunk> {
 ///   the `min(P, n)` position rows a block can reach, `2 m P d`; where the queries attend
 ///   in chunks (the window mechanisms on the CPU, `model::memory::window`), each chunk
 ///   of `c` queries over its `k` keys instead: `2 * 2 c k d` and `2 c min(P, k) d`
-///   (Adaptive-Span's reach counted as its whole cache, an upper bound);
+///   (Adaptive-Span's reach counted as its whole cache, an upper bound; Expire-Span's
+///   fused path in causal chunks, each over the keys up to its last query, with all
+///   `P` position rows);
 /// - for the ∞-former, its long-term memory's keys, values and output projection,
 ///   `3 * 2 N d²`, and scores and context over the `N` basis functions, `2 * 2 m N d`.
 ///
@@ -379,8 +383,10 @@ pub fn step_flops(cfg: &Config, held: &[usize]) -> f64 {
         let mut flops = 4.0 * m * d * d + 4.0 * m * d * f + 4.0 * n * d * d;
         for c in scored_chunks(cfg, held as i64) {
             let (queries, keys) = (c.queries as f64, c.keys as f64);
-            // No pair is further apart than keys - 1, and only those rows are used.
-            flops += 4.0 * queries * keys * d + 2.0 * queries * p.min(keys) * d;
+            // No pair is further apart than keys - 1, and only those rows are used (but
+            // Expire-Span scores every row, at most a block's, and gathers from them).
+            let rows = if cfg.memory.mechanism == Mechanism::Expire { p } else { p.min(keys) };
+            flops += 4.0 * queries * keys * d + 2.0 * queries * rows * d;
         }
         if cfg.memory.mechanism == Mechanism::Infinity {
             let basis = cfg.memory.infinity.basis as f64;
@@ -708,6 +714,12 @@ mod tests {
         let (q_o, ffn, k_v, head) = (4.0 * 128.0 * 16.0, 4.0 * 128.0 * 4.0 * 8.0, 4.0 * 192.0 * 16.0, 2.0 * 128.0 * 4.0 * 10.0);
         let chunks = 2.0 * (4.0 * 64.0 * 128.0 * 4.0 + 2.0 * 64.0 * 65.0 * 4.0);
         assert_eq!(step_flops(&cfg, &[64]), 3.0 * 3.0 * (q_o + ffn + k_v + chunks + head));
+        // Expire-Span holding 20: causal chunks over 84 and 148 keys, each query scoring
+        // all P = 65 position rows.
+        cfg.memory.mechanism = Mechanism::Expire;
+        let k_v = 4.0 * 148.0 * 16.0;
+        let chunks = 4.0 * 64.0 * (84.0 + 148.0) * 4.0 + 2.0 * 2.0 * 64.0 * 65.0 * 4.0;
+        assert_eq!(step_flops(&cfg, &[20]), 3.0 * 3.0 * (q_o + ffn + k_v + chunks + head));
     }
 
     #[test]

@@ -380,7 +380,7 @@ impl ExpireSpan {
 /// The chunks of `chunk` queries of a block of `m` after `cached` keys, each over the keys
 /// from the first to its last query (`k0 = 0`: a memory's span, not its age, decides
 /// whether a query sees it).
-fn causal_chunks(cached: i64, m: i64, chunk: i64) -> Vec<Chunk> {
+pub(crate) fn causal_chunks(cached: i64, m: i64, chunk: i64) -> Vec<Chunk> {
     (0..m).step_by(chunk.max(1) as usize).map(|q0| {
         let queries = chunk.min(m - q0);
         Chunk { q0, queries, k0: 0, keys: cached + q0 + queries }
