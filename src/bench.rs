@@ -338,7 +338,7 @@ fn scored_chunks(cfg: &Config, held: i64) -> Vec<Chunk> {
     let m = cfg.train.block as i64;
     let whole = Chunk { q0: 0, queries: m, k0: 0, keys: held + m };
     let span = cfg.memory.span as i64;
-    if crate::device::parse(&cfg.train.device).map_or(false, |d| d.is_cuda()) {
+    if crate::device::parse(&cfg.train.device).is_ok_and(|d| d.is_cuda()) {
         return vec![whole];
     }
     let reach = match cfg.memory.mechanism {
