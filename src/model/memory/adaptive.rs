@@ -81,7 +81,8 @@ impl MemoryLayer for AdaptiveSpan {
             Some(same) => w.visible.logical_and(same).unsqueeze(1), // (b, 1, m, n)
             None => w.visible.view([1, 1, w.visible.size()[0], w.visible.size()[1]]),
         };
-        let reach = self.reach().min(self.max_span);
+        // The spans are read from the device only where the block goes in chunks.
+        let reach = if input.q.device().is_cuda() { self.max_span } else { self.reach().min(self.max_span) };
         let contexts: Vec<Tensor> = w
             .chunks(input.q, reach)
             .iter()

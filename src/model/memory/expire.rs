@@ -24,9 +24,10 @@
 //!   over the keys up to its last query: a query sees no later key.
 //! - Physical deletion: after a block, a memory is dropped when every query of the next
 //!   block would mask it fully, `e + R - counter_next <= 0`, the block just processed
-//!   included under `stream` (the official code keeps that block for its skew). The cache is a padded tensor `(b, C, d)`, right-aligned, with a
-//!   per-slot counter and a validity flag. Policy `stream` compacts every stream to its
-//!   own live memories (padding only up to the longest stream); `batch` reproduces the
+//!   included under `stream` (the official code keeps that block for its skew). The
+//!   cache is a padded tensor `(b, C, d)`, right-aligned, with a per-slot counter and a
+//!   validity flag. Policy `stream` compacts every stream to its own live memories
+//!   (padding only up to the longest stream); `batch` reproduces the
 //!   official code (drop the batch minimum of leading dead memories, rounded down to a
 //!   multiple of the block); `off` keeps the last `L + R` positions, beyond which no
 //!   memory can be seen, so it is the exact reference the other two must match.
@@ -319,36 +320,44 @@ impl ExpireSpan {
         let scaled = p.q / (p.q.size()[3] as f64).sqrt();
         let counter = p.counter.to_kind(p.q.kind());
         let mut contexts = Vec::new();
-        let (mut ramp_counts, mut ramp_distance) = (Vec::new(), Vec::new());
+        let mut ramp_counts = Tensor::zeros([p.k.size()[0], n], (p.q.kind(), p.q.device())); // (b, n)
+        let mut ramp_distance = Tensor::zeros([p.k.size()[0]], (Kind::Double, p.q.device())); // (b)
         for c in causal_chunks(n - m, m, QUERY_CHUNK) {
-            let scoring = profile::phase("scores");
-            let products = profile::phase("products");
-            let q = chunk_queries(&scaled, &c); // (b, h, queries, dh)
-            let content = q.matmul(&chunk_keys(p.k, &c).transpose(-2, -1)); // (b, h, queries, keys)
-            let positions = q.matmul(&p.key_pe.tr()); // (b, h, queries, P)
-            drop(products);
-            let kernel = profile::phase("fused kernel");
-            // Distances to the chunk's first query; the usable keys of its rows.
-            let chunk_counter = counter.narrow(1, 0, c.keys) + c.q0 as f64; // (b, keys)
-            let usable = match p.usable.size()[1] {
-                1 => p.usable.narrow(2, 0, c.keys), // (b, 1, keys)
-                _ => c.of(p.usable),                // (b, queries, keys)
-            };
-            let spans = p.spans.narrow(1, 0, c.keys);
-            let fused = expire_fused::expire_scores(&content, &positions, &spans, &chunk_counter, &usable, ramp)?;
-            drop((kernel, scoring));
-            let _mixing = profile::phase("attention");
-            contexts.push(attention::mix(&fused.scores, &chunk_keys(p.v, &c), input.attn.dropout, input.train)); // (b, h, queries, dh)
-            ramp_counts.push(fused.ramp_counts.constant_pad_nd([0, n - c.keys])); // (b, n)
-            ramp_distance.push(fused.ramp_distance); // (b)
+            let (context, fused) = self.fused_chunk(p, &scaled, &counter, &c, input)?;
+            contexts.push(context);
+            ramp_counts += fused.ramp_counts.constant_pad_nd([0, n - c.keys]);
+            ramp_distance += fused.ramp_distance;
         }
         let context = cat_chunks(contexts); // (b, h, m, dh)
         let _loss = profile::phase("span loss");
-        let aux = match (ramp_counts.into_iter().reduce(|a, b| a + b), ramp_distance.into_iter().reduce(|a, b| a + b)) {
-            (Some(counts), Some(distance)) if self.span_loss_applies(input.train) => Some(ramp_loss_of_counts(p.spans, &counts, &distance, ramp, m, self.cfg.alpha)),
-            _ => None,
-        };
+        let aux = self
+            .span_loss_applies(input.train)
+            .then(|| ramp_loss_of_counts(p.spans, &ramp_counts, &ramp_distance, ramp, m, self.cfg.alpha));
         Ok((context, aux, Seen::Spans { spans: p.spans.detach(), usable: p.usable.shallow_clone(), ramp }))
+    }
+
+    /// One chunk of [`Self::attend_fused`]: its context `(b, h, queries, dh)` and the
+    /// kernel's output over its keys. `scaled` are the block's queries divided by
+    /// `sqrt(dh)`, `counter` the keys' distances to the block's first query.
+    fn fused_chunk(&self, p: &Operands, scaled: &Tensor, counter: &Tensor, c: &Chunk, input: &AttendInput) -> Result<(Tensor, expire_fused::FusedScores)> {
+        let scoring = profile::phase("scores");
+        let products = profile::phase("products");
+        let q = chunk_queries(scaled, c); // (b, h, queries, dh)
+        let content = q.matmul(&chunk_keys(p.k, c).transpose(-2, -1)); // (b, h, queries, keys)
+        let positions = q.matmul(&p.key_pe.tr()); // (b, h, queries, P)
+        drop(products);
+        let _kernel = profile::phase("fused kernel");
+        // Distances to the chunk's first query; the usable keys of its rows.
+        let chunk_counter = counter.narrow(1, 0, c.keys) + c.q0 as f64; // (b, keys)
+        let usable = match p.usable.size()[1] {
+            1 => p.usable.narrow(2, 0, c.keys), // (b, 1, keys)
+            _ => c.of(p.usable),                // (b, queries, keys)
+        };
+        let spans = p.spans.narrow(1, 0, c.keys);
+        let fused = expire_fused::expire_scores(&content, &positions, &spans, &chunk_counter, &usable, self.cfg.ramp as f64)?;
+        drop((_kernel, scoring));
+        let _mixing = profile::phase("attention");
+        Ok((attention::mix(&fused.scores, &chunk_keys(p.v, c), input.attn.dropout, input.train), fused))
     }
 
     fn span_loss_applies(&self, train: bool) -> bool {
