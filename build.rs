@@ -31,6 +31,10 @@ fn compile_csrc(lib: &std::path::Path) {
         .include(include.join("torch/csrc/api/include"))
         .include("csrc/third_party")
         .flag("-std=c++17")
+        // libtorch's `at::parallel_for` is a template in its headers that spreads the
+        // work over OpenMP threads only where `_OPENMP` is defined: without this flag
+        // the fused Expire-Span kernel ran on one thread while libtorch's others waited.
+        .flag("-fopenmp")
         .define("USE_C10D_GLOO", None)
         .define("_GLIBCXX_USE_CXX11_ABI", "1")
         .warnings(false)
@@ -38,4 +42,7 @@ fn compile_csrc(lib: &std::path::Path) {
         .compile("lethe_csrc");
     println!("cargo:rustc-link-lib=dylib=torch_cpu");
     println!("cargo:rustc-link-lib=dylib=c10");
+    // The OpenMP runtime of `-fopenmp`: at run time the loader finds libtorch's own
+    // `libgomp.so.1` first (the rpath above), so there is one thread pool.
+    println!("cargo:rustc-link-lib=dylib=gomp");
 }

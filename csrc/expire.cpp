@@ -370,4 +370,15 @@ int lethe_expire_scores(void* scores, void* pq, void* spans, void* counter, void
   });
 }
 
+// How many threads `at::parallel_for` spreads 64 items over (into `seen`), and
+// libtorch's thread count (into `threads`): the two are equal only where this file is
+// compiled with OpenMP, as libtorch is (build.rs). Without it the kernel above runs on
+// one thread.
+void lethe_parallel_threads(int64_t* seen, int64_t* threads) {
+  std::vector<int> used(static_cast<size_t>(at::get_num_threads()), 0);
+  at::parallel_for(0, 64, 1, [&](int64_t, int64_t) { used[static_cast<size_t>(at::get_thread_num())] = 1; });
+  *seen = std::count(used.begin(), used.end(), 1);
+  *threads = at::get_num_threads();
+}
+
 }  // extern "C"

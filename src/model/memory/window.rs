@@ -196,7 +196,9 @@ impl WindowCache {
     pub fn attend(&mut self, input: &AttendInput, span: i64) -> (Tensor, Vec<f64>) {
         let m = input.x.size()[1];
         let reach = reach(span, m);
+        let keys = crate::profile::phase("keys, values");
         let w = self.keys(input, span);
+        drop(keys);
         let mem_rows = match &w.same {
             None => vec![window_mem_size(w.cached, m, reach)],
             Some(same) => mem_rows(&w.visible.logical_and(same).logical_and(&w.dist.ge(1))), // from (b, m, n)
@@ -208,7 +210,10 @@ impl WindowCache {
             .iter()
             .map(|c| {
                 let q = chunk_queries(input.q, c); // (b, h, queries, dh)
+                let positions = crate::profile::phase("positions");
                 let bias = window_bias(&q, input.key_pe, c.cached(), &c.of(&w.visible)); // (b, h, queries, keys), or (queries, keys) without positions
+                drop(positions);
+                let _attention = crate::profile::phase("attention");
                 let bias = match &w.same {
                     None => bias,
                     Some(same) => bias.masked_fill(&c.of(same).logical_not().unsqueeze(1), f64::NEG_INFINITY), // (b, h or 1, queries, keys)
