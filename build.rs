@@ -27,6 +27,7 @@ fn compile_csrc(lib: &std::path::Path) {
         .cpp(true)
         .file("csrc/dist.cpp")
         .file("csrc/expire.cpp")
+        .file("csrc/trace.cpp")
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
         .include("csrc/third_party")

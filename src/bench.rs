@@ -51,6 +51,10 @@ pub struct BenchOptions {
     /// After the timed steps, run as many again with every phase timed
     /// ([`crate::profile`]), and report the time per phase. Default false.
     pub profile: bool,
+    /// With `profile`: a folder where libtorch's profiler records the profiled steps,
+    /// every operation of the forward and backward passes, as the Chrome trace (JSON)
+    /// `trace-<config name>.json`. Its overhead is in that run's phase times. Default none.
+    pub trace: Option<PathBuf>,
 }
 
 impl BenchOptions {
@@ -59,13 +63,16 @@ impl BenchOptions {
         if self.steps == 0 {
             return Err(LetheError::Invalid("--bench-steps must be at least 1".into()));
         }
+        if self.trace.is_some() && !self.profile {
+            return Err(LetheError::Invalid("a trace records the profiled steps: --trace needs --profile".into()));
+        }
         Ok(())
     }
 }
 
 impl Default for BenchOptions {
     fn default() -> Self {
-        BenchOptions { steps: 20, warmup: 3, context: None, profile: false }
+        BenchOptions { steps: 20, warmup: 3, context: None, profile: false, trace: None }
     }
 }
 
@@ -163,7 +170,9 @@ pub fn bench(cfg: &Config, opts: &BenchOptions, group: Option<&ProcessGroup>) ->
             comm.push(s.comm_s);
         }
     }
-    let profile = opts.profile.then(|| profile_steps(&lm, &mut opt, &mut mems, cfg, opts.steps, &mut rng, group)).transpose()?;
+    // Under torchrun rank 0 traces for the group (the ranks run the same operations).
+    let trace = opts.trace.as_ref().filter(|_| group.is_none_or(|g| g.rank() == 0)).map(|dir| dir.join(format!("trace-{}.json", cfg.name)));
+    let profile = opts.profile.then(|| profile_steps(&lm, &mut opt, &mut mems, cfg, opts.steps, &mut rng, group, trace.as_deref())).transpose()?;
     let t = Timing::of(times);
     let comm_s = Timing::of(comm).median_s;
     let tokens = cfg.train.batch * cfg.train.block;
@@ -198,8 +207,18 @@ pub fn bench(cfg: &Config, opts: &BenchOptions, group: Option<&ProcessGroup>) ->
     })
 }
 
-/// Runs `steps` more training steps with every phase timed ([`crate::profile`]).
-fn profile_steps(lm: &Lm, opt: &mut Optimiser, mems: &mut [crate::model::Memory], cfg: &Config, steps: usize, rng: &mut Rng, group: Option<&ProcessGroup>) -> Result<Vec<crate::profile::PhaseTime>> {
+/// Runs `steps` more training steps with every phase timed ([`crate::profile`]), and
+/// recorded by libtorch's profiler into the Chrome trace `trace` when given.
+#[allow(clippy::too_many_arguments)]
+fn profile_steps(lm: &Lm, opt: &mut Optimiser, mems: &mut [crate::model::Memory], cfg: &Config, steps: usize, rng: &mut Rng, group: Option<&ProcessGroup>, trace: Option<&Path>) -> Result<Vec<crate::profile::PhaseTime>> {
+    let trace = match trace {
+        Some(path) => {
+            let dir = path.parent().unwrap_or(Path::new("."));
+            std::fs::create_dir_all(dir).map_err(|e| LetheError::io(dir, e))?;
+            Some(crate::profile::Trace::start(path)?)
+        }
+        None => None,
+    };
     crate::profile::start(lm.device());
     let ran = (0..steps).try_for_each(|_| {
         let batch = random_batch(rng, cfg.train.batch, cfg.train.block, cfg.model.vocab, false);
@@ -207,7 +226,9 @@ fn profile_steps(lm: &Lm, opt: &mut Optimiser, mems: &mut [crate::model::Memory]
         optimisation_step(lm, opt, mems, &batch, &cfg.train, Scales { lr: cfg.train.lr, aux: 1.0 }, group).map(|_| ())
     });
     let phases = crate::profile::finish();
-    ran.map(|()| phases)
+    ran?;
+    trace.map(crate::profile::Trace::finish).transpose()?;
+    Ok(phases)
 }
 
 /// The median and spread of some timings.
@@ -767,7 +788,7 @@ mod tests {
         let mut cfg = Config::preset("copy-tiny").unwrap();
         cfg.model.layers = 1;
         cfg.train.batch = 2;
-        let r = bench(&cfg, &BenchOptions { steps: 2, warmup: 0, context: None, profile: false }, None).unwrap();
+        let r = bench(&cfg, &BenchOptions { steps: 2, warmup: 0, context: None, profile: false, trace: None }, None).unwrap();
         let r = with_mfu(r, rate);
         let mfu = r.mfu.unwrap();
         assert!((mfu - r.gflops / rate).abs() < 1e-12 && mfu > 0.0);
@@ -783,7 +804,7 @@ mod tests {
         cfg.memory.mechanism = Mechanism::Expire;
         cfg.model.layers = 2;
         cfg.train.batch = 2;
-        let r = bench(&cfg, &BenchOptions { steps: 2, warmup: 0, context: None, profile: true }, None).unwrap();
+        let r = bench(&cfg, &BenchOptions { steps: 2, warmup: 0, context: None, profile: true, trace: None }, None).unwrap();
         let phases = r.profile.unwrap();
         let find = |name: &str| phases.iter().find(|p| p.name() == name).unwrap_or_else(|| panic!("no phase {name}"));
         assert_eq!(find("step").calls, 2);
@@ -797,5 +818,29 @@ mod tests {
             assert!(children <= p.seconds, "{} takes {} s, its phases {children} s", p.name(), p.seconds);
         }
         assert!(attend.seconds > 0.0);
+    }
+
+    /// `--trace` writes libtorch's profile of the profiled steps: a Chrome trace that
+    /// holds the forward operations, the autograd nodes of the backward pass, and
+    /// Expire-Span's fused kernel among them.
+    #[test]
+    fn a_trace_records_every_operation_of_the_profiled_steps() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = Config::preset("copy-tiny").unwrap();
+        cfg.memory.mechanism = Mechanism::Expire;
+        cfg.train.batch = 2;
+        let opts = BenchOptions { steps: 2, warmup: 0, context: None, profile: true, trace: Some(dir.path().join("traces")) };
+        bench(&cfg, &opts, None).unwrap();
+        let path = dir.path().join("traces").join(format!("trace-{}.json", cfg.name));
+        let events: Vec<serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let names: Vec<&str> = events.iter().filter_map(|e| e["name"].as_str()).collect();
+        let count = |part: &str| names.iter().filter(|n| n.contains(part)).count();
+        assert!(count("aten::") > 100, "{} libtorch operations", count("aten::"));
+        assert!(count("autograd::engine::evaluate_function") > 10, "the backward pass's nodes");
+        assert_eq!(count("evaluate_function: torch::autograd::CppNode<(anonymous namespace)::ExpireScores>"), 2 * cfg.model.layers, "the fused kernel's backward, once a layer and step");
+        assert!(events.iter().all(|e| e["dur"].as_f64().is_some_and(|d| d >= 0.0)));
+        // A trace without the profile is refused before anything runs.
+        let refused = BenchOptions { profile: false, ..opts };
+        assert!(refused.validate().unwrap_err().to_string().contains("--trace needs --profile"));
     }
 }

@@ -474,6 +474,12 @@ pub struct BenchArgs {
     /// attention, memory and feed-forward), and print the time per phase.
     #[arg(long)]
     pub profile: bool,
+    /// With --profile (which it implies): record the profiled steps with libtorch's
+    /// profiler, every operation of the forward and backward passes, as a Chrome trace
+    /// <out>/<name>/trace-<config>.json (chrome://tracing, ui.perfetto.dev;
+    /// scripts/trace-summary.py sums it per operation).
+    #[arg(long)]
+    pub trace: bool,
     /// A mechanism to bench, optionally with its memory size as in `lethe sweep`:
     /// `fixed`, `expire:1024`, `infinity:512` (repeatable). Default: the config's own.
     #[arg(long = "mechanism", value_name = "MECH[:SIZE]", value_parser = mechanism_item)]

@@ -675,7 +675,8 @@ fn bench(a: BenchArgs) -> Result<()> {
     let cfg = a.config.resolve()?;
     let scale = a.scale.as_deref().map(lethe::bench::parse_scale).transpose()?;
     let cases = lethe::bench::plan(&cfg, &a.mechanisms, scale.as_ref(), a.context)?;
-    let opts = lethe::bench::BenchOptions { steps: a.bench_steps, warmup: a.warmup, context: a.context, profile: a.profile };
+    let trace = a.trace.then(|| a.out.join(&cfg.name));
+    let opts = lethe::bench::BenchOptions { steps: a.bench_steps, warmup: a.warmup, context: a.context, profile: a.profile || a.trace, trace: trace.clone() };
     opts.validate()?;
     let group = lethe::dist::join_for_training(&cfg)?;
     let leader = group.as_ref().is_none_or(|g| g.rank() == 0); // rank 0 speaks for a torchrun launch
@@ -716,6 +717,9 @@ fn bench(a: BenchArgs) -> Result<()> {
     }
     let paths = lethe::bench::write_report(&a.out.join(&cfg.name), &results, gemm)?;
     println!("wrote {}", paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(" and "));
+    if let Some(dir) = &trace {
+        println!("libtorch's traces of the profiled steps: {}", dir.join("trace-<config>.json").display());
+    }
     Ok(())
 }
 

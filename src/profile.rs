@@ -12,14 +12,19 @@
 //! wait slows the step a little; the bench's step times are taken without it.
 //!
 //! What timers cannot split: the backward pass is one libtorch call (`backward`), so it
-//! is one phase. A forward phase that costs a fraction `f` of the forward pass usually
-//! costs about as much in the backward pass, but that is a rule of thumb, not a measure.
+//! is one phase. [`Trace`] splits it: libtorch's own profiler records every operation
+//! and every autograd node of the backward pass into a Chrome trace
+//! (`lethe bench --trace`; `scripts/trace-summary.py` sums it per operation).
 
 use std::cell::RefCell;
+use std::ffi::{c_char, c_int, c_void, CString};
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use serde::Serialize;
 use tch::Device;
+
+use crate::error::{LetheError, Result};
 
 /// One phase's time over the profiled steps.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -163,5 +168,65 @@ mod tests {
         let text = table(&phases, 2);
         assert!(text.contains("\nforward ") && text.contains("\n  attention ") && text.contains("\nbackward "), "{text}");
         assert!(finish().is_empty(), "a second finish has nothing");
+    }
+}
+
+extern "C" {
+    fn lethe_trace_start(path: *const c_char, out: *mut *mut c_void, error: *mut *mut c_char) -> c_int;
+    fn lethe_trace_stop(handle: *mut c_void, error: *mut *mut c_char) -> c_int;
+}
+
+/// A recording of libtorch's profiler (csrc/trace.cpp): every libtorch operation run on
+/// this thread between [`Trace::start`] and [`Trace::finish`], forward and backward,
+/// with its time, written as a Chrome trace (JSON; chrome://tracing or
+/// ui.perfetto.dev). On a GPU the times are the CPU's, not the kernels'.
+pub struct Trace {
+    handle: *mut c_void,
+    path: PathBuf,
+}
+
+impl Trace {
+    /// Starts recording into `path` (written by [`Trace::finish`]).
+    pub fn start(path: &Path) -> Result<Trace> {
+        let text = CString::new(path.to_string_lossy().as_bytes()).map_err(|_| LetheError::Invalid(format!("`{}`: a trace path cannot hold a NUL byte", path.display())))?;
+        let (mut handle, mut error) = (std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: `text` is a NUL-terminated string alive for the call; the function
+        // writes a handle or an error message through the two pointers.
+        if unsafe { lethe_trace_start(text.as_ptr(), &mut handle, &mut error) } != 0 {
+            return Err(LetheError::Invalid(format!("`{}`: libtorch's profiler did not start: {}", path.display(), crate::dist::take_error(error))));
+        }
+        Ok(Trace { handle, path: path.to_path_buf() })
+    }
+
+    /// Stops recording and writes the trace; an error if the file was not written.
+    pub fn finish(mut self) -> Result<PathBuf> {
+        let handle = std::mem::replace(&mut self.handle, std::ptr::null_mut());
+        stop(handle)?;
+        match std::fs::metadata(&self.path) {
+            Ok(m) if m.len() > 0 => Ok(self.path.clone()),
+            Ok(_) => Err(LetheError::Invalid(format!("`{}`: libtorch's profiler wrote an empty trace", self.path.display()))),
+            Err(e) => Err(LetheError::io(&self.path, e)),
+        }
+    }
+}
+
+/// Stops the recording `handle` (null: none) and writes its file.
+fn stop(handle: *mut c_void) -> Result<()> {
+    if handle.is_null() {
+        return Ok(());
+    }
+    let mut error = std::ptr::null_mut();
+    // SAFETY: `handle` came from `lethe_trace_start` and is stopped once (callers
+    // replace it with null first).
+    if unsafe { lethe_trace_stop(handle, &mut error) } != 0 {
+        return Err(LetheError::Invalid(format!("libtorch's profiler: {}", crate::dist::take_error(error))));
+    }
+    Ok(())
+}
+
+impl Drop for Trace {
+    /// A recording that is not finished (an error in the steps) stops, writing what it has.
+    fn drop(&mut self) {
+        let _ = stop(std::mem::replace(&mut self.handle, std::ptr::null_mut()));
     }
 }
