@@ -133,44 +133,6 @@ pub fn table(phases: &[PhaseTime], steps: usize) -> String {
     out
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn busy(ms: u64) {
-        let start = Instant::now();
-        while start.elapsed().as_millis() < ms as u128 {}
-    }
-
-    #[test]
-    fn phases_nest_add_up_and_cost_nothing_when_off() {
-        assert!(phase("off").is_none(), "no profile running: no guard");
-        start(Device::Cpu);
-        for _ in 0..2 {
-            let _outer = phase("forward");
-            for _ in 0..3 {
-                let _inner = phase("attention");
-                busy(2);
-            }
-            busy(1);
-        }
-        {
-            let _b = phase("backward");
-        }
-        let phases = finish();
-        assert!(phase("after").is_none(), "finish ends the profile");
-        let names: Vec<String> = phases.iter().map(PhaseTime::name).collect();
-        assert_eq!(names, ["forward", "forward > attention", "backward"]);
-        let calls: Vec<usize> = phases.iter().map(|p| p.calls).collect();
-        assert_eq!(calls, [2, 6, 1]);
-        let (outer, inner) = (phases[0].seconds, phases[1].seconds);
-        assert!(inner >= 0.012 && outer >= inner + 0.002, "outer {outer} s, inner {inner} s");
-        let text = table(&phases, 2);
-        assert!(text.contains("\nforward ") && text.contains("\n  attention ") && text.contains("\nbackward "), "{text}");
-        assert!(finish().is_empty(), "a second finish has nothing");
-    }
-}
-
 extern "C" {
     fn lethe_trace_start(path: *const c_char, out: *mut *mut c_void, error: *mut *mut c_char) -> c_int;
     fn lethe_trace_stop(handle: *mut c_void, error: *mut *mut c_char) -> c_int;
@@ -228,5 +190,43 @@ impl Drop for Trace {
     /// A recording that is not finished (an error in the steps) stops, writing what it has.
     fn drop(&mut self) {
         let _ = stop(std::mem::replace(&mut self.handle, std::ptr::null_mut()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn busy(ms: u64) {
+        let start = Instant::now();
+        while start.elapsed().as_millis() < ms as u128 {}
+    }
+
+    #[test]
+    fn phases_nest_add_up_and_cost_nothing_when_off() {
+        assert!(phase("off").is_none(), "no profile running: no guard");
+        start(Device::Cpu);
+        for _ in 0..2 {
+            let _outer = phase("forward");
+            for _ in 0..3 {
+                let _inner = phase("attention");
+                busy(2);
+            }
+            busy(1);
+        }
+        {
+            let _b = phase("backward");
+        }
+        let phases = finish();
+        assert!(phase("after").is_none(), "finish ends the profile");
+        let names: Vec<String> = phases.iter().map(PhaseTime::name).collect();
+        assert_eq!(names, ["forward", "forward > attention", "backward"]);
+        let calls: Vec<usize> = phases.iter().map(|p| p.calls).collect();
+        assert_eq!(calls, [2, 6, 1]);
+        let (outer, inner) = (phases[0].seconds, phases[1].seconds);
+        assert!(inner >= 0.012 && outer >= inner + 0.002, "outer {outer} s, inner {inner} s");
+        let text = table(&phases, 2);
+        assert!(text.contains("\nforward ") && text.contains("\n  attention ") && text.contains("\nbackward "), "{text}");
+        assert!(finish().is_empty(), "a second finish has nothing");
     }
 }
