@@ -178,7 +178,7 @@ pub fn bench(cfg: &Config, opts: &BenchOptions, group: Option<&ProcessGroup>) ->
     let tokens = cfg.train.batch * cfg.train.block;
     let reports = mems[0].reports();
     let held: Vec<usize> = reports.iter().map(|r| r.held).collect();
-    let flops = step_flops(cfg, &held);
+    let flops = step_flops(cfg, &held, device);
     Ok(BenchResult {
         name: cfg.name.clone(),
         mechanism: cfg.memory.mechanism.name().to_string(),
@@ -354,12 +354,13 @@ fn random_batch(rng: &mut Rng, batch: usize, block: usize, vocab: usize, reset: 
 }
 
 /// The chunks in which a block's queries score their keys when `held` states are held
-/// (see [`step_flops`]): one chunk of every key but for the window mechanisms on the CPU.
-fn scored_chunks(cfg: &Config, held: i64) -> Vec<Chunk> {
+/// on `device` (see [`step_flops`]): one chunk of every key on a GPU; on the CPU the
+/// window mechanisms' chunks and Expire-Span's causal ones.
+fn scored_chunks(cfg: &Config, held: i64, device: Device) -> Vec<Chunk> {
     let m = cfg.train.block as i64;
     let whole = Chunk { q0: 0, queries: m, k0: 0, keys: held + m };
     let span = cfg.memory.span as i64;
-    if crate::device::parse(&cfg.train.device).is_ok_and(|d| d.is_cuda()) {
+    if device.is_cuda() {
         return vec![whole];
     }
     let reach = match cfg.memory.mechanism {
@@ -374,7 +375,7 @@ fn scored_chunks(cfg: &Config, held: i64) -> Vec<Chunk> {
 }
 
 /// Floating-point operations of one training step of `cfg` when layer `i` holds
-/// `held[i]` states per stream: the matrix products of the forward pass, times 3 for
+/// `held[i]` states per stream on `device`: the matrix products of the forward pass, times 3 for
 /// forward and backward (the usual count: the backward pass costs two forward passes).
 ///
 /// Per stream and block of `m` tokens, a layer with width `d`, feed-forward width `f`
@@ -395,14 +396,14 @@ fn scored_chunks(cfg: &Config, held: i64) -> Vec<Chunk> {
 /// Plus the output head, `2 m d V`. Elementwise work (softmax, masks, norms, the
 /// optimiser) and the mechanisms' small extras (span predictors, the compression
 /// network, the LTM's refit) are not counted.
-pub fn step_flops(cfg: &Config, held: &[usize]) -> f64 {
+pub fn step_flops(cfg: &Config, held: &[usize], device: Device) -> f64 {
     let (d, f, v) = (cfg.model.d_model as f64, cfg.model.d_ffn as f64, cfg.model.vocab as f64);
     let m = cfg.train.block as f64;
     let p = crate::model::memory::position_rows(&cfg.memory, cfg.train.block) as f64;
     let per_layer = |held: usize| {
         let n = held as f64 + m;
         let mut flops = 4.0 * m * d * d + 4.0 * m * d * f + 4.0 * n * d * d;
-        for c in scored_chunks(cfg, held as i64) {
+        for c in scored_chunks(cfg, held as i64, device) {
             let (queries, keys) = (c.queries as f64, c.keys as f64);
             // No pair is further apart than keys - 1, and only those rows are used (but
             // Expire-Span scores every row, at most a block's, and gathers from them).
@@ -722,25 +723,29 @@ mod tests {
         // q, o: 2 * 2*2*16 = 128; ffn: 2 * 2*2*4*8 = 256; k, v: 2 * 2*7*16 = 448;
         // scores and mix: 2 * 2*2*7*4 = 224; positions: 2*2*6*4 = 96; head: 2*2*4*10 = 160
         let forward = 3.0 * (128.0 + 256.0 + 448.0 + 224.0 + 96.0 + 160.0);
-        assert_eq!(step_flops(&cfg, &[5]), 3.0 * forward);
+        assert_eq!(step_flops(&cfg, &[5], Device::Cpu), 3.0 * forward);
         // More memory held costs more.
-        assert!(step_flops(&cfg, &[50]) > step_flops(&cfg, &[5]));
+        assert!(step_flops(&cfg, &[50], Device::Cpu) > step_flops(&cfg, &[5], Device::Cpu));
         // An empty memory: n = 2 keys, so only 2 of the 6 position rows are used.
         let forward = 3.0 * (128.0 + 256.0 + 4.0 * 2.0 * 16.0 + 4.0 * 2.0 * 2.0 * 4.0 + 2.0 * 2.0 * 2.0 * 4.0 + 160.0);
-        assert_eq!(step_flops(&cfg, &[0]), 3.0 * forward);
+        assert_eq!(step_flops(&cfg, &[0], Device::Cpu), 3.0 * forward);
         // Blocks of 128 over 64 states held, span 64: on the CPU the queries attend in two
         // chunks of 64, each over 128 keys (not 192), with 65 of the position rows.
         cfg.train.block = 128;
         cfg.memory.span = 64;
         let (q_o, ffn, k_v, head) = (4.0 * 128.0 * 16.0, 4.0 * 128.0 * 4.0 * 8.0, 4.0 * 192.0 * 16.0, 2.0 * 128.0 * 4.0 * 10.0);
         let chunks = 2.0 * (4.0 * 64.0 * 128.0 * 4.0 + 2.0 * 64.0 * 65.0 * 4.0);
-        assert_eq!(step_flops(&cfg, &[64]), 3.0 * 3.0 * (q_o + ffn + k_v + chunks + head));
+        assert_eq!(step_flops(&cfg, &[64], Device::Cpu), 3.0 * 3.0 * (q_o + ffn + k_v + chunks + head));
+        // On a GPU the whole block is one fused call: 128 queries over 192 keys, with 65
+        // position rows (counted, not run: no GPU is needed).
+        let whole = 4.0 * 128.0 * 192.0 * 4.0 + 2.0 * 128.0 * 65.0 * 4.0;
+        assert_eq!(step_flops(&cfg, &[64], Device::Cuda(0)), 3.0 * 3.0 * (q_o + ffn + k_v + whole + head));
         // Expire-Span holding 20: causal chunks over 84 and 148 keys, each query scoring
         // all P = 65 position rows.
         cfg.memory.mechanism = Mechanism::Expire;
         let k_v = 4.0 * 148.0 * 16.0;
         let chunks = 4.0 * 64.0 * (84.0 + 148.0) * 4.0 + 2.0 * 2.0 * 64.0 * 65.0 * 4.0;
-        assert_eq!(step_flops(&cfg, &[20]), 3.0 * 3.0 * (q_o + ffn + k_v + chunks + head));
+        assert_eq!(step_flops(&cfg, &[20], Device::Cpu), 3.0 * 3.0 * (q_o + ffn + k_v + chunks + head));
     }
 
     #[test]
@@ -792,7 +797,7 @@ mod tests {
         let r = with_mfu(r, rate);
         let mfu = r.mfu.unwrap();
         assert!((mfu - r.gflops / rate).abs() < 1e-12 && mfu > 0.0);
-        assert_eq!(r.flops_per_step, step_flops(&cfg, &r.held));
+        assert_eq!(r.flops_per_step, step_flops(&cfg, &r.held, Device::Cpu));
         assert!(r.profile.is_none(), "no profile unless asked");
     }
 
