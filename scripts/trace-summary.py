@@ -17,6 +17,7 @@ microseconds, nested by time on each thread.
 import argparse
 import collections
 import json
+import signal
 import sys
 
 BACKWARD = "autograd::engine::evaluate_function: "
@@ -30,7 +31,12 @@ def load(path):
         sys.exit(f"{path}: not a readable trace: {e}")
     if not isinstance(events, list):
         sys.exit(f"{path}: not a trace (expected a list of events)")
-    return [e for e in events if isinstance(e, dict) and e.get("ph") == "X" and "dur" in e]
+    complete = [e for e in events if isinstance(e, dict) and e.get("ph") == "X"]
+    number = (int, float)
+    for i, e in enumerate(complete):
+        if not (isinstance(e.get("name"), str) and isinstance(e.get("ts"), number) and isinstance(e.get("dur"), number)):
+            sys.exit(f"{path}: complete event {i} needs a name, a numeric ts and a numeric dur: {json.dumps(e)[:200]}")
+    return complete
 
 
 def self_times(events):
@@ -86,6 +92,8 @@ def table(title, summaries, steps, top):
 
 
 def main():
+    # Piped into `head`: stop quietly when the reader has enough.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("traces", nargs="+", help="one trace, or two to compare")
     parser.add_argument("--steps", type=int, default=1, help="the profiled steps in each trace (bench's --bench-steps)")

@@ -69,4 +69,8 @@ fn a_file_that_is_not_a_trace_is_refused_by_name() {
     let (ok, out) = summary(&["{\"name\": 1"], &[]);
     assert!(!ok);
     assert!(out.contains("t0.json: not a readable trace") && !out.contains("Traceback"), "{out}");
+    // A trace whose event has a start that is not a number: named, not a traceback.
+    let (ok, out) = summary(&[r#"[{"name": "aten::mm", "ph": "X", "ts": "soon", "dur": 3}]"#], &[]);
+    assert!(!ok);
+    assert!(out.contains("t0.json: complete event 0 needs a name, a numeric ts and a numeric dur") && !out.contains("Traceback"), "{out}");
 }
