@@ -155,15 +155,14 @@ pub fn bench(cfg: &Config, opts: &BenchOptions, group: Option<&ProcessGroup>) ->
     let device = crate::device::for_training(&cfg.train.device, cfg.train.threads)?;
     reset_peak_rss();
     let lm = Lm::new(cfg, device)?;
-    let mut opt = Optimiser::new(lm.named_parameters(), &cfg.train);
-    let mut mems: Vec<_> = (0..cfg.train.accum).map(|_| lm.model.new_memory()).collect();
+    let mut run = Stepper { lm: &lm, opt: Optimiser::new(lm.named_parameters(), &cfg.train), mems: (0..cfg.train.accum).map(|_| lm.model.new_memory()).collect(), cfg, group };
     let mut rng = Rng::new(cfg.seed);
-    let fill_blocks = fill_memory(&lm, &mut mems, cfg, &mut rng, opts.context, group.map_or(1, ProcessGroup::world_size))?;
+    let fill_blocks = fill_memory(&lm, &mut run.mems, cfg, &mut rng, opts.context, group.map_or(1, ProcessGroup::world_size))?;
     let (mut times, mut comm) = (Vec::with_capacity(opts.steps), Vec::with_capacity(opts.steps));
     for i in 0..opts.warmup + opts.steps {
-        let batch = random_batch(&mut rng, cfg.train.batch, cfg.train.block, cfg.model.vocab, false);
+        let batch = run.batch(&mut rng);
         let start = Instant::now();
-        let s = optimisation_step(&lm, &mut opt, &mut mems, &batch, &cfg.train, Scales { lr: cfg.train.lr, aux: 1.0 }, group)?;
+        let s = run.step(&batch)?;
         synchronize(device);
         if i >= opts.warmup {
             times.push(start.elapsed().as_secs_f64());
@@ -172,11 +171,11 @@ pub fn bench(cfg: &Config, opts: &BenchOptions, group: Option<&ProcessGroup>) ->
     }
     // Under torchrun rank 0 traces for the group (the ranks run the same operations).
     let trace = opts.trace.as_ref().filter(|_| group.is_none_or(|g| g.rank() == 0)).map(|dir| dir.join(format!("trace-{}.json", cfg.name)));
-    let profile = opts.profile.then(|| profile_steps(&lm, &mut opt, &mut mems, cfg, opts.steps, &mut rng, group, trace.as_deref())).transpose()?;
+    let profile = opts.profile.then(|| profile_steps(&mut run, opts.steps, &mut rng, trace.as_deref())).transpose()?;
     let t = Timing::of(times);
     let comm_s = Timing::of(comm).median_s;
     let tokens = cfg.train.batch * cfg.train.block;
-    let reports = mems[0].reports();
+    let reports = run.mems[0].reports();
     let held: Vec<usize> = reports.iter().map(|r| r.held).collect();
     let flops = step_flops(cfg, &held, device);
     Ok(BenchResult {
@@ -207,10 +206,31 @@ pub fn bench(cfg: &Config, opts: &BenchOptions, group: Option<&ProcessGroup>) ->
     })
 }
 
+/// What the bench's training steps run on: the model, its optimiser, the memories of
+/// its micro-batches, the config, and the process group under torchrun.
+struct Stepper<'a> {
+    lm: &'a Lm,
+    opt: Optimiser,
+    mems: Vec<crate::model::Memory>,
+    cfg: &'a Config,
+    group: Option<&'a ProcessGroup>,
+}
+
+impl Stepper<'_> {
+    /// A batch of random tokens of the config's size.
+    fn batch(&self, rng: &mut Rng) -> Batch {
+        random_batch(rng, self.cfg.train.batch, self.cfg.train.block, self.cfg.model.vocab, false)
+    }
+
+    /// One optimisation step on `batch` at the config's learning rate.
+    fn step(&mut self, batch: &Batch) -> Result<crate::train::StepStats> {
+        optimisation_step(self.lm, &mut self.opt, &mut self.mems, batch, &self.cfg.train, Scales { lr: self.cfg.train.lr, aux: 1.0 }, self.group)
+    }
+}
+
 /// Runs `steps` more training steps with every phase timed ([`crate::profile`]), and
 /// recorded by libtorch's profiler into the Chrome trace `trace` when given.
-#[allow(clippy::too_many_arguments)]
-fn profile_steps(lm: &Lm, opt: &mut Optimiser, mems: &mut [crate::model::Memory], cfg: &Config, steps: usize, rng: &mut Rng, group: Option<&ProcessGroup>, trace: Option<&Path>) -> Result<Vec<crate::profile::PhaseTime>> {
+fn profile_steps(run: &mut Stepper, steps: usize, rng: &mut Rng, trace: Option<&Path>) -> Result<Vec<crate::profile::PhaseTime>> {
     let trace = match trace {
         Some(path) => {
             let dir = path.parent().unwrap_or(Path::new("."));
@@ -219,11 +239,11 @@ fn profile_steps(lm: &Lm, opt: &mut Optimiser, mems: &mut [crate::model::Memory]
         }
         None => None,
     };
-    crate::profile::start(lm.device());
+    crate::profile::start(run.lm.device());
     let ran = (0..steps).try_for_each(|_| {
-        let batch = random_batch(rng, cfg.train.batch, cfg.train.block, cfg.model.vocab, false);
+        let batch = run.batch(rng);
         let _step = crate::profile::phase("step");
-        optimisation_step(lm, opt, mems, &batch, &cfg.train, Scales { lr: cfg.train.lr, aux: 1.0 }, group).map(|_| ())
+        run.step(&batch).map(|_| ())
     });
     let phases = crate::profile::finish();
     ran?;
@@ -844,6 +864,8 @@ mod tests {
         assert!(count("autograd::engine::evaluate_function") > 10, "the backward pass's nodes");
         assert_eq!(count("evaluate_function: torch::autograd::CppNode<(anonymous namespace)::ExpireScores>"), 2 * cfg.model.layers, "the fused kernel's backward, once a layer and step");
         assert!(events.iter().all(|e| e["dur"].as_f64().is_some_and(|d| d >= 0.0)));
+        let left: Vec<_> = std::fs::read_dir(dir.path().join("traces")).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(left, vec![std::ffi::OsString::from(format!("trace-{}.json", cfg.name))], "the finished trace alone, no .partial file");
         // A trace without the profile is refused before anything runs.
         let refused = BenchOptions { profile: false, ..opts };
         assert!(refused.validate().unwrap_err().to_string().contains("--trace needs --profile"));

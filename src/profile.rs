@@ -142,34 +142,49 @@ extern "C" {
 /// this thread between [`Trace::start`] and [`Trace::finish`], forward and backward,
 /// with its time, written as a Chrome trace (JSON; chrome://tracing or
 /// ui.perfetto.dev). On a GPU the times are the CPU's, not the kernels'.
+///
+/// The profiler writes `<path>.partial`, renamed to `path` once it is whole, so that a
+/// trace at `path` is never a half-written one: a recording that stops on an error
+/// leaves its `.partial` file.
 pub struct Trace {
     handle: *mut c_void,
     path: PathBuf,
+    partial: PathBuf,
 }
 
 impl Trace {
     /// Starts recording into `path` (written by [`Trace::finish`]).
     pub fn start(path: &Path) -> Result<Trace> {
-        let text = CString::new(path.to_string_lossy().as_bytes()).map_err(|_| LetheError::Invalid(format!("`{}`: a trace path cannot hold a NUL byte", path.display())))?;
+        let partial = partial_path(path);
+        let text = CString::new(partial.to_string_lossy().as_bytes()).map_err(|_| LetheError::Invalid(format!("`{}`: a trace path cannot hold a NUL byte", path.display())))?;
         let (mut handle, mut error) = (std::ptr::null_mut(), std::ptr::null_mut());
         // SAFETY: `text` is a NUL-terminated string alive for the call; the function
         // writes a handle or an error message through the two pointers.
         if unsafe { lethe_trace_start(text.as_ptr(), &mut handle, &mut error) } != 0 {
             return Err(LetheError::Invalid(format!("`{}`: libtorch's profiler did not start: {}", path.display(), crate::dist::take_error(error))));
         }
-        Ok(Trace { handle, path: path.to_path_buf() })
+        Ok(Trace { handle, path: path.to_path_buf(), partial })
     }
 
     /// Stops recording and writes the trace; an error if the file was not written.
     pub fn finish(mut self) -> Result<PathBuf> {
         let handle = std::mem::replace(&mut self.handle, std::ptr::null_mut());
         stop(handle)?;
-        match std::fs::metadata(&self.path) {
-            Ok(m) if m.len() > 0 => Ok(self.path.clone()),
-            Ok(_) => Err(LetheError::Invalid(format!("`{}`: libtorch's profiler wrote an empty trace", self.path.display()))),
-            Err(e) => Err(LetheError::io(&self.path, e)),
+        match std::fs::metadata(&self.partial) {
+            Ok(m) if m.len() > 0 => {}
+            Ok(_) => return Err(LetheError::Invalid(format!("`{}`: libtorch's profiler wrote an empty trace", self.partial.display()))),
+            Err(e) => return Err(LetheError::io(&self.partial, e)),
         }
+        std::fs::rename(&self.partial, &self.path).map_err(|e| LetheError::io(&self.path, e))?;
+        Ok(self.path.clone())
     }
+}
+
+/// Where a trace for `path` is written until it is whole: `path` with `.partial` added.
+fn partial_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_os_string();
+    name.push(".partial");
+    PathBuf::from(name)
 }
 
 /// Stops the recording `handle` (null: none) and writes its file.
@@ -200,6 +215,24 @@ mod tests {
     fn busy(ms: u64) {
         let start = Instant::now();
         while start.elapsed().as_millis() < ms as u128 {}
+    }
+
+    #[test]
+    fn a_trace_that_is_not_finished_is_left_as_partial() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("trace.json");
+        {
+            let _trace = Trace::start(&path).unwrap();
+            let _ = tch::Tensor::ones([4], (tch::Kind::Float, Device::Cpu)).sum(tch::Kind::Float);
+        }
+        assert!(!path.exists(), "an unfinished trace never takes the final name");
+        let partial = dir.path().join("trace.json.partial");
+        assert!(std::fs::metadata(&partial).unwrap().len() > 0, "what it recorded is kept beside it");
+        let trace = Trace::start(&path).unwrap();
+        let _ = tch::Tensor::ones([4], (tch::Kind::Float, Device::Cpu)).sum(tch::Kind::Float);
+        assert_eq!(trace.finish().unwrap(), path);
+        assert!(std::fs::read_to_string(&path).unwrap().contains("aten::sum"));
+        assert!(!partial.exists(), "finishing renames its .partial file (the unfinished one was overwritten)");
     }
 
     #[test]
