@@ -157,7 +157,7 @@ pub fn bench(cfg: &Config, opts: &BenchOptions, group: Option<&ProcessGroup>) ->
     let lm = Lm::new(cfg, device)?;
     let mut run = Stepper { lm: &lm, opt: Optimiser::new(lm.named_parameters(), &cfg.train), mems: (0..cfg.train.accum).map(|_| lm.model.new_memory()).collect(), cfg, group };
     let mut rng = Rng::new(cfg.seed);
-    let fill_blocks = fill_memory(&lm, &mut run.mems, cfg, &mut rng, opts.context, group.map_or(1, ProcessGroup::world_size))?;
+    let fill_blocks = fill_memory(&mut run, &mut rng, opts.context)?;
     let (mut times, mut comm) = (Vec::with_capacity(opts.steps), Vec::with_capacity(opts.steps));
     for i in 0..opts.warmup + opts.steps {
         let batch = run.batch(&mut rng);
@@ -335,18 +335,20 @@ fn synchronize(device: Device) {
 /// memory can hold a full span (`L / M` blocks, at most [`MAX_FILL_BLOCKS`]), so that the
 /// timed steps see the steady-state memory and not an empty cache. Returns the number
 /// of blocks run.
-fn fill_memory(lm: &Lm, mems: &mut [crate::model::Memory], cfg: &Config, rng: &mut Rng, context: Option<usize>, ranks: usize) -> Result<usize> {
+fn fill_memory(run: &mut Stepper, rng: &mut Rng, context: Option<usize>) -> Result<usize> {
     let _guard = tch::no_grad_guard();
+    let (lm, cfg) = (run.lm, run.cfg);
+    let ranks = run.group.map_or(1, ProcessGroup::world_size);
     let blocks = match context {
         Some(tokens) => tokens.div_ceil(cfg.train.block),
         None => memory_reach(cfg).div_ceil(cfg.train.block).min(MAX_FILL_BLOCKS),
     };
-    let per = cfg.train.batch / (mems.len() * ranks); // one micro-batch's streams
+    let per = cfg.train.batch / (run.mems.len() * ranks); // one micro-batch's streams
     for i in 0..blocks {
         if context.is_some() && blocks >= 1000 && (i + 1) % (blocks / 10) == 0 {
             eprintln!("streamed {} of {} context tokens", (i + 1) * cfg.train.block, blocks * cfg.train.block);
         }
-        for mem in mems.iter_mut() {
+        for mem in run.mems.iter_mut() {
             let batch = random_batch(rng, per, cfg.train.block, cfg.model.vocab, false);
             let (x, _, _) = batch.tensors(0, per, lm.device());
             lm.model.forward(&x, mem, false)?;

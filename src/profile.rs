@@ -149,7 +149,6 @@ extern "C" {
 pub struct Trace {
     handle: *mut c_void,
     path: PathBuf,
-    partial: PathBuf,
 }
 
 impl Trace {
@@ -163,19 +162,20 @@ impl Trace {
         if unsafe { lethe_trace_start(text.as_ptr(), &mut handle, &mut error) } != 0 {
             return Err(LetheError::Invalid(format!("`{}`: libtorch's profiler did not start: {}", path.display(), crate::dist::take_error(error))));
         }
-        Ok(Trace { handle, path: path.to_path_buf(), partial })
+        Ok(Trace { handle, path: path.to_path_buf() })
     }
 
     /// Stops recording and writes the trace; an error if the file was not written.
     pub fn finish(mut self) -> Result<PathBuf> {
         let handle = std::mem::replace(&mut self.handle, std::ptr::null_mut());
         stop(handle)?;
-        match std::fs::metadata(&self.partial) {
+        let partial = partial_path(&self.path);
+        match std::fs::metadata(&partial) {
             Ok(m) if m.len() > 0 => {}
-            Ok(_) => return Err(LetheError::Invalid(format!("`{}`: libtorch's profiler wrote an empty trace", self.partial.display()))),
-            Err(e) => return Err(LetheError::io(&self.partial, e)),
+            Ok(_) => return Err(LetheError::Invalid(format!("`{}`: libtorch's profiler wrote an empty trace", partial.display()))),
+            Err(e) => return Err(LetheError::io(&partial, e)),
         }
-        std::fs::rename(&self.partial, &self.path).map_err(|e| LetheError::io(&self.path, e))?;
+        std::fs::rename(&partial, &self.path).map_err(|e| LetheError::io(&self.path, e))?;
         Ok(self.path.clone())
     }
 }
