@@ -71,14 +71,21 @@ fn a_rank_whose_peer_never_comes_gives_up_naming_the_store() {
 fn a_peer_killed_mid_run_ends_the_other_rank_with_an_error() {
     let port = free_port();
     let args = ["--elements", "65536", "--rounds", "1000000", "--timeout", "10"];
-    let survivor = spawn(rank(0, 2, port, &args));
+    let mut survivor = spawn(rank(0, 2, port, &args));
     let mut victim = spawn(rank(1, 2, port, &args));
-    let mut first = String::new();
-    BufReader::new(victim.stdout.take().unwrap()).read_line(&mut first).unwrap();
-    assert!(first.contains("rank 1/2: joined"), "{first}");
+    // Both ranks must have joined before the kill: Gloo's handshake can finish on rank 1
+    // while rank 0 is still connecting, and a kill then is a failure to join, not to reduce.
+    // The survivor's reader stays open, so that its later writes find a pipe.
+    let mut survivor_out = BufReader::new(survivor.stdout.take().unwrap());
+    for (r, out) in [(1, &mut BufReader::new(victim.stdout.take().unwrap()) as &mut dyn BufRead), (0, &mut survivor_out)] {
+        let mut first = String::new();
+        out.read_line(&mut first).unwrap();
+        assert!(first.contains(&format!("rank {r}/2: joined")), "{first}");
+    }
     victim.kill().unwrap();
     victim.wait().unwrap();
     fails_with(&finish(survivor), &["rank 0", "all-reduce failed", "is a peer gone?"]);
+    drop(survivor_out);
 }
 
 /// Regression: `dist-check` restored the default SIGPIPE action, as the one-process
@@ -265,10 +272,24 @@ fn a_rank_killed_mid_training_stops_the_other_with_an_error() {
     let args = ["--steps", "100000", "--set", "train.dist_timeout=10", "--set", "train.checkpoint_every=0"];
     let survivor = spawn(trainer(d, 0, 2, port, &args));
     let mut victim = spawn(trainer(d, 1, 2, port, &args));
-    std::thread::sleep(std::time::Duration::from_secs(4)); // both started and training
+    wait_for_a_logged_step(&d.join("runs"));
     victim.kill().unwrap();
     victim.wait().unwrap();
     fails_with(&finish(survivor), &["distributed (rank 0)", "is a peer gone?"]);
+}
+
+/// Waits until rank 0 has logged a step under `runs`: both ranks have then joined and
+/// reduced gradients together (a fixed sleep was a race on a loaded machine).
+fn wait_for_a_logged_step(runs: &std::path::Path) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let logged = || {
+        let mut dirs = std::fs::read_dir(runs).into_iter().flatten().flatten();
+        dirs.any(|e| std::fs::read_to_string(e.path().join("metrics.jsonl")).is_ok_and(|m| m.contains("\"step\"")))
+    };
+    while !logged() {
+        assert!(std::time::Instant::now() < deadline, "rank 0 logged no step in 120 s");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
 }
 
 #[test]
