@@ -20,6 +20,11 @@
 // key j on the ramp, 0 < m < 1, visible) and the sum of d over the ramp per stream, from
 // which the span loss is built.
 //
+// With `softmax`, each score row is then replaced by its softmax over the keys while it
+// is in cache (the attention weights, as libtorch's softmax computes them), and the
+// backward pass takes the softmax's gradient row by row before the rest: one pass over
+// the (b, h, m, n) tensor each way instead of two.
+//
 // The work is split by rows (b, i), one query of one stream: its mask row, its log and
 // its h score rows are computed together while they are in cache. Only the last
 // `P - 1 + m` keys can be nearer than P (the cache is in time order, one key per
@@ -44,9 +49,10 @@
 
 #include "guard.h"
 
-// Sleef's 8-wide log for AVX2, exported by libtorch_cpu (sleef.h declares it only where
-// the whole file is compiled for AVX).
+// Sleef's 8-wide log and exp for AVX2, exported by libtorch_cpu (sleef.h declares them
+// only where the whole file is compiled for AVX).
 extern "C" __m256 Sleef_logf8_u10avx2(__m256);
+extern "C" __m256 Sleef_expf8_u10avx2(__m256);
 
 namespace {
 
@@ -191,13 +197,101 @@ void near_row(int64_t w, const int32_t* near, const T* positions, const T* s, co
   near_row_scalar(0, w, near, positions, s, l, y);
 }
 
+// A score row's softmax in place, as libtorch's softmax over the last dimension computes
+// it: y = exp(y - max) * (1 / sum). Keys at -inf get 0.
+template <typename T>
+void softmax_row_scalar(T* y, int64_t n) {
+  T top = -std::numeric_limits<T>::infinity();
+  for (int64_t j = 0; j < n; ++j) top = std::max(top, y[j]);
+  T sum = T(0);
+  for (int64_t j = 0; j < n; ++j) {
+    y[j] = std::exp(y[j] - top);
+    sum += y[j];
+  }
+  const T scale = T(1) / sum;
+  for (int64_t j = 0; j < n; ++j) y[j] *= scale;
+}
+
+// The sum of a vector's 8 lanes.
+__attribute__((target("avx2"))) inline float lane_sum(__m256 x) {
+  const __m128 four = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+  return _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps(two, two, 1)));
+}
+
+// softmax_row_scalar for float, 8 keys at a time (Sleef's exp, within 1 ulp).
+__attribute__((target("avx2"))) void softmax_row_avx2(float* y, int64_t n) {
+  const float minus_inf = -std::numeric_limits<float>::infinity();
+  __m256 top8 = _mm256_set1_ps(minus_inf);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) top8 = _mm256_max_ps(top8, _mm256_loadu_ps(y + j));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, top8);
+  float top = minus_inf;
+  for (float lane : lanes) top = std::max(top, lane);
+  for (int64_t k = j; k < n; ++k) top = std::max(top, y[k]);
+  const __m256 shift = _mm256_set1_ps(top);
+  __m256 sum8 = _mm256_setzero_ps();
+  for (j = 0; j + 8 <= n; j += 8) {
+    const __m256 e = Sleef_expf8_u10avx2(_mm256_sub_ps(_mm256_loadu_ps(y + j), shift));
+    _mm256_storeu_ps(y + j, e);
+    sum8 = _mm256_add_ps(sum8, e);
+  }
+  float sum = lane_sum(sum8);
+  for (int64_t k = j; k < n; ++k) {
+    y[k] = std::exp(y[k] - top);
+    sum += y[k];
+  }
+  const __m256 scale = _mm256_set1_ps(1.0f / sum);
+  for (j = 0; j + 8 <= n; j += 8) _mm256_storeu_ps(y + j, _mm256_mul_ps(_mm256_loadu_ps(y + j), scale));
+  for (int64_t k = j; k < n; ++k) y[k] *= 1.0f / sum;
+}
+
+template <typename T>
+void softmax_row(T* y, int64_t n, bool vector) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (vector && cpu_has_avx2()) return softmax_row_avx2(y, n);
+  }
+  softmax_row_scalar(y, n);
+}
+
+// The softmax's backward pass for one row, as libtorch's: gs = p (g - sum(g p)).
+template <typename T>
+void softmax_backward_row_scalar(const T* p, const T* g, T* gs, int64_t n) {
+  T dot = T(0);
+  for (int64_t j = 0; j < n; ++j) dot += g[j] * p[j];
+  for (int64_t j = 0; j < n; ++j) gs[j] = p[j] * (g[j] - dot);
+}
+
+// softmax_backward_row_scalar for float, 8 keys at a time.
+__attribute__((target("avx2"))) void softmax_backward_row_avx2(const float* p, const float* g, float* gs, int64_t n) {
+  __m256 dot8 = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) dot8 = _mm256_add_ps(dot8, _mm256_mul_ps(_mm256_loadu_ps(g + j), _mm256_loadu_ps(p + j)));
+  float dot = lane_sum(dot8);
+  for (int64_t k = j; k < n; ++k) dot += g[k] * p[k];
+  const __m256 dot_all = _mm256_set1_ps(dot);
+  for (j = 0; j + 8 <= n; j += 8) {
+    _mm256_storeu_ps(gs + j, _mm256_mul_ps(_mm256_loadu_ps(p + j), _mm256_sub_ps(_mm256_loadu_ps(g + j), dot_all)));
+  }
+  for (int64_t k = j; k < n; ++k) gs[k] = p[k] * (g[k] - dot);
+}
+
+template <typename T>
+void softmax_backward_row(const T* p, const T* g, T* gs, int64_t n, bool vector) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (vector && cpu_has_avx2()) return softmax_backward_row_avx2(p, g, gs, n);
+  }
+  softmax_backward_row_scalar(p, g, gs, n);
+}
+
 // The forward pass's inputs and outputs, as pointers.
 template <typename T>
 struct Forward {
   const T *scores, *pq, *spans, *counter;
   const bool* usable;
   T ramp;
-  bool vector;
+  bool vector, softmax;
   T *out, *slope;
   int32_t *near_row, *key_ramp;
   int64_t* query_weighted;
@@ -226,6 +320,7 @@ void forward_row(const Dims& dm, const Forward<T>& f, int64_t b, int64_t i, T* l
     T* __restrict y = f.out + r * n;
     for (int64_t j = 0; j < far; ++j) y[j] = s[j] + l[j];
     near_row(w, near, positions.data(), s + far, l + far, y + far, f.vector);
+    if (f.softmax) softmax_row(y, n, f.vector);
   }
 }
 
@@ -252,44 +347,54 @@ void ramp_totals(const Dims& dm, const int32_t* key_ramp, const int64_t* query_w
   }
 }
 
-// Row (b, i) of the backward pass: each head's positions gradient (the near keys', each
-// at its own distance: nothing collides), and into `by_query` (n long) the spans' share
-// of this query, the sum over heads of g divided by m R.
+// The backward pass's inputs and outputs, as pointers. With the softmax in the kernel,
+// `probs` are its outputs, `g` their gradient and `gs` the scores' (written here);
+// without, `g` is the scores' gradient and `probs` and `gs` are null.
 template <typename T>
-void backward_row(const Dims& dm, const T* g, const int32_t* near_row, const T* slope, T* gp, int64_t b, int64_t i,
-                  T* by_query) {
+struct Backward {
+  const T *g, *probs, *slope;
+  const int32_t* near_row;
+  bool vector;
+  T *gs, *gp;
+};
+
+// Row (b, i) of the backward pass: each head's scores gradient (through the softmax,
+// when the kernel took it), its positions gradient (the near keys', each at its own
+// distance: nothing collides), and into `by_query` (n long) the spans' share of this
+// query, the sum over heads of the scores' gradient divided by m R.
+template <typename T>
+void backward_row(const Dims& dm, const Backward<T>& f, int64_t b, int64_t i, T* by_query) {
   const int64_t n = dm.n, w = dm.near(), far = n - w;
   const int32_t p = static_cast<int32_t>(dm.p);
-  const int32_t* __restrict near = near_row + (b * dm.m + i) * w;
+  const int32_t* __restrict near = f.near_row + (b * dm.m + i) * w;
   T* __restrict sum = by_query;
   std::fill(sum, sum + n, T(0));
   for (int64_t h = 0; h < dm.h; ++h) {
     const int64_t r = (b * dm.h + h) * dm.m + i;
-    const T* __restrict gr = g + r * n;
-    T* __restrict gpr = gp + r * dm.p;
+    const T* gr = f.g + r * n;
+    if (f.probs != nullptr) {
+      softmax_backward_row(f.probs + r * n, gr, f.gs + r * n, n, f.vector);
+      gr = f.gs + r * n;
+    }
+    T* __restrict gpr = f.gp + r * dm.p;
     std::fill(gpr, gpr + dm.p, T(0));
     for (int64_t k = 0; k < w; ++k) {
       if (near[k] < p) gpr[near[k]] += gr[far + k];
     }
     for (int64_t j = 0; j < n; ++j) sum[j] += gr[j];
   }
-  const T* __restrict s = slope + (b * dm.m + i) * n;
+  const T* __restrict s = f.slope + (b * dm.m + i) * n;
   for (int64_t j = 0; j < n; ++j) sum[j] = s[j] > T(0) ? sum[j] / s[j] : T(0);
 }
 
 template <typename T>
-void backward_kernel(const Dims& dm, const at::Tensor& grad, const at::Tensor& near_row, const at::Tensor& slope,
-                     at::Tensor& grad_pq, at::Tensor& grad_spans) {
+void backward_kernel(const Dims& dm, const Backward<T>& f, at::Tensor& grad_spans) {
   // Each query's share of the spans' gradient (b, m, n), then their sum over queries in
   // query order.
-  auto by_query = at::empty({dm.b, dm.m, dm.n}, grad.options());
-  const T* g = grad.data_ptr<T>();
-  const int32_t* nr = near_row.data_ptr<int32_t>();
-  const T* sl = slope.data_ptr<T>();
-  T* gp = grad_pq.data_ptr<T>();
+  auto by_query = at::empty({dm.b, dm.m, dm.n}, grad_spans.options());
   T* bq = by_query.data_ptr<T>();
   at::parallel_for(0, dm.b * dm.m, 4, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) backward_row(dm, g, nr, sl, gp, r / dm.m, r % dm.m, bq + r * dm.n);
+    for (int64_t r = r0; r < r1; ++r) backward_row(dm, f, r / dm.m, r % dm.m, bq + r * dm.n);
   });
   T* ge = grad_spans.data_ptr<T>();
   constexpr int64_t chunk = 256;
@@ -309,7 +414,7 @@ void backward_kernel(const Dims& dm, const at::Tensor& grad, const at::Tensor& n
 struct ExpireScores : public torch::autograd::Function<ExpireScores> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& scores_in, const at::Tensor& pq_in,
                                const at::Tensor& spans_in, const at::Tensor& counter_in, const at::Tensor& usable_in,
-                               double ramp, bool vector) {
+                               double ramp, bool vector, bool softmax) {
     const auto scores = scores_in.contiguous(), pq = pq_in.contiguous(), spans = spans_in.contiguous(),
                counter = counter_in.contiguous(), usable = usable_in.contiguous();
     const Dims dm = check(scores, pq, spans, counter, usable);
@@ -325,15 +430,17 @@ struct ExpireScores : public torch::autograd::Function<ExpireScores> {
     AT_DISPATCH_FLOATING_TYPES(scores.scalar_type(), "expire_scores", [&] {
       const Forward<scalar_t> f{scores.data_ptr<scalar_t>(), pq.data_ptr<scalar_t>(), spans.data_ptr<scalar_t>(),
                                 counter.data_ptr<scalar_t>(), usable.data_ptr<bool>(), static_cast<scalar_t>(ramp),
-                                vector, out.data_ptr<scalar_t>(), slope.data_ptr<scalar_t>(), near_row.data_ptr<int32_t>(),
+                                vector, softmax, out.data_ptr<scalar_t>(), slope.data_ptr<scalar_t>(), near_row.data_ptr<int32_t>(),
                                 key_ramp.data_ptr<int32_t>(), query_weighted.data_ptr<int64_t>()};
       forward_kernel<scalar_t>(dm, f);
       ramp_totals<scalar_t>(dm, key_ramp.data_ptr<int32_t>(), query_weighted.data_ptr<int64_t>(),
                             counter.data_ptr<scalar_t>(), counts.data_ptr<scalar_t>(), ramp_dist.data_ptr<double>());
     });
-    ctx->save_for_backward({near_row, slope});
+    // With the softmax, its output too (its gradient is computed from it).
+    ctx->save_for_backward(softmax ? variable_list{near_row, slope, out} : variable_list{near_row, slope});
     ctx->saved_data["p"] = dm.p;
     ctx->saved_data["h"] = dm.h;
+    ctx->saved_data["vector"] = vector;
     ctx->mark_non_differentiable({counts, ramp_dist});
     return {out, counts, ramp_dist};
   }
@@ -341,15 +448,20 @@ struct ExpireScores : public torch::autograd::Function<ExpireScores> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const auto &near_row = saved[0], &slope = saved[1];
+    const bool softmax = saved.size() == 3;
     const auto grad = grads[0].contiguous();
     const int64_t p = ctx->saved_data["p"].toInt(), h = ctx->saved_data["h"].toInt();
     const Dims dm{slope.size(0), h, slope.size(1), slope.size(2), p, 1};
+    auto grad_scores = softmax ? at::empty_like(grad) : grad;
     auto grad_pq = at::empty({dm.b, dm.h, dm.m, dm.p}, grad.options());
     auto grad_spans = at::zeros({dm.b, dm.n}, grad.options());
     AT_DISPATCH_FLOATING_TYPES(grad.scalar_type(), "expire_scores_backward", [&] {
-      backward_kernel<scalar_t>(dm, grad, near_row, slope, grad_pq, grad_spans);
+      const Backward<scalar_t> f{grad.data_ptr<scalar_t>(), softmax ? saved[2].data_ptr<scalar_t>() : nullptr,
+                                 slope.data_ptr<scalar_t>(), near_row.data_ptr<int32_t>(), ctx->saved_data["vector"].toBool(),
+                                 softmax ? grad_scores.data_ptr<scalar_t>() : nullptr, grad_pq.data_ptr<scalar_t>()};
+      backward_kernel<scalar_t>(dm, f, grad_spans);
     });
-    return {grad, grad_pq, grad_spans, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_scores, grad_pq, grad_spans, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -358,14 +470,15 @@ struct ExpireScores : public torch::autograd::Function<ExpireScores> {
 extern "C" {
 
 // The fused scores (see the top of this file). Writes three new tensors to `out`:
-// the scores (b, h, m, n), with gradient; the ramp counts (b, n) and the ramp's
-// distance sum per stream (b, double), without. `vector` 0 keeps to the plain loops
-// (the AVX2 mask row is used only where the CPU has it either way).
+// the scores (b, h, m, n), or with `softmax` 1 their softmax over the keys, with
+// gradient; the ramp counts (b, n) and the ramp's distance sum per stream (b, double),
+// without. `vector` 0 keeps to the plain loops (the AVX2 ones are used only where the
+// CPU has AVX2 either way).
 int lethe_expire_scores(void* scores, void* pq, void* spans, void* counter, void* usable, double ramp, int vector,
-                        void** out, char** error) {
+                        int softmax, void** out, char** error) {
   return lethe::guarded(error, [&] {
     auto t = [](void* x) -> const at::Tensor& { return *static_cast<at::Tensor*>(x); };
-    auto result = ExpireScores::apply(t(scores), t(pq), t(spans), t(counter), t(usable), ramp, vector != 0);
+    auto result = ExpireScores::apply(t(scores), t(pq), t(spans), t(counter), t(usable), ramp, vector != 0, softmax != 0);
     for (size_t k = 0; k < 3; ++k) out[k] = new at::Tensor(std::move(result[k]));
   });
 }

@@ -1,11 +1,11 @@
-//! Expire-Span's fused kernel gives bitwise the same scores, ramp figures and gradients
-//! whatever libtorch's thread count: its rows are independent, its ramp counts integer
+//! Expire-Span's fused kernel gives bitwise the same scores (or weights), ramp figures
+//! and gradients whatever libtorch's thread count: its rows are independent, its ramp counts integer
 //! sums, and its spans' gradient is summed over queries in query order.
 //!
 //! A file of its own: `tch::set_num_threads` is process-wide, and would change the thread
 //! count of any test running beside it.
 
-use lethe::model::memory::expire_fused::expire_scores;
+use lethe::model::memory::expire_fused::{expire_scores, expire_weights};
 use lethe::rng::Rng;
 use tch::{Device, Kind, Tensor};
 
@@ -25,22 +25,26 @@ fn the_fused_kernel_gives_the_same_bits_with_any_thread_count() {
     let content = rng.normal_tensor(&[b, h, m, n], Kind::Float).set_requires_grad(true);
     let positions = rng.normal_tensor(&[b, h, m, p], Kind::Float).set_requires_grad(true);
     let weights = rng.normal_tensor(&[b, h, m, n], Kind::Float);
-    let run = |threads: i32| {
+    // The scores (softmax false) or the weights (true).
+    let run = |threads: i32, softmax: bool| {
         tch::set_num_threads(threads);
-        let fused = expire_scores(&content, &positions, &spans, &counter, &usable, 32.0).unwrap();
-        let objective = (fused.scores.clamp_min(-1e30) * &weights).sum(Kind::Double);
+        let kernel = if softmax { expire_weights } else { expire_scores };
+        let fused = kernel(&content, &positions, &spans, &counter, &usable, 32.0).unwrap();
+        let objective = (fused.out.clamp_min(-1e30) * &weights).sum(Kind::Double);
         let grads = Tensor::run_backward(&[objective], &[&content, &positions, &spans], false, false);
-        let mut outputs = vec![fused.scores, fused.ramp_counts, fused.ramp_distance];
+        let mut outputs = vec![fused.out, fused.ramp_counts, fused.ramp_distance];
         outputs.extend(grads);
         outputs
     };
-    let one = run(1);
-    assert!(one[1].sum(Kind::Double).double_value(&[]) > 1000.0, "too few pairs on the ramp to test their sums");
-    assert!(one[5].abs().sum(Kind::Double).double_value(&[]) > 0.0, "the spans have a gradient");
-    for threads in [2, 3] {
-        let other = run(threads);
-        for (i, (a, b)) in one.iter().zip(&other).enumerate() {
-            assert!(a.equal(b), "output {i} differs between 1 and {threads} threads");
+    for softmax in [false, true] {
+        let one = run(1, softmax);
+        assert!(one[1].sum(Kind::Double).double_value(&[]) > 1000.0, "too few pairs on the ramp to test their sums");
+        assert!(one[5].abs().sum(Kind::Double).double_value(&[]) > 0.0, "the spans have a gradient");
+        for threads in [2, 3] {
+            let other = run(threads, softmax);
+            for (i, (a, b)) in one.iter().zip(&other).enumerate() {
+                assert!(a.equal(b), "softmax {softmax}: output {i} differs between 1 and {threads} threads");
+            }
         }
     }
 }

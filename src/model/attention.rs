@@ -123,7 +123,7 @@ pub fn window_positions(q: &Tensor, key_pe: &Tensor, cached: i64, n: i64) -> Ten
     let p = key_pe.size()[0].min(n);
     // Column c of `flipped` is distance p-1-c; row i shifted right by i puts distance
     // cached+i-j at column j + (p-1-cached).
-    let flipped = q.matmul(&key_pe.narrow(0, 0, p).flip([0]).tr()); // (b, h, m, p)
+    let flipped = q.matmul(&part(key_pe, 0, 0, p).flip([0]).tr()); // (b, h, m, p)
     let skewed = flipped
         .pad([0, m + 1], "constant", f64::NEG_INFINITY) // (b, h, m, p+m+1)
         .view([b, h, m * (p + m + 1)])
@@ -149,9 +149,26 @@ pub fn scores_over_window(q: &Tensor, k: &Tensor, key_pe: Option<&Tensor>, cache
 /// visible), dropout, then the weighted sum of `v` `(b, h, n, dh)`: `(b, h, m, dh)`.
 /// Every query must see at least one key.
 pub fn mix(scores: &Tensor, v: &Tensor, dropout: f64, train: bool) -> Tensor {
-    let probs = scores.softmax(-1, scores.kind());
-    let probs = probs.dropout(dropout, train);
-    probs.matmul(v)
+    weigh(&scores.softmax(-1, scores.kind()), v, dropout, train)
+}
+
+/// [`mix`] from the weights, the scores' softmax already taken `(b, h, m, n)`: dropout
+/// on the weights in training, then `weights · v` `(b, h, m, dh)`.
+pub fn weigh(weights: &Tensor, v: &Tensor, dropout: f64, train: bool) -> Tensor {
+    weights.dropout(dropout, train).matmul(v)
+}
+
+/// `len` entries of `t` from `start` along `dim` (a view); `t` itself when that is all of
+/// it. A narrow over the whole dimension is a view too, but its backward pass fills a
+/// zero tensor of the whole size and copies the gradient into it (`SliceBackward`): in
+/// one-chunk attention that was 8 of those per step for the keys, values and queries.
+pub fn part(t: &Tensor, dim: i64, start: i64, len: i64) -> Tensor {
+    let size = t.size();
+    let d = if dim < 0 { size.len() as i64 + dim } else { dim };
+    if start == 0 && size.get(d as usize) == Some(&len) {
+        return t.shallow_clone();
+    }
+    t.narrow(dim, start, len)
 }
 
 /// Attention with an additive bias: `softmax(q·k / sqrt(dh) + bias) v`, with dropout on
@@ -227,6 +244,25 @@ pub fn window(cached: i64, m: i64, span: i64, device: tch::Device) -> (Tensor, T
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `part` is the tensor itself over a whole dimension (no copy in either pass), a
+    /// narrow otherwise, and the gradient reaches the tensor either way.
+    #[test]
+    fn part_of_a_whole_dimension_is_the_tensor_itself() {
+        let t = Tensor::arange(24, (Kind::Double, tch::Device::Cpu)).view([2, 3, 4]).set_requires_grad(true);
+        for (dim, start, len) in [(1, 0, 3), (-1, 0, 4), (1, 1, 2), (-1, 0, 3), (2, 1, 3)] {
+            let case = format!("dim {dim}, {start}+{len}");
+            let p = part(&t, dim, start, len);
+            assert!(p.equal(&t.narrow(dim, start, len)), "{case}");
+            let whole = start == 0 && len == t.size()[if dim < 0 { 2 } else { dim as usize }];
+            assert_eq!(p.size() == t.size() && p.data_ptr() == t.data_ptr(), whole, "{case}");
+            // d/dt sum(p^2) = 2 t inside the part, 0 outside.
+            let inside = t.detach().zeros_like();
+            let _ = inside.narrow(dim, start, len).fill_(1.0);
+            let g = Tensor::run_backward(&[(&p * &p).sum(Kind::Double)], &[&t], false, false);
+            assert!(g[0].equal(&(t.detach() * 2.0 * inside)), "{case}");
+        }
+    }
 
     /// The reference for [`window_scores`]: relative-position attention scores by a
     /// gather, `(q·k + q·key_pe[dist]) / sqrt(dh)`.

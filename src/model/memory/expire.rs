@@ -348,16 +348,16 @@ impl ExpireSpan {
         drop(products);
         let _kernel = profile::phase("fused kernel");
         // Distances to the chunk's first query; the usable keys of its rows.
-        let chunk_counter = counter.narrow(1, 0, c.keys) + c.q0 as f64; // (b, keys)
+        let chunk_counter = attention::part(counter, 1, 0, c.keys) + c.q0 as f64; // (b, keys)
         let usable = match p.usable.size()[1] {
-            1 => p.usable.narrow(2, 0, c.keys), // (b, 1, keys)
-            _ => c.of(p.usable),                // (b, queries, keys)
+            1 => attention::part(p.usable, 2, 0, c.keys), // (b, 1, keys)
+            _ => c.of(p.usable),                          // (b, queries, keys)
         };
-        let spans = p.spans.narrow(1, 0, c.keys);
-        let fused = expire_fused::expire_scores(&content, &positions, &spans, &chunk_counter, &usable, self.cfg.ramp as f64)?;
+        let spans = attention::part(p.spans, 1, 0, c.keys);
+        let fused = expire_fused::expire_weights(&content, &positions, &spans, &chunk_counter, &usable, self.cfg.ramp as f64)?;
         drop((_kernel, scoring));
         let _mixing = profile::phase("attention");
-        Ok((attention::mix(&fused.scores, &chunk_keys(p.v, c), input.attn.dropout, input.train), fused))
+        Ok((attention::weigh(&fused.out, &chunk_keys(p.v, c), input.attn.dropout, input.train), fused))
     }
 
     fn span_loss_applies(&self, train: bool) -> bool {

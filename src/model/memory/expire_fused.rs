@@ -2,7 +2,8 @@
 //! soft mask of Eq. 5 applied after the softmax with renormalisation (Eq. 4) as the
 //! additive bias `ln m`, the relative positions (A.1) and the ramp counts of the span
 //! loss (4.2), computed in one pass over the `(b, h, m, n)` scores instead of a dozen
-//! `(b, m, n)` tensors and a gather, with a backward pass of its own.
+//! `(b, m, n)` tensors and a gather, with a backward pass of its own; optionally with
+//! the softmax over the keys in the same pass ([`expire_weights`]).
 //!
 //! The written-out path ([`super::expire`]) stays the reference and the GPU's path;
 //! the tests check that the two agree in value and gradient, and the gradient against
@@ -23,6 +24,7 @@ extern "C" {
         usable: *mut c_void,
         ramp: f64,
         vector: c_int,
+        softmax: c_int,
         out: *mut *mut c_void,
         error: *mut *mut c_char,
     ) -> c_int;
@@ -31,8 +33,10 @@ extern "C" {
 /// What the kernel returns.
 pub struct FusedScores {
     /// The attention scores `(b, h, m, n)`: `scores + positions + ln m` where a query
-    /// sees a key, `-inf` elsewhere; with gradient to the scores, positions and spans.
-    pub scores: Tensor,
+    /// sees a key, `-inf` elsewhere; from [`expire_weights`], their softmax over the keys
+    /// (the attention weights, 0 where a key is not seen). With gradient to the scores,
+    /// positions and spans.
+    pub out: Tensor,
     /// Per key, how many queries see it on the ramp, `0 < m < 1` `(b, n)`; no gradient.
     pub ramp_counts: Tensor,
     /// Per stream, the sum of the distances `t - i` of the pairs on the ramp `(b)`,
@@ -52,11 +56,24 @@ pub struct FusedScores {
 /// CPU only; float or double, one kind for all. Float runs the mask with AVX2 where the
 /// CPU has it.
 pub fn expire_scores(scores: &Tensor, positions: &Tensor, spans: &Tensor, counter: &Tensor, usable: &Tensor, ramp: f64) -> Result<FusedScores> {
-    scores_with(scores, positions, spans, counter, usable, ramp, true)
+    scores_with(scores, positions, spans, counter, usable, ramp, Loops { vector: true, softmax: false })
 }
 
-/// [`expire_scores`], with `vector` false keeping to the plain loops on any CPU.
-fn scores_with(scores: &Tensor, positions: &Tensor, spans: &Tensor, counter: &Tensor, usable: &Tensor, ramp: f64, vector: bool) -> Result<FusedScores> {
+/// [`expire_scores`] followed by the softmax over the keys, in the same pass: the
+/// attention weights `softmax(scores + positions + ln m)`, as the model uses them.
+pub fn expire_weights(scores: &Tensor, positions: &Tensor, spans: &Tensor, counter: &Tensor, usable: &Tensor, ramp: f64) -> Result<FusedScores> {
+    scores_with(scores, positions, spans, counter, usable, ramp, Loops { vector: true, softmax: true })
+}
+
+/// What the kernel runs: `vector` false keeps to the plain loops on any CPU (the vector
+/// ones run only where the CPU has AVX2 either way); `softmax` takes the softmax too.
+#[derive(Clone, Copy)]
+struct Loops {
+    vector: bool,
+    softmax: bool,
+}
+
+fn scores_with(scores: &Tensor, positions: &Tensor, spans: &Tensor, counter: &Tensor, usable: &Tensor, ramp: f64, loops: Loops) -> Result<FusedScores> {
     let mut out: [*mut c_void; 3] = [std::ptr::null_mut(); 3];
     let mut error: *mut c_char = std::ptr::null_mut();
     let ptr = |t: &Tensor| t.as_ptr() as *mut c_void;
@@ -64,14 +81,14 @@ fn scores_with(scores: &Tensor, positions: &Tensor, spans: &Tensor, counter: &Te
     // kernel reads them only);
     // on success the kernel writes three new `at::Tensor*`, which `from_ptr` takes over.
     let status = unsafe {
-        lethe_expire_scores(ptr(scores), ptr(positions), ptr(spans), ptr(counter), ptr(usable), ramp, c_int::from(vector), out.as_mut_ptr(), &mut error)
+        lethe_expire_scores(ptr(scores), ptr(positions), ptr(spans), ptr(counter), ptr(usable), ramp, c_int::from(loops.vector), c_int::from(loops.softmax), out.as_mut_ptr(), &mut error)
     };
     if status != 0 {
         return Err(LetheError::Invalid(format!("expire-span fused scores: {}", crate::dist::take_error(error))));
     }
     // SAFETY: see above; each pointer is taken over once.
     let [s, c, d] = out.map(|p| unsafe { Tensor::from_ptr(p as *mut torch_sys::C_tensor) });
-    Ok(FusedScores { scores: s, ramp_counts: c, ramp_distance: d })
+    Ok(FusedScores { out: s, ramp_counts: c, ramp_distance: d })
 }
 
 /// Whether [`expire_scores`] can compute scores of this kind on this device.
@@ -155,6 +172,19 @@ mod tests {
         (attention::mix(scores, v, 0.0, false) * w).sum(Kind::Double)
     }
 
+    /// [`objective`] of the kernel's output: its scores, or (`softmax`) its weights.
+    fn fused_objective(fused: &FusedScores, softmax: bool, v: &Tensor, w: &Tensor) -> Tensor {
+        match softmax {
+            true => (attention::weigh(&fused.out, v, 0.0, false) * w).sum(Kind::Double),
+            false => objective(&fused.out, v, w),
+        }
+    }
+
+    /// The kernel's scores, or (`softmax`) its weights, with every loop it has.
+    fn fused(x: &Block, softmax: bool) -> FusedScores {
+        scores_with(&x.content, &x.positions, &x.spans, &x.counter, &x.usable, RAMP, Loops { vector: true, softmax }).unwrap()
+    }
+
     const CASES: [(i64, i64, bool); 5] = [(6, 8, false), (20, 8, false), (20, 4, true), (0, 8, false), (12, 30, true)];
 
     /// The kernel computes the written-out scores (the same `-inf`s, the rest to double
@@ -168,68 +198,81 @@ mod tests {
             let fused = expire_scores(&x.content, &x.positions, &x.spans, &x.counter, &x.usable, RAMP).unwrap();
             let (scores, counts, by_dist) = written_out(&x);
             let case = format!("cached {cached}, rows {rows}, episodes {episodes}");
-            assert!(fused.scores.isinf().equal(&scores.isinf()), "{case}: the hidden pairs differ");
+            assert!(fused.out.isinf().equal(&scores.isinf()), "{case}: the hidden pairs differ");
             assert!(scores.isinf().any().int64_value(&[]) == 1 && scores.isfinite().any().int64_value(&[]) == 1, "{case}");
             let finite = scores.isfinite();
-            let gap = (fused.scores.masked_select(&finite) - scores.masked_select(&finite)).abs().max().double_value(&[]);
+            let gap = (fused.out.masked_select(&finite) - scores.masked_select(&finite)).abs().max().double_value(&[]);
             assert!(gap < 1e-12, "{case}: scores differ by {gap}");
             assert!(counts.sum(Kind::Double).double_value(&[]) > 0.0, "{case}: some pairs are on the ramp");
             assert!(fused.ramp_counts.equal(&counts), "{case}: ramp counts");
             assert!(fused.ramp_distance.allclose(&by_dist, 1e-12, 1e-12, false), "{case}: ramp distances");
+            // With the softmax: libtorch's softmax of the same scores, 0 where hidden.
+            let weights = expire_weights(&x.content, &x.positions, &x.spans, &x.counter, &x.usable, RAMP).unwrap();
+            let gap = (&weights.out - scores.softmax(-1, Kind::Double)).abs().max().double_value(&[]);
+            assert!(gap < 1e-15, "{case}: weights differ by {gap}");
+            assert!(weights.out.masked_select(&scores.isinf()).eq(0.0).all().int64_value(&[]) == 1, "{case}: a hidden key has weight");
+            assert!(weights.ramp_counts.equal(&counts) && weights.ramp_distance.equal(&fused.ramp_distance), "{case}: ramp figures");
         }
     }
 
     /// Its backward pass gives the content scores, the positions and the spans the
-    /// gradient the written-out operations give.
+    /// gradient the written-out operations give, with the softmax in the kernel or not.
     #[test]
     fn the_fused_gradient_equals_the_written_out_one() {
         let mut rng = Rng::new(32);
         for (cached, rows, episodes) in CASES {
             let x = block(&mut rng, cached, rows, episodes);
-            let fused = expire_scores(&x.content, &x.positions, &x.spans, &x.counter, &x.usable, RAMP).unwrap();
             let (scores, _, _) = written_out(&x);
             let w = rng.normal_tensor(&[2, 3, 5, 4], Kind::Double); // (b, h, m, dh)
             let inputs = [&x.content, &x.positions, &x.spans];
-            let g1 = Tensor::run_backward(&[objective(&fused.scores, &x.v, &w)], &inputs, false, false);
             let g2 = Tensor::run_backward(&[objective(&scores, &x.v, &w)], &inputs, false, false);
-            for (i, (a, b)) in g1.iter().zip(&g2).enumerate() {
-                assert!(b.abs().sum(Kind::Double).double_value(&[]) > 0.0, "input {i} has a gradient");
-                let gap = (a - b).abs().max().double_value(&[]);
-                assert!(gap < 1e-12, "cached {cached}, rows {rows}, input {i}: gradients differ by {gap}");
+            for softmax in [false, true] {
+                let g1 = Tensor::run_backward(&[fused_objective(&fused(&x, softmax), softmax, &x.v, &w)], &inputs, false, false);
+                for (i, (a, b)) in g1.iter().zip(&g2).enumerate() {
+                    assert!(b.abs().sum(Kind::Double).double_value(&[]) > 0.0, "input {i} has a gradient");
+                    let gap = (a - b).abs().max().double_value(&[]);
+                    assert!(gap < 1e-12, "cached {cached}, rows {rows}, softmax {softmax}, input {i}: gradients differ by {gap}");
+                }
             }
         }
     }
 
     /// The kernel's gradient against central differences of the objective, for every
-    /// position entry and span of a block (double precision).
+    /// content score, position entry and span of a block (double precision), with the
+    /// softmax in the kernel or not.
     #[test]
     fn the_fused_gradient_matches_finite_differences() {
         let mut rng = Rng::new(33);
         let x = block(&mut rng, 12, 6, false);
         let w = rng.normal_tensor(&[2, 3, 5, 4], Kind::Double);
-        let f = |positions: &Tensor, spans: &Tensor| {
-            let s = expire_scores(&x.content, positions, spans, &x.counter, &x.usable, RAMP).unwrap();
-            objective(&s.scores, &x.v, &w).double_value(&[])
-        };
-        let s = expire_scores(&x.content, &x.positions, &x.spans, &x.counter, &x.usable, RAMP).unwrap();
-        let grads = Tensor::run_backward(&[objective(&s.scores, &x.v, &w)], &[&x.positions, &x.spans], false, false);
-        let eps = 1e-6;
-        for (which, (input, grad)) in [&x.positions, &x.spans].into_iter().zip(&grads).enumerate() {
-            let flat = input.detach().flatten(0, -1);
-            let analytic: Vec<f64> = grad.flatten(0, -1).try_into().unwrap();
-            let mut checked = 0;
-            for i in 0..flat.size()[0] {
-                let nudged = |d: f64| {
-                    let t = flat.copy();
-                    let _ = t.get(i).f_add_scalar_(d).unwrap();
-                    t.view(input.size().as_slice())
-                };
-                let (up, down) = (nudged(eps), nudged(-eps));
-                let numeric = if which == 0 { (f(&up, &x.spans) - f(&down, &x.spans)) / (2.0 * eps) } else { (f(&x.positions, &up) - f(&x.positions, &down)) / (2.0 * eps) };
-                assert!((numeric - analytic[i as usize]).abs() < 1e-6, "input {which}, entry {i}: {numeric} vs {}", analytic[i as usize]);
-                checked += usize::from(analytic[i as usize] != 0.0);
+        for softmax in [false, true] {
+            // The objective with input `which` (content, positions, spans) replaced.
+            let f = |which: usize, input: &Tensor| {
+                let mut y = Block { content: x.content.detach(), positions: x.positions.detach(), spans: x.spans.detach(), ..block(&mut Rng::new(1), 12, 6, false) };
+                (y.counter, y.usable, y.v) = (x.counter.shallow_clone(), x.usable.shallow_clone(), x.v.shallow_clone());
+                *[&mut y.content, &mut y.positions, &mut y.spans][which] = input.shallow_clone();
+                fused_objective(&fused(&y, softmax), softmax, &x.v, &w).double_value(&[])
+            };
+            let inputs = [&x.content, &x.positions, &x.spans];
+            let grads = Tensor::run_backward(&[fused_objective(&fused(&x, softmax), softmax, &x.v, &w)], &inputs, false, false);
+            let eps = 1e-6;
+            for (which, (input, grad)) in inputs.into_iter().zip(&grads).enumerate() {
+                let flat = input.detach().flatten(0, -1);
+                let analytic: Vec<f64> = grad.flatten(0, -1).try_into().unwrap();
+                let mut checked = 0;
+                for i in 0..flat.size()[0] {
+                    let nudged = |d: f64| {
+                        let t = flat.copy();
+                        let _ = t.get(i).f_add_scalar_(d).unwrap();
+                        t.view(input.size().as_slice())
+                    };
+                    let numeric = (f(which, &nudged(eps)) - f(which, &nudged(-eps))) / (2.0 * eps);
+                    let case = format!("softmax {softmax}, input {which}, entry {i}");
+                    assert!((numeric - analytic[i as usize]).abs() < 1e-6, "{case}: {numeric} vs {}", analytic[i as usize]);
+                    checked += usize::from(analytic[i as usize] != 0.0);
+                }
+                assert!(checked > 5, "softmax {softmax}, input {which}: only {checked} non-zero gradients were checked");
             }
-            assert!(checked > 5, "input {which}: only {checked} non-zero gradients were checked");
         }
     }
 
@@ -260,15 +303,22 @@ mod tests {
             let inputs = [&x.content, &x.positions, &x.spans];
             let reference = Tensor::run_backward(&[objective(&scores, &x.v, &w)], &inputs, false, false);
             let finite = scores.isfinite();
-            for vector in [false, true] {
-                let case = format!("cached {cached}, rows {rows}, episodes {episodes}, vector {vector}");
-                let fused = scores_with(&x.content, &x.positions, &x.spans, &x.counter, &x.usable, RAMP, vector).unwrap();
-                assert!(fused.scores.isinf().equal(&scores.isinf()), "{case}: the hidden pairs differ");
-                let gap = (fused.scores.masked_select(&finite) - scores.masked_select(&finite)).abs().max().double_value(&[]);
-                assert!(gap < 1e-5, "{case}: scores differ by {gap}");
+            let weights = scores.softmax(-1, Kind::Float);
+            for (vector, softmax) in [(false, false), (true, false), (false, true), (true, true)] {
+                let case = format!("cached {cached}, rows {rows}, episodes {episodes}, vector {vector}, softmax {softmax}");
+                let fused = scores_with(&x.content, &x.positions, &x.spans, &x.counter, &x.usable, RAMP, Loops { vector, softmax }).unwrap();
+                if softmax {
+                    let gap = (&fused.out - &weights).abs().max().double_value(&[]);
+                    assert!(gap < 1e-6, "{case}: weights differ by {gap}");
+                    assert!(fused.out.masked_select(&scores.isinf()).eq(0.0).all().int64_value(&[]) == 1, "{case}: a hidden key has weight");
+                } else {
+                    assert!(fused.out.isinf().equal(&scores.isinf()), "{case}: the hidden pairs differ");
+                    let gap = (fused.out.masked_select(&finite) - scores.masked_select(&finite)).abs().max().double_value(&[]);
+                    assert!(gap < 1e-5, "{case}: scores differ by {gap}");
+                }
                 assert!(fused.ramp_counts.equal(&counts.to_kind(Kind::Float)), "{case}: ramp counts");
                 assert!(fused.ramp_distance.allclose(&by_dist, 1e-12, 1e-12, false), "{case}: ramp distances");
-                let grads = Tensor::run_backward(&[objective(&fused.scores, &x.v, &w)], &inputs, false, false);
+                let grads = Tensor::run_backward(&[fused_objective(&fused, softmax, &x.v, &w)], &inputs, false, false);
                 for (i, (a, b)) in grads.iter().zip(&reference).enumerate() {
                     // (Without a cache a query may see one key alone: no content gradient.)
                     let scale = b.abs().max().double_value(&[]);

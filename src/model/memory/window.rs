@@ -18,7 +18,7 @@ use tch::Tensor;
 
 use super::layer::{mem_rows, same_episode, with_cached_episodes, AttendInput};
 use crate::error::{LetheError, Result};
-use crate::model::attention::{attend, window, window_bias};
+use crate::model::attention::{attend, part, window, window_bias};
 
 /// `[prev, x]` along the time axis of `(b, n, d)` states; `x` alone when there is no `prev`.
 pub(crate) fn concat_time(prev: Option<&Tensor>, x: &Tensor) -> Tensor {
@@ -74,7 +74,7 @@ impl Chunk {
 
     /// The chunk's rows and columns of a `(.., m, n)` tensor of the block (a view).
     pub fn of(&self, t: &Tensor) -> Tensor {
-        t.narrow(-2, self.q0, self.queries).narrow(-1, self.k0, self.keys)
+        part(&part(t, -2, self.q0, self.queries), -1, self.k0, self.keys)
     }
 }
 
@@ -149,12 +149,12 @@ impl WindowKeys {
 
 /// The chunk's queries `(b, h, queries, dh)` of the block's `q` `(b, h, m, dh)` (a view).
 pub(crate) fn chunk_queries(q: &Tensor, c: &Chunk) -> Tensor {
-    q.narrow(2, c.q0, c.queries)
+    part(q, 2, c.q0, c.queries)
 }
 
 /// The chunk's keys or values `(b, h, keys, dh)` of the block's `(b, h, n, dh)` (a view).
 pub(crate) fn chunk_keys(k: &Tensor, c: &Chunk) -> Tensor {
-    k.narrow(2, c.k0, c.keys)
+    part(k, 2, c.k0, c.keys)
 }
 
 /// The contexts `(b, h, queries, dh)` of a block's chunks, in order: `(b, h, m, dh)`.
