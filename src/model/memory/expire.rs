@@ -129,12 +129,24 @@ pub struct ExpireSpan {
     state: Option<Cache>,
     /// Un-noised spans of `[cache, block]` from the last `attend`, for `update`.
     pending_spans: Option<Tensor>,
-    /// The last `attend`'s block and its `[cache, block]` states (detached), so that
-    /// `update` of the same block reuses the concatenation instead of copying again.
-    pending_states: Option<(Tensor, Tensor)>,
+    /// The last `attend`'s block and what it built from it, so that `update` of the same
+    /// block reuses the concatenations instead of building them again.
+    pending_states: Option<Built>,
+    /// The counters `-j` and validity of a block's own memories `(b, m)`, the same for
+    /// every block of a shape: built once for the last shape seen.
+    block_meta: Option<(Tensor, Tensor)>,
     /// Spans of the last block's own tokens, `(b, m)`.
     block_spans: Option<Tensor>,
     stats: Option<Stats>,
+}
+
+/// `[cache, block]` as a block's `attend` built it: the block, the states (detached),
+/// counters and validity, each `(b, n, ..)`.
+struct Built {
+    block: Tensor,
+    states: Tensor,
+    counter: Tensor,
+    valid: Tensor,
 }
 
 /// The cache: states, each memory's distance to the next block's first query, and which
@@ -192,6 +204,7 @@ impl ExpireSpan {
             state: None,
             pending_spans: None,
             pending_states: None,
+            block_meta: None,
             block_spans: None,
             stats: None,
         }
@@ -209,20 +222,32 @@ impl ExpireSpan {
 
     /// `[cache, block]` states, counters (distance to the block's first query) and
     /// validity, for a block `x` `(b, m, d)`.
-    /// `states`, when given, is `[cache, block]` already built for this block.
-    fn keys_with_meta(&self, x: &Tensor, states: Option<Tensor>) -> (Tensor, Tensor, Tensor) {
-        let (b, m, _) = x.size3().expect("block must be (b, m, d)");
-        let opts = (Kind::Float, x.device());
-        let block_counter = -Tensor::arange(m, opts).unsqueeze(0).expand([b, m], false); // (b, m): -j
-        let block_valid = Tensor::ones([b, m], (Kind::Bool, x.device()));
+    fn keys_with_meta(&mut self, x: &Tensor) -> (Tensor, Tensor, Tensor) {
+        let (block_counter, block_valid) = self.block_meta(x);
         match &self.state {
             None => (x.shallow_clone(), block_counter, block_valid),
             Some(c) => (
-                states.unwrap_or_else(|| Tensor::cat(&[&c.states, x], 1)),
+                Tensor::cat(&[&c.states, x], 1),
                 Tensor::cat(&[&c.counter, &block_counter], 1),
                 Tensor::cat(&[&c.valid, &block_valid], 1),
             ),
         }
+    }
+
+    /// The counters `-j` (float) and validity (true) of the memories of a block `x`
+    /// `(b, m, d)`, both `(b, m)`; built again only when the shape changes.
+    fn block_meta(&mut self, x: &Tensor) -> (Tensor, Tensor) {
+        let (b, m, _) = x.size3().expect("block must be (b, m, d)");
+        let fits = |(counter, _): &(Tensor, Tensor)| counter.size() == [b, m] && counter.device() == x.device();
+        let (counter, valid) = match self.block_meta.take().filter(fits) {
+            Some(meta) => meta,
+            None => (
+                -Tensor::arange(m, (Kind::Float, x.device())).unsqueeze(0).expand([b, m], false),
+                Tensor::ones([b, m], (Kind::Bool, x.device())),
+            ),
+        };
+        self.block_meta = Some((counter.shallow_clone(), valid.shallow_clone()));
+        (counter, valid)
     }
 
     /// Episodes `(b, n)` of `[cache, block]`, given the block's `(b, m)`, if any.
@@ -400,18 +425,12 @@ pub(crate) fn causal_chunks(cached: i64, m: i64, chunk: i64) -> Vec<Chunk> {
 /// padded on the left to the longest stream. Returns the gather index `(b, c)` and the
 /// validity `(b, c)`.
 pub fn compact_per_stream(keep: &Tensor) -> (Tensor, Tensor) {
-    let (b, n) = keep.size2().expect("keep must be (b, n)");
-    let device = keep.device();
-    let pos = Tensor::arange(n, (Kind::Int64, device)).unsqueeze(0).expand([b, n], false);
-    // Dropped slots sort first (key = pos), kept ones after them in order (key = pos + n).
-    let key = pos.where_self(&keep.logical_not(), &(&pos + n));
-    let order = key.argsort(1, false);
-    let kept = keep.sum_dim_intlist([1i64].as_slice(), false, Kind::Int64); // (b)
-    let c = kept.max().int64_value(&[]);
-    let index = order.narrow(1, n - c, c);
-    let slot = Tensor::arange(c, (Kind::Int64, device)).unsqueeze(0);
-    let valid = slot.ge_tensor(&(c - kept).unsqueeze(1));
-    (index, valid)
+    let n = keep.size()[1];
+    // A stable sort of the flags puts a stream's dropped slots first and its kept ones
+    // after them, each in order; the sorted flags are then the new slots' validity.
+    let (sorted, order) = keep.sort_stable(true, 1, false); // (b, n) each
+    let c = keep.sum_dim_intlist([1i64].as_slice(), false, Kind::Int64).max().int64_value(&[]);
+    (order.narrow(1, n - c, c), sorted.narrow(1, n - c, c))
 }
 
 /// `states` `(b, n, d)` at `index` `(b, c)` along the keys: `(b, c, d)`. The same copy
@@ -442,8 +461,9 @@ impl MemoryLayer for ExpireSpan {
     fn attend(&mut self, input: &AttendInput) -> Result<AttendOutput> {
         let m = input.x.size()[1];
         let predicting = profile::phase("spans");
-        let (states, counter, valid) = self.keys_with_meta(input.x, None); // (b, n, d), (b, n), (b, n)
-        self.pending_states = Some((input.x.shallow_clone(), states.detach()));
+        let (states, counter, valid) = self.keys_with_meta(input.x); // (b, n, d), (b, n), (b, n)
+        let built = Built { block: input.x.shallow_clone(), states: states.detach(), counter: counter.shallow_clone(), valid: valid.shallow_clone() };
+        self.pending_states = Some(built);
         let spans = self.spans(&states); // (b, n), with gradient to w and b
         self.pending_spans = Some(self.capped(&spans.detach(), input.train));
         let n = spans.size()[1];
@@ -475,8 +495,11 @@ impl MemoryLayer for ExpireSpan {
         let m = x.size()[1];
         // The same block as the last `attend` (an equal pointer to storage the clone
         // keeps alive is the same tensor): reuse its concatenation.
-        let built = self.pending_states.take().filter(|(block, _)| block.data_ptr() == x.data_ptr() && block.size() == x.size());
-        let (states, counter, valid) = self.keys_with_meta(x, built.map(|(_, states)| states));
+        let built = self.pending_states.take().filter(|b| b.block.data_ptr() == x.data_ptr() && b.block.size() == x.size());
+        let (states, counter, valid) = match built {
+            Some(b) => (b.states, b.counter, b.valid),
+            None => self.keys_with_meta(x),
+        };
         let counter_next = counter + m as f64;
         let spans = match self.pending_spans.take() {
             Some(s) if s.size() == counter_next.size() => s,
@@ -594,6 +617,7 @@ impl MemoryLayer for ExpireSpan {
             state: None,
             pending_spans: None,
             pending_states: None,
+            block_meta: None,
             block_spans: None,
             stats: None,
         })
