@@ -49,10 +49,9 @@
 
 #include "guard.h"
 
-// Sleef's 8-wide log and exp for AVX2, exported by libtorch_cpu (sleef.h declares them
-// only where the whole file is compiled for AVX).
+// Sleef's 8-wide log for AVX2, exported by libtorch_cpu (sleef.h declares it only where
+// the whole file is compiled for AVX).
 extern "C" __m256 Sleef_logf8_u10avx2(__m256);
-extern "C" __m256 Sleef_expf8_u10avx2(__m256);
 
 namespace {
 
@@ -219,8 +218,33 @@ __attribute__((target("avx2"))) inline float lane_sum(__m256 x) {
   return _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps(two, two, 1)));
 }
 
-// softmax_row_scalar for float, 8 keys at a time (Sleef's exp, within 1 ulp).
-__attribute__((target("avx2"))) void softmax_row_avx2(float* y, int64_t n) {
+// exp of 8 floats, within 20 ulp: exp(x) = 2^k exp(r), k = floor(x log2(e) + 1/2),
+// r = x - k ln 2, exp(r) by a degree-5 polynomial. The algorithm and constants of
+// libtorch's own `Vectorized<float>::exp_u20` (ATen/cpu/vec/vec256/vec256_float.h), which
+// is what its softmax uses; about 3 times faster than Sleef's 1-ulp exp here. Below
+// ln(FLT_MIN), -inf included, it gives 0.
+__attribute__((target("avx2,fma"))) inline __m256 exp8_u20(__m256 x) {
+  const __m256 ln_min = _mm256_castsi256_ps(_mm256_set1_epi32(0xc2aeac50)),
+               ln_max = _mm256_castsi256_ps(_mm256_set1_epi32(0x42b17218)),
+               log2e = _mm256_castsi256_ps(_mm256_set1_epi32(0x3fb8aa3b)),
+               ln2 = _mm256_castsi256_ps(_mm256_set1_epi32(0x3f317218)), one = _mm256_set1_ps(1.0f);
+  const __m256 underflow = _mm256_cmp_ps(x, ln_min, _CMP_LT_OS);
+  const __m256 clamped = _mm256_max_ps(_mm256_min_ps(x, ln_max), ln_min);
+  const __m256 k = _mm256_floor_ps(_mm256_fmadd_ps(clamped, log2e, _mm256_set1_ps(0.5f)));
+  const __m256 r = _mm256_fnmadd_ps(k, ln2, clamped);
+  __m256 p = _mm256_fmadd_ps(r, _mm256_set1_ps(0.00828929059f), _mm256_set1_ps(0.0418978221f));
+  p = _mm256_fmadd_ps(r, p, _mm256_set1_ps(0.166676521f));
+  p = _mm256_fmadd_ps(r, p, _mm256_set1_ps(0.499991506f));
+  p = _mm256_fmadd_ps(r, p, _mm256_set1_ps(0.999999701f));
+  p = _mm256_fmadd_ps(r, p, one);
+  // 2^(k - 1), then times 2: k = 128 (x near ln_max) stays a finite float.
+  const __m256i biased = _mm256_add_epi32(_mm256_cvtps_epi32(_mm256_sub_ps(k, one)), _mm256_set1_epi32(127));
+  const __m256 scale = _mm256_blendv_ps(_mm256_castsi256_ps(_mm256_slli_epi32(biased, 23)), _mm256_setzero_ps(), underflow);
+  return _mm256_mul_ps(_mm256_mul_ps(p, scale), _mm256_set1_ps(2.0f));
+}
+
+// softmax_row_scalar for float, 8 keys at a time.
+__attribute__((target("avx2,fma"))) void softmax_row_avx2(float* y, int64_t n) {
   const float minus_inf = -std::numeric_limits<float>::infinity();
   __m256 top8 = _mm256_set1_ps(minus_inf);
   int64_t j = 0;
@@ -233,7 +257,7 @@ __attribute__((target("avx2"))) void softmax_row_avx2(float* y, int64_t n) {
   const __m256 shift = _mm256_set1_ps(top);
   __m256 sum8 = _mm256_setzero_ps();
   for (j = 0; j + 8 <= n; j += 8) {
-    const __m256 e = Sleef_expf8_u10avx2(_mm256_sub_ps(_mm256_loadu_ps(y + j), shift));
+    const __m256 e = exp8_u20(_mm256_sub_ps(_mm256_loadu_ps(y + j), shift));
     _mm256_storeu_ps(y + j, e);
     sum8 = _mm256_add_ps(sum8, e);
   }
@@ -247,10 +271,16 @@ __attribute__((target("avx2"))) void softmax_row_avx2(float* y, int64_t n) {
   for (int64_t k = j; k < n; ++k) y[k] *= 1.0f / sum;
 }
 
+// Whether this CPU runs the AVX2 softmax row (its exp needs FMA as well).
+bool cpu_has_avx2_fma() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has;
+}
+
 template <typename T>
 void softmax_row(T* y, int64_t n, bool vector) {
   if constexpr (std::is_same_v<T, float>) {
-    if (vector && cpu_has_avx2()) return softmax_row_avx2(y, n);
+    if (vector && cpu_has_avx2_fma()) return softmax_row_avx2(y, n);
   }
   softmax_row_scalar(y, n);
 }
