@@ -16,8 +16,14 @@ fn small() -> ModelConfig {
     ModelConfig { vocab: 30, d_model: 16, cutoffs: vec![5, 12], div_val: 2, ..ModelConfig::default() }
 }
 
+/// Regression: this seeded libtorch's process-wide generator with `tch::manual_seed`,
+/// outside lethe's seeded sections, so it could reseed another test's model in the middle
+/// of its initialisation (`a_model_with_adaptive_ends_runs_and_bad_cutoffs_are_named`
+/// then summed its probabilities to 1 within 4e-5, and this file's clusters test saw one
+/// cluster only, 6 runs in 40 with 8 test threads). The section holds the generator until
+/// the layer is built.
 fn adaptive(kind: Kind, seed: i64) -> (nn::VarStore, Adaptive) {
-    tch::manual_seed(seed);
+    let _seed = lethe::rng::seed_torch(seed);
     let mut vs = nn::VarStore::new(Device::Cpu);
     let a = Adaptive::new(&vs.root(), &small());
     vs.set_kind(kind);
@@ -121,7 +127,8 @@ fn a_model_with_adaptive_ends_runs_and_bad_cutoffs_are_named() {
     let out = tch::no_grad(|| lm.model.forward(&tokens, &mut mem, false)).unwrap();
     assert_eq!(out.logits.size(), vec![2, 8, 300]);
     let total = out.logits.exp().sum_dim_intlist(-1, false, Kind::Double);
-    assert!((total - 1.0).abs().max().double_value(&[]) < 1e-5);
+    let worst = (total - 1.0).abs().max().double_value(&[]);
+    assert!(worst < 1e-5, "the probabilities sum to 1 within {worst}");
     assert!(lm.named_parameters().iter().all(|(n, _)| n != "embed.weight" && n != "head.weight"));
     for (cutoffs, div_val, field) in [(vec![100, 20], 1, "model.cutoffs"), (vec![20, 300], 1, "model.cutoffs"), (vec![0], 1, "model.cutoffs"), (vec![20, 100], 0, "model.div_val"), (vec![20, 100], 8, "model.div_val")] {
         let mut bad = cfg.clone();
