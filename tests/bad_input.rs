@@ -89,11 +89,7 @@ fn a_signal_stops_training_with_a_checkpoint() {
             .unwrap();
         // Wait until training has started (the first progress line is written to the log).
         let log = d.join("runs").join(&run).join("metrics.jsonl");
-        let started = std::time::Instant::now();
-        while std::fs::read_to_string(&log).map_or(true, |t| t.is_empty()) {
-            assert!(started.elapsed().as_secs() < 120, "training did not start");
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
+        common::wait_until("training did not start", 120, || std::fs::read_to_string(&log).is_ok_and(|t| !t.is_empty()));
         // SAFETY: sending a signal to our own child process.
         unsafe { libc::kill(child.id() as i32, signal) };
         let out = child.wait_with_output().unwrap();

@@ -97,11 +97,7 @@ fn a_peer_killed_mid_run_ends_the_other_rank_with_an_error() {
 fn a_rank_ignores_sigpipe_so_a_dead_peer_is_an_error_not_a_silent_exit() {
     let port = free_port();
     let mut host = spawn(rank(0, 2, port, &["--timeout", "60"]));
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(std::time::Instant::now() < deadline, "rank 0 never opened its store");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    common::wait_until("rank 0 never opened its store", 30, || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
     let status = std::fs::read_to_string(format!("/proc/{}/status", host.id())).unwrap();
     host.kill().unwrap();
     host.wait().unwrap();
@@ -281,15 +277,10 @@ fn a_rank_killed_mid_training_stops_the_other_with_an_error() {
 /// Waits until rank 0 has logged a step under `runs`: both ranks have then joined and
 /// reduced gradients together (a fixed sleep was a race on a loaded machine).
 fn wait_for_a_logged_step(runs: &std::path::Path) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    let logged = || {
+    common::wait_until("rank 0 logged no step", 120, || {
         let mut dirs = std::fs::read_dir(runs).into_iter().flatten().flatten();
         dirs.any(|e| std::fs::read_to_string(e.path().join("metrics.jsonl")).is_ok_and(|m| m.contains("\"step\"")))
-    };
-    while !logged() {
-        assert!(std::time::Instant::now() < deadline, "rank 0 logged no step in 120 s");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    });
 }
 
 #[test]

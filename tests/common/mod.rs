@@ -5,6 +5,16 @@ pub mod cli;
 
 use lethe::config::{Config, CopyConfig};
 
+/// Polls `done` until it holds, failing the test with `never` after `secs` seconds: for
+/// waiting on another process (a store opened, a step logged) without a fixed sleep.
+pub fn wait_until(never: &str, secs: u64, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "{never} (waited {secs} s)");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// A model and task small enough to train in a second or two on 2 cores.
 pub fn tiny_config() -> Config {
     let mut c = Config::preset("copy-tiny").unwrap();
