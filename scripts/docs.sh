@@ -8,6 +8,10 @@
 #   scripts/docs.sh [SECTION...]        (default: every section, in this order)
 #   DOCS_OUT=/tmp/docs scripts/docs.sh default sweep
 #
+# Each section also writes docs/SECTION-machine.json, the machine.json of one of its runs:
+# the CPU, the thread count and the fingerprint of how that CPU rounds. The same seed
+# trains to the same figures only on a CPU with the same fingerprint.
+#
 # A sweep skips the runs it finds finished under OUT with an unchanged config, and a
 # config does not record the code that trained it: after a change to the code, give a
 # fresh DOCS_OUT (or remove runs/docs) so that every figure is trained again.
@@ -42,6 +46,12 @@ SECTIONS=("$@")
 ALL=(default sweep gpt2 words dialogue corridor ablation portal portal8 enwik8 scaling)
 [ ${#SECTIONS[@]} -gt 0 ] || SECTIONS=("${ALL[@]}")
 
+# Keeps the machine a section's runs trained on: RUN's machine.json as
+# docs/SECTION-machine.json.
+keep_machine() { # RUN SECTION
+  cp "$1/machine.json" "docs/$2-machine.json"
+}
+
 # Copies a sweep's table, chart and PNG to docs/NAME.{csv,svg,png}.
 keep_sweep() { # SWEEP_DIR NAME
   cp "$1/sweep.csv" "docs/$2.csv"
@@ -73,7 +83,7 @@ section_default() {
   local root=$PWD
   (cd "$OUT" && "$root/$LETHE" train --overwrite --set train.threads=$THREADS 2>&1) | grep -v '^step ' > docs/default-run.txt
   # The machine it ran on: the test of the quoted lines checks only where one rounds alike.
-  cp "$OUT/runs/copy-tiny/machine.json" docs/default-run-machine.json
+  keep_machine "$OUT/runs/copy-tiny" default-run
   cat docs/default-run.txt
 }
 
@@ -81,24 +91,29 @@ section_sweep() {
   $LETHE sweep --preset copy-sweep-tiny --mechanism fixed:8,16,32,64 --mechanism compressive:16,32,64 \
     --mechanism adaptive:64 --mechanism expire:64 --seeds 1,2 --set train.threads=$THREADS --out "$OUT/copy"
   keep_sweep "$OUT/copy/copy-sweep-tiny-sweep" sweep-copy-tiny
+  keep_machine "$OUT/copy/copy-sweep-tiny-sweep/runs/expire-64-s1" sweep
 }
 
 section_gpt2() {
   scripts/gpt2-demo.sh "$OUT" "1 2 3" | tee docs/gpt2-demo.txt
+  keep_machine "$OUT/demo-infinity-s1" gpt2
 }
 
 section_words() {
   scripts/words-demo.sh "$OUT" "1 2 3" | tee docs/words-demo.txt
+  keep_machine "$OUT/demo-words-tiny-s1" words
 }
 
 section_dialogue() {
   scripts/dialogue-demo.sh "$OUT" 1 | tee docs/dialogue-demo.md
+  keep_machine "$OUT/demo-dialogue-tiny-infinity-s1" dialogue
 }
 
 section_corridor() {
   $LETHE sweep --preset corridor-small --mechanism fixed:4,8,16,32,64 --mechanism expire:64 --seeds 1,2,3 \
     --set train.threads=$THREADS --out "$OUT/corridor"
   keep_sweep "$OUT/corridor/corridor-small-sweep" sweep-corridor-small
+  keep_machine "$OUT/corridor/corridor-small-sweep/runs/expire-64-s1" corridor
   keep_spans "$OUT/corridor/corridor-small-sweep/runs/expire-64-s3" agent-spans-corridor 3 2
   keep_span_summaries "$OUT/corridor/corridor-small-sweep/runs" expire-64 agent-spans-corridor
 }
@@ -124,6 +139,7 @@ r8-warmup-750 --set memory.expire.ramp=8
 r4-no-warmup --set memory.expire.alpha_warmup=0
 ROWS
   cp "$OUT/ablation.csv" docs/ablation-corridor.csv
+  keep_machine "$OUT/ablation/r4-no-warmup/corridor-small-sweep/runs/expire-64-s1" ablation
   cat docs/ablation-corridor.csv
 }
 
@@ -131,6 +147,7 @@ section_portal() {
   $LETHE sweep --preset portal-small --mechanism fixed:4,8,16,128 --mechanism expire:128 --seeds 1,2,3 \
     --set train.threads=$THREADS --out "$OUT/portal"
   keep_sweep "$OUT/portal/portal-small-sweep" sweep-portal-small
+  keep_machine "$OUT/portal/portal-small-sweep/runs/expire-128-s1" portal
   keep_spans "$OUT/portal/portal-small-sweep/runs/expire-128-s1" agent-spans-portal 2 4
   keep_span_summaries "$OUT/portal/portal-small-sweep/runs" expire-128 agent-spans-portal
 }
@@ -139,6 +156,7 @@ section_portal8() {
   $LETHE sweep --preset portal-small --mechanism fixed:8,16,32 --mechanism expire:128 --seeds 1,2,3 \
     --length 8 --set data.portal.max_steps=200 --set train.threads=$THREADS --out "$OUT/portal-8"
   keep_sweep "$OUT/portal-8/portal-small-sweep" sweep-portal-8-rooms
+  keep_machine "$OUT/portal-8/portal-small-sweep/runs/expire-128-s1" portal8
   keep_span_summaries "$OUT/portal-8/portal-small-sweep/runs" expire-128 agent-spans-portal-8-rooms
 }
 
@@ -155,6 +173,7 @@ section_enwik8() {
     --mechanism expire:1024 --mechanism compressive:512 --mechanism infinity:512 --seeds 1,2,3 \
     --set train.threads=$THREADS --out "$OUT/enwik8"
   keep_sweep "$OUT/enwik8/enwik8-tiny-sweep" sweep-enwik8-tiny
+  keep_machine "$OUT/enwik8/enwik8-tiny-sweep/runs/expire-1024-s1" enwik8
   $LETHE bench --preset enwik8-tiny --data "$corpus" --mechanism fixed --mechanism adaptive:1024 --mechanism expire:1024 \
     --mechanism compressive:512 --mechanism infinity:512 --bench-steps 40 --set train.threads=$THREADS \
     --out "$OUT/bench" | tee docs/bench-enwik8-tiny.txt

@@ -35,7 +35,7 @@ use crate::model::memory::window::{self, query_chunks, Chunk, QUERY_CHUNK};
 use crate::model::Lm;
 use crate::optim::Optimiser;
 use crate::rng::Rng;
-use crate::run::Scales;
+use crate::run::{Scales, Signals};
 use crate::train::optimisation_step;
 
 /// How long to bench each config.
@@ -601,12 +601,24 @@ pub fn plan(base: &Config, mechanisms: &[String], scale: Option<&Scale>, context
     Ok(cases)
 }
 
-/// Benches every case in turn, telling `say` about each result as it comes.
-pub fn run(cases: &[Case], opts: &BenchOptions, gemm_gflops: f64, group: Option<&ProcessGroup>, say: &mut dyn FnMut(&BenchResult)) -> Result<Vec<BenchResult>> {
+/// What [`run`] benched: the results of the cases in order, and the signal that
+/// skipped the rest, if one did.
+pub struct Benched {
+    pub results: Vec<BenchResult>,
+    /// SIGINT, SIGTERM or SIGHUP, when one arrived while cases remained: the case under
+    /// way was finished and the ones after it skipped.
+    pub stopped_by: Option<String>,
+}
+
+/// Benches every case in turn, telling `say` about each result as it comes. A first
+/// SIGINT, SIGTERM or SIGHUP lets the case under way finish and skips the rest (every
+/// rank of a launch stops at the same case); a second one ends the process at once.
+pub fn run(cases: &[Case], opts: &BenchOptions, gemm_gflops: f64, group: Option<&ProcessGroup>, say: &mut dyn FnMut(&BenchResult)) -> Result<Benched> {
     for case in cases {
         crate::model::check_fits(&case.cfg, crate::device::parse(&case.cfg.train.device)?)?;
     }
-    let mut out = vec![];
+    let signals = Signals::watch().map_err(|e| LetheError::Invalid(format!("cannot watch for signals: {e}")))?;
+    let mut results = vec![];
     for case in cases {
         let o = BenchOptions { context: case.context, ..opts.clone() };
         let mut r = with_mfu(bench(&case.cfg, &o, group)?, gemm_gflops);
@@ -615,9 +627,18 @@ pub fn run(cases: &[Case], opts: &BenchOptions, gemm_gflops: f64, group: Option<
             r.value = Some(value);
         }
         say(&r);
-        out.push(r);
+        results.push(r);
+        let received = signals.received();
+        let stop = match group {
+            Some(g) => g.any(received.is_some())?,
+            None => received.is_some(),
+        };
+        if stop && results.len() < cases.len() {
+            let signal = received.unwrap_or_else(|| "a signal to another rank".to_string());
+            return Ok(Benched { results, stopped_by: Some(signal) });
+        }
     }
-    Ok(out)
+    Ok(Benched { results, stopped_by: None })
 }
 
 /// The results as a terminal table, one row per config.

@@ -34,6 +34,11 @@ pub enum LetheError {
     #[error("interrupted by {signal} after step {step}; the checkpoint is saved in `{dir}`: continue with --resume")]
     Interrupted { signal: String, step: usize, dir: PathBuf },
 
+    /// `lethe bench` was stopped by a signal between configs; `kept` says where the
+    /// results of the configs done are.
+    #[error("interrupted by {signal} after {done} of {total} configs; the rest were skipped. {kept}")]
+    BenchInterrupted { signal: String, done: usize, total: usize, kept: String },
+
     /// A file could not be read or written. The message holds the reason, so `error`
     /// is not also given as the error's `source()` (which would print it twice in a
     /// chain, as `main`'s `{:#}` does).

@@ -23,7 +23,7 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             match e.downcast_ref::<lethe::LetheError>() {
                 // 128 + SIGINT, as a shell reports a command stopped by Ctrl-C.
-                Some(lethe::LetheError::Interrupted { .. }) => ExitCode::from(130),
+                Some(lethe::LetheError::Interrupted { .. } | lethe::LetheError::BenchInterrupted { .. }) => ExitCode::from(130),
                 _ => ExitCode::FAILURE,
             }
         }
@@ -684,7 +684,7 @@ fn bench(a: BenchArgs) -> Result<()> {
     if leader {
         println!("matrix multiply on {}: {gemm:.1} GFLOP/s with {threads} threads (the peak for MFU)", cfg.train.device);
     }
-    let results = lethe::bench::run(&cases, &opts, gemm, group.as_ref(), &mut |r| {
+    let benched = lethe::bench::run(&cases, &opts, gemm, group.as_ref(), &mut |r| {
         if !leader {
             return;
         }
@@ -709,18 +709,26 @@ fn bench(a: BenchArgs) -> Result<()> {
             print!("{}", lethe::profile::table(phases, r.steps));
         }
     })?;
-    if !leader {
-        return Ok(());
+    let kept = if leader { bench_report(&a.out.join(&cfg.name), &benched.results, gemm, trace.as_deref())? } else { "Rank 0 writes the results.".into() };
+    match benched.stopped_by {
+        Some(signal) => Err(lethe::LetheError::BenchInterrupted { signal, done: benched.results.len(), total: cases.len(), kept }.into()),
+        None => Ok(()),
     }
+}
+
+/// Prints the table of `results` (when there are several) and writes `bench.json` and
+/// `bench.csv` into `dir`; returns a sentence naming them.
+fn bench_report(dir: &std::path::Path, results: &[lethe::bench::BenchResult], gemm: f64, trace: Option<&std::path::Path>) -> Result<String> {
     if results.len() > 1 {
-        print!("{}", lethe::bench::table(&results));
+        print!("{}", lethe::bench::table(results));
     }
-    let paths = lethe::bench::write_report(&a.out.join(&cfg.name), &results, gemm)?;
-    println!("wrote {}", paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(" and "));
-    if let Some(dir) = &trace {
+    let paths = lethe::bench::write_report(dir, results, gemm)?;
+    let names = paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(" and ");
+    println!("wrote {names}");
+    if let Some(dir) = trace {
         println!("libtorch's traces of the profiled steps: {}", dir.join("trace-<config>.json").display());
     }
-    Ok(())
+    Ok(format!("Their results are in {names}."))
 }
 
 fn sweep(a: SweepArgs) -> Result<()> {

@@ -100,6 +100,48 @@ fn a_signal_stops_training_with_a_checkpoint() {
     }
 }
 
+/// Lost work: a signal killed `lethe bench`, and with it the configs already timed.
+/// The first one lets the config under way finish, skips the rest, writes the report of
+/// those done and exits 130.
+#[test]
+fn a_signal_stops_bench_between_configs_and_keeps_the_results_done() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // Three configs of a second or more each (500 steps of about 2 ms).
+    let mut args = vec!["bench", "--out", "runs", "--bench-steps", "500", "--warmup", "0", "--set", "train.threads=1", "--mechanism", "fixed:8", "--mechanism", "fixed:16", "--mechanism", "fixed:32"];
+    args.extend_from_slice(TINY);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lethe"))
+        .current_dir(d)
+        .args(&args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let reader = {
+        let (stdout, lines) = (child.stdout.take().unwrap(), lines.clone());
+        std::thread::spawn(move || std::io::BufReader::new(stdout).lines().map_while(Result::ok).for_each(|l| lines.lock().unwrap().push(l)))
+    };
+    let benched_one = || lines.lock().unwrap().iter().any(|l| l.contains("step median"));
+    common::wait_until("the first config was not benched", 120, || benched_one() || child.try_wait().unwrap().is_some());
+    assert!(benched_one(), "lethe bench ended early: {:?}", child.wait_with_output().unwrap());
+    // SAFETY: sending a signal to our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    reader.join().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(d.join("runs/copy-tiny/bench.json")).unwrap()).unwrap();
+    let done = report["results"].as_array().unwrap().len();
+    // The signal came while the second config ran (or, on a slow machine, the third).
+    assert!((1..3).contains(&done), "{done} results");
+    let said = format!("interrupted by SIGINT after {done} of 3 configs; the rest were skipped");
+    assert!(stderr.contains(&said) && stderr.contains("bench.json"), "{stderr}");
+    assert_eq!(lines.lock().unwrap().iter().filter(|l| l.contains("step median")).count(), done);
+}
+
 /// Lost work: a failed checkpoint write left its temporary file behind.
 #[test]
 fn a_failed_atomic_write_leaves_no_temporary_file() {

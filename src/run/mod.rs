@@ -1,6 +1,7 @@
 //! What both trainers share about a training run: its folder ([`folder`]: the checks
 //! before a run may touch it, the lock, the files it starts with), the loop that steps
-//! it ([`driver`]) and the signals that stop it with a checkpoint (`signals`).
+//! it ([`driver`]) and the signals that stop it with a checkpoint (`signals`; `lethe
+//! bench` watches them too, to stop between configs).
 
 pub mod driver;
 pub mod folder;
@@ -8,4 +9,5 @@ mod signals;
 
 pub(crate) use driver::{begin_step, check_finite, drive, Looped};
 pub use driver::{Scales, TrainOptions};
+pub(crate) use signals::Signals;
 pub use folder::{Intent, RunFolder, LOCK_FILE};

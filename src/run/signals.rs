@@ -1,5 +1,6 @@
 //! Signals during training: the first SIGINT, SIGTERM or SIGHUP asks the loop to stop
-//! with a checkpoint; a second one ends the process at once.
+//! with a checkpoint; a second one ends the process at once. `lethe bench` watches the
+//! same way and stops between configs.
 
 /// The first of SIGINT, SIGTERM and SIGHUP received while watching; a second one ends
 /// the process at once (exit status 128 + the signal's number). The handlers are
