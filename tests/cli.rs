@@ -150,6 +150,44 @@ fn bench_reports_and_writes_json() {
     assert_eq!(json["mem_size"][0], 24.0);
 }
 
+/// `--profile` times each phase of the step: the table is printed, `bench.json` keeps
+/// every phase by its path, the phases of each mechanism's attention sit under
+/// "memory attend", a phase holds no more time than its parent, and each is entered
+/// once per step (per layer under "layer").
+#[test]
+fn bench_profile_reports_each_mechanism_s_phases_nested() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let cases: [(&str, &[&str]); 2] = [("fixed", &["keys, values", "positions", "attention"]), ("expire", &["spans", "keys, values", "scores", "span loss"])];
+    for (mechanism, phases) in cases {
+        let mut args = vec!["bench", "--bench-steps", "3", "--warmup", "1", "--profile", "--mechanism", mechanism, "--out", "runs"];
+        args.extend_from_slice(TINY);
+        args.extend_from_slice(&["--set", "model.layers=2"]);
+        let out = succeeds(&lethe(d, &args));
+        assert!(out.contains("memory attend") && out.contains("optimiser"), "{out}");
+        let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(d.join("runs/copy-tiny/bench.json")).unwrap()).unwrap();
+        let profile = report["results"][0]["profile"].as_array().unwrap();
+        let path_of = |p: &serde_json::Value| p["path"].as_array().unwrap().iter().map(|s| s.as_str().unwrap().to_string()).collect::<Vec<_>>();
+        let find = |path: &[&str]| profile.iter().find(|p| path_of(p) == path).unwrap_or_else(|| panic!("{mechanism}: no phase {path:?} in {profile:?}"));
+        let attend = ["step", "forward", "layer", "memory attend"];
+        for phase in phases {
+            let mut path = attend.to_vec();
+            path.push(phase);
+            assert_eq!(find(&path)["calls"], 6, "{mechanism}: {phase} once per layer and step");
+        }
+        assert_eq!(find(&["step"])["calls"], 3);
+        assert_eq!(find(&["step", "backward"])["calls"], 3);
+        for p in profile {
+            let path = path_of(p);
+            if path.len() > 1 {
+                let parent: Vec<&str> = path[..path.len() - 1].iter().map(String::as_str).collect();
+                let seconds = |q: &serde_json::Value| q["seconds"].as_f64().unwrap();
+                assert!(seconds(p) <= seconds(find(&parent)), "{mechanism}: {path:?} longer than its parent");
+            }
+        }
+    }
+}
+
 #[test]
 fn bench_scales_a_knob_for_several_mechanisms_into_a_table_json_and_csv() {
     let dir = tempfile::tempdir().unwrap();
