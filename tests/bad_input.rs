@@ -3,9 +3,7 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
-
-use common::cli::{fails_with, lethe, succeeds, train, TINY};
+use common::cli::{fails_with, lethe, spawn, succeeds, train, TINY};
 
 /// Lost work: a refused resume rewrote `config.toml` first, so every later resume was
 /// refused too. Nothing in the folder may change before a resume is accepted.
@@ -79,14 +77,7 @@ fn a_signal_stops_training_with_a_checkpoint() {
         let run = format!("sig{signal}");
         let mut args = vec!["train", "--out", "runs", "--name", &run, "--steps", "100000", "--set", "train.checkpoint_every=0"];
         args.extend_from_slice(TINY);
-        let child = Command::new(env!("CARGO_BIN_EXE_lethe"))
-            .current_dir(d)
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let child = spawn(d, &args);
         // Wait until training has started (the first progress line is written to the log).
         let log = d.join("runs").join(&run).join("metrics.jsonl");
         common::wait_until("training did not start", 120, || std::fs::read_to_string(&log).is_ok_and(|t| !t.is_empty()));
@@ -111,14 +102,7 @@ fn a_signal_stops_bench_between_configs_and_keeps_the_results_done() {
     // Three configs of a second or more each (500 steps of about 2 ms).
     let mut args = vec!["bench", "--out", "runs", "--bench-steps", "500", "--warmup", "0", "--set", "train.threads=1", "--mechanism", "fixed:8", "--mechanism", "fixed:16", "--mechanism", "fixed:32"];
     args.extend_from_slice(TINY);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_lethe"))
-        .current_dir(d)
-        .args(&args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn(d, &args);
     let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let reader = {
         let (stdout, lines) = (child.stdout.take().unwrap(), lines.clone());

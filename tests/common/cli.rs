@@ -14,6 +14,12 @@ pub fn lethe(dir: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_lethe")).current_dir(dir).args(args).stdin(Stdio::null()).output().expect("run lethe")
 }
 
+/// Starts `lethe` in `dir` with `args`, stdout and stderr piped, for a test that watches
+/// it run (and signals it).
+pub fn spawn(dir: &Path, args: &[&str]) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_lethe")).current_dir(dir).args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("start lethe")
+}
+
 pub fn train(dir: &Path, extra: &[&str]) -> Output {
     let mut args = vec!["train", "--quiet", "--out", "runs"];
     args.extend_from_slice(TINY);
