@@ -617,7 +617,7 @@ pub fn run(cases: &[Case], opts: &BenchOptions, gemm_gflops: f64, group: Option<
     for case in cases {
         crate::model::check_fits(&case.cfg, crate::device::parse(&case.cfg.train.device)?)?;
     }
-    let signals = Signals::watch().map_err(|e| LetheError::Invalid(format!("cannot watch for signals: {e}")))?;
+    let signals = Signals::watch()?;
     let mut results = vec![];
     for case in cases {
         let o = BenchOptions { context: case.context, ..opts.clone() };

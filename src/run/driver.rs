@@ -95,7 +95,7 @@ pub(crate) trait Looped {
 /// A first SIGINT, SIGTERM or SIGHUP lets the step finish, writes a checkpoint and
 /// returns [`LetheError::Interrupted`]; a second one exits at once.
 pub(crate) fn drive<R: Looped>(run: &mut R, cfg: &TrainConfig, opts: &TrainOptions) -> Result<(Vec<f64>, Option<R::Eval>)> {
-    let signals = Signals::watch().map_err(|e| LetheError::Invalid(format!("cannot watch for signals: {e}")))?;
+    let signals = Signals::watch()?;
     let (mut losses, mut last_eval) = (vec![], None);
     let mut window = R::Window::default();
     let mut clock = Instant::now();

@@ -14,7 +14,11 @@ impl Signals {
     const WATCHED: [(i32, &'static str); 3] =
         [(signal_hook::consts::SIGINT, "SIGINT"), (signal_hook::consts::SIGTERM, "SIGTERM"), (signal_hook::consts::SIGHUP, "SIGHUP")];
 
-    pub(crate) fn watch() -> std::io::Result<Signals> {
+    pub(crate) fn watch() -> crate::error::Result<Signals> {
+        Self::register().map_err(|e| crate::error::LetheError::Invalid(format!("cannot watch for signals: {e}")))
+    }
+
+    fn register() -> std::io::Result<Signals> {
         use std::sync::atomic::{AtomicBool, AtomicUsize};
         use std::sync::Arc;
         let (seen, received) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicUsize::new(0)));
