@@ -308,7 +308,7 @@ pub fn time_attention(cfg: &Config, steps: usize, warmup: usize) -> Result<Timin
         let q = attn.queries(&x);
         let input = crate::model::memory::AttendInput { x: &x, q: &q, attn: &attn, key_pe: Some(&key_pe), train: i >= fill, episodes: None };
         let out = memory.attend(&input)?;
-        memory.update(&x.detach(), None);
+        memory.update(&x.detach(), None)?;
         if i >= fill {
             let mut loss = out.context.sum(Kind::Float);
             if let Some(added) = &out.added {

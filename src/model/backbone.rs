@@ -202,7 +202,7 @@ impl Backbone {
             let out = memory.attend(&AttendInput { x: &x, q: &q, attn: &layer.attn, key_pe: self.key_pe.as_ref(), train, episodes })?;
             drop(attend);
             let update = profile::phase("memory update");
-            memory.update(&x.detach(), episodes);
+            memory.update(&x.detach(), episodes)?;
             drop(update);
             if let Some(a) = out.aux_loss {
                 aux += a;

@@ -101,10 +101,11 @@ impl MemoryLayer for AdaptiveSpan {
         Ok(AttendOutput { context, aux_loss: aux, added: None })
     }
 
-    fn update(&mut self, x: &Tensor, episodes: Option<&Tensor>) {
+    fn update(&mut self, x: &Tensor, episodes: Option<&Tensor>) -> Result<()> {
         let max_ratio = self.ratios().into_iter().fold(0.0, f64::max);
         let keep = cache_size(max_ratio, self.max_span, self.cfg.ramp as i64);
         self.window.append(x, episodes, keep);
+        Ok(())
     }
 
     fn reset(&mut self) {
@@ -219,7 +220,7 @@ mod tests {
                 let gap = (a - b).abs().max().double_value(&[]);
                 assert!(gap < 1e-10 && a.abs().sum(Kind::Double).double_value(&[]) > 0.0, "block {block}, input {i}: gradients differ by {gap}");
             }
-            layer.update(&x.detach(), None);
+            layer.update(&x.detach(), None).unwrap();
         }
     }
 

@@ -165,13 +165,14 @@ impl MemoryLayer for CompressiveMemory {
         Ok(AttendOutput { context, aux_loss, added: None })
     }
 
-    fn update(&mut self, x: &Tensor, _episodes: Option<&Tensor>) {
+    fn update(&mut self, x: &Tensor, _episodes: Option<&Tensor>) -> Result<()> {
         let leaving = self.window.append(x, None, self.span);
         let (groups, rest) = self.groups(leaving);
         self.pending = rest;
-        let Some(groups) = groups else { return };
+        let Some(groups) = groups else { return Ok(()) };
         let new = tch::no_grad(|| self.compress(&groups)).detach();
         self.compressed = Some(keep_last(concat_time(self.compressed.as_ref(), &new), self.cfg.slots as i64));
+        Ok(())
     }
 
     fn reset(&mut self) {
@@ -269,12 +270,12 @@ mod tests {
         // span 6, blocks of 3, rate 2: three states leave per block, so one waits.
         let mut mem = memory(6, 2, 4);
         for t in 0..5 {
-            mem.update(&block(3 * t, 3), None);
+            mem.update(&block(3 * t, 3), None).unwrap();
         }
         // Positions 0..8 left the window: pairs (0,1) (2,3) (4,5) (6,7) pooled, 8 waits.
         assert_eq!(first_feature(mem.compressed.as_ref().unwrap()), vec![0.5, 2.5, 4.5, 6.5]);
         assert_eq!(first_feature(mem.pending.as_ref().unwrap()), vec![8.0]);
-        mem.update(&block(15, 3), None);
+        mem.update(&block(15, 3), None).unwrap();
         // 9..11 left: (8,9) and (10,11) pooled; only the newest 4 slots are kept.
         assert_eq!(first_feature(mem.compressed.as_ref().unwrap()), vec![4.5, 6.5, 8.5, 10.5]);
         assert!(mem.pending.is_none());

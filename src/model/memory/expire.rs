@@ -41,6 +41,7 @@ use super::layer::{same_episode, with_cached_episodes, AttendInput, AttendOutput
 use crate::config::{Deletion, ExpireConfig};
 use crate::error::{LetheError, Result};
 use crate::model::attention;
+use crate::model::memory::compact;
 use crate::model::memory::expire_fused;
 use crate::model::memory::window::{cat_chunks, chunk_keys, chunk_queries, Chunk, QUERY_CHUNK};
 use crate::profile;
@@ -341,24 +342,28 @@ impl ExpireSpan {
     /// no key after itself), so they are left out of its products, kernel and softmax.
     fn attend_fused(&self, p: &Operands, input: &AttendInput) -> Result<(Tensor, Option<Tensor>, Seen)> {
         let (m, n) = (input.x.size()[1], p.k.size()[2]);
-        let ramp = self.cfg.ramp as f64;
         let scaled = p.q / (p.q.size()[3] as f64).sqrt();
         let counter = p.counter.to_kind(p.q.kind());
         let mut contexts = Vec::new();
-        let mut ramp_counts = Tensor::zeros([p.k.size()[0], n], (p.q.kind(), p.q.device())); // (b, n)
-        let mut ramp_distance = Tensor::zeros([p.k.size()[0]], (Kind::Double, p.q.device())); // (b)
+        // The ramp counts `(b, n)` and distance sums `(b)` of the chunks so far; the
+        // first chunk's taken as they are (one chunk, as at `enwik8-tiny`, adds nothing).
+        let mut ramp: Option<(Tensor, Tensor)> = None;
         for c in causal_chunks(n - m, m, QUERY_CHUNK) {
             let (context, fused) = self.fused_chunk(p, &scaled, &counter, &c, input)?;
             contexts.push(context);
-            ramp_counts += fused.ramp_counts.constant_pad_nd([0, n - c.keys]);
-            ramp_distance += fused.ramp_distance;
+            let counts = attention::pad_last(&fused.ramp_counts, n); // (b, n)
+            ramp = Some(match ramp {
+                None => (counts, fused.ramp_distance),
+                Some((total, distance)) => (total + counts, distance + fused.ramp_distance),
+            });
         }
         let context = cat_chunks(contexts); // (b, h, m, dh)
         let _loss = profile::phase("span loss");
-        let aux = self
-            .span_loss_applies(input.train)
-            .then(|| ramp_loss_of_counts(p.spans, &ramp_counts, &ramp_distance, ramp, m, self.cfg.alpha));
-        Ok((context, aux, Seen::Spans { spans: p.spans.detach(), usable: p.usable.shallow_clone(), ramp }))
+        let aux = match (ramp, self.span_loss_applies(input.train)) {
+            (Some((counts, distance)), true) => Some(ramp_loss_of_counts(p.spans, &counts, &distance, self.cfg.ramp as f64, m, self.cfg.alpha)),
+            _ => None,
+        };
+        Ok((context, aux, Seen::Spans { spans: p.spans.detach(), usable: p.usable.shallow_clone(), ramp: self.cfg.ramp as f64 }))
     }
 
     /// One chunk of [`Self::attend_fused`]: its context `(b, h, queries, dh)` and the
@@ -373,7 +378,10 @@ impl ExpireSpan {
         drop(products);
         let _kernel = profile::phase("fused kernel");
         // Distances to the chunk's first query; the usable keys of its rows.
-        let chunk_counter = attention::part(counter, 1, 0, c.keys) + c.q0 as f64; // (b, keys)
+        let chunk_counter = match c.q0 {
+            0 => attention::part(counter, 1, 0, c.keys),
+            q0 => attention::part(counter, 1, 0, c.keys) + q0 as f64,
+        }; // (b, keys)
         let usable = match p.usable.size()[1] {
             1 => attention::part(p.usable, 2, 0, c.keys), // (b, 1, keys)
             _ => c.of(p.usable),                          // (b, queries, keys)
@@ -421,29 +429,6 @@ pub(crate) fn causal_chunks(cached: i64, m: i64, chunk: i64) -> Vec<Chunk> {
     }).collect()
 }
 
-/// Keeps, for every stream, the slots where `keep` is true, in order, right-aligned and
-/// padded on the left to the longest stream. Returns the gather index `(b, c)` and the
-/// validity `(b, c)`.
-pub fn compact_per_stream(keep: &Tensor) -> (Tensor, Tensor) {
-    let n = keep.size()[1];
-    // A stable sort of the flags puts a stream's dropped slots first and its kept ones
-    // after them, each in order; the sorted flags are then the new slots' validity.
-    let (sorted, order) = keep.sort_stable(true, 1, false); // (b, n) each
-    let c = keep.sum_dim_intlist([1i64].as_slice(), false, Kind::Int64).max().int64_value(&[]);
-    (order.narrow(1, n - c, c), sorted.narrow(1, n - c, c))
-}
-
-/// `states` `(b, n, d)` at `index` `(b, c)` along the keys: `(b, c, d)`. The same copy
-/// as `gather` along dimension 1, as whole rows of `d`: libtorch's gather copies element
-/// by element, a third of the time of a compaction at L = 16k (`lethe bench --profile`).
-fn gather_rows(states: &Tensor, index: &Tensor) -> Tensor {
-    let (b, n, d) = states.size3().expect("states must be (b, n, d)");
-    let c = index.size()[1];
-    let first = Tensor::arange(b, (Kind::Int64, index.device())).unsqueeze(1) * n; // (b, 1)
-    let rows = (index + first).view([b * c]);
-    states.contiguous().view([b * n, d]).index_select(0, &rows).view([b, c, d])
-}
-
 /// The official policy: drop the leading slots that are dead in every stream, rounded
 /// down to a multiple of `block`. Returns how many to drop from the front.
 pub fn batch_min_drop(keep: &Tensor, block: i64) -> i64 {
@@ -465,10 +450,12 @@ impl MemoryLayer for ExpireSpan {
         let built = Built { block: input.x.shallow_clone(), states: states.detach(), counter: counter.shallow_clone(), valid: valid.shallow_clone() };
         self.pending_states = Some(built);
         let spans = self.spans(&states); // (b, n), with gradient to w and b
-        self.pending_spans = Some(self.capped(&spans.detach(), input.train));
-        let n = spans.size()[1];
+        let detached = spans.detach();
         // The spans the memories were given: at inference, under the cap.
-        self.block_spans = Some(self.capped(&spans.detach(), input.train).narrow(1, n - m, m));
+        let given = self.capped(&detached, input.train);
+        let n = spans.size()[1];
+        self.block_spans = Some(given.narrow(1, n - m, m));
+        self.pending_spans = Some(given);
         let e = self.effective_spans(&spans, input.train);
         // Memories of the query's episode that hold a state: (b, 1, n), or (b, m, n) with episodes.
         let usable = match (input.episodes, self.episodes_of(input.episodes)) {
@@ -487,11 +474,11 @@ impl MemoryLayer for ExpireSpan {
         } else {
             self.attend_written_out(&operands, input)
         };
-        self.stats = Some(Stats { spans: spans.detach(), valid, seen, counter });
+        self.stats = Some(Stats { spans: detached, valid, seen, counter });
         Ok(AttendOutput { context, aux_loss: aux, added: None })
     }
 
-    fn update(&mut self, x: &Tensor, episodes: Option<&Tensor>) {
+    fn update(&mut self, x: &Tensor, episodes: Option<&Tensor>) -> Result<()> {
         let m = x.size()[1];
         // The same block as the last `attend` (an equal pointer to storage the clone
         // keeps alive is the same tensor): reuse its concatenation.
@@ -514,13 +501,14 @@ impl MemoryLayer for ExpireSpan {
         }
         self.state = Some(match self.cfg.deletion {
             Deletion::Stream => {
-                let (index, new_valid) = compact_per_stream(&keep);
-                Cache {
-                    states: gather_rows(&states, &index),
-                    counter: counter_next.gather(1, &index, false),
-                    valid: new_valid,
-                    episode: ids.map(|e| e.gather(1, &index, false)),
-                }
+                let mut tensors = vec![&states, &counter_next];
+                tensors.extend(ids.as_ref());
+                let compacted = compact::compact(&keep, &tensors)?;
+                let mut slots = compacted.tensors.into_iter();
+                let (Some(states), Some(counter)) = (slots.next(), slots.next()) else {
+                    return Err(LetheError::Invalid("expire-span cache compaction returned too few tensors".into()));
+                };
+                Cache { states, counter, valid: compacted.valid, episode: slots.next() }
             }
             Deletion::Batch | Deletion::Off => {
                 let drop = batch_min_drop(&keep, m);
@@ -535,6 +523,7 @@ impl MemoryLayer for ExpireSpan {
                 }
             }
         });
+        Ok(())
     }
 
     fn reset(&mut self) {
@@ -654,16 +643,16 @@ mod tests {
             let x = rng.normal_tensor(&[2, 4, 8], Kind::Float);
             let q = attn.queries(&x);
             attended.attend(&AttendInput { x: &x, q: &q, attn: &attn, key_pe: Some(&key_pe), train: false, episodes: None }).unwrap();
-            attended.update(&x.detach(), None);
-            plain.update(&x, None);
+            attended.update(&x.detach(), None).unwrap();
+            plain.update(&x, None).unwrap();
             let (a, b) = (states(&attended), states(plain.as_ref()));
             assert!(!a.is_empty() && a.len() == b.len() && a.iter().zip(&b).all(|(a, b)| a.equal(b)));
         }
         let (keyed, other) = (rng.normal_tensor(&[2, 4, 8], Kind::Float), rng.normal_tensor(&[2, 4, 8], Kind::Float));
         let q = attn.queries(&keyed);
         attended.attend(&AttendInput { x: &keyed, q: &q, attn: &attn, key_pe: Some(&key_pe), train: false, episodes: None }).unwrap();
-        attended.update(&other, None);
-        plain.update(&other, None);
+        attended.update(&other, None).unwrap();
+        plain.update(&other, None).unwrap();
         let (a, b) = (states(&attended), states(plain.as_ref()));
         assert!(a.iter().zip(&b).all(|(a, b)| a.equal(b)));
     }
@@ -778,8 +767,8 @@ mod tests {
                 assert!(gap < 1e-4 * (1.0 + x.abs().max().double_value(&[])), "step {step}, parameter {i}: gradients differ by {gap}");
             }
             assert_eq!(vec1(&Tensor::from_slice(&written.report().mem_rows)), vec1(&Tensor::from_slice(&fused.report().mem_rows)), "step {step}");
-            written.update(&x.detach(), Some(&episodes));
-            fused.update(&x.detach(), Some(&episodes));
+            written.update(&x.detach(), Some(&episodes)).unwrap();
+            fused.update(&x.detach(), Some(&episodes)).unwrap();
             let (sa, sb) = (written.state(), fused.state());
             assert!(sa.iter().zip(&sb).all(|((_, a), (_, b))| a.equal(b)), "step {step}: the caches differ");
         }
@@ -868,31 +857,6 @@ mod tests {
         let g_ref = Tensor::run_backward(&[reference], &[&spans], false, false);
         assert!(g[0].allclose(&g_ref[0], 1e-15, 1e-15, false));
         assert!(g[0].abs().sum(Kind::Double).double_value(&[]) > 0.0);
-    }
-
-    #[test]
-    fn per_stream_compaction_keeps_live_slots_in_order_right_aligned() {
-        let keep = Tensor::from_slice(&[true, false, true, true, false, false, false, true]).view([2, 4]);
-        let (index, valid) = compact_per_stream(&keep);
-        // Stream 0 keeps 0, 2, 3; stream 1 keeps 3 and is padded to 3 slots.
-        let idx: Vec<i64> = index.flatten(0, -1).try_into().unwrap();
-        let v: Vec<bool> = valid.flatten(0, -1).try_into().unwrap();
-        assert_eq!(&idx[..3], &[0, 2, 3]);
-        assert_eq!(idx[5], 3);
-        assert_eq!(v, vec![true, true, true, false, false, true]);
-    }
-
-    /// Compaction's row copy picks what libtorch's gather along the keys picks.
-    #[test]
-    fn gather_rows_equals_the_gather_along_the_keys() {
-        let mut rng = crate::rng::Rng::new(9);
-        let (b, n, d, c) = (3, 7, 5, 4);
-        let states = rng.normal_tensor(&[b, n, d], Kind::Float);
-        let index = (rng.uniform_tensor(&[b, c], Kind::Double) * n as f64).floor().to_kind(Kind::Int64);
-        let along_the_keys = |index: &Tensor| states.gather(1, &index.unsqueeze(-1).expand([b, c, d], false), false);
-        for index in [index.shallow_clone(), index.flip([0])] {
-            assert!(gather_rows(&states, &index).equal(&along_the_keys(&index)));
-        }
     }
 
     #[test]

@@ -42,8 +42,9 @@ impl MemoryLayer for FixedSpan {
         Ok(AttendOutput { context, aux_loss: None, added: None })
     }
 
-    fn update(&mut self, x: &Tensor, episodes: Option<&Tensor>) {
+    fn update(&mut self, x: &Tensor, episodes: Option<&Tensor>) -> Result<()> {
         self.window.append(x, episodes, self.span);
+        Ok(())
     }
 
     fn reset(&mut self) {

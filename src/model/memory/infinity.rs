@@ -340,10 +340,11 @@ impl MemoryLayer for InfinityMemory {
         Ok(AttendOutput { context, aux_loss, added })
     }
 
-    fn update(&mut self, x: &Tensor, _episodes: Option<&Tensor>) {
+    fn update(&mut self, x: &Tensor, _episodes: Option<&Tensor>) -> Result<()> {
         if let Some(left) = self.window.append(x, None, self.span) {
             self.incoming = Some(concat_time(self.incoming.as_ref(), &left));
         }
+        Ok(())
     }
 
     fn reset(&mut self) {

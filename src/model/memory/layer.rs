@@ -127,7 +127,7 @@ pub trait MemoryLayer: Send {
     /// Absorbs the block `x` `(b, m, d)` (already detached), with the episode of each
     /// position when there are episodes (as in [`AttendInput::episodes`]), and forgets
     /// what expires.
-    fn update(&mut self, x: &Tensor, episodes: Option<&Tensor>);
+    fn update(&mut self, x: &Tensor, episodes: Option<&Tensor>) -> Result<()>;
 
     /// Empties the memory (start of a stream).
     fn reset(&mut self);

@@ -5,12 +5,14 @@
 //! - [`fixed`]: Transformer-XL, the last `L` states;
 //! - [`adaptive`]: Adaptive-Span, a learned span per head;
 //! - [`expire`]: Expire-Span, a learned span per memory, expired memories deleted;
-//!   [`expire_fused`] its attention scores from one CPU kernel;
+//!   [`expire_fused`] its attention scores from one CPU kernel, [`compact`] the
+//!   compaction of its cache;
 //! - [`compressive`]: the Compressive Transformer, old states compressed into slots;
 //! - [`infinity`]: the ∞-former, an unbounded continuous long-term memory;
 //! - [`window`]: the sliding-window cache the window-based ones share.
 
 pub mod adaptive;
+pub mod compact;
 pub mod compressive;
 pub mod expire;
 pub mod expire_fused;
