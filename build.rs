@@ -2,8 +2,9 @@
 //! binary (and the test binaries) find `libtorch_cpu.so` without `LD_LIBRARY_PATH`,
 //! records that folder for loading the CUDA backend at run time, and compiles lethe's
 //! C++ against the same libtorch's headers: `csrc/dist.cpp`, the bridge to c10d, and
-//! `csrc/expire.cpp`, Expire-Span's fused attention scores, and `csrc/compact.cpp`,
-//! the compaction of its cache.
+//! `csrc/expire.cpp`, Expire-Span's fused attention scores, `csrc/compact.cpp`,
+//! the compaction of its cache, and `csrc/cache_grad.cpp`, the gradient of the keys and
+//! values for the block's rows only.
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=csrc");
@@ -26,6 +27,7 @@ fn compile_csrc(lib: &std::path::Path) {
     };
     cc::Build::new()
         .cpp(true)
+        .file("csrc/cache_grad.cpp")
         .file("csrc/compact.cpp")
         .file("csrc/dist.cpp")
         .file("csrc/expire.cpp")

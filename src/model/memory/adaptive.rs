@@ -72,7 +72,7 @@ impl MemoryLayer for AdaptiveSpan {
     }
 
     fn attend(&mut self, input: &AttendInput) -> Result<AttendOutput> {
-        let w = self.window.keys(input, self.max_span);
+        let w = self.window.keys(input, self.max_span)?;
         let key_pe = input.key_pe.ok_or_else(|| LetheError::Invalid("Adaptive-Span needs relative positions (model.arch = \"lethe\")".into()))?;
         let z = self.z.to_kind(input.q.kind());
         let mask = span_mask(&z, &w.dist, self.max_span as f64, self.cfg.ramp as f64).unsqueeze(0); // (1, h, m, n)
@@ -200,7 +200,7 @@ mod tests {
             let q = attn.queries(&x);
             let input = AttendInput { x: &x, q: &q, attn: &attn, key_pe: Some(&key_pe), train: true, episodes: None };
             // The reference, from the same cache, before `attend` adds to it.
-            let keys = layer.window.keys(&input, max_span);
+            let keys = layer.window.keys(&input, max_span).unwrap();
             let chunks = keys.chunks(&q, layer.reach()).len();
             assert!(if m > 64 { chunks > 1 } else { chunks == 1 }, "block {block}: {chunks} chunks");
             let WindowKeys { k, v, dist, visible, cached, .. } = keys;

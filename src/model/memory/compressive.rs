@@ -154,7 +154,7 @@ impl MemoryLayer for CompressiveMemory {
 
     fn attend(&mut self, input: &AttendInput) -> Result<AttendOutput> {
         let m = input.x.size()[1];
-        let w = self.window.keys(input, self.span);
+        let w = self.window.keys(input, self.span)?;
         let cached = w.cached;
         let scores = scores_over_window(input.q, &w.k, input.key_pe, w.cached, &w.visible); // (b, h, m, n)
         let (scores, v) = self.with_slots(input, w, scores);

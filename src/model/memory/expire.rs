@@ -213,7 +213,17 @@ impl ExpireSpan {
 
     /// Predicted spans `(b, n)` of `states` `(b, n, d)`.
     pub fn spans(&self, states: &Tensor) -> Tensor {
-        let logit = (states.matmul(&self.w.to_kind(states.kind())) + self.b.to_kind(states.kind())) / self.cfg.pre_div; // (b, n)
+        self.spans_of_scores(&states.matmul(&self.predictor(states.kind())))
+    }
+
+    /// The predictor's vector `w` `(d)` in `kind`.
+    fn predictor(&self, kind: Kind) -> Tensor {
+        self.w.to_kind(kind)
+    }
+
+    /// Spans `(b, n)` of the scores `states w` `(b, n)`: `L sigmoid((states w + b) / pre_div)`.
+    fn spans_of_scores(&self, scores: &Tensor) -> Tensor {
+        let logit = (scores + self.b.to_kind(scores.kind())) / self.cfg.pre_div; // (b, n)
         logit.sigmoid() * self.max_span
     }
 
@@ -445,11 +455,16 @@ impl MemoryLayer for ExpireSpan {
 
     fn attend(&mut self, input: &AttendInput) -> Result<AttendOutput> {
         let m = input.x.size()[1];
-        let predicting = profile::phase("spans");
+        let keys = profile::phase("keys, values");
         let (states, counter, valid) = self.keys_with_meta(input.x); // (b, n, d), (b, n), (b, n)
         let built = Built { block: input.x.shallow_clone(), states: states.detach(), counter: counter.shallow_clone(), valid: valid.shallow_clone() };
         self.pending_states = Some(built);
-        let spans = self.spans(&states); // (b, n), with gradient to w and b
+        // Keys, values and the span predictor's scores in one, so that the states' gradient
+        // is computed for the block's rows only (`model::cache_grad`).
+        let projected = input.attn.project_after_cache(&states, m, &self.predictor(states.kind()))?;
+        drop(keys);
+        let predicting = profile::phase("spans");
+        let spans = self.spans_of_scores(&projected.scores); // (b, n), with gradient to w and b
         let detached = spans.detach();
         // The spans the memories were given: at inference, under the cap.
         let given = self.capped(&detached, input.train);
@@ -464,11 +479,9 @@ impl MemoryLayer for ExpireSpan {
         };
         drop(predicting);
 
-        let keys = profile::phase("keys, values");
-        let (k, v) = input.attn.keys_values(&states); // (b, h, n, dh)
-        drop(keys);
+        let (k, v) = (&projected.k, &projected.v); // (b, h, n, dh)
         let key_pe = input.key_pe.ok_or_else(|| LetheError::Invalid("Expire-Span needs relative positions (model.arch = \"lethe\")".into()))?;
-        let operands = Operands { q: input.q, k: &k, v: &v, key_pe, spans: &e, counter: &counter, usable: &usable };
+        let operands = Operands { q: input.q, k, v, key_pe, spans: &e, counter: &counter, usable: &usable };
         let (context, aux, seen) = if self.cfg.fused && expire_fused::supports(input.q) {
             self.attend_fused(&operands, input)?
         } else {

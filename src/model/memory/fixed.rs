@@ -37,7 +37,7 @@ impl MemoryLayer for FixedSpan {
     }
 
     fn attend(&mut self, input: &AttendInput) -> Result<AttendOutput> {
-        let (context, mem_rows) = self.window.attend(input, self.span);
+        let (context, mem_rows) = self.window.attend(input, self.span)?;
         self.last_mem_rows = mem_rows;
         Ok(AttendOutput { context, aux_loss: None, added: None })
     }

@@ -327,7 +327,7 @@ impl MemoryLayer for InfinityMemory {
     }
 
     fn attend(&mut self, input: &AttendInput) -> Result<AttendOutput> {
-        let (context, stm_rows) = self.window.attend(input, self.span);
+        let (context, stm_rows) = self.window.attend(input, self.span)?;
         let stm_size = crate::metrics::mean(&stm_rows);
         let (added, aux_loss) = match self.absorb_incoming()? {
             Some(coeffs) => {

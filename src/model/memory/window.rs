@@ -173,11 +173,11 @@ impl WindowCache {
 
     /// Keys, values and masks for the block of `input`, each query seeing itself and at
     /// most `span` earlier positions.
-    pub fn keys(&mut self, input: &AttendInput, span: i64) -> WindowKeys {
+    pub fn keys(&mut self, input: &AttendInput, span: i64) -> Result<WindowKeys> {
         let m = input.x.size()[1];
         let cached = self.len();
         let states = concat_time(self.cache.as_ref(), input.x); // (b, cached + m, d)
-        let (k, v) = input.attn.keys_values(&states); // (b, h, n, dh)
+        let (k, v) = input.attn.keys_values_after_cache(&states, m)?; // (b, h, n, dh)
         self.last = Some((input.x.shallow_clone(), states.detach()));
         let device = input.x.device();
         if !self.windows.contains_key(&(cached, m)) && self.windows.len() >= MAX_WINDOW_SHAPES {
@@ -186,18 +186,18 @@ impl WindowCache {
         let reach = reach(span, m);
         let (dist, visible) = self.windows.entry((cached, m)).or_insert_with(|| window(cached, m, reach, device));
         let same = input.episodes.map(|e| same_episode(e, &with_cached_episodes(self.episodes.as_ref(), cached, e)));
-        WindowKeys { k, v, dist: dist.shallow_clone(), visible: visible.shallow_clone(), cached, same }
+        Ok(WindowKeys { k, v, dist: dist.shallow_clone(), visible: visible.shallow_clone(), cached, same })
     }
 
     /// Attention of the block of `input` over the window, each query seeing itself and
     /// at most `span` earlier positions: the context `(b, h, m, dh)`, and the mean number
     /// of earlier positions the queries saw, per stream (one value when every stream has
     /// the same).
-    pub fn attend(&mut self, input: &AttendInput, span: i64) -> (Tensor, Vec<f64>) {
+    pub fn attend(&mut self, input: &AttendInput, span: i64) -> Result<(Tensor, Vec<f64>)> {
         let m = input.x.size()[1];
         let reach = reach(span, m);
         let keys = crate::profile::phase("keys, values");
-        let w = self.keys(input, span);
+        let w = self.keys(input, span)?;
         drop(keys);
         let mem_rows = match &w.same {
             None => vec![window_mem_size(w.cached, m, reach)],
@@ -221,7 +221,7 @@ impl WindowCache {
                 attend(&q, &chunk_keys(&w.k, c), &chunk_keys(&w.v, c), &bias, input.attn.dropout, input.train)
             })
             .collect();
-        (cat_chunks(contexts), mem_rows)
+        Ok((cat_chunks(contexts), mem_rows))
     }
 
     /// Appends the block `x` `(b, m, d)`, with its positions' episodes `(b, m)` when the
@@ -317,7 +317,7 @@ mod tests {
         for _ in 0..5 {
             let x = rng.normal_tensor(&[2, 3, 4], tch::Kind::Float);
             let q = attn.queries(&x);
-            reused.keys(&AttendInput { x: &x, q: &q, attn: &attn, key_pe: Some(&key_pe), train: false, episodes: None }, 7);
+            reused.keys(&AttendInput { x: &x, q: &q, attn: &attn, key_pe: Some(&key_pe), train: false, episodes: None }, 7).unwrap();
             let a = reused.append(&x.detach(), None, 7);
             let b = plain.append(&x, None, 7);
             assert_eq!(a.is_some(), b.is_some());
@@ -328,7 +328,7 @@ mod tests {
         let keyed = rng.normal_tensor(&[2, 3, 4], tch::Kind::Float);
         let other = rng.normal_tensor(&[2, 3, 4], tch::Kind::Float);
         let q = attn.queries(&keyed);
-        reused.keys(&AttendInput { x: &keyed, q: &q, attn: &attn, key_pe: Some(&key_pe), train: false, episodes: None }, 7);
+        reused.keys(&AttendInput { x: &keyed, q: &q, attn: &attn, key_pe: Some(&key_pe), train: false, episodes: None }, 7).unwrap();
         reused.append(&other, None, 7);
         assert!(reused.cache.as_ref().unwrap().narrow(1, 4, 3).equal(&other));
     }
@@ -372,14 +372,14 @@ mod tests {
                 let episodes = with_episodes.then(|| Tensor::stack(&[pos.floor_divide_scalar(70), pos.floor_divide_scalar(110)], 0));
                 let q = attn.queries(&x);
                 let input = AttendInput { x: &x, q: &q, attn: &attn, key_pe: Some(&key_pe), train: true, episodes: episodes.as_ref() };
-                let keys = w.keys(&input, span);
+                let keys = w.keys(&input, span).unwrap();
                 assert!(keys.chunks(&q, span).len() > 1, "block {block}: one chunk");
                 let mut bias = window_bias(&q, Some(&key_pe), keys.cached, &keys.visible); // (b, h, m, n)
                 if let Some(same) = &keys.same {
                     bias = bias.masked_fill(&same.logical_not().unsqueeze(1), f64::NEG_INFINITY);
                 }
                 let whole = attend(&q, &keys.k, &keys.v, &bias, 0.0, true);
-                let (chunked, _) = w.attend(&input, span);
+                let (chunked, _) = w.attend(&input, span).unwrap();
                 let gap = (&chunked - &whole).abs().max().double_value(&[]);
                 assert!(gap < 1e-12, "block {block}, episodes {with_episodes}: outputs differ by {gap}");
                 let weights = rng.normal_tensor(&whole.size(), Double);
@@ -408,7 +408,7 @@ mod tests {
             let x = Tensor::ones([1, 2, 4], (tch::Kind::Float, tch::Device::Cpu));
             let q = attn.queries(&x);
             let input = AttendInput { x: &x, q: &q, attn: &attn, key_pe: Some(&key_pe), train: false, episodes: None };
-            let keys = w.keys(&input, 64);
+            let keys = w.keys(&input, 64).unwrap();
             assert_eq!(keys.visible.size(), vec![2, keys.cached + 2]);
             w.append(&x, None, 64);
             assert!(w.windows.len() <= MAX_WINDOW_SHAPES, "{} mask shapes kept", w.windows.len());

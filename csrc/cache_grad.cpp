@@ -1,0 +1,132 @@
+// The gradient of the keys and values of a window `[cache, block]` with respect to its
+// states, for the block's rows only (src/model/cache_grad.rs wraps it).
+//
+// Every memory mechanism projects the states it attends over, `(b, n, d)` = the cache of
+// earlier blocks (no gradient: it was detached when it was stored) followed by the
+// block's `m` new ones, into keys and values. libtorch's backward pass of that
+// projection multiplies the gradient of all `n` rows by the weight, although only the
+// last `m` rows reach anything: the cache's rows are thrown away by the concatenation's
+// backward pass. At `enwik8-tiny` (a cache of 128 before a block of 64) two thirds of
+// those two products are wasted; at a span of 16k nearly all.
+//
+// So the keys and values are projected from the detached states (libtorch's own
+// backward pass then computes only the weights' and biases' gradients, exactly as
+// before), and this identity function on `(k, v)` hands the states the gradient
+// `[0; gk[tail] W_k + gv[tail] W_v]`: the same rows the full products would give (a
+// product's rows do not depend on the other rows), summed as libtorch sums the states'
+// two gradients, with zeros where the cache's rows were discarded anyway. Expire-Span's
+// span predictor reads the states too (`s = states w`): its gradient `gs[tail] w^T` is
+// added in the same function, last, as libtorch added it, so that training gives the
+// same bits as before.
+//
+// Tensors cross as `at::Tensor*`, which is what tch's `Tensor::as_mut_ptr` holds.
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "guard.h"
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// `grad` `(b, n, e)` of a projection's output, rows `[n - fresh, n)` of every stream,
+// times the projection's weight `(e, d)`: `(b * fresh, d)`.
+at::Tensor tail_times(const at::Tensor& grad, const at::Tensor& weight, int64_t fresh) {
+  const int64_t n = grad.size(1);
+  return grad.narrow(1, n - fresh, fresh).reshape({-1, grad.size(2)}).mm(weight);
+}
+
+// `grad` `(b, n)` of `states w`, rows `[n - fresh, n)`, times `w` `(d)`: `(b * fresh, d)`.
+at::Tensor tail_outer(const at::Tensor& grad, const at::Tensor& w, int64_t fresh) {
+  const int64_t n = grad.size(1);
+  return grad.narrow(1, n - fresh, fresh).reshape({-1}).outer(w);
+}
+
+// Checks the shapes and saves what the backward pass needs; `ws` `(d)` may be undefined
+// (no third projection).
+void save(AutogradContext* ctx, const at::Tensor& k, const at::Tensor& v, const at::Tensor& states, const at::Tensor& wk,
+          const at::Tensor& wv, const at::Tensor& ws, int64_t fresh) {
+  TORCH_CHECK(states.dim() == 3 && k.dim() == 3 && v.dim() == 3, "the states, keys and values must be (b, n, d), got ",
+              states.sizes(), ", ", k.sizes(), ", ", v.sizes());
+  TORCH_CHECK(fresh > 0 && fresh <= states.size(1), "the block's rows must be 1 to ", states.size(1), ", got ", fresh);
+  TORCH_CHECK(k.size(0) == states.size(0) && k.size(1) == states.size(1) && v.sizes() == k.sizes(),
+              "keys ", k.sizes(), " and values ", v.sizes(), " must be one per state ", states.sizes());
+  TORCH_CHECK(wk.dim() == 2 && wk.size(0) == k.size(2) && wk.size(1) == states.size(2) && wv.sizes() == wk.sizes(),
+              "the weights ", wk.sizes(), " and ", wv.sizes(), " must map the states ", states.sizes(), " to the keys ", k.sizes());
+  ctx->save_for_backward(ws.defined() ? variable_list{wk.detach(), wv.detach(), ws.detach()} : variable_list{wk.detach(), wv.detach()});
+  ctx->saved_data["fresh"] = fresh;
+  ctx->saved_data["states"] = states.sizes().vec();
+}
+
+// The states' gradient `(b, n, d)`: zero in the cache's rows, in the block's the sum of
+// what the keys, values and scores pass back.
+at::Tensor states_grad(AutogradContext* ctx, const at::Tensor& gk, const at::Tensor& gv, const at::Tensor& gs) {
+  const auto saved = ctx->get_saved_variables();
+  const int64_t fresh = ctx->saved_data["fresh"].toInt();
+  const auto size = ctx->saved_data["states"].toIntVector();
+  at::Tensor tk = gk.defined() ? tail_times(gk, saved[0], fresh) : at::Tensor();
+  at::Tensor tv = gv.defined() ? tail_times(gv, saved[1], fresh) : at::Tensor();
+  at::Tensor ts = gs.defined() ? tail_outer(gs, saved[2], fresh) : at::Tensor();
+  auto add = [](const at::Tensor& a, const at::Tensor& b) { return !a.defined() ? b : !b.defined() ? a : a + b; };
+  // In the order libtorch's backward pass sums the three where the scores are computed
+  // first (tests::it_computes_what_the_plain_projection_does; other orders round
+  // differently).
+  const at::Tensor tail = add(add(tk, tv), ts);
+  if (!tail.defined()) return at::Tensor();
+  auto grad = at::empty(size, tail.options());
+  grad.narrow(1, 0, size[1] - fresh).zero_();
+  grad.narrow(1, size[1] - fresh, fresh).copy_(tail.view({size[0], fresh, size[2]}));
+  return grad;
+}
+
+// Keys and values.
+struct KeysValues : public torch::autograd::Function<KeysValues> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& k, const at::Tensor& v, const at::Tensor& states,
+                               const at::Tensor& wk, const at::Tensor& wv, int64_t fresh) {
+    save(ctx, k, v, states, wk, wv, at::Tensor(), fresh);
+    return {k, v};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {grads[0], grads[1], states_grad(ctx, grads[0], grads[1], at::Tensor()), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// Keys, values and the scores `s = states ws` `(b, n)` of a vector `ws` `(d)`.
+struct KeysValuesScores : public torch::autograd::Function<KeysValuesScores> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& k, const at::Tensor& v, const at::Tensor& s,
+                               const at::Tensor& states, const at::Tensor& wk, const at::Tensor& wv, const at::Tensor& ws,
+                               int64_t fresh) {
+    TORCH_CHECK(s.dim() == 2 && s.size(0) == k.size(0) && s.size(1) == k.size(1) && ws.dim() == 1 && ws.size(0) == states.size(2),
+                "the scores ", s.sizes(), " of the weight ", ws.sizes(), " must be one per state ", states.sizes());
+    save(ctx, k, v, states, wk, wv, ws, fresh);
+    return {k, v, s};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {grads[0], grads[1], grads[2], states_grad(ctx, grads[0], grads[1], grads[2]),
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+extern "C" {
+
+// `k` and `v` `(b, n, e)` unchanged, with the gradient to `states` `(b, n, d)` of the
+// projections `k = states W_k^T + b_k`, `v = states W_v^T + b_v` for the last `fresh`
+// rows only (zero for the others); with `s` `(b, n)` and `ws` `(d)` (else null), the
+// scores `s = states ws` too. Writes the two (or three) new tensors to `out`.
+int lethe_cache_tail_grad(void* k, void* v, void* s, void* states, void* wk, void* wv, void* ws, int64_t fresh, void** out,
+                          char** error) {
+  return lethe::guarded(error, [&] {
+    auto t = [](void* x) -> at::Tensor { return x == nullptr ? at::Tensor() : *static_cast<at::Tensor*>(x); };
+    auto result = s == nullptr ? KeysValues::apply(t(k), t(v), t(states), t(wk), t(wv), fresh)
+                               : KeysValuesScores::apply(t(k), t(v), t(s), t(states), t(wk), t(wv), t(ws), fresh);
+    for (size_t i = 0; i < result.size(); ++i) out[i] = new at::Tensor(std::move(result[i]));
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,228 @@
+//! The gradient of a window's keys and values for the block's rows only.
+//!
+//! A memory layer projects `[cache, block]` `(b, n, d)` into keys and values (paper
+//! Eq. 1 of each method: Transformer-XL recomputes the cached states' keys with the
+//! current weights every block, and so does every mechanism here). The cache carries no
+//! gradient, yet libtorch's backward pass of `states W^T` multiplies the gradient of
+//! all `n` rows by `W` and the concatenation's backward pass then throws the cache's
+//! rows away: at `enwik8-tiny` (a cache of 128 before a block of 64) two thirds of the
+//! two products are wasted, at a span of 16k nearly all of them.
+//!
+//! [`keys_values_after_cache`] projects the detached states (libtorch's backward pass
+//! then computes the weights' gradients only, as before) and passes the keys and values
+//! through an identity function of `csrc/cache_grad.cpp` whose backward pass gives the
+//! states `[0; gk[block] W_k + gv[block] W_v]`: the same numbers in the rows that are
+//! read, so training gives the same bits (`tests::it_computes_what_the_plain_projection_does`).
+
+use std::ffi::{c_char, c_int, c_void};
+
+use tch::{nn, Tensor};
+
+use crate::error::{LetheError, Result};
+
+extern "C" {
+    #[allow(clippy::too_many_arguments)]
+    fn lethe_cache_tail_grad(
+        k: *mut c_void,
+        v: *mut c_void,
+        s: *mut c_void,
+        states: *mut c_void,
+        wk: *mut c_void,
+        wv: *mut c_void,
+        ws: *mut c_void,
+        fresh: i64,
+        out: *mut *mut c_void,
+        error: *mut *mut c_char,
+    ) -> c_int;
+}
+
+/// Keys, values and (for Expire-Span) the span predictor's scores of a window.
+pub struct Projected {
+    /// `states W_k^T + b_k` `(b, n, e)`.
+    pub k: Tensor,
+    /// `states W_v^T + b_v` `(b, n, e)`.
+    pub v: Tensor,
+    /// `states w` `(b, n)`, when a vector `w` was given.
+    pub scores: Option<Tensor>,
+}
+
+/// The projections `k(states)` and `v(states)`, each `(b, n, e)`, of `states` `(b, n, d)`
+/// whose first `n - fresh` rows are a cache without gradient and whose last `fresh`
+/// rows are the block. With gradient to the weights and biases as `k.forward(states)`
+/// gives, and to `states` in its last `fresh` rows only (zero in the cache's rows,
+/// where a plain projection computes numbers that nothing reads).
+///
+/// Plain projections where there is nothing to save: no cache, or no gradient.
+pub fn keys_values_after_cache(states: &Tensor, fresh: i64, k: &nn::Linear, v: &nn::Linear) -> Result<(Tensor, Tensor)> {
+    let p = project_after_cache(states, fresh, k, v, None)?;
+    Ok((p.k, p.v))
+}
+
+/// [`keys_values_after_cache`], and with `w` `(d)` the scores `states w` `(b, n)` too
+/// (Expire-Span's span predictor), their gradient to the block's rows summed with the
+/// keys' and values' in one.
+pub fn project_after_cache(states: &Tensor, fresh: i64, k: &nn::Linear, v: &nn::Linear, w: Option<&Tensor>) -> Result<Projected> {
+    let n = states.size().get(1).copied().unwrap_or(0);
+    // The scores first: the order of the projections is the order in which libtorch's
+    // backward pass sums the states' gradients where this function is not used.
+    let project = |s: &Tensor| {
+        let scores = w.map(|w| s.matmul(w));
+        Projected { k: s.linear(&k.ws, k.bs.as_ref()), v: s.linear(&v.ws, v.bs.as_ref()), scores }
+    };
+    if fresh <= 0 || fresh >= n || !states.requires_grad() {
+        return Ok(project(states));
+    }
+    let plain = project(&states.detach());
+    let mut out: [*mut c_void; 3] = [std::ptr::null_mut(); 3];
+    let mut error: *mut c_char = std::ptr::null_mut();
+    let ptr = |t: Option<&Tensor>| t.map_or(std::ptr::null_mut(), |t| t.as_ptr() as *mut c_void);
+    // SAFETY: every pointer is null or a live `at::Tensor*` owned by its `Tensor` for the
+    // call (the function reads them only); on success it writes two new `at::Tensor*`, or
+    // three with `w`.
+    let status = unsafe {
+        lethe_cache_tail_grad(
+            ptr(Some(&plain.k)),
+            ptr(Some(&plain.v)),
+            ptr(plain.scores.as_ref()),
+            ptr(Some(states)),
+            ptr(Some(&k.ws.detach())),
+            ptr(Some(&v.ws.detach())),
+            ptr(w.map(Tensor::detach).as_ref()),
+            fresh,
+            out.as_mut_ptr(),
+            &mut error,
+        )
+    };
+    if status != 0 {
+        return Err(LetheError::Invalid(format!("keys and values of the window: {}", crate::dist::take_error(error))));
+    }
+    // SAFETY: see above; each non-null pointer is taken over once.
+    let mut taken = out.into_iter().filter(|p| !p.is_null()).map(|p| unsafe { Tensor::from_ptr(p as *mut torch_sys::C_tensor) });
+    let (Some(k), Some(v)) = (taken.next(), taken.next()) else {
+        return Err(LetheError::Invalid("keys and values of the window: too few tensors returned".into()));
+    };
+    Ok(Projected { k, v, scores: taken.next() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::Rng;
+    use tch::Kind;
+
+    /// How a test projects the window: keys, values and the scores `states w`.
+    type Project = dyn Fn(&Tensor, &nn::Linear, &nn::Linear, &Tensor) -> (Tensor, Tensor, Tensor);
+
+    /// Keys, values and scores of `[cache, x]` through `project`, the loss `sum(k * rk) +
+    /// sum(v * rv)` (plus `sum(sigmoid(scores))` with `scores`, as Expire-Span's span
+    /// predictor), and the gradients of `x` and of the weights and biases.
+    fn run(project: &Project, kind: Kind, cached: i64, bias: bool, scores: bool) -> Vec<Tensor> {
+        let mut rng = Rng::new(31);
+        let mut vs = nn::VarStore::new(tch::Device::Cpu);
+        let cfg = nn::LinearConfig { bias, ..Default::default() };
+        let (k, v) = (nn::linear(vs.root() / "k", 16, 12, cfg), nn::linear(vs.root() / "v", 16, 12, cfg));
+        let w = vs.root().var("w", &[16], nn::Init::Const(0.0));
+        tch::no_grad(|| {
+            for mut t in vs.trainable_variables() {
+                let values = rng.normal_tensor(&t.size(), Kind::Float);
+                t.copy_(&values);
+            }
+        });
+        if kind == Kind::Double {
+            vs.double();
+        }
+        let cache = rng.normal_tensor(&[3, cached, 16], kind);
+        let x = rng.normal_tensor(&[3, 5, 16], kind).set_requires_grad(true);
+        let (rk, rv) = (rng.normal_tensor(&[3, cached + 5, 12], kind), rng.normal_tensor(&[3, cached + 5, 12], kind));
+        let states = Tensor::cat(&[&cache, &(&x * 1.0)], 1);
+        let (keys, values, s) = project(&states, &k, &v, &w);
+        let mut loss = (&keys * &rk).sum(kind) + (&values * &rv).sum(kind);
+        if scores {
+            loss += s.sigmoid().sum(kind);
+        }
+        loss.backward();
+        let mut out = vec![keys.detach(), values.detach(), x.grad()];
+        let mut named: Vec<_> = vs.variables().into_iter().filter(|(name, _)| scores || name != "w").collect();
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+        out.extend(named.iter().map(|(_, t)| t.grad()));
+        out
+    }
+
+    /// The projections as Expire-Span computed them before: the spans' scores first.
+    fn plain(states: &Tensor, k: &nn::Linear, v: &nn::Linear, w: &Tensor) -> (Tensor, Tensor, Tensor) {
+        let scores = states.matmul(w);
+        (states.linear(&k.ws, k.bs.as_ref()), states.linear(&v.ws, v.bs.as_ref()), scores)
+    }
+
+    fn keys_values(states: &Tensor, k: &nn::Linear, v: &nn::Linear, w: &Tensor) -> (Tensor, Tensor, Tensor) {
+        let (keys, values) = keys_values_after_cache(states, 5, k, v).unwrap();
+        (keys, values, states.matmul(w))
+    }
+
+    fn with_scores(states: &Tensor, k: &nn::Linear, v: &nn::Linear, w: &Tensor) -> (Tensor, Tensor, Tensor) {
+        let p = project_after_cache(states, 5, k, v, Some(w)).unwrap();
+        (p.k, p.v, p.scores.unwrap())
+    }
+
+    #[test]
+    fn it_computes_what_the_plain_projection_does() {
+        let cases = [(Kind::Float, 7, false), (Kind::Float, 7, true), (Kind::Float, 40, false), (Kind::Double, 2, true), (Kind::Float, 0, true)];
+        for ((kind, cached, bias), scores) in cases.into_iter().flat_map(|c| [(c, false), (c, true)]) {
+            let ours: &Project = if scores { &with_scores } else { &keys_values };
+            let (want, got) = (run(&plain, kind, cached, bias, scores), run(ours, kind, cached, bias, scores));
+            assert_eq!(want.len(), got.len());
+            for (i, (a, b)) in want.iter().zip(&got).enumerate() {
+                assert!(a.equal(b), "{kind:?}, cache {cached}, bias {bias}, scores {scores}: output {i} differs by {}", (a - b).abs().max().double_value(&[]));
+            }
+        }
+    }
+
+    #[test]
+    fn the_cache_rows_get_zero_and_the_block_rows_their_gradient() {
+        let mut rng = Rng::new(5);
+        let mut vs = nn::VarStore::new(tch::Device::Cpu);
+        let cfg = nn::LinearConfig { bias: false, ..Default::default() };
+        let (k, v) = (nn::linear(vs.root() / "k", 4, 3, cfg), nn::linear(vs.root() / "v", 4, 3, cfg));
+        vs.double();
+        let states = rng.normal_tensor(&[2, 6, 4], Kind::Double).set_requires_grad(true);
+        let (keys, values) = keys_values_after_cache(&states, 2, &k, &v).unwrap();
+        // Only the keys used: the values' gradient is undefined in the backward pass.
+        keys.sum(Kind::Double).backward();
+        let grad = states.grad();
+        assert_eq!(grad.narrow(1, 0, 4).abs().max().double_value(&[]), 0.0);
+        // d sum(k) / d states = the column sums of W_k, in every block row.
+        let want = k.ws.to_kind(Kind::Double).sum_dim_intlist([0i64].as_slice(), false, Kind::Double);
+        for (s, j) in [(0, 4), (1, 5)] {
+            assert!(grad.get(s).get(j).allclose(&want, 1e-12, 1e-12, false));
+        }
+        assert!(values.requires_grad());
+    }
+
+    #[test]
+    fn finite_differences_agree_with_the_block_rows_gradient() {
+        let mut rng = Rng::new(8);
+        let mut vs = nn::VarStore::new(tch::Device::Cpu);
+        let cfg = nn::LinearConfig { bias: true, ..Default::default() };
+        let (k, v) = (nn::linear(vs.root() / "k", 4, 3, cfg), nn::linear(vs.root() / "v", 4, 3, cfg));
+        vs.double();
+        let (rk, rv) = (rng.normal_tensor(&[2, 5, 3], Kind::Double), rng.normal_tensor(&[2, 5, 3], Kind::Double));
+        let loss = |s: &Tensor| {
+            let (a, b) = keys_values_after_cache(s, 3, &k, &v).unwrap();
+            (a.tanh() * &rk).sum(Kind::Double) + (b.square() * &rv).sum(Kind::Double)
+        };
+        let states = rng.normal_tensor(&[2, 5, 4], Kind::Double).set_requires_grad(true);
+        loss(&states).backward();
+        let grad = states.grad();
+        let eps = 1e-6;
+        for (s, j, c) in [(0, 2, 0), (1, 3, 2), (1, 4, 3), (0, 4, 1)] {
+            let bump = |by: f64| {
+                let moved = states.detach().copy();
+                let _ = moved.get(s).get(j).get(c).fill_(states.double_value(&[s, j, c]) + by);
+                tch::no_grad(|| loss(&moved)).double_value(&[])
+            };
+            let numeric = (bump(eps) - bump(-eps)) / (2.0 * eps);
+            let analytic = grad.double_value(&[s, j, c]);
+            assert!((numeric - analytic).abs() < 1e-6, "({s}, {j}, {c}): {numeric} against {analytic}");
+        }
+    }
+}
