@@ -4,6 +4,7 @@ pub mod adaptive;
 pub mod attention;
 pub mod backbone;
 pub mod cache_grad;
+pub mod chunks;
 pub mod gpt2;
 pub mod init;
 pub mod memory;

@@ -19,7 +19,8 @@ use super::window::{cat_chunks, chunk_keys, chunk_queries, WindowCache};
 use super::layer::{AttendInput, AttendOutput, MemoryLayer, MemoryReport};
 use crate::config::AdaptiveConfig;
 use crate::error::{LetheError, Result};
-use crate::model::attention::{attend, log_mask, window_bias};
+use crate::model::attention::{attend, log_mask, part, window_bias};
+use crate::model::chunks::narrows;
 
 /// Granularity of the cache trim, as in the official code.
 const TRIM_MULTIPLE: i64 = 64;
@@ -83,15 +84,20 @@ impl MemoryLayer for AdaptiveSpan {
         };
         // The spans are read from the device only where the block goes in chunks.
         let reach = if input.q.device().is_cuda() { self.max_span } else { self.reach().min(self.max_span) };
-        let contexts: Vec<Tensor> = w
-            .chunks(input.q, reach)
+        let chunks = w.chunks(input.q, reach);
+        let (qs, ks, vs) = (chunk_queries(input.q, &chunks)?, chunk_keys(&w.k, &chunks)?, chunk_keys(&w.v, &chunks)?);
+        // The mask's rows of each chunk `(1, h, queries, n)` in one node, then its keys.
+        let mask_rows = narrows(&mask, 2, &chunks.iter().map(|c| (c.q0, c.queries)).collect::<Vec<_>>())?;
+        let contexts: Vec<Tensor> = chunks
             .iter()
-            .map(|c| {
-                let q = chunk_queries(input.q, c); // (b, h, queries, dh)
-                let positions = window_bias(&q, Some(key_pe), c.cached(), &c.of(&w.visible)); // (b, h, queries, keys)
+            .zip(qs.iter().zip(ks.iter().zip(&vs)))
+            .zip(&mask_rows)
+            .map(|((c, (q, (k, v))), rows)| {
+                // q (b, h, queries, dh); k, v (b, h, keys, dh)
+                let positions = window_bias(q, Some(key_pe), c.cached(), &c.of(&w.visible)); // (b, h, queries, keys)
                 // The mask after the softmax with renormalisation is the bias ln m before it.
-                let bias = positions + log_mask(&c.of(&mask), &c.of(&visible)); // (b, h, queries, keys)
-                attend(&q, &chunk_keys(&w.k, c), &chunk_keys(&w.v, c), &bias, input.attn.dropout, input.train)
+                let bias = positions + log_mask(&part(rows, -1, c.k0, c.keys), &c.of(&visible)); // (b, h, queries, keys)
+                attend(q, k, v, &bias, input.attn.dropout, input.train)
             })
             .collect();
         let context = cat_chunks(contexts); // (b, h, m, dh)

@@ -174,6 +174,16 @@ struct Operands<'a> {
     usable: &'a Tensor,
 }
 
+/// One query chunk's views of the block's [`Operands`]: the queries divided by
+/// `sqrt(dh)` `(b, h, queries, dh)`, the keys and values up to its last query
+/// `(b, h, keys, dh)`, and their spans `(b, keys)`.
+struct ChunkViews {
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    spans: Tensor,
+}
+
 /// What the last block's figures are computed from, when they are asked for
 /// ([`MemoryLayer::report`]): reading them back every block would wait for the device.
 struct Stats {
@@ -358,8 +368,19 @@ impl ExpireSpan {
         // The ramp counts `(b, n)` and distance sums `(b)` of the chunks so far; the
         // first chunk's taken as they are (one chunk, as at `enwik8-tiny`, adds nothing).
         let mut ramp: Option<(Tensor, Tensor)> = None;
-        for c in causal_chunks(n - m, m, QUERY_CHUNK) {
-            let (context, fused) = self.fused_chunk(p, &scaled, &counter, &c, input)?;
+        let chunks = causal_chunks(n - m, m, QUERY_CHUNK);
+        // Each chunk's views, one backward pass for all chunks' queries, keys and values
+        // each. The spans `(b, n)` are narrowed one by one: their gradient from the span
+        // loss is added to the chunks' one at a time, and summing the chunks' first would
+        // round differently (the cost is small, `(b, n)` per chunk).
+        let views = chunk_queries(&scaled, &chunks)?
+            .into_iter()
+            .zip(chunk_keys(p.k, &chunks)?)
+            .zip(chunk_keys(p.v, &chunks)?)
+            .zip(&chunks)
+            .map(|(((q, k), v), c)| ChunkViews { q, k, v, spans: attention::part(p.spans, 1, 0, c.keys) });
+        for (c, views) in chunks.iter().zip(views) {
+            let (context, fused) = self.fused_chunk(p, &views, &counter, c, input)?;
             contexts.push(context);
             let counts = attention::pad_last(&fused.ramp_counts, n); // (b, n)
             ramp = Some(match ramp {
@@ -377,13 +398,14 @@ impl ExpireSpan {
     }
 
     /// One chunk of [`Self::attend_fused`]: its context `(b, h, queries, dh)` and the
-    /// kernel's output over its keys. `scaled` are the block's queries divided by
-    /// `sqrt(dh)`, `counter` the keys' distances to the block's first query.
-    fn fused_chunk(&self, p: &Operands, scaled: &Tensor, counter: &Tensor, c: &Chunk, input: &AttendInput) -> Result<(Tensor, expire_fused::FusedScores)> {
+    /// kernel's output over its keys. `views` are the chunk's queries divided by
+    /// `sqrt(dh)`, keys, values and spans, `counter` the keys' distances to the block's
+    /// first query.
+    fn fused_chunk(&self, p: &Operands, views: &ChunkViews, counter: &Tensor, c: &Chunk, input: &AttendInput) -> Result<(Tensor, expire_fused::FusedScores)> {
         let scoring = profile::phase("scores");
         let products = profile::phase("products");
-        let q = chunk_queries(scaled, c); // (b, h, queries, dh)
-        let content = q.matmul(&chunk_keys(p.k, c).transpose(-2, -1)); // (b, h, queries, keys)
+        let q = &views.q; // (b, h, queries, dh)
+        let content = q.matmul(&views.k.transpose(-2, -1)); // (b, h, queries, keys)
         let positions = q.matmul(&p.key_pe.tr()); // (b, h, queries, P)
         drop(products);
         let _kernel = profile::phase("fused kernel");
@@ -396,11 +418,10 @@ impl ExpireSpan {
             1 => attention::part(p.usable, 2, 0, c.keys), // (b, 1, keys)
             _ => c.of(p.usable),                          // (b, queries, keys)
         };
-        let spans = attention::part(p.spans, 1, 0, c.keys);
-        let fused = expire_fused::expire_weights(&content, &positions, &spans, &chunk_counter, &usable, self.cfg.ramp as f64)?;
+        let fused = expire_fused::expire_weights(&content, &positions, &views.spans, &chunk_counter, &usable, self.cfg.ramp as f64)?;
         drop((_kernel, scoring));
         let _mixing = profile::phase("attention");
-        Ok((attention::weigh(&fused.out, &chunk_keys(p.v, c), input.attn.dropout, input.train), fused))
+        Ok((attention::weigh(&fused.out, &views.v, input.attn.dropout, input.train), fused))
     }
 
     fn span_loss_applies(&self, train: bool) -> bool {

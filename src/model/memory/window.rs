@@ -19,6 +19,7 @@ use tch::Tensor;
 use super::layer::{mem_rows, same_episode, with_cached_episodes, AttendInput};
 use crate::error::{LetheError, Result};
 use crate::model::attention::{attend, part, window, window_bias};
+use crate::model::chunks::narrows;
 
 /// `[prev, x]` along the time axis of `(b, n, d)` states; `x` alone when there is no `prev`.
 pub(crate) fn concat_time(prev: Option<&Tensor>, x: &Tensor) -> Tensor {
@@ -147,14 +148,16 @@ impl WindowKeys {
     }
 }
 
-/// The chunk's queries `(b, h, queries, dh)` of the block's `q` `(b, h, m, dh)` (a view).
-pub(crate) fn chunk_queries(q: &Tensor, c: &Chunk) -> Tensor {
-    part(q, 2, c.q0, c.queries)
+/// Each chunk's queries `(b, h, queries, dh)` of the block's `q` `(b, h, m, dh)`: views,
+/// with one backward pass for all ([`narrows`]).
+pub(crate) fn chunk_queries(q: &Tensor, chunks: &[Chunk]) -> Result<Vec<Tensor>> {
+    narrows(q, 2, &chunks.iter().map(|c| (c.q0, c.queries)).collect::<Vec<_>>())
 }
 
-/// The chunk's keys or values `(b, h, keys, dh)` of the block's `(b, h, n, dh)` (a view).
-pub(crate) fn chunk_keys(k: &Tensor, c: &Chunk) -> Tensor {
-    part(k, 2, c.k0, c.keys)
+/// Each chunk's keys or values `(b, h, keys, dh)` of the block's `(b, h, n, dh)`: views,
+/// with one backward pass for all ([`narrows`]).
+pub(crate) fn chunk_keys(k: &Tensor, chunks: &[Chunk]) -> Result<Vec<Tensor>> {
+    narrows(k, 2, &chunks.iter().map(|c| (c.k0, c.keys)).collect::<Vec<_>>())
 }
 
 /// The contexts `(b, h, queries, dh)` of a block's chunks, in order: `(b, h, m, dh)`.
@@ -205,20 +208,22 @@ impl WindowCache {
         };
         // Positions are learned up to P - 1 back: no key further back can be seen.
         let seen = input.key_pe.map_or(reach, |pe| reach.min(pe.size()[0] - 1));
-        let contexts: Vec<Tensor> = w
-            .chunks(input.q, seen)
+        let chunks = w.chunks(input.q, seen);
+        let (qs, ks, vs) = (chunk_queries(input.q, &chunks)?, chunk_keys(&w.k, &chunks)?, chunk_keys(&w.v, &chunks)?);
+        let contexts: Vec<Tensor> = chunks
             .iter()
-            .map(|c| {
-                let q = chunk_queries(input.q, c); // (b, h, queries, dh)
+            .zip(qs.iter().zip(ks.iter().zip(&vs)))
+            .map(|(c, (q, (k, v)))| {
+                // q (b, h, queries, dh); k, v (b, h, keys, dh)
                 let positions = crate::profile::phase("positions");
-                let bias = window_bias(&q, input.key_pe, c.cached(), &c.of(&w.visible)); // (b, h, queries, keys), or (queries, keys) without positions
+                let bias = window_bias(q, input.key_pe, c.cached(), &c.of(&w.visible)); // (b, h, queries, keys), or (queries, keys) without positions
                 drop(positions);
                 let _attention = crate::profile::phase("attention");
                 let bias = match &w.same {
                     None => bias,
                     Some(same) => bias.masked_fill(&c.of(same).logical_not().unsqueeze(1), f64::NEG_INFINITY), // (b, h or 1, queries, keys)
                 };
-                attend(&q, &chunk_keys(&w.k, c), &chunk_keys(&w.v, c), &bias, input.attn.dropout, input.train)
+                attend(q, k, v, &bias, input.attn.dropout, input.train)
             })
             .collect();
         Ok((cat_chunks(contexts), mem_rows))
