@@ -55,7 +55,8 @@ mod tests {
     use tch::Kind;
 
     /// Chunks over keys `(b, h, n, dh)` as the attention takes them: overlapping, then
-    /// disjoint, then one range that covers everything twice.
+    /// disjoint, one range that covers everything twice, and two short ones that leave
+    /// rows of the tensor out.
     const CASES: [&[(i64, i64)]; 4] = [&[(0, 9), (3, 10), (7, 8), (10, 5)], &[(0, 4), (4, 4), (8, 7)], &[(0, 15), (0, 15)], &[(2, 3), (5, 1)]];
 
     /// The chunks of `t` through `narrow`, each through its own function (as the
