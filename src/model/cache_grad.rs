@@ -213,14 +213,8 @@ mod tests {
         let states = rng.normal_tensor(&[2, 5, 4], Kind::Double).set_requires_grad(true);
         loss(&states).backward();
         let grad = states.grad();
-        let eps = 1e-6;
         for (s, j, c) in [(0, 2, 0), (1, 3, 2), (1, 4, 3), (0, 4, 1)] {
-            let bump = |by: f64| {
-                let moved = states.detach().copy();
-                let _ = moved.get(s).get(j).get(c).fill_(states.double_value(&[s, j, c]) + by);
-                tch::no_grad(|| loss(&moved)).double_value(&[])
-            };
-            let numeric = (bump(eps) - bump(-eps)) / (2.0 * eps);
+            let numeric = crate::model::central_difference(&states, &[s, j, c], loss);
             let analytic = grad.double_value(&[s, j, c]);
             assert!((numeric - analytic).abs() < 1e-6, "({s}, {j}, {c}): {numeric} against {analytic}");
         }

@@ -117,14 +117,8 @@ mod tests {
         };
         loss(&t).backward();
         let grad = t.grad();
-        let eps = 1e-6;
         for (s, j, c) in [(0, 0, 0), (1, 3, 2), (0, 5, 1), (1, 9, 0), (0, 7, 2)] {
-            let bump = |by: f64| {
-                let moved = t.detach().copy();
-                let _ = moved.get(s).get(j).get(c).fill_(t.double_value(&[s, j, c]) + by);
-                tch::no_grad(|| loss(&moved)).double_value(&[])
-            };
-            let numeric = (bump(eps) - bump(-eps)) / (2.0 * eps);
+            let numeric = crate::model::central_difference(&t, &[s, j, c], loss);
             let analytic = grad.double_value(&[s, j, c]);
             assert!((numeric - analytic).abs() < 1e-7, "({s}, {j}, {c}): {numeric} against {analytic}");
         }

@@ -33,6 +33,21 @@ pub fn host_values(t: &Tensor) -> Result<Vec<f64>> {
     Vec::<f64>::try_from(t.to_kind(tch::Kind::Double).to_device(Device::Cpu).flatten(0, -1)).map_err(|e| LetheError::Invalid(format!("reading a tensor: {e}")))
 }
 
+/// Central difference (step 1e-6) of `loss` at entry `at` of `t`: `loss` of two copies of
+/// `t` without gradient, that entry moved up and down. For the gradient checks of the
+/// custom autograd pieces' unit tests.
+#[cfg(test)]
+pub(crate) fn central_difference(t: &Tensor, at: &[i64], loss: impl Fn(&Tensor) -> Tensor) -> f64 {
+    let eps = 1e-6;
+    let moved = |by: f64| {
+        let copy = t.detach().copy();
+        let mut entry = at.iter().fold(copy.shallow_clone(), |e, &i| e.get(i));
+        let _ = entry.fill_(t.double_value(at) + by);
+        tch::no_grad(|| loss(&copy)).double_value(&[])
+    };
+    (moved(eps) - moved(-eps)) / (2.0 * eps)
+}
+
 /// Number of scalar parameters in `vs`.
 pub fn parameter_count(vs: &nn::VarStore) -> usize {
     vs.variables().values().map(Tensor::numel).sum()
