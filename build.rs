@@ -4,8 +4,8 @@
 //! C++ against the same libtorch's headers: `csrc/dist.cpp`, the bridge to c10d, and
 //! `csrc/expire.cpp`, Expire-Span's fused attention scores, `csrc/compact.cpp`,
 //! the compaction of its cache, `csrc/cache_grad.cpp`, the gradient of the keys and
-//! values for the block's rows only, and `csrc/chunks.cpp`, the attention chunks'
-//! narrows as one autograd node.
+//! values for the block's rows only, `csrc/chunks.cpp`, the attention chunks'
+//! narrows as one autograd node, and `csrc/adam.cpp`, the optimiser's update.
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=csrc");
@@ -28,6 +28,7 @@ fn compile_csrc(lib: &std::path::Path) {
     };
     cc::Build::new()
         .cpp(true)
+        .file("csrc/adam.cpp")
         .file("csrc/cache_grad.cpp")
         .file("csrc/chunks.cpp")
         .file("csrc/compact.cpp")

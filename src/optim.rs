@@ -1,12 +1,33 @@
 //! The optimisers (Adam with optional decoupled weight decay, and RMSProp for the
 //! reinforcement-learning presets), the learning-rate schedule and global gradient-norm
 //! clipping. lethe owns the optimiser so that its moments are plain named tensors that
-//! go into checkpoints (`optim.exp_avg.<param>`, `optim.exp_avg_sq.<param>`).
+//! go into checkpoints (`optim.exp_avg.<param>`, `optim.exp_avg_sq.<param>`). On the CPU
+//! the update of every parameter is one call into `csrc/adam.cpp`, bitwise the
+//! libtorch operations it replaces.
+
+use std::ffi::{c_char, c_int, c_void};
 
 use tch::Tensor;
 
 use crate::config::{Optimizer, Schedule, TrainConfig};
 use crate::error::{LetheError, Result};
+
+extern "C" {
+    #[allow(clippy::too_many_arguments)]
+    fn lethe_optimiser_step(
+        params: *mut *mut c_void,
+        grads: *mut *mut c_void,
+        exp_avg: *mut *mut c_void,
+        exp_avg_sq: *mut *mut c_void,
+        count: i64,
+        steps: *const f64,
+        decays: *const f64,
+        constants: *const f64,
+        rmsprop: c_int,
+        decay: c_int,
+        error: *mut *mut c_char,
+    ) -> c_int;
+}
 
 /// Adam or RMSProp (`train.optimizer`) over a fixed, named list of parameters.
 pub struct Optimiser {
@@ -78,57 +99,110 @@ impl Optimiser {
         total
     }
 
-    /// One update with learning rate `lr`.
-    pub fn step(&mut self, lr: f64) {
-        if self.rule == Optimizer::RmsProp {
-            return self.rmsprop_step(lr);
-        }
+    /// One update with learning rate `lr`: on the CPU one call into `csrc/adam.cpp`
+    /// for every parameter ([`Optimiser::step_fused`]), elsewhere libtorch operations
+    /// per parameter ([`Optimiser::step_tensors`]); the two give the same bits.
+    pub fn step(&mut self, lr: f64) -> Result<()> {
         let _guard = tch::no_grad_guard();
         self.steps += 1;
-        let t = self.steps as i32;
-        let bc1 = 1.0 - self.beta1.powi(t);
-        let bc2 = 1.0 - self.beta2.powi(t);
-        for (i, (_, p)) in self.params.iter_mut().enumerate() {
-            let g = p.grad();
-            if !g.defined() {
-                continue;
-            }
-            let lr = lr * self.lr_scale[i];
-            let m = &mut self.exp_avg[i];
-            let _ = m.g_mul_scalar_(self.beta1);
-            let _ = m.g_add_(&(&g * (1.0 - self.beta1)));
-            let v = &mut self.exp_avg_sq[i];
-            let _ = v.g_mul_scalar_(self.beta2);
-            let _ = v.g_add_(&(g.square() * (1.0 - self.beta2)));
-            let denom = v.sqrt() / bc2.sqrt() + self.eps;
-            let update = &self.exp_avg[i] / denom * (lr / bc1);
-            if self.weight_decay > 0.0 {
-                let _ = p.g_mul_scalar_(1.0 - lr * self.weight_decay);
-            }
-            let _ = p.g_sub_(&update);
+        let (fused, rest): (Vec<usize>, Vec<usize>) = (0..self.params.len()).filter(|&i| self.params[i].1.grad().defined()).partition(|&i| self.fusable(i));
+        self.step_fused(&fused, lr)?;
+        for i in rest {
+            self.step_tensors(i, lr);
         }
+        Ok(())
     }
 
-    /// One RMSProp update: `v = beta2 v + (1 - beta2) g^2`, `p -= lr g / (sqrt(v) + eps)`
-    /// (PyTorch's `RMSprop` without momentum or centring). Weight decay is decoupled.
-    fn rmsprop_step(&mut self, lr: f64) {
-        let _guard = tch::no_grad_guard();
-        self.steps += 1;
-        for (i, (_, p)) in self.params.iter_mut().enumerate() {
-            let g = p.grad();
-            if !g.defined() {
-                continue;
-            }
-            let lr = lr * self.lr_scale[i];
-            let v = &mut self.exp_avg_sq[i];
-            let _ = v.g_mul_scalar_(self.beta2);
-            let _ = v.g_add_(&(g.square() * (1.0 - self.beta2)));
-            let update = &g / (v.sqrt() + self.eps) * lr;
-            if self.weight_decay > 0.0 {
-                let _ = p.g_mul_scalar_(1.0 - lr * self.weight_decay);
-            }
-            let _ = p.g_sub_(&update);
+    /// Bias corrections `(1 - beta1^t, 1 - beta2^t)` of the step taken.
+    fn bias_corrections(&self) -> (f64, f64) {
+        let t = self.steps as i32;
+        (1.0 - self.beta1.powi(t), 1.0 - self.beta2.powi(t))
+    }
+
+    /// Whether parameter `i` can take the fused update: it and its moments contiguous
+    /// float or double CPU tensors.
+    fn fusable(&self, i: usize) -> bool {
+        let p = &self.params[i].1;
+        let ok = |t: &Tensor| t.device() == tch::Device::Cpu && t.is_contiguous() && t.kind() == p.kind();
+        matches!(p.kind(), tch::Kind::Float | tch::Kind::Double) && ok(p) && ok(&self.exp_avg[i]) && ok(&self.exp_avg_sq[i])
+    }
+
+    /// The update of parameters `which` in one call into `csrc/adam.cpp`: each element
+    /// through the operations of [`Optimiser::step_tensors`] in the same order, with the
+    /// constants rounded as libtorch rounds them, so the same bits without the dozen
+    /// passes and temporaries per parameter.
+    fn step_fused(&mut self, which: &[usize], lr: f64) -> Result<()> {
+        if which.is_empty() {
+            return Ok(());
         }
+        let (bc1, bc2) = self.bias_corrections();
+        let rmsprop = self.rule == Optimizer::RmsProp;
+        let rate = |i: usize| lr * self.lr_scale[i];
+        let steps: Vec<f64> = which.iter().map(|&i| if rmsprop { rate(i) } else { rate(i) / bc1 }).collect();
+        let decays: Vec<f64> = which.iter().map(|&i| 1.0 - rate(i) * self.weight_decay).collect();
+        let constants = [self.beta1, 1.0 - self.beta1, self.beta2, 1.0 - self.beta2, bc2.sqrt(), self.eps];
+        let grads: Vec<Tensor> = which.iter().map(|&i| self.params[i].1.grad()).collect();
+        let ptrs = |ts: Vec<&Tensor>| ts.into_iter().map(|t| t.as_ptr() as *mut c_void).collect::<Vec<_>>();
+        let mut params = ptrs(which.iter().map(|&i| &self.params[i].1).collect());
+        let mut grad_ptrs = ptrs(grads.iter().collect());
+        let mut exp_avg = ptrs(which.iter().map(|&i| &self.exp_avg[i]).collect());
+        let mut exp_avg_sq = ptrs(which.iter().map(|&i| &self.exp_avg_sq[i]).collect());
+        let mut error: *mut c_char = std::ptr::null_mut();
+        // SAFETY: every pointer is a live `at::Tensor*` owned by `self` or `grads` for the
+        // call; the kernel writes the parameters' and moments' storage in place and keeps
+        // no pointer; the arrays are `which.len()` long, `constants` 6.
+        let status = unsafe {
+            lethe_optimiser_step(
+                params.as_mut_ptr(),
+                grad_ptrs.as_mut_ptr(),
+                exp_avg.as_mut_ptr(),
+                exp_avg_sq.as_mut_ptr(),
+                which.len() as i64,
+                steps.as_ptr(),
+                decays.as_ptr(),
+                constants.as_ptr(),
+                c_int::from(rmsprop),
+                c_int::from(self.weight_decay > 0.0),
+                &mut error,
+            )
+        };
+        if status != 0 {
+            return Err(LetheError::Invalid(format!("optimiser step: {}", crate::dist::take_error(error))));
+        }
+        Ok(())
+    }
+
+    /// The update of parameter `i` as libtorch operations (the path for other devices,
+    /// and the reference the fused one is tested against).
+    fn step_tensors(&mut self, i: usize, lr: f64) {
+        let g = self.params[i].1.grad();
+        let lr = lr * self.lr_scale[i];
+        let update = match self.rule {
+            Optimizer::Adam => {
+                let (bc1, bc2) = self.bias_corrections();
+                let m = &mut self.exp_avg[i];
+                let _ = m.g_mul_scalar_(self.beta1);
+                let _ = m.g_add_(&(&g * (1.0 - self.beta1)));
+                let v = &mut self.exp_avg_sq[i];
+                let _ = v.g_mul_scalar_(self.beta2);
+                let _ = v.g_add_(&(g.square() * (1.0 - self.beta2)));
+                let denom = v.sqrt() / bc2.sqrt() + self.eps;
+                &self.exp_avg[i] / denom * (lr / bc1)
+            }
+            // RMSProp: `v = beta2 v + (1 - beta2) g^2`, `p -= lr g / (sqrt(v) + eps)`
+            // (PyTorch's `RMSprop` without momentum or centring).
+            Optimizer::RmsProp => {
+                let v = &mut self.exp_avg_sq[i];
+                let _ = v.g_mul_scalar_(self.beta2);
+                let _ = v.g_add_(&(g.square() * (1.0 - self.beta2)));
+                &g / (v.sqrt() + self.eps) * lr
+            }
+        };
+        let p = &mut self.params[i].1;
+        if self.weight_decay > 0.0 {
+            let _ = p.g_mul_scalar_(1.0 - lr * self.weight_decay);
+        }
+        let _ = p.g_sub_(&update);
     }
 
     /// The moments as named tensors, for checkpoints.
@@ -214,7 +288,7 @@ mod tests {
         for t in 1..=2 {
             adam.zero_grad();
             (p.square().sum(Kind::Double) / 2.0).backward();
-            adam.step(0.1);
+            adam.step(0.1).unwrap();
             for i in 0..2 {
                 let g = x[i];
                 m[i] = 0.9 * m[i] + 0.1 * g;
@@ -240,7 +314,7 @@ mod tests {
         for _ in 0..2 {
             opt.zero_grad();
             (p.square().sum(Kind::Double) / 2.0).backward();
-            opt.step(0.01);
+            opt.step(0.01).unwrap();
             for i in 0..2 {
                 let g = x[i];
                 v[i] = 0.99 * v[i] + 0.01 * g * g;
@@ -263,9 +337,91 @@ mod tests {
         let mut adam = Optimiser::new(vec![("layers.0.ff1.weight".into(), a.shallow_clone()), ("layers.0.attn.ltm.k".into(), b.shallow_clone())], &cfg);
         assert_eq!(adam.group(|n| n.contains(".ltm."), 5.0), 1);
         ((&a + &b).sum(Kind::Double)).backward();
-        adam.step(0.01);
+        adam.step(0.01).unwrap();
         let (a, b) = (a.double_value(&[0]), b.double_value(&[0]));
         assert!((1.0 - a - 0.01).abs() < 1e-12 && (1.0 - b - 0.05).abs() < 1e-12, "{a} {b}");
+    }
+
+    /// Parameters of the given shapes (the first in a group at twice the rate), and their
+    /// copies, with seeded values.
+    fn twin_params(kind: Kind, seed: u64) -> [Vec<(String, Tensor)>; 2] {
+        let mut rng = crate::rng::Rng::new(seed);
+        let shapes: [&[i64]; 4] = [&[3, 5], &[7], &[40, 1000], &[1]];
+        let made: Vec<Tensor> = shapes.iter().map(|s| rng.normal_tensor(s, kind)).collect();
+        let named = |copy: bool| {
+            made.iter()
+                .enumerate()
+                .map(|(i, t)| (format!("p{i}"), if copy { t.detach().copy() } else { t.shallow_clone() }.set_requires_grad(true)))
+                .collect()
+        };
+        [named(false), named(true)]
+    }
+
+    fn shallow(params: &[(String, Tensor)]) -> Vec<(String, Tensor)> {
+        params.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect()
+    }
+
+    /// Gradients of a seeded random linear function of the parameters, the same for both
+    /// sets: `p1`'s is zero on odd steps, `p3` never has one (a parameter no loss reaches).
+    fn set_grads(a: &[(String, Tensor)], b: &[(String, Tensor)], step: u64) {
+        let mut rng = crate::rng::Rng::new(100 + step);
+        for (i, ((_, pa), (_, pb))) in a.iter().zip(b).enumerate() {
+            if i == 3 || (i == 1 && step % 2 == 1) {
+                continue;
+            }
+            let w = rng.normal_tensor(&pa.size(), pa.kind()) * (0.1 + step as f64);
+            (pa * &w).sum(pa.kind()).backward();
+            (pb * &w).sum(pb.kind()).backward();
+        }
+    }
+
+    /// The fused update (`csrc/adam.cpp`) writes bitwise what the libtorch operations
+    /// write, for Adam and RMSProp, with and without weight decay, with a parameter
+    /// group, in float and double, with a zero gradient and a parameter without one.
+    #[test]
+    fn the_fused_update_equals_the_libtorch_operations_bitwise() {
+        for (kind, rule, decay) in [
+            (Kind::Float, Optimizer::Adam, 0.0),
+            (Kind::Float, Optimizer::Adam, 0.01),
+            (Kind::Double, Optimizer::Adam, 0.1),
+            (Kind::Float, Optimizer::RmsProp, 0.0),
+            (Kind::Double, Optimizer::RmsProp, 0.01),
+        ] {
+            let [a, b] = twin_params(kind, 7);
+            let cfg = TrainConfig { optimizer: rule, weight_decay: decay, beta2: 0.98, eps: 1e-6, ..TrainConfig::default() };
+            let (mut fused, mut plain) = (Optimiser::new(shallow(&a), &cfg), Optimiser::new(shallow(&b), &cfg));
+            for opt in [&mut fused, &mut plain] {
+                assert_eq!(opt.group(|n| n == "p0", 2.0), 1);
+            }
+            for step in 0..4 {
+                fused.zero_grad();
+                plain.zero_grad();
+                set_grads(&a, &b, step);
+                let lr = 0.01 / (1 + step) as f64;
+                fused.step(lr).unwrap();
+                let _guard = tch::no_grad_guard();
+                plain.steps += 1;
+                for i in 0..plain.params.len() {
+                    if plain.params[i].1.grad().defined() {
+                        plain.step_tensors(i, lr);
+                    }
+                }
+            }
+            let bits = |t: &Tensor| -> Vec<u64> {
+                let v: Vec<f64> = t.to_kind(Kind::Double).flatten(0, -1).try_into().unwrap();
+                v.iter().map(|x| x.to_bits()).collect()
+            };
+            for ((name, pa), (_, pb)) in a.iter().zip(&b) {
+                assert!(bits(pa) == bits(pb), "{kind:?} {rule:?} decay {decay}: parameter {name} differs");
+            }
+            for (sa, sb) in fused.state().iter().zip(&plain.state()) {
+                assert!(bits(&sa.1) == bits(&sb.1), "{kind:?} {rule:?} decay {decay}: {} differs", sa.0);
+            }
+            // The update moved every parameter with a gradient, and only those.
+            let [start, _] = twin_params(kind, 7);
+            let moved: Vec<bool> = a.iter().zip(&start).map(|((_, x), (_, y))| bits(x) != bits(y)).collect();
+            assert_eq!(moved, [true, true, true, false], "{kind:?} {rule:?}");
+        }
     }
 
     #[test]

@@ -418,7 +418,7 @@ pub fn optimisation_step(
     drop(clip);
     let _step = profile::phase("optimiser");
     if nll_sum.is_finite() && aux.is_finite() && grad_norm.is_finite() {
-        opt.step(scales.lr);
+        opt.step(scales.lr)?;
         lm.model.after_step();
     }
     Ok(StepStats { nll_sum, weight, aux, grad_norm, comm_s })

@@ -592,7 +592,7 @@ fn learn(agent: &Agent, opt: &mut Optimiser, start: &[(String, Tensor)], rollout
     let [loss, policy, value, entropy, aux] = sums;
     let grad_norm = opt.clip_grad_norm(cfg.train.grad_clip);
     if loss.is_finite() && grad_norm.is_finite() {
-        opt.step(scales.lr);
+        opt.step(scales.lr)?;
         agent.after_step();
     }
     Ok(Learned { loss, policy, value, entropy, aux, grad_norm })
