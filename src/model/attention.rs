@@ -8,7 +8,7 @@
 use tch::nn::{self, Module};
 use tch::{Kind, Tensor};
 
-use crate::error::Result;
+use crate::error::{LetheError, Result};
 
 /// Keys and values `(b, h, n, dh)` and scores `(b, n)` of a window
 /// ([`Attention::project_after_cache`]).
@@ -131,32 +131,29 @@ pub fn merge_heads(context: &Tensor) -> Tensor {
 /// scores come out masked. Needs `cached <= P - 1`.
 /// Shapes: `q` `(b, h, m, dh)`, `k` `(b, h, cached + m, dh)`, `key_pe` `(P, dh)`;
 /// returns `(b, h, m, cached + m)`.
-pub fn window_scores(q: &Tensor, k: &Tensor, key_pe: &Tensor, cached: i64) -> Tensor {
+pub fn window_scores(q: &Tensor, k: &Tensor, key_pe: &Tensor, cached: i64) -> Result<Tensor> {
     let dh = q.size()[3];
     let q = q / (dh as f64).sqrt();
     let mut scores = q.matmul(&k.transpose(-2, -1)); // (b, h, m, n)
-    scores += window_positions(&q, key_pe, cached, k.size()[2]);
-    scores
+    scores += window_positions(&q, key_pe, cached, k.size()[2])?;
+    Ok(scores)
 }
 
 /// The position term of [`window_scores`], `q·key_pe[dist]` for queries `q`
 /// `(b, h, m, dh)` already divided by `sqrt(dh)`, over `n = cached + m` keys: `(b, h, m, n)`,
 /// `-inf` where a key is later than the query or more than `P - 1` back.
-pub fn window_positions(q: &Tensor, key_pe: &Tensor, cached: i64, n: i64) -> Tensor {
-    let (b, h, m, _) = q.size4().expect("queries must be (b, h, m, dh)");
-    assert!(cached < key_pe.size()[0] && n == cached + m, "window_positions: {cached} cached states, {n} keys, {:?} position rows", key_pe.size());
+pub fn window_positions(q: &Tensor, key_pe: &Tensor, cached: i64, n: i64) -> Result<Tensor> {
+    let m = q.size()[2];
+    if cached >= key_pe.size()[0] || n != cached + m {
+        return Err(LetheError::Invalid(format!("window positions: {cached} cached states and {m} queries over {n} keys, {:?} position rows", key_pe.size())));
+    }
     // No pair is further apart than n - 1: a cache shorter than the span (filling, or
     // trimmed by Adaptive-Span) needs only the first n rows.
     let p = key_pe.size()[0].min(n);
     // Column c of `flipped` is distance p-1-c; row i shifted right by i puts distance
     // cached+i-j at column j + (p-1-cached).
     let flipped = q.matmul(&part(key_pe, 0, 0, p).flip([0]).tr()); // (b, h, m, p)
-    let skewed = flipped
-        .pad([0, m + 1], "constant", f64::NEG_INFINITY) // (b, h, m, p+m+1)
-        .view([b, h, m * (p + m + 1)])
-        .narrow(2, 0, m * (p + m))
-        .view([b, h, m, p + m]); // row i: flipped[i] starting at column i
-    skewed.narrow(3, p - 1 - cached, n)
+    super::skew::skew(&flipped, cached, n) // (b, h, m, n)
 }
 
 /// Attention scores over a window: the content score `q·k / sqrt(dh)` plus its
@@ -164,12 +161,12 @@ pub fn window_positions(q: &Tensor, key_pe: &Tensor, cached: i64, n: i64) -> Ten
 /// where a key may not be seen), the scores [`attend`] builds on the CPU.
 /// Shapes: `q` `(b, h, m, dh)`, `k` `(b, h, cached + m, dh)`, `visible` `(m, n)`;
 /// returns `(b, h, m, cached + m)`.
-pub fn scores_over_window(q: &Tensor, k: &Tensor, key_pe: Option<&Tensor>, cached: i64, visible: &Tensor) -> Tensor {
+pub fn scores_over_window(q: &Tensor, k: &Tensor, key_pe: Option<&Tensor>, cached: i64, visible: &Tensor) -> Result<Tensor> {
     let dh = q.size()[3];
     let mut scores = (q / (dh as f64).sqrt()).matmul(&k.transpose(-2, -1)); // (b, h, m, n)
     // In place: the product's output is not needed for its backward pass.
-    scores += window_bias(q, key_pe, cached, visible);
-    scores
+    scores += window_bias(q, key_pe, cached, visible)?;
+    Ok(scores)
 }
 
 /// Softmax over the keys of masked scores `(b, h, m, n)` (`-inf` where a key is not
@@ -245,10 +242,10 @@ pub fn fused(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor, dropout: f64, tr
 /// them, otherwise zero (GPT-2: its absolute positions are in its inputs already), and
 /// `-inf` where a key is not `visible` `(m, n)`. `q` `(b, h, m, dh)`; returns
 /// `(b, h, m, n)` with positions, `(m, n)` without.
-pub fn window_bias(q: &Tensor, key_pe: Option<&Tensor>, cached: i64, visible: &Tensor) -> Tensor {
+pub fn window_bias(q: &Tensor, key_pe: Option<&Tensor>, cached: i64, visible: &Tensor) -> Result<Tensor> {
     match key_pe {
         Some(pe) => window_positions(&(q / (q.size()[3] as f64).sqrt()), pe, cached, visible.size()[1]),
-        None => Tensor::zeros(visible.size(), (q.kind(), q.device())).masked_fill(&visible.logical_not(), f64::NEG_INFINITY),
+        None => Ok(Tensor::zeros(visible.size(), (q.kind(), q.device())).masked_fill(&visible.logical_not(), f64::NEG_INFINITY)),
     }
 }
 
@@ -356,12 +353,12 @@ mod tests {
         // Before the bias: the skewed positions added to the scores (window_scores), or
         // the content scores masked in place.
         let content = (&q / 2.0).matmul(&k.transpose(-2, -1));
-        let old_scores = [window_scores(&q, &k, &pe, cached), content.masked_fill(&visible.logical_not(), f64::NEG_INFINITY)];
+        let old_scores = [window_scores(&q, &k, &pe, cached).unwrap(), content.masked_fill(&visible.logical_not(), f64::NEG_INFINITY)];
         for (key_pe, old_scores) in [Some(&pe), None].into_iter().zip(old_scores) {
             let old = mix(&old_scores, &v, 0.0, false);
-            let new = attend(&q, &k, &v, &window_bias(&q, key_pe, cached, &visible), 0.0, false);
+            let new = attend(&q, &k, &v, &window_bias(&q, key_pe, cached, &visible).unwrap(), 0.0, false);
             assert!(old.equal(&new), "positions: {}", key_pe.is_some());
-            assert!(scores_over_window(&q, &k, key_pe, cached, &visible).equal(&old_scores), "positions: {}", key_pe.is_some());
+            assert!(scores_over_window(&q, &k, key_pe, cached, &visible).unwrap().equal(&old_scores), "positions: {}", key_pe.is_some());
         }
     }
 
@@ -410,7 +407,7 @@ mod tests {
             let pe = rng.normal_tensor(&[span + 1, 4], Kind::Double).set_requires_grad(true);
             let (dist, vis) = window(cached, m, span, tch::Device::Cpu);
             let hidden = vis.logical_not();
-            let skewed = window_scores(&q, &k, &pe, cached);
+            let skewed = window_scores(&q, &k, &pe, cached).unwrap();
             assert!(skewed.isinf().equal(&hidden.expand_as(&skewed)), "the invisible keys, and only they, are -inf");
             let gathered = relative_scores(&q, &k, &pe, &dist).masked_fill(&hidden, 0.0);
             let skewed = skewed.masked_fill(&hidden, 0.0);

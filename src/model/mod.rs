@@ -8,6 +8,7 @@ pub mod chunks;
 pub mod gpt2;
 pub mod init;
 pub mod memory;
+pub mod skew;
 
 use std::collections::HashMap;
 

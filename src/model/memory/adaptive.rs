@@ -94,12 +94,12 @@ impl MemoryLayer for AdaptiveSpan {
             .zip(&mask_rows)
             .map(|((c, (q, (k, v))), rows)| {
                 // q (b, h, queries, dh); k, v (b, h, keys, dh)
-                let positions = window_bias(q, Some(key_pe), c.cached(), &c.of(&w.visible)); // (b, h, queries, keys)
+                let positions = window_bias(q, Some(key_pe), c.cached(), &c.of(&w.visible))?; // (b, h, queries, keys)
                 // The mask after the softmax with renormalisation is the bias ln m before it.
                 let bias = positions + log_mask(&part(rows, -1, c.k0, c.keys), &c.of(&visible)); // (b, h, queries, keys)
-                attend(q, k, v, &bias, input.attn.dropout, input.train)
+                Ok(attend(q, k, v, &bias, input.attn.dropout, input.train))
             })
-            .collect();
+            .collect::<Result<_>>()?;
         let context = cat_chunks(contexts); // (b, h, m, dh)
         let earlier = mask.gt(0.0).logical_and(&visible).logical_and(&w.dist.ge(1));
         self.last_mem_rows = super::layer::mem_rows(&earlier); // from (b or 1, h, m, n)
@@ -210,7 +210,7 @@ mod tests {
             let chunks = keys.chunks(&q, layer.reach()).len();
             assert!(if m > 64 { chunks > 1 } else { chunks == 1 }, "block {block}: {chunks} chunks");
             let WindowKeys { k, v, dist, visible, cached, .. } = keys;
-            let scores = window_scores(&q, &k, &key_pe, cached);
+            let scores = window_scores(&q, &k, &key_pe, cached).unwrap();
             let mask = (span_mask(&layer.z, &dist, max_span as f64, 3.0) * visible.to_kind(Kind::Double)).unsqueeze(0);
             let probs = scores.softmax(-1, Kind::Double) * &mask;
             let reference = (&probs / probs.sum_dim_intlist([-1i64].as_slice(), true, Kind::Double)).matmul(&v);

@@ -156,7 +156,7 @@ impl MemoryLayer for CompressiveMemory {
         let m = input.x.size()[1];
         let w = self.window.keys(input, self.span)?;
         let cached = w.cached;
-        let scores = scores_over_window(input.q, &w.k, input.key_pe, w.cached, &w.visible); // (b, h, m, n)
+        let scores = scores_over_window(input.q, &w.k, input.key_pe, w.cached, &w.visible)?; // (b, h, m, n)
         let (scores, v) = self.with_slots(input, w, scores);
         let context = mix(&scores, &v, input.attn.dropout, input.train);
         self.last_mem_size = self.slots_held() as f64 + window_mem_size(cached, m, reach(self.span, m));

@@ -216,16 +216,16 @@ impl WindowCache {
             .map(|(c, (q, (k, v)))| {
                 // q (b, h, queries, dh); k, v (b, h, keys, dh)
                 let positions = crate::profile::phase("positions");
-                let bias = window_bias(q, input.key_pe, c.cached(), &c.of(&w.visible)); // (b, h, queries, keys), or (queries, keys) without positions
+                let bias = window_bias(q, input.key_pe, c.cached(), &c.of(&w.visible))?; // (b, h, queries, keys), or (queries, keys) without positions
                 drop(positions);
                 let _attention = crate::profile::phase("attention");
                 let bias = match &w.same {
                     None => bias,
                     Some(same) => bias.masked_fill(&c.of(same).logical_not().unsqueeze(1), f64::NEG_INFINITY), // (b, h or 1, queries, keys)
                 };
-                attend(q, k, v, &bias, input.attn.dropout, input.train)
+                Ok(attend(q, k, v, &bias, input.attn.dropout, input.train))
             })
-            .collect();
+            .collect::<Result<_>>()?;
         Ok((cat_chunks(contexts), mem_rows))
     }
 
@@ -379,7 +379,7 @@ mod tests {
                 let input = AttendInput { x: &x, q: &q, attn: &attn, key_pe: Some(&key_pe), train: true, episodes: episodes.as_ref() };
                 let keys = w.keys(&input, span).unwrap();
                 assert!(keys.chunks(&q, span).len() > 1, "block {block}: one chunk");
-                let mut bias = window_bias(&q, Some(&key_pe), keys.cached, &keys.visible); // (b, h, m, n)
+                let mut bias = window_bias(&q, Some(&key_pe), keys.cached, &keys.visible).unwrap(); // (b, h, m, n)
                 if let Some(same) = &keys.same {
                     bias = bias.masked_fill(&same.logical_not().unsqueeze(1), f64::NEG_INFINITY);
                 }
