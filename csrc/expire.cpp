@@ -34,6 +34,12 @@
 // loops elsewhere. Every sum runs in a fixed order: the results do not depend on the
 // thread count.
 //
+// Only the keys on a row's ramp give its spans a gradient, so the forward pass lists
+// them per row (key and m R) and the backward pass sums the heads' gradient, divides and
+// adds over queries at those keys only: at a span of 16k, where a row reads 1,900 keys
+// and a ramp of 64 holds a few dozen, that was a dense (b, m, n) tensor written, divided
+// and summed.
+//
 // Tensors cross as `at::Tensor*`, which is what tch's `Tensor::as_mut_ptr` holds.
 
 #include <ATen/ATen.h>
@@ -100,16 +106,33 @@ struct MaskRow {
   T ramp;
 };
 
+// The keys of one mask row whose span has a gradient (0 < m, r / R + 1 <= 1: the ramp,
+// and rarely its top end), in key order, each with its slope m R: the backward pass
+// divides the row's gradient by it there and gives the spans nothing elsewhere. Most
+// keys of a row are off the ramp, so the list is short; `key` and `slope` have room
+// for the whole row.
+template <typename T>
+struct RampList {
+  int32_t* key;
+  T* slope;
+  int32_t count;
+  void add(int64_t j, T s) {
+    key[count] = static_cast<int32_t>(j);
+    slope[count] = s;
+    ++count;
+  }
+};
+
 // A ramp pair at key j: counted for the key (rows of one stream run in parallel, and
 // integer sums do not depend on their order).
 inline void count_ramp(int32_t* key_ramp, int64_t j) { __atomic_fetch_add(key_ramp + j, 1, __ATOMIC_RELAXED); }
 
 // Keys [j0, n) of a mask row, one at a time: ln max(m, floor) where the key is seen, -inf
-// where not; m R where the span has a gradient, 0 where not; the ramp pairs counted.
-// Returns how many of the row's pairs are on the ramp. The same float operations, in the
-// same order, as the written-out path's.
+// where not; the keys whose span has a gradient into `sl` with m R; the ramp pairs
+// counted. Returns how many of the row's pairs are on the ramp. The same float
+// operations, in the same order, as the written-out path's.
 template <typename T>
-int32_t mask_row_scalar(const MaskRow<T>& x, int64_t j0, int64_t n, T* lm, T* sl, int32_t* key_ramp) {
+int32_t mask_row_scalar(const MaskRow<T>& x, int64_t j0, int64_t n, T* lm, RampList<T>& sl, int32_t* key_ramp) {
   const T floor = std::numeric_limits<T>::min(), minus_inf = -std::numeric_limits<T>::infinity();
   int32_t on_row = 0;
   for (int64_t j = j0; j < n; ++j) {
@@ -118,7 +141,7 @@ int32_t mask_row_scalar(const MaskRow<T>& x, int64_t j0, int64_t n, T* lm, T* sl
     const T mask = std::min(std::max(pre, T(0)), T(1));
     const bool vis = x.u[j] && d >= T(0) && mask > T(0);
     lm[j] = vis ? std::log(std::max(mask, floor)) : minus_inf;
-    sl[j] = vis && pre <= T(1) && mask >= floor ? mask * x.ramp : T(0);
+    if (vis && pre <= T(1) && mask >= floor) sl.add(j, mask * x.ramp);
     if (vis && mask < T(1)) {
       count_ramp(key_ramp, j);
       ++on_row;
@@ -129,7 +152,7 @@ int32_t mask_row_scalar(const MaskRow<T>& x, int64_t j0, int64_t n, T* lm, T* sl
 
 // mask_row_scalar for float, 8 keys at a time. The log (Sleef's, within 1 ulp) runs only
 // on groups with a pair on the ramp: elsewhere a seen key's mask is 1 and its log 0.
-__attribute__((target("avx2"))) int32_t mask_row_avx2(const MaskRow<float>& x, int64_t n, float* lm, float* sl,
+__attribute__((target("avx2"))) int32_t mask_row_avx2(const MaskRow<float>& x, int64_t n, float* lm, RampList<float>& sl,
                                                      int32_t* key_ramp) {
   const __m256 fi = _mm256_set1_ps(x.fi), ramp = _mm256_set1_ps(x.ramp), one = _mm256_set1_ps(1.0f),
                zero = _mm256_setzero_ps(), floor = _mm256_set1_ps(std::numeric_limits<float>::min()),
@@ -156,13 +179,20 @@ __attribute__((target("avx2"))) int32_t mask_row_avx2(const MaskRow<float>& x, i
     _mm256_storeu_ps(lm + j, _mm256_blendv_ps(minus_inf, log_mask, vis));
     const __m256 has_slope =
         _mm256_and_ps(vis, _mm256_and_ps(_mm256_cmp_ps(pre, one, _CMP_LE_OQ), _mm256_cmp_ps(mask, floor, _CMP_GE_OQ)));
-    _mm256_storeu_ps(sl + j, _mm256_and_ps(has_slope, _mm256_mul_ps(mask, ramp)));
+    const int slope_bits = _mm256_movemask_ps(has_slope);
+    if (slope_bits != 0) {
+      alignas(32) float slopes[8];
+      _mm256_store_ps(slopes, _mm256_mul_ps(mask, ramp));
+      for (int k = 0; k < 8; ++k) {
+        if (slope_bits & (1 << k)) sl.add(j + k, slopes[k]);
+      }
+    }
   }
   return on_row + mask_row_scalar(x, j, n, lm, sl, key_ramp);
 }
 
 template <typename T>
-int32_t mask_row(const MaskRow<T>& x, int64_t n, T* lm, T* sl, int32_t* key_ramp, bool vector) {
+int32_t mask_row(const MaskRow<T>& x, int64_t n, T* lm, RampList<T>& sl, int32_t* key_ramp, bool vector) {
   if constexpr (std::is_same_v<T, float>) {
     if (vector && cpu_has_avx2()) return mask_row_avx2(x, n, lm, sl, key_ramp);
   }
@@ -323,7 +353,7 @@ struct Forward {
   T ramp;
   bool vector, softmax;
   T *out, *slope;
-  int32_t *near_row, *key_ramp;
+  int32_t *near_row, *key_ramp, *ramp_key, *ramp_count;
   int64_t* query_weighted;
 };
 
@@ -334,7 +364,9 @@ void forward_row(const Dims& dm, const Forward<T>& f, int64_t b, int64_t i, T* l
   const int64_t n = dm.n, w = dm.near(), far = n - w, mask_row_at = (b * dm.m + i) * n;
   const MaskRow<T> x{f.spans + b * n, f.counter + b * n, f.usable + (b * dm.usable_rows + (dm.usable_rows == 1 ? 0 : i)) * n,
                      static_cast<T>(i), f.ramp};
-  const int32_t on_row = mask_row(x, n, lm, f.slope + mask_row_at, f.key_ramp + b * n, f.vector);
+  RampList<T> ramp{f.ramp_key + mask_row_at, f.slope + mask_row_at, 0};
+  const int32_t on_row = mask_row(x, n, lm, ramp, f.key_ramp + b * n, f.vector);
+  f.ramp_count[b * dm.m + i] = ramp.count;
   if (on_row > 0) __atomic_fetch_add(f.query_weighted + b, static_cast<int64_t>(on_row) * i, __ATOMIC_RELAXED);
   // The near keys' position slots (p: none; a hidden key's -inf comes from its log).
   int32_t* __restrict near = f.near_row + (b * dm.m + i) * w;
@@ -383,22 +415,25 @@ void ramp_totals(const Dims& dm, const int32_t* key_ramp, const int64_t* query_w
 template <typename T>
 struct Backward {
   const T *g, *probs, *slope;
-  const int32_t* near_row;
+  const int32_t *near_row, *ramp_key, *ramp_count;
   bool vector;
   T *gs, *gp;
 };
 
 // Row (b, i) of the backward pass: each head's scores gradient (through the softmax,
 // when the kernel took it), its positions gradient (the near keys', each at its own
-// distance: nothing collides), and into `by_query` (n long) the spans' share of this
-// query, the sum over heads of the scores' gradient divided by m R.
+// distance: nothing collides), and into `by_query` the spans' share of this query at
+// the row's ramp keys (in the order of its ramp list), the sum over heads of the
+// scores' gradient divided by m R. The other keys' share is zero.
 template <typename T>
 void backward_row(const Dims& dm, const Backward<T>& f, int64_t b, int64_t i, T* by_query) {
-  const int64_t n = dm.n, w = dm.near(), far = n - w;
+  const int64_t n = dm.n, w = dm.near(), far = n - w, row = b * dm.m + i;
   const int32_t p = static_cast<int32_t>(dm.p);
-  const int32_t* __restrict near = f.near_row + (b * dm.m + i) * w;
+  const int32_t* __restrict near = f.near_row + row * w;
+  const int32_t count = f.ramp_count[row];
+  const int32_t* __restrict keys = f.ramp_key + row * n;
   T* __restrict sum = by_query;
-  std::fill(sum, sum + n, T(0));
+  std::fill(sum, sum + count, T(0));
   for (int64_t h = 0; h < dm.h; ++h) {
     const int64_t r = (b * dm.h + h) * dm.m + i;
     const T* gr = f.g + r * n;
@@ -411,31 +446,30 @@ void backward_row(const Dims& dm, const Backward<T>& f, int64_t b, int64_t i, T*
     for (int64_t k = 0; k < w; ++k) {
       if (near[k] < p) gpr[near[k]] += gr[far + k];
     }
-    for (int64_t j = 0; j < n; ++j) sum[j] += gr[j];
+    for (int32_t k = 0; k < count; ++k) sum[k] += gr[keys[k]];
   }
-  const T* __restrict s = f.slope + (b * dm.m + i) * n;
-  for (int64_t j = 0; j < n; ++j) sum[j] = s[j] > T(0) ? sum[j] / s[j] : T(0);
+  const T* __restrict s = f.slope + row * n;
+  for (int32_t k = 0; k < count; ++k) sum[k] = sum[k] / s[k];
 }
 
 template <typename T>
 void backward_kernel(const Dims& dm, const Backward<T>& f, at::Tensor& grad_spans) {
-  // Each query's share of the spans' gradient (b, m, n), then their sum over queries in
-  // query order.
+  // Each query's share of the spans' gradient at its ramp keys, then their sum over
+  // queries in query order, key by key (adding the zeros of the keys off a row's ramp,
+  // as a dense sum would, changes no bit: the totals start at +0).
   auto by_query = at::empty({dm.b, dm.m, dm.n}, grad_spans.options());
   T* bq = by_query.data_ptr<T>();
   at::parallel_for(0, dm.b * dm.m, 4, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) backward_row(dm, f, r / dm.m, r % dm.m, bq + r * dm.n);
   });
   T* ge = grad_spans.data_ptr<T>();
-  constexpr int64_t chunk = 256;
-  const int64_t chunks = (dm.n + chunk - 1) / chunk;
-  at::parallel_for(0, dm.b * chunks, 1, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c) {
-      const int64_t b = c / chunks, j0 = (c % chunks) * chunk, j1 = std::min(dm.n, j0 + chunk);
+  at::parallel_for(0, dm.b, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
       T* __restrict total = ge + b * dm.n;
-      for (int64_t i = 0; i < dm.m; ++i) {
-        const T* __restrict q = bq + (b * dm.m + i) * dm.n;
-        for (int64_t j = j0; j < j1; ++j) total[j] += q[j];
+      for (int64_t r = b * dm.m; r < (b + 1) * dm.m; ++r) {
+        const int32_t* __restrict keys = f.ramp_key + r * dm.n;
+        const T* __restrict q = bq + r * dm.n;
+        for (int32_t k = 0; k < f.ramp_count[r]; ++k) total[keys[k]] += q[k];
       }
     }
   });
@@ -453,21 +487,27 @@ struct ExpireScores : public torch::autograd::Function<ExpireScores> {
     auto ramp_dist = at::empty({dm.b}, spans.options().dtype(at::kDouble));
     auto key_ramp = at::zeros({dm.b, dm.n}, spans.options().dtype(at::kInt));
     auto query_weighted = at::zeros({dm.b}, spans.options().dtype(at::kLong));
-    // For the backward pass: the near keys' position slots (b, m, near), and m R per
-    // (b, i, j) (0: none).
+    // For the backward pass: the near keys' position slots (b, m, near), and each row's
+    // ramp list: its keys and their m R (b, m, n; the first `count` of each row), and
+    // its count (b, m).
     auto near_row = at::empty({dm.b, dm.m, dm.near()}, scores.options().dtype(at::kInt));
     auto slope = at::empty({dm.b, dm.m, dm.n}, scores.options());
+    auto ramp_key = at::empty({dm.b, dm.m, dm.n}, scores.options().dtype(at::kInt));
+    auto ramp_count = at::empty({dm.b, dm.m}, scores.options().dtype(at::kInt));
     AT_DISPATCH_FLOATING_TYPES(scores.scalar_type(), "expire_scores", [&] {
       const Forward<scalar_t> f{scores.data_ptr<scalar_t>(), pq.data_ptr<scalar_t>(), spans.data_ptr<scalar_t>(),
                                 counter.data_ptr<scalar_t>(), usable.data_ptr<bool>(), static_cast<scalar_t>(ramp),
                                 vector, softmax, out.data_ptr<scalar_t>(), slope.data_ptr<scalar_t>(), near_row.data_ptr<int32_t>(),
-                                key_ramp.data_ptr<int32_t>(), query_weighted.data_ptr<int64_t>()};
+                                key_ramp.data_ptr<int32_t>(), ramp_key.data_ptr<int32_t>(), ramp_count.data_ptr<int32_t>(),
+                                query_weighted.data_ptr<int64_t>()};
       forward_kernel<scalar_t>(dm, f);
       ramp_totals<scalar_t>(dm, key_ramp.data_ptr<int32_t>(), query_weighted.data_ptr<int64_t>(),
                             counter.data_ptr<scalar_t>(), counts.data_ptr<scalar_t>(), ramp_dist.data_ptr<double>());
     });
     // With the softmax, its output too (its gradient is computed from it).
-    ctx->save_for_backward(softmax ? variable_list{near_row, slope, out} : variable_list{near_row, slope});
+    variable_list saved{near_row, slope, ramp_key, ramp_count};
+    if (softmax) saved.push_back(out);
+    ctx->save_for_backward(saved);
     ctx->saved_data["p"] = dm.p;
     ctx->saved_data["h"] = dm.h;
     ctx->saved_data["vector"] = vector;
@@ -478,7 +518,8 @@ struct ExpireScores : public torch::autograd::Function<ExpireScores> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const auto &near_row = saved[0], &slope = saved[1];
-    const bool softmax = saved.size() == 3;
+    const auto &ramp_key = saved[2], &ramp_count = saved[3];
+    const bool softmax = saved.size() == 5;
     const auto grad = grads[0].contiguous();
     const int64_t p = ctx->saved_data["p"].toInt(), h = ctx->saved_data["h"].toInt();
     const Dims dm{slope.size(0), h, slope.size(1), slope.size(2), p, 1};
@@ -486,8 +527,9 @@ struct ExpireScores : public torch::autograd::Function<ExpireScores> {
     auto grad_pq = at::empty({dm.b, dm.h, dm.m, dm.p}, grad.options());
     auto grad_spans = at::zeros({dm.b, dm.n}, grad.options());
     AT_DISPATCH_FLOATING_TYPES(grad.scalar_type(), "expire_scores_backward", [&] {
-      const Backward<scalar_t> f{grad.data_ptr<scalar_t>(), softmax ? saved[2].data_ptr<scalar_t>() : nullptr,
-                                 slope.data_ptr<scalar_t>(), near_row.data_ptr<int32_t>(), ctx->saved_data["vector"].toBool(),
+      const Backward<scalar_t> f{grad.data_ptr<scalar_t>(), softmax ? saved[4].data_ptr<scalar_t>() : nullptr,
+                                 slope.data_ptr<scalar_t>(), near_row.data_ptr<int32_t>(), ramp_key.data_ptr<int32_t>(),
+                                 ramp_count.data_ptr<int32_t>(), ctx->saved_data["vector"].toBool(),
                                  softmax ? grad_scores.data_ptr<scalar_t>() : nullptr, grad_pq.data_ptr<scalar_t>()};
       backward_kernel<scalar_t>(dm, f, grad_spans);
     });
