@@ -14,13 +14,16 @@
 // Each operation rounds on its own: a multiply and an add are never fused into one
 // rounding, which is what libtorch's element-wise kernels do (an add with alpha 1 is
 // exact through their fused multiply-add).
-#pragma GCC optimize("fp-contract=off")
-
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
 
 #include <cmath>
 
 #include "guard.h"
+
+// For this file's own functions only (after the headers): no product and sum fused.
+#pragma GCC optimize("fp-contract=off")
 
 namespace {
 
@@ -82,7 +85,7 @@ void check(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, const 
     TORCH_CHECK(t->device().is_cpu() && t->is_contiguous() && t->scalar_type() == p.scalar_type(),
                 "optimiser: parameters and moments must be contiguous CPU tensors of one type");
   }
-  TORCH_CHECK(at::isFloatingType(p.scalar_type()) && (p.scalar_type() == at::kFloat || p.scalar_type() == at::kDouble),
+  TORCH_CHECK(p.scalar_type() == at::kFloat || p.scalar_type() == at::kDouble,
               "optimiser: the fused update takes float or double parameters, got ", p.scalar_type());
   TORCH_CHECK(g.sizes() == p.sizes() && m.sizes() == p.sizes() && v.sizes() == p.sizes() &&
                   g.scalar_type() == p.scalar_type() && g.device().is_cpu(),
