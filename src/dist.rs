@@ -14,7 +14,7 @@
 //! C interface over libtorch's own `TCPStore` and `ProcessGroupGloo`; this module is its
 //! safe wrapper.
 
-use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::ffi::{c_char, c_int, c_void, CString};
 use std::ptr::NonNull;
 use std::time::Duration;
 
@@ -43,7 +43,6 @@ extern "C" {
     fn lethe_dist_broadcast(pg: *mut RawGroup, tensor: *mut c_void, root: c_int, error: *mut *mut c_char) -> c_int;
     fn lethe_dist_barrier(pg: *mut RawGroup, error: *mut *mut c_char) -> c_int;
     fn lethe_dist_free(pg: *mut RawGroup);
-    fn lethe_free_error(error: *mut c_char);
 }
 
 /// Where this process stands in a launch, as the launcher's environment says.
@@ -166,7 +165,7 @@ impl ProcessGroup {
                     launch.world_size,
                     launch.master_addr,
                     launch.master_port,
-                    take_error(error)
+                    crate::ffi::take_error(error)
                 ),
             }),
         }
@@ -229,7 +228,7 @@ impl ProcessGroup {
         if call(&mut error) == 0 {
             return Ok(());
         }
-        let reason = format!("{what} failed (is a peer gone?): {}", take_error(error));
+        let reason = format!("{what} failed (is a peer gone?): {}", crate::ffi::take_error(error));
         Err(LetheError::Distributed { rank: self.rank, reason })
     }
 }
@@ -239,17 +238,6 @@ impl Drop for ProcessGroup {
         // SAFETY: `raw` came from `lethe_dist_init` and is freed once.
         unsafe { lethe_dist_free(self.raw.as_ptr()) }
     }
-}
-
-/// The message of a failed call into lethe's C++ (`csrc/`), first line only; frees it.
-pub(crate) fn take_error(error: *mut c_char) -> String {
-    if error.is_null() {
-        return "no message".to_string();
-    }
-    // SAFETY: a non-null `error` is a NUL-terminated string malloc'ed by csrc/guard.h.
-    let text = unsafe { CStr::from_ptr(error) }.to_string_lossy().into_owned();
-    unsafe { lethe_free_error(error) };
-    text.lines().next().unwrap_or("").to_string()
 }
 
 /// Floats per all-reduce when gradients are reduced in buckets (16 MiB of f32): few

@@ -40,6 +40,7 @@ pub mod dialogue;
 pub mod dist;
 pub mod error;
 pub mod eval;
+pub(crate) mod ffi;
 pub mod generate;
 pub mod inspect;
 pub mod metrics;

@@ -147,11 +147,10 @@ impl Optimiser {
         let mut grad_ptrs = ptrs(grads.iter().collect());
         let mut exp_avg = ptrs(which.iter().map(|&i| &self.exp_avg[i]).collect());
         let mut exp_avg_sq = ptrs(which.iter().map(|&i| &self.exp_avg_sq[i]).collect());
-        let mut error: *mut c_char = std::ptr::null_mut();
         // SAFETY: every pointer is a live `at::Tensor*` owned by `self` or `grads` for the
         // call; the kernel writes the parameters' and moments' storage in place and keeps
         // no pointer; the arrays are `which.len()` long, `constants` 6.
-        let status = unsafe {
+        crate::ffi::call("optimiser step", |error| unsafe {
             lethe_optimiser_step(
                 params.as_mut_ptr(),
                 grad_ptrs.as_mut_ptr(),
@@ -163,13 +162,9 @@ impl Optimiser {
                 constants.as_ptr(),
                 c_int::from(rmsprop),
                 c_int::from(self.weight_decay > 0.0),
-                &mut error,
+                error,
             )
-        };
-        if status != 0 {
-            return Err(LetheError::Invalid(format!("optimiser step: {}", crate::dist::take_error(error))));
-        }
-        Ok(())
+        })
     }
 
     /// The update of parameter `i` as libtorch operations (the path for other devices,

@@ -156,12 +156,11 @@ impl Trace {
     pub fn start(path: &Path) -> Result<Trace> {
         let partial = partial_path(path);
         let text = CString::new(partial.to_string_lossy().as_bytes()).map_err(|_| LetheError::Invalid(format!("`{}`: a trace path cannot hold a NUL byte", path.display())))?;
-        let (mut handle, mut error) = (std::ptr::null_mut(), std::ptr::null_mut());
+        let mut handle = std::ptr::null_mut();
+        let what = format!("`{}`: libtorch's profiler did not start", path.display());
         // SAFETY: `text` is a NUL-terminated string alive for the call; the function
         // writes a handle or an error message through the two pointers.
-        if unsafe { lethe_trace_start(text.as_ptr(), &mut handle, &mut error) } != 0 {
-            return Err(LetheError::Invalid(format!("`{}`: libtorch's profiler did not start: {}", path.display(), crate::dist::take_error(error))));
-        }
+        crate::ffi::call(&what, |error| unsafe { lethe_trace_start(text.as_ptr(), &mut handle, error) })?;
         Ok(Trace { handle, path: path.to_path_buf() })
     }
 
@@ -192,13 +191,9 @@ fn stop(handle: *mut c_void) -> Result<()> {
     if handle.is_null() {
         return Ok(());
     }
-    let mut error = std::ptr::null_mut();
     // SAFETY: `handle` came from `lethe_trace_start` and is stopped once (callers
     // replace it with null first).
-    if unsafe { lethe_trace_stop(handle, &mut error) } != 0 {
-        return Err(LetheError::Invalid(format!("libtorch's profiler: {}", crate::dist::take_error(error))));
-    }
-    Ok(())
+    crate::ffi::call("libtorch's profiler", |error| unsafe { lethe_trace_stop(handle, error) })
 }
 
 impl Drop for Trace {

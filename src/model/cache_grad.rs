@@ -74,12 +74,11 @@ pub fn project_after_cache(states: &Tensor, fresh: i64, k: &nn::Linear, v: &nn::
     }
     let plain = project(&states.detach());
     let mut out: [*mut c_void; 3] = [std::ptr::null_mut(); 3];
-    let mut error: *mut c_char = std::ptr::null_mut();
     let ptr = |t: Option<&Tensor>| t.map_or(std::ptr::null_mut(), |t| t.as_ptr() as *mut c_void);
     // SAFETY: every pointer is null or a live `at::Tensor*` owned by its `Tensor` for the
     // call (the function reads them only); on success it writes two new `at::Tensor*`, or
     // three with `w`.
-    let status = unsafe {
+    crate::ffi::call("keys and values of the window", |error| unsafe {
         lethe_cache_tail_grad(
             ptr(Some(&plain.k)),
             ptr(Some(&plain.v)),
@@ -90,14 +89,11 @@ pub fn project_after_cache(states: &Tensor, fresh: i64, k: &nn::Linear, v: &nn::
             ptr(w.map(Tensor::detach).as_ref()),
             fresh,
             out.as_mut_ptr(),
-            &mut error,
+            error,
         )
-    };
-    if status != 0 {
-        return Err(LetheError::Invalid(format!("keys and values of the window: {}", crate::dist::take_error(error))));
-    }
+    })?;
     // SAFETY: see above; each non-null pointer is taken over once.
-    let mut taken = out.into_iter().filter(|p| !p.is_null()).map(|p| unsafe { Tensor::from_ptr(p as *mut torch_sys::C_tensor) });
+    let mut taken = out.into_iter().filter(|p| !p.is_null()).map(|p| unsafe { crate::ffi::tensor(p) });
     let (Some(k), Some(v)) = (taken.next(), taken.next()) else {
         return Err(LetheError::Invalid("keys and values of the window: too few tensors returned".into()));
     };

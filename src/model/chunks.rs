@@ -18,7 +18,7 @@ use std::ffi::{c_char, c_int, c_void};
 use tch::Tensor;
 
 use super::attention::part;
-use crate::error::{LetheError, Result};
+use crate::error::Result;
 
 extern "C" {
     fn lethe_chunks(t: *mut c_void, dim: i64, starts: *const i64, lens: *const i64, count: i64, out: *mut *mut c_void, error: *mut *mut c_char) -> c_int;
@@ -36,16 +36,12 @@ pub fn narrows(t: &Tensor, dim: i64, ranges: &[(i64, i64)]) -> Result<Vec<Tensor
     let dim = if dim < 0 { dim + dims } else { dim };
     let (starts, lens): (Vec<i64>, Vec<i64>) = ranges.iter().copied().unzip();
     let mut out: Vec<*mut c_void> = vec![std::ptr::null_mut(); ranges.len()];
-    let mut error: *mut c_char = std::ptr::null_mut();
     // SAFETY: `t` is a live `at::Tensor*` for the call, read only; `starts` and `lens`
     // hold `count` values each; on success the function writes `count` new
     // `at::Tensor*` to `out`, which is that long.
-    let status = unsafe { lethe_chunks(t.as_ptr() as *mut c_void, dim, starts.as_ptr(), lens.as_ptr(), ranges.len() as i64, out.as_mut_ptr(), &mut error) };
-    if status != 0 {
-        return Err(LetheError::Invalid(format!("the attention chunks: {}", crate::dist::take_error(error))));
-    }
+    crate::ffi::call("the attention chunks", |error| unsafe { lethe_chunks(t.as_ptr() as *mut c_void, dim, starts.as_ptr(), lens.as_ptr(), ranges.len() as i64, out.as_mut_ptr(), error) })?;
     // SAFETY: see above; each pointer is taken over once.
-    Ok(out.into_iter().map(|p| unsafe { Tensor::from_ptr(p as *mut torch_sys::C_tensor) }).collect())
+    Ok(out.into_iter().map(|p| unsafe { crate::ffi::tensor(p) }).collect())
 }
 
 #[cfg(test)]

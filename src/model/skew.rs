@@ -15,7 +15,7 @@ use std::ffi::{c_char, c_int, c_void};
 
 use tch::{Device, Tensor};
 
-use crate::error::{LetheError, Result};
+use crate::error::Result;
 
 extern "C" {
     fn lethe_skew(flipped: *mut c_void, cached: i64, n: i64, out: *mut *mut c_void, error: *mut *mut c_char) -> c_int;
@@ -30,15 +30,11 @@ pub fn skew(flipped: &Tensor, cached: i64, n: i64) -> Result<Tensor> {
         return Ok(skew_views(flipped, cached, n));
     }
     let mut out: *mut c_void = std::ptr::null_mut();
-    let mut error: *mut c_char = std::ptr::null_mut();
     // SAFETY: `flipped` is a live `at::Tensor*` for the call, read only; on success the
     // function writes one new `at::Tensor*` to `out`.
-    let status = unsafe { lethe_skew(flipped.as_ptr() as *mut c_void, cached, n, &mut out, &mut error) };
-    if status != 0 {
-        return Err(LetheError::Invalid(format!("the relative positions' skew: {}", crate::dist::take_error(error))));
-    }
+    crate::ffi::call("the relative positions' skew", |error| unsafe { lethe_skew(flipped.as_ptr() as *mut c_void, cached, n, &mut out, error) })?;
     // SAFETY: see above; the pointer is taken over once.
-    Ok(unsafe { Tensor::from_ptr(out as *mut torch_sys::C_tensor) })
+    Ok(unsafe { crate::ffi::tensor(out) })
 }
 
 /// [`skew`] as libtorch views: pad with `m + 1` columns of `-inf`, view flat, cut, view

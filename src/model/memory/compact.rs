@@ -38,15 +38,11 @@ pub fn compact(keep: &Tensor, tensors: &[&Tensor]) -> Result<Compacted> {
 fn compact_on_cpu(keep: &Tensor, tensors: &[&Tensor]) -> Result<Compacted> {
     let mut inputs: Vec<*mut c_void> = tensors.iter().map(|t| t.as_ptr() as *mut c_void).collect();
     let mut out: Vec<*mut c_void> = vec![std::ptr::null_mut(); tensors.len() + 1];
-    let mut error: *mut c_char = std::ptr::null_mut();
     // SAFETY: every pointer is a live `at::Tensor*` owned by its `Tensor` for the call (the
     // kernel reads them only); on success it writes `count + 1` new `at::Tensor*`.
-    let status = unsafe { lethe_compact(keep.as_ptr() as *mut c_void, inputs.as_mut_ptr(), tensors.len() as i64, out.as_mut_ptr(), &mut error) };
-    if status != 0 {
-        return Err(LetheError::Invalid(format!("expire-span cache compaction: {}", crate::dist::take_error(error))));
-    }
+    crate::ffi::call("expire-span cache compaction", |error| unsafe { lethe_compact(keep.as_ptr() as *mut c_void, inputs.as_mut_ptr(), tensors.len() as i64, out.as_mut_ptr(), error) })?;
     // SAFETY: see above; each pointer is taken over once.
-    let mut taken = out.into_iter().map(|p| unsafe { Tensor::from_ptr(p as *mut torch_sys::C_tensor) });
+    let mut taken = out.into_iter().map(|p| unsafe { crate::ffi::tensor(p) });
     let valid = taken.next().ok_or_else(|| LetheError::Invalid("expire-span cache compaction: no validity".into()))?;
     Ok(Compacted { valid, tensors: taken.collect() })
 }

@@ -13,7 +13,7 @@ use std::ffi::{c_char, c_int, c_void};
 
 use tch::{Kind, Tensor};
 
-use crate::error::{LetheError, Result};
+use crate::error::Result;
 
 extern "C" {
     fn lethe_expire_scores(
@@ -75,19 +75,15 @@ struct Loops {
 
 fn scores_with(scores: &Tensor, positions: &Tensor, spans: &Tensor, counter: &Tensor, usable: &Tensor, ramp: f64, loops: Loops) -> Result<FusedScores> {
     let mut out: [*mut c_void; 3] = [std::ptr::null_mut(); 3];
-    let mut error: *mut c_char = std::ptr::null_mut();
     let ptr = |t: &Tensor| t.as_ptr() as *mut c_void;
     // SAFETY: each pointer is a live `at::Tensor*` owned by its `Tensor` for the call (the
     // kernel reads them only);
-    // on success the kernel writes three new `at::Tensor*`, which `from_ptr` takes over.
-    let status = unsafe {
-        lethe_expire_scores(ptr(scores), ptr(positions), ptr(spans), ptr(counter), ptr(usable), ramp, c_int::from(loops.vector), c_int::from(loops.softmax), out.as_mut_ptr(), &mut error)
-    };
-    if status != 0 {
-        return Err(LetheError::Invalid(format!("expire-span fused scores: {}", crate::dist::take_error(error))));
-    }
+    // on success the kernel writes three new `at::Tensor*`, which `ffi::tensor` takes over.
+    crate::ffi::call("expire-span fused scores", |error| unsafe {
+        lethe_expire_scores(ptr(scores), ptr(positions), ptr(spans), ptr(counter), ptr(usable), ramp, c_int::from(loops.vector), c_int::from(loops.softmax), out.as_mut_ptr(), error)
+    })?;
     // SAFETY: see above; each pointer is taken over once.
-    let [s, c, d] = out.map(|p| unsafe { Tensor::from_ptr(p as *mut torch_sys::C_tensor) });
+    let [s, c, d] = out.map(|p| unsafe { crate::ffi::tensor(p) });
     Ok(FusedScores { out: s, ramp_counts: c, ramp_distance: d })
 }
 
