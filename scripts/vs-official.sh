@@ -12,7 +12,17 @@
 # ratio 0, the official `--adapt-span-cache`) or `fixed:L` (Transformer-XL span L). Default: expire:512
 # expire:2048 expire:16384. Environment: ROUNDS (3), STEPS (80), THREADS (2),
 # OUT (runs/vs-official), LETHE (target/release/lethe), PYTHON (.venv/bin/python, which
-# has torch 2.11).
+# has torch 2.11), CORPUS (a text file; default: the first 1.2 MB of the HTML of four
+# books shipped with the Rust toolchain, as docs.sh's enwik8 stand-in, so that the same
+# toolchain gives the same bytes every time).
+#
+# Round r trains lethe with `--seed r`; the official code has no seed flag and draws its
+# initialisation and starting offset afresh every run, so the rounds are also seeds and
+# the loss columns are medians over them. The loss is the mean training loss of all the
+# steps; with STEPS=500 (one pass over the corpus's training split: 8 x 256 bytes a step)
+# every byte is scored before it is trained on, so it is a held-out figure too:
+#
+#   ROUNDS=3 STEPS=500 scripts/vs-official.sh OFFICIAL_CHECKOUT expire:512 expire:2048
 #
 # The official code is copied to $OUT/official and patched to run as one CPU process
 # (its own files are not touched):
@@ -38,16 +48,24 @@ ROUNDS=${ROUNDS:-3}; STEPS=${STEPS:-80}; THREADS=${THREADS:-2}
 OUT=${OUT:-runs/vs-official}; LETHE=${LETHE:-$ROOT/target/release/lethe}; PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
 mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 
-# The corpus: lethe's own sources, 1.2 MB of text, split 90 / 5 / 5.
-CORPUS=$OUT/corpus.txt
-if [ ! -s "$CORPUS" ]; then
-    # `head` closes the pipe once it has enough: cat's SIGPIPE is not a failure.
-    (cat "$ROOT"/README.md "$ROOT"/src/*.rs "$ROOT"/src/*/*.rs "$ROOT"/src/*/*/*.rs "$ROOT"/tests/*.rs || true) | head -c 1200000 > "$CORPUS"
+# The corpus, split 90 / 5 / 5 (lethe by bytes, the official code by lines).
+if [ -z "${CORPUS:-}" ]; then
+    CORPUS=$OUT/corpus.txt
+    if [ ! -s "$CORPUS" ]; then
+        doc="$(rustc --print sysroot)/share/doc/rust/html"
+        # `head` closes the pipe once it has enough: cat's SIGPIPE is not a failure.
+        (set +o pipefail; find "$doc/book" "$doc/reference" "$doc/nomicon" "$doc/cargo" -name '*.html' | LC_ALL=C sort | xargs cat 2>/dev/null | head -c 1200000 > "$CORPUS")
+        [ "$(stat -c %s "$CORPUS")" -eq 1200000 ] || { rm -f "$CORPUS"; echo "$0: the Rust toolchain's HTML docs ($doc) are missing; set CORPUS=FILE" >&2; exit 1; }
+    fi
 fi
+[ -s "$CORPUS" ] || { echo "$0: CORPUS=$CORPUS is empty or missing" >&2; exit 2; }
+CORPUS=$(cd "$(dirname "$CORPUS")" && pwd)/$(basename "$CORPUS")
+echo "corpus: $CORPUS ($(stat -c %s "$CORPUS") bytes, sha256 $(sha256sum "$CORPUS" | cut -c1-16))"
 
 # The patched copy of the official code and its corpus.
 OFF=$OUT/official
-if [ ! -f "$OFF/.patched" ]; then
+# (Built again when the corpus changes.)
+if [ ! -f "$OFF/.patched" ] || [ "$(cat "$OFF/.patched")" != "$CORPUS" ]; then
     rm -rf "$OFF"; mkdir -p "$OFF"; cp -r "$SRC"/. "$OFF"/; rm -rf "$OFF/.git"
     "$PYTHON" - "$OFF" "$CORPUS" <<'EOF'
 import pathlib, sys
@@ -76,7 +94,7 @@ data.mkdir(parents=True, exist_ok=True)
 for name, part in (("train", lines[:cut1]), ("valid", lines[cut1:cut2]), ("test", lines[cut2:])):
     (data / f"{name}.txt").write_text("\n".join(" ".join(str(b) for b in line) for line in part) + "\n")
 EOF
-    touch "$OFF/.patched"
+    echo "$CORPUS" > "$OFF/.patched"
 fi
 
 # Wall seconds and peak RSS (MiB) of a command, its output in a log.
@@ -101,7 +119,7 @@ official() { # LOG ARM
         --lr 0.0003 --momentum 0 --optim adam --grad-clip 0.3 "${extra[@]}"
 }
 
-lethe() { # LOG ARM RUN
+lethe() { # LOG ARM RUN SEED
     local log=$1; shift
     local kind=${1%%:*} span=${1##*:} extra=()
     if [ "$kind" = expire ]; then
@@ -111,7 +129,7 @@ lethe() { # LOG ARM RUN
     else
         extra=(--set memory.mechanism=fixed)
     fi
-    timed "$log" "$LETHE" train -p enwik8-tiny --data "$CORPUS" --out "$OUT/lethe" --name "$2" --overwrite --no-eval --steps "$STEPS" \
+    timed "$log" "$LETHE" train -p enwik8-tiny --data "$CORPUS" --out "$OUT/lethe" --name "$2" --overwrite --no-eval --steps "$STEPS" --seed "$3" \
         --set model.layers=2 --set model.d_model=256 --set model.heads=4 --set model.d_ffn=1024 --set model.pre_norm=true --set model.dropout=0 \
         --set train.batch=8 --set train.block=256 --set train.accum=1 --set train.threads="$THREADS" --set train.lr=3e-4 --set train.warmup=0 \
         --set train.grad_clip=0.3 --set train.schedule=constant --set train.log_every=10 --set memory.span="$span" "${extra[@]}"
@@ -122,7 +140,7 @@ RESULTS=$OUT/results.txt; : > "$RESULTS"
 for round in $(seq "$ROUNDS"); do
     for arm in "${ARMS[@]}"; do
         tag=${arm/:/-}
-        l=$(lethe "$OUT/lethe-$tag-$round.log" "$arm" "$tag-$round")
+        l=$(lethe "$OUT/lethe-$tag-$round.log" "$arm" "$tag-$round" "$round")
         o=$(official "$OUT/official-$tag-$round.log" "$arm")
         echo "$arm $round lethe $l official $o" | tee -a "$RESULTS"
     done
@@ -147,4 +165,9 @@ print("|---|---|---|---|---|---|---|---|")
 for arm, r in rows.items():
     med = lambda i: statistics.median(x[i] for x in r)
     print(f"| {arm} | {med(0):.1f} | {med(2):.1f} | {med(0) / med(2):.2f} | {med(1):.0f} | {med(3):.0f} | {med(4):.2f} | {med(5):.2f} |")
+print()
+for arm, r in rows.items():
+    each = lambda i: " ".join(f"{x[i]:.3f}" for x in r)
+    mean = lambda i: statistics.mean(x[i] for x in r)
+    print(f"{arm} bpb by round: lethe {each(4)} (mean {mean(4):.3f}); official {each(5)} (mean {mean(5):.3f})")
 EOF

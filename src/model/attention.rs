@@ -10,11 +10,14 @@ use tch::{Kind, Tensor};
 
 use crate::error::{LetheError, Result};
 
-/// Keys and values `(b, h, n, dh)` and scores `(b, n)` of a window
+/// Keys and values of a window, heads split, and the span predictor's scores
 /// ([`Attention::project_after_cache`]).
 pub struct Projected {
+    /// Keys `(b, h, n, dh)`, contiguous.
     pub k: Tensor,
+    /// Values `(b, h, n, dh)`, contiguous.
     pub v: Tensor,
+    /// `states w` `(b, n)`.
     pub scores: Tensor,
 }
 

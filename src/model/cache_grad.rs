@@ -36,8 +36,9 @@ extern "C" {
     ) -> c_int;
 }
 
-/// Keys, values and (for Expire-Span) the span predictor's scores of a window.
-pub struct Projected {
+/// Keys, values and (for Expire-Span) the span predictor's scores of a window, heads
+/// not yet split ([`crate::model::attention::Projected`] has them split).
+pub struct Projections {
     /// `states W_k^T + b_k` `(b, n, e)`.
     pub k: Tensor,
     /// `states W_v^T + b_v` `(b, n, e)`.
@@ -61,13 +62,13 @@ pub fn keys_values_after_cache(states: &Tensor, fresh: i64, k: &nn::Linear, v: &
 /// [`keys_values_after_cache`], and with `w` `(d)` the scores `states w` `(b, n)` too
 /// (Expire-Span's span predictor), their gradient to the block's rows summed with the
 /// keys' and values' in one.
-pub fn project_after_cache(states: &Tensor, fresh: i64, k: &nn::Linear, v: &nn::Linear, w: Option<&Tensor>) -> Result<Projected> {
+pub fn project_after_cache(states: &Tensor, fresh: i64, k: &nn::Linear, v: &nn::Linear, w: Option<&Tensor>) -> Result<Projections> {
     let n = states.size().get(1).copied().unwrap_or(0);
     // The scores first: the order of the projections is the order in which libtorch's
     // backward pass sums the states' gradients where this function is not used.
     let project = |s: &Tensor| {
         let scores = w.map(|w| s.matmul(w));
-        Projected { k: s.linear(&k.ws, k.bs.as_ref()), v: s.linear(&v.ws, v.bs.as_ref()), scores }
+        Projections { k: s.linear(&k.ws, k.bs.as_ref()), v: s.linear(&v.ws, v.bs.as_ref()), scores }
     };
     if fresh <= 0 || fresh >= n || !states.requires_grad() {
         return Ok(project(states));
@@ -97,7 +98,7 @@ pub fn project_after_cache(states: &Tensor, fresh: i64, k: &nn::Linear, v: &nn::
     let (Some(k), Some(v)) = (taken.next(), taken.next()) else {
         return Err(LetheError::Invalid("keys and values of the window: too few tensors returned".into()));
     };
-    Ok(Projected { k, v, scores: taken.next() })
+    Ok(Projections { k, v, scores: taken.next() })
 }
 
 #[cfg(test)]
