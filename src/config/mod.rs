@@ -26,7 +26,7 @@ pub mod train;
 
 pub use data::{DataConfig, FileFormat, FolderMode, Source};
 pub use memory::{AdaptiveConfig, CompressiveConfig, Compressor, Deletion, ExpireConfig, InfinityConfig, Mechanism, MemoryConfig};
-pub use model::{Arch, ModelConfig};
+pub use model::{Arch, Init, ModelConfig};
 pub use presets::{Preset, PRESETS};
 pub use rl::{Reset, RlConfig};
 pub use run::Config;

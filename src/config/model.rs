@@ -51,6 +51,27 @@ pub struct ModelConfig {
     /// Default 1.
     #[serde(default = "default_div_val")]
     pub div_val: usize,
+    /// How the `lethe` backbone's parameters start: `kaiming` (tch's default for linear
+    /// layers, Kaiming-uniform with the ReLU gain, weights in `±sqrt(6 / fan_in)`; the
+    /// position embeddings `key_pe` from N(0, 1 / d_head)) or `official` (as the
+    /// official Expire-Span and adaptive-span code: PyTorch's `nn.Linear` default,
+    /// weights and biases in `±1 / sqrt(fan_in)`, the attention output and the second
+    /// feed-forward projection divided by `sqrt(2 layers)` under pre-norm, `key_pe` from
+    /// N(0, 1)). Embeddings start from N(0, 1) either way; GPT-2 keeps its own. Default
+    /// `kaiming`.
+    #[serde(default)]
+    pub init: Init,
+}
+
+/// How the backbone's parameters start (`model.init`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Init {
+    /// tch's defaults: Kaiming-uniform linear weights with the ReLU gain.
+    #[default]
+    Kaiming,
+    /// The official Expire-Span code's (facebookresearch/transformer-sequential).
+    Official,
 }
 
 fn default_div_val() -> usize {
@@ -101,6 +122,7 @@ impl Default for ModelConfig {
             norm_eps: default_norm_eps(),
             cutoffs: vec![],
             div_val: default_div_val(),
+            init: Init::default(),
         }
     }
 }

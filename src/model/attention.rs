@@ -8,7 +8,58 @@
 use tch::nn::{self, Module};
 use tch::{Kind, Tensor};
 
+use crate::config::{Arch, Init, ModelConfig};
 use crate::error::{LetheError, Result};
+
+/// How a layer's linear projections start (`model.init`).
+#[derive(Clone, Copy, Debug)]
+pub struct LinearInit {
+    scheme: Init,
+    /// The factor on a residual branch's last projection (the attention output, the
+    /// second feed-forward layer): `1 / sqrt(2 layers)` for `official` under pre-norm.
+    residual: f64,
+}
+
+impl LinearInit {
+    /// tch's default, Kaiming-uniform with the ReLU gain.
+    pub const KAIMING: LinearInit = LinearInit { scheme: Init::Kaiming, residual: 1.0 };
+
+    /// The scheme `cfg.init` gives the `lethe` backbone (GPT-2 keeps tch's default, its
+    /// weights come from a checkpoint).
+    pub fn of(cfg: &ModelConfig) -> LinearInit {
+        match (cfg.arch, cfg.init) {
+            (Arch::Gpt2, _) | (_, Init::Kaiming) => LinearInit::KAIMING,
+            (Arch::Lethe, Init::Official) => {
+                let residual = if cfg.pre_norm { 1.0 / ((2 * cfg.layers.max(1)) as f64).sqrt() } else { 1.0 };
+                LinearInit { scheme: Init::Official, residual }
+            }
+        }
+    }
+
+    /// The config of a projection `fan_in` wide; `residual`: the last of a residual branch.
+    /// `official` is PyTorch's `nn.Linear` default, weights and bias uniform in
+    /// `±1 / sqrt(fan_in)`, both times the residual factor where it applies (as the
+    /// official code divides them after drawing).
+    pub fn config(&self, fan_in: i64, bias: bool, residual: bool) -> nn::LinearConfig {
+        match self.scheme {
+            Init::Kaiming => nn::LinearConfig { bias, ..Default::default() },
+            Init::Official => {
+                let scale = if residual { self.residual } else { 1.0 };
+                let bound = scale / (fan_in.max(1) as f64).sqrt();
+                let uniform = nn::Init::Uniform { lo: -bound, up: bound };
+                nn::LinearConfig { ws_init: uniform, bs_init: Some(uniform), bias }
+            }
+        }
+    }
+
+    /// The standard deviation of the relative-position embeddings `key_pe`.
+    pub fn key_pe_std(&self, d_head: i64) -> f64 {
+        match self.scheme {
+            Init::Kaiming => 1.0 / (d_head as f64).sqrt(),
+            Init::Official => 1.0,
+        }
+    }
+}
 
 /// Keys and values of a window, heads split, and the span predictor's scores
 /// ([`Attention::project_after_cache`]).
@@ -37,14 +88,19 @@ pub struct Attention {
 
 impl Attention {
     /// Projections `d_model -> d_model` for queries, keys, values and the output, with
-    /// biases when `bias`.
+    /// biases when `bias`, from tch's default initialisation.
     pub fn new(p: nn::Path, d_model: i64, heads: i64, dropout: f64, bias: bool) -> Self {
-        let cfg = nn::LinearConfig { bias, ..Default::default() };
+        Attention::with_init(p, d_model, heads, dropout, bias, LinearInit::KAIMING)
+    }
+
+    /// [`Attention::new`] with the initialisation `init`.
+    pub fn with_init(p: nn::Path, d_model: i64, heads: i64, dropout: f64, bias: bool, init: LinearInit) -> Self {
+        let cfg = init.config(d_model, bias, false);
         Attention {
             q: nn::linear(&p / "q", d_model, d_model, cfg),
             k: nn::linear(&p / "k", d_model, d_model, cfg),
             v: nn::linear(&p / "v", d_model, d_model, cfg),
-            o: nn::linear(&p / "o", d_model, d_model, cfg),
+            o: nn::linear(&p / "o", d_model, d_model, init.config(d_model, bias, true)),
             heads,
             d_head: d_model / heads,
             dropout,

@@ -17,7 +17,7 @@
 use tch::nn::{self, Module};
 use tch::{Kind, Tensor};
 
-use super::attention::Attention;
+use super::attention::{Attention, LinearInit};
 use super::memory::{self, AttendInput, MemoryLayer, MemoryReport};
 use crate::config::{Arch, Mechanism, MemoryConfig, ModelConfig};
 use crate::error::{LetheError, Result, TorchContext};
@@ -38,11 +38,12 @@ impl Layer {
     fn new(p: nn::Path, cfg: &ModelConfig) -> Self {
         let (d, f) = (cfg.d_model as i64, cfg.d_ffn as i64);
         let norm = || nn::LayerNormConfig { eps: cfg.norm_eps, ..Default::default() };
+        let init = LinearInit::of(cfg);
         Layer {
-            attn: Attention::new(&p / "attn", d, cfg.heads as i64, cfg.dropout, cfg.arch == Arch::Gpt2),
+            attn: Attention::with_init(&p / "attn", d, cfg.heads as i64, cfg.dropout, cfg.arch == Arch::Gpt2, init),
             norm1: nn::layer_norm(&p / "norm1", vec![d], norm()),
-            ff1: nn::linear(&p / "ff1", d, f, Default::default()),
-            ff2: nn::linear(&p / "ff2", f, d, Default::default()),
+            ff1: nn::linear(&p / "ff1", d, f, init.config(d, true, false)),
+            ff2: nn::linear(&p / "ff2", f, d, init.config(f, true, true)),
             norm2: nn::layer_norm(&p / "norm2", vec![d], norm()),
             arch: cfg.arch,
         }
@@ -158,7 +159,7 @@ impl Backbone {
                 let rows = memory::position_rows(mem, block);
                 // The one parameter whose size the memory sets: allocated fallibly, so that
                 // a span the device cannot hold is an error, not a panic.
-                let init = nn::Init::Randn { mean: 0.0, stdev: 1.0 / (d_head as f64).sqrt() };
+                let init = nn::Init::Randn { mean: 0.0, stdev: LinearInit::of(cfg).key_pe_std(d_head) };
                 let pe = p.f_var("key_pe", &[rows, d_head], init);
                 Some(pe.torch(&format!("allocating the position embeddings for memory.span = {} ({rows} x {d_head})", mem.span))?)
             }
@@ -266,7 +267,7 @@ impl Vocabulary {
         let (d, gpt2) = (cfg.d_model as i64, cfg.arch == Arch::Gpt2);
         Vocabulary::Plain {
             embed: nn::embedding(p / "embed", cfg.vocab as i64, d, if gpt2 { gpt2_embedding() } else { Default::default() }),
-            head: (!gpt2).then(|| nn::linear(p / "head", d, cfg.vocab as i64, Default::default())),
+            head: (!gpt2).then(|| nn::linear(p / "head", d, cfg.vocab as i64, LinearInit::of(cfg).config(d, true, false))),
         }
     }
 

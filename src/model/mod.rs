@@ -173,3 +173,52 @@ impl Lm {
         self.vs.device()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Init, Mechanism};
+
+    fn parameters(init: Init, pre_norm: bool) -> std::collections::HashMap<String, Tensor> {
+        let mut config = Config::default();
+        (config.model.d_model, config.model.d_ffn, config.model.layers) = (64, 256, 2);
+        (config.model.init, config.model.pre_norm, config.memory.mechanism) = (init, pre_norm, Mechanism::Fixed);
+        Lm::new(&config, Device::Cpu).unwrap().vs.variables()
+    }
+
+    /// Largest absolute value and standard deviation.
+    fn spread(t: &Tensor) -> (f64, f64) {
+        (t.abs().max().double_value(&[]), t.std(true).double_value(&[]))
+    }
+
+    /// `official` draws as PyTorch's `nn.Linear` (uniform in ±1/sqrt(fan_in): standard
+    /// deviation 1/sqrt(3 fan_in)), the residual branches' last projections divided by
+    /// sqrt(2 layers) under pre-norm, and `key_pe` from N(0, 1); `kaiming` as tch's
+    /// default (±sqrt(6 / fan_in)) and N(0, 1/d_head).
+    #[test]
+    fn the_official_initialisation_has_the_official_code_s_scales() {
+        let (d, f) = (64f64, 256f64);
+        let official = parameters(Init::Official, true);
+        let expect = |name: &str, bound: f64| {
+            let (max, std) = spread(&official[name]);
+            assert!(max <= bound && max > 0.9 * bound, "{name}: max {max} against {bound}");
+            assert!((std / (bound / 3f64.sqrt()) - 1.0).abs() < 0.1, "{name}: std {std} against {}", bound / 3f64.sqrt());
+        };
+        expect("layers.0.attn.q.weight", 1.0 / d.sqrt());
+        expect("layers.1.attn.o.weight", 1.0 / d.sqrt() / 2.0); // sqrt(2 * 2 layers)
+        expect("layers.0.ff1.weight", 1.0 / d.sqrt());
+        expect("layers.1.ff2.weight", 1.0 / f.sqrt() / 2.0);
+        expect("head.weight", 1.0 / d.sqrt());
+        let (_, pe) = spread(&official["key_pe"]);
+        assert!((pe - 1.0).abs() < 0.1, "key_pe std {pe}");
+        // Without pre-norm, no residual factor.
+        let (max, _) = spread(&parameters(Init::Official, false)["layers.1.attn.o.weight"]);
+        assert!(max > 0.9 / d.sqrt(), "post-norm output projection: max {max}");
+
+        let kaiming = parameters(Init::Kaiming, true);
+        let (max, _) = spread(&kaiming["layers.1.attn.o.weight"]);
+        assert!(max > 0.9 * (6.0 / d).sqrt() && max <= (6.0 / d).sqrt(), "kaiming: max {max}");
+        let (_, pe) = spread(&kaiming["key_pe"]);
+        assert!((pe * 16f64.sqrt() - 1.0).abs() < 0.1, "kaiming key_pe std {pe}"); // d_head 16
+    }
+}
