@@ -52,6 +52,7 @@ ARMS=("$@"); [ ${#ARMS[@]} -gt 0 ] || ARMS=(expire:512 expire:2048 expire:16384)
 for arm in "${ARMS[@]}"; do [[ $arm =~ ^(expire|adaptive|fixed):[0-9]+$ ]] || { echo "bad arm '$arm': expire:L, adaptive:L or fixed:L" >&2; exit 2; }; done
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 ROUNDS=${ROUNDS:-3}; STEPS=${STEPS:-80}; THREADS=${THREADS:-2}; PARTS=${PARTS:-1}; LETHE_INIT=${LETHE_INIT:-official}
+for n in ROUNDS STEPS THREADS PARTS; do [[ ${!n} =~ ^[1-9][0-9]*$ ]] || { echo "$0: $n=${!n}: a positive whole number" >&2; exit 2; }; done
 [ $((STEPS % PARTS)) -eq 0 ] || { echo "$0: STEPS=$STEPS does not divide into PARTS=$PARTS" >&2; exit 2; }
 [[ $LETHE_INIT =~ ^(official|kaiming)$ ]] || { echo "$0: LETHE_INIT=$LETHE_INIT: official or kaiming" >&2; exit 2; }
 OUT=${OUT:-runs/vs-official}; LETHE=${LETHE:-$ROOT/target/release/lethe}; PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
@@ -73,7 +74,7 @@ echo "corpus: $CORPUS ($(stat -c %s "$CORPUS") bytes, sha256 $(sha256sum "$CORPU
 
 # The patched copy of the official code and its corpus.
 OFF=$OUT/official
-# (Built again when the corpus changes.)
+# (Built again when the corpus or the patches change.)
 PATCHED="patches 3, corpus $CORPUS"
 if [ ! -f "$OFF/.patched" ] || [ "$(cat "$OFF/.patched")" != "$PATCHED" ]; then
     rm -rf "$OFF"; mkdir -p "$OFF"; cp -r "$SRC"/. "$OFF"/; rm -rf "$OFF/.git"

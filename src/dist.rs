@@ -224,12 +224,7 @@ impl ProcessGroup {
 
     /// Runs a C call that returns 0 or -1 with a message.
     fn status(&self, what: &str, call: impl FnOnce(*mut *mut c_char) -> c_int) -> Result<()> {
-        let mut error = std::ptr::null_mut();
-        if call(&mut error) == 0 {
-            return Ok(());
-        }
-        let reason = format!("{what} failed (is a peer gone?): {}", crate::ffi::take_error(error));
-        Err(LetheError::Distributed { rank: self.rank, reason })
+        crate::ffi::status(call).map_err(|message| LetheError::Distributed { rank: self.rank, reason: format!("{what} failed (is a peer gone?): {message}") })
     }
 }
 

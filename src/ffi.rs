@@ -16,11 +16,17 @@ extern "C" {
 /// Runs `entry(&mut error)`, one C++ entry point; a non-zero status becomes
 /// `LetheError::Invalid("{what}: {message}")`.
 pub(crate) fn call(what: &str, entry: impl FnOnce(*mut *mut c_char) -> c_int) -> Result<()> {
+    status(entry).map_err(|message| LetheError::Invalid(format!("{what}: {message}")))
+}
+
+/// Runs `entry(&mut error)`, one C++ entry point; a non-zero status gives its message,
+/// for a caller with its own kind of error ([`call`] for the usual one).
+pub(crate) fn status(entry: impl FnOnce(*mut *mut c_char) -> c_int) -> std::result::Result<(), String> {
     let mut error: *mut c_char = std::ptr::null_mut();
     if entry(&mut error) == 0 {
         return Ok(());
     }
-    Err(LetheError::Invalid(format!("{what}: {}", take_error(error))))
+    Err(take_error(error))
 }
 
 /// The message of a failed call into `csrc/`, first line only; frees it.
