@@ -306,7 +306,7 @@ pub fn time_attention(cfg: &Config, steps: usize, warmup: usize) -> Result<Timin
         let x = Tensor::randn(shape, (Kind::Float, device)).set_requires_grad(i >= fill);
         let start = Instant::now();
         let q = attn.queries(&x);
-        let input = crate::model::memory::AttendInput { x: &x, q: &q, attn: &attn, key_pe: Some(&key_pe), train: i >= fill, episodes: None };
+        let input = crate::model::memory::AttendInput { x: &x, q: &q, attn: &attn, key_pe: Some(&key_pe), train: i >= fill, episodes: None, norm: None };
         let out = memory.attend(&input)?;
         memory.update(&x.detach(), None)?;
         if i >= fill {

@@ -31,9 +31,35 @@ fn gradients_through_the_span_predictor_match_finite_differences() {
     let mut cfg = expire_config(8, 4, 4, 0.5);
     cfg.memory.expire.alpha = 0.5; // a span loss large enough to matter
     cfg.model.vocab = 256;
-    let mut lm = Lm::new(&cfg, Device::Cpu).unwrap();
+    check_gradients(&cfg, |name| name.ends_with("expire.w"));
+}
+
+/// `memory.expire.as_official`: the cache holds raw states that the current pre-norm
+/// normalises every block, so the norm's gradient also runs through the cached rows
+/// (finite differences move the norm and see the cache's keys, values and spans move);
+/// the zero states at the start, no attention to oneself and `pre_div` outside the bias.
+#[test]
+fn the_official_reading_s_gradients_match_finite_differences() {
+    let mut cfg = expire_config(8, 4, 4, 0.5);
+    cfg.memory.expire.alpha = 0.5;
+    cfg.memory.expire.as_official = true;
+    cfg.memory.expire.pre_div = 2.0;
+    cfg.model.pre_norm = true;
+    cfg.model.vocab = 256;
+    // The norms too: with their bias at zero the zero states' spans would be exactly
+    // `p L`, an integer, and their soft mask would sit on the edge `m = 0` where the
+    // span loss (a sum of remaining spans on the ramp) jumps.
+    check_gradients(&cfg, |name| name.ends_with("expire.w") || name.contains("norm"));
+}
+
+/// With the parameters `randomised` picks given random (seeded) values: every parameter
+/// of the span predictor, and three entries of every other parameter:
+/// the gradient of two blocks' loss (the second after the first's cache) against central
+/// finite differences, in double precision.
+fn check_gradients(cfg: &Config, randomised: impl Fn(&str) -> bool) {
+    let mut lm = Lm::new(cfg, Device::Cpu).unwrap();
     lm.vs.double();
-    randomise_spans(&lm, 0.5);
+    common::randomise(&lm.vs, 17, 0.5, randomised);
     let x: Vec<i64> = vec![1, 4, 2, 8, 5, 7, 3, 0, 9, 10, 2, 6, 4, 1, 3, 5];
     let y: Vec<i64> = x.iter().map(|t| (t * 3 + 1) % 11).collect();
     let cache = common::first_block_cache(&lm, &x);

@@ -189,6 +189,16 @@ pub struct ExpireConfig {
     /// `false` runs the written-out operations (the reference). No effect on a GPU
     /// (libtorch's fused attention there). Default true.
     pub fused: bool,
+    /// Compute what the official code (facebookresearch/transformer-sequential) computes,
+    /// where it differs from lethe's reading of the paper: a token does not attend to
+    /// itself, each stream's cache starts as `M` zero states at distances `M..1`, the
+    /// cache holds each layer's raw input and the current pre-norm is applied to all of
+    /// it every block (so the norm gets gradient through the cache), and `pre_div`
+    /// divides `w.h` but not the bias. With it, lethe's losses and gradient norms equal
+    /// the official code's to float rounding from the same weights
+    /// (`scripts/vs-official-steps.sh`); over a training pass the two readings learn
+    /// alike (README). Not with episodes. Default false.
+    pub as_official: bool,
 }
 
 /// Expire-Span's deletion policies.
@@ -207,7 +217,7 @@ pub enum Deletion {
 
 impl Default for ExpireConfig {
     fn default() -> Self {
-        ExpireConfig { ramp: 16, alpha: 1e-6, alpha_warmup: 0, init_fraction: 0.1, pre_div: 1.0, noisy: false, deletion: Deletion::Stream, inference_cap: 0, fused: true }
+        ExpireConfig { ramp: 16, alpha: 1e-6, alpha_warmup: 0, init_fraction: 0.1, pre_div: 1.0, noisy: false, deletion: Deletion::Stream, inference_cap: 0, fused: true, as_official: false }
     }
 }
 

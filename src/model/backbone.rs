@@ -200,10 +200,13 @@ impl Backbone {
             let q = layer.attn.queries(&x); // (b, heads, m, dh)
             drop(queries);
             let attend = profile::phase("memory attend");
-            let out = memory.attend(&AttendInput { x: &x, q: &q, attn: &layer.attn, key_pe: self.key_pe.as_ref(), train, episodes })?;
+            // A memory that caches raw states normalises them itself (`caches_raw_states`).
+            let raw = self.cfg.pre_norm && memory.caches_raw_states();
+            let norm = raw.then_some(&layer.norm1);
+            let out = memory.attend(&AttendInput { x: &x, q: &q, attn: &layer.attn, key_pe: self.key_pe.as_ref(), train, episodes, norm })?;
             drop(attend);
             let update = profile::phase("memory update");
-            memory.update(&x.detach(), episodes)?;
+            memory.update(&if raw { h.detach() } else { x.detach() }, episodes)?;
             drop(update);
             if let Some(a) = out.aux_loss {
                 aux += a;

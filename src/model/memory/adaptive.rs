@@ -204,7 +204,7 @@ mod tests {
         for block in 0..3 {
             let x = rng.normal_tensor(&[2, m, 8], Kind::Double).set_requires_grad(true);
             let q = attn.queries(&x);
-            let input = AttendInput { x: &x, q: &q, attn: &attn, key_pe: Some(&key_pe), train: true, episodes: None };
+            let input = AttendInput { x: &x, q: &q, attn: &attn, key_pe: Some(&key_pe), train: true, episodes: None, norm: None };
             // The reference, from the same cache, before `attend` adds to it.
             let keys = layer.window.keys(&input, max_span).unwrap();
             let chunks = keys.chunks(&q, layer.reach()).len();

@@ -202,8 +202,9 @@ impl ExpireSpan {
     /// `pos_rows` is the number of `key_pe` rows (distances `0..pos_rows`).
     pub fn new(p: nn::Path, d_model: i64, max_span: usize, pos_rows: i64, cfg: &ExpireConfig) -> Self {
         let p = p / "expire";
-        // `b / pre_div = logit(p)`, so that `L sigmoid(b / pre_div) = p L` at start.
-        let init_bias = -cfg.pre_div * (1.0 / cfg.init_fraction - 1.0).ln();
+        // `b / pre_div = logit(p)` (official: `b = logit(p)`), so that spans start at `p L`.
+        let logit = -(1.0 / cfg.init_fraction - 1.0).ln();
+        let init_bias = if cfg.as_official { logit } else { cfg.pre_div * logit };
         let w = p.var("w", &[d_model], nn::Init::Const(0.0));
         let b = p.var("b", &[1], nn::Init::Const(init_bias));
         ExpireSpan {
@@ -231,10 +232,38 @@ impl ExpireSpan {
         self.w.to_kind(kind)
     }
 
-    /// Spans `(b, n)` of the scores `states w` `(b, n)`: `L sigmoid((states w + b) / pre_div)`.
+    /// Spans `(b, n)` of the scores `states w` `(b, n)`: `L sigmoid((states w + b) / pre_div)`,
+    /// or as the official code, `L sigmoid(states w / pre_div + b)`.
     fn spans_of_scores(&self, scores: &Tensor) -> Tensor {
-        let logit = (scores + self.b.to_kind(scores.kind())) / self.cfg.pre_div; // (b, n)
+        let b = self.b.to_kind(scores.kind());
+        let logit = if self.cfg.as_official { scores / self.cfg.pre_div + b } else { (scores + b) / self.cfg.pre_div }; // (b, n)
         logit.sigmoid() * self.max_span
+    }
+
+    /// The official code's first cache (`as_official`): `m` zero states at distances
+    /// `m..1` to the first query of a block `x` `(b, m, d)`.
+    fn zero_cache(x: &Tensor) -> Cache {
+        let (b, m, d) = x.size3().expect("block must be (b, m, d)");
+        let counter = Tensor::arange_start_step(m, 0, -1, (Kind::Float, x.device())); // m, m-1, .., 1
+        Cache {
+            states: Tensor::zeros([b, m, d], (x.kind(), x.device())),
+            counter: counter.unsqueeze(0).expand([b, m], false).contiguous(),
+            valid: Tensor::ones([b, m], (Kind::Bool, x.device())),
+            episode: None,
+        }
+    }
+
+    /// `[cache, block]` states for the attention of a block `x` `(b, m, d)`, with counters
+    /// and validity: the cached states normalised by `norm` first when the cache holds raw
+    /// states (`as_official` under pre-norm).
+    fn states_for_attention(&mut self, x: &Tensor, norm: Option<&nn::LayerNorm>) -> (Tensor, Tensor, Tensor) {
+        let (states, counter, valid) = self.keys_with_meta(x);
+        let Some(norm) = norm.filter(|_| self.state.is_some()) else {
+            return (states, counter, valid);
+        };
+        let (n, m) = (states.size()[1], x.size()[1]);
+        let cached = nn::Module::forward(norm, &states.narrow(1, 0, n - m)); // (b, n - m, d)
+        (Tensor::cat(&[&cached, x], 1), counter, valid)
     }
 
     fn cached_len(&self) -> i64 {
@@ -477,12 +506,20 @@ impl MemoryLayer for ExpireSpan {
     fn attend(&mut self, input: &AttendInput) -> Result<AttendOutput> {
         let m = input.x.size()[1];
         let keys = profile::phase("keys, values");
-        let (states, counter, valid) = self.keys_with_meta(input.x); // (b, n, d), (b, n), (b, n)
+        if self.cfg.as_official && self.state.is_none() {
+            if input.episodes.is_some() {
+                return Err(LetheError::Invalid("memory.expire.as_official cannot keep episodes apart (its first cache belongs to no episode)".into()));
+            }
+            self.state = Some(Self::zero_cache(input.x));
+        }
+        let (states, counter, valid) = self.states_for_attention(input.x, input.norm); // (b, n, d), (b, n), (b, n)
         let built = Built { block: input.x.shallow_clone(), states: states.detach(), counter: counter.shallow_clone(), valid: valid.shallow_clone() };
         self.pending_states = Some(built);
         // Keys, values and the span predictor's scores in one, so that the states' gradient
-        // is computed for the block's rows only (`model::cache_grad`).
-        let projected = input.attn.project_after_cache(&states, m, &self.predictor(states.kind()))?;
+        // is computed for the block's rows only (`model::cache_grad`); for every row when
+        // the cached rows were normalised here (the norm's gradient runs through them).
+        let fresh = if input.norm.is_some() { states.size()[1] } else { m };
+        let projected = input.attn.project_after_cache(&states, fresh, &self.predictor(states.kind()))?;
         drop(keys);
         let predicting = profile::phase("spans");
         let spans = self.spans_of_scores(&projected.scores); // (b, n), with gradient to w and b
@@ -496,6 +533,8 @@ impl MemoryLayer for ExpireSpan {
         // Memories of the query's episode that hold a state: (b, 1, n), or (b, m, n) with episodes.
         let usable = match (input.episodes, self.episodes_of(input.episodes)) {
             (Some(block), Some(all)) => valid.unsqueeze(1).logical_and(&same_episode(block, &all)),
+            // As the official code, a token does not see itself: (b, m, n).
+            _ if self.cfg.as_official => valid.unsqueeze(1).logical_and(&distances(&counter, m).ge(1.0)),
             _ => valid.unsqueeze(1),
         };
         drop(predicting);
@@ -558,6 +597,10 @@ impl MemoryLayer for ExpireSpan {
             }
         });
         Ok(())
+    }
+
+    fn caches_raw_states(&self) -> bool {
+        self.cfg.as_official
     }
 
     fn reset(&mut self) {
@@ -676,7 +719,7 @@ mod tests {
         for _ in 0..6 {
             let x = rng.normal_tensor(&[2, 4, 8], Kind::Float);
             let q = attn.queries(&x);
-            attended.attend(&AttendInput { x: &x, q: &q, attn: &attn, key_pe: Some(&key_pe), train: false, episodes: None }).unwrap();
+            attended.attend(&AttendInput { x: &x, q: &q, attn: &attn, key_pe: Some(&key_pe), train: false, episodes: None, norm: None }).unwrap();
             attended.update(&x.detach(), None).unwrap();
             plain.update(&x, None).unwrap();
             let (a, b) = (states(&attended), states(plain.as_ref()));
@@ -684,11 +727,46 @@ mod tests {
         }
         let (keyed, other) = (rng.normal_tensor(&[2, 4, 8], Kind::Float), rng.normal_tensor(&[2, 4, 8], Kind::Float));
         let q = attn.queries(&keyed);
-        attended.attend(&AttendInput { x: &keyed, q: &q, attn: &attn, key_pe: Some(&key_pe), train: false, episodes: None }).unwrap();
+        attended.attend(&AttendInput { x: &keyed, q: &q, attn: &attn, key_pe: Some(&key_pe), train: false, episodes: None, norm: None }).unwrap();
         attended.update(&other, None).unwrap();
         plain.update(&other, None).unwrap();
         let (a, b) = (states(&attended), states(plain.as_ref()));
         assert!(a.iter().zip(&b).all(|(a, b)| a.equal(b)));
+    }
+
+    /// `as_official`: the first block attends over `m` zero states (normalised by the
+    /// layer's norm: its bias, here all 0.5) and never over itself. With every key of the
+    /// first query a zero state, its context is the value of the norm's bias, whatever
+    /// the spans; a change to one token's state leaves that token's own context as it
+    /// was, and (the check that the test can fail) changes it in lethe's own reading.
+    #[test]
+    fn the_official_reading_starts_from_zero_states_and_hides_a_token_from_itself() {
+        use crate::model::attention::Attention;
+        let _seed = crate::rng::seed_torch(5);
+        let mut rng = crate::rng::Rng::new(5);
+        let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+        let attn = Attention::new(vs.root() / "attn", 8, 2, 0.0, false);
+        let norm = tch::nn::layer_norm(vs.root() / "norm", vec![8], Default::default());
+        let _ = tch::no_grad(|| norm.bs.as_ref().unwrap().shallow_clone().fill_(0.5));
+        let key_pe = rng.normal_tensor(&[5, 4], Kind::Float);
+        let x = rng.normal_tensor(&[2, 4, 8], Kind::Float);
+        let mut changed = x.copy();
+        let _ = changed.narrow(1, 2, 1).g_add_scalar_(1.0); // token 2's state
+        // The same queries for every call: only the keys and values see the change.
+        let q = attn.queries(&rng.normal_tensor(&[2, 4, 8], Kind::Float));
+        let context = |official: bool, x: &Tensor| {
+            let cfg = ExpireConfig { ramp: 2, init_fraction: 0.5, as_official: official, ..ExpireConfig::default() };
+            let mut layer = ExpireSpan::new(vs.root() / "attn", 8, 12, 5, &cfg);
+            let input = AttendInput { x, q: &q, attn: &attn, key_pe: Some(&key_pe), train: false, episodes: None, norm: official.then_some(&norm) };
+            tch::no_grad(|| layer.attend(&input).unwrap().context) // (b, h, m, dh)
+        };
+        let official = context(true, &x);
+        let bias_value = attn.keys_values_after_cache(&Tensor::full([2, 1, 8], 0.5, (Kind::Float, tch::Device::Cpu)), 1).unwrap().1; // (b, h, 1, dh)
+        assert!(official.narrow(2, 0, 1).allclose(&bias_value, 1e-6, 1e-6, false), "the first query sees only the zero states");
+        let own = |c: &Tensor| c.narrow(2, 2, 1);
+        assert!(own(&context(true, &changed)).allclose(&own(&official), 1e-6, 1e-6, false), "token 2 saw itself");
+        assert!(!own(&context(false, &changed)).allclose(&own(&context(false, &x)), 1e-4, 1e-4, false), "lethe's reading: token 2 sees itself");
+        assert!(!context(true, &changed).narrow(2, 3, 1).allclose(&official.narrow(2, 3, 1), 1e-4, 1e-4, false), "token 3 sees token 2");
     }
 
     /// The attention as it was computed before the fused path: relative positions by a
@@ -787,7 +865,7 @@ mod tests {
             let half = Tensor::arange(m, (Kind::Int64, tch::Device::Cpu)).ge(m / 2).to_kind(Kind::Int64);
             let episodes = Tensor::stack(&[half + step, Tensor::zeros([m], (Kind::Int64, tch::Device::Cpu))], 0); // (2, m)
             let q = attn.queries(&x);
-            let input = AttendInput { x: &x, q: &q, attn: &attn, key_pe: Some(&key_pe), train: true, episodes: Some(&episodes) };
+            let input = AttendInput { x: &x, q: &q, attn: &attn, key_pe: Some(&key_pe), train: true, episodes: Some(&episodes), norm: None };
             let (a, b) = (written.attend(&input).unwrap(), fused.attend(&input).unwrap());
             let gap = (&a.context - &b.context).abs().max().double_value(&[]);
             assert!(gap < 1e-5, "step {step}: contexts differ by {gap}");

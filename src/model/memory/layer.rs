@@ -39,6 +39,10 @@ pub struct AttendInput<'a> {
     /// query then sees only states of its own episode, as if the memory had been reset
     /// where its episode began. None: one unbroken stream per row.
     pub episodes: Option<&'a Tensor>,
+    /// The layer's pre-norm, given to a memory that caches raw states
+    /// ([`MemoryLayer::caches_raw_states`]) under pre-norm: it normalises the cached
+    /// states with it every block, as `x` was. None otherwise.
+    pub norm: Option<&'a tch::nn::LayerNorm>,
 }
 
 /// What a layer's memory returns for one block.
@@ -124,7 +128,8 @@ pub trait MemoryLayer: Send {
     /// Attention of the block over the memory and the block itself.
     fn attend(&mut self, input: &AttendInput) -> Result<AttendOutput>;
 
-    /// Absorbs the block `x` `(b, m, d)` (already detached), with the episode of each
+    /// Absorbs the block `x` `(b, m, d)` (already detached; the layer's raw input when
+    /// [`MemoryLayer::caches_raw_states`], else its normalised input), with the episode of each
     /// position when there are episodes (as in [`AttendInput::episodes`]), and forgets
     /// what expires.
     fn update(&mut self, x: &Tensor, episodes: Option<&Tensor>) -> Result<()>;
@@ -147,6 +152,13 @@ pub trait MemoryLayer: Send {
     /// Called once after every optimiser step on the memory that owns the parameters
     /// (for constraints such as Adaptive-Span's `0 <= z <= 1`). Default: nothing.
     fn after_step(&self) {}
+
+    /// Whether the memory caches the layer's raw input (before the pre-norm) and
+    /// normalises it with [`AttendInput::norm`] every block, as the official Expire-Span
+    /// code does, instead of the normalised input. Default: false.
+    fn caches_raw_states(&self) -> bool {
+        false
+    }
 
     /// The spans predicted for the last block's tokens, `(b, m)`, for mechanisms that
     /// predict them (for `lethe inspect spans`). Default: none.

@@ -322,7 +322,7 @@ mod tests {
         for _ in 0..5 {
             let x = rng.normal_tensor(&[2, 3, 4], tch::Kind::Float);
             let q = attn.queries(&x);
-            reused.keys(&AttendInput { x: &x, q: &q, attn: &attn, key_pe: Some(&key_pe), train: false, episodes: None }, 7).unwrap();
+            reused.keys(&AttendInput { x: &x, q: &q, attn: &attn, key_pe: Some(&key_pe), train: false, episodes: None, norm: None }, 7).unwrap();
             let a = reused.append(&x.detach(), None, 7);
             let b = plain.append(&x, None, 7);
             assert_eq!(a.is_some(), b.is_some());
@@ -333,7 +333,7 @@ mod tests {
         let keyed = rng.normal_tensor(&[2, 3, 4], tch::Kind::Float);
         let other = rng.normal_tensor(&[2, 3, 4], tch::Kind::Float);
         let q = attn.queries(&keyed);
-        reused.keys(&AttendInput { x: &keyed, q: &q, attn: &attn, key_pe: Some(&key_pe), train: false, episodes: None }, 7).unwrap();
+        reused.keys(&AttendInput { x: &keyed, q: &q, attn: &attn, key_pe: Some(&key_pe), train: false, episodes: None, norm: None }, 7).unwrap();
         reused.append(&other, None, 7);
         assert!(reused.cache.as_ref().unwrap().narrow(1, 4, 3).equal(&other));
     }
@@ -376,7 +376,7 @@ mod tests {
                 let pos = Tensor::arange_start(block * m, (block + 1) * m, (Int64, tch::Device::Cpu));
                 let episodes = with_episodes.then(|| Tensor::stack(&[pos.floor_divide_scalar(70), pos.floor_divide_scalar(110)], 0));
                 let q = attn.queries(&x);
-                let input = AttendInput { x: &x, q: &q, attn: &attn, key_pe: Some(&key_pe), train: true, episodes: episodes.as_ref() };
+                let input = AttendInput { x: &x, q: &q, attn: &attn, key_pe: Some(&key_pe), train: true, episodes: episodes.as_ref(), norm: None };
                 let keys = w.keys(&input, span).unwrap();
                 assert!(keys.chunks(&q, span).len() > 1, "block {block}: one chunk");
                 let mut bias = window_bias(&q, Some(&key_pe), keys.cached, &keys.visible).unwrap(); // (b, h, m, n)
@@ -412,7 +412,7 @@ mod tests {
         for _ in 0..20 {
             let x = Tensor::ones([1, 2, 4], (tch::Kind::Float, tch::Device::Cpu));
             let q = attn.queries(&x);
-            let input = AttendInput { x: &x, q: &q, attn: &attn, key_pe: Some(&key_pe), train: false, episodes: None };
+            let input = AttendInput { x: &x, q: &q, attn: &attn, key_pe: Some(&key_pe), train: false, episodes: None, norm: None };
             let keys = w.keys(&input, 64).unwrap();
             assert_eq!(keys.visible.size(), vec![2, keys.cached + 2]);
             w.append(&x, None, 64);
