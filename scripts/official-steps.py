@@ -2,7 +2,11 @@
 lethe checkpoint's weights and trained on lethe's streams, printing each step's loss and
 gradient norm: the other half of scripts/vs-official-steps.sh.
 
-usage: official-steps.py OFFICIAL_CHECKOUT CHECKPOINT CORPUS STEPS SPAN PRE_DIV
+usage: official-steps.py OFFICIAL_CHECKOUT CHECKPOINT CORPUS STEPS SPAN PRE_DIV [TORCH_SEED]
+
+With TORCH_SEED, the official model keeps its own PyTorch initialisation (drawn after
+`torch.manual_seed(TORCH_SEED)`) instead of the checkpoint's weights; the checkpoint then
+only gives the vocabulary size.
 
 CHECKPOINT is a lethe checkpoint (safetensors) of the issue-25 model (2 layers, d 256,
 4 heads, FFN 1024, pre-norm, blocks of 256, batch 8, Expire-Span with ramp 64, loss 1e-6,
@@ -16,6 +20,7 @@ import struct
 import sys
 
 official, ckpt, corpus, steps, span, pre_div = sys.argv[1:7]
+torch_seed = int(sys.argv[7]) if len(sys.argv) > 7 else None
 sys.path.insert(0, official)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -45,6 +50,8 @@ args = argparse.Namespace(
     expire_span=True, expire_span_loss=1e-6, expire_span_ramp=64, expire_span_init_percentage=0.1,
     expire_span_noisy=False, expire_span_pre_div=pre_div, expire_span_layerdrop=0.0,
     vocab_sz=vocab, device=torch.device("cpu"), out_drop=0, emb_drop=0)
+if torch_seed is not None:
+    torch.manual_seed(torch_seed)
 model = ExpireSpan(args)
 
 # lethe's names -> the official code's. lethe's key_pe row d is distance d (0..M); the
@@ -66,7 +73,8 @@ for i in range(2):
         weights[f"{off}{theirs}.bias"] = tensor(f"{lethe}{ours}.bias")
 names = {name for name, _ in model.named_parameters()}
 assert names <= set(weights), f"no lethe weight for {sorted(names - set(weights))}"
-model.load_state_dict({k: v for k, v in weights.items() if k in names}, strict=False)
+if torch_seed is None:
+    model.load_state_dict({k: v for k, v in weights.items() if k in names}, strict=False)
 
 data = torch.tensor(list(open(corpus, "rb").read()), dtype=torch.long)
 train = data[:int(len(data) * 0.9)]

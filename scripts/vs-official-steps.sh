@@ -14,7 +14,11 @@
 # leaves them as they were to float32 (the span predictors' zero `w` moves by 1e-30);
 # scripts/official-steps.py loads them into the official model (its own files
 # untouched, nothing patched: only the model and its loss are used) and trains it with
-# the official trainer's step. Environment: STEPS (5), SEED (1), SPAN (512), PRE_DIV (1),
+# the official trainer's step. TORCH_SEED=N keeps the official model's own PyTorch
+# initialisation (seed N) instead, with lethe's vocabulary (256 byte outputs; the
+# official data reader makes one output per symbol of the corpus): a seed of the
+# official code on lethe's streams, for comparing learning curves rather than steps.
+# Environment: STEPS (5), SEED (1), SPAN (512), PRE_DIV (1),
 # THREADS (2), OUT (runs/vs-official-steps), LETHE (target/release/lethe), PYTHON
 # (.venv/bin/python, which has torch 2.11), CORPUS (as scripts/vs-official.sh: the first
 # 1.2 MB of the Rust toolchain's HTML books).
@@ -25,7 +29,7 @@ SRC=$(cd "$1" && pwd)
 [ -f "$SRC/models/expire_span.py" ] || { echo "$SRC is not a transformer-sequential checkout" >&2; exit 2; }
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 STEPS=${STEPS:-5}; SEED=${SEED:-1}; SPAN=${SPAN:-512}; PRE_DIV=${PRE_DIV:-1}; THREADS=${THREADS:-2}
-for n in STEPS SEED SPAN THREADS; do [[ ${!n} =~ ^[1-9][0-9]*$ ]] || { echo "$0: $n=${!n}: a positive whole number" >&2; exit 2; }; done
+for n in STEPS SEED SPAN THREADS ${TORCH_SEED:+TORCH_SEED}; do [[ ${!n} =~ ^[1-9][0-9]*$ ]] || { echo "$0: $n=${!n}: a positive whole number" >&2; exit 2; }; done
 [[ $PRE_DIV =~ ^[0-9]+(\.[0-9]+)?$ ]] || { echo "$0: PRE_DIV=$PRE_DIV: a positive number" >&2; exit 2; }
 OUT=${OUT:-runs/vs-official-steps}; LETHE=${LETHE:-$ROOT/target/release/lethe}; PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
 mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
@@ -52,7 +56,7 @@ lethe() { # NAME STEPS LR
 }
 lethe init 1 1e-30
 lethe steps "$STEPS" 3e-4
-"$PYTHON" "$ROOT/scripts/official-steps.py" "$SRC" "$OUT/init/checkpoint.safetensors" "$CORPUS" "$STEPS" "$SPAN" "$PRE_DIV" \
+"$PYTHON" "$ROOT/scripts/official-steps.py" "$SRC" "$OUT/init/checkpoint.safetensors" "$CORPUS" "$STEPS" "$SPAN" "$PRE_DIV" ${TORCH_SEED:-} \
     > "$OUT/official.txt" 2> "$OUT/official.log" || { echo "$0: the official code failed; see $OUT/official.log" >&2; exit 1; }
 "$PYTHON" - "$OUT/steps/metrics.jsonl" "$OUT/official.txt" <<'PY'
 import json, sys

@@ -146,3 +146,25 @@ fn mechanisms_that_cannot_keep_episodes_apart_refuse_them() {
         cfg.validate().unwrap();
     }
 }
+
+/// `memory.expire.as_official` starts every stream's cache with zero states that belong
+/// to no episode, so it refuses episodes: at the layer, and by name in the config check.
+#[test]
+fn the_official_reading_of_expire_span_refuses_episodes() {
+    let (mut model, mut memory) = configs(Mechanism::Expire);
+    memory.expire.as_official = true;
+    model.pre_norm = true;
+    let body = Backbone::new(&VarStore::new(Device::Cpu).root(), &model, &memory, BLOCK as usize).unwrap();
+    let x = common::randn(4, &[2, BLOCK, D], Kind::Float);
+    let e = episodes().narrow(1, 0, BLOCK);
+    let err = body.forward(x.shallow_clone(), &mut body.new_memory(), false, Some(&e)).err().expect("episodes must be refused");
+    assert!(err.to_string().contains("as_official"), "{err}");
+    body.forward(x, &mut body.new_memory(), false, None).unwrap();
+
+    let mut cfg = Config::preset("corridor-expire-small").unwrap();
+    cfg.rl.reset = lethe::rl::Reset::Episode;
+    cfg.validate().unwrap();
+    cfg.memory.expire.as_official = true;
+    let err = cfg.validate().expect_err("as_official with rl.reset = episode must be refused").to_string();
+    assert!(err.contains("memory.expire.as_official") && err.contains("rl.reset"), "{err}");
+}

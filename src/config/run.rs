@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use super::check::validate_name;
 use super::data::DataConfig;
-use super::memory::MemoryConfig;
+use super::memory::{Mechanism, MemoryConfig};
 use super::model::{Arch, ModelConfig};
 use super::rl::{Reset, RlConfig};
 use super::train::TrainConfig;
@@ -76,6 +76,13 @@ impl Config {
                         "the {} memory cannot keep the episodes of a row apart: set rl.reset = \"batch\" (synchronous batches)",
                         self.memory.mechanism.name()
                     ),
+                ));
+            }
+            if self.rl.reset == Reset::Episode && self.memory.mechanism == Mechanism::Expire && self.memory.expire.as_official {
+                return Err(LetheError::config(
+                    "memory.expire.as_official",
+                    true,
+                    "the official code's first cache belongs to no episode, so episodes in a row cannot be kept apart: set rl.reset = \"batch\" or as_official = false",
                 ));
             }
         } else {

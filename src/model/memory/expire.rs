@@ -750,7 +750,7 @@ mod tests {
         let _ = tch::no_grad(|| norm.bs.as_ref().unwrap().shallow_clone().fill_(0.5));
         let key_pe = rng.normal_tensor(&[5, 4], Kind::Float);
         let x = rng.normal_tensor(&[2, 4, 8], Kind::Float);
-        let mut changed = x.copy();
+        let changed = x.copy();
         let _ = changed.narrow(1, 2, 1).g_add_scalar_(1.0); // token 2's state
         // The same queries for every call: only the keys and values see the change.
         let q = attn.queries(&rng.normal_tensor(&[2, 4, 8], Kind::Float));
