@@ -163,12 +163,9 @@ section_portal8() {
 section_enwik8() {
   # The stand-in for enwik8: the HTML of four of the books shipped with the Rust
   # toolchain, in path order, cut at 10 MB (markup and English, like enwik8's).
-  local corpus="$OUT/rust-html.txt" doc
-  doc="$(rustc --print sysroot)/share/doc/rust/html"
-  # `head` closes the pipe once it has 10 MB, which kills `cat` with SIGPIPE: expected
-  # here, so this pipeline alone does not fail on it. The size is checked instead.
-  (set +o pipefail; find "$doc/book" "$doc/reference" "$doc/nomicon" "$doc/cargo" -name '*.html' | LC_ALL=C sort | xargs cat | head -c 10000000 > "$corpus")
-  [ "$(stat -c %s "$corpus")" -eq 10000000 ] || { echo "docs.sh: $corpus is not 10 MB: are the Rust toolchain's HTML docs installed ($doc)?" >&2; exit 1; }
+  local corpus="$OUT/rust-html.txt"
+  . scripts/rust-html.sh
+  rust_html "$corpus" 10000000
   $LETHE sweep --preset enwik8-tiny --data "$corpus" --steps 1500 --mechanism fixed:256 --mechanism adaptive:1024 \
     --mechanism expire:1024 --mechanism compressive:512 --mechanism infinity:512 --seeds 1,2,3 \
     --set train.threads=$THREADS --out "$OUT/enwik8"

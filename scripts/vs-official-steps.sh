@@ -34,14 +34,8 @@ for n in STEPS SEED SPAN THREADS ${TORCH_SEED:+TORCH_SEED}; do [[ ${!n} =~ ^[1-9
 OUT=${OUT:-runs/vs-official-steps}; LETHE=${LETHE:-$ROOT/target/release/lethe}; PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
 mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 
-if [ -z "${CORPUS:-}" ]; then
-    CORPUS=$OUT/corpus.txt
-    if [ ! -s "$CORPUS" ]; then
-        doc="$(rustc --print sysroot)/share/doc/rust/html"
-        (set +o pipefail; find "$doc/book" "$doc/reference" "$doc/nomicon" "$doc/cargo" -name '*.html' | LC_ALL=C sort | xargs cat 2>/dev/null | head -c 1200000 > "$CORPUS")
-        [ "$(stat -c %s "$CORPUS")" -eq 1200000 ] || { rm -f "$CORPUS"; echo "$0: the Rust toolchain's HTML docs ($doc) are missing; set CORPUS=FILE" >&2; exit 1; }
-    fi
-fi
+. "$ROOT/scripts/rust-html.sh"
+[ -n "${CORPUS:-}" ] || { CORPUS=$OUT/corpus.txt; rust_html "$CORPUS" 1200000; }
 [ -s "$CORPUS" ] || { echo "$0: CORPUS=$CORPUS is empty or missing" >&2; exit 2; }
 
 lethe() { # NAME STEPS LR

@@ -59,15 +59,8 @@ OUT=${OUT:-runs/vs-official}; LETHE=${LETHE:-$ROOT/target/release/lethe}; PYTHON
 mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 
 # The corpus, split 90 / 5 / 5 (lethe by bytes, the official code by lines).
-if [ -z "${CORPUS:-}" ]; then
-    CORPUS=$OUT/corpus.txt
-    if [ ! -s "$CORPUS" ]; then
-        doc="$(rustc --print sysroot)/share/doc/rust/html"
-        # `head` closes the pipe once it has enough: cat's SIGPIPE is not a failure.
-        (set +o pipefail; find "$doc/book" "$doc/reference" "$doc/nomicon" "$doc/cargo" -name '*.html' | LC_ALL=C sort | xargs cat 2>/dev/null | head -c 1200000 > "$CORPUS")
-        [ "$(stat -c %s "$CORPUS")" -eq 1200000 ] || { rm -f "$CORPUS"; echo "$0: the Rust toolchain's HTML docs ($doc) are missing; set CORPUS=FILE" >&2; exit 1; }
-    fi
-fi
+. "$ROOT/scripts/rust-html.sh"
+[ -n "${CORPUS:-}" ] || { CORPUS=$OUT/corpus.txt; rust_html "$CORPUS" 1200000; }
 [ -s "$CORPUS" ] || { echo "$0: CORPUS=$CORPUS is empty or missing" >&2; exit 2; }
 CORPUS=$(cd "$(dirname "$CORPUS")" && pwd)/$(basename "$CORPUS")
 echo "corpus: $CORPUS ($(stat -c %s "$CORPUS") bytes, sha256 $(sha256sum "$CORPUS" | cut -c1-16))"
