@@ -25,18 +25,21 @@
 set -euo pipefail
 
 [ $# -eq 1 ] || { echo "usage: $0 OFFICIAL_CHECKOUT" >&2; exit 2; }
-SRC=$(cd "$1" && pwd)
+SRC=$(cd "$1" 2>/dev/null && pwd) || { echo "$0: $1: no such folder (a transformer-sequential checkout)" >&2; exit 2; }
 [ -f "$SRC/models/expire_span.py" ] || { echo "$SRC is not a transformer-sequential checkout" >&2; exit 2; }
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 STEPS=${STEPS:-5}; SEED=${SEED:-1}; SPAN=${SPAN:-512}; PRE_DIV=${PRE_DIV:-1}; THREADS=${THREADS:-2}
 for n in STEPS SEED SPAN THREADS ${TORCH_SEED:+TORCH_SEED}; do [[ ${!n} =~ ^[1-9][0-9]*$ ]] || { echo "$0: $n=${!n}: a positive whole number" >&2; exit 2; }; done
-[[ $PRE_DIV =~ ^[0-9]+(\.[0-9]+)?$ ]] || { echo "$0: PRE_DIV=$PRE_DIV: a positive number" >&2; exit 2; }
+[[ $PRE_DIV =~ ^[0-9]+(\.[0-9]+)?$ && ! $PRE_DIV =~ ^0+(\.0+)?$ ]] || { echo "$0: PRE_DIV=$PRE_DIV: a positive number" >&2; exit 2; }
 OUT=${OUT:-runs/vs-official-steps}; LETHE=${LETHE:-$ROOT/target/release/lethe}; PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
 mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 
 . "$ROOT/scripts/rust-html.sh"
 [ -n "${CORPUS:-}" ] || { CORPUS=$OUT/corpus.txt; rust_html "$CORPUS" 1200000; }
 [ -s "$CORPUS" ] || { echo "$0: CORPUS=$CORPUS is empty or missing" >&2; exit 2; }
+# One pass at most: 8 streams of the training split (90%), 256 bytes a step, plus a target.
+per=$(( $(stat -c %s "$CORPUS") * 9 / 10 / 8 ))
+[ $((STEPS * 256 + 1)) -le "$per" ] || { echo "$0: STEPS=$STEPS needs $((STEPS * 256 + 1)) bytes per stream; $CORPUS gives $per (at most $(( (per - 1) / 256 )) steps)" >&2; exit 2; }
 
 lethe() { # NAME STEPS LR
     "$LETHE" train -p enwik8-tiny --data "$CORPUS" --out "$OUT" --name "$1" --overwrite --no-eval --steps "$2" --seed "$SEED" \

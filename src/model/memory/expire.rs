@@ -513,8 +513,9 @@ impl MemoryLayer for ExpireSpan {
             self.state = Some(Self::zero_cache(input.x));
         }
         let (states, counter, valid) = self.states_for_attention(input.x, input.norm); // (b, n, d), (b, n), (b, n)
-        let built = Built { block: input.x.shallow_clone(), states: states.detach(), counter: counter.shallow_clone(), valid: valid.shallow_clone() };
-        self.pending_states = Some(built);
+        // Kept for `update` of the same block, unless the cache holds raw states: `update`
+        // then gets the raw block and builds its own concatenation.
+        self.pending_states = input.norm.is_none().then(|| Built { block: input.x.shallow_clone(), states: states.detach(), counter: counter.shallow_clone(), valid: valid.shallow_clone() });
         // Keys, values and the span predictor's scores in one, so that the states' gradient
         // is computed for the block's rows only (`model::cache_grad`); for every row when
         // the cached rows were normalised here (the norm's gradient runs through them).
