@@ -28,11 +28,24 @@
 // The work is split by rows (b, i), one query of one stream: its mask row, its log and
 // its h score rows are computed together while they are in cache. Only the last
 // `P - 1 + m` keys can be nearer than P (the cache is in time order, one key per
-// position), so only they read a position; the keys before them add the mask's log alone,
-// a loop the compiler vectorises. The mask row is written with AVX2 where the CPU has it
-// (float only; Sleef's log, which libtorch ships, on the pairs of the ramp) and as plain
-// loops elsewhere. Every sum runs in a fixed order: the results do not depend on the
-// thread count.
+// position), so only they read a position; the keys before them add the mask's log alone.
+// Float runs vector loops, 16 keys at a time with AVX-512 or 8 with AVX2, whichever the
+// CPU has (Sleef's log, which libtorch ships, on the groups with a pair on the ramp), and
+// plain loops elsewhere; double runs the plain loops. A score row is built, its maximum
+// taken and its exps summed group by group, each pass reading a group at the offset and
+// width the pass before stored it (a wide read of narrower, just-written stores waits
+// for them to reach the cache). The AVX-512 loops keep the AVX2 loops' bits: the
+// softmax adds each 16-key group's halves to 8 lanes in turn and the row's last keys one
+// by one with the plain exp, as the AVX2 loops do (tested; a training run writes the
+// same metrics and checkpoint as the kernel before these loops). Every sum runs in a
+// fixed order: the results do not depend on the thread count.
+//
+// Each thread counts the ramp pairs of its rows of a stream in its own row of counts and
+// adds them to the shared ones when it moves on (integer sums, in any order the same):
+// one atomic per key and stream instead of one per pair. For the backward pass the
+// forward pass keeps, per row, the key at each distance below P (at most one: one key per
+// time step), so the positions' gradient is a gather of P values per score row instead of
+// a scatter of its `P - 1 + m` near keys.
 //
 // Only the keys on a row's ramp give its spans a gradient, so the forward pass lists
 // them per row (key and m R) and the backward pass sums the heads' gradient, divides and
@@ -58,6 +71,7 @@
 // Sleef's 8-wide log for AVX2, exported by libtorch_cpu (sleef.h declares it only where
 // the whole file is compiled for AVX).
 extern "C" __m256 Sleef_logf8_u10avx2(__m256);
+extern "C" __m512 Sleef_logf16_u10avx512f(__m512);
 
 namespace {
 
@@ -89,11 +103,25 @@ Dims check(const at::Tensor& scores, const at::Tensor& pq, const at::Tensor& spa
   return d;
 }
 
-// Whether this CPU runs the AVX2 mask row.
+// Which vector loops run: 0 the plain ones, 8 AVX2 where the CPU has it, 16 AVX-512 where
+// it has that (else AVX2). Each width computes the same values to float rounding; the
+// tests run every width this CPU has.
 bool cpu_has_avx2() {
-  static const bool has = __builtin_cpu_supports("avx2");
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return has;
 }
+
+bool cpu_has_avx512() {
+  static const bool has = __builtin_cpu_supports("avx512f");
+  return has;
+}
+
+int lanes_of(int width) {
+  if (width >= 16 && cpu_has_avx512()) return 16;
+  if (width >= 8 && cpu_has_avx2()) return 8;
+  return 0;
+}
+
 
 // One mask row's inputs: the stream's spans and counters, the row's usable keys, the
 // query's index and the ramp R.
@@ -123,13 +151,9 @@ struct RampList {
   }
 };
 
-// A ramp pair at key j: counted for the key (rows of one stream run in parallel, and
-// integer sums do not depend on their order).
-inline void count_ramp(int32_t* key_ramp, int64_t j) { __atomic_fetch_add(key_ramp + j, 1, __ATOMIC_RELAXED); }
-
 // Keys [j0, n) of a mask row, one at a time: ln max(m, floor) where the key is seen, -inf
 // where not; the keys whose span has a gradient into `sl` with m R; the ramp pairs
-// counted. Returns how many of the row's pairs are on the ramp. The same float
+// counted into `key_ramp`, the counts of this thread's rows of the stream. Returns how many of the row's pairs are on the ramp. The same float
 // operations, in the same order, as the written-out path's.
 template <typename T>
 int32_t mask_row_scalar(const MaskRow<T>& x, int64_t j0, int64_t n, T* lm, RampList<T>& sl, int32_t* key_ramp) {
@@ -143,7 +167,7 @@ int32_t mask_row_scalar(const MaskRow<T>& x, int64_t j0, int64_t n, T* lm, RampL
     lm[j] = vis ? std::log(std::max(mask, floor)) : minus_inf;
     if (vis && pre <= T(1) && mask >= floor) sl.add(j, mask * x.ramp);
     if (vis && mask < T(1)) {
-      count_ramp(key_ramp, j);
+      ++key_ramp[j];
       ++on_row;
     }
   }
@@ -172,9 +196,9 @@ __attribute__((target("avx2"))) int32_t mask_row_avx2(const MaskRow<float>& x, i
     if (ramp_bits != 0) {
       log_mask = _mm256_blendv_ps(zero, Sleef_logf8_u10avx2(_mm256_max_ps(mask, floor)), on_ramp);
       on_row += __builtin_popcount(ramp_bits);
-      for (int k = 0; k < 8; ++k) {
-        if (ramp_bits & (1 << k)) count_ramp(key_ramp, j + k);
-      }
+      // A lane on the ramp is all ones, -1 as an integer: subtracting it counts the pair.
+      __m256i* counts = reinterpret_cast<__m256i*>(key_ramp + j);
+      _mm256_storeu_si256(counts, _mm256_sub_epi32(_mm256_loadu_si256(counts), _mm256_castps_si256(on_ramp)));
     }
     _mm256_storeu_ps(lm + j, _mm256_blendv_ps(minus_inf, log_mask, vis));
     const __m256 has_slope =
@@ -183,47 +207,66 @@ __attribute__((target("avx2"))) int32_t mask_row_avx2(const MaskRow<float>& x, i
     if (slope_bits != 0) {
       alignas(32) float slopes[8];
       _mm256_store_ps(slopes, _mm256_mul_ps(mask, ramp));
-      for (int k = 0; k < 8; ++k) {
-        if (slope_bits & (1 << k)) sl.add(j + k, slopes[k]);
+      for (unsigned bits = static_cast<unsigned>(slope_bits); bits != 0; bits &= bits - 1) {
+        const int k = __builtin_ctz(bits);
+        sl.add(j + k, slopes[k]);
       }
     }
   }
   return on_row + mask_row_scalar(x, j, n, lm, sl, key_ramp);
 }
 
+// mask_row_avx2 16 keys at a time with AVX-512; the keys with a slope go into the list
+// by a compress in a register and a whole store (the list has room for the row, and
+// never holds more keys than were read before the group).
+__attribute__((target("avx512f"))) int32_t mask_row_avx512(const MaskRow<float>& x, int64_t n, float* lm, RampList<float>& sl,
+                                                         int32_t* key_ramp) {
+  const __m512 fi = _mm512_set1_ps(x.fi), ramp = _mm512_set1_ps(x.ramp), one = _mm512_set1_ps(1.0f),
+               zero = _mm512_setzero_ps(), floor = _mm512_set1_ps(std::numeric_limits<float>::min()),
+               minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  int32_t on_row = 0;
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const __m512 d = _mm512_add_ps(_mm512_loadu_ps(x.c + j), fi);
+    const __m512 pre = _mm512_add_ps(_mm512_div_ps(_mm512_sub_ps(_mm512_loadu_ps(x.e + j), d), ramp), one);
+    const __m512 mask = _mm512_min_ps(_mm512_max_ps(pre, zero), one);
+    const __m512i used = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.u + j)));
+    const __mmask16 vis = _mm512_test_epi32_mask(used, used) & _mm512_cmp_ps_mask(d, zero, _CMP_GE_OQ) &
+                          _mm512_cmp_ps_mask(mask, zero, _CMP_GT_OQ);
+    const __mmask16 on_ramp = vis & _mm512_cmp_ps_mask(mask, one, _CMP_LT_OQ);
+    __m512 log_mask = zero;
+    if (on_ramp != 0) {
+      log_mask = _mm512_maskz_mov_ps(on_ramp, Sleef_logf16_u10avx512f(_mm512_max_ps(mask, floor)));
+      on_row += __builtin_popcount(on_ramp);
+      const __m512i counts = _mm512_loadu_si512(key_ramp + j);
+      _mm512_storeu_si512(key_ramp + j, _mm512_mask_add_epi32(counts, on_ramp, counts, _mm512_set1_epi32(1)));
+    }
+    _mm512_storeu_ps(lm + j, _mm512_mask_mov_ps(minus_inf, vis, log_mask));
+    const __mmask16 has_slope = vis & _mm512_cmp_ps_mask(pre, one, _CMP_LE_OQ) & _mm512_cmp_ps_mask(mask, floor, _CMP_GE_OQ);
+    if (has_slope != 0) {
+      const __m512i keys = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(j)), lane);
+      _mm512_storeu_si512(sl.key + sl.count, _mm512_maskz_compress_epi32(has_slope, keys));
+      _mm512_storeu_ps(sl.slope + sl.count, _mm512_maskz_compress_ps(has_slope, _mm512_mul_ps(mask, ramp)));
+      sl.count += __builtin_popcount(has_slope);
+    }
+  }
+  return on_row + mask_row_scalar(x, j, n, lm, sl, key_ramp);
+}
+
 template <typename T>
-int32_t mask_row(const MaskRow<T>& x, int64_t n, T* lm, RampList<T>& sl, int32_t* key_ramp, bool vector) {
+int32_t mask_row(const MaskRow<T>& x, int64_t n, T* lm, RampList<T>& sl, int32_t* key_ramp, int lanes) {
   if constexpr (std::is_same_v<T, float>) {
-    if (vector && cpu_has_avx2()) return mask_row_avx2(x, n, lm, sl, key_ramp);
+    if (lanes == 16) return mask_row_avx512(x, n, lm, sl, key_ramp);
+    if (lanes >= 8) return mask_row_avx2(x, n, lm, sl, key_ramp);
   }
   return mask_row_scalar(x, 0, n, lm, sl, key_ramp);
 }
 
-// The near keys' scores of one row: the score plus (the position at the key's slot plus
-// the mask's log), as the written-out path adds its bias.
-template <typename T>
-void near_row_scalar(int64_t k0, int64_t w, const int32_t* near, const T* positions, const T* s, const T* l, T* y) {
-  for (int64_t k = k0; k < w; ++k) y[k] = s[k] + (positions[near[k]] + l[k]);
-}
-
-// near_row_scalar for float, 8 keys at a time through AVX2's gather.
-__attribute__((target("avx2"))) void near_row_avx2(int64_t w, const int32_t* near, const float* positions,
-                                                  const float* s, const float* l, float* y) {
-  int64_t k = 0;
-  for (; k + 8 <= w; k += 8) {
-    const __m256i slot = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(near + k));
-    const __m256 position = _mm256_i32gather_ps(positions, slot, 4);
-    _mm256_storeu_ps(y + k, _mm256_add_ps(_mm256_loadu_ps(s + k), _mm256_add_ps(position, _mm256_loadu_ps(l + k))));
-  }
-  near_row_scalar(k, w, near, positions, s, l, y);
-}
-
-template <typename T>
-void near_row(int64_t w, const int32_t* near, const T* positions, const T* s, const T* l, T* y, bool vector) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (vector && cpu_has_avx2()) return near_row_avx2(w, near, positions, s, l, y);
-  }
-  near_row_scalar(0, w, near, positions, s, l, y);
+// A pointer `k` elements from `x`, `k` possibly negative: for a masked load whose lanes
+// before the array are masked off (they touch no memory).
+inline const int32_t* offset(const int32_t* x, int64_t k) {
+  return reinterpret_cast<const int32_t*>(reinterpret_cast<intptr_t>(x) + k * static_cast<int64_t>(sizeof(int32_t)));
 }
 
 // A score row's softmax in place, as libtorch's softmax over the last dimension computes
@@ -239,6 +282,20 @@ void softmax_row_scalar(T* y, int64_t n) {
   }
   const T scale = T(1) / sum;
   for (int64_t j = 0; j < n; ++j) y[j] *= scale;
+}
+
+// One score row of n keys: y = s + (position + l), the position `pq[slot]` for the near
+// keys (k = j - far >= 0) whose slot near[k] is below p, zero elsewhere (the written-out
+// path's bias, added in its order); then, with `softmax`, its softmax in place.
+template <typename T>
+void score_row_scalar(int64_t far, int64_t n, const T* s, const T* l, const int32_t* near, const T* pq, int32_t p,
+                      bool softmax, T* y) {
+  for (int64_t j = 0; j < far; ++j) y[j] = s[j] + l[j];
+  for (int64_t j = far; j < n; ++j) {
+    const int32_t slot = near[j - far];
+    y[j] = s[j] + ((slot < p ? pq[slot] : T(0)) + l[j]);
+  }
+  if (softmax) softmax_row_scalar(y, n);
 }
 
 // The sum of a vector's 8 lanes.
@@ -273,46 +330,183 @@ __attribute__((target("avx2,fma"))) inline __m256 exp8_u20(__m256 x) {
   return _mm256_mul_ps(_mm256_mul_ps(p, scale), _mm256_set1_ps(2.0f));
 }
 
-// softmax_row_scalar for float, 8 keys at a time.
-__attribute__((target("avx2,fma"))) void softmax_row_avx2(float* y, int64_t n) {
-  const float minus_inf = -std::numeric_limits<float>::infinity();
-  __m256 top8 = _mm256_set1_ps(minus_inf);
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8) top8 = _mm256_max_ps(top8, _mm256_loadu_ps(y + j));
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, top8);
-  float top = minus_inf;
-  for (float lane : lanes) top = std::max(top, lane);
-  for (int64_t k = j; k < n; ++k) top = std::max(top, y[k]);
+// exp8_u20 on 16 floats with AVX-512: the same operations lane by lane, so the same bits.
+__attribute__((target("avx512f"))) inline __m512 exp16_u20(__m512 x) {
+  const __m512 ln_min = _mm512_castsi512_ps(_mm512_set1_epi32(0xc2aeac50)),
+               ln_max = _mm512_castsi512_ps(_mm512_set1_epi32(0x42b17218)),
+               log2e = _mm512_castsi512_ps(_mm512_set1_epi32(0x3fb8aa3b)),
+               ln2 = _mm512_castsi512_ps(_mm512_set1_epi32(0x3f317218)), one = _mm512_set1_ps(1.0f);
+  const __mmask16 underflow = _mm512_cmp_ps_mask(x, ln_min, _CMP_LT_OS);
+  const __m512 clamped = _mm512_max_ps(_mm512_min_ps(x, ln_max), ln_min);
+  const __m512 k = _mm512_roundscale_ps(_mm512_fmadd_ps(clamped, log2e, _mm512_set1_ps(0.5f)), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_fnmadd_ps(k, ln2, clamped);
+  __m512 p = _mm512_fmadd_ps(r, _mm512_set1_ps(0.00828929059f), _mm512_set1_ps(0.0418978221f));
+  p = _mm512_fmadd_ps(r, p, _mm512_set1_ps(0.166676521f));
+  p = _mm512_fmadd_ps(r, p, _mm512_set1_ps(0.499991506f));
+  p = _mm512_fmadd_ps(r, p, _mm512_set1_ps(0.999999701f));
+  p = _mm512_fmadd_ps(r, p, one);
+  const __m512i biased = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_sub_ps(k, one)), _mm512_set1_epi32(127));
+  const __m512 scale = _mm512_maskz_mov_ps(static_cast<__mmask16>(~underflow), _mm512_castsi512_ps(_mm512_slli_epi32(biased, 23)));
+  return _mm512_mul_ps(_mm512_mul_ps(p, scale), _mm512_set1_ps(2.0f));
+}
+
+// The upper 8 floats of 16 (AVX-512F alone has no float extract of a half).
+__attribute__((target("avx512f"))) inline __m256 high_half(__m512 x) {
+  return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1));
+}
+
+// The lanes below `count` (0..8) of a vector, all ones, the others zero.
+__attribute__((target("avx2"))) inline __m256i first_lanes(int64_t count) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(count)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// Keys j..j+7 of a score row (see score_row_scalar), `in_row` the lanes before its end;
+// the lanes past it are -inf.
+__attribute__((target("avx2,fma"), always_inline)) inline __m256 score_group_avx2(int64_t j, __m256i in_row, int64_t far,
+                                                                                const float* s, const float* l,
+                                                                                const int32_t* near, const float* pq,
+                                                                                int32_t p) {
+  const __m256 zero = _mm256_setzero_ps();
+  const __m256 lf = _mm256_maskload_ps(l + j, in_row);
+  __m256 position = zero;
+  if (j + 8 > far) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), none = _mm256_set1_epi32(p);
+    const __m256i key = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int32_t>(j - far)), lane);
+    const __m256i is_near = _mm256_and_si256(in_row, _mm256_cmpgt_epi32(key, _mm256_set1_epi32(-1)));
+    const __m256i slot = _mm256_maskload_epi32(offset(near, j - far), is_near);
+    const __m256i has = _mm256_and_si256(is_near, _mm256_cmpgt_epi32(none, slot));
+    position = _mm256_mask_i32gather_ps(zero, pq, slot, _mm256_castsi256_ps(has), 4);
+  }
+  const __m256 v = _mm256_add_ps(_mm256_maskload_ps(s + j, in_row), _mm256_add_ps(position, lf));
+  return _mm256_blendv_ps(_mm256_set1_ps(-std::numeric_limits<float>::infinity()), v, _mm256_castsi256_ps(in_row));
+}
+
+// The softmax of a row's last `count` (< 8) keys `v`, after its 8-key groups: each
+// y[k] = exp(v[k] - top), added to `sum` in key order, then scaled by 1 / sum in the
+// caller. The plain exp and order of the kernel before its rows were vectorised whole,
+// so that the weights keep their bits.
+inline void softmax_tail(const float* v, int64_t count, float top, float* e, float& sum) {
+  for (int64_t k = 0; k < count; ++k) {
+    e[k] = std::exp(v[k] - top);
+    sum += e[k];
+  }
+}
+
+// score_row_scalar for float, 8 keys at a time with AVX2. Each pass stores a group at the
+// offset where the next pass reads it, 8 keys wide: a read that spans several
+// just-written narrower stores would wait for them to reach the cache. The row's last
+// keys (a masked group; lanes past the row are -inf) stay in a register. The softmax
+// sums 8 lanes over the groups in key order, then the last keys one by one with the
+// plain exp: the bits of the kernel's earlier loops.
+__attribute__((target("avx2,fma"))) void score_row_avx2(int64_t far, int64_t n, const float* s, const float* l,
+                                                       const int32_t* near, const float* pq, int32_t p, bool softmax,
+                                                       float* y) {
+  const __m256 minus_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  const int64_t whole = n / 8 * 8, rest = n - whole;
+  const __m256i all = _mm256_set1_epi32(-1), tail = first_lanes(rest);
+  __m256 top8 = minus_inf;
+  for (int64_t j = 0; j < whole; j += 8) {
+    const __m256 v = score_group_avx2(j, all, far, s, l, near, pq, p);
+    _mm256_storeu_ps(y + j, v);
+    top8 = _mm256_max_ps(top8, v);
+  }
+  const __m256 last = score_group_avx2(whole, tail, far, s, l, near, pq, p);
+  if (!softmax) {
+    _mm256_maskstore_ps(y + whole, tail, last);
+    return;
+  }
+  alignas(32) float lanes[8], v_last[8], e_last[8];
+  _mm256_store_ps(lanes, _mm256_max_ps(top8, last));
+  _mm256_store_ps(v_last, last);
+  float top = lanes[0];
+  for (float x : lanes) top = std::max(top, x);
   const __m256 shift = _mm256_set1_ps(top);
   __m256 sum8 = _mm256_setzero_ps();
-  for (j = 0; j + 8 <= n; j += 8) {
+  for (int64_t j = 0; j < whole; j += 8) {
     const __m256 e = exp8_u20(_mm256_sub_ps(_mm256_loadu_ps(y + j), shift));
     _mm256_storeu_ps(y + j, e);
     sum8 = _mm256_add_ps(sum8, e);
   }
   float sum = lane_sum(sum8);
-  for (int64_t k = j; k < n; ++k) {
-    y[k] = std::exp(y[k] - top);
-    sum += y[k];
-  }
-  const __m256 scale = _mm256_set1_ps(1.0f / sum);
-  for (j = 0; j + 8 <= n; j += 8) _mm256_storeu_ps(y + j, _mm256_mul_ps(_mm256_loadu_ps(y + j), scale));
-  for (int64_t k = j; k < n; ++k) y[k] *= 1.0f / sum;
+  softmax_tail(v_last, rest, top, e_last, sum);
+  const float inverse = 1.0f / sum;
+  const __m256 scale = _mm256_set1_ps(inverse);
+  for (int64_t j = 0; j < whole; j += 8) _mm256_storeu_ps(y + j, _mm256_mul_ps(_mm256_loadu_ps(y + j), scale));
+  for (int64_t k = 0; k < rest; ++k) y[whole + k] = e_last[k] * inverse;
 }
 
-// Whether this CPU runs the AVX2 softmax row (its exp needs FMA as well).
-bool cpu_has_avx2_fma() {
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return has;
+// score_group_avx2 for keys j..j+15 with AVX-512.
+__attribute__((target("avx512f"), always_inline)) inline __m512 score_group_avx512(int64_t j, __mmask16 in_row, int64_t far,
+                                                                                 const float* s, const float* l,
+                                                                                 const int32_t* near, const float* pq,
+                                                                                 int32_t p) {
+  const __m512 zero = _mm512_setzero_ps();
+  const __m512 lf = _mm512_maskz_loadu_ps(in_row, l + j);
+  __m512 position = zero;
+  if (j + 16 > far) {
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), none = _mm512_set1_epi32(p);
+    const __m512i key = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(j - far)), lane);
+    const __mmask16 is_near = _mm512_mask_cmpge_epi32_mask(in_row, key, _mm512_setzero_si512());
+    const __m512i slot = _mm512_mask_loadu_epi32(none, is_near, offset(near, j - far));
+    const __mmask16 has = _mm512_mask_cmplt_epi32_mask(is_near, slot, none);
+    position = _mm512_mask_i32gather_ps(zero, has, slot, pq, 4);
+  }
+  const __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(in_row, s + j), _mm512_add_ps(position, lf));
+  return _mm512_mask_mov_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()), in_row, v);
+}
+
+// score_row_avx2 16 keys at a time with AVX-512, to the same bits: the softmax's sum
+// adds each 16-key group's two halves to 8 lanes in turn (the order of 8-key groups),
+// then a last 8-key group, then the last keys one by one.
+__attribute__((target("avx512f"))) void score_row_avx512(int64_t far, int64_t n, const float* s, const float* l,
+                                                        const int32_t* near, const float* pq, int32_t p, bool softmax,
+                                                        float* y) {
+  const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const int64_t whole = n / 16 * 16;
+  const __mmask16 tail = static_cast<__mmask16>((1u << (n - whole)) - 1u);
+  __m512 top16 = minus_inf;
+  for (int64_t j = 0; j < whole; j += 16) {
+    const __m512 v = score_group_avx512(j, static_cast<__mmask16>(0xffff), far, s, l, near, pq, p);
+    _mm512_storeu_ps(y + j, v);
+    top16 = _mm512_max_ps(top16, v);
+  }
+  const __m512 last = score_group_avx512(whole, tail, far, s, l, near, pq, p);
+  if (!softmax) {
+    _mm512_mask_storeu_ps(y + whole, tail, last);
+    return;
+  }
+  const float top = _mm512_reduce_max_ps(_mm512_max_ps(top16, last));
+  const __m512 shift = _mm512_set1_ps(top);
+  __m256 sum8 = _mm256_setzero_ps();
+  for (int64_t j = 0; j < whole; j += 16) {
+    const __m512 e = exp16_u20(_mm512_sub_ps(_mm512_loadu_ps(y + j), shift));
+    _mm512_storeu_ps(y + j, e);
+    sum8 = _mm256_add_ps(sum8, _mm512_castps512_ps256(e));
+    sum8 = _mm256_add_ps(sum8, high_half(e));
+  }
+  // The last keys: a group of 8 if there is one (the low half of `last`), then the rest.
+  const int64_t eight = (n - whole) >= 8 ? 8 : 0, rest = n - whole - eight;
+  alignas(64) float v_last[16], e_last[16];
+  _mm512_store_ps(v_last, last);
+  const __m512 e_group = exp16_u20(_mm512_sub_ps(last, shift));
+  if (eight != 0) sum8 = _mm256_add_ps(sum8, _mm512_castps512_ps256(e_group));
+  float sum = lane_sum(sum8);
+  softmax_tail(v_last + eight, rest, top, e_last + eight, sum);
+  const float inverse = 1.0f / sum;
+  const __m512 scale = _mm512_set1_ps(inverse);
+  for (int64_t j = 0; j < whole; j += 16) _mm512_storeu_ps(y + j, _mm512_mul_ps(_mm512_loadu_ps(y + j), scale));
+  if (eight != 0) _mm256_storeu_ps(y + whole, _mm256_mul_ps(_mm512_castps512_ps256(e_group), _mm512_castps512_ps256(scale)));
+  for (int64_t k = 0; k < rest; ++k) y[whole + eight + k] = e_last[eight + k] * inverse;
 }
 
 template <typename T>
-void softmax_row(T* y, int64_t n, bool vector) {
+void score_row(int64_t far, int64_t n, const T* s, const T* l, const int32_t* near, const T* pq, int32_t p, bool softmax,
+               T* y, int lanes) {
   if constexpr (std::is_same_v<T, float>) {
-    if (vector && cpu_has_avx2_fma()) return softmax_row_avx2(y, n);
+    if (lanes == 16) return score_row_avx512(far, n, s, l, near, pq, p, softmax, y);
+    if (lanes == 8) return score_row_avx2(far, n, s, l, near, pq, p, softmax, y);
   }
-  softmax_row_scalar(y, n);
+  score_row_scalar(far, n, s, l, near, pq, p, softmax, y);
 }
 
 // The softmax's backward pass for one row, as libtorch's: gs = p (g - sum(g p)).
@@ -338,9 +532,9 @@ __attribute__((target("avx2"))) void softmax_backward_row_avx2(const float* p, c
 }
 
 template <typename T>
-void softmax_backward_row(const T* p, const T* g, T* gs, int64_t n, bool vector) {
+void softmax_backward_row(const T* p, const T* g, T* gs, int64_t n, int lanes) {
   if constexpr (std::is_same_v<T, float>) {
-    if (vector && cpu_has_avx2()) return softmax_backward_row_avx2(p, g, gs, n);
+    if (lanes >= 8) return softmax_backward_row_avx2(p, g, gs, n);
   }
   softmax_backward_row_scalar(p, g, gs, n);
 }
@@ -351,46 +545,124 @@ struct Forward {
   const T *scores, *pq, *spans, *counter;
   const bool* usable;
   T ramp;
-  bool vector, softmax;
+  int lanes;
+  bool softmax;
   T *out, *slope;
-  int32_t *near_row, *key_ramp, *ramp_key, *ramp_count;
+  int32_t *by_slot, *key_ramp, *ramp_key, *ramp_count;
   int64_t* query_weighted;
 };
 
-// Row (b, i): the mask row (into `lm`, n long), then the h score rows. `positions` holds
-// P + 1 slots, the last one zero.
+// The near keys' position slots of one row: the distance d = c[k] + i where the key is
+// seen (its log `l` finite) and d < p, else p (no position; a hidden key's -inf comes
+// from its log).
 template <typename T>
-void forward_row(const Dims& dm, const Forward<T>& f, int64_t b, int64_t i, T* lm, std::vector<T>& positions) {
+void near_slots_scalar(int64_t k0, int64_t w, const T* c, T fi, const T* l, int32_t p, int32_t* near) {
+  for (int64_t k = k0; k < w; ++k) {
+    const T d = c[k] + fi;
+    near[k] = std::isfinite(l[k]) && d < static_cast<T>(p) ? static_cast<int32_t>(d) : p;
+  }
+}
+
+// near_slots_scalar for float, 8 keys at a time (a log is -inf or finite, never +inf or
+// NaN, so `> -inf` is `isfinite`; a seen key's d is a whole number >= 0).
+__attribute__((target("avx2"))) void near_slots_avx2(int64_t w, const float* c, float fi, const float* l, int32_t p,
+                                                    int32_t* near) {
+  const __m256 shift = _mm256_set1_ps(fi), limit = _mm256_set1_ps(static_cast<float>(p)),
+               minus_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m256i none = _mm256_set1_epi32(p);
+  int64_t k = 0;
+  for (; k + 8 <= w; k += 8) {
+    const __m256 d = _mm256_add_ps(_mm256_loadu_ps(c + k), shift);
+    const __m256 has = _mm256_and_ps(_mm256_cmp_ps(_mm256_loadu_ps(l + k), minus_inf, _CMP_GT_OQ), _mm256_cmp_ps(d, limit, _CMP_LT_OQ));
+    const __m256i slot = _mm256_blendv_epi8(none, _mm256_cvttps_epi32(d), _mm256_castps_si256(has));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(near + k), slot);
+  }
+  near_slots_scalar(k, w, c, fi, l, p, near);
+}
+
+template <typename T>
+void near_slots(int64_t w, const T* c, T fi, const T* l, int32_t p, int32_t* near, int lanes) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (lanes >= 8) return near_slots_avx2(w, c, fi, l, p, near);
+  }
+  near_slots_scalar(0, w, c, fi, l, p, near);
+}
+
+// The key at each distance below p of a row, from its near keys' slots: by_slot[near[k]]
+// = far + k where near[k] < p, -1 at the distances no key is at. A seen key is the only
+// one at its distance (one key per time step), so no slot is written twice.
+inline void key_by_slot_scalar(int64_t k0, int64_t w, int64_t far, const int32_t* near, int32_t p, int32_t* by_slot) {
+  for (int64_t k = k0; k < w; ++k) {
+    if (near[k] < p) by_slot[near[k]] = static_cast<int32_t>(far + k);
+  }
+}
+
+// key_by_slot_scalar 16 keys at a time through AVX-512's scatter.
+__attribute__((target("avx512f"))) void key_by_slot_avx512(int64_t w, int64_t far, const int32_t* near, int32_t p,
+                                                         int32_t* by_slot) {
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), none = _mm512_set1_epi32(p);
+  int64_t k = 0;
+  for (; k + 16 <= w; k += 16) {
+    const __m512i slot = _mm512_loadu_si512(near + k);
+    const __m512i key = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(far + k)), lane);
+    _mm512_mask_i32scatter_epi32(by_slot, _mm512_cmplt_epi32_mask(slot, none), slot, key, 4);
+  }
+  key_by_slot_scalar(k, w, far, near, p, by_slot);
+}
+
+inline void key_by_slot(int64_t w, int64_t far, const int32_t* near, int32_t p, int32_t* by_slot, int lanes) {
+  std::fill(by_slot, by_slot + p, -1);
+  if (lanes == 16) return key_by_slot_avx512(w, far, near, p, by_slot);
+  key_by_slot_scalar(0, w, far, near, p, by_slot);
+}
+
+// Row (b, i): the mask row (into `lm`, n long; its ramp pairs counted into `key_ramp`,
+// the stream's counts of this thread), the near keys' slots (into `near`, w long) and,
+// for the backward pass, the key at each distance below p (`by_slot`), then the h score
+// rows.
+template <typename T>
+void forward_row(const Dims& dm, const Forward<T>& f, int64_t b, int64_t i, T* lm, int32_t* key_ramp, int32_t* near) {
   const int64_t n = dm.n, w = dm.near(), far = n - w, mask_row_at = (b * dm.m + i) * n;
   const MaskRow<T> x{f.spans + b * n, f.counter + b * n, f.usable + (b * dm.usable_rows + (dm.usable_rows == 1 ? 0 : i)) * n,
                      static_cast<T>(i), f.ramp};
   RampList<T> ramp{f.ramp_key + mask_row_at, f.slope + mask_row_at, 0};
-  const int32_t on_row = mask_row(x, n, lm, ramp, f.key_ramp + b * n, f.vector);
+  const int32_t on_row = mask_row(x, n, lm, ramp, key_ramp, f.lanes);
   f.ramp_count[b * dm.m + i] = ramp.count;
   if (on_row > 0) __atomic_fetch_add(f.query_weighted + b, static_cast<int64_t>(on_row) * i, __ATOMIC_RELAXED);
-  // The near keys' position slots (p: none; a hidden key's -inf comes from its log).
-  int32_t* __restrict near = f.near_row + (b * dm.m + i) * w;
-  for (int64_t k = 0; k < w; ++k) {
-    const T d = x.c[far + k] + x.fi;
-    near[k] = std::isfinite(lm[far + k]) && d < static_cast<T>(dm.p) ? static_cast<int32_t>(d) : static_cast<int32_t>(dm.p);
-  }
+  near_slots(w, x.c + far, x.fi, lm + far, static_cast<int32_t>(dm.p), near, f.lanes);
+  key_by_slot(w, far, near, static_cast<int32_t>(dm.p), f.by_slot + (b * dm.m + i) * dm.p, f.lanes);
   for (int64_t h = 0; h < dm.h; ++h) {
     const int64_t r = (b * dm.h + h) * dm.m + i;
-    std::copy(f.pq + r * dm.p, f.pq + (r + 1) * dm.p, positions.begin());
-    const T* __restrict s = f.scores + r * n;
-    const T* __restrict l = lm;
-    T* __restrict y = f.out + r * n;
-    for (int64_t j = 0; j < far; ++j) y[j] = s[j] + l[j];
-    near_row(w, near, positions.data(), s + far, l + far, y + far, f.vector);
-    if (f.softmax) softmax_row(y, n, f.vector);
+    score_row(far, n, f.scores + r * n, lm, near, f.pq + r * dm.p, static_cast<int32_t>(dm.p), f.softmax, f.out + r * n, f.lanes);
   }
+}
+
+// Adds a thread's ramp counts of one stream into the shared ones (integer sums: the
+// order of the threads changes nothing) and clears them.
+inline void flush_counts(std::vector<int32_t>& local, int32_t* shared) {
+  for (size_t j = 0; j < local.size(); ++j) {
+    if (local[j] != 0) __atomic_fetch_add(shared + j, local[j], __ATOMIC_RELAXED);
+  }
+  std::fill(local.begin(), local.end(), 0);
 }
 
 template <typename T>
 void forward_kernel(const Dims& dm, const Forward<T>& f) {
   at::parallel_for(0, dm.b * dm.m, 4, [&](int64_t r0, int64_t r1) {
-    std::vector<T> lm(dm.n), positions(dm.p + 1, T(0));
-    for (int64_t r = r0; r < r1; ++r) forward_row(dm, f, r / dm.m, r % dm.m, lm.data(), positions);
+    std::vector<T> lm(dm.n);
+    std::vector<int32_t> near(dm.near());
+    // The ramp counts of the stream this thread is in, added to the shared ones when it
+    // moves on: one atomic per key and stream instead of one per pair.
+    std::vector<int32_t> counts(dm.n, 0);
+    int64_t stream = r0 / dm.m;
+    for (int64_t r = r0; r < r1; ++r) {
+      if (r / dm.m != stream) {
+        flush_counts(counts, f.key_ramp + stream * dm.n);
+        stream = r / dm.m;
+      }
+      forward_row(dm, f, stream, r % dm.m, lm.data(), counts.data(), near.data());
+    }
+    flush_counts(counts, f.key_ramp + stream * dm.n);
   });
 }
 
@@ -415,10 +687,96 @@ void ramp_totals(const Dims& dm, const int32_t* key_ramp, const int64_t* query_w
 template <typename T>
 struct Backward {
   const T *g, *probs, *slope;
-  const int32_t *near_row, *ramp_key, *ramp_count;
-  bool vector;
+  const int32_t *by_slot, *ramp_key, *ramp_count;
+  int lanes;
   T *gs, *gp;
 };
+
+// sum[k] += g[keys[k]] for k < count: one head's gradient at a row's ramp keys.
+template <typename T>
+void add_at_scalar(int32_t k0, int32_t count, const int32_t* keys, const T* g, T* sum) {
+  for (int32_t k = k0; k < count; ++k) sum[k] += g[keys[k]];
+}
+
+// add_at_scalar for float, 8 keys at a time through AVX2's gather (each sum gets the
+// same addition as in the plain loop).
+__attribute__((target("avx2"))) void add_at_avx2(int32_t count, const int32_t* keys, const float* g, float* sum) {
+  int32_t k = 0;
+  for (; k + 8 <= count; k += 8) {
+    const __m256 at = _mm256_i32gather_ps(g, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(keys + k)), 4);
+    _mm256_storeu_ps(sum + k, _mm256_add_ps(_mm256_loadu_ps(sum + k), at));
+  }
+  add_at_scalar(k, count, keys, g, sum);
+}
+
+template <typename T>
+void add_at(int32_t count, const int32_t* keys, const T* g, T* sum, int lanes) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (lanes >= 8) return add_at_avx2(count, keys, g, sum);
+  }
+  add_at_scalar(0, count, keys, g, sum);
+}
+
+// A score row's gradient at each distance d < p: gp[d] = g[by_slot[d]] (plus 0, as the
+// sum into zeros that it replaces: a -0 becomes +0), 0 where no key is at d.
+template <typename T>
+void positions_grad_scalar(int64_t d0, int64_t p, const int32_t* by_slot, const T* g, T* gp) {
+  for (int64_t d = d0; d < p; ++d) gp[d] = by_slot[d] >= 0 ? g[by_slot[d]] + T(0) : T(0);
+}
+
+// positions_grad_scalar for float, 8 distances at a time through AVX2's masked gather.
+__attribute__((target("avx2"))) void positions_grad_avx2(int64_t p, const int32_t* by_slot, const float* g, float* gp) {
+  const __m256 zero = _mm256_setzero_ps();
+  int64_t d = 0;
+  for (; d + 8 <= p; d += 8) {
+    const __m256i key = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(by_slot + d));
+    const __m256 has = _mm256_castsi256_ps(_mm256_cmpgt_epi32(key, _mm256_set1_epi32(-1)));
+    _mm256_storeu_ps(gp + d, _mm256_add_ps(_mm256_mask_i32gather_ps(zero, g, key, has, 4), zero));
+  }
+  positions_grad_scalar(d, p, by_slot, g, gp);
+}
+
+// positions_grad_scalar for float, 16 distances at a time with AVX-512.
+__attribute__((target("avx512f"))) void positions_grad_avx512(int64_t p, const int32_t* by_slot, const float* g, float* gp) {
+  const __m512 zero = _mm512_setzero_ps();
+  int64_t d = 0;
+  for (; d + 16 <= p; d += 16) {
+    const __m512i key = _mm512_loadu_si512(by_slot + d);
+    const __mmask16 has = _mm512_cmpge_epi32_mask(key, _mm512_setzero_si512());
+    _mm512_storeu_ps(gp + d, _mm512_add_ps(_mm512_mask_i32gather_ps(zero, has, key, g, 4), zero));
+  }
+  positions_grad_scalar(d, p, by_slot, g, gp);
+}
+
+template <typename T>
+void positions_grad(int64_t p, const int32_t* by_slot, const T* g, T* gp, int lanes) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (lanes == 16) return positions_grad_avx512(p, by_slot, g, gp);
+    if (lanes == 8) return positions_grad_avx2(p, by_slot, g, gp);
+  }
+  positions_grad_scalar(0, p, by_slot, g, gp);
+}
+
+// sum[k] /= slope[k] for k < count.
+template <typename T>
+void divide_scalar(int32_t k0, int32_t count, T* sum, const T* slope) {
+  for (int32_t k = k0; k < count; ++k) sum[k] = sum[k] / slope[k];
+}
+
+// divide_scalar for float, 16 at a time with AVX-512 (the same division, lane by lane).
+__attribute__((target("avx512f"))) void divide_avx512(int32_t count, float* sum, const float* slope) {
+  int32_t k = 0;
+  for (; k + 16 <= count; k += 16) _mm512_storeu_ps(sum + k, _mm512_div_ps(_mm512_loadu_ps(sum + k), _mm512_loadu_ps(slope + k)));
+  divide_scalar(k, count, sum, slope);
+}
+
+template <typename T>
+void divide(int32_t count, T* sum, const T* slope, int lanes) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (lanes == 16) return divide_avx512(count, sum, slope);
+  }
+  divide_scalar(0, count, sum, slope);
+}
 
 // Row (b, i) of the backward pass: each head's scores gradient (through the softmax,
 // when the kernel took it), its positions gradient (the near keys', each at its own
@@ -427,9 +785,8 @@ struct Backward {
 // scores' gradient divided by m R. The other keys' share is zero.
 template <typename T>
 void backward_row(const Dims& dm, const Backward<T>& f, int64_t b, int64_t i, T* by_query) {
-  const int64_t n = dm.n, w = dm.near(), far = n - w, row = b * dm.m + i;
-  const int32_t p = static_cast<int32_t>(dm.p);
-  const int32_t* __restrict near = f.near_row + row * w;
+  const int64_t n = dm.n, row = b * dm.m + i;
+  const int32_t* __restrict by_slot = f.by_slot + row * dm.p;
   const int32_t count = f.ramp_count[row];
   const int32_t* __restrict keys = f.ramp_key + row * n;
   T* __restrict sum = by_query;
@@ -438,18 +795,13 @@ void backward_row(const Dims& dm, const Backward<T>& f, int64_t b, int64_t i, T*
     const int64_t r = (b * dm.h + h) * dm.m + i;
     const T* gr = f.g + r * n;
     if (f.probs != nullptr) {
-      softmax_backward_row(f.probs + r * n, gr, f.gs + r * n, n, f.vector);
+      softmax_backward_row(f.probs + r * n, gr, f.gs + r * n, n, f.lanes);
       gr = f.gs + r * n;
     }
-    T* __restrict gpr = f.gp + r * dm.p;
-    std::fill(gpr, gpr + dm.p, T(0));
-    for (int64_t k = 0; k < w; ++k) {
-      if (near[k] < p) gpr[near[k]] += gr[far + k];
-    }
-    for (int32_t k = 0; k < count; ++k) sum[k] += gr[keys[k]];
+    positions_grad(dm.p, by_slot, gr, f.gp + r * dm.p, f.lanes);
+    add_at(count, keys, gr, sum, f.lanes);
   }
-  const T* __restrict s = f.slope + row * n;
-  for (int32_t k = 0; k < count; ++k) sum[k] = sum[k] / s[k];
+  divide(count, sum, f.slope + row * n, f.lanes);
 }
 
 template <typename T>
@@ -478,26 +830,27 @@ void backward_kernel(const Dims& dm, const Backward<T>& f, at::Tensor& grad_span
 struct ExpireScores : public torch::autograd::Function<ExpireScores> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& scores_in, const at::Tensor& pq_in,
                                const at::Tensor& spans_in, const at::Tensor& counter_in, const at::Tensor& usable_in,
-                               double ramp, bool vector, bool softmax) {
+                               double ramp, int64_t width, bool softmax) {
     const auto scores = scores_in.contiguous(), pq = pq_in.contiguous(), spans = spans_in.contiguous(),
                counter = counter_in.contiguous(), usable = usable_in.contiguous();
     const Dims dm = check(scores, pq, spans, counter, usable);
+    const int lanes = lanes_of(static_cast<int>(width));
     auto out = at::empty_like(scores);
     auto counts = at::empty({dm.b, dm.n}, spans.options());
     auto ramp_dist = at::empty({dm.b}, spans.options().dtype(at::kDouble));
     auto key_ramp = at::zeros({dm.b, dm.n}, spans.options().dtype(at::kInt));
     auto query_weighted = at::zeros({dm.b}, spans.options().dtype(at::kLong));
-    // For the backward pass: the near keys' position slots (b, m, near), and each row's
+    // For the backward pass: the key at each distance below P (b, m, P), and each row's
     // ramp list: its keys and their m R (b, m, n; the first `count` of each row), and
     // its count (b, m).
-    auto near_row = at::empty({dm.b, dm.m, dm.near()}, scores.options().dtype(at::kInt));
+    auto by_slot = at::empty({dm.b, dm.m, dm.p}, scores.options().dtype(at::kInt));
     auto slope = at::empty({dm.b, dm.m, dm.n}, scores.options());
     auto ramp_key = at::empty({dm.b, dm.m, dm.n}, scores.options().dtype(at::kInt));
     auto ramp_count = at::empty({dm.b, dm.m}, scores.options().dtype(at::kInt));
     AT_DISPATCH_FLOATING_TYPES(scores.scalar_type(), "expire_scores", [&] {
       const Forward<scalar_t> f{scores.data_ptr<scalar_t>(), pq.data_ptr<scalar_t>(), spans.data_ptr<scalar_t>(),
                                 counter.data_ptr<scalar_t>(), usable.data_ptr<bool>(), static_cast<scalar_t>(ramp),
-                                vector, softmax, out.data_ptr<scalar_t>(), slope.data_ptr<scalar_t>(), near_row.data_ptr<int32_t>(),
+                                lanes, softmax, out.data_ptr<scalar_t>(), slope.data_ptr<scalar_t>(), by_slot.data_ptr<int32_t>(),
                                 key_ramp.data_ptr<int32_t>(), ramp_key.data_ptr<int32_t>(), ramp_count.data_ptr<int32_t>(),
                                 query_weighted.data_ptr<int64_t>()};
       forward_kernel<scalar_t>(dm, f);
@@ -505,19 +858,19 @@ struct ExpireScores : public torch::autograd::Function<ExpireScores> {
                             counter.data_ptr<scalar_t>(), counts.data_ptr<scalar_t>(), ramp_dist.data_ptr<double>());
     });
     // With the softmax, its output too (its gradient is computed from it).
-    variable_list saved{near_row, slope, ramp_key, ramp_count};
+    variable_list saved{by_slot, slope, ramp_key, ramp_count};
     if (softmax) saved.push_back(out);
     ctx->save_for_backward(saved);
     ctx->saved_data["p"] = dm.p;
     ctx->saved_data["h"] = dm.h;
-    ctx->saved_data["vector"] = vector;
+    ctx->saved_data["lanes"] = static_cast<int64_t>(lanes);
     ctx->mark_non_differentiable({counts, ramp_dist});
     return {out, counts, ramp_dist};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const auto &near_row = saved[0], &slope = saved[1];
+    const auto &by_slot = saved[0], &slope = saved[1];
     const auto &ramp_key = saved[2], &ramp_count = saved[3];
     const bool softmax = saved.size() == 5;
     const auto grad = grads[0].contiguous();
@@ -528,8 +881,8 @@ struct ExpireScores : public torch::autograd::Function<ExpireScores> {
     auto grad_spans = at::zeros({dm.b, dm.n}, grad.options());
     AT_DISPATCH_FLOATING_TYPES(grad.scalar_type(), "expire_scores_backward", [&] {
       const Backward<scalar_t> f{grad.data_ptr<scalar_t>(), softmax ? saved[4].data_ptr<scalar_t>() : nullptr,
-                                 slope.data_ptr<scalar_t>(), near_row.data_ptr<int32_t>(), ramp_key.data_ptr<int32_t>(),
-                                 ramp_count.data_ptr<int32_t>(), ctx->saved_data["vector"].toBool(),
+                                 slope.data_ptr<scalar_t>(), by_slot.data_ptr<int32_t>(), ramp_key.data_ptr<int32_t>(),
+                                 ramp_count.data_ptr<int32_t>(), static_cast<int>(ctx->saved_data["lanes"].toInt()),
                                  softmax ? grad_scores.data_ptr<scalar_t>() : nullptr, grad_pq.data_ptr<scalar_t>()};
       backward_kernel<scalar_t>(dm, f, grad_spans);
     });
@@ -544,13 +897,13 @@ extern "C" {
 // The fused scores (see the top of this file). Writes three new tensors to `out`:
 // the scores (b, h, m, n), or with `softmax` 1 their softmax over the keys, with
 // gradient; the ramp counts (b, n) and the ramp's distance sum per stream (b, double),
-// without. `vector` 0 keeps to the plain loops (the AVX2 ones are used only where the
-// CPU has AVX2 either way).
-int lethe_expire_scores(void* scores, void* pq, void* spans, void* counter, void* usable, double ramp, int vector,
+// without. `width` is the widest vector loops to run: 0 the plain ones, 8 AVX2, 16
+// AVX-512 (each only where the CPU has it; narrower ones otherwise).
+int lethe_expire_scores(void* scores, void* pq, void* spans, void* counter, void* usable, double ramp, int width,
                         int softmax, void** out, char** error) {
   return lethe::guarded(error, [&] {
     auto t = [](void* x) -> const at::Tensor& { return *static_cast<at::Tensor*>(x); };
-    auto result = ExpireScores::apply(t(scores), t(pq), t(spans), t(counter), t(usable), ramp, vector != 0, softmax != 0);
+    auto result = ExpireScores::apply(t(scores), t(pq), t(spans), t(counter), t(usable), ramp, static_cast<int64_t>(width), softmax != 0);
     for (size_t k = 0; k < 3; ++k) out[k] = new at::Tensor(std::move(result[k]));
   });
 }

@@ -23,7 +23,7 @@ extern "C" {
         counter: *mut c_void,
         usable: *mut c_void,
         ramp: f64,
-        vector: c_int,
+        width: c_int,
         softmax: c_int,
         out: *mut *mut c_void,
         error: *mut *mut c_char,
@@ -53,25 +53,29 @@ pub struct FusedScores {
 /// - `counter` `(b, n)`: each key's distance to the first query (whole numbers);
 /// - `usable` `(b, 1, n)` or `(b, m, n)` bool: the keys a query may use at all.
 ///
-/// CPU only; float or double, one kind for all. Float runs the mask with AVX2 where the
-/// CPU has it.
+/// CPU only; float or double, one kind for all. Float runs the widest vector loops the
+/// CPU has (AVX-512 or AVX2).
 pub fn expire_scores(scores: &Tensor, positions: &Tensor, spans: &Tensor, counter: &Tensor, usable: &Tensor, ramp: f64) -> Result<FusedScores> {
-    scores_with(scores, positions, spans, counter, usable, ramp, Loops { vector: true, softmax: false })
+    scores_with(scores, positions, spans, counter, usable, ramp, Loops { width: WIDEST, softmax: false })
 }
 
 /// [`expire_scores`] followed by the softmax over the keys, in the same pass: the
 /// attention weights `softmax(scores + positions + ln m)`, as the model uses them.
 pub fn expire_weights(scores: &Tensor, positions: &Tensor, spans: &Tensor, counter: &Tensor, usable: &Tensor, ramp: f64) -> Result<FusedScores> {
-    scores_with(scores, positions, spans, counter, usable, ramp, Loops { vector: true, softmax: true })
+    scores_with(scores, positions, spans, counter, usable, ramp, Loops { width: WIDEST, softmax: true })
 }
 
-/// What the kernel runs: `vector` false keeps to the plain loops on any CPU (the vector
-/// ones run only where the CPU has AVX2 either way); `softmax` takes the softmax too.
+/// What the kernel runs: `width` the widest vector loops, in floats: 0 the plain loops
+/// on any CPU, 8 AVX2, 16 AVX-512 (each only where the CPU has it, narrower ones
+/// otherwise); `softmax` takes the softmax too.
 #[derive(Clone, Copy)]
 struct Loops {
-    vector: bool,
+    width: c_int,
     softmax: bool,
 }
+
+/// The widest loops of the kernel: AVX-512's 16 floats.
+const WIDEST: c_int = 16;
 
 fn scores_with(scores: &Tensor, positions: &Tensor, spans: &Tensor, counter: &Tensor, usable: &Tensor, ramp: f64, loops: Loops) -> Result<FusedScores> {
     let mut out: [*mut c_void; 3] = [std::ptr::null_mut(); 3];
@@ -80,7 +84,7 @@ fn scores_with(scores: &Tensor, positions: &Tensor, spans: &Tensor, counter: &Te
     // kernel reads them only);
     // on success the kernel writes three new `at::Tensor*`, which `ffi::tensor` takes over.
     crate::ffi::call("expire-span fused scores", |error| unsafe {
-        lethe_expire_scores(ptr(scores), ptr(positions), ptr(spans), ptr(counter), ptr(usable), ramp, c_int::from(loops.vector), c_int::from(loops.softmax), out.as_mut_ptr(), error)
+        lethe_expire_scores(ptr(scores), ptr(positions), ptr(spans), ptr(counter), ptr(usable), ramp, loops.width, c_int::from(loops.softmax), out.as_mut_ptr(), error)
     })?;
     // SAFETY: see above; each pointer is taken over once.
     let [s, c, d] = out.map(|p| unsafe { crate::ffi::tensor(p) });
@@ -178,7 +182,7 @@ mod tests {
 
     /// The kernel's scores, or (`softmax`) its weights, with every loop it has.
     fn fused(x: &Block, softmax: bool) -> FusedScores {
-        scores_with(&x.content, &x.positions, &x.spans, &x.counter, &x.usable, RAMP, Loops { vector: true, softmax }).unwrap()
+        scores_with(&x.content, &x.positions, &x.spans, &x.counter, &x.usable, RAMP, Loops { width: WIDEST, softmax }).unwrap()
     }
 
     const CASES: [(i64, i64, bool); 5] = [(6, 8, false), (20, 8, false), (20, 4, true), (0, 8, false), (12, 30, true)];
@@ -285,14 +289,15 @@ mod tests {
         }
     }
 
-    /// In float, both the vector loops (the AVX2 mask where the CPU has it) and the plain
-    /// ones give the written-out scores to float rounding: the same hidden pairs and ramp
-    /// figures, the scores and the gradients within a few ulps (the log differs in its
-    /// last bit).
+    /// In float, every width of the loops (AVX-512 and AVX2 where the CPU has them, and
+    /// the plain ones) gives the written-out scores to float rounding: the same hidden
+    /// pairs and ramp figures, the scores and the gradients within a few ulps (the log
+    /// differs in its last bit). The last case's rows are 50 keys: whole groups of 8 and
+    /// 16, far keys and a group straddling the near ones, and a partial group at the end.
     #[test]
-    fn in_float_both_loops_equal_the_written_out_scores() {
+    fn in_float_every_width_equals_the_written_out_scores() {
         let mut rng = Rng::new(35);
-        for (cached, rows, episodes) in CASES {
+        for (cached, rows, episodes) in CASES.into_iter().chain([(45, 8, false), (43, 20, true)]) {
             let x = in_float(&block(&mut rng, cached, rows, episodes));
             let (scores, counts, by_dist) = written_out(&x);
             let w = rng.normal_tensor(&[2, 3, 5, 4], Kind::Float); // (b, h, m, dh)
@@ -300,9 +305,9 @@ mod tests {
             let reference = Tensor::run_backward(&[objective(&scores, &x.v, &w)], &inputs, false, false);
             let finite = scores.isfinite();
             let weights = scores.softmax(-1, Kind::Float);
-            for (vector, softmax) in [(false, false), (true, false), (false, true), (true, true)] {
-                let case = format!("cached {cached}, rows {rows}, episodes {episodes}, vector {vector}, softmax {softmax}");
-                let fused = scores_with(&x.content, &x.positions, &x.spans, &x.counter, &x.usable, RAMP, Loops { vector, softmax }).unwrap();
+            for (width, softmax) in [0, 8, 16].into_iter().flat_map(|w| [(w, false), (w, true)]) {
+                let case = format!("cached {cached}, rows {rows}, episodes {episodes}, width {width}, softmax {softmax}");
+                let fused = scores_with(&x.content, &x.positions, &x.spans, &x.counter, &x.usable, RAMP, Loops { width, softmax }).unwrap();
                 if softmax {
                     let gap = (&fused.out - &weights).abs().max().double_value(&[]);
                     assert!(gap < 1e-6, "{case}: weights differ by {gap}");
@@ -320,6 +325,33 @@ mod tests {
                     let scale = b.abs().max().double_value(&[]);
                     let gap = (a - b).abs().max().double_value(&[]);
                     assert!(gap <= 1e-5 * scale + 1e-7, "{case}, input {i}: gradients differ by {gap} (largest {scale})");
+                }
+            }
+        }
+    }
+
+    /// The AVX-512 loops give the AVX2 ones' bits (where the CPU has both; elsewhere the
+    /// two run the same loops): scores, weights, ramp figures and every gradient, on rows
+    /// of 50 and 48 keys (whole groups of 16, a group of 8, single keys).
+    #[test]
+    fn avx512_gives_the_bits_of_avx2() {
+        let mut rng = Rng::new(36);
+        for (cached, rows, episodes) in [(45, 8, false), (43, 20, true), (20, 4, true), (6, 8, false)] {
+            let x = in_float(&block(&mut rng, cached, rows, episodes));
+            let w = rng.normal_tensor(&[2, 3, 5, 4], Kind::Float); // (b, h, m, dh)
+            let inputs = [&x.content, &x.positions, &x.spans];
+            for softmax in [false, true] {
+                let case = format!("cached {cached}, rows {rows}, episodes {episodes}, softmax {softmax}");
+                let run = |width| {
+                    let fused = scores_with(&x.content, &x.positions, &x.spans, &x.counter, &x.usable, RAMP, Loops { width, softmax }).unwrap();
+                    let grads = Tensor::run_backward(&[fused_objective(&fused, softmax, &x.v, &w)], &inputs, false, false);
+                    (fused, grads)
+                };
+                let ((wide, wide_grads), (narrow, narrow_grads)) = (run(16), run(8));
+                assert!(wide.out.equal(&narrow.out), "{case}: outputs");
+                assert!(wide.ramp_counts.equal(&narrow.ramp_counts) && wide.ramp_distance.equal(&narrow.ramp_distance), "{case}: ramp figures");
+                for (i, (a, b)) in wide_grads.iter().zip(&narrow_grads).enumerate() {
+                    assert!(a.equal(b), "{case}: gradient of input {i}");
                 }
             }
         }
