@@ -132,6 +132,7 @@ struct MaskRow {
   const bool* u;
   T fi;
   T ramp;
+  int32_t p;
 };
 
 // The keys of one mask row whose span has a gradient (0 < m, r / R + 1 <= 1: the ramp,
@@ -153,10 +154,12 @@ struct RampList {
 
 // Keys [j0, n) of a mask row, one at a time: ln max(m, floor) where the key is seen, -inf
 // where not; the keys whose span has a gradient into `sl` with m R; the ramp pairs
-// counted into `key_ramp`, the counts of this thread's rows of the stream. Returns how many of the row's pairs are on the ramp. The same float
+// counted into `key_ramp`, the counts of this thread's rows of the stream; each key's
+// position slot into `slot`: its distance d where it is seen and d < p, else p (no
+// position). Returns how many of the row's pairs are on the ramp. The same float
 // operations, in the same order, as the written-out path's.
 template <typename T>
-int32_t mask_row_scalar(const MaskRow<T>& x, int64_t j0, int64_t n, T* lm, RampList<T>& sl, int32_t* key_ramp) {
+int32_t mask_row_scalar(const MaskRow<T>& x, int64_t j0, int64_t n, T* lm, int32_t* slot, RampList<T>& sl, int32_t* key_ramp) {
   const T floor = std::numeric_limits<T>::min(), minus_inf = -std::numeric_limits<T>::infinity();
   int32_t on_row = 0;
   for (int64_t j = j0; j < n; ++j) {
@@ -165,6 +168,7 @@ int32_t mask_row_scalar(const MaskRow<T>& x, int64_t j0, int64_t n, T* lm, RampL
     const T mask = std::min(std::max(pre, T(0)), T(1));
     const bool vis = x.u[j] && d >= T(0) && mask > T(0);
     lm[j] = vis ? std::log(std::max(mask, floor)) : minus_inf;
+    slot[j] = vis && d < static_cast<T>(x.p) ? static_cast<int32_t>(d) : x.p;
     if (vis && pre <= T(1) && mask >= floor) sl.add(j, mask * x.ramp);
     if (vis && mask < T(1)) {
       ++key_ramp[j];
@@ -176,8 +180,10 @@ int32_t mask_row_scalar(const MaskRow<T>& x, int64_t j0, int64_t n, T* lm, RampL
 
 // mask_row_scalar for float, 8 keys at a time. The log (Sleef's, within 1 ulp) runs only
 // on groups with a pair on the ramp: elsewhere a seen key's mask is 1 and its log 0.
-__attribute__((target("avx2"))) int32_t mask_row_avx2(const MaskRow<float>& x, int64_t n, float* lm, RampList<float>& sl,
-                                                     int32_t* key_ramp) {
+__attribute__((target("avx2"))) int32_t mask_row_avx2(const MaskRow<float>& x, int64_t n, float* lm, int32_t* slot,
+                                                     RampList<float>& sl, int32_t* key_ramp) {
+  const __m256 limit = _mm256_set1_ps(static_cast<float>(x.p));
+  const __m256i none = _mm256_set1_epi32(x.p);
   const __m256 fi = _mm256_set1_ps(x.fi), ramp = _mm256_set1_ps(x.ramp), one = _mm256_set1_ps(1.0f),
                zero = _mm256_setzero_ps(), floor = _mm256_set1_ps(std::numeric_limits<float>::min()),
                minus_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
@@ -201,6 +207,8 @@ __attribute__((target("avx2"))) int32_t mask_row_avx2(const MaskRow<float>& x, i
       _mm256_storeu_si256(counts, _mm256_sub_epi32(_mm256_loadu_si256(counts), _mm256_castps_si256(on_ramp)));
     }
     _mm256_storeu_ps(lm + j, _mm256_blendv_ps(minus_inf, log_mask, vis));
+    const __m256 has_slot = _mm256_and_ps(vis, _mm256_cmp_ps(d, limit, _CMP_LT_OQ));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(slot + j), _mm256_blendv_epi8(none, _mm256_cvttps_epi32(d), _mm256_castps_si256(has_slot)));
     const __m256 has_slope =
         _mm256_and_ps(vis, _mm256_and_ps(_mm256_cmp_ps(pre, one, _CMP_LE_OQ), _mm256_cmp_ps(mask, floor, _CMP_GE_OQ)));
     const int slope_bits = _mm256_movemask_ps(has_slope);
@@ -213,14 +221,16 @@ __attribute__((target("avx2"))) int32_t mask_row_avx2(const MaskRow<float>& x, i
       }
     }
   }
-  return on_row + mask_row_scalar(x, j, n, lm, sl, key_ramp);
+  return on_row + mask_row_scalar(x, j, n, lm, slot, sl, key_ramp);
 }
 
 // mask_row_avx2 16 keys at a time with AVX-512; the keys with a slope go into the list
 // by a compress in a register and a whole store (the list has room for the row, and
 // never holds more keys than were read before the group).
-__attribute__((target("avx512f"))) int32_t mask_row_avx512(const MaskRow<float>& x, int64_t n, float* lm, RampList<float>& sl,
-                                                         int32_t* key_ramp) {
+__attribute__((target("avx512f"))) int32_t mask_row_avx512(const MaskRow<float>& x, int64_t n, float* lm, int32_t* slot,
+                                                         RampList<float>& sl, int32_t* key_ramp) {
+  const __m512 limit = _mm512_set1_ps(static_cast<float>(x.p));
+  const __m512i none = _mm512_set1_epi32(x.p);
   const __m512 fi = _mm512_set1_ps(x.fi), ramp = _mm512_set1_ps(x.ramp), one = _mm512_set1_ps(1.0f),
                zero = _mm512_setzero_ps(), floor = _mm512_set1_ps(std::numeric_limits<float>::min()),
                minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
@@ -243,6 +253,8 @@ __attribute__((target("avx512f"))) int32_t mask_row_avx512(const MaskRow<float>&
       _mm512_storeu_si512(key_ramp + j, _mm512_mask_add_epi32(counts, on_ramp, counts, _mm512_set1_epi32(1)));
     }
     _mm512_storeu_ps(lm + j, _mm512_mask_mov_ps(minus_inf, vis, log_mask));
+    const __mmask16 has_slot = vis & _mm512_cmp_ps_mask(d, limit, _CMP_LT_OQ);
+    _mm512_storeu_si512(slot + j, _mm512_mask_mov_epi32(none, has_slot, _mm512_cvttps_epi32(d)));
     const __mmask16 has_slope = vis & _mm512_cmp_ps_mask(pre, one, _CMP_LE_OQ) & _mm512_cmp_ps_mask(mask, floor, _CMP_GE_OQ);
     if (has_slope != 0) {
       const __m512i keys = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(j)), lane);
@@ -251,22 +263,16 @@ __attribute__((target("avx512f"))) int32_t mask_row_avx512(const MaskRow<float>&
       sl.count += __builtin_popcount(has_slope);
     }
   }
-  return on_row + mask_row_scalar(x, j, n, lm, sl, key_ramp);
+  return on_row + mask_row_scalar(x, j, n, lm, slot, sl, key_ramp);
 }
 
 template <typename T>
-int32_t mask_row(const MaskRow<T>& x, int64_t n, T* lm, RampList<T>& sl, int32_t* key_ramp, int lanes) {
+int32_t mask_row(const MaskRow<T>& x, int64_t n, T* lm, int32_t* slot, RampList<T>& sl, int32_t* key_ramp, int lanes) {
   if constexpr (std::is_same_v<T, float>) {
-    if (lanes == 16) return mask_row_avx512(x, n, lm, sl, key_ramp);
-    if (lanes >= 8) return mask_row_avx2(x, n, lm, sl, key_ramp);
+    if (lanes == 16) return mask_row_avx512(x, n, lm, slot, sl, key_ramp);
+    if (lanes >= 8) return mask_row_avx2(x, n, lm, slot, sl, key_ramp);
   }
-  return mask_row_scalar(x, 0, n, lm, sl, key_ramp);
-}
-
-// A pointer `k` elements from `x`, `k` possibly negative: for a masked load whose lanes
-// before the array are masked off (they touch no memory).
-inline const int32_t* offset(const int32_t* x, int64_t k) {
-  return reinterpret_cast<const int32_t*>(reinterpret_cast<intptr_t>(x) + k * static_cast<int64_t>(sizeof(int32_t)));
+  return mask_row_scalar(x, 0, n, lm, slot, sl, key_ramp);
 }
 
 // A score row's softmax in place, as libtorch's softmax over the last dimension computes
@@ -284,17 +290,13 @@ void softmax_row_scalar(T* y, int64_t n) {
   for (int64_t j = 0; j < n; ++j) y[j] *= scale;
 }
 
-// One score row of n keys: y = s + (position + l), the position `pq[slot]` for the near
-// keys (k = j - far >= 0) whose slot near[k] is below p, zero elsewhere (the written-out
-// path's bias, added in its order); then, with `softmax`, its softmax in place.
+// One score row of n keys: y = s + (position + l), the position `pq[slot]` for the keys
+// whose slot is below p, zero elsewhere (the written-out path's bias, added in its
+// order; a log is never -0, so adding a zero position changes no bit); then, with
+// `softmax`, its softmax in place.
 template <typename T>
-void score_row_scalar(int64_t far, int64_t n, const T* s, const T* l, const int32_t* near, const T* pq, int32_t p,
-                      bool softmax, T* y) {
-  for (int64_t j = 0; j < far; ++j) y[j] = s[j] + l[j];
-  for (int64_t j = far; j < n; ++j) {
-    const int32_t slot = near[j - far];
-    y[j] = s[j] + ((slot < p ? pq[slot] : T(0)) + l[j]);
-  }
+void score_row_scalar(int64_t n, const T* s, const T* l, const int32_t* slot, const T* pq, int32_t p, bool softmax, T* y) {
+  for (int64_t j = 0; j < n; ++j) y[j] = s[j] + ((slot[j] < p ? pq[slot[j]] : T(0)) + l[j]);
   if (softmax) softmax_row_scalar(y, n);
 }
 
@@ -361,22 +363,16 @@ __attribute__((target("avx2"))) inline __m256i first_lanes(int64_t count) {
 }
 
 // Keys j..j+7 of a score row (see score_row_scalar), `in_row` the lanes before its end;
-// the lanes past it are -inf.
-__attribute__((target("avx2,fma"), always_inline)) inline __m256 score_group_avx2(int64_t j, __m256i in_row, int64_t far,
-                                                                                const float* s, const float* l,
-                                                                                const int32_t* near, const float* pq,
-                                                                                int32_t p) {
+// the lanes past it are -inf. The slots are read at the offset and width the mask row
+// stored them.
+__attribute__((target("avx2,fma"), always_inline)) inline __m256 score_group_avx2(int64_t j, __m256i in_row, const float* s,
+                                                                                const float* l, const int32_t* slot,
+                                                                                const float* pq, int32_t p) {
   const __m256 zero = _mm256_setzero_ps();
   const __m256 lf = _mm256_maskload_ps(l + j, in_row);
-  __m256 position = zero;
-  if (j + 8 > far) {
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), none = _mm256_set1_epi32(p);
-    const __m256i key = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int32_t>(j - far)), lane);
-    const __m256i is_near = _mm256_and_si256(in_row, _mm256_cmpgt_epi32(key, _mm256_set1_epi32(-1)));
-    const __m256i slot = _mm256_maskload_epi32(offset(near, j - far), is_near);
-    const __m256i has = _mm256_and_si256(is_near, _mm256_cmpgt_epi32(none, slot));
-    position = _mm256_mask_i32gather_ps(zero, pq, slot, _mm256_castsi256_ps(has), 4);
-  }
+  const __m256i slots = _mm256_maskload_epi32(slot + j, in_row);
+  const __m256i has = _mm256_and_si256(in_row, _mm256_cmpgt_epi32(_mm256_set1_epi32(p), slots));
+  const __m256 position = _mm256_testz_si256(has, has) ? zero : _mm256_mask_i32gather_ps(zero, pq, slots, _mm256_castsi256_ps(has), 4);
   const __m256 v = _mm256_add_ps(_mm256_maskload_ps(s + j, in_row), _mm256_add_ps(position, lf));
   return _mm256_blendv_ps(_mm256_set1_ps(-std::numeric_limits<float>::infinity()), v, _mm256_castsi256_ps(in_row));
 }
@@ -398,19 +394,18 @@ inline void softmax_tail(const float* v, int64_t count, float top, float* e, flo
 // keys (a masked group; lanes past the row are -inf) stay in a register. The softmax
 // sums 8 lanes over the groups in key order, then the last keys one by one with the
 // plain exp: the bits of the kernel's earlier loops.
-__attribute__((target("avx2,fma"))) void score_row_avx2(int64_t far, int64_t n, const float* s, const float* l,
-                                                       const int32_t* near, const float* pq, int32_t p, bool softmax,
-                                                       float* y) {
+__attribute__((target("avx2,fma"))) void score_row_avx2(int64_t n, const float* s, const float* l, const int32_t* slot,
+                                                       const float* pq, int32_t p, bool softmax, float* y) {
   const __m256 minus_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
   const int64_t whole = n / 8 * 8, rest = n - whole;
   const __m256i all = _mm256_set1_epi32(-1), tail = first_lanes(rest);
   __m256 top8 = minus_inf;
   for (int64_t j = 0; j < whole; j += 8) {
-    const __m256 v = score_group_avx2(j, all, far, s, l, near, pq, p);
+    const __m256 v = score_group_avx2(j, all, s, l, slot, pq, p);
     _mm256_storeu_ps(y + j, v);
     top8 = _mm256_max_ps(top8, v);
   }
-  const __m256 last = score_group_avx2(whole, tail, far, s, l, near, pq, p);
+  const __m256 last = score_group_avx2(whole, tail, s, l, slot, pq, p);
   if (!softmax) {
     _mm256_maskstore_ps(y + whole, tail, last);
     return;
@@ -436,21 +431,15 @@ __attribute__((target("avx2,fma"))) void score_row_avx2(int64_t far, int64_t n, 
 }
 
 // score_group_avx2 for keys j..j+15 with AVX-512.
-__attribute__((target("avx512f"), always_inline)) inline __m512 score_group_avx512(int64_t j, __mmask16 in_row, int64_t far,
-                                                                                 const float* s, const float* l,
-                                                                                 const int32_t* near, const float* pq,
-                                                                                 int32_t p) {
+__attribute__((target("avx512f"), always_inline)) inline __m512 score_group_avx512(int64_t j, __mmask16 in_row, const float* s,
+                                                                                 const float* l, const int32_t* slot,
+                                                                                 const float* pq, int32_t p) {
   const __m512 zero = _mm512_setzero_ps();
   const __m512 lf = _mm512_maskz_loadu_ps(in_row, l + j);
-  __m512 position = zero;
-  if (j + 16 > far) {
-    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), none = _mm512_set1_epi32(p);
-    const __m512i key = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(j - far)), lane);
-    const __mmask16 is_near = _mm512_mask_cmpge_epi32_mask(in_row, key, _mm512_setzero_si512());
-    const __m512i slot = _mm512_mask_loadu_epi32(none, is_near, offset(near, j - far));
-    const __mmask16 has = _mm512_mask_cmplt_epi32_mask(is_near, slot, none);
-    position = _mm512_mask_i32gather_ps(zero, has, slot, pq, 4);
-  }
+  const __m512i none = _mm512_set1_epi32(p);
+  const __m512i slots = _mm512_mask_loadu_epi32(none, in_row, slot + j);
+  const __mmask16 has = _mm512_mask_cmplt_epi32_mask(in_row, slots, none);
+  const __m512 position = has == 0 ? zero : _mm512_mask_i32gather_ps(zero, has, slots, pq, 4);
   const __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(in_row, s + j), _mm512_add_ps(position, lf));
   return _mm512_mask_mov_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()), in_row, v);
 }
@@ -458,19 +447,18 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 score_group_avx5
 // score_row_avx2 16 keys at a time with AVX-512, to the same bits: the softmax's sum
 // adds each 16-key group's two halves to 8 lanes in turn (the order of 8-key groups),
 // then a last 8-key group, then the last keys one by one.
-__attribute__((target("avx512f"))) void score_row_avx512(int64_t far, int64_t n, const float* s, const float* l,
-                                                        const int32_t* near, const float* pq, int32_t p, bool softmax,
-                                                        float* y) {
+__attribute__((target("avx512f"))) void score_row_avx512(int64_t n, const float* s, const float* l, const int32_t* slot,
+                                                        const float* pq, int32_t p, bool softmax, float* y) {
   const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   const int64_t whole = n / 16 * 16;
   const __mmask16 tail = static_cast<__mmask16>((1u << (n - whole)) - 1u);
   __m512 top16 = minus_inf;
   for (int64_t j = 0; j < whole; j += 16) {
-    const __m512 v = score_group_avx512(j, static_cast<__mmask16>(0xffff), far, s, l, near, pq, p);
+    const __m512 v = score_group_avx512(j, static_cast<__mmask16>(0xffff), s, l, slot, pq, p);
     _mm512_storeu_ps(y + j, v);
     top16 = _mm512_max_ps(top16, v);
   }
-  const __m512 last = score_group_avx512(whole, tail, far, s, l, near, pq, p);
+  const __m512 last = score_group_avx512(whole, tail, s, l, slot, pq, p);
   if (!softmax) {
     _mm512_mask_storeu_ps(y + whole, tail, last);
     return;
@@ -500,13 +488,13 @@ __attribute__((target("avx512f"))) void score_row_avx512(int64_t far, int64_t n,
 }
 
 template <typename T>
-void score_row(int64_t far, int64_t n, const T* s, const T* l, const int32_t* near, const T* pq, int32_t p, bool softmax,
-               T* y, int lanes) {
+void score_row(int64_t n, const T* s, const T* l, const int32_t* slot, const T* pq, int32_t p, bool softmax, T* y,
+               int lanes) {
   if constexpr (std::is_same_v<T, float>) {
-    if (lanes == 16) return score_row_avx512(far, n, s, l, near, pq, p, softmax, y);
-    if (lanes == 8) return score_row_avx2(far, n, s, l, near, pq, p, softmax, y);
+    if (lanes == 16) return score_row_avx512(n, s, l, slot, pq, p, softmax, y);
+    if (lanes == 8) return score_row_avx2(n, s, l, slot, pq, p, softmax, y);
   }
-  score_row_scalar(far, n, s, l, near, pq, p, softmax, y);
+  score_row_scalar(n, s, l, slot, pq, p, softmax, y);
 }
 
 // The softmax's backward pass for one row, as libtorch's: gs = p (g - sum(g p)).
@@ -552,117 +540,91 @@ struct Forward {
   int64_t* query_weighted;
 };
 
-// The near keys' position slots of one row: the distance d = c[k] + i where the key is
-// seen (its log `l` finite) and d < p, else p (no position; a hidden key's -inf comes
-// from its log).
-template <typename T>
-void near_slots_scalar(int64_t k0, int64_t w, const T* c, T fi, const T* l, int32_t p, int32_t* near) {
-  for (int64_t k = k0; k < w; ++k) {
-    const T d = c[k] + fi;
-    near[k] = std::isfinite(l[k]) && d < static_cast<T>(p) ? static_cast<int32_t>(d) : p;
+// The key at each distance below p of a row, from its keys' slots (from `j0` on; the keys
+// before it are too far for a position): by_slot[slot[j]] = j where slot[j] < p, -1 at
+// the distances no key is at. A seen key is the only one at its distance (one key per
+// time step), so no slot is written twice.
+inline void key_by_slot_scalar(int64_t j0, int64_t n, const int32_t* slot, int32_t p, int32_t* by_slot) {
+  for (int64_t j = j0; j < n; ++j) {
+    if (slot[j] < p) by_slot[slot[j]] = static_cast<int32_t>(j);
   }
 }
 
-// near_slots_scalar for float, 8 keys at a time (a log is -inf or finite, never +inf or
-// NaN, so `> -inf` is `isfinite`; a seen key's d is a whole number >= 0).
-__attribute__((target("avx2"))) void near_slots_avx2(int64_t w, const float* c, float fi, const float* l, int32_t p,
-                                                    int32_t* near) {
-  const __m256 shift = _mm256_set1_ps(fi), limit = _mm256_set1_ps(static_cast<float>(p)),
-               minus_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
-  const __m256i none = _mm256_set1_epi32(p);
-  int64_t k = 0;
-  for (; k + 8 <= w; k += 8) {
-    const __m256 d = _mm256_add_ps(_mm256_loadu_ps(c + k), shift);
-    const __m256 has = _mm256_and_ps(_mm256_cmp_ps(_mm256_loadu_ps(l + k), minus_inf, _CMP_GT_OQ), _mm256_cmp_ps(d, limit, _CMP_LT_OQ));
-    const __m256i slot = _mm256_blendv_epi8(none, _mm256_cvttps_epi32(d), _mm256_castps_si256(has));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(near + k), slot);
-  }
-  near_slots_scalar(k, w, c, fi, l, p, near);
-}
-
-template <typename T>
-void near_slots(int64_t w, const T* c, T fi, const T* l, int32_t p, int32_t* near, int lanes) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (lanes >= 8) return near_slots_avx2(w, c, fi, l, p, near);
-  }
-  near_slots_scalar(0, w, c, fi, l, p, near);
-}
-
-// The key at each distance below p of a row, from its near keys' slots: by_slot[near[k]]
-// = far + k where near[k] < p, -1 at the distances no key is at. A seen key is the only
-// one at its distance (one key per time step), so no slot is written twice.
-inline void key_by_slot_scalar(int64_t k0, int64_t w, int64_t far, const int32_t* near, int32_t p, int32_t* by_slot) {
-  for (int64_t k = k0; k < w; ++k) {
-    if (near[k] < p) by_slot[near[k]] = static_cast<int32_t>(far + k);
-  }
-}
-
-// key_by_slot_scalar 16 keys at a time through AVX-512's scatter.
-__attribute__((target("avx512f"))) void key_by_slot_avx512(int64_t w, int64_t far, const int32_t* near, int32_t p,
+// key_by_slot_scalar 16 keys at a time through AVX-512's scatter, from the group that
+// holds `j0` (the slots read at the offsets the mask row stored them).
+__attribute__((target("avx512f"))) void key_by_slot_avx512(int64_t j0, int64_t n, const int32_t* slot, int32_t p,
                                                          int32_t* by_slot) {
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), none = _mm512_set1_epi32(p);
-  int64_t k = 0;
-  for (; k + 16 <= w; k += 16) {
-    const __m512i slot = _mm512_loadu_si512(near + k);
-    const __m512i key = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(far + k)), lane);
-    _mm512_mask_i32scatter_epi32(by_slot, _mm512_cmplt_epi32_mask(slot, none), slot, key, 4);
+  int64_t j = j0 / 16 * 16;
+  for (; j + 16 <= n; j += 16) {
+    const __m512i slots = _mm512_loadu_si512(slot + j);
+    const __m512i key = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(j)), lane);
+    _mm512_mask_i32scatter_epi32(by_slot, _mm512_cmplt_epi32_mask(slots, none), slots, key, 4);
   }
-  key_by_slot_scalar(k, w, far, near, p, by_slot);
+  key_by_slot_scalar(j, n, slot, p, by_slot);
 }
 
-inline void key_by_slot(int64_t w, int64_t far, const int32_t* near, int32_t p, int32_t* by_slot, int lanes) {
+inline void key_by_slot(int64_t j0, int64_t n, const int32_t* slot, int32_t p, int32_t* by_slot, int lanes) {
   std::fill(by_slot, by_slot + p, -1);
-  if (lanes == 16) return key_by_slot_avx512(w, far, near, p, by_slot);
-  key_by_slot_scalar(0, w, far, near, p, by_slot);
+  if (lanes == 16) return key_by_slot_avx512(j0, n, slot, p, by_slot);
+  key_by_slot_scalar(j0, n, slot, p, by_slot);
 }
 
-// Row (b, i): the mask row (into `lm`, n long; its ramp pairs counted into `key_ramp`,
-// the stream's counts of this thread), the near keys' slots (into `near`, w long) and,
-// for the backward pass, the key at each distance below p (`by_slot`), then the h score
-// rows.
+// The ramp pairs that one thread has counted in one stream: per key, and the sum of the
+// query indices over the pairs. Added to the shared totals when the thread moves on to
+// another stream: one atomic per key and stream instead of one per pair, and none per
+// row (a locked addition waits for every store before it, a score row's included).
+struct StreamTally {
+  std::vector<int32_t> counts;
+  int64_t weighted = 0;
+
+  // Adds the tally into stream b's totals (integer sums: the order of the threads
+  // changes nothing) and clears it.
+  void flush(int32_t* key_ramp, int64_t* query_weighted) {
+    for (size_t j = 0; j < counts.size(); ++j) {
+      if (counts[j] != 0) __atomic_fetch_add(key_ramp + j, counts[j], __ATOMIC_RELAXED);
+    }
+    std::fill(counts.begin(), counts.end(), 0);
+    if (weighted != 0) __atomic_fetch_add(query_weighted, weighted, __ATOMIC_RELAXED);
+    weighted = 0;
+  }
+};
+
+// Row (b, i): the mask row (into `lm` and `slot`, n long each; its ramp pairs counted
+// into `tally`, this thread's of the stream) and, for the backward pass, the key at each
+// distance below p (`by_slot`), then the h score rows.
 template <typename T>
-void forward_row(const Dims& dm, const Forward<T>& f, int64_t b, int64_t i, T* lm, int32_t* key_ramp, int32_t* near) {
-  const int64_t n = dm.n, w = dm.near(), far = n - w, mask_row_at = (b * dm.m + i) * n;
+void forward_row(const Dims& dm, const Forward<T>& f, int64_t b, int64_t i, T* lm, int32_t* slot, StreamTally& tally) {
+  const int64_t n = dm.n, mask_row_at = (b * dm.m + i) * n;
   const MaskRow<T> x{f.spans + b * n, f.counter + b * n, f.usable + (b * dm.usable_rows + (dm.usable_rows == 1 ? 0 : i)) * n,
-                     static_cast<T>(i), f.ramp};
+                     static_cast<T>(i), f.ramp, static_cast<int32_t>(dm.p)};
   RampList<T> ramp{f.ramp_key + mask_row_at, f.slope + mask_row_at, 0};
-  const int32_t on_row = mask_row(x, n, lm, ramp, key_ramp, f.lanes);
+  const int32_t on_row = mask_row(x, n, lm, slot, ramp, tally.counts.data(), f.lanes);
   f.ramp_count[b * dm.m + i] = ramp.count;
-  if (on_row > 0) __atomic_fetch_add(f.query_weighted + b, static_cast<int64_t>(on_row) * i, __ATOMIC_RELAXED);
-  near_slots(w, x.c + far, x.fi, lm + far, static_cast<int32_t>(dm.p), near, f.lanes);
-  key_by_slot(w, far, near, static_cast<int32_t>(dm.p), f.by_slot + (b * dm.m + i) * dm.p, f.lanes);
+  tally.weighted += static_cast<int64_t>(on_row) * i;
+  // Only the last `P - 1 + m` keys can be nearer than P (the cache is in time order).
+  key_by_slot(n - dm.near(), n, slot, static_cast<int32_t>(dm.p), f.by_slot + (b * dm.m + i) * dm.p, f.lanes);
   for (int64_t h = 0; h < dm.h; ++h) {
     const int64_t r = (b * dm.h + h) * dm.m + i;
-    score_row(far, n, f.scores + r * n, lm, near, f.pq + r * dm.p, static_cast<int32_t>(dm.p), f.softmax, f.out + r * n, f.lanes);
+    score_row(n, f.scores + r * n, lm, slot, f.pq + r * dm.p, static_cast<int32_t>(dm.p), f.softmax, f.out + r * n, f.lanes);
   }
-}
-
-// Adds a thread's ramp counts of one stream into the shared ones (integer sums: the
-// order of the threads changes nothing) and clears them.
-inline void flush_counts(std::vector<int32_t>& local, int32_t* shared) {
-  for (size_t j = 0; j < local.size(); ++j) {
-    if (local[j] != 0) __atomic_fetch_add(shared + j, local[j], __ATOMIC_RELAXED);
-  }
-  std::fill(local.begin(), local.end(), 0);
 }
 
 template <typename T>
 void forward_kernel(const Dims& dm, const Forward<T>& f) {
   at::parallel_for(0, dm.b * dm.m, 4, [&](int64_t r0, int64_t r1) {
     std::vector<T> lm(dm.n);
-    std::vector<int32_t> near(dm.near());
-    // The ramp counts of the stream this thread is in, added to the shared ones when it
-    // moves on: one atomic per key and stream instead of one per pair.
-    std::vector<int32_t> counts(dm.n, 0);
+    std::vector<int32_t> slot(dm.n);
+    StreamTally tally{std::vector<int32_t>(dm.n, 0)};
     int64_t stream = r0 / dm.m;
     for (int64_t r = r0; r < r1; ++r) {
       if (r / dm.m != stream) {
-        flush_counts(counts, f.key_ramp + stream * dm.n);
+        tally.flush(f.key_ramp + stream * dm.n, f.query_weighted + stream);
         stream = r / dm.m;
       }
-      forward_row(dm, f, stream, r % dm.m, lm.data(), counts.data(), near.data());
+      forward_row(dm, f, stream, r % dm.m, lm.data(), slot.data(), tally);
     }
-    flush_counts(counts, f.key_ramp + stream * dm.n);
+    tally.flush(f.key_ramp + stream * dm.n, f.query_weighted + stream);
   });
 }
 
