@@ -104,8 +104,8 @@ Dims check(const at::Tensor& scores, const at::Tensor& pq, const at::Tensor& spa
 }
 
 // Which vector loops run: 0 the plain ones, 8 AVX2 where the CPU has it, 16 AVX-512 where
-// it has that (else AVX2). Each width computes the same values to float rounding; the
-// tests run every width this CPU has.
+// it has that (else AVX2). AVX-512 gives the AVX2 loops' bits; the plain loops agree with
+// them to float rounding. The tests run every width this CPU has.
 bool cpu_has_avx2() {
   static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return has;
@@ -121,7 +121,6 @@ int lanes_of(int width) {
   if (width >= 8 && cpu_has_avx2()) return 8;
   return 0;
 }
-
 
 // One mask row's inputs: the stream's spans and counters, the row's usable keys, the
 // query's index and the ramp R.
@@ -741,8 +740,8 @@ void divide(int32_t count, T* sum, const T* slope, int lanes) {
 }
 
 // Row (b, i) of the backward pass: each head's scores gradient (through the softmax,
-// when the kernel took it), its positions gradient (the near keys', each at its own
-// distance: nothing collides), and into `by_query` the spans' share of this query at
+// when the kernel took it), its positions gradient (gathered from the key at each
+// distance below P: at most one), and into `by_query` the spans' share of this query at
 // the row's ramp keys (in the order of its ramp list), the sum over heads of the
 // scores' gradient divided by m R. The other keys' share is zero.
 template <typename T>
