@@ -35,14 +35,20 @@ use crate::model::memory::window::{self, query_chunks, Chunk, QUERY_CHUNK};
 use crate::model::Lm;
 use crate::optim::Optimiser;
 use crate::rng::Rng;
-use crate::run::{Scales, Signals};
+use crate::run::{begin_step, Scales, Signals};
 use crate::train::optimisation_step;
 
 /// How long to bench each config.
 #[derive(Clone, Debug)]
 pub struct BenchOptions {
-    /// Timed steps. Default 20.
+    /// Timed steps (per round). Default 20.
     pub steps: usize,
+    /// Rounds: with more than one, every config is built and warmed up first, then the
+    /// configs take turns, `steps` timed steps each, `rounds` times, so that a machine
+    /// whose speed drifts from minute to minute slows them alike. The figures are over
+    /// every round's steps; the peak resident memory is not reported (the configs share
+    /// the process). Default 1.
+    pub rounds: usize,
     /// Untimed warm-up steps. Default 3.
     pub warmup: usize,
     /// Tokens per stream streamed through the model (forward only) before timing.
@@ -69,6 +75,9 @@ impl BenchOptions {
         if self.steps == 0 {
             return Err(LetheError::Invalid("--bench-steps must be at least 1".into()));
         }
+        if self.rounds == 0 {
+            return Err(LetheError::Invalid("--rounds must be at least 1".into()));
+        }
         if self.trace.is_some() && !self.profile {
             return Err(LetheError::Invalid("a trace records the profiled steps: --trace needs --profile".into()));
         }
@@ -84,7 +93,7 @@ impl BenchOptions {
 
 impl Default for BenchOptions {
     fn default() -> Self {
-        BenchOptions { steps: 20, warmup: 3, context: None, profile: false, trace: None }
+        BenchOptions { steps: 20, rounds: 1, warmup: 3, context: None, profile: false, trace: None }
     }
 }
 
@@ -105,7 +114,7 @@ pub struct BenchResult {
     pub parameters: usize,
     /// Tokens per step (`batch * block`).
     pub tokens_per_step: usize,
-    /// Timed steps.
+    /// Timed steps, over every round.
     pub steps: usize,
     /// Median seconds per step.
     pub median_s: f64,
@@ -113,6 +122,12 @@ pub struct BenchResult {
     pub p10_s: f64,
     /// 90th percentile seconds per step.
     pub p90_s: f64,
+    /// The median step of each round ([`BenchOptions::rounds`]), seconds.
+    pub round_medians_s: Vec<f64>,
+    /// With several rounds: the median over the rounds of this config's median step
+    /// over the first config's in the same round (so the machine's slower and faster
+    /// spells, which the configs share round by round, cancel).
+    pub relative: Option<f64>,
     /// Tokens per second at the median.
     pub tokens_per_s: f64,
     /// Peak resident memory of the process while this config ran, MiB.
@@ -162,70 +177,118 @@ const MAX_FILL_BLOCKS: usize = 4096;
 /// (`group`) every rank runs its share of the micro-batches and the figures are the
 /// whole group's, with the time spent in the gradient all-reduce.
 pub fn bench(cfg: &Config, opts: &BenchOptions, group: Option<&ProcessGroup>) -> Result<BenchResult> {
-    cfg.validate()?;
-    opts.validate()?;
-    let device = crate::device::for_training(&cfg.train.device, cfg.train.threads)?;
-    reset_peak_rss();
-    let lm = Lm::new(cfg, device)?;
-    let mut run = Stepper { lm: &lm, opt: Optimiser::new(lm.named_parameters(), &cfg.train), mems: (0..cfg.train.accum).map(|_| lm.model.new_memory()).collect(), cfg, group };
-    let mut rng = Rng::new(cfg.seed);
-    let fill_blocks = fill_memory(&mut run, &mut rng, opts.context)?;
-    let (mut times, mut comm) = (Vec::with_capacity(opts.steps), Vec::with_capacity(opts.steps));
-    for i in 0..opts.warmup + opts.steps {
-        let batch = run.batch(&mut rng);
-        let start = Instant::now();
-        let s = run.step(&batch)?;
-        synchronize(device);
-        if i >= opts.warmup {
-            times.push(start.elapsed().as_secs_f64());
-            comm.push(s.comm_s);
+    let mut timed = Timed::prepare(cfg, opts, group)?;
+    timed.round(opts.steps)?;
+    timed.finish(opts)
+}
+
+/// A config being timed: its model, optimiser and memories (the memory filled and the
+/// warm-up done by [`Timed::prepare`]), and the step times so far, round by round.
+struct Timed<'a> {
+    run: Stepper<'a>,
+    rng: Rng,
+    fill_blocks: usize,
+    /// Seconds of each timed step, and in the all-reduce, over every round.
+    times: Vec<f64>,
+    comm: Vec<f64>,
+    /// The median step of each round.
+    round_medians: Vec<f64>,
+}
+
+impl<'a> Timed<'a> {
+    /// Builds `cfg`'s model, fills its memory and runs the untimed warm-up steps. Starts
+    /// a new peak of the resident memory first.
+    fn prepare(cfg: &'a Config, opts: &BenchOptions, group: Option<&'a ProcessGroup>) -> Result<Self> {
+        cfg.validate()?;
+        opts.validate()?;
+        let device = crate::device::for_training(&cfg.train.device, cfg.train.threads)?;
+        reset_peak_rss();
+        let lm = Lm::new(cfg, device)?;
+        let opt = Optimiser::new(lm.named_parameters(), &cfg.train);
+        let mems = (0..cfg.train.accum).map(|_| lm.model.new_memory()).collect();
+        let mut run = Stepper { lm, opt, mems, cfg, group, steps: 0 };
+        let mut rng = Rng::new(cfg.seed);
+        let fill_blocks = fill_memory(&mut run, &mut rng, opts.context)?;
+        for _ in 0..opts.warmup {
+            let batch = run.batch(&mut rng);
+            run.step(&batch)?;
         }
+        synchronize(device);
+        Ok(Timed { run, rng, fill_blocks, times: vec![], comm: vec![], round_medians: vec![] })
     }
-    // Under torchrun rank 0 traces for the group (the ranks run the same operations).
-    let trace = opts.trace.as_ref().filter(|_| group.is_none_or(|g| g.rank() == 0)).map(|dir| dir.join(format!("trace-{}.json", cfg.name)));
-    let profile = opts.profile.then(|| profile_steps(&mut run, opts.steps, &mut rng, trace.as_deref())).transpose()?;
-    let t = Timing::of(times);
-    let comm_s = Timing::of(comm).median_s;
-    let tokens = cfg.train.batch * cfg.train.block;
-    let reports = run.mems[0].reports();
-    let held: Vec<usize> = reports.iter().map(|r| r.held).collect();
-    let flops = step_flops(cfg, &held, device);
-    Ok(BenchResult {
-        name: cfg.name.clone(),
-        mechanism: cfg.memory.mechanism.name().to_string(),
-        knob: None,
-        value: None,
-        span: cfg.memory.span,
-        parameters: lm.parameter_count(),
-        tokens_per_step: tokens,
-        steps: opts.steps,
-        median_s: t.median_s,
-        p10_s: t.p10_s,
-        p90_s: t.p90_s,
-        tokens_per_s: tokens as f64 / t.median_s,
-        peak_rss_mib: peak_rss_bytes().map(|b| b as f64 / (1024.0 * 1024.0)),
-        mem_size: reports.iter().map(|r| r.mem_size).collect(),
-        held,
-        flops_per_step: flops,
-        gflops: flops / t.median_s / 1e9,
-        mfu: None,
-        threads: tch::get_num_threads(),
-        ranks: group.map_or(1, ProcessGroup::world_size),
-        comm_s,
-        fill_blocks,
-        context_tokens: fill_blocks * cfg.train.block,
-        profile,
-    })
+
+    /// Times `steps` more training steps, one round.
+    fn round(&mut self, steps: usize) -> Result<()> {
+        let device = self.run.lm.device();
+        let mut times = Vec::with_capacity(steps);
+        for _ in 0..steps {
+            let batch = self.run.batch(&mut self.rng);
+            let start = Instant::now();
+            let s = self.run.step(&batch)?;
+            synchronize(device);
+            times.push(start.elapsed().as_secs_f64());
+            self.comm.push(s.comm_s);
+        }
+        self.round_medians.push(Timing::of(times.clone()).median_s);
+        self.times.extend(times);
+        Ok(())
+    }
+
+    /// The figures over every round timed, after the profiled steps of `opts.profile`.
+    fn finish(mut self, opts: &BenchOptions) -> Result<BenchResult> {
+        let (cfg, group) = (self.run.cfg, self.run.group);
+        let device = self.run.lm.device();
+        // Under torchrun rank 0 traces for the group (the ranks run the same operations).
+        let trace = opts.trace.as_ref().filter(|_| group.is_none_or(|g| g.rank() == 0)).map(|dir| dir.join(format!("trace-{}.json", cfg.name)));
+        let profile = opts.profile.then(|| profile_steps(&mut self.run, opts.steps, &mut self.rng, trace.as_deref())).transpose()?;
+        let steps = self.times.len();
+        let t = Timing::of(self.times);
+        let comm_s = Timing::of(self.comm).median_s;
+        let tokens = cfg.train.batch * cfg.train.block;
+        let reports = self.run.mems[0].reports();
+        let held: Vec<usize> = reports.iter().map(|r| r.held).collect();
+        let flops = step_flops(cfg, &held, device);
+        Ok(BenchResult {
+            name: cfg.name.clone(),
+            mechanism: cfg.memory.mechanism.name().to_string(),
+            knob: None,
+            value: None,
+            span: cfg.memory.span,
+            parameters: self.run.lm.parameter_count(),
+            tokens_per_step: tokens,
+            steps,
+            median_s: t.median_s,
+            p10_s: t.p10_s,
+            p90_s: t.p90_s,
+            round_medians_s: self.round_medians,
+            relative: None,
+            tokens_per_s: tokens as f64 / t.median_s,
+            peak_rss_mib: peak_rss_bytes().map(|b| b as f64 / (1024.0 * 1024.0)),
+            mem_size: reports.iter().map(|r| r.mem_size).collect(),
+            held,
+            flops_per_step: flops,
+            gflops: flops / t.median_s / 1e9,
+            mfu: None,
+            threads: tch::get_num_threads(),
+            ranks: group.map_or(1, ProcessGroup::world_size),
+            comm_s,
+            fill_blocks: self.fill_blocks,
+            context_tokens: self.fill_blocks * cfg.train.block,
+            profile,
+        })
+    }
 }
 
 /// What the bench's training steps run on: the model, its optimiser, the memories of
 /// its micro-batches, the config, and the process group under torchrun.
 struct Stepper<'a> {
-    lm: &'a Lm,
+    lm: Lm,
     opt: Optimiser,
     mems: Vec<crate::model::Memory>,
     cfg: &'a Config,
     group: Option<&'a ProcessGroup>,
+    /// Optimisation steps taken.
+    steps: usize,
 }
 
 impl Stepper<'_> {
@@ -234,9 +297,13 @@ impl Stepper<'_> {
         random_batch(rng, self.cfg.train.batch, self.cfg.train.block, self.cfg.model.vocab, false)
     }
 
-    /// One optimisation step on `batch` at the config's learning rate.
+    /// One optimisation step on `batch` at the config's learning rate, its draws from
+    /// libtorch's generator (dropout, span noise) seeded as training seeds them, so that
+    /// the step does not depend on what ran before it in the process.
     fn step(&mut self, batch: &Batch) -> Result<crate::train::StepStats> {
-        optimisation_step(self.lm, &mut self.opt, &mut self.mems, batch, &self.cfg.train, Scales { lr: self.cfg.train.lr, aux: 1.0 }, self.group)
+        let (_, _seed) = begin_step(self.cfg, self.steps);
+        self.steps += 1;
+        optimisation_step(&self.lm, &mut self.opt, &mut self.mems, batch, &self.cfg.train, Scales { lr: self.cfg.train.lr, aux: 1.0 }, self.group)
     }
 }
 
@@ -349,7 +416,7 @@ fn synchronize(device: Device) {
 /// of blocks run.
 fn fill_memory(run: &mut Stepper, rng: &mut Rng, context: Option<usize>) -> Result<usize> {
     let _guard = tch::no_grad_guard();
-    let (lm, cfg) = (run.lm, run.cfg);
+    let (lm, cfg) = (&run.lm, run.cfg);
     let ranks = run.group.map_or(1, ProcessGroup::world_size);
     let blocks = match context {
         Some(tokens) => tokens.div_ceil(cfg.train.block),
@@ -606,39 +673,92 @@ pub fn plan(base: &Config, mechanisms: &[String], scale: Option<&Scale>, context
 pub struct Benched {
     pub results: Vec<BenchResult>,
     /// SIGINT, SIGTERM or SIGHUP, when one arrived while cases remained: the case under
-    /// way was finished and the ones after it skipped.
+    /// way was finished and the ones after it skipped; with several rounds, the round
+    /// under way was finished and the rest skipped.
     pub stopped_by: Option<String>,
+    /// Rounds timed ([`BenchOptions::rounds`], fewer after a signal).
+    pub rounds_done: usize,
 }
 
 /// Benches every case in turn, telling `say` about each result as it comes. A first
 /// SIGINT, SIGTERM or SIGHUP lets the case under way finish and skips the rest (every
 /// rank of a launch stops at the same case); a second one ends the process at once.
+/// With [`BenchOptions::rounds`] above one, [`run_in_rounds`].
 pub fn run(cases: &[Case], opts: &BenchOptions, gemm_gflops: f64, group: Option<&ProcessGroup>, say: &mut dyn FnMut(&BenchResult)) -> Result<Benched> {
     for case in cases {
         crate::model::check_fits(&case.cfg, crate::device::parse(&case.cfg.train.device)?)?;
     }
     let signals = Signals::watch()?;
+    if opts.rounds > 1 {
+        return run_in_rounds(cases, opts, gemm_gflops, group, &signals, say);
+    }
     let mut results = vec![];
     for case in cases {
         let o = BenchOptions { context: case.context, ..opts.clone() };
-        let mut r = with_mfu(bench(&case.cfg, &o, group)?, gemm_gflops);
-        if let Some((knob, value)) = case.scaled {
-            r.knob = Some(knob.name().to_string());
-            r.value = Some(value);
-        }
+        let r = labelled(with_mfu(bench(&case.cfg, &o, group)?, gemm_gflops), case);
         say(&r);
         results.push(r);
-        let received = signals.received();
-        let stop = match group {
-            Some(g) => g.any(received.is_some())?,
-            None => received.is_some(),
-        };
-        if stop && results.len() < cases.len() {
-            let signal = received.unwrap_or_else(|| "a signal to another rank".to_string());
-            return Ok(Benched { results, stopped_by: Some(signal) });
+        if let Some(signal) = stop_signal(&signals, group)?.filter(|_| results.len() < cases.len()) {
+            return Ok(Benched { results, stopped_by: Some(signal), rounds_done: 1 });
         }
     }
-    Ok(Benched { results, stopped_by: None })
+    Ok(Benched { results, stopped_by: None, rounds_done: 1 })
+}
+
+/// Every case built, filled and warmed up first, then their timed steps in
+/// `opts.rounds` rounds, the cases taking turns, so that the machine's slow and fast
+/// spells fall on all of them alike. A signal stops the bench after the round under
+/// way; the figures are then over the rounds done.
+fn run_in_rounds(cases: &[Case], opts: &BenchOptions, gemm_gflops: f64, group: Option<&ProcessGroup>, signals: &Signals, say: &mut dyn FnMut(&BenchResult)) -> Result<Benched> {
+    let leader = group.is_none_or(|g| g.rank() == 0);
+    let mut timed = vec![];
+    for case in cases {
+        timed.push(Timed::prepare(&case.cfg, &BenchOptions { context: case.context, ..opts.clone() }, group)?);
+    }
+    let (mut rounds_done, mut stopped_by) = (0, None);
+    while rounds_done < opts.rounds && stopped_by.is_none() {
+        for t in timed.iter_mut() {
+            t.round(opts.steps)?;
+        }
+        rounds_done += 1;
+        if leader {
+            let medians: Vec<String> = timed.iter().map(|t| format!("{:.1}", 1e3 * t.round_medians[rounds_done - 1])).collect();
+            eprintln!("round {rounds_done} of {}: median ms per step {}", opts.rounds, medians.join(", "));
+        }
+        stopped_by = stop_signal(signals, group)?.filter(|_| rounds_done < opts.rounds);
+    }
+    let mut results = vec![];
+    for (t, case) in timed.into_iter().zip(cases) {
+        let mut r = labelled(with_mfu(t.finish(&BenchOptions { context: case.context, ..opts.clone() })?, gemm_gflops), case);
+        r.peak_rss_mib = None;
+        results.push(r);
+    }
+    let first = results[0].round_medians_s.clone();
+    for r in results.iter_mut() {
+        let ratios: Vec<f64> = r.round_medians_s.iter().zip(&first).map(|(a, b)| a / b).collect();
+        r.relative = Some(Timing::of(ratios).median_s);
+        say(r);
+    }
+    Ok(Benched { results, stopped_by, rounds_done })
+}
+
+/// `r` with the knob and value its case stands for.
+fn labelled(mut r: BenchResult, case: &Case) -> BenchResult {
+    if let Some((knob, value)) = case.scaled {
+        r.knob = Some(knob.name().to_string());
+        r.value = Some(value);
+    }
+    r
+}
+
+/// The signal that asks the bench to stop, if one came (to any rank of a launch).
+fn stop_signal(signals: &Signals, group: Option<&ProcessGroup>) -> Result<Option<String>> {
+    let received = signals.received();
+    let stop = match group {
+        Some(g) => g.any(received.is_some())?,
+        None => received.is_some(),
+    };
+    Ok(stop.then(|| received.unwrap_or_else(|| "a signal to another rank".to_string())))
 }
 
 /// The results as a terminal table, one row per config.
@@ -646,8 +766,8 @@ pub fn table(results: &[BenchResult]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:<12} {:>10} {:>9} {:>10} {:>16} {:>9} {:>9} {:>8} {:>6} {:>12}",
-        "mechanism", "knob", "span", "context", "ms/step (p10-90)", "tok/s", "peak MiB", "GFLOP/s", "MFU", "mem/layer"
+        "{:<12} {:>10} {:>9} {:>10} {:>16} {:>9} {:>9} {:>8} {:>6} {:>12} {:>9}",
+        "mechanism", "knob", "span", "context", "ms/step (p10-90)", "tok/s", "peak MiB", "GFLOP/s", "MFU", "mem/layer", "vs first"
     );
     for r in results {
         let knob = match (&r.knob, r.value) {
@@ -656,7 +776,7 @@ pub fn table(results: &[BenchResult]) -> String {
         };
         let _ = writeln!(
             s,
-            "{:<12} {:>10} {:>9} {:>10} {:>16} {:>9.0} {:>9} {:>8.1} {:>6} {:>12.1}",
+            "{:<12} {:>10} {:>9} {:>10} {:>16} {:>9.0} {:>9} {:>8.1} {:>6} {:>12.1} {:>9}",
             r.mechanism,
             knob,
             r.span,
@@ -666,7 +786,8 @@ pub fn table(results: &[BenchResult]) -> String {
             r.peak_rss_mib.map(|m| format!("{m:.0}")).unwrap_or_else(|| "n/a".into()),
             r.gflops,
             r.mfu.map(|m| format!("{:.1}%", 100.0 * m)).unwrap_or_else(|| "n/a".into()),
-            r.mean_mem_size()
+            r.mean_mem_size(),
+            r.relative.map(|x| format!("{x:.3}x")).unwrap_or_else(|| "-".into())
         );
     }
     s
@@ -686,6 +807,8 @@ struct CsvRow<'a> {
     median_s: f64,
     p10_s: f64,
     p90_s: f64,
+    rounds: usize,
+    relative: Option<f64>,
     tokens_per_s: f64,
     peak_rss_mib: Option<f64>,
     mean_mem_size: f64,
@@ -712,6 +835,8 @@ pub fn csv(results: &[BenchResult]) -> Result<String> {
         median_s: r.median_s,
         p10_s: r.p10_s,
         p90_s: r.p90_s,
+        rounds: r.round_medians_s.len(),
+        relative: r.relative,
         tokens_per_s: r.tokens_per_s,
         peak_rss_mib: r.peak_rss_mib,
         mean_mem_size: r.mean_mem_size(),
@@ -848,12 +973,44 @@ mod tests {
         let mut cfg = Config::preset("copy-tiny").unwrap();
         cfg.model.layers = 1;
         cfg.train.batch = 2;
-        let r = bench(&cfg, &BenchOptions { steps: 2, warmup: 0, context: None, profile: false, trace: None }, None).unwrap();
+        let r = bench(&cfg, &BenchOptions { steps: 2, rounds: 1, warmup: 0, context: None, profile: false, trace: None }, None).unwrap();
         let r = with_mfu(r, rate);
         let mfu = r.mfu.unwrap();
         assert!((mfu - r.gflops / rate).abs() < 1e-12 && mfu > 0.0);
         assert_eq!(r.flops_per_step, step_flops(&cfg, &r.held, Device::Cpu));
         assert!(r.profile.is_none(), "no profile unless asked");
+    }
+
+    /// Configs timed in rounds, taking turns, train exactly as each would alone: the
+    /// same parameters, bit for bit, after the same steps (each has its own model,
+    /// optimiser, memory and data stream; nothing is shared between them).
+    #[test]
+    fn configs_taking_turns_train_as_each_would_alone() {
+        let mut cfg = Config::preset("copy-tiny").unwrap();
+        cfg.model.layers = 1;
+        cfg.train.batch = 2;
+        cfg.model.dropout = 0.1;
+        let mut other = cfg.clone();
+        other.memory.mechanism = Mechanism::Expire;
+        other.seed = 7;
+        let opts = BenchOptions { steps: 1, rounds: 2, warmup: 1, ..BenchOptions::default() };
+        let params = |t: &Timed| t.run.lm.named_parameters();
+        let (mut a, mut b) = (Timed::prepare(&cfg, &opts, None).unwrap(), Timed::prepare(&other, &opts, None).unwrap());
+        for _ in 0..2 {
+            a.round(1).unwrap();
+            b.round(1).unwrap();
+        }
+        for (config, turns) in [(&cfg, &a), (&other, &b)] {
+            let mut alone = Timed::prepare(config, &opts, None).unwrap();
+            alone.round(2).unwrap();
+            for ((name, x), (_, y)) in params(turns).iter().zip(params(&alone)) {
+                assert!(x.equal(&y), "{}: {name} differs", config.memory.mechanism.name());
+            }
+        }
+        let r = a.finish(&opts).unwrap();
+        assert_eq!((r.steps, r.round_medians_s.len()), (2, 2));
+        assert!(r.round_medians_s.iter().all(|&t| t > 0.0) && r.relative.is_none());
+        assert!(BenchOptions { rounds: 0, ..opts }.validate().unwrap_err().to_string().contains("--rounds"));
     }
 
     /// `--profile` times the phases of the step, down to the memory's own, and each
@@ -864,7 +1021,7 @@ mod tests {
         cfg.memory.mechanism = Mechanism::Expire;
         cfg.model.layers = 2;
         cfg.train.batch = 2;
-        let r = bench(&cfg, &BenchOptions { steps: 2, warmup: 0, context: None, profile: true, trace: None }, None).unwrap();
+        let r = bench(&cfg, &BenchOptions { steps: 2, rounds: 1, warmup: 0, context: None, profile: true, trace: None }, None).unwrap();
         let phases = r.profile.unwrap();
         let find = |name: &str| phases.iter().find(|p| p.name() == name).unwrap_or_else(|| panic!("no phase {name}"));
         assert_eq!(find("step").calls, 2);
@@ -889,7 +1046,7 @@ mod tests {
         let mut cfg = Config::preset("copy-tiny").unwrap();
         cfg.memory.mechanism = Mechanism::Expire;
         cfg.train.batch = 2;
-        let opts = BenchOptions { steps: 2, warmup: 0, context: None, profile: true, trace: Some(dir.path().join("traces")) };
+        let opts = BenchOptions { steps: 2, rounds: 1, warmup: 0, context: None, profile: true, trace: Some(dir.path().join("traces")) };
         bench(&cfg, &opts, None).unwrap();
         let path = dir.path().join("traces").join(format!("trace-{}.json", cfg.name));
         let events: Vec<serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();

@@ -459,9 +459,16 @@ pub struct GenerateArgs {
 pub struct BenchArgs {
     #[command(flatten)]
     pub config: ConfigArgs,
-    /// Timed steps.
+    /// Timed steps (per round).
     #[arg(long = "bench-steps", allow_negative_numbers = true, default_value_t = 20)]
     pub bench_steps: usize,
+    /// Time the configs in this many rounds of --bench-steps steps each, taking turns
+    /// (every config is built and warmed up first, so all are held in memory at once):
+    /// on a machine whose speed drifts, they are slowed alike. Each config's figures are
+    /// over all its rounds, with the median over the rounds of its time relative to the
+    /// first config's ("vs first"); the peak memory is not reported.
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1)]
+    pub rounds: usize,
     /// Untimed warm-up steps.
     #[arg(long, allow_negative_numbers = true, default_value_t = 3)]
     pub warmup: usize,

@@ -39,6 +39,11 @@ pub enum LetheError {
     #[error("interrupted by {signal} after {done} of {total} configs; the rest were skipped. {kept}")]
     BenchInterrupted { signal: String, done: usize, total: usize, kept: String },
 
+    /// `lethe bench --rounds` was stopped by a signal after a round: every config's
+    /// figures are over the rounds done.
+    #[error("interrupted by {signal} after {done} of {total} rounds; every config's figures are over the rounds done. {kept}")]
+    BenchRoundsInterrupted { signal: String, done: usize, total: usize, kept: String },
+
     /// A file could not be read or written. The message holds the reason, so `error`
     /// is not also given as the error's `source()` (which would print it twice in a
     /// chain, as `main`'s `{:#}` does).

@@ -23,7 +23,7 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             match e.downcast_ref::<lethe::LetheError>() {
                 // 128 + SIGINT, as a shell reports a command stopped by Ctrl-C.
-                Some(lethe::LetheError::Interrupted { .. } | lethe::LetheError::BenchInterrupted { .. }) => ExitCode::from(130),
+                Some(lethe::LetheError::Interrupted { .. } | lethe::LetheError::BenchInterrupted { .. } | lethe::LetheError::BenchRoundsInterrupted { .. }) => ExitCode::from(130),
                 _ => ExitCode::FAILURE,
             }
         }
@@ -676,7 +676,7 @@ fn bench(a: BenchArgs) -> Result<()> {
     let scale = a.scale.as_deref().map(lethe::bench::parse_scale).transpose()?;
     let cases = lethe::bench::plan(&cfg, &a.mechanisms, scale.as_ref(), a.context)?;
     let trace = a.trace.then(|| a.out.join(&cfg.name));
-    let opts = lethe::bench::BenchOptions { steps: a.bench_steps, warmup: a.warmup, context: a.context, profile: a.profile || a.trace, trace: trace.clone() };
+    let opts = lethe::bench::BenchOptions { steps: a.bench_steps, rounds: a.rounds, warmup: a.warmup, context: a.context, profile: a.profile || a.trace, trace: trace.clone() };
     opts.validate()?;
     let group = lethe::dist::join_for_training(&cfg)?;
     let leader = group.as_ref().is_none_or(|g| g.rank() == 0); // rank 0 speaks for a torchrun launch
@@ -689,8 +689,9 @@ fn bench(a: BenchArgs) -> Result<()> {
             return;
         }
         let comm = if r.ranks > 1 { format!(" | {} ranks, {:.0}% of the step in all-reduce", r.ranks, 100.0 * r.comm_s / r.median_s) } else { String::new() };
+        let relative = r.relative.map(|x| format!(" | {x:.3}x the first config over {} rounds", r.round_medians_s.len())).unwrap_or_default();
         println!(
-            "{:<14} {:<11} {:>9} params | {} tok/step | step median {:.1} ms (p10 {:.1}, p90 {:.1}) | {:.0} tok/s | peak RSS {} | mem {:?} | {:.2} GFLOP/step, MFU {} | context {} tokens{comm}",
+            "{:<14} {:<11} {:>9} params | {} tok/step | step median {:.1} ms (p10 {:.1}, p90 {:.1}) | {:.0} tok/s | peak RSS {} | mem {:?} | {:.2} GFLOP/step, MFU {} | context {} tokens{comm}{relative}",
             r.name,
             r.mechanism,
             r.parameters,
@@ -711,6 +712,7 @@ fn bench(a: BenchArgs) -> Result<()> {
     })?;
     let kept = if leader { bench_report(&a.out.join(&cfg.name), &benched.results, gemm, trace.as_deref())? } else { "Rank 0 writes the results.".into() };
     match benched.stopped_by {
+        Some(signal) if opts.rounds > 1 => Err(lethe::LetheError::BenchRoundsInterrupted { signal, done: benched.rounds_done, total: opts.rounds, kept }.into()),
         Some(signal) => Err(lethe::LetheError::BenchInterrupted { signal, done: benched.results.len(), total: cases.len(), kept }.into()),
         None => Ok(()),
     }

@@ -126,6 +126,44 @@ fn a_signal_stops_bench_between_configs_and_keeps_the_results_done() {
     assert_eq!(lines.lock().unwrap().iter().filter(|l| l.contains("step median")).count(), done);
 }
 
+/// `--rounds`: a signal stops the bench after the round under way, and every config's
+/// figures over the rounds done are reported and written.
+#[test]
+fn a_signal_stops_bench_rounds_after_a_round_and_keeps_every_config() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // Rounds of a fraction of a second each (two configs, 100 steps of about 2 ms).
+    let mut args = vec!["bench", "--out", "runs", "--bench-steps", "100", "--warmup", "0", "--rounds", "50", "--set", "train.threads=1", "--mechanism", "fixed:8", "--mechanism", "fixed:16"];
+    args.extend_from_slice(TINY);
+    let mut child = spawn(d, &args);
+    let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let reader = {
+        let (stderr, lines) = (child.stderr.take().unwrap(), lines.clone());
+        std::thread::spawn(move || std::io::BufReader::new(stderr).lines().map_while(Result::ok).for_each(|l| lines.lock().unwrap().push(l)))
+    };
+    let one_round = || lines.lock().unwrap().iter().any(|l| l.starts_with("round 1 of 50"));
+    common::wait_until("no round was timed", 120, || one_round() || child.try_wait().unwrap().is_some());
+    assert!(one_round(), "lethe bench ended early: {:?}", lines.lock().unwrap());
+    // SAFETY: sending a signal to our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    reader.join().unwrap();
+    let stderr = lines.lock().unwrap().join("\n");
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    let done = lines.lock().unwrap().iter().filter(|l| l.starts_with("round ")).count();
+    assert!((1..50).contains(&done), "{done} rounds: {stderr}");
+    let said = format!("interrupted by SIGINT after {done} of 50 rounds; every config's figures are over the rounds done");
+    assert!(stderr.contains(&said) && stderr.contains("bench.json"), "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(d.join("runs/copy-tiny/bench.json")).unwrap()).unwrap();
+    let results = report["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2, "every config is reported");
+    for r in results {
+        assert_eq!(r["steps"].as_u64(), Some(100 * done as u64));
+        assert_eq!(r["round_medians_s"].as_array().unwrap().len(), done);
+    }
+}
+
 /// Lost work: a failed checkpoint write left its temporary file behind.
 #[test]
 fn a_failed_atomic_write_leaves_no_temporary_file() {

@@ -209,6 +209,39 @@ fn bench_scales_a_knob_for_several_mechanisms_into_a_table_json_and_csv() {
     fails_with(&lethe(d, &["bench", "--mechanism", "lstm"]), &["unknown mechanism `lstm`"]);
 }
 
+/// `--rounds`: the configs take turns, round by round; each is timed over all its
+/// rounds, and compared with the first config round by round ("vs first").
+#[test]
+fn bench_in_rounds_times_the_configs_in_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut args = vec!["bench", "--bench-steps", "2", "--warmup", "0", "--rounds", "3", "--mechanism", "fixed:8", "--mechanism", "expire:16"];
+    args.extend_from_slice(TINY);
+    let out = lethe(d, &args);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    let said: Vec<&str> = stderr.lines().filter(|l| l.starts_with("round ")).collect();
+    assert_eq!(said.len(), 3, "{stderr}");
+    assert!(said[2].starts_with("round 3 of 3: median ms per step "), "{stderr}");
+    assert!(stdout.contains("1.000x the first config over 3 rounds") && stdout.contains("vs first"), "{stdout}");
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(d.join("runs/copy-tiny/bench.json")).unwrap()).unwrap();
+    for (i, r) in report["results"].as_array().unwrap().iter().enumerate() {
+        assert_eq!(r["steps"], 6, "3 rounds of 2");
+        let rounds = r["round_medians_s"].as_array().unwrap();
+        assert_eq!(rounds.len(), 3);
+        assert!(r["peak_rss_mib"].is_null(), "the configs share the process: no peak of their own");
+        let relative = r["relative"].as_f64().unwrap();
+        if i == 0 {
+            assert_eq!(relative, 1.0);
+        } else {
+            assert!(relative > 0.0 && relative.is_finite());
+        }
+    }
+    let csv = std::fs::read_to_string(d.join("runs/copy-tiny/bench.csv")).unwrap();
+    assert!(csv.lines().next().unwrap().contains(",rounds,relative,"), "{csv}");
+    fails_with(&lethe(d, &["bench", "--rounds", "0"]), &["--rounds must be at least 1"]);
+}
+
 /// Checks that the SVG picture `svg` has its PNG beside it, at twice its size.
 fn png_beside(svg: &std::path::Path) {
     let text = std::fs::read_to_string(svg).unwrap();
