@@ -169,7 +169,15 @@ mod tests {
             let (want, got) = (run(&plain, kind, cached, bias, scores), run(ours, kind, cached, bias, scores));
             assert_eq!(want.len(), got.len());
             for (i, (a, b)) in want.iter().zip(&got).enumerate() {
-                assert!(a.equal(b), "{kind:?}, cache {cached}, bias {bias}, scores {scores}: output {i} differs by {}", (a - b).abs().max().double_value(&[]));
+                // Bit for bit in float32, what training runs. The block rows' gradient is a
+                // product of fewer rows than the plain one's, and in float64 MKL on an AMD
+                // EPYC (Zen 4) sums it in another order for some row counts (1.8e-15 off in
+                // the states' gradient of the case with 2 cached rows): double rounding there.
+                let same = match kind {
+                    Kind::Double => a.allclose(b, 1e-13, 1e-13, false),
+                    _ => a.equal(b),
+                };
+                assert!(same, "{kind:?}, cache {cached}, bias {bias}, scores {scores}: output {i} differs by {}", (a - b).abs().max().double_value(&[]));
             }
         }
     }
