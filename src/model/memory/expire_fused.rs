@@ -119,9 +119,16 @@ mod tests {
     const RAMP: f64 = 4.0;
 
     fn block(rng: &mut Rng, cached: i64, rows: i64, episodes: bool) -> Block {
+        block_with_gaps(rng, cached, rows, episodes, 3)
+    }
+
+    /// [`block`] with gaps of 1 to `widest` steps between the cached memories: with 1,
+    /// every distance is held, as in a cache that nothing was deleted from (the near
+    /// keys' slots then run one by one, which the kernel reads without a gather).
+    fn block_with_gaps(rng: &mut Rng, cached: i64, rows: i64, episodes: bool, widest: i64) -> Block {
         let (b, h, m, dh) = (2, 3, 5, 4);
         let n = cached + m;
-        let gaps = (rng.uniform_tensor(&[b, cached], Kind::Double) * 3.0).floor() + 1.0;
+        let gaps = (rng.uniform_tensor(&[b, cached], Kind::Double) * widest as f64).floor() + 1.0;
         let cached_counter = gaps.flip([1]).cumsum(1, Kind::Double).flip([1]);
         let block_counter = -Tensor::arange(m, (Kind::Double, tch::Device::Cpu)).unsqueeze(0).expand([b, m], false);
         let counter = Tensor::cat(&[cached_counter, block_counter], 1);
@@ -139,8 +146,9 @@ mod tests {
         Block {
             content: rng.normal_tensor(&[b, h, m, n], Kind::Double).set_requires_grad(true),
             positions: rng.normal_tensor(&[b, h, m, rows], Kind::Double).set_requires_grad(true),
-            // Spans near each memory's distance, so that many pairs fall on the ramp.
-            spans: (&counter + rng.uniform_tensor(&[b, n], Kind::Double) * 8.0 - 3.5).clamp_min(0.1).set_requires_grad(true),
+            // Spans near each memory's distance, so that many pairs fall on the ramp; with
+            // every distance held, up to 56 steps longer, so that runs of near keys are seen.
+            spans: (&counter + rng.uniform_tensor(&[b, n], Kind::Double) * if widest == 1 { 60.0 } else { 8.0 } - 3.5).clamp_min(0.1).set_requires_grad(true),
             counter,
             usable,
             v: rng.normal_tensor(&[b, h, n, dh], Kind::Double),
@@ -297,8 +305,9 @@ mod tests {
     #[test]
     fn in_float_every_width_equals_the_written_out_scores() {
         let mut rng = Rng::new(35);
-        for (cached, rows, episodes) in CASES.into_iter().chain([(45, 8, false), (43, 20, true)]) {
-            let x = in_float(&block(&mut rng, cached, rows, episodes));
+        let cases = CASES.into_iter().map(|(c, r, e)| (c, r, e, 3)).chain([(45, 8, false, 3), (43, 20, true, 3), (45, 40, false, 1), (60, 33, true, 1)]);
+        for (cached, rows, episodes, widest) in cases {
+            let x = in_float(&block_with_gaps(&mut rng, cached, rows, episodes, widest));
             let (scores, counts, by_dist) = written_out(&x);
             let w = rng.normal_tensor(&[2, 3, 5, 4], Kind::Float); // (b, h, m, dh)
             let inputs = [&x.content, &x.positions, &x.spans];
@@ -306,7 +315,7 @@ mod tests {
             let finite = scores.isfinite();
             let weights = scores.softmax(-1, Kind::Float);
             for (width, softmax) in [0, 8, 16].into_iter().flat_map(|w| [(w, false), (w, true)]) {
-                let case = format!("cached {cached}, rows {rows}, episodes {episodes}, width {width}, softmax {softmax}");
+                let case = format!("cached {cached}, rows {rows}, episodes {episodes}, gaps up to {widest}, width {width}, softmax {softmax}");
                 let fused = scores_with(&x.content, &x.positions, &x.spans, &x.counter, &x.usable, RAMP, Loops { width, softmax }).unwrap();
                 if softmax {
                     let gap = (&fused.out - &weights).abs().max().double_value(&[]);
@@ -336,12 +345,12 @@ mod tests {
     #[test]
     fn avx512_gives_the_bits_of_avx2() {
         let mut rng = Rng::new(36);
-        for (cached, rows, episodes) in [(45, 8, false), (43, 20, true), (20, 4, true), (6, 8, false)] {
-            let x = in_float(&block(&mut rng, cached, rows, episodes));
+        for (cached, rows, episodes, widest) in [(45, 8, false, 3), (43, 20, true, 3), (20, 4, true, 3), (6, 8, false, 3), (45, 40, false, 1), (60, 33, true, 1)] {
+            let x = in_float(&block_with_gaps(&mut rng, cached, rows, episodes, widest));
             let w = rng.normal_tensor(&[2, 3, 5, 4], Kind::Float); // (b, h, m, dh)
             let inputs = [&x.content, &x.positions, &x.spans];
             for softmax in [false, true] {
-                let case = format!("cached {cached}, rows {rows}, episodes {episodes}, softmax {softmax}");
+                let case = format!("cached {cached}, rows {rows}, episodes {episodes}, gaps up to {widest}, softmax {softmax}");
                 let run = |width| {
                     let fused = scores_with(&x.content, &x.positions, &x.spans, &x.counter, &x.usable, RAMP, Loops { width, softmax }).unwrap();
                     let grads = Tensor::run_backward(&[fused_objective(&fused, softmax, &x.v, &w)], &inputs, false, false);
