@@ -238,8 +238,31 @@ fn bench_in_rounds_times_the_configs_in_turn() {
         }
     }
     let csv = std::fs::read_to_string(d.join("runs/copy-tiny/bench.csv")).unwrap();
-    assert!(csv.lines().next().unwrap().contains(",rounds,relative,"), "{csv}");
+    assert!(csv.lines().next().unwrap().contains(",rounds,relative,last_loss,"), "{csv}");
     fails_with(&lethe(d, &["bench", "--rounds", "0"]), &["--rounds must be at least 1"]);
+}
+
+/// A config benched in turns with another trains as it does alone: the same loss after
+/// the same steps, bit for bit, dropout on (each bench step seeds libtorch's generator
+/// as training does; before, a config drew its dropout from wherever the other config's
+/// draws had left the generator).
+#[test]
+fn a_config_benched_in_turns_trains_as_it_does_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let loss = |extra: &[&str], out: &str| -> Vec<f64> {
+        let mut args = vec!["bench", "--warmup", "1", "--out", out, "--set", "model.dropout=0.1", "--set", "train.threads=1"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(TINY);
+        succeeds(&lethe(d, &args));
+        let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(d.join(out).join("copy-tiny/bench.json")).unwrap()).unwrap();
+        report["results"].as_array().unwrap().iter().map(|r| r["last_loss"].as_f64().unwrap()).collect()
+    };
+    let turns = loss(&["--bench-steps", "1", "--rounds", "2", "--mechanism", "fixed:8", "--mechanism", "expire:16"], "turns");
+    let fixed = loss(&["--bench-steps", "2", "--mechanism", "fixed:8"], "fixed");
+    let expire = loss(&["--bench-steps", "2", "--mechanism", "expire:16"], "expire");
+    assert!(turns.iter().all(|l| l.is_finite() && *l > 0.0), "{turns:?}");
+    assert_eq!(turns, [fixed[0], expire[0]]);
 }
 
 /// Checks that the SVG picture `svg` has its PNG beside it, at twice its size.
