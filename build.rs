@@ -45,6 +45,10 @@ fn compile_csrc(lib: &std::path::Path) {
         // work over OpenMP threads only where `_OPENMP` is defined: without this flag
         // the fused Expire-Span kernel ran on one thread while libtorch's others waited.
         .flag("-fopenmp")
+        // No fused multiply-adds but the ones written out: the vector loops keep the bits
+        // of the plain ones only if each product is rounded before it is added (GCC fuses
+        // them by default wherever a function's target has FMA).
+        .flag("-ffp-contract=off")
         .define("USE_C10D_GLOO", None)
         .define("_GLIBCXX_USE_CXX11_ABI", "1")
         .warnings(false)

@@ -560,9 +560,36 @@ __attribute__((target("avx2"))) void softmax_backward_row_avx2(const float* p, c
   for (int64_t k = j; k < n; ++k) gs[k] = p[k] * (g[k] - dot);
 }
 
+// softmax_backward_row_avx2 16 keys at a time with AVX-512, to the same bits: the
+// products of each 16-key group are added to 8 lanes half by half (the order of 8-key
+// groups), then a last 8-key group, then the last keys one by one. The file is compiled
+// with -ffp-contract=off: with FMA in the target, the compiler would otherwise fuse a
+// product and its addition into one rounding (why an earlier 16-wide loop lost the bits).
+__attribute__((target("avx512f"))) void softmax_backward_row_avx512(const float* p, const float* g, float* gs, int64_t n) {
+  __m256 dot8 = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const __m512 product = _mm512_mul_ps(_mm512_loadu_ps(g + j), _mm512_loadu_ps(p + j));
+    dot8 = _mm256_add_ps(dot8, _mm512_castps512_ps256(product));
+    dot8 = _mm256_add_ps(dot8, high_half(product));
+  }
+  if (j + 8 <= n) {
+    dot8 = _mm256_add_ps(dot8, _mm256_mul_ps(_mm256_loadu_ps(g + j), _mm256_loadu_ps(p + j)));
+    j += 8;
+  }
+  float dot = lane_sum(dot8);
+  for (int64_t k = j; k < n; ++k) dot += g[k] * p[k];
+  const __m512 dot_all = _mm512_set1_ps(dot);
+  for (j = 0; j + 16 <= n; j += 16) {
+    _mm512_storeu_ps(gs + j, _mm512_mul_ps(_mm512_loadu_ps(p + j), _mm512_sub_ps(_mm512_loadu_ps(g + j), dot_all)));
+  }
+  for (int64_t k = j; k < n; ++k) gs[k] = p[k] * (g[k] - dot);
+}
+
 template <typename T>
 void softmax_backward_row(const T* p, const T* g, T* gs, int64_t n, int lanes) {
   if constexpr (std::is_same_v<T, float>) {
+    if (lanes == 16) return softmax_backward_row_avx512(p, g, gs, n);
     if (lanes >= 8) return softmax_backward_row_avx2(p, g, gs, n);
   }
   softmax_backward_row_scalar(p, g, gs, n);

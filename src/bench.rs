@@ -729,7 +729,9 @@ fn run_in_rounds(cases: &[Case], opts: &BenchOptions, gemm_gflops: f64, group: O
             t.round(opts.steps)?;
         }
         rounds_done += 1;
-        if leader {
+        // Every round up to 20; past that, every tenth of the rounds and the last.
+        let every = (opts.rounds / 10).max(1);
+        if leader && (opts.rounds <= 20 || rounds_done % every == 0 || rounds_done == opts.rounds) {
             let medians: Vec<String> = timed.iter().map(|t| format!("{:.1}", 1e3 * t.round_medians[rounds_done - 1])).collect();
             eprintln!("round {rounds_done} of {}: median ms per step {}", opts.rounds, medians.join(", "));
         }
