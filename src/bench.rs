@@ -718,6 +718,10 @@ pub fn run(cases: &[Case], opts: &BenchOptions, gemm_gflops: f64, group: Option<
 /// spells fall on all of them alike. A signal stops the bench after the round under
 /// way; the figures are then over the rounds done.
 fn run_in_rounds(cases: &[Case], opts: &BenchOptions, gemm_gflops: f64, group: Option<&ProcessGroup>, signals: &Signals, say: &mut dyn FnMut(&BenchResult)) -> Result<Benched> {
+    let configs: Vec<&Config> = cases.iter().map(|c| &c.cfg).collect();
+    if let Some(first) = configs.first() {
+        crate::model::check_fit_together(&configs, crate::device::parse(&first.train.device)?)?;
+    }
     let leader = group.is_none_or(|g| g.rank() == 0);
     let mut timed = vec![];
     for case in cases {
@@ -743,7 +747,7 @@ fn run_in_rounds(cases: &[Case], opts: &BenchOptions, gemm_gflops: f64, group: O
         r.peak_rss_mib = None;
         results.push(r);
     }
-    let first = results[0].round_medians_s.clone();
+    let first = results.first().map(|r| r.round_medians_s.clone()).unwrap_or_default();
     for r in results.iter_mut() {
         let ratios: Vec<f64> = r.round_medians_s.iter().zip(&first).map(|(a, b)| a / b).collect();
         r.relative = Some(Timing::of(ratios).median_s);

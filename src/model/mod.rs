@@ -116,6 +116,32 @@ pub fn check_fits(config: &Config, device: Device) -> Result<()> {
     ))
 }
 
+/// Refuses, before anything is allocated, configs that are to be held in memory at once
+/// (`lethe bench --rounds` builds every config before timing them in turns) when their
+/// training steps together cannot fit in this machine's memory on the CPU, even if
+/// each fits alone ([`check_fits`]).
+pub fn check_fit_together(configs: &[&Config], device: Device) -> Result<()> {
+    if device != Device::Cpu {
+        return Ok(());
+    }
+    let Some(available) = total_memory_bytes() else { return Ok(()) };
+    fit_together_within(configs, available as f64)
+}
+
+fn fit_together_within(configs: &[&Config], available: f64) -> Result<()> {
+    let need: f64 = configs.iter().map(|c| footprint(c).0).sum();
+    if need <= available {
+        return Ok(());
+    }
+    let gib = |b: f64| b / (1u64 << 30) as f64;
+    Err(LetheError::Invalid(format!(
+        "--rounds holds all {} configs in memory at once: their training steps together would need at least {:.1} GiB, more than this machine's {:.1} GiB; bench them one at a time (without --rounds) or fewer at once",
+        configs.len(),
+        gib(need),
+        gib(available)
+    )))
+}
+
 /// The machine's memory (`MemTotal`), where the OS reports it.
 fn total_memory_bytes() -> Option<u64> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
@@ -178,6 +204,17 @@ impl Lm {
 mod tests {
     use super::*;
     use crate::config::{Init, Mechanism};
+
+    /// Configs held at once must fit together, not only each alone: two that need 0.4
+    /// of the memory each fit, three do not, and the message names `--rounds`.
+    #[test]
+    fn configs_held_at_once_must_fit_together() {
+        let one = Config::preset("enwik8-tiny").unwrap();
+        let available = footprint(&one).0 / 0.4;
+        assert!(fit_together_within(&[&one, &one], available).is_ok());
+        let err = fit_together_within(&[&one, &one, &one], available).unwrap_err().to_string();
+        assert!(err.contains("--rounds holds all 3 configs in memory at once") && err.contains("one at a time"), "{err}");
+    }
 
     fn parameters(init: Init, pre_norm: bool) -> std::collections::HashMap<String, Tensor> {
         let mut config = Config::default();
