@@ -19,6 +19,10 @@
 // added in the same function, last, as libtorch added it, so that training gives the
 // same bits as before.
 //
+// The gradient goes to a `target`: the states themselves (zero in the cache's rows), or
+// the block alone `(b, m, d)` when the states were joined from a detached copy of it
+// (then no zeros are written and no concatenation's backward pass narrows them away).
+//
 // Tensors cross as `at::Tensor*`, which is what tch's `Tensor::as_mut_ptr` holds.
 
 #include <ATen/ATen.h>
@@ -46,26 +50,29 @@ at::Tensor tail_outer(const at::Tensor& grad, const at::Tensor& w, int64_t fresh
 
 // Checks the shapes and saves what the backward pass needs; `ws` `(d)` may be undefined
 // (no third projection).
-void save(AutogradContext* ctx, const at::Tensor& k, const at::Tensor& v, const at::Tensor& states, const at::Tensor& wk,
+// `target` is the states `(b, n, d)` or the block `(b, fresh, d)` (the gradient's
+// receiver).
+void save(AutogradContext* ctx, const at::Tensor& k, const at::Tensor& v, const at::Tensor& target, const at::Tensor& wk,
           const at::Tensor& wv, const at::Tensor& ws, int64_t fresh) {
-  TORCH_CHECK(states.dim() == 3 && k.dim() == 3 && v.dim() == 3, "the states, keys and values must be (b, n, d), got ",
-              states.sizes(), ", ", k.sizes(), ", ", v.sizes());
-  TORCH_CHECK(fresh > 0 && fresh <= states.size(1), "the block's rows must be 1 to ", states.size(1), ", got ", fresh);
-  TORCH_CHECK(k.size(0) == states.size(0) && k.size(1) == states.size(1) && v.sizes() == k.sizes(),
-              "keys ", k.sizes(), " and values ", v.sizes(), " must be one per state ", states.sizes());
-  TORCH_CHECK(wk.dim() == 2 && wk.size(0) == k.size(2) && wk.size(1) == states.size(2) && wv.sizes() == wk.sizes(),
-              "the weights ", wk.sizes(), " and ", wv.sizes(), " must map the states ", states.sizes(), " to the keys ", k.sizes());
+  TORCH_CHECK(target.dim() == 3 && k.dim() == 3 && v.dim() == 3, "the states, keys and values must be (b, n, d), got ",
+              target.sizes(), ", ", k.sizes(), ", ", v.sizes());
+  TORCH_CHECK(fresh > 0 && fresh <= k.size(1), "the block's rows must be 1 to ", k.size(1), ", got ", fresh);
+  TORCH_CHECK(k.size(0) == target.size(0) && (k.size(1) == target.size(1) || target.size(1) == fresh) && v.sizes() == k.sizes(),
+              "keys ", k.sizes(), " and values ", v.sizes(), " must be one per state of ", target.sizes(), " (or its ", fresh,
+              " last rows)");
+  TORCH_CHECK(wk.dim() == 2 && wk.size(0) == k.size(2) && wk.size(1) == target.size(2) && wv.sizes() == wk.sizes(),
+              "the weights ", wk.sizes(), " and ", wv.sizes(), " must map the states ", target.sizes(), " to the keys ", k.sizes());
   ctx->save_for_backward(ws.defined() ? variable_list{wk.detach(), wv.detach(), ws.detach()} : variable_list{wk.detach(), wv.detach()});
   ctx->saved_data["fresh"] = fresh;
-  ctx->saved_data["states"] = states.sizes().vec();
+  ctx->saved_data["target"] = target.sizes().vec();
 }
 
-// The states' gradient `(b, n, d)`: zero in the cache's rows, in the block's the sum of
-// what the keys, values and scores pass back.
+// The target's gradient: in the block's rows the sum of what the keys, values and
+// scores pass back; for the whole states, zero in the cache's rows.
 at::Tensor states_grad(AutogradContext* ctx, const at::Tensor& gk, const at::Tensor& gv, const at::Tensor& gs) {
   const auto saved = ctx->get_saved_variables();
   const int64_t fresh = ctx->saved_data["fresh"].toInt();
-  const auto size = ctx->saved_data["states"].toIntVector();
+  const auto size = ctx->saved_data["target"].toIntVector();
   at::Tensor tk = gk.defined() ? tail_times(gk, saved[0], fresh) : at::Tensor();
   at::Tensor tv = gv.defined() ? tail_times(gv, saved[1], fresh) : at::Tensor();
   at::Tensor ts = gs.defined() ? tail_outer(gs, saved[2], fresh) : at::Tensor();
@@ -75,6 +82,7 @@ at::Tensor states_grad(AutogradContext* ctx, const at::Tensor& gk, const at::Ten
   // differently).
   const at::Tensor tail = add(add(tk, tv), ts);
   if (!tail.defined()) return at::Tensor();
+  if (size[1] == fresh) return tail.view({size[0], fresh, size[2]});
   auto grad = at::empty(size, tail.options());
   grad.narrow(1, 0, size[1] - fresh).zero_();
   grad.narrow(1, size[1] - fresh, fresh).copy_(tail.view({size[0], fresh, size[2]}));
@@ -83,9 +91,9 @@ at::Tensor states_grad(AutogradContext* ctx, const at::Tensor& gk, const at::Ten
 
 // Keys and values.
 struct KeysValues : public torch::autograd::Function<KeysValues> {
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& k, const at::Tensor& v, const at::Tensor& states,
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& k, const at::Tensor& v, const at::Tensor& target,
                                const at::Tensor& wk, const at::Tensor& wv, int64_t fresh) {
-    save(ctx, k, v, states, wk, wv, at::Tensor(), fresh);
+    save(ctx, k, v, target, wk, wv, at::Tensor(), fresh);
     return {k, v};
   }
 
@@ -97,11 +105,11 @@ struct KeysValues : public torch::autograd::Function<KeysValues> {
 // Keys, values and the scores `s = states ws` `(b, n)` of a vector `ws` `(d)`.
 struct KeysValuesScores : public torch::autograd::Function<KeysValuesScores> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& k, const at::Tensor& v, const at::Tensor& s,
-                               const at::Tensor& states, const at::Tensor& wk, const at::Tensor& wv, const at::Tensor& ws,
+                               const at::Tensor& target, const at::Tensor& wk, const at::Tensor& wv, const at::Tensor& ws,
                                int64_t fresh) {
-    TORCH_CHECK(s.dim() == 2 && s.size(0) == k.size(0) && s.size(1) == k.size(1) && ws.dim() == 1 && ws.size(0) == states.size(2),
-                "the scores ", s.sizes(), " of the weight ", ws.sizes(), " must be one per state ", states.sizes());
-    save(ctx, k, v, states, wk, wv, ws, fresh);
+    TORCH_CHECK(s.dim() == 2 && s.size(0) == k.size(0) && s.size(1) == k.size(1) && ws.dim() == 1 && ws.size(0) == target.size(2),
+                "the scores ", s.sizes(), " of the weight ", ws.sizes(), " must be one per state of ", target.sizes());
+    save(ctx, k, v, target, wk, wv, ws, fresh);
     return {k, v, s};
   }
 
@@ -115,16 +123,17 @@ struct KeysValuesScores : public torch::autograd::Function<KeysValuesScores> {
 
 extern "C" {
 
-// `k` and `v` `(b, n, e)` unchanged, with the gradient to `states` `(b, n, d)` of the
-// projections `k = states W_k^T + b_k`, `v = states W_v^T + b_v` for the last `fresh`
-// rows only (zero for the others); with `s` `(b, n)` and `ws` `(d)` (else null), the
-// scores `s = states ws` too. Writes the two (or three) new tensors to `out`.
-int lethe_cache_tail_grad(void* k, void* v, void* s, void* states, void* wk, void* wv, void* ws, int64_t fresh, void** out,
+// `k` and `v` `(b, n, e)` unchanged, with the gradient of the projections
+// `k = states W_k^T + b_k`, `v = states W_v^T + b_v` for the last `fresh` rows of the
+// states only, to `states`: the states `(b, n, d)` (zero in the other rows) or the block
+// `(b, fresh, d)` they end with; with `s` `(b, n)` and `ws` `(d)` (else null), the scores
+// `s = states ws` too. Writes the two (or three) new tensors to `out`.
+int lethe_cache_tail_grad(void* k, void* v, void* s, void* target, void* wk, void* wv, void* ws, int64_t fresh, void** out,
                           char** error) {
   return lethe::guarded(error, [&] {
     auto t = [](void* x) -> at::Tensor { return x == nullptr ? at::Tensor() : *static_cast<at::Tensor*>(x); };
-    auto result = s == nullptr ? KeysValues::apply(t(k), t(v), t(states), t(wk), t(wv), fresh)
-                               : KeysValuesScores::apply(t(k), t(v), t(s), t(states), t(wk), t(wv), t(ws), fresh);
+    auto result = s == nullptr ? KeysValues::apply(t(k), t(v), t(target), t(wk), t(wv), fresh)
+                               : KeysValuesScores::apply(t(k), t(v), t(s), t(target), t(wk), t(wv), t(ws), fresh);
     for (size_t i = 0; i < result.size(); ++i) out[i] = new at::Tensor(std::move(result[i]));
   });
 }

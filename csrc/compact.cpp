@@ -8,7 +8,8 @@
 //
 // One pass over the flags plans every stream's source slots; each tensor to compact
 // (b, n, ...) is then copied whole slot by whole slot (`memcpy` of a row of `d` floats
-// for the states). The libtorch path takes a stable sort, a sum, a maximum read back, a
+// for the states). The copies may leave room after each stream's slots, where the next
+// block's rows are then written instead of joining the cache and the block in a copy. The libtorch path takes a stable sort, a sum, a maximum read back, a
 // dozen small tensors and an `index_select` per tensor for the same result.
 //
 // Tensors cross as `at::Tensor*`, which is what tch's `Tensor::as_mut_ptr` holds.
@@ -63,14 +64,15 @@ Plan plan_of(const at::Tensor& keep) {
   return p;
 }
 
-// `x` (b, n, ...) at the plan's slots: (b, c, ...), whole slots copied.
-at::Tensor gather(const at::Tensor& x, const Plan& p) {
+// `x` (b, n, ...) at the plan's slots: (b, c + room, ...), whole slots copied, the last
+// `room` slots of every stream left unwritten.
+at::Tensor gather(const at::Tensor& x, const Plan& p, int64_t room) {
   TORCH_CHECK(x.dim() >= 2 && x.size(0) == p.b && x.size(1) == p.n && x.device().is_cpu(),
               "compaction: every tensor must be (b, n, ...) on the CPU with (b, n) = (", p.b, ", ", p.n, "), got ", x.sizes());
   TORCH_CHECK(!x.requires_grad(), "compaction: the tensors are copied without gradient; detach them first");
   const at::Tensor src = x.contiguous();
   std::vector<int64_t> sizes = src.sizes().vec();
-  sizes[1] = p.c;
+  sizes[1] = p.c + room;
   at::Tensor out = at::empty(sizes, src.options());
   const int64_t slot = src.numel() / std::max<int64_t>(p.b * p.n, 1) * static_cast<int64_t>(src.element_size());  // bytes
   const char* from = static_cast<const char*>(src.data_ptr());
@@ -81,7 +83,7 @@ at::Tensor gather(const at::Tensor& x, const Plan& p) {
   at::parallel_for(0, p.b, grain, [&](int64_t first, int64_t last) {
     for (int64_t s = first; s < last; ++s) {
       for (int64_t i = 0; i < p.c; ++i) {
-        std::memcpy(to + (s * p.c + i) * slot, from + (s * p.n + p.index[s * p.c + i]) * slot, static_cast<size_t>(slot));
+        std::memcpy(to + (s * (p.c + room) + i) * slot, from + (s * p.n + p.index[s * p.c + i]) * slot, static_cast<size_t>(slot));
       }
     }
   });
@@ -101,13 +103,14 @@ extern "C" {
 
 // Compacts `count` tensors (b, n, ...) by the flags `keep` (b, n). Writes `count + 1` new
 // tensors to `out`: the new slots' validity (b, c), then each tensor at its new slots
-// (b, c, ...), in the order given.
-int lethe_compact(void* keep, void** tensors, int64_t count, void** out, char** error) {
+// with `room` free slots after them (b, c + room, ...), in the order given.
+int lethe_compact(void* keep, void** tensors, int64_t count, int64_t room, void** out, char** error) {
   return lethe::guarded(error, [&] {
     auto t = [](void* x) -> const at::Tensor& { return *static_cast<at::Tensor*>(x); };
+    TORCH_CHECK(room >= 0, "compaction: the room after the kept slots must be at least 0, got ", room);
     const Plan p = plan_of(t(keep));
     std::vector<at::Tensor> result{validity(p)};
-    for (int64_t k = 0; k < count; ++k) result.push_back(gather(t(tensors[k]), p));
+    for (int64_t k = 0; k < count; ++k) result.push_back(gather(t(tensors[k]), p, room));
     for (size_t k = 0; k < result.size(); ++k) out[k] = new at::Tensor(std::move(result[k]));
   });
 }

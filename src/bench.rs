@@ -55,7 +55,9 @@ pub struct BenchOptions {
     /// Default: enough to fill the memory.
     pub context: Option<usize>,
     /// After the timed steps, run as many again with every phase timed
-    /// ([`crate::profile`]), and report the time per phase. Default false.
+    /// ([`crate::profile`]), and report the time per phase. With `rounds`, every round
+    /// does so after its timed steps, so that the profiles too are taken in turns.
+    /// Default false.
     pub profile: bool,
     /// With `profile`: a folder where libtorch's profiler records the profiled steps,
     /// every operation of the forward and backward passes, as the Chrome trace (JSON)
@@ -80,6 +82,9 @@ impl BenchOptions {
         }
         if self.trace.is_some() && !self.profile {
             return Err(LetheError::Invalid("a trace records the profiled steps: --trace needs --profile".into()));
+        }
+        if self.trace.is_some() && self.rounds > 1 {
+            return Err(LetheError::Invalid("--trace records one run of profiled steps per config: not with --rounds".into()));
         }
         if self.trace.is_some() && self.steps > MAX_TRACE_STEPS {
             return Err(LetheError::Invalid(format!(
@@ -156,8 +161,10 @@ pub struct BenchResult {
     pub fill_blocks: usize,
     /// Tokens per stream seen before the timed steps (`fill_blocks * block`).
     pub context_tokens: usize,
-    /// Time per phase over `steps` more steps, with `--profile`.
+    /// Time per phase over `profile_steps` more steps, with `--profile`.
     pub profile: Option<Vec<crate::profile::PhaseTime>>,
+    /// How many steps `profile` is over (0 without it).
+    pub profile_steps: usize,
 }
 
 impl BenchResult {
@@ -199,6 +206,9 @@ struct Timed<'a> {
     round_medians: Vec<f64>,
     /// The loss of the last step timed.
     last_loss: f64,
+    /// The phase times of the profiled steps so far, and how many steps they are over.
+    profiled: Vec<crate::profile::PhaseTime>,
+    profiled_steps: usize,
 }
 
 impl<'a> Timed<'a> {
@@ -220,7 +230,7 @@ impl<'a> Timed<'a> {
             run.step(&batch)?;
         }
         synchronize(device);
-        Ok(Timed { run, rng, fill_blocks, times: vec![], comm: vec![], round_medians: vec![], last_loss: f64::NAN })
+        Ok(Timed { run, rng, fill_blocks, times: vec![], comm: vec![], round_medians: vec![], last_loss: f64::NAN, profiled: vec![], profiled_steps: 0 })
     }
 
     /// Times `steps` more training steps, one round.
@@ -241,13 +251,26 @@ impl<'a> Timed<'a> {
         Ok(())
     }
 
+    /// Runs `steps` more steps with every phase timed, recorded by libtorch's profiler
+    /// into the Chrome trace `trace` when given, and adds them to the profile so far.
+    fn profile(&mut self, steps: usize, trace: Option<&Path>) -> Result<()> {
+        let phases = profile_steps(&mut self.run, steps, &mut self.rng, trace)?;
+        crate::profile::merge(&mut self.profiled, phases);
+        self.profiled_steps += steps;
+        Ok(())
+    }
+
     /// The figures over every round timed, after the profiled steps of `opts.profile`.
     fn finish(mut self, opts: &BenchOptions) -> Result<BenchResult> {
         let (cfg, group) = (self.run.cfg, self.run.group);
         let device = self.run.lm.device();
         // Under torchrun rank 0 traces for the group (the ranks run the same operations).
         let trace = opts.trace.as_ref().filter(|_| group.is_none_or(|g| g.rank() == 0)).map(|dir| dir.join(format!("trace-{}.json", cfg.name)));
-        let profile = opts.profile.then(|| profile_steps(&mut self.run, opts.steps, &mut self.rng, trace.as_deref())).transpose()?;
+        // In rounds, every round has profiled its steps already.
+        if opts.profile && self.profiled_steps == 0 {
+            self.profile(opts.steps, trace.as_deref())?;
+        }
+        let profile = opts.profile.then_some(self.profiled);
         let steps = self.times.len();
         let t = Timing::of(self.times);
         let comm_s = Timing::of(self.comm).median_s;
@@ -283,6 +306,7 @@ impl<'a> Timed<'a> {
             fill_blocks: self.fill_blocks,
             context_tokens: self.fill_blocks * cfg.train.block,
             profile,
+            profile_steps: self.profiled_steps,
         })
     }
 }
@@ -731,6 +755,9 @@ fn run_in_rounds(cases: &[Case], opts: &BenchOptions, gemm_gflops: f64, group: O
     while rounds_done < opts.rounds && stopped_by.is_none() {
         for t in timed.iter_mut() {
             t.round(opts.steps)?;
+            if opts.profile {
+                t.profile(opts.steps, None)?;
+            }
         }
         rounds_done += 1;
         // Every round up to 20; past that, every tenth of the rounds and the last.

@@ -478,14 +478,16 @@ pub struct BenchArgs {
     pub context: Option<usize>,
     /// After the timed steps, run as many again with each phase of the step timed
     /// (forward, backward, optimiser, and inside the forward pass each layer's
-    /// attention, memory and feed-forward), and print the time per phase.
+    /// attention, memory and feed-forward), and print the time per phase. With
+    /// --rounds, every round profiles after timing, so the profiles are in turns too.
     #[arg(long)]
     pub profile: bool,
     /// With --profile (which it implies): record the profiled steps with libtorch's
     /// profiler, every operation of the forward and backward passes, as a Chrome trace
     /// <out>/<name>/trace-<config>.json (chrome://tracing, ui.perfetto.dev;
     /// scripts/trace-summary.py sums it per operation). At most 50 --bench-steps: the
-    /// profiler holds every event in memory, about 30 MB a step at enwik8-tiny.
+    /// profiler holds every event in memory, about 30 MB a step at enwik8-tiny. Not
+    /// with --rounds.
     #[arg(long)]
     pub trace: bool,
     /// A mechanism to bench, optionally with its memory size as in `lethe sweep`:

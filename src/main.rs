@@ -707,7 +707,7 @@ fn bench(a: BenchArgs) -> Result<()> {
             r.context_tokens
         );
         if let Some(phases) = &r.profile {
-            print!("{}", lethe::profile::table(phases, r.steps));
+            print!("{}", lethe::profile::table(phases, r.profile_steps));
         }
     })?;
     let kept = if leader { bench_report(&a.out.join(&cfg.name), &benched.results, gemm, trace.as_deref())? } else { "Rank 0 writes the results.".into() };

@@ -75,6 +75,20 @@ pub fn finish() -> Vec<PhaseTime> {
     })
 }
 
+/// Adds the phase times `more` into `total`, phase by phase (by path); phases new to
+/// `total` go at its end, in their order in `more`.
+pub fn merge(total: &mut Vec<PhaseTime>, more: Vec<PhaseTime>) {
+    for p in more {
+        match total.iter_mut().find(|t| t.path == p.path) {
+            Some(t) => {
+                t.seconds += p.seconds;
+                t.calls += p.calls;
+            }
+            None => total.push(p),
+        }
+    }
+}
+
 /// Times a phase until the returned guard is dropped, when a profile is running.
 #[must_use = "the phase ends when the guard is dropped"]
 pub fn phase(name: &'static str) -> Option<Phase> {
@@ -228,6 +242,15 @@ mod tests {
         assert_eq!(trace.finish().unwrap(), path);
         assert!(std::fs::read_to_string(&path).unwrap().contains("aten::sum"));
         assert!(!partial.exists(), "finishing renames its .partial file (the unfinished one was overwritten)");
+    }
+
+    #[test]
+    fn merged_profiles_add_phase_by_phase() {
+        let t = |path: &[&str], seconds: f64, calls: usize| PhaseTime { path: path.iter().map(|s| s.to_string()).collect(), seconds, calls };
+        let mut total = vec![];
+        merge(&mut total, vec![t(&["step"], 1.0, 1), t(&["step", "a"], 0.25, 2)]);
+        merge(&mut total, vec![t(&["step"], 2.0, 1), t(&["step", "b"], 0.5, 1), t(&["step", "a"], 0.5, 3)]);
+        assert_eq!(total, [t(&["step"], 3.0, 2), t(&["step", "a"], 0.75, 5), t(&["step", "b"], 0.5, 1)]);
     }
 
     #[test]

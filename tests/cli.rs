@@ -215,7 +215,7 @@ fn bench_scales_a_knob_for_several_mechanisms_into_a_table_json_and_csv() {
 fn bench_in_rounds_times_the_configs_in_turn() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let mut args = vec!["bench", "--bench-steps", "2", "--warmup", "0", "--rounds", "3", "--mechanism", "fixed:8", "--mechanism", "expire:16"];
+    let mut args = vec!["bench", "--bench-steps", "2", "--warmup", "0", "--rounds", "3", "--profile", "--mechanism", "fixed:8", "--mechanism", "expire:16"];
     args.extend_from_slice(TINY);
     let out = lethe(d, &args);
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
@@ -224,11 +224,19 @@ fn bench_in_rounds_times_the_configs_in_turn() {
     assert_eq!(said.len(), 3, "{stderr}");
     assert!(said[2].starts_with("round 3 of 3: median ms per step "), "{stderr}");
     assert!(stdout.contains("1.000x the first config over 3 rounds") && stdout.contains("vs first"), "{stdout}");
+    let step_rows: Vec<&str> = stdout.lines().filter(|l| l.starts_with("step ")).collect();
+    assert_eq!(step_rows.len(), 2, "{stdout}");
+    assert!(step_rows.iter().all(|l| l.ends_with(" 1.0")), "one step call per profiled step: {stdout}");
     let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(d.join("runs/copy-tiny/bench.json")).unwrap()).unwrap();
     for (i, r) in report["results"].as_array().unwrap().iter().enumerate() {
         assert_eq!(r["steps"], 6, "3 rounds of 2");
         let rounds = r["round_medians_s"].as_array().unwrap();
         assert_eq!(rounds.len(), 3);
+        // Every round profiles its 2 steps after timing them (before: one profiled step
+        // reported as if over the 6 timed ones).
+        assert_eq!(r["profile_steps"], 6);
+        let step = r["profile"].as_array().unwrap().iter().find(|p| p["path"] == serde_json::json!(["step"])).unwrap();
+        assert_eq!(step["calls"], 6);
         assert!(r["peak_rss_mib"].is_null(), "the configs share the process: no peak of their own");
         let relative = r["relative"].as_f64().unwrap();
         if i == 0 {
@@ -240,6 +248,7 @@ fn bench_in_rounds_times_the_configs_in_turn() {
     let csv = std::fs::read_to_string(d.join("runs/copy-tiny/bench.csv")).unwrap();
     assert!(csv.lines().next().unwrap().contains(",rounds,relative,last_loss,"), "{csv}");
     fails_with(&lethe(d, &["bench", "--rounds", "0"]), &["--rounds must be at least 1"]);
+    fails_with(&lethe(d, &["bench", "--rounds", "2", "--trace"]), &["not with --rounds"]);
 }
 
 /// A config benched in turns with another trains as it does alone: the same loss after

@@ -129,19 +129,19 @@ impl Attention {
         (self.head_major(states, &self.k), self.head_major(states, &self.v))
     }
 
-    /// [`Attention::keys_values`] of `states` `(b, n, d)` whose first `n - fresh` rows are
-    /// a cache without gradient: the same keys and values, with gradient to `states`
-    /// computed for the last `fresh` rows only ([`super::cache_grad`]).
-    pub fn keys_values_after_cache(&self, states: &Tensor, fresh: i64) -> Result<(Tensor, Tensor)> {
-        let (k, v) = super::cache_grad::keys_values_after_cache(states, fresh, &self.k, &self.v)?; // (b, n, d) each
+    /// [`Attention::keys_values`] of `states` `(b, n, d)`, a cache without gradient joined
+    /// with a detached copy of `block` `(b, m, d)`: the same keys and values, with the
+    /// gradient going to `block`, computed for its rows only ([`super::cache_grad`]).
+    pub fn keys_values_after_cache(&self, states: &Tensor, block: &Tensor) -> Result<(Tensor, Tensor)> {
+        let (k, v) = super::cache_grad::keys_values_after_cache(states, block, &self.k, &self.v)?; // (b, n, d) each
         Ok((self.split_heads(&k).contiguous(), self.split_heads(&v).contiguous())) // (b, h, n, dh) each
     }
 
     /// [`Attention::keys_values_after_cache`] and the scores `states w` `(b, n)` of the
-    /// vector `w` `(d)` (Expire-Span's span predictor), their gradients to the states
+    /// vector `w` `(d)` (Expire-Span's span predictor), their gradients to the block
     /// summed in one: keys and values `(b, h, n, dh)`.
-    pub fn project_after_cache(&self, states: &Tensor, fresh: i64, w: &Tensor) -> Result<Projected> {
-        let p = super::cache_grad::project_after_cache(states, fresh, &self.k, &self.v, Some(w))?;
+    pub fn project_after_cache(&self, states: &Tensor, block: &Tensor, w: &Tensor) -> Result<Projected> {
+        let p = super::cache_grad::project_after_cache(states, block, &self.k, &self.v, Some(w))?;
         let scores = p.scores.ok_or_else(|| crate::error::LetheError::Invalid("the window's projection returned no scores".into()))?;
         Ok(Projected { k: self.split_heads(&p.k).contiguous(), v: self.split_heads(&p.v).contiguous(), scores })
     }

@@ -8,11 +8,14 @@
 //! rows away: at `enwik8-tiny` (a cache of 128 before a block of 64) two thirds of the
 //! two products are wasted, at a span of 16k nearly all of them.
 //!
-//! [`keys_values_after_cache`] projects the detached states (libtorch's backward pass
-//! then computes the weights' gradients only, as before) and passes the keys and values
-//! through an identity function of `csrc/cache_grad.cpp` whose backward pass gives the
-//! states `[0; gk[block] W_k + gv[block] W_v]`: the same numbers in the rows that are
-//! read, so training gives the same bits (`tests::it_computes_what_the_plain_projection_does`).
+//! [`keys_values_after_cache`] projects the states, joined from the detached cache and a
+//! detached copy of the block (libtorch's backward pass then computes the weights' and
+//! biases' gradients only, as before), and passes the keys and values through an
+//! identity function of `csrc/cache_grad.cpp` whose backward pass gives the block
+//! `gk[block] W_k + gv[block] W_v`: the numbers the plain projection gives its rows, so
+//! training gives the same bits (`tests::it_computes_what_the_plain_projection_does`).
+//! (Before, the gradient went to the joined states, zero in the cache's rows, and the
+//! concatenation's backward pass cut the block's rows out of it.)
 
 use std::ffi::{c_char, c_int, c_void};
 
@@ -26,7 +29,7 @@ extern "C" {
         k: *mut c_void,
         v: *mut c_void,
         s: *mut c_void,
-        states: *mut c_void,
+        target: *mut c_void,
         wk: *mut c_void,
         wv: *mut c_void,
         ws: *mut c_void,
@@ -48,32 +51,37 @@ pub struct Projections {
 }
 
 /// The projections `k(states)` and `v(states)`, each `(b, n, e)`, of `states` `(b, n, d)`
-/// whose first `n - fresh` rows are a cache without gradient and whose last `fresh`
-/// rows are the block. With gradient to the weights and biases as `k.forward(states)`
-/// gives, and to `states` in its last `fresh` rows only (zero in the cache's rows,
-/// where a plain projection computes numbers that nothing reads).
+/// whose last rows are the block `block` `(b, m, d)`. When `states` carries no gradient of
+/// its own (the detached cache joined with `block.detach()`), the gradient goes to
+/// `block`, computed for its rows only; the weights and biases get theirs as
+/// `k.forward(states)` gives them.
 ///
-/// Plain projections where there is nothing to save: no cache, or no gradient.
-pub fn keys_values_after_cache(states: &Tensor, fresh: i64, k: &nn::Linear, v: &nn::Linear) -> Result<(Tensor, Tensor)> {
-    let p = project_after_cache(states, fresh, k, v, None)?;
+/// Plain projections of `states` where there is nothing to save: `states` with a gradient
+/// of its own (a cache normalised in this step), no cache, or no gradient.
+pub fn keys_values_after_cache(states: &Tensor, block: &Tensor, k: &nn::Linear, v: &nn::Linear) -> Result<(Tensor, Tensor)> {
+    let p = project_after_cache(states, block, k, v, None)?;
     Ok((p.k, p.v))
 }
 
 /// [`keys_values_after_cache`], and with `w` `(d)` the scores `states w` `(b, n)` too
-/// (Expire-Span's span predictor), their gradient to the block's rows summed with the
-/// keys' and values' in one.
-pub fn project_after_cache(states: &Tensor, fresh: i64, k: &nn::Linear, v: &nn::Linear, w: Option<&Tensor>) -> Result<Projections> {
+/// (Expire-Span's span predictor), their gradient to the block summed with the keys'
+/// and values' in one.
+pub fn project_after_cache(states: &Tensor, block: &Tensor, k: &nn::Linear, v: &nn::Linear, w: Option<&Tensor>) -> Result<Projections> {
     let n = states.size().get(1).copied().unwrap_or(0);
+    let fresh = block.size().get(1).copied().unwrap_or(0);
     // The scores first: the order of the projections is the order in which libtorch's
     // backward pass sums the states' gradients where this function is not used.
     let project = |s: &Tensor| {
         let scores = w.map(|w| s.matmul(w));
         Projections { k: s.linear(&k.ws, k.bs.as_ref()), v: s.linear(&v.ws, v.bs.as_ref()), scores }
     };
-    if fresh <= 0 || fresh >= n || !states.requires_grad() {
+    if states.requires_grad() || !block.requires_grad() {
         return Ok(project(states));
     }
-    let plain = project(&states.detach());
+    if fresh <= 0 || fresh >= n {
+        return Ok(project(block));
+    }
+    let plain = project(states);
     let mut out: [*mut c_void; 3] = [std::ptr::null_mut(); 3];
     let ptr = |t: Option<&Tensor>| t.map_or(std::ptr::null_mut(), |t| t.as_ptr() as *mut c_void);
     // SAFETY: every pointer is null or a live `at::Tensor*` owned by its `Tensor` for the
@@ -84,7 +92,7 @@ pub fn project_after_cache(states: &Tensor, fresh: i64, k: &nn::Linear, v: &nn::
             ptr(Some(&plain.k)),
             ptr(Some(&plain.v)),
             ptr(plain.scores.as_ref()),
-            ptr(Some(states)),
+            ptr(Some(block)),
             ptr(Some(&k.ws.detach())),
             ptr(Some(&v.ws.detach())),
             ptr(w.map(Tensor::detach).as_ref()),
@@ -107,8 +115,9 @@ mod tests {
     use crate::rng::Rng;
     use tch::Kind;
 
-    /// How a test projects the window: keys, values and the scores `states w`.
-    type Project = dyn Fn(&Tensor, &nn::Linear, &nn::Linear, &Tensor) -> (Tensor, Tensor, Tensor);
+    /// How a test projects the window of a cache and a block: keys, values and the
+    /// scores `states w`.
+    type Project = dyn Fn(&Tensor, &Tensor, &nn::Linear, &nn::Linear, &Tensor) -> (Tensor, Tensor, Tensor);
 
     /// Keys, values and scores of `[cache, x]` through `project`, the loss `sum(k * rk) +
     /// sum(v * rv)` (plus `sum(sigmoid(scores))` with `scores`, as Expire-Span's span
@@ -131,8 +140,8 @@ mod tests {
         let cache = rng.normal_tensor(&[3, cached, 16], kind);
         let x = rng.normal_tensor(&[3, 5, 16], kind).set_requires_grad(true);
         let (rk, rv) = (rng.normal_tensor(&[3, cached + 5, 12], kind), rng.normal_tensor(&[3, cached + 5, 12], kind));
-        let states = Tensor::cat(&[&cache, &(&x * 1.0)], 1);
-        let (keys, values, s) = project(&states, &k, &v, &w);
+        let block = &x * 1.0;
+        let (keys, values, s) = project(&cache, &block, &k, &v, &w);
         let mut loss = (&keys * &rk).sum(kind) + (&values * &rv).sum(kind);
         if scores {
             loss += s.sigmoid().sum(kind);
@@ -145,19 +154,27 @@ mod tests {
         out
     }
 
-    /// The projections as Expire-Span computed them before: the spans' scores first.
-    fn plain(states: &Tensor, k: &nn::Linear, v: &nn::Linear, w: &Tensor) -> (Tensor, Tensor, Tensor) {
+    /// The projections as Expire-Span computed them before: of the joined states with the
+    /// block's gradient, the spans' scores first.
+    fn plain(cache: &Tensor, block: &Tensor, k: &nn::Linear, v: &nn::Linear, w: &Tensor) -> (Tensor, Tensor, Tensor) {
+        let states = Tensor::cat(&[cache, block], 1);
         let scores = states.matmul(w);
         (states.linear(&k.ws, k.bs.as_ref()), states.linear(&v.ws, v.bs.as_ref()), scores)
     }
 
-    fn keys_values(states: &Tensor, k: &nn::Linear, v: &nn::Linear, w: &Tensor) -> (Tensor, Tensor, Tensor) {
-        let (keys, values) = keys_values_after_cache(states, 5, k, v).unwrap();
-        (keys, values, states.matmul(w))
+    /// The states as the memories join them for this module: the block detached.
+    fn joined(cache: &Tensor, block: &Tensor) -> Tensor {
+        Tensor::cat(&[cache, &block.detach()], 1)
     }
 
-    fn with_scores(states: &Tensor, k: &nn::Linear, v: &nn::Linear, w: &Tensor) -> (Tensor, Tensor, Tensor) {
-        let p = project_after_cache(states, 5, k, v, Some(w)).unwrap();
+    fn keys_values(cache: &Tensor, block: &Tensor, k: &nn::Linear, v: &nn::Linear, w: &Tensor) -> (Tensor, Tensor, Tensor) {
+        let states = joined(cache, block);
+        let (keys, values) = keys_values_after_cache(&states, block, k, v).unwrap();
+        (keys, values, Tensor::cat(&[cache, block], 1).matmul(w))
+    }
+
+    fn with_scores(cache: &Tensor, block: &Tensor, k: &nn::Linear, v: &nn::Linear, w: &Tensor) -> (Tensor, Tensor, Tensor) {
+        let p = project_after_cache(&joined(cache, block), block, k, v, Some(w)).unwrap();
         (p.k, p.v, p.scores.unwrap())
     }
 
@@ -183,21 +200,22 @@ mod tests {
     }
 
     #[test]
-    fn the_cache_rows_get_zero_and_the_block_rows_their_gradient() {
+    fn the_block_gets_the_gradient_of_its_rows() {
         let mut rng = Rng::new(5);
         let mut vs = nn::VarStore::new(tch::Device::Cpu);
         let cfg = nn::LinearConfig { bias: false, ..Default::default() };
         let (k, v) = (nn::linear(vs.root() / "k", 4, 3, cfg), nn::linear(vs.root() / "v", 4, 3, cfg));
         vs.double();
-        let states = rng.normal_tensor(&[2, 6, 4], Kind::Double).set_requires_grad(true);
-        let (keys, values) = keys_values_after_cache(&states, 2, &k, &v).unwrap();
+        let cache = rng.normal_tensor(&[2, 4, 4], Kind::Double);
+        let block = rng.normal_tensor(&[2, 2, 4], Kind::Double).set_requires_grad(true);
+        let (keys, values) = keys_values_after_cache(&joined(&cache, &block), &block, &k, &v).unwrap();
         // Only the keys used: the values' gradient is undefined in the backward pass.
         keys.sum(Kind::Double).backward();
-        let grad = states.grad();
-        assert_eq!(grad.narrow(1, 0, 4).abs().max().double_value(&[]), 0.0);
+        let grad = block.grad();
+        assert_eq!(grad.size(), [2, 2, 4], "the block's own shape: no cache rows");
         // d sum(k) / d states = the column sums of W_k, in every block row.
         let want = k.ws.to_kind(Kind::Double).sum_dim_intlist([0i64].as_slice(), false, Kind::Double);
-        for (s, j) in [(0, 4), (1, 5)] {
+        for (s, j) in [(0, 0), (1, 1)] {
             assert!(grad.get(s).get(j).allclose(&want, 1e-12, 1e-12, false));
         }
         assert!(values.requires_grad());
@@ -211,15 +229,16 @@ mod tests {
         let (k, v) = (nn::linear(vs.root() / "k", 4, 3, cfg), nn::linear(vs.root() / "v", 4, 3, cfg));
         vs.double();
         let (rk, rv) = (rng.normal_tensor(&[2, 5, 3], Kind::Double), rng.normal_tensor(&[2, 5, 3], Kind::Double));
-        let loss = |s: &Tensor| {
-            let (a, b) = keys_values_after_cache(s, 3, &k, &v).unwrap();
+        let cache = rng.normal_tensor(&[2, 2, 4], Kind::Double);
+        let loss = |block: &Tensor| {
+            let (a, b) = keys_values_after_cache(&joined(&cache, block), block, &k, &v).unwrap();
             (a.tanh() * &rk).sum(Kind::Double) + (b.square() * &rv).sum(Kind::Double)
         };
-        let states = rng.normal_tensor(&[2, 5, 4], Kind::Double).set_requires_grad(true);
-        loss(&states).backward();
-        let grad = states.grad();
-        for (s, j, c) in [(0, 2, 0), (1, 3, 2), (1, 4, 3), (0, 4, 1)] {
-            let numeric = crate::model::central_difference(&states, &[s, j, c], loss);
+        let block = rng.normal_tensor(&[2, 3, 4], Kind::Double).set_requires_grad(true);
+        loss(&block).backward();
+        let grad = block.grad();
+        for (s, j, c) in [(0, 0, 0), (1, 1, 2), (1, 2, 3), (0, 2, 1)] {
+            let numeric = crate::model::central_difference(&block, &[s, j, c], loss);
             let analytic = grad.double_value(&[s, j, c]);
             assert!((numeric - analytic).abs() < 1e-6, "({s}, {j}, {c}): {numeric} against {analytic}");
         }

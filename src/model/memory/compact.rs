@@ -14,37 +14,47 @@ use tch::{Kind, Tensor};
 use crate::error::{LetheError, Result};
 
 extern "C" {
-    fn lethe_compact(keep: *mut c_void, tensors: *mut *mut c_void, count: i64, out: *mut *mut c_void, error: *mut *mut c_char) -> c_int;
+    fn lethe_compact(keep: *mut c_void, tensors: *mut *mut c_void, count: i64, room: i64, out: *mut *mut c_void, error: *mut *mut c_char) -> c_int;
 }
 
 /// A compacted cache: which new slots hold a memory `(b, c)`, and each tensor at them.
 pub struct Compacted {
     /// `(b, c)` bool: false on a stream's padding, on the left.
     pub valid: Tensor,
-    /// The tensors given, `(b, n, ..)` each, now `(b, c, ..)`, in the same order.
+    /// The tensors given, `(b, n, ..)` each, now `(b, c, ..)`, in the same order (on the
+    /// CPU, the first `c` slots of `with_room`'s tensors).
     pub tensors: Vec<Tensor>,
+    /// On the CPU, each tensor `(b, c + room, ..)`: the compacted slots, then `room` free
+    /// ones (unwritten) where the next block can be written without a concatenation.
+    /// Empty on other devices.
+    pub with_room: Vec<Tensor>,
 }
 
 /// Keeps, in every stream, the slots of `tensors` `(b, n, ..)` (no gradient) where `keep`
-/// `(b, n)` is true, in order, right-aligned and padded on the left to the longest stream.
-pub fn compact(keep: &Tensor, tensors: &[&Tensor]) -> Result<Compacted> {
+/// `(b, n)` is true, in order, right-aligned and padded on the left to the longest
+/// stream; on the CPU with `room` free slots after them ([`Compacted::with_room`]).
+pub fn compact(keep: &Tensor, tensors: &[&Tensor], room: i64) -> Result<Compacted> {
     if keep.device() == tch::Device::Cpu && tensors.iter().all(|t| t.device() == tch::Device::Cpu) {
-        return compact_on_cpu(keep, tensors);
+        return compact_on_cpu(keep, tensors, room);
     }
     let (index, valid) = compact_per_stream(keep);
-    Ok(Compacted { valid, tensors: tensors.iter().map(|t| gather_slots(t, &index)).collect() })
+    Ok(Compacted { valid, tensors: tensors.iter().map(|t| gather_slots(t, &index)).collect(), with_room: vec![] })
 }
 
-fn compact_on_cpu(keep: &Tensor, tensors: &[&Tensor]) -> Result<Compacted> {
+fn compact_on_cpu(keep: &Tensor, tensors: &[&Tensor], room: i64) -> Result<Compacted> {
     let mut inputs: Vec<*mut c_void> = tensors.iter().map(|t| t.as_ptr() as *mut c_void).collect();
     let mut out: Vec<*mut c_void> = vec![std::ptr::null_mut(); tensors.len() + 1];
     // SAFETY: every pointer is a live `at::Tensor*` owned by its `Tensor` for the call (the
     // kernel reads them only); on success it writes `count + 1` new `at::Tensor*`.
-    crate::ffi::call("expire-span cache compaction", |error| unsafe { lethe_compact(keep.as_ptr() as *mut c_void, inputs.as_mut_ptr(), tensors.len() as i64, out.as_mut_ptr(), error) })?;
+    crate::ffi::call("expire-span cache compaction", |error| unsafe {
+        lethe_compact(keep.as_ptr() as *mut c_void, inputs.as_mut_ptr(), tensors.len() as i64, room, out.as_mut_ptr(), error)
+    })?;
     // SAFETY: see above; each pointer is taken over once.
     let mut taken = out.into_iter().map(|p| unsafe { crate::ffi::tensor(p) });
     let valid = taken.next().ok_or_else(|| LetheError::Invalid("expire-span cache compaction: no validity".into()))?;
-    Ok(Compacted { valid, tensors: taken.collect() })
+    let with_room: Vec<Tensor> = taken.collect();
+    let c = valid.size()[1];
+    Ok(Compacted { valid, tensors: with_room.iter().map(|t| t.narrow(1, 0, c)).collect(), with_room })
 }
 
 /// The libtorch-operation compaction: the gather index `(b, c)` and the validity `(b, c)`.
@@ -116,13 +126,18 @@ mod tests {
                 // One stream keeps everything, another nothing.
                 keep = keep.index_fill(0, &Tensor::from_slice(&[1i64]), 1).index_fill(0, &Tensor::from_slice(&[2i64]), 0);
             }
-            let ours = compact_on_cpu(&keep, &[&states, &counter, &episode]).unwrap();
             let (index, valid) = compact_per_stream(&keep);
-            assert!(ours.valid.equal(&valid), "validity at p = {p}");
-            assert_eq!(ours.tensors.len(), 3);
-            for (got, t) in ours.tensors.iter().zip([&states, &counter, &episode]) {
-                assert_eq!(got.kind(), t.kind());
-                assert!(got.equal(&gather_slots(t, &index)), "p = {p}: {got:?}");
+            // With room after the kept slots, the same slots first.
+            for room in [0, 3] {
+                let ours = compact_on_cpu(&keep, &[&states, &counter, &episode], room).unwrap();
+                assert!(ours.valid.equal(&valid), "validity at p = {p}");
+                assert_eq!((ours.tensors.len(), ours.with_room.len()), (3, 3));
+                for ((got, whole), t) in ours.tensors.iter().zip(&ours.with_room).zip([&states, &counter, &episode]) {
+                    assert_eq!(got.kind(), t.kind());
+                    assert!(got.equal(&gather_slots(t, &index)), "p = {p}, room {room}: {got:?}");
+                    assert_eq!(whole.size()[1], valid.size()[1] + room);
+                    assert!(whole.narrow(1, 0, valid.size()[1]).equal(got));
+                }
             }
         }
     }
@@ -131,12 +146,14 @@ mod tests {
     fn the_kernel_refuses_what_it_cannot_compact() {
         let keep = Tensor::ones([2, 3], (Kind::Bool, tch::Device::Cpu));
         let wrong = Tensor::zeros([2, 4, 1], (Kind::Float, tch::Device::Cpu));
-        let err = compact(&keep, &[&wrong]).err().expect("a wrong shape is refused").to_string();
+        let err = compact(&keep, &[&wrong], 0).err().expect("a wrong shape is refused").to_string();
         assert!(err.contains("(b, n) = (2, 3)"), "{err}");
         let with_grad = Tensor::zeros([2, 3], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
-        let err = compact(&keep, &[&with_grad]).err().expect("a tensor with gradient is refused").to_string();
+        let err = compact(&keep, &[&with_grad], 0).err().expect("a tensor with gradient is refused").to_string();
         assert!(err.contains("detach"), "{err}");
-        let err = compact(&keep.to_kind(Kind::Float), &[]).err().expect("flags must be bool").to_string();
+        let err = compact(&keep.to_kind(Kind::Float), &[], 0).err().expect("flags must be bool").to_string();
         assert!(err.contains("bool"), "{err}");
+        let err = compact(&keep, &[&wrong.narrow(1, 0, 3)], -1).err().expect("negative room is refused").to_string();
+        assert!(err.contains("at least 0"), "{err}");
     }
 }

@@ -158,6 +158,10 @@ struct Cache {
     valid: Tensor,   // (b, c) bool
     /// The episode of each memory `(b, c)` (int64), when the stream has episodes.
     episode: Option<Tensor>,
+    /// `(b, c + m, d)`: `states` (its first `c` slots) with room for the next block of
+    /// `m`, written there instead of joining the two in a copy; taken by the first block
+    /// that uses it (the compaction on the CPU leaves the room).
+    room: Option<Tensor>,
 }
 
 /// What a block's attention is computed from: queries `(b, h, m, dh)`, keys and values
@@ -250,6 +254,7 @@ impl ExpireSpan {
             counter: counter.unsqueeze(0).expand([b, m], false).contiguous(),
             valid: Tensor::ones([b, m], (Kind::Bool, x.device())),
             episode: None,
+            room: None,
         }
     }
 
@@ -270,18 +275,24 @@ impl ExpireSpan {
         self.state.as_ref().map_or(0, |c| c.states.size()[1])
     }
 
-    /// `[cache, block]` states, counters (distance to the block's first query) and
+    /// `[cache, block]` states (without gradient: the projection gives the block its
+    /// own, `model::cache_grad`), counters (distance to the block's first query) and
     /// validity, for a block `x` `(b, m, d)`.
     fn keys_with_meta(&mut self, x: &Tensor) -> (Tensor, Tensor, Tensor) {
         let (block_counter, block_valid) = self.block_meta(x);
-        match &self.state {
-            None => (x.shallow_clone(), block_counter, block_valid),
-            Some(c) => (
-                Tensor::cat(&[&c.states, x], 1),
-                Tensor::cat(&[&c.counter, &block_counter], 1),
-                Tensor::cat(&[&c.valid, &block_valid], 1),
-            ),
-        }
+        let x = x.detach();
+        let Some(c) = self.state.as_mut() else {
+            return (x, block_counter, block_valid);
+        };
+        let (cached, m) = (c.states.size()[1], x.size()[1]);
+        let states = match c.room.take().filter(|r| r.size()[1] == cached + m) {
+            Some(room) => {
+                room.narrow(1, cached, m).copy_(&x);
+                room
+            }
+            None => Tensor::cat(&[&c.states, &x], 1),
+        };
+        (states, Tensor::cat(&[&c.counter, &block_counter], 1), Tensor::cat(&[&c.valid, &block_valid], 1))
     }
 
     /// The counters `-j` (float) and validity (true) of the memories of a block `x`
@@ -516,11 +527,10 @@ impl MemoryLayer for ExpireSpan {
         // Kept for `update` of the same block, unless the cache holds raw states: `update`
         // then gets the raw block and builds its own concatenation.
         self.pending_states = input.norm.is_none().then(|| Built { block: input.x.shallow_clone(), states: states.detach(), counter: counter.shallow_clone(), valid: valid.shallow_clone() });
-        // Keys, values and the span predictor's scores in one, so that the states' gradient
-        // is computed for the block's rows only (`model::cache_grad`); for every row when
-        // the cached rows were normalised here (the norm's gradient runs through them).
-        let fresh = if input.norm.is_some() { states.size()[1] } else { m };
-        let projected = input.attn.project_after_cache(&states, fresh, &self.predictor(states.kind()))?;
+        // Keys, values and the span predictor's scores in one, so that the block's gradient
+        // is computed for its rows only (`model::cache_grad`); for every row when the
+        // cached rows were normalised here (the states then carry the norm's gradient).
+        let projected = input.attn.project_after_cache(&states, input.x, &self.predictor(states.kind()))?;
         drop(keys);
         let predicting = profile::phase("spans");
         let spans = self.spans_of_scores(&projected.scores); // (b, n), with gradient to w and b
@@ -567,7 +577,10 @@ impl MemoryLayer for ExpireSpan {
             _ => self.spans(&states).detach(),
         };
         let _compaction = profile::phase("deletion");
+        let choosing = profile::phase("which to keep");
         let mut keep = self.keep(&spans, &counter_next, &valid, m);
+        drop(choosing);
+        let _copying = profile::phase("copy the kept");
         let ids = self.episodes_of(episodes); // (b, n)
         if let (Some(ids), Some(block), false) = (&ids, episodes, self.cfg.deletion == Deletion::Off) {
             // Only the row's current episode can be seen again: the others are deleted.
@@ -577,12 +590,14 @@ impl MemoryLayer for ExpireSpan {
             Deletion::Stream => {
                 let mut tensors = vec![&states, &counter_next];
                 tensors.extend(ids.as_ref());
-                let compacted = compact::compact(&keep, &tensors)?;
+                // Room for a next block as long as this one.
+                let compacted = compact::compact(&keep, &tensors, m)?;
+                let room = compacted.with_room.first().map(Tensor::shallow_clone);
                 let mut slots = compacted.tensors.into_iter();
                 let (Some(states), Some(counter)) = (slots.next(), slots.next()) else {
                     return Err(LetheError::Invalid("expire-span cache compaction returned too few tensors".into()));
                 };
-                Cache { states, counter, valid: compacted.valid, episode: slots.next() }
+                Cache { states, counter, valid: compacted.valid, episode: slots.next(), room }
             }
             Deletion::Batch | Deletion::Off => {
                 let drop = batch_min_drop(&keep, m);
@@ -594,6 +609,7 @@ impl MemoryLayer for ExpireSpan {
                     // As in the official code, memories that are not dropped stay usable.
                     valid: narrow(&valid),
                     episode: ids.as_ref().map(narrow),
+                    room: None,
                 }
             }
         });
@@ -639,7 +655,7 @@ impl MemoryLayer for ExpireSpan {
             None => vec![],
             Some(c) => {
                 let mut out = vec![
-                    ("cache".into(), c.states.shallow_clone()),
+                    ("cache".into(), c.states.contiguous()),
                     ("counter".into(), c.counter.shallow_clone()),
                     ("valid".into(), c.valid.to_kind(Kind::Int64)),
                 ];
@@ -670,7 +686,7 @@ impl MemoryLayer for ExpireSpan {
                 valid.size()
             )));
         }
-        self.state = Some(Cache { states, counter: counter.to_kind(Kind::Float), valid: valid.ne(0), episode });
+        self.state = Some(Cache { states, counter: counter.to_kind(Kind::Float), valid: valid.ne(0), episode, room: None });
         Ok(())
     }
 
@@ -735,6 +751,34 @@ mod tests {
         assert!(a.iter().zip(&b).all(|(a, b)| a.equal(b)));
     }
 
+    /// On the CPU the compaction leaves room for the next block, which is written there
+    /// once instead of joined in a copy: the states are `[cache, block]` either way, and a
+    /// second block over the same cache (no update between) joins them anew.
+    #[test]
+    fn the_next_block_goes_into_the_room_left_by_the_compaction_once() {
+        let mut rng = crate::rng::Rng::new(4);
+        let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+        let cfg = ExpireConfig { ramp: 2, init_fraction: 0.5, ..ExpireConfig::default() };
+        let mut mem = ExpireSpan::new(vs.root() / "attn", 8, 12, 5, &cfg);
+        mem.update(&rng.normal_tensor(&[2, 4, 8], Kind::Float), None).unwrap();
+        mem.update(&rng.normal_tensor(&[2, 4, 8], Kind::Float), None).unwrap();
+        let cache = mem.state.as_ref().map(|c| c.states.copy()).unwrap();
+        let room = mem.state.as_ref().and_then(|c| c.room.as_ref().map(Tensor::data_ptr));
+        assert!(room.is_some(), "stream deletion on the CPU leaves room");
+        let (x, y) = (rng.normal_tensor(&[2, 4, 8], Kind::Float), rng.normal_tensor(&[2, 4, 8], Kind::Float));
+        let (into_room, _, _) = mem.keys_with_meta(&x);
+        assert_eq!(Some(into_room.data_ptr()), room, "written into the room");
+        assert!(into_room.equal(&Tensor::cat(&[&cache, &x], 1)));
+        let (joined, _, _) = mem.keys_with_meta(&y);
+        assert_ne!(Some(joined.data_ptr()), room, "the room is used once");
+        assert!(joined.equal(&Tensor::cat(&[&cache, &y], 1)) && into_room.equal(&Tensor::cat(&[&cache, &x], 1)));
+        // A block of another length joins the two.
+        mem.update(&y, None).unwrap();
+        let z = rng.normal_tensor(&[2, 3, 8], Kind::Float);
+        let cache = mem.state.as_ref().map(|c| c.states.copy()).unwrap();
+        assert!(mem.keys_with_meta(&z).0.equal(&Tensor::cat(&[&cache, &z], 1)));
+    }
+
     /// `as_official`: the first block attends over `m` zero states (normalised by the
     /// layer's norm: its bias, here all 0.5) and never over itself. With every key of the
     /// first query a zero state, its context is the value of the norm's bias, whatever
@@ -762,7 +806,8 @@ mod tests {
             tch::no_grad(|| layer.attend(&input).unwrap().context) // (b, h, m, dh)
         };
         let official = context(true, &x);
-        let bias_value = attn.keys_values_after_cache(&Tensor::full([2, 1, 8], 0.5, (Kind::Float, tch::Device::Cpu)), 1).unwrap().1; // (b, h, 1, dh)
+        let state = Tensor::full([2, 1, 8], 0.5, (Kind::Float, tch::Device::Cpu));
+        let bias_value = attn.keys_values_after_cache(&state, &state).unwrap().1; // (b, h, 1, dh)
         assert!(official.narrow(2, 0, 1).allclose(&bias_value, 1e-6, 1e-6, false), "the first query sees only the zero states");
         let own = |c: &Tensor| c.narrow(2, 2, 1);
         assert!(own(&context(true, &changed)).allclose(&own(&official), 1e-6, 1e-6, false), "token 2 saw itself");

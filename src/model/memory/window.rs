@@ -179,9 +179,10 @@ impl WindowCache {
     pub fn keys(&mut self, input: &AttendInput, span: i64) -> Result<WindowKeys> {
         let m = input.x.size()[1];
         let cached = self.len();
-        let states = concat_time(self.cache.as_ref(), input.x); // (b, cached + m, d)
-        let (k, v) = input.attn.keys_values_after_cache(&states, m)?; // (b, h, n, dh)
-        self.last = Some((input.x.shallow_clone(), states.detach()));
+        // The block joined detached: its gradient comes from the projection (`cache_grad`).
+        let states = concat_time(self.cache.as_ref(), &input.x.detach()); // (b, cached + m, d)
+        let (k, v) = input.attn.keys_values_after_cache(&states, input.x)?; // (b, h, n, dh)
+        self.last = Some((input.x.shallow_clone(), states));
         let device = input.x.device();
         if !self.windows.contains_key(&(cached, m)) && self.windows.len() >= MAX_WINDOW_SHAPES {
             self.windows.clear();
