@@ -26,6 +26,9 @@
 // Tensors cross as `at::Tensor*`, which is what tch's `Tensor::as_mut_ptr` holds.
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "guard.h"
@@ -42,10 +45,38 @@ at::Tensor tail_times(const at::Tensor& grad, const at::Tensor& weight, int64_t 
   return grad.narrow(1, n - fresh, fresh).reshape({-1, grad.size(2)}).mm(weight);
 }
 
-// `grad` `(b, n)` of `states w`, rows `[n - fresh, n)`, times `w` `(d)`: `(b * fresh, d)`.
-at::Tensor tail_outer(const at::Tensor& grad, const at::Tensor& w, int64_t fresh) {
+// `grad` `(b, n)` of `states w`, rows `[n - fresh, n)`: `(b * fresh)`.
+at::Tensor tail_of(const at::Tensor& grad, int64_t fresh) {
   const int64_t n = grad.size(1);
-  return grad.narrow(1, n - fresh, fresh).reshape({-1}).outer(w);
+  return grad.narrow(1, n - fresh, fresh).reshape({-1});
+}
+
+// `(tk + tv) + gs w^T` `(r, d)` of `tk` and `tv` `(r, d)`, `gs` `(r)` and `w` `(d)` in one
+// pass, row by row: what `tk + tv + gs.outer(w)` gives, bit for bit (each product and
+// sum rounded on its own: csrc is compiled without contracting them into an FMA),
+// without writing the outer product out and reading it back.
+template <typename T>
+void sum_tails_rows(const T* tk, const T* tv, const T* gs, const T* w, T* out, int64_t r0, int64_t r1, int64_t d) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const T g = gs[r];
+    const T* a = tk + r * d;
+    const T* b = tv + r * d;
+    T* o = out + r * d;
+    for (int64_t c = 0; c < d; ++c) o[c] = (a[c] + b[c]) + g * w[c];
+  }
+}
+
+at::Tensor sum_tails(const at::Tensor& tk, const at::Tensor& tv, const at::Tensor& gs, const at::Tensor& w) {
+  const at::Tensor a = tk.contiguous(), b = tv.contiguous(), g = gs.contiguous(), ws = w.contiguous();
+  auto out = at::empty_like(a);
+  const int64_t rows = a.size(0), d = a.size(1);
+  AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "sum_tails", [&] {
+    const scalar_t *pa = a.data_ptr<scalar_t>(), *pb = b.data_ptr<scalar_t>(), *pg = g.data_ptr<scalar_t>(), *pw = ws.data_ptr<scalar_t>();
+    scalar_t* po = out.data_ptr<scalar_t>();
+    const int64_t grain = std::max<int64_t>(1, at::internal::GRAIN_SIZE / std::max<int64_t>(d, 1));
+    at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) { sum_tails_rows(pa, pb, pg, pw, po, r0, r1, d); });
+  });
+  return out;
 }
 
 // Checks the shapes and saves what the backward pass needs; `ws` `(d)` may be undefined
@@ -75,12 +106,17 @@ at::Tensor states_grad(AutogradContext* ctx, const at::Tensor& gk, const at::Ten
   const auto size = ctx->saved_data["target"].toIntVector();
   at::Tensor tk = gk.defined() ? tail_times(gk, saved[0], fresh) : at::Tensor();
   at::Tensor tv = gv.defined() ? tail_times(gv, saved[1], fresh) : at::Tensor();
-  at::Tensor ts = gs.defined() ? tail_outer(gs, saved[2], fresh) : at::Tensor();
   auto add = [](const at::Tensor& a, const at::Tensor& b) { return !a.defined() ? b : !b.defined() ? a : a + b; };
   // In the order libtorch's backward pass sums the three where the scores are computed
   // first (tests::it_computes_what_the_plain_projection_does; other orders round
   // differently).
-  const at::Tensor tail = add(add(tk, tv), ts);
+  at::Tensor tail;
+  if (tk.defined() && tv.defined() && gs.defined()) {
+    tail = sum_tails(tk, tv, tail_of(gs, fresh), saved[2]);
+  } else {
+    at::Tensor ts = gs.defined() ? tail_of(gs, fresh).outer(saved[2]) : at::Tensor();
+    tail = add(add(tk, tv), ts);
+  }
   if (!tail.defined()) return at::Tensor();
   if (size[1] == fresh) return tail.view({size[0], fresh, size[2]});
   auto grad = at::empty(size, tail.options());
