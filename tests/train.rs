@@ -92,6 +92,21 @@ fn assert_resuming_after_17_steps_repeats_the_straight_run(cfg: &lethe::config::
     assert_eq!(straight, losses);
 }
 
+/// Expire-Span with per-stream deletion: the checkpoint holds each layer's compacted
+/// cache (a view of the buffer with room for the next block), and the resumed run,
+/// which joins cache and block anew, repeats the straight one.
+#[test]
+fn resuming_expire_span_repeats_the_losses_of_a_straight_run() {
+    let mut cfg = common::tiny_config();
+    cfg.memory.mechanism = lethe::config::Mechanism::Expire;
+    cfg.memory.span = 32;
+    cfg.memory.expire.ramp = 4;
+    cfg.memory.expire.init_fraction = 0.3;
+    cfg.memory.expire.alpha = 0.01;
+    cfg.train.steps = 30;
+    assert_resuming_after_17_steps_repeats_the_straight_run(&cfg);
+}
+
 #[test]
 fn resuming_on_a_byte_corpus_repeats_the_losses_too() {
     let data_dir = tempfile::tempdir().unwrap();
