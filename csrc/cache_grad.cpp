@@ -52,7 +52,7 @@ at::Tensor tail_of(const at::Tensor& grad, int64_t fresh) {
 }
 
 // `(tk + tv) + gs w^T` `(r, d)` of `tk` and `tv` `(r, d)`, `gs` `(r)` and `w` `(d)` in one
-// pass, row by row: what `tk + tv + gs.outer(w)` gives, bit for bit (each product and
+// pass, row by row, on the CPU (other devices take libtorch's three operations): what `tk + tv + gs.outer(w)` gives, bit for bit (each product and
 // sum rounded on its own: csrc is compiled without contracting them into an FMA),
 // without writing the outer product out and reading it back.
 template <typename T>
@@ -111,7 +111,9 @@ at::Tensor states_grad(AutogradContext* ctx, const at::Tensor& gk, const at::Ten
   // first (tests::it_computes_what_the_plain_projection_does; other orders round
   // differently).
   at::Tensor tail;
-  if (tk.defined() && tv.defined() && gs.defined()) {
+  const bool loop = tk.defined() && tv.defined() && gs.defined() && tk.device().is_cpu() &&
+                    (tk.scalar_type() == at::kFloat || tk.scalar_type() == at::kDouble);
+  if (loop) {
     tail = sum_tails(tk, tv, tail_of(gs, fresh), saved[2]);
   } else {
     at::Tensor ts = gs.defined() ? tail_of(gs, fresh).outer(saved[2]) : at::Tensor();
