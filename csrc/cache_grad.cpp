@@ -9,19 +9,16 @@
 // backward pass. At `enwik8-tiny` (a cache of 128 before a block of 64) two thirds of
 // those two products are wasted; at a span of 16k nearly all.
 //
-// So the keys and values are projected from the detached states (libtorch's own
-// backward pass then computes only the weights' and biases' gradients, exactly as
-// before), and this identity function on `(k, v)` hands the states the gradient
-// `[0; gk[tail] W_k + gv[tail] W_v]`: the same rows the full products would give (a
-// product's rows do not depend on the other rows), summed as libtorch sums the states'
-// two gradients, with zeros where the cache's rows were discarded anyway. Expire-Span's
-// span predictor reads the states too (`s = states w`): its gradient `gs[tail] w^T` is
-// added in the same function, last, as libtorch added it, so that training gives the
-// same bits as before.
-//
-// The gradient goes to a `target`: the states themselves (zero in the cache's rows), or
-// the block alone `(b, m, d)` when the states were joined from a detached copy of it
-// (then no zeros are written and no concatenation's backward pass narrows them away).
+// So the keys and values are projected from the states joined from the detached cache
+// and a detached copy of the block (libtorch's own backward pass then computes only the
+// weights' and biases' gradients, exactly as before), and this identity function on
+// `(k, v)` hands the block itself `(b, m, d)` the gradient `gk[tail] W_k + gv[tail] W_v`:
+// the rows the full products would give (a product's rows do not depend on the other
+// rows), summed as libtorch sums the states' two gradients; nothing is computed for the
+// cache's rows and no concatenation's backward pass cuts them away. Expire-Span's span
+// predictor reads the states too (`s = states w`): its gradient `gs[tail] w^T` is added in
+// the same function, last, as libtorch added it, so that training gives the same bits as
+// before.
 //
 // Tensors cross as `at::Tensor*`, which is what tch's `Tensor::as_mut_ptr` holds.
 
@@ -52,9 +49,10 @@ at::Tensor tail_of(const at::Tensor& grad, int64_t fresh) {
 }
 
 // `(tk + tv) + gs w^T` `(r, d)` of `tk` and `tv` `(r, d)`, `gs` `(r)` and `w` `(d)` in one
-// pass, row by row, on the CPU (other devices take libtorch's three operations): what `tk + tv + gs.outer(w)` gives, bit for bit (each product and
-// sum rounded on its own: csrc is compiled without contracting them into an FMA),
-// without writing the outer product out and reading it back.
+// pass, row by row, on the CPU (other devices take libtorch's three operations): what
+// `tk + tv + gs.outer(w)` gives, bit for bit (each product and sum rounded on its own:
+// csrc is compiled without contracting them into an FMA), without writing the outer
+// product out and reading it back.
 template <typename T>
 void sum_tails_rows(const T* tk, const T* tv, const T* gs, const T* w, T* out, int64_t r0, int64_t r1, int64_t d) {
   for (int64_t r = r0; r < r1; ++r) {
@@ -80,30 +78,26 @@ at::Tensor sum_tails(const at::Tensor& tk, const at::Tensor& tv, const at::Tenso
 }
 
 // Checks the shapes and saves what the backward pass needs; `ws` `(d)` may be undefined
-// (no third projection).
-// `target` is the states `(b, n, d)` or the block `(b, fresh, d)` (the gradient's
-// receiver).
-void save(AutogradContext* ctx, const at::Tensor& k, const at::Tensor& v, const at::Tensor& target, const at::Tensor& wk,
-          const at::Tensor& wv, const at::Tensor& ws, int64_t fresh) {
-  TORCH_CHECK(target.dim() == 3 && k.dim() == 3 && v.dim() == 3, "the states, keys and values must be (b, n, d), got ",
-              target.sizes(), ", ", k.sizes(), ", ", v.sizes());
-  TORCH_CHECK(fresh > 0 && fresh <= k.size(1), "the block's rows must be 1 to ", k.size(1), ", got ", fresh);
-  TORCH_CHECK(k.size(0) == target.size(0) && (k.size(1) == target.size(1) || target.size(1) == fresh) && v.sizes() == k.sizes(),
-              "keys ", k.sizes(), " and values ", v.sizes(), " must be one per state of ", target.sizes(), " (or its ", fresh,
-              " last rows)");
-  TORCH_CHECK(wk.dim() == 2 && wk.size(0) == k.size(2) && wk.size(1) == target.size(2) && wv.sizes() == wk.sizes(),
-              "the weights ", wk.sizes(), " and ", wv.sizes(), " must map the states ", target.sizes(), " to the keys ", k.sizes());
+// (no third projection). `block` `(b, m, d)` is what the last `m` rows of the states
+// were copied from: the gradient's receiver.
+void save(AutogradContext* ctx, const at::Tensor& k, const at::Tensor& v, const at::Tensor& block, const at::Tensor& wk,
+          const at::Tensor& wv, const at::Tensor& ws) {
+  TORCH_CHECK(block.dim() == 3 && k.dim() == 3 && v.dim() == 3, "the block, keys and values must be (b, n, d), got ",
+              block.sizes(), ", ", k.sizes(), ", ", v.sizes());
+  TORCH_CHECK(k.size(0) == block.size(0) && block.size(1) > 0 && block.size(1) <= k.size(1) && v.sizes() == k.sizes(),
+              "keys ", k.sizes(), " and values ", v.sizes(), " must be one per state of a window ending with the block ",
+              block.sizes());
+  TORCH_CHECK(wk.dim() == 2 && wk.size(0) == k.size(2) && wk.size(1) == block.size(2) && wv.sizes() == wk.sizes(),
+              "the weights ", wk.sizes(), " and ", wv.sizes(), " must map the block ", block.sizes(), " to the keys ", k.sizes());
   ctx->save_for_backward(ws.defined() ? variable_list{wk.detach(), wv.detach(), ws.detach()} : variable_list{wk.detach(), wv.detach()});
-  ctx->saved_data["fresh"] = fresh;
-  ctx->saved_data["target"] = target.sizes().vec();
+  ctx->saved_data["block"] = block.sizes().vec();
 }
 
-// The target's gradient: in the block's rows the sum of what the keys, values and
-// scores pass back; for the whole states, zero in the cache's rows.
-at::Tensor states_grad(AutogradContext* ctx, const at::Tensor& gk, const at::Tensor& gv, const at::Tensor& gs) {
+// The block's gradient: the sum of what the keys, values and scores pass back to its rows.
+at::Tensor block_grad(AutogradContext* ctx, const at::Tensor& gk, const at::Tensor& gv, const at::Tensor& gs) {
   const auto saved = ctx->get_saved_variables();
-  const int64_t fresh = ctx->saved_data["fresh"].toInt();
-  const auto size = ctx->saved_data["target"].toIntVector();
+  const auto size = ctx->saved_data["block"].toIntVector();
+  const int64_t fresh = size[1];
   at::Tensor tk = gk.defined() ? tail_times(gk, saved[0], fresh) : at::Tensor();
   at::Tensor tv = gv.defined() ? tail_times(gv, saved[1], fresh) : at::Tensor();
   auto add = [](const at::Tensor& a, const at::Tensor& b) { return !a.defined() ? b : !b.defined() ? a : a + b; };
@@ -119,41 +113,34 @@ at::Tensor states_grad(AutogradContext* ctx, const at::Tensor& gk, const at::Ten
     at::Tensor ts = gs.defined() ? tail_of(gs, fresh).outer(saved[2]) : at::Tensor();
     tail = add(add(tk, tv), ts);
   }
-  if (!tail.defined()) return at::Tensor();
-  if (size[1] == fresh) return tail.view({size[0], fresh, size[2]});
-  auto grad = at::empty(size, tail.options());
-  grad.narrow(1, 0, size[1] - fresh).zero_();
-  grad.narrow(1, size[1] - fresh, fresh).copy_(tail.view({size[0], fresh, size[2]}));
-  return grad;
+  return tail.defined() ? tail.view(size) : at::Tensor();
 }
 
 // Keys and values.
 struct KeysValues : public torch::autograd::Function<KeysValues> {
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& k, const at::Tensor& v, const at::Tensor& target,
-                               const at::Tensor& wk, const at::Tensor& wv, int64_t fresh) {
-    save(ctx, k, v, target, wk, wv, at::Tensor(), fresh);
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& k, const at::Tensor& v, const at::Tensor& block,
+                               const at::Tensor& wk, const at::Tensor& wv) {
+    save(ctx, k, v, block, wk, wv, at::Tensor());
     return {k, v};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {grads[0], grads[1], states_grad(ctx, grads[0], grads[1], at::Tensor()), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grads[0], grads[1], block_grad(ctx, grads[0], grads[1], at::Tensor()), at::Tensor(), at::Tensor()};
   }
 };
 
 // Keys, values and the scores `s = states ws` `(b, n)` of a vector `ws` `(d)`.
 struct KeysValuesScores : public torch::autograd::Function<KeysValuesScores> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& k, const at::Tensor& v, const at::Tensor& s,
-                               const at::Tensor& target, const at::Tensor& wk, const at::Tensor& wv, const at::Tensor& ws,
-                               int64_t fresh) {
-    TORCH_CHECK(s.dim() == 2 && s.size(0) == k.size(0) && s.size(1) == k.size(1) && ws.dim() == 1 && ws.size(0) == target.size(2),
-                "the scores ", s.sizes(), " of the weight ", ws.sizes(), " must be one per state of ", target.sizes());
-    save(ctx, k, v, target, wk, wv, ws, fresh);
+                               const at::Tensor& block, const at::Tensor& wk, const at::Tensor& wv, const at::Tensor& ws) {
+    TORCH_CHECK(s.dim() == 2 && s.size(0) == k.size(0) && s.size(1) == k.size(1) && ws.dim() == 1 && ws.size(0) == block.size(2),
+                "the scores ", s.sizes(), " of the weight ", ws.sizes(), " must be one per state of a window of ", block.sizes());
+    save(ctx, k, v, block, wk, wv, ws);
     return {k, v, s};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {grads[0], grads[1], grads[2], states_grad(ctx, grads[0], grads[1], grads[2]),
-            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grads[0], grads[1], grads[2], block_grad(ctx, grads[0], grads[1], grads[2]), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -162,16 +149,15 @@ struct KeysValuesScores : public torch::autograd::Function<KeysValuesScores> {
 extern "C" {
 
 // `k` and `v` `(b, n, e)` unchanged, with the gradient of the projections
-// `k = states W_k^T + b_k`, `v = states W_v^T + b_v` for the last `fresh` rows of the
-// states only, to `states`: the states `(b, n, d)` (zero in the other rows) or the block
-// `(b, fresh, d)` they end with; with `s` `(b, n)` and `ws` `(d)` (else null), the scores
-// `s = states ws` too. Writes the two (or three) new tensors to `out`.
-int lethe_cache_tail_grad(void* k, void* v, void* s, void* target, void* wk, void* wv, void* ws, int64_t fresh, void** out,
-                          char** error) {
+// `k = states W_k^T + b_k`, `v = states W_v^T + b_v` of their last `m` rows to `block`
+// `(b, m, d)`, the tensor those rows of the states were copied from; with `s` `(b, n)`
+// and `ws` `(d)` (else null), the scores `s = states ws` too. Writes the two (or three)
+// new tensors to `out`.
+int lethe_cache_tail_grad(void* k, void* v, void* s, void* block, void* wk, void* wv, void* ws, void** out, char** error) {
   return lethe::guarded(error, [&] {
     auto t = [](void* x) -> at::Tensor { return x == nullptr ? at::Tensor() : *static_cast<at::Tensor*>(x); };
-    auto result = s == nullptr ? KeysValues::apply(t(k), t(v), t(target), t(wk), t(wv), fresh)
-                               : KeysValuesScores::apply(t(k), t(v), t(s), t(target), t(wk), t(wv), t(ws), fresh);
+    auto result = s == nullptr ? KeysValues::apply(t(k), t(v), t(block), t(wk), t(wv))
+                               : KeysValuesScores::apply(t(k), t(v), t(s), t(block), t(wk), t(wv), t(ws));
     for (size_t i = 0; i < result.size(); ++i) out[i] = new at::Tensor(std::move(result[i]));
   });
 }

@@ -9,8 +9,9 @@
 // One pass over the flags plans every stream's source slots; each tensor to compact
 // (b, n, ...) is then copied whole slot by whole slot (`memcpy` of a row of `d` floats
 // for the states). The copies may leave room after each stream's slots, where the next
-// block's rows are then written instead of joining the cache and the block in a copy. The libtorch path takes a stable sort, a sum, a maximum read back, a
-// dozen small tensors and an `index_select` per tensor for the same result.
+// block's rows are then written instead of joining the cache and the block in a copy.
+// The libtorch path takes a stable sort, a sum, a maximum read back, a dozen small
+// tensors and an `index_select` per tensor for the same result.
 //
 // Tensors cross as `at::Tensor*`, which is what tch's `Tensor::as_mut_ptr` holds.
 

@@ -29,11 +29,10 @@ extern "C" {
         k: *mut c_void,
         v: *mut c_void,
         s: *mut c_void,
-        target: *mut c_void,
+        block: *mut c_void,
         wk: *mut c_void,
         wv: *mut c_void,
         ws: *mut c_void,
-        fresh: i64,
         out: *mut *mut c_void,
         error: *mut *mut c_char,
     ) -> c_int;
@@ -96,7 +95,6 @@ pub fn project_after_cache(states: &Tensor, block: &Tensor, k: &nn::Linear, v: &
             ptr(Some(&k.ws.detach())),
             ptr(Some(&v.ws.detach())),
             ptr(w.map(Tensor::detach).as_ref()),
-            fresh,
             out.as_mut_ptr(),
             error,
         )
