@@ -141,11 +141,17 @@ pub struct BenchResult {
     pub tokens_per_s: f64,
     /// Peak resident memory of the process while this config ran, MiB.
     pub peak_rss_mib: Option<f64>,
-    /// Mean memory size `|C_t|` per layer at the last step.
+    /// Mean memory size `|C_t|` per layer (the earlier positions a query sees), averaged
+    /// over the timed steps: a learned span (Expire-Span, Adaptive-Span) goes on training
+    /// while it is benched, so its memory moves from step to step.
     pub mem_size: Vec<f64>,
+    /// The memory size `|C_t|` of each timed step, averaged over the layers, in the
+    /// order the steps ran (over every round).
+    pub mem_by_step: Vec<f64>,
     /// States held per stream and layer at the last step.
     pub held: Vec<usize>,
-    /// Floating-point operations of one training step (see [`step_flops`]).
+    /// Floating-point operations of one training step (see [`step_flops`]), averaged
+    /// over the timed steps (each counted from the states it held).
     pub flops_per_step: f64,
     /// Achieved rate at the median, GFLOP/s.
     pub gflops: f64,
@@ -206,6 +212,9 @@ struct Timed<'a> {
     round_medians: Vec<f64>,
     /// The loss of the last step timed.
     last_loss: f64,
+    /// After each timed step: the memory size per layer, and the step's FLOPs.
+    memory: Vec<Vec<f64>>,
+    flops: Vec<f64>,
     /// The phase times of the profiled steps so far, and how many steps they are over.
     profiled: Vec<crate::profile::PhaseTime>,
     profiled_steps: usize,
@@ -230,13 +239,15 @@ impl<'a> Timed<'a> {
             run.step(&batch)?;
         }
         synchronize(device);
-        Ok(Timed { run, rng, fill_blocks, times: vec![], comm: vec![], round_medians: vec![], last_loss: f64::NAN, profiled: vec![], profiled_steps: 0 })
+        Ok(Timed { run, rng, fill_blocks, times: vec![], comm: vec![], round_medians: vec![], last_loss: f64::NAN, memory: vec![], flops: vec![], profiled: vec![], profiled_steps: 0 })
     }
 
     /// Times `steps` more training steps, one round.
     fn round(&mut self, steps: usize) -> Result<()> {
         let device = self.run.lm.device();
         let mut times = Vec::with_capacity(steps);
+        // The states each step attends over are those held before it.
+        let mut held = self.held();
         for _ in 0..steps {
             let batch = self.run.batch(&mut self.rng);
             let start = Instant::now();
@@ -245,10 +256,25 @@ impl<'a> Timed<'a> {
             times.push(start.elapsed().as_secs_f64());
             self.comm.push(s.comm_s);
             self.last_loss = s.nll_sum / s.weight;
+            held = self.record_memory(&held);
         }
         self.round_medians.push(Timing::of(times.clone()).median_s);
         self.times.extend(times);
         Ok(())
+    }
+
+    /// States held per stream and layer now.
+    fn held(&self) -> Vec<usize> {
+        self.run.mems[0].reports().iter().map(|r| r.held).collect()
+    }
+
+    /// After a timed step (its time taken already) that attended over `held` states: the
+    /// memory it saw per layer, and its FLOPs. Returns the states held after it.
+    fn record_memory(&mut self, held: &[usize]) -> Vec<usize> {
+        let reports = self.run.mems[0].reports();
+        self.flops.push(step_flops(self.run.cfg, held, self.run.lm.device()));
+        self.memory.push(reports.iter().map(|r| r.mem_size).collect());
+        reports.iter().map(|r| r.held).collect()
     }
 
     /// Runs `steps` more steps with every phase timed, recorded by libtorch's profiler
@@ -263,21 +289,21 @@ impl<'a> Timed<'a> {
     /// The figures over every round timed, after the profiled steps of `opts.profile`.
     fn finish(mut self, opts: &BenchOptions) -> Result<BenchResult> {
         let (cfg, group) = (self.run.cfg, self.run.group);
-        let device = self.run.lm.device();
         // Under torchrun rank 0 traces for the group (the ranks run the same operations).
         let trace = opts.trace.as_ref().filter(|_| group.is_none_or(|g| g.rank() == 0)).map(|dir| dir.join(format!("trace-{}.json", cfg.name)));
         // In rounds, every round has profiled its steps already.
         if opts.profile && self.profiled_steps == 0 {
             self.profile(opts.steps, trace.as_deref())?;
         }
+        let held = self.held();
         let profile = opts.profile.then_some(self.profiled);
         let steps = self.times.len();
         let t = Timing::of(self.times);
         let comm_s = Timing::of(self.comm).median_s;
         let tokens = cfg.train.batch * cfg.train.block;
-        let reports = self.run.mems[0].reports();
-        let held: Vec<usize> = reports.iter().map(|r| r.held).collect();
-        let flops = step_flops(cfg, &held, device);
+        let flops = mean(&self.flops);
+        let mem_size = column_means(&self.memory);
+        let mem_by_step = self.memory.iter().map(|m| mean(m)).collect();
         Ok(BenchResult {
             name: cfg.name.clone(),
             mechanism: cfg.memory.mechanism.name().to_string(),
@@ -295,7 +321,8 @@ impl<'a> Timed<'a> {
             last_loss: self.last_loss,
             tokens_per_s: tokens as f64 / t.median_s,
             peak_rss_mib: peak_rss_bytes().map(|b| b as f64 / (1024.0 * 1024.0)),
-            mem_size: reports.iter().map(|r| r.mem_size).collect(),
+            mem_size,
+            mem_by_step,
             held,
             flops_per_step: flops,
             gflops: flops / t.median_s / 1e9,
@@ -466,6 +493,12 @@ fn fill_memory(run: &mut Stepper, rng: &mut Rng, context: Option<usize>) -> Resu
         }
     }
     Ok(blocks)
+}
+
+/// The mean of each column of `rows` (rows of equal length), over the rows.
+fn column_means(rows: &[Vec<f64>]) -> Vec<f64> {
+    let columns = rows.first().map_or(0, Vec::len);
+    (0..columns).map(|c| mean(&rows.iter().filter_map(|r| r.get(c).copied()).collect::<Vec<_>>())).collect()
 }
 
 /// Tokens the memory must have seen to be full: the span, plus what the compressed
@@ -1022,6 +1055,28 @@ mod tests {
         assert!((mfu - r.gflops / rate).abs() < 1e-12 && mfu > 0.0);
         assert_eq!(r.flops_per_step, step_flops(&cfg, &r.held, Device::Cpu));
         assert!(r.profile.is_none(), "no profile unless asked");
+    }
+
+    /// The memory figure is the mean over the timed steps, not the last step's: a
+    /// Transformer-XL window of 8 over blocks of 4, timed from an empty memory, sees
+    /// 0..3, then 4..7, then 8 earlier positions a query (1.5, 5.5, 8 and 8 on average).
+    #[test]
+    fn the_memory_figure_is_the_mean_over_the_timed_steps() {
+        let mut cfg = Config::preset("copy-tiny").unwrap();
+        cfg.memory.mechanism = Mechanism::Fixed;
+        cfg.memory.span = 8;
+        cfg.model.layers = 2;
+        cfg.train.batch = 2;
+        cfg.train.block = 4;
+        let opts = BenchOptions { steps: 4, rounds: 1, warmup: 0, context: Some(0), profile: false, trace: None };
+        let r = bench(&cfg, &opts, None).unwrap();
+        assert_eq!(r.mem_by_step, vec![1.5, 5.5, 8.0, 8.0]);
+        assert_eq!(r.mem_size, vec![5.75, 5.75]);
+        assert_eq!(r.held, vec![8, 8], "the states held at the last step");
+        // The FLOPs follow the states held step by step: 0, 4, 8 and 8 before each block.
+        let by_held = [0, 4, 8, 8].map(|h| step_flops(&cfg, &[h, h], Device::Cpu));
+        assert_eq!(r.flops_per_step, by_held.iter().sum::<f64>() / 4.0);
+        assert!(by_held[0] < by_held[3]);
     }
 
     /// `--profile` times the phases of the step, down to the memory's own, and each
