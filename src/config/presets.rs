@@ -35,7 +35,7 @@ pub const PRESETS: &[Preset] = &[
     preset!("copy-xl-2k", "the copy task at the paper's scale (distances up to 128k) with the Transformer-XL 2k-span baseline of Table 1; GPU"),
     preset!("copy-expire", "Expire-Span on the copy task, distances 200-400, L = 512, R = 16, alpha 1e-3, spans starting at 0.9 L: it learns to keep the run of `A`s and expire the filler; minutes on 2 cores"),
     preset!("copy-sweep-tiny", "for `lethe sweep`: the copy task with the run 24-32 tokens back (counts 1-4), 2 layers x 32, blocks of 8, 800 steps, L = 64; seconds per run"),
-    preset!("enwik8-tiny", "enwik8 (or any file with --data): 2 layers x 128, span 256, block 64, batch 16; a laptop CPU"),
+    preset!("enwik8-tiny", "enwik8 (or any file with --data): 2 layers x 128, span 256, block 64, batch 16, the official code's initialisation; a laptop CPU"),
     preset!("enwik8-expire-tiny", "enwik8-tiny with Expire-Span, L = 1024, R = 32, alpha 1e-5; CPU"),
     preset!("enwik8-12l", "the paper's small enwik8 model (A.3.4): 12 layers x 512, 8 heads, FFN 2048, span 1024, block 512, batch 512 in 8 micro-batches, lr 7e-4, 8000 warm-up steps, 100k steps; GPU"),
     preset!("enwik8-expire-12l", "the paper's small Expire-Span enwik8 model: enwik8-12l with L = 16k, R = 128, alpha 3e-7, pre_div 64, noisy spans; GPU"),
