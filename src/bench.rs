@@ -215,6 +215,8 @@ struct Timed<'a> {
     /// After each timed step: the memory size per layer, and the step's FLOPs.
     memory: Vec<Vec<f64>>,
     flops: Vec<f64>,
+    /// States held per stream and layer now, before the next step: what it attends over.
+    held: Vec<usize>,
     /// The phase times of the profiled steps so far, and how many steps they are over.
     profiled: Vec<crate::profile::PhaseTime>,
     profiled_steps: usize,
@@ -239,15 +241,14 @@ impl<'a> Timed<'a> {
             run.step(&batch)?;
         }
         synchronize(device);
-        Ok(Timed { run, rng, fill_blocks, times: vec![], comm: vec![], round_medians: vec![], last_loss: f64::NAN, memory: vec![], flops: vec![], profiled: vec![], profiled_steps: 0 })
+        let held = held_by(&run);
+        Ok(Timed { run, rng, fill_blocks, times: vec![], comm: vec![], round_medians: vec![], last_loss: f64::NAN, memory: vec![], flops: vec![], held, profiled: vec![], profiled_steps: 0 })
     }
 
     /// Times `steps` more training steps, one round.
     fn round(&mut self, steps: usize) -> Result<()> {
         let device = self.run.lm.device();
         let mut times = Vec::with_capacity(steps);
-        // The states each step attends over are those held before it.
-        let mut held = self.held();
         for _ in 0..steps {
             let batch = self.run.batch(&mut self.rng);
             let start = Instant::now();
@@ -256,25 +257,20 @@ impl<'a> Timed<'a> {
             times.push(start.elapsed().as_secs_f64());
             self.comm.push(s.comm_s);
             self.last_loss = s.nll_sum / s.weight;
-            held = self.record_memory(&held);
+            self.record_memory();
         }
         self.round_medians.push(Timing::of(times.clone()).median_s);
         self.times.extend(times);
         Ok(())
     }
 
-    /// States held per stream and layer now.
-    fn held(&self) -> Vec<usize> {
-        self.run.mems[0].reports().iter().map(|r| r.held).collect()
-    }
-
-    /// After a timed step (its time taken already) that attended over `held` states: the
-    /// memory it saw per layer, and its FLOPs. Returns the states held after it.
-    fn record_memory(&mut self, held: &[usize]) -> Vec<usize> {
+    /// After a timed step (its time taken already), which attended over the states held
+    /// before it: the memory it saw per layer, and its FLOPs; then the states held now.
+    fn record_memory(&mut self) {
         let reports = self.run.mems[0].reports();
-        self.flops.push(step_flops(self.run.cfg, held, self.run.lm.device()));
+        self.flops.push(step_flops(self.run.cfg, &self.held, self.run.lm.device()));
         self.memory.push(reports.iter().map(|r| r.mem_size).collect());
-        reports.iter().map(|r| r.held).collect()
+        self.held = reports.iter().map(|r| r.held).collect();
     }
 
     /// Runs `steps` more steps with every phase timed, recorded by libtorch's profiler
@@ -283,6 +279,8 @@ impl<'a> Timed<'a> {
         let phases = profile_steps(&mut self.run, steps, &mut self.rng, trace)?;
         crate::profile::merge(&mut self.profiled, phases);
         self.profiled_steps += steps;
+        // The profiled steps trained too: the next round starts from what they left.
+        self.held = held_by(&self.run);
         Ok(())
     }
 
@@ -295,7 +293,6 @@ impl<'a> Timed<'a> {
         if opts.profile && self.profiled_steps == 0 {
             self.profile(opts.steps, trace.as_deref())?;
         }
-        let held = self.held();
         let profile = opts.profile.then_some(self.profiled);
         let steps = self.times.len();
         let t = Timing::of(self.times);
@@ -323,7 +320,7 @@ impl<'a> Timed<'a> {
             peak_rss_mib: peak_rss_bytes().map(|b| b as f64 / (1024.0 * 1024.0)),
             mem_size,
             mem_by_step,
-            held,
+            held: self.held,
             flops_per_step: flops,
             gflops: flops / t.median_s / 1e9,
             mfu: None,
@@ -493,6 +490,11 @@ fn fill_memory(run: &mut Stepper, rng: &mut Rng, context: Option<usize>) -> Resu
         }
     }
     Ok(blocks)
+}
+
+/// States held per stream and layer by `run`'s memory now.
+fn held_by(run: &Stepper) -> Vec<usize> {
+    run.mems[0].reports().iter().map(|r| r.held).collect()
 }
 
 /// The mean of each column of `rows` (rows of equal length), over the rows.
