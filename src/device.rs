@@ -110,17 +110,17 @@ fn cuda(index: usize) -> Result<Device> {
     }
 }
 
-/// Loads libtorch's CUDA backend (`libtorch_cuda.so`) when the libtorch lethe was built
-/// against has one. The linker drops it from the binary's needed libraries because no
-/// symbol of it is referenced; without it libtorch reports no GPU.
+/// Loads libtorch's CUDA backend (`libtorch_cuda.so`) when the libtorch lethe runs on has
+/// one. The linker drops it from the binary's needed libraries because no symbol of it is
+/// referenced; without it libtorch reports no GPU. It is looked for beside the
+/// `libtorch_cpu.so` this process loaded (which `LD_LIBRARY_PATH` may have chosen: a
+/// binary built on one machine and run on another with that machine's torch), then in
+/// the folder lethe was built against.
 pub fn load_cuda_backend() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        let Some(dir) = option_env!("LETHE_LIBTORCH_LIB") else { return };
-        let lib = std::path::Path::new(dir).join("libtorch_cuda.so");
-        if !lib.exists() {
-            return;
-        }
+        let candidates = [loaded_libtorch_dir(), option_env!("LETHE_LIBTORCH_LIB").map(std::path::PathBuf::from)];
+        let Some(lib) = candidates.into_iter().flatten().map(|dir| dir.join("libtorch_cuda.so")).find(|lib| lib.exists()) else { return };
         if let Ok(c) = std::ffi::CString::new(lib.to_string_lossy().as_bytes()) {
             // SAFETY: dlopen with a valid NUL-terminated path; the handle is kept open
             // for the life of the process, as libtorch expects of its backends.
@@ -129,6 +129,18 @@ pub fn load_cuda_backend() {
             }
         }
     });
+}
+
+/// The folder of the `libtorch_cpu.so` mapped into this process (`/proc/self/maps`).
+fn loaded_libtorch_dir() -> Option<std::path::PathBuf> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    libtorch_dir_in_maps(&maps)
+}
+
+/// The folder of the first `libtorch_cpu.so` named in a `/proc/PID/maps` listing.
+fn libtorch_dir_in_maps(maps: &str) -> Option<std::path::PathBuf> {
+    let path = maps.lines().filter_map(|l| l.split_whitespace().nth(5)).find(|p| p.ends_with("/libtorch_cpu.so"))?;
+    std::path::Path::new(path).parent().map(std::path::Path::to_path_buf)
 }
 
 #[cfg(test)]
@@ -140,5 +152,19 @@ mod tests {
         assert_eq!(name(Device::Cpu), "cpu");
         assert_eq!(name(Device::Cuda(1)), "cuda:1");
         assert_eq!(parse(&name(Device::Cpu)).unwrap(), Device::Cpu);
+    }
+
+    /// The CUDA backend is looked for beside the libtorch that was loaded, not only where
+    /// lethe was built: the folder comes from the mapped `libtorch_cpu.so`.
+    #[test]
+    fn the_loaded_libtorch_is_found_in_the_process_maps() {
+        let maps = "7f00-7f10 r-xp 00000000 08:01 12 /usr/lib/libc.so.6\n\
+                    7f20-7f30 r--p 00000000 08:01 34 /opt/torch/lib/libtorch_cpu.so\n\
+                    7f40-7f50 rw-p 00000000 00:00 0 \n";
+        assert_eq!(libtorch_dir_in_maps(maps), Some(std::path::PathBuf::from("/opt/torch/lib")));
+        assert_eq!(libtorch_dir_in_maps("7f00-7f10 r-xp 00000000 08:01 12 /usr/lib/libc.so.6\n"), None);
+        // This process has libtorch mapped: its folder holds the library.
+        let here = loaded_libtorch_dir().expect("libtorch_cpu.so is mapped");
+        assert!(here.join("libtorch_cpu.so").exists(), "{}", here.display());
     }
 }

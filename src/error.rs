@@ -110,3 +110,39 @@ impl<T> TorchContext<T> for std::result::Result<T, tch::TchError> {
         self.map_err(|error| LetheError::Torch { context: context.to_string(), error })
     }
 }
+
+/// The one-line account of a libtorch error that a tensor operation panicked with (tch's
+/// infallible operations unwrap libtorch's errors, so a GPU that runs out of memory, or a
+/// kernel that fails, stops the program there): the error's first line, without the C++
+/// stack that follows it, and what to change when the GPU ran out of memory. `None` for
+/// any other panic, which is a bug and keeps its own message.
+pub fn libtorch_failure(panic: &str) -> Option<String> {
+    let start = panic.find("Torch(\"")? + "Torch(\"".len();
+    let text = &panic[start..];
+    // The message is the error's Debug form: its line breaks are written `\n`.
+    let first = text.split("\\n").next().unwrap_or(text).trim_end_matches("\")").trim();
+    if first.contains("out of memory") {
+        Some(format!(
+            "libtorch: {first}\nthe GPU ran out of memory: fewer streams a micro-batch need less (train.batch, or more micro-batches with train.accum), as does a shorter memory.span"
+        ))
+    } else {
+        Some(format!("libtorch: {first}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// As the H100 printed it when the paper-size Expire-Span bench did not fit.
+    #[test]
+    fn a_libtorch_panic_becomes_its_first_line() {
+        let oom = r#"called `Result::unwrap()` on an `Err` value: Torch("CUDA out of memory. Tried to allocate 286.00 MiB. GPU 0 has a total capacity of 79.18 GiB of which 120.19 MiB is free.\nException raised from malloc at /pytorch/c10/cuda/CUDACachingAllocator.cpp:1574 (most recent call first):\nframe #0: c10::Error::Error")"#;
+        let said = libtorch_failure(oom).unwrap();
+        assert!(said.starts_with("libtorch: CUDA out of memory. Tried to allocate 286.00 MiB."), "{said}");
+        assert!(!said.contains("frame #0") && said.contains("train.accum"), "{said}");
+        let misaligned = r#"called `Result::unwrap()` on an `Err` value: Torch("CUDA error: misaligned address\nSearch for `cudaErrorMisalignedAddress'")"#;
+        assert_eq!(libtorch_failure(misaligned).unwrap(), "libtorch: CUDA error: misaligned address");
+        assert_eq!(libtorch_failure("index out of bounds: the len is 3 but the index is 5"), None);
+    }
+}

@@ -17,7 +17,19 @@ use lethe::generate::Sampling;
 use lethe::model::Lm;
 
 fn main() -> ExitCode {
-    match run(Cli::parse()) {
+    let cli = Cli::parse();
+    quiet_libtorch_panics();
+    let outcome = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(cli))) {
+        Ok(outcome) => outcome,
+        Err(payload) => match lethe::error::libtorch_failure(&panic_text(payload.as_ref())) {
+            Some(said) => {
+                eprintln!("error: {said}");
+                return ExitCode::FAILURE;
+            }
+            None => std::panic::resume_unwind(payload),
+        },
+    };
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -28,6 +40,24 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// A libtorch error that a tensor operation on the main thread panicked with is said in
+/// one line by `main` ([`lethe::error::libtorch_failure`]), not with the panic's message
+/// and libtorch's C++ stack; every other panic keeps the default report.
+fn quiet_libtorch_panics() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let main_thread = std::thread::current().name() == Some("main");
+        if !(main_thread && lethe::error::libtorch_failure(&panic_text(info.payload())).is_some()) {
+            default(info);
+        }
+    }));
+}
+
+/// A panic's message, where it is text.
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload.downcast_ref::<String>().cloned().or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default()
 }
 
 fn run(cli: Cli) -> Result<()> {

@@ -27,7 +27,25 @@ extern "C" {
         decay: c_int,
         error: *mut *mut c_char,
     ) -> c_int;
+    #[allow(clippy::too_many_arguments)]
+    fn lethe_optimiser_step_foreach(
+        params: *mut *mut c_void,
+        grads: *mut *mut c_void,
+        exp_avg: *mut *mut c_void,
+        exp_avg_sq: *mut *mut c_void,
+        count: i64,
+        steps: *const f64,
+        decays: *const f64,
+        constants: *const f64,
+        rmsprop: c_int,
+        decay: c_int,
+        error: *mut *mut c_char,
+    ) -> c_int;
+    fn lethe_clip_foreach(grads: *mut *mut c_void, count: i64, max: f64, norm: *mut f64, error: *mut *mut c_char) -> c_int;
 }
+
+/// The signature the two multi-parameter updates of `csrc/adam.cpp` share.
+type MultiStep = unsafe extern "C" fn(*mut *mut c_void, *mut *mut c_void, *mut *mut c_void, *mut *mut c_void, i64, *const f64, *const f64, *const f64, c_int, c_int, *mut *mut c_char) -> c_int;
 
 /// Adam or RMSProp (`train.optimizer`) over a fixed, named list of parameters.
 pub struct Optimiser {
@@ -85,10 +103,15 @@ impl Optimiser {
     }
 
     /// Global L2 norm of the gradients; when `max > 0` and the norm exceeds it, scales
-    /// every gradient down to norm `max`. Returns the norm before clipping.
-    pub fn clip_grad_norm(&mut self, max: f64) -> f64 {
+    /// every gradient down to norm `max`. Returns the norm before clipping. On a GPU
+    /// with one read back to the host for all the gradients ([`Optimiser::clip_foreach`]);
+    /// on the CPU one sum per gradient, as the figures lethe published were computed.
+    pub fn clip_grad_norm(&mut self, max: f64) -> Result<f64> {
         let _guard = tch::no_grad_guard();
         let grads: Vec<Tensor> = self.params.iter().map(|(_, p)| p.grad()).filter(|g| g.defined()).collect();
+        if grads.first().is_some_and(|g| g.device() != tch::Device::Cpu) {
+            return clip_foreach(&grads, max);
+        }
         let total: f64 = grads.iter().map(|g| g.square().sum(tch::Kind::Double).double_value(&[])).sum::<f64>().sqrt();
         if max > 0.0 && total > max {
             let scale = max / (total + 1e-6);
@@ -96,17 +119,21 @@ impl Optimiser {
                 let _ = g.g_mul_scalar_(scale);
             }
         }
-        total
+        Ok(total)
     }
 
     /// One update with learning rate `lr`: on the CPU one call into `csrc/adam.cpp`
-    /// for every parameter ([`Optimiser::step_fused`]), elsewhere libtorch operations
-    /// per parameter ([`Optimiser::step_tensors`]); the two give the same bits.
+    /// for every parameter ([`Optimiser::step_many`]), on a GPU libtorch's multi-tensor
+    /// operations for every parameter (`lethe_optimiser_step_foreach`), and libtorch
+    /// operations per parameter for the rest ([`Optimiser::step_tensors`]: CPU tensors
+    /// of other types or layouts); the first and the last give the same bits.
     pub fn step(&mut self, lr: f64) -> Result<()> {
         let _guard = tch::no_grad_guard();
         self.steps += 1;
         let (fused, rest): (Vec<usize>, Vec<usize>) = (0..self.params.len()).filter(|&i| self.params[i].1.grad().defined()).partition(|&i| self.fusable(i));
-        self.step_fused(&fused, lr)?;
+        let (on_gpu, rest): (Vec<usize>, Vec<usize>) = rest.into_iter().partition(|&i| self.params[i].1.device() != tch::Device::Cpu);
+        self.step_many(&fused, lr, lethe_optimiser_step)?;
+        self.step_many(&on_gpu, lr, lethe_optimiser_step_foreach)?;
         for i in rest {
             self.step_tensors(i, lr);
         }
@@ -127,11 +154,13 @@ impl Optimiser {
         matches!(p.kind(), tch::Kind::Float | tch::Kind::Double) && ok(p) && ok(&self.exp_avg[i]) && ok(&self.exp_avg_sq[i])
     }
 
-    /// The update of parameters `which` in one call into `csrc/adam.cpp`: each element
-    /// through the operations of [`Optimiser::step_tensors`] in the same order, with the
-    /// constants rounded as libtorch rounds them, so the same bits without the dozen
-    /// passes and temporaries per parameter.
-    fn step_fused(&mut self, which: &[usize], lr: f64) -> Result<()> {
+    /// The update of parameters `which` in one call into `csrc/adam.cpp`, through
+    /// `entry`: `lethe_optimiser_step` takes each element through the operations of
+    /// [`Optimiser::step_tensors`] in the same order, with the constants rounded as
+    /// libtorch rounds them, so the same bits without the dozen passes and temporaries
+    /// per parameter (CPU tensors); `lethe_optimiser_step_foreach` takes the same
+    /// arguments to libtorch's multi-tensor operations (any device; a GPU's path).
+    fn step_many(&mut self, which: &[usize], lr: f64, entry: MultiStep) -> Result<()> {
         if which.is_empty() {
             return Ok(());
         }
@@ -151,7 +180,7 @@ impl Optimiser {
         // call; the kernel writes the parameters' and moments' storage in place and keeps
         // no pointer; the arrays are `which.len()` long, `constants` 6.
         crate::ffi::call("optimiser step", |error| unsafe {
-            lethe_optimiser_step(
+            entry(
                 params.as_mut_ptr(),
                 grad_ptrs.as_mut_ptr(),
                 exp_avg.as_mut_ptr(),
@@ -230,6 +259,16 @@ impl Optimiser {
         self.steps = steps;
         Ok(())
     }
+}
+
+/// [`Optimiser::clip_grad_norm`] on a GPU: `csrc/adam.cpp`'s `lethe_clip_foreach`.
+fn clip_foreach(grads: &[Tensor], max: f64) -> Result<f64> {
+    let mut ptrs: Vec<*mut c_void> = grads.iter().map(|g| g.as_ptr() as *mut c_void).collect();
+    let mut norm = 0.0;
+    // SAFETY: every pointer is a live `at::Tensor*` of `grads` for the call; the function
+    // scales their storage in place, keeps no pointer and writes one double to `norm`.
+    crate::ffi::call("gradient clipping", |error| unsafe { lethe_clip_foreach(ptrs.as_mut_ptr(), ptrs.len() as i64, max, &mut norm, error) })?;
+    Ok(norm)
 }
 
 /// Learning rate at optimiser step `step` (0-based): linear warm-up to `lr`, then
@@ -373,6 +412,54 @@ mod tests {
     /// The fused update (`csrc/adam.cpp`) writes bitwise what the libtorch operations
     /// write, for Adam and RMSProp, with and without weight decay, with a parameter
     /// group, in float and double, with a zero gradient and a parameter without one.
+    /// The GPU's path, run on the CPU (libtorch's `_foreach_` operations have CPU
+    /// kernels too): the multi-tensor update follows the per-parameter operations to
+    /// float rounding over four steps, with a group at twice the rate and weight decay,
+    /// and its clipping gives the CPU's norm and scale.
+    #[test]
+    fn the_multi_tensor_update_and_clipping_follow_the_per_parameter_ones() {
+        for (rule, decay) in [(Optimizer::Adam, 0.01), (Optimizer::RmsProp, 0.0)] {
+            let [a, b] = twin_params(Kind::Float, 7);
+            let cfg = TrainConfig { optimizer: rule, weight_decay: decay, beta2: 0.98, eps: 1e-6, ..TrainConfig::default() };
+            let (mut multi, mut plain) = (Optimiser::new(shallow(&a), &cfg), Optimiser::new(shallow(&b), &cfg));
+            for opt in [&mut multi, &mut plain] {
+                assert_eq!(opt.group(|n| n == "p0", 2.0), 1);
+            }
+            for step in 0..4 {
+                multi.zero_grad();
+                plain.zero_grad();
+                set_grads(&a, &b, step);
+                let (norm, plain_norm) = (clip_foreach(&grads_of(&multi), 0.5).unwrap(), plain.clip_grad_norm(0.5).unwrap());
+                assert!((norm - plain_norm).abs() <= 1e-6 * plain_norm && norm > 0.5, "{rule:?}: norm {norm} against {plain_norm}");
+                let lr = 0.01 / (1 + step) as f64;
+                let _guard = tch::no_grad_guard();
+                for opt in [&mut multi, &mut plain] {
+                    opt.steps += 1;
+                }
+                let with_grad: Vec<usize> = (0..3).collect();
+                multi.step_many(&with_grad, lr, lethe_optimiser_step_foreach).unwrap();
+                for &i in &with_grad {
+                    plain.step_tensors(i, lr);
+                }
+            }
+            let [start, _] = twin_params(Kind::Float, 7);
+            for (((name, pa), (_, pb)), (_, p0)) in a.iter().zip(&b).zip(&start).take(3) {
+                let (moved, gap) = ((pb - p0).abs().max().double_value(&[]), (pa - pb).abs().max().double_value(&[]));
+                // A wrong update (a missing bias correction, the wrong rate) would differ
+                // by a good part of the move; rounding by a unit in the last place of p.
+                assert!(moved > 1e-3 && gap <= 1e-4 * moved, "{rule:?}: {name} moved {moved}, the two differ by {gap}");
+            }
+            for ((name, ma), (_, mb)) in multi.state().iter().zip(&plain.state()).filter(|(s, _)| !s.0.ends_with("p3")) {
+                let gap = (ma - mb).abs().max().double_value(&[]) / mb.abs().max().double_value(&[]).max(1e-30);
+                assert!(gap <= 1e-5, "{rule:?}: {name} differs by {gap:.2e} of its largest entry");
+            }
+        }
+    }
+
+    fn grads_of(opt: &Optimiser) -> Vec<Tensor> {
+        opt.params.iter().map(|(_, p)| p.grad()).filter(|g| g.defined()).collect()
+    }
+
     #[test]
     fn the_fused_update_equals_the_libtorch_operations_bitwise() {
         for (kind, rule, decay) in [
@@ -424,7 +511,7 @@ mod tests {
         let p = Tensor::from_slice(&[3.0f64, 4.0]).set_requires_grad(true);
         let mut adam = Optimiser::new(vec![("p".into(), p.shallow_clone())], &TrainConfig::default());
         (p.square().sum(Kind::Double) / 2.0).backward(); // grad = (3, 4), norm 5
-        let norm = adam.clip_grad_norm(1.0);
+        let norm = adam.clip_grad_norm(1.0).unwrap();
         assert!((norm - 5.0).abs() < 1e-12);
         let g: Vec<f64> = p.grad().try_into().unwrap();
         assert!((g[0] - 0.6).abs() < 1e-6 && (g[1] - 0.8).abs() < 1e-6, "{g:?}");

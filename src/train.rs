@@ -414,7 +414,7 @@ pub fn optimisation_step(
         comm_s = start.elapsed().as_secs_f64();
     }
     let clip = profile::phase("clip");
-    let grad_norm = opt.clip_grad_norm(cfg.grad_clip);
+    let grad_norm = opt.clip_grad_norm(cfg.grad_clip)?;
     drop(clip);
     let _step = profile::phase("optimiser");
     if nll_sum.is_finite() && aux.is_finite() && grad_norm.is_finite() {

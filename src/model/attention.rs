@@ -293,7 +293,23 @@ pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor, dropout: f64, t
 /// [`attend`] through libtorch's `scaled_dot_product_attention`, on any device.
 pub fn fused(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor, dropout: f64, train: bool) -> Tensor {
     let p = if train { dropout } else { 0.0 };
-    Tensor::scaled_dot_product_attention(q, k, v, Some(bias), p, false, None, false)
+    Tensor::scaled_dot_product_attention(q, k, v, Some(&aligned(bias)), p, false, None, false)
+}
+
+/// `bias`, copied when its first element is not aligned to 16 of its elements: the
+/// memory-efficient CUDA kernel of `scaled_dot_product_attention` reads the bias in
+/// aligned vectors. libtorch checks a bias's strides (and pads it when they are not
+/// multiples of the alignment) but not where it starts, so a view that begins mid-row,
+/// as the relative positions' skew does ([`window_positions`]), stopped the kernel with
+/// "CUDA error: misaligned address" (an H100, libtorch 2.11; `tests/gpu.rs`). A copy
+/// starts where the allocator puts it, aligned; the values and the gradient are the same.
+pub fn aligned(bias: &Tensor) -> Tensor {
+    let alignment = 16 * bias.kind().elt_size_in_bytes();
+    if (bias.data_ptr() as usize).is_multiple_of(alignment) {
+        bias.shallow_clone()
+    } else {
+        bias.contiguous().copy()
+    }
 }
 
 /// The bias of a window attention (see [`attend`]): the relative positions
@@ -337,6 +353,21 @@ pub fn window(cached: i64, m: i64, span: i64, device: tch::Device) -> (Tensor, T
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression (the GPU's "misaligned address"): the skew's view starts mid-row; the
+    /// bias handed to `scaled_dot_product_attention` starts aligned, with the same values,
+    /// and an aligned bias is passed as it is.
+    #[test]
+    fn the_fused_attention_s_bias_starts_aligned() {
+        let flipped = crate::rng::Rng::new(3).normal_tensor(&[2, 2, 5, 9], tch::Kind::Float); // (b, h, m, p)
+        let view = super::super::skew::skew_views(&flipped, 3, 8); // (b, h, m, n), offset p - 1 - cached
+        assert_ne!(view.data_ptr() as usize % 64, 0, "the skew's view starts mid-row");
+        let bias = aligned(&view);
+        assert_eq!(bias.data_ptr() as usize % 64, 0);
+        assert!(bias.equal(&view));
+        let whole = tch::Tensor::zeros([4, 16], (tch::Kind::Float, tch::Device::Cpu));
+        assert_eq!(aligned(&whole).data_ptr(), whole.data_ptr(), "an aligned bias is not copied");
+    }
 
     /// `part` is the tensor itself over a whole dimension (no copy in either pass), a
     /// narrow otherwise, and the gradient reaches the tensor either way.

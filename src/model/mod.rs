@@ -163,13 +163,26 @@ pub struct Lm {
 impl Lm {
     /// A freshly initialised model (initialisation is seeded by `config.seed`, in a
     /// seeded section of libtorch's generator, so the same seed gives the same model
-    /// whatever other threads do). Fails only for a config that does not validate.
+    /// whatever other threads do). The parameters are drawn on the CPU and copied to
+    /// `device`, so a seed gives the same model on a GPU as on the CPU (a GPU's own
+    /// generator draws other numbers). Fails only for a config that does not validate.
     pub fn new(config: &Config, device: Device) -> Result<Self> {
         check_fits(config, device)?;
+        let (vs, model) = Self::build(config, Device::Cpu)?;
+        if device == Device::Cpu {
+            return Ok(Lm { vs, model, config: config.clone() });
+        }
+        let (mut on_device, model) = Self::build(config, device)?;
+        on_device.copy(&vs).map_err(|e| LetheError::Invalid(format!("copying the initial parameters to {}: {e}", crate::device::name(device))))?;
+        Ok(Lm { vs: on_device, model, config: config.clone() })
+    }
+
+    /// The parameter store and network of `config` on `device`, initialised under its seed.
+    fn build(config: &Config, device: Device) -> Result<(nn::VarStore, Model)> {
         let _seed = crate::rng::seed_torch(config.seed as i64);
         let vs = nn::VarStore::new(device);
         let model = Model::new(&vs.root(), &config.model, &config.memory, config.train.block)?;
-        Ok(Lm { vs, model, config: config.clone() })
+        Ok((vs, model))
     }
 
     /// A model with the parameters (and config) of a checkpoint.

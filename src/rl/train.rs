@@ -590,7 +590,7 @@ fn learn(agent: &Agent, opt: &mut Optimiser, start: &[(String, Tensor)], rollout
         sums.copy_from_slice(&reduced);
     }
     let [loss, policy, value, entropy, aux] = sums;
-    let grad_norm = opt.clip_grad_norm(cfg.train.grad_clip);
+    let grad_norm = opt.clip_grad_norm(cfg.train.grad_clip)?;
     if loss.is_finite() && grad_norm.is_finite() {
         opt.step(scales.lr)?;
         agent.after_step();

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# lethe on a GPU, checked end to end on a machine that has a GPU and PyTorch but no Rust
+# toolchain (build here, run there).
+#
+#   scripts/gpu-check.sh pack DIR        here: build the release `lethe` and the GPU test
+#                                        binary (tests/gpu.rs) and put them in DIR, with
+#                                        the shared libraries they need beyond libtorch
+#   scripts/gpu-check.sh run DIR OUT     there, from the repository's root: the GPU tests
+#                                        (LETHE_REQUIRE_GPU=1, so none can skip), a run
+#                                        trained on the GPU then evaluated and resumed on
+#                                        the CPU, and `lethe bench` on the GPU; logs in OUT
+#
+# `run` uses the libtorch of the `python3` there (torch 2.11.0, the version lethe is
+# built against; a CUDA build of it) through LD_LIBRARY_PATH. A GPU's memory in use is
+# sampled with nvidia-smi into OUT/gpu-memory.csv (bench measures only the host's peak).
+set -uo pipefail
+
+pack() {
+    local dir=$1
+    . scripts/env.sh || exit 1
+    cargo build --release --quiet || exit 1
+    local test_bin
+    test_bin=$(cargo test --release --test gpu --no-run --message-format=json 2>/dev/null |
+        python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "gpu" and m.get("executable"):
+        print(m["executable"])') || exit 1
+    mkdir -p "$dir/lib"
+    cp target/release/lethe "$dir/lethe"
+    cp "$test_bin" "$dir/gpu-tests"
+    strip "$dir/lethe" "$dir/gpu-tests"
+    # What the binaries link beyond libtorch and the C library (fontconfig for plots).
+    ldd target/release/lethe | awk '/=> \// {print $3}' |
+        grep -E 'fontconfig|freetype|expat|png16|brotli|libz\.' | xargs -I{} cp -L {} "$dir/lib/"
+    ls -la "$dir" "$dir/lib"
+}
+
+run() {
+    local dir out torch_lib
+    dir=$(realpath "$1") out=$2
+    mkdir -p "$out"
+    torch_lib=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))') || exit 1
+    export LD_LIBRARY_PATH="$torch_lib:$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+    nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader -lms 250 >"$out/gpu-memory.csv" &
+    local sampler=$!
+    local lethe=$dir/lethe work
+    work=$(mktemp -d)
+    stage() { echo; echo "== $(date +%T) $*"; }
+
+    stage "GPU tests (tests/gpu.rs)"
+    LETHE_REQUIRE_GPU=1 timeout 240 "$dir/gpu-tests" --nocapture --test-threads 1 2>&1 | tee "$out/gpu-tests.txt"
+
+    stage "copy-tiny trained 300 steps on the GPU, evaluated on both, resumed to 400 on the CPU"
+    timeout 120 "$lethe" train -p copy-tiny --device cuda --steps 300 --out "$work" --name on-gpu 2>&1 | tail -n 6
+    for device in cuda cpu; do
+        echo "eval on $device:"
+        timeout 60 "$lethe" eval --checkpoint "$work/on-gpu" --device $device 2>&1 | tail -n 4
+    done
+    timeout 120 "$lethe" train -p copy-tiny --device cpu --steps 400 --out "$work" --name on-gpu --resume 2>&1 | tail -n 3
+
+    stage "bench: enwik8-tiny on the GPU, every mechanism in turns"
+    timeout 150 "$lethe" bench -p enwik8-tiny --device cuda --bench-steps 5 --rounds 10 \
+        --mechanism fixed:108 --mechanism expire:1024 --mechanism fixed:256 --mechanism adaptive:1024 \
+        --mechanism compressive:512 --mechanism infinity:512 --out "$work/bench-tiny" 2>&1 |
+        grep -v '^round ' | tee "$out/bench-tiny.txt"
+
+    stage "bench: spans on the GPU in turns"
+    timeout 150 "$lethe" bench -p enwik8-tiny --device cuda --bench-steps 2 --rounds 5 \
+        --mechanism expire --scale span=1024,16384,65536 --out "$work/bench-expire" 2>&1 | grep -v '^round ' | tee "$out/bench-spans.txt"
+    timeout 150 "$lethe" bench -p enwik8-tiny --device cuda --bench-steps 2 --rounds 5 \
+        --mechanism fixed --scale span=256,1024,4096,16384 --out "$work/bench-fixed" 2>&1 | grep -v '^round ' | tee -a "$out/bench-spans.txt"
+
+    stage "bench: the paper's enwik8 models (12 layers x 512, batch 512 in 32 micro-batches)"
+    for preset in enwik8-12l enwik8-expire-12l; do
+        timeout 150 "$lethe" bench -p $preset --device cuda --bench-steps 3 --set train.accum=32 --out "$work/bench-$preset" 2>&1 | tee -a "$out/bench-12l.txt"
+    done
+
+    stage "done"
+    kill $sampler 2>/dev/null
+}
+
+case "${1:-}" in
+    pack) pack "${2:?pack DIR}" ;;
+    run) run "${2:?run DIR OUT}" "${3:?run DIR OUT}" ;;
+    *) sed -n '2,16p' "$0"; exit 2 ;;
+esac

@@ -1,0 +1,203 @@
+//! lethe on a GPU against lethe on the CPU, the reference every other test checks.
+//!
+//! - A seed builds the same parameters on either device (they are drawn on the CPU).
+//! - Every mechanism's loss and gradients over four blocks, memory carried, agree with
+//!   the CPU's to float32 rounding: the GPU takes other paths (libtorch's fused
+//!   `scaled_dot_product_attention`, Adaptive-Span's whole window, Expire-Span's scores
+//!   and compaction without the CPU's fused kernels, the optimiser's libtorch update).
+//! - A training run follows the CPU's step by step; the fixture GPT-2 gives the logits of
+//!   `transformers`; a tiny Expire-Span model learns the copy task.
+//!
+//! These run where libtorch sees a GPU. Elsewhere (CI has none) each test prints that it
+//! skipped, unless `LETHE_REQUIRE_GPU=1`, where it fails: `scripts/gpu-check.sh` sets it.
+
+mod common;
+
+use std::path::PathBuf;
+
+use lethe::config::{Config, Mechanism};
+use lethe::model::{token_nll, Lm};
+use tch::{Device, Kind, Tensor};
+
+/// The first GPU, or None (with a line saying the test skipped) where there is none.
+fn gpu(test: &str) -> Option<Device> {
+    match lethe::device::parse("cuda") {
+        Ok(device) => Some(device),
+        Err(e) => {
+            let required = std::env::var("LETHE_REQUIRE_GPU").is_ok_and(|v| v == "1");
+            assert!(!required, "LETHE_REQUIRE_GPU=1 but {e}");
+            eprintln!("{test}: skipped, {e}");
+            None
+        }
+    }
+}
+
+/// Largest absolute difference of `a` and `b` over the largest absolute value of `a`.
+fn relative_gap(a: &Tensor, b: &Tensor) -> f64 {
+    let (a, b) = (a.to_device(Device::Cpu).to_kind(Kind::Double), b.to_device(Device::Cpu).to_kind(Kind::Double));
+    let gap = (&a - &b).abs().max().double_value(&[]);
+    gap / a.abs().max().double_value(&[]).max(1e-12)
+}
+
+/// A model of 2 layers x 32 on random bytes with `mechanism`, sized so that four blocks
+/// of 8 fill and then move every memory (spans of 16-32, compression, the long-term
+/// memory's contraction). No dropout: its masks come from each device's own generator.
+fn mechanism_config(mechanism: Mechanism, sticky: bool) -> Config {
+    let mut c = common::tiny_config();
+    (c.model.layers, c.model.d_model, c.model.heads, c.model.d_ffn) = (2, 32, 2, 64);
+    c.model.dropout = 0.0;
+    c.memory.mechanism = mechanism;
+    c.memory.span = match mechanism {
+        Mechanism::Fixed => 16,
+        Mechanism::Adaptive | Mechanism::Expire => 32,
+        Mechanism::Compressive | Mechanism::Infinity => 8,
+    };
+    (c.memory.expire.ramp, c.memory.expire.init_fraction, c.memory.expire.alpha) = (4, 0.5, 0.1);
+    (c.memory.compressive.rate, c.memory.compressive.slots) = (2, 4);
+    (c.memory.infinity.basis, c.memory.infinity.samples, c.memory.infinity.bins) = (8, 16, 8);
+    c.memory.infinity.widths = vec![0.1, 0.3];
+    c.memory.infinity.sticky = sticky;
+    c.memory.infinity.kl_coef = 0.01;
+    c
+}
+
+/// Per-block losses (task + auxiliary), the memory held after each block, and the
+/// gradients of their sum by parameter name, of four blocks of `tokens` on `lm`.
+fn four_blocks(lm: &Lm, tokens: &Tensor, targets: &Tensor) -> (Vec<f64>, Vec<usize>, Vec<(String, Tensor)>) {
+    let device = lm.device();
+    let mut mem = lm.model.new_memory();
+    let (mut losses, mut held, mut total) = (vec![], vec![], Tensor::zeros([], (Kind::Float, device)));
+    for block in 0..4 {
+        let x = tokens.narrow(1, block * 8, 8).to_device(device);
+        let y = targets.narrow(1, block * 8, 8).to_device(device);
+        let out = lm.model.forward(&x, &mut mem, true).unwrap();
+        let loss = token_nll(&out.logits, &y).mean(Kind::Float) + out.aux_loss;
+        losses.push(loss.double_value(&[]));
+        held.push(mem.reports().iter().map(|r| r.held).sum());
+        total += loss;
+    }
+    total.backward();
+    let grads = lm.named_parameters().into_iter().filter(|(_, p)| p.grad().defined()).map(|(n, p)| (n, p.grad())).collect();
+    (losses, held, grads)
+}
+
+#[test]
+fn a_seed_builds_the_same_parameters_on_the_gpu_as_on_the_cpu() {
+    let Some(gpu) = gpu("parameters") else { return };
+    for &mechanism in Mechanism::all() {
+        let cfg = mechanism_config(mechanism, false);
+        let (cpu_lm, gpu_lm) = (Lm::new(&cfg, Device::Cpu).unwrap(), Lm::new(&cfg, gpu).unwrap());
+        assert_eq!(gpu_lm.device(), gpu);
+        for ((name, a), (other, b)) in cpu_lm.named_parameters().iter().zip(gpu_lm.named_parameters()) {
+            assert_eq!(name, &other);
+            assert_eq!(b.device(), gpu, "{mechanism}: {name}");
+            assert!(a.equal(&b.to_device(Device::Cpu)), "{mechanism}: {name} differs");
+        }
+    }
+}
+
+#[test]
+fn every_mechanism_computes_on_the_gpu_what_it_computes_on_the_cpu() {
+    let Some(gpu) = gpu("mechanisms") else { return };
+    let tokens = common::random_tokens(5, 256, &[4, 32]); // (b, 4 blocks of 8)
+    let targets = common::random_tokens(6, 256, &[4, 32]);
+    let cases = Mechanism::all().iter().map(|&m| (m, false)).chain([(Mechanism::Infinity, true)]);
+    let mut worst: f64 = 0.0;
+    for (mechanism, sticky) in cases {
+        let cfg = mechanism_config(mechanism, sticky);
+        let (cpu_lm, gpu_lm) = (Lm::new(&cfg, Device::Cpu).unwrap(), Lm::new(&cfg, gpu).unwrap());
+        if mechanism == Mechanism::Expire {
+            // Spans that differ from memory to memory, so that some expire in four blocks.
+            for lm in [&cpu_lm, &gpu_lm] {
+                common::randomise(&lm.vs, 17, 1.0, |name| name.ends_with("expire.w"));
+            }
+        }
+        let (cpu_losses, cpu_held, cpu_grads) = four_blocks(&cpu_lm, &tokens, &targets);
+        let (gpu_losses, gpu_held, gpu_grads) = four_blocks(&gpu_lm, &tokens, &targets);
+        let label = format!("{mechanism}{}", if sticky { " (sticky)" } else { "" });
+        let gaps: Vec<(String, f64)> = cpu_grads.iter().zip(&gpu_grads).map(|((name, a), (_, b))| (name.clone(), relative_gap(a, b))).collect();
+        let largest = gaps.iter().map(|g| g.1).fold(0.0, f64::max);
+        println!("{label}: losses {cpu_losses:?} (CPU) {gpu_losses:?} (GPU), held {cpu_held:?} / {gpu_held:?}, largest gradient gap {largest:.2e}");
+        assert_eq!(cpu_held, gpu_held, "{label}: memories held after each block");
+        for (block, (a, b)) in cpu_losses.iter().zip(&gpu_losses).enumerate() {
+            assert!((a - b).abs() <= 2e-5 * a.abs(), "{label}: block {block} loss {a} on the CPU, {b} on the GPU");
+        }
+        assert_eq!(cpu_grads.len(), gpu_grads.len(), "{label}: parameters with a gradient");
+        for (name, gap) in gaps {
+            assert!(gap < 1e-4, "{label}: gradient of {name} differs by {gap:.2e} of its largest entry");
+        }
+        worst = worst.max(largest);
+    }
+    println!("largest gradient gap over all mechanisms: {worst:.2e} of a parameter's largest entry");
+}
+
+#[test]
+fn a_training_run_on_the_gpu_follows_the_cpu_run() {
+    let Some(gpu) = gpu("training") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    for mechanism in [Mechanism::Fixed, Mechanism::Expire, Mechanism::Infinity] {
+        let mut cfg = mechanism_config(mechanism, false);
+        cfg.train.steps = 30;
+        let mut losses = vec![];
+        for (run, device) in ["cpu".to_string(), lethe::device::name(gpu)].into_iter().enumerate() {
+            cfg.name = format!("{mechanism}-{run}");
+            cfg.train.device = device;
+            losses.push(lethe::train::train(&cfg, &common::quiet(dir.path())).unwrap().losses);
+        }
+        assert_eq!(losses[0].len(), 30);
+        let gaps: Vec<f64> = losses[0].iter().zip(&losses[1]).map(|(a, b)| (a - b).abs() / a.abs()).collect();
+        let largest = gaps.iter().cloned().fold(0.0, f64::max);
+        println!("{mechanism}: 30 steps, loss {:.5} -> {:.5} on the CPU, {:.5} on the GPU; largest relative gap {largest:.2e}", losses[0][0], losses[0][29], losses[1][29]);
+        assert!(largest < 1e-3, "{mechanism}: the GPU's losses left the CPU's by {largest:.2e}");
+        assert!(losses[1][29] < losses[1][0], "{mechanism}: the GPU run did not lower its loss");
+    }
+}
+
+/// The fixture GPT-2 (2 layers of 32, from `scripts/gpt2-fixture.py`), found where the
+/// tests were built or, for a test binary carried to another machine, in the folder it
+/// runs in.
+fn gpt2_fixture() -> PathBuf {
+    let built = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpt2-tiny");
+    if built.is_dir() {
+        built
+    } else {
+        PathBuf::from("tests/fixtures/gpt2-tiny")
+    }
+}
+
+#[test]
+fn gpt2_on_the_gpu_gives_the_logits_of_transformers() {
+    let Some(gpu) = gpu("gpt2") else { return };
+    let fixture = gpt2_fixture();
+    let mut cfg = Config::default();
+    lethe::model::init::adopt(&mut cfg, &fixture).unwrap();
+    cfg.memory.span = 0;
+    cfg.train.block = 8;
+    let lm = Lm::new(&cfg, gpu).unwrap();
+    lethe::model::init::load(&lm, &fixture).unwrap();
+    let mut expected: std::collections::HashMap<String, Tensor> = Tensor::read_safetensors(fixture.join("expected.safetensors")).unwrap().into_iter().collect();
+    let (ids, want) = (expected.remove("ids").unwrap(), expected.remove("logits").unwrap());
+    let mut mem = lm.model.new_memory();
+    let got = tch::no_grad(|| lm.model.forward(&ids.to_device(gpu), &mut mem, false)).unwrap().logits;
+    assert_eq!(got.device(), gpu);
+    let diff = (got.to_device(Device::Cpu) - &want).abs().max().double_value(&[]);
+    println!("GPT-2 fixture on the GPU: largest logit difference from transformers {diff:.2e}");
+    assert!(diff < 1e-4, "largest difference {diff}");
+}
+
+#[test]
+fn expire_span_learns_the_copy_task_on_the_gpu() {
+    let Some(gpu) = gpu("learning") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = common::copy_learning_config("gpu-expire");
+    cfg.train.device = lethe::device::name(gpu);
+    cfg.memory.mechanism = Mechanism::Expire;
+    cfg.memory.span = 64;
+    (cfg.memory.expire.ramp, cfg.memory.expire.init_fraction, cfg.memory.expire.alpha) = (8, 0.9, 0.01);
+    let result = common::train_and_eval(&cfg, dir.path());
+    let answers = result.answer_accuracy.unwrap();
+    let mem = result.mem_size.iter().sum::<f64>() / result.mem_size.len() as f64;
+    println!("Expire-Span on the GPU: answers {answers:.3} (chance 0.25), memory {mem:.1} a layer (distance 24-32)");
+    assert!(answers > 0.6, "Expire-Span on the GPU answered {answers}");
+    assert!(mem < 0.6 * 24.0, "average memory {mem}");
+}
