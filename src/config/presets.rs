@@ -37,7 +37,7 @@ pub const PRESETS: &[Preset] = &[
     preset!("copy-sweep-tiny", "for `lethe sweep`: the copy task with the run 24-32 tokens back (counts 1-4), 2 layers x 32, blocks of 8, 800 steps, L = 64; seconds per run"),
     preset!("enwik8-tiny", "enwik8 (or any file with --data): 2 layers x 128, span 256, block 64, batch 16, the official code's initialisation; a laptop CPU"),
     preset!("enwik8-expire-tiny", "enwik8-tiny with Expire-Span, L = 1024, R = 32, alpha 1e-5; CPU"),
-    preset!("enwik8-12l", "the paper's small enwik8 model (A.3.4): 12 layers x 512, 8 heads, FFN 2048, span 1024, block 512, batch 512 in 8 micro-batches, lr 7e-4, 8000 warm-up steps, 100k steps; GPU"),
+    preset!("enwik8-12l", "the paper's small enwik8 model (A.3.4): 12 layers x 512, 8 heads, FFN 2048, span 1024, block 512, batch 512 in 32 micro-batches of 16 (one 80 GB GPU), lr 7e-4, 8000 warm-up steps, 100k steps; GPU"),
     preset!("enwik8-expire-12l", "the paper's small Expire-Span enwik8 model: enwik8-12l with L = 16k, R = 128, alpha 3e-7, pre_div 64, noisy spans; GPU"),
     preset!("books-tiny", "a folder of text files (PG-19 style) in data/books, one stream per set of whole documents; 2 layers x 128; CPU"),
     preset!("collision-tiny", "object collision (hard), Transformer-XL span 512, block 64; exercises the pipeline on a CPU (the task needs L of 4k or more)"),
