@@ -5,8 +5,9 @@
 //! `csrc/expire.cpp`, Expire-Span's fused attention scores, `csrc/compact.cpp`,
 //! the compaction of its cache, `csrc/cache_grad.cpp`, the gradient of the keys and
 //! values for the block's rows only, `csrc/chunks.cpp`, the attention chunks'
-//! narrows as one autograd node, `csrc/skew.cpp`, the relative positions' skew, and
-//! `csrc/adam.cpp`, the optimiser's update.
+//! narrows as one autograd node, `csrc/skew.cpp`, the relative positions' skew,
+//! `csrc/adam.cpp`, the optimiser's update, and `csrc/context.cpp`, libtorch's global
+//! settings.
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=csrc");
@@ -33,6 +34,7 @@ fn compile_csrc(lib: &std::path::Path) {
         .file("csrc/cache_grad.cpp")
         .file("csrc/chunks.cpp")
         .file("csrc/compact.cpp")
+        .file("csrc/context.cpp")
         .file("csrc/dist.cpp")
         .file("csrc/expire.cpp")
         .file("csrc/skew.cpp")

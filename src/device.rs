@@ -1,15 +1,39 @@
 //! Choosing where tensors live: `cpu`, `cuda`, `cuda:N` or `auto`.
 
+use std::ffi::{c_char, c_int};
+
 use tch::Device;
 
+use crate::config::TrainConfig;
 use crate::error::{LetheError, Result};
 
+extern "C" {
+    fn lethe_set_tf32(tf32: c_int, error: *mut *mut c_char) -> c_int;
+    fn lethe_tf32() -> c_int;
+}
+
 /// The device of a run (`train.device`), after applying its thread count
-/// (`train.threads`, 0 = libtorch's default).
-pub fn for_training(device: &str, threads: usize) -> Result<Device> {
-    let device = parse(device)?;
-    apply_threads(threads)?;
+/// (`train.threads`, 0 = libtorch's default) and its matrix products' precision on a
+/// GPU (`train.tf32`).
+pub fn for_training(train: &TrainConfig) -> Result<Device> {
+    let device = parse(&train.device)?;
+    apply_threads(train.threads)?;
+    set_tf32(train.tf32)?;
     Ok(device)
+}
+
+/// Float32 matrix products on a GPU in TensorFloat-32 (`true`) or in full float32
+/// (`false`, libtorch's default), for the rest of the process: `csrc/context.cpp`.
+pub fn set_tf32(on: bool) -> Result<()> {
+    // SAFETY: the function sets one of libtorch's global flags; `error` is written only
+    // on failure.
+    crate::ffi::call("train.tf32", |error| unsafe { lethe_set_tf32(c_int::from(on), error) })
+}
+
+/// Whether float32 matrix products on a GPU are in TensorFloat-32 now.
+pub fn tf32() -> bool {
+    // SAFETY: reads one of libtorch's global flags.
+    unsafe { lethe_tf32() != 0 }
 }
 
 /// Sets libtorch's CPU thread count to `threads`, the config's `train.threads` (0:

@@ -712,7 +712,8 @@ fn bench(a: BenchArgs) -> Result<()> {
     let leader = group.as_ref().is_none_or(|g| g.rank() == 0); // rank 0 speaks for a torchrun launch
     let (gemm, threads) = lethe::bench::machine_rate(&cfg)?;
     if leader {
-        println!("matrix multiply on {}: {gemm:.1} GFLOP/s with {threads} threads (the peak for MFU)", cfg.train.device);
+        let tf32 = if cfg.train.device != "cpu" && lethe::device::tf32() { " in TF32" } else { "" };
+        println!("matrix multiply on {}: {gemm:.1} GFLOP/s with {threads} threads{tf32} (the peak for MFU)", cfg.train.device);
     }
     let benched = lethe::bench::run(&cases, &opts, gemm, group.as_ref(), &mut |r| {
         if !leader {

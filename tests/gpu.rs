@@ -7,6 +7,7 @@
 //!   and compaction without the CPU's fused kernels, the optimiser's libtorch update).
 //! - A training run follows the CPU's step by step; the fixture GPT-2 gives the logits of
 //!   `transformers`; a tiny Expire-Span model learns the copy task.
+//! - `train.tf32` rounds the GPU's float32 products to TensorFloat-32, and only when on.
 //!
 //! These run where libtorch sees a GPU. Elsewhere (CI has none) each test prints that it
 //! skipped, unless `LETHE_REQUIRE_GPU=1`, where it fails: `scripts/gpu-check.sh` sets it.
@@ -14,15 +15,21 @@
 mod common;
 
 use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard};
 
 use lethe::config::{Config, Mechanism};
 use lethe::model::{token_nll, Lm};
 use tch::{Device, Kind, Tensor};
 
-/// The first GPU, or None (with a line saying the test skipped) where there is none.
-fn gpu(test: &str) -> Option<Device> {
+/// Serialises this file's tests: `train.tf32` is a flag of the whole process, and the
+/// tests that compare with the CPU must not run while another has it on.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// The first GPU and this file's lock, or None (with a line saying the test skipped)
+/// where there is no GPU.
+fn gpu(test: &str) -> Option<(Device, MutexGuard<'static, ()>)> {
     match lethe::device::parse("cuda") {
-        Ok(device) => Some(device),
+        Ok(device) => Some((device, ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner()))),
         Err(e) => {
             let required = std::env::var("LETHE_REQUIRE_GPU").is_ok_and(|v| v == "1");
             assert!(!required, "LETHE_REQUIRE_GPU=1 but {e}");
@@ -83,7 +90,7 @@ fn four_blocks(lm: &Lm, tokens: &Tensor, targets: &Tensor) -> (Vec<f64>, Vec<usi
 
 #[test]
 fn a_seed_builds_the_same_parameters_on_the_gpu_as_on_the_cpu() {
-    let Some(gpu) = gpu("parameters") else { return };
+    let Some((gpu, _one)) = gpu("parameters") else { return };
     for &mechanism in Mechanism::all() {
         let cfg = mechanism_config(mechanism, false);
         let (cpu_lm, gpu_lm) = (Lm::new(&cfg, Device::Cpu).unwrap(), Lm::new(&cfg, gpu).unwrap());
@@ -98,7 +105,7 @@ fn a_seed_builds_the_same_parameters_on_the_gpu_as_on_the_cpu() {
 
 #[test]
 fn every_mechanism_computes_on_the_gpu_what_it_computes_on_the_cpu() {
-    let Some(gpu) = gpu("mechanisms") else { return };
+    let Some((gpu, _one)) = gpu("mechanisms") else { return };
     let tokens = common::random_tokens(5, 256, &[4, 32]); // (b, 4 blocks of 8)
     let targets = common::random_tokens(6, 256, &[4, 32]);
     let cases = Mechanism::all().iter().map(|&m| (m, false)).chain([(Mechanism::Infinity, true)]);
@@ -133,7 +140,7 @@ fn every_mechanism_computes_on_the_gpu_what_it_computes_on_the_cpu() {
 
 #[test]
 fn a_training_run_on_the_gpu_follows_the_cpu_run() {
-    let Some(gpu) = gpu("training") else { return };
+    let Some((gpu, _one)) = gpu("training") else { return };
     let dir = tempfile::tempdir().unwrap();
     for mechanism in [Mechanism::Fixed, Mechanism::Expire, Mechanism::Infinity] {
         let mut cfg = mechanism_config(mechanism, false);
@@ -167,7 +174,7 @@ fn gpt2_fixture() -> PathBuf {
 
 #[test]
 fn gpt2_on_the_gpu_gives_the_logits_of_transformers() {
-    let Some(gpu) = gpu("gpt2") else { return };
+    let Some((gpu, _one)) = gpu("gpt2") else { return };
     let fixture = gpt2_fixture();
     let mut cfg = Config::default();
     lethe::model::init::adopt(&mut cfg, &fixture).unwrap();
@@ -187,7 +194,7 @@ fn gpt2_on_the_gpu_gives_the_logits_of_transformers() {
 
 #[test]
 fn expire_span_learns_the_copy_task_on_the_gpu() {
-    let Some(gpu) = gpu("learning") else { return };
+    let Some((gpu, _one)) = gpu("learning") else { return };
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = common::copy_learning_config("gpu-expire");
     cfg.train.device = lethe::device::name(gpu);
@@ -200,4 +207,22 @@ fn expire_span_learns_the_copy_task_on_the_gpu() {
     println!("Expire-Span on the GPU: answers {answers:.3} (chance 0.25), memory {mem:.1} a layer (distance 24-32)");
     assert!(answers > 0.6, "Expire-Span on the GPU answered {answers}");
     assert!(mem < 0.6 * 24.0, "average memory {mem}");
+}
+
+#[test]
+fn tf32_rounds_the_gpu_s_products_only_when_asked() {
+    let Some((gpu, _one)) = gpu("tf32") else { return };
+    let (a, b) = (common::randn(1, &[512, 512], Kind::Float), common::randn(2, &[512, 512], Kind::Float));
+    let exact = a.to_kind(Kind::Double).matmul(&b.to_kind(Kind::Double));
+    let product = || a.to_device(gpu).matmul(&b.to_device(gpu));
+    lethe::device::set_tf32(false).unwrap();
+    let ieee = relative_gap(&exact, &product());
+    lethe::device::set_tf32(true).unwrap();
+    let on = lethe::device::tf32();
+    let tf32 = relative_gap(&exact, &product());
+    lethe::device::set_tf32(false).unwrap();
+    println!("512 x 512 product on the GPU: float32 off by {ieee:.2e}, TF32 by {tf32:.2e} of the largest entry");
+    assert!(on, "libtorch does not report TF32 on");
+    assert!(ieee < 1e-5, "float32 product off by {ieee}");
+    assert!(tf32 > 10.0 * ieee && tf32 < 1e-2, "TF32 product off by {tf32} (float32 {ieee})");
 }

@@ -59,6 +59,23 @@ fn the_run_folder_records_its_machine() {
     assert_eq!(numerics, lethe::device::numerics_fingerprint(), "the fingerprint is the same every time on one machine");
 }
 
+/// `train.tf32` is for GPUs: a CPU run with it on gives the losses of one without, to
+/// the bit (a setting that reached the CPU's matrix products, as libtorch's matmul
+/// precision "medium" can through oneDNN, would change them).
+#[test]
+fn tf32_leaves_a_cpu_run_unchanged() {
+    let mut cfg = common::tiny_config();
+    cfg.train.steps = 4;
+    let dir = tempfile::tempdir().unwrap();
+    let off = train(&cfg, &options(dir.path())).unwrap().losses;
+    (cfg.name, cfg.train.tf32) = ("tiny-tf32".into(), true);
+    let on = train(&cfg, &options(dir.path())).unwrap();
+    assert_eq!(off.len(), 4);
+    assert_eq!(off, on.losses);
+    let saved = std::fs::read_to_string(on.run_dir.join("config.toml")).unwrap();
+    assert!(saved.contains("tf32 = true"), "the run folder's config records it");
+}
+
 #[test]
 fn resuming_repeats_the_losses_of_a_straight_run() {
     let mut cfg = common::tiny_config();

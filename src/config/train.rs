@@ -67,6 +67,11 @@ pub struct TrainConfig {
     pub device: String,
     /// CPU threads for libtorch (0: libtorch's default). Default 0.
     pub threads: usize,
+    /// On a GPU, float32 matrix products in TensorFloat-32 (inputs rounded to a 10-bit
+    /// mantissa, sums in float32): about 8 times the float32 rate of an A100 or H100,
+    /// as PyTorch's `torch.backends.cuda.matmul.allow_tf32`. Training and `lethe bench`
+    /// only (`lethe eval` computes in float32); the CPU is unaffected. Default false.
+    pub tf32: bool,
     /// Under torchrun: seconds the rendezvous and every collective wait for the other
     /// ranks before the run stops with an error naming the rank (a dead or stuck peer).
     /// Default 600.
@@ -131,6 +136,7 @@ impl Default for TrainConfig {
             log_every: 50,
             device: "cpu".to_string(),
             threads: 0,
+            tf32: false,
             dist_timeout: default_dist_timeout(),
         }
     }
