@@ -115,30 +115,6 @@ void update(at::Tensor& p, const at::Tensor& g_in, at::Tensor& m, at::Tensor& v,
 
 }  // namespace
 
-extern "C" {
-
-// Updates `count` parameters in place. `params`, `grads`, `exp_avg`, `exp_avg_sq`:
-// `at::Tensor*` each (`exp_avg` unused by RMSProp); `steps` and `decays`: per parameter,
-// Adam's `lr / bc1` (RMSProp: `lr`) and `1 - lr wd`; `constants`: beta1, 1 - beta1,
-// beta2, 1 - beta2, sqrt(bc2), eps. `rmsprop` 1 for RMSProp, `decay` 1 when the weight
-// decay is on.
-int lethe_optimiser_step(void** params, void** grads, void** exp_avg, void** exp_avg_sq, int64_t count,
-                         const double* steps, const double* decays, const double* constants, int rmsprop, int decay,
-                         char** error) {
-  return lethe::guarded(error, [&] {
-    const Constants c{constants[0], constants[1], constants[2], constants[3], constants[4], constants[5],
-                      rmsprop != 0, decay != 0};
-    at::NoGradGuard no_grad;
-    for (int64_t i = 0; i < count; ++i) {
-      auto& p = *static_cast<at::Tensor*>(params[i]);
-      auto& m = *static_cast<at::Tensor*>(exp_avg[i]);
-      auto& v = *static_cast<at::Tensor*>(exp_avg_sq[i]);
-      update(p, *static_cast<at::Tensor*>(grads[i]), m, v, c, Rates{steps[i], decays[i]});
-    }
-  });
-}
-
-
 // The tensors behind `count` `at::Tensor*`, as a list for the `_foreach_` operations
 // (handles to the same storage: an in-place operation on the list updates them).
 static std::vector<at::Tensor> tensor_list(void** ts, int64_t count) {
@@ -148,37 +124,62 @@ static std::vector<at::Tensor> tensor_list(void** ts, int64_t count) {
   return list;
 }
 
-// The same update as lethe_optimiser_step, with the same arguments, for parameters on
-// a GPU: libtorch's multi-tensor `_foreach_` operations, each a few kernel launches for
-// every parameter at once (PyTorch's Adam on a GPU takes this path by default), where
+// The same update as `update`, for parameters on a GPU: libtorch's multi-tensor
+// `_foreach_` operations, each a few kernel launches for every parameter at once
+// (PyTorch's Adam on a GPU takes this path by default), where
 // the per-parameter operations of src/optim.rs launch a dozen kernels per parameter
 // (3.9 ms of an 11.7 ms step at `enwik8-tiny` on an H100). A product and a sum may be
 // rounded once here (`addcmul`, `addcdiv`), so the values agree with the CPU's to
 // rounding, not to the bit.
-int lethe_optimiser_step_foreach(void** params, void** grads, void** exp_avg, void** exp_avg_sq, int64_t count,
-                                 const double* steps, const double* decays, const double* constants, int rmsprop,
-                                 int decay, char** error) {
+static void update_foreach(void** params, void** grads, void** exp_avg, void** exp_avg_sq, int64_t count,
+                           const double* steps, const double* decays, const double* constants, int rmsprop, int decay) {
+  const double beta1 = constants[0], one_minus_beta1 = constants[1], beta2 = constants[2],
+               one_minus_beta2 = constants[3], bc2_sqrt = constants[4], eps = constants[5];
+  auto p = tensor_list(params, count), g = tensor_list(grads, count), v = tensor_list(exp_avg_sq, count);
+  at::_foreach_mul_(v, beta2);
+  at::_foreach_addcmul_(v, g, g, one_minus_beta2);  // v = beta2 v + (1 - beta2) g^2
+  auto denom = at::_foreach_sqrt(v);
+  if (rmsprop == 0) at::_foreach_div_(denom, bc2_sqrt);
+  at::_foreach_add_(denom, eps);  // sqrt(v) / sqrt(bc2) + eps (RMSProp: sqrt(v) + eps)
+  if (decay != 0) at::_foreach_mul_(p, std::vector<at::Scalar>(decays, decays + count));
+  std::vector<at::Scalar> minus_steps;
+  for (int64_t i = 0; i < count; ++i) minus_steps.emplace_back(-steps[i]);
+  if (rmsprop != 0) {
+    at::_foreach_addcdiv_(p, g, denom, minus_steps);  // p -= lr g / denom
+    return;
+  }
+  auto m = tensor_list(exp_avg, count);
+  at::_foreach_mul_(m, beta1);
+  at::_foreach_add_(m, g, one_minus_beta1);         // m = beta1 m + (1 - beta1) g
+  at::_foreach_addcdiv_(p, m, denom, minus_steps);  // p -= lr / bc1 m / denom
+}
+
+extern "C" {
+
+// Updates `count` parameters in place. `params`, `grads`, `exp_avg`, `exp_avg_sq`:
+// `at::Tensor*` each (`exp_avg` unused by RMSProp); `steps` and `decays`: per parameter,
+// Adam's `lr / bc1` (RMSProp: `lr`) and `1 - lr wd`; `constants`: beta1, 1 - beta1,
+// beta2, 1 - beta2, sqrt(bc2), eps. `rmsprop` 1 for RMSProp, `decay` 1 when the weight
+// decay is on, `multi_tensor` 1 for libtorch's multi-tensor operations (a GPU's path,
+// `update_foreach`) instead of the element loop (CPU tensors).
+int lethe_optimiser_step(void** params, void** grads, void** exp_avg, void** exp_avg_sq, int64_t count,
+                         const double* steps, const double* decays, const double* constants, int rmsprop, int decay,
+                         int multi_tensor, char** error) {
   return lethe::guarded(error, [&] {
-    at::NoGradGuard no_grad;
-    const double beta1 = constants[0], one_minus_beta1 = constants[1], beta2 = constants[2],
-                 one_minus_beta2 = constants[3], bc2_sqrt = constants[4], eps = constants[5];
-    auto p = tensor_list(params, count), g = tensor_list(grads, count), v = tensor_list(exp_avg_sq, count);
-    at::_foreach_mul_(v, beta2);
-    at::_foreach_addcmul_(v, g, g, one_minus_beta2);  // v = beta2 v + (1 - beta2) g^2
-    auto denom = at::_foreach_sqrt(v);
-    if (rmsprop == 0) at::_foreach_div_(denom, bc2_sqrt);
-    at::_foreach_add_(denom, eps);  // sqrt(v) / sqrt(bc2) + eps (RMSProp: sqrt(v) + eps)
-    if (decay != 0) at::_foreach_mul_(p, std::vector<at::Scalar>(decays, decays + count));
-    std::vector<at::Scalar> minus_steps;
-    for (int64_t i = 0; i < count; ++i) minus_steps.emplace_back(-steps[i]);
-    if (rmsprop != 0) {
-      at::_foreach_addcdiv_(p, g, denom, minus_steps);  // p -= lr g / denom
+    if (multi_tensor != 0) {
+      at::NoGradGuard no_grad;
+      update_foreach(params, grads, exp_avg, exp_avg_sq, count, steps, decays, constants, rmsprop, decay);
       return;
     }
-    auto m = tensor_list(exp_avg, count);
-    at::_foreach_mul_(m, beta1);
-    at::_foreach_add_(m, g, one_minus_beta1);         // m = beta1 m + (1 - beta1) g
-    at::_foreach_addcdiv_(p, m, denom, minus_steps);  // p -= lr / bc1 m / denom
+    const Constants c{constants[0], constants[1], constants[2], constants[3], constants[4], constants[5],
+                      rmsprop != 0, decay != 0};
+    at::NoGradGuard no_grad;
+    for (int64_t i = 0; i < count; ++i) {
+      auto& p = *static_cast<at::Tensor*>(params[i]);
+      auto& m = *static_cast<at::Tensor*>(exp_avg[i]);
+      auto& v = *static_cast<at::Tensor*>(exp_avg_sq[i]);
+      update(p, *static_cast<at::Tensor*>(grads[i]), m, v, c, Rates{steps[i], decays[i]});
+    }
   });
 }
 

@@ -228,7 +228,7 @@ impl<'a> Timed<'a> {
     fn prepare(cfg: &'a Config, opts: &BenchOptions, group: Option<&'a ProcessGroup>) -> Result<Self> {
         cfg.validate()?;
         opts.validate()?;
-        let device = crate::device::for_training(&cfg.train)?;
+        let device = crate::device::for_training(&cfg.train.device, cfg.train.threads, cfg.train.tf32)?;
         reset_peak_rss();
         let lm = Lm::new(cfg, device)?;
         let opt = Optimiser::new(lm.named_parameters(), &cfg.train);
@@ -413,7 +413,7 @@ impl Timing {
 /// iteration also lets the memory absorb the block, as in training.
 pub fn time_attention(cfg: &Config, steps: usize, warmup: usize) -> Result<Timing> {
     cfg.validate()?;
-    let device = crate::device::for_training(&cfg.train)?;
+    let device = crate::device::for_training(&cfg.train.device, cfg.train.threads, cfg.train.tf32)?;
     let _seed = crate::rng::seed_torch(cfg.seed as i64);
     let vs = tch::nn::VarStore::new(device);
     let root = vs.root();
@@ -615,7 +615,7 @@ pub fn gemm_rate(device: Device) -> f64 {
 /// The GEMM rate ([`gemm_rate`]) on `cfg`'s device with its thread count; returns the
 /// rate and the number of threads.
 pub fn machine_rate(cfg: &Config) -> Result<(f64, i32)> {
-    let device = crate::device::for_training(&cfg.train)?;
+    let device = crate::device::for_training(&cfg.train.device, cfg.train.threads, cfg.train.tf32)?;
     Ok((gemm_rate(device), tch::get_num_threads()))
 }
 

@@ -4,7 +4,6 @@ use std::ffi::{c_char, c_int};
 
 use tch::Device;
 
-use crate::config::TrainConfig;
 use crate::error::{LetheError, Result};
 
 extern "C" {
@@ -15,10 +14,10 @@ extern "C" {
 /// The device of a run (`train.device`), after applying its thread count
 /// (`train.threads`, 0 = libtorch's default) and its matrix products' precision on a
 /// GPU (`train.tf32`).
-pub fn for_training(train: &TrainConfig) -> Result<Device> {
-    let device = parse(&train.device)?;
-    apply_threads(train.threads)?;
-    set_tf32(train.tf32)?;
+pub fn for_training(device: &str, threads: usize, tf32: bool) -> Result<Device> {
+    let device = parse(device)?;
+    apply_threads(threads)?;
+    set_tf32(tf32)?;
     Ok(device)
 }
 

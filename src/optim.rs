@@ -25,27 +25,11 @@ extern "C" {
         constants: *const f64,
         rmsprop: c_int,
         decay: c_int,
-        error: *mut *mut c_char,
-    ) -> c_int;
-    #[allow(clippy::too_many_arguments)]
-    fn lethe_optimiser_step_foreach(
-        params: *mut *mut c_void,
-        grads: *mut *mut c_void,
-        exp_avg: *mut *mut c_void,
-        exp_avg_sq: *mut *mut c_void,
-        count: i64,
-        steps: *const f64,
-        decays: *const f64,
-        constants: *const f64,
-        rmsprop: c_int,
-        decay: c_int,
+        multi_tensor: c_int,
         error: *mut *mut c_char,
     ) -> c_int;
     fn lethe_clip_foreach(grads: *mut *mut c_void, count: i64, max: f64, norm: *mut f64, error: *mut *mut c_char) -> c_int;
 }
-
-/// The signature the two multi-parameter updates of `csrc/adam.cpp` share.
-type MultiStep = unsafe extern "C" fn(*mut *mut c_void, *mut *mut c_void, *mut *mut c_void, *mut *mut c_void, i64, *const f64, *const f64, *const f64, c_int, c_int, *mut *mut c_char) -> c_int;
 
 /// Adam or RMSProp (`train.optimizer`) over a fixed, named list of parameters.
 pub struct Optimiser {
@@ -104,7 +88,7 @@ impl Optimiser {
 
     /// Global L2 norm of the gradients; when `max > 0` and the norm exceeds it, scales
     /// every gradient down to norm `max`. Returns the norm before clipping. On a GPU
-    /// with one read back to the host for all the gradients ([`Optimiser::clip_foreach`]);
+    /// with one read back to the host for all the gradients ([`clip_foreach`]);
     /// on the CPU one sum per gradient, as the figures lethe published were computed.
     pub fn clip_grad_norm(&mut self, max: f64) -> Result<f64> {
         let _guard = tch::no_grad_guard();
@@ -124,7 +108,7 @@ impl Optimiser {
 
     /// One update with learning rate `lr`: on the CPU one call into `csrc/adam.cpp`
     /// for every parameter ([`Optimiser::step_many`]), on a GPU libtorch's multi-tensor
-    /// operations for every parameter (`lethe_optimiser_step_foreach`), and libtorch
+    /// operations for every parameter (the same call, `multi_tensor`), and libtorch
     /// operations per parameter for the rest ([`Optimiser::step_tensors`]: CPU tensors
     /// of other types or layouts); the first and the last give the same bits.
     pub fn step(&mut self, lr: f64) -> Result<()> {
@@ -132,8 +116,8 @@ impl Optimiser {
         self.steps += 1;
         let (fused, rest): (Vec<usize>, Vec<usize>) = (0..self.params.len()).filter(|&i| self.params[i].1.grad().defined()).partition(|&i| self.fusable(i));
         let (on_gpu, rest): (Vec<usize>, Vec<usize>) = rest.into_iter().partition(|&i| self.params[i].1.device() != tch::Device::Cpu);
-        self.step_many(&fused, lr, lethe_optimiser_step)?;
-        self.step_many(&on_gpu, lr, lethe_optimiser_step_foreach)?;
+        self.step_many(&fused, lr, false)?;
+        self.step_many(&on_gpu, lr, true)?;
         for i in rest {
             self.step_tensors(i, lr);
         }
@@ -154,13 +138,12 @@ impl Optimiser {
         matches!(p.kind(), tch::Kind::Float | tch::Kind::Double) && ok(p) && ok(&self.exp_avg[i]) && ok(&self.exp_avg_sq[i])
     }
 
-    /// The update of parameters `which` in one call into `csrc/adam.cpp`, through
-    /// `entry`: `lethe_optimiser_step` takes each element through the operations of
-    /// [`Optimiser::step_tensors`] in the same order, with the constants rounded as
-    /// libtorch rounds them, so the same bits without the dozen passes and temporaries
-    /// per parameter (CPU tensors); `lethe_optimiser_step_foreach` takes the same
-    /// arguments to libtorch's multi-tensor operations (any device; a GPU's path).
-    fn step_many(&mut self, which: &[usize], lr: f64, entry: MultiStep) -> Result<()> {
+    /// The update of parameters `which` in one call into `csrc/adam.cpp`: each element
+    /// through the operations of [`Optimiser::step_tensors`] in the same order, with the
+    /// constants rounded as libtorch rounds them, so the same bits without the dozen
+    /// passes and temporaries per parameter (CPU tensors); with `multi_tensor`, the same
+    /// update as libtorch's multi-tensor operations (any device; a GPU's path).
+    fn step_many(&mut self, which: &[usize], lr: f64, multi_tensor: bool) -> Result<()> {
         if which.is_empty() {
             return Ok(());
         }
@@ -180,7 +163,7 @@ impl Optimiser {
         // call; the kernel writes the parameters' and moments' storage in place and keeps
         // no pointer; the arrays are `which.len()` long, `constants` 6.
         crate::ffi::call("optimiser step", |error| unsafe {
-            entry(
+            lethe_optimiser_step(
                 params.as_mut_ptr(),
                 grad_ptrs.as_mut_ptr(),
                 exp_avg.as_mut_ptr(),
@@ -191,6 +174,7 @@ impl Optimiser {
                 constants.as_ptr(),
                 c_int::from(rmsprop),
                 c_int::from(self.weight_decay > 0.0),
+                c_int::from(multi_tensor),
                 error,
             )
         })
@@ -437,7 +421,7 @@ mod tests {
                     opt.steps += 1;
                 }
                 let with_grad: Vec<usize> = (0..3).collect();
-                multi.step_many(&with_grad, lr, lethe_optimiser_step_foreach).unwrap();
+                multi.step_many(&with_grad, lr, true).unwrap();
                 for &i in &with_grad {
                     plain.step_tensors(i, lr);
                 }

@@ -101,7 +101,7 @@ impl<'a> Run<'a> {
     /// Checks the run folder and the checkpoint to resume, builds the data and the
     /// model, and only then writes to the folder (see [`crate::run`]).
     fn start(cfg: &'a Config, opts: &'a TrainOptions) -> Result<Self> {
-        let device = crate::device::for_training(&cfg.train)?;
+        let device = crate::device::for_training(&cfg.train.device, cfg.train.threads, cfg.train.tf32)?;
         crate::model::check_fits(cfg, device)?; // before the streams, which grow with the batch
         let group = crate::dist::join_for_training(cfg)?;
         let dir = opts.out_dir.join(&cfg.name);

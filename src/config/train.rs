@@ -69,8 +69,9 @@ pub struct TrainConfig {
     pub threads: usize,
     /// On a GPU, float32 matrix products in TensorFloat-32 (inputs rounded to a 10-bit
     /// mantissa, sums in float32): about 8 times the float32 rate of an A100 or H100,
-    /// as PyTorch's `torch.backends.cuda.matmul.allow_tf32`. Training and `lethe bench`
-    /// only (`lethe eval` computes in float32); the CPU is unaffected. Default false.
+    /// as PyTorch's `torch.backends.cuda.matmul.allow_tf32`. Training (its evaluations
+    /// too) and `lethe bench`; `lethe eval` computes in float32; the CPU is unaffected.
+    /// Default false.
     pub tf32: bool,
     /// Under torchrun: seconds the rendezvous and every collective wait for the other
     /// ranks before the run stops with an error naming the rank (a dead or stuck peer).
