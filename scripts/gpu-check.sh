@@ -13,6 +13,8 @@
 # `run` uses the libtorch of the `python3` there (torch 2.11.0, the version lethe is
 # built against; a CUDA build of it) through LD_LIBRARY_PATH. A GPU's memory in use is
 # sampled with nvidia-smi into OUT/gpu-memory.csv (bench measures only the host's peak).
+# It writes every figure the README's "On a GPU" quotes; about 10 minutes on an H100
+# (the paper-size benches most of it).
 set -uo pipefail
 
 pack() {
@@ -72,10 +74,25 @@ run() {
     timeout 150 "$lethe" bench -p enwik8-tiny --device cuda --bench-steps 2 --rounds 5 \
         --mechanism fixed --scale span=256,1024,4096,16384 --out "$work/bench-fixed" 2>&1 | grep -v '^round ' | tee -a "$out/bench-spans.txt"
 
-    stage "bench: the paper's enwik8 models (12 layers x 512, batch 512 in the presets' 32 micro-batches)"
-    for preset in enwik8-12l enwik8-expire-12l; do
-        timeout 150 "$lethe" bench -p $preset --device cuda --bench-steps 3 --out "$work/bench-$preset" 2>&1 | tee -a "$out/bench-12l.txt"
+    stage "bench: where the step goes (--profile), Transformer-XL and Expire-Span at equal memory"
+    for mechanism in fixed:108 expire:1024; do
+        timeout 100 "$lethe" bench -p enwik8-tiny --device cuda --bench-steps 20 --profile --mechanism $mechanism \
+            --out "$work/profile" 2>&1 | grep -v '^wrote ' | tee -a "$out/bench-profile.txt"
     done
+
+    stage "bench: the paper's enwik8 models (12 layers x 512, batch 512 in the presets' 32 micro-batches), float32 then TF32"
+    for tf32 in false true; do
+        for preset in enwik8-12l enwik8-expire-12l; do
+            timeout 240 "$lethe" bench -p $preset --device cuda --bench-steps 3 --set train.tf32=$tf32 \
+                --out "$work/bench-$preset" 2>&1 | tee -a "$out/bench-12l.txt"
+        done
+    done
+
+    stage "a GPU out of memory: enwik8-expire-12l in micro-batches of 64 streams (one line and the advice, exit 1)"
+    timeout 240 "$lethe" bench -p enwik8-expire-12l --device cuda --bench-steps 1 --set train.accum=8 --out "$work/oom" 2>&1 |
+        tee "$out/out-of-memory.txt"
+    local status=${PIPESTATUS[0]}
+    echo "exit status $status" | tee -a "$out/out-of-memory.txt"
 
     stage "done"
     kill $sampler 2>/dev/null
@@ -84,5 +101,5 @@ run() {
 case "${1:-}" in
     pack) pack "${2:?pack DIR}" ;;
     run) run "${2:?run DIR OUT}" "${3:?run DIR OUT}" ;;
-    *) sed -n '2,16p' "$0"; exit 2 ;;
+    *) sed -n '2,17p' "$0"; exit 2 ;;
 esac
