@@ -86,13 +86,18 @@ impl Optimiser {
         }
     }
 
+    /// The gradients the last backward pass left (parameters without one left out).
+    fn grads(&self) -> Vec<Tensor> {
+        self.params.iter().map(|(_, p)| p.grad()).filter(|g| g.defined()).collect()
+    }
+
     /// Global L2 norm of the gradients; when `max > 0` and the norm exceeds it, scales
     /// every gradient down to norm `max`. Returns the norm before clipping. On a GPU
     /// with one read back to the host for all the gradients ([`clip_foreach`]);
     /// on the CPU one sum per gradient, as the figures lethe published were computed.
     pub fn clip_grad_norm(&mut self, max: f64) -> Result<f64> {
         let _guard = tch::no_grad_guard();
-        let grads: Vec<Tensor> = self.params.iter().map(|(_, p)| p.grad()).filter(|g| g.defined()).collect();
+        let grads = self.grads();
         if grads.first().is_some_and(|g| g.device() != tch::Device::Cpu) {
             return clip_foreach(&grads, max);
         }
@@ -381,6 +386,18 @@ mod tests {
 
     /// Gradients of a seeded random linear function of the parameters, the same for both
     /// sets: `p1`'s is zero on odd steps, `p3` never has one (a parameter no loss reaches).
+    /// Two copies of the [`twin_params`] (seed 7) and an optimiser of `rule` over each,
+    /// `p0` in a group at twice the rate.
+    fn twin_optimisers(kind: Kind, rule: Optimizer, decay: f64) -> ([Vec<(String, Tensor)>; 2], Optimiser, Optimiser) {
+        let [a, b] = twin_params(kind, 7);
+        let cfg = TrainConfig { optimizer: rule, weight_decay: decay, beta2: 0.98, eps: 1e-6, ..TrainConfig::default() };
+        let (mut first, mut second) = (Optimiser::new(shallow(&a), &cfg), Optimiser::new(shallow(&b), &cfg));
+        for opt in [&mut first, &mut second] {
+            assert_eq!(opt.group(|n| n == "p0", 2.0), 1);
+        }
+        ([a, b], first, second)
+    }
+
     fn set_grads(a: &[(String, Tensor)], b: &[(String, Tensor)], step: u64) {
         let mut rng = crate::rng::Rng::new(100 + step);
         for (i, ((_, pa), (_, pb))) in a.iter().zip(b).enumerate() {
@@ -403,17 +420,12 @@ mod tests {
     #[test]
     fn the_multi_tensor_update_and_clipping_follow_the_per_parameter_ones() {
         for (rule, decay) in [(Optimizer::Adam, 0.01), (Optimizer::RmsProp, 0.0)] {
-            let [a, b] = twin_params(Kind::Float, 7);
-            let cfg = TrainConfig { optimizer: rule, weight_decay: decay, beta2: 0.98, eps: 1e-6, ..TrainConfig::default() };
-            let (mut multi, mut plain) = (Optimiser::new(shallow(&a), &cfg), Optimiser::new(shallow(&b), &cfg));
-            for opt in [&mut multi, &mut plain] {
-                assert_eq!(opt.group(|n| n == "p0", 2.0), 1);
-            }
+            let ([a, b], mut multi, mut plain) = twin_optimisers(Kind::Float, rule, decay);
             for step in 0..4 {
                 multi.zero_grad();
                 plain.zero_grad();
                 set_grads(&a, &b, step);
-                let (norm, plain_norm) = (clip_foreach(&grads_of(&multi), 0.5).unwrap(), plain.clip_grad_norm(0.5).unwrap());
+                let (norm, plain_norm) = (clip_foreach(&multi.grads(), 0.5).unwrap(), plain.clip_grad_norm(0.5).unwrap());
                 assert!((norm - plain_norm).abs() <= 1e-6 * plain_norm && norm > 0.5, "{rule:?}: norm {norm} against {plain_norm}");
                 let lr = 0.01 / (1 + step) as f64;
                 let _guard = tch::no_grad_guard();
@@ -440,10 +452,6 @@ mod tests {
         }
     }
 
-    fn grads_of(opt: &Optimiser) -> Vec<Tensor> {
-        opt.params.iter().map(|(_, p)| p.grad()).filter(|g| g.defined()).collect()
-    }
-
     #[test]
     fn the_fused_update_equals_the_libtorch_operations_bitwise() {
         for (kind, rule, decay) in [
@@ -453,12 +461,7 @@ mod tests {
             (Kind::Float, Optimizer::RmsProp, 0.0),
             (Kind::Double, Optimizer::RmsProp, 0.01),
         ] {
-            let [a, b] = twin_params(kind, 7);
-            let cfg = TrainConfig { optimizer: rule, weight_decay: decay, beta2: 0.98, eps: 1e-6, ..TrainConfig::default() };
-            let (mut fused, mut plain) = (Optimiser::new(shallow(&a), &cfg), Optimiser::new(shallow(&b), &cfg));
-            for opt in [&mut fused, &mut plain] {
-                assert_eq!(opt.group(|n| n == "p0", 2.0), 1);
-            }
+            let ([a, b], mut fused, mut plain) = twin_optimisers(kind, rule, decay);
             for step in 0..4 {
                 fused.zero_grad();
                 plain.zero_grad();

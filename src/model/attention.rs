@@ -303,12 +303,15 @@ pub fn fused(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor, dropout: f64, tr
 /// as the relative positions' skew does ([`window_positions`]), stopped the kernel with
 /// "CUDA error: misaligned address" (an H100, libtorch 2.11; `tests/gpu.rs`). A copy
 /// starts where the allocator puts it, aligned; the values and the gradient are the same.
-pub fn aligned(bias: &Tensor) -> Tensor {
+/// A view that is not contiguous (the skew's) is copied once, by `contiguous`.
+fn aligned(bias: &Tensor) -> Tensor {
     let alignment = 16 * bias.kind().elt_size_in_bytes();
     if (bias.data_ptr() as usize).is_multiple_of(alignment) {
         bias.shallow_clone()
+    } else if !bias.is_contiguous() {
+        bias.contiguous()
     } else {
-        bias.contiguous().copy()
+        bias.copy()
     }
 }
 
@@ -367,6 +370,12 @@ mod tests {
         assert!(bias.equal(&view));
         let whole = tch::Tensor::zeros([4, 16], (tch::Kind::Float, tch::Device::Cpu));
         assert_eq!(aligned(&whole).data_ptr(), whole.data_ptr(), "an aligned bias is not copied");
+        // Contiguous but starting one element in: copied too.
+        let shifted = tch::Tensor::arange(65, (tch::Kind::Float, tch::Device::Cpu)).narrow(0, 1, 64).view([4, 16]);
+        assert!(shifted.is_contiguous());
+        let copied = aligned(&shifted);
+        assert_eq!(copied.data_ptr() as usize % 64, 0);
+        assert!(copied.equal(&shifted));
     }
 
     /// `part` is the tensor itself over a whole dimension (no copy in either pass), a
