@@ -40,6 +40,7 @@ for line in sys.stdin:
 
 run() {
     local dir out torch_lib
+    [ -x "$1/lethe" ] && [ -x "$1/gpu-tests" ] || { echo "$0: $1 holds no lethe and gpu-tests: run '$0 pack $1' on the build machine first" >&2; exit 2; }
     dir=$(realpath "$1") out=$2
     mkdir -p "$out"
     torch_lib=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))') || exit 1
