@@ -64,6 +64,17 @@ pub struct BenchOptions {
     /// `trace-<config name>.json`. Its overhead is in that run's phase times. At most
     /// [`MAX_TRACE_STEPS`] steps. Default none.
     pub trace: Option<PathBuf>,
+    /// Time the steps on the config's training data, read as `lethe train` reads it
+    /// (its streams from their start), instead of random tokens. What a learned memory
+    /// keeps (Expire-Span's spans, Adaptive-Span's) depends on what it reads: on random
+    /// tokens there is nothing to remember, and training on them shrinks the spans
+    /// while they are timed. Default false.
+    pub train_data: bool,
+    /// Leave the parameters as they are: every timed step computes what a training step
+    /// computes, the optimiser's update included, at a learning rate of 0, so that a
+    /// learned memory keeps its size while the configs are timed (with `--init-from` a
+    /// trained run, the size it learned). Default false.
+    pub frozen: bool,
 }
 
 /// Most steps `--trace` records: libtorch's profiler keeps every event in memory until it
@@ -98,7 +109,7 @@ impl BenchOptions {
 
 impl Default for BenchOptions {
     fn default() -> Self {
-        BenchOptions { steps: 20, rounds: 1, warmup: 3, context: None, profile: false, trace: None }
+        BenchOptions { steps: 20, rounds: 1, warmup: 3, context: None, profile: false, trace: None, train_data: false, frozen: false }
     }
 }
 
@@ -134,9 +145,14 @@ pub struct BenchResult {
     /// spells, which the configs share round by round, cancel).
     pub relative: Option<f64>,
     /// Training loss (nats per token) of the last timed step. The steps are real
-    /// training steps on random tokens, seeded as training is, so the same config, seed
-    /// and thread count give the same figure, whatever else the process benched.
+    /// training steps (on random tokens unless `batches` says otherwise), seeded as
+    /// training is, so the same config, seed and thread count give the same figure,
+    /// whatever else the process benched.
     pub last_loss: f64,
+    /// What the steps read: `random tokens` or `training data` ([`BenchOptions::train_data`]).
+    pub batches: String,
+    /// Whether the steps left the parameters as they were ([`BenchOptions::frozen`]).
+    pub frozen: bool,
     /// Tokens per second at the median.
     pub tokens_per_s: f64,
     /// Peak resident memory of the process while this config ran, MiB.
@@ -203,7 +219,7 @@ pub fn bench(cfg: &Config, opts: &BenchOptions, group: Option<&ProcessGroup>) ->
 /// warm-up done by [`Timed::prepare`]), and the step times so far, round by round.
 struct Timed<'a> {
     run: Stepper<'a>,
-    rng: Rng,
+    batches: Batches,
     fill_blocks: usize,
     /// Seconds of each timed step, and in the all-reduce, over every round.
     times: Vec<f64>,
@@ -231,18 +247,23 @@ impl<'a> Timed<'a> {
         let device = crate::device::for_training(&cfg.train.device, cfg.train.threads, cfg.train.tf32)?;
         reset_peak_rss();
         let lm = Lm::new(cfg, device)?;
+        // `--init-from`: the trained parameters (a mechanism's own that the source lacks
+        // start fresh, as in training).
+        if let Some(from) = &cfg.train.init_from {
+            crate::model::init::load(&lm, from)?;
+        }
         let opt = Optimiser::new(lm.named_parameters(), &cfg.train);
         let mems = (0..cfg.train.accum).map(|_| lm.model.new_memory()).collect();
-        let mut run = Stepper { lm, opt, mems, cfg, group, steps: 0 };
-        let mut rng = Rng::new(cfg.seed);
-        let fill_blocks = fill_memory(&mut run, &mut rng, opts.context)?;
+        let mut batches = Batches::new(cfg, opts.train_data)?;
+        let mut run = Stepper { lm, opt, mems, cfg, group, steps: 0, frozen: opts.frozen };
+        let fill_blocks = fill_memory(&mut run, &mut batches, opts.context)?;
         for _ in 0..opts.warmup {
-            let batch = run.batch(&mut rng);
+            let batch = batches.next(cfg);
             run.step(&batch)?;
         }
         synchronize(device);
         let held = held_by(&run);
-        Ok(Timed { run, rng, fill_blocks, times: vec![], comm: vec![], round_medians: vec![], last_loss: f64::NAN, memory: vec![], flops: vec![], held, profiled: vec![], profiled_steps: 0 })
+        Ok(Timed { run, batches, fill_blocks, times: vec![], comm: vec![], round_medians: vec![], last_loss: f64::NAN, memory: vec![], flops: vec![], held, profiled: vec![], profiled_steps: 0 })
     }
 
     /// Times `steps` more training steps, one round.
@@ -250,7 +271,7 @@ impl<'a> Timed<'a> {
         let device = self.run.lm.device();
         let mut times = Vec::with_capacity(steps);
         for _ in 0..steps {
-            let batch = self.run.batch(&mut self.rng);
+            let batch = self.batches.next(self.run.cfg);
             let start = Instant::now();
             let s = self.run.step(&batch)?;
             synchronize(device);
@@ -276,7 +297,7 @@ impl<'a> Timed<'a> {
     /// Runs `steps` more steps with every phase timed, recorded by libtorch's profiler
     /// into the Chrome trace `trace` when given, and adds them to the profile so far.
     fn profile(&mut self, steps: usize, trace: Option<&Path>) -> Result<()> {
-        let phases = profile_steps(&mut self.run, steps, &mut self.rng, trace)?;
+        let phases = profile_steps(&mut self.run, steps, &mut self.batches, trace)?;
         crate::profile::merge(&mut self.profiled, phases);
         self.profiled_steps += steps;
         // The profiled steps trained too: the next round starts from what they left.
@@ -316,6 +337,8 @@ impl<'a> Timed<'a> {
             round_medians_s: self.round_medians,
             relative: None,
             last_loss: self.last_loss,
+            batches: self.batches.describe().to_string(),
+            frozen: self.run.frozen,
             tokens_per_s: tokens as f64 / t.median_s,
             peak_rss_mib: peak_rss_bytes().map(|b| b as f64 / (1024.0 * 1024.0)),
             mem_size,
@@ -345,27 +368,83 @@ struct Stepper<'a> {
     group: Option<&'a ProcessGroup>,
     /// Optimisation steps taken.
     steps: usize,
+    /// Steps at a learning rate of 0 ([`BenchOptions::frozen`]).
+    frozen: bool,
 }
 
 impl Stepper<'_> {
-    /// A batch of random tokens of the config's size.
-    fn batch(&self, rng: &mut Rng) -> Batch {
-        random_batch(rng, self.cfg.train.batch, self.cfg.train.block, self.cfg.model.vocab, false)
-    }
-
-    /// One optimisation step on `batch` at the config's learning rate, its draws from
-    /// libtorch's generator (dropout, span noise) seeded as training seeds them, so that
-    /// the step does not depend on what ran before it in the process.
+    /// One optimisation step on `batch` at the config's learning rate (0 when frozen),
+    /// its draws from libtorch's generator (dropout, span noise) seeded as training
+    /// seeds them, so that the step does not depend on what ran before it in the process.
     fn step(&mut self, batch: &Batch) -> Result<crate::train::StepStats> {
         let (_, _seed) = begin_step(self.cfg, self.steps);
         self.steps += 1;
-        optimisation_step(&self.lm, &mut self.opt, &mut self.mems, batch, &self.cfg.train, Scales { lr: self.cfg.train.lr, aux: 1.0 }, self.group)
+        let lr = if self.frozen { 0.0 } else { self.cfg.train.lr };
+        optimisation_step(&self.lm, &mut self.opt, &mut self.mems, batch, &self.cfg.train, Scales { lr, aux: 1.0 }, self.group)
+    }
+
+    /// The first stream of micro-batch `i` of this rank in a batch of the config's size,
+    /// and how many streams a micro-batch has (as [`optimisation_step`] splits it).
+    fn micro_batch(&self, i: usize) -> (usize, usize) {
+        let (rank, world) = self.group.map_or((0, 1), |g| (g.rank(), g.world_size()));
+        let per = self.cfg.train.batch / (self.mems.len() * world);
+        ((rank * self.mems.len() + i) * per, per)
+    }
+}
+
+/// Where the bench's batches come from ([`BenchOptions::train_data`]).
+enum Batches {
+    /// Random tokens, drawn from the config's seed.
+    Random(Rng),
+    /// The config's training streams, from their start.
+    Data(crate::data::TrainStreams),
+}
+
+impl Batches {
+    /// Random tokens, or with `train_data` the config's training streams (an error
+    /// naming the data when they cannot be read).
+    fn new(cfg: &Config, train_data: bool) -> Result<Self> {
+        Ok(match train_data {
+            true => Batches::Data(crate::task::train_streams(cfg, cfg.train.batch)?),
+            false => Batches::Random(Rng::new(cfg.seed)),
+        })
+    }
+
+    /// The next block of every stream of the config's batch.
+    fn next(&mut self, cfg: &Config) -> Batch {
+        match self {
+            Batches::Random(rng) => random_batch(rng, cfg.train.batch, cfg.train.block, cfg.model.vocab, false),
+            Batches::Data(streams) => streams.next_batch(),
+        }
+    }
+
+    /// The inputs of one block for each of `run`'s micro-batches, and whether the
+    /// memories start afresh before it: the training data's block of every stream cut
+    /// as a step cuts it, or random tokens drawn micro-batch by micro-batch.
+    fn fill_block(&mut self, run: &Stepper) -> (Vec<Tensor>, bool) {
+        let (cfg, device) = (run.cfg, run.lm.device());
+        let parts = (0..run.mems.len()).map(|m| run.micro_batch(m));
+        match self {
+            Batches::Data(streams) => {
+                let batch = streams.next_batch();
+                (parts.map(|(first, per)| batch.tensors(first, first + per, device).0).collect(), batch.reset)
+            }
+            Batches::Random(rng) => (parts.map(|(_, per)| random_batch(rng, per, cfg.train.block, cfg.model.vocab, false).tensors(0, per, device).0).collect(), false),
+        }
+    }
+
+    /// What the batches are, for the report.
+    fn describe(&self) -> &'static str {
+        match self {
+            Batches::Random(_) => "random tokens",
+            Batches::Data(_) => "training data",
+        }
     }
 }
 
 /// Runs `steps` more training steps with every phase timed ([`crate::profile`]), and
 /// recorded by libtorch's profiler into the Chrome trace `trace` when given.
-fn profile_steps(run: &mut Stepper, steps: usize, rng: &mut Rng, trace: Option<&Path>) -> Result<Vec<crate::profile::PhaseTime>> {
+fn profile_steps(run: &mut Stepper, steps: usize, batches: &mut Batches, trace: Option<&Path>) -> Result<Vec<crate::profile::PhaseTime>> {
     let trace = match trace {
         Some(path) => {
             let dir = path.parent().unwrap_or(Path::new("."));
@@ -376,7 +455,7 @@ fn profile_steps(run: &mut Stepper, steps: usize, rng: &mut Rng, trace: Option<&
     };
     crate::profile::start(run.lm.device());
     let ran = (0..steps).try_for_each(|_| {
-        let batch = run.batch(rng);
+        let batch = batches.next(run.cfg);
         let _step = crate::profile::phase("step");
         run.step(&batch).map(|_| ())
     });
@@ -470,23 +549,23 @@ fn synchronize(device: Device) {
 /// memory can hold a full span (`L / M` blocks, at most [`MAX_FILL_BLOCKS`]), so that the
 /// timed steps see the steady-state memory and not an empty cache. Returns the number
 /// of blocks run.
-fn fill_memory(run: &mut Stepper, rng: &mut Rng, context: Option<usize>) -> Result<usize> {
+fn fill_memory(run: &mut Stepper, batches: &mut Batches, context: Option<usize>) -> Result<usize> {
     let _guard = tch::no_grad_guard();
-    let (lm, cfg) = (&run.lm, run.cfg);
-    let ranks = run.group.map_or(1, ProcessGroup::world_size);
+    let cfg = run.cfg;
     let blocks = match context {
         Some(tokens) => tokens.div_ceil(cfg.train.block),
         None => memory_reach(cfg).div_ceil(cfg.train.block).min(MAX_FILL_BLOCKS),
     };
-    let per = cfg.train.batch / (run.mems.len() * ranks); // one micro-batch's streams
     for i in 0..blocks {
         if context.is_some() && blocks >= 1000 && (i + 1) % (blocks / 10) == 0 {
             eprintln!("streamed {} of {} context tokens", (i + 1) * cfg.train.block, blocks * cfg.train.block);
         }
-        for mem in run.mems.iter_mut() {
-            let batch = random_batch(rng, per, cfg.train.block, cfg.model.vocab, false);
-            let (x, _, _) = batch.tensors(0, per, lm.device());
-            lm.model.forward(&x, mem, false)?;
+        let (inputs, reset) = batches.fill_block(run);
+        if reset {
+            run.mems.iter_mut().for_each(crate::model::Memory::reset);
+        }
+        for (x, mem) in inputs.iter().zip(run.mems.iter_mut()) {
+            run.lm.model.forward(x, mem, false)?;
         }
     }
     Ok(blocks)
@@ -1051,7 +1130,7 @@ mod tests {
         let mut cfg = Config::preset("copy-tiny").unwrap();
         cfg.model.layers = 1;
         cfg.train.batch = 2;
-        let r = bench(&cfg, &BenchOptions { steps: 2, rounds: 1, warmup: 0, context: None, profile: false, trace: None }, None).unwrap();
+        let r = bench(&cfg, &BenchOptions { steps: 2, rounds: 1, warmup: 0, context: None, profile: false, trace: None, ..Default::default() }, None).unwrap();
         let r = with_mfu(r, rate);
         let mfu = r.mfu.unwrap();
         assert!((mfu - r.gflops / rate).abs() < 1e-12 && mfu > 0.0);
@@ -1070,7 +1149,7 @@ mod tests {
         cfg.model.layers = 2;
         cfg.train.batch = 2;
         cfg.train.block = 4;
-        let opts = BenchOptions { steps: 4, rounds: 1, warmup: 0, context: Some(0), profile: false, trace: None };
+        let opts = BenchOptions { steps: 4, rounds: 1, warmup: 0, context: Some(0), profile: false, trace: None, ..Default::default() };
         let r = bench(&cfg, &opts, None).unwrap();
         assert_eq!(r.mem_by_step, vec![1.5, 5.5, 8.0, 8.0]);
         assert_eq!(r.mem_size, vec![5.75, 5.75]);
@@ -1081,6 +1160,56 @@ mod tests {
         assert!(by_held[0] < by_held[3]);
     }
 
+    /// The parameters of a timed config before and after `steps` timed steps of `opts`.
+    fn parameters_around_steps(cfg: &Config, opts: &BenchOptions) -> (Vec<Tensor>, Vec<Tensor>, BenchResult) {
+        let mut timed = Timed::prepare(cfg, opts, None).unwrap();
+        let params = |t: &Timed| t.run.lm.named_parameters().into_iter().map(|(_, p)| p.copy()).collect::<Vec<_>>();
+        let before = params(&timed);
+        timed.round(opts.steps).unwrap();
+        let after = params(&timed);
+        (before, after, timed.finish(opts).unwrap())
+    }
+
+    /// Frozen steps compute a whole training step, the optimiser's included, and leave
+    /// every parameter as it was, so a learned span keeps its size; the same steps
+    /// unfrozen move the parameters.
+    #[test]
+    fn frozen_steps_leave_the_parameters_as_they_are() {
+        let mut cfg = Config::preset("copy-tiny").unwrap();
+        cfg.memory.mechanism = Mechanism::Expire;
+        cfg.model.layers = 1;
+        cfg.train.batch = 2;
+        let opts = BenchOptions { steps: 3, warmup: 1, frozen: true, ..Default::default() };
+        let (before, after, r) = parameters_around_steps(&cfg, &opts);
+        assert!(before.iter().zip(&after).all(|(a, b)| a.equal(b)), "a frozen step moved a parameter");
+        assert!(r.frozen && r.last_loss.is_finite() && r.steps == 3);
+        let (before, after, r) = parameters_around_steps(&cfg, &BenchOptions { frozen: false, ..opts });
+        assert!(before.iter().zip(&after).all(|(a, b)| !a.equal(b)), "an unfrozen step left a parameter where it was");
+        assert!(!r.frozen);
+    }
+
+    /// `--init-from` benches the trained parameters, not fresh ones: a checkpoint's
+    /// parameters, each changed from its initialisation, are the model's when timing
+    /// starts (frozen, so they are still there after the steps).
+    #[test]
+    fn init_from_benches_the_trained_parameters() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = Config::preset("copy-tiny").unwrap();
+        cfg.model.layers = 1;
+        cfg.train.batch = 2;
+        let lm = Lm::new(&cfg, Device::Cpu).unwrap();
+        tch::no_grad(|| lm.named_parameters().into_iter().for_each(|(_, mut p)| { let _ = p.g_add_scalar_(0.5); }));
+        let path = dir.path().join("checkpoint.safetensors");
+        let state = crate::checkpoint::TrainState::new(10, &(), 0).unwrap();
+        crate::checkpoint::save(&path, &cfg, &state, &lm.named_parameters()).unwrap();
+        let trained: Vec<Tensor> = lm.named_parameters().into_iter().map(|(_, p)| p.copy()).collect();
+        cfg.train.init_from = Some(path);
+        let opts = BenchOptions { steps: 1, warmup: 0, frozen: true, ..Default::default() };
+        let (before, after, _) = parameters_around_steps(&cfg, &opts);
+        assert!(trained.iter().zip(&before).all(|(a, b)| a.equal(b)), "the bench did not start from the checkpoint's parameters");
+        assert!(before.iter().zip(&after).all(|(a, b)| a.equal(b)));
+    }
+
     /// `--profile` times the phases of the step, down to the memory's own, and each
     /// phase's children take no longer than it does.
     #[test]
@@ -1089,7 +1218,7 @@ mod tests {
         cfg.memory.mechanism = Mechanism::Expire;
         cfg.model.layers = 2;
         cfg.train.batch = 2;
-        let r = bench(&cfg, &BenchOptions { steps: 2, rounds: 1, warmup: 0, context: None, profile: true, trace: None }, None).unwrap();
+        let r = bench(&cfg, &BenchOptions { steps: 2, rounds: 1, warmup: 0, context: None, profile: true, trace: None, ..Default::default() }, None).unwrap();
         let phases = r.profile.unwrap();
         let find = |name: &str| phases.iter().find(|p| p.name() == name).unwrap_or_else(|| panic!("no phase {name}"));
         assert_eq!(find("step").calls, 2);
@@ -1114,7 +1243,7 @@ mod tests {
         let mut cfg = Config::preset("copy-tiny").unwrap();
         cfg.memory.mechanism = Mechanism::Expire;
         cfg.train.batch = 2;
-        let opts = BenchOptions { steps: 2, rounds: 1, warmup: 0, context: None, profile: true, trace: Some(dir.path().join("traces")) };
+        let opts = BenchOptions { steps: 2, rounds: 1, warmup: 0, context: None, profile: true, trace: Some(dir.path().join("traces")), ..Default::default() };
         bench(&cfg, &opts, None).unwrap();
         let path = dir.path().join("traces").join(format!("trace-{}.json", cfg.name));
         let events: Vec<serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();

@@ -490,6 +490,19 @@ pub struct BenchArgs {
     /// with --rounds.
     #[arg(long)]
     pub trace: bool,
+    /// Time the steps on the config's training data (--data, or the preset's), read as
+    /// `lethe train` reads it, instead of random tokens: what a learned memory keeps
+    /// (Expire-Span's spans, Adaptive-Span's) depends on what it reads, and on random
+    /// tokens, where there is nothing to remember, training shrinks the spans while they
+    /// are timed.
+    #[arg(long)]
+    pub train_data: bool,
+    /// Leave the parameters as they are: each timed step computes everything a training
+    /// step does, the optimiser's update included, at a learning rate of 0, so that a
+    /// learned memory keeps its size while the configs are timed (with --init-from a
+    /// trained run: the size it learned).
+    #[arg(long)]
+    pub frozen: bool,
     /// A mechanism to bench, optionally with its memory size as in `lethe sweep`:
     /// `fixed`, `expire:1024`, `infinity:512` (repeatable). Default: the config's own.
     #[arg(long = "mechanism", value_name = "MECH[:SIZE]", value_parser = mechanism_item)]

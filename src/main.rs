@@ -706,7 +706,7 @@ fn bench(a: BenchArgs) -> Result<()> {
     let scale = a.scale.as_deref().map(lethe::bench::parse_scale).transpose()?;
     let cases = lethe::bench::plan(&cfg, &a.mechanisms, scale.as_ref(), a.context)?;
     let trace = a.trace.then(|| a.out.join(&cfg.name));
-    let opts = lethe::bench::BenchOptions { steps: a.bench_steps, rounds: a.rounds, warmup: a.warmup, context: a.context, profile: a.profile || a.trace, trace: trace.clone() };
+    let opts = lethe::bench::BenchOptions { steps: a.bench_steps, rounds: a.rounds, warmup: a.warmup, context: a.context, profile: a.profile || a.trace, trace: trace.clone(), train_data: a.train_data, frozen: a.frozen };
     opts.validate()?;
     let group = lethe::dist::join_for_training(&cfg)?;
     let leader = group.as_ref().is_none_or(|g| g.rank() == 0); // rank 0 speaks for a torchrun launch
@@ -721,8 +721,13 @@ fn bench(a: BenchArgs) -> Result<()> {
         }
         let comm = if r.ranks > 1 { format!(" | {} ranks, {:.0}% of the step in all-reduce", r.ranks, 100.0 * r.comm_s / r.median_s) } else { String::new() };
         let relative = r.relative.map(|x| format!(" | {x:.3}x the first config over {} rounds", r.round_medians_s.len())).unwrap_or_default();
+        let reads = match (r.batches.as_str(), r.frozen) {
+            ("random tokens", false) => String::new(),
+            (batches, false) => format!(" | {batches}"),
+            (batches, true) => format!(" | {batches}, parameters frozen"),
+        };
         println!(
-            "{:<14} {:<11} {:>9} params | {} tok/step | step median {:.1} ms (p10 {:.1}, p90 {:.1}) | {:.0} tok/s | peak RSS {} | mem {:?} | {:.2} GFLOP/step, MFU {} | context {} tokens{comm}{relative}",
+            "{:<14} {:<11} {:>9} params | {} tok/step | step median {:.1} ms (p10 {:.1}, p90 {:.1}) | {:.0} tok/s | peak RSS {} | mem {:?} | {:.2} GFLOP/step, MFU {} | context {} tokens{reads}{comm}{relative}",
             r.name,
             r.mechanism,
             r.parameters,

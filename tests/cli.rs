@@ -251,6 +251,38 @@ fn bench_in_rounds_times_the_configs_in_turn() {
     fails_with(&lethe(d, &["bench", "--rounds", "2", "--trace"]), &["not with --rounds"]);
 }
 
+/// `--train-data` times steps on the config's own data (the copy task's streams here)
+/// instead of random tokens, and `--frozen` leaves the parameters as they are; the report
+/// says both. Data that cannot be read is refused by name before anything is written.
+#[test]
+fn bench_reads_the_training_data_when_asked_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let bench = |extra: &[&str]| {
+        let mut args = vec!["bench", "--bench-steps", "2", "--warmup", "0", "--mechanism", "expire:16"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(TINY);
+        let out = lethe(d, &args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(d.join("runs/copy-tiny/bench.json")).unwrap()).unwrap();
+        (String::from_utf8_lossy(&out.stdout).to_string(), report["results"][0].clone())
+    };
+    let (said, on_data) = bench(&["--train-data", "--frozen"]);
+    assert!(said.contains("| training data, parameters frozen"), "{said}");
+    assert_eq!(on_data["batches"], "training data");
+    assert_eq!(on_data["frozen"], true);
+    let (said, random) = bench(&[]);
+    assert!(!said.contains("training data") && !said.contains("frozen"), "{said}");
+    assert_eq!(random["batches"], "random tokens");
+    assert_eq!(random["frozen"], false);
+    // Other tokens, another loss (the same steps on random tokens gave the first figure).
+    assert_ne!(on_data["last_loss"], random["last_loss"]);
+    let missing = d.join("no-such-corpus.txt");
+    let out = lethe(d, &["bench", "-p", "enwik8-tiny", "--train-data", "--data", missing.to_str().unwrap(), "--out", "other"]);
+    fails_with(&out, &["no-such-corpus.txt"]);
+    assert!(!d.join("other").exists(), "nothing is written for a bench that cannot start");
+}
+
 /// A config benched in turns with another trains as it does alone: the same loss after
 /// the same steps, bit for bit, dropout on (each bench step seeds libtorch's generator
 /// as training does; before, a config drew its dropout from wherever the other config's
