@@ -44,7 +44,7 @@ fn main() -> lethe::Result<()> {
             let t = if run {
                 time_attention(&cfg, STEPS, WARMUP)?
             } else {
-                bench(&cfg, &BenchOptions { steps: STEPS, rounds: 1, warmup: WARMUP, context: None, profile: false, trace: None }, None)?.timing()
+                bench(&cfg, &BenchOptions { steps: STEPS, rounds: 1, warmup: WARMUP, context: None, profile: false, trace: None, ..Default::default() }, None)?.timing()
             };
             let change = baseline.get(&id).map(|b| format!("{:+.1}%", 100.0 * (t.median_s / b - 1.0))).unwrap_or_else(|| "-".into());
             println!("{id:<24} {:>10.2} {:>18} {change:>10}", 1e3 * t.median_s, format!("{:.2}-{:.2}", 1e3 * t.p10_s, 1e3 * t.p90_s));
