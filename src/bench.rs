@@ -153,6 +153,8 @@ pub struct BenchResult {
     pub batches: String,
     /// Whether the steps left the parameters as they were ([`BenchOptions::frozen`]).
     pub frozen: bool,
+    /// The trained parameters timed (`--init-from`), when not fresh ones.
+    pub init: Option<Init>,
     /// Tokens per second at the median.
     pub tokens_per_s: f64,
     /// Peak resident memory of the process while this config ran, MiB.
@@ -247,15 +249,17 @@ impl<'a> Timed<'a> {
         let device = crate::device::for_training(&cfg.train.device, cfg.train.threads, cfg.train.tf32)?;
         reset_peak_rss();
         let lm = Lm::new(cfg, device)?;
-        // `--init-from`: the trained parameters (a mechanism's own that the source lacks
-        // start fresh, as in training).
-        if let Some(from) = &cfg.train.init_from {
-            crate::model::init::load(&lm, from)?;
-        }
+        // `--init-from`: the trained parameters; those the source lacks (another
+        // mechanism's), or has in another shape (a position table over another span),
+        // start fresh and are reported.
+        let init = match &cfg.train.init_from {
+            Some(from) => Some(Init { from: from.display().to_string(), fresh: crate::model::init::load_fitting(&lm, from)?.fresh }),
+            None => None,
+        };
         let opt = Optimiser::new(lm.named_parameters(), &cfg.train);
         let mems = (0..cfg.train.accum).map(|_| lm.model.new_memory()).collect();
         let mut batches = Batches::new(cfg, opts.train_data)?;
-        let mut run = Stepper { lm, opt, mems, cfg, group, steps: 0, frozen: opts.frozen };
+        let mut run = Stepper { lm, opt, mems, cfg, group, steps: 0, frozen: opts.frozen, init };
         let fill_blocks = fill_memory(&mut run, &mut batches, opts.context)?;
         for _ in 0..opts.warmup {
             let batch = batches.next(cfg);
@@ -339,6 +343,7 @@ impl<'a> Timed<'a> {
             last_loss: self.last_loss,
             batches: self.batches.describe().to_string(),
             frozen: self.run.frozen,
+            init: self.run.init.clone(),
             tokens_per_s: tokens as f64 / t.median_s,
             peak_rss_mib: peak_rss_bytes().map(|b| b as f64 / (1024.0 * 1024.0)),
             mem_size,
@@ -370,6 +375,8 @@ struct Stepper<'a> {
     steps: usize,
     /// Steps at a learning rate of 0 ([`BenchOptions::frozen`]).
     frozen: bool,
+    /// Where the parameters came from (`--init-from`).
+    init: Option<Init>,
 }
 
 impl Stepper<'_> {
@@ -389,6 +396,26 @@ impl Stepper<'_> {
         let (rank, world) = self.group.map_or((0, 1), |g| (g.rank(), g.world_size()));
         let per = self.cfg.train.batch / (self.mems.len() * world);
         ((rank * self.mems.len() + i) * per, per)
+    }
+}
+
+/// Where a config's parameters came from (`--init-from`).
+#[derive(Clone, Debug, Serialize)]
+pub struct Init {
+    /// The run folder, checkpoint or Hugging Face folder.
+    pub from: String,
+    /// The config's parameters that it did not give: absent there (another
+    /// mechanism's) or there in another shape (a position table over another span).
+    pub fresh: Vec<String>,
+}
+
+impl Init {
+    /// `from PATH`, and what starts fresh.
+    pub fn describe(&self) -> String {
+        match self.fresh.len() {
+            0 => format!("from {}", self.from),
+            n => format!("from {} ({n} fresh: {})", self.from, crate::train::abbreviate(&self.fresh)),
+        }
     }
 }
 
@@ -1205,9 +1232,22 @@ mod tests {
         let trained: Vec<Tensor> = lm.named_parameters().into_iter().map(|(_, p)| p.copy()).collect();
         cfg.train.init_from = Some(path);
         let opts = BenchOptions { steps: 1, warmup: 0, frozen: true, ..Default::default() };
-        let (before, after, _) = parameters_around_steps(&cfg, &opts);
+        let (before, after, r) = parameters_around_steps(&cfg, &opts);
         assert!(trained.iter().zip(&before).all(|(a, b)| a.equal(b)), "the bench did not start from the checkpoint's parameters");
         assert!(before.iter().zip(&after).all(|(a, b)| a.equal(b)));
+        assert!(r.init.as_ref().is_some_and(|i| i.fresh.is_empty()), "{:?}", r.init);
+        // Another mechanism beside it: Expire-Span's position table covers one block (33
+        // rows against the window's 129) and its span predictor is its own; those start
+        // fresh, said by name, and the rest is the checkpoint's.
+        cfg.memory.mechanism = Mechanism::Expire;
+        let mut timed = Timed::prepare(&cfg, &opts, None).unwrap();
+        let by_name: std::collections::HashMap<String, Tensor> = lm.named_parameters().into_iter().collect();
+        let fresh = timed.run.init.clone().unwrap().fresh;
+        assert_eq!(fresh, ["key_pe", "layers.0.attn.expire.b", "layers.0.attn.expire.w"]);
+        for (name, p) in timed.run.lm.named_parameters() {
+            assert_eq!(by_name.get(&name).is_some_and(|t| t.equal(&p)), !fresh.contains(&name), "{name}");
+        }
+        timed.round(1).unwrap();
     }
 
     /// `--profile` times the phases of the step, down to the memory's own, and each

@@ -726,6 +726,10 @@ fn bench(a: BenchArgs) -> Result<()> {
             (batches, false) => format!(" | {batches}"),
             (batches, true) => format!(" | {batches}, parameters frozen"),
         };
+        let reads = match &r.init {
+            Some(init) => format!("{reads} | {}", init.describe()),
+            None => reads,
+        };
         println!(
             "{:<14} {:<11} {:>9} params | {} tok/step | step median {:.1} ms (p10 {:.1}, p90 {:.1}) | {:.0} tok/s | peak RSS {} | mem {:?} | {:.2} GFLOP/step, MFU {} | context {} tokens{reads}{comm}{relative}",
             r.name,

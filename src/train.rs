@@ -78,7 +78,7 @@ struct Window {
 }
 
 /// The first few of `names`, and how many more.
-fn abbreviate(names: &[String]) -> String {
+pub(crate) fn abbreviate(names: &[String]) -> String {
     let shown: Vec<&str> = names.iter().take(3).map(String::as_str).collect();
     match names.len() {
         n if n > 3 => format!("{}, and {} more", shown.join(", "), n - 3),

@@ -106,7 +106,8 @@ pub fn adopt(cfg: &mut Config, from: &Path) -> Result<()> {
 pub struct Loaded {
     /// Parameters copied from the source.
     pub copied: usize,
-    /// Parameters the source lacks, left at their initialisation (sorted).
+    /// Parameters the source lacks, left at their initialisation (sorted); with
+    /// [`load_fitting`], also those the source has in another shape.
     pub fresh: Vec<String>,
 }
 
@@ -114,6 +115,18 @@ pub struct Loaded {
 /// when a parameter of the same name has another shape (another architecture), or
 /// when the source shares no parameter with the model.
 pub fn load(lm: &Lm, from: &Path) -> Result<Loaded> {
+    copy_parameters(lm, from, true)
+}
+
+/// [`load`], leaving a parameter that the source has in another shape at its
+/// initialisation (listed in `fresh`) instead of failing: for `lethe bench`, where one
+/// trained run is timed beside other mechanisms whose position tables cover other
+/// spans. Still fails when the source shares no parameter with the model.
+pub fn load_fitting(lm: &Lm, from: &Path) -> Result<Loaded> {
+    copy_parameters(lm, from, false)
+}
+
+fn copy_parameters(lm: &Lm, from: &Path, strict: bool) -> Result<Loaded> {
     let source = Source::open(from)?;
     let saved = source.parameters()?;
     let _guard = tch::no_grad_guard();
@@ -123,6 +136,10 @@ pub fn load(lm: &Lm, from: &Path) -> Result<Loaded> {
             loaded.fresh.push(name);
             continue;
         };
+        if t.size() != var.size() && !strict {
+            loaded.fresh.push(name);
+            continue;
+        }
         if t.size() != var.size() {
             let why = format!("parameter `{name}` has shape {:?}, this model's has {:?}: the [model] sizes must be the source's", t.size(), var.size());
             return Err(LetheError::checkpoint(source.path(), why));
