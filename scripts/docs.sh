@@ -34,6 +34,8 @@
 #   enwik8bench  its efficiency columns alone (the bench)   docs/bench-enwik8-tiny.txt        5 min
 #   scaling   time and memory against span and context,     docs/bench-scaling.txt           7 min
 #             in turns
+#   trained   equal memory after training: a trained        docs/bench-trained.txt           3 min
+#             Expire-Span on its text against Transformer-XL
 # In all about 5 hours (portal: 60 minutes for its 5-room sweep on the AMD EPYC of
 # 2026-11-24); the sections that time (enwik8, scaling) want the CPU to themselves.
 set -euo pipefail
@@ -45,7 +47,7 @@ OUT=${DOCS_OUT:-runs/docs}
 THREADS=2
 mkdir -p docs "$OUT"
 SECTIONS=("$@")
-ALL=(default sweep gpt2 words dialogue corridor ablation portal portal8 enwik8 scaling)  # enwik8 runs enwik8bench
+ALL=(default sweep gpt2 words dialogue corridor ablation portal portal8 enwik8 scaling trained)  # enwik8 runs enwik8bench
 [ ${#SECTIONS[@]} -gt 0 ] || SECTIONS=("${ALL[@]}")
 
 # Keeps the machine a section's runs trained on: RUN's machine.json as
@@ -221,6 +223,34 @@ section_scaling() {
     echo "## context streamed first: the ∞-former (STM 256 + N 256) and Transformer-XL (L = 256), in turns"
     "${bench[@]}" "${turns[@]}" --mechanism infinity:512 --mechanism fixed --scale context=512,8192,32768,131072
   } 2>&1 | grep -v '^matrix multiply\|^wrote \|^streamed \|^round ' | tee docs/bench-scaling.txt
+}
+
+section_trained() {
+  # Equal memory where it matters: Expire-Span (`enwik8-expire-tiny`, seed 1) trained
+  # 1500 steps on the stand-in corpus of the enwik8 section, then timed on that corpus
+  # (`--train-data`) with its parameters held (`--frozen`), so that its memory is what it
+  # learned to keep and stays so while timed; beside it, in turns, Transformer-XL windows
+  # of the same mean memory (read from a first pass) and of Expire-Span's mean cache
+  # length (the longest stream's, which the batch pads every stream to).
+  local corpus="$OUT/rust-html.txt" run="$OUT/trained/expire-1024"
+  . scripts/rust-html.sh
+  rust_html "$corpus" 10000000
+  rm -rf "$run"
+  $LETHE train --preset enwik8-expire-tiny --data "$corpus" --steps 1500 --seed 1 --set train.threads=$THREADS \
+    --set train.eval_every=1500 --set train.checkpoint_every=1500 --out "$OUT/trained" --name expire-1024 > /dev/null
+  local bench=($LETHE bench --preset enwik8-expire-tiny --data "$corpus" --init-from "$run" --train-data --frozen
+    --set train.threads=$THREADS)
+  "${bench[@]}" --bench-steps 20 --out "$OUT/trained-alone" > /dev/null 2>&1
+  local sizes
+  sizes=$(python3 -c 'import json, sys
+r = json.load(open(sys.argv[1]))["results"][0]
+print(round(sum(r["mem_size"]) / len(r["mem_size"])), round(sum(r["held"]) / len(r["held"])))' "$OUT/trained-alone/enwik8-expire-tiny/bench.json")
+  local mem=${sizes% *} held=${sizes#* }
+  {
+    echo "## Expire-Span L = 1024 trained 1500 steps, on its corpus, parameters frozen: about $mem memories a query, a cache of $held slots"
+    echo "## in turns with Transformer-XL at L = $mem (equal memory) and L = $held (equal cache)"
+    "${bench[@]}" --bench-steps 1 --rounds 60 --mechanism expire:1024 --mechanism "fixed:$mem" --mechanism "fixed:$held" --out "$OUT/trained-bench"
+  } 2>&1 | grep -v '^wrote \|^streamed \|^round ' | tee docs/bench-trained.txt
 }
 
 for s in "${SECTIONS[@]}"; do
