@@ -247,6 +247,8 @@ impl<'a> Timed<'a> {
         cfg.validate()?;
         opts.validate()?;
         let device = crate::device::for_training(&cfg.train.device, cfg.train.threads, cfg.train.tf32)?;
+        // The data first: a corpus that cannot be read is refused before a model is built.
+        let mut batches = Batches::new(cfg, opts.train_data)?;
         reset_peak_rss();
         let lm = Lm::new(cfg, device)?;
         // `--init-from`: the trained parameters; those the source lacks (another
@@ -258,7 +260,6 @@ impl<'a> Timed<'a> {
         };
         let opt = Optimiser::new(lm.named_parameters(), &cfg.train);
         let mems = (0..cfg.train.accum).map(|_| lm.model.new_memory()).collect();
-        let mut batches = Batches::new(cfg, opts.train_data)?;
         let mut run = Stepper { lm, opt, mems, cfg, group, steps: 0, frozen: opts.frozen, init };
         let fill_blocks = fill_memory(&mut run, &mut batches, opts.context)?;
         for _ in 0..opts.warmup {
