@@ -1251,6 +1251,41 @@ mod tests {
         timed.round(1).unwrap();
     }
 
+    /// With the training data, each micro-batch's memory is filled with its own streams
+    /// of each block, cut as a training step cuts the batch: the same states as running
+    /// the model over those slices by hand.
+    #[test]
+    fn the_data_fills_each_micro_batch_s_memory_with_its_own_streams() {
+        let mut cfg = Config::preset("copy-tiny").unwrap();
+        cfg.model.layers = 1;
+        cfg.train.batch = 4;
+        cfg.train.accum = 2;
+        cfg.memory.span = 64; // two blocks of 32 fill it
+        let opts = BenchOptions { steps: 1, warmup: 0, train_data: true, ..Default::default() };
+        let timed = Timed::prepare(&cfg, &opts, None).unwrap();
+        assert_eq!(timed.fill_blocks, 2);
+        let lm = &timed.run.lm;
+        let mut streams = crate::task::train_streams(&cfg, cfg.train.batch).unwrap();
+        let mut by_hand: Vec<_> = (0..2).map(|_| lm.model.new_memory()).collect();
+        let _guard = tch::no_grad_guard();
+        for _ in 0..2 {
+            let batch = streams.next_batch();
+            for (i, mem) in by_hand.iter_mut().enumerate() {
+                let (x, _, _) = batch.tensors(2 * i, 2 * i + 2, Device::Cpu);
+                lm.model.forward(&x, mem, false).unwrap();
+            }
+        }
+        for (filled, hand) in timed.run.mems.iter().zip(&by_hand) {
+            let (a, b) = (filled.state(), hand.state());
+            assert!(!a.is_empty() && a.len() == b.len());
+            for ((name, x), (_, y)) in a.iter().zip(&b) {
+                assert!(x.equal(y), "{name}");
+            }
+        }
+        // The two micro-batches read different streams.
+        assert!(!timed.run.mems[0].state()[0].1.equal(&timed.run.mems[1].state()[0].1));
+    }
+
     /// `--profile` times the phases of the step, down to the memory's own, and each
     /// phase's children take no longer than it does.
     #[test]
