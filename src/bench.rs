@@ -192,6 +192,20 @@ pub struct BenchResult {
 }
 
 impl BenchResult {
+    /// What the steps read and started from, when not the defaults (random tokens, fresh
+    /// parameters, training on): ` | training data, parameters frozen | from RUN`.
+    pub fn reads(&self) -> String {
+        let mut said = match (self.batches.as_str(), self.frozen) {
+            (RANDOM_TOKENS, false) => String::new(),
+            (batches, false) => format!(" | {batches}"),
+            (batches, true) => format!(" | {batches}, parameters frozen"),
+        };
+        if let Some(init) = &self.init {
+            said += &format!(" | {}", init.describe());
+        }
+        said
+    }
+
     /// The step-time percentiles.
     pub fn timing(&self) -> Timing {
         Timing { median_s: self.median_s, p10_s: self.p10_s, p90_s: self.p90_s }
@@ -222,6 +236,8 @@ pub fn bench(cfg: &Config, opts: &BenchOptions, group: Option<&ProcessGroup>) ->
 struct Timed<'a> {
     run: Stepper<'a>,
     batches: Batches,
+    /// Where the parameters came from (`--init-from`).
+    init: Option<Init>,
     fill_blocks: usize,
     /// Seconds of each timed step, and in the all-reduce, over every round.
     times: Vec<f64>,
@@ -260,7 +276,7 @@ impl<'a> Timed<'a> {
         };
         let opt = Optimiser::new(lm.named_parameters(), &cfg.train);
         let mems = (0..cfg.train.accum).map(|_| lm.model.new_memory()).collect();
-        let mut run = Stepper { lm, opt, mems, cfg, group, steps: 0, frozen: opts.frozen, init };
+        let mut run = Stepper { lm, opt, mems, cfg, group, steps: 0, frozen: opts.frozen };
         let fill_blocks = fill_memory(&mut run, &mut batches, opts.context)?;
         for _ in 0..opts.warmup {
             let batch = batches.next(cfg);
@@ -268,7 +284,7 @@ impl<'a> Timed<'a> {
         }
         synchronize(device);
         let held = held_by(&run);
-        Ok(Timed { run, batches, fill_blocks, times: vec![], comm: vec![], round_medians: vec![], last_loss: f64::NAN, memory: vec![], flops: vec![], held, profiled: vec![], profiled_steps: 0 })
+        Ok(Timed { run, batches, init, fill_blocks, times: vec![], comm: vec![], round_medians: vec![], last_loss: f64::NAN, memory: vec![], flops: vec![], held, profiled: vec![], profiled_steps: 0 })
     }
 
     /// Times `steps` more training steps, one round.
@@ -344,7 +360,7 @@ impl<'a> Timed<'a> {
             last_loss: self.last_loss,
             batches: self.batches.describe().to_string(),
             frozen: self.run.frozen,
-            init: self.run.init.clone(),
+            init: self.init,
             tokens_per_s: tokens as f64 / t.median_s,
             peak_rss_mib: peak_rss_bytes().map(|b| b as f64 / (1024.0 * 1024.0)),
             mem_size,
@@ -376,8 +392,6 @@ struct Stepper<'a> {
     steps: usize,
     /// Steps at a learning rate of 0 ([`BenchOptions::frozen`]).
     frozen: bool,
-    /// Where the parameters came from (`--init-from`).
-    init: Option<Init>,
 }
 
 impl Stepper<'_> {
@@ -389,14 +403,6 @@ impl Stepper<'_> {
         self.steps += 1;
         let lr = if self.frozen { 0.0 } else { self.cfg.train.lr };
         optimisation_step(&self.lm, &mut self.opt, &mut self.mems, batch, &self.cfg.train, Scales { lr, aux: 1.0 }, self.group)
-    }
-
-    /// The first stream of micro-batch `i` of this rank in a batch of the config's size,
-    /// and how many streams a micro-batch has (as [`optimisation_step`] splits it).
-    fn micro_batch(&self, i: usize) -> (usize, usize) {
-        let (rank, world) = self.group.map_or((0, 1), |g| (g.rank(), g.world_size()));
-        let per = self.cfg.train.batch / (self.mems.len() * world);
-        ((rank * self.mems.len() + i) * per, per)
     }
 }
 
@@ -419,6 +425,9 @@ impl Init {
         }
     }
 }
+
+/// [`BenchResult::batches`] of steps on random tokens.
+const RANDOM_TOKENS: &str = "random tokens";
 
 /// Where the bench's batches come from ([`BenchOptions::train_data`]).
 enum Batches {
@@ -451,7 +460,7 @@ impl Batches {
     /// as a step cuts it, or random tokens drawn micro-batch by micro-batch.
     fn fill_block(&mut self, run: &Stepper) -> (Vec<Tensor>, bool) {
         let (cfg, device) = (run.cfg, run.lm.device());
-        let parts = (0..run.mems.len()).map(|m| run.micro_batch(m));
+        let parts = (0..run.mems.len()).map(|m| crate::train::micro_batch(cfg.train.batch, run.mems.len(), run.group, m));
         match self {
             Batches::Data(streams) => {
                 let batch = streams.next_batch();
@@ -464,7 +473,7 @@ impl Batches {
     /// What the batches are, for the report.
     fn describe(&self) -> &'static str {
         match self {
-            Batches::Random(_) => "random tokens",
+            Batches::Random(_) => RANDOM_TOKENS,
             Batches::Data(_) => "training data",
         }
     }
@@ -1243,7 +1252,7 @@ mod tests {
         cfg.memory.mechanism = Mechanism::Expire;
         let mut timed = Timed::prepare(&cfg, &opts, None).unwrap();
         let by_name: std::collections::HashMap<String, Tensor> = lm.named_parameters().into_iter().collect();
-        let fresh = timed.run.init.clone().unwrap().fresh;
+        let fresh = timed.init.clone().unwrap().fresh;
         assert_eq!(fresh, ["key_pe", "layers.0.attn.expire.b", "layers.0.attn.expire.w"]);
         for (name, p) in timed.run.lm.named_parameters() {
             assert_eq!(by_name.get(&name).is_some_and(|t| t.equal(&p)), !fresh.contains(&name), "{name}");

@@ -721,15 +721,7 @@ fn bench(a: BenchArgs) -> Result<()> {
         }
         let comm = if r.ranks > 1 { format!(" | {} ranks, {:.0}% of the step in all-reduce", r.ranks, 100.0 * r.comm_s / r.median_s) } else { String::new() };
         let relative = r.relative.map(|x| format!(" | {x:.3}x the first config over {} rounds", r.round_medians_s.len())).unwrap_or_default();
-        let reads = match (r.batches.as_str(), r.frozen) {
-            ("random tokens", false) => String::new(),
-            (batches, false) => format!(" | {batches}"),
-            (batches, true) => format!(" | {batches}, parameters frozen"),
-        };
-        let reads = match &r.init {
-            Some(init) => format!("{reads} | {}", init.describe()),
-            None => reads,
-        };
+        let reads = r.reads();
         println!(
             "{:<14} {:<11} {:>9} params | {} tok/step | step median {:.1} ms (p10 {:.1}, p90 {:.1}) | {:.0} tok/s | peak RSS {} | mem {:?} | {:.2} GFLOP/step, MFU {} | context {} tokens{reads}{comm}{relative}",
             r.name,

@@ -369,6 +369,15 @@ pub struct StepStats {
 /// `accum * world` the batch is cut into, and the gradients and the sums are summed
 /// over the ranks before the clip: every rank then steps as a single process with
 /// `accum * world` micro-batches would.
+/// The streams of micro-batch `i` of this rank, of `accum` per rank, in a batch of
+/// `batch` streams: its first stream and how many it has (every rank reads the whole
+/// batch and takes its share).
+pub(crate) fn micro_batch(batch: usize, accum: usize, group: Option<&ProcessGroup>, i: usize) -> (usize, usize) {
+    let (rank, world) = group.map_or((0, 1), |g| (g.rank(), g.world_size()));
+    let per = batch / (accum * world);
+    ((rank * accum + i) * per, per)
+}
+
 pub fn optimisation_step(
     lm: &Lm,
     opt: &mut Optimiser,
@@ -383,14 +392,12 @@ pub fn optimisation_step(
     }
     let weight = batch.scored(); // the whole batch's: every rank reads all of it
     let total_weight = weight.max(1.0);
-    let (rank, world) = group.map_or((0, 1), |g| (g.rank(), g.world_size()));
-    let accum = mems.len();
-    let micro_batches = accum * world;
-    let per = batch.batch / micro_batches;
+    let micro_batches = mems.len() * group.map_or(1, ProcessGroup::world_size);
     opt.zero_grad();
     let (mut nll_sum, mut aux) = (0.0, 0.0);
+    let accum = mems.len();
     for (i, mem) in mems.iter_mut().enumerate() {
-        let first = (rank * accum + i) * per;
+        let (first, per) = micro_batch(batch.batch, accum, group, i);
         let (x, y, w) = batch.tensors(first, first + per, lm.device());
         let forward = profile::phase("forward");
         let (nll, aux_loss) = lm.model.forward_nll(&x, &y, mem, true)?;

@@ -136,11 +136,11 @@ fn copy_parameters(lm: &Lm, from: &Path, strict: bool) -> Result<Loaded> {
             loaded.fresh.push(name);
             continue;
         };
-        if t.size() != var.size() && !strict {
-            loaded.fresh.push(name);
-            continue;
-        }
         if t.size() != var.size() {
+            if !strict {
+                loaded.fresh.push(name);
+                continue;
+            }
             let why = format!("parameter `{name}` has shape {:?}, this model's has {:?}: the [model] sizes must be the source's", t.size(), var.size());
             return Err(LetheError::checkpoint(source.path(), why));
         }
