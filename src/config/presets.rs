@@ -37,12 +37,15 @@ pub const PRESETS: &[Preset] = &[
     preset!("copy-sweep-tiny", "for `lethe sweep`: the copy task with the run 24-32 tokens back (counts 1-4), 2 layers x 32, blocks of 8, 800 steps, L = 64; seconds per run"),
     preset!("enwik8-tiny", "enwik8 (or any file with --data): 2 layers x 128, span 256, block 64, batch 16, the official code's initialisation; a laptop CPU"),
     preset!("enwik8-expire-tiny", "enwik8-tiny with Expire-Span, L = 1024, R = 32, alpha 1e-5; CPU"),
-    preset!("enwik8-12l", "the paper's small enwik8 model (A.3.4): 12 layers x 512, 8 heads, FFN 2048, span 1024, block 512, batch 512 in 32 micro-batches of 16 (one 80 GB GPU), lr 7e-4, 8000 warm-up steps, 100k steps; GPU"),
-    preset!("enwik8-expire-12l", "the paper's small Expire-Span enwik8 model: enwik8-12l with L = 16k, R = 128, alpha 3e-7, pre_div 64, noisy spans; GPU"),
+    preset!("enwik8-12l", "the paper's small enwik8 model (A.3.4) as the official enwik8.sh trains it: 12 layers x 512, 8 heads, FFN 2048, post-norm, span 1024, block 512, batch 512 in 32 micro-batches of 16 (one 80 GB GPU), lr 7e-4, 8000 warm-up steps, clip 0.3, 100k steps; GPU"),
+    preset!("enwik8-expire-12l", "the paper's small Expire-Span enwik8 model (official enwik8.sh): enwik8-12l with L = 16k, R = 128, alpha 1e-6, noisy spans; GPU"),
+    preset!("enwik8-expire-8l", "the official code's one-GPU enwik8 run (enwik8_small.sh): 8 layers x 256, 4 heads, FFN 1024, block 256, batch 64, lr 3e-4, Expire-Span L = 4096, R = 64, alpha 1e-6, pre_div 64, 100k steps; GPU"),
     preset!("books-tiny", "a folder of text files (PG-19 style) in data/books, one stream per set of whole documents; 2 layers x 128; CPU"),
     preset!("collision-tiny", "object collision (hard), Transformer-XL span 512, block 64; exercises the pipeline on a CPU (the task needs L of 4k or more)"),
     preset!("collision-easy-tiny", "collision-tiny without colours: the query asks for the last collision; CPU"),
-    preset!("collision-expire-16k", "object collision with Expire-Span L = 16k (paper Table 3) on the enwik8-12l backbone, R = 128, alpha 1e-6, init fraction 0.01, noisy spans; GPU"),
+    preset!("collision-expire-16k", "object collision with Expire-Span L = 16k (paper Table 3) as the official object_collision_16k.sh: 6 layers x 512, 4 heads, FFN 1024, block 256, batch 512, lr 1e-4, R = 128, alpha 2e-6, init fraction 0.01; GPU"),
+    preset!("collision-expire-32k", "collision-expire-16k with L = 32k (paper Table 3, official object_collision_32k.sh); GPU"),
+    preset!("collision-expire-64k", "collision-expire-16k with L = 64k and noisy spans (paper Table 3, official object_collision_64k.sh); GPU"),
     preset!("instruction-tiny", "instruction following with distractors: 8 characters, up to 2 instructions pending, 8-16 distractor words, Transformer-XL span 256; CPU, 3 minutes"),
     preset!("instruction-expire-tiny", "instruction-tiny with Expire-Span, L = 1024, R = 32, alpha 1e-5; CPU"),
     preset!("instruction-light", "the paper's LIGHT setting (A.3.2): 700-1200 distractor words, 40 characters, 6 layers x 512, Expire-Span L = 16k, R = 64, alpha 2e-6; GPU"),
@@ -151,6 +154,126 @@ mod tests {
         assert!(sticky.memory.infinity.sticky && !tiny.memory.infinity.sticky);
         assert_eq!(sticky.data, tiny.data);
         assert_eq!(sticky.memory.infinity.basis, tiny.memory.infinity.basis);
+    }
+
+    /// The flags of the official code's `experiments/expire_span/*.sh` (facebookresearch/
+    /// transformer-sequential) that say how a model is trained, as the scripts give them.
+    const ENWIK8_SH: &str = "--nepochs 100 --nbatches 1000 --hid-sz 512 --inner-hid-sz 2048 --mem-sz 512 --batch-sz 512 --nlayers 12 \
+        --lr 0.0007 --momentum 0 --dropout 0.3 --optim adam --lr-warmup 8000 --attn-lim 16384 --nheads 8 --grad-clip 0.3 \
+        --expire-span --expire-span-loss 0.000001 --expire-span-ramp 128 --expire-span-noisy";
+    const ENWIK8_SMALL_SH: &str = "--nepochs 100 --nbatches 1000 --hid-sz 256 --inner-hid-sz 1024 --mem-sz 256 --batch-sz 64 --nlayers 8 \
+        --lr 0.0003 --momentum 0 --dropout 0 --optim adam --lr-warmup 8000 --attn-lim 4096 --nheads 4 --grad-clip 0.3 \
+        --expire-span --expire-span-loss 0.000001 --expire-span-ramp 64 --expire-span-pre-div 64";
+    const COLLISION_16K_SH: &str = "--nepochs 100 --nbatches 1000 --batch-sz 512 --hid-sz 512 --inner-hid-sz 1024 --mem-sz 256 --nlayers 6 \
+        --lr 0.0001 --momentum 0 --dropout 0.1 --optim adam --lr-warmup 1000 --grad-clip 0.1 --attn-lim 16384 --nheads 4 --pre-norm \
+        --expire-span --expire-span-loss 0.000002 --expire-span-init-percentage 0.01 --expire-span-ramp 128";
+
+    /// A script's flags, `--name value` or `--name` alone, by name.
+    fn parse_flags(script: &str) -> std::collections::BTreeMap<String, String> {
+        let mut flags = std::collections::BTreeMap::new();
+        let mut words = script.split_whitespace().peekable();
+        while let Some(name) = words.next() {
+            let value = match words.peek() {
+                Some(v) if !v.starts_with("--") => words.next().unwrap_or_default().to_string(),
+                _ => String::new(),
+            };
+            flags.insert(name.trim_start_matches("--").to_string(), value);
+        }
+        flags
+    }
+
+    /// A config as the official code's flags (those the scripts above use), numbers
+    /// written as the scripts write them; `--nepochs x --nbatches` as the step count.
+    fn as_official_flags(c: &Config) -> std::collections::BTreeMap<String, String> {
+        let number = |x: f64| if x == 0.0 { "0".to_string() } else { format!("{x:.7}").trim_end_matches('0').trim_end_matches('.').to_string() };
+        let mut f: std::collections::BTreeMap<String, String> = [
+            ("steps", c.train.steps.to_string()),
+            ("hid-sz", c.model.d_model.to_string()),
+            ("inner-hid-sz", c.model.d_ffn.to_string()),
+            ("mem-sz", c.train.block.to_string()),
+            ("batch-sz", c.train.batch.to_string()),
+            ("nlayers", c.model.layers.to_string()),
+            ("lr", number(c.train.lr)),
+            ("momentum", "0".to_string()),
+            ("dropout", number(c.model.dropout)),
+            ("optim", format!("{:?}", c.train.optimizer).to_lowercase()),
+            ("lr-warmup", c.train.warmup.to_string()),
+            ("nheads", c.model.heads.to_string()),
+            ("grad-clip", number(c.train.grad_clip)),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        let mut flag = |name: &str, value: String| f.insert(name.to_string(), value);
+        if c.model.pre_norm {
+            flag("pre-norm", String::new());
+        }
+        if c.train.schedule != crate::config::Schedule::Constant {
+            flag("lr-decay", String::new());
+        }
+        let e = &c.memory.expire;
+        if c.memory.mechanism == crate::config::Mechanism::Expire {
+            flag("attn-lim", c.memory.span.to_string());
+            flag("expire-span", String::new());
+            flag("expire-span-loss", number(e.alpha));
+            flag("expire-span-ramp", e.ramp.to_string());
+            if e.noisy {
+                flag("expire-span-noisy", String::new());
+            }
+            if e.init_fraction != 0.1 {
+                flag("expire-span-init-percentage", number(e.init_fraction));
+            }
+            if e.pre_div != 1.0 {
+                flag("expire-span-pre-div", number(e.pre_div));
+            }
+        }
+        f
+    }
+
+    /// `script`'s flags with the epochs times batches as `steps`, `with` added, `without` left out.
+    fn official(script: &str, with: &[(&str, &str)], without: &[&str]) -> std::collections::BTreeMap<String, String> {
+        let mut f = parse_flags(script);
+        let epochs: usize = f.remove("nepochs").and_then(|v| v.parse().ok()).unwrap_or(0);
+        let batches: usize = f.remove("nbatches").and_then(|v| v.parse().ok()).unwrap_or(0);
+        f.insert("steps".to_string(), (epochs * batches).to_string());
+        f.extend(with.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        f.retain(|k, _| !without.contains(&k.as_str()));
+        f
+    }
+
+    /// Regression: `enwik8-12l` clipped gradients at 0.03 (the adaptive-span code's
+    /// Adagrad setting), decayed the rate on a cosine and `enwik8-expire-12l` had alpha
+    /// 3e-7 and pre_div 64; `collision-expire-16k` ran the enwik8 backbone.
+    #[test]
+    fn the_paper_size_presets_train_as_the_official_scripts() {
+        let baseline_flags = ["attn-lim", "expire-span", "expire-span-loss", "expire-span-ramp", "expire-span-noisy"];
+        let cases = [
+            ("enwik8-12l", official(ENWIK8_SH, &[], &baseline_flags)),
+            ("enwik8-expire-12l", official(ENWIK8_SH, &[], &[])),
+            ("enwik8-expire-8l", official(ENWIK8_SMALL_SH, &[], &[])),
+            ("collision-expire-16k", official(COLLISION_16K_SH, &[], &[])),
+            ("collision-expire-32k", official(COLLISION_16K_SH, &[("attn-lim", "32768")], &[])),
+            ("collision-expire-64k", official(COLLISION_16K_SH, &[("attn-lim", "65536"), ("expire-span-noisy", "")], &[])),
+        ];
+        for (name, script) in cases {
+            let c = Config::preset(name).unwrap();
+            assert_eq!(as_official_flags(&c), script, "{name}");
+            assert_eq!(c.model.init, crate::config::Init::Official, "{name}");
+        }
+    }
+
+    #[test]
+    fn the_flags_reading_tells_the_scripts_apart() {
+        // The comparison above can fail: a changed value, a missing or extra flag.
+        let c = Config::preset("enwik8-expire-12l").unwrap();
+        let mut clipped = c.clone();
+        clipped.train.grad_clip = 0.03;
+        let mut decayed = c.clone();
+        decayed.train.schedule = crate::config::Schedule::Cosine;
+        let reference = official(ENWIK8_SH, &[], &[]);
+        for changed in [&clipped, &decayed, &Config::preset("enwik8-12l").unwrap()] {
+            assert_ne!(as_official_flags(changed), reference);
+        }
     }
 
     #[test]
