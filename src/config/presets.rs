@@ -52,7 +52,7 @@ pub const PRESETS: &[Preset] = &[
     preset!("sorting-tiny", "sorting by frequency (∞-former paper 4.1) on a CPU: 8 symbols, sequences of 256, blocks of 32, Transformer-XL span 64, 3000 steps; about a minute"),
     preset!("sorting-infinity-tiny", "sorting-tiny with the ∞-former at the same cost: STM 32 + LTM of 32 basis functions, 128 samples; about a minute"),
     preset!("sorting-sticky-tiny", "sorting-infinity-tiny with sticky memories; about a minute"),
-    preset!("sorting-xl", "the ∞-former paper's sorting setup (C.1): 20 symbols, length 4000, 3 layers x 384, 6 heads, blocks of 1024, batch 8, 80k steps, Transformer-XL span 2048; GPU"),
+    preset!("sorting-xl", "the ∞-former paper's sorting setup (C.1): 20 symbols, length 4000, 3 layers x 300 (FFN 300, the official script's), 6 heads, blocks of 1024, batch 8, 80k steps, Transformer-XL span 2048; GPU"),
     preset!("sorting-infinity", "sorting-xl with the ∞-former: STM 1024 + LTM of 1024 basis functions; GPU"),
     preset!("gpt2-wikitext", "the ∞-former paper's GPT-2 baseline (C.2): GPT-2 small, blocks of 512 without memory, batch 1, Adam 5e-5, one epoch of Wikitext-103; --init-from a GPT-2 folder; GPU"),
     preset!("gpt2-compressive-wikitext", "gpt2-wikitext + a compressed memory of 512 slots at rate 4 with positional biases and the reconstruction loss, the memory at 2.5e-4; GPU"),
