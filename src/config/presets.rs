@@ -262,6 +262,33 @@ mod tests {
         }
     }
 
+    /// The model of the ∞-former's official sorting script (deep-spin/infinite-former,
+    /// `sorting/run_sort_inftyformer.sh`), where the paper gives no size; its rate, steps,
+    /// basis and KL weight are not the paper's (C.1), which the presets keep.
+    #[test]
+    fn sorting_xl_has_the_official_sorting_script_s_model() {
+        let flags = parse_flags("--n_layer 3 --d_model 300 --n_head 6 --d_head 50 --d_inner 300 --dropout 0.1 --tgt_len 1024 --batch_size 8");
+        for name in ["sorting-xl", "sorting-infinity"] {
+            let c = Config::preset(name).unwrap();
+            let m = &c.model;
+            let ours = [
+                ("n_layer", m.layers.to_string()),
+                ("d_model", m.d_model.to_string()),
+                ("n_head", m.heads.to_string()),
+                ("d_head", (m.d_model / m.heads).to_string()),
+                ("d_inner", m.d_ffn.to_string()),
+                ("dropout", m.dropout.to_string()),
+                ("tgt_len", c.train.block.to_string()),
+                ("batch_size", c.train.batch.to_string()),
+            ];
+            for (flag, value) in ours {
+                assert_eq!(flags[flag], value, "{name}: --{flag}");
+            }
+            // Transformer-XL's code without --pre_lnorm: post-norm.
+            assert!(!m.pre_norm, "{name}");
+        }
+    }
+
     #[test]
     fn the_flags_reading_tells_the_scripts_apart() {
         // The comparison above can fail: a changed value, a missing or extra flag.
