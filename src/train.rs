@@ -30,7 +30,7 @@ use crate::tensorboard::Histogram;
 use crate::model::{host_values, Lm, Memory};
 use crate::optim::{learning_rate, Optimiser};
 use crate::dist::ProcessGroup;
-use crate::run::{begin_step, check_finite, drive, Looped, RunFolder, Scales};
+use crate::run::{begin_step, broadcast_parameters, check_finite, drive, opening_line, Looped, RunFolder, Scales};
 pub use crate::run::TrainOptions;
 
 /// What a finished run reports.
@@ -122,22 +122,8 @@ impl<'a> Run<'a> {
         if let Some(ck) = resumed {
             run.resume(&ck)?;
         }
-        if let Some(g) = &run.group {
-            // Identical already (same seed or checkpoint); made certain, as DDP does.
-            let params: Vec<_> = run.lm.named_parameters().into_iter().map(|(_, t)| t).collect();
-            g.broadcast_from_root(&params)?;
-        }
-        run.say(&format!(
-            "lethe: training `{}`: {} memory, span {} | {} layers x {} | {} parameters | {} | run folder {}",
-            cfg.name,
-            cfg.memory.mechanism.name(),
-            cfg.memory.span,
-            cfg.model.layers,
-            cfg.model.d_model,
-            format_count(run.lm.parameter_count() as f64),
-            crate::device::name(device),
-            run.dir.display()
-        ));
+        broadcast_parameters(run.group.as_ref(), run.lm.named_parameters())?;
+        run.say(&opening_line(cfg, ": ", run.lm.parameter_count(), device, &run.dir));
         if let Some(g) = &run.group {
             let per = cfg.train.batch / g.world_size();
             run.say(&format!("data-parallel: {} ranks x {per} streams ({} micro-batches each), gradients summed over Gloo", g.world_size(), cfg.train.accum));

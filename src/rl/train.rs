@@ -63,7 +63,7 @@ use crate::model::Memory;
 use crate::optim::{learning_rate, Optimiser};
 use crate::rng::Rng;
 use crate::dist::ProcessGroup;
-use crate::run::{begin_step, check_finite, drive, Looped, RunFolder, Scales, TrainOptions};
+use crate::run::{begin_step, broadcast_parameters, check_finite, drive, opening_line, Looped, RunFolder, Scales, TrainOptions};
 
 /// Stream number (of the data seed) of the evaluation episodes, apart from training's.
 const EVAL_STREAM: u64 = 0xE7A1;
@@ -250,21 +250,8 @@ impl<'a> Run<'a> {
         if let Some(ck) = resumed {
             run.resume(&ck)?;
         }
-        if let Some(g) = &run.group {
-            let params: Vec<_> = run.agent.named_parameters().into_iter().map(|(_, t)| t).collect();
-            g.broadcast_from_root(&params)?;
-        }
-        run.say(&format!(
-            "lethe: training `{}` by actor-critic: {} memory, span {} | {} layers x {} | {} parameters | {} | run folder {}",
-            cfg.name,
-            cfg.memory.mechanism.name(),
-            cfg.memory.span,
-            cfg.model.layers,
-            cfg.model.d_model,
-            format_count(run.agent.parameter_count() as f64),
-            crate::device::name(device),
-            run.dir.display()
-        ));
+        broadcast_parameters(run.group.as_ref(), run.agent.named_parameters())?;
+        run.say(&opening_line(cfg, " by actor-critic: ", run.agent.parameter_count(), device, &run.dir));
         if let Some(g) = &run.group {
             run.say(&format!("data-parallel: {} ranks x {} episodes, gradients summed over Gloo", g.world_size(), cfg.train.batch / g.world_size()));
         }

@@ -163,6 +163,30 @@ pub struct Scales {
     pub aux: f64,
 }
 
+/// The line a training run opens with: what trains (`how`: ": " or " by actor-critic: "),
+/// its memory, size, device and folder.
+pub(crate) fn opening_line(cfg: &Config, how: &str, parameters: usize, device: tch::Device, dir: &Path) -> String {
+    format!(
+        "lethe: training `{}`{how}{} memory, span {} | {} layers x {} | {} parameters | {} | run folder {}",
+        cfg.name,
+        cfg.memory.mechanism.name(),
+        cfg.memory.span,
+        cfg.model.layers,
+        cfg.model.d_model,
+        crate::metrics::format_count(parameters as f64),
+        crate::device::name(device),
+        dir.display()
+    )
+}
+
+/// Makes every rank's parameters the root's: identical already (the same seed or
+/// checkpoint), made certain, as DDP does. Nothing without a process group.
+pub(crate) fn broadcast_parameters(group: Option<&ProcessGroup>, named: Vec<(String, tch::Tensor)>) -> Result<()> {
+    let Some(g) = group else { return Ok(()) };
+    let params: Vec<_> = named.into_iter().map(|(_, t)| t).collect();
+    g.broadcast_from_root(&params)
+}
+
 /// Starts optimiser step `step` (0-based) of the run `cfg`: seeds libtorch's generator
 /// (dropout, Expire-Span's span noise) for it, so that a resumed run draws what a
 /// straight run does, and returns the step's scales with the seeded section, to be

@@ -7,7 +7,7 @@ pub mod driver;
 pub mod folder;
 mod signals;
 
-pub(crate) use driver::{begin_step, check_finite, drive, Looped};
+pub(crate) use driver::{begin_step, broadcast_parameters, check_finite, drive, opening_line, Looped};
 pub use driver::{Scales, TrainOptions};
 pub(crate) use signals::Signals;
 pub use folder::{Intent, RunFolder, LOCK_FILE};
