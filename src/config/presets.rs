@@ -33,6 +33,8 @@ macro_rules! preset {
 pub const PRESETS: &[Preset] = &[
     preset!("copy-tiny", "the default: the copy task, distances 40-100, counts 1-8; 2 layers x 64, Transformer-XL span 128, block 32, batch 16, 1500 steps; about a minute on 2 cores"),
     preset!("copy-xl-2k", "the copy task at the paper's scale (distances up to 128k) with the Transformer-XL 2k-span baseline of Table 1; GPU"),
+    preset!("copy-expire-16k", "Expire-Span on the paper-scale copy task (Table 1, L = 16k) on copy-xl-2k's model and data, R = 128, alpha 1e-6; GPU"),
+    preset!("copy-expire-128k", "copy-expire-16k with L = 128k (Table 1's best row), the predictor divided by R (Eq. 8) and noisy spans; GPU"),
     preset!("copy-expire", "Expire-Span on the copy task, distances 200-400, L = 512, R = 16, alpha 1e-3, spans starting at 0.9 L: it learns to keep the run of `A`s and expire the filler; minutes on 2 cores"),
     preset!("copy-sweep-tiny", "for `lethe sweep`: the copy task with the run 24-32 tokens back (counts 1-4), 2 layers x 32, blocks of 8, 800 steps, L = 64; seconds per run"),
     preset!("enwik8-tiny", "enwik8 (or any file with --data): 2 layers x 128, span 256, block 64, batch 16, the official code's initialisation; a laptop CPU"),
