@@ -123,7 +123,7 @@ impl<'a> Run<'a> {
             run.resume(&ck)?;
         }
         broadcast_parameters(run.group.as_ref(), run.lm.named_parameters())?;
-        run.say(&opening_line(cfg, ": ", run.lm.parameter_count(), device, &run.dir));
+        run.say(&opening_line(cfg, "", run.lm.parameter_count(), device, &run.dir));
         if let Some(g) = &run.group {
             let per = cfg.train.batch / g.world_size();
             run.say(&format!("data-parallel: {} ranks x {per} streams ({} micro-batches each), gradients summed over Gloo", g.world_size(), cfg.train.accum));

@@ -251,7 +251,7 @@ impl<'a> Run<'a> {
             run.resume(&ck)?;
         }
         broadcast_parameters(run.group.as_ref(), run.agent.named_parameters())?;
-        run.say(&opening_line(cfg, " by actor-critic: ", run.agent.parameter_count(), device, &run.dir));
+        run.say(&opening_line(cfg, " by actor-critic", run.agent.parameter_count(), device, &run.dir));
         if let Some(g) = &run.group {
             run.say(&format!("data-parallel: {} ranks x {} episodes, gradients summed over Gloo", g.world_size(), cfg.train.batch / g.world_size()));
         }

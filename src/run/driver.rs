@@ -163,11 +163,11 @@ pub struct Scales {
     pub aux: f64,
 }
 
-/// The line a training run opens with: what trains (`how`: ": " or " by actor-critic: "),
-/// its memory, size, device and folder.
+/// The line a training run opens with: what trains (and `how`, as " by actor-critic",
+/// or nothing), its memory, size, device and folder.
 pub(crate) fn opening_line(cfg: &Config, how: &str, parameters: usize, device: tch::Device, dir: &Path) -> String {
     format!(
-        "lethe: training `{}`{how}{} memory, span {} | {} layers x {} | {} parameters | {} | run folder {}",
+        "lethe: training `{}`{how}: {} memory, span {} | {} layers x {} | {} parameters | {} | run folder {}",
         cfg.name,
         cfg.memory.mechanism.name(),
         cfg.memory.span,
