@@ -236,7 +236,13 @@ fn train_agent(cfg: &Config, opts: &TrainOptions) -> Result<Measured> {
 /// Trains a language model and reads its last validation.
 fn train_lm(cfg: &Config, opts: &TrainOptions) -> Result<Measured> {
     let r = train(cfg, opts)?.last_eval.ok_or_else(|| no_evaluation(cfg))?;
-    let quality = match crate::task::metric(cfg) {
+    let metric = crate::task::metric(cfg);
+    if r.tokens == 0 {
+        // Every figure would be 0 over 0 tokens: an error of 100%, a loss of 0.
+        let why = "raise train.eval_tokens, or 0 for the whole split";
+        return Err(LetheError::Invalid(format!("sweep run `{}`: its evaluation scored no token, so it has no {}: {why}", cfg.name, metric.name())));
+    }
+    let quality = match metric {
         Metric::Answers => 100.0 * r.answer_accuracy.unwrap_or(0.0),
         Metric::Error => 100.0 * (1.0 - r.accuracy),
         Metric::Accuracy => 100.0 * r.accuracy,

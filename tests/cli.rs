@@ -409,6 +409,21 @@ fn impossible_sweep_sizes_are_refused_before_any_training() {
     fails_with(&lethe(dir.path(), &["sweep", "--mechanism", "lstm"]), &["lstm"]);
 }
 
+/// Regression: a sweep point whose evaluation scored no token (collisions are rare: the
+/// first 64 tokens of the split hold no answer) was written as an error of 100%.
+#[test]
+fn a_sweep_run_whose_evaluation_scored_nothing_is_an_error_not_a_figure() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = [
+        "sweep", "--preset", "collision-tiny", "--set", "model.layers=1", "--set", "model.d_model=16", "--set", "model.heads=2",
+        "--set", "model.d_ffn=32", "--set", "train.batch=2", "--set", "train.block=8", "--set", "train.eval_tokens=64",
+        "--steps", "1", "--name", "empty", "--mechanism", "fixed:8",
+    ];
+    let out = lethe(dir.path(), &args);
+    fails_with(&out, &["fixed-8-s1", "scored no token", "error %", "train.eval_tokens"]);
+    assert!(!dir.path().join("runs/empty-sweep/sweep.csv").exists());
+}
+
 #[test]
 fn task_options_reach_the_task_or_say_why_not() {
     let dir = tempfile::tempdir().unwrap();
