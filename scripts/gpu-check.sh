@@ -9,6 +9,10 @@
 #                                        (LETHE_REQUIRE_GPU=1, so none can skip), a run
 #                                        trained on the GPU then evaluated and resumed on
 #                                        the CPU, and `lethe bench` on the GPU; logs in OUT
+#   scripts/gpu-check.sh presets DIR OUT there: two steps of each paper-size preset that
+#                                        follows an official script and has not run on a
+#                                        GPU yet (collision, one-GPU enwik8, Table 1's
+#                                        copy), with the GPU's memory sampled; a few minutes
 #
 # `run` uses the libtorch of the `python3` there (torch 2.11.0, the version lethe is
 # built against; a CUDA build of it) through LD_LIBRARY_PATH. A GPU's memory in use is
@@ -99,8 +103,27 @@ run() {
     kill $sampler 2>/dev/null
 }
 
+# Two timed steps of each preset at its own batch and micro-batches, on the GPU.
+presets() {
+    local dir out torch_lib
+    [ -x "$1/lethe" ] || { echo "$0: $1 holds no lethe: run '$0 pack $1' on the build machine first" >&2; exit 2; }
+    dir=$(realpath "$1") out=$2
+    mkdir -p "$out"
+    torch_lib=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))') || exit 1
+    export LD_LIBRARY_PATH="$torch_lib:$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader -lms 250 >"$out/gpu-memory-presets.csv" &
+    local sampler=$! work
+    work=$(mktemp -d)
+    for preset in collision-expire-16k collision-expire-64k enwik8-expire-8l copy-expire-16k copy-expire-128k; do
+        echo "== $(date +%T) $preset"
+        timeout 120 "$dir/lethe" bench -p $preset --device cuda --bench-steps 2 --out "$work/$preset" 2>&1 | tee -a "$out/bench-presets.txt"
+    done
+    kill $sampler 2>/dev/null
+}
+
 case "${1:-}" in
     pack) pack "${2:?pack DIR}" ;;
     run) run "${2:?run DIR OUT}" "${3:?run DIR OUT}" ;;
-    *) sed -n '2,17p' "$0"; exit 2 ;;
+    presets) presets "${2:?presets DIR OUT}" "${3:?presets DIR OUT}" ;;
+    *) sed -n '2,21p' "$0"; exit 2 ;;
 esac
