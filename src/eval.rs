@@ -10,6 +10,10 @@ use crate::data::{EvalWalker, SplitData};
 use crate::error::{LetheError, Result};
 use crate::model::{host_values, Lm};
 
+/// What to do when an evaluation scored no token (too few `train.eval_tokens` for
+/// the task's scored positions), as training, `lethe train` and `lethe sweep` say it.
+pub const NOTHING_SCORED_ADVICE: &str = "raise train.eval_tokens, or 0 for the whole split";
+
 /// The scores of one pass over a split.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct EvalResult {

@@ -298,7 +298,7 @@ fn train(a: TrainArgs) -> Result<()> {
     if summary.last_eval.is_none() && leader {
         println!("done: not evaluated (--no-eval); run folder {}", summary.run_dir.display());
     } else if summary.last_eval.as_ref().is_some_and(|r| leader && r.tokens == 0) {
-        println!("done: the last evaluation scored no token (raise train.eval_tokens, or 0 for the whole split); run folder {}", summary.run_dir.display());
+        println!("done: the last evaluation scored no token ({}); run folder {}", lethe::eval::NOTHING_SCORED_ADVICE, summary.run_dir.display());
     } else if let Some(r) = summary.last_eval.filter(|_| leader) {
         let rate = if cfg.data.tokenizer.is_some() { format!("perplexity {:.2}", r.ppl) } else { format!("{:.4} bpb", r.bpb) };
         println!(

@@ -239,7 +239,7 @@ fn train_lm(cfg: &Config, opts: &TrainOptions) -> Result<Measured> {
     let metric = crate::task::metric(cfg);
     if r.tokens == 0 {
         // Every figure would be 0 over 0 tokens: an error of 100%, a loss of 0.
-        let why = "raise train.eval_tokens, or 0 for the whole split";
+        let why = crate::eval::NOTHING_SCORED_ADVICE;
         return Err(LetheError::Invalid(format!("sweep run `{}`: its evaluation scored no token, so it has no {}: {why}", cfg.name, metric.name())));
     }
     let quality = match metric {

@@ -251,7 +251,7 @@ impl Looped for Run<'_> {
         let words = r.word_ppl.filter(|_| scored).map(|p| format!(" | word ppl {p:.2}")).unwrap_or_default();
         // Bits per byte for byte models; a tokenised corpus reads in perplexity.
         let (rate, rate_value) = if self.cfg.data.tokenizer.is_some() { ("ppl", r.ppl) } else { ("bpb", r.bpb) };
-        let hint = if scored { String::new() } else { " (no scored token: raise train.eval_tokens, or 0 for the whole split)".to_string() };
+        let hint = if scored { String::new() } else { format!(" (no scored token: {})", crate::eval::NOTHING_SCORED_ADVICE) };
         self.say(&format!(
             "eval step {} | valid loss {} | {rate} {}{words} | accuracy {accuracy}{answers} | {} tokens{hint}",
             self.step,
