@@ -73,6 +73,12 @@
 extern "C" __m256 Sleef_logf8_u10avx2(__m256);
 extern "C" __m512 Sleef_logf16_u10avx512f(__m512);
 
+// The Fortran BLAS products of libtorch's CPU library (MKL's on x86), where it has them.
+extern "C" void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*, const float*, const int*,
+                       const float*, const int*, const float*, float*, const int*) __attribute__((weak));
+extern "C" void dgemm_(const char*, const char*, const int*, const int*, const int*, const double*, const double*, const int*,
+                       const double*, const int*, const double*, double*, const int*) __attribute__((weak));
+
 namespace {
 
 using torch::autograd::AutogradContext;
@@ -85,10 +91,10 @@ struct Dims {
   int64_t near() const { return std::min(n, p - 1 + m); }
 };
 
-Dims check(const at::Tensor& scores, const at::Tensor& pq, const at::Tensor& spans, const at::Tensor& counter,
-           const at::Tensor& usable) {
-  TORCH_CHECK(scores.dim() == 4, "expire scores: scores must be (b, h, m, n), got ", scores.sizes());
-  Dims d{scores.size(0), scores.size(1), scores.size(2), scores.size(3), pq.size(-1), usable.size(1)};
+// The shapes of the other inputs, given the scores' (b, h, m, n) and kind.
+Dims check_against(at::IntArrayRef sizes, at::ScalarType kind, const at::Tensor& pq, const at::Tensor& spans,
+                   const at::Tensor& counter, const at::Tensor& usable) {
+  Dims d{sizes[0], sizes[1], sizes[2], sizes[3], pq.size(-1), usable.size(1)};
   TORCH_CHECK(pq.dim() == 4 && pq.size(0) == d.b && pq.size(1) == d.h && pq.size(2) == d.m,
               "expire scores: positions must be (b, h, m, P), got ", pq.sizes());
   TORCH_CHECK(spans.dim() == 2 && spans.size(0) == d.b && spans.size(1) == d.n && counter.sizes() == spans.sizes(),
@@ -96,11 +102,17 @@ Dims check(const at::Tensor& scores, const at::Tensor& pq, const at::Tensor& spa
   TORCH_CHECK(usable.dim() == 3 && usable.size(0) == d.b && usable.size(2) == d.n && (d.usable_rows == 1 || d.usable_rows == d.m),
               "expire scores: usable must be (b, 1, n) or (b, m, n), got ", usable.sizes());
   TORCH_CHECK(usable.scalar_type() == at::kBool, "expire scores: usable must be bool");
-  TORCH_CHECK(scores.device().is_cpu(), "expire scores: the fused kernel runs on the CPU");
-  TORCH_CHECK(pq.scalar_type() == scores.scalar_type() && spans.scalar_type() == scores.scalar_type() &&
-                  counter.scalar_type() == scores.scalar_type(),
+  TORCH_CHECK(pq.device().is_cpu() && spans.device().is_cpu(), "expire scores: the fused kernel runs on the CPU");
+  TORCH_CHECK(pq.scalar_type() == kind && spans.scalar_type() == kind && counter.scalar_type() == kind,
               "expire scores: scores, positions, spans and counter must share one floating kind");
   return d;
+}
+
+Dims check(const at::Tensor& scores, const at::Tensor& pq, const at::Tensor& spans, const at::Tensor& counter,
+           const at::Tensor& usable) {
+  TORCH_CHECK(scores.dim() == 4, "expire scores: scores must be (b, h, m, n), got ", scores.sizes());
+  TORCH_CHECK(scores.device().is_cpu(), "expire scores: the fused kernel runs on the CPU");
+  return check_against(scores.sizes(), scores.scalar_type(), pq, spans, counter, usable);
 }
 
 // Which vector loops run: 0 the plain ones, 8 AVX2 where the CPU has it, 16 AVX-512 where
@@ -938,6 +950,271 @@ struct ExpireScores : public torch::autograd::Function<ExpireScores> {
   }
 };
 
+// ---------------------------------------------------------------------------------------
+// The whole attention of a block, stream by stream, over each stream's own keys
+// (`lethe_expire_attend`).
+//
+// With per-stream deletion each stream's cache is right-aligned and padded on the left
+// to the longest stream's (csrc/compact.cpp). The padding is masked in every row, yet a
+// batched product over (b, h, m, n) computes it: a trained model at enwik8-tiny keeps
+// 44-113 memories a stream in 113 slots. Here each stream's keys start at the first one
+// any of its rows may use, and each stream is one task for one thread: per head the
+// content scores q k^T over its keys (one BLAS product), then the rows as above (mask,
+// positions, softmax, ramp lists), written as the attention weights w, then per head
+// the context w v. Its scores stay in the thread's cache from the product to the rows
+// to the next product instead of crossing memory as a (b, h, m, n) tensor three times.
+// The backward pass goes stream by stream the same way: per head g_w = g v^T, the rows'
+// softmax, position and span gradients as above, then g_q = g_s k, g_k = g_s^T q and
+// g_v = w^T g (zero at the skipped keys).
+
+// A (b, h, rows, cols) tensor's data and strides; its last stride is 1.
+template <typename T>
+struct Mats {
+  T* data;
+  int64_t sb, sh, sr;
+  T* at(int64_t b, int64_t h) const { return data + b * sb + h * sh; }
+};
+
+template <typename T>
+Mats<T> mats_of(const at::Tensor& t) {
+  return {t.data_ptr<T>(), t.stride(0), t.stride(1), t.stride(2)};
+}
+
+// A tensor whose last stride is 1 (a view when it has one), for the BLAS products.
+at::Tensor rows_of(const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); }
+
+// Row-major c (m x n) = op(a) op(b) through the column-major BLAS that libtorch's CPU
+// library exports (MKL's sgemm_ and dgemm_ on x86): c^T = op(b)^T op(a)^T. Weak: where
+// the library has no such symbol, libtorch's matrix product over the same memory.
+template <typename T>
+void gemm_rows(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb, T* c,
+               int64_t ldc) {
+  const char op_a = ta ? 'T' : 'N', op_b = tb ? 'T' : 'N';
+  const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k), la = static_cast<int>(lda),
+            lb = static_cast<int>(ldb), lc = static_cast<int>(ldc);
+  const T one = T(1), zero = T(0);
+  if constexpr (std::is_same_v<T, float>) {
+    if (sgemm_ != nullptr) return sgemm_(&op_b, &op_a, &ni, &mi, &ki, &one, b, &lb, a, &la, &zero, c, &lc);
+  } else {
+    if (dgemm_ != nullptr) return dgemm_(&op_b, &op_a, &ni, &mi, &ki, &one, b, &lb, a, &la, &zero, c, &lc);
+  }
+  const auto kind = c10::CppTypeToScalarType<T>::value;
+  const auto matrix = [&](const T* x, int64_t rows, int64_t cols, int64_t ld, bool t) {
+    auto mat = at::from_blob(const_cast<T*>(x), {rows, cols}, {ld, 1}, at::TensorOptions(kind));
+    return t ? mat.t() : mat;
+  };
+  auto out = at::from_blob(c, {m, n}, {ldc, 1}, at::TensorOptions(kind));
+  at::mm_out(out, matrix(a, ta ? k : m, ta ? m : k, lda, ta), matrix(b, tb ? n : k, tb ? k : n, ldb, tb));
+}
+
+// Where each stream's keys begin (its first key some row may use) and where its weights
+// (h, m, keys) begin in the saved buffer.
+struct Ragged {
+  Dims dm;
+  int64_t dh;
+  std::vector<int64_t> start, offset;
+  int64_t keys(int64_t s) const { return dm.n - start[s]; }
+  // How many of the stream's last keys can be nearer than p to some query.
+  int64_t near(int64_t s) const { return std::min(keys(s), dm.p - 1 + dm.m); }
+  int64_t total() const { return offset.back(); }
+};
+
+Ragged ragged_of(const Dims& dm, int64_t dh, const at::Tensor& usable) {
+  Ragged rg{dm, dh, std::vector<int64_t>(dm.b), std::vector<int64_t>(dm.b + 1, 0)};
+  const bool* u = usable.data_ptr<bool>();
+  for (int64_t s = 0; s < dm.b; ++s) {
+    // At least one key: a stream that may use none gives its rows what the padded
+    // kernel gives a row that sees nothing.
+    int64_t first = dm.n - 1;
+    for (int64_t r = 0; r < dm.usable_rows; ++r) {
+      const bool* row = u + (s * dm.usable_rows + r) * dm.n;
+      first = std::min(first, static_cast<int64_t>(std::find(row, row + first, true) - row));
+    }
+    rg.start[s] = first;
+    rg.offset[s + 1] = rg.offset[s] + dm.h * dm.m * rg.keys(s);
+  }
+  return rg;
+}
+
+template <typename T>
+struct AttendForward {
+  Mats<T> q, k, v;
+  Forward<T> f;  // scores: unused; out: the weights, ragged
+  T* context;    // (b, h, m, dh)
+};
+
+// Stream s of the forward pass; `scores` has room for h m n, `tally` n counts.
+template <typename T>
+void attend_stream(const Ragged& rg, const AttendForward<T>& a, int64_t s, T* scores, T* lm, int32_t* slot, StreamTally& tally) {
+  const Dims& dm = rg.dm;
+  const int64_t ns = rg.keys(s), j0 = rg.start[s], n = dm.n;
+  T* w = a.f.out + rg.offset[s];  // (h, m, ns)
+  for (int64_t h = 0; h < dm.h; ++h) {
+    gemm_rows<T>(false, true, dm.m, ns, rg.dh, a.q.at(s, h), a.q.sr, a.k.at(s, h) + j0 * a.k.sr, a.k.sr,
+                 scores + h * dm.m * ns, ns);
+  }
+  tally.counts.assign(static_cast<size_t>(ns), 0);
+  for (int64_t i = 0; i < dm.m; ++i) {
+    const int64_t row = s * dm.m + i;
+    const MaskRow<T> x{a.f.spans + s * n + j0, a.f.counter + s * n + j0,
+                       a.f.usable + (s * dm.usable_rows + (dm.usable_rows == 1 ? 0 : i)) * n + j0, static_cast<T>(i),
+                       a.f.ramp, static_cast<int32_t>(dm.p)};
+    RampList<T> ramp{a.f.ramp_key + row * n, a.f.slope + row * n, 0};
+    const int32_t on_row = mask_row(x, ns, lm, slot, ramp, tally.counts.data(), a.f.lanes);
+    a.f.ramp_count[row] = ramp.count;
+    tally.weighted += static_cast<int64_t>(on_row) * i;
+    key_by_slot(ns - rg.near(s), ns, slot, static_cast<int32_t>(dm.p), a.f.by_slot + row * dm.p, a.f.lanes);
+    for (int64_t h = 0; h < dm.h; ++h) {
+      const int64_t at = (h * dm.m + i) * ns;
+      score_row(ns, scores + at, lm, slot, a.f.pq + ((s * dm.h + h) * dm.m + i) * dm.p, static_cast<int32_t>(dm.p), true,
+                w + at, a.f.lanes);
+    }
+  }
+  tally.flush(a.f.key_ramp + s * n + j0, a.f.query_weighted + s);
+  for (int64_t h = 0; h < dm.h; ++h) {
+    gemm_rows<T>(false, false, dm.m, rg.dh, ns, w + h * dm.m * ns, ns, a.v.at(s, h) + j0 * a.v.sr, a.v.sr,
+                 a.context + (s * dm.h + h) * dm.m * rg.dh, rg.dh);
+  }
+}
+
+template <typename T>
+void attend_forward(const Ragged& rg, const AttendForward<T>& a) {
+  const Dims& dm = rg.dm;
+  at::parallel_for(0, dm.b, 1, [&](int64_t s0, int64_t s1) {
+    std::vector<T> scores(static_cast<size_t>(dm.h * dm.m * dm.n)), lm(dm.n);
+    std::vector<int32_t> slot(dm.n);
+    StreamTally tally{};
+    for (int64_t s = s0; s < s1; ++s) attend_stream(rg, a, s, scores.data(), lm.data(), slot.data(), tally);
+  });
+}
+
+template <typename T>
+struct AttendBackward {
+  Mats<T> q, k, v, g;  // g: the context's gradient
+  const T *weights, *slope;
+  const int32_t *by_slot, *ramp_key, *ramp_count;
+  int lanes;
+  T *gq, *gk, *gv, *gp, *ge;  // gq (b, h, m, dh), gk and gv (b, h, n, dh), gp (b, h, m, p), ge (b, n) zeros
+};
+
+// Stream s of the backward pass; `gw` has room for h m n, `by_query` for n.
+template <typename T>
+void attend_stream_backward(const Ragged& rg, const AttendBackward<T>& a, int64_t s, T* gw, T* by_query) {
+  const Dims& dm = rg.dm;
+  const int64_t ns = rg.keys(s), j0 = rg.start[s], n = dm.n, dh = rg.dh;
+  const T* w = a.weights + rg.offset[s];  // (h, m, ns)
+  for (int64_t h = 0; h < dm.h; ++h) {
+    gemm_rows<T>(false, true, dm.m, ns, dh, a.g.at(s, h), a.g.sr, a.v.at(s, h) + j0 * a.v.sr, a.v.sr,
+                 gw + h * dm.m * ns, ns);
+  }
+  // Row by row as backward_row, the scores' gradient in place of the weights'.
+  T* total = a.ge + s * n + j0;
+  for (int64_t i = 0; i < dm.m; ++i) {
+    const int64_t row = s * dm.m + i;
+    const int32_t count = a.ramp_count[row];
+    const int32_t* keys = a.ramp_key + row * n;
+    std::fill(by_query, by_query + count, T(0));
+    for (int64_t h = 0; h < dm.h; ++h) {
+      T* gr = gw + (h * dm.m + i) * ns;
+      softmax_backward_row(w + (h * dm.m + i) * ns, gr, gr, ns, a.lanes);
+      positions_grad(dm.p, a.by_slot + row * dm.p, gr, a.gp + ((s * dm.h + h) * dm.m + i) * dm.p, a.lanes);
+      add_at(count, keys, gr, by_query, a.lanes);
+    }
+    divide(count, by_query, a.slope + row * n, a.lanes);
+    for (int32_t k = 0; k < count; ++k) total[keys[k]] += by_query[k];
+  }
+  for (int64_t h = 0; h < dm.h; ++h) {
+    const T* gs = gw + h * dm.m * ns;
+    T* gk = a.gk + (s * dm.h + h) * n * dh;
+    T* gv = a.gv + (s * dm.h + h) * n * dh;
+    gemm_rows<T>(false, false, dm.m, dh, ns, gs, ns, a.k.at(s, h) + j0 * a.k.sr, a.k.sr,
+                 a.gq + (s * dm.h + h) * dm.m * dh, dh);
+    std::fill(gk, gk + j0 * dh, T(0));
+    gemm_rows<T>(true, false, ns, dh, dm.m, gs, ns, a.q.at(s, h), a.q.sr, gk + j0 * dh, dh);
+    std::fill(gv, gv + j0 * dh, T(0));
+    gemm_rows<T>(true, false, ns, dh, dm.m, w + h * dm.m * ns, ns, a.g.at(s, h), a.g.sr, gv + j0 * dh, dh);
+  }
+}
+
+template <typename T>
+void attend_backward(const Ragged& rg, const AttendBackward<T>& a) {
+  const Dims& dm = rg.dm;
+  at::parallel_for(0, dm.b, 1, [&](int64_t s0, int64_t s1) {
+    std::vector<T> gw(static_cast<size_t>(dm.h * dm.m * dm.n)), by_query(dm.n);
+    for (int64_t s = s0; s < s1; ++s) attend_stream_backward(rg, a, s, gw.data(), by_query.data());
+  });
+}
+
+struct ExpireAttend : public torch::autograd::Function<ExpireAttend> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+                               const at::Tensor& pq_in, const at::Tensor& spans_in, const at::Tensor& counter_in,
+                               const at::Tensor& usable_in, double ramp, int64_t width) {
+    const auto q = rows_of(q_in), k = rows_of(k_in), v = rows_of(v_in);
+    const auto pq = pq_in.contiguous(), spans = spans_in.contiguous(), counter = counter_in.contiguous(),
+               usable = usable_in.contiguous();
+    TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.sizes() == k.sizes() && q.size(0) == k.size(0) && q.size(1) == k.size(1) &&
+                    q.size(3) == k.size(3),
+                "expire attention: queries must be (b, h, m, dh), keys and values (b, h, n, dh), got ", q.sizes(), ", ",
+                k.sizes(), " and ", v.sizes());
+    TORCH_CHECK(q.scalar_type() == k.scalar_type() && v.scalar_type() == k.scalar_type(),
+                "expire attention: queries, keys and values must share one floating kind");
+    TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(), "expire attention: runs on the CPU");
+    const Dims dm = check_against({q.size(0), q.size(1), q.size(2), k.size(2)}, q.scalar_type(), pq, spans, counter, usable);
+    const Ragged rg = ragged_of(dm, q.size(3), usable);
+    const int lanes = lanes_of(static_cast<int>(width));
+    auto context = at::empty({dm.b, dm.h, dm.m, rg.dh}, q.options());
+    auto weights = at::empty({rg.total()}, q.options());
+    auto counts = at::empty({dm.b, dm.n}, spans.options());
+    auto ramp_dist = at::empty({dm.b}, spans.options().dtype(at::kDouble));
+    auto key_ramp = at::zeros({dm.b, dm.n}, spans.options().dtype(at::kInt));
+    auto query_weighted = at::zeros({dm.b}, spans.options().dtype(at::kLong));
+    auto by_slot = at::empty({dm.b, dm.m, dm.p}, q.options().dtype(at::kInt));
+    auto slope = at::empty({dm.b, dm.m, dm.n}, q.options());
+    auto ramp_key = at::empty({dm.b, dm.m, dm.n}, q.options().dtype(at::kInt));
+    auto ramp_count = at::empty({dm.b, dm.m}, q.options().dtype(at::kInt));
+    AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "expire_attend", [&] {
+      const Forward<scalar_t> f{nullptr, pq.data_ptr<scalar_t>(), spans.data_ptr<scalar_t>(), counter.data_ptr<scalar_t>(),
+                                usable.data_ptr<bool>(), static_cast<scalar_t>(ramp), lanes, true, weights.data_ptr<scalar_t>(),
+                                slope.data_ptr<scalar_t>(), by_slot.data_ptr<int32_t>(), key_ramp.data_ptr<int32_t>(),
+                                ramp_key.data_ptr<int32_t>(), ramp_count.data_ptr<int32_t>(), query_weighted.data_ptr<int64_t>()};
+      attend_forward<scalar_t>(rg, {mats_of<scalar_t>(q), mats_of<scalar_t>(k), mats_of<scalar_t>(v), f, context.data_ptr<scalar_t>()});
+      ramp_totals<scalar_t>(dm, key_ramp.data_ptr<int32_t>(), query_weighted.data_ptr<int64_t>(), counter.data_ptr<scalar_t>(),
+                            counts.data_ptr<scalar_t>(), ramp_dist.data_ptr<double>());
+    });
+    auto starts = at::tensor(rg.start, at::kLong);
+    ctx->save_for_backward({q, k, v, weights, by_slot, slope, ramp_key, ramp_count, starts});
+    ctx->saved_data["p"] = dm.p;
+    ctx->saved_data["lanes"] = static_cast<int64_t>(lanes);
+    ctx->mark_non_differentiable({counts, ramp_dist});
+    return {context, counts, ramp_dist};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &q = saved[0], &k = saved[1], &v = saved[2], &weights = saved[3], &by_slot = saved[4], &slope = saved[5],
+               &ramp_key = saved[6], &ramp_count = saved[7], &starts = saved[8];
+    const auto g = rows_of(grads[0]);
+    const Dims dm{q.size(0), q.size(1), q.size(2), k.size(2), ctx->saved_data["p"].toInt(), 1};
+    Ragged rg{dm, q.size(3), std::vector<int64_t>(starts.data_ptr<int64_t>(), starts.data_ptr<int64_t>() + dm.b),
+              std::vector<int64_t>(dm.b + 1, 0)};
+    for (int64_t s = 0; s < dm.b; ++s) rg.offset[s + 1] = rg.offset[s] + dm.h * dm.m * rg.keys(s);
+    auto gq = at::empty({dm.b, dm.h, dm.m, rg.dh}, q.options());
+    auto gk = at::empty({dm.b, dm.h, dm.n, rg.dh}, q.options()), gv = at::empty_like(gk);
+    auto gp = at::empty({dm.b, dm.h, dm.m, dm.p}, q.options());
+    auto ge = at::zeros({dm.b, dm.n}, slope.options());
+    AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "expire_attend_backward", [&] {
+      const AttendBackward<scalar_t> a{mats_of<scalar_t>(q), mats_of<scalar_t>(k), mats_of<scalar_t>(v), mats_of<scalar_t>(g),
+                                       weights.data_ptr<scalar_t>(), slope.data_ptr<scalar_t>(), by_slot.data_ptr<int32_t>(),
+                                       ramp_key.data_ptr<int32_t>(), ramp_count.data_ptr<int32_t>(),
+                                       static_cast<int>(ctx->saved_data["lanes"].toInt()), gq.data_ptr<scalar_t>(),
+                                       gk.data_ptr<scalar_t>(), gv.data_ptr<scalar_t>(), gp.data_ptr<scalar_t>(),
+                                       ge.data_ptr<scalar_t>()};
+      attend_backward<scalar_t>(rg, a);
+    });
+    return {gq, gk, gv, gp, ge, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
 
 extern "C" {
@@ -953,6 +1230,20 @@ int lethe_expire_scores(void* scores, void* pq, void* spans, void* counter, void
     auto t = [](void* x) -> const at::Tensor& { return *static_cast<at::Tensor*>(x); };
     auto result = ExpireScores::apply(t(scores), t(pq), t(spans), t(counter), t(usable), ramp, static_cast<int64_t>(width), softmax != 0);
     for (size_t k = 0; k < 3; ++k) out[k] = new at::Tensor(std::move(result[k]));
+  });
+}
+
+// The whole attention of a block, stream by stream over each stream's own keys (see
+// ExpireAttend): q (b, h, m, dh) divided by sqrt(dh) already, k and v (b, h, n, dh), the
+// positions, spans, counter and usable keys as lethe_expire_scores takes them. Writes the
+// context (b, h, m, dh), with gradient to q, k, v, the positions and the spans, and the
+// ramp counts and distance sums, without.
+int lethe_expire_attend(void* q, void* k, void* v, void* pq, void* spans, void* counter, void* usable, double ramp, int width,
+                        void** out, char** error) {
+  return lethe::guarded(error, [&] {
+    auto t = [](void* x) -> const at::Tensor& { return *static_cast<at::Tensor*>(x); };
+    auto result = ExpireAttend::apply(t(q), t(k), t(v), t(pq), t(spans), t(counter), t(usable), ramp, static_cast<int64_t>(width));
+    for (size_t i = 0; i < 3; ++i) out[i] = new at::Tensor(std::move(result[i]));
   });
 }
 

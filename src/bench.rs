@@ -1321,7 +1321,7 @@ mod tests {
 
     /// `--trace` writes libtorch's profile of the profiled steps: a Chrome trace that
     /// holds the forward operations, the autograd nodes of the backward pass, and
-    /// Expire-Span's fused kernel among them.
+    /// Expire-Span's fused attention among them.
     #[test]
     fn a_trace_records_every_operation_of_the_profiled_steps() {
         let dir = tempfile::tempdir().unwrap();
@@ -1336,7 +1336,7 @@ mod tests {
         let count = |part: &str| names.iter().filter(|n| n.contains(part)).count();
         assert!(count("aten::") > 100, "{} libtorch operations", count("aten::"));
         assert!(count("autograd::engine::evaluate_function") > 10, "the backward pass's nodes");
-        assert_eq!(count("evaluate_function: torch::autograd::CppNode<(anonymous namespace)::ExpireScores>"), 2 * cfg.model.layers, "the fused kernel's backward, once a layer and step");
+        assert_eq!(count("evaluate_function: torch::autograd::CppNode<(anonymous namespace)::ExpireAttend>"), 2 * cfg.model.layers, "the fused attention's backward, once a layer and step");
         assert!(events.iter().all(|e| e["dur"].as_f64().is_some_and(|d| d >= 0.0)));
         let left: Vec<_> = std::fs::read_dir(dir.path().join("traces")).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(left, vec![std::ffi::OsString::from(format!("trace-{}.json", cfg.name))], "the finished trace alone, no .partial file");

@@ -393,9 +393,11 @@ impl ExpireSpan {
         (context, aux, Seen::Pairs(visible))
     }
 
-    /// [`Self::attend_written_out`] with the scores from the fused CPU kernel
-    /// ([`expire_fused`]): the content and position products are matrix products, the
-    /// mask, its log, the positions' layout and the ramp counts one pass.
+    /// [`Self::attend_written_out`] through the fused CPU kernel ([`expire_fused`]): the
+    /// mask, its log, the positions' layout, the softmax and the ramp counts in one pass
+    /// over the scores, and without attention dropout the whole attention stream by
+    /// stream over each stream's own keys, the left padding of the compacted cache left
+    /// out ([`expire_fused::expire_attend`]).
     ///
     /// The queries go in chunks of [`QUERY_CHUNK`], each over the keys up to its last
     /// query: the block's later keys are masked for every query of a chunk (a query sees
@@ -420,12 +422,12 @@ impl ExpireSpan {
             .zip(&chunks)
             .map(|(((q, k), v), c)| ChunkViews { q, k, v, spans: attention::part(p.spans, 1, 0, c.keys) });
         for (c, views) in chunks.iter().zip(views) {
-            let (context, fused) = self.fused_chunk(p, &views, &counter, c, input)?;
+            let (context, counts, distance) = self.fused_chunk(p, &views, &counter, c, input)?;
             contexts.push(context);
-            let counts = attention::pad_last(&fused.ramp_counts, n); // (b, n)
+            let counts = attention::pad_last(&counts, n); // (b, n)
             ramp = Some(match ramp {
-                None => (counts, fused.ramp_distance),
-                Some((total, distance)) => (total + counts, distance + fused.ramp_distance),
+                None => (counts, distance),
+                Some((total, sum)) => (total + counts, sum + distance),
             });
         }
         let context = cat_chunks(contexts); // (b, h, m, dh)
@@ -441,14 +443,7 @@ impl ExpireSpan {
     /// kernel's output over its keys. `views` are the chunk's queries divided by
     /// `sqrt(dh)`, keys, values and spans, `counter` the keys' distances to the block's
     /// first query.
-    fn fused_chunk(&self, p: &Operands, views: &ChunkViews, counter: &Tensor, c: &Chunk, input: &AttendInput) -> Result<(Tensor, expire_fused::FusedScores)> {
-        let scoring = profile::phase("scores");
-        let products = profile::phase("products");
-        let q = &views.q; // (b, h, queries, dh)
-        let content = q.matmul(&views.k.transpose(-2, -1)); // (b, h, queries, keys)
-        let positions = q.matmul(&p.key_pe.tr()); // (b, h, queries, P)
-        drop(products);
-        let _kernel = profile::phase("fused kernel");
+    fn fused_chunk(&self, p: &Operands, views: &ChunkViews, counter: &Tensor, c: &Chunk, input: &AttendInput) -> Result<(Tensor, Tensor, Tensor)> {
         // Distances to the chunk's first query; the usable keys of its rows.
         let chunk_counter = match c.q0 {
             0 => attention::part(counter, 1, 0, c.keys),
@@ -458,10 +453,26 @@ impl ExpireSpan {
             1 => attention::part(p.usable, 2, 0, c.keys), // (b, 1, keys)
             _ => c.of(p.usable),                          // (b, queries, keys)
         };
-        let fused = expire_fused::expire_weights(&content, &positions, &views.spans, &chunk_counter, &usable, self.cfg.ramp as f64)?;
+        let (q, ramp) = (&views.q, self.cfg.ramp as f64); // (b, h, queries, dh)
+        if input.attn.dropout == 0.0 || !input.train {
+            let positioning = profile::phase("positions");
+            let positions = q.matmul(&p.key_pe.tr()); // (b, h, queries, P)
+            drop(positioning);
+            let _attending = profile::phase("attention");
+            let fused = expire_fused::expire_attend(q, &views.k, &views.v, &positions, &views.spans, &chunk_counter, &usable, ramp)?;
+            return Ok((fused.context, fused.ramp_counts, fused.ramp_distance));
+        }
+        // With dropout on the weights: the kernel's weights, dropped, times the values.
+        let scoring = profile::phase("scores");
+        let products = profile::phase("products");
+        let content = q.matmul(&views.k.transpose(-2, -1)); // (b, h, queries, keys)
+        let positions = q.matmul(&p.key_pe.tr()); // (b, h, queries, P)
+        drop(products);
+        let _kernel = profile::phase("fused kernel");
+        let fused = expire_fused::expire_weights(&content, &positions, &views.spans, &chunk_counter, &usable, ramp)?;
         drop((_kernel, scoring));
         let _mixing = profile::phase("attention");
-        Ok((attention::weigh(&fused.out, &views.v, input.attn.dropout, input.train), fused))
+        Ok((attention::weigh(&fused.out, &views.v, input.attn.dropout, input.train), fused.ramp_counts, fused.ramp_distance))
     }
 
     fn span_loss_applies(&self, train: bool) -> bool {

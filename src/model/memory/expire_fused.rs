@@ -28,6 +28,20 @@ extern "C" {
         out: *mut *mut c_void,
         error: *mut *mut c_char,
     ) -> c_int;
+    #[allow(clippy::too_many_arguments)]
+    fn lethe_expire_attend(
+        q: *mut c_void,
+        k: *mut c_void,
+        v: *mut c_void,
+        pq: *mut c_void,
+        spans: *mut c_void,
+        counter: *mut c_void,
+        usable: *mut c_void,
+        ramp: f64,
+        width: c_int,
+        out: *mut *mut c_void,
+        error: *mut *mut c_char,
+    ) -> c_int;
 }
 
 /// What the kernel returns.
@@ -89,6 +103,42 @@ fn scores_with(scores: &Tensor, positions: &Tensor, spans: &Tensor, counter: &Te
     // SAFETY: see above; each pointer is taken over once.
     let [s, c, d] = out.map(|p| unsafe { crate::ffi::tensor(p) });
     Ok(FusedScores { out: s, ramp_counts: c, ramp_distance: d })
+}
+
+/// What [`expire_attend`] returns.
+pub struct FusedAttention {
+    /// The context `(b, h, m, dh)`: the attention weights of [`expire_weights`] times the
+    /// values, with gradient to the queries, keys, values, positions and spans.
+    pub context: Tensor,
+    /// As [`FusedScores::ramp_counts`].
+    pub ramp_counts: Tensor,
+    /// As [`FusedScores::ramp_distance`].
+    pub ramp_distance: Tensor,
+}
+
+/// The whole attention of a block, stream by stream over each stream's own keys: the
+/// weights of [`expire_weights`] from the scores `q k^T` and `positions`, times `v`,
+/// with the keys before a stream's first usable one left out of its products (the
+/// left padding of a compacted cache, `csrc/expire.cpp`'s `ExpireAttend`).
+///
+/// `q` `(b, h, m, dh)` divided by `sqrt(dh)` already, `k` and `v` `(b, h, n, dh)`; the
+/// rest as [`expire_scores`] takes them. CPU only; float or double.
+#[allow(clippy::too_many_arguments)]
+pub fn expire_attend(q: &Tensor, k: &Tensor, v: &Tensor, positions: &Tensor, spans: &Tensor, counter: &Tensor, usable: &Tensor, ramp: f64) -> Result<FusedAttention> {
+    attend_with(q, k, v, positions, spans, counter, usable, ramp, WIDEST)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attend_with(q: &Tensor, k: &Tensor, v: &Tensor, positions: &Tensor, spans: &Tensor, counter: &Tensor, usable: &Tensor, ramp: f64, width: c_int) -> Result<FusedAttention> {
+    let mut out: [*mut c_void; 3] = [std::ptr::null_mut(); 3];
+    let ptr = |t: &Tensor| t.as_ptr() as *mut c_void;
+    // SAFETY: as in `scores_with`.
+    crate::ffi::call("expire-span fused attention", |error| unsafe {
+        lethe_expire_attend(ptr(q), ptr(k), ptr(v), ptr(positions), ptr(spans), ptr(counter), ptr(usable), ramp, width, out.as_mut_ptr(), error)
+    })?;
+    // SAFETY: see above; each pointer is taken over once.
+    let [context, c, d] = out.map(|p| unsafe { crate::ffi::tensor(p) });
+    Ok(FusedAttention { context, ramp_counts: c, ramp_distance: d })
 }
 
 /// Whether [`expire_scores`] can compute scores of this kind on this device.
@@ -395,5 +445,137 @@ mod tests {
         let short = x.spans.narrow(1, 0, 3);
         let err = expire_scores(&x.content, &x.positions, &short, &x.counter, &x.usable, RAMP).err().unwrap().to_string();
         assert!(err.contains("spans and counter must be (b, n)"), "{err}");
+    }
+
+    /// A block for the whole attention: queries `(b, h, m, dh)` and keys `(b, h, n, dh)`
+    /// whose products are the content scores, values, and (`pad`) the first keys of
+    /// each stream unusable in every row, a different number per stream (the left
+    /// padding of a compacted cache, which the ragged attention leaves out).
+    struct AttendBlock {
+        x: Block,
+        q: Tensor,
+        k: Tensor,
+    }
+
+    fn attend_block(rng: &mut Rng, cached: i64, rows: i64, episodes: bool, pad: bool) -> AttendBlock {
+        let mut x = block(rng, cached, rows, episodes);
+        let (b, h, m, dh) = (2, 3, 5, 4);
+        let n = cached + m;
+        if pad {
+            for (s, first) in [cached / 2, cached / 3].into_iter().enumerate() {
+                let _ = x.usable.get(s as i64).narrow(1, 0, first).fill_(0);
+            }
+        }
+        let q = rng.normal_tensor(&[b, h, m, dh], Kind::Double).set_requires_grad(true);
+        let k = rng.normal_tensor(&[b, h, n, dh], Kind::Double).set_requires_grad(true);
+        x.v = x.v.set_requires_grad(true);
+        x.content = q.matmul(&k.transpose(-2, -1)); // (b, h, m, n)
+        AttendBlock { x, q, k }
+    }
+
+    /// The padded path: the kernel's weights, then the values.
+    fn padded_attention(a: &AttendBlock) -> (Tensor, FusedScores) {
+        let fused = fused(&a.x, true);
+        (attention::weigh(&fused.out, &a.x.v, 0.0, false), fused)
+    }
+
+    fn ragged_attention(a: &AttendBlock, width: c_int) -> FusedAttention {
+        let x = &a.x;
+        attend_with(&a.q, &a.k, &x.v, &x.positions, &x.spans, &x.counter, &x.usable, RAMP, width).unwrap()
+    }
+
+    /// The ragged attention computes what the padded one computes, to double rounding:
+    /// the context, the ramp figures, and the gradients of the queries, keys, values,
+    /// positions and spans; with and without left padding, with episodes, an empty cache.
+    #[test]
+    fn the_ragged_attention_equals_the_padded_one() {
+        let mut rng = Rng::new(36);
+        for (cached, rows, episodes) in CASES {
+            for pad in [false, true] {
+                let a = attend_block(&mut rng, cached, rows, episodes, pad);
+                let case = format!("cached {cached}, rows {rows}, episodes {episodes}, pad {pad}");
+                let (context, padded) = padded_attention(&a);
+                let ragged = ragged_attention(&a, WIDEST);
+                let gap = (&ragged.context - &context).abs().max().double_value(&[]);
+                assert!(gap < 1e-12, "{case}: contexts differ by {gap}");
+                assert!(ragged.ramp_counts.equal(&padded.ramp_counts), "{case}: ramp counts");
+                assert!(ragged.ramp_distance.allclose(&padded.ramp_distance, 1e-12, 1e-12, false), "{case}: ramp distances");
+                let w = rng.normal_tensor(&context.size(), Kind::Double);
+                let inputs = [&a.q, &a.k, &a.x.v, &a.x.positions, &a.x.spans];
+                let g1 = Tensor::run_backward(&[(&ragged.context * &w).sum(Kind::Double)], &inputs, false, false);
+                let g2 = Tensor::run_backward(&[(&context * &w).sum(Kind::Double)], &inputs, false, false);
+                for (i, (r, p)) in g1.iter().zip(&g2).enumerate() {
+                    assert!(p.abs().sum(Kind::Double).double_value(&[]) > 0.0, "{case}: input {i} has a gradient");
+                    let gap = (r - p).abs().max().double_value(&[]);
+                    assert!(gap < 1e-12, "{case}, input {i}: gradients differ by {gap}");
+                }
+            }
+        }
+    }
+
+    /// Its gradient against central differences of the weighted context, for every
+    /// entry of the queries, keys, values, positions and spans (double, left padding).
+    #[test]
+    fn the_ragged_gradient_matches_finite_differences() {
+        let mut rng = Rng::new(37);
+        let a = attend_block(&mut rng, 12, 6, false, true);
+        let w = rng.normal_tensor(&[2, 3, 5, 4], Kind::Double);
+        let inputs = [&a.q, &a.k, &a.x.v, &a.x.positions, &a.x.spans];
+        let objective = |inputs: &[Tensor]| {
+            let x = &a.x;
+            let r = expire_attend(&inputs[0], &inputs[1], &inputs[2], &inputs[3], &inputs[4], &x.counter, &x.usable, RAMP).unwrap();
+            (r.context * &w).sum(Kind::Double)
+        };
+        let leaves: Vec<Tensor> = inputs.iter().map(|t| t.shallow_clone()).collect();
+        let grads = Tensor::run_backward(&[objective(&leaves)], &inputs, false, false);
+        let eps = 1e-6;
+        for (which, grad) in grads.iter().enumerate() {
+            let flat = inputs[which].detach().flatten(0, -1);
+            let analytic: Vec<f64> = grad.flatten(0, -1).try_into().unwrap();
+            let mut checked = 0;
+            for i in 0..flat.size()[0] {
+                let at = |d: f64| {
+                    let t = flat.copy();
+                    let _ = t.get(i).f_add_scalar_(d).unwrap();
+                    let mut nudged: Vec<Tensor> = inputs.iter().map(|t| t.detach()).collect();
+                    nudged[which] = t.view(inputs[which].size().as_slice());
+                    objective(&nudged).double_value(&[])
+                };
+                let numeric = (at(eps) - at(-eps)) / (2.0 * eps);
+                assert!((numeric - analytic[i as usize]).abs() < 1e-6, "input {which}, entry {i}: {numeric} vs {}", analytic[i as usize]);
+                checked += usize::from(analytic[i as usize] != 0.0);
+            }
+            assert!(checked > 5, "input {which}: only {checked} non-zero gradients were checked");
+        }
+    }
+
+    /// In float, every width of the loops gives the padded attention's context and
+    /// gradients to float rounding, over rows long enough for whole vector groups.
+    #[test]
+    fn in_float_the_ragged_attention_equals_the_padded_one() {
+        let mut rng = Rng::new(38);
+        for (cached, rows, episodes) in [(45, 8, false), (43, 20, true), (60, 33, false)] {
+            let a = attend_block(&mut rng, cached, rows, episodes, true);
+            let leaf = |t: &Tensor| t.detach().to_kind(Kind::Float).set_requires_grad(true);
+            let (q, k) = (leaf(&a.q), leaf(&a.k));
+            let x = Block { content: q.matmul(&k.transpose(-2, -1)), positions: leaf(&a.x.positions), spans: leaf(&a.x.spans), counter: a.x.counter.to_kind(Kind::Float), usable: a.x.usable.shallow_clone(), v: leaf(&a.x.v) };
+            let f = AttendBlock { x, q, k };
+            let (context, _) = padded_attention(&f);
+            let w = rng.normal_tensor(&context.size(), Kind::Float);
+            let inputs = [&f.q, &f.k, &f.x.v, &f.x.positions, &f.x.spans];
+            let want = Tensor::run_backward(&[(&context * &w).sum(Kind::Float)], &inputs, false, false);
+            for width in [0, 8, 16] {
+                let case = format!("cached {cached}, rows {rows}, width {width}");
+                let ragged = ragged_attention(&f, width);
+                let gap = (&ragged.context - &context).abs().max().double_value(&[]);
+                assert!(gap < 1e-5, "{case}: contexts differ by {gap}");
+                let got = Tensor::run_backward(&[(&ragged.context * &w).sum(Kind::Float)], &inputs, false, false);
+                for (i, (r, p)) in got.iter().zip(&want).enumerate() {
+                    let scale = p.abs().max().double_value(&[]);
+                    let gap = (r - p).abs().max().double_value(&[]);
+                    assert!(gap < 1e-5 * scale.max(1.0), "{case}, input {i}: gradients differ by {gap} (largest {scale})");
+                }
+            }
+        }
     }
 }
