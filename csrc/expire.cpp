@@ -64,6 +64,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "guard.h"
@@ -1017,6 +1018,31 @@ struct Ragged {
   // How many of the stream's last keys can be nearer than p to some query.
   int64_t near(int64_t s) const { return std::min(keys(s), dm.p - 1 + dm.m); }
   int64_t total() const { return offset.back(); }
+
+  // Streams [first, last) of share t of `shares`: runs of streams whose weights' middle
+  // falls in the share's part of them all, so that each thread gets about as many keys
+  // (at::parallel_for would give it as many streams, whatever their lengths).
+  std::pair<int64_t, int64_t> streams_of(int64_t t, int64_t shares) const {
+    const auto at = [&](int64_t k) {
+      int64_t s = 0;
+      while (s < dm.b && 2 * offset[s] + (offset[s + 1] - offset[s]) < 2 * total() * k / shares) ++s;
+      return s;
+    };
+    return {at(t), at(t + 1)};
+  }
+
+  // `task(first, last)` for each share of the streams, shared out over libtorch's
+  // threads by their lengths: each stream is one thread's from start to end.
+  template <typename F>
+  void each_share(const F& task) const {
+    const int64_t shares = std::min<int64_t>(at::get_num_threads(), dm.b);
+    at::parallel_for(0, shares, 1, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const auto [first, last] = streams_of(t, shares);
+        task(first, last);
+      }
+    });
+  }
 };
 
 Ragged ragged_of(const Dims& dm, int64_t dh, const at::Tensor& usable) {
@@ -1039,8 +1065,8 @@ Ragged ragged_of(const Dims& dm, int64_t dh, const at::Tensor& usable) {
 template <typename T>
 struct AttendForward {
   Mats<T> q, k, v;
-  Forward<T> f;  // scores: unused; out: the weights, ragged
-  T* context;    // (b, h, m, dh)
+  Forward<T> f;      // scores: unused; out: the weights, ragged
+  Mats<T> context;   // (b, h, m, dh)
 };
 
 // Stream s of the forward pass; `scores` has room for h m n, `tally` n counts.
@@ -1073,28 +1099,29 @@ void attend_stream(const Ragged& rg, const AttendForward<T>& a, int64_t s, T* sc
   tally.flush(a.f.key_ramp + s * n + j0, a.f.query_weighted + s);
   for (int64_t h = 0; h < dm.h; ++h) {
     gemm_rows<T>(false, false, dm.m, rg.dh, ns, w + h * dm.m * ns, ns, a.v.at(s, h) + j0 * a.v.sr, a.v.sr,
-                 a.context + (s * dm.h + h) * dm.m * rg.dh, rg.dh);
+                 a.context.at(s, h), a.context.sr);
   }
 }
 
 template <typename T>
 void attend_forward(const Ragged& rg, const AttendForward<T>& a) {
   const Dims& dm = rg.dm;
-  at::parallel_for(0, dm.b, 1, [&](int64_t s0, int64_t s1) {
+  rg.each_share([&](int64_t first, int64_t last) {
     std::vector<T> scores(static_cast<size_t>(dm.h * dm.m * dm.n)), lm(dm.n);
     std::vector<int32_t> slot(dm.n);
     StreamTally tally{};
-    for (int64_t s = s0; s < s1; ++s) attend_stream(rg, a, s, scores.data(), lm.data(), slot.data(), tally);
+    for (int64_t s = first; s < last; ++s) attend_stream(rg, a, s, scores.data(), lm.data(), slot.data(), tally);
   });
 }
 
 template <typename T>
 struct AttendBackward {
-  Mats<T> q, k, v, g;  // g: the context's gradient
+  Mats<T> q, k, v, g;     // g: the context's gradient
+  Mats<T> gq, gk, gv;     // laid out as q, k and v
   const T *weights, *slope;
   const int32_t *by_slot, *ramp_key, *ramp_count;
   int lanes;
-  T *gq, *gk, *gv, *gp, *ge;  // gq (b, h, m, dh), gk and gv (b, h, n, dh), gp (b, h, m, p), ge (b, n) zeros
+  T *gp, *ge;  // gp (b, h, m, p), ge (b, n) zeros
 };
 
 // Stream s of the backward pass; `gw` has room for h m n, `by_query` for n.
@@ -1125,23 +1152,23 @@ void attend_stream_backward(const Ragged& rg, const AttendBackward<T>& a, int64_
   }
   for (int64_t h = 0; h < dm.h; ++h) {
     const T* gs = gw + h * dm.m * ns;
-    T* gk = a.gk + (s * dm.h + h) * n * dh;
-    T* gv = a.gv + (s * dm.h + h) * n * dh;
-    gemm_rows<T>(false, false, dm.m, dh, ns, gs, ns, a.k.at(s, h) + j0 * a.k.sr, a.k.sr,
-                 a.gq + (s * dm.h + h) * dm.m * dh, dh);
-    std::fill(gk, gk + j0 * dh, T(0));
-    gemm_rows<T>(true, false, ns, dh, dm.m, gs, ns, a.q.at(s, h), a.q.sr, gk + j0 * dh, dh);
-    std::fill(gv, gv + j0 * dh, T(0));
-    gemm_rows<T>(true, false, ns, dh, dm.m, w + h * dm.m * ns, ns, a.g.at(s, h), a.g.sr, gv + j0 * dh, dh);
+    T *gk = a.gk.at(s, h), *gv = a.gv.at(s, h);
+    for (int64_t j = 0; j < j0; ++j) {
+      std::fill(gk + j * a.gk.sr, gk + j * a.gk.sr + dh, T(0));
+      std::fill(gv + j * a.gv.sr, gv + j * a.gv.sr + dh, T(0));
+    }
+    gemm_rows<T>(false, false, dm.m, dh, ns, gs, ns, a.k.at(s, h) + j0 * a.k.sr, a.k.sr, a.gq.at(s, h), a.gq.sr);
+    gemm_rows<T>(true, false, ns, dh, dm.m, gs, ns, a.q.at(s, h), a.q.sr, gk + j0 * a.gk.sr, a.gk.sr);
+    gemm_rows<T>(true, false, ns, dh, dm.m, w + h * dm.m * ns, ns, a.g.at(s, h), a.g.sr, gv + j0 * a.gv.sr, a.gv.sr);
   }
 }
 
 template <typename T>
 void attend_backward(const Ragged& rg, const AttendBackward<T>& a) {
   const Dims& dm = rg.dm;
-  at::parallel_for(0, dm.b, 1, [&](int64_t s0, int64_t s1) {
+  rg.each_share([&](int64_t first, int64_t last) {
     std::vector<T> gw(static_cast<size_t>(dm.h * dm.m * dm.n)), by_query(dm.n);
-    for (int64_t s = s0; s < s1; ++s) attend_stream_backward(rg, a, s, gw.data(), by_query.data());
+    for (int64_t s = first; s < last; ++s) attend_stream_backward(rg, a, s, gw.data(), by_query.data());
   });
 }
 
@@ -1162,7 +1189,8 @@ struct ExpireAttend : public torch::autograd::Function<ExpireAttend> {
     const Dims dm = check_against({q.size(0), q.size(1), q.size(2), k.size(2)}, q.scalar_type(), pq, spans, counter, usable);
     const Ragged rg = ragged_of(dm, q.size(3), usable);
     const int lanes = lanes_of(static_cast<int>(width));
-    auto context = at::empty({dm.b, dm.h, dm.m, rg.dh}, q.options());
+    // The context (b, h, m, dh) as a view of (b, m, h, dh): merging the heads copies nothing.
+    auto context = at::empty({dm.b, dm.m, dm.h, rg.dh}, q.options()).transpose(1, 2);
     auto weights = at::empty({rg.total()}, q.options());
     auto counts = at::empty({dm.b, dm.n}, spans.options());
     auto ramp_dist = at::empty({dm.b}, spans.options().dtype(at::kDouble));
@@ -1177,7 +1205,7 @@ struct ExpireAttend : public torch::autograd::Function<ExpireAttend> {
                                 usable.data_ptr<bool>(), static_cast<scalar_t>(ramp), lanes, true, weights.data_ptr<scalar_t>(),
                                 slope.data_ptr<scalar_t>(), by_slot.data_ptr<int32_t>(), key_ramp.data_ptr<int32_t>(),
                                 ramp_key.data_ptr<int32_t>(), ramp_count.data_ptr<int32_t>(), query_weighted.data_ptr<int64_t>()};
-      attend_forward<scalar_t>(rg, {mats_of<scalar_t>(q), mats_of<scalar_t>(k), mats_of<scalar_t>(v), f, context.data_ptr<scalar_t>()});
+      attend_forward<scalar_t>(rg, {mats_of<scalar_t>(q), mats_of<scalar_t>(k), mats_of<scalar_t>(v), f, mats_of<scalar_t>(context)});
       ramp_totals<scalar_t>(dm, key_ramp.data_ptr<int32_t>(), query_weighted.data_ptr<int64_t>(), counter.data_ptr<scalar_t>(),
                             counts.data_ptr<scalar_t>(), ramp_dist.data_ptr<double>());
     });
@@ -1198,16 +1226,17 @@ struct ExpireAttend : public torch::autograd::Function<ExpireAttend> {
     Ragged rg{dm, q.size(3), std::vector<int64_t>(starts.data_ptr<int64_t>(), starts.data_ptr<int64_t>() + dm.b),
               std::vector<int64_t>(dm.b + 1, 0)};
     for (int64_t s = 0; s < dm.b; ++s) rg.offset[s + 1] = rg.offset[s] + dm.h * dm.m * rg.keys(s);
-    auto gq = at::empty({dm.b, dm.h, dm.m, rg.dh}, q.options());
-    auto gk = at::empty({dm.b, dm.h, dm.n, rg.dh}, q.options()), gv = at::empty_like(gk);
+    // Each gradient laid out as its input (a head-split view of a (b, n, h dh) projection
+    // stays one: its backward pass then copies nothing).
+    auto gq = at::empty_like(q), gk = at::empty_like(k), gv = at::empty_like(v);
     auto gp = at::empty({dm.b, dm.h, dm.m, dm.p}, q.options());
     auto ge = at::zeros({dm.b, dm.n}, slope.options());
     AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "expire_attend_backward", [&] {
-      const AttendBackward<scalar_t> a{mats_of<scalar_t>(q), mats_of<scalar_t>(k), mats_of<scalar_t>(v), mats_of<scalar_t>(g),
-                                       weights.data_ptr<scalar_t>(), slope.data_ptr<scalar_t>(), by_slot.data_ptr<int32_t>(),
-                                       ramp_key.data_ptr<int32_t>(), ramp_count.data_ptr<int32_t>(),
-                                       static_cast<int>(ctx->saved_data["lanes"].toInt()), gq.data_ptr<scalar_t>(),
-                                       gk.data_ptr<scalar_t>(), gv.data_ptr<scalar_t>(), gp.data_ptr<scalar_t>(),
+      const AttendBackward<scalar_t> a{mats_of<scalar_t>(q),  mats_of<scalar_t>(k),  mats_of<scalar_t>(v),
+                                       mats_of<scalar_t>(g),  mats_of<scalar_t>(gq), mats_of<scalar_t>(gk),
+                                       mats_of<scalar_t>(gv), weights.data_ptr<scalar_t>(), slope.data_ptr<scalar_t>(),
+                                       by_slot.data_ptr<int32_t>(), ramp_key.data_ptr<int32_t>(), ramp_count.data_ptr<int32_t>(),
+                                       static_cast<int>(ctx->saved_data["lanes"].toInt()), gp.data_ptr<scalar_t>(),
                                        ge.data_ptr<scalar_t>()};
       attend_backward<scalar_t>(rg, a);
     });

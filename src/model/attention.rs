@@ -64,9 +64,9 @@ impl LinearInit {
 /// Keys and values of a window, heads split, and the span predictor's scores
 /// ([`Attention::project_after_cache`]).
 pub struct Projected {
-    /// Keys `(b, h, n, dh)`, contiguous.
+    /// Keys `(b, h, n, dh)`.
     pub k: Tensor,
-    /// Values `(b, h, n, dh)`, contiguous.
+    /// Values `(b, h, n, dh)`.
     pub v: Tensor,
     /// `states w` `(b, n)`.
     pub scores: Tensor,
@@ -139,11 +139,17 @@ impl Attention {
 
     /// [`Attention::keys_values_after_cache`] and the scores `states w` `(b, n)` of the
     /// vector `w` `(d)` (Expire-Span's span predictor), their gradients to the block
-    /// summed in one: keys and values `(b, h, n, dh)`.
-    pub fn project_after_cache(&self, states: &Tensor, block: &Tensor, w: &Tensor) -> Result<Projected> {
+    /// summed in one: keys and values `(b, h, n, dh)`, copied head-major when
+    /// `head_major` (for libtorch's batched products), else views of `(b, n, h dh)` (for
+    /// a kernel that reads any row stride).
+    pub fn project_after_cache(&self, states: &Tensor, block: &Tensor, w: &Tensor, head_major: bool) -> Result<Projected> {
         let p = super::cache_grad::project_after_cache(states, block, &self.k, &self.v, Some(w))?;
         let scores = p.scores.ok_or_else(|| crate::error::LetheError::Invalid("the window's projection returned no scores".into()))?;
-        Ok(Projected { k: self.split_heads(&p.k).contiguous(), v: self.split_heads(&p.v).contiguous(), scores })
+        let (k, v) = (self.split_heads(&p.k), self.split_heads(&p.v));
+        Ok(match head_major {
+            true => Projected { k: k.contiguous(), v: v.contiguous(), scores },
+            false => Projected { k, v, scores },
+        })
     }
 
     /// The projection `lin` of `states` `(b, n, d)` as `(b, h, n, dh)`, copied once into

@@ -454,7 +454,7 @@ impl ExpireSpan {
             _ => c.of(p.usable),                          // (b, queries, keys)
         };
         let (q, ramp) = (&views.q, self.cfg.ramp as f64); // (b, h, queries, dh)
-        if input.attn.dropout == 0.0 || !input.train {
+        if self.ragged(input) {
             let positioning = profile::phase("positions");
             let positions = q.matmul(&p.key_pe.tr()); // (b, h, queries, P)
             drop(positioning);
@@ -473,6 +473,17 @@ impl ExpireSpan {
         drop((_kernel, scoring));
         let _mixing = profile::phase("attention");
         Ok((attention::weigh(&fused.out, &views.v, input.attn.dropout, input.train), fused.ramp_counts, fused.ramp_distance))
+    }
+
+    /// Whether the fused CPU kernel computes the attention ([`Self::attend_fused`]).
+    fn fused(&self, input: &AttendInput) -> bool {
+        self.cfg.fused && expire_fused::supports(input.q)
+    }
+
+    /// Whether the whole attention goes stream by stream ([`expire_fused::expire_attend`]):
+    /// the fused kernel without dropout on the weights.
+    fn ragged(&self, input: &AttendInput) -> bool {
+        self.fused(input) && (input.attn.dropout == 0.0 || !input.train)
     }
 
     fn span_loss_applies(&self, train: bool) -> bool {
@@ -541,7 +552,9 @@ impl MemoryLayer for ExpireSpan {
         // Keys, values and the span predictor's scores in one, so that the block's gradient
         // is computed for its rows only (`model::cache_grad`); for every row when the
         // cached rows were normalised here (the states then carry the norm's gradient).
-        let projected = input.attn.project_after_cache(&states, input.x, &self.predictor(states.kind()))?;
+        // Head-major copies only for libtorch's products: the ragged attention reads views.
+        let ragged = self.ragged(input);
+        let projected = input.attn.project_after_cache(&states, input.x, &self.predictor(states.kind()), !ragged)?;
         drop(keys);
         let predicting = profile::phase("spans");
         let spans = self.spans_of_scores(&projected.scores); // (b, n), with gradient to w and b
@@ -564,7 +577,7 @@ impl MemoryLayer for ExpireSpan {
         let (k, v) = (&projected.k, &projected.v); // (b, h, n, dh)
         let key_pe = input.key_pe.ok_or_else(|| LetheError::Invalid("Expire-Span needs relative positions (model.arch = \"lethe\")".into()))?;
         let operands = Operands { q: input.q, k, v, key_pe, spans: &e, counter: &counter, usable: &usable };
-        let (context, aux, seen) = if self.cfg.fused && expire_fused::supports(input.q) {
+        let (context, aux, seen) = if self.fused(input) {
             self.attend_fused(&operands, input)?
         } else {
             self.attend_written_out(&operands, input)
@@ -915,7 +928,13 @@ mod tests {
         let mut fused = ExpireSpan::new(vs.root() / "unused", 8, max_span, positions, &ExpireConfig { fused: true, ..cfg.clone() });
         (fused.w, fused.b) = (written.w.shallow_clone(), written.b.shallow_clone());
         let key_pe = (rng.normal_tensor(&[positions, 4], Kind::Float) * 0.5).set_requires_grad(true);
-        let params = [written.w.shallow_clone(), written.b.shallow_clone(), key_pe.shallow_clone()];
+        // The span predictor's, the positions' and the attention's projections' (queries,
+        // keys and values: the fused path reads them as head-split views; the output
+        // projection is not used here).
+        let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().filter(|(name, _)| name.starts_with("attn") && !name.starts_with("attn.o.")).collect();
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+        assert!(named.iter().any(|(name, _)| name.ends_with("k.weight")), "{:?}", named.iter().map(|n| &n.0).collect::<Vec<_>>());
+        let params: Vec<Tensor> = named.into_iter().map(|(_, t)| t).chain([key_pe.shallow_clone()]).filter(|t| t.requires_grad()).collect();
         for step in 0..6 {
             let x = rng.normal_tensor(&[2, m, 8], Kind::Float);
             // Row 0 starts an episode in every block's middle; row 1 is one episode.
@@ -929,7 +948,8 @@ mod tests {
             let (la, lb) = (a.aux_loss.as_ref().unwrap(), b.aux_loss.as_ref().unwrap());
             assert!(la.allclose(lb, 1e-5, 1e-9, false), "step {step}: span losses {la:?} and {lb:?}");
             let objective = |o: &AttendOutput| (&o.context * o.context.ones_like().cumsum(-1, Kind::Float)).sum(Kind::Float) + o.aux_loss.as_ref().unwrap();
-            let ga = Tensor::run_backward(&[objective(&a)], &params, false, false);
+            // The graph kept: the queries' projection is shared by the two.
+            let ga = Tensor::run_backward(&[objective(&a)], &params, true, false);
             let gb = Tensor::run_backward(&[objective(&b)], &params, false, false);
             for (i, (x, y)) in ga.iter().zip(&gb).enumerate() {
                 let gap = (x - y).abs().max().double_value(&[]);
