@@ -53,6 +53,11 @@
 // and a ramp of 64 holds a few dozen, that was a dense (b, m, n) tensor written, divided
 // and summed.
 //
+// `lethe_expire_attend` (further down, "The whole attention of a block") runs the whole
+// attention with these rows, stream by stream over each stream's own keys: the content
+// products, the rows and the weighted sum of one stream in one thread, the compacted
+// cache's left padding left out.
+//
 // Tensors cross as `at::Tensor*`, which is what tch's `Tensor::as_mut_ptr` holds.
 
 #include <ATen/ATen.h>

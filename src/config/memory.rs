@@ -186,6 +186,8 @@ pub struct ExpireConfig {
     /// On the CPU, build the attention scores (mask, relative positions, the span loss's
     /// ramp counts) with lethe's fused kernel (`csrc/expire.cpp`) instead of a dozen
     /// tensor operations: the same function to float rounding, fewer passes over memory.
+    /// Without attention dropout the kernel runs the whole attention stream by stream,
+    /// over each stream's own keys (the padding of the compacted cache left out).
     /// `false` runs the written-out operations (the reference). No effect on a GPU
     /// (libtorch's fused attention there). Default true.
     pub fused: bool,

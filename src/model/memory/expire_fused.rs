@@ -3,7 +3,9 @@
 //! additive bias `ln m`, the relative positions (A.1) and the ramp counts of the span
 //! loss (4.2), computed in one pass over the `(b, h, m, n)` scores instead of a dozen
 //! `(b, m, n)` tensors and a gather, with a backward pass of its own; optionally with
-//! the softmax over the keys in the same pass ([`expire_weights`]).
+//! the softmax over the keys in the same pass ([`expire_weights`]); or the whole
+//! attention, stream by stream over each stream's own keys, the content products and
+//! the weighted sum included ([`expire_attend`]).
 //!
 //! The written-out path ([`super::expire`]) stays the reference and the GPU's path;
 //! the tests check that the two agree in value and gradient, and the gradient against
@@ -273,6 +275,16 @@ mod tests {
         }
     }
 
+    /// Each gradient of `got` equals the one of `want` to double rounding (1e-12), and
+    /// each of `want` is non-zero somewhere.
+    fn assert_gradients_agree(got: &[Tensor], want: &[Tensor], case: &str) {
+        for (i, (a, b)) in got.iter().zip(want).enumerate() {
+            assert!(b.abs().sum(Kind::Double).double_value(&[]) > 0.0, "{case}: input {i} has a gradient");
+            let gap = (a - b).abs().max().double_value(&[]);
+            assert!(gap < 1e-12, "{case}, input {i}: gradients differ by {gap}");
+        }
+    }
+
     /// Its backward pass gives the content scores, the positions and the spans the
     /// gradient the written-out operations give, with the softmax in the kernel or not.
     #[test]
@@ -286,11 +298,7 @@ mod tests {
             let g2 = Tensor::run_backward(&[objective(&scores, &x.v, &w)], &inputs, false, false);
             for softmax in [false, true] {
                 let g1 = Tensor::run_backward(&[fused_objective(&fused(&x, softmax), softmax, &x.v, &w)], &inputs, false, false);
-                for (i, (a, b)) in g1.iter().zip(&g2).enumerate() {
-                    assert!(b.abs().sum(Kind::Double).double_value(&[]) > 0.0, "input {i} has a gradient");
-                    let gap = (a - b).abs().max().double_value(&[]);
-                    assert!(gap < 1e-12, "cached {cached}, rows {rows}, softmax {softmax}, input {i}: gradients differ by {gap}");
-                }
+                assert_gradients_agree(&g1, &g2, &format!("cached {cached}, rows {rows}, softmax {softmax}"));
             }
         }
     }
@@ -445,6 +453,13 @@ mod tests {
         let short = x.spans.narrow(1, 0, 3);
         let err = expire_scores(&x.content, &x.positions, &short, &x.counter, &x.usable, RAMP).err().unwrap().to_string();
         assert!(err.contains("spans and counter must be (b, n)"), "{err}");
+        // The whole attention: values for fewer keys than the keys, spans for fewer keys.
+        let a = attend_block(&mut rng, 6, 8, false, true);
+        let few = a.x.v.narrow(2, 0, 4);
+        let err = expire_attend(&a.q, &a.k, &few, &a.x.positions, &a.x.spans, &a.x.counter, &a.x.usable, RAMP).err().unwrap().to_string();
+        assert!(err.contains("expire-span fused attention") && err.contains("keys and values (b, h, n, dh)"), "{err}");
+        let err = expire_attend(&a.q, &a.k, &a.x.v, &a.x.positions, &short, &a.x.counter, &a.x.usable, RAMP).err().unwrap().to_string();
+        assert!(err.contains("spans and counter must be (b, n)"), "{err}");
     }
 
     /// A block for the whole attention: queries `(b, h, m, dh)` and keys `(b, h, n, dh)`
@@ -504,11 +519,7 @@ mod tests {
                 let inputs = [&a.q, &a.k, &a.x.v, &a.x.positions, &a.x.spans];
                 let g1 = Tensor::run_backward(&[(&ragged.context * &w).sum(Kind::Double)], &inputs, false, false);
                 let g2 = Tensor::run_backward(&[(&context * &w).sum(Kind::Double)], &inputs, false, false);
-                for (i, (r, p)) in g1.iter().zip(&g2).enumerate() {
-                    assert!(p.abs().sum(Kind::Double).double_value(&[]) > 0.0, "{case}: input {i} has a gradient");
-                    let gap = (r - p).abs().max().double_value(&[]);
-                    assert!(gap < 1e-12, "{case}, input {i}: gradients differ by {gap}");
-                }
+                assert_gradients_agree(&g1, &g2, &case);
             }
         }
     }
