@@ -991,18 +991,19 @@ at::Tensor rows_of(const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.conti
 
 // Row-major c (m x n) = op(a) op(b) through the column-major BLAS that libtorch's CPU
 // library exports (MKL's sgemm_ and dgemm_ on x86): c^T = op(b)^T op(a)^T. Weak: where
-// the library has no such symbol, libtorch's matrix product over the same memory.
+// the library has no such symbol, or without `blas` (the tests' way to run it),
+// libtorch's matrix product over the same memory.
 template <typename T>
-void gemm_rows(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb, T* c,
-               int64_t ldc) {
+void gemm_rows(bool blas, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
+               int64_t ldb, T* c, int64_t ldc) {
   const char op_a = ta ? 'T' : 'N', op_b = tb ? 'T' : 'N';
   const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k), la = static_cast<int>(lda),
             lb = static_cast<int>(ldb), lc = static_cast<int>(ldc);
   const T one = T(1), zero = T(0);
   if constexpr (std::is_same_v<T, float>) {
-    if (sgemm_ != nullptr) return sgemm_(&op_b, &op_a, &ni, &mi, &ki, &one, b, &lb, a, &la, &zero, c, &lc);
+    if (blas && sgemm_ != nullptr) return sgemm_(&op_b, &op_a, &ni, &mi, &ki, &one, b, &lb, a, &la, &zero, c, &lc);
   } else {
-    if (dgemm_ != nullptr) return dgemm_(&op_b, &op_a, &ni, &mi, &ki, &one, b, &lb, a, &la, &zero, c, &lc);
+    if (blas && dgemm_ != nullptr) return dgemm_(&op_b, &op_a, &ni, &mi, &ki, &one, b, &lb, a, &la, &zero, c, &lc);
   }
   const auto kind = c10::CppTypeToScalarType<T>::value;
   const auto matrix = [&](const T* x, int64_t rows, int64_t cols, int64_t ld, bool t) {
@@ -1019,6 +1020,7 @@ struct Ragged {
   Dims dm;
   int64_t dh;
   std::vector<int64_t> start, offset;
+  bool blas = true;  // the products through BLAS (else libtorch's mm)
   int64_t keys(int64_t s) const { return dm.n - start[s]; }
   // How many of the stream's last keys can be nearer than p to some query.
   int64_t near(int64_t s) const { return std::min(keys(s), dm.p - 1 + dm.m); }
@@ -1081,7 +1083,7 @@ void attend_stream(const Ragged& rg, const AttendForward<T>& a, int64_t s, T* sc
   const int64_t ns = rg.keys(s), j0 = rg.start[s], n = dm.n;
   T* w = a.f.out + rg.offset[s];  // (h, m, ns)
   for (int64_t h = 0; h < dm.h; ++h) {
-    gemm_rows<T>(false, true, dm.m, ns, rg.dh, a.q.at(s, h), a.q.sr, a.k.at(s, h) + j0 * a.k.sr, a.k.sr,
+    gemm_rows<T>(rg.blas, false, true, dm.m, ns, rg.dh, a.q.at(s, h), a.q.sr, a.k.at(s, h) + j0 * a.k.sr, a.k.sr,
                  scores + h * dm.m * ns, ns);
   }
   tally.counts.assign(static_cast<size_t>(ns), 0);
@@ -1103,7 +1105,7 @@ void attend_stream(const Ragged& rg, const AttendForward<T>& a, int64_t s, T* sc
   }
   tally.flush(a.f.key_ramp + s * n + j0, a.f.query_weighted + s);
   for (int64_t h = 0; h < dm.h; ++h) {
-    gemm_rows<T>(false, false, dm.m, rg.dh, ns, w + h * dm.m * ns, ns, a.v.at(s, h) + j0 * a.v.sr, a.v.sr,
+    gemm_rows<T>(rg.blas, false, false, dm.m, rg.dh, ns, w + h * dm.m * ns, ns, a.v.at(s, h) + j0 * a.v.sr, a.v.sr,
                  a.context.at(s, h), a.context.sr);
   }
 }
@@ -1136,7 +1138,7 @@ void attend_stream_backward(const Ragged& rg, const AttendBackward<T>& a, int64_
   const int64_t ns = rg.keys(s), j0 = rg.start[s], n = dm.n, dh = rg.dh;
   const T* w = a.weights + rg.offset[s];  // (h, m, ns)
   for (int64_t h = 0; h < dm.h; ++h) {
-    gemm_rows<T>(false, true, dm.m, ns, dh, a.g.at(s, h), a.g.sr, a.v.at(s, h) + j0 * a.v.sr, a.v.sr,
+    gemm_rows<T>(rg.blas, false, true, dm.m, ns, dh, a.g.at(s, h), a.g.sr, a.v.at(s, h) + j0 * a.v.sr, a.v.sr,
                  gw + h * dm.m * ns, ns);
   }
   // Row by row as backward_row, the scores' gradient in place of the weights'.
@@ -1162,9 +1164,9 @@ void attend_stream_backward(const Ragged& rg, const AttendBackward<T>& a, int64_
       std::fill(gk + j * a.gk.sr, gk + j * a.gk.sr + dh, T(0));
       std::fill(gv + j * a.gv.sr, gv + j * a.gv.sr + dh, T(0));
     }
-    gemm_rows<T>(false, false, dm.m, dh, ns, gs, ns, a.k.at(s, h) + j0 * a.k.sr, a.k.sr, a.gq.at(s, h), a.gq.sr);
-    gemm_rows<T>(true, false, ns, dh, dm.m, gs, ns, a.q.at(s, h), a.q.sr, gk + j0 * a.gk.sr, a.gk.sr);
-    gemm_rows<T>(true, false, ns, dh, dm.m, w + h * dm.m * ns, ns, a.g.at(s, h), a.g.sr, gv + j0 * a.gv.sr, a.gv.sr);
+    gemm_rows<T>(rg.blas, false, false, dm.m, dh, ns, gs, ns, a.k.at(s, h) + j0 * a.k.sr, a.k.sr, a.gq.at(s, h), a.gq.sr);
+    gemm_rows<T>(rg.blas, true, false, ns, dh, dm.m, gs, ns, a.q.at(s, h), a.q.sr, gk + j0 * a.gk.sr, a.gk.sr);
+    gemm_rows<T>(rg.blas, true, false, ns, dh, dm.m, w + h * dm.m * ns, ns, a.g.at(s, h), a.g.sr, gv + j0 * a.gv.sr, a.gv.sr);
   }
 }
 
@@ -1180,7 +1182,7 @@ void attend_backward(const Ragged& rg, const AttendBackward<T>& a) {
 struct ExpireAttend : public torch::autograd::Function<ExpireAttend> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                                const at::Tensor& pq_in, const at::Tensor& spans_in, const at::Tensor& counter_in,
-                               const at::Tensor& usable_in, double ramp, int64_t width) {
+                               const at::Tensor& usable_in, double ramp, int64_t width, bool blas) {
     const auto q = rows_of(q_in), k = rows_of(k_in), v = rows_of(v_in);
     const auto pq = pq_in.contiguous(), spans = spans_in.contiguous(), counter = counter_in.contiguous(),
                usable = usable_in.contiguous();
@@ -1192,7 +1194,8 @@ struct ExpireAttend : public torch::autograd::Function<ExpireAttend> {
                 "expire attention: queries, keys and values must share one floating kind");
     TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(), "expire attention: runs on the CPU");
     const Dims dm = check_against({q.size(0), q.size(1), q.size(2), k.size(2)}, q.scalar_type(), pq, spans, counter, usable);
-    const Ragged rg = ragged_of(dm, q.size(3), usable);
+    Ragged rg = ragged_of(dm, q.size(3), usable);
+    rg.blas = blas;
     const int lanes = lanes_of(static_cast<int>(width));
     // The context (b, h, m, dh) as a view of (b, m, h, dh): merging the heads copies nothing.
     auto context = at::empty({dm.b, dm.m, dm.h, rg.dh}, q.options()).transpose(1, 2);
@@ -1218,6 +1221,7 @@ struct ExpireAttend : public torch::autograd::Function<ExpireAttend> {
     ctx->save_for_backward({q, k, v, weights, by_slot, slope, ramp_key, ramp_count, starts});
     ctx->saved_data["p"] = dm.p;
     ctx->saved_data["lanes"] = static_cast<int64_t>(lanes);
+    ctx->saved_data["blas"] = blas;
     ctx->mark_non_differentiable({counts, ramp_dist});
     return {context, counts, ramp_dist};
   }
@@ -1231,6 +1235,7 @@ struct ExpireAttend : public torch::autograd::Function<ExpireAttend> {
     Ragged rg{dm, q.size(3), std::vector<int64_t>(starts.data_ptr<int64_t>(), starts.data_ptr<int64_t>() + dm.b),
               std::vector<int64_t>(dm.b + 1, 0)};
     for (int64_t s = 0; s < dm.b; ++s) rg.offset[s + 1] = rg.offset[s] + dm.h * dm.m * rg.keys(s);
+    rg.blas = ctx->saved_data["blas"].toBool();
     // Each gradient laid out as its input (a head-split view of a (b, n, h dh) projection
     // stays one: its backward pass then copies nothing).
     auto gq = at::empty_like(q), gk = at::empty_like(k), gv = at::empty_like(v);
@@ -1245,7 +1250,7 @@ struct ExpireAttend : public torch::autograd::Function<ExpireAttend> {
                                        ge.data_ptr<scalar_t>()};
       attend_backward<scalar_t>(rg, a);
     });
-    return {gq, gk, gv, gp, ge, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {gq, gk, gv, gp, ge, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -1271,12 +1276,14 @@ int lethe_expire_scores(void* scores, void* pq, void* spans, void* counter, void
 // ExpireAttend): q (b, h, m, dh) divided by sqrt(dh) already, k and v (b, h, n, dh), the
 // positions, spans, counter and usable keys as lethe_expire_scores takes them. Writes the
 // context (b, h, m, dh), with gradient to q, k, v, the positions and the spans, and the
-// ramp counts and distance sums, without.
+// ramp counts and distance sums, without. `blas` 0 takes libtorch's matrix products
+// instead of the BLAS library's (tests).
 int lethe_expire_attend(void* q, void* k, void* v, void* pq, void* spans, void* counter, void* usable, double ramp, int width,
-                        void** out, char** error) {
+                        int blas, void** out, char** error) {
   return lethe::guarded(error, [&] {
     auto t = [](void* x) -> const at::Tensor& { return *static_cast<at::Tensor*>(x); };
-    auto result = ExpireAttend::apply(t(q), t(k), t(v), t(pq), t(spans), t(counter), t(usable), ramp, static_cast<int64_t>(width));
+    auto result = ExpireAttend::apply(t(q), t(k), t(v), t(pq), t(spans), t(counter), t(usable), ramp, static_cast<int64_t>(width),
+                                      blas != 0);
     for (size_t i = 0; i < 3; ++i) out[i] = new at::Tensor(std::move(result[i]));
   });
 }

@@ -41,6 +41,7 @@ extern "C" {
         usable: *mut c_void,
         ramp: f64,
         width: c_int,
+        blas: c_int,
         out: *mut *mut c_void,
         error: *mut *mut c_char,
     ) -> c_int;
@@ -127,16 +128,16 @@ pub struct FusedAttention {
 /// rest as [`expire_scores`] takes them. CPU only; float or double.
 #[allow(clippy::too_many_arguments)]
 pub fn expire_attend(q: &Tensor, k: &Tensor, v: &Tensor, positions: &Tensor, spans: &Tensor, counter: &Tensor, usable: &Tensor, ramp: f64) -> Result<FusedAttention> {
-    attend_with(q, k, v, positions, spans, counter, usable, ramp, WIDEST)
+    attend_with(q, k, v, positions, spans, counter, usable, ramp, WIDEST, true)
 }
 
 #[allow(clippy::too_many_arguments)]
-fn attend_with(q: &Tensor, k: &Tensor, v: &Tensor, positions: &Tensor, spans: &Tensor, counter: &Tensor, usable: &Tensor, ramp: f64, width: c_int) -> Result<FusedAttention> {
+fn attend_with(q: &Tensor, k: &Tensor, v: &Tensor, positions: &Tensor, spans: &Tensor, counter: &Tensor, usable: &Tensor, ramp: f64, width: c_int, blas: bool) -> Result<FusedAttention> {
     let mut out: [*mut c_void; 3] = [std::ptr::null_mut(); 3];
     let ptr = |t: &Tensor| t.as_ptr() as *mut c_void;
     // SAFETY: as in `scores_with`.
     crate::ffi::call("expire-span fused attention", |error| unsafe {
-        lethe_expire_attend(ptr(q), ptr(k), ptr(v), ptr(positions), ptr(spans), ptr(counter), ptr(usable), ramp, width, out.as_mut_ptr(), error)
+        lethe_expire_attend(ptr(q), ptr(k), ptr(v), ptr(positions), ptr(spans), ptr(counter), ptr(usable), ramp, width, c_int::from(blas), out.as_mut_ptr(), error)
     })?;
     // SAFETY: see above; each pointer is taken over once.
     let [context, c, d] = out.map(|p| unsafe { crate::ffi::tensor(p) });
@@ -495,8 +496,33 @@ mod tests {
     }
 
     fn ragged_attention(a: &AttendBlock, width: c_int) -> FusedAttention {
+        ragged_attention_by(a, width, true)
+    }
+
+    /// [`ragged_attention`], its matrix products through the BLAS library or not.
+    fn ragged_attention_by(a: &AttendBlock, width: c_int, blas: bool) -> FusedAttention {
         let x = &a.x;
-        attend_with(&a.q, &a.k, &x.v, &x.positions, &x.spans, &x.counter, &x.usable, RAMP, width).unwrap()
+        attend_with(&a.q, &a.k, &x.v, &x.positions, &x.spans, &x.counter, &x.usable, RAMP, width, blas).unwrap()
+    }
+
+    /// Where the CPU library exports no BLAS, the ragged attention takes libtorch's
+    /// matrix products over the same memory: the same context and gradients (double,
+    /// left padding, episodes).
+    #[test]
+    fn the_ragged_attention_without_blas_equals_it_with() {
+        let mut rng = Rng::new(39);
+        for (cached, rows, episodes) in [(20, 8, false), (12, 30, true)] {
+            let a = attend_block(&mut rng, cached, rows, episodes, true);
+            let case = format!("cached {cached}, rows {rows}, episodes {episodes}");
+            let (by_blas, by_mm) = (ragged_attention_by(&a, WIDEST, true), ragged_attention_by(&a, WIDEST, false));
+            let gap = (&by_mm.context - &by_blas.context).abs().max().double_value(&[]);
+            assert!(gap < 1e-12, "{case}: contexts differ by {gap}");
+            let w = rng.normal_tensor(&by_blas.context.size(), Kind::Double);
+            let inputs = [&a.q, &a.k, &a.x.v, &a.x.positions, &a.x.spans];
+            let g1 = Tensor::run_backward(&[(&by_mm.context * &w).sum(Kind::Double)], &inputs, false, false);
+            let g2 = Tensor::run_backward(&[(&by_blas.context * &w).sum(Kind::Double)], &inputs, false, false);
+            assert_gradients_agree(&g1, &g2, &case);
+        }
     }
 
     /// The ragged attention computes what the padded one computes, to double rounding:
