@@ -439,8 +439,8 @@ impl ExpireSpan {
         Ok((context, aux, Seen::Spans { spans: p.spans.detach(), usable: p.usable.shallow_clone(), ramp: self.cfg.ramp as f64 }))
     }
 
-    /// One chunk of [`Self::attend_fused`]: its context `(b, h, queries, dh)` and the
-    /// kernel's output over its keys. `views` are the chunk's queries divided by
+    /// One chunk of [`Self::attend_fused`]: its context `(b, h, queries, dh)`, the ramp
+    /// counts of its keys `(b, keys)` and the ramp's distance sums `(b)`. `views` are the chunk's queries divided by
     /// `sqrt(dh)`, keys, values and spans, `counter` the keys' distances to the block's
     /// first query.
     fn fused_chunk(&self, p: &Operands, views: &ChunkViews, counter: &Tensor, c: &Chunk, input: &AttendInput) -> Result<(Tensor, Tensor, Tensor)> {
