@@ -72,21 +72,18 @@
 #include <utility>
 #include <vector>
 
+#include "blas.h"
 #include "guard.h"
+#include "shares.h"
 
 // Sleef's 8-wide log for AVX2, exported by libtorch_cpu (sleef.h declares it only where
 // the whole file is compiled for AVX).
 extern "C" __m256 Sleef_logf8_u10avx2(__m256);
 extern "C" __m512 Sleef_logf16_u10avx512f(__m512);
 
-// The Fortran BLAS products of libtorch's CPU library (MKL's on x86), where it has them.
-extern "C" void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*, const float*, const int*,
-                       const float*, const int*, const float*, float*, const int*) __attribute__((weak));
-extern "C" void dgemm_(const char*, const char*, const int*, const int*, const int*, const double*, const double*, const int*,
-                       const double*, const int*, const double*, double*, const int*) __attribute__((weak));
-
 namespace {
 
+using lethe::gemm_rows;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
@@ -989,31 +986,6 @@ Mats<T> mats_of(const at::Tensor& t) {
 // A tensor whose last stride is 1 (a view when it has one), for the BLAS products.
 at::Tensor rows_of(const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); }
 
-// Row-major c (m x n) = op(a) op(b) through the column-major BLAS that libtorch's CPU
-// library exports (MKL's sgemm_ and dgemm_ on x86): c^T = op(b)^T op(a)^T. Weak: where
-// the library has no such symbol, or without `blas` (the tests' way to run it),
-// libtorch's matrix product over the same memory.
-template <typename T>
-void gemm_rows(bool blas, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
-               int64_t ldb, T* c, int64_t ldc) {
-  const char op_a = ta ? 'T' : 'N', op_b = tb ? 'T' : 'N';
-  const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k), la = static_cast<int>(lda),
-            lb = static_cast<int>(ldb), lc = static_cast<int>(ldc);
-  const T one = T(1), zero = T(0);
-  if constexpr (std::is_same_v<T, float>) {
-    if (blas && sgemm_ != nullptr) return sgemm_(&op_b, &op_a, &ni, &mi, &ki, &one, b, &lb, a, &la, &zero, c, &lc);
-  } else {
-    if (blas && dgemm_ != nullptr) return dgemm_(&op_b, &op_a, &ni, &mi, &ki, &one, b, &lb, a, &la, &zero, c, &lc);
-  }
-  const auto kind = c10::CppTypeToScalarType<T>::value;
-  const auto matrix = [&](const T* x, int64_t rows, int64_t cols, int64_t ld, bool t) {
-    auto mat = at::from_blob(const_cast<T*>(x), {rows, cols}, {ld, 1}, at::TensorOptions(kind));
-    return t ? mat.t() : mat;
-  };
-  auto out = at::from_blob(c, {m, n}, {ldc, 1}, at::TensorOptions(kind));
-  at::mm_out(out, matrix(a, ta ? k : m, ta ? m : k, lda, ta), matrix(b, tb ? n : k, tb ? k : n, ldb, tb));
-}
-
 // Where each stream's keys begin (its first key some row may use) and where its weights
 // (h, m, keys) begin in the saved buffer.
 struct Ragged {
@@ -1026,29 +998,11 @@ struct Ragged {
   int64_t near(int64_t s) const { return std::min(keys(s), dm.p - 1 + dm.m); }
   int64_t total() const { return offset.back(); }
 
-  // Streams [first, last) of share t of `shares`: runs of streams whose weights' middle
-  // falls in the share's part of them all, so that each thread gets about as many keys
-  // (at::parallel_for would give it as many streams, whatever their lengths).
-  std::pair<int64_t, int64_t> streams_of(int64_t t, int64_t shares) const {
-    const auto at = [&](int64_t k) {
-      int64_t s = 0;
-      while (s < dm.b && 2 * offset[s] + (offset[s + 1] - offset[s]) < 2 * total() * k / shares) ++s;
-      return s;
-    };
-    return {at(t), at(t + 1)};
-  }
-
   // `task(first, last)` for each share of the streams, shared out over libtorch's
-  // threads by their lengths: each stream is one thread's from start to end.
+  // threads by their weights' sizes (csrc/shares.h).
   template <typename F>
   void each_share(const F& task) const {
-    const int64_t shares = std::min<int64_t>(at::get_num_threads(), dm.b);
-    at::parallel_for(0, shares, 1, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t) {
-        const auto [first, last] = streams_of(t, shares);
-        task(first, last);
-      }
-    });
+    lethe::each_share(offset, [&](int64_t, int64_t first, int64_t last) { task(first, last); });
   }
 };
 

@@ -61,6 +61,19 @@ impl LinearInit {
     }
 }
 
+/// How [`Attention::project_after_cache`] projects a window and lays out its keys and
+/// values `(b, h, n, dh)`.
+#[derive(Clone, Copy)]
+pub enum Window<'a> {
+    /// Every row, copied head-major: libtorch's batched products read `(b * h)`
+    /// matrices of `(n, dh)`.
+    Padded,
+    /// Each stream's rows from its first `valid` one `(b, n)` on (zero before), as
+    /// views of `(b, n, h dh)`: for the ragged attention, which reads any row stride and
+    /// skips each stream's padding (`csrc/cache_grad.cpp`, `csrc/expire.cpp`).
+    Ragged { valid: &'a Tensor },
+}
+
 /// Keys and values of a window, heads split, and the span predictor's scores
 /// ([`Attention::project_after_cache`]).
 pub struct Projected {
@@ -139,16 +152,18 @@ impl Attention {
 
     /// [`Attention::keys_values_after_cache`] and the scores `states w` `(b, n)` of the
     /// vector `w` `(d)` (Expire-Span's span predictor), their gradients to the block
-    /// summed in one: keys and values `(b, h, n, dh)`, copied head-major when
-    /// `head_major` (for libtorch's batched products), else views of `(b, n, h dh)` (for
-    /// a kernel that reads any row stride).
-    pub fn project_after_cache(&self, states: &Tensor, block: &Tensor, w: &Tensor, head_major: bool) -> Result<Projected> {
-        let p = super::cache_grad::project_after_cache(states, block, &self.k, &self.v, Some(w))?;
+    /// summed in one: keys and values `(b, h, n, dh)`, laid out for their reader
+    /// ([`Window`]).
+    pub fn project_after_cache(&self, states: &Tensor, block: &Tensor, w: &Tensor, window: Window) -> Result<Projected> {
+        let p = match window {
+            Window::Ragged { valid } => super::cache_grad::project_ragged(states, block, valid, &self.k, &self.v, w, true)?,
+            Window::Padded => super::cache_grad::project_after_cache(states, block, &self.k, &self.v, Some(w))?,
+        };
         let scores = p.scores.ok_or_else(|| crate::error::LetheError::Invalid("the window's projection returned no scores".into()))?;
         let (k, v) = (self.split_heads(&p.k), self.split_heads(&p.v));
-        Ok(match head_major {
-            true => Projected { k: k.contiguous(), v: v.contiguous(), scores },
-            false => Projected { k, v, scores },
+        Ok(match window {
+            Window::Padded => Projected { k: k.contiguous(), v: v.contiguous(), scores },
+            Window::Ragged { .. } => Projected { k, v, scores },
         })
     }
 

@@ -40,7 +40,7 @@ use tch::{nn, Kind, Tensor};
 use super::layer::{same_episode, with_cached_episodes, AttendInput, AttendOutput, MemoryLayer, MemoryReport};
 use crate::config::{Deletion, ExpireConfig};
 use crate::error::{LetheError, Result};
-use crate::model::attention;
+use crate::model::attention::{self, Window};
 use crate::model::memory::compact;
 use crate::model::memory::expire_fused;
 use crate::model::memory::window::{cat_chunks, chunk_keys, chunk_queries, Chunk, QUERY_CHUNK};
@@ -552,9 +552,13 @@ impl MemoryLayer for ExpireSpan {
         // Keys, values and the span predictor's scores in one, so that the block's gradient
         // is computed for its rows only (`model::cache_grad`); for every row when the
         // cached rows were normalised here (the states then carry the norm's gradient).
-        // Head-major copies only for libtorch's products: the ragged attention reads views.
-        let ragged = self.ragged(input);
-        let projected = input.attn.project_after_cache(&states, input.x, &self.predictor(states.kind()), !ragged)?;
+        // The ragged attention reads each stream's rows from its first valid one, as views:
+        // the padding is not projected. libtorch's products read head-major copies of all.
+        let window = match self.ragged(input) && !states.requires_grad() {
+            true => Window::Ragged { valid: &valid },
+            false => Window::Padded,
+        };
+        let projected = input.attn.project_after_cache(&states, input.x, &self.predictor(states.kind()), window)?;
         drop(keys);
         let predicting = profile::phase("spans");
         let spans = self.spans_of_scores(&projected.scores); // (b, n), with gradient to w and b
