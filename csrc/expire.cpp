@@ -1133,10 +1133,29 @@ void attend_backward(const Ragged& rg, const AttendBackward<T>& a) {
   });
 }
 
+// Expire-Span's span loss over the ramp from the kernel's ramp figures:
+// `loss_scale * mean_b(sum_k e_bk c_bk - D_b)` for spans `e` and ramp counts `c` (b, n)
+// and the ramp's distance sums `D` (b), in double: the sum over the pairs on the ramp of
+// their remaining spans, `r = e - dist` (src/model/memory/expire.rs, `ramp_loss`), with
+// `loss_scale` = alpha / (R M). Its gradient to `e_bk` is `loss_scale c_bk / b`.
+double span_loss(const at::Tensor& spans, const at::Tensor& counts, const at::Tensor& ramp_dist, double loss_scale) {
+  if (loss_scale == 0.0) return 0.0;
+  const at::Tensor e = spans.to(at::kDouble), c = counts.to(at::kDouble);
+  const int64_t b = e.size(0), n = e.size(1);
+  const double *pe = e.data_ptr<double>(), *pc = c.data_ptr<double>(), *pd = ramp_dist.data_ptr<double>();
+  double total = 0.0;
+  for (int64_t s = 0; s < b; ++s) {
+    double by_span = 0.0;
+    for (int64_t k = 0; k < n; ++k) by_span += pe[s * n + k] * pc[s * n + k];
+    total += by_span - pd[s];
+  }
+  return loss_scale * total / static_cast<double>(b);
+}
+
 struct ExpireAttend : public torch::autograd::Function<ExpireAttend> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                                const at::Tensor& pq_in, const at::Tensor& spans_in, const at::Tensor& counter_in,
-                               const at::Tensor& usable_in, double ramp, int64_t width, bool blas) {
+                               const at::Tensor& usable_in, double ramp, double loss_scale, int64_t width, bool blas) {
     const auto q = rows_of(q_in), k = rows_of(k_in), v = rows_of(v_in);
     const auto pq = pq_in.contiguous(), spans = spans_in.contiguous(), counter = counter_in.contiguous(),
                usable = usable_in.contiguous();
@@ -1171,19 +1190,21 @@ struct ExpireAttend : public torch::autograd::Function<ExpireAttend> {
       ramp_totals<scalar_t>(dm, key_ramp.data_ptr<int32_t>(), query_weighted.data_ptr<int64_t>(), counter.data_ptr<scalar_t>(),
                             counts.data_ptr<scalar_t>(), ramp_dist.data_ptr<double>());
     });
+    const auto loss = at::full({}, span_loss(spans, counts, ramp_dist, loss_scale), spans.options());
     auto starts = at::tensor(rg.start, at::kLong);
-    ctx->save_for_backward({q, k, v, weights, by_slot, slope, ramp_key, ramp_count, starts});
+    ctx->save_for_backward({q, k, v, weights, by_slot, slope, ramp_key, ramp_count, starts, counts});
     ctx->saved_data["p"] = dm.p;
     ctx->saved_data["lanes"] = static_cast<int64_t>(lanes);
     ctx->saved_data["blas"] = blas;
+    ctx->saved_data["loss_scale"] = loss_scale;
     ctx->mark_non_differentiable({counts, ramp_dist});
-    return {context, counts, ramp_dist};
+    return {context, counts, ramp_dist, loss};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const auto &q = saved[0], &k = saved[1], &v = saved[2], &weights = saved[3], &by_slot = saved[4], &slope = saved[5],
-               &ramp_key = saved[6], &ramp_count = saved[7], &starts = saved[8];
+               &ramp_key = saved[6], &ramp_count = saved[7], &starts = saved[8], &counts = saved[9];
     const auto g = rows_of(grads[0]);
     const Dims dm{q.size(0), q.size(1), q.size(2), k.size(2), ctx->saved_data["p"].toInt(), 1};
     Ragged rg{dm, q.size(3), std::vector<int64_t>(starts.data_ptr<int64_t>(), starts.data_ptr<int64_t>() + dm.b),
@@ -1204,7 +1225,10 @@ struct ExpireAttend : public torch::autograd::Function<ExpireAttend> {
                                        ge.data_ptr<scalar_t>()};
       attend_backward<scalar_t>(rg, a);
     });
-    return {gq, gk, gv, gp, ge, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    // The span loss's: its scale over the streams per ramp pair, times the loss's gradient.
+    const double loss_scale = ctx->saved_data["loss_scale"].toDouble();
+    if (grads[3].defined() && loss_scale != 0.0) ge.add_(counts, grads[3].item<double>() * loss_scale / static_cast<double>(dm.b));
+    return {gq, gk, gv, gp, ge, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -1230,15 +1254,16 @@ int lethe_expire_scores(void* scores, void* pq, void* spans, void* counter, void
 // ExpireAttend): q (b, h, m, dh) divided by sqrt(dh) already, k and v (b, h, n, dh), the
 // positions, spans, counter and usable keys as lethe_expire_scores takes them. Writes the
 // context (b, h, m, dh), with gradient to q, k, v, the positions and the spans, and the
-// ramp counts and distance sums, without. `blas` 0 takes libtorch's matrix products
-// instead of the BLAS library's (tests).
-int lethe_expire_attend(void* q, void* k, void* v, void* pq, void* spans, void* counter, void* usable, double ramp, int width,
-                        int blas, void** out, char** error) {
+// ramp counts and distance sums, without, and the span loss with `loss_scale` = alpha /
+// (R M) (see span_loss; zero when `loss_scale` is 0), with gradient to the spans. `blas`
+// 0 takes libtorch's matrix products instead of the BLAS library's (tests).
+int lethe_expire_attend(void* q, void* k, void* v, void* pq, void* spans, void* counter, void* usable, double ramp,
+                        double loss_scale, int width, int blas, void** out, char** error) {
   return lethe::guarded(error, [&] {
     auto t = [](void* x) -> const at::Tensor& { return *static_cast<at::Tensor*>(x); };
-    auto result = ExpireAttend::apply(t(q), t(k), t(v), t(pq), t(spans), t(counter), t(usable), ramp, static_cast<int64_t>(width),
-                                      blas != 0);
-    for (size_t i = 0; i < 3; ++i) out[i] = new at::Tensor(std::move(result[i]));
+    auto result = ExpireAttend::apply(t(q), t(k), t(v), t(pq), t(spans), t(counter), t(usable), ramp, loss_scale,
+                                      static_cast<int64_t>(width), blas != 0);
+    for (size_t i = 0; i < 4; ++i) out[i] = new at::Tensor(std::move(result[i]));
   });
 }
 

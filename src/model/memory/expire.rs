@@ -406,15 +406,11 @@ impl ExpireSpan {
         let (m, n) = (input.x.size()[1], p.k.size()[2]);
         let scaled = p.q / (p.q.size()[3] as f64).sqrt();
         let counter = p.counter.to_kind(p.q.kind());
-        let mut contexts = Vec::new();
-        // The ramp counts `(b, n)` and distance sums `(b)` of the chunks so far; the
-        // first chunk's taken as they are (one chunk, as at `enwik8-tiny`, adds nothing).
-        let mut ramp: Option<(Tensor, Tensor)> = None;
+        let (mut contexts, mut losses) = (Vec::new(), Vec::new());
         let chunks = causal_chunks(n - m, m, QUERY_CHUNK);
         // Each chunk's views, one backward pass for all chunks' queries, keys and values
-        // each. The spans `(b, n)` are narrowed one by one: their gradient from the span
-        // loss is added to the chunks' one at a time, and summing the chunks' first would
-        // round differently (the cost is small, `(b, n)` per chunk).
+        // each. The span loss is linear in the ramp counts: the block's is the sum of its
+        // chunks', each over the chunk's keys' spans.
         let views = chunk_queries(&scaled, &chunks)?
             .into_iter()
             .zip(chunk_keys(p.k, &chunks)?)
@@ -422,28 +418,20 @@ impl ExpireSpan {
             .zip(&chunks)
             .map(|(((q, k), v), c)| ChunkViews { q, k, v, spans: attention::part(p.spans, 1, 0, c.keys) });
         for (c, views) in chunks.iter().zip(views) {
-            let (context, counts, distance) = self.fused_chunk(p, &views, &counter, c, input)?;
+            let (context, loss) = self.fused_chunk(p, &views, &counter, c, input)?;
             contexts.push(context);
-            let counts = attention::pad_last(&counts, n); // (b, n)
-            ramp = Some(match ramp {
-                None => (counts, distance),
-                Some((total, sum)) => (total + counts, sum + distance),
-            });
+            losses.extend(loss);
         }
         let context = cat_chunks(contexts); // (b, h, m, dh)
-        let _loss = profile::phase("span loss");
-        let aux = match (ramp, self.span_loss_applies(input.train)) {
-            (Some((counts, distance)), true) => Some(ramp_loss_of_counts(p.spans, &counts, &distance, self.cfg.ramp as f64, m, self.cfg.alpha)),
-            _ => None,
-        };
+        let aux = losses.into_iter().reduce(|a, b| a + b);
         Ok((context, aux, Seen::Spans { spans: p.spans.detach(), usable: p.usable.shallow_clone(), ramp: self.cfg.ramp as f64 }))
     }
 
-    /// One chunk of [`Self::attend_fused`]: its context `(b, h, queries, dh)`, the ramp
-    /// counts of its keys `(b, keys)` and the ramp's distance sums `(b)`. `views` are the chunk's queries divided by
-    /// `sqrt(dh)`, keys, values and spans, `counter` the keys' distances to the block's
-    /// first query.
-    fn fused_chunk(&self, p: &Operands, views: &ChunkViews, counter: &Tensor, c: &Chunk, input: &AttendInput) -> Result<(Tensor, Tensor, Tensor)> {
+    /// One chunk of [`Self::attend_fused`]: its context `(b, h, queries, dh)` and, in
+    /// training, its part of the span loss (the sum over its ramp pairs). `views` are the
+    /// chunk's queries divided by `sqrt(dh)`, keys, values and spans, `counter` the keys'
+    /// distances to the block's first query.
+    fn fused_chunk(&self, p: &Operands, views: &ChunkViews, counter: &Tensor, c: &Chunk, input: &AttendInput) -> Result<(Tensor, Option<Tensor>)> {
         // Distances to the chunk's first query; the usable keys of its rows.
         let chunk_counter = match c.q0 {
             0 => attention::part(counter, 1, 0, c.keys),
@@ -454,13 +442,15 @@ impl ExpireSpan {
             _ => c.of(p.usable),                          // (b, queries, keys)
         };
         let (q, ramp) = (&views.q, self.cfg.ramp as f64); // (b, h, queries, dh)
+        // The span loss's `alpha / (R M)`, M the block's length.
+        let loss_scale = if self.span_loss_applies(input.train) { self.cfg.alpha / ramp / input.x.size()[1] as f64 } else { 0.0 };
         if self.ragged(input) {
             let positioning = profile::phase("positions");
             let positions = q.matmul(&p.key_pe.tr()); // (b, h, queries, P)
             drop(positioning);
             let _attending = profile::phase("attention");
-            let fused = expire_fused::expire_attend(q, &views.k, &views.v, &positions, &views.spans, &chunk_counter, &usable, ramp)?;
-            return Ok((fused.context, fused.ramp_counts, fused.ramp_distance));
+            let fused = expire_fused::expire_attend(q, &views.k, &views.v, &positions, &views.spans, &chunk_counter, &usable, ramp, loss_scale)?;
+            return Ok((fused.context, (loss_scale > 0.0).then_some(fused.span_loss)));
         }
         // With dropout on the weights: the kernel's weights, dropped, times the values.
         let scoring = profile::phase("scores");
@@ -471,8 +461,13 @@ impl ExpireSpan {
         let _kernel = profile::phase("fused kernel");
         let fused = expire_fused::expire_weights(&content, &positions, &views.spans, &chunk_counter, &usable, ramp)?;
         drop((_kernel, scoring));
-        let _mixing = profile::phase("attention");
-        Ok((attention::weigh(&fused.out, &views.v, input.attn.dropout, input.train), fused.ramp_counts, fused.ramp_distance))
+        let mixing = profile::phase("attention");
+        let context = attention::weigh(&fused.out, &views.v, input.attn.dropout, input.train);
+        drop(mixing);
+        let _loss = profile::phase("span loss");
+        let m = input.x.size()[1];
+        let loss = (loss_scale > 0.0).then(|| ramp_loss_of_counts(&views.spans, &fused.ramp_counts, &fused.ramp_distance, ramp, m, self.cfg.alpha));
+        Ok((context, loss))
     }
 
     /// Whether the fused CPU kernel computes the attention ([`Self::attend_fused`]).

@@ -40,6 +40,7 @@ extern "C" {
         counter: *mut c_void,
         usable: *mut c_void,
         ramp: f64,
+        loss_scale: f64,
         width: c_int,
         blas: c_int,
         out: *mut *mut c_void,
@@ -117,6 +118,10 @@ pub struct FusedAttention {
     pub ramp_counts: Tensor,
     /// As [`FusedScores::ramp_distance`].
     pub ramp_distance: Tensor,
+    /// The span loss over the ramp, `loss_scale * mean_b(sum_k e_bk c_bk - D_b)`: what
+    /// [`super::expire::ramp_loss_of_counts`] computes from the ramp figures, with
+    /// gradient to the spans (zero without a `loss_scale`).
+    pub span_loss: Tensor,
 }
 
 /// The whole attention of a block, stream by stream over each stream's own keys: the
@@ -125,23 +130,24 @@ pub struct FusedAttention {
 /// left padding of a compacted cache, `csrc/expire.cpp`'s `ExpireAttend`).
 ///
 /// `q` `(b, h, m, dh)` divided by `sqrt(dh)` already, `k` and `v` `(b, h, n, dh)`; the
-/// rest as [`expire_scores`] takes them. CPU only; float or double.
+/// rest as [`expire_scores`] takes them, and the span loss's `loss_scale`, `alpha / (R M)`
+/// (0: none). CPU only; float or double.
 #[allow(clippy::too_many_arguments)]
-pub fn expire_attend(q: &Tensor, k: &Tensor, v: &Tensor, positions: &Tensor, spans: &Tensor, counter: &Tensor, usable: &Tensor, ramp: f64) -> Result<FusedAttention> {
-    attend_with(q, k, v, positions, spans, counter, usable, ramp, WIDEST, true)
+pub fn expire_attend(q: &Tensor, k: &Tensor, v: &Tensor, positions: &Tensor, spans: &Tensor, counter: &Tensor, usable: &Tensor, ramp: f64, loss_scale: f64) -> Result<FusedAttention> {
+    attend_with(q, k, v, positions, spans, counter, usable, ramp, loss_scale, WIDEST, true)
 }
 
 #[allow(clippy::too_many_arguments)]
-fn attend_with(q: &Tensor, k: &Tensor, v: &Tensor, positions: &Tensor, spans: &Tensor, counter: &Tensor, usable: &Tensor, ramp: f64, width: c_int, blas: bool) -> Result<FusedAttention> {
-    let mut out: [*mut c_void; 3] = [std::ptr::null_mut(); 3];
+fn attend_with(q: &Tensor, k: &Tensor, v: &Tensor, positions: &Tensor, spans: &Tensor, counter: &Tensor, usable: &Tensor, ramp: f64, loss_scale: f64, width: c_int, blas: bool) -> Result<FusedAttention> {
+    let mut out: [*mut c_void; 4] = [std::ptr::null_mut(); 4];
     let ptr = |t: &Tensor| t.as_ptr() as *mut c_void;
-    // SAFETY: as in `scores_with`.
+    // SAFETY: as in `scores_with`; on success the kernel writes four new `at::Tensor*`.
     crate::ffi::call("expire-span fused attention", |error| unsafe {
-        lethe_expire_attend(ptr(q), ptr(k), ptr(v), ptr(positions), ptr(spans), ptr(counter), ptr(usable), ramp, width, c_int::from(blas), out.as_mut_ptr(), error)
+        lethe_expire_attend(ptr(q), ptr(k), ptr(v), ptr(positions), ptr(spans), ptr(counter), ptr(usable), ramp, loss_scale, width, c_int::from(blas), out.as_mut_ptr(), error)
     })?;
     // SAFETY: see above; each pointer is taken over once.
-    let [context, c, d] = out.map(|p| unsafe { crate::ffi::tensor(p) });
-    Ok(FusedAttention { context, ramp_counts: c, ramp_distance: d })
+    let [context, c, d, span_loss] = out.map(|p| unsafe { crate::ffi::tensor(p) });
+    Ok(FusedAttention { context, ramp_counts: c, ramp_distance: d, span_loss })
 }
 
 /// Whether [`expire_scores`] can compute scores of this kind on this device.
@@ -153,7 +159,7 @@ pub fn supports(scores: &Tensor) -> bool {
 mod tests {
     use super::*;
     use crate::model::attention;
-    use crate::model::memory::expire::{on_ramp, remaining, soft_mask, visible_pairs};
+    use crate::model::memory::expire::{on_ramp, ramp_loss_of_counts, remaining, soft_mask, visible_pairs};
     use crate::rng::Rng;
 
     /// One block's inputs: content scores `(b, h, m, n)`, positions `(b, h, m, P)`,
@@ -457,9 +463,9 @@ mod tests {
         // The whole attention: values for fewer keys than the keys, spans for fewer keys.
         let a = attend_block(&mut rng, 6, 8, false, true);
         let few = a.x.v.narrow(2, 0, 4);
-        let err = expire_attend(&a.q, &a.k, &few, &a.x.positions, &a.x.spans, &a.x.counter, &a.x.usable, RAMP).err().unwrap().to_string();
+        let err = expire_attend(&a.q, &a.k, &few, &a.x.positions, &a.x.spans, &a.x.counter, &a.x.usable, RAMP, 0.0).err().unwrap().to_string();
         assert!(err.contains("expire-span fused attention") && err.contains("keys and values (b, h, n, dh)"), "{err}");
-        let err = expire_attend(&a.q, &a.k, &a.x.v, &a.x.positions, &short, &a.x.counter, &a.x.usable, RAMP).err().unwrap().to_string();
+        let err = expire_attend(&a.q, &a.k, &a.x.v, &a.x.positions, &short, &a.x.counter, &a.x.usable, RAMP, 0.0).err().unwrap().to_string();
         assert!(err.contains("spans and counter must be (b, n)"), "{err}");
     }
 
@@ -495,6 +501,10 @@ mod tests {
         (attention::weigh(&fused.out, &a.x.v, 0.0, false), fused)
     }
 
+    /// The span loss's scale in the ragged attention's tests: large enough that its
+    /// gradient weighs as much as the attention's.
+    const LOSS_SCALE: f64 = 0.3;
+
     fn ragged_attention(a: &AttendBlock, width: c_int) -> FusedAttention {
         ragged_attention_by(a, width, true)
     }
@@ -502,7 +512,7 @@ mod tests {
     /// [`ragged_attention`], its matrix products through the BLAS library or not.
     fn ragged_attention_by(a: &AttendBlock, width: c_int, blas: bool) -> FusedAttention {
         let x = &a.x;
-        attend_with(&a.q, &a.k, &x.v, &x.positions, &x.spans, &x.counter, &x.usable, RAMP, width, blas).unwrap()
+        attend_with(&a.q, &a.k, &x.v, &x.positions, &x.spans, &x.counter, &x.usable, RAMP, LOSS_SCALE, width, blas).unwrap()
     }
 
     /// Where the CPU library exports no BLAS, the ragged attention takes libtorch's
@@ -526,7 +536,8 @@ mod tests {
     }
 
     /// The ragged attention computes what the padded one computes, to double rounding:
-    /// the context, the ramp figures, and the gradients of the queries, keys, values,
+    /// the context, the ramp figures, the span loss (as `ramp_loss_of_counts` gives it
+    /// from the padded kernel's ramp figures), and the gradients of the queries, keys, values,
     /// positions and spans; with and without left padding, with episodes, an empty cache.
     #[test]
     fn the_ragged_attention_equals_the_padded_one() {
@@ -541,17 +552,21 @@ mod tests {
                 assert!(gap < 1e-12, "{case}: contexts differ by {gap}");
                 assert!(ragged.ramp_counts.equal(&padded.ramp_counts), "{case}: ramp counts");
                 assert!(ragged.ramp_distance.allclose(&padded.ramp_distance, 1e-12, 1e-12, false), "{case}: ramp distances");
+                // The span loss as expire.rs computes it from the padded kernel's figures.
+                let loss = ramp_loss_of_counts(&a.x.spans, &padded.ramp_counts, &padded.ramp_distance, RAMP, 1, LOSS_SCALE * RAMP);
+                assert!(ragged.span_loss.allclose(&loss, 1e-12, 1e-12, false), "{case}: span losses {ragged:?} and {loss:?}", ragged = ragged.span_loss);
                 let w = rng.normal_tensor(&context.size(), Kind::Double);
                 let inputs = [&a.q, &a.k, &a.x.v, &a.x.positions, &a.x.spans];
-                let g1 = Tensor::run_backward(&[(&ragged.context * &w).sum(Kind::Double)], &inputs, false, false);
-                let g2 = Tensor::run_backward(&[(&context * &w).sum(Kind::Double)], &inputs, false, false);
+                let g1 = Tensor::run_backward(&[(&ragged.context * &w).sum(Kind::Double) + &ragged.span_loss], &inputs, false, false);
+                let g2 = Tensor::run_backward(&[(&context * &w).sum(Kind::Double) + loss], &inputs, false, false);
                 assert_gradients_agree(&g1, &g2, &case);
             }
         }
     }
 
-    /// Its gradient against central differences of the weighted context, for every
-    /// entry of the queries, keys, values, positions and spans (double, left padding).
+    /// Its gradient against central differences of the weighted context plus the span
+    /// loss, for every entry of the queries, keys, values, positions and spans (double,
+    /// left padding).
     #[test]
     fn the_ragged_gradient_matches_finite_differences() {
         let mut rng = Rng::new(37);
@@ -560,8 +575,8 @@ mod tests {
         let inputs = [&a.q, &a.k, &a.x.v, &a.x.positions, &a.x.spans];
         let objective = |inputs: &[Tensor]| {
             let x = &a.x;
-            let r = expire_attend(&inputs[0], &inputs[1], &inputs[2], &inputs[3], &inputs[4], &x.counter, &x.usable, RAMP).unwrap();
-            (r.context * &w).sum(Kind::Double)
+            let r = expire_attend(&inputs[0], &inputs[1], &inputs[2], &inputs[3], &inputs[4], &x.counter, &x.usable, RAMP, LOSS_SCALE).unwrap();
+            (r.context * &w).sum(Kind::Double) + r.span_loss
         };
         let leaves: Vec<Tensor> = inputs.iter().map(|t| t.shallow_clone()).collect();
         let grads = Tensor::run_backward(&[objective(&leaves)], &inputs, false, false);
