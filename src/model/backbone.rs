@@ -50,11 +50,11 @@ impl Layer {
     }
 
     fn ffn(&self, x: &Tensor, dropout: f64, train: bool) -> Tensor {
-        let mut a = self.ff1.forward(x); // (b, m, d_ffn)
+        let a = self.ff1.forward(x); // (b, m, d_ffn)
         let a = match self.arch {
-            // In place: the product's output is in cache and nothing else reads it (its
-            // backward pass saves its inputs only); a new buffer measured slower.
-            Arch::Lethe => a.relu_(),
+            // Not in place: `a` is a view of the product's output, and autograd would copy
+            // it in the backward pass (CopySlices), which measured slower.
+            Arch::Lethe => a.relu(),
             Arch::Gpt2 => a.gelu("tanh"), // GPT-2's `gelu_new`
         };
         self.ff2.forward(&a.dropout(dropout, train))
