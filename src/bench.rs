@@ -251,6 +251,8 @@ struct Timed<'a> {
     flops: Vec<f64>,
     /// States held per stream and layer now, before the next step: what it attends over.
     held: Vec<usize>,
+    /// The states per stream and layer the next step's products run over ([`counted`]).
+    counted: Vec<usize>,
     /// The phase times of the profiled steps so far, and how many steps they are over.
     profiled: Vec<crate::profile::PhaseTime>,
     profiled_steps: usize,
@@ -283,8 +285,8 @@ impl<'a> Timed<'a> {
             run.step(&batch)?;
         }
         synchronize(device);
-        let held = held_by(&run);
-        Ok(Timed { run, batches, init, fill_blocks, times: vec![], comm: vec![], round_medians: vec![], last_loss: f64::NAN, memory: vec![], flops: vec![], held, profiled: vec![], profiled_steps: 0 })
+        let (held, counted) = held_by(&run);
+        Ok(Timed { run, batches, init, fill_blocks, times: vec![], comm: vec![], round_medians: vec![], last_loss: f64::NAN, memory: vec![], flops: vec![], held, counted, profiled: vec![], profiled_steps: 0 })
     }
 
     /// Times `steps` more training steps, one round.
@@ -309,10 +311,10 @@ impl<'a> Timed<'a> {
     /// After a timed step (its time taken already), which attended over the states held
     /// before it: the memory it saw per layer, and its FLOPs; then the states held now.
     fn record_memory(&mut self) {
+        self.flops.push(step_flops(self.run.cfg, &self.counted, self.run.lm.device()));
         let reports = self.run.mems[0].reports();
-        self.flops.push(step_flops(self.run.cfg, &self.held, self.run.lm.device()));
         self.memory.push(reports.iter().map(|r| r.mem_size).collect());
-        self.held = reports.iter().map(|r| r.held).collect();
+        (self.held, self.counted) = held_by(&self.run);
     }
 
     /// Runs `steps` more steps with every phase timed, recorded by libtorch's profiler
@@ -322,7 +324,7 @@ impl<'a> Timed<'a> {
         crate::profile::merge(&mut self.profiled, phases);
         self.profiled_steps += steps;
         // The profiled steps trained too: the next round starts from what they left.
-        self.held = held_by(&self.run);
+        (self.held, self.counted) = held_by(&self.run);
         Ok(())
     }
 
@@ -608,9 +610,23 @@ fn fill_memory(run: &mut Stepper, batches: &mut Batches, context: Option<usize>)
     Ok(blocks)
 }
 
-/// States held per stream and layer by `run`'s memory now.
-fn held_by(run: &Stepper) -> Vec<usize> {
-    run.mems[0].reports().iter().map(|r| r.held).collect()
+/// States held per stream and layer by `run`'s memory now, and those its next step's
+/// products run over ([`counted`]).
+fn held_by(run: &Stepper) -> (Vec<usize>, Vec<usize>) {
+    let reports = run.mems[0].reports();
+    (reports.iter().map(|r| r.held).collect(), counted(run.cfg, &reports, run.lm.device()))
+}
+
+/// The states per stream and layer whose keys a step's products compute, for
+/// [`step_flops`]: those held, but Expire-Span's ragged path (the CPU's fused kernel
+/// without attention dropout) projects and scores each stream's own kept memories
+/// only, skipping the padding up to the longest stream: their mean per stream.
+fn counted(cfg: &Config, reports: &[crate::model::memory::MemoryReport], device: Device) -> Vec<usize> {
+    let ragged = cfg.memory.mechanism == Mechanism::Expire && cfg.memory.expire.fused && !device.is_cuda() && cfg.model.dropout == 0.0;
+    reports.iter().map(|r| match r.extra("kept").filter(|_| ragged) {
+        Some(kept) => kept.round() as usize,
+        None => r.held,
+    }).collect()
 }
 
 /// The mean of each column of `rows` (rows of equal length), over the rows.
@@ -1173,6 +1189,24 @@ mod tests {
         assert!((mfu - r.gflops / rate).abs() < 1e-12 && mfu > 0.0);
         assert_eq!(r.flops_per_step, step_flops(&cfg, &r.held, Device::Cpu));
         assert!(r.profile.is_none(), "no profile unless asked");
+    }
+
+    /// The FLOPs of Expire-Span's ragged path count each stream's kept memories (the
+    /// report's "kept", rounded), not the padded width held; every other path, and
+    /// Expire-Span with attention dropout or on a GPU, the states held.
+    #[test]
+    fn flops_count_the_kept_memories_of_the_ragged_path_only() {
+        let report = crate::model::memory::MemoryReport { extra: vec![("kept".into(), 6.4)], ..crate::model::memory::MemoryReport::with_rows(vec![], 10) };
+        let reports = [report.clone(), crate::model::memory::MemoryReport::with_rows(vec![], 7)];
+        let mut cfg = Config::preset("enwik8-expire-tiny").unwrap();
+        cfg.model.dropout = 0.0;
+        assert_eq!(counted(&cfg, &reports, Device::Cpu), vec![6, 7]);
+        assert_eq!(counted(&cfg, &reports, Device::Cuda(0)), vec![10, 7]);
+        cfg.model.dropout = 0.1;
+        assert_eq!(counted(&cfg, &reports, Device::Cpu), vec![10, 7]);
+        cfg.model.dropout = 0.0;
+        cfg.memory.mechanism = Mechanism::Fixed;
+        assert_eq!(counted(&cfg, &reports, Device::Cpu), vec![10, 7]);
     }
 
     /// The memory figure is the mean over the timed steps, not the last step's: a

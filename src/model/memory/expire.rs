@@ -651,8 +651,10 @@ impl MemoryLayer for ExpireSpan {
 
     fn report(&self) -> MemoryReport {
         let held = self.cached_len() as usize;
+        // The memories a stream keeps now, its padding left out: the mean over streams.
+        let kept = self.state.as_ref().map_or(0.0, |c| c.valid.sum(Kind::Double).double_value(&[]) / c.valid.size()[0].max(1) as f64);
         let Some(s) = &self.stats else {
-            let zero = vec![("mean_span".into(), 0.0), ("max_span".into(), 0.0), ("live".into(), 0.0)];
+            let zero = vec![("mean_span".into(), 0.0), ("max_span".into(), 0.0), ("live".into(), 0.0), ("kept".into(), kept)];
             return MemoryReport { extra: zero, ..MemoryReport::with_rows(vec![], held) };
         };
         let _guard = tch::no_grad_guard();
@@ -668,6 +670,7 @@ impl MemoryLayer for ExpireSpan {
                 ("mean_span".into(), (&spans * &validf).sum(Kind::Double).double_value(&[]) / live.max(1.0)),
                 ("max_span".into(), spans.masked_fill(&s.valid.logical_not(), 0.0).max().double_value(&[])),
                 ("live".into(), (live / b as f64 - m as f64).max(0.0)),
+                ("kept".into(), kept),
             ],
             ..MemoryReport::with_rows(super::layer::mem_rows(&visible.logical_and(&dist.ge(1.0))), held)
         }
