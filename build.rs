@@ -2,9 +2,10 @@
 //! binary (and the test binaries) find `libtorch_cpu.so` without `LD_LIBRARY_PATH`,
 //! records that folder for loading the CUDA backend at run time, and compiles lethe's
 //! C++ against the same libtorch's headers: `csrc/dist.cpp`, the bridge to c10d, and
-//! `csrc/expire.cpp`, Expire-Span's fused attention scores, `csrc/compact.cpp`,
+//! `csrc/expire.cpp`, Expire-Span's fused and ragged attention, `csrc/compact.cpp`,
 //! the compaction of its cache, `csrc/cache_grad.cpp`, the gradient of the keys and
-//! values for the block's rows only, `csrc/chunks.cpp`, the attention chunks'
+//! values for the block's rows only and the ragged projection (with `csrc/blas.h` and
+//! `csrc/shares.h`, shared with the ragged attention), `csrc/chunks.cpp`, the attention chunks'
 //! narrows as one autograd node, `csrc/skew.cpp`, the relative positions' skew,
 //! `csrc/adam.cpp`, the optimiser's update, and `csrc/context.cpp`, libtorch's global
 //! settings.

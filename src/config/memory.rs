@@ -187,7 +187,9 @@ pub struct ExpireConfig {
     /// ramp counts) with lethe's fused kernel (`csrc/expire.cpp`) instead of a dozen
     /// tensor operations: the same function to float rounding, fewer passes over memory.
     /// Without attention dropout the kernel runs the whole attention stream by stream,
-    /// over each stream's own keys (the padding of the compacted cache left out).
+    /// over each stream's own keys (the padding of the compacted cache left out), with
+    /// the span loss, and the keys, values and span scores are projected from each
+    /// stream's kept rows only (`csrc/cache_grad.cpp`).
     /// `false` runs the written-out operations (the reference). No effect on a GPU
     /// (libtorch's fused attention there). Default true.
     pub fused: bool,

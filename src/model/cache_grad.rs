@@ -404,7 +404,9 @@ mod tests {
             c.states = Tensor::cat(&[&c.states.narrow(1, 0, 6), &c.block.detach()], 1);
             c.loss(&c.ragged(true))
         };
-        let checks: [(&Tensor, &Tensor, &[i64], &dyn Fn(&mut RaggedCase, &Tensor)); 6] = [
+        // (input, its gradient, the entry checked, how to put a perturbed copy in a case)
+        type Check<'a> = (&'a Tensor, &'a Tensor, &'a [i64], &'a dyn Fn(&mut RaggedCase, &Tensor));
+        let checks: [Check; 6] = [
             (&case.k.ws, gwk, &[1, 3], &|c, t| c.k.ws = t.shallow_clone()),
             (case.k.bs.as_ref().unwrap(), gbk, &[2], &|c, t| c.k.bs = Some(t.shallow_clone())),
             (&case.v.ws, gwv, &[3, 0], &|c, t| c.v.ws = t.shallow_clone()),
