@@ -156,7 +156,6 @@ struct KeysValuesScores : public torch::autograd::Function<KeysValuesScores> {
   }
 };
 
-
 // ---------------------------------------------------------------------------------------
 // The projection of a ragged window (`lethe_ragged_project`).
 //
@@ -210,6 +209,7 @@ void check_ragged(const at::Tensor& states, const at::Tensor& block, const at::T
   TORCH_CHECK(states.dim() == 3 && block.dim() == 3 && block.size(0) == states.size(0) && block.size(2) == states.size(2) &&
                   block.size(1) > 0 && block.size(1) <= states.size(1),
               "the states ", states.sizes(), " must be (b, n, d) ending with the block ", block.sizes());
+  TORCH_CHECK(!states.requires_grad(), "the states must carry no gradient of their own (detach them): only the block gets one");
   TORCH_CHECK(valid.scalar_type() == at::kBool && valid.dim() == 2 && valid.size(0) == states.size(0) &&
                   valid.size(1) == states.size(1),
               "the validity ", valid.sizes(), " must be one bool per state ", states.sizes());

@@ -1190,7 +1190,10 @@ struct ExpireAttend : public torch::autograd::Function<ExpireAttend> {
       ramp_totals<scalar_t>(dm, key_ramp.data_ptr<int32_t>(), query_weighted.data_ptr<int64_t>(), counter.data_ptr<scalar_t>(),
                             counts.data_ptr<scalar_t>(), ramp_dist.data_ptr<double>());
     });
-    const auto loss = at::full({}, span_loss(spans, counts, ramp_dist, loss_scale), spans.options());
+    // Through a double: a loss beyond float's range becomes inf (the trainer's check of
+    // the loss then names it), not a conversion error.
+    const auto loss = at::scalar_tensor(span_loss(spans, counts, ramp_dist, loss_scale), spans.options().dtype(at::kDouble))
+                          .to(spans.scalar_type());
     auto starts = at::tensor(rg.start, at::kLong);
     ctx->save_for_backward({q, k, v, weights, by_slot, slope, ramp_key, ramp_count, starts, counts});
     ctx->saved_data["p"] = dm.p;
@@ -1227,7 +1230,11 @@ struct ExpireAttend : public torch::autograd::Function<ExpireAttend> {
     });
     // The span loss's: its scale over the streams per ramp pair, times the loss's gradient.
     const double loss_scale = ctx->saved_data["loss_scale"].toDouble();
-    if (grads[3].defined() && loss_scale != 0.0) ge.add_(counts, grads[3].item<double>() * loss_scale / static_cast<double>(dm.b));
+    // (A factor beyond float's range gives inf, as libtorch's own product would, not an error.)
+    if (grads[3].defined() && loss_scale != 0.0) {
+      const double factor = grads[3].item<double>() * loss_scale / static_cast<double>(dm.b);
+      ge.add_(counts * at::scalar_tensor(factor, counts.options().dtype(at::kDouble)));
+    }
     return {gq, gk, gv, gp, ge, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };

@@ -275,16 +275,6 @@ pub fn part(t: &Tensor, dim: i64, start: i64, len: i64) -> Tensor {
     t.narrow(dim, start, len)
 }
 
-/// `t` `(.., len)` padded with zeros on the right to `(.., to)`; `t` itself when it is
-/// that long already (`constant_pad_nd` copies even when it pads nothing).
-pub fn pad_last(t: &Tensor, to: i64) -> Tensor {
-    let len = t.size().last().copied().unwrap_or(0);
-    if len == to {
-        return t.shallow_clone();
-    }
-    t.constant_pad_nd([0, to - len])
-}
-
 /// Attention with an additive bias: `softmax(q·k / sqrt(dh) + bias) v`, with dropout on
 /// the weights in training. `bias` holds everything a mechanism adds to the content
 /// score: the relative positions (`q·key_pe[dist] / sqrt(dh)`), `-inf` where a key may

@@ -427,6 +427,9 @@ mod tests {
         let wrong_valid = case.valid.narrow(1, 0, 5);
         let err = project_ragged(&case.states, &case.block, &wrong_valid, &case.k, &case.v, &case.w, true).err().expect("an error");
         assert!(err.to_string().contains("validity"), "{err}");
+        let with_grad = case.states.copy().set_requires_grad(true);
+        let err = project_ragged(&with_grad, &case.block, &case.valid, &case.k, &case.v, &case.w, true).err().expect("an error");
+        assert!(err.to_string().contains("detach"), "{err}");
         let float_w = case.w.to_kind(Kind::Float);
         let err = project_ragged(&case.states, &case.block, &case.valid, &case.k, &case.v, &float_w, true).err().expect("an error");
         assert!(err.to_string().contains("kind"), "{err}");

@@ -441,9 +441,9 @@ impl ExpireSpan {
             1 => attention::part(p.usable, 2, 0, c.keys), // (b, 1, keys)
             _ => c.of(p.usable),                          // (b, queries, keys)
         };
-        let (q, ramp) = (&views.q, self.cfg.ramp as f64); // (b, h, queries, dh)
+        let (q, ramp, m) = (&views.q, self.cfg.ramp as f64, input.x.size()[1]); // (b, h, queries, dh)
         // The span loss's `alpha / (R M)`, M the block's length.
-        let loss_scale = if self.span_loss_applies(input.train) { self.cfg.alpha / ramp / input.x.size()[1] as f64 } else { 0.0 };
+        let loss_scale = if self.span_loss_applies(input.train) { self.cfg.alpha / ramp / m as f64 } else { 0.0 };
         if self.ragged(input) {
             let positioning = profile::phase("positions");
             let positions = q.matmul(&p.key_pe.tr()); // (b, h, queries, P)
@@ -465,7 +465,6 @@ impl ExpireSpan {
         let context = attention::weigh(&fused.out, &views.v, input.attn.dropout, input.train);
         drop(mixing);
         let _loss = profile::phase("span loss");
-        let m = input.x.size()[1];
         let loss = (loss_scale > 0.0).then(|| ramp_loss_of_counts(&views.spans, &fused.ramp_counts, &fused.ramp_distance, ramp, m, self.cfg.alpha));
         Ok((context, loss))
     }

@@ -564,6 +564,24 @@ mod tests {
         }
     }
 
+    /// A span loss beyond float's range comes out infinite, forward and backward (for the
+    /// trainer's check of the loss to name), not as an error of the kernel.
+    #[test]
+    fn a_span_loss_beyond_float_is_infinite_not_an_error() {
+        let mut rng = Rng::new(40);
+        let a = attend_block(&mut rng, 12, 6, false, false);
+        let leaf = |t: &Tensor| t.detach().to_kind(Kind::Float);
+        let x = &a.x;
+        let spans = leaf(&x.spans).set_requires_grad(true);
+        let r = expire_attend(&leaf(&a.q), &leaf(&a.k), &leaf(&x.v), &leaf(&x.positions), &spans, &x.counter.to_kind(Kind::Float), &x.usable, RAMP, 1e300).unwrap();
+        assert!(r.ramp_counts.sum(Kind::Double).double_value(&[]) > 0.0, "some pairs on the ramp");
+        let loss = r.span_loss.double_value(&[]);
+        assert!(loss.is_infinite(), "{loss}");
+        // Its backward pass too: the spans' gradient is infinite where a pair is on the ramp.
+        r.span_loss.backward();
+        assert!(spans.grad().isinf().any().int64_value(&[]) == 1);
+    }
+
     /// Its gradient against central differences of the weighted context plus the span
     /// loss, for every entry of the queries, keys, values, positions and spans (double,
     /// left padding).
