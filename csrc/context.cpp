@@ -1,5 +1,6 @@
 // libtorch's process-wide settings that lethe's config chooses (src/device.rs).
 #include <ATen/Context.h>
+#include <c10/core/CachingDeviceAllocator.h>
 
 #include "guard.h"
 
@@ -18,6 +19,23 @@ int lethe_tf32() {
   } catch (...) {
     return 0;
   }
+}
+
+// The bytes that libtorch's caching allocator has handed out on GPU `device`, now and
+// at most since its last reset (PyTorch's `torch.cuda.memory_allocated` and
+// `max_memory_allocated`); with `reset` 1 the peak starts again from now
+// (`reset_peak_memory_stats`). The allocator is the one the CUDA backend registers,
+// reached through c10's device-allocator interface, so nothing here links CUDA.
+int lethe_gpu_memory(int device, int reset, int64_t* current, int64_t* peak, char** error) {
+  return lethe::guarded(error, [&] {
+    c10::DeviceAllocator* allocator = c10::getDeviceAllocator(c10::DeviceType::CUDA);
+    const auto index = static_cast<c10::DeviceIndex>(device);
+    const auto stats = allocator->getDeviceStats(index);
+    const auto& bytes = stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+    *current = bytes.current;
+    *peak = bytes.peak;
+    if (reset != 0) allocator->resetPeakStats(index);
+  });
 }
 
 }  // extern "C"

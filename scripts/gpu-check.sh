@@ -13,10 +13,15 @@
 #                                        follows an official script and has not run on a
 #                                        GPU yet (collision, one-GPU enwik8, Table 1's
 #                                        copy), with the GPU's memory sampled; a few minutes
+#   scripts/gpu-check.sh table4 DIR OUT  there: the allocator's GPU memory tested, the
+#                                        paper's Table 4 at its size (Transformer-XL,
+#                                        Expire-Span, Adaptive-Span, Compressive; time,
+#                                        the allocator's peak beside nvidia-smi's) and
+#                                        enwik8-tiny at equal memory; about 8 minutes
 #
 # `run` uses the libtorch of the `python3` there (torch 2.11.0, the version lethe is
 # built against; a CUDA build of it) through LD_LIBRARY_PATH. A GPU's memory in use is
-# sampled with nvidia-smi into OUT/gpu-memory.csv (bench measures only the host's peak).
+# sampled with nvidia-smi into OUT/gpu-memory.csv; bench reports the allocator's peak too.
 # It writes every figure the README's "On a GPU" quotes; about 10 minutes on an H100
 # (the paper-size benches most of it).
 set -uo pipefail
@@ -121,9 +126,50 @@ presets() {
     kill $sampler 2>/dev/null
 }
 
+# The paper's Table 4 at its size, one config per process so that each has its own
+# peak: the allocator's (bench's "GPU" figure) beside nvidia-smi's largest reading while
+# the process ran (the allocator's cache and the CUDA context on top). Expire-Span's
+# spans are frozen at 5% of L = 16k (about 820 memories a layer, under Transformer-XL's
+# 1024). Before them, Transformer-XL and Expire-Span at equal memory at enwik8-tiny, in
+# turns.
+table4() {
+    local dir out torch_lib
+    [ -x "$1/lethe" ] && [ -x "$1/gpu-tests" ] || { echo "$0: $1 holds no lethe and gpu-tests: run '$0 pack $1' on the build machine first" >&2; exit 2; }
+    dir=$(realpath "$1") out=$2
+    mkdir -p "$out"
+    torch_lib=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))') || exit 1
+    export LD_LIBRARY_PATH="$torch_lib:$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/table4.txt"
+    local work
+    work=$(mktemp -d)
+    echo "== $(date +%T) the allocator's figures on the GPU (tests/gpu.rs)" | tee -a "$out/table4.txt"
+    LETHE_REQUIRE_GPU=1 timeout 120 "$dir/gpu-tests" --nocapture --test-threads 1 the_allocator_counts every_mechanism_computes 2>&1 | tee -a "$out/table4.txt"
+    echo "== $(date +%T) enwik8-tiny at equal memory, in turns" | tee -a "$out/table4.txt"
+    timeout 90 "$dir/lethe" bench -p enwik8-tiny --device cuda --bench-steps 5 --rounds 10 \
+        --mechanism fixed:108 --mechanism expire:1024 --out "$work/tiny" 2>&1 | grep -v '^round ' | tee -a "$out/table4.txt"
+    local name preset mechanism extra sampler
+    while read -r name preset mechanism extra; do
+        echo "== $(date +%T) $name: -p $preset --mechanism $mechanism $extra" | tee -a "$out/table4.txt"
+        nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 </dev/null >"$work/smi-$name.csv" &
+        sampler=$!
+        # shellcheck disable=SC2086
+        timeout 170 "$dir/lethe" bench -p "$preset" --device cuda --bench-steps 2 --warmup 1 --frozen \
+            --mechanism "$mechanism" $extra --out "$work/bench" </dev/null 2>&1 | grep -v '^streamed ' | tee -a "$out/table4.txt"
+        kill $sampler 2>/dev/null
+        echo "nvidia-smi at most: $(sort -n "$work/smi-$name.csv" | tail -n 1) MiB" | tee -a "$out/table4.txt"
+    done <<'CONFIGS'
+xl-1024 enwik8-12l fixed:1024
+expire-16k enwik8-expire-12l expire:16384 --set memory.expire.init_fraction=0.05
+compressive-2k enwik8-12l compressive:2048
+adaptive-16k enwik8-12l adaptive:16384
+CONFIGS
+    echo "== $(date +%T) done" | tee -a "$out/table4.txt"
+}
+
 case "${1:-}" in
     pack) pack "${2:?pack DIR}" ;;
     run) run "${2:?run DIR OUT}" "${3:?run DIR OUT}" ;;
     presets) presets "${2:?presets DIR OUT}" "${3:?presets DIR OUT}" ;;
-    *) sed -n '2,21p' "$0"; exit 2 ;;
+    table4) table4 "${2:?table4 DIR OUT}" "${3:?table4 DIR OUT}" ;;
+    *) sed -n '2,25p' "$0"; exit 2 ;;
 esac

@@ -159,6 +159,11 @@ pub struct BenchResult {
     pub tokens_per_s: f64,
     /// Peak resident memory of the process while this config ran, MiB.
     pub peak_rss_mib: Option<f64>,
+    /// On a GPU: the most GPU memory libtorch's caching allocator handed out while this
+    /// config ran, MiB (PyTorch's `max_memory_allocated`, reset per config; the GPU's
+    /// own figure, as `nvidia-smi` shows it, adds the allocator's cache and the CUDA
+    /// context).
+    pub peak_gpu_mib: Option<f64>,
     /// Mean memory size `|C_t|` per layer (the earlier positions a query sees), averaged
     /// over the timed steps: a learned span (Expire-Span, Adaptive-Span) goes on training
     /// while it is benched, so its memory moves from step to step.
@@ -268,6 +273,7 @@ impl<'a> Timed<'a> {
         // The data first: a corpus that cannot be read is refused before a model is built.
         let mut batches = Batches::new(cfg, opts.train_data)?;
         reset_peak_rss();
+        crate::device::reset_gpu_peak(device);
         let lm = Lm::new(cfg, device)?;
         // `--init-from`: the trained parameters; those the source lacks (another
         // mechanism's), or has in another shape (a position table over another span),
@@ -365,6 +371,7 @@ impl<'a> Timed<'a> {
             init: self.init,
             tokens_per_s: tokens as f64 / t.median_s,
             peak_rss_mib: peak_rss_bytes().map(|b| b as f64 / (1024.0 * 1024.0)),
+            peak_gpu_mib: crate::device::gpu_memory(self.run.lm.device()).map(|m| m.peak as f64 / (1024.0 * 1024.0)),
             mem_size,
             mem_by_step,
             held: self.held,
@@ -939,6 +946,7 @@ fn run_in_rounds(cases: &[Case], opts: &BenchOptions, gemm_gflops: f64, group: O
     for (t, case) in timed.into_iter().zip(cases) {
         let mut r = labelled(with_mfu(t.finish(&BenchOptions { context: case.context, ..opts.clone() })?, gemm_gflops), case);
         r.peak_rss_mib = None;
+        r.peak_gpu_mib = None;
         results.push(r);
     }
     let first = results.first().map(|r| r.round_medians_s.clone()).unwrap_or_default();
@@ -970,12 +978,15 @@ fn stop_signal(signals: &Signals, group: Option<&ProcessGroup>) -> Result<Option
 }
 
 /// The results as a terminal table, one row per config.
+/// On a GPU the memory column is the allocator's peak ([`BenchResult::peak_gpu_mib`]).
 pub fn table(results: &[BenchResult]) -> String {
     let mut s = String::new();
+    let gpu = results.iter().any(|r| r.peak_gpu_mib.is_some());
+    let peak = |r: &BenchResult| if gpu { r.peak_gpu_mib } else { r.peak_rss_mib };
     let _ = writeln!(
         s,
         "{:<12} {:>10} {:>9} {:>10} {:>16} {:>9} {:>9} {:>8} {:>6} {:>12} {:>9}",
-        "mechanism", "knob", "span", "context", "ms/step (p10-90)", "tok/s", "peak MiB", "GFLOP/s", "MFU", "mem/layer", "vs first"
+        "mechanism", "knob", "span", "context", "ms/step (p10-90)", "tok/s", if gpu { "GPU MiB" } else { "peak MiB" }, "GFLOP/s", "MFU", "mem/layer", "vs first"
     );
     for r in results {
         let knob = match (&r.knob, r.value) {
@@ -991,7 +1002,7 @@ pub fn table(results: &[BenchResult]) -> String {
             r.context_tokens,
             format!("{:.1} ({:.1}-{:.1})", 1e3 * r.median_s, 1e3 * r.p10_s, 1e3 * r.p90_s),
             r.tokens_per_s,
-            r.peak_rss_mib.map(|m| format!("{m:.0}")).unwrap_or_else(|| "n/a".into()),
+            peak(r).map(|m| format!("{m:.0}")).unwrap_or_else(|| "n/a".into()),
             r.gflops,
             r.mfu.map(|m| format!("{:.1}%", 100.0 * m)).unwrap_or_else(|| "n/a".into()),
             r.mean_mem_size(),
@@ -1020,6 +1031,7 @@ struct CsvRow<'a> {
     last_loss: f64,
     tokens_per_s: f64,
     peak_rss_mib: Option<f64>,
+    peak_gpu_mib: Option<f64>,
     mean_mem_size: f64,
     flops_per_step: f64,
     gflops: f64,
@@ -1049,6 +1061,7 @@ pub fn csv(results: &[BenchResult]) -> Result<String> {
         last_loss: r.last_loss,
         tokens_per_s: r.tokens_per_s,
         peak_rss_mib: r.peak_rss_mib,
+        peak_gpu_mib: r.peak_gpu_mib,
         mean_mem_size: r.mean_mem_size(),
         flops_per_step: r.flops_per_step,
         gflops: r.gflops,

@@ -125,21 +125,26 @@ pub fn save(path: &Path, config: &Config, state: &TrainState, tensors: &[(String
         .iter()
         .map(|(n, d, s, b)| TensorView::new(*d, s.clone(), b).map(|v| (n.as_str(), v)))
         .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| LetheError::checkpoint(path, format!("{e:?}")))?;
+        .map_err(|e| LetheError::checkpoint(path, said(&e)))?;
     let metadata = HashMap::from([
         ("format".to_string(), FORMAT.to_string()),
         ("config".to_string(), config_text),
         ("state".to_string(), state_text),
         ("checksums".to_string(), serde_json::to_string(&checksums)?),
     ]);
-    let bytes = safetensors::serialize(views, &Some(metadata)).map_err(|e| LetheError::checkpoint(path, format!("{e:?}")))?;
+    let bytes = safetensors::serialize(views, &Some(metadata)).map_err(|e| LetheError::checkpoint(path, said(&e)))?;
     write_atomic(path, &bytes)
 }
 
 /// Writes `bytes` to `path` through a temporary file, fsync and rename. When any of it
 /// fails (a full disk), the temporary file is removed, so that it does not keep the
 /// disk full, and `path` is left as it was.
+///
+/// An existing folder, FIFO or device at `path` is refused: the rename would replace it.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    if let Some(kind) = path.symlink_metadata().ok().and_then(|m| crate::output::not_a_file(&m.file_type())) {
+        return Err(LetheError::Invalid(format!("`{}` is {kind}, not a file lethe can write", path.display())));
+    }
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let tmp = dir.join(format!(".{}.tmp", path.file_name().and_then(|n| n.to_str()).unwrap_or("checkpoint")));
     let written = write_synced(&tmp, bytes).map_err(|e| LetheError::io(&tmp, e));
@@ -154,6 +159,24 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// A safetensors error in words (the crate's own `Display` is its `Debug` rendering).
+fn said(e: &safetensors::SafeTensorError) -> String {
+    use safetensors::SafeTensorError as E;
+    match e {
+        E::InvalidHeader | E::InvalidHeaderStart | E::InvalidHeaderDeserialization | E::InvalidHeaderLength => "its header is not a safetensors header".into(),
+        E::HeaderTooLarge => "its header is over 100 MB".into(),
+        E::HeaderTooSmall => "it is shorter than a safetensors header".into(),
+        E::TensorNotFound(name) => format!("no tensor `{name}`"),
+        E::TensorInvalidInfo => "a tensor's shape, type and size disagree".into(),
+        E::InvalidOffset(name) => format!("tensor `{name}` lies outside the file"),
+        E::IoError(io) => io.to_string(),
+        E::JsonError(json) => format!("its header: {json}"),
+        E::InvalidTensorView(dtype, shape, size) => format!("a {dtype:?} tensor of shape {shape:?} cannot hold {size} bytes"),
+        E::MetadataIncompleteBuffer => "its tensors do not cover the file: it was cut short or added to".into(),
+        E::ValidationOverflow => "a tensor's size overflows".into(),
+    }
+}
+
 /// Creates `path` with `bytes`, flushed to the disk.
 fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let mut f = std::fs::File::create(path)?;
@@ -165,10 +188,10 @@ impl Checkpoint {
     /// Reads and checks a checkpoint file (or a run folder's checkpoint).
     pub fn load(path: &Path) -> Result<Checkpoint> {
         let path = resolve(path);
-        let bytes = std::fs::read(&path).map_err(|e| LetheError::checkpoint(&path, format!("cannot read: {e}")))?;
+        let bytes = crate::input::read(&path).map_err(|e| LetheError::checkpoint(&path, e))?;
         let corrupt = |what: String| LetheError::checkpoint(&path, format!("corrupt or truncated ({what})"));
-        let st = SafeTensors::deserialize(&bytes).map_err(|e| corrupt(format!("{e:?}")))?;
-        let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| corrupt(format!("{e:?}")))?;
+        let st = SafeTensors::deserialize(&bytes).map_err(|e| corrupt(said(&e)))?;
+        let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| corrupt(said(&e)))?;
         let meta = meta.metadata().clone().unwrap_or_default();
         if meta.get("format").map(String::as_str) != Some(FORMAT) {
             return Err(LetheError::checkpoint(&path, "not a lethe checkpoint (no `format` metadata)"));
@@ -193,6 +216,16 @@ impl Checkpoint {
             }
             None => None,
         };
+        // A tensor the checksums list must be in the file: one taken out (a memory's, say)
+        // would otherwise load as an empty memory and train on without a word.
+        if let Some(sums) = &checksums {
+            let held: std::collections::HashSet<String> = st.names().into_iter().cloned().collect();
+            let mut missing: Vec<&String> = sums.keys().filter(|k| *k != CONFIG_SUM && *k != STATE_SUM && !held.contains(*k)).collect();
+            missing.sort();
+            if let Some(first) = missing.first() {
+                return Err(corrupt(format!("tensor `{first}` and {} more are listed in its checksums but missing: the file was changed", missing.len() - 1)));
+            }
+        }
         let mut tensors = HashMap::new();
         for (name, view) in st.tensors() {
             check(&format!("tensor `{name}`"), &name, view.data())?;

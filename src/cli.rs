@@ -534,6 +534,11 @@ pub struct SweepArgs {
     /// Parent folder: the sweep is written to <out>/<name>-sweep.
     #[arg(long, default_value = "runs")]
     pub out: PathBuf,
+    /// Retrain the sweep's runs that an earlier sweep into the same folder trained with
+    /// other settings (without it such a sweep refuses before training anything; runs
+    /// finished with the same settings are always kept).
+    #[arg(long)]
+    pub overwrite: bool,
 }
 
 impl ConfigArgs {
@@ -554,7 +559,7 @@ impl ConfigArgs {
             let why = format!("no run to resume in `{}` (it has no config.toml): train without --resume to start it", out.join(name).display());
             return Err(lethe::LetheError::Invalid(why));
         }
-        let text = std::fs::read_to_string(&path).map_err(|e| lethe::LetheError::io(&path, e))?;
+        let text = lethe::input::read_to_string(&path).map_err(|e| lethe::LetheError::ConfigParse(format!("`{}`: {e}", path.display())))?;
         // The saved config has adopted its init source's sizes already, and the run's
         // parameters are in its checkpoint: the source is not read again.
         self.resolve_over(Config::from_toml(&text, &path.display().to_string())?, false)

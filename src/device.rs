@@ -9,6 +9,37 @@ use crate::error::{LetheError, Result};
 extern "C" {
     fn lethe_set_tf32(tf32: c_int, error: *mut *mut c_char) -> c_int;
     fn lethe_tf32() -> c_int;
+    fn lethe_gpu_memory(device: c_int, reset: c_int, current: *mut i64, peak: *mut i64, error: *mut *mut c_char) -> c_int;
+}
+
+/// What libtorch's caching allocator holds for tensors on one GPU, in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuMemory {
+    /// Allocated now (`torch.cuda.memory_allocated`).
+    pub current: u64,
+    /// Allocated at most since the last [`reset_gpu_peak`] (`max_memory_allocated`).
+    pub peak: u64,
+}
+
+/// The allocator's figures for `device`; `None` on the CPU, or where the CUDA backend
+/// registered no caching allocator.
+pub fn gpu_memory(device: Device) -> Option<GpuMemory> {
+    allocator_call(device, false)
+}
+
+/// Starts a new peak of [`gpu_memory`] from what is allocated now (PyTorch's
+/// `reset_peak_memory_stats`); nothing on the CPU.
+pub fn reset_gpu_peak(device: Device) {
+    let _ = allocator_call(device, true);
+}
+
+fn allocator_call(device: Device, reset: bool) -> Option<GpuMemory> {
+    let Device::Cuda(index) = device else { return None };
+    let (mut current, mut peak) = (0i64, 0i64);
+    // SAFETY: reads (and with `reset` resets) the allocator's counters for one GPU; the
+    // two outputs are written only on success.
+    let status = crate::ffi::status(|error| unsafe { lethe_gpu_memory(index as c_int, c_int::from(reset), &mut current, &mut peak, error) });
+    status.ok().map(|()| GpuMemory { current: current.max(0) as u64, peak: peak.max(0) as u64 })
 }
 
 /// The device of a run (`train.device`), after applying its thread count
@@ -174,6 +205,7 @@ mod tests {
     fn devices_are_named_as_the_flag_takes_them() {
         assert_eq!(name(Device::Cpu), "cpu");
         assert_eq!(name(Device::Cuda(1)), "cuda:1");
+        assert_eq!(gpu_memory(Device::Cpu), None, "no GPU figures for the CPU");
         assert_eq!(parse(&name(Device::Cpu)).unwrap(), Device::Cpu);
     }
 

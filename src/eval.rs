@@ -143,7 +143,7 @@ pub fn evaluate_per_token(
 
 /// Writes [`TokenScore`]s as CSV (`eval --per-token FILE`), one row per target: `stream,
 /// position, target, text, loss, scored`, then `span_<layer>` (Expire-Span) and
-/// `mem_<layer>`. The rows go to `FILE.tmp`, renamed to `FILE` once complete.
+/// `mem_<layer>`. The rows go to `.FILE.tmp` beside it, renamed to `FILE` once complete.
 pub struct PerTokenCsv {
     path: std::path::PathBuf,
     tmp: std::path::PathBuf,
@@ -154,7 +154,9 @@ pub struct PerTokenCsv {
 impl PerTokenCsv {
     /// Starts the file at `path` (nothing appears there until [`PerTokenCsv::finish`]).
     pub fn create(path: &std::path::Path) -> Result<PerTokenCsv> {
-        let tmp = path.with_extension("csv.tmp");
+        crate::output::check("--per-token", path, &[])?;
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "per-token.csv".into());
+        let tmp = path.with_file_name(format!(".{name}.tmp"));
         let file = std::fs::File::create(&tmp).map_err(|e| LetheError::io(&tmp, e))?;
         let writer = csv::Writer::from_writer(std::io::BufWriter::new(file));
         Ok(PerTokenCsv { path: path.to_path_buf(), tmp, writer, header: false })

@@ -173,7 +173,7 @@ fn inspect_inputs(a: &InspectSpansArgs, checkpoint: &std::path::Path) -> Result<
     let device = lethe::device::parse(&a.device)?;
     let ckpt = Checkpoint::load(checkpoint)?;
     let bytes = match (&a.text, a.conversation) {
-        (Some(path), _) => std::fs::read(path).with_context(|| format!("reading text `{}`", path.display()))?,
+        (Some(path), _) => lethe::input::read(path).map_err(|e| anyhow::anyhow!("--text `{}`: {e}", path.display()))?,
         (None, Some(n)) => conversation_text(&ckpt, &a.split, n)?.into_bytes(),
         (None, None) => anyhow::bail!("give --text FILE or --conversation N"),
     };
@@ -357,6 +357,10 @@ fn eval(a: EvalArgs) -> Result<()> {
     if batch == 0 {
         anyhow::bail!("--batch must be at least 1");
     }
+    if let Some(path) = &a.per_token {
+        let checkpoint = lethe::checkpoint::resolve(&a.checkpoint);
+        lethe::output::check("--per-token", path, &[&checkpoint, cfg.data.path.as_deref().unwrap_or(&checkpoint)])?;
+    }
     let mut sized = cfg.clone();
     (sized.train.batch, sized.train.block) = (batch, block);
     lethe::model::check_fits(&sized, device).context("--batch and --block")?;
@@ -464,7 +468,7 @@ fn generate(a: GenerateArgs) -> Result<()> {
     let device = lethe::device::parse(&a.device)?;
     let prompt = match (&a.prompt, &a.prompt_file) {
         (Some(p), _) => p.clone().into_bytes(),
-        (None, Some(f)) => std::fs::read(f).with_context(|| format!("reading prompt file `{}`", f.display()))?,
+        (None, Some(f)) => lethe::input::read(f).map_err(|e| anyhow::anyhow!("--prompt-file `{}`: {e}", f.display()))?,
         (None, None) => anyhow::bail!("give a prompt with --prompt TEXT or --prompt-file FILE"),
     };
     let sampling = Sampling { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed };
@@ -509,6 +513,11 @@ fn generate(a: GenerateArgs) -> Result<()> {
 
 /// Draws the curves of the runs into `<out>.png` and `<out>.svg`.
 fn plot(a: PlotArgs) -> Result<()> {
+    let metrics: Vec<std::path::PathBuf> = a.runs.iter().map(|r| r.join("metrics.jsonl")).collect();
+    let inputs: Vec<&std::path::Path> = metrics.iter().map(|m| m.as_path()).collect();
+    for extension in ["png", "svg"] {
+        lethe::output::check("--out", &a.out.with_extension(extension), &inputs)?;
+    }
     let runs = a.runs.iter().map(|r| lethe::plot::read_curves(r, &a.metric)).collect::<lethe::error::Result<Vec<_>>>()?;
     if let Some(parent) = a.out.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).with_context(|| format!("creating `{}`", parent.display()))?;
@@ -544,7 +553,7 @@ fn chat(a: ChatArgs) -> Result<()> {
     use std::io::BufRead;
     let device = lethe::device::parse(&a.device)?;
     let decoding = decoding(&a.reply)?;
-    let bytes = std::fs::read(&a.document).with_context(|| format!("cannot read `{}`", a.document.display()))?;
+    let bytes = lethe::input::read(&a.document).map_err(|e| anyhow::anyhow!("--document `{}`: {e}", a.document.display()))?;
     let document = lethe::data::text::utf8(bytes, &a.document)?;
     if document.trim().is_empty() {
         anyhow::bail!("`{}` holds no text to talk about", a.document.display());
@@ -582,6 +591,10 @@ fn dialogue_eval(a: DialogueEvalArgs) -> Result<()> {
         anyhow::bail!("--checkpoint: this model was trained on `{}`, not on dialogues (data.source = \"dialogue\")", cfg.data.source);
     }
     let dir = cfg.data.path.clone().context("data.path: the CMU-DoG folder is needed (--data DIR)")?;
+    if let Some(path) = &a.csv {
+        let checkpoint = lethe::checkpoint::resolve(&a.checkpoint);
+        lethe::output::check("--csv", path, &[&checkpoint, &dir, a.wordnet.as_deref().unwrap_or(&dir)])?;
+    }
     let mut conversations = lethe::data::dialogue::read_split(&dir, split)?;
     if a.conversations > 0 {
         conversations.truncate(a.conversations);
@@ -606,7 +619,7 @@ fn dialogue_eval(a: DialogueEvalArgs) -> Result<()> {
     let data = lethe::data::dialogue::split_data(tokenizer.as_ref(), &cfg.data.dialogue, &conversations, &dir, split)?;
     let ppl = lethe::eval::evaluate(&lm, &data, 1, cfg.train.block, None)?;
     if let Some(path) = &a.csv {
-        lethe::checkpoint::write_atomic(path, &lethe::dialogue::replies_csv(&replies)?)?;
+        lethe::output::write("--csv", path, &lethe::dialogue::replies_csv(&replies)?, &[])?;
         eprintln!("wrote {}", path.display());
     }
     if a.json {
@@ -631,10 +644,13 @@ fn dialogue_data(a: DialogueDataArgs) -> Result<()> {
 /// Scores predictions against references, line by line, and prints the means.
 fn score(a: ScoreArgs) -> Result<()> {
     use lethe::textmetrics;
+    if let Some(path) = &a.csv {
+        lethe::output::check("--csv", path, &[&a.predictions, &a.references, a.wordnet.as_deref().unwrap_or(&a.predictions)])?;
+    }
     let scorer = scorer(a.wordnet.as_deref())?;
     let scores = textmetrics::score_files(&a.predictions, &a.references, &scorer)?;
     if let Some(path) = &a.csv {
-        lethe::checkpoint::write_atomic(path, &textmetrics::csv(&scores)?)?;
+        lethe::output::write("--csv", path, &textmetrics::csv(&scores)?, &[])?;
     }
     let mean = textmetrics::mean(&scores).context("no pairs to score")?;
     println!("{}", textmetrics::summary(&mean, scores.len(), scorer.wordnet().is_some()));
@@ -658,12 +674,14 @@ fn tokenizer(c: TokenizerCommand) -> Result<()> {
         TokenizerCommand::Bpe(a) => &a.io,
     };
     let target = io.out.join("tokenizer.json");
+    let inputs: Vec<&std::path::Path> = io.files.iter().map(|f| f.as_path()).collect();
+    lethe::output::check("--out", &target, &inputs)?;
     if target.exists() && !io.overwrite {
         anyhow::bail!("`{}` already holds a tokenizer; pass --overwrite to replace it", target.display());
     }
     let mut texts = vec![];
     for file in &io.files {
-        let bytes = std::fs::read(file).with_context(|| format!("reading `{}`", file.display()))?;
+        let bytes = lethe::input::read(file).map_err(|e| anyhow::anyhow!("`{}`: {e}", file.display()))?;
         eprintln!("read `{}`: {:.1} MB", file.display(), bytes.len() as f64 / 1e6);
         texts.push(lethe::data::text::utf8(bytes, file)?);
     }
@@ -723,7 +741,7 @@ fn bench(a: BenchArgs) -> Result<()> {
         let relative = r.relative.map(|x| format!(" | {x:.3}x the first config over {} rounds", r.round_medians_s.len())).unwrap_or_default();
         let reads = r.reads();
         println!(
-            "{:<14} {:<11} {:>9} params | {} tok/step | step median {:.1} ms (p10 {:.1}, p90 {:.1}) | {:.0} tok/s | peak RSS {} | mem {:?} | {:.2} GFLOP/step, MFU {} | context {} tokens{reads}{comm}{relative}",
+            "{:<14} {:<11} {:>9} params | {} tok/step | step median {:.1} ms (p10 {:.1}, p90 {:.1}) | {:.0} tok/s | peak RSS {}{} | mem {:?} | {:.2} GFLOP/step, MFU {} | context {} tokens{reads}{comm}{relative}",
             r.name,
             r.mechanism,
             r.parameters,
@@ -733,6 +751,7 @@ fn bench(a: BenchArgs) -> Result<()> {
             1e3 * r.p90_s,
             r.tokens_per_s,
             r.peak_rss_mib.map(|m| format!("{m:.0} MiB")).unwrap_or_else(|| "n/a".into()),
+            r.peak_gpu_mib.map(|m| format!(", GPU {m:.0} MiB")).unwrap_or_default(),
             r.mem_size.iter().map(|m| m.round()).collect::<Vec<_>>(),
             r.flops_per_step / 1e9,
             r.mfu.map(|m| format!("{:.1}%", 100.0 * m)).unwrap_or_else(|| "n/a".into()),
@@ -787,7 +806,7 @@ fn sweep(a: SweepArgs) -> Result<()> {
     let dir = a.out.join(format!("{}-sweep", base.name));
     let runs: usize = arms.iter().map(|arm| arm.sizes.len()).sum::<usize>() * seeds.len();
     println!("sweep `{}`: {runs} runs of {} steps on {}; folder {}", base.name, base.train.steps, lethe::task::describe(&base), dir.display());
-    let points = lethe::sweep::run(&base, &arms, &seeds, &dir, &mut |line| println!("{line}"))?;
+    let points = lethe::sweep::run(&base, &arms, &seeds, &dir, a.overwrite, &mut |line| println!("{line}"))?;
     print!("{}", lethe::sweep::table(&points));
     if seeds.len() > 1 {
         let metric = lethe::task::metric(&base).name();

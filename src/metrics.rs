@@ -32,7 +32,7 @@ impl MetricsLog {
     pub fn open_from(dir: &Path, from: usize) -> Result<Self> {
         let path = dir.join("metrics.jsonl");
         if path.exists() {
-            let text = std::fs::read(&path).map_err(|e| LetheError::io(&path, e))?;
+            let text = crate::input::read(&path).map_err(|e| LetheError::data(&path, e))?;
             let kept = records_through(&text, from);
             if kept.len() != text.len() {
                 crate::checkpoint::write_atomic(&path, &kept)?;

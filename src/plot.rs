@@ -25,7 +25,7 @@ pub struct Curves {
 /// number there (`null`: no scored token) are skipped.
 pub fn read_curves(dir: &Path, metric: &str) -> Result<Curves> {
     let path = dir.join("metrics.jsonl");
-    let text = std::fs::read_to_string(&path).map_err(|e| LetheError::Data { path: path.clone(), reason: format!("cannot read the run's metrics: {e}") })?;
+    let text = crate::input::read_to_string(&path).map_err(|e| LetheError::Data { path: path.clone(), reason: format!("the run's metrics: {e}") })?;
     let mut curves = Curves { name: dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned()), train: vec![], valid: vec![] };
     for line in text.lines() {
         let Ok(record) = serde_json::from_str::<serde_json::Value>(line) else { continue };

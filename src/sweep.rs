@@ -39,7 +39,7 @@ pub struct Arm {
 
 /// Parses `mechanism[:size,size,...]` items; an item without sizes gets `default_sizes`.
 pub fn parse_arms(items: &[String], default_sizes: &[usize]) -> Result<Vec<Arm>> {
-    items
+    let arms = items
         .iter()
         .map(|item| {
             let (name, sizes) = item.split_once(':').unwrap_or((item, ""));
@@ -50,7 +50,19 @@ pub fn parse_arms(items: &[String], default_sizes: &[usize]) -> Result<Vec<Arm>>
             }
             Ok(Arm { mechanism, sizes })
         })
-        .collect()
+        .collect::<Result<Vec<Arm>>>()?;
+    // A mechanism given twice would train the same runs twice into one folder, and the
+    // report would count them as seeds.
+    for (i, arm) in arms.iter().enumerate() {
+        if arms[..i].iter().any(|a| a.mechanism == arm.mechanism) {
+            return Err(LetheError::Invalid(format!(
+                "--mechanism {}: given twice; give its sizes once, as `{}:16,32`",
+                arm.mechanism.name(),
+                arm.mechanism.name()
+            )));
+        }
+    }
+    Ok(arms)
 }
 
 /// The sizes tried when none are given: `L/8`, `L/4`, `L/2` and `L` of `cfg`, each at
@@ -63,16 +75,18 @@ pub fn default_sizes(cfg: &Config) -> Vec<usize> {
 }
 
 /// Parses `16,32,64`, given by the flag `flag` (named in the error).
+/// Each size once: a repeated size would train the same run twice into one folder.
 pub fn parse_sizes(text: &str, flag: &str) -> Result<Vec<usize>> {
-    text.split(',')
-        .map(|s| {
-            s.trim()
-                .parse::<usize>()
-                .ok()
-                .filter(|&n| n > 0)
-                .ok_or_else(|| LetheError::Invalid(format!("{flag}: memory size `{s}` is not a positive whole number")))
-        })
-        .collect()
+    let mut sizes: Vec<usize> = vec![];
+    for s in text.split(',') {
+        let size = s.trim().parse::<usize>().ok().filter(|&n| n > 0);
+        let size = size.ok_or_else(|| LetheError::Invalid(format!("{flag}: memory size `{s}` is not a positive whole number")))?;
+        if sizes.contains(&size) {
+            return Err(LetheError::Invalid(format!("{flag}: memory size {size} is given twice")));
+        }
+        sizes.push(size);
+    }
+    Ok(sizes)
 }
 
 /// Seeds from `1,2,3`: whole numbers, each once (a repeated seed would train the same
@@ -144,7 +158,12 @@ pub struct SweepPoint {
 
 /// Trains every run of the plan under `dir` (skipping finished ones) and writes the
 /// report. `say` receives one progress line per run.
-pub fn run(base: &Config, arms: &[Arm], seeds: &[u64], dir: &Path, say: &mut dyn FnMut(&str)) -> Result<Vec<SweepPoint>> {
+///
+/// A run folder of the plan that holds a run with other settings (a finished one whose
+/// point has another config, or any checkpoint trained under another config) is
+/// replaced only with `overwrite`; without it the sweep refuses before training
+/// anything, as `lethe train` refuses to replace a run.
+pub fn run(base: &Config, arms: &[Arm], seeds: &[u64], dir: &Path, overwrite: bool, say: &mut dyn FnMut(&str)) -> Result<Vec<SweepPoint>> {
     let mut plan = vec![];
     for arm in arms {
         for &size in &arm.sizes {
@@ -157,6 +176,9 @@ pub fn run(base: &Config, arms: &[Arm], seeds: &[u64], dir: &Path, say: &mut dyn
     // Every run must fit before the first one starts, and before anything is written.
     for cfg in &plan {
         crate::model::check_fits(cfg, crate::device::parse(&cfg.train.device)?)?;
+    }
+    if !overwrite {
+        refuse_other_runs(&plan, &dir.join("runs"))?;
     }
     std::fs::create_dir_all(dir).map_err(|e| LetheError::io(dir, e))?;
     write_atomic(&dir.join("base.toml"), base.to_toml()?.as_bytes())?;
@@ -176,6 +198,26 @@ pub fn run(base: &Config, arms: &[Arm], seeds: &[u64], dir: &Path, say: &mut dyn
     }
     write_report(base, &points, dir)?;
     Ok(points)
+}
+
+/// Refuses the first run of `plan` whose folder under `runs` holds a run trained with
+/// other settings.
+fn refuse_other_runs(plan: &[Config], runs: &Path) -> Result<()> {
+    for cfg in plan {
+        let folder = runs.join(&cfg.name);
+        if !folder.join(crate::checkpoint::FILE_NAME).exists() {
+            continue;
+        }
+        let toml = cfg.to_toml()?;
+        let saved = std::fs::read_to_string(folder.join("config.toml")).unwrap_or_default();
+        if saved != toml {
+            return Err(LetheError::Invalid(format!(
+                "sweep run `{}` already holds a run trained with other settings: pass --overwrite to retrain it, or --out for another sweep folder",
+                folder.display()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Trains one run, or reads its point when it finished earlier with the same config.

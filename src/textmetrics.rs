@@ -248,7 +248,7 @@ pub fn mean(scores: &[Scores]) -> Option<Scores> {
 
 /// One response per line of a text file (UTF-8; a trailing newline ends the last line).
 pub fn read_lines(path: &std::path::Path) -> crate::Result<Vec<String>> {
-    let bytes = std::fs::read(path).map_err(|e| crate::LetheError::io(path, e))?;
+    let bytes = crate::input::read(path).map_err(|e| crate::LetheError::data(path, e))?;
     let text = crate::data::text::utf8(bytes, path)?;
     Ok(text.lines().map(str::to_string).collect())
 }

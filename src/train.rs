@@ -105,7 +105,7 @@ impl<'a> Run<'a> {
         crate::model::check_fits(cfg, device)?; // before the streams, which grow with the batch
         let group = crate::dist::join_for_training(cfg)?;
         let dir = opts.out_dir.join(&cfg.name);
-        let (mut folder, resumed) = crate::run::folder::open_for_ranks(cfg, opts.intent(), &dir, group.as_ref())?;
+        let (folder, resumed) = crate::run::folder::open_for_ranks(cfg, opts.intent(), &dir, group.as_ref())?;
         let data = crate::task::train_streams(cfg, cfg.train.batch)?;
         let valid = crate::task::load_split(cfg, Split::Valid, cfg.train.batch)?;
         let lm = Lm::new(cfg, device)?;
@@ -117,11 +117,13 @@ impl<'a> Run<'a> {
         let in_memory_group = opt.group(crate::model::memory::is_mechanism_parameter, cfg.train.memory_lr_scale());
         let mems = (0..cfg.train.accum).map(|_| lm.model.new_memory()).collect();
         let from = resumed.as_ref().and_then(|ck| ck.state.as_ref()).map_or(0, |s| s.step);
-        let metrics = folder.as_mut().map(|f| f.commit(cfg, from)).transpose()?;
-        let mut run = Run { cfg, opts, folder, dir, group, lm, opt, mems, data, valid, metrics, step: 0, tokens_seen: 0, last_checkpoint: None };
+        let mut run = Run { cfg, opts, folder, dir, group, lm, opt, mems, data, valid, metrics: None, step: 0, tokens_seen: 0, last_checkpoint: None };
+        // Every check of the checkpoint (its tensors, its stream position) before the
+        // folder changes: a refused resume leaves config.toml and metrics.jsonl as they were.
         if let Some(ck) = resumed {
             run.resume(&ck)?;
         }
+        run.metrics = run.folder.as_mut().map(|f| f.commit(cfg, from)).transpose()?;
         broadcast_parameters(run.group.as_ref(), run.lm.named_parameters())?;
         run.say(&opening_line(cfg, "", run.lm.parameter_count(), device, &run.dir));
         if let Some(g) = &run.group {

@@ -92,7 +92,7 @@ impl Part {
     fn open(dir: &Path, files: &PosFiles) -> Result<Self> {
         let read = |name: String| -> Result<(PathBuf, Vec<u8>)> {
             let path = dir.join(name);
-            let bytes = std::fs::read(&path).map_err(|e| LetheError::io(&path, e))?;
+            let bytes = crate::input::read(&path).map_err(|e| LetheError::data(&path, e))?;
             Ok((path, bytes))
         };
         let (index_path, index) = read(format!("index.{}", files.suffix))?;

@@ -226,3 +226,22 @@ fn tf32_rounds_the_gpu_s_products_only_when_asked() {
     assert!(ieee < 1e-5, "float32 product off by {ieee}");
     assert!(tf32 > 10.0 * ieee && tf32 < 1e-2, "TF32 product off by {tf32} (float32 {ieee})");
 }
+
+/// `lethe bench`'s GPU figure is libtorch's caching allocator's: 64 MiB allocated show
+/// in the current and the peak bytes, and after the tensor is freed a reset brings the
+/// peak back down to what is allocated then.
+#[test]
+fn the_allocator_counts_what_the_gpu_holds_and_its_peak_resets() {
+    let Some((device, _lock)) = gpu("the_allocator_counts_what_the_gpu_holds_and_its_peak_resets") else { return };
+    let mib = 1u64 << 20;
+    let before = lethe::device::gpu_memory(device).expect("the CUDA allocator's figures");
+    let held = Tensor::zeros([16 * 1024 * 1024], (Kind::Float, device)); // 64 MiB
+    let during = lethe::device::gpu_memory(device).unwrap();
+    assert!(during.current >= before.current + 64 * mib, "{before:?} then {during:?}");
+    assert!(during.peak >= during.current);
+    drop(held);
+    lethe::device::reset_gpu_peak(device);
+    let after = lethe::device::gpu_memory(device).unwrap();
+    assert!(after.current + 64 * mib <= during.current && after.peak < during.peak, "{during:?} then {after:?}");
+    eprintln!("allocator: {before:?}, with 64 MiB {during:?}, freed and reset {after:?}");
+}

@@ -9,7 +9,7 @@ use crate::error::{LetheError, Result};
 impl Config {
     /// Merges a TOML file over `self` (fields the file leaves out keep their values).
     pub fn merge_file(self, path: &Path) -> Result<Config> {
-        let text = std::fs::read_to_string(path).map_err(|e| LetheError::io(path, e))?;
+        let text = crate::input::read_to_string(path).map_err(|e| LetheError::ConfigParse(format!("`{}`: {e}", path.display())))?;
         let overlay: toml::Table = text
             .parse()
             .map_err(|e| LetheError::ConfigParse(format!("`{}`: {e}", path.display())))?;

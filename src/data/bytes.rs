@@ -49,14 +49,14 @@ fn is_enwik8(path: &Path, len: usize, format: FileFormat) -> Result<bool> {
 }
 
 fn read_file(path: &Path) -> Result<Vec<u8>> {
-    let bytes = std::fs::read(path).map_err(|e| {
+    let bytes = crate::input::read(path).map_err(|e| {
         let named_enwik8 = path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("enwik8"));
         let hint = if named_enwik8 && !path.exists() {
             "; get it with `mkdir -p data && curl -L http://mattmahoney.net/dc/enwik8.zip -o data/enwik8.zip && unzip data/enwik8.zip -d data`, or pass --data FILE"
         } else {
             ""
         };
-        LetheError::data(path, format!("cannot read: {e}{hint}"))
+        LetheError::data(path, format!("{e}{hint}"))
     })?;
     if bytes.is_empty() {
         return Err(LetheError::data(path, "the file is empty"));
@@ -94,25 +94,9 @@ fn split_index(split: Split) -> usize {
 }
 
 /// The text files under `dir`, recursively, sorted by path; hidden entries are skipped.
+/// A folder reached again through a link is walked once ([`crate::input::walk`]).
 fn list_files(dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut out = Vec::new();
-    let mut pending = vec![dir.to_path_buf()];
-    while let Some(d) = pending.pop() {
-        let entries = std::fs::read_dir(&d).map_err(|e| LetheError::data(&d, format!("cannot read folder: {e}")))?;
-        for entry in entries {
-            let p = entry.map_err(|e| LetheError::io(&d, e))?.path();
-            if p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with('.')) {
-                continue;
-            }
-            if p.is_dir() {
-                pending.push(p);
-            } else {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
-    Ok(out)
+    crate::input::walk(dir).map_err(|(d, why)| LetheError::data(d, why))
 }
 
 /// A folder's documents for `split`. When it has `train/`, `valid/` (or `validation/`)
@@ -143,7 +127,7 @@ fn load_folder(dir: &Path, cfg: &DataConfig, split: Split) -> Result<SplitData> 
     }
     let mut docs = Vec::with_capacity(files.len());
     for f in &files {
-        let bytes = std::fs::read(f).map_err(|e| LetheError::data(f, format!("cannot read: {e}")))?;
+        let bytes = crate::input::read(f).map_err(|e| LetheError::data(f, e))?;
         if !bytes.is_empty() {
             docs.push(TokenSeq::bytes(&bytes, None, None));
         }

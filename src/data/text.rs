@@ -151,7 +151,7 @@ fn wikitext_file(dir: &Path, split: Split) -> Result<PathBuf> {
 /// One split of a Wikitext folder, as bytes.
 fn load_wikitext_bytes(dir: &Path, split: Split) -> Result<SplitData> {
     let path = wikitext_file(dir, split)?;
-    let bytes = std::fs::read(&path).map_err(|e| LetheError::data(&path, format!("cannot read: {e}")))?;
+    let bytes = crate::input::read(&path).map_err(|e| LetheError::data(&path, e))?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err(LetheError::data(&path, "holds no text"));
     }

@@ -28,13 +28,17 @@ impl Tokenizer {
     pub fn from_dir(dir: &Path) -> Result<Tokenizer> {
         let json = dir.join("tokenizer.json");
         if json.is_file() {
-            let inner = tokenizers::Tokenizer::from_file(&json).map_err(|e| data_error(&json, e))?;
+            let bytes = crate::input::read(&json).map_err(|e| LetheError::data(&json, e))?;
+            let inner = tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| data_error(&json, e))?;
             return Ok(Tokenizer { inner });
         }
         let (vocab, merges) = (dir.join("vocab.json"), dir.join("merges.txt"));
         if !vocab.is_file() || !merges.is_file() {
             let reason = "holds no tokenizer: neither tokenizer.json nor vocab.json with merges.txt".to_string();
             return Err(LetheError::Data { path: dir.to_path_buf(), reason });
+        }
+        for file in [&vocab, &merges] {
+            crate::input::check_file(file).map_err(|e| LetheError::data(file, e))?;
         }
         let (vocab_text, merges_text) = (vocab.display().to_string(), merges.display().to_string());
         let bpe = BPE::from_file(&vocab_text, &merges_text).build().map_err(|e| data_error(&vocab, e))?;

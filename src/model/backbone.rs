@@ -98,14 +98,32 @@ impl Memory {
         out
     }
 
-    /// Restores a state saved by [`Memory::state`].
+    /// Restores a state saved by [`Memory::state`]. Every layer read the same blocks,
+    /// so each layer's state has the same tensors: a state where one layer lacks a tensor
+    /// that another holds is refused, naming both, not loaded as an empty memory.
     pub fn load_state(&mut self, state: &[(String, Tensor)]) -> Result<()> {
+        let mut first_names: Option<Vec<String>> = None;
         for (i, l) in self.layers.iter_mut().enumerate() {
             let prefix = format!("layers.{i}.");
             let mine: Vec<(String, Tensor)> = state
                 .iter()
                 .filter_map(|(n, t)| n.strip_prefix(&prefix).map(|rest| (rest.to_string(), t.shallow_clone())))
                 .collect();
+            let mut names: Vec<String> = mine.iter().map(|(n, _)| n.clone()).collect();
+            names.sort();
+            match &first_names {
+                None => first_names = Some(names),
+                Some(first) if *first != names => {
+                    let lacks = |a: &[String], b: &[String]| b.iter().find(|n| !a.contains(n)).cloned();
+                    let why = match (lacks(&names, first), lacks(first, &names)) {
+                        (Some(n), _) => format!("layer {i} lacks `{n}`, which layer 0 holds"),
+                        (None, Some(n)) => format!("layer 0 lacks `{n}`, which layer {i} holds"),
+                        (None, None) => format!("layer {i} holds other tensors than layer 0"),
+                    };
+                    return Err(LetheError::Invalid(format!("memory state incomplete: {why}")));
+                }
+                Some(_) => {}
+            }
             l.load_state(&mine)?;
         }
         Ok(())

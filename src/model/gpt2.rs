@@ -73,7 +73,7 @@ fn default_true() -> bool {
 impl Gpt2Config {
     /// Reads `config.json`; the error names the file.
     pub fn from_file(path: &Path) -> Result<Gpt2Config> {
-        let text = std::fs::read_to_string(path).map_err(|e| LetheError::io(path, e))?;
+        let text = crate::input::read_to_string(path).map_err(|e| LetheError::checkpoint(path, e))?;
         let cfg: Gpt2Config = serde_json::from_str(&text).map_err(|e| LetheError::Invalid(format!("`{}`: not a GPT-2 config: {e}", path.display())))?;
         cfg.validate(path)?;
         Ok(cfg)
@@ -134,6 +134,7 @@ pub fn is_hugging_face_folder(dir: &Path) -> bool {
 /// else is refused, naming the tensor.
 pub fn read_weights(dir: &Path, config: &Gpt2Config) -> Result<Vec<(String, Tensor)>> {
     let path = dir.join("model.safetensors");
+    crate::input::check_file(&path).map_err(|e| LetheError::checkpoint(&path, e))?;
     let raw = Tensor::read_safetensors(&path).map_err(|e| LetheError::checkpoint(&path, format!("cannot read: {e}")))?;
     let mut weights: std::collections::HashMap<String, Tensor> =
         raw.into_iter().map(|(name, t)| (name.strip_prefix("transformer.").unwrap_or(&name).to_string(), t)).collect();

@@ -232,7 +232,7 @@ impl<'a> Run<'a> {
         let device = crate::device::for_training(&cfg.train.device, cfg.train.threads, cfg.train.tf32)?;
         let group = crate::dist::join_for_training(cfg)?;
         let dir = opts.out_dir.join(&cfg.name);
-        let (mut folder, resumed) = crate::run::folder::open_for_ranks(cfg, opts.intent(), &dir, group.as_ref())?;
+        let (folder, resumed) = crate::run::folder::open_for_ranks(cfg, opts.intent(), &dir, group.as_ref())?;
         let (rank, world) = group.as_ref().map_or((0, 1), |g| (g.rank(), g.world_size()));
         let b = cfg.train.batch;
         let rows = (rank * b / world, (rank + 1) * b / world);
@@ -245,11 +245,12 @@ impl<'a> Run<'a> {
             rng: Rng::derive(cfg.seed, SAMPLER_STREAM),
         };
         let from = resumed.as_ref().and_then(|ck| ck.state.as_ref()).map_or(0, |s| s.step);
-        let metrics = folder.as_mut().map(|f| f.commit(cfg, from)).transpose()?;
-        let mut run = Run { cfg, opts, folder, dir, group, rows, agent, opt, mem, state, metrics, step: 0, env_steps: 0, last_checkpoint: None };
+        let mut run = Run { cfg, opts, folder, dir, group, rows, agent, opt, mem, state, metrics: None, step: 0, env_steps: 0, last_checkpoint: None };
+        // Every check of the checkpoint before the folder changes (see `train::Run::start`).
         if let Some(ck) = resumed {
             run.resume(&ck)?;
         }
+        run.metrics = run.folder.as_mut().map(|f| f.commit(cfg, from)).transpose()?;
         broadcast_parameters(run.group.as_ref(), run.agent.named_parameters())?;
         run.say(&opening_line(cfg, " by actor-critic", run.agent.parameter_count(), device, &run.dir));
         if let Some(g) = &run.group {

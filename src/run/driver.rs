@@ -114,11 +114,13 @@ pub(crate) fn drive<R: Looped>(run: &mut R, cfg: &TrainConfig, opts: &TrainOptio
             window = R::Window::default();
             clock = Instant::now();
         }
-        if due.eval {
-            last_eval = Some(run.evaluate()?);
-        }
+        // The checkpoint first: an evaluation that fails (a GPU out of memory, a bad
+        // validation file) must not lose the steps since the last one.
         if due.checkpoint {
             run.save_checkpoint()?;
+        }
+        if due.eval {
+            last_eval = Some(run.evaluate()?);
         }
         if due.stop {
             run.say(&format!("stopped after step {} as asked; continue with --resume", run.step()));

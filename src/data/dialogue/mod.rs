@@ -175,7 +175,7 @@ fn document_text(value: &serde_json::Value) -> String {
 
 /// Reads and parses one JSON file; the error names it.
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
-    let bytes = std::fs::read(path).map_err(|e| LetheError::data(path, format!("cannot read: {e}")))?;
+    let bytes = crate::input::read(path).map_err(|e| LetheError::data(path, e))?;
     serde_json::from_slice(&bytes).map_err(|e| LetheError::data(path, format!("is not a CMU-DoG JSON file: {e}")))
 }
 
