@@ -1,6 +1,7 @@
 // libtorch's process-wide settings that lethe's config chooses (src/device.rs).
 #include <ATen/Context.h>
 #include <c10/core/CachingDeviceAllocator.h>
+#include <c10/util/Logging.h>
 
 #include "guard.h"
 
@@ -19,6 +20,12 @@ int lethe_tf32() {
   } catch (...) {
     return 0;
   }
+}
+
+// The least severity of libtorch's own log lines that reach stderr (0 info, 1 warning,
+// 2 error, 3 fatal), as the environment variable TORCH_CPP_LOG_LEVEL sets it.
+void lethe_set_cpp_log_level(int level) {
+  FLAGS_caffe2_log_level = level;
 }
 
 // The bytes that libtorch's caching allocator has handed out on GPU `device`, now and

@@ -82,6 +82,17 @@ pub struct BenchOptions {
 /// steps against 250 MB untraced), more with more layers.
 pub const MAX_TRACE_STEPS: usize = 50;
 
+/// The most timed steps a config takes (`--bench-steps`): figures from more steps are
+/// no steadier, and a count near 2^64 is a typing error.
+pub const MAX_BENCH_STEPS: usize = 100_000;
+/// The most warm-up steps (`--warmup`).
+pub const MAX_WARMUP_STEPS: usize = 10_000;
+/// The most rounds (`--rounds`).
+pub const MAX_ROUNDS: usize = 10_000;
+/// The longest context streamed before the timed steps (`--context`, `--scale
+/// context=`), in tokens: 2^32 takes days at any size.
+pub const MAX_CONTEXT_TOKENS: usize = 1 << 32;
+
 impl BenchOptions {
     /// Refuses options that would time nothing, and traces too long to hold in memory.
     pub fn validate(&self) -> Result<()> {
@@ -90,6 +101,13 @@ impl BenchOptions {
         }
         if self.rounds == 0 {
             return Err(LetheError::Invalid("--rounds must be at least 1".into()));
+        }
+        let bounded = [("--bench-steps", self.steps, MAX_BENCH_STEPS), ("--warmup", self.warmup, MAX_WARMUP_STEPS), ("--rounds", self.rounds, MAX_ROUNDS)];
+        if let Some((flag, value, most)) = bounded.into_iter().find(|(_, value, most)| value > most) {
+            return Err(LetheError::Invalid(format!("{flag} {value}: at most {most}")));
+        }
+        if let Some(tokens) = self.context.filter(|&t| t > MAX_CONTEXT_TOKENS) {
+            return Err(LetheError::Invalid(format!("--context {tokens}: at most {MAX_CONTEXT_TOKENS} tokens (2^32)")));
         }
         if self.trace.is_some() && !self.profile {
             return Err(LetheError::Invalid("a trace records the profiled steps: --trace needs --profile".into()));
@@ -230,10 +248,22 @@ const MAX_FILL_BLOCKS: usize = 4096;
 /// `mfu` is left empty: [`with_mfu`] fills it from a measured GEMM rate. Under torchrun
 /// (`group`) every rank runs its share of the micro-batches and the figures are the
 /// whole group's, with the time spent in the gradient all-reduce.
+///
+/// On a single process a signal ([`crate::run::stop_requested`]) stops it at the next
+/// step with [`LetheError::Stopped`], whatever the counts of steps asked.
 pub fn bench(cfg: &Config, opts: &BenchOptions, group: Option<&ProcessGroup>) -> Result<BenchResult> {
     let mut timed = Timed::prepare(cfg, opts, group)?;
-    timed.round(opts.steps)?;
+    timed.round(opts.steps, group.is_none())?;
     timed.finish(opts)
+}
+
+/// [`LetheError::Stopped`] when a signal came and the loop may stop alone (a single
+/// process: the ranks of a launch stop together, between configs).
+fn stop_check(group: Option<&ProcessGroup>) -> Result<()> {
+    match crate::run::stop_requested().filter(|_| group.is_none()) {
+        Some(signal) => Err(LetheError::Stopped { signal }),
+        None => Ok(()),
+    }
 }
 
 /// A config being timed: its model, optimiser and memories (the memory filled and the
@@ -287,6 +317,7 @@ impl<'a> Timed<'a> {
         let mut run = Stepper { lm, opt, mems, cfg, group, steps: 0, frozen: opts.frozen };
         let fill_blocks = fill_memory(&mut run, &mut batches, opts.context)?;
         for _ in 0..opts.warmup {
+            stop_check(group)?;
             let batch = batches.next(cfg);
             run.step(&batch)?;
         }
@@ -295,11 +326,15 @@ impl<'a> Timed<'a> {
         Ok(Timed { run, batches, init, fill_blocks, times: vec![], comm: vec![], round_medians: vec![], last_loss: f64::NAN, memory: vec![], flops: vec![], held, counted, profiled: vec![], profiled_steps: 0 })
     }
 
-    /// Times `steps` more training steps, one round.
-    fn round(&mut self, steps: usize) -> Result<()> {
+    /// Times `steps` more training steps, one round; with `stoppable`, a signal stops it
+    /// at the next step ([`stop_check`]).
+    fn round(&mut self, steps: usize, stoppable: bool) -> Result<()> {
         let device = self.run.lm.device();
-        let mut times = Vec::with_capacity(steps);
+        let mut times = Vec::with_capacity(steps.min(MAX_BENCH_STEPS));
         for _ in 0..steps {
+            if stoppable {
+                stop_check(self.run.group)?;
+            }
             let batch = self.batches.next(self.run.cfg);
             let start = Instant::now();
             let s = self.run.step(&batch)?;
@@ -603,6 +638,7 @@ fn fill_memory(run: &mut Stepper, batches: &mut Batches, context: Option<usize>)
         None => memory_reach(cfg).div_ceil(cfg.train.block).min(MAX_FILL_BLOCKS),
     };
     for i in 0..blocks {
+        stop_check(run.group)?;
         if context.is_some() && blocks >= 1000 && (i + 1) % (blocks / 10) == 0 {
             eprintln!("streamed {} of {} context tokens", (i + 1) * cfg.train.block, blocks * cfg.train.block);
         }
@@ -832,6 +868,14 @@ pub fn plan(base: &Config, mechanisms: &[String], scale: Option<&Scale>, context
             base.name
         )));
     }
+    if let (Some(s), Some(tokens)) = (scale, context) {
+        if s.knob == Knob::Context {
+            return Err(LetheError::Invalid(format!("--context {tokens} and --scale context=...: the scale gives each config its context; give one of them")));
+        }
+    }
+    if let Some(tokens) = scale.filter(|s| s.knob == Knob::Context).and_then(|s| s.values.iter().copied().find(|&t| t > MAX_CONTEXT_TOKENS)) {
+        return Err(LetheError::Invalid(format!("--scale context={tokens}: at most {MAX_CONTEXT_TOKENS} tokens (2^32)")));
+    }
     let mut configs = vec![];
     for item in mechanisms {
         let (name, size) = item.split_once(':').unwrap_or((item, ""));
@@ -901,7 +945,12 @@ pub fn run(cases: &[Case], opts: &BenchOptions, gemm_gflops: f64, group: Option<
     let mut results = vec![];
     for case in cases {
         let o = BenchOptions { context: case.context, ..opts.clone() };
-        let r = labelled(with_mfu(bench(&case.cfg, &o, group)?, gemm_gflops), case);
+        let r = match bench(&case.cfg, &o, group) {
+            // A signal during this config: it is dropped, the configs before it kept.
+            Err(LetheError::Stopped { signal }) => return Ok(Benched { results, stopped_by: Some(signal), rounds_done: 1 }),
+            r => r?,
+        };
+        let r = labelled(with_mfu(r, gemm_gflops), case);
         say(&r);
         results.push(r);
         if let Some(signal) = stop_signal(&signals, group)?.filter(|_| results.len() < cases.len()) {
@@ -923,12 +972,16 @@ fn run_in_rounds(cases: &[Case], opts: &BenchOptions, gemm_gflops: f64, group: O
     let leader = group.is_none_or(|g| g.rank() == 0);
     let mut timed = vec![];
     for case in cases {
-        timed.push(Timed::prepare(&case.cfg, &BenchOptions { context: case.context, ..opts.clone() }, group)?);
+        match Timed::prepare(&case.cfg, &BenchOptions { context: case.context, ..opts.clone() }, group) {
+            // A signal while the configs are prepared: nothing was timed yet.
+            Err(LetheError::Stopped { signal }) => return Ok(Benched { results: vec![], stopped_by: Some(signal), rounds_done: 0 }),
+            t => timed.push(t?),
+        }
     }
     let (mut rounds_done, mut stopped_by) = (0, None);
     while rounds_done < opts.rounds && stopped_by.is_none() {
         for t in timed.iter_mut() {
-            t.round(opts.steps)?;
+            t.round(opts.steps, false)?;
             if opts.profile {
                 t.profile(opts.steps, None)?;
             }

@@ -565,7 +565,39 @@ impl ConfigArgs {
         self.resolve_over(Config::from_toml(&text, &path.display().to_string())?, false)
     }
 
+    /// The config of a trained checkpoint with this command's overrides, `--seed`,
+    /// `--data-seed`, `--device`, `--length` and `--distance` applied; the flags that
+    /// would replace its model or name another run (`--preset`, `--config`, `--data`,
+    /// `--init-from`, `--steps`, `--name`) are refused, not ignored.
+    pub fn resolve_over_checkpoint(&self, checkpoint: Config) -> Result<Config> {
+        let refused = [
+            ("--preset", self.preset.is_some()),
+            ("--config", self.config.is_some()),
+            ("--data", self.data.is_some()),
+            ("--init-from", self.init_from.is_some()),
+            ("--steps", self.steps.is_some()),
+            ("--name", self.name.is_some()),
+        ];
+        if let Some((flag, _)) = refused.iter().find(|(_, given)| *given) {
+            return Err(lethe::LetheError::Invalid(format!("{flag}: with --checkpoint the model and its config are the checkpoint's (change a field with --set)")));
+        }
+        self.resolve_over(checkpoint, false)
+    }
+
     fn resolve_over(&self, base: Config, adopt_init: bool) -> Result<Config> {
+        // A config is TOML, whose integers end at 2^63 - 1: larger counts are refused by
+        // the flag's name, not as a failure to write the config.
+        let most = i64::MAX as u64;
+        let counts = [
+            ("--steps", self.steps.map(|n| n as u64)),
+            ("--seed", self.seed),
+            ("--data-seed", self.data_seed),
+            ("--length", self.length.map(|n| n as u64)),
+            ("--distance", self.distance.map(|(_, max)| max as u64)),
+        ];
+        if let Some((flag, Some(n))) = counts.iter().find(|(_, n)| n.is_some_and(|n| n > most)) {
+            return Err(lethe::LetheError::Invalid(format!("{flag} {n}: at most {most} (2^63 - 1)")));
+        }
         let mut cfg = base;
         if let Some(file) = &self.config {
             cfg = cfg.merge_file(file)?;

@@ -9,7 +9,19 @@ use crate::error::{LetheError, Result};
 extern "C" {
     fn lethe_set_tf32(tf32: c_int, error: *mut *mut c_char) -> c_int;
     fn lethe_tf32() -> c_int;
+    fn lethe_set_cpp_log_level(level: c_int);
     fn lethe_gpu_memory(device: c_int, reset: c_int, current: *mut i64, peak: *mut i64, error: *mut *mut c_char) -> c_int;
+}
+
+/// Keeps libtorch's own log lines (c10d's connection errors and warnings, each with a
+/// C++ stack of 40 frames) off stderr, where lethe says what failed in one line; unless
+/// `TORCH_CPP_LOG_LEVEL` is set, as libtorch reads it (`INFO`, `WARNING`, `ERROR`):
+/// then libtorch keeps the level it asks for.
+pub fn quiet_libtorch_log() {
+    if std::env::var_os("TORCH_CPP_LOG_LEVEL").is_none() {
+        // SAFETY: sets one of libtorch's global flags (an int) before any thread logs.
+        unsafe { lethe_set_cpp_log_level(3) };
+    }
 }
 
 /// What libtorch's caching allocator holds for tensors on one GPU, in bytes.

@@ -55,6 +55,11 @@ pub enum LetheError {
     #[error("{context}: {error}")]
     Torch { context: String, error: tch::TchError },
 
+    /// A long loop (a bench's warm-up or timed steps) stopped at a step because a signal
+    /// asked it to; the command that runs the loop says what was kept.
+    #[error("stopped by {signal}")]
+    Stopped { signal: String },
+
     /// A value could not be turned into JSON or back (a report, a metrics record, a
     /// checkpoint's training state).
     #[error("JSON: {0}")]

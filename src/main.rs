@@ -19,6 +19,7 @@ use lethe::model::Lm;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     quiet_libtorch_panics();
+    lethe::device::quiet_libtorch_log();
     let outcome = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(cli))) {
         Ok(outcome) => outcome,
         Err(payload) => match lethe::error::libtorch_failure(&panic_text(payload.as_ref())) {
@@ -119,7 +120,7 @@ fn play(a: PlayArgs) -> Result<()> {
         anyhow::bail!("--episodes must be at least 1");
     }
     let mut cfg = match &a.checkpoint {
-        Some(path) => Checkpoint::load(path)?.config.apply_overrides(&a.config.overrides)?,
+        Some(path) => a.config.resolve_over_checkpoint(Checkpoint::load(path)?.config)?,
         None => a.config.resolve()?,
     };
     if !cfg.data.source.is_rl() {
@@ -280,6 +281,9 @@ fn train(a: TrainArgs) -> Result<()> {
     if informational(&a.config)? {
         return Ok(());
     }
+    if a.resume && (a.config.init_from.is_some() || a.config.overrides.iter().any(|o| o.trim_start().starts_with("train.init_from"))) {
+        anyhow::bail!("--init-from starts a run from another run's parameters, and --resume continues this run from its own checkpoint: give one of them");
+    }
     let cfg = if a.resume { a.config.resolve_for_resume(&a.out)? } else { a.config.resolve()? };
     let opts = lethe::train::TrainOptions { out_dir: a.out, resume: a.resume, overwrite: a.overwrite, quiet: a.quiet, stop_after: a.stop_after, no_eval: a.no_eval, accept_changes: a.accept_changes };
     let leader = lethe::dist::Launch::from_env()?.is_none_or(|l| l.rank == 0); // rank 0 speaks for a torchrun launch
@@ -330,7 +334,7 @@ fn load_checkpoint(path: &std::path::Path, max_span: Option<usize>) -> Result<Ch
 fn eval(a: EvalArgs) -> Result<()> {
     let device = lethe::device::parse(&a.device)?;
     let mut ckpt = load_checkpoint(&a.checkpoint, a.max_span)?;
-    ckpt.config = ckpt.config.clone().apply_overrides(&a.overrides)?;
+    ckpt.config = same_tokenizer(&ckpt.config, ckpt.config.clone().apply_overrides(&a.overrides)?)?;
     ckpt.config.validate()?;
     if ckpt.config.data.source.is_rl() {
         refuse_stream_flags(&a)?;
@@ -422,6 +426,17 @@ fn eval(a: EvalArgs) -> Result<()> {
         println!("evaluated in {:.1} s", started.elapsed().as_secs_f64());
     }
     Ok(())
+}
+
+/// `cfg` (a checkpoint's config with a command's `--set`s) when it reads text through
+/// the tokenizer the model was `trained` with: other ids would be scored against the
+/// model's own without a word.
+fn same_tokenizer(trained: &lethe::config::Config, cfg: lethe::config::Config) -> Result<lethe::config::Config> {
+    if cfg.data.tokenizer != trained.data.tokenizer {
+        let name = |t: &Option<std::path::PathBuf>| t.as_ref().map_or("none (bytes)".to_string(), |p| format!("`{}`", p.display()));
+        anyhow::bail!("--set data.tokenizer: the model reads the ids of the tokenizer it was trained with ({}); it cannot read another's", name(&trained.data.tokenizer));
+    }
+    Ok(cfg)
 }
 
 /// Refuses the flags of `lethe eval` that apply to token streams only, for an agent.
@@ -527,6 +542,9 @@ fn plot(a: PlotArgs) -> Result<()> {
     Ok(())
 }
 
+/// The widest beam `--beam` takes.
+const MAX_BEAM: usize = 256;
+
 /// The decoding that --decode and its options describe.
 fn decoding(a: &ReplyArgs) -> Result<lethe::dialogue::Decoding> {
     use lethe::dialogue::Decoding;
@@ -538,6 +556,8 @@ fn decoding(a: &ReplyArgs) -> Result<lethe::dialogue::Decoding> {
         "greedy" => Decoding::Sample(Sampling { temperature: 0.0, top_p: 1.0, ..sampling }),
         "sample" => Decoding::Sample(sampling),
         "beam" if beam == 0 => anyhow::bail!("--beam 0: a beam needs at least one hypothesis"),
+        // Each hypothesis carries a copy of the model's memory.
+        "beam" if beam > MAX_BEAM => anyhow::bail!("--beam {beam}: at most {MAX_BEAM} hypotheses (each carries a copy of the model's memory)"),
         "beam" => Decoding::Beam { width: beam },
         other => anyhow::bail!("--decode {other}: must be greedy, sample or beam"),
     };
@@ -582,7 +602,7 @@ fn dialogue_eval(a: DialogueEvalArgs) -> Result<()> {
     let decoding = decoding(&a.reply)?;
     let split: Split = a.split.parse()?;
     let ckpt = load_checkpoint(&a.checkpoint, None)?;
-    let mut cfg = ckpt.config.clone().apply_overrides(&a.overrides)?;
+    let mut cfg = same_tokenizer(&ckpt.config, ckpt.config.clone().apply_overrides(&a.overrides)?)?;
     if let Some(path) = &a.data {
         cfg.data.path = Some(path.clone());
     }
@@ -761,7 +781,13 @@ fn bench(a: BenchArgs) -> Result<()> {
             print!("{}", lethe::profile::table(phases, r.profile_steps));
         }
     })?;
-    let kept = if leader { bench_report(&a.out.join(&cfg.name), &benched.results, gemm, trace.as_deref())? } else { "Rank 0 writes the results.".into() };
+    let kept = if benched.results.is_empty() {
+        "Nothing was timed, and nothing written.".into()
+    } else if leader {
+        bench_report(&a.out.join(&cfg.name), &benched.results, gemm, trace.as_deref())?
+    } else {
+        "Rank 0 writes the results.".into()
+    };
     match benched.stopped_by {
         Some(signal) if opts.rounds > 1 => Err(lethe::LetheError::BenchRoundsInterrupted { signal, done: benched.rounds_done, total: opts.rounds, kept }.into()),
         Some(signal) => Err(lethe::LetheError::BenchInterrupted { signal, done: benched.results.len(), total: cases.len(), kept }.into()),

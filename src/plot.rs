@@ -45,6 +45,12 @@ pub fn read_curves(dir: &Path, metric: &str) -> Result<Curves> {
 /// Draws `runs` on one chart of `metric` against the step, into `<out>.png` and
 /// `<out>.svg`; returns the two paths.
 pub fn plot(runs: &[Curves], metric: &str, out: &Path) -> Result<[PathBuf; 2]> {
+    let ((x0, x1), (y0, y1)) = bounds(runs);
+    if ![x0, x1, y0, y1, x1 - x0, y1 - y0].iter().all(|v| v.is_finite()) {
+        let values = runs.iter().flat_map(|r| r.train.iter().chain(&r.valid)).map(|p| p.1);
+        let (low, high) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), v| (l.min(v), h.max(v)));
+        return Err(LetheError::Invalid(format!("`{metric}` runs from {low:e} to {high:e}: a range that large cannot be drawn; plot another metric")));
+    }
     let png = out.with_extension("png");
     let svg = out.with_extension("svg");
     let size = (960, 600);
@@ -59,6 +65,9 @@ pub fn plot(runs: &[Curves], metric: &str, out: &Path) -> Result<[PathBuf; 2]> {
 /// drawing leaves no half-written picture.
 fn write_png(path: &Path, draw: impl FnOnce(&Path) -> std::result::Result<(), String>) -> Result<()> {
     let tmp = path.with_extension("tmp.png");
+    // The file first: a folder that cannot be written is said as the system says it,
+    // not as the drawing library's nested error values.
+    std::fs::File::create(&tmp).map_err(|e| LetheError::io(&tmp, e))?;
     if let Err(e) = draw(&tmp) {
         let _ = std::fs::remove_file(&tmp);
         return Err(LetheError::Invalid(format!("drawing `{}`: {e}", path.display())));

@@ -12,7 +12,7 @@ impl Config {
         let text = crate::input::read_to_string(path).map_err(|e| LetheError::ConfigParse(format!("`{}`: {e}", path.display())))?;
         let overlay: toml::Table = text
             .parse()
-            .map_err(|e| LetheError::ConfigParse(format!("`{}`: {e}", path.display())))?;
+            .map_err(|e: toml::de::Error| LetheError::ConfigParse(format!("`{}`: {}", path.display(), said(&e.to_string()))))?;
         self.merge_table(overlay, &path.display().to_string())
     }
 
@@ -41,7 +41,7 @@ impl Config {
 
     /// Reads a config from TOML text (as written by [`Config::to_toml`]).
     pub fn from_toml(text: &str, origin: &str) -> Result<Config> {
-        toml::from_str(text).map_err(|e| LetheError::ConfigParse(format!("{origin}: {e}")))
+        toml::from_str(text).map_err(|e: toml::de::Error| LetheError::ConfigParse(format!("{origin}: {}", said(&e.to_string()))))
     }
 
     /// The config as TOML text.
@@ -54,7 +54,7 @@ impl Config {
     }
 
     fn from_table(table: toml::Table, origin: &str) -> Result<Config> {
-        table.try_into().map_err(|e: toml::de::Error| LetheError::ConfigParse(format!("{origin}: {e}")))
+        table.try_into().map_err(|e: toml::de::Error| LetheError::ConfigParse(format!("{origin}: {}", said(&e.to_string()))))
     }
 }
 
@@ -94,4 +94,67 @@ fn set_path(table: &mut toml::Table, key: &str, value: toml::Value) -> Result<()
     }
     cur.insert(last.to_string(), value);
     Ok(())
+}
+
+/// A TOML error in one line, in a user's words: the field first (`in \`model\``
+/// becomes `` `model`: ``), the source snippet's lines dropped, and the Rust types serde
+/// names (`struct ModelConfig`, `f64`, `usize`) said as what the field takes.
+pub(crate) fn said(display: &str) -> String {
+    let mut field = None;
+    let mut parts = vec![];
+    for line in display.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let snippet = line.starts_with('|') || line.split_once('|').is_some_and(|(n, _)| n.trim().chars().all(|c| c.is_ascii_digit()));
+        if snippet {
+            continue;
+        }
+        match line.strip_prefix("in `").and_then(|l| l.strip_suffix('`')) {
+            Some(key) => field = Some(key.to_string()),
+            None => parts.push(plain_types(line)),
+        }
+    }
+    let message = parts.join("; ");
+    match field {
+        Some(key) => format!("`{key}`: {message}"),
+        None => message,
+    }
+}
+
+/// Replaces serde's names of Rust types in `text` with what a config field takes.
+fn plain_types(text: &str) -> String {
+    let mut out = text.replace("unit variant, expected string only", "a bare word, expected a name in quotes");
+    for (rust, plain) in [
+        ("f64", "a number"),
+        ("f32", "a number"),
+        ("usize", "a whole number"),
+        ("u64", "a whole number"),
+        ("u32", "a whole number"),
+        ("i64", "a whole number"),
+        ("i32", "a whole number"),
+        ("u8", "a whole number"),
+        ("string only", "a name in quotes"),
+    ] {
+        out = out.replace(&format!("expected {rust}"), &format!("expected {plain}"));
+    }
+    // `expected struct FooConfig` and `expected enum Foo`: a table, one of the names.
+    for (kind, plain) in [("expected struct ", "expected a table of fields"), ("expected enum ", "expected one of its names")] {
+        while let Some(at) = out.find(kind) {
+            let rest = &out[at + kind.len()..];
+            let end = rest.find(|c: char| !c.is_alphanumeric() && c != '_').unwrap_or(rest.len());
+            out = format!("{}{plain}{}", &out[..at], &rest[end..]);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod said_tests {
+    use super::said;
+
+    #[test]
+    fn toml_errors_read_in_one_line_without_rust_types() {
+        assert_eq!(said("invalid type: integer `3`, expected struct ModelConfig\nin `model`\n"), "`model`: invalid type: integer `3`, expected a table of fields");
+        assert_eq!(said("invalid type: string \"x\", expected f64\nin `train.lr`\n"), "`train.lr`: invalid type: string \"x\", expected a number");
+        let parse = "TOML parse error at line 1, column 7\n  |\n1 | [model\n  |       ^\ninvalid table header\nexpected `.`, `]`\n";
+        assert_eq!(said(parse), "TOML parse error at line 1, column 7; invalid table header; expected `.`, `]`");
+    }
 }

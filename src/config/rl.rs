@@ -4,6 +4,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{LetheError, Result};
 
+/// The most episodes one evaluation or `lethe play` plays (`rl.eval_episodes`,
+/// `--episodes`): a million takes hours at the smallest size.
+pub const MAX_EPISODES: usize = 1_000_000;
+
 /// Actor-critic settings (paper A.3.1: truncation window `train.block` = 100, entropy
 /// cost 0.0005).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -55,6 +59,9 @@ impl RlConfig {
         }
         if self.eval_episodes == 0 {
             return Err(LetheError::config("rl.eval_episodes", 0, "must be positive"));
+        }
+        if self.eval_episodes > MAX_EPISODES {
+            return Err(LetheError::config("rl.eval_episodes", self.eval_episodes, format!("must be at most {MAX_EPISODES}")));
         }
         Ok(())
     }

@@ -178,11 +178,16 @@ impl TrainConfig {
                 return Err(LetheError::config(field, v, "must be in [0, 1)"));
             }
         }
+        // Adam divides by sqrt(v) + eps: with eps 0 a parameter whose gradient is 0
+        // becomes 0 / 0, and the loss NaN.
+        positive_number("train.eps", self.eps)?;
+        // The decay ends at lr * min_lr_ratio: above 1 it would climb, not decay.
+        if !(0.0..=1.0).contains(&self.min_lr_ratio) {
+            return Err(LetheError::config("train.min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]: the learning rate decays to lr * min_lr_ratio"));
+        }
         for (field, v) in [
-            ("train.eps", self.eps),
             ("train.weight_decay", self.weight_decay),
             ("train.grad_clip", self.grad_clip),
-            ("train.min_lr_ratio", self.min_lr_ratio),
             ("train.memory_lr", self.memory_lr),
         ] {
             non_negative(field, v)?;

@@ -54,9 +54,19 @@ pub fn parameter_count(vs: &nn::VarStore) -> usize {
     vs.variables().values().map(Tensor::numel).sum()
 }
 
-/// A lower bound of the bytes one training step of `config` needs, and the config
-/// field that drives the largest part of it.
-pub fn footprint(config: &Config) -> (f64, &'static str) {
+/// A part of a training step's memory: its bytes, and what it is, with the config
+/// fields that multiply into it and their values.
+#[derive(Clone, Debug)]
+pub struct Part {
+    /// Bytes (a lower bound).
+    pub bytes: f64,
+    /// What the part holds and the fields that size it, e.g. "the layers' weights
+    /// (model.layers = 2 x model.d_model = 64, model.d_ffn = 256)".
+    pub what: String,
+}
+
+/// A lower bound of the bytes one training step of `config` needs, by part.
+pub fn footprint_parts(config: &Config) -> Vec<Part> {
     let (m, d, l) = (&config.model, config.model.d_model as f64, config.model.layers as f64);
     // On GPT-2 a query sees its whole block even when memory.span is shorter (or 0).
     let span = match m.arch {
@@ -67,53 +77,66 @@ pub fn footprint(config: &Config) -> (f64, &'static str) {
     let reach = span as f64 + block;
     let rows = memory::position_rows(&config.memory, config.train.block) as f64;
     let f32s = |n: f64| 4.0 * n;
+    let (layers, width, ffn, streams) = (
+        format!("model.layers = {}", m.layers),
+        format!("model.d_model = {}", m.d_model),
+        format!("model.d_ffn = {}", m.d_ffn),
+        format!("train.batch = {}", config.train.batch),
+    );
     // Parameters, their gradients and two Adam moments: four copies.
     let positions = match m.arch {
-        crate::config::Arch::Lethe => (4.0 * f32s(rows * d / m.heads as f64), "memory.span"),
-        crate::config::Arch::Gpt2 => (4.0 * f32s(m.positions as f64 * d), "model.positions"),
+        crate::config::Arch::Lethe => Part { bytes: 4.0 * f32s(rows * d / m.heads as f64), what: format!("the position table (memory.span = {} x {width})", config.memory.span) },
+        crate::config::Arch::Gpt2 => Part { bytes: 4.0 * f32s(m.positions as f64 * d), what: format!("the position table (model.positions = {} x {width})", m.positions) },
     };
-    let embeddings = 4.0 * f32s(2.0 * m.vocab as f64 * d);
-    let layers = 4.0 * f32s(l * (4.0 * d * d + 2.0 * d * m.d_ffn as f64));
     let cache = f32s(l * batch * reach * d);
     let attention = 3.0 * f32s(l * batch * m.heads as f64 * block * reach);
-    let activations = f32s(l * batch * block * (10.0 * d + 2.0 * m.d_ffn as f64));
-    let parts = [
+    vec![
         positions,
-        (cache + attention, "memory.span"),
-        (embeddings, "model.vocab"),
-        (layers, "model.d_model"),
-        (activations, "train.batch"),
-    ];
-    let total = parts.iter().map(|p| p.0).sum();
-    let largest = parts.iter().max_by(|a, b| a.0.total_cmp(&b.0)).map_or("memory.span", |p| p.1);
-    (total, largest)
+        Part { bytes: cache + attention, what: format!("the memory and its attention (memory.span = {} x {streams} x {layers}, {width})", config.memory.span) },
+        Part { bytes: 4.0 * f32s(2.0 * m.vocab as f64 * d), what: format!("the embeddings (model.vocab = {} x {width})", m.vocab) },
+        Part { bytes: 4.0 * f32s(l * (4.0 * d * d + 2.0 * d * m.d_ffn as f64)), what: format!("the layers' weights ({layers} x {width}, {ffn})") },
+        Part {
+            bytes: f32s(l * batch * block * (10.0 * d + 2.0 * m.d_ffn as f64)),
+            what: format!("the activations ({streams} x train.block = {} x {layers}, {width}, {ffn})", config.train.block),
+        },
+    ]
+}
+
+/// A lower bound of the bytes one training step of `config` needs.
+pub fn footprint(config: &Config) -> f64 {
+    footprint_parts(config).iter().map(|p| p.bytes).sum()
 }
 
 /// Refuses, before anything is allocated, a config whose training step cannot fit in
 /// this machine's memory on the CPU (a span of 10^12 made libtorch abort on a 64 TB
-/// allocation). GPUs are not checked here: libtorch's own error says so there.
+/// allocation), naming the largest part and every field that sizes it. GPUs are not
+/// checked here: libtorch's own error says so there.
 pub fn check_fits(config: &Config, device: Device) -> Result<()> {
+    check_fits_with(config, device, None)
+}
+
+/// [`check_fits`] with one more part of the step's memory that the model's own config
+/// does not show (a gridworld agent's observation layer).
+pub fn check_fits_with(config: &Config, device: Device, extra: Option<Part>) -> Result<()> {
     if device != Device::Cpu {
         return Ok(());
     }
     let Some(available) = total_memory_bytes() else { return Ok(()) };
-    let (need, field) = footprint(config);
-    if need <= available as f64 {
+    fits_within(footprint_parts(config).into_iter().chain(extra).collect(), available as f64)
+}
+
+fn fits_within(parts: Vec<Part>, available: f64) -> Result<()> {
+    let need: f64 = parts.iter().map(|p| p.bytes).sum();
+    if need <= available {
         return Ok(());
     }
-    let value = match field {
-        "memory.span" => config.memory.span,
-        "model.positions" => config.model.positions,
-        "model.vocab" => config.model.vocab,
-        "model.d_model" => config.model.d_model,
-        _ => config.train.batch,
-    };
     let gib = |b: f64| b / (1u64 << 30) as f64;
-    Err(LetheError::config(
-        field,
-        value,
-        format!("a training step would need at least {:.1} GiB, more than this machine's {:.1} GiB of memory", gib(need), gib(available as f64)),
-    ))
+    let largest = parts.iter().max_by(|a, b| a.bytes.total_cmp(&b.bytes)).map(|p| format!("; the largest part, {:.1} GiB, is {}", gib(p.bytes), p.what)).unwrap_or_default();
+    Err(LetheError::Invalid(format!(
+        "config: a training step would need at least {:.1} GiB, more than this machine's {:.1} GiB of memory{largest}",
+        gib(need),
+        gib(available)
+    )))
 }
 
 /// Refuses, before anything is allocated, configs that are to be held in memory at once
@@ -129,7 +152,7 @@ pub fn check_fit_together(configs: &[&Config], device: Device) -> Result<()> {
 }
 
 fn fit_together_within(configs: &[&Config], available: f64) -> Result<()> {
-    let need: f64 = configs.iter().map(|c| footprint(c).0).sum();
+    let need: f64 = configs.iter().map(|c| footprint(c)).sum();
     if need <= available {
         return Ok(());
     }
@@ -223,10 +246,22 @@ mod tests {
     #[test]
     fn configs_held_at_once_must_fit_together() {
         let one = Config::preset("enwik8-tiny").unwrap();
-        let available = footprint(&one).0 / 0.4;
+        let available = footprint(&one) / 0.4;
         assert!(fit_together_within(&[&one, &one], available).is_ok());
         let err = fit_together_within(&[&one, &one, &one], available).unwrap_err().to_string();
         assert!(err.contains("--rounds holds all 3 configs in memory at once") && err.contains("one at a time"), "{err}");
+    }
+
+    /// A step that does not fit names the part that is largest and every field that
+    /// sizes it, whichever field that is (here the layers, not the span or the batch).
+    #[test]
+    fn a_step_too_large_names_the_fields_of_its_largest_part() {
+        let mut c = Config::preset("enwik8-tiny").unwrap();
+        (c.model.layers, c.model.d_model, c.model.d_ffn) = (1000, 4096, 16384);
+        let need = footprint(&c);
+        let err = fits_within(footprint_parts(&c), need / 2.0).unwrap_err().to_string();
+        assert!(err.contains("the largest part") && err.contains("the layers' weights") && err.contains("model.layers = 1000") && err.contains("model.d_ffn = 16384"), "{err}");
+        assert!(fits_within(footprint_parts(&c), need * 1.01).is_ok());
     }
 
     fn parameters(init: Init, pre_norm: bool) -> std::collections::HashMap<String, Tensor> {

@@ -40,7 +40,16 @@ impl Agent {
     /// A freshly initialised agent for the task of `config` (seeded by `config.seed`, in
     /// a seeded section of libtorch's generator: see [`crate::rng::seed_torch`]).
     pub fn new(config: &Config, device: Device) -> Result<Agent> {
-        crate::model::check_fits(config, device)?;
+        // The observation layer takes every cell of the view in the task's vocabulary
+        // (the portal task's grows with its rooms): four copies of its weights.
+        let observation = crate::model::Part {
+            bytes: 16.0 * observation_size(config) as f64 * config.model.d_model as f64,
+            what: match config.data.source {
+                crate::config::Source::Portal => format!("the observation layer (data.portal.rooms = {} in the view's {} inputs x model.d_model = {})", config.data.portal.rooms, observation_size(config), config.model.d_model),
+                _ => format!("the observation layer ({} inputs x model.d_model = {})", observation_size(config), config.model.d_model),
+            },
+        };
+        crate::model::check_fits_with(config, device, Some(observation))?;
         let _seed = crate::rng::seed_torch(config.seed as i64);
         let vs = nn::VarStore::new(device);
         let p = vs.root();

@@ -609,6 +609,9 @@ pub type Watch<'a> = dyn FnMut(&Episodes, &[Action], &[Outcome], &Memory) + 'a;
 /// compressive memory and the ∞-former, which do not count streams apart, a step
 /// counts the batch's mean).
 pub fn play(agent: &Agent, episodes: usize, seed: u64, watch: &mut Watch) -> Result<RlEval> {
+    if episodes > crate::config::MAX_EPISODES {
+        return Err(LetheError::Invalid(format!("{episodes} episodes to play: at most {} (--episodes, rl.eval_episodes)", crate::config::MAX_EPISODES)));
+    }
     let _guard = tch::no_grad_guard();
     let cfg = &agent.config;
     let batch = cfg.train.batch.min(episodes.max(1));

@@ -8,7 +8,7 @@
 use crate::config::{Config, DataConfig};
 use crate::data::seq::{Split, SplitData};
 use crate::data::stream::{GeneratedStreams, TrainStreams};
-use crate::data::tasks::{eval_split, Generator};
+use crate::data::tasks::{check_sizes, eval_split, Generator};
 use crate::error::{LetheError, Result};
 
 /// The figure that says how well a task is solved (the quality axis of `lethe sweep`).
@@ -87,12 +87,14 @@ pub trait Task: Sync {
     /// their own (fixed streams) and train from a third, used only by `eval --split train`.
     fn load_split(&self, cfg: &Config, split: Split, batch: usize) -> Result<SplitData> {
         let (generator, tokens) = self.generator(&cfg.data).ok_or_else(|| self.not_a_stream())?;
+        check_sizes(generator.as_ref(), batch, tokens, &format!("data.{}.eval_tokens", self.name()))?;
         Ok(eval_split(generator.as_ref(), self.name(), cfg.data_seed(), split, batch, tokens))
     }
 
     /// The `batch` training streams, positioned at the start.
     fn train_streams(&self, cfg: &Config, batch: usize) -> Result<TrainStreams> {
-        let (generator, _) = self.generator(&cfg.data).ok_or_else(|| self.not_a_stream())?;
+        let (generator, tokens) = self.generator(&cfg.data).ok_or_else(|| self.not_a_stream())?;
+        check_sizes(generator.as_ref(), batch, tokens, &format!("data.{}.eval_tokens", self.name()))?;
         Ok(TrainStreams::Generated(GeneratedStreams::new(generator, cfg.data_seed(), batch, cfg.train.block)))
     }
 

@@ -186,6 +186,10 @@ impl Generator for CollisionTask {
     fn episode(&self, rng: &mut Rng) -> TokenSeq {
         tokens_of(&simulate(&self.cfg, rng, self.cfg.steps), self.cfg.easy)
     }
+
+    fn longest_episode(&self) -> (u64, &'static str) {
+        ((self.cfg.steps as u64).saturating_mul(TOKENS_PER_STEP as u64).saturating_add(1), "data.collision.steps")
+    }
 }
 
 /// The collision task in the registry ([`crate::task::of`]).

@@ -56,6 +56,12 @@ impl Generator for CopyTask {
         let scored = (0..tokens.len()).map(|i| i >= question_len).collect();
         TokenSeq::bytes(&tokens, Some(scored), None)
     }
+
+    fn longest_episode(&self) -> (u64, &'static str) {
+        let (n, d) = (self.cfg.count_max as u64, self.cfg.distance_max as u64);
+        let field = if n.saturating_mul(2) >= d { "data.copy.count_max" } else { "data.copy.distance_max" };
+        (n.saturating_mul(2).saturating_add(d).saturating_add(2), field)
+    }
 }
 
 /// The copy task in the registry ([`crate::task::of`]).

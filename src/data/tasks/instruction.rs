@@ -266,6 +266,15 @@ impl Generator for InstructionTask {
     fn episode(&self, rng: &mut Rng) -> TokenSeq {
         self.simulate(rng).0
     }
+
+    /// A generous bound: every instruction issued half the shortest distance after the
+    /// last, the last executed the longest distance later, each distractor word under 16
+    /// bytes and each instruction's lines under 256.
+    fn longest_episode(&self) -> (u64, &'static str) {
+        let (q, dmin, dmax) = (self.cfg.queue_max as u64, self.cfg.distance_min as u64, self.cfg.distance_max as u64);
+        let words = q.saturating_mul(dmin / 2 + 1).saturating_add(dmax);
+        (words.saturating_mul(16).saturating_add(q.saturating_mul(256)), "data.instruction.distance_max")
+    }
 }
 
 /// The instruction task in the registry ([`crate::task::of`]).

@@ -13,6 +13,41 @@ use crate::rng::Rng;
 pub trait Generator: Send {
     /// The next episode.
     fn episode(&self, rng: &mut Rng) -> TokenSeq;
+
+    /// The most tokens an episode can hold (an upper bound, computed without overflow),
+    /// and the config field that sets it: checked against the machine before any
+    /// episode is drawn ([`check_sizes`]).
+    fn longest_episode(&self) -> (u64, &'static str);
+}
+
+/// What a generated token costs in memory while it is held (the token, its target and
+/// whether it is scored, with room for the vectors' growth).
+const BYTES_PER_TOKEN: u64 = 16;
+
+/// Refuses, before any episode is drawn, a task whose episodes for `batch` streams, or
+/// whose fixed evaluation stream of `eval_tokens` (set by `eval_field`), would not fit
+/// in what lethe lets one input hold ([`crate::input::max_bytes`]), naming the field.
+pub fn check_sizes(task: &dyn Generator, batch: usize, eval_tokens: usize, eval_field: &str) -> crate::error::Result<()> {
+    let most = crate::input::max_bytes();
+    let (longest, field) = task.longest_episode();
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let episodes = longest.saturating_mul(batch as u64).saturating_mul(BYTES_PER_TOKEN);
+    if episodes > most {
+        return Err(crate::error::LetheError::Invalid(format!(
+            "config: `{field}`: an episode could hold {longest} tokens, {:.1} GiB for the {batch} streams of a batch, more than lethe holds for one input ({:.1} GiB, half this machine's memory)",
+            gib(episodes),
+            gib(most)
+        )));
+    }
+    let eval = (eval_tokens as u64).saturating_add(longest).saturating_mul(BYTES_PER_TOKEN);
+    if eval > most {
+        return Err(crate::error::LetheError::config(
+            eval_field,
+            eval_tokens,
+            format!("the evaluation stream would take {:.1} GiB, more than lethe holds for one input ({:.1} GiB, half this machine's memory)", gib(eval), gib(most)),
+        ));
+    }
+    Ok(())
 }
 
 /// A fixed evaluation split of a task: `batch` documents of whole episodes, about

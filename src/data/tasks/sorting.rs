@@ -76,6 +76,10 @@ impl Generator for SortingTask {
         let scored = (0..tokens.len()).map(|i| i >= question_len && i < tokens.len() - 1).collect();
         TokenSeq::bytes(&tokens, Some(scored), None)
     }
+
+    fn longest_episode(&self) -> (u64, &'static str) {
+        ((self.cfg.length as u64).saturating_add(self.cfg.symbols as u64).saturating_add(2), "data.sorting.length")
+    }
 }
 
 /// The sorting task in the registry ([`crate::task::of`]).
