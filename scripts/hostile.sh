@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
-# Hostile-input campaign (issue 18): runs the lethe binary on inputs a careless or hostile
-# user might give and classifies each outcome:
+# Hostile-input campaign: runs the lethe binary on inputs a careless or hostile user
+# might give and classifies each outcome:
 #   error   non-zero exit, no panic (then check the message by eye in the log)
 #   ok      exit 0 (accepted: check by eye that accepting it is right)
-#   PANIC   the process panicked
-#   running it ran past the time limit, still writing output (expected only of
-#           `generate --bytes` with a huge count, which streams until stopped)
-#   HANG    it ran past the time limit with no output
+#   PANIC   the process panicked, or died of a signal (an abort)
+#   running it ran past the time limit, still writing output, and stopped on SIGTERM
+#           (expected only of `generate --bytes` with a huge count, which streams until
+#           stopped, and of a long bench given a short limit)
+#   HANG    it ran past the time limit with no output, or ignored SIGTERM
+#   LOST    a file it was told to keep changed (a run's own files, an input)
+#   WRONG   it succeeded where it must refuse (a setting that makes no sense, a flag
+#           it would ignore)
+#   MISLEAD its message shows a Rust type, a Debug rendering or a C++ stack
+# A case may name files that must not change (--keep "FILES"), whether it must be
+# refused (--must-fail) and its time limit in seconds (--limit N, default 60).
 # Usage: scripts/hostile.sh [LOG]   (build first: cargo build --release)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,11 +31,22 @@ declare -A COUNT
 run_case() {
   local name="$1"; shift
   local out rc class
-  timeout 60 "$@" > case.out 2>&1 < /dev/null; rc=$?
+  local keep=() before=""
+  if [ "$1" = "--keep" ]; then keep=($2); shift 2; before=$(cat "${keep[@]}" 2>/dev/null | md5sum); fi
+  local must_fail=0 limit=60
+  if [ "$1" = "--must-fail" ]; then must_fail=1; shift; fi
+  if [ "$1" = "--limit" ]; then limit=$2; shift 2; fi
+  # SIGTERM at the limit, then SIGKILL 10 s later: a command that ignores the first
+  # signal ends with 137 and counts as a hang.
+  timeout -k 10 "$limit" "$@" > case.out 2>&1 < /dev/null; rc=$?
   out="$(tail -c 4000 case.out | tr -d '\0')"
-  if grep -q "panicked" <<<"$out" || { [ $rc -ge 128 ] && [ $rc -ne 137 ]; }; then class=PANIC  # panic, or abort/crash by signal
+  if grep -q "panicked" <<<"$out" || { [ $rc -ge 128 ] && [ $rc -ne 137 ] && [ $rc -ne 130 ] && [ $rc -ne 143 ]; }; then class=PANIC  # panic, or abort/crash by signal
+  elif [ ${#keep[@]} -gt 0 ] && [ "$(cat "${keep[@]}" 2>/dev/null | md5sum)" != "$before" ]; then class=LOST
+  elif [ $rc -eq 137 ]; then class=HANG
   elif [ $rc -eq 124 ] && [ -n "$out" ]; then class=running   # still producing output
   elif [ $rc -eq 124 ]; then class=HANG
+  elif [ $rc -eq 0 ] && [ $must_fail = 1 ]; then class=WRONG
+  elif grep -qE "struct [A-Z]|Os \{|ImageError|frame #[0-9]|Exception raised from" <<<"$out"; then class=MISLEAD
   elif [ $rc -eq 0 ]; then class=ok
   else class=error; fi
   COUNT[$class]=$(( ${COUNT[$class]:-0} + 1 ))
@@ -226,4 +244,58 @@ run_case "generate words prompt file latin1" "$BIN" generate --checkpoint runs/w
 run_case "generate words empty prompt"       "$BIN" generate --checkpoint runs/w8 --prompt "" --tokens 5
 run_case "generate words whitespace prompt"  "$BIN" generate --checkpoint runs/w8 --prompt "   " --tokens 5
 run_case "inspect ltm on words xl"           "$BIN" inspect ltm --checkpoint runs/w8 --text text.txt --out iw
+# Outputs, sizes, signals and settings: the general causes, each through several commands.
+BASE="runs/base/checkpoint.safetensors runs/base/config.toml runs/base/metrics.jsonl runs/base/machine.json"
+mkfifo fifo
+mkdir -p loop/sub && printf 'some text to read %.0s' $(seq 200) > loop/sub/a.txt && ln -s .. loop/sub/back
+ln -s runs/base/checkpoint.safetensors link.safetensors
+printf 'a b c\n' > pred.txt && printf 'a b d\n' > ref.txt
+mkdir -p huge && python3 -c "
+import json
+print('\n'.join(json.dumps({'step': i, 'split': 'train', 'loss': v}) for i, v in enumerate([1e308, -1e308, 3.0])))" > huge/metrics.jsonl
+run_case "eval --per-token the checkpoint"   --keep "$BASE" "$BIN" eval --checkpoint runs/base --per-token runs/base/checkpoint.safetensors
+run_case "eval --per-token the config"       --keep "$BASE" "$BIN" eval --checkpoint runs/base --per-token runs/base/config.toml
+run_case "eval --per-token a link to it"     --keep "$BASE" "$BIN" eval --checkpoint runs/base --per-token link.safetensors
+run_case "eval --per-token /dev/null"        "$BIN" eval --checkpoint runs/base --per-token /dev/null
+run_case "eval --per-token a FIFO"           "$BIN" eval --checkpoint runs/base --per-token fifo
+run_case "score --csv the references"        --keep "ref.txt pred.txt" "$BIN" score pred.txt ref.txt --csv ref.txt
+run_case "tokenizer --out a run's folder"    --keep "runs/w8/tokenizer.json" "$BIN" tokenizer words text.txt --out runs/w8 --overwrite
+run_case "tokenizer reads a FIFO"            "$BIN" tokenizer words fifo --out tw9
+run_case "plot --out the metrics' run"       --keep "$BASE" "$BIN" plot runs/base --out runs/base/metrics
+run_case "plot values near 1e308"            "$BIN" plot huge --out huge/p
+run_case "train --data /dev/zero"            "$BIN" train -q -p enwik8-tiny "${TINY[@]}" --data /dev/zero --name u1
+run_case "train --data a FIFO"               "$BIN" train -q -p enwik8-tiny "${TINY[@]}" --data fifo --name u2
+run_case "train --data a folder with a loop" "$BIN" train -q -p books-tiny "${TINY[@]}" --data loop --steps 2 --name u3
+run_case "train --config a FIFO"             "$BIN" train -q "${TINY[@]}" --config fifo --name u4
+run_case "generate --prompt-file a FIFO"     "$BIN" generate --checkpoint runs/base --prompt-file fifo --bytes 2
+run_case "eval --checkpoint /dev/urandom"    "$BIN" eval --checkpoint /dev/urandom
+run_case "train copy --length 1e11"          "$BIN" train -q "${TINY[@]}" --length 99999999999 --name u5
+run_case "train copy eval_tokens 1e14"       "$BIN" train -q "${TINY[@]}" --set data.copy.eval_tokens=99999999999999 --name u6
+run_case "train collision --length 1e12"     "$BIN" train -q -p collision-tiny --length 999999999999 --name u7
+run_case "train sorting length 1e12"         "$BIN" train -q -p sorting-xl-tiny --set data.sorting.length=999999999999 --name u8
+run_case "train portal --length 1e12"        "$BIN" train -q -p portal-small --length 999999999999 --name u9
+run_case "train --length 2^64-1"             "$BIN" train -q "${TINY[@]}" --length 18446744073709551615 --name u10
+run_case "train --seed 2^64-1"               "$BIN" train -q "${TINY[@]}" --seed 18446744073709551615 --name u11
+run_case "bench --warmup 2^64-1"             "$BIN" bench "${TINY[@]}" --warmup 18446744073709551615 --name u12
+run_case "bench --bench-steps 2^64-1"        "$BIN" bench "${TINY[@]}" --bench-steps 18446744073709551615 --name u13
+run_case "bench --rounds 10^5"               "$BIN" bench "${TINY[@]}" --rounds 100000 --name u14
+run_case "bench --context 2^64-1"            "$BIN" bench "${TINY[@]}" --context 18446744073709551615 --name u15
+run_case "bench --warmup 9999 (SIGTERM)"     --limit 5 "$BIN" bench "${TINY[@]}" --set model.layers=4 --set model.d_model=256 --set model.d_ffn=1024 --warmup 9999 --name u16
+run_case "eval RL --episodes 2^64-1"         "$BIN" eval --checkpoint runs/rl --episodes 18446744073709551615
+run_case "play --episodes 2^64-1"            "$BIN" play --checkpoint runs/rl --episodes 18446744073709551615 --summary
+run_case "train 10^5 layers"                 "$BIN" train -q "${TINY[@]}" --set model.layers=100000 --set model.d_model=1024 --name u17
+run_case "train min_lr_ratio=50"             --must-fail "$BIN" train -q "${TINY[@]}" --set train.min_lr_ratio=50 --steps 2 --name u18
+run_case "train eps=0"                       --must-fail "$BIN" train -q "${TINY[@]}" --set train.eps=0 --steps 2 --name u19
+run_case "train --resume --init-from"        --must-fail "$BIN" train -q "${TINY[@]}" --steps 8 --resume --init-from runs/exp --name base
+run_case "eval --set data.tokenizer"         --must-fail "$BIN" eval --checkpoint runs/base --set data.tokenizer=tw
+run_case "play --checkpoint -p portal"       --must-fail "$BIN" play --checkpoint runs/rl -p portal-small --episodes 1
+run_case "play --checkpoint --steps 5"       --must-fail "$BIN" play --checkpoint runs/rl --steps 5 --episodes 1
+run_case "sweep --sizes 16,16"               --must-fail "$BIN" sweep "${TINY[@]}" --sizes 16,16 --steps 2 --name u20
+run_case "sweep fixed twice"                 --must-fail "$BIN" sweep "${TINY[@]}" --mechanism fixed:16 --mechanism fixed:32 --steps 2 --name u21
+run_case "bench --scale context --context"   --must-fail "$BIN" bench "${TINY[@]}" --scale context=64,128 --context 64 --name u22
+run_case "train --set model=3"               "$BIN" train -q "${TINY[@]}" --set model=3 --name u23
+run_case "train --config typed table"        "$BIN" train -q "${TINY[@]}" --config typed.toml --name u24
+run_case "train a rank with no store"        env MASTER_ADDR=127.0.0.1 MASTER_PORT=1 WORLD_SIZE=2 RANK=1 LOCAL_RANK=1 "$BIN" train -q "${TINY[@]}" --set train.dist_timeout=2 --name u25
+"$BIN" sweep "${TINY[@]}" --mechanism fixed:16 --steps 2 --name sw >/dev/null 2>&1
+run_case "sweep again with other steps"      --keep "runs/sw-sweep/runs/fixed-16-s1/checkpoint.safetensors" "$BIN" sweep "${TINY[@]}" --mechanism fixed:16 --steps 3 --name sw
 for c in "${!COUNT[@]}"; do echo "$c: ${COUNT[$c]}"; done | sort | tee -a "$LOG"

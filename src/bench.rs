@@ -1302,7 +1302,7 @@ mod tests {
         let mut timed = Timed::prepare(cfg, opts, None).unwrap();
         let params = |t: &Timed| t.run.lm.named_parameters().into_iter().map(|(_, p)| p.copy()).collect::<Vec<_>>();
         let before = params(&timed);
-        timed.round(opts.steps).unwrap();
+        timed.round(opts.steps, false).unwrap();
         let after = params(&timed);
         (before, after, timed.finish(opts).unwrap())
     }
@@ -1357,7 +1357,7 @@ mod tests {
         for (name, p) in timed.run.lm.named_parameters() {
             assert_eq!(by_name.get(&name).is_some_and(|t| t.equal(&p)), !fresh.contains(&name), "{name}");
         }
-        timed.round(1).unwrap();
+        timed.round(1, false).unwrap();
     }
 
     /// With the training data, each micro-batch's memory is filled with its own streams

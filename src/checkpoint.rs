@@ -142,7 +142,7 @@ pub fn save(path: &Path, config: &Config, state: &TrainState, tensors: &[(String
 ///
 /// An existing folder, FIFO or device at `path` is refused: the rename would replace it.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    if let Some(kind) = path.symlink_metadata().ok().and_then(|m| crate::output::not_a_file(&m.file_type())) {
+    if let Some(kind) = path.symlink_metadata().ok().and_then(|m| crate::input::not_a_file(&m.file_type())) {
         return Err(LetheError::Invalid(format!("`{}` is {kind}, not a file lethe can write", path.display())));
     }
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));

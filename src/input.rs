@@ -15,7 +15,7 @@
 
 use std::collections::HashSet;
 use std::io::Read;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 /// The most bytes any one file may hold: half the machine's memory (`MemTotal`), or
@@ -37,7 +37,7 @@ pub fn check_file(path: &Path) -> Result<u64, String> {
     let meta = std::fs::metadata(path).map_err(|e| format!("cannot read: {e}"))?;
     let t = meta.file_type();
     if !t.is_file() {
-        return Err(format!("is {}, not a regular file: lethe reads only files", crate::output::not_a_file(&t).unwrap_or("not a regular file")));
+        return Err(format!("is {}, not a regular file: lethe reads only files", not_a_file(&t).unwrap_or("not a regular file")));
     }
     let most = max_bytes();
     if meta.len() > most {
@@ -90,6 +90,25 @@ pub fn walk(dir: &Path) -> Result<Vec<PathBuf>, (PathBuf, String)> {
     }
     out.sort();
     Ok(out)
+}
+
+/// What an existing path is when it is not a regular file.
+pub(crate) fn not_a_file(t: &std::fs::FileType) -> Option<&'static str> {
+    if t.is_file() {
+        None
+    } else if t.is_dir() {
+        Some("a folder")
+    } else if t.is_fifo() {
+        Some("a FIFO")
+    } else if t.is_char_device() || t.is_block_device() {
+        Some("a device")
+    } else if t.is_socket() {
+        Some("a socket")
+    } else if t.is_symlink() {
+        None // written over as a link: the rename replaces the link, not what it names
+    } else {
+        Some("not a regular file")
+    }
 }
 
 fn gib(bytes: u64) -> String {

@@ -28,7 +28,8 @@
 //!    [`config::tasks`] with a `data.source` name, and one line in [`task::of`].
 //! 4. **Bottom**: [`config`] (every setting, with the task settings in
 //!    [`config::tasks`]), [`checkpoint`] (the file format; each trainer serialises its own
-//!    data position into it), [`error`], [`rng`], [`device`], [`dist`] (the c10d process
+//!    data position into it), [`input`] and [`output`] (the files a user names: read
+//!    bounded, written only where nothing is lost), [`error`], [`rng`], [`device`], [`dist`] (the c10d process
 //!    group that data-parallel ranks share).
 
 pub mod bench;

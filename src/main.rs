@@ -570,7 +570,6 @@ fn decoding(a: &ReplyArgs) -> Result<lethe::dialogue::Decoding> {
 /// Talks about a document: one reply on stdout per line on stdin.
 fn chat(a: ChatArgs) -> Result<()> {
     use lethe::dialogue::{Chat, Codec};
-    use std::io::BufRead;
     let device = lethe::device::parse(&a.device)?;
     let decoding = decoding(&a.reply)?;
     let bytes = lethe::input::read(&a.document).map_err(|e| anyhow::anyhow!("--document `{}`: {e}", a.document.display()))?;
@@ -584,8 +583,8 @@ fn chat(a: ChatArgs) -> Result<()> {
     let mut chat = Chat::new(&lm, Codec::new(tokenizer.as_ref())?, &document, decoding, a.reply.max_length)?;
     eprintln!("read `{}` (memory held per layer: {:?}); type a line, end with Ctrl-D", a.document.display(), chat.memory_held());
     let stdout = std::io::stdout();
-    for line in std::io::stdin().lock().lines() {
-        let line = line.context("reading standard input")?;
+    let mut stdin = std::io::stdin().lock();
+    while let Some(line) = bounded_line(&mut stdin)? {
         if line.trim().is_empty() {
             continue;
         }
@@ -593,6 +592,26 @@ fn chat(a: ChatArgs) -> Result<()> {
         writeln!(stdout.lock(), "{answer}")?;
     }
     Ok(())
+}
+
+/// The longest line `lethe chat` reads from standard input.
+const MAX_LINE_BYTES: u64 = 1 << 20;
+
+/// The next line of `input` without its newline, `None` at the end; a line longer than
+/// [`MAX_LINE_BYTES`] (an endless input without newlines, as `/dev/zero`) is refused
+/// when its limit is reached, not read into memory whole.
+fn bounded_line(input: &mut impl std::io::BufRead) -> Result<Option<String>> {
+    use std::io::{BufRead, Read};
+    let mut bytes = vec![];
+    let read = input.take(MAX_LINE_BYTES + 1).read_until(b'\n', &mut bytes).context("reading standard input")?;
+    if read == 0 {
+        return Ok(None);
+    }
+    if bytes.len() as u64 > MAX_LINE_BYTES {
+        anyhow::bail!("standard input: a line longer than {} MiB; a turn is one line of text", MAX_LINE_BYTES >> 20);
+    }
+    let text = String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("standard input: a line that is not UTF-8 text"))?;
+    Ok(Some(text.trim_end_matches(['\n', '\r']).to_string()))
 }
 
 /// Replies to a dialogue split and scores them, with the true responses' perplexity.

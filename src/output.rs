@@ -16,7 +16,7 @@
 //! temporary file in the same folder renamed over it), so that a failed or stopped
 //! write leaves the old file whole.
 
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use crate::error::{LetheError, Result};
@@ -42,7 +42,7 @@ const RUN_MARKERS: &[&str] = &["checkpoint.safetensors", ".lethe.lock"];
 /// documentation for what is refused.
 pub fn check(flag: &str, path: &Path, inputs: &[&Path]) -> Result<()> {
     let refuse = |reason: String| Err(LetheError::Invalid(format!("{flag} `{}`: {reason}", path.display())));
-    if let Some(kind) = path.metadata().ok().and_then(|m| not_a_file(&m.file_type())) {
+    if let Some(kind) = path.metadata().ok().and_then(|m| crate::input::not_a_file(&m.file_type())) {
         return refuse(format!("is {kind}, not a file lethe can write; give a file path"));
     }
     if let Some(input) = inputs.iter().find(|input| same_file(path, input)) {
@@ -58,25 +58,6 @@ pub fn check(flag: &str, path: &Path, inputs: &[&Path]) -> Result<()> {
 pub fn write(flag: &str, path: &Path, bytes: &[u8], inputs: &[&Path]) -> Result<()> {
     check(flag, path, inputs)?;
     crate::checkpoint::write_atomic(path, bytes)
-}
-
-/// What an existing path is when it is not a regular file.
-pub(crate) fn not_a_file(t: &std::fs::FileType) -> Option<&'static str> {
-    if t.is_file() {
-        None
-    } else if t.is_dir() {
-        Some("a folder")
-    } else if t.is_fifo() {
-        Some("a FIFO")
-    } else if t.is_char_device() || t.is_block_device() {
-        Some("a device")
-    } else if t.is_socket() {
-        Some("a socket")
-    } else if t.is_symlink() {
-        None // written over as a link: the rename replaces the link, not what it names
-    } else {
-        Some("not a regular file")
-    }
 }
 
 /// Whether `a` and `b` both exist and are the same file (through links, `..` or not).

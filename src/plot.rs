@@ -260,6 +260,17 @@ where
 mod tests {
     use super::*;
 
+    /// Values whose range overflows a float are refused, not drawn (plotters looped
+    /// forever over their ticks).
+    #[test]
+    fn a_range_that_overflows_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let runs = [Curves { name: "r".into(), train: vec![(0.0, 1e308), (1.0, -1e308)], valid: vec![] }];
+        let e = plot(&runs, "loss", &dir.path().join("p")).unwrap_err().to_string();
+        assert!(e.contains("`loss` runs from -1e308 to 1e308"), "{e}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing written");
+    }
+
     #[test]
     fn curves_skip_records_without_the_metric() {
         let dir = tempfile::tempdir().unwrap();

@@ -549,6 +549,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn repeated_sizes_and_mechanisms_are_refused() {
+        let e = parse_sizes("16,32,16", "--sizes").unwrap_err().to_string();
+        assert!(e.contains("--sizes: memory size 16 is given twice"), "{e}");
+        let e = parse_arms(&["fixed:8".into(), "fixed:16".into()], &[4]).unwrap_err().to_string();
+        assert!(e.contains("--mechanism fixed: given twice"), "{e}");
+    }
+
+    #[test]
     fn arms_parse_with_and_without_sizes() {
         let arms = parse_arms(&["fixed:8,16".into(), "expire".into()], &[64]).unwrap();
         assert_eq!(arms[0], Arm { mechanism: Mechanism::Fixed, sizes: vec![8, 16] });

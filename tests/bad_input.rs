@@ -368,3 +368,185 @@ fn the_gpt2_campaigns_finds_are_refused_clearly() {
     fails_with(&lethe(d, &["tokenizer", "bpe", "t.txt", "--out", "tok", "--vocab", "1000000000"]), &["--vocab 1000000000", "at most"]);
     assert!(!d.join("tok").exists());
 }
+
+/// The bytes of every file in a run folder, by name.
+fn folder_bytes(dir: &std::path::Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_file()).map(|p| (p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap())).collect()
+}
+
+/// Lost work: a command wrote its output over whatever path it was given, a run's own
+/// checkpoint or metrics included, or over its own input, and exited 0. Every output
+/// path is checked before any work: never an input, a run's own file, a folder or a
+/// device; a new file in a run folder is fine.
+#[test]
+fn outputs_never_replace_an_input_or_a_runs_own_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    succeeds(&train(d, &["--steps", "2", "--name", "r"]));
+    let run = d.join("runs/r");
+    let before = folder_bytes(&run);
+    let eval = |path: &str| lethe(d, &["eval", "--checkpoint", "runs/r", "--per-token", path]);
+    fails_with(&eval("runs/r/checkpoint.safetensors"), &["--per-token `runs/r/checkpoint.safetensors`", "is the same file as the input"]);
+    fails_with(&eval("runs/r/metrics.jsonl"), &["is its metrics log in the run folder", "which only training writes"]);
+    fails_with(&eval("runs/r/config.toml"), &["is its config in the run folder"]);
+    fails_with(&eval("/dev/null"), &["is a device"]);
+    fails_with(&eval("runs"), &["is a folder"]);
+    std::fs::write(d.join("words.txt"), "one two three\n").unwrap();
+    fails_with(&lethe(d, &["tokenizer", "words", "words.txt", "--out", "runs/r", "--overwrite"]), &["is its tokenizer in the run folder"]);
+    std::fs::write(d.join("p.txt"), "a b\n").unwrap();
+    std::fs::write(d.join("q.txt"), "a c\n").unwrap();
+    fails_with(&lethe(d, &["score", "p.txt", "q.txt", "--csv", "p.txt"]), &["--csv `p.txt`: is the same file as the input `p.txt`"]);
+    assert_eq!(std::fs::read(d.join("p.txt")).unwrap(), b"a b\n");
+    assert!(before == folder_bytes(&run), "a refused output changed the run folder");
+    // A new file beside the run's own is an output like any other.
+    succeeds(&eval("runs/r/per-token.csv"));
+    assert!(std::fs::read_to_string(run.join("per-token.csv")).unwrap().starts_with("stream,position,target"));
+}
+
+/// Lost work: a sweep rerun with other settings retrained its finished runs over the
+/// old ones without a word, where `train` asks for --overwrite. Now it refuses before
+/// training anything, and retrains with --overwrite.
+#[test]
+fn a_sweep_rerun_with_other_settings_keeps_its_finished_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let sweep = |steps: &str, extra: &[&str]| {
+        let mut args = vec!["sweep", "--out", "runs", "--mechanism", "fixed:16", "--steps", steps];
+        args.extend_from_slice(TINY);
+        args.extend_from_slice(extra);
+        lethe(d, &args)
+    };
+    succeeds(&sweep("2", &[]));
+    let checkpoint = d.join("runs/copy-tiny-sweep/runs/fixed-16-s1/checkpoint.safetensors");
+    let before = std::fs::read(&checkpoint).unwrap();
+    succeeds(&sweep("2", &[])); // the same settings: the finished run is reused
+    fails_with(&sweep("3", &[]), &["fixed-16-s1", "already holds a run trained with other settings", "--overwrite"]);
+    assert_eq!(std::fs::read(&checkpoint).unwrap(), before, "the refused sweep replaced a finished run");
+    succeeds(&sweep("3", &["--overwrite"]));
+    assert_ne!(std::fs::read(&checkpoint).unwrap(), before);
+}
+
+/// Rewrites the safetensors file `path` without `drop`, keeping its metadata, or with
+/// `drop`'s checksum taken out of the metadata too (`unlisted`).
+fn without_tensor(path: &std::path::Path, drop: &str, unlisted: bool) {
+    use safetensors::tensor::{SafeTensors, TensorView};
+    let bytes = std::fs::read(path).unwrap();
+    let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
+    let mut metadata = meta.metadata().clone().unwrap();
+    if unlisted {
+        let mut sums: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&metadata["checksums"]).unwrap();
+        assert!(sums.remove(drop).is_some(), "no checksum of {drop}");
+        metadata.insert("checksums".into(), serde_json::Value::Object(sums).to_string());
+    }
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let kept: Vec<(String, TensorView)> = st.tensors().into_iter().filter(|(n, _)| n != drop).collect();
+    assert!(kept.len() + 1 == st.names().len(), "no tensor {drop}");
+    std::fs::write(path, safetensors::serialize(kept, &Some(metadata)).unwrap()).unwrap();
+}
+
+/// Silently wrong: a checkpoint missing one memory tensor resumed as if that layer's
+/// memory were empty and trained on to other losses. A tensor its checksums list must
+/// be there; and every layer of a memory holds the same tensors.
+#[test]
+fn a_checkpoint_missing_a_tensor_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let two_layers = ["--steps", "4", "--stop-after", "2", "--name", "m", "--set", "model.layers=2"];
+    succeeds(&train(d, &two_layers));
+    let ckpt = d.join("runs/m/checkpoint.safetensors");
+    let whole = std::fs::read(&ckpt).unwrap();
+    let resume = ["--steps", "4", "--name", "m", "--resume", "--set", "model.layers=2"];
+    without_tensor(&ckpt, "memory.0.layers.1.cache", false);
+    fails_with(&train(d, &resume), &["memory.0.layers.1.cache", "listed in its checksums but missing"]);
+    std::fs::write(&ckpt, &whole).unwrap();
+    without_tensor(&ckpt, "memory.0.layers.1.cache", true);
+    fails_with(&train(d, &resume), &["memory state incomplete: layer 1 lacks `cache`, which layer 0 holds"]);
+    std::fs::write(&ckpt, &whole).unwrap();
+    succeeds(&train(d, &resume));
+}
+
+/// Aborts, hangs and overflows: sizes and counts near 2^64 were allocated or looped
+/// over. Each is refused before any work, naming what drives it.
+#[test]
+fn huge_sizes_and_counts_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let huge = "18446744073709551615";
+    fails_with(&train(d, &["--length", "99999999999", "--name", "a"]), &["`data.copy.count_max`", "more than lethe holds"]);
+    fails_with(&train(d, &["--set", "data.copy.eval_tokens=99999999999999", "--name", "a"]), &["`data.copy.eval_tokens`"]);
+    fails_with(&lethe(d, &["train", "-p", "collision-tiny", "--length", "999999999999", "--name", "a"]), &["`data.collision.steps`"]);
+    fails_with(&lethe(d, &["train", "-p", "portal-small", "--length", "999999999999", "--name", "a"]), &["the observation layer", "data.portal.rooms = 999999999999"]);
+    fails_with(&lethe(d, &["train", "--length", huge, "--name", "a"]), &["--length", "at most"]);
+    for (flag, value) in [("--warmup", huge), ("--bench-steps", huge), ("--context", huge)] {
+        let mut args = vec!["bench", "--out", "runs", flag, value];
+        args.extend_from_slice(TINY);
+        fails_with(&lethe(d, &args), &[flag, "at most"]);
+    }
+    let mut args = vec!["bench", "--out", "runs", "--context", "64", "--scale", "context=64,128"];
+    args.extend_from_slice(TINY);
+    fails_with(&lethe(d, &args), &["--context 64 and --scale context="]);
+    fails_with(&train(d, &["--set", "model.layers=100000", "--set", "model.d_model=1024", "--name", "a"]), &["the layers' weights", "model.layers = 100000"]);
+    assert!(!d.join("runs/a").exists(), "a refused run left a folder");
+}
+
+/// Hang: `lethe bench` watched for signals only between configs, so a long warm-up
+/// ignored SIGTERM. One signal now stops it at the next step.
+#[test]
+fn one_signal_stops_a_bench_in_its_warm_up() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = vec!["bench", "--out", "runs", "--warmup", "10000"];
+    args.extend_from_slice(TINY);
+    let mut child = spawn(dir.path(), &args);
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap(); // the GEMM rate: the configs come next
+    assert!(line.starts_with("matrix multiply"), "{line}");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // SAFETY: signals a child process this test started and has not reaped.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert!(stderr.contains("interrupted by SIGTERM after 0 of 1 configs") && stderr.contains("Nothing was timed"), "{stderr}");
+}
+
+/// Silently wrong: settings that make no sense, or flags a command would ignore, are
+/// refused, not taken.
+#[test]
+fn settings_that_would_be_ignored_or_make_no_sense_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    fails_with(&train(d, &["--set", "train.min_lr_ratio=50", "--name", "a"]), &["train.min_lr_ratio", "must be in [0, 1]"]);
+    fails_with(&train(d, &["--set", "train.eps=0", "--name", "a"]), &["train.eps", "positive"]);
+    succeeds(&train(d, &["--steps", "2", "--name", "r"]));
+    fails_with(&train(d, &["--steps", "4", "--name", "r", "--resume", "--init-from", "runs/r"]), &["--init-from", "--resume", "give one of them"]);
+    std::fs::create_dir(d.join("tk")).unwrap();
+    std::fs::write(d.join("words.txt"), "one two three\n").unwrap();
+    succeeds(&lethe(d, &["tokenizer", "words", "words.txt", "--out", "tk"]));
+    fails_with(&lethe(d, &["eval", "--checkpoint", "runs/r", "--set", "data.tokenizer=tk"]), &["--set data.tokenizer", "trained with"]);
+    fails_with(&lethe(d, &["play", "--checkpoint", "runs/r", "-p", "portal-small"]), &["--preset", "with --checkpoint"]);
+    fails_with(&lethe(d, &["train", "--config", "nowhere.toml", "--set", "model=3"]), &["nowhere.toml"]);
+    fails_with(&train(d, &["--set", "model=3", "--name", "a"]), &["`model`: invalid type: integer `3`, expected a table of fields"]);
+}
+
+/// Hangs: a FIFO or a device named as an input was read until the kernel killed lethe,
+/// or forever. Only regular files are read; the rest are refused by name, unopened.
+#[test]
+fn devices_and_fifos_are_refused_as_inputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let fifo = d.join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: makes a FIFO at a path in the test's own folder.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    fails_with(&lethe(d, &["train", "-p", "enwik8-tiny", "--data", "/dev/zero", "--name", "a"]), &["data `/dev/zero`: is a device, not a regular file"]);
+    fails_with(&lethe(d, &["train", "-p", "enwik8-tiny", "--data", "fifo", "--name", "a"]), &["data `fifo`: is a FIFO"]);
+    fails_with(&lethe(d, &["eval", "--checkpoint", "/dev/urandom"]), &["is a device"]);
+    fails_with(&lethe(d, &["train", "--config", "fifo"]), &["is a FIFO"]);
+    std::fs::create_dir_all(d.join("books/sub")).unwrap();
+    std::fs::write(d.join("books/sub/a.txt"), "some text to read ".repeat(200)).unwrap();
+    std::os::unix::fs::symlink("..", d.join("books/sub/loop")).unwrap();
+    std::os::unix::fs::symlink("../../fifo", d.join("books/sub/z.txt")).unwrap();
+    fails_with(&lethe(d, &["train", "-p", "books-tiny", "--data", "books", "--steps", "1", "--name", "b"]), &["is a FIFO"]);
+}

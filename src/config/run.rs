@@ -141,6 +141,15 @@ mod tests {
             ("data.instruction.characters", Box::new(|c| c.data.instruction.characters = 41)),
             ("data.instruction.distance_max", Box::new(|c| c.data.instruction.distance_max = 10)),
             ("data.sorting.symbols", Box::new(|c| c.data.sorting.symbols = 30)),
+            ("train.eps", Box::new(|c| c.train.eps = 0.0)),
+            ("train.min_lr_ratio", Box::new(|c| c.train.min_lr_ratio = 50.0)),
+            (
+                "rl.eval_episodes",
+                Box::new(|c| {
+                    c.data.source = crate::config::Source::Corridor;
+                    c.rl.eval_episodes = usize::MAX;
+                }),
+            ),
         ];
         for (field, breaker) in cases {
             let mut c = Config::default();

@@ -210,3 +210,57 @@ pub(crate) fn check_finite(values: &[f64], step: usize, last_checkpoint: Option<
     };
     Err(LetheError::NonFiniteLoss { step, value, kept })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A run that records what the loop asks of it, and whose evaluation fails.
+    struct Recorder {
+        step: usize,
+        calls: Vec<String>,
+        dir: PathBuf,
+    }
+
+    impl Looped for Recorder {
+        type Window = ();
+        type Eval = ();
+
+        fn step(&self) -> usize {
+            self.step
+        }
+        fn quiet(&self) -> bool {
+            true
+        }
+        fn train_step(&mut self, _: &mut ()) -> Result<f64> {
+            self.step += 1;
+            self.calls.push(format!("step {}", self.step));
+            Ok(1.0)
+        }
+        fn log_progress(&mut self, _: &(), _: f64) -> Result<()> {
+            Ok(())
+        }
+        fn evaluate(&mut self) -> Result<()> {
+            self.calls.push("evaluate".into());
+            Err(LetheError::Invalid("the validation data went away".into()))
+        }
+        fn save_checkpoint(&mut self) -> Result<()> {
+            self.calls.push(format!("checkpoint {}", self.step));
+            Ok(())
+        }
+        fn dir(&self) -> &Path {
+            &self.dir
+        }
+    }
+
+    /// An evaluation that fails at the end must not cost the steps since the last
+    /// checkpoint: the last step's checkpoint is written before it.
+    #[test]
+    fn the_last_checkpoint_is_written_before_the_final_evaluation() {
+        let mut run = Recorder { step: 0, calls: vec![], dir: PathBuf::from("runs/x") };
+        let cfg = TrainConfig { steps: 3, eval_every: 0, checkpoint_every: 0, ..TrainConfig::default() };
+        let e = drive(&mut run, &cfg, &TrainOptions::default()).unwrap_err();
+        assert!(e.to_string().contains("went away"), "{e}");
+        assert_eq!(run.calls, ["step 1", "step 2", "step 3", "checkpoint 3", "evaluate"]);
+    }
+}
