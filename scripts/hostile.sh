@@ -272,7 +272,7 @@ run_case "eval --checkpoint /dev/urandom"    "$BIN" eval --checkpoint /dev/urand
 run_case "train copy --length 1e11"          "$BIN" train -q "${TINY[@]}" --length 99999999999 --name u5
 run_case "train copy eval_tokens 1e14"       "$BIN" train -q "${TINY[@]}" --set data.copy.eval_tokens=99999999999999 --name u6
 run_case "train collision --length 1e12"     "$BIN" train -q -p collision-tiny --length 999999999999 --name u7
-run_case "train sorting length 1e12"         "$BIN" train -q -p sorting-xl-tiny --set data.sorting.length=999999999999 --name u8
+run_case "train sorting length 1e12"         "$BIN" train -q -p sorting-tiny --set data.sorting.length=999999999999 --name u8
 run_case "train portal --length 1e12"        "$BIN" train -q -p portal-small --length 999999999999 --name u9
 run_case "train --length 2^64-1"             "$BIN" train -q "${TINY[@]}" --length 18446744073709551615 --name u10
 run_case "train --seed 2^64-1"               "$BIN" train -q "${TINY[@]}" --seed 18446744073709551615 --name u11

@@ -922,17 +922,20 @@ pub fn plan(base: &Config, mechanisms: &[String], scale: Option<&Scale>, context
 /// skipped the rest, if one did.
 pub struct Benched {
     pub results: Vec<BenchResult>,
-    /// SIGINT, SIGTERM or SIGHUP, when one arrived while cases remained: the case under
-    /// way was finished and the ones after it skipped; with several rounds, the round
-    /// under way was finished and the rest skipped.
+    /// SIGINT, SIGTERM or SIGHUP, when one arrived while cases remained: on a single
+    /// process the case under way stopped at its next step and was dropped, under
+    /// torchrun it was finished; the ones after it were skipped. With several rounds, a
+    /// signal while the cases were prepared stopped before any was timed, and one in a
+    /// round let that round finish and skipped the rest.
     pub stopped_by: Option<String>,
     /// Rounds timed ([`BenchOptions::rounds`], fewer after a signal).
     pub rounds_done: usize,
 }
 
 /// Benches every case in turn, telling `say` about each result as it comes. A first
-/// SIGINT, SIGTERM or SIGHUP lets the case under way finish and skips the rest (every
-/// rank of a launch stops at the same case); a second one ends the process at once.
+/// SIGINT, SIGTERM or SIGHUP stops the case under way at its next step, drops it and
+/// skips the rest (the ranks of a launch finish the case under way, so that all stop at
+/// the same one); a second one ends the process at once.
 /// With [`BenchOptions::rounds`] above one, [`run_in_rounds`].
 pub fn run(cases: &[Case], opts: &BenchOptions, gemm_gflops: f64, group: Option<&ProcessGroup>, say: &mut dyn FnMut(&BenchResult)) -> Result<Benched> {
     for case in cases {

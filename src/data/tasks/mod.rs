@@ -50,27 +50,6 @@ pub fn check_sizes(task: &dyn Generator, batch: usize, eval_tokens: usize, eval_
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::{CollisionConfig, CopyConfig};
-
-    /// A task whose episodes or evaluation stream could not be held is refused before
-    /// any is drawn, naming the field; sizes near 2^64 do not overflow the arithmetic.
-    #[test]
-    fn sizes_that_cannot_be_held_are_refused_by_their_field() {
-        let copy = |count_max: usize, distance_max: usize| copy::CopyTask::new(&CopyConfig { count_max, distance_max, ..CopyConfig::default() });
-        assert!(check_sizes(&copy(8, 100), 16, 1 << 20, "data.copy.eval_tokens").is_ok());
-        let e = check_sizes(&copy(usize::MAX, 100), 16, 1 << 20, "data.copy.eval_tokens").unwrap_err().to_string();
-        assert!(e.contains("data.copy.count_max") && e.contains("16 streams"), "{e}");
-        let e = check_sizes(&copy(8, 100), 16, usize::MAX, "data.copy.eval_tokens").unwrap_err().to_string();
-        assert!(e.contains("data.copy.eval_tokens"), "{e}");
-        let collision = collision::CollisionTask::new(&CollisionConfig { steps: 1 << 60, ..CollisionConfig::default() });
-        let e = check_sizes(&collision, 1, 1000, "data.collision.eval_tokens").unwrap_err().to_string();
-        assert!(e.contains("data.collision.steps"), "{e}");
-    }
-}
-
 /// A fixed evaluation split of a task: `batch` documents of whole episodes, about
 /// `tokens` tokens in all, from a seed of its own per split.
 pub fn eval_split(task: &dyn Generator, name: &str, seed: u64, split: crate::data::seq::Split, batch: usize, tokens: usize) -> crate::data::seq::SplitData {
@@ -92,4 +71,25 @@ pub fn eval_split(task: &dyn Generator, name: &str, seed: u64, split: crate::dat
         })
         .collect();
     crate::data::seq::SplitData { origin: format!("{name} task ({split})").into(), docs, mode: crate::config::FolderMode::Documents, words: None }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{CollisionConfig, CopyConfig};
+
+    /// A task whose episodes or evaluation stream could not be held is refused before
+    /// any is drawn, naming the field; sizes near 2^64 do not overflow the arithmetic.
+    #[test]
+    fn sizes_that_cannot_be_held_are_refused_by_their_field() {
+        let copy = |count_max: usize, distance_max: usize| copy::CopyTask::new(&CopyConfig { count_max, distance_max, ..CopyConfig::default() });
+        assert!(check_sizes(&copy(8, 100), 16, 1 << 20, "data.copy.eval_tokens").is_ok());
+        let e = check_sizes(&copy(usize::MAX, 100), 16, 1 << 20, "data.copy.eval_tokens").unwrap_err().to_string();
+        assert!(e.contains("data.copy.count_max") && e.contains("16 streams"), "{e}");
+        let e = check_sizes(&copy(8, 100), 16, usize::MAX, "data.copy.eval_tokens").unwrap_err().to_string();
+        assert!(e.contains("data.copy.eval_tokens"), "{e}");
+        let collision = collision::CollisionTask::new(&CollisionConfig { steps: 1 << 60, ..CollisionConfig::default() });
+        let e = check_sizes(&collision, 1, 1000, "data.collision.eval_tokens").unwrap_err().to_string();
+        assert!(e.contains("data.collision.steps"), "{e}");
+    }
 }
