@@ -398,6 +398,11 @@ fn outputs_never_replace_an_input_or_a_runs_own_files() {
     fails_with(&lethe(d, &["score", "p.txt", "q.txt", "--csv", "p.txt"]), &["--csv `p.txt`: is the same file as the input `p.txt`"]);
     assert_eq!(std::fs::read(d.join("p.txt")).unwrap(), b"a b\n");
     assert!(before == folder_bytes(&run), "a refused output changed the run folder");
+    // A folder that is not a run's but holds a file training writes is not taken over.
+    std::fs::create_dir_all(d.join("runs/mine")).unwrap();
+    std::fs::write(d.join("runs/mine/config.toml"), "my own notes").unwrap();
+    fails_with(&train(d, &["--steps", "2", "--name", "mine"]), &["`runs/mine` is not a lethe run folder but holds `config.toml`"]);
+    assert_eq!(std::fs::read(d.join("runs/mine/config.toml")).unwrap(), b"my own notes");
     // A new file beside the run's own is an output like any other.
     succeeds(&eval("runs/r/per-token.csv"));
     assert!(std::fs::read_to_string(run.join("per-token.csv")).unwrap().starts_with("stream,position,target"));

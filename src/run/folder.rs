@@ -154,6 +154,18 @@ fn check_intent(dir: &Path, intent: Intent) -> Result<()> {
     if intent.resume && !ckpt.exists() {
         return Err(LetheError::checkpoint(ckpt, "nothing to resume: no checkpoint in this run folder"));
     }
+    // A folder that is not a run's (no lock, no checkpoint) but holds files a run
+    // writes: they are somebody else's, and training would replace them.
+    let is_run = ckpt.exists() || dir.join(LOCK_FILE).exists();
+    if !is_run && !intent.overwrite {
+        let theirs = ["config.toml", "metrics.jsonl", MACHINE_FILE, "tokenizer.json"].into_iter().find(|f| dir.join(f).exists());
+        if let Some(file) = theirs {
+            return Err(LetheError::Invalid(format!(
+                "`{}` is not a lethe run folder but holds `{file}`, which training would replace: pick another --name or --out (or --overwrite to replace it)",
+                dir.display()
+            )));
+        }
+    }
     if !intent.resume && !intent.overwrite && ckpt.exists() {
         return Err(LetheError::Invalid(format!(
             "run folder `{}` already holds a checkpoint: pass --resume to continue it, --overwrite to start over, or --name for a new run",
