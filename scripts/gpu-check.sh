@@ -47,13 +47,20 @@ for line in sys.stdin:
     ls -la "$dir" "$dir/lib"
 }
 
-run() {
-    local dir out torch_lib
+# There, before a stage: checks that DIR holds the packed binaries, sets `dir` (DIR's
+# full path) and `out` (OUT, created), and points the binaries at that machine's torch.
+on_gpu_machine() {
     [ -x "$1/lethe" ] && [ -x "$1/gpu-tests" ] || { echo "$0: $1 holds no lethe and gpu-tests: run '$0 pack $1' on the build machine first" >&2; exit 2; }
     dir=$(realpath "$1") out=$2
     mkdir -p "$out"
+    local torch_lib
     torch_lib=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))') || exit 1
     export LD_LIBRARY_PATH="$torch_lib:$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+}
+
+run() {
+    local dir out
+    on_gpu_machine "$1" "$2"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
     nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader -lms 250 >"$out/gpu-memory.csv" &
     local sampler=$!
@@ -110,12 +117,8 @@ run() {
 
 # Two timed steps of each preset at its own batch and micro-batches, on the GPU.
 presets() {
-    local dir out torch_lib
-    [ -x "$1/lethe" ] || { echo "$0: $1 holds no lethe: run '$0 pack $1' on the build machine first" >&2; exit 2; }
-    dir=$(realpath "$1") out=$2
-    mkdir -p "$out"
-    torch_lib=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))') || exit 1
-    export LD_LIBRARY_PATH="$torch_lib:$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    local dir out
+    on_gpu_machine "$1" "$2"
     nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader -lms 250 >"$out/gpu-memory-presets.csv" &
     local sampler=$! work
     work=$(mktemp -d)
@@ -133,12 +136,8 @@ presets() {
 # 1024). Before them, Transformer-XL and Expire-Span at equal memory at enwik8-tiny, in
 # turns.
 table4() {
-    local dir out torch_lib
-    [ -x "$1/lethe" ] && [ -x "$1/gpu-tests" ] || { echo "$0: $1 holds no lethe and gpu-tests: run '$0 pack $1' on the build machine first" >&2; exit 2; }
-    dir=$(realpath "$1") out=$2
-    mkdir -p "$out"
-    torch_lib=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))') || exit 1
-    export LD_LIBRARY_PATH="$torch_lib:$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    local dir out
+    on_gpu_machine "$1" "$2"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/table4.txt"
     local work
     work=$(mktemp -d)
