@@ -35,6 +35,9 @@ void lethe_set_cpp_log_level(int level) {
 // reached through c10's device-allocator interface, so nothing here links CUDA.
 int lethe_gpu_memory(int device, int reset, int64_t* current, int64_t* peak, char** error) {
   return lethe::guarded(error, [&] {
+    // The allocator sizes its per-GPU tables when CUDA is first initialised: before any
+    // tensor is on a GPU, its statistics are not there yet.
+    at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
     c10::DeviceAllocator* allocator = c10::getDeviceAllocator(c10::DeviceType::CUDA);
     const auto index = static_cast<c10::DeviceIndex>(device);
     const auto stats = allocator->getDeviceStats(index);
