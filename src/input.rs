@@ -24,11 +24,15 @@ pub fn max_bytes() -> u64 {
     total_memory_bytes().map_or(64 << 30, |total| total / 2)
 }
 
-fn total_memory_bytes() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
+/// The machine's memory (`MemTotal`), where the OS reports it; read once per process.
+pub fn total_memory_bytes() -> Option<u64> {
+    static TOTAL: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *TOTAL.get_or_init(|| {
+        let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+        let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kb * 1024)
+    })
 }
 
 /// Refuses `path` unless it is a regular file (through links) of at most

@@ -34,8 +34,9 @@ pub const RUN_FILES: &[(&str, &str)] = &[
     (".*.tmp", "a file being written"),
 ];
 
-/// Files whose presence makes a folder a run folder.
-const RUN_MARKERS: &[&str] = &["checkpoint.safetensors", ".lethe.lock"];
+/// Files whose presence makes a folder a run folder: its checkpoint, or its lock
+/// (`run::folder::LOCK_FILE`, named here too: this layer sits below the run's).
+const RUN_MARKERS: &[&str] = &[crate::checkpoint::FILE_NAME, ".lethe.lock"];
 
 /// Refuses `path`, given by `flag`, as an output of a command that reads `inputs`
 /// (files or folders; those that do not exist are skipped). See the module

@@ -209,7 +209,7 @@ fn refuse_other_runs(plan: &[Config], runs: &Path) -> Result<()> {
             continue;
         }
         let toml = cfg.to_toml()?;
-        let saved = std::fs::read_to_string(folder.join("config.toml")).unwrap_or_default();
+        let saved = crate::input::read_to_string(&folder.join("config.toml")).unwrap_or_default();
         if saved != toml {
             return Err(LetheError::Invalid(format!(
                 "sweep run `{}` already holds a run trained with other settings: pass --overwrite to retrain it, or --out for another sweep folder",
@@ -224,7 +224,7 @@ fn refuse_other_runs(plan: &[Config], runs: &Path) -> Result<()> {
 fn run_one(cfg: &Config, runs: &Path) -> Result<SweepPoint> {
     let toml = cfg.to_toml()?;
     let path = runs.join(&cfg.name).join("point.json");
-    if let Some(done) = std::fs::read_to_string(&path).ok().and_then(|t| serde_json::from_str::<SweepPoint>(&t).ok()) {
+    if let Some(done) = crate::input::read_to_string(&path).ok().and_then(|t| serde_json::from_str::<SweepPoint>(&t).ok()) {
         if done.config == toml {
             return Ok(done);
         }

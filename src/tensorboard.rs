@@ -138,7 +138,7 @@ fn record(data: &[u8]) -> Vec<u8> {
 
 /// The events of a record file, checksums verified (for tests and tools).
 pub fn read_events(path: &Path) -> Result<Vec<Event>> {
-    let bytes = std::fs::read(path).map_err(|e| LetheError::io(path, e))?;
+    let bytes = crate::input::read(path).map_err(|e| LetheError::data(path, e))?;
     let corrupt = |why: &str| LetheError::Data { path: path.to_path_buf(), reason: format!("not a TensorBoard event file: {why}") };
     let (mut at, mut events) = (0, vec![]);
     while at < bytes.len() {

@@ -121,7 +121,7 @@ pub fn check_fits_with(config: &Config, device: Device, extra: Option<Part>) -> 
     if device != Device::Cpu {
         return Ok(());
     }
-    let Some(available) = total_memory_bytes() else { return Ok(()) };
+    let Some(available) = crate::input::total_memory_bytes() else { return Ok(()) };
     fits_within(footprint_parts(config).into_iter().chain(extra).collect(), available as f64)
 }
 
@@ -147,7 +147,7 @@ pub fn check_fit_together(configs: &[&Config], device: Device) -> Result<()> {
     if device != Device::Cpu {
         return Ok(());
     }
-    let Some(available) = total_memory_bytes() else { return Ok(()) };
+    let Some(available) = crate::input::total_memory_bytes() else { return Ok(()) };
     fit_together_within(configs, available as f64)
 }
 
@@ -165,13 +165,6 @@ fn fit_together_within(configs: &[&Config], available: f64) -> Result<()> {
     )))
 }
 
-/// The machine's memory (`MemTotal`), where the OS reports it.
-fn total_memory_bytes() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
 
 /// A model with its parameter store and the config it was built from.
 pub struct Lm {

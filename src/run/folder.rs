@@ -158,7 +158,7 @@ fn check_intent(dir: &Path, intent: Intent) -> Result<()> {
     // writes: they are somebody else's, and training would replace them.
     let is_run = ckpt.exists() || dir.join(LOCK_FILE).exists();
     if !is_run && !intent.overwrite {
-        let theirs = ["config.toml", "metrics.jsonl", MACHINE_FILE, "tokenizer.json"].into_iter().find(|f| dir.join(f).exists());
+        let theirs = crate::output::RUN_FILES.iter().map(|(name, _)| *name).filter(|name| !name.contains('*')).find(|name| dir.join(name).exists());
         if let Some(file) = theirs {
             return Err(LetheError::Invalid(format!(
                 "`{}` is not a lethe run folder but holds `{file}`, which training would replace: pick another --name or --out (or --overwrite to replace it)",
