@@ -27,7 +27,10 @@ fn main() {
 fn compile_csrc(lib: &std::path::Path) {
     let include = lib.parent().map(|p| p.join("include")).filter(|p| p.join("torch").is_dir());
     let Some(include) = include else {
-        panic!("no libtorch headers beside {}: lethe needs the include folder of the torch wheel or libtorch archive", lib.display());
+        panic!(
+            "no libtorch headers beside {}: lethe needs the include folder of the torch wheel or libtorch archive",
+            lib.display()
+        );
     };
     cc::Build::new()
         .cpp(true)

@@ -19,8 +19,13 @@ use lethe::bench::{bench, time_attention, BenchOptions};
 use lethe::config::{Config, Mechanism};
 use lethe::sweep::configure;
 
-const MECHANISMS: [(Mechanism, usize); 5] =
-    [(Mechanism::Fixed, 256), (Mechanism::Adaptive, 1024), (Mechanism::Expire, 1024), (Mechanism::Compressive, 512), (Mechanism::Infinity, 512)];
+const MECHANISMS: [(Mechanism, usize); 5] = [
+    (Mechanism::Fixed, 256),
+    (Mechanism::Adaptive, 1024),
+    (Mechanism::Expire, 1024),
+    (Mechanism::Compressive, 512),
+    (Mechanism::Infinity, 512),
+];
 const BASELINE: &str = "target/lethe-bench-baseline.json";
 const STEPS: usize = 40;
 const WARMUP: usize = 3;
@@ -44,17 +49,38 @@ fn main() -> lethe::Result<()> {
             let t = if run {
                 time_attention(&cfg, STEPS, WARMUP)?
             } else {
-                bench(&cfg, &BenchOptions { steps: STEPS, rounds: 1, warmup: WARMUP, context: None, profile: false, trace: None, ..Default::default() }, None)?.timing()
+                bench(
+                    &cfg,
+                    &BenchOptions {
+                        steps: STEPS,
+                        rounds: 1,
+                        warmup: WARMUP,
+                        context: None,
+                        profile: false,
+                        trace: None,
+                        ..Default::default()
+                    },
+                    None,
+                )?
+                .timing()
             };
-            let change = baseline.get(&id).map(|b| format!("{:+.1}%", 100.0 * (t.median_s / b - 1.0))).unwrap_or_else(|| "-".into());
-            println!("{id:<24} {:>10.2} {:>18} {change:>10}", 1e3 * t.median_s, format!("{:.2}-{:.2}", 1e3 * t.p10_s, 1e3 * t.p90_s));
+            let change = baseline
+                .get(&id)
+                .map(|b| format!("{:+.1}%", 100.0 * (t.median_s / b - 1.0)))
+                .unwrap_or_else(|| "-".into());
+            println!(
+                "{id:<24} {:>10.2} {:>18} {change:>10}",
+                1e3 * t.median_s,
+                format!("{:.2}-{:.2}", 1e3 * t.p10_s, 1e3 * t.p90_s)
+            );
             now.insert(id, t.median_s);
         }
     }
     if save {
         let mut all = baseline;
         all.extend(now);
-        let text = serde_json::to_string_pretty(&all).map_err(|e| lethe::LetheError::Invalid(format!("baseline: {e}")))?;
+        let text =
+            serde_json::to_string_pretty(&all).map_err(|e| lethe::LetheError::Invalid(format!("baseline: {e}")))?;
         lethe::checkpoint::write_atomic(Path::new(BASELINE), text.as_bytes())?;
         println!("saved the baseline to {BASELINE}");
     }

@@ -102,7 +102,11 @@ impl BenchOptions {
         if self.rounds == 0 {
             return Err(LetheError::Invalid("--rounds must be at least 1".into()));
         }
-        let bounded = [("--bench-steps", self.steps, MAX_BENCH_STEPS), ("--warmup", self.warmup, MAX_WARMUP_STEPS), ("--rounds", self.rounds, MAX_ROUNDS)];
+        let bounded = [
+            ("--bench-steps", self.steps, MAX_BENCH_STEPS),
+            ("--warmup", self.warmup, MAX_WARMUP_STEPS),
+            ("--rounds", self.rounds, MAX_ROUNDS),
+        ];
         if let Some((flag, value, most)) = bounded.into_iter().find(|(_, value, most)| value > most) {
             return Err(LetheError::Invalid(format!("{flag} {value}: at most {most}")));
         }
@@ -113,7 +117,9 @@ impl BenchOptions {
             return Err(LetheError::Invalid("a trace records the profiled steps: --trace needs --profile".into()));
         }
         if self.trace.is_some() && self.rounds > 1 {
-            return Err(LetheError::Invalid("--trace records one run of profiled steps per config: not with --rounds".into()));
+            return Err(LetheError::Invalid(
+                "--trace records one run of profiled steps per config: not with --rounds".into(),
+            ));
         }
         if self.trace.is_some() && self.steps > MAX_TRACE_STEPS {
             return Err(LetheError::Invalid(format!(
@@ -127,7 +133,16 @@ impl BenchOptions {
 
 impl Default for BenchOptions {
     fn default() -> Self {
-        BenchOptions { steps: 20, rounds: 1, warmup: 3, context: None, profile: false, trace: None, train_data: false, frozen: false }
+        BenchOptions {
+            steps: 20,
+            rounds: 1,
+            warmup: 3,
+            context: None,
+            profile: false,
+            trace: None,
+            train_data: false,
+            frozen: false,
+        }
     }
 }
 
@@ -309,7 +324,10 @@ impl<'a> Timed<'a> {
         // mechanism's), or has in another shape (a position table over another span),
         // start fresh and are reported.
         let init = match &cfg.train.init_from {
-            Some(from) => Some(Init { from: from.display().to_string(), fresh: crate::model::init::load_fitting(&lm, from)?.fresh }),
+            Some(from) => Some(Init {
+                from: from.display().to_string(),
+                fresh: crate::model::init::load_fitting(&lm, from)?.fresh,
+            }),
             None => None,
         };
         let opt = Optimiser::new(lm.named_parameters(), &cfg.train);
@@ -323,7 +341,22 @@ impl<'a> Timed<'a> {
         }
         synchronize(device);
         let (held, counted) = held_by(&run);
-        Ok(Timed { run, batches, init, fill_blocks, times: vec![], comm: vec![], round_medians: vec![], last_loss: f64::NAN, memory: vec![], flops: vec![], held, counted, profiled: vec![], profiled_steps: 0 })
+        Ok(Timed {
+            run,
+            batches,
+            init,
+            fill_blocks,
+            times: vec![],
+            comm: vec![],
+            round_medians: vec![],
+            last_loss: f64::NAN,
+            memory: vec![],
+            flops: vec![],
+            held,
+            counted,
+            profiled: vec![],
+            profiled_steps: 0,
+        })
     }
 
     /// Times `steps` more training steps, one round; with `stoppable`, a signal stops it
@@ -373,7 +406,11 @@ impl<'a> Timed<'a> {
     fn finish(mut self, opts: &BenchOptions) -> Result<BenchResult> {
         let (cfg, group) = (self.run.cfg, self.run.group);
         // Under torchrun rank 0 traces for the group (the ranks run the same operations).
-        let trace = opts.trace.as_ref().filter(|_| group.is_none_or(|g| g.rank() == 0)).map(|dir| dir.join(format!("trace-{}.json", cfg.name)));
+        let trace = opts
+            .trace
+            .as_ref()
+            .filter(|_| group.is_none_or(|g| g.rank() == 0))
+            .map(|dir| dir.join(format!("trace-{}.json", cfg.name)));
         // In rounds, every round has profiled its steps already.
         if opts.profile && self.profiled_steps == 0 {
             self.profile(opts.steps, trace.as_deref())?;
@@ -446,7 +483,15 @@ impl Stepper<'_> {
         let (_, _seed) = begin_step(self.cfg, self.steps);
         self.steps += 1;
         let lr = if self.frozen { 0.0 } else { self.cfg.train.lr };
-        optimisation_step(&self.lm, &mut self.opt, &mut self.mems, batch, &self.cfg.train, Scales { lr, aux: 1.0 }, self.group)
+        optimisation_step(
+            &self.lm,
+            &mut self.opt,
+            &mut self.mems,
+            batch,
+            &self.cfg.train,
+            Scales { lr, aux: 1.0 },
+            self.group,
+        )
     }
 }
 
@@ -504,13 +549,21 @@ impl Batches {
     /// as a step cuts it, or random tokens drawn micro-batch by micro-batch.
     fn fill_block(&mut self, run: &Stepper) -> (Vec<Tensor>, bool) {
         let (cfg, device) = (run.cfg, run.lm.device());
-        let parts = (0..run.mems.len()).map(|m| crate::train::micro_batch(cfg.train.batch, run.mems.len(), run.group, m));
+        let parts =
+            (0..run.mems.len()).map(|m| crate::train::micro_batch(cfg.train.batch, run.mems.len(), run.group, m));
         match self {
             Batches::Data(streams) => {
                 let batch = streams.next_batch();
                 (parts.map(|(first, per)| batch.tensors(first, first + per, device).0).collect(), batch.reset)
             }
-            Batches::Random(rng) => (parts.map(|(_, per)| random_batch(rng, per, cfg.train.block, cfg.model.vocab, false).tensors(0, per, device).0).collect(), false),
+            Batches::Random(rng) => (
+                parts
+                    .map(|(_, per)| {
+                        random_batch(rng, per, cfg.train.block, cfg.model.vocab, false).tensors(0, per, device).0
+                    })
+                    .collect(),
+                false,
+            ),
         }
     }
 
@@ -525,7 +578,12 @@ impl Batches {
 
 /// Runs `steps` more training steps with every phase timed ([`crate::profile`]), and
 /// recorded by libtorch's profiler into the Chrome trace `trace` when given.
-fn profile_steps(run: &mut Stepper, steps: usize, batches: &mut Batches, trace: Option<&Path>) -> Result<Vec<crate::profile::PhaseTime>> {
+fn profile_steps(
+    run: &mut Stepper,
+    steps: usize,
+    batches: &mut Batches,
+    trace: Option<&Path>,
+) -> Result<Vec<crate::profile::PhaseTime>> {
     let trace = match trace {
         Some(path) => {
             let dir = path.parent().unwrap_or(Path::new("."));
@@ -589,7 +647,15 @@ pub fn time_attention(cfg: &Config, steps: usize, warmup: usize) -> Result<Timin
         let x = Tensor::randn(shape, (Kind::Float, device)).set_requires_grad(i >= fill);
         let start = Instant::now();
         let q = attn.queries(&x);
-        let input = crate::model::memory::AttendInput { x: &x, q: &q, attn: &attn, key_pe: Some(&key_pe), train: i >= fill, episodes: None, norm: None };
+        let input = crate::model::memory::AttendInput {
+            x: &x,
+            q: &q,
+            attn: &attn,
+            key_pe: Some(&key_pe),
+            train: i >= fill,
+            episodes: None,
+            norm: None,
+        };
         let out = memory.attend(&input)?;
         memory.update(&x.detach(), None)?;
         if i >= fill {
@@ -665,11 +731,17 @@ fn held_by(run: &Stepper) -> (Vec<usize>, Vec<usize>) {
 /// without attention dropout) projects and scores each stream's own kept memories
 /// only, skipping the padding up to the longest stream: their mean per stream.
 fn counted(cfg: &Config, reports: &[crate::model::memory::MemoryReport], device: Device) -> Vec<usize> {
-    let ragged = cfg.memory.mechanism == Mechanism::Expire && cfg.memory.expire.fused && !device.is_cuda() && cfg.model.dropout == 0.0;
-    reports.iter().map(|r| match r.extra("kept").filter(|_| ragged) {
-        Some(kept) => kept.round() as usize,
-        None => r.held,
-    }).collect()
+    let ragged = cfg.memory.mechanism == Mechanism::Expire
+        && cfg.memory.expire.fused
+        && !device.is_cuda()
+        && cfg.model.dropout == 0.0;
+    reports
+        .iter()
+        .map(|r| match r.extra("kept").filter(|_| ragged) {
+            Some(kept) => kept.round() as usize,
+            None => r.held,
+        })
+        .collect()
 }
 
 /// The mean of each column of `rows` (rows of equal length), over the rows.
@@ -693,7 +765,14 @@ fn memory_reach(cfg: &Config) -> usize {
 fn random_batch(rng: &mut Rng, batch: usize, block: usize, vocab: usize, reset: bool) -> Batch {
     let n = batch * block;
     let tokens: Vec<i64> = (0..n + batch).map(|_| rng.range(0, vocab - 1) as i64).collect();
-    Batch { batch, len: block, inputs: tokens[..n].to_vec(), targets: tokens[batch..].to_vec(), weights: vec![1.0; n], reset }
+    Batch {
+        batch,
+        len: block,
+        inputs: tokens[..n].to_vec(),
+        targets: tokens[batch..].to_vec(),
+        weights: vec![1.0; n],
+        reset,
+    }
 }
 
 /// The chunks in which a block's queries score their keys when `held` states are held
@@ -831,7 +910,11 @@ pub struct Scale {
 
 /// Parses `span=256,512,1024` (knobs: span, context, block, batch).
 pub fn parse_scale(text: &str) -> Result<Scale> {
-    let bad = |why: &str| LetheError::Invalid(format!("--scale `{text}`: {why} (e.g. --scale span=256,512,1024; knobs: span, context, block, batch)"));
+    let bad = |why: &str| {
+        LetheError::Invalid(format!(
+            "--scale `{text}`: {why} (e.g. --scale span=256,512,1024; knobs: span, context, block, batch)"
+        ))
+    };
     let (name, values) = text.split_once('=').ok_or_else(|| bad("expected KNOB=V1,V2,..."))?;
     let knob = match name.trim() {
         "span" => Knob::Span,
@@ -842,7 +925,13 @@ pub fn parse_scale(text: &str) -> Result<Scale> {
     };
     let values = values
         .split(',')
-        .map(|v| v.trim().parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| bad(&format!("`{v}` is not a positive whole number"))))
+        .map(|v| {
+            v.trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| bad(&format!("`{v}` is not a positive whole number")))
+        })
         .collect::<Result<Vec<_>>>()?;
     Ok(Scale { knob, values })
 }
@@ -870,11 +959,18 @@ pub fn plan(base: &Config, mechanisms: &[String], scale: Option<&Scale>, context
     }
     if let (Some(s), Some(tokens)) = (scale, context) {
         if s.knob == Knob::Context {
-            return Err(LetheError::Invalid(format!("--context {tokens} and --scale context=...: the scale gives each config its context; give one of them")));
+            return Err(LetheError::Invalid(format!(
+                "--context {tokens} and --scale context=...: the scale gives each config its context; give one of them"
+            )));
         }
     }
-    if let Some(tokens) = scale.filter(|s| s.knob == Knob::Context).and_then(|s| s.values.iter().copied().find(|&t| t > MAX_CONTEXT_TOKENS)) {
-        return Err(LetheError::Invalid(format!("--scale context={tokens}: at most {MAX_CONTEXT_TOKENS} tokens (2^32)")));
+    if let Some(tokens) = scale
+        .filter(|s| s.knob == Knob::Context)
+        .and_then(|s| s.values.iter().copied().find(|&t| t > MAX_CONTEXT_TOKENS))
+    {
+        return Err(LetheError::Invalid(format!(
+            "--scale context={tokens}: at most {MAX_CONTEXT_TOKENS} tokens (2^32)"
+        )));
     }
     let mut configs = vec![];
     for item in mechanisms {
@@ -887,7 +983,9 @@ pub fn plan(base: &Config, mechanisms: &[String], scale: Option<&Scale>, context
         } else {
             let size = crate::sweep::parse_sizes(size, &format!("--mechanism {item}"))?;
             if size.len() != 1 {
-                return Err(LetheError::Invalid(format!("--mechanism `{item}`: give one size (sweep sizes with --scale span=...)")));
+                return Err(LetheError::Invalid(format!(
+                    "--mechanism `{item}`: give one size (sweep sizes with --scale span=...)"
+                )));
             }
             crate::sweep::configure(base, mechanism, size[0], base.seed)?
         };
@@ -937,7 +1035,13 @@ pub struct Benched {
 /// skips the rest (the ranks of a launch finish the case under way, so that all stop at
 /// the same one); a second one ends the process at once.
 /// With [`BenchOptions::rounds`] above one, [`run_in_rounds`].
-pub fn run(cases: &[Case], opts: &BenchOptions, gemm_gflops: f64, group: Option<&ProcessGroup>, say: &mut dyn FnMut(&BenchResult)) -> Result<Benched> {
+pub fn run(
+    cases: &[Case],
+    opts: &BenchOptions,
+    gemm_gflops: f64,
+    group: Option<&ProcessGroup>,
+    say: &mut dyn FnMut(&BenchResult),
+) -> Result<Benched> {
     for case in cases {
         crate::model::check_fits(&case.cfg, crate::device::parse(&case.cfg.train.device)?)?;
     }
@@ -950,7 +1054,9 @@ pub fn run(cases: &[Case], opts: &BenchOptions, gemm_gflops: f64, group: Option<
         let o = BenchOptions { context: case.context, ..opts.clone() };
         let r = match bench(&case.cfg, &o, group) {
             // A signal during this config: it is dropped, the configs before it kept.
-            Err(LetheError::Stopped { signal }) => return Ok(Benched { results, stopped_by: Some(signal), rounds_done: 1 }),
+            Err(LetheError::Stopped { signal }) => {
+                return Ok(Benched { results, stopped_by: Some(signal), rounds_done: 1 })
+            }
             r => r?,
         };
         let r = labelled(with_mfu(r, gemm_gflops), case);
@@ -967,7 +1073,14 @@ pub fn run(cases: &[Case], opts: &BenchOptions, gemm_gflops: f64, group: Option<
 /// `opts.rounds` rounds, the cases taking turns, so that the machine's slow and fast
 /// spells fall on all of them alike. A signal stops the bench after the round under
 /// way; the figures are then over the rounds done.
-fn run_in_rounds(cases: &[Case], opts: &BenchOptions, gemm_gflops: f64, group: Option<&ProcessGroup>, signals: &Signals, say: &mut dyn FnMut(&BenchResult)) -> Result<Benched> {
+fn run_in_rounds(
+    cases: &[Case],
+    opts: &BenchOptions,
+    gemm_gflops: f64,
+    group: Option<&ProcessGroup>,
+    signals: &Signals,
+    say: &mut dyn FnMut(&BenchResult),
+) -> Result<Benched> {
     let configs: Vec<&Config> = cases.iter().map(|c| &c.cfg).collect();
     if let Some(first) = configs.first() {
         crate::model::check_fit_together(&configs, crate::device::parse(&first.train.device)?)?;
@@ -977,7 +1090,9 @@ fn run_in_rounds(cases: &[Case], opts: &BenchOptions, gemm_gflops: f64, group: O
     for case in cases {
         match Timed::prepare(&case.cfg, &BenchOptions { context: case.context, ..opts.clone() }, group) {
             // A signal while the configs are prepared: nothing was timed yet.
-            Err(LetheError::Stopped { signal }) => return Ok(Benched { results: vec![], stopped_by: Some(signal), rounds_done: 0 }),
+            Err(LetheError::Stopped { signal }) => {
+                return Ok(Benched { results: vec![], stopped_by: Some(signal), rounds_done: 0 })
+            }
             t => timed.push(t?),
         }
     }
@@ -993,14 +1108,16 @@ fn run_in_rounds(cases: &[Case], opts: &BenchOptions, gemm_gflops: f64, group: O
         // Every round up to 20; past that, every tenth of the rounds and the last.
         let every = (opts.rounds / 10).max(1);
         if leader && (opts.rounds <= 20 || rounds_done % every == 0 || rounds_done == opts.rounds) {
-            let medians: Vec<String> = timed.iter().map(|t| format!("{:.1}", 1e3 * t.round_medians[rounds_done - 1])).collect();
+            let medians: Vec<String> =
+                timed.iter().map(|t| format!("{:.1}", 1e3 * t.round_medians[rounds_done - 1])).collect();
             eprintln!("round {rounds_done} of {}: median ms per step {}", opts.rounds, medians.join(", "));
         }
         stopped_by = stop_signal(signals, group)?.filter(|_| rounds_done < opts.rounds);
     }
     let mut results = vec![];
     for (t, case) in timed.into_iter().zip(cases) {
-        let mut r = labelled(with_mfu(t.finish(&BenchOptions { context: case.context, ..opts.clone() })?, gemm_gflops), case);
+        let mut r =
+            labelled(with_mfu(t.finish(&BenchOptions { context: case.context, ..opts.clone() })?, gemm_gflops), case);
         r.peak_rss_mib = None;
         r.peak_gpu_mib = None;
         results.push(r);
@@ -1042,7 +1159,17 @@ pub fn table(results: &[BenchResult]) -> String {
     let _ = writeln!(
         s,
         "{:<12} {:>10} {:>9} {:>10} {:>16} {:>9} {:>9} {:>8} {:>6} {:>12} {:>9}",
-        "mechanism", "knob", "span", "context", "ms/step (p10-90)", "tok/s", if gpu { "GPU MiB" } else { "peak MiB" }, "GFLOP/s", "MFU", "mem/layer", "vs first"
+        "mechanism",
+        "knob",
+        "span",
+        "context",
+        "ms/step (p10-90)",
+        "tok/s",
+        if gpu { "GPU MiB" } else { "peak MiB" },
+        "GFLOP/s",
+        "MFU",
+        "mem/layer",
+        "vs first"
     );
     for r in results {
         let knob = match (&r.knob, r.value) {
@@ -1143,8 +1270,10 @@ struct Report<'a> {
 /// Writes `bench.json` and `bench.csv` into `dir` (atomically). Returns their paths.
 pub fn write_report(dir: &Path, results: &[BenchResult], gemm_gflops: f64) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir).map_err(|e| LetheError::io(dir, e))?;
-    let written_at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    let report = Report { lethe: env!("CARGO_PKG_VERSION"), written_at, gemm_gflops, threads: tch::get_num_threads(), results };
+    let written_at =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let report =
+        Report { lethe: env!("CARGO_PKG_VERSION"), written_at, gemm_gflops, threads: tch::get_num_threads(), results };
     let json = serde_json::to_string_pretty(&report)?;
     let (j, c) = (dir.join("bench.json"), dir.join("bench.csv"));
     write_atomic(&j, json.as_bytes())?;
@@ -1192,7 +1321,8 @@ mod tests {
         // chunks of 64, each over 128 keys (not 192), with 65 of the position rows.
         cfg.train.block = 128;
         cfg.memory.span = 64;
-        let (q_o, ffn, k_v, head) = (4.0 * 128.0 * 16.0, 4.0 * 128.0 * 4.0 * 8.0, 4.0 * 192.0 * 16.0, 2.0 * 128.0 * 4.0 * 10.0);
+        let (q_o, ffn, k_v, head) =
+            (4.0 * 128.0 * 16.0, 4.0 * 128.0 * 4.0 * 8.0, 4.0 * 192.0 * 16.0, 2.0 * 128.0 * 4.0 * 10.0);
         let chunks = 2.0 * (4.0 * 64.0 * 128.0 * 4.0 + 2.0 * 64.0 * 65.0 * 4.0);
         assert_eq!(step_flops(&cfg, &[64], Device::Cpu), 3.0 * 3.0 * (q_o + ffn + k_v + chunks + head));
         // On a GPU the whole block is one fused call: 128 queries over 192 keys, with 65
@@ -1252,7 +1382,20 @@ mod tests {
         let mut cfg = Config::preset("copy-tiny").unwrap();
         cfg.model.layers = 1;
         cfg.train.batch = 2;
-        let r = bench(&cfg, &BenchOptions { steps: 2, rounds: 1, warmup: 0, context: None, profile: false, trace: None, ..Default::default() }, None).unwrap();
+        let r = bench(
+            &cfg,
+            &BenchOptions {
+                steps: 2,
+                rounds: 1,
+                warmup: 0,
+                context: None,
+                profile: false,
+                trace: None,
+                ..Default::default()
+            },
+            None,
+        )
+        .unwrap();
         let r = with_mfu(r, rate);
         let mfu = r.mfu.unwrap();
         assert!((mfu - r.gflops / rate).abs() < 1e-12 && mfu > 0.0);
@@ -1265,7 +1408,10 @@ mod tests {
     /// Expire-Span with attention dropout or on a GPU, the states held.
     #[test]
     fn flops_count_the_kept_memories_of_the_ragged_path_only() {
-        let report = crate::model::memory::MemoryReport { extra: vec![("kept".into(), 6.4)], ..crate::model::memory::MemoryReport::with_rows(vec![], 10) };
+        let report = crate::model::memory::MemoryReport {
+            extra: vec![("kept".into(), 6.4)],
+            ..crate::model::memory::MemoryReport::with_rows(vec![], 10)
+        };
         let reports = [report.clone(), crate::model::memory::MemoryReport::with_rows(vec![], 7)];
         let mut cfg = Config::preset("enwik8-expire-tiny").unwrap();
         cfg.model.dropout = 0.0;
@@ -1289,7 +1435,15 @@ mod tests {
         cfg.model.layers = 2;
         cfg.train.batch = 2;
         cfg.train.block = 4;
-        let opts = BenchOptions { steps: 4, rounds: 1, warmup: 0, context: Some(0), profile: false, trace: None, ..Default::default() };
+        let opts = BenchOptions {
+            steps: 4,
+            rounds: 1,
+            warmup: 0,
+            context: Some(0),
+            profile: false,
+            trace: None,
+            ..Default::default()
+        };
         let r = bench(&cfg, &opts, None).unwrap();
         assert_eq!(r.mem_by_step, vec![1.5, 5.5, 8.0, 8.0]);
         assert_eq!(r.mem_size, vec![5.75, 5.75]);
@@ -1338,7 +1492,11 @@ mod tests {
         cfg.model.layers = 1;
         cfg.train.batch = 2;
         let lm = Lm::new(&cfg, Device::Cpu).unwrap();
-        tch::no_grad(|| lm.named_parameters().into_iter().for_each(|(_, mut p)| { let _ = p.g_add_scalar_(0.5); }));
+        tch::no_grad(|| {
+            lm.named_parameters().into_iter().for_each(|(_, mut p)| {
+                let _ = p.g_add_scalar_(0.5);
+            })
+        });
         let path = dir.path().join("checkpoint.safetensors");
         let state = crate::checkpoint::TrainState::new(10, &(), 0).unwrap();
         crate::checkpoint::save(&path, &cfg, &state, &lm.named_parameters()).unwrap();
@@ -1346,7 +1504,10 @@ mod tests {
         cfg.train.init_from = Some(path);
         let opts = BenchOptions { steps: 1, warmup: 0, frozen: true, ..Default::default() };
         let (before, after, r) = parameters_around_steps(&cfg, &opts);
-        assert!(trained.iter().zip(&before).all(|(a, b)| a.equal(b)), "the bench did not start from the checkpoint's parameters");
+        assert!(
+            trained.iter().zip(&before).all(|(a, b)| a.equal(b)),
+            "the bench did not start from the checkpoint's parameters"
+        );
         assert!(before.iter().zip(&after).all(|(a, b)| a.equal(b)));
         assert!(r.init.as_ref().is_some_and(|i| i.fresh.is_empty()), "{:?}", r.init);
         // Another mechanism beside it: Expire-Span's position table covers one block (33
@@ -1406,7 +1567,20 @@ mod tests {
         cfg.memory.mechanism = Mechanism::Expire;
         cfg.model.layers = 2;
         cfg.train.batch = 2;
-        let r = bench(&cfg, &BenchOptions { steps: 2, rounds: 1, warmup: 0, context: None, profile: true, trace: None, ..Default::default() }, None).unwrap();
+        let r = bench(
+            &cfg,
+            &BenchOptions {
+                steps: 2,
+                rounds: 1,
+                warmup: 0,
+                context: None,
+                profile: true,
+                trace: None,
+                ..Default::default()
+            },
+            None,
+        )
+        .unwrap();
         let phases = r.profile.unwrap();
         let find = |name: &str| phases.iter().find(|p| p.name() == name).unwrap_or_else(|| panic!("no phase {name}"));
         assert_eq!(find("step").calls, 2);
@@ -1416,7 +1590,11 @@ mod tests {
         assert_eq!(find("step > forward > layer > memory attend > attention").calls, 4);
         assert_eq!(find("step > forward > layer > memory update > deletion").calls, 4);
         for p in &phases {
-            let children: f64 = phases.iter().filter(|c| c.path.len() == p.path.len() + 1 && c.path.starts_with(&p.path)).map(|c| c.seconds).sum();
+            let children: f64 = phases
+                .iter()
+                .filter(|c| c.path.len() == p.path.len() + 1 && c.path.starts_with(&p.path))
+                .map(|c| c.seconds)
+                .sum();
             assert!(children <= p.seconds, "{} takes {} s, its phases {children} s", p.name(), p.seconds);
         }
         assert!(attend.seconds > 0.0);
@@ -1431,7 +1609,15 @@ mod tests {
         let mut cfg = Config::preset("copy-tiny").unwrap();
         cfg.memory.mechanism = Mechanism::Expire;
         cfg.train.batch = 2;
-        let opts = BenchOptions { steps: 2, rounds: 1, warmup: 0, context: None, profile: true, trace: Some(dir.path().join("traces")), ..Default::default() };
+        let opts = BenchOptions {
+            steps: 2,
+            rounds: 1,
+            warmup: 0,
+            context: None,
+            profile: true,
+            trace: Some(dir.path().join("traces")),
+            ..Default::default()
+        };
         bench(&cfg, &opts, None).unwrap();
         let path = dir.path().join("traces").join(format!("trace-{}.json", cfg.name));
         let events: Vec<serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
@@ -1439,16 +1625,29 @@ mod tests {
         let count = |part: &str| names.iter().filter(|n| n.contains(part)).count();
         assert!(count("aten::") > 100, "{} libtorch operations", count("aten::"));
         assert!(count("autograd::engine::evaluate_function") > 10, "the backward pass's nodes");
-        assert_eq!(count("evaluate_function: torch::autograd::CppNode<(anonymous namespace)::ExpireAttend>"), 2 * cfg.model.layers, "the fused attention's backward, once a layer and step");
+        assert_eq!(
+            count("evaluate_function: torch::autograd::CppNode<(anonymous namespace)::ExpireAttend>"),
+            2 * cfg.model.layers,
+            "the fused attention's backward, once a layer and step"
+        );
         assert!(events.iter().all(|e| e["dur"].as_f64().is_some_and(|d| d >= 0.0)));
-        let left: Vec<_> = std::fs::read_dir(dir.path().join("traces")).unwrap().map(|e| e.unwrap().file_name()).collect();
-        assert_eq!(left, vec![std::ffi::OsString::from(format!("trace-{}.json", cfg.name))], "the finished trace alone, no .partial file");
+        let left: Vec<_> =
+            std::fs::read_dir(dir.path().join("traces")).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(
+            left,
+            vec![std::ffi::OsString::from(format!("trace-{}.json", cfg.name))],
+            "the finished trace alone, no .partial file"
+        );
         // A trace without the profile is refused before anything runs.
         let refused = BenchOptions { profile: false, ..opts.clone() };
         assert!(refused.validate().unwrap_err().to_string().contains("--trace needs --profile"));
         // A trace longer than the profiler can hold in memory is refused too.
         let long = BenchOptions { steps: MAX_TRACE_STEPS + 1, ..opts.clone() };
-        assert!(long.validate().unwrap_err().to_string().contains(&format!("at most {MAX_TRACE_STEPS} (--bench-steps)")));
+        assert!(long
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains(&format!("at most {MAX_TRACE_STEPS} (--bench-steps)")));
         assert!(BenchOptions { steps: MAX_TRACE_STEPS, ..opts }.validate().is_ok());
     }
 }

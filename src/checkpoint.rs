@@ -118,7 +118,8 @@ pub fn save(path: &Path, config: &Config, state: &TrainState, tensors: &[(String
     }
     let config_text = config.to_toml()?;
     let state_text = serde_json::to_string(state)?;
-    let mut checksums: std::collections::BTreeMap<&str, u32> = raw.iter().map(|(n, _, _, b)| (n.as_str(), crc32fast::hash(b))).collect();
+    let mut checksums: std::collections::BTreeMap<&str, u32> =
+        raw.iter().map(|(n, _, _, b)| (n.as_str(), crc32fast::hash(b))).collect();
     checksums.insert(CONFIG_SUM, crc32fast::hash(config_text.as_bytes()));
     checksums.insert(STATE_SUM, crc32fast::hash(state_text.as_bytes()));
     let views = raw
@@ -163,7 +164,9 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 fn said(e: &safetensors::SafeTensorError) -> String {
     use safetensors::SafeTensorError as E;
     match e {
-        E::InvalidHeader | E::InvalidHeaderStart | E::InvalidHeaderDeserialization | E::InvalidHeaderLength => "its header is not a safetensors header".into(),
+        E::InvalidHeader | E::InvalidHeaderStart | E::InvalidHeaderDeserialization | E::InvalidHeaderLength => {
+            "its header is not a safetensors header".into()
+        }
         E::HeaderTooLarge => "its header is over 100 MB".into(),
         E::HeaderTooSmall => "it is shorter than a safetensors header".into(),
         E::TensorNotFound(name) => format!("no tensor `{name}`"),
@@ -171,7 +174,9 @@ fn said(e: &safetensors::SafeTensorError) -> String {
         E::InvalidOffset(name) => format!("tensor `{name}` lies outside the file"),
         E::IoError(io) => io.to_string(),
         E::JsonError(json) => format!("its header: {json}"),
-        E::InvalidTensorView(dtype, shape, size) => format!("a {dtype:?} tensor of shape {shape:?} cannot hold {size} bytes"),
+        E::InvalidTensorView(dtype, shape, size) => {
+            format!("a {dtype:?} tensor of shape {shape:?} cannot hold {size} bytes")
+        }
         E::MetadataIncompleteBuffer => "its tensors do not cover the file: it was cut short or added to".into(),
         E::ValidationOverflow => "a tensor's size overflows".into(),
     }
@@ -203,7 +208,9 @@ impl Checkpoint {
         let check = |what: &str, key: &str, bytes: &[u8]| match checksums.as_ref().map(|sums| sums.get(key)) {
             None => Ok(()),
             Some(Some(&sum)) if sum == crc32fast::hash(bytes) => Ok(()),
-            Some(Some(_)) => Err(corrupt(format!("{what} does not match its checksum: the file was changed or damaged"))),
+            Some(Some(_)) => {
+                Err(corrupt(format!("{what} does not match its checksum: the file was changed or damaged")))
+            }
             Some(None) => Err(corrupt(format!("{what} has no checksum"))),
         };
         let config_text = meta.get("config").ok_or_else(|| corrupt("no config".into()))?;
@@ -220,18 +227,24 @@ impl Checkpoint {
         // would otherwise load as an empty memory and train on without a word.
         if let Some(sums) = &checksums {
             let held: std::collections::HashSet<String> = st.names().into_iter().cloned().collect();
-            let mut missing: Vec<&String> = sums.keys().filter(|k| *k != CONFIG_SUM && *k != STATE_SUM && !held.contains(*k)).collect();
+            let mut missing: Vec<&String> =
+                sums.keys().filter(|k| *k != CONFIG_SUM && *k != STATE_SUM && !held.contains(*k)).collect();
             missing.sort();
             if let Some(first) = missing.first() {
-                return Err(corrupt(format!("tensor `{first}` and {} more are listed in its checksums but missing: the file was changed", missing.len() - 1)));
+                return Err(corrupt(format!(
+                    "tensor `{first}` and {} more are listed in its checksums but missing: the file was changed",
+                    missing.len() - 1
+                )));
             }
         }
         let mut tensors = HashMap::new();
         for (name, view) in st.tensors() {
             check(&format!("tensor `{name}`"), &name, view.data())?;
-            let kind = kind_of(view.dtype()).ok_or_else(|| corrupt(format!("tensor `{name}` has dtype {:?}", view.dtype())))?;
+            let kind = kind_of(view.dtype())
+                .ok_or_else(|| corrupt(format!("tensor `{name}` has dtype {:?}", view.dtype())))?;
             let shape: Vec<i64> = view.shape().iter().map(|&s| s as i64).collect();
-            let t = Tensor::f_from_data_size(view.data(), &shape, kind).map_err(|e| corrupt(format!("tensor `{name}`: {e}")))?;
+            let t = Tensor::f_from_data_size(view.data(), &shape, kind)
+                .map_err(|e| corrupt(format!("tensor `{name}`: {e}")))?;
             tensors.insert(name, t);
         }
         Ok(Checkpoint { path, config, state, tensors })
@@ -273,7 +286,10 @@ impl Checkpoint {
         let _guard = tch::no_grad_guard();
         for (name, var) in vars {
             let saved = self.tensors.get(name).ok_or_else(|| {
-                LetheError::checkpoint(&self.path, format!("has no parameter `{name}`: it was saved from a different model config"))
+                LetheError::checkpoint(
+                    &self.path,
+                    format!("has no parameter `{name}`: it was saved from a different model config"),
+                )
             })?;
             if saved.size() != var.size() {
                 return Err(LetheError::checkpoint(

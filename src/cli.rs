@@ -556,10 +556,14 @@ impl ConfigArgs {
         let name = self.name.as_deref().unwrap_or("copy-tiny");
         let path = out.join(name).join("config.toml");
         if !path.is_file() {
-            let why = format!("no run to resume in `{}` (it has no config.toml): train without --resume to start it", out.join(name).display());
+            let why = format!(
+                "no run to resume in `{}` (it has no config.toml): train without --resume to start it",
+                out.join(name).display()
+            );
             return Err(lethe::LetheError::Invalid(why));
         }
-        let text = lethe::input::read_to_string(&path).map_err(|e| lethe::LetheError::ConfigParse(format!("`{}`: {e}", path.display())))?;
+        let text = lethe::input::read_to_string(&path)
+            .map_err(|e| lethe::LetheError::ConfigParse(format!("`{}`: {e}", path.display())))?;
         // The saved config has adopted its init source's sizes already, and the run's
         // parameters are in its checkpoint: the source is not read again.
         self.resolve_over(Config::from_toml(&text, &path.display().to_string())?, false)
@@ -579,7 +583,9 @@ impl ConfigArgs {
             ("--name", self.name.is_some()),
         ];
         if let Some((flag, _)) = refused.iter().find(|(_, given)| *given) {
-            return Err(lethe::LetheError::Invalid(format!("{flag}: with --checkpoint the model and its config are the checkpoint's (change a field with --set)")));
+            return Err(lethe::LetheError::Invalid(format!(
+                "{flag}: with --checkpoint the model and its config are the checkpoint's (change a field with --set)"
+            )));
         }
         self.resolve_over(checkpoint, false)
     }
@@ -643,7 +649,9 @@ fn parse_range(text: &str) -> std::result::Result<(usize, usize), String> {
 /// The `--preset` values with their one-line descriptions, from [`PRESETS`]: `--help`
 /// lists them, and clap refuses any other name with the list.
 fn preset_names() -> clap::builder::PossibleValuesParser {
-    clap::builder::PossibleValuesParser::new(PRESETS.iter().map(|p| clap::builder::PossibleValue::new(p.name).help(p.about)))
+    clap::builder::PossibleValuesParser::new(
+        PRESETS.iter().map(|p| clap::builder::PossibleValue::new(p.name).help(p.about)),
+    )
 }
 
 /// A `--mechanism MECH[:SIZES]` item whose mechanism lethe knows (the sizes are read by

@@ -10,7 +10,13 @@ extern "C" {
     fn lethe_set_tf32(tf32: c_int, error: *mut *mut c_char) -> c_int;
     fn lethe_tf32() -> c_int;
     fn lethe_set_cpp_log_level(level: c_int);
-    fn lethe_gpu_memory(device: c_int, reset: c_int, current: *mut i64, peak: *mut i64, error: *mut *mut c_char) -> c_int;
+    fn lethe_gpu_memory(
+        device: c_int,
+        reset: c_int,
+        current: *mut i64,
+        peak: *mut i64,
+        error: *mut *mut c_char,
+    ) -> c_int;
 }
 
 /// Keeps libtorch's own log lines (c10d's connection errors and warnings, each with a
@@ -50,7 +56,9 @@ fn allocator_call(device: Device, reset: bool) -> Option<GpuMemory> {
     let (mut current, mut peak) = (0i64, 0i64);
     // SAFETY: reads (and with `reset` resets) the allocator's counters for one GPU; the
     // two outputs are written only on success.
-    let status = crate::ffi::status(|error| unsafe { lethe_gpu_memory(index as c_int, c_int::from(reset), &mut current, &mut peak, error) });
+    let status = crate::ffi::status(|error| unsafe {
+        lethe_gpu_memory(index as c_int, c_int::from(reset), &mut current, &mut peak, error)
+    });
     status.ok().map(|()| GpuMemory { current: current.max(0) as u64, peak: peak.max(0) as u64 })
 }
 
@@ -128,7 +136,9 @@ pub fn numerics_fingerprint() -> String {
 /// The CPU's model name (`/proc/cpuinfo`), or `unknown`.
 pub fn cpu_model() -> String {
     let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = info.lines().find_map(|l| l.strip_prefix("model name").and_then(|rest| rest.split_once(':')).map(|(_, name)| name.trim().to_string()));
+    let model = info.lines().find_map(|l| {
+        l.strip_prefix("model name").and_then(|rest| rest.split_once(':')).map(|(_, name)| name.trim().to_string())
+    });
     model.unwrap_or_else(|| "unknown".into())
 }
 
@@ -186,7 +196,11 @@ pub fn load_cuda_backend() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         let candidates = [loaded_libtorch_dir(), option_env!("LETHE_LIBTORCH_LIB").map(std::path::PathBuf::from)];
-        let Some(lib) = candidates.into_iter().flatten().map(|dir| dir.join("libtorch_cuda.so")).find(|lib| lib.exists()) else { return };
+        let Some(lib) =
+            candidates.into_iter().flatten().map(|dir| dir.join("libtorch_cuda.so")).find(|lib| lib.exists())
+        else {
+            return;
+        };
         if let Ok(c) = std::ffi::CString::new(lib.to_string_lossy().as_bytes()) {
             // SAFETY: dlopen with a valid NUL-terminated path; the handle is kept open
             // for the life of the process, as libtorch expects of its backends.

@@ -181,10 +181,18 @@ fn beam_reply(g: &mut Generator, codec: &Codec, width: usize, max_length: usize)
 
 /// The replies to every turn after the first `min_history` of `conversation` (number
 /// `index` in its split).
-pub fn respond_to(lm: &Lm, codec: &Codec, conversation: &Conversation, index: usize, opts: &Options, scorer: &Scorer) -> Result<Vec<Reply>> {
+pub fn respond_to(
+    lm: &Lm,
+    codec: &Codec,
+    conversation: &Conversation,
+    index: usize,
+    opts: &Options,
+    scorer: &Scorer,
+) -> Result<Vec<Reply>> {
     let sampling = opts.decoding.generator_sampling();
     let segments = conversation.segments(opts.with_document);
-    let (first, rest) = segments.split_first().ok_or_else(|| LetheError::Invalid("a conversation without turns".into()))?;
+    let (first, rest) =
+        segments.split_first().ok_or_else(|| LetheError::Invalid("a conversation without turns".into()))?;
     let mut g = Generator::new(lm, &codec.encode(&first.0)?, &sampling)?;
     let (mut turn, mut replies) = (0, vec![]);
     for (text, is_turn) in rest {
@@ -204,7 +212,14 @@ pub fn respond_to(lm: &Lm, codec: &Codec, conversation: &Conversation, index: us
 
 /// The replies to every conversation of a split, scored by `scorer`, calling
 /// `progress(done, total)` after each.
-pub fn respond_to_split(lm: &Lm, codec: &Codec, conversations: &[Conversation], opts: &Options, scorer: &Scorer, mut progress: impl FnMut(usize, usize)) -> Result<Vec<Reply>> {
+pub fn respond_to_split(
+    lm: &Lm,
+    codec: &Codec,
+    conversations: &[Conversation],
+    opts: &Options,
+    scorer: &Scorer,
+    mut progress: impl FnMut(usize, usize),
+) -> Result<Vec<Reply>> {
     if let Decoding::Beam { width: 0 } = opts.decoding {
         return Err(LetheError::Invalid("--beam 0: a beam needs at least one hypothesis".into()));
     }
@@ -241,7 +256,8 @@ impl<'a> Chat<'a> {
 
     /// Reads the person's `line` and returns the model's reply.
     pub fn turn(&mut self, line: &str) -> Result<String> {
-        let said = format!("{} {}\n{}", crate::data::dialogue::SPEAKERS[0], line.trim(), crate::data::dialogue::SPEAKERS[1]);
+        let said =
+            format!("{} {}\n{}", crate::data::dialogue::SPEAKERS[0], line.trim(), crate::data::dialogue::SPEAKERS[1]);
         self.generator.read(&self.codec.encode(&said)?)?;
         let answer = reply(&mut self.generator, &self.codec, &self.decoding, self.max_length)?;
         self.generator.read(&self.codec.encode(&format!(" {answer}\n"))?)?;

@@ -89,11 +89,16 @@ impl Launch {
             Some(text) => number("LOCAL_RANK", Some(text))?,
             None => rank,
         };
-        let master_addr = var("MASTER_ADDR").ok_or_else(|| invalid_launch("WORLD_SIZE is set but MASTER_ADDR is not".into()))?;
+        let master_addr =
+            var("MASTER_ADDR").ok_or_else(|| invalid_launch("WORLD_SIZE is set but MASTER_ADDR is not".into()))?;
         let port = number("MASTER_PORT", var("MASTER_PORT"))?;
-        let master_port = u16::try_from(port).map_err(|_| invalid_launch(format!("MASTER_PORT={port} is not a port")))?;
+        let master_port =
+            u16::try_from(port).map_err(|_| invalid_launch(format!("MASTER_PORT={port} is not a port")))?;
         let agent_store = var("TORCHELASTIC_USE_AGENT_STORE").is_some_and(|v| v.eq_ignore_ascii_case("true"));
-        let restart = var("TORCHELASTIC_RESTART_COUNT").map(|t| number("TORCHELASTIC_RESTART_COUNT", Some(t))).transpose()?.unwrap_or(0);
+        let restart = var("TORCHELASTIC_RESTART_COUNT")
+            .map(|t| number("TORCHELASTIC_RESTART_COUNT", Some(t)))
+            .transpose()?
+            .unwrap_or(0);
         Ok(Some(Launch { rank, world_size, local_rank, master_addr, master_port, agent_store, restart }))
     }
 
@@ -138,8 +143,10 @@ impl ProcessGroup {
     /// Meets the other ranks of `launch` and builds the group. The rendezvous and every
     /// collective give up after `timeout`.
     pub fn join(launch: &Launch, timeout: Duration) -> Result<ProcessGroup> {
-        let host = CString::new(launch.master_addr.as_str()).map_err(|_| invalid_launch("MASTER_ADDR holds a NUL byte".into()))?;
-        let prefix = CString::new(launch.prefix(JOINED.fetch_add(1, std::sync::atomic::Ordering::SeqCst))).map_err(|_| invalid_launch("the store prefix holds a NUL byte".into()))?;
+        let host = CString::new(launch.master_addr.as_str())
+            .map_err(|_| invalid_launch("MASTER_ADDR holds a NUL byte".into()))?;
+        let prefix = CString::new(launch.prefix(JOINED.fetch_add(1, std::sync::atomic::Ordering::SeqCst)))
+            .map_err(|_| invalid_launch("the store prefix holds a NUL byte".into()))?;
         let timeout_ms = i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX);
         let mut error = std::ptr::null_mut();
         // SAFETY: the strings outlive the call; `error` receives a malloc'ed message or stays null.
@@ -196,7 +203,9 @@ impl ProcessGroup {
         self.check(tensor, "all-reduce")?;
         let ptr = tensor.as_mut_ptr() as *mut c_void;
         // SAFETY: `ptr` is a live at::Tensor for the duration of the call.
-        self.status("all-reduce", |error| unsafe { lethe_dist_all_reduce(self.raw.as_ptr(), ptr, c_int::from(max), error) })
+        self.status("all-reduce", |error| unsafe {
+            lethe_dist_all_reduce(self.raw.as_ptr(), ptr, c_int::from(max), error)
+        })
     }
 
     /// Replaces `tensor` on every rank by rank `root`'s.
@@ -217,14 +226,23 @@ impl ProcessGroup {
     /// is a bug in the caller, reported as an error rather than a crash in C++.
     fn check(&self, tensor: &Tensor, what: &str) -> Result<()> {
         if tensor.device() != Device::Cpu || !tensor.is_contiguous() {
-            return Err(LetheError::Distributed { rank: self.rank, reason: format!("{what} needs a contiguous CPU tensor, got one on {}", crate::device::name(tensor.device())) });
+            return Err(LetheError::Distributed {
+                rank: self.rank,
+                reason: format!(
+                    "{what} needs a contiguous CPU tensor, got one on {}",
+                    crate::device::name(tensor.device())
+                ),
+            });
         }
         Ok(())
     }
 
     /// Runs a C call that returns 0 or -1 with a message.
     fn status(&self, what: &str, call: impl FnOnce(*mut *mut c_char) -> c_int) -> Result<()> {
-        crate::ffi::status(call).map_err(|message| LetheError::Distributed { rank: self.rank, reason: format!("{what} failed (is a peer gone?): {message}") })
+        crate::ffi::status(call).map_err(|message| LetheError::Distributed {
+            rank: self.rank,
+            reason: format!("{what} failed (is a peer gone?): {message}"),
+        })
     }
 }
 
@@ -245,14 +263,16 @@ impl ProcessGroup {
     pub fn sum_f64(&self, values: &[f64]) -> Result<Vec<f64>> {
         let mut t = Tensor::from_slice(values);
         self.all_reduce_sum(&mut t)?;
-        Vec::<f64>::try_from(&t).map_err(|e| LetheError::Distributed { rank: self.rank, reason: format!("reading a reduced value: {e}") })
+        Vec::<f64>::try_from(&t)
+            .map_err(|e| LetheError::Distributed { rank: self.rank, reason: format!("reading a reduced value: {e}") })
     }
 
     /// The elementwise maximum of `values` over the ranks.
     pub fn max_f64(&self, values: &[f64]) -> Result<Vec<f64>> {
         let mut t = Tensor::from_slice(values);
         self.all_reduce_max(&mut t)?;
-        Vec::<f64>::try_from(&t).map_err(|e| LetheError::Distributed { rank: self.rank, reason: format!("reading a reduced value: {e}") })
+        Vec::<f64>::try_from(&t)
+            .map_err(|e| LetheError::Distributed { rank: self.rank, reason: format!("reading a reduced value: {e}") })
     }
 
     /// Whether `flag` is set on any rank: every rank gets the same answer, so that all
@@ -273,7 +293,10 @@ impl ProcessGroup {
         let (counts, figures) = sums.split_at(params.len());
         let world = self.world_size as f64;
         if let Some(((name, _), _)) = params.iter().zip(counts).find(|(_, &c)| c != 0.0 && c != world) {
-            return Err(LetheError::Distributed { rank: self.rank, reason: format!("parameter `{name}` has a gradient on some ranks only") });
+            return Err(LetheError::Distributed {
+                rank: self.rank,
+                reason: format!("parameter `{name}` has a gradient on some ranks only"),
+            });
         }
         let grads: Vec<Tensor> = params.iter().map(|(_, p)| p.grad()).filter(Tensor::defined).collect();
         self.through_buckets(&grads, |flat| self.all_reduce_sum(flat))?;
@@ -314,19 +337,26 @@ impl ProcessGroup {
         all[offset..offset + bytes.len()].copy_from_slice(bytes);
         let mut t = Tensor::from_slice(&all);
         self.all_reduce_sum(&mut t)?;
-        let all = Vec::<u8>::try_from(&t).map_err(|e| LetheError::Distributed { rank: self.rank, reason: format!("reading gathered bytes: {e}") })?;
+        let all = Vec::<u8>::try_from(&t)
+            .map_err(|e| LetheError::Distributed { rank: self.rank, reason: format!("reading gathered bytes: {e}") })?;
         let mut start = 0;
-        Ok(lengths.iter().map(|&n| {
-            let part = all[start..start + n].to_vec();
-            start += n;
-            part
-        }).collect())
+        Ok(lengths
+            .iter()
+            .map(|&n| {
+                let part = all[start..start + n].to_vec();
+                start += n;
+                part
+            })
+            .collect())
     }
 
     /// Every rank's named tensors, in rank order, on every rank (for checkpoints: each
     /// rank's memory). The names must already say whose each tensor is.
     pub fn all_gather_named(&self, named: &[(String, Tensor)]) -> Result<Vec<(String, Tensor)>> {
-        let fail = |what: &str, e: tch::TchError| LetheError::Distributed { rank: self.rank, reason: format!("{what} tensors to gather: {e}") };
+        let fail = |what: &str, e: tch::TchError| LetheError::Distributed {
+            rank: self.rank,
+            reason: format!("{what} tensors to gather: {e}"),
+        };
         let mut bytes = vec![];
         Tensor::save_multi_to_stream(named, &mut bytes).map_err(|e| fail("writing", e))?;
         let mut out = vec![];
@@ -376,7 +406,10 @@ pub fn join_for_training(cfg: &crate::config::Config) -> Result<Option<ProcessGr
     }
     let parts = launch.world_size * cfg.train.accum;
     if !cfg.train.batch.is_multiple_of(parts) {
-        let reason = format!("must split into {} ranks x {} micro-batches (train.accum): a multiple of {parts}", launch.world_size, cfg.train.accum);
+        let reason = format!(
+            "must split into {} ranks x {} micro-batches (train.accum): a multiple of {parts}",
+            launch.world_size, cfg.train.accum
+        );
         return Err(LetheError::config("train.batch", cfg.train.batch, reason));
     }
     ProcessGroup::join(&launch, std::time::Duration::from_secs(cfg.train.dist_timeout)).map(Some)
@@ -434,7 +467,8 @@ mod tests {
     use super::*;
 
     fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let map: std::collections::HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let map: std::collections::HashMap<String, String> =
+            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         move |name| map.get(name).cloned()
     }
 
@@ -455,7 +489,10 @@ mod tests {
             ("TORCHELASTIC_RESTART_COUNT", "2"),
         ];
         let l = Launch::from_vars(vars(&env)).unwrap().unwrap();
-        assert_eq!((l.rank, l.world_size, l.local_rank, l.master_port, l.agent_store, l.restart), (1, 4, 1, 29500, true, 2));
+        assert_eq!(
+            (l.rank, l.world_size, l.local_rank, l.master_port, l.agent_store, l.restart),
+            (1, 4, 1, 29500, true, 2)
+        );
         assert_eq!(l.master_addr, "10.0.0.2");
         assert!(!l.hosts_store());
         assert_eq!(l.prefix(0), "/worker/attempt_2/lethe/0");
@@ -473,10 +510,16 @@ mod tests {
     fn an_inconsistent_environment_names_the_variable() {
         let cases: [(&[(&str, &str)], &str); 5] = [
             (&[("WORLD_SIZE", "2"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "1")], "RANK is not"),
-            (&[("WORLD_SIZE", "2"), ("RANK", "2"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "1")], "RANK=2 is not below WORLD_SIZE=2"),
+            (
+                &[("WORLD_SIZE", "2"), ("RANK", "2"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "1")],
+                "RANK=2 is not below WORLD_SIZE=2",
+            ),
             (&[("WORLD_SIZE", "two"), ("RANK", "0")], "WORLD_SIZE=\"two\""),
             (&[("WORLD_SIZE", "2"), ("RANK", "0"), ("MASTER_PORT", "1")], "MASTER_ADDR is not"),
-            (&[("WORLD_SIZE", "2"), ("RANK", "0"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "70000")], "MASTER_PORT=70000 is not a port"),
+            (
+                &[("WORLD_SIZE", "2"), ("RANK", "0"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "70000")],
+                "MASTER_PORT=70000 is not a port",
+            ),
         ];
         for (env, needle) in cases {
             let msg = Launch::from_vars(vars(env)).unwrap_err().to_string();

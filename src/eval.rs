@@ -5,8 +5,8 @@
 use serde::Serialize;
 use tch::{Kind, Tensor};
 
-use crate::dist::ProcessGroup;
 use crate::data::{EvalWalker, SplitData};
+use crate::dist::ProcessGroup;
 use crate::error::{LetheError, Result};
 use crate::model::{host_values, Lm};
 
@@ -76,7 +76,13 @@ impl Answers {
 
 /// Scores `lm` on `split` as `batch` parallel streams in blocks of `block` tokens.
 /// With `max_tokens`, stops after that many target positions (all streams).
-pub fn evaluate(lm: &Lm, split: &SplitData, batch: usize, block: usize, max_tokens: Option<usize>) -> Result<EvalResult> {
+pub fn evaluate(
+    lm: &Lm,
+    split: &SplitData,
+    batch: usize,
+    block: usize,
+    max_tokens: Option<usize>,
+) -> Result<EvalResult> {
     evaluate_with_progress(lm, split, batch, block, max_tokens, |_, _| {})
 }
 
@@ -165,13 +171,21 @@ impl PerTokenCsv {
     /// Adds `s`, whose target reads as `text`.
     pub fn write(&mut self, s: &TokenScore, text: &str) -> Result<()> {
         if !self.header {
-            let mut names: Vec<String> = ["stream", "position", "target", "text", "loss", "scored"].map(String::from).to_vec();
+            let mut names: Vec<String> =
+                ["stream", "position", "target", "text", "loss", "scored"].map(String::from).to_vec();
             names.extend((0..s.spans.len()).map(|l| format!("span_{l}")));
             names.extend((0..s.mem_size.len()).map(|l| format!("mem_{l}")));
             self.writer.write_record(&names)?;
             self.header = true;
         }
-        let mut row = vec![s.stream.to_string(), s.position.to_string(), s.target.to_string(), text.to_string(), format!("{:.6}", s.loss), (s.scored as u8).to_string()];
+        let mut row = vec![
+            s.stream.to_string(),
+            s.position.to_string(),
+            s.target.to_string(),
+            text.to_string(),
+            format!("{:.6}", s.loss),
+            (s.scored as u8).to_string(),
+        ];
         row.extend(s.spans.iter().map(|v| format!("{v:.2}")));
         row.extend(s.mem_size.iter().map(|v| format!("{v:.1}")));
         Ok(self.writer.write_record(&row)?)
@@ -186,7 +200,13 @@ impl PerTokenCsv {
 }
 
 /// The figures of one evaluated block, as [`TokenScore`]s.
-fn token_scores(mem: &crate::model::Memory, targets: &Tensor, nll: &Tensor, weights: &[f32], start: usize) -> Result<Vec<TokenScore>> {
+fn token_scores(
+    mem: &crate::model::Memory,
+    targets: &Tensor,
+    nll: &Tensor,
+    weights: &[f32],
+    start: usize,
+) -> Result<Vec<TokenScore>> {
     let (losses, ids) = (host_values(nll)?, host_values(targets)?);
     let m = targets.size()[1] as usize;
     let spans: Vec<Vec<f64>> = mem.token_spans().iter().flatten().map(host_values).collect::<Result<_>>()?;
@@ -240,7 +260,8 @@ fn run(
             s.nll += (&nll * w.to_kind(Kind::Double)).sum(Kind::Double).double_value(&[]);
             let weights = &batch.weights[lo * batch.len..hi * batch.len];
             s.weight += weights.iter().map(|&w| w as f64).sum::<f64>();
-            let hit: Vec<f32> = predicted.eq_tensor(&y).to_kind(Kind::Float).flatten(0, -1).try_into().unwrap_or_default();
+            let hit: Vec<f32> =
+                predicted.eq_tensor(&y).to_kind(Kind::Float).flatten(0, -1).try_into().unwrap_or_default();
             for (i, (&h, &wt)) in hit.iter().zip(weights).enumerate() {
                 s.hits += (h * wt) as f64;
                 answers.observe(i / batch.len, wt > 0.0, h > 0.0);
@@ -287,7 +308,17 @@ struct Sums {
 impl Sums {
     fn new(layers: usize) -> Sums {
         let zeros = vec![0.0; layers];
-        Sums { nll: 0.0, weight: 0.0, hits: 0.0, right: 0.0, answers: 0.0, mem_size: zeros.clone(), spans: zeros.clone(), held: zeros, has_spans: false }
+        Sums {
+            nll: 0.0,
+            weight: 0.0,
+            hits: 0.0,
+            right: 0.0,
+            answers: 0.0,
+            mem_size: zeros.clone(),
+            spans: zeros.clone(),
+            held: zeros,
+            has_spans: false,
+        }
     }
 
     /// Adds a block's memory report, as `share` of all the streams.
@@ -305,7 +336,8 @@ impl Sums {
     /// The sums over the ranks (the held cache: the maximum).
     fn reduced(self, g: &ProcessGroup) -> Result<Sums> {
         let layers = self.mem_size.len();
-        let mut flat = vec![self.nll, self.weight, self.hits, self.right, self.answers, f64::from(u8::from(self.has_spans))];
+        let mut flat =
+            vec![self.nll, self.weight, self.hits, self.right, self.answers, f64::from(u8::from(self.has_spans))];
         flat.extend(&self.mem_size);
         flat.extend(&self.spans);
         let sums = g.sum_f64(&flat)?;
@@ -354,7 +386,8 @@ mod tests {
     fn answers_count_runs_of_scored_tokens_per_stream() {
         let mut a = Answers::default();
         // stream 0: run [hit, hit] then unscored; stream 1: run [hit, miss] left open
-        for (s, scored, hit) in [(0, true, true), (1, true, true), (0, true, true), (1, true, false), (0, false, false)] {
+        for (s, scored, hit) in [(0, true, true), (1, true, true), (0, true, true), (1, true, false), (0, false, false)]
+        {
             a.observe(s, scored, hit);
         }
         a.finish();

@@ -39,7 +39,10 @@ impl Sampling {
     /// Refuses a temperature that is negative or not a number.
     pub fn validate(&self) -> Result<()> {
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            return Err(LetheError::Invalid(format!("--temperature {}: must be a finite number, 0 (greedy) or more", self.temperature)));
+            return Err(LetheError::Invalid(format!(
+                "--temperature {}: must be a finite number, 0 (greedy) or more",
+                self.temperature
+            )));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return Err(LetheError::Invalid(format!("--top-p {}: must be in (0, 1]", self.top_p)));
@@ -90,14 +93,21 @@ impl<'a> Generator<'a> {
 
     /// Like [`Generator::new`], calling `progress(tokens read, prompt length)` after
     /// every block of the prompt (a long prompt takes a while).
-    pub fn with_progress(lm: &'a Lm, prompt: &[Token], sampling: &Sampling, mut progress: impl FnMut(usize, usize)) -> Result<Self> {
+    pub fn with_progress(
+        lm: &'a Lm,
+        prompt: &[Token],
+        sampling: &Sampling,
+        mut progress: impl FnMut(usize, usize),
+    ) -> Result<Self> {
         sampling.validate()?;
         if prompt.is_empty() {
             return Err(LetheError::Invalid("the prompt is empty: give at least one token (--prompt)".into()));
         }
         let vocab = lm.config.model.vocab;
         if let Some(t) = prompt.iter().find(|&&t| t as usize >= vocab) {
-            return Err(LetheError::Invalid(format!("the prompt holds token id {t}, beyond the model's vocabulary of {vocab}")));
+            return Err(LetheError::Invalid(format!(
+                "the prompt holds token id {t}, beyond the model's vocabulary of {vocab}"
+            )));
         }
         let mut g = Generator {
             lm,
@@ -214,20 +224,40 @@ pub struct Snapshot {
 
 /// Continues `prompt` by `count` tokens, calling `emit` on each new one as it is made.
 /// Returns the generated tokens.
-pub fn generate(lm: &Lm, prompt: &[Token], count: usize, sampling: &Sampling, mut emit: impl FnMut(Token)) -> Result<Vec<Token>> {
+pub fn generate(
+    lm: &Lm,
+    prompt: &[Token],
+    count: usize,
+    sampling: &Sampling,
+    mut emit: impl FnMut(Token),
+) -> Result<Vec<Token>> {
     let mut out = vec![];
-    stream(lm, prompt, count, sampling, |_, _| {}, |t| {
-        emit(t);
-        out.push(t);
-        Ok(())
-    })?;
+    stream(
+        lm,
+        prompt,
+        count,
+        sampling,
+        |_, _| {},
+        |t| {
+            emit(t);
+            out.push(t);
+            Ok(())
+        },
+    )?;
     Ok(out)
 }
 
 /// Continues `prompt` by `count` tokens, handing each to `emit` and keeping none (memory
 /// stays constant however large `count` is), with `progress` as for
 /// [`Generator::with_progress`]. `emit` may stop the stream early by returning an error.
-pub fn stream(lm: &Lm, prompt: &[Token], count: usize, sampling: &Sampling, progress: impl FnMut(usize, usize), mut emit: impl FnMut(Token) -> Result<()>) -> Result<()> {
+pub fn stream(
+    lm: &Lm,
+    prompt: &[Token],
+    count: usize,
+    sampling: &Sampling,
+    progress: impl FnMut(usize, usize),
+    mut emit: impl FnMut(Token) -> Result<()>,
+) -> Result<()> {
     let mut g = Generator::with_progress(lm, prompt, sampling, progress)?;
     for _ in 0..count {
         emit(g.next_token()?)?;
@@ -248,7 +278,8 @@ fn choose(logits: &Tensor, sampling: &Sampling, rng: &mut Rng) -> Token {
         order.truncate(sampling.top_k);
     }
     let top = values[order[0]] as f64;
-    let mut weights: Vec<f32> = order.iter().map(|&i| ((values[i] as f64 - top) / sampling.temperature).exp() as f32).collect();
+    let mut weights: Vec<f32> =
+        order.iter().map(|&i| ((values[i] as f64 - top) / sampling.temperature).exp() as f32).collect();
     if sampling.top_p < 1.0 {
         // Keep the smallest prefix whose probability reaches top_p (at least one token).
         let total: f64 = weights.iter().map(|&w| w as f64).sum();
@@ -306,7 +337,9 @@ mod tests {
         // Probabilities of [0, 3, 2.9, -1] are about .03 .51 .46 .01: top_p 0.5 keeps
         // token 1 alone (it crosses 0.5), 0.9 keeps 1 and 2, 0.99 adds 0.
         let nucleus = |p: f64| Sampling { temperature: 1.0, top_k: 0, top_p: p, seed: 1 };
-        let seen = |p: f64, rng: &mut Rng| (0..300).map(|_| choose(&logits, &nucleus(p), rng)).collect::<std::collections::BTreeSet<_>>();
+        let seen = |p: f64, rng: &mut Rng| {
+            (0..300).map(|_| choose(&logits, &nucleus(p), rng)).collect::<std::collections::BTreeSet<_>>()
+        };
         assert_eq!(seen(0.5, &mut rng).into_iter().collect::<Vec<_>>(), vec![1]);
         assert_eq!(seen(0.9, &mut rng).into_iter().collect::<Vec<_>>(), vec![1, 2]);
         assert_eq!(seen(0.99, &mut rng).into_iter().collect::<Vec<_>>(), vec![0, 1, 2]);

@@ -41,11 +41,18 @@ pub fn check_file(path: &Path) -> Result<u64, String> {
     let meta = std::fs::metadata(path).map_err(|e| format!("cannot read: {e}"))?;
     let t = meta.file_type();
     if !t.is_file() {
-        return Err(format!("is {}, not a regular file: lethe reads only files", not_a_file(&t).unwrap_or("not a regular file")));
+        return Err(format!(
+            "is {}, not a regular file: lethe reads only files",
+            not_a_file(&t).unwrap_or("not a regular file")
+        ));
     }
     let most = max_bytes();
     if meta.len() > most {
-        return Err(format!("is {}, more than lethe reads from one file ({}, half this machine's memory)", gib(meta.len()), gib(most)));
+        return Err(format!(
+            "is {}, more than lethe reads from one file ({}, half this machine's memory)",
+            gib(meta.len()),
+            gib(most)
+        ));
     }
     Ok(meta.len())
 }
@@ -65,7 +72,8 @@ pub fn read(path: &Path) -> Result<Vec<u8>, String> {
 
 /// The text of the regular file `path` ([`read`]), which must be UTF-8.
 pub fn read_to_string(path: &Path) -> Result<String, String> {
-    String::from_utf8(read(path)?).map_err(|e| format!("is not UTF-8 text (invalid byte at offset {})", e.utf8_error().valid_up_to()))
+    String::from_utf8(read(path)?)
+        .map_err(|e| format!("is not UTF-8 text (invalid byte at offset {})", e.utf8_error().valid_up_to()))
 }
 
 /// The files under `dir`, recursively, sorted by path; entries whose name starts with a

@@ -114,17 +114,41 @@ fn level(span: f32, max_span: f64) -> f64 {
 
 /// A colour bar of `to_colour` over `[0, 1]` at `(x, y)`, `w` wide, with its ends and
 /// middle labelled by `label(t)`, and a caption before it.
-fn colour_bar(s: &mut String, (x, y, w): (f64, f64, f64), caption: &str, to_colour: impl Fn(f64) -> String, label: impl Fn(f64) -> String) {
+fn colour_bar(
+    s: &mut String,
+    (x, y, w): (f64, f64, f64),
+    caption: &str,
+    to_colour: impl Fn(f64) -> String,
+    label: impl Fn(f64) -> String,
+) {
     let cells = 20;
     let cell = w / cells as f64;
-    let _ = writeln!(s, "<text x=\"{}\" y=\"{}\" text-anchor=\"end\" font-family=\"sans-serif\" font-size=\"12\">{}</text>", x - 8.0, y + 11.0, crate::metrics::html_escape(caption));
+    let _ = writeln!(
+        s,
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"end\" font-family=\"sans-serif\" font-size=\"12\">{}</text>",
+        x - 8.0,
+        y + 11.0,
+        crate::metrics::html_escape(caption)
+    );
     for i in 0..cells {
         let t = (i as f64 + 0.5) / cells as f64;
-        let _ = writeln!(s, "<rect x=\"{:.1}\" y=\"{y}\" width=\"{:.1}\" height=\"12\" fill=\"{}\"/>", x + cell * i as f64, cell + 0.5, to_colour(t));
+        let _ = writeln!(
+            s,
+            "<rect x=\"{:.1}\" y=\"{y}\" width=\"{:.1}\" height=\"12\" fill=\"{}\"/>",
+            x + cell * i as f64,
+            cell + 0.5,
+            to_colour(t)
+        );
     }
     let _ = writeln!(s, "<rect x=\"{x}\" y=\"{y}\" width=\"{w}\" height=\"12\" fill=\"none\" stroke=\"#999\"/>");
     for (t, anchor) in [(0.0, "start"), (0.5, "middle"), (1.0, "end")] {
-        let _ = writeln!(s, "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"{anchor}\" font-family=\"sans-serif\" font-size=\"11\">{}</text>", x + w * t, y + 25.0, label(t));
+        let _ = writeln!(
+            s,
+            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"{anchor}\" font-family=\"sans-serif\" font-size=\"11\">{}</text>",
+            x + w * t,
+            y + 25.0,
+            label(t)
+        );
     }
 }
 
@@ -138,7 +162,18 @@ fn colour(level: f64) -> String {
 /// A piece as markup: HTML characters escaped, a newline as `↵`, other control
 /// characters as `·`.
 fn glyph(piece: &str) -> String {
-    let shown: String = piece.chars().map(|c| if c == '\n' { '↵' } else if c.is_control() { '·' } else { c }).collect();
+    let shown: String = piece
+        .chars()
+        .map(|c| {
+            if c == '\n' {
+                '↵'
+            } else if c.is_control() {
+                '·'
+            } else {
+                c
+            }
+        })
+        .collect();
     crate::metrics::html_escape(&shown)
 }
 
@@ -185,7 +220,9 @@ pub fn to_svg(trace: &SpanTrace) -> String {
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"monospace\" font-size=\"13\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
     );
     let max = trace.max_span;
-    colour_bar(&mut s, (w - 330.0, 8.0, 300.0), "span given to each token (tokens)", colour, |t| format!("{:.0}", t * max));
+    colour_bar(&mut s, (w - 330.0, 8.0, 300.0), "span given to each token (tokens)", colour, |t| {
+        format!("{:.0}", t * max)
+    });
     for (layer, spans) in trace.spans.iter().enumerate() {
         let top = legend + layer as f64 * panel + 5.0;
         let _ = writeln!(s, "<text x=\"10\" y=\"{}\" font-weight=\"bold\">layer {layer}</text>", top + ch - 3.0);
@@ -222,7 +259,12 @@ pub fn to_html(trace: &SpanTrace) -> String {
         for (i, piece) in trace.text.pieces.iter().enumerate() {
             let newline = if piece.ends_with('\n') { "\n" } else { "" };
             let shown = format!("{}{newline}", glyph(piece));
-            let _ = write!(s, "<span style=\"background:{}\" title=\"{:.0}\">{shown}</span>", colour(level(spans[i], trace.max_span)), spans[i]);
+            let _ = write!(
+                s,
+                "<span style=\"background:{}\" title=\"{:.0}\">{shown}</span>",
+                colour(level(spans[i], trace.max_span)),
+                spans[i]
+            );
         }
         s.push_str("</pre>\n");
     }
@@ -258,7 +300,11 @@ mod tests {
         assert!(html.contains("&lt;") && html.contains("&amp;") && !html.contains("<a&"));
         assert!(html.contains("title=\"50\""));
         let svg = to_svg(&trace);
-        assert_eq!(svg.matches("<rect x=").count(), 3 + 20 + 1, "a cell per byte, then the colour bar's cells and frame");
+        assert_eq!(
+            svg.matches("<rect x=").count(),
+            3 + 20 + 1,
+            "a cell per byte, then the colour bar's cells and frame"
+        );
         assert!(svg.contains(">50</text>") && svg.contains(">100</text>"), "the bar's middle and end are labelled");
         assert!(svg.contains("rgb(255,255,255)") && svg.contains("rgb(255,38,0)"));
     }

@@ -9,7 +9,10 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::Parser;
 
-use cli::{BenchArgs, Cli, Command, DistCheckArgs, EvalArgs, GenerateArgs, InspectCommand, InspectSpansArgs, PlayArgs, PlotArgs, ScoreArgs, DialogueDataArgs, DialogueEvalArgs, ChatArgs, ReplyArgs, SweepArgs, TokenizerCommand, TrainArgs};
+use cli::{
+    BenchArgs, ChatArgs, Cli, Command, DialogueDataArgs, DialogueEvalArgs, DistCheckArgs, EvalArgs, GenerateArgs,
+    InspectCommand, InspectSpansArgs, PlayArgs, PlotArgs, ReplyArgs, ScoreArgs, SweepArgs, TokenizerCommand, TrainArgs,
+};
 use lethe::checkpoint::Checkpoint;
 use lethe::config::{Mechanism, Source, PRESETS};
 use lethe::data::Split;
@@ -36,7 +39,11 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             match e.downcast_ref::<lethe::LetheError>() {
                 // 128 + SIGINT, as a shell reports a command stopped by Ctrl-C.
-                Some(lethe::LetheError::Interrupted { .. } | lethe::LetheError::BenchInterrupted { .. } | lethe::LetheError::BenchRoundsInterrupted { .. }) => ExitCode::from(130),
+                Some(
+                    lethe::LetheError::Interrupted { .. }
+                    | lethe::LetheError::BenchInterrupted { .. }
+                    | lethe::LetheError::BenchRoundsInterrupted { .. },
+                ) => ExitCode::from(130),
                 _ => ExitCode::FAILURE,
             }
         }
@@ -58,7 +65,11 @@ fn quiet_libtorch_panics() {
 
 /// A panic's message, where it is text.
 fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
-    payload.downcast_ref::<String>().cloned().or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default()
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
 }
 
 fn run(cli: Cli) -> Result<()> {
@@ -124,7 +135,10 @@ fn play(a: PlayArgs) -> Result<()> {
         None => a.config.resolve()?,
     };
     if !cfg.data.source.is_rl() {
-        anyhow::bail!("`lethe play` plays gridworlds (corridor, portal); this config's data.source is `{}`", cfg.data.source);
+        anyhow::bail!(
+            "`lethe play` plays gridworlds (corridor, portal); this config's data.source is `{}`",
+            cfg.data.source
+        );
     }
     let device = lethe::device::parse(&cfg.train.device)?;
     let seed = a.config.seed.unwrap_or(cfg.seed);
@@ -141,7 +155,12 @@ fn play(a: PlayArgs) -> Result<()> {
     let mut out = std::io::stdout().lock();
     let mechanism = agent.config.memory.mechanism.name();
     // A closed pipe (`| head`) is not an error worth a panic: printing just stops.
-    let _ = writeln!(out, "{} episode(s) of {} with {who} agent ({mechanism} memory)", a.episodes, lethe::task::describe(&agent.config));
+    let _ = writeln!(
+        out,
+        "{} episode(s) of {} with {who} agent ({mechanism} memory)",
+        a.episodes,
+        lethe::task::describe(&agent.config)
+    );
     if let Some(dir) = &a.spans {
         let (trace, r) = lethe::inspect::agent::trace_agent(&agent, a.episodes, seed)?;
         lethe::inspect::agent::write(&trace, agent.config.data.source, dir)?;
@@ -158,7 +177,13 @@ fn play(a: PlayArgs) -> Result<()> {
         t += 1;
         if !a.summary || slot.done && outcomes[0].done {
             let over = if outcomes[0].done { " (episode over)" } else { "" };
-            let _ = write!(out, "step {t}: {}, reward {}{over}\n{}", actions[0].name(), outcomes[0].reward, slot.world.render());
+            let _ = write!(
+                out,
+                "step {t}: {}, reward {}{over}\n{}",
+                actions[0].name(),
+                outcomes[0].reward,
+                slot.world.render()
+            );
         }
         if outcomes[0].done {
             t = 0;
@@ -190,11 +215,20 @@ fn inspect_inputs(a: &InspectSpansArgs, checkpoint: &std::path::Path) -> Result<
 fn conversation_text(ckpt: &Checkpoint, split: &str, n: usize) -> Result<String> {
     let data = &ckpt.config.data;
     if data.source != Source::Dialogue {
-        anyhow::bail!("--conversation: this model was trained on `{}`, not on dialogues; give --text FILE", data.source);
+        anyhow::bail!(
+            "--conversation: this model was trained on `{}`, not on dialogues; give --text FILE",
+            data.source
+        );
     }
     let dir = data.path.as_deref().context("data.path: the run names no CMU-DoG folder")?;
     let conversations = lethe::data::dialogue::read_split(dir, split.parse()?)?;
-    let c = conversations.get(n).with_context(|| format!("--conversation {n}: the {split} split has {} conversations (0 to {})", conversations.len(), conversations.len().saturating_sub(1)))?;
+    let c = conversations.get(n).with_context(|| {
+        format!(
+            "--conversation {n}: the {split} split has {} conversations (0 to {})",
+            conversations.len(),
+            conversations.len().saturating_sub(1)
+        )
+    })?;
     Ok(c.segments(data.dialogue.document).into_iter().map(|(s, _)| s).collect())
 }
 
@@ -207,7 +241,8 @@ fn inspect_ltm(a: InspectSpansArgs) -> Result<()> {
         let picture = lethe::inspect::ltm::trace_ltm(&lm, &text).with_context(|| format!("`{}`", run.display()))?;
         pictures.push((run.display().to_string(), picture));
     }
-    let named: Vec<(&str, &lethe::inspect::ltm::LtmPicture)> = pictures.iter().map(|(n, p)| (if runs.len() > 1 { n.as_str() } else { "" }, p)).collect();
+    let named: Vec<(&str, &lethe::inspect::ltm::LtmPicture)> =
+        pictures.iter().map(|(n, p)| (if runs.len() > 1 { n.as_str() } else { "" }, p)).collect();
     lethe::inspect::ltm::write_compared(&named, &a.out)?;
     for (name, picture) in &pictures {
         if runs.len() > 1 {
@@ -232,7 +267,11 @@ fn print_ltm_summary(picture: &lethe::inspect::ltm::LtmPicture) {
                 format!("{context:?} ({:.1}x)", space * spaces.len() as f64)
             })
             .collect();
-        println!("layer {layer}: mean attended position {mean:.2} of [0, 1]; {} tokens absorbed; most space: {}", spaces.len(), largest.join(", "));
+        println!(
+            "layer {layer}: mean attended position {mean:.2} of [0, 1]; {} tokens absorbed; most space: {}",
+            spaces.len(),
+            largest.join(", ")
+        );
     }
 }
 
@@ -281,11 +320,22 @@ fn train(a: TrainArgs) -> Result<()> {
     if informational(&a.config)? {
         return Ok(());
     }
-    if a.resume && (a.config.init_from.is_some() || a.config.overrides.iter().any(|o| o.trim_start().starts_with("train.init_from"))) {
+    if a.resume
+        && (a.config.init_from.is_some()
+            || a.config.overrides.iter().any(|o| o.trim_start().starts_with("train.init_from")))
+    {
         anyhow::bail!("--init-from starts a run from another run's parameters, and --resume continues this run from its own checkpoint: give one of them");
     }
     let cfg = if a.resume { a.config.resolve_for_resume(&a.out)? } else { a.config.resolve()? };
-    let opts = lethe::train::TrainOptions { out_dir: a.out, resume: a.resume, overwrite: a.overwrite, quiet: a.quiet, stop_after: a.stop_after, no_eval: a.no_eval, accept_changes: a.accept_changes };
+    let opts = lethe::train::TrainOptions {
+        out_dir: a.out,
+        resume: a.resume,
+        overwrite: a.overwrite,
+        quiet: a.quiet,
+        stop_after: a.stop_after,
+        no_eval: a.no_eval,
+        accept_changes: a.accept_changes,
+    };
     let leader = lethe::dist::Launch::from_env()?.is_none_or(|l| l.rank == 0); // rank 0 speaks for a torchrun launch
     if cfg.data.source.is_rl() {
         let summary = lethe::rl::train::train(&cfg, &opts)?;
@@ -302,9 +352,14 @@ fn train(a: TrainArgs) -> Result<()> {
     if summary.last_eval.is_none() && leader {
         println!("done: not evaluated (--no-eval); run folder {}", summary.run_dir.display());
     } else if summary.last_eval.as_ref().is_some_and(|r| leader && r.tokens == 0) {
-        println!("done: the last evaluation scored no token ({}); run folder {}", lethe::eval::NOTHING_SCORED_ADVICE, summary.run_dir.display());
+        println!(
+            "done: the last evaluation scored no token ({}); run folder {}",
+            lethe::eval::NOTHING_SCORED_ADVICE,
+            summary.run_dir.display()
+        );
     } else if let Some(r) = summary.last_eval.filter(|_| leader) {
-        let rate = if cfg.data.tokenizer.is_some() { format!("perplexity {:.2}", r.ppl) } else { format!("{:.4} bpb", r.bpb) };
+        let rate =
+            if cfg.data.tokenizer.is_some() { format!("perplexity {:.2}", r.ppl) } else { format!("{:.4} bpb", r.bpb) };
         println!(
             "done: valid loss {:.4} nats ({rate}), accuracy {:.1}% (unigram baseline {:.4} nats); run folder {}",
             r.loss,
@@ -321,7 +376,10 @@ fn load_checkpoint(path: &std::path::Path, max_span: Option<usize>) -> Result<Ch
     let mut ckpt = Checkpoint::load(path)?;
     if let Some(cap) = max_span {
         if ckpt.config.memory.mechanism != Mechanism::Expire {
-            anyhow::bail!("--max-span {cap}: only Expire-Span models predict spans; this checkpoint's memory is `{}`", ckpt.config.memory.mechanism);
+            anyhow::bail!(
+                "--max-span {cap}: only Expire-Span models predict spans; this checkpoint's memory is `{}`",
+                ckpt.config.memory.mechanism
+            );
         }
         if cap == 0 {
             anyhow::bail!("--max-span must be at least 1");
@@ -393,7 +451,9 @@ fn eval(a: EvalArgs) -> Result<()> {
                 None => Ok(String::from_utf8_lossy(&[id as u8]).into_owned()),
             };
             let mut csv = lethe::eval::PerTokenCsv::create(path)?;
-            let r = lethe::eval::evaluate_per_token(&lm, &data, (batch, block, a.max_tokens), progress, |s| csv.write(s, &text(s.target)?))?;
+            let r = lethe::eval::evaluate_per_token(&lm, &data, (batch, block, a.max_tokens), progress, |s| {
+                csv.write(s, &text(s.target)?)
+            })?;
             csv.finish()?;
             eprintln!("wrote {}", path.display());
             r
@@ -433,7 +493,9 @@ fn eval(a: EvalArgs) -> Result<()> {
 /// model's own without a word.
 fn same_tokenizer(trained: &lethe::config::Config, cfg: lethe::config::Config) -> Result<lethe::config::Config> {
     if cfg.data.tokenizer != trained.data.tokenizer {
-        let name = |t: &Option<std::path::PathBuf>| t.as_ref().map_or("none (bytes)".to_string(), |p| format!("`{}`", p.display()));
+        let name = |t: &Option<std::path::PathBuf>| {
+            t.as_ref().map_or("none (bytes)".to_string(), |p| format!("`{}`", p.display()))
+        };
         anyhow::bail!("--set data.tokenizer: the model reads the ids of the tokenizer it was trained with ({}); it cannot read another's", name(&trained.data.tokenizer));
     }
     Ok(cfg)
@@ -483,7 +545,9 @@ fn generate(a: GenerateArgs) -> Result<()> {
     let device = lethe::device::parse(&a.device)?;
     let prompt = match (&a.prompt, &a.prompt_file) {
         (Some(p), _) => p.clone().into_bytes(),
-        (None, Some(f)) => lethe::input::read(f).map_err(|e| anyhow::anyhow!("--prompt-file `{}`: {e}", f.display()))?,
+        (None, Some(f)) => {
+            lethe::input::read(f).map_err(|e| anyhow::anyhow!("--prompt-file `{}`: {e}", f.display()))?
+        }
         (None, None) => anyhow::bail!("give a prompt with --prompt TEXT or --prompt-file FILE"),
     };
     let sampling = Sampling { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed };
@@ -533,7 +597,8 @@ fn plot(a: PlotArgs) -> Result<()> {
     for extension in ["png", "svg"] {
         lethe::output::check("--out", &a.out.with_extension(extension), &inputs)?;
     }
-    let runs = a.runs.iter().map(|r| lethe::plot::read_curves(r, &a.metric)).collect::<lethe::error::Result<Vec<_>>>()?;
+    let runs =
+        a.runs.iter().map(|r| lethe::plot::read_curves(r, &a.metric)).collect::<lethe::error::Result<Vec<_>>>()?;
     if let Some(parent) = a.out.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).with_context(|| format!("creating `{}`", parent.display()))?;
     }
@@ -551,13 +616,16 @@ fn decoding(a: &ReplyArgs) -> Result<lethe::dialogue::Decoding> {
     if a.max_length == 0 {
         anyhow::bail!("--max-length 0: a reply needs room for at least one token");
     }
-    let (beam, sampling) = (a.beam, Sampling { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed });
+    let (beam, sampling) =
+        (a.beam, Sampling { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed });
     let d = match a.decode.as_str() {
         "greedy" => Decoding::Sample(Sampling { temperature: 0.0, top_p: 1.0, ..sampling }),
         "sample" => Decoding::Sample(sampling),
         "beam" if beam == 0 => anyhow::bail!("--beam 0: a beam needs at least one hypothesis"),
         // Each hypothesis carries a copy of the model's memory.
-        "beam" if beam > MAX_BEAM => anyhow::bail!("--beam {beam}: at most {MAX_BEAM} hypotheses (each carries a copy of the model's memory)"),
+        "beam" if beam > MAX_BEAM => {
+            anyhow::bail!("--beam {beam}: at most {MAX_BEAM} hypotheses (each carries a copy of the model's memory)")
+        }
         "beam" => Decoding::Beam { width: beam },
         other => anyhow::bail!("--decode {other}: must be greedy, sample or beam"),
     };
@@ -572,7 +640,8 @@ fn chat(a: ChatArgs) -> Result<()> {
     use lethe::dialogue::{Chat, Codec};
     let device = lethe::device::parse(&a.device)?;
     let decoding = decoding(&a.reply)?;
-    let bytes = lethe::input::read(&a.document).map_err(|e| anyhow::anyhow!("--document `{}`: {e}", a.document.display()))?;
+    let bytes =
+        lethe::input::read(&a.document).map_err(|e| anyhow::anyhow!("--document `{}`: {e}", a.document.display()))?;
     let document = lethe::data::text::utf8(bytes, &a.document)?;
     if document.trim().is_empty() {
         anyhow::bail!("`{}` holds no text to talk about", a.document.display());
@@ -581,7 +650,11 @@ fn chat(a: ChatArgs) -> Result<()> {
     let lm = Lm::from_checkpoint(&ckpt, device)?;
     let tokenizer = lethe::data::text::tokenizer_of_checkpoint(&ckpt)?;
     let mut chat = Chat::new(&lm, Codec::new(tokenizer.as_ref())?, &document, decoding, a.reply.max_length)?;
-    eprintln!("read `{}` (memory held per layer: {:?}); type a line, end with Ctrl-D", a.document.display(), chat.memory_held());
+    eprintln!(
+        "read `{}` (memory held per layer: {:?}); type a line, end with Ctrl-D",
+        a.document.display(),
+        chat.memory_held()
+    );
     let stdout = std::io::stdout();
     let mut stdin = std::io::stdin().lock();
     while let Some(line) = bounded_line(&mut stdin)? {
@@ -610,7 +683,8 @@ fn bounded_line(input: &mut impl std::io::BufRead) -> Result<Option<String>> {
     if bytes.len() as u64 > MAX_LINE_BYTES {
         anyhow::bail!("standard input: a line longer than {} MiB; a turn is one line of text", MAX_LINE_BYTES >> 20);
     }
-    let text = String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("standard input: a line that is not UTF-8 text"))?;
+    let text =
+        String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("standard input: a line that is not UTF-8 text"))?;
     Ok(Some(text.trim_end_matches(['\n', '\r']).to_string()))
 }
 
@@ -627,7 +701,10 @@ fn dialogue_eval(a: DialogueEvalArgs) -> Result<()> {
     }
     cfg.validate()?;
     if cfg.data.source != Source::Dialogue {
-        anyhow::bail!("--checkpoint: this model was trained on `{}`, not on dialogues (data.source = \"dialogue\")", cfg.data.source);
+        anyhow::bail!(
+            "--checkpoint: this model was trained on `{}`, not on dialogues (data.source = \"dialogue\")",
+            cfg.data.source
+        );
     }
     let dir = cfg.data.path.clone().context("data.path: the CMU-DoG folder is needed (--data DIR)")?;
     if let Some(path) = &a.csv {
@@ -642,7 +719,12 @@ fn dialogue_eval(a: DialogueEvalArgs) -> Result<()> {
     let lm = Lm::from_checkpoint(&ckpt, device)?;
     let tokenizer = lethe::data::text::tokenizer_of_checkpoint(&ckpt)?;
     let codec = Codec::new(tokenizer.as_ref())?;
-    let opts = Options { decoding, max_length: a.reply.max_length, min_history: a.min_history, with_document: cfg.data.dialogue.document };
+    let opts = Options {
+        decoding,
+        max_length: a.reply.max_length,
+        min_history: a.min_history,
+        with_document: cfg.data.dialogue.document,
+    };
     let started = std::time::Instant::now();
     let mut said = started;
     let replies = respond_to_split(&lm, &codec, &conversations, &opts, &scorer, |done, total| {
@@ -652,7 +734,8 @@ fn dialogue_eval(a: DialogueEvalArgs) -> Result<()> {
         }
     })?;
     let scores: Vec<_> = replies.iter().map(|r| r.scores).collect();
-    let mean = lethe::textmetrics::mean(&scores).context("no turn to reply to: every conversation has at most --min-history turns")?;
+    let mean = lethe::textmetrics::mean(&scores)
+        .context("no turn to reply to: every conversation has at most --min-history turns")?;
     // Perplexity of the true responses, over the same conversations, read through the
     // replies' tokenizer (the run's own copy).
     let data = lethe::data::dialogue::split_data(tokenizer.as_ref(), &cfg.data.dialogue, &conversations, &dir, split)?;
@@ -665,7 +748,13 @@ fn dialogue_eval(a: DialogueEvalArgs) -> Result<()> {
         let out = serde_json::json!({"split": split.to_string(), "conversations": conversations.len(), "replies": replies.len(), "ppl": ppl.ppl, "word_ppl": ppl.word_ppl, "scores": mean, "meteor_synonyms": scorer.wordnet().is_some()});
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
-        println!("{split}: {} replies in {} conversations ({} decoding), perplexity of the true responses {:.2}", replies.len(), conversations.len(), a.reply.decode, ppl.ppl);
+        println!(
+            "{split}: {} replies in {} conversations ({} decoding), perplexity of the true responses {:.2}",
+            replies.len(),
+            conversations.len(),
+            a.reply.decode,
+            ppl.ppl
+        );
         println!("{}", lethe::textmetrics::summary(&mean, replies.len(), scorer.wordnet().is_some()));
     }
     Ok(())
@@ -684,7 +773,11 @@ fn dialogue_data(a: DialogueDataArgs) -> Result<()> {
 fn score(a: ScoreArgs) -> Result<()> {
     use lethe::textmetrics;
     if let Some(path) = &a.csv {
-        lethe::output::check("--csv", path, &[&a.predictions, &a.references, a.wordnet.as_deref().unwrap_or(&a.predictions)])?;
+        lethe::output::check(
+            "--csv",
+            path,
+            &[&a.predictions, &a.references, a.wordnet.as_deref().unwrap_or(&a.predictions)],
+        )?;
     }
     let scorer = scorer(a.wordnet.as_deref())?;
     let scores = textmetrics::score_files(&a.predictions, &a.references, &scorer)?;
@@ -743,7 +836,9 @@ fn tokenizer(c: TokenizerCommand) -> Result<()> {
     std::fs::create_dir_all(&io.out).with_context(|| format!("creating `{}`", io.out.display()))?;
     lethe::checkpoint::write_atomic(&target, tokenizer.to_json()?.as_bytes())?;
     let bytes: usize = refs.iter().map(|t| t.len()).sum();
-    let unknown = unk.map(|_| format!(", {:.2}% of them {UNK}", 100.0 * unknown as f64 / tokens.max(1) as f64)).unwrap_or_default();
+    let unknown = unk
+        .map(|_| format!(", {:.2}% of them {UNK}", 100.0 * unknown as f64 / tokens.max(1) as f64))
+        .unwrap_or_default();
     println!(
         "vocabulary of {} ids; the text reads as {tokens} tokens ({:.2} bytes each){unknown}; wrote {} (use it with --set data.tokenizer={} and model.vocab >= {})",
         tokenizer.vocab_size(),
@@ -763,21 +858,40 @@ fn bench(a: BenchArgs) -> Result<()> {
     let scale = a.scale.as_deref().map(lethe::bench::parse_scale).transpose()?;
     let cases = lethe::bench::plan(&cfg, &a.mechanisms, scale.as_ref(), a.context)?;
     let trace = a.trace.then(|| a.out.join(&cfg.name));
-    let opts = lethe::bench::BenchOptions { steps: a.bench_steps, rounds: a.rounds, warmup: a.warmup, context: a.context, profile: a.profile || a.trace, trace: trace.clone(), train_data: a.train_data, frozen: a.frozen };
+    let opts = lethe::bench::BenchOptions {
+        steps: a.bench_steps,
+        rounds: a.rounds,
+        warmup: a.warmup,
+        context: a.context,
+        profile: a.profile || a.trace,
+        trace: trace.clone(),
+        train_data: a.train_data,
+        frozen: a.frozen,
+    };
     opts.validate()?;
     let group = lethe::dist::join_for_training(&cfg)?;
     let leader = group.as_ref().is_none_or(|g| g.rank() == 0); // rank 0 speaks for a torchrun launch
     let (gemm, threads) = lethe::bench::machine_rate(&cfg)?;
     if leader {
         let tf32 = if cfg.train.device != "cpu" && lethe::device::tf32() { " in TF32" } else { "" };
-        println!("matrix multiply on {}: {gemm:.1} GFLOP/s with {threads} threads{tf32} (the peak for MFU)", cfg.train.device);
+        println!(
+            "matrix multiply on {}: {gemm:.1} GFLOP/s with {threads} threads{tf32} (the peak for MFU)",
+            cfg.train.device
+        );
     }
     let benched = lethe::bench::run(&cases, &opts, gemm, group.as_ref(), &mut |r| {
         if !leader {
             return;
         }
-        let comm = if r.ranks > 1 { format!(" | {} ranks, {:.0}% of the step in all-reduce", r.ranks, 100.0 * r.comm_s / r.median_s) } else { String::new() };
-        let relative = r.relative.map(|x| format!(" | {x:.3}x the first config over {} rounds", r.round_medians_s.len())).unwrap_or_default();
+        let comm = if r.ranks > 1 {
+            format!(" | {} ranks, {:.0}% of the step in all-reduce", r.ranks, 100.0 * r.comm_s / r.median_s)
+        } else {
+            String::new()
+        };
+        let relative = r
+            .relative
+            .map(|x| format!(" | {x:.3}x the first config over {} rounds", r.round_medians_s.len()))
+            .unwrap_or_default();
         let reads = r.reads();
         println!(
             "{:<14} {:<11} {:>9} params | {} tok/step | step median {:.1} ms (p10 {:.1}, p90 {:.1}) | {:.0} tok/s | peak RSS {}{} | mem {:?} | {:.2} GFLOP/step, MFU {} | context {} tokens{reads}{comm}{relative}",
@@ -808,15 +922,29 @@ fn bench(a: BenchArgs) -> Result<()> {
         "Rank 0 writes the results.".into()
     };
     match benched.stopped_by {
-        Some(signal) if opts.rounds > 1 => Err(lethe::LetheError::BenchRoundsInterrupted { signal, done: benched.rounds_done, total: opts.rounds, kept }.into()),
-        Some(signal) => Err(lethe::LetheError::BenchInterrupted { signal, done: benched.results.len(), total: cases.len(), kept }.into()),
+        Some(signal) if opts.rounds > 1 => Err(lethe::LetheError::BenchRoundsInterrupted {
+            signal,
+            done: benched.rounds_done,
+            total: opts.rounds,
+            kept,
+        }
+        .into()),
+        Some(signal) => {
+            Err(lethe::LetheError::BenchInterrupted { signal, done: benched.results.len(), total: cases.len(), kept }
+                .into())
+        }
         None => Ok(()),
     }
 }
 
 /// Prints the table of `results` (when there are several) and writes `bench.json` and
 /// `bench.csv` into `dir`; returns a sentence naming them.
-fn bench_report(dir: &std::path::Path, results: &[lethe::bench::BenchResult], gemm: f64, trace: Option<&std::path::Path>) -> Result<String> {
+fn bench_report(
+    dir: &std::path::Path,
+    results: &[lethe::bench::BenchResult],
+    gemm: f64,
+    trace: Option<&std::path::Path>,
+) -> Result<String> {
     if results.len() > 1 {
         print!("{}", lethe::bench::table(results));
     }
@@ -850,12 +978,22 @@ fn sweep(a: SweepArgs) -> Result<()> {
     };
     let dir = a.out.join(format!("{}-sweep", base.name));
     let runs: usize = arms.iter().map(|arm| arm.sizes.len()).sum::<usize>() * seeds.len();
-    println!("sweep `{}`: {runs} runs of {} steps on {}; folder {}", base.name, base.train.steps, lethe::task::describe(&base), dir.display());
+    println!(
+        "sweep `{}`: {runs} runs of {} steps on {}; folder {}",
+        base.name,
+        base.train.steps,
+        lethe::task::describe(&base),
+        dir.display()
+    );
     let points = lethe::sweep::run(&base, &arms, &seeds, &dir, a.overwrite, &mut |line| println!("{line}"))?;
     print!("{}", lethe::sweep::table(&points));
     if seeds.len() > 1 {
         let metric = lethe::task::metric(&base).name();
-        print!("over {} seeds:\n{}", seeds.len(), lethe::sweep::summary_table(&lethe::sweep::summarise(&points), metric));
+        print!(
+            "over {} seeds:\n{}",
+            seeds.len(),
+            lethe::sweep::summary_table(&lethe::sweep::summarise(&points), metric)
+        );
     }
     println!("wrote sweep.json, sweep.csv, summary.csv, sweep.svg, sweep.png and sweep.html in {}", dir.display());
     Ok(())
@@ -870,16 +1008,30 @@ fn dist_check(a: DistCheckArgs) -> Result<()> {
         anyhow::bail!("--rounds must be at least 1");
     }
     if a.timeout == 0 || a.timeout > lethe::config::train::MAX_DIST_TIMEOUT_S {
-        anyhow::bail!("--timeout must be in 1..={} seconds, not {}", lethe::config::train::MAX_DIST_TIMEOUT_S, a.timeout);
+        anyhow::bail!(
+            "--timeout must be in 1..={} seconds, not {}",
+            lethe::config::train::MAX_DIST_TIMEOUT_S,
+            a.timeout
+        );
     }
     let launch = lethe::dist::Launch::from_env()?.context("no distributed launch: WORLD_SIZE is not set (start it with torchrun --nproc-per-node N --no-python lethe dist-check)")?;
     let who = format!("rank {}/{}", launch.rank, launch.world_size);
     let start = std::time::Instant::now();
     let group = lethe::dist::ProcessGroup::join(&launch, std::time::Duration::from_secs(a.timeout))?;
     let store = if launch.agent_store { "torchrun's store" } else { "rank 0's store" };
-    println!("{who}: joined in {:.2} s through {store} at {}:{} (Gloo)", start.elapsed().as_secs_f64(), launch.master_addr, launch.master_port);
+    println!(
+        "{who}: joined in {:.2} s through {store} at {}:{} (Gloo)",
+        start.elapsed().as_secs_f64(),
+        launch.master_addr,
+        launch.master_port
+    );
     let r = lethe::dist::self_check(&group, a.elements, a.rounds)?;
     let gb_per_s = (r.elements * 4) as f64 / r.all_reduce_s.max(1e-9) / 1e9;
-    println!("{who}: all-reduce of {} floats right, median {:.2} ms ({gb_per_s:.2} GB/s); broadcast right; barrier {:.2} ms", r.elements, 1e3 * r.all_reduce_s, 1e3 * r.barrier_s);
+    println!(
+        "{who}: all-reduce of {} floats right, median {:.2} ms ({gb_per_s:.2} GB/s); broadcast right; barrier {:.2} ms",
+        r.elements,
+        1e3 * r.all_reduce_s,
+        1e3 * r.barrier_s
+    );
     Ok(())
 }

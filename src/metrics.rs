@@ -165,7 +165,8 @@ mod tests {
     fn a_resumed_log_keeps_whole_records_up_to_the_checkpoint() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("metrics.jsonl");
-        std::fs::write(&path, "{\"step\":2}\n{\"step\":4,\"split\":\"valid\"}\n{\"step\":6}\n{\"step\":8,\"lo").unwrap();
+        std::fs::write(&path, "{\"step\":2}\n{\"step\":4,\"split\":\"valid\"}\n{\"step\":6}\n{\"step\":8,\"lo")
+            .unwrap();
         let mut log = MetricsLog::open_from(dir.path(), 4).unwrap();
         log.write(&serde_json::json!({"step": 6})).unwrap();
         let text = std::fs::read_to_string(&path).unwrap();

@@ -28,7 +28,13 @@ extern "C" {
         multi_tensor: c_int,
         error: *mut *mut c_char,
     ) -> c_int;
-    fn lethe_clip_foreach(grads: *mut *mut c_void, count: i64, max: f64, norm: *mut f64, error: *mut *mut c_char) -> c_int;
+    fn lethe_clip_foreach(
+        grads: *mut *mut c_void,
+        count: i64,
+        max: f64,
+        norm: *mut f64,
+        error: *mut *mut c_char,
+    ) -> c_int;
 }
 
 /// Adam or RMSProp (`train.optimizer`) over a fixed, named list of parameters.
@@ -119,8 +125,10 @@ impl Optimiser {
     pub fn step(&mut self, lr: f64) -> Result<()> {
         let _guard = tch::no_grad_guard();
         self.steps += 1;
-        let (fused, rest): (Vec<usize>, Vec<usize>) = (0..self.params.len()).filter(|&i| self.params[i].1.grad().defined()).partition(|&i| self.fusable(i));
-        let (on_gpu, rest): (Vec<usize>, Vec<usize>) = rest.into_iter().partition(|&i| self.params[i].1.device() != tch::Device::Cpu);
+        let (fused, rest): (Vec<usize>, Vec<usize>) =
+            (0..self.params.len()).filter(|&i| self.params[i].1.grad().defined()).partition(|&i| self.fusable(i));
+        let (on_gpu, rest): (Vec<usize>, Vec<usize>) =
+            rest.into_iter().partition(|&i| self.params[i].1.device() != tch::Device::Cpu);
         self.step_many(&fused, lr, false)?;
         self.step_many(&on_gpu, lr, true)?;
         for i in rest {
@@ -140,7 +148,10 @@ impl Optimiser {
     fn fusable(&self, i: usize) -> bool {
         let p = &self.params[i].1;
         let ok = |t: &Tensor| t.device() == tch::Device::Cpu && t.is_contiguous() && t.kind() == p.kind();
-        matches!(p.kind(), tch::Kind::Float | tch::Kind::Double) && ok(p) && ok(&self.exp_avg[i]) && ok(&self.exp_avg_sq[i])
+        matches!(p.kind(), tch::Kind::Float | tch::Kind::Double)
+            && ok(p)
+            && ok(&self.exp_avg[i])
+            && ok(&self.exp_avg_sq[i])
     }
 
     /// The update of parameters `which` in one call into `csrc/adam.cpp`: each element
@@ -256,7 +267,9 @@ fn clip_foreach(grads: &[Tensor], max: f64) -> Result<f64> {
     let mut norm = 0.0;
     // SAFETY: every pointer is a live `at::Tensor*` of `grads` for the call; the function
     // scales their storage in place, keeps no pointer and writes one double to `norm`.
-    crate::ffi::call("gradient clipping", |error| unsafe { lethe_clip_foreach(ptrs.as_mut_ptr(), ptrs.len() as i64, max, &mut norm, error) })?;
+    crate::ffi::call("gradient clipping", |error| unsafe {
+        lethe_clip_foreach(ptrs.as_mut_ptr(), ptrs.len() as i64, max, &mut norm, error)
+    })?;
     Ok(norm)
 }
 
@@ -297,7 +310,9 @@ mod tests {
         let constant = TrainConfig { schedule: Schedule::Constant, ..cfg.clone() };
         assert_eq!(learning_rate(&constant, 80), 1.0);
         let linear = TrainConfig { schedule: Schedule::Linear, ..cfg };
-        assert!((learning_rate(&linear, 60) - 0.55).abs() < 1e-12 && (learning_rate(&linear, 35) - 0.775).abs() < 1e-12);
+        assert!(
+            (learning_rate(&linear, 60) - 0.55).abs() < 1e-12 && (learning_rate(&linear, 35) - 0.775).abs() < 1e-12
+        );
         assert!((learning_rate(&linear, 110) - 0.1).abs() < 1e-12);
     }
 
@@ -357,7 +372,10 @@ mod tests {
         let a = Tensor::from_slice(&[1.0f64]).set_requires_grad(true);
         let b = Tensor::from_slice(&[1.0f64]).set_requires_grad(true);
         let cfg = TrainConfig { eps: 0.0, ..TrainConfig::default() };
-        let mut adam = Optimiser::new(vec![("layers.0.ff1.weight".into(), a.shallow_clone()), ("layers.0.attn.ltm.k".into(), b.shallow_clone())], &cfg);
+        let mut adam = Optimiser::new(
+            vec![("layers.0.ff1.weight".into(), a.shallow_clone()), ("layers.0.attn.ltm.k".into(), b.shallow_clone())],
+            &cfg,
+        );
         assert_eq!(adam.group(|n| n.contains(".ltm."), 5.0), 1);
         ((&a + &b).sum(Kind::Double)).backward();
         adam.step(0.01).unwrap();
@@ -374,7 +392,9 @@ mod tests {
         let named = |copy: bool| {
             made.iter()
                 .enumerate()
-                .map(|(i, t)| (format!("p{i}"), if copy { t.detach().copy() } else { t.shallow_clone() }.set_requires_grad(true)))
+                .map(|(i, t)| {
+                    (format!("p{i}"), if copy { t.detach().copy() } else { t.shallow_clone() }.set_requires_grad(true))
+                })
                 .collect()
         };
         [named(false), named(true)]
@@ -390,7 +410,8 @@ mod tests {
     /// `p0` in a group at twice the rate.
     fn twin_optimisers(kind: Kind, rule: Optimizer, decay: f64) -> ([Vec<(String, Tensor)>; 2], Optimiser, Optimiser) {
         let [a, b] = twin_params(kind, 7);
-        let cfg = TrainConfig { optimizer: rule, weight_decay: decay, beta2: 0.98, eps: 1e-6, ..TrainConfig::default() };
+        let cfg =
+            TrainConfig { optimizer: rule, weight_decay: decay, beta2: 0.98, eps: 1e-6, ..TrainConfig::default() };
         let (mut first, mut second) = (Optimiser::new(shallow(&a), &cfg), Optimiser::new(shallow(&b), &cfg));
         for opt in [&mut first, &mut second] {
             assert_eq!(opt.group(|n| n == "p0", 2.0), 1);
@@ -425,8 +446,12 @@ mod tests {
                 multi.zero_grad();
                 plain.zero_grad();
                 set_grads(&a, &b, step);
-                let (norm, plain_norm) = (clip_foreach(&multi.grads(), 0.5).unwrap(), plain.clip_grad_norm(0.5).unwrap());
-                assert!((norm - plain_norm).abs() <= 1e-6 * plain_norm && norm > 0.5, "{rule:?}: norm {norm} against {plain_norm}");
+                let (norm, plain_norm) =
+                    (clip_foreach(&multi.grads(), 0.5).unwrap(), plain.clip_grad_norm(0.5).unwrap());
+                assert!(
+                    (norm - plain_norm).abs() <= 1e-6 * plain_norm && norm > 0.5,
+                    "{rule:?}: norm {norm} against {plain_norm}"
+                );
                 let lr = 0.01 / (1 + step) as f64;
                 let _guard = tch::no_grad_guard();
                 for opt in [&mut multi, &mut plain] {
@@ -445,7 +470,8 @@ mod tests {
                 // by a good part of the move; rounding by a unit in the last place of p.
                 assert!(moved > 1e-3 && gap <= 1e-4 * moved, "{rule:?}: {name} moved {moved}, the two differ by {gap}");
             }
-            for ((name, ma), (_, mb)) in multi.state().iter().zip(&plain.state()).filter(|(s, _)| !s.0.ends_with("p3")) {
+            for ((name, ma), (_, mb)) in multi.state().iter().zip(&plain.state()).filter(|(s, _)| !s.0.ends_with("p3"))
+            {
                 let gap = (ma - mb).abs().max().double_value(&[]) / mb.abs().max().double_value(&[]).max(1e-30);
                 assert!(gap <= 1e-5, "{rule:?}: {name} differs by {gap:.2e} of its largest entry");
             }

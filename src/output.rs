@@ -50,7 +50,10 @@ pub fn check(flag: &str, path: &Path, inputs: &[&Path]) -> Result<()> {
         return refuse(format!("is the same file as the input `{}`; write the output elsewhere", input.display()));
     }
     if let Some((folder, what)) = run_file(path) {
-        return refuse(format!("is {what} in the run folder `{}`, which only training writes; give another path", folder.display()));
+        return refuse(format!(
+            "is {what} in the run folder `{}`, which only training writes; give another path",
+            folder.display()
+        ));
     }
     Ok(())
 }
@@ -80,7 +83,9 @@ pub fn run_file(path: &Path) -> Option<(std::path::PathBuf, &'static str)> {
         return None;
     }
     let what = RUN_FILES.iter().find(|(pattern, _)| match pattern.split_once('*') {
-        Some((prefix, suffix)) => name.len() >= prefix.len() + suffix.len() && name.starts_with(prefix) && name.ends_with(suffix),
+        Some((prefix, suffix)) => {
+            name.len() >= prefix.len() + suffix.len() && name.starts_with(prefix) && name.ends_with(suffix)
+        }
         None => name == *pattern,
     })?;
     Some((folder, what.1))
@@ -101,7 +106,9 @@ mod tests {
     #[test]
     fn a_run_folders_own_files_are_refused_and_new_files_in_it_are_not() {
         let run = run_folder();
-        for name in ["checkpoint.safetensors", "config.toml", "metrics.jsonl", "tokenizer.json", "events.out.tfevents.1.host"] {
+        for name in
+            ["checkpoint.safetensors", "config.toml", "metrics.jsonl", "tokenizer.json", "events.out.tfevents.1.host"]
+        {
             let e = check("--csv", &run.path().join(name), &[]).unwrap_err().to_string();
             assert!(e.starts_with("--csv `") && e.contains("which only training writes"), "{name}: {e}");
         }

@@ -25,8 +25,13 @@ pub struct Curves {
 /// number there (`null`: no scored token) are skipped.
 pub fn read_curves(dir: &Path, metric: &str) -> Result<Curves> {
     let path = dir.join("metrics.jsonl");
-    let text = crate::input::read_to_string(&path).map_err(|e| LetheError::Data { path: path.clone(), reason: format!("the run's metrics: {e}") })?;
-    let mut curves = Curves { name: dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned()), train: vec![], valid: vec![] };
+    let text = crate::input::read_to_string(&path)
+        .map_err(|e| LetheError::Data { path: path.clone(), reason: format!("the run's metrics: {e}") })?;
+    let mut curves = Curves {
+        name: dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned()),
+        train: vec![],
+        valid: vec![],
+    };
     for line in text.lines() {
         let Ok(record) = serde_json::from_str::<serde_json::Value>(line) else { continue };
         let (Some(step), Some(value)) = (record["step"].as_f64(), record[metric].as_f64()) else { continue };
@@ -37,7 +42,12 @@ pub fn read_curves(dir: &Path, metric: &str) -> Result<Curves> {
         }
     }
     if curves.train.is_empty() && curves.valid.is_empty() {
-        return Err(LetheError::Data { path, reason: format!("holds no `{metric}` to plot (fields: loss, bpb, ppl, accuracy, lr, grad_norm, tokens_per_s, ...)") });
+        return Err(LetheError::Data {
+            path,
+            reason: format!(
+                "holds no `{metric}` to plot (fields: loss, bpb, ppl, accuracy, lr, grad_norm, tokens_per_s, ...)"
+            ),
+        });
     }
     Ok(curves)
 }
@@ -49,14 +59,19 @@ pub fn plot(runs: &[Curves], metric: &str, out: &Path) -> Result<[PathBuf; 2]> {
     if ![x0, x1, y0, y1, x1 - x0, y1 - y0].iter().all(|v| v.is_finite()) {
         let values = runs.iter().flat_map(|r| r.train.iter().chain(&r.valid)).map(|p| p.1);
         let (low, high) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), v| (l.min(v), h.max(v)));
-        return Err(LetheError::Invalid(format!("`{metric}` runs from {low:e} to {high:e}: a range that large cannot be drawn; plot another metric")));
+        return Err(LetheError::Invalid(format!(
+            "`{metric}` runs from {low:e} to {high:e}: a range that large cannot be drawn; plot another metric"
+        )));
     }
     let png = out.with_extension("png");
     let svg = out.with_extension("svg");
     let size = (960, 600);
-    write_png(&png, |tmp| draw(&BitMapBackend::new(tmp, size).into_drawing_area(), runs, metric).map_err(|e| e.to_string()))?;
+    write_png(&png, |tmp| {
+        draw(&BitMapBackend::new(tmp, size).into_drawing_area(), runs, metric).map_err(|e| e.to_string())
+    })?;
     let mut text = String::new();
-    draw(&SVGBackend::with_string(&mut text, size).into_drawing_area(), runs, metric).map_err(|e| LetheError::Invalid(format!("drawing `{}`: {e}", svg.display())))?;
+    draw(&SVGBackend::with_string(&mut text, size).into_drawing_area(), runs, metric)
+        .map_err(|e| LetheError::Invalid(format!("drawing `{}`: {e}", svg.display())))?;
     crate::checkpoint::write_atomic(&svg, text.as_bytes())?;
     Ok([png, svg])
 }
@@ -99,7 +114,8 @@ pub fn svg_to_png(svg: &str) -> std::result::Result<Vec<u8>, String> {
     let size = tree.size();
     let scale = 2.0f32.min((MAX_PNG_PIXELS / (size.width() * size.height()).max(1.0)).sqrt());
     let (w, h) = (((size.width() * scale).ceil() as u32).max(1), ((size.height() * scale).ceil() as u32).max(1));
-    let mut pixmap = tiny_skia::Pixmap::new(w, h).ok_or_else(|| format!("a picture of {w} x {h} pixels cannot be allocated"))?;
+    let mut pixmap =
+        tiny_skia::Pixmap::new(w, h).ok_or_else(|| format!("a picture of {w} x {h} pixels cannot be allocated"))?;
     resvg::render(&tree, tiny_skia::Transform::from_scale(scale, scale), &mut pixmap.as_mut());
     pixmap.encode_png().map_err(|e| e.to_string())
 }
@@ -113,7 +129,12 @@ fn fonts() -> std::sync::Arc<resvg::usvg::fontdb::Database> {
         .get_or_init(|| {
             let mut db = resvg::usvg::fontdb::Database::new();
             db.load_system_fonts();
-            let installed = |names: &[&str]| names.iter().find(|n| db.faces().any(|f| f.families.iter().any(|(name, _)| name == *n))).map(|n| n.to_string());
+            let installed = |names: &[&str]| {
+                names
+                    .iter()
+                    .find(|n| db.faces().any(|f| f.families.iter().any(|(name, _)| name == *n)))
+                    .map(|n| n.to_string())
+            };
             let sans = installed(&["DejaVu Sans", "Liberation Sans", "Noto Sans", "Arial", "Helvetica"]);
             let mono = installed(&["DejaVu Sans Mono", "Liberation Mono", "Noto Sans Mono", "Courier New"]);
             let serif = installed(&["DejaVu Serif", "Liberation Serif", "Noto Serif", "Times New Roman"]);
@@ -157,7 +178,11 @@ fn bounds(runs: &[Curves]) -> ((f64, f64), (f64, f64)) {
     ((x0.min(x1), x1.max(x0 + 1.0)), (y0 - pad, y1 + pad))
 }
 
-fn draw<B: DrawingBackend>(area: &DrawingArea<B, Shift>, runs: &[Curves], metric: &str) -> std::result::Result<(), DrawingAreaErrorKind<B::ErrorType>> {
+fn draw<B: DrawingBackend>(
+    area: &DrawingArea<B, Shift>,
+    runs: &[Curves],
+    metric: &str,
+) -> std::result::Result<(), DrawingAreaErrorKind<B::ErrorType>> {
     area.fill(&WHITE)?;
     let ((x0, x1), (y0, y1)) = bounds(runs);
     let mut chart = ChartBuilder::on(area)
@@ -166,7 +191,14 @@ fn draw<B: DrawingBackend>(area: &DrawingArea<B, Shift>, runs: &[Curves], metric
         .x_label_area_size(45)
         .y_label_area_size(70)
         .build_cartesian_2d(x0..x1, y0..y1)?;
-    chart.configure_mesh().x_desc("step").y_desc(metric).x_label_formatter(&|x| format!("{x:.0}")).light_line_style(RGBColor(235, 235, 235)).label_style(("sans-serif", 15)).draw()?;
+    chart
+        .configure_mesh()
+        .x_desc("step")
+        .y_desc(metric)
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .light_line_style(RGBColor(235, 235, 235))
+        .label_style(("sans-serif", 15))
+        .draw()?;
     for (i, run) in runs.iter().enumerate() {
         let c = colour(i);
         chart
@@ -181,7 +213,13 @@ fn draw<B: DrawingBackend>(area: &DrawingArea<B, Shift>, runs: &[Curves], metric
                 .legend(move |(x, y)| Circle::new((x + 10, y), 5, c.filled()));
         }
     }
-    chart.configure_series_labels().background_style(WHITE.mix(0.85)).border_style(BLACK).label_font(("sans-serif", 15)).position(SeriesLabelPosition::UpperRight).draw()?;
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 15))
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()?;
     area.present()
 }
 
@@ -204,14 +242,22 @@ pub struct SweepSeries {
 pub fn sweep_chart(series: &[SweepSeries], y_label: &str, png: &Path) -> Result<String> {
     let size = (760, 460);
     let mut svg = String::new();
-    draw_sweep(&SVGBackend::with_string(&mut svg, size).into_drawing_area(), series, y_label).map_err(|e| LetheError::Invalid(format!("drawing the sweep chart: {e}")))?;
-    write_png(png, |tmp| draw_sweep(&BitMapBackend::new(tmp, size).into_drawing_area(), series, y_label).map_err(|e| e.to_string()))?;
+    draw_sweep(&SVGBackend::with_string(&mut svg, size).into_drawing_area(), series, y_label)
+        .map_err(|e| LetheError::Invalid(format!("drawing the sweep chart: {e}")))?;
+    write_png(png, |tmp| {
+        draw_sweep(&BitMapBackend::new(tmp, size).into_drawing_area(), series, y_label).map_err(|e| e.to_string())
+    })?;
     Ok(svg)
 }
 
-fn draw_sweep<B: DrawingBackend>(area: &DrawingArea<B, Shift>, series: &[SweepSeries], y_label: &str) -> std::result::Result<(), DrawingAreaErrorKind<B::ErrorType>> {
+fn draw_sweep<B: DrawingBackend>(
+    area: &DrawingArea<B, Shift>,
+    series: &[SweepSeries],
+    y_label: &str,
+) -> std::result::Result<(), DrawingAreaErrorKind<B::ErrorType>> {
     area.fill(&WHITE)?;
-    let runs: Vec<Curves> = series.iter().map(|s| Curves { name: s.name.clone(), train: s.points.clone(), valid: vec![] }).collect();
+    let runs: Vec<Curves> =
+        series.iter().map(|s| Curves { name: s.name.clone(), train: s.points.clone(), valid: vec![] }).collect();
     let ((x0, x1), (y0, y1)) = bounds(&runs);
     // Headroom above the highest point for the legend (about 22 px a line of the 370 px
     // plot), so that it hides no point.
@@ -240,19 +286,40 @@ fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
 
 /// The mesh, the means' lines, the runs' dots and the legend of a sweep chart on either
 /// x scale.
-fn fill_sweep<'a, B, X>(chart: &mut ChartContext<'a, B, Cartesian2d<X, plotters::coord::types::RangedCoordf64>>, series: &[SweepSeries], (x_label, y_label): (&str, &str)) -> std::result::Result<(), DrawingAreaErrorKind<B::ErrorType>>
+fn fill_sweep<'a, B, X>(
+    chart: &mut ChartContext<'a, B, Cartesian2d<X, plotters::coord::types::RangedCoordf64>>,
+    series: &[SweepSeries],
+    (x_label, y_label): (&str, &str),
+) -> std::result::Result<(), DrawingAreaErrorKind<B::ErrorType>>
 where
     B: DrawingBackend + 'a,
     X: Ranged<ValueType = f64> + plotters::coord::ranged1d::ValueFormatter<f64>,
 {
     let tick = |x: &f64| if x.abs() >= 100.0 || x.fract() == 0.0 { format!("{x:.0}") } else { format!("{x:.1}") };
-    chart.configure_mesh().x_labels(12).x_desc(x_label).y_desc(y_label).x_label_formatter(&tick).light_line_style(RGBColor(235, 235, 235)).label_style(("sans-serif", 14)).draw()?;
+    chart
+        .configure_mesh()
+        .x_labels(12)
+        .x_desc(x_label)
+        .y_desc(y_label)
+        .x_label_formatter(&tick)
+        .light_line_style(RGBColor(235, 235, 235))
+        .label_style(("sans-serif", 14))
+        .draw()?;
     for s in series {
         let c = s.colour;
         chart.draw_series(LineSeries::new(s.means.iter().copied(), c.stroke_width(2)))?;
-        chart.draw_series(s.points.iter().map(|&p| Circle::new(p, 5, c.filled())))?.label(s.name.clone()).legend(move |(x, y)| Circle::new((x + 10, y), 5, c.filled()));
+        chart
+            .draw_series(s.points.iter().map(|&p| Circle::new(p, 5, c.filled())))?
+            .label(s.name.clone())
+            .legend(move |(x, y)| Circle::new((x + 10, y), 5, c.filled()));
     }
-    chart.configure_series_labels().background_style(WHITE.mix(0.85)).border_style(BLACK).label_font(("sans-serif", 14)).position(SeriesLabelPosition::UpperRight).draw()?;
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 14))
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()?;
     Ok(())
 }
 
@@ -311,7 +378,8 @@ mod tests {
         assert_eq!(pixel(&p, 230, 40), [255, 0, 0, 255]);
         assert_eq!(pixel(&p, 190, 10), [255, 255, 255, 255]);
         // The text is drawn (with a system font for `monospace`): dark pixels where it is.
-        let dark = (0..80).flat_map(|y| (0..100).map(move |x| (x, y))).filter(|&(x, y)| pixel(&p, x, y)[0] < 100).count();
+        let dark =
+            (0..80).flat_map(|y| (0..100).map(move |x| (x, y))).filter(|&(x, y)| pixel(&p, x, y)[0] < 100).count();
         assert!(dark > 200, "{dark} dark pixels where the text is");
     }
 

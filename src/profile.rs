@@ -70,7 +70,11 @@ pub fn finish() -> Vec<PhaseTime> {
     recorder.map_or_else(Vec::new, |rec| {
         rec.totals
             .into_iter()
-            .map(|(path, seconds, calls)| PhaseTime { path: path.iter().map(|s| s.to_string()).collect(), seconds, calls })
+            .map(|(path, seconds, calls)| PhaseTime {
+                path: path.iter().map(|s| s.to_string()).collect(),
+                seconds,
+                calls,
+            })
             .collect()
     })
 }
@@ -139,7 +143,8 @@ pub fn table(phases: &[PhaseTime], steps: usize) -> String {
     let step_s = phases.iter().filter(|p| p.path.len() == 1).map(|p| p.seconds).sum::<f64>() / steps;
     let mut out = format!("{:<44} {:>10} {:>7} {:>9}\n", "phase", "ms/step", "share", "calls");
     for p in phases {
-        let name = format!("{}{}", "  ".repeat(p.path.len().saturating_sub(1)), p.path.last().map_or("", String::as_str));
+        let name =
+            format!("{}{}", "  ".repeat(p.path.len().saturating_sub(1)), p.path.last().map_or("", String::as_str));
         let ms = p.seconds / steps * 1e3;
         let share = if step_s > 0.0 { p.seconds / steps / step_s * 100.0 } else { 0.0 };
         out += &format!("{name:<44} {ms:>10.2} {share:>6.1}% {:>9.1}\n", p.calls as f64 / steps);
@@ -169,7 +174,8 @@ impl Trace {
     /// Starts recording into `path` (written by [`Trace::finish`]).
     pub fn start(path: &Path) -> Result<Trace> {
         let partial = partial_path(path);
-        let text = CString::new(partial.to_string_lossy().as_bytes()).map_err(|_| LetheError::Invalid(format!("`{}`: a trace path cannot hold a NUL byte", path.display())))?;
+        let text = CString::new(partial.to_string_lossy().as_bytes())
+            .map_err(|_| LetheError::Invalid(format!("`{}`: a trace path cannot hold a NUL byte", path.display())))?;
         let mut handle = std::ptr::null_mut();
         let what = format!("`{}`: libtorch's profiler did not start", path.display());
         // SAFETY: `text` is a NUL-terminated string alive for the call; the function
@@ -185,7 +191,12 @@ impl Trace {
         let partial = partial_path(&self.path);
         match std::fs::metadata(&partial) {
             Ok(m) if m.len() > 0 => {}
-            Ok(_) => return Err(LetheError::Invalid(format!("`{}`: libtorch's profiler wrote an empty trace", partial.display()))),
+            Ok(_) => {
+                return Err(LetheError::Invalid(format!(
+                    "`{}`: libtorch's profiler wrote an empty trace",
+                    partial.display()
+                )))
+            }
             Err(e) => return Err(LetheError::io(&partial, e)),
         }
         std::fs::rename(&partial, &self.path).map_err(|e| LetheError::io(&self.path, e))?;
@@ -246,7 +257,11 @@ mod tests {
 
     #[test]
     fn merged_profiles_add_phase_by_phase() {
-        let t = |path: &[&str], seconds: f64, calls: usize| PhaseTime { path: path.iter().map(|s| s.to_string()).collect(), seconds, calls };
+        let t = |path: &[&str], seconds: f64, calls: usize| PhaseTime {
+            path: path.iter().map(|s| s.to_string()).collect(),
+            seconds,
+            calls,
+        };
         let mut total = vec![];
         merge(&mut total, vec![t(&["step"], 1.0, 1), t(&["step", "a"], 0.25, 2)]);
         merge(&mut total, vec![t(&["step"], 2.0, 1), t(&["step", "b"], 0.5, 1), t(&["step", "a"], 0.5, 3)]);
@@ -277,7 +292,10 @@ mod tests {
         let (outer, inner) = (phases[0].seconds, phases[1].seconds);
         assert!(inner >= 0.012 && outer >= inner + 0.002, "outer {outer} s, inner {inner} s");
         let text = table(&phases, 2);
-        assert!(text.contains("\nforward ") && text.contains("\n  attention ") && text.contains("\nbackward "), "{text}");
+        assert!(
+            text.contains("\nforward ") && text.contains("\n  attention ") && text.contains("\nbackward "),
+            "{text}"
+        );
         assert!(finish().is_empty(), "a second finish has nothing");
     }
 }

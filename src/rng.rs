@@ -130,7 +130,11 @@ mod tests {
                     folders.push(entry);
                 } else if entry.extension().is_some_and(|x| x == "rs") && entry != root.join("src/rng.rs") {
                     let text = std::fs::read_to_string(&entry).unwrap();
-                    offenders.extend(text.lines().filter(|l| l.contains(concat!("manual", "_seed(")) && !l.trim_start().starts_with("//")).map(|l| format!("{}: {}", entry.display(), l.trim())));
+                    offenders.extend(
+                        text.lines()
+                            .filter(|l| l.contains(concat!("manual", "_seed(")) && !l.trim_start().starts_with("//"))
+                            .map(|l| format!("{}: {}", entry.display(), l.trim())),
+                    );
                 }
             }
         }

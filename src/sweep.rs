@@ -23,10 +23,10 @@ use serde::{Deserialize, Serialize};
 use crate::checkpoint::write_atomic;
 use crate::config::{Config, Mechanism};
 use crate::error::{LetheError, Result};
-use crate::train::{train, TrainOptions};
 use crate::metrics::html_escape;
 use crate::plot::SweepSeries;
 use crate::task::Metric;
+use crate::train::{train, TrainOptions};
 
 /// One mechanism with the sizes to try.
 #[derive(Clone, Debug, PartialEq)]
@@ -44,9 +44,15 @@ pub fn parse_arms(items: &[String], default_sizes: &[usize]) -> Result<Vec<Arm>>
         .map(|item| {
             let (name, sizes) = item.split_once(':').unwrap_or((item, ""));
             let mechanism = Mechanism::parse(name.trim())?;
-            let sizes = if sizes.trim().is_empty() { default_sizes.to_vec() } else { parse_sizes(sizes, &format!("--mechanism {item}"))? };
+            let sizes = if sizes.trim().is_empty() {
+                default_sizes.to_vec()
+            } else {
+                parse_sizes(sizes, &format!("--mechanism {item}"))?
+            };
             if sizes.is_empty() {
-                return Err(LetheError::Invalid(format!("sweep arm `{item}`: no sizes (give --sizes or `{name}:16,32`)")));
+                return Err(LetheError::Invalid(format!(
+                    "sweep arm `{item}`: no sizes (give --sizes or `{name}:16,32`)"
+                )));
             }
             Ok(Arm { mechanism, sizes })
         })
@@ -80,7 +86,8 @@ pub fn parse_sizes(text: &str, flag: &str) -> Result<Vec<usize>> {
     let mut sizes: Vec<usize> = vec![];
     for s in text.split(',') {
         let size = s.trim().parse::<usize>().ok().filter(|&n| n > 0);
-        let size = size.ok_or_else(|| LetheError::Invalid(format!("{flag}: memory size `{s}` is not a positive whole number")))?;
+        let size = size
+            .ok_or_else(|| LetheError::Invalid(format!("{flag}: memory size `{s}` is not a positive whole number")))?;
         if sizes.contains(&size) {
             return Err(LetheError::Invalid(format!("{flag}: memory size {size} is given twice")));
         }
@@ -94,7 +101,9 @@ pub fn parse_sizes(text: &str, flag: &str) -> Result<Vec<usize>> {
 pub fn parse_seeds(text: &str) -> Result<Vec<u64>> {
     let mut seeds: Vec<u64> = vec![];
     for s in text.split(',') {
-        let seed = s.trim().parse::<u64>().map_err(|_| LetheError::Invalid(format!("--seeds: seed `{s}` is not a whole number (give them as 1,2,3)")))?;
+        let seed = s.trim().parse::<u64>().map_err(|_| {
+            LetheError::Invalid(format!("--seeds: seed `{s}` is not a whole number (give them as 1,2,3)"))
+        })?;
         if seeds.contains(&seed) {
             return Err(LetheError::Invalid(format!("--seeds: seed {seed} is given twice")));
         }
@@ -163,7 +172,14 @@ pub struct SweepPoint {
 /// point has another config, or any checkpoint trained under another config) is
 /// replaced only with `overwrite`; without it the sweep refuses before training
 /// anything, as `lethe train` refuses to replace a run.
-pub fn run(base: &Config, arms: &[Arm], seeds: &[u64], dir: &Path, overwrite: bool, say: &mut dyn FnMut(&str)) -> Result<Vec<SweepPoint>> {
+pub fn run(
+    base: &Config,
+    arms: &[Arm],
+    seeds: &[u64],
+    dir: &Path,
+    overwrite: bool,
+    say: &mut dyn FnMut(&str),
+) -> Result<Vec<SweepPoint>> {
     let mut plan = vec![];
     for arm in arms {
         for &size in &arm.sizes {
@@ -224,7 +240,9 @@ fn refuse_other_runs(plan: &[Config], runs: &Path) -> Result<()> {
 fn run_one(cfg: &Config, runs: &Path) -> Result<SweepPoint> {
     let toml = cfg.to_toml()?;
     let path = runs.join(&cfg.name).join("point.json");
-    if let Some(done) = crate::input::read_to_string(&path).ok().and_then(|t| serde_json::from_str::<SweepPoint>(&t).ok()) {
+    if let Some(done) =
+        crate::input::read_to_string(&path).ok().and_then(|t| serde_json::from_str::<SweepPoint>(&t).ok())
+    {
         if done.config == toml {
             return Ok(done);
         }
@@ -272,7 +290,12 @@ fn no_evaluation(cfg: &Config) -> LetheError {
 /// the success rate.
 fn train_agent(cfg: &Config, opts: &TrainOptions) -> Result<Measured> {
     let r = crate::rl::train::train(cfg, opts)?.last_eval.ok_or_else(|| no_evaluation(cfg))?;
-    Ok(Measured { quality: r.mean_rooms.unwrap_or(100.0 * r.success_rate), loss: r.mean_return, accuracy: r.success_rate, mem_size: r.mem_size })
+    Ok(Measured {
+        quality: r.mean_rooms.unwrap_or(100.0 * r.success_rate),
+        loss: r.mean_return,
+        accuracy: r.success_rate,
+        mem_size: r.mem_size,
+    })
 }
 
 /// Trains a language model and reads its last validation.
@@ -282,7 +305,11 @@ fn train_lm(cfg: &Config, opts: &TrainOptions) -> Result<Measured> {
     if r.tokens == 0 {
         // Every figure would be 0 over 0 tokens: an error of 100%, a loss of 0.
         let why = crate::eval::NOTHING_SCORED_ADVICE;
-        return Err(LetheError::Invalid(format!("sweep run `{}`: its evaluation scored no token, so it has no {}: {why}", cfg.name, metric.name())));
+        return Err(LetheError::Invalid(format!(
+            "sweep run `{}`: its evaluation scored no token, so it has no {}: {why}",
+            cfg.name,
+            metric.name()
+        )));
     }
     let quality = match metric {
         Metric::Answers => 100.0 * r.answer_accuracy.unwrap_or(0.0),
@@ -290,7 +317,9 @@ fn train_lm(cfg: &Config, opts: &TrainOptions) -> Result<Measured> {
         Metric::Accuracy => 100.0 * r.accuracy,
         Metric::Bpb => r.bpb,
         Metric::WordPerplexity => r.word_ppl.unwrap_or(f64::NAN),
-        Metric::Success | Metric::Rooms => return Err(LetheError::Invalid("gridworlds have no validation stream".into())),
+        Metric::Success | Metric::Rooms => {
+            return Err(LetheError::Invalid("gridworlds have no validation stream".into()))
+        }
     };
     Ok(Measured { quality, loss: r.loss, accuracy: r.accuracy, mem_size: r.mem_size })
 }
@@ -333,7 +362,13 @@ pub fn summarise(points: &[SweepPoint]) -> Vec<SeedSummary> {
             let same: Vec<&SweepPoint> = points.iter().filter(|p| p.mechanism == mechanism && p.size == size).collect();
             let quality: Vec<f64> = same.iter().map(|p| p.quality).collect();
             let mem: Vec<f64> = same.iter().map(|p| p.mem_size).collect();
-            SeedSummary { mechanism: mechanism.to_string(), size, seeds: same.len(), quality: mean_sd(&quality), mem_size: mean_sd(&mem) }
+            SeedSummary {
+                mechanism: mechanism.to_string(),
+                size,
+                seeds: same.len(),
+                quality: mean_sd(&quality),
+                mem_size: mean_sd(&mem),
+            }
         })
         .collect()
 }
@@ -378,7 +413,10 @@ pub fn table(points: &[SweepPoint]) -> String {
     let metric = points.first().map_or("quality", |p| p.metric.as_str());
     // Gridworld points carry the mean return where language models carry the loss.
     let loss = if matches!(metric, "success %" | "rooms") { "return" } else { "loss" };
-    let mut out = format!("{:<12} {:>6} {:>5} {:>10} {:>10} {:>9} {:>8}\n", "mechanism", "size", "seed", metric, "mem size", loss, "time s");
+    let mut out = format!(
+        "{:<12} {:>6} {:>5} {:>10} {:>10} {:>9} {:>8}\n",
+        "mechanism", "size", "seed", metric, "mem size", loss, "time s"
+    );
     for p in points {
         let _ = writeln!(
             out,
@@ -427,7 +465,13 @@ pub fn write_report(base: &Config, points: &[SweepPoint], dir: &Path) -> Result<
     let svg = plot(points, crate::task::metric(base).higher_is_better(), &png)?;
     let html = report_html(base, points, &svg);
     let summary = summary_csv(&summarise(points))?;
-    let files = [("sweep.json", json), ("sweep.csv", csv(points)?), ("summary.csv", summary), ("sweep.svg", svg), ("sweep.html", html)];
+    let files = [
+        ("sweep.json", json),
+        ("sweep.csv", csv(points)?),
+        ("summary.csv", summary),
+        ("sweep.svg", svg),
+        ("sweep.html", html),
+    ];
     let mut written = vec![png];
     for (name, body) in files {
         let path = dir.join(name);
@@ -491,7 +535,10 @@ fn means_by_size(points: &[&SweepPoint]) -> Vec<(f64, f64)> {
         .map(|&size| {
             let same: Vec<&&SweepPoint> = points.iter().filter(|p| p.size == size).collect();
             let n = same.len() as f64;
-            (same.iter().map(|p| p.mem_size.max(1e-3)).sum::<f64>() / n, same.iter().map(|p| p.quality).sum::<f64>() / n)
+            (
+                same.iter().map(|p| p.mem_size.max(1e-3)).sum::<f64>() / n,
+                same.iter().map(|p| p.quality).sum::<f64>() / n,
+            )
         })
         .collect()
 }
@@ -611,12 +658,15 @@ mod tests {
             seconds: 1.0,
             config: String::new(),
         };
-        let points = vec![point("fixed", 8, 20.0, 5.0), point("fixed", 64, 50.0, 57.0), point("expire", 64, 90.0, 11.0)];
+        let points =
+            vec![point("fixed", 8, 20.0, 5.0), point("fixed", 64, 50.0, 57.0), point("expire", 64, 90.0, 11.0)];
         let dir = tempfile::tempdir().unwrap();
         let svg = plot(&points, true, &dir.path().join("sweep.png")).unwrap();
         assert_eq!(svg.matches("<circle").count(), 3 + 2, "a dot per run and one per legend entry");
         assert!(svg.contains("(log scale)"), "5 to 57 spans more than 8x");
-        assert!(svg.contains("answers % (higher is better)") && svg.contains(">\nexpire\n<") && svg.contains(">\nfixed\n<"));
+        assert!(
+            svg.contains("answers % (higher is better)") && svg.contains(">\nexpire\n<") && svg.contains(">\nfixed\n<")
+        );
         assert_eq!(&std::fs::read(dir.path().join("sweep.png")).unwrap()[..4], b"\x89PNG");
         let t = table(&points);
         assert_eq!(t.lines().count(), 4);
@@ -654,7 +704,10 @@ mod tests {
         let t = summary_table(&s, "success %");
         assert!(t.lines().nth(1).unwrap().contains("99.00 ± 1.00"), "{t}");
         let csv = summary_csv(&s).unwrap();
-        assert_eq!(csv.lines().next().unwrap(), "mechanism,size,seeds,quality_mean,quality_sd,mem_size_mean,mem_size_sd");
+        assert_eq!(
+            csv.lines().next().unwrap(),
+            "mechanism,size,seeds,quality_mean,quality_sd,mem_size_mean,mem_size_sd"
+        );
         assert_eq!(csv.lines().nth(2).unwrap(), "expire,64,1,100.0,0.0,6.0,0.0");
     }
 

@@ -139,7 +139,10 @@ fn record(data: &[u8]) -> Vec<u8> {
 /// The events of a record file, checksums verified (for tests and tools).
 pub fn read_events(path: &Path) -> Result<Vec<Event>> {
     let bytes = crate::input::read(path).map_err(|e| LetheError::data(path, e))?;
-    let corrupt = |why: &str| LetheError::Data { path: path.to_path_buf(), reason: format!("not a TensorBoard event file: {why}") };
+    let corrupt = |why: &str| LetheError::Data {
+        path: path.to_path_buf(),
+        reason: format!("not a TensorBoard event file: {why}"),
+    };
     let (mut at, mut events) = (0, vec![]);
     while at < bytes.len() {
         let head = bytes.get(at..at + 12).ok_or_else(|| corrupt("a truncated record header"))?;
@@ -168,9 +171,12 @@ impl EventWriter {
     /// A new event file in `dir`, opened with the format's version event.
     pub fn create(dir: &Path) -> Result<EventWriter> {
         let now = wall_time();
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "localhost".into());
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_else(|_| "localhost".into());
         let path = dir.join(format!("events.out.tfevents.{}.{host}", now as u64));
-        let file = std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(|e| LetheError::io(&path, e))?;
+        let file =
+            std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(|e| LetheError::io(&path, e))?;
         let mut w = EventWriter { path, file };
         w.append(&Event { wall_time: now, step: 0, file_version: Some("brain.Event:2".into()), summary: None })?;
         Ok(w)
@@ -188,7 +194,10 @@ impl EventWriter {
     /// Writes the numbers of a metrics `record` (an object with `step` and `split`) as
     /// scalars; a record without them, or without a number, writes nothing.
     pub fn write_metrics(&mut self, record: &serde_json::Value) -> Result<()> {
-        let (Some(step), Some(split)) = (record.get("step").and_then(serde_json::Value::as_i64), record.get("split").and_then(serde_json::Value::as_str)) else {
+        let (Some(step), Some(split)) = (
+            record.get("step").and_then(serde_json::Value::as_i64),
+            record.get("split").and_then(serde_json::Value::as_str),
+        ) else {
             return Ok(());
         };
         self.write_values(step, scalars(split, record))
@@ -196,7 +205,10 @@ impl EventWriter {
 
     /// Writes histograms `(tag, histogram)` at `step`.
     pub fn write_histograms(&mut self, step: i64, histograms: Vec<(String, Histogram)>) -> Result<()> {
-        self.write_values(step, histograms.into_iter().map(|(tag, h)| Value { tag, simple_value: None, histo: Some(h) }).collect())
+        self.write_values(
+            step,
+            histograms.into_iter().map(|(tag, h)| Value { tag, simple_value: None, histo: Some(h) }).collect(),
+        )
     }
 
     /// One event of `value` at `step`; nothing when there is no value.
@@ -224,9 +236,15 @@ fn scalars(split: &str, record: &serde_json::Value) -> Vec<Value> {
 /// The numbers in `v` under `tag`, lists and objects `depth` levels down.
 fn numbers(tag: &str, v: &serde_json::Value, depth: usize, out: &mut Vec<Value>) {
     match v {
-        serde_json::Value::Number(n) => out.extend(n.as_f64().map(|x| Value { tag: tag.to_string(), simple_value: Some(x as f32), histo: None })),
-        serde_json::Value::Array(items) if depth > 0 => items.iter().enumerate().for_each(|(i, item)| numbers(&format!("{tag}/{i}"), item, depth - 1, out)),
-        serde_json::Value::Object(map) if depth > 0 => map.iter().for_each(|(k, item)| numbers(&format!("{tag}/{k}"), item, depth - 1, out)),
+        serde_json::Value::Number(n) => {
+            out.extend(n.as_f64().map(|x| Value { tag: tag.to_string(), simple_value: Some(x as f32), histo: None }))
+        }
+        serde_json::Value::Array(items) if depth > 0 => {
+            items.iter().enumerate().for_each(|(i, item)| numbers(&format!("{tag}/{i}"), item, depth - 1, out))
+        }
+        serde_json::Value::Object(map) if depth > 0 => {
+            map.iter().for_each(|(k, item)| numbers(&format!("{tag}/{k}"), item, depth - 1, out))
+        }
         _ => {}
     }
 }
@@ -262,7 +280,15 @@ mod tests {
         assert_eq!(events[1].step, 3);
         let values = &events[1].summary.as_ref().unwrap().value;
         let tags: Vec<(&str, f32)> = values.iter().map(|v| (v.tag.as_str(), v.simple_value.unwrap())).collect();
-        assert_eq!(tags, vec![("train/loss", 1.5), ("train/mem_size/0", 4.0), ("train/mem_size/1", 8.0), ("train/memory/0/mean_span", 2.0)]);
+        assert_eq!(
+            tags,
+            vec![
+                ("train/loss", 1.5),
+                ("train/mem_size/0", 4.0),
+                ("train/mem_size/1", 8.0),
+                ("train/memory/0/mean_span", 2.0)
+            ]
+        );
         // A damaged byte is caught by the checksum.
         let mut bytes = std::fs::read(w.path()).unwrap();
         let last = bytes.len() - 6;

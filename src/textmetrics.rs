@@ -93,7 +93,12 @@ impl Scorer {
     /// All four metrics of `prediction` against `reference`.
     pub fn score(&self, prediction: &str, reference: &str) -> Scores {
         let (p, r) = (self.rouge_tokens(prediction), self.rouge_tokens(reference));
-        Scores { f1: f1(prediction, reference), rouge1: rouge_n1(&p, &r), rouge_l: rouge_lcs(&p, &r), meteor: self.meteor(prediction, reference) }
+        Scores {
+            f1: f1(prediction, reference),
+            rouge1: rouge_n1(&p, &r),
+            rouge_l: rouge_lcs(&p, &r),
+            meteor: self.meteor(prediction, reference),
+        }
     }
 
     /// `rouge-score`'s tokens: lower case, non-`[a-z0-9]` runs as breaks, words of more
@@ -132,7 +137,11 @@ impl Scorer {
 /// One alignment stage: from the last free hypothesis word backwards, each takes the
 /// last free reference word among the words `accepts` gives it (itself, or its
 /// synonyms). Matched words leave both lists.
-fn match_stage(hyp: &mut Vec<(usize, String)>, reference: &mut Vec<(usize, String)>, accepts: impl Fn(&str) -> Vec<String>) -> Vec<(usize, usize)> {
+fn match_stage(
+    hyp: &mut Vec<(usize, String)>,
+    reference: &mut Vec<(usize, String)>,
+    accepts: impl Fn(&str) -> Vec<String>,
+) -> Vec<(usize, usize)> {
     let mut positions: HashMap<&str, Vec<usize>> = HashMap::new();
     for (j, (_, w)) in reference.iter().enumerate() {
         positions.entry(w.as_str()).or_default().push(j);
@@ -142,7 +151,10 @@ fn match_stage(hyp: &mut Vec<(usize, String)>, reference: &mut Vec<(usize, Strin
     for i in (0..hyp.len()).rev() {
         // The accepted word whose last free position is the latest.
         let accepted = accepts(&hyp[i].1);
-        let best = accepted.iter().filter_map(|w| positions.get(w.as_str()).and_then(|p| p.last()).map(|&j| (j, w))).max_by_key(|&(j, _)| j);
+        let best = accepted
+            .iter()
+            .filter_map(|w| positions.get(w.as_str()).and_then(|p| p.last()).map(|&j| (j, w)))
+            .max_by_key(|&(j, _)| j);
         if let Some(j) = best.and_then(|(_, w)| positions.get_mut(w.as_str())).and_then(Vec::pop) {
             hyp_taken[i] = true;
             ref_taken[j] = true;
@@ -243,7 +255,12 @@ pub fn mean(scores: &[Scores]) -> Option<Scores> {
         recall: avg(&|s| get(s).recall),
         f: avg(&|s| get(s).f),
     };
-    Some(Scores { f1: avg(&|s| s.f1), rouge1: prf(&|s| s.rouge1), rouge_l: prf(&|s| s.rouge_l), meteor: avg(&|s| s.meteor) })
+    Some(Scores {
+        f1: avg(&|s| s.f1),
+        rouge1: prf(&|s| s.rouge1),
+        rouge_l: prf(&|s| s.rouge_l),
+        meteor: avg(&|s| s.meteor),
+    })
 }
 
 /// One response per line of a text file (UTF-8; a trailing newline ends the last line).
@@ -255,13 +272,22 @@ pub fn read_lines(path: &std::path::Path) -> crate::Result<Vec<String>> {
 
 /// Scores each prediction against the reference on the same line of two files. The
 /// files must hold the same number of lines, at least one.
-pub fn score_files(predictions: &std::path::Path, references: &std::path::Path, scorer: &Scorer) -> crate::Result<Vec<Scores>> {
+pub fn score_files(
+    predictions: &std::path::Path,
+    references: &std::path::Path,
+    scorer: &Scorer,
+) -> crate::Result<Vec<Scores>> {
     let (p, r) = (read_lines(predictions)?, read_lines(references)?);
     if p.is_empty() {
         return Err(crate::LetheError::data(predictions, "holds no lines to score"));
     }
     if p.len() != r.len() {
-        let reason = format!("has {} lines but `{}` has {}: each prediction needs the reference on the same line", p.len(), references.display(), r.len());
+        let reason = format!(
+            "has {} lines but `{}` has {}: each prediction needs the reference on the same line",
+            p.len(),
+            references.display(),
+            r.len()
+        );
         return Err(crate::LetheError::data(predictions, reason));
     }
     Ok(p.iter().zip(&r).map(|(p, r)| scorer.score(p, r)).collect())
@@ -273,7 +299,16 @@ pub fn csv(scores: &[Scores]) -> crate::Result<Vec<u8>> {
     let mut w = csv::Writer::from_writer(Vec::new());
     w.write_record(["line", "f1", "rouge1_p", "rouge1_r", "rouge1_f", "rougeL_p", "rougeL_r", "rougeL_f", "meteor"])?;
     for (i, s) in scores.iter().enumerate() {
-        let values = [s.f1, s.rouge1.precision, s.rouge1.recall, s.rouge1.f, s.rouge_l.precision, s.rouge_l.recall, s.rouge_l.f, s.meteor];
+        let values = [
+            s.f1,
+            s.rouge1.precision,
+            s.rouge1.recall,
+            s.rouge1.f,
+            s.rouge_l.precision,
+            s.rouge_l.recall,
+            s.rouge_l.f,
+            s.meteor,
+        ];
         let mut row = vec![(i + 1).to_string()];
         row.extend(values.iter().map(|v| format!("{v:.6}")));
         w.write_record(&row)?;

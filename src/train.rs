@@ -22,16 +22,16 @@ use tch::Kind;
 use crate::checkpoint::{self, Checkpoint, TrainState};
 use crate::config::{Config, TrainConfig};
 use crate::data::{self, Batch, Split, SplitData, TrainStreams};
+use crate::dist::ProcessGroup;
 use crate::error::{LetheError, Result};
 use crate::eval::{evaluate_sharded, EvalResult};
 use crate::metrics::{format_count, format_duration, MetricsLog};
-use crate::profile;
-use crate::tensorboard::Histogram;
 use crate::model::{host_values, Lm, Memory};
 use crate::optim::{learning_rate, Optimiser};
-use crate::dist::ProcessGroup;
-use crate::run::{begin_step, broadcast_parameters, check_finite, drive, opening_line, Looped, RunFolder, Scales};
+use crate::profile;
 pub use crate::run::TrainOptions;
+use crate::run::{begin_step, broadcast_parameters, check_finite, drive, opening_line, Looped, RunFolder, Scales};
+use crate::tensorboard::Histogram;
 
 /// What a finished run reports.
 #[derive(Clone, Debug)]
@@ -91,7 +91,10 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainSummary> {
     cfg.validate()?;
     let mut run = Run::start(cfg, opts)?;
     let unigram_baseline = data::unigram_entropy(&run.valid.docs);
-    run.say(&format!("valid unigram baseline: {unigram_baseline:.4} nats ({:.4} bits) per scored token", unigram_baseline / std::f64::consts::LN_2));
+    run.say(&format!(
+        "valid unigram baseline: {unigram_baseline:.4} nats ({:.4} bits) per scored token",
+        unigram_baseline / std::f64::consts::LN_2
+    ));
     let mut summary = TrainSummary { run_dir: run.dir.clone(), losses: vec![], last_eval: None, unigram_baseline };
     (summary.losses, summary.last_eval) = drive(&mut run, &cfg.train, opts)?;
     Ok(summary)
@@ -117,7 +120,22 @@ impl<'a> Run<'a> {
         let in_memory_group = opt.group(crate::model::memory::is_mechanism_parameter, cfg.train.memory_lr_scale());
         let mems = (0..cfg.train.accum).map(|_| lm.model.new_memory()).collect();
         let from = resumed.as_ref().and_then(|ck| ck.state.as_ref()).map_or(0, |s| s.step);
-        let mut run = Run { cfg, opts, folder, dir, group, lm, opt, mems, data, valid, metrics: None, step: 0, tokens_seen: 0, last_checkpoint: None };
+        let mut run = Run {
+            cfg,
+            opts,
+            folder,
+            dir,
+            group,
+            lm,
+            opt,
+            mems,
+            data,
+            valid,
+            metrics: None,
+            step: 0,
+            tokens_seen: 0,
+            last_checkpoint: None,
+        };
         // Every check of the checkpoint (its tensors, its stream position) before the
         // folder changes: a refused resume leaves config.toml and metrics.jsonl as they were.
         if let Some(ck) = resumed {
@@ -128,14 +146,25 @@ impl<'a> Run<'a> {
         run.say(&opening_line(cfg, "", run.lm.parameter_count(), device, &run.dir));
         if let Some(g) = &run.group {
             let per = cfg.train.batch / g.world_size();
-            run.say(&format!("data-parallel: {} ranks x {per} streams ({} micro-batches each), gradients summed over Gloo", g.world_size(), cfg.train.accum));
+            run.say(&format!(
+                "data-parallel: {} ranks x {per} streams ({} micro-batches each), gradients summed over Gloo",
+                g.world_size(),
+                cfg.train.accum
+            ));
         }
         if let (Some(loaded), Some(from)) = (&init, &cfg.train.init_from) {
-            let fresh = if loaded.fresh.is_empty() { String::new() } else { format!("; {} new ones start fresh ({})", loaded.fresh.len(), abbreviate(&loaded.fresh)) };
+            let fresh = if loaded.fresh.is_empty() {
+                String::new()
+            } else {
+                format!("; {} new ones start fresh ({})", loaded.fresh.len(), abbreviate(&loaded.fresh))
+            };
             run.say(&format!("initialised from {}: {} parameters{fresh}", from.display(), loaded.copied));
         }
         if cfg.train.memory_lr > 0.0 {
-            run.say(&format!("learning rates: {:.2e} for the memory's {in_memory_group} parameters, {:.2e} for the others", cfg.train.memory_lr, cfg.train.lr));
+            run.say(&format!(
+                "learning rates: {:.2e} for the memory's {in_memory_group} parameters, {:.2e} for the others",
+                cfg.train.memory_lr, cfg.train.lr
+            ));
         }
         run.say(&format!("data: {}", crate::task::describe(cfg)));
         if let Some(layout) = run.data.describe() {
@@ -148,15 +177,19 @@ impl<'a> Run<'a> {
         let path = &ck.path;
         let state = ck.state.clone().ok_or_else(|| LetheError::checkpoint(path, "holds no training state"))?;
         ck.load_parameters(&self.lm.vs.variables())?;
-        self.opt
-            .load_state(state.step, |n| ck.tensor(n))
-            .map_err(|e| LetheError::checkpoint(path, e.to_string()))?;
+        self.opt.load_state(state.step, |n| ck.tensor(n)).map_err(|e| LetheError::checkpoint(path, e.to_string()))?;
         let first = self.first_micro_batch();
         for (i, mem) in self.mems.iter_mut().enumerate() {
-            let saved: Vec<_> = ck.with_prefix(&format!("memory.{}.", first + i)).into_iter().map(|(n, t)| (n, t.to_device(self.lm.device()))).collect();
+            let saved: Vec<_> = ck
+                .with_prefix(&format!("memory.{}.", first + i))
+                .into_iter()
+                .map(|(n, t)| (n, t.to_device(self.lm.device())))
+                .collect();
             mem.load_state(&saved).map_err(|e| LetheError::checkpoint(path, e.to_string()))?;
         }
-        let data = state.data().ok_or_else(|| LetheError::checkpoint(path, "holds no stream position: it is not from a language-model run"))?;
+        let data = state.data().ok_or_else(|| {
+            LetheError::checkpoint(path, "holds no stream position: it is not from a language-model run")
+        })?;
         self.data.restore(data).map_err(|e| LetheError::checkpoint(path, e.to_string()))?;
         self.step = state.step;
         self.tokens_seen = state.tokens_seen;
@@ -186,7 +219,15 @@ impl Looped for Run<'_> {
     fn train_step(&mut self, window: &mut Window) -> Result<f64> {
         let (scales, _seed) = begin_step(self.cfg, self.step);
         let batch = self.data.next_batch();
-        let s = optimisation_step(&self.lm, &mut self.opt, &mut self.mems, &batch, &self.cfg.train, scales, self.group.as_ref())?;
+        let s = optimisation_step(
+            &self.lm,
+            &mut self.opt,
+            &mut self.mems,
+            &batch,
+            &self.cfg.train,
+            scales,
+            self.group.as_ref(),
+        )?;
         let loss = s.nll_sum / s.weight.max(1.0);
         check_finite(&[loss, s.aux, s.grad_norm], self.step + 1, self.last_checkpoint, &self.dir)?;
         self.step += 1;
@@ -206,7 +247,9 @@ impl Looped for Run<'_> {
         let bpb = loss.map(|l| l / std::f64::consts::LN_2);
         let lr = learning_rate(&self.cfg.train, self.step.saturating_sub(1));
         let tokens_per_s = w.tokens as f64 / seconds.max(1e-9);
-        let eta = std::time::Duration::from_secs_f64(seconds / w.steps.max(1) as f64 * (self.cfg.train.steps - self.step) as f64);
+        let eta = std::time::Duration::from_secs_f64(
+            seconds / w.steps.max(1) as f64 * (self.cfg.train.steps - self.step) as f64,
+        );
         let reports = self.mems[0].reports();
         let mem_size: Vec<f64> = reports.iter().map(|r| r.mem_size).collect();
         let per_layer = |f: &dyn Fn(&crate::model::memory::MemoryReport) -> Option<f64>| {
@@ -246,14 +289,24 @@ impl Looped for Run<'_> {
 
     fn evaluate(&mut self) -> Result<EvalResult> {
         let cap = (self.cfg.train.eval_tokens > 0).then_some(self.cfg.train.eval_tokens);
-        let r = evaluate_sharded(&self.lm, &self.valid, self.cfg.train.batch, self.cfg.train.block, cap, self.group.as_ref(), |_, _| {})?;
+        let r = evaluate_sharded(
+            &self.lm,
+            &self.valid,
+            self.cfg.train.batch,
+            self.cfg.train.block,
+            cap,
+            self.group.as_ref(),
+            |_, _| {},
+        )?;
         let scored = r.tokens > 0; // none: the figures are not 0, they do not exist
-        let answers = r.answer_accuracy.filter(|_| scored).map(|a| format!(" | answers {:.1}%", 100.0 * a)).unwrap_or_default();
+        let answers =
+            r.answer_accuracy.filter(|_| scored).map(|a| format!(" | answers {:.1}%", 100.0 * a)).unwrap_or_default();
         let accuracy = if scored { format!("{:.1}%", 100.0 * r.accuracy) } else { "-".into() };
         let words = r.word_ppl.filter(|_| scored).map(|p| format!(" | word ppl {p:.2}")).unwrap_or_default();
         // Bits per byte for byte models; a tokenised corpus reads in perplexity.
         let (rate, rate_value) = if self.cfg.data.tokenizer.is_some() { ("ppl", r.ppl) } else { ("bpb", r.bpb) };
-        let hint = if scored { String::new() } else { format!(" (no scored token: {})", crate::eval::NOTHING_SCORED_ADVICE) };
+        let hint =
+            if scored { String::new() } else { format!(" (no scored token: {})", crate::eval::NOTHING_SCORED_ADVICE) };
         self.say(&format!(
             "eval step {} | valid loss {} | {rate} {}{words} | accuracy {accuracy}{answers} | {} tokens{hint}",
             self.step,
@@ -277,7 +330,11 @@ impl Looped for Run<'_> {
         let first = self.first_micro_batch();
         let mut memories = vec![];
         for (i, mem) in self.mems.iter().enumerate() {
-            memories.extend(mem.state().into_iter().map(|(n, t)| (format!("memory.{}.{n}", first + i), t.to_device(tch::Device::Cpu))));
+            memories.extend(
+                mem.state()
+                    .into_iter()
+                    .map(|(n, t)| (format!("memory.{}.{n}", first + i), t.to_device(tch::Device::Cpu))),
+            );
         }
         if let Some(g) = &self.group {
             memories = g.all_gather_named(&memories)?; // every rank's, for rank 0 to write
@@ -315,7 +372,10 @@ impl Run<'_> {
         }
         for (layer, trace) in self.mems[0].ltm_traces().iter().enumerate() {
             if let Some(t) = trace {
-                out.push((format!("train/ltm_attention/{layer}"), Histogram::over_unit_interval(&host_values(&t.attention.mean_dim(0, false, Kind::Double))?)));
+                out.push((
+                    format!("train/ltm_attention/{layer}"),
+                    Histogram::over_unit_interval(&host_values(&t.attention.mean_dim(0, false, Kind::Double))?),
+                ));
             }
         }
         metrics.histograms(self.step, out)
@@ -326,7 +386,6 @@ impl Run<'_> {
         self.metrics.as_mut().map_or(Ok(()), |m| m.write(record))
     }
 }
-
 
 /// `value` to 4 decimals, or `-` when there is none.
 fn or_dash(value: Option<f64>) -> String {

@@ -35,7 +35,17 @@ const PARTS: [PosFiles; 4] = [
     PosFiles {
         suffix: "noun",
         exc: "noun",
-        rules: &[("s", ""), ("ses", "s"), ("ves", "f"), ("xes", "x"), ("zes", "z"), ("ches", "ch"), ("shes", "sh"), ("men", "man"), ("ies", "y")],
+        rules: &[
+            ("s", ""),
+            ("ses", "s"),
+            ("ves", "f"),
+            ("xes", "x"),
+            ("zes", "z"),
+            ("ches", "ch"),
+            ("shes", "sh"),
+            ("men", "man"),
+            ("ies", "y"),
+        ],
     },
     PosFiles {
         suffix: "verb",
@@ -103,7 +113,8 @@ impl Part {
         // Every synset the index names must be a line of the data file.
         for (lemma, offsets) in &index {
             if let Some(o) = offsets.iter().find(|o| !synsets.contains_key(o)) {
-                let reason = format!("`{lemma}` names a synset at byte {o}, where `{}` has no synset line", data_path.display());
+                let reason =
+                    format!("`{lemma}` names a synset at byte {o}, where `{}` has no synset line", data_path.display());
                 return Err(LetheError::data(index_path, reason));
             }
         }
@@ -115,7 +126,10 @@ impl Part {
     fn morphy(&self, form: &str, rules: &[(&str, &str)]) -> Vec<String> {
         let forms: Vec<String> = match self.exceptions.get(form) {
             Some(bases) => bases.clone(),
-            None => rules.iter().filter_map(|(old, new)| form.strip_suffix(old).map(|stem| format!("{stem}{new}"))).collect(),
+            None => rules
+                .iter()
+                .filter_map(|(old, new)| form.strip_suffix(old).map(|stem| format!("{stem}{new}")))
+                .collect(),
         };
         let mut out: Vec<String> = vec![];
         for f in std::iter::once(form.to_string()).chain(forms) {
@@ -145,7 +159,8 @@ fn parse_data(path: &Path, bytes: &[u8]) -> Result<HashMap<usize, Vec<String>>> 
         if fields.next().and_then(|f| f.parse::<usize>().ok()) != Some(at) {
             return Err(bad("does not start with its own byte offset"));
         }
-        let count = fields.nth(2).and_then(|c| usize::from_str_radix(c, 16).ok()).ok_or_else(|| bad("no word count"))?;
+        let count =
+            fields.nth(2).and_then(|c| usize::from_str_radix(c, 16).ok()).ok_or_else(|| bad("no word count"))?;
         let mut names = Vec::with_capacity(count);
         for _ in 0..count {
             let name = fields.next().ok_or_else(|| bad("fewer words than its count"))?;
@@ -171,7 +186,12 @@ fn parse_index(path: &Path, bytes: &[u8]) -> Result<HashMap<String, Vec<usize>>>
     let text = std::str::from_utf8(bytes).map_err(|_| LetheError::data(path, "is not UTF-8"))?;
     let mut index = HashMap::new();
     for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.starts_with(' ') && !l.is_empty()) {
-        let bad = || LetheError::data(path, format!("line {}: not an index line (lemma pos synset_cnt p_cnt ... offsets)", n + 1));
+        let bad = || {
+            LetheError::data(
+                path,
+                format!("line {}: not an index line (lemma pos synset_cnt p_cnt ... offsets)", n + 1),
+            )
+        };
         let fields: Vec<&str> = line.split_whitespace().collect();
         let number = |i: usize| fields.get(i).and_then(|f| f.parse::<usize>().ok()).ok_or_else(bad);
         let synsets = number(2)?;
@@ -205,13 +225,19 @@ pub(crate) mod tests {
     /// (lemma names, with markers), the index built from them, offsets computed.
     pub(crate) fn write_wordnet(dir: &Path, synsets: [&[&[&str]]; 4], exceptions: [&str; 4]) {
         for ((files, sets), exc) in PARTS.iter().zip(synsets).zip(exceptions) {
-            let licence = "  1 This software and database is being provided to you, the LICENSEE, by\n  2 Princeton University\n";
+            let licence =
+                "  1 This software and database is being provided to you, the LICENSEE, by\n  2 Princeton University\n";
             let mut data = licence.to_string();
             let mut index: std::collections::BTreeMap<String, Vec<usize>> = Default::default();
             for words in sets {
                 let offset = data.len();
                 let pairs: Vec<String> = words.iter().map(|w| format!("{w} 0")).collect();
-                data.push_str(&format!("{offset:08} 00 {} {:02x} {} 000 | a gloss\n", &files.suffix[..1], words.len(), pairs.join(" ")));
+                data.push_str(&format!(
+                    "{offset:08} 00 {} {:02x} {} 000 | a gloss\n",
+                    &files.suffix[..1],
+                    words.len(),
+                    pairs.join(" ")
+                ));
                 for w in *words {
                     index.entry(strip_marker(w).to_lowercase()).or_default().push(offset);
                 }
@@ -219,7 +245,13 @@ pub(crate) mod tests {
             let mut idx = licence.to_string();
             for (lemma, offsets) in index {
                 let offs: Vec<String> = offsets.iter().map(|o| format!("{o:08}")).collect();
-                idx.push_str(&format!("{lemma} {} {} 1 @ {} 0 {}\n", &files.suffix[..1], offsets.len(), offsets.len(), offs.join(" ")));
+                idx.push_str(&format!(
+                    "{lemma} {} {} 1 @ {} 0 {}\n",
+                    &files.suffix[..1],
+                    offsets.len(),
+                    offsets.len(),
+                    offs.join(" ")
+                ));
             }
             std::fs::write(dir.join(format!("data.{}", files.suffix)), data).unwrap();
             std::fs::write(dir.join(format!("index.{}", files.suffix)), idx).unwrap();
@@ -229,7 +261,8 @@ pub(crate) mod tests {
 
     pub(crate) fn small_wordnet() -> (tempfile::TempDir, WordNet) {
         let dir = tempfile::tempdir().unwrap();
-        let nouns: &[&[&str]] = &[&["movie", "film", "picture", "flick", "motion_picture"], &["film", "cinema"], &["goose"], &["box"]];
+        let nouns: &[&[&str]] =
+            &[&["movie", "film", "picture", "flick", "motion_picture"], &["film", "cinema"], &["goose"], &["box"]];
         let verbs: &[&[&str]] = &[&["film", "shoot", "take"], &["direct", "conduct"]];
         let adjs: &[&[&str]] = &[&["glad", "happy", "felicitous(a)"], &["quick", "speedy"]];
         let advs: &[&[&str]] = &[&["fast", "quickly"]];
@@ -286,7 +319,10 @@ pub(crate) mod tests {
         // An offset that points into the middle of a line.
         std::fs::write(dir.path().join("index.verb"), "film v 1 0 1 0 00000005\n").unwrap();
         let err = WordNet::open(dir.path()).err().unwrap().to_string();
-        assert!(err.contains("index.verb") && err.contains("`film`") && err.contains("byte 5") && err.contains("data.verb"), "{err}");
+        assert!(
+            err.contains("index.verb") && err.contains("`film`") && err.contains("byte 5") && err.contains("data.verb"),
+            "{err}"
+        );
         // A data line whose offset is not where it stands.
         let (dir, _) = small_wordnet();
         std::fs::write(dir.path().join("data.adv"), "00000003 00 r 01 fast 0 000 | quickly\n").unwrap();

@@ -56,7 +56,8 @@ fn gradients_through_the_span_ratio_match_finite_differences() {
     let z = z_of(&lm);
     let grad: Vec<f64> = z.grad().try_into().unwrap();
     for (i, &analytic) in grad.iter().enumerate() {
-        let numeric = common::numeric_grad(&z, i as i64, || common::two_block_loss(&lm, &x, &y, &cache).double_value(&[]));
+        let numeric =
+            common::numeric_grad(&z, i as i64, || common::two_block_loss(&lm, &x, &y, &cache).double_value(&[]));
         assert!((analytic - numeric).abs() < 1e-6 + 1e-4 * numeric.abs(), "z[{i}]: {analytic} vs {numeric}");
         assert!(analytic.abs() > 1e-4, "no gradient reached z[{i}]");
     }

@@ -16,8 +16,12 @@ fn a_refused_resume_changes_nothing_in_the_run_folder() {
     let before: Vec<Vec<u8>> = files.iter().map(|f| std::fs::read(f).unwrap()).collect();
     fails_with(&train(d, &["--steps", "4", "--name", "r", "--resume", "--seed", "9"]), &["seed"]);
     // Silently accepted (issue 24): a changed learning rate or schedule. Each is named.
-    let changed = ["--steps", "4", "--name", "r", "--resume", "--set", "train.lr=0.0001", "--set", "train.schedule=linear"];
-    fails_with(&train(d, &changed), &["train.lr 0.001 -> 0.0001", "train.schedule \"cosine\" -> \"linear\"", "--accept-changes", "--init-from"]);
+    let changed =
+        ["--steps", "4", "--name", "r", "--resume", "--set", "train.lr=0.0001", "--set", "train.schedule=linear"];
+    fails_with(
+        &train(d, &changed),
+        &["train.lr 0.001 -> 0.0001", "train.schedule \"cosine\" -> \"linear\"", "--accept-changes", "--init-from"],
+    );
     let after: Vec<Vec<u8>> = files.iter().map(|f| std::fs::read(f).unwrap()).collect();
     assert!(before == after, "a refused resume changed the run folder");
     fails_with(&lethe(d, &["train", "--name", "r", "--accept-changes"]), &["--resume"]);
@@ -27,7 +31,10 @@ fn a_refused_resume_changes_nothing_in_the_run_folder() {
     accepted.push("--accept-changes");
     let out = lethe(d, &accepted);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && stderr.contains("at step 2, with changed settings: train.lr 0.001 -> 0.0001"), "{stderr}");
+    assert!(
+        out.status.success() && stderr.contains("at step 2, with changed settings: train.lr 0.001 -> 0.0001"),
+        "{stderr}"
+    );
 }
 
 /// Lost work: records written after the checkpoint appeared twice after a resume.
@@ -59,7 +66,8 @@ fn a_second_training_on_a_locked_run_folder_is_refused() {
     let d = dir.path();
     let folder = d.join("runs/busy");
     std::fs::create_dir_all(&folder).unwrap();
-    let lock = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(folder.join(".lethe.lock")).unwrap();
+    let lock =
+        std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(folder.join(".lethe.lock")).unwrap();
     lock.lock().unwrap(); // as a running training holds it
     fails_with(&train(d, &["--steps", "2", "--name", "busy"]), &["runs/busy", "in use by another training"]);
     assert!(!folder.join("config.toml").exists(), "the refused run wrote into the folder");
@@ -75,12 +83,15 @@ fn a_signal_stops_training_with_a_checkpoint() {
     let d = dir.path();
     for (signal, name) in [(libc::SIGINT, "SIGINT"), (libc::SIGTERM, "SIGTERM"), (libc::SIGHUP, "SIGHUP")] {
         let run = format!("sig{signal}");
-        let mut args = vec!["train", "--out", "runs", "--name", &run, "--steps", "100000", "--set", "train.checkpoint_every=0"];
+        let mut args =
+            vec!["train", "--out", "runs", "--name", &run, "--steps", "100000", "--set", "train.checkpoint_every=0"];
         args.extend_from_slice(TINY);
         let child = spawn(d, &args);
         // Wait until training has started (the first progress line is written to the log).
         let log = d.join("runs").join(&run).join("metrics.jsonl");
-        common::wait_until("training did not start", 120, || std::fs::read_to_string(&log).is_ok_and(|t| !t.is_empty()));
+        common::wait_until("training did not start", 120, || {
+            std::fs::read_to_string(&log).is_ok_and(|t| !t.is_empty())
+        });
         // SAFETY: sending a signal to our own child process.
         unsafe { libc::kill(child.id() as i32, signal) };
         let out = child.wait_with_output().unwrap();
@@ -100,16 +111,36 @@ fn a_signal_stops_bench_between_configs_and_keeps_the_results_done() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     // Three configs of a second or more each (500 steps of about 2 ms).
-    let mut args = vec!["bench", "--out", "runs", "--bench-steps", "500", "--warmup", "0", "--set", "train.threads=1", "--mechanism", "fixed:8", "--mechanism", "fixed:16", "--mechanism", "fixed:32"];
+    let mut args = vec![
+        "bench",
+        "--out",
+        "runs",
+        "--bench-steps",
+        "500",
+        "--warmup",
+        "0",
+        "--set",
+        "train.threads=1",
+        "--mechanism",
+        "fixed:8",
+        "--mechanism",
+        "fixed:16",
+        "--mechanism",
+        "fixed:32",
+    ];
     args.extend_from_slice(TINY);
     let mut child = spawn(d, &args);
     let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let reader = {
         let (stdout, lines) = (child.stdout.take().unwrap(), lines.clone());
-        std::thread::spawn(move || std::io::BufReader::new(stdout).lines().map_while(Result::ok).for_each(|l| lines.lock().unwrap().push(l)))
+        std::thread::spawn(move || {
+            std::io::BufReader::new(stdout).lines().map_while(Result::ok).for_each(|l| lines.lock().unwrap().push(l))
+        })
     };
     let benched_one = || lines.lock().unwrap().iter().any(|l| l.contains("step median"));
-    common::wait_until("the first config was not benched", 120, || benched_one() || child.try_wait().unwrap().is_some());
+    common::wait_until("the first config was not benched", 120, || {
+        benched_one() || child.try_wait().unwrap().is_some()
+    });
     assert!(benched_one(), "lethe bench ended early: {:?}", child.wait_with_output().unwrap());
     // SAFETY: sending a signal to our own child process.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
@@ -117,7 +148,8 @@ fn a_signal_stops_bench_between_configs_and_keeps_the_results_done() {
     reader.join().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(130), "{stderr}");
-    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(d.join("runs/copy-tiny/bench.json")).unwrap()).unwrap();
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("runs/copy-tiny/bench.json")).unwrap()).unwrap();
     let done = report["results"].as_array().unwrap().len();
     // The signal came while the second config ran (or, on a slow machine, the third).
     assert!((1..3).contains(&done), "{done} results");
@@ -134,13 +166,31 @@ fn a_signal_stops_bench_rounds_after_a_round_and_keeps_every_config() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     // Rounds of a fraction of a second each (two configs, 100 steps of about 2 ms).
-    let mut args = vec!["bench", "--out", "runs", "--bench-steps", "100", "--warmup", "0", "--rounds", "50", "--set", "train.threads=1", "--mechanism", "fixed:8", "--mechanism", "fixed:16"];
+    let mut args = vec![
+        "bench",
+        "--out",
+        "runs",
+        "--bench-steps",
+        "100",
+        "--warmup",
+        "0",
+        "--rounds",
+        "50",
+        "--set",
+        "train.threads=1",
+        "--mechanism",
+        "fixed:8",
+        "--mechanism",
+        "fixed:16",
+    ];
     args.extend_from_slice(TINY);
     let mut child = spawn(d, &args);
     let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let reader = {
         let (stderr, lines) = (child.stderr.take().unwrap(), lines.clone());
-        std::thread::spawn(move || std::io::BufReader::new(stderr).lines().map_while(Result::ok).for_each(|l| lines.lock().unwrap().push(l)))
+        std::thread::spawn(move || {
+            std::io::BufReader::new(stderr).lines().map_while(Result::ok).for_each(|l| lines.lock().unwrap().push(l))
+        })
     };
     // With 50 rounds the bench tells every fifth: the first is round 5.
     let one_round = || lines.lock().unwrap().iter().any(|l| l.starts_with("round 5 of 50"));
@@ -152,13 +202,25 @@ fn a_signal_stops_bench_rounds_after_a_round_and_keeps_every_config() {
     reader.join().unwrap();
     let stderr = lines.lock().unwrap().join("\n");
     assert_eq!(out.status.code(), Some(130), "{stderr}");
-    let said_rounds: Vec<usize> = lines.lock().unwrap().iter().filter_map(|l| l.strip_prefix("round ")?.split(' ').next()?.parse().ok()).collect();
+    let said_rounds: Vec<usize> = lines
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|l| l.strip_prefix("round ")?.split(' ').next()?.parse().ok())
+        .collect();
     assert!(said_rounds.iter().all(|r| r % 5 == 0), "{stderr}");
-    let done: usize = stderr.split("after ").nth(1).and_then(|t| t.split(' ').next()).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{stderr}"));
+    let done: usize = stderr
+        .split("after ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{stderr}"));
     assert!((5..50).contains(&done), "{done} rounds: {stderr}");
-    let said = format!("interrupted by SIGINT after {done} of 50 rounds; every config's figures are over the rounds done");
+    let said =
+        format!("interrupted by SIGINT after {done} of 50 rounds; every config's figures are over the rounds done");
     assert!(stderr.contains(&said) && stderr.contains("bench.json"), "{stderr}");
-    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(d.join("runs/copy-tiny/bench.json")).unwrap()).unwrap();
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("runs/copy-tiny/bench.json")).unwrap()).unwrap();
     let results = report["results"].as_array().unwrap();
     assert_eq!(results.len(), 2, "every config is reported");
     for r in results {
@@ -195,15 +257,24 @@ fn damaged_checkpoints_and_contradictory_options_are_refused() {
     fails_with(&lethe(d, &["eval", "--checkpoint", "flipped.safetensors"]), &["flipped.safetensors", "checksum"]);
 
     fails_with(&train(d, &["--steps", "2", "--name", "c", "--resume"]), &["step 2", "--steps"]);
-    fails_with(&train(d, &["--steps", "4", "--name", "c", "--resume", "--stop-after", "1"]), &["--stop-after", "step 2"]);
+    fails_with(
+        &train(d, &["--steps", "4", "--name", "c", "--resume", "--stop-after", "1"]),
+        &["--stop-after", "step 2"],
+    );
     fails_with(&train(d, &["--steps", "4", "--name", "z", "--stop-after", "0"]), &["--stop-after"]);
     fails_with(&train(d, &["--steps", "4", "--name", "c", "--resume", "--overwrite"]), &["--overwrite"]);
     for name in ["../../x", "", "a/b", ".."] {
         fails_with(&train(d, &["--steps", "2", "--name", name]), &["name"]);
     }
     assert!(!d.join("x").exists() && !d.parent().unwrap().join("x").exists());
-    fails_with(&lethe(d, &["generate", "--checkpoint", "runs/c", "--prompt", "a", "--temperature", "-1"]), &["--temperature"]);
-    fails_with(&lethe(d, &["generate", "--checkpoint", "runs/c", "--prompt", "a", "--temperature", "NaN"]), &["--temperature"]);
+    fails_with(
+        &lethe(d, &["generate", "--checkpoint", "runs/c", "--prompt", "a", "--temperature", "-1"]),
+        &["--temperature"],
+    );
+    fails_with(
+        &lethe(d, &["generate", "--checkpoint", "runs/c", "--prompt", "a", "--temperature", "NaN"]),
+        &["--temperature"],
+    );
     fails_with(&lethe(d, &["eval", "--checkpoint", "runs/c", "--block", "0"]), &["--block"]);
     fails_with(&lethe(d, &["eval", "--checkpoint", "runs/c", "--batch", "0"]), &["--batch"]);
     fails_with(&lethe(d, &["sweep", "--seeds", "1,1"]), &["seed 1", "twice"]);
@@ -218,7 +289,21 @@ fn damaged_checkpoints_and_contradictory_options_are_refused() {
 fn a_nan_before_any_checkpoint_says_that_none_was_written() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let out = train(d, &["--steps", "10", "--name", "nan", "--set", "train.lr=1e38", "--set", "train.warmup=0", "--set", "train.grad_clip=0"]);
+    let out = train(
+        d,
+        &[
+            "--steps",
+            "10",
+            "--name",
+            "nan",
+            "--set",
+            "train.lr=1e38",
+            "--set",
+            "train.warmup=0",
+            "--set",
+            "train.grad_clip=0",
+        ],
+    );
     fails_with(&out, &["at step", "No checkpoint had been written yet"]);
     assert!(!d.join("runs/nan/checkpoint.safetensors").exists());
 }
@@ -256,8 +341,14 @@ fn sizes_that_cannot_be_allocated_are_refused_by_field() {
     let huge = "memory.span=1000000000000";
     fails_with(&train(d, &["--steps", "2", "--name", "big", "--set", huge]), &["memory.span", "GiB"]);
     assert!(!d.join("runs").exists(), "a refused run left its folder");
-    fails_with(&lethe(d, &["bench", "--out", "runs", "--bench-steps", "1", "--mechanism", "expire:1000000000000"]), &["memory.span", "GiB"]);
-    fails_with(&lethe(d, &["sweep", "--out", "runs", "--mechanism", "fixed", "--sizes", "1000000000000"]), &["memory.span", "GiB"]);
+    fails_with(
+        &lethe(d, &["bench", "--out", "runs", "--bench-steps", "1", "--mechanism", "expire:1000000000000"]),
+        &["memory.span", "GiB"],
+    );
+    fails_with(
+        &lethe(d, &["sweep", "--out", "runs", "--mechanism", "fixed", "--sizes", "1000000000000"]),
+        &["memory.span", "GiB"],
+    );
     assert!(!d.join("runs").exists(), "a refused sweep wrote its folder");
 }
 
@@ -270,7 +361,9 @@ fn a_backbone_too_large_to_allocate_is_an_error() {
     memory.span = 1_000_000_000_000;
     let vs = tch::nn::VarStore::new(tch::Device::Cpu);
     let _seed = lethe::rng::seed_torch(1); // the layers before it draw their initial weights
-    let err = lethe::model::Backbone::new(&vs.root(), &cfg.model, &memory, cfg.train.block).err().expect("64 TB cannot be allocated");
+    let err = lethe::model::Backbone::new(&vs.root(), &cfg.model, &memory, cfg.train.block)
+        .err()
+        .expect("64 TB cannot be allocated");
     assert!(err.to_string().contains("memory.span = 1000000000000"), "{err}");
 }
 
@@ -285,7 +378,10 @@ fn the_campaigns_finds_are_refused_clearly() {
     fails_with(&lethe(d, &["eval", "--checkpoint", "runs/lm", "--max-tokens", "0"]), &["--max-tokens"]);
     fails_with(&lethe(d, &["eval", "--checkpoint", "runs/lm", "--episodes", "3"]), &["--episodes", "gridworld"]);
     // Panic: the streams of a huge batch aborted the process before the size check ran.
-    fails_with(&train(d, &["--steps", "2", "--name", "wide", "--set", "train.batch=1000000000"]), &["train.batch", "GiB"]);
+    fails_with(
+        &train(d, &["--steps", "2", "--name", "wide", "--set", "train.batch=1000000000"]),
+        &["train.batch", "GiB"],
+    );
     fails_with(&lethe(d, &["eval", "--checkpoint", "runs/lm", "--batch", "1000000000"]), &["--batch", "GiB"]);
     // Misleading: resuming a run that does not exist named a missing config.toml.
     fails_with(&train(d, &["--steps", "2", "--name", "nosuch", "--resume"]), &["no run to resume", "runs/nosuch"]);
@@ -307,11 +403,27 @@ fn the_campaigns_finds_are_refused_clearly() {
 fn an_agent_checkpoint_is_named_as_one() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let agent = ["--preset", "corridor-small", "--set", "rl.eval_episodes=2", "--set", "model.layers=1", "--set", "model.d_model=16", "--set", "model.heads=2", "--set", "model.d_ffn=32"];
+    let agent = [
+        "--preset",
+        "corridor-small",
+        "--set",
+        "rl.eval_episodes=2",
+        "--set",
+        "model.layers=1",
+        "--set",
+        "model.d_model=16",
+        "--set",
+        "model.heads=2",
+        "--set",
+        "model.d_ffn=32",
+    ];
     let mut args = vec!["train", "--quiet", "--out", "runs", "--steps", "1", "--name", "rl"];
     args.extend_from_slice(&agent);
     succeeds(&lethe(d, &args));
-    fails_with(&lethe(d, &["generate", "--checkpoint", "runs/rl", "--prompt", "a"]), &["gridworld agent", "corridor", "lethe play"]);
+    fails_with(
+        &lethe(d, &["generate", "--checkpoint", "runs/rl", "--prompt", "a"]),
+        &["gridworld agent", "corridor", "lethe play"],
+    );
     for flag in [["--block", "8"], ["--split", "test"], ["--max-tokens", "5"]] {
         fails_with(&lethe(d, &["eval", "--checkpoint", "runs/rl", flag[0], flag[1]]), &[flag[0], "gridworld agent"]);
     }
@@ -348,13 +460,17 @@ fn a_reader_that_stops_early_gets_no_panic() {
 fn the_gpt2_campaigns_finds_are_refused_clearly() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let fixture = format!("data.tokenizer={}", std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpt2-tiny").display());
+    let fixture = format!(
+        "data.tokenizer={}",
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpt2-tiny").display()
+    );
     fails_with(&train(d, &["--steps", "1", "--set", &fixture]), &["data.tokenizer", "copy"]);
     std::fs::create_dir(d.join("wt")).unwrap();
     for split in ["train", "valid", "test"] {
         std::fs::write(d.join(format!("wt/wiki.{split}.tokens")), b" = T = \n caf\xe9 au lait \n".repeat(50)).unwrap();
     }
-    let gpt2 = ["train", "--quiet", "--out", "runs", "-p", "gpt2-tiny", "--steps", "1", "--data", "wt", "--set", &fixture];
+    let gpt2 =
+        ["train", "--quiet", "--out", "runs", "-p", "gpt2-tiny", "--steps", "1", "--data", "wt", "--set", &fixture];
     fails_with(&lethe(d, &gpt2), &["wiki.train.tokens", "not UTF-8", "offset 12"]);
     let mut huge = gpt2.to_vec();
     huge.extend(["--set", "model.positions=1000000000000"]);
@@ -365,13 +481,21 @@ fn the_gpt2_campaigns_finds_are_refused_clearly() {
     assert!(!d.join("runs").exists(), "a refused run wrote {:?}", std::fs::read_dir(d.join("runs")).map(|r| r.count()));
     // Abort: a BPE of 10^9 ids made the trainer ask for 70 GB.
     std::fs::write(d.join("t.txt"), "a b c\n").unwrap();
-    fails_with(&lethe(d, &["tokenizer", "bpe", "t.txt", "--out", "tok", "--vocab", "1000000000"]), &["--vocab 1000000000", "at most"]);
+    fails_with(
+        &lethe(d, &["tokenizer", "bpe", "t.txt", "--out", "tok", "--vocab", "1000000000"]),
+        &["--vocab 1000000000", "at most"],
+    );
     assert!(!d.join("tok").exists());
 }
 
 /// The bytes of every file in a run folder, by name.
 fn folder_bytes(dir: &std::path::Path) -> std::collections::BTreeMap<String, Vec<u8>> {
-    std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_file()).map(|p| (p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap())).collect()
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file())
+        .map(|p| (p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap()))
+        .collect()
 }
 
 /// Lost work: a command wrote its output over whatever path it was given, a run's own
@@ -386,22 +510,34 @@ fn outputs_never_replace_an_input_or_a_runs_own_files() {
     let run = d.join("runs/r");
     let before = folder_bytes(&run);
     let eval = |path: &str| lethe(d, &["eval", "--checkpoint", "runs/r", "--per-token", path]);
-    fails_with(&eval("runs/r/checkpoint.safetensors"), &["--per-token `runs/r/checkpoint.safetensors`", "is the same file as the input"]);
+    fails_with(
+        &eval("runs/r/checkpoint.safetensors"),
+        &["--per-token `runs/r/checkpoint.safetensors`", "is the same file as the input"],
+    );
     fails_with(&eval("runs/r/metrics.jsonl"), &["is its metrics log in the run folder", "which only training writes"]);
     fails_with(&eval("runs/r/config.toml"), &["is its config in the run folder"]);
     fails_with(&eval("/dev/null"), &["is a device"]);
     fails_with(&eval("runs"), &["is a folder"]);
     std::fs::write(d.join("words.txt"), "one two three\n").unwrap();
-    fails_with(&lethe(d, &["tokenizer", "words", "words.txt", "--out", "runs/r", "--overwrite"]), &["is its tokenizer in the run folder"]);
+    fails_with(
+        &lethe(d, &["tokenizer", "words", "words.txt", "--out", "runs/r", "--overwrite"]),
+        &["is its tokenizer in the run folder"],
+    );
     std::fs::write(d.join("p.txt"), "a b\n").unwrap();
     std::fs::write(d.join("q.txt"), "a c\n").unwrap();
-    fails_with(&lethe(d, &["score", "p.txt", "q.txt", "--csv", "p.txt"]), &["--csv `p.txt`: is the same file as the input `p.txt`"]);
+    fails_with(
+        &lethe(d, &["score", "p.txt", "q.txt", "--csv", "p.txt"]),
+        &["--csv `p.txt`: is the same file as the input `p.txt`"],
+    );
     assert_eq!(std::fs::read(d.join("p.txt")).unwrap(), b"a b\n");
     assert!(before == folder_bytes(&run), "a refused output changed the run folder");
     // A folder that is not a run's but holds a file training writes is not taken over.
     std::fs::create_dir_all(d.join("runs/mine")).unwrap();
     std::fs::write(d.join("runs/mine/config.toml"), "my own notes").unwrap();
-    fails_with(&train(d, &["--steps", "2", "--name", "mine"]), &["`runs/mine` is not a lethe run folder but holds `config.toml`"]);
+    fails_with(
+        &train(d, &["--steps", "2", "--name", "mine"]),
+        &["`runs/mine` is not a lethe run folder but holds `config.toml`"],
+    );
     assert_eq!(std::fs::read(d.join("runs/mine/config.toml")).unwrap(), b"my own notes");
     // A new file beside the run's own is an output like any other.
     succeeds(&eval("runs/r/per-token.csv"));
@@ -439,7 +575,8 @@ fn without_tensor(path: &std::path::Path, drop: &str, unlisted: bool) {
     let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
     let mut metadata = meta.metadata().clone().unwrap();
     if unlisted {
-        let mut sums: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&metadata["checksums"]).unwrap();
+        let mut sums: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(&metadata["checksums"]).unwrap();
         assert!(sums.remove(drop).is_some(), "no checksum of {drop}");
         metadata.insert("checksums".into(), serde_json::Value::Object(sums).to_string());
     }
@@ -477,10 +614,22 @@ fn huge_sizes_and_counts_are_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let huge = "18446744073709551615";
-    fails_with(&train(d, &["--length", "99999999999", "--name", "a"]), &["`data.copy.count_max`", "more than lethe holds"]);
-    fails_with(&train(d, &["--set", "data.copy.eval_tokens=99999999999999", "--name", "a"]), &["`data.copy.eval_tokens`"]);
-    fails_with(&lethe(d, &["train", "-p", "collision-tiny", "--length", "999999999999", "--name", "a"]), &["`data.collision.steps`"]);
-    fails_with(&lethe(d, &["train", "-p", "portal-small", "--length", "999999999999", "--name", "a"]), &["the observation layer", "data.portal.rooms = 999999999999"]);
+    fails_with(
+        &train(d, &["--length", "99999999999", "--name", "a"]),
+        &["`data.copy.count_max`", "more than lethe holds"],
+    );
+    fails_with(
+        &train(d, &["--set", "data.copy.eval_tokens=99999999999999", "--name", "a"]),
+        &["`data.copy.eval_tokens`"],
+    );
+    fails_with(
+        &lethe(d, &["train", "-p", "collision-tiny", "--length", "999999999999", "--name", "a"]),
+        &["`data.collision.steps`"],
+    );
+    fails_with(
+        &lethe(d, &["train", "-p", "portal-small", "--length", "999999999999", "--name", "a"]),
+        &["the observation layer", "data.portal.rooms = 999999999999"],
+    );
     fails_with(&lethe(d, &["train", "--length", huge, "--name", "a"]), &["--length", "at most"]);
     for (flag, value) in [("--warmup", huge), ("--bench-steps", huge), ("--context", huge)] {
         let mut args = vec!["bench", "--out", "runs", flag, value];
@@ -490,7 +639,10 @@ fn huge_sizes_and_counts_are_refused_by_name() {
     let mut args = vec!["bench", "--out", "runs", "--context", "64", "--scale", "context=64,128"];
     args.extend_from_slice(TINY);
     fails_with(&lethe(d, &args), &["--context 64 and --scale context="]);
-    fails_with(&train(d, &["--set", "model.layers=100000", "--set", "model.d_model=1024", "--name", "a"]), &["the layers' weights", "model.layers = 100000"]);
+    fails_with(
+        &train(d, &["--set", "model.layers=100000", "--set", "model.d_model=1024", "--name", "a"]),
+        &["the layers' weights", "model.layers = 100000"],
+    );
     assert!(!d.join("runs/a").exists(), "a refused run left a folder");
 }
 
@@ -513,7 +665,10 @@ fn one_signal_stops_a_bench_in_its_warm_up() {
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(130), "{stderr}");
-    assert!(stderr.contains("interrupted by SIGTERM after 0 of 1 configs") && stderr.contains("Nothing was timed"), "{stderr}");
+    assert!(
+        stderr.contains("interrupted by SIGTERM after 0 of 1 configs") && stderr.contains("Nothing was timed"),
+        "{stderr}"
+    );
 }
 
 /// Silently wrong: settings that make no sense, or flags a command would ignore, are
@@ -522,17 +677,32 @@ fn one_signal_stops_a_bench_in_its_warm_up() {
 fn settings_that_would_be_ignored_or_make_no_sense_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    fails_with(&train(d, &["--set", "train.min_lr_ratio=50", "--name", "a"]), &["train.min_lr_ratio", "must be in [0, 1]"]);
+    fails_with(
+        &train(d, &["--set", "train.min_lr_ratio=50", "--name", "a"]),
+        &["train.min_lr_ratio", "must be in [0, 1]"],
+    );
     fails_with(&train(d, &["--set", "train.eps=0", "--name", "a"]), &["train.eps", "positive"]);
     succeeds(&train(d, &["--steps", "2", "--name", "r"]));
-    fails_with(&train(d, &["--steps", "4", "--name", "r", "--resume", "--init-from", "runs/r"]), &["--init-from", "--resume", "give one of them"]);
+    fails_with(
+        &train(d, &["--steps", "4", "--name", "r", "--resume", "--init-from", "runs/r"]),
+        &["--init-from", "--resume", "give one of them"],
+    );
     std::fs::create_dir(d.join("tk")).unwrap();
     std::fs::write(d.join("words.txt"), "one two three\n").unwrap();
     succeeds(&lethe(d, &["tokenizer", "words", "words.txt", "--out", "tk"]));
-    fails_with(&lethe(d, &["eval", "--checkpoint", "runs/r", "--set", "data.tokenizer=tk"]), &["--set data.tokenizer", "trained with"]);
-    fails_with(&lethe(d, &["play", "--checkpoint", "runs/r", "-p", "portal-small"]), &["--preset", "with --checkpoint"]);
+    fails_with(
+        &lethe(d, &["eval", "--checkpoint", "runs/r", "--set", "data.tokenizer=tk"]),
+        &["--set data.tokenizer", "trained with"],
+    );
+    fails_with(
+        &lethe(d, &["play", "--checkpoint", "runs/r", "-p", "portal-small"]),
+        &["--preset", "with --checkpoint"],
+    );
     fails_with(&lethe(d, &["train", "--config", "nowhere.toml", "--set", "model=3"]), &["nowhere.toml"]);
-    fails_with(&train(d, &["--set", "model=3", "--name", "a"]), &["`model`: invalid type: integer `3`, expected a table of fields"]);
+    fails_with(
+        &train(d, &["--set", "model=3", "--name", "a"]),
+        &["`model`: invalid type: integer `3`, expected a table of fields"],
+    );
 }
 
 /// Hangs: a FIFO or a device named as an input was read until the kernel killed lethe,
@@ -545,13 +715,22 @@ fn devices_and_fifos_are_refused_as_inputs() {
     let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
     // SAFETY: makes a FIFO at a path in the test's own folder.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-    fails_with(&lethe(d, &["train", "-p", "enwik8-tiny", "--data", "/dev/zero", "--name", "a"]), &["data `/dev/zero`: is a device, not a regular file"]);
-    fails_with(&lethe(d, &["train", "-p", "enwik8-tiny", "--data", "fifo", "--name", "a"]), &["data `fifo`: is a FIFO"]);
+    fails_with(
+        &lethe(d, &["train", "-p", "enwik8-tiny", "--data", "/dev/zero", "--name", "a"]),
+        &["data `/dev/zero`: is a device, not a regular file"],
+    );
+    fails_with(
+        &lethe(d, &["train", "-p", "enwik8-tiny", "--data", "fifo", "--name", "a"]),
+        &["data `fifo`: is a FIFO"],
+    );
     fails_with(&lethe(d, &["eval", "--checkpoint", "/dev/urandom"]), &["is a device"]);
     fails_with(&lethe(d, &["train", "--config", "fifo"]), &["is a FIFO"]);
     std::fs::create_dir_all(d.join("books/sub")).unwrap();
     std::fs::write(d.join("books/sub/a.txt"), "some text to read ".repeat(200)).unwrap();
     std::os::unix::fs::symlink("..", d.join("books/sub/loop")).unwrap();
     std::os::unix::fs::symlink("../../fifo", d.join("books/sub/z.txt")).unwrap();
-    fails_with(&lethe(d, &["train", "-p", "books-tiny", "--data", "books", "--steps", "1", "--name", "b"]), &["is a FIFO"]);
+    fails_with(
+        &lethe(d, &["train", "-p", "books-tiny", "--data", "books", "--steps", "1", "--name", "b"]),
+        &["is a FIFO"],
+    );
 }

@@ -62,7 +62,20 @@ fn a_nan_loss_exits_with_the_step_and_keeps_the_checkpoint() {
     succeeds(&train(d, &["--steps", "2", "--name", "nan"]));
     let out = train(
         d,
-        &["--steps", "10", "--name", "nan", "--resume", "--set", "train.lr=1e38", "--set", "train.warmup=0", "--set", "train.grad_clip=0", "--accept-changes"],
+        &[
+            "--steps",
+            "10",
+            "--name",
+            "nan",
+            "--resume",
+            "--set",
+            "train.lr=1e38",
+            "--set",
+            "train.warmup=0",
+            "--set",
+            "train.grad_clip=0",
+            "--accept-changes",
+        ],
     );
     fails_with(&out, &["at step", "last good checkpoint"]);
     succeeds(&lethe(d, &["eval", "--checkpoint", "runs/nan", "--max-tokens", "32"]));
@@ -77,14 +90,18 @@ fn resume_picks_up_the_saved_config_without_repeating_the_flags() {
     succeeds(&lethe(d, &["train", "--quiet", "--out", "runs", "--name", "r", "--resume"]));
     let metrics = std::fs::read_to_string(d.join("runs/r/metrics.jsonl")).unwrap();
     assert!(metrics.lines().any(|l| l.contains("\"step\":4")), "{metrics}");
-    fails_with(&lethe(d, &["train", "--out", "runs", "--name", "nothing-here", "--resume"]), &["nothing-here", "config.toml"]);
+    fails_with(
+        &lethe(d, &["train", "--out", "runs", "--name", "nothing-here", "--resume"]),
+        &["nothing-here", "config.toml"],
+    );
 }
 
 #[test]
 fn train_eval_and_generate_run_end_to_end() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let corpus: Vec<u8> = b"It was the best of times, it was the worst of times. ".iter().cycle().take(4000).copied().collect();
+    let corpus: Vec<u8> =
+        b"It was the best of times, it was the worst of times. ".iter().cycle().take(4000).copied().collect();
     std::fs::write(d.join("book.txt"), corpus).unwrap();
     succeeds(&train(d, &["--data", "book.txt", "--steps", "6", "--name", "book"]));
     let config = std::fs::read_to_string(d.join("runs/book/config.toml")).unwrap();
@@ -93,11 +110,21 @@ fn train_eval_and_generate_run_end_to_end() {
     assert_eq!(metrics.lines().filter(|l| l.contains("\"split\":\"train\"")).count(), 6);
     assert!(metrics.lines().any(|l| l.contains("\"split\":\"valid\"") && l.contains("\"bpb\"")));
     // TensorBoard: the same losses at the same steps, in the run folder's event file.
-    let events = std::fs::read_dir(d.join("runs/book")).unwrap().map(|e| e.unwrap().path()).find(|p| p.to_string_lossy().contains("events.out.tfevents.")).unwrap();
+    let events = std::fs::read_dir(d.join("runs/book"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().contains("events.out.tfevents."))
+        .unwrap();
     let losses: Vec<(i64, f32)> = lethe::tensorboard::read_events(&events)
         .unwrap()
         .iter()
-        .flat_map(|e| e.summary.iter().flat_map(|s| s.value.iter()).filter(|v| v.tag == "train/loss").map(|v| (e.step, v.simple_value.unwrap())))
+        .flat_map(|e| {
+            e.summary
+                .iter()
+                .flat_map(|s| s.value.iter())
+                .filter(|v| v.tag == "train/loss")
+                .map(|v| (e.step, v.simple_value.unwrap()))
+        })
         .collect();
     let logged: Vec<(i64, f32)> = metrics
         .lines()
@@ -140,10 +167,18 @@ fn bench_reports_and_writes_json() {
     assert_eq!(json["mem_size"].as_array().unwrap().len(), 1);
     // With a context, that many tokens are streamed first: here through an ∞-former,
     // whose memory is the STM (16) plus its 8 basis functions.
-    args.extend_from_slice(&["--context", "60", "--set", "memory.mechanism=infinity", "--set", "memory.infinity.basis=8"]);
+    args.extend_from_slice(&[
+        "--context",
+        "60",
+        "--set",
+        "memory.mechanism=infinity",
+        "--set",
+        "memory.infinity.basis=8",
+    ]);
     let out = succeeds(&lethe(d, &args));
     assert!(out.contains("context 64 tokens"), "{out}");
-    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(d.join("runs/copy-tiny/bench.json")).unwrap()).unwrap();
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("runs/copy-tiny/bench.json")).unwrap()).unwrap();
     let json = &report["results"][0];
     assert_eq!(json["fill_blocks"], 8, "60 tokens in blocks of 8");
     assert_eq!(json["mechanism"], "infinity");
@@ -158,17 +193,39 @@ fn bench_reports_and_writes_json() {
 fn bench_profile_reports_each_mechanism_s_phases_nested() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let cases: [(&str, &[&str]); 2] = [("fixed", &["keys, values", "positions", "attention"]), ("expire", &["spans", "keys, values", "positions", "attention"])];
+    let cases: [(&str, &[&str]); 2] = [
+        ("fixed", &["keys, values", "positions", "attention"]),
+        ("expire", &["spans", "keys, values", "positions", "attention"]),
+    ];
     for (mechanism, phases) in cases {
-        let mut args = vec!["bench", "--bench-steps", "3", "--warmup", "1", "--profile", "--mechanism", mechanism, "--out", "runs"];
+        let mut args = vec![
+            "bench",
+            "--bench-steps",
+            "3",
+            "--warmup",
+            "1",
+            "--profile",
+            "--mechanism",
+            mechanism,
+            "--out",
+            "runs",
+        ];
         args.extend_from_slice(TINY);
         args.extend_from_slice(&["--set", "model.layers=2"]);
         let out = succeeds(&lethe(d, &args));
         assert!(out.contains("memory attend") && out.contains("optimiser"), "{out}");
-        let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(d.join("runs/copy-tiny/bench.json")).unwrap()).unwrap();
+        let report: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(d.join("runs/copy-tiny/bench.json")).unwrap()).unwrap();
         let profile = report["results"][0]["profile"].as_array().unwrap();
-        let path_of = |p: &serde_json::Value| p["path"].as_array().unwrap().iter().map(|s| s.as_str().unwrap().to_string()).collect::<Vec<_>>();
-        let find = |path: &[&str]| profile.iter().find(|p| path_of(p) == path).unwrap_or_else(|| panic!("{mechanism}: no phase {path:?} in {profile:?}"));
+        let path_of = |p: &serde_json::Value| {
+            p["path"].as_array().unwrap().iter().map(|s| s.as_str().unwrap().to_string()).collect::<Vec<_>>()
+        };
+        let find = |path: &[&str]| {
+            profile
+                .iter()
+                .find(|p| path_of(p) == path)
+                .unwrap_or_else(|| panic!("{mechanism}: no phase {path:?} in {profile:?}"))
+        };
         let attend = ["step", "forward", "layer", "memory attend"];
         for phase in phases {
             let mut path = attend.to_vec();
@@ -192,15 +249,31 @@ fn bench_profile_reports_each_mechanism_s_phases_nested() {
 fn bench_scales_a_knob_for_several_mechanisms_into_a_table_json_and_csv() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let mut args = vec!["bench", "--bench-steps", "1", "--warmup", "0", "--mechanism", "fixed", "--mechanism", "expire", "--scale", "span=8,16"];
+    let mut args = vec![
+        "bench",
+        "--bench-steps",
+        "1",
+        "--warmup",
+        "0",
+        "--mechanism",
+        "fixed",
+        "--mechanism",
+        "expire",
+        "--scale",
+        "span=8,16",
+    ];
     args.extend_from_slice(TINY);
     let out = succeeds(&lethe(d, &args));
     assert!(out.contains("MFU") && out.contains("span=16"), "{out}");
     let csv = std::fs::read_to_string(d.join("runs/copy-tiny/bench.csv")).unwrap();
     let rows: Vec<&str> = csv.lines().collect();
     assert_eq!(rows.len(), 5, "a header and 2 mechanisms x 2 spans: {csv}");
-    assert!(rows[1].starts_with("copy-tiny,fixed,span,8,8,") && rows[4].starts_with("copy-tiny,expire,span,16,16,"), "{csv}");
-    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(d.join("runs/copy-tiny/bench.json")).unwrap()).unwrap();
+    assert!(
+        rows[1].starts_with("copy-tiny,fixed,span,8,8,") && rows[4].starts_with("copy-tiny,expire,span,16,16,"),
+        "{csv}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("runs/copy-tiny/bench.json")).unwrap()).unwrap();
     let results = report["results"].as_array().unwrap();
     assert_eq!(results.len(), 4);
     // A longer span holds more states, which costs more FLOPs.
@@ -215,7 +288,20 @@ fn bench_scales_a_knob_for_several_mechanisms_into_a_table_json_and_csv() {
 fn bench_in_rounds_times_the_configs_in_turn() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let mut args = vec!["bench", "--bench-steps", "2", "--warmup", "0", "--rounds", "3", "--profile", "--mechanism", "fixed:8", "--mechanism", "expire:16"];
+    let mut args = vec![
+        "bench",
+        "--bench-steps",
+        "2",
+        "--warmup",
+        "0",
+        "--rounds",
+        "3",
+        "--profile",
+        "--mechanism",
+        "fixed:8",
+        "--mechanism",
+        "expire:16",
+    ];
     args.extend_from_slice(TINY);
     let out = lethe(d, &args);
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
@@ -227,7 +313,8 @@ fn bench_in_rounds_times_the_configs_in_turn() {
     let step_rows: Vec<&str> = stdout.lines().filter(|l| l.starts_with("step ")).collect();
     assert_eq!(step_rows.len(), 2, "{stdout}");
     assert!(step_rows.iter().all(|l| l.ends_with(" 1.0")), "one step call per profiled step: {stdout}");
-    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(d.join("runs/copy-tiny/bench.json")).unwrap()).unwrap();
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("runs/copy-tiny/bench.json")).unwrap()).unwrap();
     for (i, r) in report["results"].as_array().unwrap().iter().enumerate() {
         assert_eq!(r["steps"], 6, "3 rounds of 2");
         let rounds = r["round_medians_s"].as_array().unwrap();
@@ -264,7 +351,8 @@ fn bench_reads_the_training_data_when_asked_and_says_so() {
         args.extend_from_slice(TINY);
         let out = lethe(d, &args);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(d.join("runs/copy-tiny/bench.json")).unwrap()).unwrap();
+        let report: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(d.join("runs/copy-tiny/bench.json")).unwrap()).unwrap();
         (String::from_utf8_lossy(&out.stdout).to_string(), report["results"][0].clone())
     };
     let (said, on_data) = bench(&["--train-data", "--frozen"]);
@@ -278,7 +366,10 @@ fn bench_reads_the_training_data_when_asked_and_says_so() {
     // Other tokens, another loss (the same steps on random tokens gave the first figure).
     assert_ne!(on_data["last_loss"], random["last_loss"]);
     let missing = d.join("no-such-corpus.txt");
-    let out = lethe(d, &["bench", "-p", "enwik8-tiny", "--train-data", "--data", missing.to_str().unwrap(), "--out", "other"]);
+    let out = lethe(
+        d,
+        &["bench", "-p", "enwik8-tiny", "--train-data", "--data", missing.to_str().unwrap(), "--out", "other"],
+    );
     fails_with(&out, &["no-such-corpus.txt"]);
     assert!(!d.join("other").exists(), "nothing is written for a bench that cannot start");
 }
@@ -292,14 +383,17 @@ fn a_config_benched_in_turns_trains_as_it_does_alone() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let loss = |extra: &[&str], out: &str| -> Vec<f64> {
-        let mut args = vec!["bench", "--warmup", "1", "--out", out, "--set", "model.dropout=0.1", "--set", "train.threads=1"];
+        let mut args =
+            vec!["bench", "--warmup", "1", "--out", out, "--set", "model.dropout=0.1", "--set", "train.threads=1"];
         args.extend_from_slice(extra);
         args.extend_from_slice(TINY);
         succeeds(&lethe(d, &args));
-        let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(d.join(out).join("copy-tiny/bench.json")).unwrap()).unwrap();
+        let report: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(d.join(out).join("copy-tiny/bench.json")).unwrap()).unwrap();
         report["results"].as_array().unwrap().iter().map(|r| r["last_loss"].as_f64().unwrap()).collect()
     };
-    let turns = loss(&["--bench-steps", "1", "--rounds", "2", "--mechanism", "fixed:8", "--mechanism", "expire:16"], "turns");
+    let turns =
+        loss(&["--bench-steps", "1", "--rounds", "2", "--mechanism", "fixed:8", "--mechanism", "expire:16"], "turns");
     let fixed = loss(&["--bench-steps", "2", "--mechanism", "fixed:8"], "fixed");
     let expire = loss(&["--bench-steps", "2", "--mechanism", "expire:16"], "expire");
     assert!(turns.iter().all(|l| l.is_finite() && *l > 0.0), "{turns:?}");
@@ -328,25 +422,42 @@ fn inspect_and_max_span_need_an_expire_span_model() {
     fails_with(&lethe(d, &["eval", "--checkpoint", "runs/fixed", "--max-span", "4"]), &["--max-span", "Expire-Span"]);
 
     succeeds(&train(d, &["--steps", "2", "--name", "expire", "--set", "memory.mechanism=expire"]));
-    let out = succeeds(&lethe(d, &["inspect", "spans", "--checkpoint", "runs/expire", "--text", "probe.txt", "--out", "pics"]));
+    let out = succeeds(&lethe(
+        d,
+        &["inspect", "spans", "--checkpoint", "runs/expire", "--text", "probe.txt", "--out", "pics"],
+    ));
     assert!(out.contains("layer 0: mean span"), "{out}");
     assert!(d.join("pics/spans.html").exists());
     png_beside(&d.join("pics/spans.svg"));
     let out = succeeds(&lethe(d, &["eval", "--checkpoint", "runs/expire", "--max-span", "4", "--max-tokens", "64"]));
     assert!(out.contains("mean span per layer"), "{out}");
-    fails_with(&lethe(d, &["inspect", "spans", "--checkpoint", "runs/expire", "--text", "missing.txt"]), &["missing.txt"]);
+    fails_with(
+        &lethe(d, &["inspect", "spans", "--checkpoint", "runs/expire", "--text", "missing.txt"]),
+        &["missing.txt"],
+    );
 }
 
 #[test]
 fn inspect_ltm_draws_an_infinity_former_memory() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let infinity = ["--set", "memory.mechanism=infinity", "--set", "memory.infinity.basis=8", "--set", "memory.infinity.samples=16"];
+    let infinity = [
+        "--set",
+        "memory.mechanism=infinity",
+        "--set",
+        "memory.infinity.basis=8",
+        "--set",
+        "memory.infinity.samples=16",
+    ];
     succeeds(&train(d, &[&["--steps", "2", "--name", "inf"], &infinity[..]].concat()));
     std::fs::write(d.join("short.txt"), b"too short").unwrap();
-    fails_with(&lethe(d, &["inspect", "ltm", "--checkpoint", "runs/inf", "--text", "short.txt"]), &["too short", "memory.span = 16"]);
+    fails_with(
+        &lethe(d, &["inspect", "ltm", "--checkpoint", "runs/inf", "--text", "short.txt"]),
+        &["too short", "memory.span = 16"],
+    );
     std::fs::write(d.join("long.txt"), "the quick brown fox jumps over the lazy dog. ".repeat(3)).unwrap();
-    let out = succeeds(&lethe(d, &["inspect", "ltm", "--checkpoint", "runs/inf", "--text", "long.txt", "--out", "pics"]));
+    let out =
+        succeeds(&lethe(d, &["inspect", "ltm", "--checkpoint", "runs/inf", "--text", "long.txt", "--out", "pics"]));
     // 135 bytes in blocks of 8: the STM keeps 16 + the block, the rest was absorbed.
     assert!(out.contains("layer 0: mean attended position") && out.contains("112 tokens absorbed"), "{out}");
     assert!(d.join("pics/ltm.html").exists());
@@ -366,7 +477,10 @@ fn eval_with_no_scored_token_says_so() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     succeeds(&train(d, &["--steps", "2", "--name", "sort", "--preset", "sorting-tiny", "--length", "64"]));
-    fails_with(&lethe(d, &["eval", "--checkpoint", "runs/sort", "--max-tokens", "32"]), &["no scored token", "--max-tokens 32"]);
+    fails_with(
+        &lethe(d, &["eval", "--checkpoint", "runs/sort", "--max-tokens", "32"]),
+        &["no scored token", "--max-tokens 32"],
+    );
     let out = succeeds(&lethe(d, &["eval", "--checkpoint", "runs/sort", "--max-tokens", "1024"]));
     assert!(out.contains("scored tokens"), "{out}");
 }
@@ -375,9 +489,33 @@ fn eval_with_no_scored_token_says_so() {
 fn sweep_writes_a_table_a_plot_and_a_report_and_resumes() {
     let dir = tempfile::tempdir().unwrap();
     let args = [
-        "sweep", "--set", "model.layers=1", "--set", "model.d_model=16", "--set", "model.heads=2", "--set", "model.d_ffn=32",
-        "--set", "train.batch=2", "--set", "train.block=8", "--set", "data.copy.eval_tokens=128", "--distance", "5-20",
-        "--steps", "3", "--name", "tiny", "--mechanism", "fixed:8,16", "--mechanism", "compressive:16", "--seeds", "1,2",
+        "sweep",
+        "--set",
+        "model.layers=1",
+        "--set",
+        "model.d_model=16",
+        "--set",
+        "model.heads=2",
+        "--set",
+        "model.d_ffn=32",
+        "--set",
+        "train.batch=2",
+        "--set",
+        "train.block=8",
+        "--set",
+        "data.copy.eval_tokens=128",
+        "--distance",
+        "5-20",
+        "--steps",
+        "3",
+        "--name",
+        "tiny",
+        "--mechanism",
+        "fixed:8,16",
+        "--mechanism",
+        "compressive:16",
+        "--seeds",
+        "1,2",
     ];
     let out = succeeds(&lethe(dir.path(), &args));
     assert!(out.contains("[6/6] compressive-16-s2"), "{out}");
@@ -415,9 +553,29 @@ fn impossible_sweep_sizes_are_refused_before_any_training() {
 fn a_sweep_run_whose_evaluation_scored_nothing_is_an_error_not_a_figure() {
     let dir = tempfile::tempdir().unwrap();
     let args = [
-        "sweep", "--preset", "collision-tiny", "--set", "model.layers=1", "--set", "model.d_model=16", "--set", "model.heads=2",
-        "--set", "model.d_ffn=32", "--set", "train.batch=2", "--set", "train.block=8", "--set", "train.eval_tokens=64",
-        "--steps", "1", "--name", "empty", "--mechanism", "fixed:8",
+        "sweep",
+        "--preset",
+        "collision-tiny",
+        "--set",
+        "model.layers=1",
+        "--set",
+        "model.d_model=16",
+        "--set",
+        "model.heads=2",
+        "--set",
+        "model.d_ffn=32",
+        "--set",
+        "train.batch=2",
+        "--set",
+        "train.block=8",
+        "--set",
+        "train.eval_tokens=64",
+        "--steps",
+        "1",
+        "--name",
+        "empty",
+        "--mechanism",
+        "fixed:8",
     ];
     let out = lethe(dir.path(), &args);
     fails_with(&out, &["fixed-8-s1", "scored no token", "error %", "train.eval_tokens"]);
@@ -427,22 +585,39 @@ fn a_sweep_run_whose_evaluation_scored_nothing_is_an_error_not_a_figure() {
 #[test]
 fn task_options_reach_the_task_or_say_why_not() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = succeeds(&lethe(dir.path(), &["train", "--length", "5", "--distance", "30-60", "--data-seed", "9", "--print-config"]));
+    let cfg = succeeds(&lethe(
+        dir.path(),
+        &["train", "--length", "5", "--distance", "30-60", "--data-seed", "9", "--print-config"],
+    ));
     for needle in ["count_max = 5", "distance_min = 30", "distance_max = 60", "seed = 9"] {
         assert!(cfg.contains(needle), "`{needle}` missing:\n{cfg}");
     }
-    let cfg = succeeds(&lethe(dir.path(), &["train", "--preset", "instruction-tiny", "--distance", "100", "--print-config"]));
+    let cfg =
+        succeeds(&lethe(dir.path(), &["train", "--preset", "instruction-tiny", "--distance", "100", "--print-config"]));
     assert!(cfg.contains("distance_min = 100") && cfg.contains("distance_max = 100"), "{cfg}");
     let cfg = succeeds(&lethe(dir.path(), &["train", "--preset", "sorting-tiny", "--length", "300", "--print-config"]));
     assert!(cfg.contains("length = 300"), "{cfg}");
-    fails_with(&lethe(dir.path(), &["train", "--preset", "collision-tiny", "--distance", "10-20", "--print-config"]), &["--distance"]);
+    fails_with(
+        &lethe(dir.path(), &["train", "--preset", "collision-tiny", "--distance", "10-20", "--print-config"]),
+        &["--distance"],
+    );
     fails_with(&lethe(dir.path(), &["train", "--distance", "9-3", "--print-config"]), &["data.copy.distance_max"]);
 }
 
 /// A gridworld run small enough for a CLI test.
 const GRID: &[&str] = &[
-    "--preset", "corridor-small", "--set", "train.batch=4", "--set", "train.block=8", "--set", "rl.eval_episodes=8",
-    "--set", "data.corridor.length_max=6", "--set", "train.log_every=1",
+    "--preset",
+    "corridor-small",
+    "--set",
+    "train.batch=4",
+    "--set",
+    "train.block=8",
+    "--set",
+    "rl.eval_episodes=8",
+    "--set",
+    "data.corridor.length_max=6",
+    "--set",
+    "train.log_every=1",
 ];
 
 #[test]
@@ -463,18 +638,25 @@ fn gridworlds_train_evaluate_play_and_sweep_from_the_command_line() {
     let out = succeeds(&lethe(d, &["play", "--checkpoint", "runs/grid", "--seed", "3"]));
     assert!(out.contains("with a trained agent") && out.contains("step 1: ") && out.contains("#A"), "{out}");
     let first = out.lines().find(|l| l.starts_with("step 1: ")).unwrap();
-    assert!(["up", "down", "left", "right"].iter().any(|a| first.starts_with(&format!("step 1: {a}, reward"))), "moves by their names: {first}");
+    assert!(
+        ["up", "down", "left", "right"].iter().any(|a| first.starts_with(&format!("step 1: {a}, reward"))),
+        "moves by their names: {first}"
+    );
     assert!(out.contains("(episode over)"), "{out}");
     let out = succeeds(&lethe(d, &["play", "--preset", "portal-small", "--episodes", "2", "--summary"]));
     assert!(out.contains("with an untrained agent") && out.contains("room ") && out.contains("2 episodes"), "{out}");
     let out = succeeds(&lethe(d, &["play", "--preset", "portal-expire-small", "--episodes", "2", "--spans", "spans"]));
-    assert!(out.contains("layer 1: mean span 64.0") && out.contains("wrote agent-spans.svg"), "untrained: every span L/2: {out}");
+    assert!(
+        out.contains("layer 1: mean span 64.0") && out.contains("wrote agent-spans.svg"),
+        "untrained: every span L/2: {out}"
+    );
     png_beside(&d.join("spans/agent-spans.svg"));
     let csv = std::fs::read_to_string(d.join("spans/agent-spans.csv")).unwrap();
     assert!(csv.starts_with("episode,step,room,action,reward,door,span_0,span_1\n0,0,1,"), "{csv}");
     assert!(std::fs::read_to_string(d.join("spans/agent-spans.html")).unwrap().contains("<svg"));
 
-    let mut sweep = vec!["sweep", "--steps", "2", "--name", "gs", "--mechanism", "fixed:4,8", "--mechanism", "expire:8"];
+    let mut sweep =
+        vec!["sweep", "--steps", "2", "--name", "gs", "--mechanism", "fixed:4,8", "--mechanism", "expire:8"];
     sweep.extend_from_slice(GRID);
     let out = succeeds(&lethe(d, &sweep));
     assert!(out.contains("success %") && out.contains("return") && out.contains("[3/3] expire-8-s1"), "{out}");
@@ -494,7 +676,10 @@ fn gridworld_mistakes_are_named() {
     fails_with(&train(&["--distance", "9-3"]), &["data.corridor.length_max"]);
     fails_with(&train(&["--set", "rl.gamma=1.5"]), &["rl.gamma"]);
     fails_with(&train(&["--set", "train.optimizer=sgd"]), &["optimizer", "sgd"]);
-    fails_with(&lethe(d, &["train", "--preset", "portal-small", "--set", "data.portal.rooms=1"]), &["data.portal.rooms"]);
+    fails_with(
+        &lethe(d, &["train", "--preset", "portal-small", "--set", "data.portal.rooms=1"]),
+        &["data.portal.rooms"],
+    );
     fails_with(&lethe(d, &["play", "--preset", "copy-tiny"]), &["plays gridworlds"]);
     fails_with(&lethe(d, &["play", "--preset", "corridor-small", "--episodes", "0"]), &["--episodes"]);
     fails_with(&lethe(d, &["play", "--preset", "corridor-small", "--spans", "s"]), &["--spans", "Expire-Span"]);
@@ -505,7 +690,21 @@ fn gridworld_mistakes_are_named() {
     fails_with(&out, &["blocker/spans", "os error"]);
     assert_eq!(String::from_utf8_lossy(&out.stderr).matches("os error").count(), 1, "{out:?}");
     // A language-model checkpoint is not an agent, and a gridworld has no token stream.
-    succeeds(&lethe(d, &["train", "--quiet", "--steps", "1", "--name", "lm", "--set", "train.eval_tokens=64", "--set", "data.copy.eval_tokens=128"]));
+    succeeds(&lethe(
+        d,
+        &[
+            "train",
+            "--quiet",
+            "--steps",
+            "1",
+            "--name",
+            "lm",
+            "--set",
+            "train.eval_tokens=64",
+            "--set",
+            "data.copy.eval_tokens=128",
+        ],
+    ));
     fails_with(&lethe(d, &["play", "--checkpoint", "runs/lm"]), &["plays gridworlds"]);
     let mut bench = vec!["bench", "--bench-steps", "1"];
     bench.extend_from_slice(GRID);
@@ -520,11 +719,16 @@ fn the_readme_lists_every_preset_as_list_presets_does() {
     let header = "| preset | what it is for |\n|---|---|\n";
     let start = readme.find(header).expect("README has a preset table") + header.len();
     let table: Vec<&str> = readme[start..].lines().take_while(|l| l.starts_with('|')).collect();
-    let expected: Vec<String> = lethe::config::PRESETS.iter().map(|p| format!("| `{}` | {} |", p.name, p.about)).collect();
+    let expected: Vec<String> =
+        lethe::config::PRESETS.iter().map(|p| format!("| `{}` | {} |", p.name, p.about)).collect();
     assert_eq!(table, expected, "README.md's preset table should read:\n{}", expected.join("\n"));
     let listed = succeeds(&lethe(std::path::Path::new("."), &["train", "--list-presets"]));
     for p in lethe::config::PRESETS {
-        assert!(listed.lines().any(|l| l.starts_with(p.name) && l.ends_with(p.about)), "--list-presets lacks {}", p.name);
+        assert!(
+            listed.lines().any(|l| l.starts_with(p.name) && l.ends_with(p.about)),
+            "--list-presets lacks {}",
+            p.name
+        );
     }
 }
 
@@ -535,7 +739,16 @@ fn a_window_without_a_scored_token_logs_no_loss_rather_than_zero() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     // The answer lies 60-80 tokens away: the first blocks of 8 hold only the run and filler.
-    let far = ["--steps", "4", "--set", "data.copy.distance_min=60", "--set", "data.copy.distance_max=80", "--set", "train.eval_tokens=8"];
+    let far = [
+        "--steps",
+        "4",
+        "--set",
+        "data.copy.distance_min=60",
+        "--set",
+        "data.copy.distance_max=80",
+        "--set",
+        "train.eval_tokens=8",
+    ];
     let said = succeeds(&train(d, &far));
     assert!(said.contains("scored no token"), "{said}");
     let text = std::fs::read_to_string(d.join("runs/copy-tiny/metrics.jsonl")).unwrap();
@@ -554,9 +767,22 @@ fn a_window_without_a_scored_token_logs_no_loss_rather_than_zero() {
 fn eval_per_token_writes_each_targets_loss_and_span() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    succeeds(&train(d, &["--steps", "3", "--name", "expire", "--set", "memory.mechanism=expire", "--set", "memory.expire.init_fraction=0.9"]));
+    succeeds(&train(
+        d,
+        &[
+            "--steps",
+            "3",
+            "--name",
+            "expire",
+            "--set",
+            "memory.mechanism=expire",
+            "--set",
+            "memory.expire.init_fraction=0.9",
+        ],
+    ));
     let rows = |file: &str, extra: &[&str]| -> (serde_json::Value, Vec<csv::StringRecord>, csv::StringRecord) {
-        let mut args = vec!["eval", "--checkpoint", "runs/expire", "--max-tokens", "128", "--json", "--per-token", file];
+        let mut args =
+            vec!["eval", "--checkpoint", "runs/expire", "--max-tokens", "128", "--json", "--per-token", file];
         args.extend_from_slice(extra);
         let r = serde_json::from_str(&succeeds(&lethe(d, &args))).unwrap();
         let mut reader = csv::Reader::from_path(d.join(file)).unwrap();
@@ -564,7 +790,10 @@ fn eval_per_token_writes_each_targets_loss_and_span() {
         (r, reader.records().map(|r| r.unwrap()).collect(), header)
     };
     let (r, all, header) = rows("all.csv", &[]);
-    assert_eq!(header.iter().collect::<Vec<_>>(), vec!["stream", "position", "target", "text", "loss", "scored", "span_0", "mem_0"]);
+    assert_eq!(
+        header.iter().collect::<Vec<_>>(),
+        vec!["stream", "position", "target", "text", "loss", "scored", "span_0", "mem_0"]
+    );
     assert_eq!(all.len(), 128, "2 streams x 64 positions");
     let scored: Vec<f64> = all.iter().filter(|row| &row[5] == "1").map(|row| row[4].parse().unwrap()).collect();
     let mean = scored.iter().sum::<f64>() / scored.len() as f64;
@@ -572,7 +801,8 @@ fn eval_per_token_writes_each_targets_loss_and_span() {
     let stream0: Vec<usize> = all.iter().filter(|row| &row[0] == "0").map(|row| row[1].parse().unwrap()).collect();
     assert_eq!(stream0, (0..64).collect::<Vec<_>>());
     let (_, capped, _) = rows("capped.csv", &["--max-span", "2"]);
-    let longest = |rows: &[csv::StringRecord]| rows.iter().map(|row| row[6].parse::<f64>().unwrap()).fold(0.0, f64::max);
+    let longest =
+        |rows: &[csv::StringRecord]| rows.iter().map(|row| row[6].parse::<f64>().unwrap()).fold(0.0, f64::max);
     assert!(longest(&capped) <= 2.0 && longest(&all) > 2.0, "capped {} against {}", longest(&capped), longest(&all));
     assert!(!d.join("all.csv.tmp").exists());
 }
@@ -584,13 +814,26 @@ fn plot_draws_the_curves_of_two_runs() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     for (name, mechanism) in [("xl", "fixed"), ("expire", "expire")] {
-        succeeds(&train(d, &["--steps", "4", "--name", name, "--set", &format!("memory.mechanism={mechanism}"), "--set", "train.eval_every=2"]));
+        succeeds(&train(
+            d,
+            &[
+                "--steps",
+                "4",
+                "--name",
+                name,
+                "--set",
+                &format!("memory.mechanism={mechanism}"),
+                "--set",
+                "train.eval_every=2",
+            ],
+        ));
     }
     let out = succeeds(&lethe(d, &["plot", "runs/xl", "runs/expire", "--out", "figs/curves"]));
     assert!(out.contains("figs/curves.png") && out.contains("figs/curves.svg"), "{out}");
     let png = std::fs::read(d.join("figs/curves.png")).unwrap();
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
-    let (w, h) = (u32::from_be_bytes(png[16..20].try_into().unwrap()), u32::from_be_bytes(png[20..24].try_into().unwrap()));
+    let (w, h) =
+        (u32::from_be_bytes(png[16..20].try_into().unwrap()), u32::from_be_bytes(png[20..24].try_into().unwrap()));
     assert_eq!((w, h), (960, 600));
     let svg = std::fs::read_to_string(d.join("figs/curves.svg")).unwrap();
     for label in ["xl (train)", "xl (valid)", "expire (train)", "expire (valid)", "step"] {
@@ -603,9 +846,19 @@ fn plot_draws_the_curves_of_two_runs() {
 
 /// Writes a WordNet of one synset per part of speech, in WordNet's file format.
 fn tiny_wordnet(dir: &std::path::Path) {
-    for (part, pos, a, b) in [("noun", "n", "film", "flick"), ("verb", "v", "begin", "start"), ("adj", "a", "glad", "happy"), ("adv", "r", "fast", "quickly")] {
-        std::fs::write(dir.join(format!("data.{part}")), format!("00000000 00 {pos} 02 {a} 0 {b} 0 000 | a gloss\n")).unwrap();
-        std::fs::write(dir.join(format!("index.{part}")), format!("{a} {pos} 1 0 1 0 00000000\n{b} {pos} 1 0 1 0 00000000\n")).unwrap();
+    for (part, pos, a, b) in [
+        ("noun", "n", "film", "flick"),
+        ("verb", "v", "begin", "start"),
+        ("adj", "a", "glad", "happy"),
+        ("adv", "r", "fast", "quickly"),
+    ] {
+        std::fs::write(dir.join(format!("data.{part}")), format!("00000000 00 {pos} 02 {a} 0 {b} 0 000 | a gloss\n"))
+            .unwrap();
+        std::fs::write(
+            dir.join(format!("index.{part}")),
+            format!("{a} {pos} 1 0 1 0 00000000\n{b} {pos} 1 0 1 0 00000000\n"),
+        )
+        .unwrap();
         std::fs::write(dir.join(format!("{part}.exc")), "").unwrap();
     }
 }

@@ -9,7 +9,18 @@ use lethe::data::dialogue::read_split;
 use lethe::data::Split;
 
 /// A 1-layer model of width 16 on the dialogue-tiny preset, for speed.
-const SMALL: &[&str] = &["--set", "model.layers=1", "--set", "model.d_model=16", "--set", "model.heads=2", "--set", "model.d_ffn=32", "--set", "train.batch=4"];
+const SMALL: &[&str] = &[
+    "--set",
+    "model.layers=1",
+    "--set",
+    "model.d_model=16",
+    "--set",
+    "model.heads=2",
+    "--set",
+    "model.d_ffn=32",
+    "--set",
+    "train.batch=4",
+];
 
 fn eval_json(dir: &std::path::Path, extra: &[&str]) -> serde_json::Value {
     let mut args = vec!["eval", "--checkpoint", "runs/dialogue-tiny-infinity", "--split", "test", "--json"];
@@ -22,7 +33,21 @@ fn generated_dialogues_train_and_only_responses_are_scored() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     succeeds(&lethe(d, &["dialogue-data", "--out", "dog", "--conversations", "40", "--seed", "3"]));
-    let mut args = vec!["train", "-p", "dialogue-tiny-infinity", "--quiet", "--out", "runs", "--data", "dog", "--set", "data.tokenizer=dog/tokenizer", "--steps", "2", "--no-eval"];
+    let mut args = vec![
+        "train",
+        "-p",
+        "dialogue-tiny-infinity",
+        "--quiet",
+        "--out",
+        "runs",
+        "--data",
+        "dog",
+        "--set",
+        "data.tokenizer=dog/tokenizer",
+        "--steps",
+        "2",
+        "--no-eval",
+    ];
     args.extend_from_slice(SMALL);
     succeeds(&lethe(d, &args));
 
@@ -42,20 +67,36 @@ fn generated_dialogues_train_and_only_responses_are_scored() {
     assert_ne!(without["loss"], with_doc["loss"]);
 
     // The long-term memory over a test conversation, read as in training (Figure 5).
-    let out = succeeds(&lethe(d, &["inspect", "ltm", "--checkpoint", "runs/dialogue-tiny-infinity", "--conversation", "1", "--out", "ltm"]));
+    let out = succeeds(&lethe(
+        d,
+        &["inspect", "ltm", "--checkpoint", "runs/dialogue-tiny-infinity", "--conversation", "1", "--out", "ltm"],
+    ));
     assert!(out.contains("tokens absorbed"), "{out}");
     assert!(d.join("ltm/ltm.html").is_file());
-    common::cli::fails_with(&lethe(d, &["inspect", "ltm", "--checkpoint", "runs/dialogue-tiny-infinity", "--conversation", "6"]), &["--conversation 6", "6 conversations (0 to 5)"]);
+    common::cli::fails_with(
+        &lethe(d, &["inspect", "ltm", "--checkpoint", "runs/dialogue-tiny-infinity", "--conversation", "6"]),
+        &["--conversation 6", "6 conversations (0 to 5)"],
+    );
 
     // Two runs side by side (here the same run twice: the two panels are equal).
     let run = "runs/dialogue-tiny-infinity";
-    succeeds(&lethe(d, &["inspect", "ltm", "--checkpoint", run, "--compare", run, "--conversation", "1", "--out", "both"]));
+    succeeds(&lethe(
+        d,
+        &["inspect", "ltm", "--checkpoint", run, "--compare", run, "--conversation", "1", "--out", "both"],
+    ));
     let svg = std::fs::read_to_string(d.join("both/ltm.svg")).unwrap();
-    let panels: Vec<&str> = svg.split("<g transform=").skip(1).map(|p| p.split_once('>').unwrap().1.split("</g>").next().unwrap()).collect();
+    let panels: Vec<&str> = svg
+        .split("<g transform=")
+        .skip(1)
+        .map(|p| p.split_once('>').unwrap().1.split("</g>").next().unwrap())
+        .collect();
     assert_eq!(panels.len(), 2);
     assert!(panels[0] == panels[1], "the same run draws the same panel twice");
     assert_eq!(svg.matches(run).count(), 2, "each panel is named");
-    common::cli::fails_with(&lethe(d, &["inspect", "spans", "--checkpoint", run, "--compare", run, "--conversation", "1"]), &["--compare", "inspect ltm"]);
+    common::cli::fails_with(
+        &lethe(d, &["inspect", "spans", "--checkpoint", run, "--compare", run, "--conversation", "1"]),
+        &["--compare", "inspect ltm"],
+    );
 }
 
 /// A byte-level model of 1 layer with a block of 8, randomly initialised, with `mechanism`.
@@ -71,7 +112,10 @@ fn byte_model(mechanism: &str) -> lethe::model::Lm {
 fn conversation() -> lethe::data::dialogue::Conversation {
     use lethe::data::dialogue::{Conversation, Turn};
     let turns = ["hi", "hello there", "who is it by?", "nora vance", "thanks"];
-    Conversation { document: "a film by nora vance".into(), turns: turns.iter().enumerate().map(|(i, t)| Turn { speaker: i % 2, text: t.to_string() }).collect() }
+    Conversation {
+        document: "a film by nora vance".into(),
+        turns: turns.iter().enumerate().map(|(i, t)| Turn { speaker: i % 2, text: t.to_string() }).collect(),
+    }
 }
 
 #[test]
@@ -98,8 +142,8 @@ fn a_beam_of_one_replies_as_greedy_decoding_and_replying_leaves_the_state_as_it_
 #[test]
 fn every_turn_after_the_history_gets_one_reply_scored_against_it() {
     use lethe::dialogue::{respond_to_split, Codec, Decoding, Options};
-    use lethe::textmetrics::Scorer;
     use lethe::generate::Sampling;
+    use lethe::textmetrics::Scorer;
     let lm = byte_model("fixed");
     let codec = Codec::new(None).unwrap();
     let sampled = Decoding::Sample(Sampling { temperature: 1.0, top_k: 0, top_p: 0.9, seed: 2 });
@@ -107,7 +151,10 @@ fn every_turn_after_the_history_gets_one_reply_scored_against_it() {
     let convs = [conversation(), conversation()];
     let scorer = Scorer::default();
     let replies = respond_to_split(&lm, &codec, &convs, &opts, &scorer, |_, _| {}).unwrap();
-    assert_eq!(replies.iter().map(|r| (r.conversation, r.turn)).collect::<Vec<_>>(), vec![(0, 2), (0, 3), (0, 4), (1, 2), (1, 3), (1, 4)]);
+    assert_eq!(
+        replies.iter().map(|r| (r.conversation, r.turn)).collect::<Vec<_>>(),
+        vec![(0, 2), (0, 3), (0, 4), (1, 2), (1, 3), (1, 4)]
+    );
     for r in &replies {
         assert_eq!(r.reference, convs[r.conversation].turns[r.turn].text);
         assert!(r.prediction.chars().count() <= 6 && !r.prediction.contains('\n'), "{:?}", r.prediction);
@@ -115,7 +162,10 @@ fn every_turn_after_the_history_gets_one_reply_scored_against_it() {
     }
     // The same seed samples the same replies.
     let again = respond_to_split(&lm, &codec, &convs, &opts, &scorer, |_, _| {}).unwrap();
-    assert_eq!(replies.iter().map(|r| &r.prediction).collect::<Vec<_>>(), again.iter().map(|r| &r.prediction).collect::<Vec<_>>());
+    assert_eq!(
+        replies.iter().map(|r| &r.prediction).collect::<Vec<_>>(),
+        again.iter().map(|r| &r.prediction).collect::<Vec<_>>()
+    );
 }
 
 #[test]
@@ -124,7 +174,21 @@ fn chat_reads_a_document_and_replies_to_each_line() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     succeeds(&lethe(d, &["dialogue-data", "--out", "dog", "--conversations", "20"]));
-    let mut args = vec!["train", "-p", "dialogue-tiny", "--quiet", "--out", "runs", "--data", "dog", "--set", "data.tokenizer=dog/tokenizer", "--steps", "2", "--no-eval"];
+    let mut args = vec![
+        "train",
+        "-p",
+        "dialogue-tiny",
+        "--quiet",
+        "--out",
+        "runs",
+        "--data",
+        "dog",
+        "--set",
+        "data.tokenizer=dog/tokenizer",
+        "--steps",
+        "2",
+        "--no-eval",
+    ];
     args.extend_from_slice(SMALL);
     succeeds(&lethe(d, &args));
     std::fs::write(d.join("doc.txt"), "the quiet road (1990)\nDirector: nora vance\n").unwrap();
@@ -150,7 +214,10 @@ fn chat_reads_a_document_and_replies_to_each_line() {
     // tokenizer and the replies through the run's own copy; both now use the run's
     // copy, so the evaluation works once the data's tokenizer folder is gone.
     std::fs::remove_dir_all(d.join("dog/tokenizer")).unwrap();
-    let out = succeeds(&lethe(d, &["dialogue-eval", "--checkpoint", "runs/dialogue-tiny", "--conversations", "2", "--max-length", "4"]));
+    let out = succeeds(&lethe(
+        d,
+        &["dialogue-eval", "--checkpoint", "runs/dialogue-tiny", "--conversations", "2", "--max-length", "4"],
+    ));
     assert!(out.contains("perplexity of the true responses"), "{out}");
 }
 
@@ -192,7 +259,29 @@ fn a_word_only_the_document_holds_is_answered_through_memory() {
         // At the preset's lr of 1e-3 the copying is learned between 15k (23% right) and
         // 25k steps (55%); at 2e-3, 15k steps give 52% (10k: 30%; 3e-3 for 10k: 25%);
         // measured before each conversation started with an empty memory (now: 74%).
-        let args = ["train", "-p", "dialogue-tiny", "--quiet", "--out", "runs", "--name", &name, "--data", "dog", "--set", "data.tokenizer=dog/tokenizer", "--set", &set, "--set", "train.lr=2e-3", "--seed", "3", "--steps", "15000", "--no-eval"];
+        let args = [
+            "train",
+            "-p",
+            "dialogue-tiny",
+            "--quiet",
+            "--out",
+            "runs",
+            "--name",
+            &name,
+            "--data",
+            "dog",
+            "--set",
+            "data.tokenizer=dog/tokenizer",
+            "--set",
+            &set,
+            "--set",
+            "train.lr=2e-3",
+            "--seed",
+            "3",
+            "--steps",
+            "15000",
+            "--no-eval",
+        ];
         succeeds(&lethe(d, &args));
         right.push(critics_right(&d.join("runs").join(&name), &d.join("dog")));
     }

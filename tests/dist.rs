@@ -77,7 +77,9 @@ fn a_peer_killed_mid_run_ends_the_other_rank_with_an_error() {
     // while rank 0 is still connecting, and a kill then is a failure to join, not to reduce.
     // The survivor's reader stays open, so that its later writes find a pipe.
     let mut survivor_out = BufReader::new(survivor.stdout.take().unwrap());
-    for (r, out) in [(1, &mut BufReader::new(victim.stdout.take().unwrap()) as &mut dyn BufRead), (0, &mut survivor_out)] {
+    for (r, out) in
+        [(1, &mut BufReader::new(victim.stdout.take().unwrap()) as &mut dyn BufRead), (0, &mut survivor_out)]
+    {
         let mut first = String::new();
         out.read_line(&mut first).unwrap();
         assert!(first.contains(&format!("rank {r}/2: joined")), "{first}");
@@ -97,7 +99,9 @@ fn a_peer_killed_mid_run_ends_the_other_rank_with_an_error() {
 fn a_rank_ignores_sigpipe_so_a_dead_peer_is_an_error_not_a_silent_exit() {
     let port = free_port();
     let mut host = spawn(rank(0, 2, port, &["--timeout", "60"]));
-    common::wait_until("rank 0 never opened its store", 30, || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+    common::wait_until("rank 0 never opened its store", 30, || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
     let status = std::fs::read_to_string(format!("/proc/{}/status", host.id())).unwrap();
     host.kill().unwrap();
     host.wait().unwrap();
@@ -115,21 +119,55 @@ fn dist_check_outside_a_launch_says_how_to_start_one() {
 
 /// A tiny copy-task run: 1 layer x 16, span 16, blocks of 8, batch 4, one thread.
 const TINY_RUN: &[&str] = &[
-    "--quiet", "--set", "model.layers=1", "--set", "model.d_model=16", "--set", "model.heads=2", "--set", "model.d_ffn=32",
-    "--set", "memory.span=16", "--set", "train.block=8", "--set", "train.batch=4", "--set", "train.log_every=1",
-    "--set", "train.eval_tokens=64", "--set", "data.copy.eval_tokens=128", "--set", "data.copy.distance_min=5",
-    "--set", "data.copy.distance_max=20", "--set", "train.threads=1", "--set", "train.dist_timeout=60",
+    "--quiet",
+    "--set",
+    "model.layers=1",
+    "--set",
+    "model.d_model=16",
+    "--set",
+    "model.heads=2",
+    "--set",
+    "model.d_ffn=32",
+    "--set",
+    "memory.span=16",
+    "--set",
+    "train.block=8",
+    "--set",
+    "train.batch=4",
+    "--set",
+    "train.log_every=1",
+    "--set",
+    "train.eval_tokens=64",
+    "--set",
+    "data.copy.eval_tokens=128",
+    "--set",
+    "data.copy.distance_min=5",
+    "--set",
+    "data.copy.distance_max=20",
+    "--set",
+    "train.threads=1",
+    "--set",
+    "train.dist_timeout=60",
 ];
 
 /// `lethe train` with `args` in `dir`, as rank `r` of `world` (no launch when `world` is 0).
 fn trainer(dir: &std::path::Path, r: usize, world: usize, port: u16, args: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_lethe"));
-    c.current_dir(dir).arg("train").args(TINY_RUN).args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    c.current_dir(dir)
+        .arg("train")
+        .args(TINY_RUN)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     c.env_remove("TORCHELASTIC_USE_AGENT_STORE");
     if world == 0 {
         c.env_remove("WORLD_SIZE").env_remove("RANK");
     } else {
-        c.env("RANK", r.to_string()).env("WORLD_SIZE", world.to_string()).env("MASTER_ADDR", "127.0.0.1").env("MASTER_PORT", port.to_string());
+        c.env("RANK", r.to_string())
+            .env("WORLD_SIZE", world.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string());
     }
     c
 }
@@ -204,10 +242,17 @@ fn two_ranks_train_as_one_process_with_the_same_micro_batches() {
         for field in ["loss", "accuracy", "tokens"] {
             let (a, b) = (logged(&d.join("runs/one"), "valid", field), logged(&d.join("runs/two"), "valid", field));
             assert!(!a.is_empty() && a.iter().all(Option::is_some), "{mechanism} {field}: {a:?}");
-            assert!(a.len() == b.len() && a.iter().zip(&b).all(|(x, y)| close(x, y)), "{mechanism} valid {field}: {a:?} against {b:?}");
+            assert!(
+                a.len() == b.len() && a.iter().zip(&b).all(|(x, y)| close(x, y)),
+                "{mechanism} valid {field}: {a:?} against {b:?}"
+            );
         }
         let (ta, tb) = (tensors(&d.join("runs/one")), tensors(&d.join("runs/two")));
-        assert_eq!(ta.iter().map(|(n, _)| n).collect::<Vec<_>>(), tb.iter().map(|(n, _)| n).collect::<Vec<_>>(), "{mechanism}");
+        assert_eq!(
+            ta.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+            tb.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+            "{mechanism}"
+        );
         assert!(ta.iter().any(|(n, _)| n.starts_with("memory.1.")), "{mechanism}: both ranks' memories are kept");
         for ((name, x), (_, y)) in ta.iter().zip(&tb) {
             let diff = (x - y).abs().max().double_value(&[]);
@@ -288,7 +333,18 @@ fn two_ranks_train_a_gridworld_agent_as_one_process() {
     for preset in ["corridor-small", "corridor-expire-small"] {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
-        let args = ["--preset", preset, "--steps", "20", "--set", "train.batch=4", "--set", "train.block=8", "--set", "rl.eval_episodes=8"];
+        let args = [
+            "--preset",
+            preset,
+            "--steps",
+            "20",
+            "--set",
+            "train.batch=4",
+            "--set",
+            "train.block=8",
+            "--set",
+            "rl.eval_episodes=8",
+        ];
         succeeds(&finish(spawn({
             let mut c = trainer(d, 0, 0, 0, &args);
             c.args(["--name", "one"]);
@@ -301,7 +357,12 @@ fn two_ranks_train_a_gridworld_agent_as_one_process() {
         assert!(a.len() == b.len() && a.iter().zip(&b).all(|(x, y)| close(x, y)), "{preset}: {a:?} against {b:?}");
         let (ta, tb) = (tensors(&d.join("runs/one")), tensors(&d.join("runs/two")));
         assert!(tb.iter().any(|(n, _)| n.starts_with("memory.1.")), "{preset}: both ranks' memories are kept");
-        let learned = |t: &[(String, tch::Tensor)]| t.iter().filter(|(n, _)| !n.starts_with("memory.")).map(|(n, x)| (n.clone(), x.shallow_clone())).collect::<Vec<_>>();
+        let learned = |t: &[(String, tch::Tensor)]| {
+            t.iter()
+                .filter(|(n, _)| !n.starts_with("memory."))
+                .map(|(n, x)| (n.clone(), x.shallow_clone()))
+                .collect::<Vec<_>>()
+        };
         let (ta, tb) = (learned(&ta), learned(&tb));
         assert_eq!(ta.iter().map(|(n, _)| n).collect::<Vec<_>>(), tb.iter().map(|(n, _)| n).collect::<Vec<_>>());
         for ((name, x), (_, y)) in ta.iter().zip(&tb) {
@@ -314,7 +375,11 @@ fn two_ranks_train_a_gridworld_agent_as_one_process() {
 #[test]
 fn commands_that_run_on_one_process_refuse_a_multi_rank_launch() {
     let dir = tempfile::tempdir().unwrap();
-    for command in [&["sweep", "--preset", "copy-sweep-tiny"][..], &["play", "--preset", "corridor-small"], &["eval", "--checkpoint", "nowhere"]] {
+    for command in [
+        &["sweep", "--preset", "copy-sweep-tiny"][..],
+        &["play", "--preset", "corridor-small"],
+        &["eval", "--checkpoint", "nowhere"],
+    ] {
         let out = Command::new(env!("CARGO_BIN_EXE_lethe"))
             .current_dir(dir.path())
             .args(command)
@@ -333,7 +398,18 @@ fn commands_that_run_on_one_process_refuse_a_multi_rank_launch() {
 fn a_resumed_two_rank_agent_repeats_the_straight_run() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let args = ["--preset", "corridor-small", "--steps", "10", "--set", "train.batch=4", "--set", "train.block=8", "--set", "rl.eval_episodes=8"];
+    let args = [
+        "--preset",
+        "corridor-small",
+        "--steps",
+        "10",
+        "--set",
+        "train.batch=4",
+        "--set",
+        "train.block=8",
+        "--set",
+        "rl.eval_episodes=8",
+    ];
     for out in two_ranks(d, &args, [&["--name", "straight"], &["--name", "straight"]]) {
         succeeds(&out);
     }

@@ -55,7 +55,11 @@ fn the_readme_quotes_what_the_default_run_prints() {
         assert!(printed.contains(line), "the README quotes\n  {line}\nbut the default run printed\n  {}\n(run scripts/docs.sh default and update the README)", printed.join("\n  "));
     }
     let kept = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/default-run.txt")).unwrap();
-    assert_eq!(settled(&kept.lines().map(str::to_string).collect::<Vec<_>>()), printed, "docs/default-run.txt is stale: run scripts/docs.sh default");
+    assert_eq!(
+        settled(&kept.lines().map(str::to_string).collect::<Vec<_>>()),
+        printed,
+        "docs/default-run.txt is stale: run scripts/docs.sh default"
+    );
 }
 
 /// Every file of the repository that the README links to (`](docs/...)`,
@@ -64,8 +68,17 @@ fn the_readme_quotes_what_the_default_run_prints() {
 fn the_readme_links_only_to_files_that_exist() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
-    let targets: Vec<&str> = readme.split("](").skip(1).filter_map(|rest| rest.split(')').next()).filter(|t| !t.contains("://") && !t.starts_with('#')).collect();
-    assert!(targets.iter().filter(|t| t.starts_with("docs/")).count() >= 10, "the README's links were not found: {targets:?}");
-    let missing: Vec<&&str> = targets.iter().filter(|t| !root.join(t.split('#').next().unwrap_or(t)).exists()).collect();
+    let targets: Vec<&str> = readme
+        .split("](")
+        .skip(1)
+        .filter_map(|rest| rest.split(')').next())
+        .filter(|t| !t.contains("://") && !t.starts_with('#'))
+        .collect();
+    assert!(
+        targets.iter().filter(|t| t.starts_with("docs/")).count() >= 10,
+        "the README's links were not found: {targets:?}"
+    );
+    let missing: Vec<&&str> =
+        targets.iter().filter(|t| !root.join(t.split('#').next().unwrap_or(t)).exists()).collect();
     assert!(missing.is_empty(), "the README links to files that do not exist: {missing:?}");
 }

@@ -90,9 +90,18 @@ fn a_new_episode_sees_only_itself_as_if_its_row_had_been_reset() {
 
         let tail = numbered.narrow(0, 0, 1).narrow(1, SWITCH, T - SWITCH);
         assert!(close(&tail, &alone), "{mechanism:?}: the new episode must equal a fresh memory's run");
-        assert!(!close(&plain.narrow(0, 0, 1).narrow(1, SWITCH, T - SWITCH), &alone), "{mechanism:?}: without episodes the old one is seen");
-        assert!(close(&numbered.narrow(0, 1, 1), &plain.narrow(0, 1, 1)), "{mechanism:?}: one episode throughout is unchanged");
-        assert!(close(&numbered.narrow(1, 0, SWITCH), &plain.narrow(1, 0, SWITCH)), "{mechanism:?}: the old episode is unchanged");
+        assert!(
+            !close(&plain.narrow(0, 0, 1).narrow(1, SWITCH, T - SWITCH), &alone),
+            "{mechanism:?}: without episodes the old one is seen"
+        );
+        assert!(
+            close(&numbered.narrow(0, 1, 1), &plain.narrow(0, 1, 1)),
+            "{mechanism:?}: one episode throughout is unchanged"
+        );
+        assert!(
+            close(&numbered.narrow(1, 0, SWITCH), &plain.narrow(1, 0, SWITCH)),
+            "{mechanism:?}: the old episode is unchanged"
+        );
 
         let projection = common::randn(2, &tail.size(), Kind::Double);
         let grad = Tensor::run_backward(&[(&tail * projection).sum(Kind::Double)], &[&x], false, false).remove(0);
@@ -118,7 +127,9 @@ fn a_restored_memory_keeps_its_episodes() {
         let _ = run(&body, &mut mem, &x.narrow(1, 0, SWITCH), Some(&e.narrow(1, 0, SWITCH)), 0);
         let state: Vec<_> = mem.state().into_iter().map(|(n, t)| (n, t.copy())).collect();
         assert!(state.iter().any(|(n, _)| n.ends_with("episode")), "{mechanism:?}: episodes are saved");
-        let rest = |mem: &mut Memory| run(&body, mem, &x.narrow(1, SWITCH, T - SWITCH), Some(&e.narrow(1, SWITCH, T - SWITCH)), SWITCH);
+        let rest = |mem: &mut Memory| {
+            run(&body, mem, &x.narrow(1, SWITCH, T - SWITCH), Some(&e.narrow(1, SWITCH, T - SWITCH)), SWITCH)
+        };
         let straight = rest(&mut mem);
         let mut restored = body.new_memory();
         restored.load_state(&state).unwrap();
@@ -157,7 +168,10 @@ fn the_official_reading_of_expire_span_refuses_episodes() {
     let body = Backbone::new(&VarStore::new(Device::Cpu).root(), &model, &memory, BLOCK as usize).unwrap();
     let x = common::randn(4, &[2, BLOCK, D], Kind::Float);
     let e = episodes().narrow(1, 0, BLOCK);
-    let err = body.forward(x.shallow_clone(), &mut body.new_memory(), false, Some(&e)).err().expect("episodes must be refused");
+    let err = body
+        .forward(x.shallow_clone(), &mut body.new_memory(), false, Some(&e))
+        .err()
+        .expect("episodes must be refused");
     assert!(err.to_string().contains("as_official"), "{err}");
     body.forward(x, &mut body.new_memory(), false, None).unwrap();
 

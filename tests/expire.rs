@@ -18,7 +18,6 @@ fn expire_config(span: usize, block: usize, ramp: usize, init_fraction: f64) -> 
     c
 }
 
-
 /// Gives the span predictors random (seeded) weights, so spans differ from memory to
 /// memory.
 fn randomise_spans(lm: &Lm, scale: f64) {
@@ -71,7 +70,8 @@ fn check_gradients(cfg: &Config, randomised: impl Fn(&str) -> bool) {
         let picks: Vec<i64> = if name.contains("expire") { (0..n).collect() } else { vec![0, n / 2, n - 1] };
         for idx in picks {
             let analytic = grad.double_value(&[idx]);
-            let numeric = common::numeric_grad(&p, idx, || common::two_block_loss(&lm, &x, &y, &cache).double_value(&[]));
+            let numeric =
+                common::numeric_grad(&p, idx, || common::two_block_loss(&lm, &x, &y, &cache).double_value(&[]));
             let tol = 1e-6 + 1e-4 * analytic.abs().max(numeric.abs());
             assert!((analytic - numeric).abs() < tol, "{name}[{idx}]: analytic {analytic} vs numeric {numeric}");
             if name.contains("expire") {
@@ -267,7 +267,10 @@ fn spans_start_at_the_initial_fraction_whatever_the_divisor() {
             for report in mem.reports() {
                 let mean = report.extra("mean_span").expect("Expire-Span reports its mean span");
                 let want = p * span as f64;
-                assert!((mean - want).abs() < 1e-3 * want, "pre_div {pre_div}, L {span}, p {p}: mean span {mean}, want {want}");
+                assert!(
+                    (mean - want).abs() < 1e-3 * want,
+                    "pre_div {pre_div}, L {span}, p {p}: mean span {mean}, want {want}"
+                );
             }
         }
     }

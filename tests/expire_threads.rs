@@ -16,7 +16,8 @@ fn the_fused_kernel_gives_the_same_bits_with_any_thread_count() {
     let (b, h, m, n, p) = (3, 4, 64, 600, 65);
     let cached = n - m;
     // Cached keys 1..=cached back, then the block's own keys at 0, -1, ...
-    let cached_counter = Tensor::arange(cached, (Kind::Float, Device::Cpu)).flip([0]).unsqueeze(0).expand([b, cached], false) + 1.0;
+    let cached_counter =
+        Tensor::arange(cached, (Kind::Float, Device::Cpu)).flip([0]).unsqueeze(0).expand([b, cached], false) + 1.0;
     let block_counter = -Tensor::arange(m, (Kind::Float, Device::Cpu)).unsqueeze(0).expand([b, m], false);
     let counter = Tensor::cat(&[cached_counter, block_counter], 1).contiguous();
     // Spans spread over the cache's distances, so that many pairs fall on the ramp.

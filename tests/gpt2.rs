@@ -21,7 +21,8 @@ fn fixture() -> PathBuf {
 }
 
 fn expected() -> (Tensor, Tensor) {
-    let mut t: std::collections::HashMap<String, Tensor> = Tensor::read_safetensors(fixture().join("expected.safetensors")).unwrap().into_iter().collect();
+    let mut t: std::collections::HashMap<String, Tensor> =
+        Tensor::read_safetensors(fixture().join("expected.safetensors")).unwrap().into_iter().collect();
     (t.remove("ids").unwrap(), t.remove("logits").unwrap())
 }
 
@@ -115,8 +116,23 @@ fn the_memory_carries_the_previous_block_to_the_next() {
 fn gradients_of_the_memories_on_gpt2_match_finite_differences() {
     let seq: Vec<i64> = (0..32).map(|i| (i * 37 + 11) % 300).collect();
     let checks: [(Mechanism, &[&str]); 2] = [
-        (Mechanism::Infinity, &["ltm.mu", "ltm.sigma_w", "ltm.gate_w", "ltm.k", "ltm.v", "ltm.o", "layers.1.attn.q.weight", "layers.0.attn.k.bias"]),
-        (Mechanism::Compressive, &["compressive.slot_pe", "compressive.conv_w", "layers.1.attn.v.bias", "positions.weight"]),
+        (
+            Mechanism::Infinity,
+            &[
+                "ltm.mu",
+                "ltm.sigma_w",
+                "ltm.gate_w",
+                "ltm.k",
+                "ltm.v",
+                "ltm.o",
+                "layers.1.attn.q.weight",
+                "layers.0.attn.k.bias",
+            ],
+        ),
+        (
+            Mechanism::Compressive,
+            &["compressive.slot_pe", "compressive.conv_w", "layers.1.attn.v.bias", "positions.weight"],
+        ),
     ];
     for (mechanism, names) in checks {
         let mut lm = gpt2_with(mechanism, |c| {
@@ -129,19 +145,30 @@ fn gradients_of_the_memories_on_gpt2_match_finite_differences() {
             let with_aux = mechanism == Mechanism::Infinity || name.contains("conv");
             let loss = || {
                 let (task, aux) = common::block_losses(&lm, &seq, 3, 4, &state);
-                if with_aux { task + aux } else { task }
+                if with_aux {
+                    task + aux
+                } else {
+                    task
+                }
             };
             for v in lm.vs.variables().values_mut() {
                 v.zero_grad();
             }
             loss().backward();
-            let (_, p) = lm.named_parameters().into_iter().find(|(n, _)| n.contains(name)).unwrap_or_else(|| panic!("no {name}"));
+            let (_, p) = lm
+                .named_parameters()
+                .into_iter()
+                .find(|(n, _)| n.contains(name))
+                .unwrap_or_else(|| panic!("no {name}"));
             let grad = p.grad().flatten(0, -1);
             assert!(grad.abs().sum(Kind::Double).double_value(&[]) > 0.0, "{mechanism}: no gradient reached {name}");
             for idx in [0i64, 5] {
                 let analytic = grad.double_value(&[idx]);
                 let numeric = common::numeric_grad(&p, idx, || loss().double_value(&[]));
-                assert!((analytic - numeric).abs() < 1e-6 + 1e-4 * numeric.abs(), "{mechanism} {name}[{idx}]: {analytic} vs {numeric}");
+                assert!(
+                    (analytic - numeric).abs() < 1e-6 + 1e-4 * numeric.abs(),
+                    "{mechanism} {name}[{idx}]: {analytic} vs {numeric}"
+                );
             }
         }
     }
@@ -203,7 +230,8 @@ fn bad_folders_are_named() {
     std::fs::copy(fixture().join("config.json"), dir.path().join("config.json")).unwrap();
     let err = init::Source::open(dir.path()).err().unwrap().to_string();
     assert!(err.contains("model.safetensors"), "{err}");
-    let text = std::fs::read_to_string(fixture().join("config.json")).unwrap().replace("\"n_embd\": 24", "\"n_embd\": 30");
+    let text =
+        std::fs::read_to_string(fixture().join("config.json")).unwrap().replace("\"n_embd\": 24", "\"n_embd\": 30");
     std::fs::write(dir.path().join("config.json"), text).unwrap();
     std::fs::copy(fixture().join("model.safetensors"), dir.path().join("model.safetensors")).unwrap();
     let cfg = Gpt2Config::from_file(&dir.path().join("config.json")).unwrap();
@@ -231,7 +259,8 @@ fn hub_style_names_and_mask_buffers_are_read_alike() {
     named.push(("h.0.attn.bias".into(), Tensor::ones([1, 1, 32, 32], (tch::Kind::Float, Device::Cpu)).tril(0)));
     Tensor::write_safetensors(&named, dir.path().join("model.safetensors")).unwrap();
     let cfg = Gpt2Config::from_file(&fixture().join("config.json")).unwrap();
-    let theirs: std::collections::HashMap<String, Tensor> = read_weights(dir.path(), &cfg).unwrap().into_iter().collect();
+    let theirs: std::collections::HashMap<String, Tensor> =
+        read_weights(dir.path(), &cfg).unwrap().into_iter().collect();
     let ours = read_weights(&fixture(), &cfg).unwrap();
     assert_eq!(theirs.len(), ours.len());
     for (name, t) in &ours {
@@ -321,7 +350,6 @@ fn long_text_tokenised_in_pieces_gives_the_ids_of_the_whole() {
     assert_eq!(lethe::data::text::encode_long(&tokenizer, &long).unwrap(), tokenizer.encode(&long).unwrap());
 }
 
-
 /// Fine-tuning the fixture's GPT-2 with the ∞-former on tokenised text, its memory at 5
 /// times the learning rate (two optimiser groups): a run stopped and resumed repeats the
 /// losses of a straight run, and the evaluation reports perplexity per word.
@@ -377,14 +405,26 @@ fn generation_predicts_as_the_sequence_read_in_blocks() {
         }
         let ids: Vec<i64> = all.iter().map(|&t| t as i64).collect();
         let mut mem = lm.model.new_memory();
-        let read: Vec<Tensor> = ids.chunks(8).map(|c| tch::no_grad(|| lm.model.forward(&Tensor::from_slice(c).view([1, -1]), &mut mem, false)).unwrap().logits.squeeze_dim(0)).collect();
+        let read: Vec<Tensor> = ids
+            .chunks(8)
+            .map(|c| {
+                tch::no_grad(|| lm.model.forward(&Tensor::from_slice(c).view([1, -1]), &mut mem, false))
+                    .unwrap()
+                    .logits
+                    .squeeze_dim(0)
+            })
+            .collect();
         let read = Tensor::cat(&read, 0); // (len, V)
         for (k, p) in predicted.iter().enumerate() {
             let want = read.get(prompt.len() as i64 - 1 + k as i64);
             let diff = (p - &want).abs().max().double_value(&[]);
             assert!(diff < 1e-4, "{mechanism}: step {k}: largest difference {diff}");
         }
-        assert!(all[prompt.len()..].iter().collect::<std::collections::BTreeSet<_>>().len() > 3, "{mechanism}: sampling gave {:?}", &all[prompt.len()..]);
+        assert!(
+            all[prompt.len()..].iter().collect::<std::collections::BTreeSet<_>>().len() > 3,
+            "{mechanism}: sampling gave {:?}",
+            &all[prompt.len()..]
+        );
     }
 }
 
@@ -413,23 +453,61 @@ fn generate_prints_text_from_a_run_that_moved() {
     std::fs::write(d.join("text.txt"), "the memory keeps what matters, and forgets the rest.\n".repeat(40)).unwrap();
     std::fs::create_dir(d.join("tok")).unwrap();
     std::fs::copy(fixture().join("tokenizer.json"), d.join("tok/tokenizer.json")).unwrap();
-    let args = ["train", "--quiet", "--out", "runs", "--name", "g", "-p", "gpt2-tiny-infinity", "--steps", "2", "--data", "text.txt", "--set", "data.tokenizer=tok",
-        "--set", "model.layers=1", "--set", "model.d_model=16", "--set", "model.heads=2", "--set", "model.d_ffn=32", "--set", "train.batch=2", "--set", "train.block=8", "--set", "memory.infinity.threshold=32"];
+    let args = [
+        "train",
+        "--quiet",
+        "--out",
+        "runs",
+        "--name",
+        "g",
+        "-p",
+        "gpt2-tiny-infinity",
+        "--steps",
+        "2",
+        "--data",
+        "text.txt",
+        "--set",
+        "data.tokenizer=tok",
+        "--set",
+        "model.layers=1",
+        "--set",
+        "model.d_model=16",
+        "--set",
+        "model.heads=2",
+        "--set",
+        "model.d_ffn=32",
+        "--set",
+        "train.batch=2",
+        "--set",
+        "train.block=8",
+        "--set",
+        "memory.infinity.threshold=32",
+    ];
     succeeds(&lethe(d, &args));
     assert!(d.join("runs/g/tokenizer.json").is_file());
     std::fs::remove_dir_all(d.join("tok")).unwrap();
-    let out = succeeds(&lethe(d, &["generate", "--checkpoint", "runs/g", "--prompt", "the memory 東京", "--tokens", "30", "--seed", "3"]));
+    let out = succeeds(&lethe(
+        d,
+        &["generate", "--checkpoint", "runs/g", "--prompt", "the memory 東京", "--tokens", "30", "--seed", "3"],
+    ));
     assert!(out.starts_with("the memory 東京"), "{out}");
     let generated = &out["the memory 東京".len()..];
     assert!(generated.trim_end().chars().count() >= 30, "30 tokens of at least a character each: {generated:?}");
-    let again = succeeds(&lethe(d, &["generate", "--checkpoint", "runs/g", "--prompt", "the memory 東京", "--tokens", "30", "--seed", "3"]));
+    let again = succeeds(&lethe(
+        d,
+        &["generate", "--checkpoint", "runs/g", "--prompt", "the memory 東京", "--tokens", "30", "--seed", "3"],
+    ));
     assert_eq!(out, again, "the same seed gives the same text");
     // `inspect ltm` reads the text through the tokenizer and draws each token's text.
     let out = succeeds(&lethe(d, &["inspect", "ltm", "--checkpoint", "runs/g", "--text", "text.txt", "--out", "ltm"]));
     let text = std::fs::read_to_string(d.join("text.txt")).unwrap();
     let tokens = lethe::inspect::Text::tokens(&Tokenizer::from_dir(&fixture()).unwrap(), &text).unwrap();
     assert!(out.contains("tokens absorbed"), "{out}");
-    assert!(tokens.pieces.iter().any(|p| p.chars().count() > 1), "the tokenizer merged bytes: {:?}", &tokens.pieces[..10]);
+    assert!(
+        tokens.pieces.iter().any(|p| p.chars().count() > 1),
+        "the tokenizer merged bytes: {:?}",
+        &tokens.pieces[..10]
+    );
     let svg = std::fs::read_to_string(d.join("ltm/ltm.svg")).unwrap();
     for piece in tokens.pieces.iter().take(6).filter(|p| p.trim() == p.as_str()) {
         assert!(svg.contains(&format!(">{piece}</text>")), "`{piece}` is not drawn");

@@ -84,7 +84,8 @@ fn four_blocks(lm: &Lm, tokens: &Tensor, targets: &Tensor) -> (Vec<f64>, Vec<usi
         total += loss;
     }
     total.backward();
-    let grads = lm.named_parameters().into_iter().filter(|(_, p)| p.grad().defined()).map(|(n, p)| (n, p.grad())).collect();
+    let grads =
+        lm.named_parameters().into_iter().filter(|(_, p)| p.grad().defined()).map(|(n, p)| (n, p.grad())).collect();
     (losses, held, grads)
 }
 
@@ -122,7 +123,8 @@ fn every_mechanism_computes_on_the_gpu_what_it_computes_on_the_cpu() {
         let (cpu_losses, cpu_held, cpu_grads) = four_blocks(&cpu_lm, &tokens, &targets);
         let (gpu_losses, gpu_held, gpu_grads) = four_blocks(&gpu_lm, &tokens, &targets);
         let label = format!("{mechanism}{}", if sticky { " (sticky)" } else { "" });
-        let gaps: Vec<(String, f64)> = cpu_grads.iter().zip(&gpu_grads).map(|((name, a), (_, b))| (name.clone(), relative_gap(a, b))).collect();
+        let gaps: Vec<(String, f64)> =
+            cpu_grads.iter().zip(&gpu_grads).map(|((name, a), (_, b))| (name.clone(), relative_gap(a, b))).collect();
         let largest = gaps.iter().map(|g| g.1).fold(0.0, f64::max);
         println!("{label}: losses {cpu_losses:?} (CPU) {gpu_losses:?} (GPU), held {cpu_held:?} / {gpu_held:?}, largest gradient gap {largest:.2e}");
         assert_eq!(cpu_held, gpu_held, "{label}: memories held after each block");
@@ -182,7 +184,8 @@ fn gpt2_on_the_gpu_gives_the_logits_of_transformers() {
     cfg.train.block = 8;
     let lm = Lm::new(&cfg, gpu).unwrap();
     lethe::model::init::load(&lm, &fixture).unwrap();
-    let mut expected: std::collections::HashMap<String, Tensor> = Tensor::read_safetensors(fixture.join("expected.safetensors")).unwrap().into_iter().collect();
+    let mut expected: std::collections::HashMap<String, Tensor> =
+        Tensor::read_safetensors(fixture.join("expected.safetensors")).unwrap().into_iter().collect();
     let (ids, want) = (expected.remove("ids").unwrap(), expected.remove("logits").unwrap());
     let mut mem = lm.model.new_memory();
     let got = tch::no_grad(|| lm.model.forward(&ids.to_device(gpu), &mut mem, false)).unwrap().logits;

@@ -82,7 +82,9 @@ fn gradients_through_mu_sigma_gate_and_projections_match_finite_differences() {
         task + aux
     };
     loss().backward();
-    for name in ["ltm.mu", "ltm.sigma_w", "ltm.sigma_b", "ltm.gate_w", "ltm.gate_b", "ltm.k", "ltm.v", "ltm.o", "attn.q.weight"] {
+    for name in
+        ["ltm.mu", "ltm.sigma_w", "ltm.sigma_b", "ltm.gate_w", "ltm.gate_b", "ltm.k", "ltm.v", "ltm.o", "attn.q.weight"]
+    {
         let p = param(&lm, name);
         let grad = p.grad().flatten(0, -1);
         assert!(grad.abs().sum(Kind::Double).double_value(&[]) > 0.0, "no gradient reached {name}");

@@ -9,7 +9,10 @@ mod common;
 use common::cli::{fails_with, lethe, TINY};
 
 /// Rust's `Debug` rendering of lethe's values, which a message must never show.
-const DEBUG_LEAKS: &[&str] = &["Some(", "None", "Ok(", "Err(", "PathBuf", "Fixed", "Infinity", "Gpt2", "Lethe ", " Copy", "Corridor", "Sorting", "{ "];
+const DEBUG_LEAKS: &[&str] = &[
+    "Some(", "None", "Ok(", "Err(", "PathBuf", "Fixed", "Infinity", "Gpt2", "Lethe ", " Copy", "Corridor", "Sorting",
+    "{ ",
+];
 
 #[test]
 fn refusals_name_what_is_wrong_in_the_users_words() {
@@ -20,10 +23,16 @@ fn refusals_name_what_is_wrong_in_the_users_words() {
     std::fs::write(d.join("empty.txt"), "").unwrap();
     // Two broken CMU-DoG folders: a conversation that is not JSON, and one naming a
     // document that no WikiData file has.
-    for (folder, conversation) in [("badjson", "{not json"), ("nodoc", r#"{"docLinkIdx": 9, "history": [{"text": "hi", "uid": "u"}]}"#)] {
+    for (folder, conversation) in
+        [("badjson", "{not json"), ("nodoc", r#"{"docLinkIdx": 9, "history": [{"text": "hi", "uid": "u"}]}"#)]
+    {
         std::fs::create_dir_all(d.join(folder).join("WikiData")).unwrap();
         std::fs::create_dir_all(d.join(folder).join("Conversations/train")).unwrap();
-        std::fs::write(d.join(folder).join("WikiData/m.json"), r#"{"0": {"movieName": "M"}, "1": "", "2": "", "3": "", "wikiDocumentIdx": 1}"#).unwrap();
+        std::fs::write(
+            d.join(folder).join("WikiData/m.json"),
+            r#"{"0": {"movieName": "M"}, "1": "", "2": "", "3": "", "wikiDocumentIdx": 1}"#,
+        )
+        .unwrap();
         std::fs::write(d.join(folder).join("Conversations/train/1.json"), conversation).unwrap();
     }
     let train = |extra: &[&str]| -> Vec<String> {
@@ -44,8 +53,14 @@ fn refusals_name_what_is_wrong_in_the_users_words() {
         (train(&["--set", "model.cutoffs=[300]"]), vec!["model.cutoffs", "model.vocab = 256"]),
         (train(&["--set", "data.max_documents=3"]), vec!["data.max_documents", "`copy`"]),
         (train(&["--set", "data.tokenizer=tok"]), vec!["data.tokenizer", "copy"]),
-        (train(&["--set", "memory.infinity.widths=[]", "--set", "memory.mechanism=infinity"]), vec!["memory.infinity.widths"]),
-        (train(&["--set", "model.arch=gpt2", "--set", "memory.mechanism=expire"]), vec!["memory.mechanism", "expire", "fixed, compressive or infinity"]),
+        (
+            train(&["--set", "memory.infinity.widths=[]", "--set", "memory.mechanism=infinity"]),
+            vec!["memory.infinity.widths"],
+        ),
+        (
+            train(&["--set", "model.arch=gpt2", "--set", "memory.mechanism=expire"]),
+            vec!["memory.mechanism", "expire", "fixed, compressive or infinity"],
+        ),
         (train(&["--set", "nosuch.field=1"]), vec!["nosuch"]),
         (train(&["--name", "never", "--resume"]), vec!["no run to resume", "runs/never"]),
         (train(&["--init-from", "nosuch"]), vec!["nosuch", "does not exist"]),
@@ -62,14 +77,29 @@ fn refusals_name_what_is_wrong_in_the_users_words() {
         (plain(&["score", "text.txt", "missing.txt"]), vec!["missing.txt"]),
         (plain(&["score", "text.txt", "one.txt"]), vec!["text.txt", "50 lines", "one.txt", "has 1"]),
         (plain(&["dialogue-data", "--out", "dog", "--conversations", "5"]), vec!["--conversations", "at least 20"]),
-        (plain(&["dialogue-data", "--out", "dog", "--conversations", "1000000000"]), vec!["--conversations", "at most 1000000"]),
+        (
+            plain(&["dialogue-data", "--out", "dog", "--conversations", "1000000000"]),
+            vec!["--conversations", "at most 1000000"],
+        ),
         (train(&["--set", "data.source=dialogue", "--set", "data.path=."]), vec!["WikiData", "CMU-DoG"]),
-        (train(&["--set", "data.source=dialogue", "--set", "data.path=badjson"]), vec!["badjson/Conversations/train/1.json", "not a CMU-DoG JSON file"]),
-        (train(&["--set", "data.source=dialogue", "--set", "data.path=nodoc"]), vec!["nodoc/Conversations/train/1.json", "document 9"]),
+        (
+            train(&["--set", "data.source=dialogue", "--set", "data.path=badjson"]),
+            vec!["badjson/Conversations/train/1.json", "not a CMU-DoG JSON file"],
+        ),
+        (
+            train(&["--set", "data.source=dialogue", "--set", "data.path=nodoc"]),
+            vec!["nodoc/Conversations/train/1.json", "document 9"],
+        ),
         (plain(&["score", "empty.txt", "empty.txt"]), vec!["empty.txt", "no lines"]),
-        (plain(&["score", "text.txt", "text.txt", "--wordnet", "nowhere"]), vec!["--wordnet", "nowhere", "not a folder"]),
+        (
+            plain(&["score", "text.txt", "text.txt", "--wordnet", "nowhere"]),
+            vec!["--wordnet", "nowhere", "not a folder"],
+        ),
         (plain(&["score", "text.txt", "text.txt", "--wordnet", "."]), vec!["--wordnet", "index.noun"]),
-        (plain(&["dialogue-eval", "--checkpoint", "nosuch", "--decode", "topk"]), vec!["--decode topk", "greedy, sample or beam"]),
+        (
+            plain(&["dialogue-eval", "--checkpoint", "nosuch", "--decode", "topk"]),
+            vec!["--decode topk", "greedy, sample or beam"],
+        ),
         (plain(&["dialogue-eval", "--checkpoint", "nosuch", "--decode", "beam", "--beam", "0"]), vec!["--beam 0"]),
         (plain(&["dialogue-eval", "--checkpoint", "nosuch", "--decode", "sample", "--top-p", "0"]), vec!["--top-p 0"]),
         (plain(&["dialogue-eval", "--checkpoint", "nosuch"]), vec!["nosuch"]),

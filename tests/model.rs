@@ -48,7 +48,8 @@ fn gradients_match_finite_differences() {
         // A few entries of every parameter, spread over the tensor.
         for idx in [0, n / 3, n - 1] {
             let analytic = grad.double_value(&[idx]);
-            let numeric = common::numeric_grad(p, idx, || common::two_block_loss(&lm, &x, &y, &cache).double_value(&[]));
+            let numeric =
+                common::numeric_grad(p, idx, || common::two_block_loss(&lm, &x, &y, &cache).double_value(&[]));
             let tol = 1e-6 + 1e-5 * analytic.abs().max(numeric.abs());
             assert!((analytic - numeric).abs() < tol, "{name}[{idx}]: analytic {analytic} vs numeric {numeric}");
             checked += 1;
@@ -75,7 +76,12 @@ fn streaming_in_blocks_equals_one_long_block_when_the_span_covers_it() {
 
     // The same through `evaluate`, with different block lengths.
     let bytes: Vec<u8> = (0..2 * 25).map(|i| (i * 13 % 97) as u8).collect();
-    let split = SplitData { origin: "mem".into(), docs: vec![TokenSeq::bytes(&bytes, None, None)], mode: FolderMode::Concat, words: None };
+    let split = SplitData {
+        origin: "mem".into(),
+        docs: vec![TokenSeq::bytes(&bytes, None, None)],
+        mode: FolderMode::Concat,
+        words: None,
+    };
     let one = evaluate(&lm, &split, 2, 24, None).unwrap();
     let blocks = evaluate(&lm, &split, 2, 5, None).unwrap();
     assert_eq!(one.tokens, 48);
@@ -124,10 +130,14 @@ fn documents_read_one_at_a_time_score_as_each_document_alone() {
     let docs: Vec<TokenSeq> = [30usize, 21, 25]
         .iter()
         .enumerate()
-        .map(|(d, &n)| TokenSeq::bytes(&(0..n).map(|i| ((i * 37 + d * 11 + 5) % 251) as u8).collect::<Vec<_>>(), None, None))
+        .map(|(d, &n)| {
+            TokenSeq::bytes(&(0..n).map(|i| ((i * 37 + d * 11 + 5) % 251) as u8).collect::<Vec<_>>(), None, None)
+        })
         .collect();
     let split = |docs: Vec<TokenSeq>, mode| SplitData { origin: "mem".into(), docs, mode, words: None };
-    for mechanism in [Mechanism::Fixed, Mechanism::Expire, Mechanism::Adaptive, Mechanism::Compressive, Mechanism::Infinity] {
+    for mechanism in
+        [Mechanism::Fixed, Mechanism::Expire, Mechanism::Adaptive, Mechanism::Compressive, Mechanism::Infinity]
+    {
         let mut cfg = common::tiny_config();
         cfg.memory.mechanism = mechanism;
         let lm = {
@@ -135,13 +145,24 @@ fn documents_read_one_at_a_time_score_as_each_document_alone() {
             Lm::new(&cfg, Device::Cpu).unwrap()
         };
         let rounds = evaluate(&lm, &split(docs.clone(), FolderMode::Separate), 2, 8, None).unwrap();
-        let alone: Vec<_> = docs.iter().map(|d| evaluate(&lm, &split(vec![d.clone()], FolderMode::Concat), 1, 8, None).unwrap()).collect();
+        let alone: Vec<_> = docs
+            .iter()
+            .map(|d| evaluate(&lm, &split(vec![d.clone()], FolderMode::Concat), 1, 8, None).unwrap())
+            .collect();
         let tokens: u64 = alone.iter().map(|r| r.tokens).sum();
         let loss = alone.iter().map(|r| r.loss * r.tokens as f64).sum::<f64>() / tokens as f64;
         assert_eq!(rounds.tokens, tokens, "{mechanism:?}");
         assert!((rounds.loss - loss).abs() < 1e-5, "{mechanism:?}: {} in rounds, {loss} alone", rounds.loss);
         let carried = evaluate(&lm, &split(docs.clone(), FolderMode::Documents), 1, 8, None).unwrap();
-        assert_eq!(carried.tokens, tokens + 2, "{mechanism:?}: the first token of the 2nd and 3rd documents is a target when carried");
-        assert!((carried.loss - loss).abs() > 1e-4, "{mechanism:?}: carrying the memory changed nothing ({})", carried.loss);
+        assert_eq!(
+            carried.tokens,
+            tokens + 2,
+            "{mechanism:?}: the first token of the 2nd and 3rd documents is a target when carried"
+        );
+        assert!(
+            (carried.loss - loss).abs() > 1e-4,
+            "{mechanism:?}: carrying the memory changed nothing ({})",
+            carried.loss
+        );
     }
 }

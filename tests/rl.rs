@@ -4,9 +4,9 @@
 
 mod common;
 
+use lethe::config::CorridorConfig;
 use lethe::config::{Config, Mechanism};
 use lethe::rl::agent::Agent;
-use lethe::config::CorridorConfig;
 use lethe::rl::env::{observation_size, Episodes};
 use lethe::rl::train::{train, RlSummary};
 use lethe::train::TrainOptions;
@@ -56,7 +56,9 @@ fn check_step_by_step_equals_block(mechanism: Mechanism, episodes: Option<&Tenso
     let mut mem = agent.new_memory();
     agent.forward(&obs.narrow(1, 0, 6), &mut mem, false, at(0, 6).as_ref()).unwrap();
     let start: Vec<(String, Tensor)> = mem.state().into_iter().map(|(n, t)| (n, t.copy())).collect();
-    let stepped: Vec<Tensor> = (6..18).map(|t| agent.forward(&obs.narrow(1, t, 1), &mut mem, false, at(t, 1).as_ref()).unwrap().logits).collect();
+    let stepped: Vec<Tensor> = (6..18)
+        .map(|t| agent.forward(&obs.narrow(1, t, 1), &mut mem, false, at(t, 1).as_ref()).unwrap().logits)
+        .collect();
     let stepped = Tensor::cat(&stepped, 1);
     let mut replay = agent.new_memory();
     replay.load_state(&start).unwrap();
@@ -65,7 +67,8 @@ fn check_step_by_step_equals_block(mechanism: Mechanism, episodes: Option<&Tenso
     assert!(diff < 1e-5, "{mechanism:?}: step-by-step and block logits differ by {diff}");
     assert!(stepped.std(false).double_value(&[]) > 1e-2, "the logits vary");
     // And the memory matters: the block without its starting memory differs.
-    let alone = agent.forward(&obs.narrow(1, 6, 12), &mut agent.new_memory(), false, at(6, 12).as_ref()).unwrap().logits;
+    let alone =
+        agent.forward(&obs.narrow(1, 6, 12), &mut agent.new_memory(), false, at(6, 12).as_ref()).unwrap().logits;
     assert!((&alone - &block).abs().max().double_value(&[]) > 1e-3, "{mechanism:?}: the memory was ignored");
 }
 
@@ -73,7 +76,8 @@ fn check_step_by_step_equals_block(mechanism: Mechanism, episodes: Option<&Tenso
 fn acting_step_by_step_matches_the_window_replayed_as_a_block() {
     // Row 0 starts a new episode at step 10 (inside the window), row 1 at steps 4
     // (before it) and 14, row 2 plays one episode throughout.
-    let numbers = |switches: &[i64]| (0..18).map(|t| switches.iter().filter(|&&s| t >= s).count() as i64).collect::<Vec<_>>();
+    let numbers =
+        |switches: &[i64]| (0..18).map(|t| switches.iter().filter(|&&s| t >= s).count() as i64).collect::<Vec<_>>();
     let rows = [numbers(&[10]), numbers(&[4, 14]).iter().map(|n| n + 10).collect(), vec![20; 18]];
     let episodes = Tensor::from_slice(&rows.concat()).view([3, 18]);
     for mechanism in [Mechanism::Fixed, Mechanism::Expire, Mechanism::Adaptive] {
@@ -138,7 +142,9 @@ fn resuming_an_rl_run_repeats_the_losses_of_a_straight_run() {
 
 #[test]
 fn every_memory_mechanism_drives_an_agent() {
-    for mechanism in [Mechanism::Fixed, Mechanism::Expire, Mechanism::Adaptive, Mechanism::Compressive, Mechanism::Infinity] {
+    for mechanism in
+        [Mechanism::Fixed, Mechanism::Expire, Mechanism::Adaptive, Mechanism::Compressive, Mechanism::Infinity]
+    {
         let mut cfg = tiny_corridor("mechanisms", 16);
         cfg.memory.mechanism = mechanism;
         cfg.memory.compressive.slots = 8;
@@ -189,7 +195,9 @@ fn the_alpha_warm_up_weighs_the_span_loss_of_each_update() {
 #[test]
 fn evaluation_averages_the_memory_over_the_steps_of_the_episodes() {
     let resets = [lethe::rl::Reset::Episode, lethe::rl::Reset::Batch];
-    for (mechanism, reset) in [Mechanism::Fixed, Mechanism::Adaptive, Mechanism::Expire].into_iter().flat_map(|m| resets.map(|r| (m, r))) {
+    for (mechanism, reset) in
+        [Mechanism::Fixed, Mechanism::Adaptive, Mechanism::Expire].into_iter().flat_map(|m| resets.map(|r| (m, r)))
+    {
         let mut cfg = tiny_corridor("eval-memory", 64);
         cfg.memory.mechanism = mechanism;
         cfg.memory.adaptive.init_ratio = 1.0;
@@ -206,7 +214,10 @@ fn evaluation_averages_the_memory_over_the_steps_of_the_episodes() {
         assert!(lengths.iter().any(|&t| t != lengths[0]), "episodes of different lengths: {lengths:?}");
         let expected = lengths.iter().map(|t| t * (t - 1.0) / 2.0).sum::<f64>() / lengths.iter().sum::<f64>();
         for m in &r.mem_size {
-            assert!((m - expected).abs() < 1e-9, "{mechanism:?} {reset:?}: memory {m}, expected {expected} from {lengths:?}");
+            assert!(
+                (m - expected).abs() < 1e-9,
+                "{mechanism:?} {reset:?}: memory {m}, expected {expected} from {lengths:?}"
+            );
         }
     }
 }

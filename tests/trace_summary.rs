@@ -15,12 +15,15 @@ fn summary(traces: &[&str], args: &[&str]) -> (bool, String) {
             p.display().to_string()
         })
         .collect();
-    let out = Command::new("python3").arg("scripts/trace-summary.py").args(&paths).args(args).output().expect("python3 runs");
+    let out =
+        Command::new("python3").arg("scripts/trace-summary.py").args(&paths).args(args).output().expect("python3 runs");
     (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
 }
 
 fn event(name: &str, ts: f64, dur: f64, tid: i64) -> String {
-    format!(r#"{{"name": "{name}", "ph": "X", "ts": {ts}, "dur": {dur}, "tid": {tid}, "pid": "CPU Functions", "args": {{}}}}"#)
+    format!(
+        r#"{{"name": "{name}", "ph": "X", "ts": {ts}, "dur": {dur}, "tid": {tid}, "pid": "CPU Functions", "args": {{}}}}"#
+    )
 }
 
 /// The line of `table` (the text after its title) that ends with `name`.
@@ -72,5 +75,9 @@ fn a_file_that_is_not_a_trace_is_refused_by_name() {
     // A trace whose event has a start that is not a number: named, not a traceback.
     let (ok, out) = summary(&[r#"[{"name": "aten::mm", "ph": "X", "ts": "soon", "dur": 3}]"#], &[]);
     assert!(!ok);
-    assert!(out.contains("t0.json: complete event 0 needs a name, a numeric ts and a numeric dur") && !out.contains("Traceback"), "{out}");
+    assert!(
+        out.contains("t0.json: complete event 0 needs a name, a numeric ts and a numeric dur")
+            && !out.contains("Traceback"),
+        "{out}"
+    );
 }

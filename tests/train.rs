@@ -56,7 +56,11 @@ fn the_run_folder_records_its_machine() {
     assert!(!machine["cpu"].as_str().unwrap().is_empty(), "{text}");
     let numerics = machine["numerics"].as_str().unwrap();
     assert_eq!(numerics.len(), 16, "{text}");
-    assert_eq!(numerics, lethe::device::numerics_fingerprint(), "the fingerprint is the same every time on one machine");
+    assert_eq!(
+        numerics,
+        lethe::device::numerics_fingerprint(),
+        "the fingerprint is the same every time on one machine"
+    );
 }
 
 /// `train.tf32` is for GPUs: a CPU run with it on gives the losses of one without, to
@@ -128,7 +132,9 @@ fn resuming_expire_span_repeats_the_losses_of_a_straight_run() {
 fn resuming_on_a_byte_corpus_repeats_the_losses_too() {
     let data_dir = tempfile::tempdir().unwrap();
     let corpus = data_dir.path().join("text.txt");
-    let text: Vec<u8> = (0..3000u32).map(|i| b"the quick brown fox jumps over the lazy dog. "[(i % 45) as usize] ^ ((i / 45 % 2) as u8)).collect();
+    let text: Vec<u8> = (0..3000u32)
+        .map(|i| b"the quick brown fox jumps over the lazy dog. "[(i % 45) as usize] ^ ((i / 45 % 2) as u8))
+        .collect();
     std::fs::write(&corpus, text).unwrap();
     let mut cfg = common::tiny_config();
     cfg.data.source = lethe::config::Source::File;
@@ -148,7 +154,8 @@ fn resuming_on_a_byte_corpus_repeats_the_losses_too() {
 fn resuming_over_documents_read_one_at_a_time_repeats_the_losses_too() {
     let data_dir = tempfile::tempdir().unwrap();
     for d in 0..20u32 {
-        let text: Vec<u8> = (0..30 + 7 * (d % 6)).map(|i| b"abcdefghij klmnopq rstuvwxyz. "[((i * (d + 3)) % 30) as usize]).collect();
+        let text: Vec<u8> =
+            (0..30 + 7 * (d % 6)).map(|i| b"abcdefghij klmnopq rstuvwxyz. "[((i * (d + 3)) % 30) as usize]).collect();
         std::fs::write(data_dir.path().join(format!("doc{d:02}.txt")), text).unwrap();
     }
     let mut cfg = common::tiny_config();

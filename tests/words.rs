@@ -78,7 +78,9 @@ fn the_adaptive_input_embeds_each_cluster_in_its_own_width() {
     assert_eq!(vars["emb.0"].size(), vec![5, 16]);
     assert_eq!(vars["emb.1"].size(), vec![7, 8]);
     assert_eq!(vars["emb.2"].size(), vec![18, 4]);
-    assert!(!vars.contains_key("proj.0") && vars["proj.1"].size() == vec![16, 8] && vars["proj.2"].size() == vec![16, 4]);
+    assert!(
+        !vars.contains_key("proj.0") && vars["proj.1"].size() == vec![16, 8] && vars["proj.2"].size() == vec![16, 4]
+    );
     let tokens = Tensor::from_slice(&[3i64, 7, 20]).view([1, 3]);
     let x = a.embed(&tokens); // (1, 3, 16)
     let want = vars["emb.0"].get(3) * 4.0;
@@ -100,13 +102,18 @@ fn gradients_match_finite_differences() {
     loss().backward();
     let vars = vs.variables();
     let mut checked = 0;
-    for name in ["emb.0", "emb.1", "emb.2", "proj.1", "proj.2", "bias.0", "bias.1", "bias.2", "cluster.weight", "cluster.bias"] {
+    for name in
+        ["emb.0", "emb.1", "emb.2", "proj.1", "proj.2", "bias.0", "bias.1", "bias.2", "cluster.weight", "cluster.bias"]
+    {
         let param = &vars[name];
         let grad = param.grad().flatten(0, -1);
         for idx in [0, param.numel() as i64 / 2, param.numel() as i64 - 1] {
             let numeric = common::numeric_grad(param, idx, || tch::no_grad(|| loss().double_value(&[])));
             let analytic = grad.double_value(&[idx]);
-            assert!((numeric - analytic).abs() < 1e-6 * (1.0 + analytic.abs()), "{name}[{idx}]: analytic {analytic}, numeric {numeric}");
+            assert!(
+                (numeric - analytic).abs() < 1e-6 * (1.0 + analytic.abs()),
+                "{name}[{idx}]: analytic {analytic}, numeric {numeric}"
+            );
             checked += (analytic.abs() > 1e-9) as usize;
         }
     }
@@ -135,7 +142,13 @@ fn a_model_with_adaptive_ends_runs_and_bad_cutoffs_are_named() {
     // explained yet. A normalisation bug would be off by far more.
     assert!(worst < 1e-4, "the probabilities sum to 1 within {worst}");
     assert!(lm.named_parameters().iter().all(|(n, _)| n != "embed.weight" && n != "head.weight"));
-    for (cutoffs, div_val, field) in [(vec![100, 20], 1, "model.cutoffs"), (vec![20, 300], 1, "model.cutoffs"), (vec![0], 1, "model.cutoffs"), (vec![20, 100], 0, "model.div_val"), (vec![20, 100], 8, "model.div_val")] {
+    for (cutoffs, div_val, field) in [
+        (vec![100, 20], 1, "model.cutoffs"),
+        (vec![20, 300], 1, "model.cutoffs"),
+        (vec![0], 1, "model.cutoffs"),
+        (vec![20, 100], 0, "model.div_val"),
+        (vec![20, 100], 8, "model.div_val"),
+    ] {
         let mut bad = cfg.clone();
         (bad.model.cutoffs, bad.model.div_val) = (cutoffs, div_val);
         let err = Lm::new(&bad, Device::Cpu).err().map(|e| e.to_string()).unwrap_or_default();
@@ -189,7 +202,8 @@ fn a_learned_bpe_round_trips_any_text() {
 fn wikitext_like(d: &std::path::Path) {
     std::fs::create_dir(d.join("wt")).unwrap();
     for (split, lines) in [("train", 400), ("valid", 60), ("test", 60)] {
-        let text: String = (0..lines).map(|i| format!(" the w{} of the w{} in a w{} \n", i % 7, i % 13, i % 29)).collect();
+        let text: String =
+            (0..lines).map(|i| format!(" the w{} of the w{} in a w{} \n", i % 7, i % 13, i % 29)).collect();
         std::fs::write(d.join(format!("wt/wiki.{split}.tokens")), format!(" = Title = \n\n{text}")).unwrap();
     }
 }
@@ -204,13 +218,54 @@ fn a_word_level_model_trains_from_the_command_line() {
     wikitext_like(d);
     let out = succeeds(&lethe(d, &["tokenizer", "words", "wt/wiki.train.tokens", "--out", "words"]));
     assert!(out.contains("vocabulary of 37 ids"), "{out}"); // w0 to w28, the, of, in, a, =, Title, <eos>, and <unk>
-    fails_with(&lethe(d, &["tokenizer", "words", "wt/wiki.train.tokens", "--out", "words"]), &["words/tokenizer.json", "--overwrite"]);
+    fails_with(
+        &lethe(d, &["tokenizer", "words", "wt/wiki.train.tokens", "--out", "words"]),
+        &["words/tokenizer.json", "--overwrite"],
+    );
     std::fs::write(d.join("latin1.txt"), b"caf\xe9\n").unwrap();
     fails_with(&lethe(d, &["tokenizer", "words", "latin1.txt", "--out", "w2"]), &["latin1.txt", "not UTF-8"]);
-    fails_with(&lethe(d, &["tokenizer", "bpe", "wt/wiki.train.tokens", "--out", "w3", "--vocab", "10"]), &["--vocab 10", "256"]);
-    let train = ["train", "--quiet", "--out", "runs", "--name", "w", "-p", "xl-wikitext", "--data", "wt", "--set", "data.tokenizer=words", "--steps", "3",
-        "--set", "model.vocab=37", "--set", "model.cutoffs=[10,30]", "--set", "model.div_val=2", "--set", "model.layers=1", "--set", "model.d_model=16", "--set", "model.heads=2",
-        "--set", "model.d_ffn=32", "--set", "train.batch=2", "--set", "train.block=8", "--set", "memory.span=8", "--set", "train.device=cpu"];
+    fails_with(
+        &lethe(d, &["tokenizer", "bpe", "wt/wiki.train.tokens", "--out", "w3", "--vocab", "10"]),
+        &["--vocab 10", "256"],
+    );
+    let train = [
+        "train",
+        "--quiet",
+        "--out",
+        "runs",
+        "--name",
+        "w",
+        "-p",
+        "xl-wikitext",
+        "--data",
+        "wt",
+        "--set",
+        "data.tokenizer=words",
+        "--steps",
+        "3",
+        "--set",
+        "model.vocab=37",
+        "--set",
+        "model.cutoffs=[10,30]",
+        "--set",
+        "model.div_val=2",
+        "--set",
+        "model.layers=1",
+        "--set",
+        "model.d_model=16",
+        "--set",
+        "model.heads=2",
+        "--set",
+        "model.d_ffn=32",
+        "--set",
+        "train.batch=2",
+        "--set",
+        "train.block=8",
+        "--set",
+        "memory.span=8",
+        "--set",
+        "train.device=cpu",
+    ];
     succeeds(&lethe(d, &train));
     let eval = succeeds(&lethe(d, &["eval", "--checkpoint", "runs/w", "--split", "test", "--json"]));
     let r: serde_json::Value = serde_json::from_str(&eval).unwrap();
@@ -229,12 +284,53 @@ fn a_word_level_model_with_adaptive_ends_learns() {
     let d = dir.path();
     wikitext_like(d);
     succeeds(&lethe(d, &["tokenizer", "words", "wt/wiki.train.tokens", "--out", "words"]));
-    let train = ["train", "--quiet", "--out", "runs", "--name", "w", "-p", "xl-wikitext", "--data", "wt", "--set", "data.tokenizer=words", "--steps", "300",
-        "--set", "model.vocab=37", "--set", "model.cutoffs=[10,30]", "--set", "model.div_val=2", "--set", "model.layers=2", "--set", "model.d_model=32", "--set", "model.heads=2",
-        "--set", "model.d_ffn=64", "--set", "model.dropout=0", "--set", "train.batch=4", "--set", "train.block=16", "--set", "memory.span=16", "--set", "train.lr=3e-3",
-        "--set", "train.warmup=20", "--set", "train.device=cpu"];
+    let train = [
+        "train",
+        "--quiet",
+        "--out",
+        "runs",
+        "--name",
+        "w",
+        "-p",
+        "xl-wikitext",
+        "--data",
+        "wt",
+        "--set",
+        "data.tokenizer=words",
+        "--steps",
+        "300",
+        "--set",
+        "model.vocab=37",
+        "--set",
+        "model.cutoffs=[10,30]",
+        "--set",
+        "model.div_val=2",
+        "--set",
+        "model.layers=2",
+        "--set",
+        "model.d_model=32",
+        "--set",
+        "model.heads=2",
+        "--set",
+        "model.d_ffn=64",
+        "--set",
+        "model.dropout=0",
+        "--set",
+        "train.batch=4",
+        "--set",
+        "train.block=16",
+        "--set",
+        "memory.span=16",
+        "--set",
+        "train.lr=3e-3",
+        "--set",
+        "train.warmup=20",
+        "--set",
+        "train.device=cpu",
+    ];
     succeeds(&lethe(d, &train));
-    let r: serde_json::Value = serde_json::from_str(&succeeds(&lethe(d, &["eval", "--checkpoint", "runs/w", "--json"]))).unwrap();
+    let r: serde_json::Value =
+        serde_json::from_str(&succeeds(&lethe(d, &["eval", "--checkpoint", "runs/w", "--json"]))).unwrap();
     let loss = r["loss"].as_f64().unwrap();
     assert!(loss < 1.2, "valid loss {loss} nats; the unigram baseline is 2.69");
 }

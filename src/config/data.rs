@@ -5,7 +5,9 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::tasks::{CollisionConfig, CopyConfig, CorridorConfig, DialogueConfig, InstructionConfig, PortalConfig, SortingConfig};
+use super::tasks::{
+    CollisionConfig, CopyConfig, CorridorConfig, DialogueConfig, InstructionConfig, PortalConfig, SortingConfig,
+};
 use crate::error::{LetheError, Result};
 
 impl std::fmt::Display for Source {
@@ -127,7 +129,9 @@ impl Source {
         if path.join("WikiData").is_dir() && path.join("Conversations").is_dir() {
             return Source::Dialogue;
         }
-        let wikitext = ["tokens", "raw"].iter().any(|ext| ["train", "valid", "test"].iter().any(|s| path.join(format!("wiki.{s}.{ext}")).is_file()));
+        let wikitext = ["tokens", "raw"]
+            .iter()
+            .any(|ext| ["train", "valid", "test"].iter().any(|s| path.join(format!("wiki.{s}.{ext}")).is_file()));
         match (path.is_dir(), wikitext) {
             (true, true) => Source::Wikitext,
             (true, false) => Source::Folder,
@@ -207,13 +211,20 @@ impl DataConfig {
             return Err(LetheError::config("data.path", "none", "a file or folder is needed (--data PATH)"));
         }
         if self.max_documents > 0 && self.source != Source::Folder {
-            return Err(LetheError::config("data.max_documents", self.max_documents, format!("limits the documents of a folder; data.source is `{}`", self.source)));
+            return Err(LetheError::config(
+                "data.max_documents",
+                self.max_documents,
+                format!("limits the documents of a folder; data.source is `{}`", self.source),
+            ));
         }
         if let (Some(t), false) = (&self.tokenizer, self.source.reads_text()) {
             return Err(LetheError::config(
                 "data.tokenizer",
                 t.display(),
-                format!("tokenises the text of file, folder, wikitext and dialogue; the {} task has its own symbols", self.source),
+                format!(
+                    "tokenises the text of file, folder, wikitext and dialogue; the {} task has its own symbols",
+                    self.source
+                ),
             ));
         }
         self.copy.validate()?;

@@ -221,7 +221,18 @@ pub enum Deletion {
 
 impl Default for ExpireConfig {
     fn default() -> Self {
-        ExpireConfig { ramp: 16, alpha: 1e-6, alpha_warmup: 0, init_fraction: 0.1, pre_div: 1.0, noisy: false, deletion: Deletion::Stream, inference_cap: 0, fused: true, as_official: false }
+        ExpireConfig {
+            ramp: 16,
+            alpha: 1e-6,
+            alpha_warmup: 0,
+            init_fraction: 0.1,
+            pre_div: 1.0,
+            noisy: false,
+            deletion: Deletion::Stream,
+            inference_cap: 0,
+            fused: true,
+            as_official: false,
+        }
     }
 }
 
@@ -388,7 +399,11 @@ impl InfinityConfig {
         positive("memory.infinity.basis", self.basis)?;
         let w = self.widths.len();
         if w == 0 || self.widths.iter().any(|&s| !(s > 0.0 && s.is_finite())) {
-            return Err(LetheError::config("memory.infinity.widths", format!("{:?}", self.widths), "must be one or more positive numbers"));
+            return Err(LetheError::config(
+                "memory.infinity.widths",
+                format!("{:?}", self.widths),
+                "must be one or more positive numbers",
+            ));
         }
         if !self.basis.is_multiple_of(w) || self.basis / w < 2 {
             return Err(LetheError::config(

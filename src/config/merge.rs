@@ -9,10 +9,11 @@ use crate::error::{LetheError, Result};
 impl Config {
     /// Merges a TOML file over `self` (fields the file leaves out keep their values).
     pub fn merge_file(self, path: &Path) -> Result<Config> {
-        let text = crate::input::read_to_string(path).map_err(|e| LetheError::ConfigParse(format!("`{}`: {e}", path.display())))?;
-        let overlay: toml::Table = text
-            .parse()
-            .map_err(|e: toml::de::Error| LetheError::ConfigParse(format!("`{}`: {}", path.display(), said(&e.to_string()))))?;
+        let text = crate::input::read_to_string(path)
+            .map_err(|e| LetheError::ConfigParse(format!("`{}`: {e}", path.display())))?;
+        let overlay: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+            LetheError::ConfigParse(format!("`{}`: {}", path.display(), said(&e.to_string())))
+        })?;
         self.merge_table(overlay, &path.display().to_string())
     }
 
@@ -41,7 +42,8 @@ impl Config {
 
     /// Reads a config from TOML text (as written by [`Config::to_toml`]).
     pub fn from_toml(text: &str, origin: &str) -> Result<Config> {
-        toml::from_str(text).map_err(|e: toml::de::Error| LetheError::ConfigParse(format!("{origin}: {}", said(&e.to_string()))))
+        toml::from_str(text)
+            .map_err(|e: toml::de::Error| LetheError::ConfigParse(format!("{origin}: {}", said(&e.to_string()))))
     }
 
     /// The config as TOML text.
@@ -54,7 +56,9 @@ impl Config {
     }
 
     fn from_table(table: toml::Table, origin: &str) -> Result<Config> {
-        table.try_into().map_err(|e: toml::de::Error| LetheError::ConfigParse(format!("{origin}: {}", said(&e.to_string()))))
+        table
+            .try_into()
+            .map_err(|e: toml::de::Error| LetheError::ConfigParse(format!("{origin}: {}", said(&e.to_string()))))
     }
 }
 
@@ -79,7 +83,10 @@ fn parse_value(raw: &str) -> toml::Value {
 
 fn set_path(table: &mut toml::Table, key: &str, value: toml::Value) -> Result<()> {
     let mut parts: Vec<&str> = key.split('.').collect();
-    let last = parts.pop().filter(|s| !s.is_empty()).ok_or_else(|| LetheError::ConfigParse(format!("empty key in `{key}`")))?;
+    let last = parts
+        .pop()
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| LetheError::ConfigParse(format!("empty key in `{key}`")))?;
     let mut cur = table;
     for part in parts {
         cur = match cur.get_mut(part) {
@@ -103,7 +110,8 @@ pub(crate) fn said(display: &str) -> String {
     let mut field = None;
     let mut parts = vec![];
     for line in display.lines().map(str::trim).filter(|l| !l.is_empty()) {
-        let snippet = line.starts_with('|') || line.split_once('|').is_some_and(|(n, _)| n.trim().chars().all(|c| c.is_ascii_digit()));
+        let snippet = line.starts_with('|')
+            || line.split_once('|').is_some_and(|(n, _)| n.trim().chars().all(|c| c.is_ascii_digit()));
         if snippet {
             continue;
         }
@@ -136,7 +144,9 @@ fn plain_types(text: &str) -> String {
         out = out.replace(&format!("expected {rust}"), &format!("expected {plain}"));
     }
     // `expected struct FooConfig` and `expected enum Foo`: a table, one of the names.
-    for (kind, plain) in [("expected struct ", "expected a table of fields"), ("expected enum ", "expected one of its names")] {
+    for (kind, plain) in
+        [("expected struct ", "expected a table of fields"), ("expected enum ", "expected one of its names")]
+    {
         while let Some(at) = out.find(kind) {
             let rest = &out[at + kind.len()..];
             let end = rest.find(|c: char| !c.is_alphanumeric() && c != '_').unwrap_or(rest.len());
@@ -152,8 +162,14 @@ mod said_tests {
 
     #[test]
     fn toml_errors_read_in_one_line_without_rust_types() {
-        assert_eq!(said("invalid type: integer `3`, expected struct ModelConfig\nin `model`\n"), "`model`: invalid type: integer `3`, expected a table of fields");
-        assert_eq!(said("invalid type: string \"x\", expected f64\nin `train.lr`\n"), "`train.lr`: invalid type: string \"x\", expected a number");
+        assert_eq!(
+            said("invalid type: integer `3`, expected struct ModelConfig\nin `model`\n"),
+            "`model`: invalid type: integer `3`, expected a table of fields"
+        );
+        assert_eq!(
+            said("invalid type: string \"x\", expected f64\nin `train.lr`\n"),
+            "`train.lr`: invalid type: string \"x\", expected a number"
+        );
         let parse = "TOML parse error at line 1, column 7\n  |\n1 | [model\n  |       ^\ninvalid table header\nexpected `.`, `]`\n";
         assert_eq!(said(parse), "TOML parse error at line 1, column 7; invalid table header; expected `.`, `]`");
     }

@@ -25,10 +25,14 @@ pub mod tasks;
 pub mod train;
 
 pub use data::{DataConfig, FileFormat, FolderMode, Source};
-pub use memory::{AdaptiveConfig, CompressiveConfig, Compressor, Deletion, ExpireConfig, InfinityConfig, Mechanism, MemoryConfig};
+pub use memory::{
+    AdaptiveConfig, CompressiveConfig, Compressor, Deletion, ExpireConfig, InfinityConfig, Mechanism, MemoryConfig,
+};
 pub use model::{Arch, Init, ModelConfig};
 pub use presets::{Preset, PRESETS};
 pub use rl::{Reset, RlConfig, MAX_EPISODES};
 pub use run::Config;
-pub use tasks::{CollisionConfig, CopyConfig, CorridorConfig, DialogueConfig, InstructionConfig, PortalConfig, SortingConfig};
+pub use tasks::{
+    CollisionConfig, CopyConfig, CorridorConfig, DialogueConfig, InstructionConfig, PortalConfig, SortingConfig,
+};
 pub use train::{Optimizer, Schedule, TrainConfig};

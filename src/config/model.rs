@@ -133,7 +133,11 @@ impl ModelConfig {
     /// tokenizer's vocabulary is checked when it is read.
     pub fn validate(&self, bytes: bool) -> Result<()> {
         if bytes && self.vocab < 256 {
-            return Err(LetheError::config("model.vocab", self.vocab, "must be at least 256: the data are bytes (set data.tokenizer for a smaller vocabulary)"));
+            return Err(LetheError::config(
+                "model.vocab",
+                self.vocab,
+                "must be at least 256: the data are bytes (set data.tokenizer for a smaller vocabulary)",
+            ));
         }
         positive("model.vocab", self.vocab)?;
         self.validate_cutoffs()?;
@@ -148,19 +152,31 @@ impl ModelConfig {
         }
         let shown = format!("{:?}", self.cutoffs);
         if self.arch == Arch::Gpt2 {
-            return Err(LetheError::config("model.cutoffs", shown, "GPT-2 has one tied softmax; adaptive clusters are for model.arch = \"lethe\""));
+            return Err(LetheError::config(
+                "model.cutoffs",
+                shown,
+                "GPT-2 has one tied softmax; adaptive clusters are for model.arch = \"lethe\"",
+            ));
         }
         let mut previous = 0;
         for &c in &self.cutoffs {
             if c <= previous || c >= self.vocab {
-                return Err(LetheError::config("model.cutoffs", shown, format!("must increase from above 0 to below model.vocab = {}", self.vocab)));
+                return Err(LetheError::config(
+                    "model.cutoffs",
+                    shown,
+                    format!("must increase from above 0 to below model.vocab = {}", self.vocab),
+                ));
             }
             previous = c;
         }
         positive("model.div_val", self.div_val)?;
         let narrowest = (self.div_val as f64).powi(self.cutoffs.len() as i32);
         if (self.d_model as f64) < narrowest {
-            return Err(LetheError::config("model.div_val", self.div_val, format!("the last cluster would embed in d_model / div_val^{} < 1 dimension", self.cutoffs.len())));
+            return Err(LetheError::config(
+                "model.div_val",
+                self.div_val,
+                format!("the last cluster would embed in d_model / div_val^{} < 1 dimension", self.cutoffs.len()),
+            ));
         }
         Ok(())
     }

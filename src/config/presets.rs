@@ -101,11 +101,16 @@ impl Preset {
     /// The resolved config: the settings merged over their base, named after the preset.
     pub fn config(&self) -> Result<Config> {
         let origin = format!("preset `{}`", self.name);
-        let mut settings: toml::Table = self.settings.parse().map_err(|e| LetheError::ConfigParse(format!("{origin}: {e}")))?;
+        let mut settings: toml::Table =
+            self.settings.parse().map_err(|e| LetheError::ConfigParse(format!("{origin}: {e}")))?;
         let base = match settings.remove("extends") {
             None => Config::default(),
             Some(toml::Value::String(parent)) if parent != self.name => Preset::find(&parent)?.config()?,
-            Some(other) => return Err(LetheError::ConfigParse(format!("{origin}: `extends` must name another preset, not {other}"))),
+            Some(other) => {
+                return Err(LetheError::ConfigParse(format!(
+                    "{origin}: `extends` must name another preset, not {other}"
+                )))
+            }
         };
         let mut c = base.merge_table(settings, &origin)?;
         c.name = self.name.to_string();
@@ -163,7 +168,8 @@ mod tests {
     const ENWIK8_SH: &str = "--nepochs 100 --nbatches 1000 --hid-sz 512 --inner-hid-sz 2048 --mem-sz 512 --batch-sz 512 --nlayers 12 \
         --lr 0.0007 --momentum 0 --dropout 0.3 --optim adam --lr-warmup 8000 --attn-lim 16384 --nheads 8 --grad-clip 0.3 \
         --expire-span --expire-span-loss 0.000001 --expire-span-ramp 128 --expire-span-noisy";
-    const ENWIK8_SMALL_SH: &str = "--nepochs 100 --nbatches 1000 --hid-sz 256 --inner-hid-sz 1024 --mem-sz 256 --batch-sz 64 --nlayers 8 \
+    const ENWIK8_SMALL_SH: &str =
+        "--nepochs 100 --nbatches 1000 --hid-sz 256 --inner-hid-sz 1024 --mem-sz 256 --batch-sz 64 --nlayers 8 \
         --lr 0.0003 --momentum 0 --dropout 0 --optim adam --lr-warmup 8000 --attn-lim 4096 --nheads 4 --grad-clip 0.3 \
         --expire-span --expire-span-loss 0.000001 --expire-span-ramp 64 --expire-span-pre-div 64";
     const COLLISION_16K_SH: &str = "--nepochs 100 --nbatches 1000 --batch-sz 512 --hid-sz 512 --inner-hid-sz 1024 --mem-sz 256 --nlayers 6 \
@@ -187,7 +193,13 @@ mod tests {
     /// A config as the official code's flags (those the scripts above use), numbers
     /// written as the scripts write them; `--nepochs x --nbatches` as the step count.
     fn as_official_flags(c: &Config) -> std::collections::BTreeMap<String, String> {
-        let number = |x: f64| if x == 0.0 { "0".to_string() } else { format!("{x:.7}").trim_end_matches('0').trim_end_matches('.').to_string() };
+        let number = |x: f64| {
+            if x == 0.0 {
+                "0".to_string()
+            } else {
+                format!("{x:.7}").trim_end_matches('0').trim_end_matches('.').to_string()
+            }
+        };
         let mut f: std::collections::BTreeMap<String, String> = [
             ("steps", c.train.steps.to_string()),
             ("hid-sz", c.model.d_model.to_string()),
@@ -255,7 +267,10 @@ mod tests {
             ("enwik8-expire-8l", official(ENWIK8_SMALL_SH, &[], &[])),
             ("collision-expire-16k", official(COLLISION_16K_SH, &[], &[])),
             ("collision-expire-32k", official(COLLISION_16K_SH, &[("attn-lim", "32768")], &[])),
-            ("collision-expire-64k", official(COLLISION_16K_SH, &[("attn-lim", "65536"), ("expire-span-noisy", "")], &[])),
+            (
+                "collision-expire-64k",
+                official(COLLISION_16K_SH, &[("attn-lim", "65536"), ("expire-span-noisy", "")], &[]),
+            ),
         ];
         for (name, script) in cases {
             let c = Config::preset(name).unwrap();

@@ -61,7 +61,11 @@ impl RlConfig {
             return Err(LetheError::config("rl.eval_episodes", 0, "must be positive"));
         }
         if self.eval_episodes > MAX_EPISODES {
-            return Err(LetheError::config("rl.eval_episodes", self.eval_episodes, format!("must be at most {MAX_EPISODES}")));
+            return Err(LetheError::config(
+                "rl.eval_episodes",
+                self.eval_episodes,
+                format!("must be at most {MAX_EPISODES}"),
+            ));
         }
         Ok(())
     }

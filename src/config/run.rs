@@ -64,7 +64,11 @@ impl Config {
             // truncation window is cut into blocks of at most the span (see `rl::train`).
             self.model.validate_layers()?;
             if self.model.arch != Arch::Lethe {
-                return Err(LetheError::config("model.arch", self.model.arch.name(), "the gridworld agents are built on the papers' backbone (model.arch = \"lethe\")"));
+                return Err(LetheError::config(
+                    "model.arch",
+                    self.model.arch.name(),
+                    "the gridworld agents are built on the papers' backbone (model.arch = \"lethe\")",
+                ));
             }
             self.memory.validate(self.train.block.min(self.memory.span), Arch::Lethe)?;
             self.rl.validate()?;
@@ -78,7 +82,10 @@ impl Config {
                     ),
                 ));
             }
-            if self.rl.reset == Reset::Episode && self.memory.mechanism == Mechanism::Expire && self.memory.expire.as_official {
+            if self.rl.reset == Reset::Episode
+                && self.memory.mechanism == Mechanism::Expire
+                && self.memory.expire.as_official
+            {
                 return Err(LetheError::config(
                     "memory.expire.as_official",
                     true,
@@ -92,7 +99,10 @@ impl Config {
                 return Err(LetheError::config(
                     "train.block",
                     self.train.block,
-                    format!("GPT-2's positions restart at every block, and it has model.positions = {} of them", self.model.positions),
+                    format!(
+                        "GPT-2's positions restart at every block, and it has model.positions = {} of them",
+                        self.model.positions
+                    ),
                 ));
             }
         }
@@ -109,7 +119,11 @@ mod tests {
     #[test]
     fn overrides_set_typed_values_and_reject_unknown_fields() {
         let c = Config::default()
-            .apply_overrides(&["model.layers=3".into(), "train.schedule=constant".into(), "data.split=[0.8,0.1,0.1]".into()])
+            .apply_overrides(&[
+                "model.layers=3".into(),
+                "train.schedule=constant".into(),
+                "data.split=[0.8,0.1,0.1]".into(),
+            ])
             .unwrap();
         assert_eq!(c.model.layers, 3);
         assert_eq!(c.train.schedule, Schedule::Constant);

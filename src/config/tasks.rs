@@ -41,7 +41,11 @@ impl CopyConfig {
         not_below("data.copy.count_max", self.count_max, "data.copy.count_min", self.count_min)?;
         not_below("data.copy.distance_max", self.distance_max, "data.copy.distance_min", self.distance_min)?;
         if self.distance_max > 1 << 17 {
-            return Err(LetheError::config("data.copy.distance_max", self.distance_max, "must be at most 131072 (128k)"));
+            return Err(LetheError::config(
+                "data.copy.distance_max",
+                self.distance_max,
+                "must be at most 131072 (128k)",
+            ));
         }
         positive("data.copy.eval_tokens", self.eval_tokens)
     }
@@ -125,7 +129,14 @@ pub struct InstructionConfig {
 
 impl Default for InstructionConfig {
     fn default() -> Self {
-        InstructionConfig { characters: 40, queue_max: 3, distance_min: 700, distance_max: 1200, greet_rate: 0.05, eval_tokens: 1 << 18 }
+        InstructionConfig {
+            characters: 40,
+            queue_max: 3,
+            distance_min: 700,
+            distance_max: 1200,
+            greet_rate: 0.05,
+            eval_tokens: 1 << 18,
+        }
     }
 }
 
@@ -134,18 +145,30 @@ impl InstructionConfig {
     pub fn validate(&self) -> Result<()> {
         let most = INSTRUCTION_CHARACTERS;
         if !(4..=most).contains(&self.characters) {
-            return Err(LetheError::config("data.instruction.characters", self.characters, format!("must be in 4..={most}")));
+            return Err(LetheError::config(
+                "data.instruction.characters",
+                self.characters,
+                format!("must be in 4..={most}"),
+            ));
         }
         positive("data.instruction.queue_max", self.queue_max)?;
         if self.queue_max + 2 > self.characters {
             return Err(LetheError::config(
                 "data.instruction.queue_max",
                 self.queue_max,
-                format!("must leave two characters free: at most data.instruction.characters - 2 = {}", self.characters - 2),
+                format!(
+                    "must leave two characters free: at most data.instruction.characters - 2 = {}",
+                    self.characters - 2
+                ),
             ));
         }
         positive("data.instruction.distance_min", self.distance_min)?;
-        not_below("data.instruction.distance_max", self.distance_max, "data.instruction.distance_min", self.distance_min)?;
+        not_below(
+            "data.instruction.distance_max",
+            self.distance_max,
+            "data.instruction.distance_min",
+            self.distance_min,
+        )?;
         probability("data.instruction.greet_rate", self.greet_rate)?;
         positive("data.instruction.eval_tokens", self.eval_tokens)
     }
@@ -202,7 +225,11 @@ impl CorridorConfig {
     /// Checks every field for impossible values; the error names the field.
     pub fn validate(&self) -> Result<()> {
         if self.length_min < 2 {
-            return Err(LetheError::config("data.corridor.length_min", self.length_min, "must be at least 2 (the object and the doors need their own cells)"));
+            return Err(LetheError::config(
+                "data.corridor.length_min",
+                self.length_min,
+                "must be at least 2 (the object and the doors need their own cells)",
+            ));
         }
         not_below("data.corridor.length_max", self.length_max, "data.corridor.length_min", self.length_min)?;
         positive("data.corridor.max_steps", self.max_steps)
@@ -236,7 +263,11 @@ impl PortalConfig {
             return Err(LetheError::config("data.portal.rooms", self.rooms, "must be at least 2"));
         }
         if self.size < 2 {
-            return Err(LetheError::config("data.portal.size", self.size, "must be at least 2 (two doors in the top wall)"));
+            return Err(LetheError::config(
+                "data.portal.size",
+                self.size,
+                "must be at least 2 (two doors in the top wall)",
+            ));
         }
         positive("data.portal.mistakes", self.mistakes)?;
         positive("data.portal.max_steps", self.max_steps)

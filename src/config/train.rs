@@ -163,7 +163,11 @@ impl TrainConfig {
         positive("train.log_every", self.log_every)?;
         positive("train.dist_timeout", self.dist_timeout as usize)?;
         if self.dist_timeout > MAX_DIST_TIMEOUT_S {
-            return Err(LetheError::config("train.dist_timeout", self.dist_timeout, format!("must be at most {} s (a week)", MAX_DIST_TIMEOUT_S)));
+            return Err(LetheError::config(
+                "train.dist_timeout",
+                self.dist_timeout,
+                format!("must be at most {} s (a week)", MAX_DIST_TIMEOUT_S),
+            ));
         }
         if !self.batch.is_multiple_of(self.accum) {
             return Err(LetheError::config(
@@ -183,7 +187,11 @@ impl TrainConfig {
         positive_number("train.eps", self.eps)?;
         // The decay ends at lr * min_lr_ratio: above 1 it would climb, not decay.
         if !(0.0..=1.0).contains(&self.min_lr_ratio) {
-            return Err(LetheError::config("train.min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]: the learning rate decays to lr * min_lr_ratio"));
+            return Err(LetheError::config(
+                "train.min_lr_ratio",
+                self.min_lr_ratio,
+                "must be in [0, 1]: the learning rate decays to lr * min_lr_ratio",
+            ));
         }
         for (field, v) in [
             ("train.weight_decay", self.weight_decay),

@@ -25,7 +25,14 @@ pub struct Batch {
 impl Batch {
     pub(super) fn with_capacity(batch: usize, len: usize, reset: bool) -> Self {
         let n = batch * len;
-        Batch { batch, len, inputs: Vec::with_capacity(n), targets: Vec::with_capacity(n), weights: Vec::with_capacity(n), reset }
+        Batch {
+            batch,
+            len,
+            inputs: Vec::with_capacity(n),
+            targets: Vec::with_capacity(n),
+            weights: Vec::with_capacity(n),
+            reset,
+        }
     }
 
     /// Appends one stream's `len` inputs, targets and scored flags.

@@ -220,7 +220,12 @@ mod tests {
     }
 
     fn folder_config(path: &Path, mode: FolderMode) -> DataConfig {
-        DataConfig { source: Source::Folder, path: Some(path.to_path_buf()), folder_mode: mode, ..DataConfig::default() }
+        DataConfig {
+            source: Source::Folder,
+            path: Some(path.to_path_buf()),
+            folder_mode: mode,
+            ..DataConfig::default()
+        }
     }
 
     #[test]
@@ -265,7 +270,10 @@ mod tests {
         let mut first = folder_config(dir.path(), FolderMode::Concat);
         first.max_documents = 2;
         let train = load(&first, Split::Train).unwrap();
-        assert_eq!(train.docs.iter().map(|d| bytes_of(&d.tokens)).collect::<Vec<_>>(), vec![b"train 0".to_vec(), b"train 1".to_vec()]);
+        assert_eq!(
+            train.docs.iter().map(|d| bytes_of(&d.tokens)).collect::<Vec<_>>(),
+            vec![b"train 0".to_vec(), b"train 1".to_vec()]
+        );
         assert_eq!(load(&first, Split::Valid).unwrap().docs.len(), 2);
     }
 

@@ -14,13 +14,12 @@ pub mod dialogue;
 pub mod rounds;
 pub mod seq;
 pub mod stream;
+pub mod tasks;
 pub mod text;
 pub mod tokenizer;
-pub mod tasks;
 
-
-pub use seq::{bytes_of, Split, SplitData, Token, TokenSeq};
 pub use batch::Batch;
+pub use seq::{bytes_of, Split, SplitData, Token, TokenSeq};
 pub use stream::{BlockStreams, EvalWalker, TrainStreams};
 
 /// Entropy in nats of the unigram distribution of the scored tokens of `seqs`: the loss
@@ -51,11 +50,8 @@ mod tests {
 
     #[test]
     fn concat_cuts_equal_streams_and_documents_stay_whole() {
-        let docs = vec![
-            TokenSeq::all_scored(vec![1; 5]),
-            TokenSeq::all_scored(vec![2; 3]),
-            TokenSeq::all_scored(vec![3; 4]),
-        ];
+        let docs =
+            vec![TokenSeq::all_scored(vec![1; 5]), TokenSeq::all_scored(vec![2; 3]), TokenSeq::all_scored(vec![3; 4])];
         let mut split = SplitData { origin: "t".into(), docs, mode: FolderMode::Concat, words: None };
         let s = split.into_streams(2);
         assert_eq!(s[0].tokens, vec![1, 1, 1, 1, 1, 2]);

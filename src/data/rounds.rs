@@ -18,8 +18,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::seq::{SplitData, TokenSeq};
 use super::batch::Batch;
+use super::seq::{SplitData, TokenSeq};
 use crate::error::{LetheError, Result};
 use crate::rng::Rng;
 
@@ -85,7 +85,10 @@ impl RoundStreams {
     pub fn new(split: &SplitData, batch: usize, block: usize, seed: u64) -> Result<Self> {
         let docs: Vec<TokenSeq> = split.docs.iter().filter(|d| d.len() >= 2).cloned().collect();
         if docs.is_empty() {
-            return Err(LetheError::data(&split.origin, format!("has no document of two tokens or more to train on ({} documents)", split.docs.len())));
+            return Err(LetheError::data(
+                &split.origin,
+                format!("has no document of two tokens or more to train on ({} documents)", split.docs.len()),
+            ));
         }
         let epoch_rng = Rng::derive(seed, 0x5E9A);
         let (rounds, next_rng) = draw_rounds(&docs, batch, &epoch_rng);
@@ -118,7 +121,8 @@ impl RoundStreams {
         let mut batch = Batch::with_capacity(self.batch, len, self.pos == 0);
         let (rows, empty) = (&self.rounds[self.round], TokenSeq::default());
         for row in 0..self.batch {
-            batch.push_from(rows.get(row).map_or(&empty, |&i| &self.docs[i]), self.pos); // none: padding
+            batch.push_from(rows.get(row).map_or(&empty, |&i| &self.docs[i]), self.pos);
+            // none: padding
         }
         self.pos += len;
         if self.pos >= self.round_len() {
@@ -137,9 +141,12 @@ impl RoundStreams {
         let (rounds, next_rng) = draw_rounds(&self.docs, self.batch, &state.epoch_rng);
         let round_len = rounds.get(state.round).map(|r| round_targets(&self.docs, r));
         if !round_len.is_some_and(|n| state.pos < n && state.pos.is_multiple_of(self.block)) {
-            return Err(LetheError::Invalid("the saved data position does not fit these documents, batch and block size".into()));
+            return Err(LetheError::Invalid(
+                "the saved data position does not fit these documents, batch and block size".into(),
+            ));
         }
-        (self.epoch_rng, self.rounds, self.next_rng, self.round, self.pos) = (state.epoch_rng, rounds, next_rng, state.round, state.pos);
+        (self.epoch_rng, self.rounds, self.next_rng, self.round, self.pos) =
+            (state.epoch_rng, rounds, next_rng, state.round, state.pos);
         Ok(())
     }
 }
@@ -157,7 +164,10 @@ impl EvalRounds {
     /// Rounds of `batch` documents of `split` (fewer streams when it has fewer documents).
     pub fn new(split: &SplitData, batch: usize) -> Result<Self> {
         if split.docs.iter().all(|d| d.len() < 2) {
-            return Err(LetheError::data(&split.origin, format!("too short to evaluate: no document of two tokens or more ({} documents)", split.docs.len())));
+            return Err(LetheError::data(
+                &split.origin,
+                format!("too short to evaluate: no document of two tokens or more ({} documents)", split.docs.len()),
+            ));
         }
         let batch = batch.min(split.docs.len()).max(1);
         Ok(EvalRounds { docs: split.docs.clone(), batch, round: 0, pos: 0 })
@@ -199,7 +209,8 @@ impl EvalRounds {
         let mut batch = Batch::with_capacity(self.batch, len, self.pos == 0);
         let (rows, empty) = (self.rows(self.round), TokenSeq::default());
         for row in 0..self.batch {
-            batch.push_from(rows.clone().nth(row).map_or(&empty, |i| &self.docs[i]), self.pos); // none: padding
+            batch.push_from(rows.clone().nth(row).map_or(&empty, |i| &self.docs[i]), self.pos);
+            // none: padding
         }
         self.pos += len;
         Some(batch)
@@ -213,7 +224,11 @@ mod tests {
 
     /// Documents `0..n` whose tokens are `100 * (i + 1) + position`, of the given lengths.
     fn split(lengths: &[usize]) -> SplitData {
-        let docs = lengths.iter().enumerate().map(|(i, &n)| TokenSeq::all_scored((0..n).map(|p| (100 * (i + 1) + p) as _).collect())).collect();
+        let docs = lengths
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| TokenSeq::all_scored((0..n).map(|p| (100 * (i + 1) + p) as _).collect()))
+            .collect();
         SplitData { origin: "mem".into(), docs, mode: FolderMode::Separate, words: None }
     }
 
@@ -250,7 +265,10 @@ mod tests {
         assert!(b1.reset && b1.len == 4);
         let b2 = s.next_batch(); // the 7-token document's last 2 targets; the other: padding
         assert!(!b2.reset);
-        assert_eq!((b2.len, b2.inputs.clone(), b2.targets.clone(), b2.weights.clone()), (2, vec![104, 105, 0, 0], vec![105, 106, 0, 0], vec![1.0, 1.0, 0.0, 0.0]));
+        assert_eq!(
+            (b2.len, b2.inputs.clone(), b2.targets.clone(), b2.weights.clone()),
+            (2, vec![104, 105, 0, 0], vec![105, 106, 0, 0], vec![1.0, 1.0, 0.0, 0.0])
+        );
         assert!(s.next_batch().reset);
     }
 
@@ -310,7 +328,10 @@ mod tests {
         assert_eq!(b2.targets, [0, 205]);
         let b3 = w.next_block(4).unwrap();
         assert!(b3.reset && b3.len == 1);
-        assert_eq!((b3.inputs.clone(), b3.targets.clone(), b3.weights.clone()), (vec![300, 0], vec![301, 0], vec![1.0, 0.0]));
+        assert_eq!(
+            (b3.inputs.clone(), b3.targets.clone(), b3.weights.clone()),
+            (vec![300, 0], vec![301, 0], vec![1.0, 0.0])
+        );
         assert!(w.next_block(4).is_none());
     }
 

@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 
 use super::batch::Batch;
 use super::rounds::{EvalRounds, RoundState, RoundStreams};
-use super::tasks::Generator;
 use super::seq::{SplitData, Token, TokenSeq};
+use super::tasks::Generator;
 use crate::config::FolderMode;
 use crate::error::{LetheError, Result};
 use crate::rng::Rng;
@@ -159,7 +159,9 @@ impl TrainStreams {
     pub fn of_split(split: &SplitData, batch: usize, block: usize, seed: u64) -> Result<Self> {
         Ok(match split.mode {
             FolderMode::Separate => TrainStreams::Rounds(RoundStreams::new(split, batch, block, seed)?),
-            FolderMode::Concat | FolderMode::Documents => TrainStreams::Fixed(BlockStreams::new(split, batch, block, seed)?),
+            FolderMode::Concat | FolderMode::Documents => {
+                TrainStreams::Fixed(BlockStreams::new(split, batch, block, seed)?)
+            }
         })
     }
 
@@ -278,7 +280,12 @@ mod tests {
     use crate::config::FolderMode;
 
     fn split(tokens: Vec<u8>) -> SplitData {
-        SplitData { origin: "mem".into(), docs: vec![TokenSeq::bytes(&tokens, None, None)], mode: FolderMode::Concat, words: None }
+        SplitData {
+            origin: "mem".into(),
+            docs: vec![TokenSeq::bytes(&tokens, None, None)],
+            mode: FolderMode::Concat,
+            words: None,
+        }
     }
 
     #[test]
@@ -336,7 +343,7 @@ mod tests {
 
     #[test]
     fn eval_walker_covers_every_target_once() {
-        let mut w = EvalWalker::new(&split((0..23).collect()), 2, ).unwrap();
+        let mut w = EvalWalker::new(&split((0..23).collect()), 2).unwrap();
         let mut targets = vec![];
         let mut scored = 0.0;
         while let Some(b) = w.next_block(4) {

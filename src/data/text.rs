@@ -74,7 +74,11 @@ pub fn tokenizer_of(cfg: &Config) -> Result<Option<Tokenizer>> {
         return Err(LetheError::config(
             "model.vocab",
             cfg.model.vocab,
-            format!("the tokenizer in `{}` has {} ids; the model needs at least as many", dir.display(), tokenizer.vocab_size()),
+            format!(
+                "the tokenizer in `{}` has {} ids; the model needs at least as many",
+                dir.display(),
+                tokenizer.vocab_size()
+            ),
         ));
     }
     Ok(Some(tokenizer))
@@ -113,7 +117,12 @@ pub fn prepare(cfg: &Config, bytes: SplitData, eos_per_line: bool) -> Result<Spl
                 // A large corpus (PG-19) takes minutes: say how far it is every 10 s.
                 done += d.tokens.len();
                 if said.elapsed().as_secs() >= 10 {
-                    eprintln!("tokenising `{}`: {:.0} of {:.0} MB", bytes.origin.display(), done as f64 / 1e6, total as f64 / 1e6);
+                    eprintln!(
+                        "tokenising `{}`: {:.0} of {:.0} MB",
+                        bytes.origin.display(),
+                        done as f64 / 1e6,
+                        total as f64 / 1e6
+                    );
                     said = std::time::Instant::now();
                 }
                 let text = utf8(super::seq::bytes_of(&d.tokens), &bytes.origin)?;
@@ -155,7 +164,12 @@ fn load_wikitext_bytes(dir: &Path, split: Split) -> Result<SplitData> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err(LetheError::data(&path, "holds no text"));
     }
-    Ok(SplitData { origin: path, docs: vec![TokenSeq::bytes(&bytes, None, None)], mode: FolderMode::Concat, words: None })
+    Ok(SplitData {
+        origin: path,
+        docs: vec![TokenSeq::bytes(&bytes, None, None)],
+        mode: FolderMode::Concat,
+        words: None,
+    })
 }
 
 /// Wikitext-103 (or -2) in the registry ([`crate::task::of`]): `data.source = "wikitext"`.
@@ -179,7 +193,11 @@ impl Task for Wikitext {
     }
 
     fn load_split(&self, cfg: &Config, split: Split, _batch: usize) -> Result<SplitData> {
-        let dir = cfg.data.path.as_deref().ok_or_else(|| LetheError::config("data.path", "none", "the Wikitext folder is needed (--data DIR)"))?;
+        let dir = cfg
+            .data
+            .path
+            .as_deref()
+            .ok_or_else(|| LetheError::config("data.path", "none", "the Wikitext folder is needed (--data DIR)"))?;
         prepare(cfg, load_wikitext_bytes(dir, split)?, true)
     }
 

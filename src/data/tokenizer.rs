@@ -50,13 +50,19 @@ impl Tokenizer {
 
     /// The ids of `text` (no special tokens added).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let encoding = self.inner.encode(text, false).map_err(|e| LetheError::Invalid(format!("cannot tokenise the text: {e}")))?;
+        let encoding = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| LetheError::Invalid(format!("cannot tokenise the text: {e}")))?;
         Ok(encoding.get_ids().to_vec())
     }
 
     /// The ids of each of `texts` (no special tokens added), tokenised in parallel.
     pub fn encode_batch(&self, texts: &[&str]) -> Result<Vec<Vec<u32>>> {
-        let encodings = self.inner.encode_batch(texts.to_vec(), false).map_err(|e| LetheError::Invalid(format!("cannot tokenise the text: {e}")))?;
+        let encodings = self
+            .inner
+            .encode_batch(texts.to_vec(), false)
+            .map_err(|e| LetheError::Invalid(format!("cannot tokenise the text: {e}")))?;
         Ok(encodings.iter().map(|e| e.get_ids().to_vec()).collect())
     }
 
@@ -101,7 +107,8 @@ impl Tokenizer {
             .build()
             .map_err(|e| LetheError::Invalid(format!("cannot build the word vocabulary: {e}")))?;
         let mut inner = tokenizers::Tokenizer::new(model);
-        let eos = Replace::new("\n", format!(" {EOS} ")).map_err(|e| LetheError::Invalid(format!("cannot build the word vocabulary: {e}")))?;
+        let eos = Replace::new("\n", format!(" {EOS} "))
+            .map_err(|e| LetheError::Invalid(format!("cannot build the word vocabulary: {e}")))?;
         inner.with_normalizer(Some(eos));
         inner.with_pre_tokenizer(Some(WhitespaceSplit));
         Ok(Tokenizer { inner })
@@ -113,17 +120,29 @@ impl Tokenizer {
         let alphabet = ByteLevel::alphabet();
         // The trainer reserves room for every id up front (1e9 ids asked for 70 GB).
         if vocab > MAX_BPE_VOCAB {
-            return Err(LetheError::Invalid(format!("--vocab {vocab}: at most {MAX_BPE_VOCAB} ids (GPT-2 has 50,257)")));
+            return Err(LetheError::Invalid(format!(
+                "--vocab {vocab}: at most {MAX_BPE_VOCAB} ids (GPT-2 has 50,257)"
+            )));
         }
         if vocab < alphabet.len() {
-            return Err(LetheError::Invalid(format!("--vocab {vocab}: a byte-level BPE needs at least its {} byte symbols", alphabet.len())));
+            return Err(LetheError::Invalid(format!(
+                "--vocab {vocab}: a byte-level BPE needs at least its {} byte symbols",
+                alphabet.len()
+            )));
         }
         let mut inner = tokenizers::Tokenizer::new(BPE::default());
         inner.with_pre_tokenizer(Some(ByteLevel::default().add_prefix_space(false)));
         inner.with_decoder(Some(ByteLevelDecoder::default()));
-        let trainer = BpeTrainer::builder().vocab_size(vocab).min_frequency(2).show_progress(false).initial_alphabet(alphabet.into_iter().collect()).build();
+        let trainer = BpeTrainer::builder()
+            .vocab_size(vocab)
+            .min_frequency(2)
+            .show_progress(false)
+            .initial_alphabet(alphabet.into_iter().collect())
+            .build();
         let mut trainer = TrainerWrapper::from(trainer);
-        inner.train(&mut trainer, texts.iter()).map_err(|e| LetheError::Invalid(format!("cannot learn the BPE: {e}")))?;
+        inner
+            .train(&mut trainer, texts.iter())
+            .map_err(|e| LetheError::Invalid(format!("cannot learn the BPE: {e}")))?;
         Ok(Tokenizer { inner })
     }
 

@@ -137,7 +137,8 @@ fn first_row_spans(mem: &Memory) -> Result<Vec<f32>> {
         .map(|s| {
             let s = s.ok_or_else(|| LetheError::Invalid("the memory gave no spans for the step".into()))?;
             // (b, m) with m = 1: one step per call.
-            let row: Vec<f32> = s.get(0).to_kind(Kind::Float).to_device(tch::Device::Cpu).flatten(0, -1).try_into().unwrap_or_default();
+            let row: Vec<f32> =
+                s.get(0).to_kind(Kind::Float).to_device(tch::Device::Cpu).flatten(0, -1).try_into().unwrap_or_default();
             row.last().copied().ok_or_else(|| LetheError::Invalid("the memory gave an empty span row".into()))
         })
         .collect()
@@ -194,7 +195,14 @@ pub fn to_csv(trace: &AgentTrace) -> Result<String> {
             Some(false) => "wrong",
             None => "",
         };
-        let mut record = vec![s.episode.to_string(), s.step.to_string(), s.room.map_or(String::new(), |r| r.to_string()), s.action.to_string(), s.reward.to_string(), door.to_string()];
+        let mut record = vec![
+            s.episode.to_string(),
+            s.step.to_string(),
+            s.room.map_or(String::new(), |r| r.to_string()),
+            s.action.to_string(),
+            s.reward.to_string(),
+            door.to_string(),
+        ];
         record.extend(s.spans.iter().map(|v| v.to_string()));
         w.write_record(&record)?;
     }
@@ -222,7 +230,8 @@ pub fn to_svg(trace: &AgentTrace) -> String {
     for line in lines {
         if line[0].episode != episode {
             episode = line[0].episode;
-            let _ = writeln!(body, "<text x=\"10\" y=\"{}\" font-weight=\"bold\">episode {}</text>", y + 12.0, episode + 1);
+            let _ =
+                writeln!(body, "<text x=\"10\" y=\"{}\" font-weight=\"bold\">episode {}</text>", y + 12.0, episode + 1);
             y += ch + 4.0;
         }
         body.push_str(&svg_line(trace, line, y, cw, ch));
@@ -243,7 +252,11 @@ fn legend(trace: &AgentTrace, w: f64) -> String {
         "move: U up, D down, L left, R right; + took the right door, x a wrong one",
     ];
     for (i, line) in lines.iter().enumerate() {
-        let _ = writeln!(s, "<text x=\"10\" y=\"{}\" font-family=\"sans-serif\" font-size=\"12\">{line}</text>", 18.0 + 16.0 * i as f64);
+        let _ = writeln!(
+            s,
+            "<text x=\"10\" y=\"{}\" font-family=\"sans-serif\" font-size=\"12\">{line}</text>",
+            18.0 + 16.0 * i as f64
+        );
     }
     let max = trace.max_span;
     colour_bar(&mut s, (w - 230.0, 8.0, 200.0), "span", colour, |t| format!("{:.0}", t * max));
@@ -346,8 +359,20 @@ mod tests {
             max_span: 64.0,
         };
         let s = summarise(&trace);
-        assert_eq!(s[0], LayerSpans { all: Some(20.0), first: Some(20.0), right: Some(40.0), wrong: Some(20.0), rest: Some(40.0 / 3.0) });
-        assert_eq!(s[1], LayerSpans { all: Some(3.0), first: Some(2.0), right: Some(5.0), wrong: Some(2.0), rest: Some(8.0 / 3.0) });
+        assert_eq!(
+            s[0],
+            LayerSpans {
+                all: Some(20.0),
+                first: Some(20.0),
+                right: Some(40.0),
+                wrong: Some(20.0),
+                rest: Some(40.0 / 3.0)
+            }
+        );
+        assert_eq!(
+            s[1],
+            LayerSpans { all: Some(3.0), first: Some(2.0), right: Some(5.0), wrong: Some(2.0), rest: Some(8.0 / 3.0) }
+        );
         assert!(summary_lines(&trace)[1].contains("right doors 5.0, wrong doors 2.0"), "{:?}", summary_lines(&trace));
         let csv = to_csv(&trace).unwrap();
         assert_eq!(csv.lines().next(), Some("episode,step,room,action,reward,door,span_0,span_1"));
@@ -355,7 +380,10 @@ mod tests {
         assert_eq!(csv.lines().count(), 6);
         let svg = to_svg(&trace);
         assert_eq!(svg.matches("stroke=\"#ddd\"").count(), 10, "a cell per step and layer");
-        assert!(svg.contains("+ took the right door, x a wrong one") && svg.contains(">span</text>"), "the legend and the colour bar");
+        assert!(
+            svg.contains("+ took the right door, x a wrong one") && svg.contains(">span</text>"),
+            "the legend and the colour bar"
+        );
         assert!(svg.contains(">64</text>"), "the colour bar ends at L");
         let html = to_html(&trace, Source::Portal);
         assert!(html.contains("(portal)") && html.contains("linear"), "user-facing names, the scale as drawn");
@@ -365,7 +393,11 @@ mod tests {
     #[test]
     fn a_kind_of_step_never_taken_is_shown_as_a_dash_not_nan() {
         // Regression: an agent that never took a wrong door printed `wrong doors NaN`.
-        let trace = AgentTrace { steps: vec![step(0, 0, None, vec![10.0]), step(0, 1, Some(true), vec![20.0])], layers: 1, max_span: 64.0 };
+        let trace = AgentTrace {
+            steps: vec![step(0, 0, None, vec![10.0]), step(0, 1, Some(true), vec![20.0])],
+            layers: 1,
+            max_span: 64.0,
+        };
         let line = &summary_lines(&trace)[0];
         assert!(line.ends_with("right doors 20.0, wrong doors -, no door 10.0"), "{line}");
     }

@@ -75,8 +75,15 @@ pub fn trace_ltm(lm: &Lm, text: &Text) -> Result<LtmPicture> {
             lm.config.train.block
         )));
     }
-    let attention = sums.into_iter().zip(&blocks).map(|(s, &n)| s.into_iter().map(|v| v / n.max(1) as f64).collect()).collect();
-    Ok(LtmPicture { text: text.clone(), attention, spaces, sticky: lm.config.memory.infinity.sticky, tau: lm.config.memory.infinity.tau })
+    let attention =
+        sums.into_iter().zip(&blocks).map(|(s, &n)| s.into_iter().map(|v| v / n.max(1) as f64).collect()).collect();
+    Ok(LtmPicture {
+        text: text.clone(),
+        attention,
+        spaces,
+        sticky: lm.config.memory.infinity.sticky,
+        tau: lm.config.memory.infinity.tau,
+    })
 }
 
 /// The first stream's row of a `(b, D)` histogram.
@@ -148,7 +155,12 @@ fn bars(s: &mut String, hist: &[f64], (x, y, w, h): (f64, f64, f64, f64), tau: f
     let _ = writeln!(s, "<text x=\"{x}\" y=\"{}\" font-size=\"11\">0 (oldest)</text><text x=\"{}\" y=\"{}\" font-size=\"11\" text-anchor=\"end\">1 (newest)</text>", y + h + 12.0, x + w, y + h + 12.0);
     // The y axis: the share of the attention in a bin, 0 to the largest.
     for (value, at) in [(0.0, y + h), (top / 2.0, y + h / 2.0), (top, y)] {
-        let _ = writeln!(s, "<text x=\"{}\" y=\"{:.1}\" font-size=\"10\" text-anchor=\"end\">{value:.3}</text>", x - 3.0, at + 3.0);
+        let _ = writeln!(
+            s,
+            "<text x=\"{}\" y=\"{:.1}\" font-size=\"10\" text-anchor=\"end\">{value:.3}</text>",
+            x - 3.0,
+            at + 3.0
+        );
     }
     let tx = x + w * tau;
     let _ = writeln!(
@@ -181,7 +193,12 @@ pub fn side_by_side(pictures: &[(&str, &LtmPicture)]) -> String {
     let mut x = 0.0;
     for ((name, _), (body, w, _)) in pictures.iter().zip(&drawn) {
         if named {
-            let _ = writeln!(s, "<text x=\"{}\" y=\"16\" font-weight=\"bold\" font-size=\"15\">{}</text>", x + 10.0, super::escape(name));
+            let _ = writeln!(
+                s,
+                "<text x=\"{}\" y=\"16\" font-weight=\"bold\" font-size=\"15\">{}</text>",
+                x + 10.0,
+                super::escape(name)
+            );
         }
         let _ = writeln!(s, "<g transform=\"translate({x},{head})\">\n{body}</g>");
         x += w;
@@ -257,7 +274,8 @@ fn most_space(s: &mut String, name: &str, p: &LtmPicture) {
         for (i, space) in largest(spaces, 10) {
             let a = i.saturating_sub(12);
             let context = super::escape(&p.text.join(a, i + 1));
-            let _ = writeln!(s, "<li><code>{context}</code>: {:.2} times an even share</li>", space * spaces.len() as f64);
+            let _ =
+                writeln!(s, "<li><code>{context}</code>: {:.2} times an even share</li>", space * spaces.len() as f64);
         }
         s.push_str("</ol>\n");
     }

@@ -90,8 +90,11 @@ impl Adaptive {
         let (size, head_size) = (targets.size(), self.bounds[1]);
         let h = h.reshape([-1, self.d]); // (N, d)
         let t = targets.flatten(0, -1); // (N)
-        let head = Tensor::cat(&[h.matmul(&self.emb[0].tr()) + &self.bias[0], h.matmul(&self.cluster_weight.tr()) + &self.cluster_bias], -1)
-            .log_softmax(-1, h.kind()); // (N, c_1 + tails)
+        let head = Tensor::cat(
+            &[h.matmul(&self.emb[0].tr()) + &self.bias[0], h.matmul(&self.cluster_weight.tr()) + &self.cluster_bias],
+            -1,
+        )
+        .log_softmax(-1, h.kind()); // (N, c_1 + tails)
         let mut out = Tensor::zeros([t.size()[0]], (h.kind(), h.device()));
         for i in 0..self.clusters() {
             let (lo, hi) = (self.bounds[i], self.bounds[i + 1]);
@@ -130,14 +133,18 @@ impl Adaptive {
             logp.push(all.gather(1, &t, false).squeeze_dim(1));
             best.push(all.argmax(-1, false));
         }
-        (Tensor::cat(&logp, 0).view(size.as_slice()), Tensor::cat(&best, 0).view(size.as_slice())) // (b, m) each
+        (Tensor::cat(&logp, 0).view(size.as_slice()), Tensor::cat(&best, 0).view(size.as_slice()))
+        // (b, m) each
     }
 
     /// The log-probability of every word after each of `h` `(b, m, d)`: `(b, m, V)`.
     pub fn log_probs(&self, h: &Tensor) -> Tensor {
         let head_size = self.bounds[1];
-        let head = Tensor::cat(&[h.matmul(&self.emb[0].tr()) + &self.bias[0], h.matmul(&self.cluster_weight.tr()) + &self.cluster_bias], -1)
-            .log_softmax(-1, h.kind()); // (b, m, c_1 + tails)
+        let head = Tensor::cat(
+            &[h.matmul(&self.emb[0].tr()) + &self.bias[0], h.matmul(&self.cluster_weight.tr()) + &self.cluster_bias],
+            -1,
+        )
+        .log_softmax(-1, h.kind()); // (b, m, c_1 + tails)
         let mut parts = vec![head.narrow(-1, 0, head_size)];
         for i in 1..self.clusters() {
             let hi = match &self.proj[i] {

@@ -147,19 +147,30 @@ impl Attention {
     /// gradient going to `block`, computed for its rows only ([`super::cache_grad`]).
     pub fn keys_values_after_cache(&self, states: &Tensor, block: &Tensor) -> Result<(Tensor, Tensor)> {
         let (k, v) = super::cache_grad::keys_values_after_cache(states, block, &self.k, &self.v)?; // (b, n, d) each
-        Ok((self.split_heads(&k).contiguous(), self.split_heads(&v).contiguous())) // (b, h, n, dh) each
+        Ok((self.split_heads(&k).contiguous(), self.split_heads(&v).contiguous()))
+        // (b, h, n, dh) each
     }
 
     /// [`Attention::keys_values_after_cache`] and the scores `states w` `(b, n)` of the
     /// vector `w` `(d)` (Expire-Span's span predictor), their gradients to the block
     /// summed in one: keys and values `(b, h, n, dh)`, laid out for their reader
     /// ([`Window`]).
-    pub fn project_after_cache(&self, states: &Tensor, block: &Tensor, w: &Tensor, window: Window) -> Result<Projected> {
+    pub fn project_after_cache(
+        &self,
+        states: &Tensor,
+        block: &Tensor,
+        w: &Tensor,
+        window: Window,
+    ) -> Result<Projected> {
         let p = match window {
-            Window::Ragged { valid } => super::cache_grad::project_ragged(states, block, valid, &self.k, &self.v, w, true)?,
+            Window::Ragged { valid } => {
+                super::cache_grad::project_ragged(states, block, valid, &self.k, &self.v, w, true)?
+            }
             Window::Padded => super::cache_grad::project_after_cache(states, block, &self.k, &self.v, Some(w))?,
         };
-        let scores = p.scores.ok_or_else(|| crate::error::LetheError::Invalid("the window's projection returned no scores".into()))?;
+        let scores = p
+            .scores
+            .ok_or_else(|| crate::error::LetheError::Invalid("the window's projection returned no scores".into()))?;
         let (k, v) = (self.split_heads(&p.k), self.split_heads(&p.v));
         Ok(match window {
             Window::Padded => Projected { k: k.contiguous(), v: v.contiguous(), scores },
@@ -183,7 +194,9 @@ impl Attention {
     /// `attn(h, mem)` of the Compressive Transformer's attention-reconstruction loss,
     /// whose gradient must reach only the compression network (Rae et al., 2020, 3.2).
     pub fn detached_content_attention(&self, h: &Tensor, states: &Tensor) -> Tensor {
-        let project = |x: &Tensor, lin: &nn::Linear| self.split_heads(&x.linear(&lin.ws.detach(), lin.bs.as_ref().map(Tensor::detach)));
+        let project = |x: &Tensor, lin: &nn::Linear| {
+            self.split_heads(&x.linear(&lin.ws.detach(), lin.bs.as_ref().map(Tensor::detach)))
+        };
         let (q, k, v) = (project(h, &self.q), project(states, &self.k), project(states, &self.v));
         let scores = q.matmul(&k.transpose(-2, -1)) / (self.d_head as f64).sqrt(); // (b, h, m, n)
         scores.softmax(-1, scores.kind()).matmul(&v)
@@ -225,7 +238,10 @@ pub fn window_scores(q: &Tensor, k: &Tensor, key_pe: &Tensor, cached: i64) -> Re
 pub fn window_positions(q: &Tensor, key_pe: &Tensor, cached: i64, n: i64) -> Result<Tensor> {
     let m = q.size()[2];
     if cached >= key_pe.size()[0] || n != cached + m {
-        return Err(LetheError::Invalid(format!("window positions: {cached} cached states and {m} queries over {n} keys, {:?} position rows", key_pe.size())));
+        return Err(LetheError::Invalid(format!(
+            "window positions: {cached} cached states and {m} queries over {n} keys, {:?} position rows",
+            key_pe.size()
+        )));
     }
     // No pair is further apart than n - 1: a cache shorter than the span (filling, or
     // trimmed by Adaptive-Span) needs only the first n rows.
@@ -241,9 +257,16 @@ pub fn window_positions(q: &Tensor, key_pe: &Tensor, cached: i64, n: i64) -> Res
 /// where a key may not be seen), the scores [`attend`] builds on the CPU.
 /// Shapes: `q` `(b, h, m, dh)`, `k` `(b, h, cached + m, dh)`, `visible` `(m, n)`;
 /// returns `(b, h, m, cached + m)`.
-pub fn scores_over_window(q: &Tensor, k: &Tensor, key_pe: Option<&Tensor>, cached: i64, visible: &Tensor) -> Result<Tensor> {
+pub fn scores_over_window(
+    q: &Tensor,
+    k: &Tensor,
+    key_pe: Option<&Tensor>,
+    cached: i64,
+    visible: &Tensor,
+) -> Result<Tensor> {
     let dh = q.size()[3];
     let mut scores = (q / (dh as f64).sqrt()).matmul(&k.transpose(-2, -1)); // (b, h, m, n)
+
     // In place: the product's output is not needed for its backward pass.
     scores += window_bias(q, key_pe, cached, visible)?;
     Ok(scores)
@@ -296,6 +319,7 @@ pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor, dropout: f64, t
     }
     let dh = q.size()[3];
     let mut scores = (q / (dh as f64).sqrt()).matmul(&k.transpose(-2, -1)); // (b, h, m, n)
+
     // In place: the product's output is not needed for its backward pass.
     scores += bias;
     mix(&scores, v, dropout, train)
@@ -334,7 +358,8 @@ fn aligned(bias: &Tensor) -> Tensor {
 pub fn window_bias(q: &Tensor, key_pe: Option<&Tensor>, cached: i64, visible: &Tensor) -> Result<Tensor> {
     match key_pe {
         Some(pe) => window_positions(&(q / (q.size()[3] as f64).sqrt()), pe, cached, visible.size()[1]),
-        None => Ok(Tensor::zeros(visible.size(), (q.kind(), q.device())).masked_fill(&visible.logical_not(), f64::NEG_INFINITY)),
+        None => Ok(Tensor::zeros(visible.size(), (q.kind(), q.device()))
+            .masked_fill(&visible.logical_not(), f64::NEG_INFINITY)),
     }
 }
 
@@ -420,6 +445,7 @@ mod tests {
         let q = q / (dh as f64).sqrt();
         let mut scores = q.matmul(&k.transpose(-2, -1)); // (b, h, m, n)
         let by_distance = q.matmul(&key_pe.tr()); // (b, h, m, P)
+
         // In place: the product's output is not needed for its backward pass.
         scores += by_distance.gather(-1, &dist.expand([b, h, m, n], false), false); // (b, h, m, n)
         scores
@@ -435,7 +461,10 @@ mod tests {
         let k = rng.normal_tensor(&[2, 3, 9, 4], Kind::Double).set_requires_grad(true);
         let v = rng.normal_tensor(&[2, 3, 9, 4], Kind::Double).set_requires_grad(true);
         let (_, visible) = window(4, 5, 6, tch::Device::Cpu);
-        let bias = rng.normal_tensor(&[2, 3, 5, 9], Kind::Double).masked_fill(&visible.logical_not(), f64::NEG_INFINITY).set_requires_grad(true);
+        let bias = rng
+            .normal_tensor(&[2, 3, 5, 9], Kind::Double)
+            .masked_fill(&visible.logical_not(), f64::NEG_INFINITY)
+            .set_requires_grad(true);
         let a = attend(&q, &k, &v, &bias, 0.0, true);
         let b = fused(&q, &k, &v, &bias, 0.0, true);
         assert!(a.allclose(&b, 1e-12, 1e-12, false));
@@ -463,12 +492,19 @@ mod tests {
         // Before the bias: the skewed positions added to the scores (window_scores), or
         // the content scores masked in place.
         let content = (&q / 2.0).matmul(&k.transpose(-2, -1));
-        let old_scores = [window_scores(&q, &k, &pe, cached).unwrap(), content.masked_fill(&visible.logical_not(), f64::NEG_INFINITY)];
+        let old_scores = [
+            window_scores(&q, &k, &pe, cached).unwrap(),
+            content.masked_fill(&visible.logical_not(), f64::NEG_INFINITY),
+        ];
         for (key_pe, old_scores) in [Some(&pe), None].into_iter().zip(old_scores) {
             let old = mix(&old_scores, &v, 0.0, false);
             let new = attend(&q, &k, &v, &window_bias(&q, key_pe, cached, &visible).unwrap(), 0.0, false);
             assert!(old.equal(&new), "positions: {}", key_pe.is_some());
-            assert!(scores_over_window(&q, &k, key_pe, cached, &visible).unwrap().equal(&old_scores), "positions: {}", key_pe.is_some());
+            assert!(
+                scores_over_window(&q, &k, key_pe, cached, &visible).unwrap().equal(&old_scores),
+                "positions: {}",
+                key_pe.is_some()
+            );
         }
     }
 
@@ -496,11 +532,8 @@ mod tests {
         let d: Vec<i64> = dist.flatten(0, -1).try_into().unwrap();
         assert_eq!(d, vec![2, 1, 0, 0, 0, 2, 2, 1, 0, 0, 2, 2, 2, 1, 0]);
         let v: Vec<bool> = vis.flatten(0, -1).try_into().unwrap();
-        let expect = [
-            [true, true, true, false, false],
-            [false, true, true, true, false],
-            [false, false, true, true, true],
-        ];
+        let expect =
+            [[true, true, true, false, false], [false, true, true, true, false], [false, false, true, true, true]];
         assert_eq!(v, expect.concat());
     }
 

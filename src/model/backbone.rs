@@ -181,7 +181,10 @@ impl Backbone {
                 // a span the device cannot hold is an error, not a panic.
                 let init = nn::Init::Randn { mean: 0.0, stdev: LinearInit::of(cfg).key_pe_std(d_head) };
                 let pe = p.f_var("key_pe", &[rows, d_head], init);
-                Some(pe.torch(&format!("allocating the position embeddings for memory.span = {} ({rows} x {d_head})", mem.span))?)
+                Some(pe.torch(&format!(
+                    "allocating the position embeddings for memory.span = {} ({rows} x {d_head})",
+                    mem.span
+                ))?)
             }
         };
         Ok(Backbone { cfg: cfg.clone(), layers, final_norm, key_pe, memories, mechanism: mem.mechanism })
@@ -223,7 +226,15 @@ impl Backbone {
             // A memory that caches raw states normalises them itself (`caches_raw_states`).
             let raw = self.cfg.pre_norm && memory.caches_raw_states();
             let norm = raw.then_some(&layer.norm1);
-            let out = memory.attend(&AttendInput { x: &x, q: &q, attn: &layer.attn, key_pe: self.key_pe.as_ref(), train, episodes, norm })?;
+            let out = memory.attend(&AttendInput {
+                x: &x,
+                q: &q,
+                attn: &layer.attn,
+                key_pe: self.key_pe.as_ref(),
+                train,
+                episodes,
+                norm,
+            })?;
             drop(attend);
             let update = profile::phase("memory update");
             memory.update(&if raw { h.detach() } else { x.detach() }, episodes)?;
@@ -289,8 +300,14 @@ impl Vocabulary {
         }
         let (d, gpt2) = (cfg.d_model as i64, cfg.arch == Arch::Gpt2);
         Vocabulary::Plain {
-            embed: nn::embedding(p / "embed", cfg.vocab as i64, d, if gpt2 { gpt2_embedding() } else { Default::default() }),
-            head: (!gpt2).then(|| nn::linear(p / "head", d, cfg.vocab as i64, LinearInit::of(cfg).config(d, true, false))),
+            embed: nn::embedding(
+                p / "embed",
+                cfg.vocab as i64,
+                d,
+                if gpt2 { gpt2_embedding() } else { Default::default() },
+            ),
+            head: (!gpt2)
+                .then(|| nn::linear(p / "head", d, cfg.vocab as i64, LinearInit::of(cfg).config(d, true, false))),
         }
     }
 
@@ -350,7 +367,8 @@ impl Model {
         Ok(Model {
             cfg: cfg.clone(),
             vocabulary: Vocabulary::new(p, cfg),
-            positions: (cfg.arch == Arch::Gpt2).then(|| nn::embedding(p / "positions", cfg.positions as i64, d, gpt2_embedding())),
+            positions: (cfg.arch == Arch::Gpt2)
+                .then(|| nn::embedding(p / "positions", cfg.positions as i64, d, gpt2_embedding())),
             body,
         })
     }
@@ -377,7 +395,13 @@ impl Model {
     /// As [`Model::forward`], but returns only the negative log-likelihood `(b, m)` of
     /// `targets` `(b, m)` (and the auxiliary loss): with the adaptive softmax, no score
     /// of the whole vocabulary is made.
-    pub fn forward_nll(&self, tokens: &Tensor, targets: &Tensor, mem: &mut Memory, train: bool) -> Result<(Tensor, Tensor)> {
+    pub fn forward_nll(
+        &self,
+        tokens: &Tensor,
+        targets: &Tensor,
+        mem: &mut Memory,
+        train: bool,
+    ) -> Result<(Tensor, Tensor)> {
         let out = self.hidden(tokens, mem, train)?;
         let _head = profile::phase("head, loss");
         Ok((self.vocabulary.nll(&out.h, targets), out.aux_loss))
@@ -396,7 +420,8 @@ impl Model {
         let mut h = self.vocabulary.embed(tokens); // (b, m, d)
         if let Some(positions) = &self.positions {
             let m = tokens.size()[1];
-            h = &h + positions.forward(&Tensor::arange(m, (Kind::Int64, tokens.device()))); // (m, d), restarting every block
+            h = &h + positions.forward(&Tensor::arange(m, (Kind::Int64, tokens.device())));
+            // (m, d), restarting every block
         }
         self.body.forward(h.dropout(self.cfg.dropout, train), mem, train, None)
     }

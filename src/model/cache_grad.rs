@@ -77,7 +77,12 @@ pub struct Projections {
 ///
 /// Plain projections of `states` where there is nothing to save: `states` with a gradient
 /// of its own (a cache normalised in this step), no cache, or no gradient.
-pub fn keys_values_after_cache(states: &Tensor, block: &Tensor, k: &nn::Linear, v: &nn::Linear) -> Result<(Tensor, Tensor)> {
+pub fn keys_values_after_cache(
+    states: &Tensor,
+    block: &Tensor,
+    k: &nn::Linear,
+    v: &nn::Linear,
+) -> Result<(Tensor, Tensor)> {
     let p = project_after_cache(states, block, k, v, None)?;
     Ok((p.k, p.v))
 }
@@ -85,7 +90,13 @@ pub fn keys_values_after_cache(states: &Tensor, block: &Tensor, k: &nn::Linear, 
 /// [`keys_values_after_cache`], and with `w` `(d)` the scores `states w` `(b, n)` too
 /// (Expire-Span's span predictor), their gradient to the block summed with the keys'
 /// and values' in one.
-pub fn project_after_cache(states: &Tensor, block: &Tensor, k: &nn::Linear, v: &nn::Linear, w: Option<&Tensor>) -> Result<Projections> {
+pub fn project_after_cache(
+    states: &Tensor,
+    block: &Tensor,
+    k: &nn::Linear,
+    v: &nn::Linear,
+    w: Option<&Tensor>,
+) -> Result<Projections> {
     let n = states.size().get(1).copied().unwrap_or(0);
     let fresh = block.size().get(1).copied().unwrap_or(0);
     // The scores first: the order of the projections is the order in which libtorch's
@@ -135,7 +146,15 @@ pub fn project_after_cache(states: &Tensor, block: &Tensor, k: &nn::Linear, v: &
 /// gradient and ends with a copy of `block` `(b, m, d)`, which gets the gradient of its
 /// rows; `valid` `(b, n)`. `blas` false takes libtorch's matrix products instead of the
 /// BLAS library's (the tests' way to run that path).
-pub fn project_ragged(states: &Tensor, block: &Tensor, valid: &Tensor, k: &nn::Linear, v: &nn::Linear, w: &Tensor, blas: bool) -> Result<Projections> {
+pub fn project_ragged(
+    states: &Tensor,
+    block: &Tensor,
+    valid: &Tensor,
+    k: &nn::Linear,
+    v: &nn::Linear,
+    w: &Tensor,
+    blas: bool,
+) -> Result<Projections> {
     let mut out: [*mut c_void; 3] = [std::ptr::null_mut(); 3];
     let ptr = |t: Option<&Tensor>| t.map_or(std::ptr::null_mut(), |t| t.as_ptr() as *mut c_void);
     // SAFETY: every pointer is null or a live `at::Tensor*` owned by its `Tensor` for the
@@ -221,20 +240,38 @@ mod tests {
         Tensor::cat(&[cache, &block.detach()], 1)
     }
 
-    fn keys_values(cache: &Tensor, block: &Tensor, k: &nn::Linear, v: &nn::Linear, w: &Tensor) -> (Tensor, Tensor, Tensor) {
+    fn keys_values(
+        cache: &Tensor,
+        block: &Tensor,
+        k: &nn::Linear,
+        v: &nn::Linear,
+        w: &Tensor,
+    ) -> (Tensor, Tensor, Tensor) {
         let states = joined(cache, block);
         let (keys, values) = keys_values_after_cache(&states, block, k, v).unwrap();
         (keys, values, Tensor::cat(&[cache, block], 1).matmul(w))
     }
 
-    fn with_scores(cache: &Tensor, block: &Tensor, k: &nn::Linear, v: &nn::Linear, w: &Tensor) -> (Tensor, Tensor, Tensor) {
+    fn with_scores(
+        cache: &Tensor,
+        block: &Tensor,
+        k: &nn::Linear,
+        v: &nn::Linear,
+        w: &Tensor,
+    ) -> (Tensor, Tensor, Tensor) {
         let p = project_after_cache(&joined(cache, block), block, k, v, Some(w)).unwrap();
         (p.k, p.v, p.scores.unwrap())
     }
 
     #[test]
     fn it_computes_what_the_plain_projection_does() {
-        let cases = [(Kind::Float, 7, false), (Kind::Float, 7, true), (Kind::Float, 40, false), (Kind::Double, 2, true), (Kind::Float, 0, true)];
+        let cases = [
+            (Kind::Float, 7, false),
+            (Kind::Float, 7, true),
+            (Kind::Float, 40, false),
+            (Kind::Double, 2, true),
+            (Kind::Float, 0, true),
+        ];
         for ((kind, cached, bias), scores) in cases.into_iter().flat_map(|c| [(c, false), (c, true)]) {
             let ours: &Project = if scores { &with_scores } else { &keys_values };
             let (want, got) = (run(&plain, kind, cached, bias, scores), run(ours, kind, cached, bias, scores));
@@ -248,7 +285,11 @@ mod tests {
                     Kind::Double => a.allclose(b, 1e-13, 1e-13, false),
                     _ => a.equal(b),
                 };
-                assert!(same, "{kind:?}, cache {cached}, bias {bias}, scores {scores}: output {i} differs by {}", (a - b).abs().max().double_value(&[]));
+                assert!(
+                    same,
+                    "{kind:?}, cache {cached}, bias {bias}, scores {scores}: output {i} differs by {}",
+                    (a - b).abs().max().double_value(&[])
+                );
             }
         }
     }
@@ -341,7 +382,14 @@ mod tests {
         /// The projections and, after the loss's backward pass, the gradients of the
         /// block, both weights and biases and `w`.
         fn outputs(&self, project: impl Fn(&Self) -> Projections) -> Vec<Tensor> {
-            let params = [Some(&self.k.ws), self.k.bs.as_ref(), Some(&self.v.ws), self.v.bs.as_ref(), Some(&self.w), Some(&self.block)];
+            let params = [
+                Some(&self.k.ws),
+                self.k.bs.as_ref(),
+                Some(&self.v.ws),
+                self.v.bs.as_ref(),
+                Some(&self.w),
+                Some(&self.block),
+            ];
             for t in params.iter().flatten() {
                 let mut g = t.grad();
                 if g.defined() {
@@ -371,13 +419,22 @@ mod tests {
 
     #[test]
     fn the_ragged_projection_equals_the_padded_one_on_the_valid_rows() {
-        for (kind, bias, blas) in [(Kind::Double, true, true), (Kind::Double, false, true), (Kind::Double, true, false), (Kind::Float, true, true)] {
+        for (kind, bias, blas) in [
+            (Kind::Double, true, true),
+            (Kind::Double, false, true),
+            (Kind::Double, true, false),
+            (Kind::Float, true, true),
+        ] {
             let case = ragged_case(kind, bias, [2, 0, 9]);
             let (want, got) = (case.outputs(RaggedCase::padded), case.outputs(|c| c.ragged(blas)));
             assert_eq!(want.len(), got.len());
             let tol = if kind == Kind::Double { 1e-12 } else { 1e-5 };
             for (i, (a, b)) in want.iter().zip(&got).enumerate() {
-                assert!(a.allclose(b, tol, tol, false), "{kind:?}, bias {bias}, blas {blas}: output {i} differs by {}", (a - b).abs().max().double_value(&[]));
+                assert!(
+                    a.allclose(b, tol, tol, false),
+                    "{kind:?}, bias {bias}, blas {blas}: output {i} differs by {}",
+                    (a - b).abs().max().double_value(&[])
+                );
             }
         }
     }
@@ -417,7 +474,10 @@ mod tests {
         for (i, (t, grad, at, edit)) in checks.into_iter().enumerate() {
             let numeric = crate::model::central_difference(t, at, |x| loss_with(edit, x));
             let analytic = grad.double_value(at);
-            assert!((numeric - analytic).abs() < 1e-6 * (1.0 + analytic.abs()), "input {i} at {at:?}: {numeric} against {analytic}");
+            assert!(
+                (numeric - analytic).abs() < 1e-6 * (1.0 + analytic.abs()),
+                "input {i} at {at:?}: {numeric} against {analytic}"
+            );
         }
     }
 
@@ -425,13 +485,19 @@ mod tests {
     fn a_bad_ragged_window_is_an_error() {
         let case = ragged_case(Kind::Double, true, [2, 0, 9]);
         let wrong_valid = case.valid.narrow(1, 0, 5);
-        let err = project_ragged(&case.states, &case.block, &wrong_valid, &case.k, &case.v, &case.w, true).err().expect("an error");
+        let err = project_ragged(&case.states, &case.block, &wrong_valid, &case.k, &case.v, &case.w, true)
+            .err()
+            .expect("an error");
         assert!(err.to_string().contains("validity"), "{err}");
         let with_grad = case.states.copy().set_requires_grad(true);
-        let err = project_ragged(&with_grad, &case.block, &case.valid, &case.k, &case.v, &case.w, true).err().expect("an error");
+        let err = project_ragged(&with_grad, &case.block, &case.valid, &case.k, &case.v, &case.w, true)
+            .err()
+            .expect("an error");
         assert!(err.to_string().contains("detach"), "{err}");
         let float_w = case.w.to_kind(Kind::Float);
-        let err = project_ragged(&case.states, &case.block, &case.valid, &case.k, &case.v, &float_w, true).err().expect("an error");
+        let err = project_ragged(&case.states, &case.block, &case.valid, &case.k, &case.v, &float_w, true)
+            .err()
+            .expect("an error");
         assert!(err.to_string().contains("kind"), "{err}");
     }
 }

@@ -21,7 +21,15 @@ use super::attention::part;
 use crate::error::Result;
 
 extern "C" {
-    fn lethe_chunks(t: *mut c_void, dim: i64, starts: *const i64, lens: *const i64, count: i64, out: *mut *mut c_void, error: *mut *mut c_char) -> c_int;
+    fn lethe_chunks(
+        t: *mut c_void,
+        dim: i64,
+        starts: *const i64,
+        lens: *const i64,
+        count: i64,
+        out: *mut *mut c_void,
+        error: *mut *mut c_char,
+    ) -> c_int;
 }
 
 /// The narrows `t.narrow(dim, start, len)` of `t` for each `(start, len)` of `ranges`,
@@ -39,7 +47,17 @@ pub fn narrows(t: &Tensor, dim: i64, ranges: &[(i64, i64)]) -> Result<Vec<Tensor
     // SAFETY: `t` is a live `at::Tensor*` for the call, read only; `starts` and `lens`
     // hold `count` values each; on success the function writes `count` new
     // `at::Tensor*` to `out`, which is that long.
-    crate::ffi::call("the attention chunks", |error| unsafe { lethe_chunks(t.as_ptr() as *mut c_void, dim, starts.as_ptr(), lens.as_ptr(), ranges.len() as i64, out.as_mut_ptr(), error) })?;
+    crate::ffi::call("the attention chunks", |error| unsafe {
+        lethe_chunks(
+            t.as_ptr() as *mut c_void,
+            dim,
+            starts.as_ptr(),
+            lens.as_ptr(),
+            ranges.len() as i64,
+            out.as_mut_ptr(),
+            error,
+        )
+    })?;
     // SAFETY: see above; each pointer is taken over once.
     Ok(out.into_iter().map(|p| unsafe { crate::ffi::tensor(p) }).collect())
 }
@@ -53,7 +71,8 @@ mod tests {
     /// Chunks over keys `(b, h, n, dh)` as the attention takes them: overlapping, then
     /// disjoint, one range that covers everything twice, and two short ones that leave
     /// rows of the tensor out.
-    const CASES: [&[(i64, i64)]; 4] = [&[(0, 9), (3, 10), (7, 8), (10, 5)], &[(0, 4), (4, 4), (8, 7)], &[(0, 15), (0, 15)], &[(2, 3), (5, 1)]];
+    const CASES: [&[(i64, i64)]; 4] =
+        [&[(0, 9), (3, 10), (7, 8), (10, 5)], &[(0, 4), (4, 4), (8, 7)], &[(0, 15), (0, 15)], &[(2, 3), (5, 1)]];
 
     /// The chunks of `t` through `narrow`, each through its own function (as the
     /// chunks' products differ), concatenated; the loss, and the gradient of `t`.
@@ -61,13 +80,18 @@ mod tests {
         let mut rng = Rng::new(11);
         let t = rng.normal_tensor(&[2, 3, 15, 4], kind);
         let t = if dim == 2 { t } else { t.transpose(2, 3).contiguous() }.set_requires_grad(true);
-        let parts = if ours { narrows(&t, dim, ranges).unwrap() } else { ranges.iter().map(|&(s, l)| t.narrow(dim, s, l)).collect() };
+        let parts = if ours {
+            narrows(&t, dim, ranges).unwrap()
+        } else {
+            ranges.iter().map(|&(s, l)| t.narrow(dim, s, l)).collect()
+        };
         let outs: Vec<Tensor> = parts
             .iter()
             .enumerate()
             .map(|(i, p)| {
                 let w = rng.normal_tensor(&p.size(), kind);
-                (p * &w).tanh().sum_dim_intlist(dim, false, kind) * (i as f64 + 1.0) // (2, 3, 4)
+                (p * &w).tanh().sum_dim_intlist(dim, false, kind) * (i as f64 + 1.0)
+                // (2, 3, 4)
             })
             .collect();
         let loss = Tensor::cat(&outs, -1).square().sum(kind);
@@ -80,9 +104,14 @@ mod tests {
         for kind in [Kind::Float, Kind::Double] {
             for dim in [2, -1] {
                 for ranges in CASES {
-                    let ((want_loss, want), (got_loss, got)) = (run(kind, dim, ranges, false), run(kind, dim, ranges, true));
+                    let ((want_loss, want), (got_loss, got)) =
+                        (run(kind, dim, ranges, false), run(kind, dim, ranges, true));
                     assert!(want_loss.equal(&got_loss), "{kind:?}, dim {dim}, {ranges:?}: losses differ");
-                    assert!(want.equal(&got), "{kind:?}, dim {dim}, {ranges:?}: gradients differ by {}", (&want - &got).abs().max().double_value(&[]));
+                    assert!(
+                        want.equal(&got),
+                        "{kind:?}, dim {dim}, {ranges:?}: gradients differ by {}",
+                        (&want - &got).abs().max().double_value(&[])
+                    );
                 }
             }
         }
@@ -96,7 +125,17 @@ mod tests {
         assert_eq!(parts[1].data_ptr(), t.narrow(1, 4, 8).data_ptr());
         // d/dt of 3 * sum(chunk 0) + sum(chunk 2): 3 in 0..5, 1 in 10..12, 0 elsewhere.
         (parts[0].sum(Kind::Double) * 3.0 + parts[2].sum(Kind::Double)).backward();
-        let want: Vec<f64> = (0..12).map(|j| if j < 5 { 3.0 } else if j >= 10 { 1.0 } else { 0.0 }).collect();
+        let want: Vec<f64> = (0..12)
+            .map(|j| {
+                if j < 5 {
+                    3.0
+                } else if j >= 10 {
+                    1.0
+                } else {
+                    0.0
+                }
+            })
+            .collect();
         let want = Tensor::from_slice(&want).view([1, 12]).expand([2, 12], false);
         assert!(t.grad().equal(&want), "{}", t.grad());
     }
@@ -109,7 +148,11 @@ mod tests {
         let weights: Vec<Tensor> = ranges.iter().map(|&(_, l)| rng.normal_tensor(&[2, l, 3], Kind::Double)).collect();
         let loss = |x: &Tensor| -> Tensor {
             let parts = narrows(x, 1, &ranges).unwrap();
-            parts.iter().zip(&weights).map(|(p, w)| (p * w).sin().sum(Kind::Double)).fold(Tensor::zeros([], (Kind::Double, tch::Device::Cpu)), |a, b| a + b)
+            parts
+                .iter()
+                .zip(&weights)
+                .map(|(p, w)| (p * w).sin().sum(Kind::Double))
+                .fold(Tensor::zeros([], (Kind::Double, tch::Device::Cpu)), |a, b| a + b)
         };
         loss(&t).backward();
         let grad = t.grad();

@@ -74,7 +74,8 @@ impl Gpt2Config {
     /// Reads `config.json`; the error names the file.
     pub fn from_file(path: &Path) -> Result<Gpt2Config> {
         let text = crate::input::read_to_string(path).map_err(|e| LetheError::checkpoint(path, e))?;
-        let cfg: Gpt2Config = serde_json::from_str(&text).map_err(|e| LetheError::Invalid(format!("`{}`: not a GPT-2 config: {e}", path.display())))?;
+        let cfg: Gpt2Config = serde_json::from_str(&text)
+            .map_err(|e| LetheError::Invalid(format!("`{}`: not a GPT-2 config: {e}", path.display())))?;
         cfg.validate(path)?;
         Ok(cfg)
     }
@@ -88,7 +89,10 @@ impl Gpt2Config {
             return bad(format!("n_embd = {} is not a multiple of n_head = {}", self.n_embd, self.n_head));
         }
         if !["gelu_new", "gelu_pytorch_tanh"].contains(&self.activation_function.as_str()) {
-            return bad(format!("activation_function `{}`: lethe's GPT-2 has the tanh GELU (gelu_new) only", self.activation_function));
+            return bad(format!(
+                "activation_function `{}`: lethe's GPT-2 has the tanh GELU (gelu_new) only",
+                self.activation_function
+            ));
         }
         if !self.tie_word_embeddings {
             return bad("tie_word_embeddings = false: lethe's GPT-2 ties the output to the token embedding".into());
@@ -135,18 +139,25 @@ pub fn is_hugging_face_folder(dir: &Path) -> bool {
 pub fn read_weights(dir: &Path, config: &Gpt2Config) -> Result<Vec<(String, Tensor)>> {
     let path = dir.join("model.safetensors");
     crate::input::check_file(&path).map_err(|e| LetheError::checkpoint(&path, e))?;
-    let raw = Tensor::read_safetensors(&path).map_err(|e| LetheError::checkpoint(&path, format!("cannot read: {e}")))?;
+    let raw =
+        Tensor::read_safetensors(&path).map_err(|e| LetheError::checkpoint(&path, format!("cannot read: {e}")))?;
     let mut weights: std::collections::HashMap<String, Tensor> =
         raw.into_iter().map(|(name, t)| (name.strip_prefix("transformer.").unwrap_or(&name).to_string(), t)).collect();
     let (d, inner, v) = (config.n_embd as i64, config.inner() as i64, config.vocab_size as i64);
     let mut take = |name: &str, shape: &[i64]| -> Result<Tensor> {
         let t = weights.remove(name).ok_or_else(|| LetheError::checkpoint(&path, format!("has no tensor `{name}`")))?;
         if t.size() != shape {
-            return Err(LetheError::checkpoint(&path, format!("tensor `{name}` has shape {:?}, the config says {shape:?}", t.size())));
+            return Err(LetheError::checkpoint(
+                &path,
+                format!("tensor `{name}` has shape {:?}, the config says {shape:?}", t.size()),
+            ));
         }
         Ok(t.to_kind(Kind::Float))
     };
-    let mut out = vec![("embed.weight".to_string(), take("wte.weight", &[v, d])?), ("positions.weight".to_string(), take("wpe.weight", &[config.n_positions as i64, d])?)];
+    let mut out = vec![
+        ("embed.weight".to_string(), take("wte.weight", &[v, d])?),
+        ("positions.weight".to_string(), take("wpe.weight", &[config.n_positions as i64, d])?),
+    ];
     for i in 0..config.n_layer {
         let h = format!("h.{i}");
         let l = format!("layers.{i}");
@@ -157,7 +168,9 @@ pub fn read_weights(dir: &Path, config: &Gpt2Config) -> Result<Vec<(String, Tens
             out.push((format!("{l}.attn.{part}.weight"), c_attn.narrow(1, j * d, d).tr().contiguous())); // (out, in)
             out.push((format!("{l}.attn.{part}.bias"), c_attn_b.narrow(0, j * d, d).contiguous()));
         }
-        for (theirs, ours, shape) in [("attn.c_proj", "attn.o", [d, d]), ("mlp.c_fc", "ff1", [d, inner]), ("mlp.c_proj", "ff2", [inner, d])] {
+        for (theirs, ours, shape) in
+            [("attn.c_proj", "attn.o", [d, d]), ("mlp.c_fc", "ff1", [d, inner]), ("mlp.c_proj", "ff2", [inner, d])]
+        {
             out.push((format!("{l}.{ours}.weight"), take(&format!("{h}.{theirs}.weight"), &shape)?.tr().contiguous()));
             out.push((format!("{l}.{ours}.bias"), take(&format!("{h}.{theirs}.bias"), &[shape[1]])?));
         }
@@ -169,9 +182,13 @@ pub fn read_weights(dir: &Path, config: &Gpt2Config) -> Result<Vec<(String, Tens
     out.push(("final_norm.weight".to_string(), take("ln_f.weight", &[d])?));
     out.push(("final_norm.bias".to_string(), take("ln_f.bias", &[d])?));
     // What may be left: the causal-mask buffers, and a tied head saved twice.
-    let needless = |name: &str| name.ends_with("attn.bias") || name.ends_with("attn.masked_bias") || name == "lm_head.weight";
+    let needless =
+        |name: &str| name.ends_with("attn.bias") || name.ends_with("attn.masked_bias") || name == "lm_head.weight";
     if let Some(name) = weights.keys().filter(|n| !needless(n)).min() {
-        return Err(LetheError::checkpoint(&path, format!("holds `{name}`, which GPT-2 does not have: is it another architecture?")));
+        return Err(LetheError::checkpoint(
+            &path,
+            format!("holds `{name}`, which GPT-2 does not have: is it another architecture?"),
+        ));
     }
     Ok(out)
 }

@@ -141,10 +141,15 @@ fn copy_parameters(lm: &Lm, from: &Path, strict: bool) -> Result<Loaded> {
                 loaded.fresh.push(name);
                 continue;
             }
-            let why = format!("parameter `{name}` has shape {:?}, this model's has {:?}: the [model] sizes must be the source's", t.size(), var.size());
+            let why = format!(
+                "parameter `{name}` has shape {:?}, this model's has {:?}: the [model] sizes must be the source's",
+                t.size(),
+                var.size()
+            );
             return Err(LetheError::checkpoint(source.path(), why));
         }
-        var.f_copy_(&t.to_device(var.device()).to_kind(var.kind())).map_err(|e| LetheError::checkpoint(source.path(), format!("parameter `{name}`: {e}")))?;
+        var.f_copy_(&t.to_device(var.device()).to_kind(var.kind()))
+            .map_err(|e| LetheError::checkpoint(source.path(), format!("parameter `{name}`: {e}")))?;
         loaded.copied += 1;
     }
     if loaded.copied == 0 {

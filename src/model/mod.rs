@@ -31,7 +31,8 @@ pub fn sorted_parameters(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
 
 /// The entries of `t`, flattened, as numbers on the host.
 pub fn host_values(t: &Tensor) -> Result<Vec<f64>> {
-    Vec::<f64>::try_from(t.to_kind(tch::Kind::Double).to_device(Device::Cpu).flatten(0, -1)).map_err(|e| LetheError::Invalid(format!("reading a tensor: {e}")))
+    Vec::<f64>::try_from(t.to_kind(tch::Kind::Double).to_device(Device::Cpu).flatten(0, -1))
+        .map_err(|e| LetheError::Invalid(format!("reading a tensor: {e}")))
 }
 
 /// Central difference (step 1e-6) of `loss` at entry `at` of `t`: `loss` of two copies of
@@ -85,19 +86,40 @@ pub fn footprint_parts(config: &Config) -> Vec<Part> {
     );
     // Parameters, their gradients and two Adam moments: four copies.
     let positions = match m.arch {
-        crate::config::Arch::Lethe => Part { bytes: 4.0 * f32s(rows * d / m.heads as f64), what: format!("the position table (memory.span = {} x {width})", config.memory.span) },
-        crate::config::Arch::Gpt2 => Part { bytes: 4.0 * f32s(m.positions as f64 * d), what: format!("the position table (model.positions = {} x {width})", m.positions) },
+        crate::config::Arch::Lethe => Part {
+            bytes: 4.0 * f32s(rows * d / m.heads as f64),
+            what: format!("the position table (memory.span = {} x {width})", config.memory.span),
+        },
+        crate::config::Arch::Gpt2 => Part {
+            bytes: 4.0 * f32s(m.positions as f64 * d),
+            what: format!("the position table (model.positions = {} x {width})", m.positions),
+        },
     };
     let cache = f32s(l * batch * reach * d);
     let attention = 3.0 * f32s(l * batch * m.heads as f64 * block * reach);
     vec![
         positions,
-        Part { bytes: cache + attention, what: format!("the memory and its attention (memory.span = {} x {streams} x {layers}, {width})", config.memory.span) },
-        Part { bytes: 4.0 * f32s(2.0 * m.vocab as f64 * d), what: format!("the embeddings (model.vocab = {} x {width})", m.vocab) },
-        Part { bytes: 4.0 * f32s(l * (4.0 * d * d + 2.0 * d * m.d_ffn as f64)), what: format!("the layers' weights ({layers} x {width}, {ffn})") },
+        Part {
+            bytes: cache + attention,
+            what: format!(
+                "the memory and its attention (memory.span = {} x {streams} x {layers}, {width})",
+                config.memory.span
+            ),
+        },
+        Part {
+            bytes: 4.0 * f32s(2.0 * m.vocab as f64 * d),
+            what: format!("the embeddings (model.vocab = {} x {width})", m.vocab),
+        },
+        Part {
+            bytes: 4.0 * f32s(l * (4.0 * d * d + 2.0 * d * m.d_ffn as f64)),
+            what: format!("the layers' weights ({layers} x {width}, {ffn})"),
+        },
         Part {
             bytes: f32s(l * batch * block * (10.0 * d + 2.0 * m.d_ffn as f64)),
-            what: format!("the activations ({streams} x train.block = {} x {layers}, {width}, {ffn})", config.train.block),
+            what: format!(
+                "the activations ({streams} x train.block = {} x {layers}, {width}, {ffn})",
+                config.train.block
+            ),
         },
     ]
 }
@@ -131,7 +153,11 @@ fn fits_within(parts: Vec<Part>, available: f64) -> Result<()> {
         return Ok(());
     }
     let gib = |b: f64| b / (1u64 << 30) as f64;
-    let largest = parts.iter().max_by(|a, b| a.bytes.total_cmp(&b.bytes)).map(|p| format!("; the largest part, {:.1} GiB, is {}", gib(p.bytes), p.what)).unwrap_or_default();
+    let largest = parts
+        .iter()
+        .max_by(|a, b| a.bytes.total_cmp(&b.bytes))
+        .map(|p| format!("; the largest part, {:.1} GiB, is {}", gib(p.bytes), p.what))
+        .unwrap_or_default();
     Err(LetheError::Invalid(format!(
         "config: a training step would need at least {:.1} GiB, more than this machine's {:.1} GiB of memory{largest}",
         gib(need),
@@ -165,7 +191,6 @@ fn fit_together_within(configs: &[&Config], available: f64) -> Result<()> {
     )))
 }
 
-
 /// A model with its parameter store and the config it was built from.
 pub struct Lm {
     /// The parameters.
@@ -189,7 +214,9 @@ impl Lm {
             return Ok(Lm { vs, model, config: config.clone() });
         }
         let (mut on_device, model) = Self::build(config, device)?;
-        on_device.copy(&vs).map_err(|e| LetheError::Invalid(format!("copying the initial parameters to {}: {e}", crate::device::name(device))))?;
+        on_device.copy(&vs).map_err(|e| {
+            LetheError::Invalid(format!("copying the initial parameters to {}: {e}", crate::device::name(device)))
+        })?;
         Ok(Lm { vs: on_device, model, config: config.clone() })
     }
 
@@ -205,7 +232,9 @@ impl Lm {
     pub fn from_checkpoint(ckpt: &Checkpoint, device: Device) -> Result<Self> {
         let task = ckpt.config.data.source;
         if task.is_rl() {
-            let why = format!("holds a gridworld agent ({task}), not a language model: use `lethe play` or `lethe eval` on it");
+            let why = format!(
+                "holds a gridworld agent ({task}), not a language model: use `lethe play` or `lethe eval` on it"
+            );
             return Err(LetheError::checkpoint(&ckpt.path, why));
         }
         let lm = Lm::new(&ckpt.config, device)?;
@@ -242,7 +271,10 @@ mod tests {
         let available = footprint(&one) / 0.4;
         assert!(fit_together_within(&[&one, &one], available).is_ok());
         let err = fit_together_within(&[&one, &one, &one], available).unwrap_err().to_string();
-        assert!(err.contains("--rounds holds all 3 configs in memory at once") && err.contains("one at a time"), "{err}");
+        assert!(
+            err.contains("--rounds holds all 3 configs in memory at once") && err.contains("one at a time"),
+            "{err}"
+        );
     }
 
     /// A step that does not fit names the part that is largest and every field that
@@ -253,7 +285,13 @@ mod tests {
         (c.model.layers, c.model.d_model, c.model.d_ffn) = (1000, 4096, 16384);
         let need = footprint(&c);
         let err = fits_within(footprint_parts(&c), need / 2.0).unwrap_err().to_string();
-        assert!(err.contains("the largest part") && err.contains("the layers' weights") && err.contains("model.layers = 1000") && err.contains("model.d_ffn = 16384"), "{err}");
+        assert!(
+            err.contains("the largest part")
+                && err.contains("the layers' weights")
+                && err.contains("model.layers = 1000")
+                && err.contains("model.d_ffn = 16384"),
+            "{err}"
+        );
         assert!(fits_within(footprint_parts(&c), need * 1.01).is_ok());
     }
 
@@ -280,7 +318,11 @@ mod tests {
         let expect = |name: &str, bound: f64| {
             let (max, std) = spread(&official[name]);
             assert!(max <= bound && max > 0.9 * bound, "{name}: max {max} against {bound}");
-            assert!((std / (bound / 3f64.sqrt()) - 1.0).abs() < 0.1, "{name}: std {std} against {}", bound / 3f64.sqrt());
+            assert!(
+                (std / (bound / 3f64.sqrt()) - 1.0).abs() < 0.1,
+                "{name}: std {std} against {}",
+                bound / 3f64.sqrt()
+            );
         };
         expect("layers.0.attn.q.weight", 1.0 / d.sqrt());
         expect("layers.1.attn.o.weight", 1.0 / d.sqrt() / 2.0); // sqrt(2 * 2 layers)
@@ -297,6 +339,7 @@ mod tests {
         let (max, _) = spread(&kaiming["layers.1.attn.o.weight"]);
         assert!(max > 0.9 * (6.0 / d).sqrt() && max <= (6.0 / d).sqrt(), "kaiming: max {max}");
         let (_, pe) = spread(&kaiming["key_pe"]);
-        assert!((pe * 16f64.sqrt() - 1.0).abs() < 0.1, "kaiming key_pe std {pe}"); // d_head 16
+        assert!((pe * 16f64.sqrt() - 1.0).abs() < 0.1, "kaiming key_pe std {pe}");
+        // d_head 16
     }
 }

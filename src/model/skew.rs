@@ -32,7 +32,9 @@ pub fn skew(flipped: &Tensor, cached: i64, n: i64) -> Result<Tensor> {
     let mut out: *mut c_void = std::ptr::null_mut();
     // SAFETY: `flipped` is a live `at::Tensor*` for the call, read only; on success the
     // function writes one new `at::Tensor*` to `out`.
-    crate::ffi::call("the relative positions' skew", |error| unsafe { lethe_skew(flipped.as_ptr() as *mut c_void, cached, n, &mut out, error) })?;
+    crate::ffi::call("the relative positions' skew", |error| unsafe {
+        lethe_skew(flipped.as_ptr() as *mut c_void, cached, n, &mut out, error)
+    })?;
     // SAFETY: see above; the pointer is taken over once.
     Ok(unsafe { crate::ffi::tensor(out) })
 }

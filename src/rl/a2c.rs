@@ -45,7 +45,12 @@ impl Rollout {
         fn cut<T: Clone>(steps: &[Vec<T>], lo: usize, hi: usize) -> Vec<Vec<T>> {
             steps.iter().map(|s| s[lo..hi].to_vec()).collect()
         }
-        Rollout { actions: cut(&self.actions, lo, hi), rewards: cut(&self.rewards, lo, hi), ends: cut(&self.ends, lo, hi), active: cut(&self.active, lo, hi) }
+        Rollout {
+            actions: cut(&self.actions, lo, hi),
+            rewards: cut(&self.rewards, lo, hi),
+            ends: cut(&self.ends, lo, hi),
+            active: cut(&self.active, lo, hi),
+        }
     }
 }
 
@@ -70,7 +75,11 @@ pub fn returns(rollout: &Rollout, bootstrap: &[f64], gamma: f64) -> Vec<Vec<f64>
 /// `values` is `[t][b]`.
 pub fn advantages(rollout: &Rollout, returns: &[Vec<f64>], values: &[Vec<f64>]) -> Vec<Vec<f64>> {
     (0..rollout.len())
-        .map(|t| (0..returns[t].len()).map(|b| if rollout.active[t][b] { returns[t][b] - values[t][b] } else { 0.0 }).collect())
+        .map(|t| {
+            (0..returns[t].len())
+                .map(|b| if rollout.active[t][b] { returns[t][b] - values[t][b] } else { 0.0 })
+                .collect()
+        })
         .collect()
 }
 
@@ -95,11 +104,20 @@ pub fn loss(logits: &Tensor, values: &Tensor, rollout: &Rollout, returns: &[Vec<
 /// [`loss`] with the means taken over `count` running steps: a data-parallel rank
 /// passes its own rows and the whole batch's count, so that the ranks' losses (and
 /// gradients) add up to the whole batch's.
-pub fn loss_over(logits: &Tensor, values: &Tensor, rollout: &Rollout, returns: &[Vec<f64>], cfg: &RlConfig, count: f64) -> Loss {
+pub fn loss_over(
+    logits: &Tensor,
+    values: &Tensor,
+    rollout: &Rollout,
+    returns: &[Vec<f64>],
+    cfg: &RlConfig,
+    count: f64,
+) -> Loss {
     let (b, t) = (values.size()[0], values.size()[1]);
     let device = values.device();
     let batch_major = |rows: Vec<f32>| Tensor::from_slice(&rows).view([t, b]).transpose(0, 1).to_device(device); // (b, T)
-    let flat = |f: &dyn Fn(usize, usize) -> f32| (0..t as usize).flat_map(|i| (0..b as usize).map(move |j| (i, j))).map(|(i, j)| f(i, j)).collect::<Vec<f32>>();
+    let flat = |f: &dyn Fn(usize, usize) -> f32| {
+        (0..t as usize).flat_map(|i| (0..b as usize).map(move |j| (i, j))).map(|(i, j)| f(i, j)).collect::<Vec<f32>>()
+    };
     let mask = batch_major(flat(&|i, j| if rollout.active[i][j] { 1.0 } else { 0.0 }));
     let target = batch_major(flat(&|i, j| returns[i][j] as f32));
     let actions = Tensor::from_slice(&(0..t as usize).flat_map(|i| rollout.actions[i].clone()).collect::<Vec<i64>>())
@@ -111,7 +129,9 @@ pub fn loss_over(logits: &Tensor, values: &Tensor, rollout: &Rollout, returns: &
     let advantage = (&target - values).detach();
     let policy = -(taken * &advantage * &mask).sum(Kind::Float) / count;
     let value = ((&target - values).square() * &mask).sum(Kind::Float) * 0.5 / count;
-    let entropy = (-(logp.exp() * &logp).sum_dim_intlist([-1i64].as_slice(), false, Kind::Float) * &mask).sum(Kind::Float) / count;
+    let entropy = (-(logp.exp() * &logp).sum_dim_intlist([-1i64].as_slice(), false, Kind::Float) * &mask)
+        .sum(Kind::Float)
+        / count;
     let total = &policy + &value * cfg.value_coef - &entropy * cfg.entropy_coef;
     Loss { policy: policy.double_value(&[]), value: value.double_value(&[]), entropy: entropy.double_value(&[]), total }
 }

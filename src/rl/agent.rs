@@ -45,8 +45,17 @@ impl Agent {
         let observation = crate::model::Part {
             bytes: 16.0 * observation_size(config) as f64 * config.model.d_model as f64,
             what: match config.data.source {
-                crate::config::Source::Portal => format!("the observation layer (data.portal.rooms = {} in the view's {} inputs x model.d_model = {})", config.data.portal.rooms, observation_size(config), config.model.d_model),
-                _ => format!("the observation layer ({} inputs x model.d_model = {})", observation_size(config), config.model.d_model),
+                crate::config::Source::Portal => format!(
+                    "the observation layer (data.portal.rooms = {} in the view's {} inputs x model.d_model = {})",
+                    config.data.portal.rooms,
+                    observation_size(config),
+                    config.model.d_model
+                ),
+                _ => format!(
+                    "the observation layer ({} inputs x model.d_model = {})",
+                    observation_size(config),
+                    config.model.d_model
+                ),
             },
         };
         crate::model::check_fits_with(config, device, Some(observation))?;
@@ -103,11 +112,17 @@ impl Agent {
     /// Runs a block of observations `(b, m, F)` with the memory carried in `mem`;
     /// `episodes` `(b, m)`, when given, numbers each step's episode, and a step then
     /// remembers only its own episode (see [`crate::model::memory::AttendInput::episodes`]).
-    pub fn forward(&self, obs: &Tensor, mem: &mut Memory, train: bool, episodes: Option<&Tensor>) -> Result<AgentOutput> {
+    pub fn forward(
+        &self,
+        obs: &Tensor,
+        mem: &mut Memory,
+        train: bool,
+        episodes: Option<&Tensor>,
+    ) -> Result<AgentOutput> {
         let x = self.obs.forward(&obs.to_kind(Kind::Float)); // (b, m, d)
         let out = self.body.forward(x, mem, train, episodes)?;
         Ok(AgentOutput {
-            logits: self.policy.forward(&out.h),                    // (b, m, 4)
+            logits: self.policy.forward(&out.h),               // (b, m, 4)
             value: self.value.forward(&out.h).squeeze_dim(-1), // (b, m)
             aux_loss: out.aux_loss,
         })

@@ -19,8 +19,8 @@ use serde::{Deserialize, Serialize};
 
 use super::grid::{Action, Colour, Outcome, Word};
 use crate::config::{CorridorConfig, DataConfig};
-use crate::task::spec::{Metric, Task};
 use crate::rng::Rng;
+use crate::task::spec::{Metric, Task};
 
 /// One corridor episode.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -126,7 +126,10 @@ impl Task for CorridorSpec {
 
     fn describe(&self, d: &DataConfig) -> String {
         let c = &d.corridor;
-        format!("corridor gridworld, lengths {}-{}, at most {} steps per episode; chance success 50%", c.length_min, c.length_max, c.max_steps)
+        format!(
+            "corridor gridworld, lengths {}-{}, at most {} steps per episode; chance success 50%",
+            c.length_min, c.length_max, c.max_steps
+        )
     }
 
     fn metric(&self) -> Metric {

@@ -39,7 +39,9 @@ impl World {
         match cfg.data.source {
             Source::Corridor => Ok(World::Corridor(Corridor::new(&cfg.data.corridor, rng))),
             Source::Portal => Ok(World::Portal(Portal::new(&cfg.data.portal, rng))),
-            other => Err(LetheError::Invalid(format!("data.source = \"{other}\" is not a reinforcement-learning task (corridor, portal)"))),
+            other => Err(LetheError::Invalid(format!(
+                "data.source = \"{other}\" is not a reinforcement-learning task (corridor, portal)"
+            ))),
         }
     }
 
@@ -325,10 +327,12 @@ mod tests {
 
     #[test]
     fn a_corridor_view_names_every_cell_around_the_agent() {
-        let world = World::Corridor(Corridor { length: 4, colour: Colour::Blue, top_door: Colour::Red, x: 1, exit: None });
+        let world =
+            World::Corridor(Corridor { length: 4, colour: Colour::Blue, top_door: Colour::Red, x: 1, exit: None });
         let mut obs = vec![0.0; VIEW * VIEW * FIXED_WORDS];
         world.observe(FIXED_WORDS, &mut obs);
-        let (agent, block, object, blue) = (Word::Agent.index(), Word::Block.index(), Word::Object.index(), Word::Blue.index());
+        let (agent, block, object, blue) =
+            (Word::Agent.index(), Word::Block.index(), Word::Object.index(), Word::Blue.index());
         assert_eq!(words(&obs, FIXED_WORDS, 0, 0), vec![block]);
         assert_eq!(words(&obs, FIXED_WORDS, 0, 1), vec![object, blue], "the object above the start");
         assert_eq!(words(&obs, FIXED_WORDS, 1, 0), vec![block], "the wall behind");
@@ -341,7 +345,17 @@ mod tests {
     #[test]
     fn a_portal_view_shows_the_doors_and_the_room_number() {
         let doors = vec![Doors { x: [2, 3], first: Colour::Blue, correct: 1 }; 4];
-        let p = Portal { size: 3, max_mistakes: 2, doors, room: 2, pos: (2, 1), mistakes: vec![0; 4], best: 2, informed: 0, recalled: 0 };
+        let p = Portal {
+            size: 3,
+            max_mistakes: 2,
+            doors,
+            room: 2,
+            pos: (2, 1),
+            mistakes: vec![0; 4],
+            best: 2,
+            informed: 0,
+            recalled: 0,
+        };
         let vocab = FIXED_WORDS + 4;
         let mut obs = vec![0.0; VIEW * VIEW * vocab];
         World::Portal(p).observe(vocab, &mut obs);
@@ -379,11 +393,17 @@ mod tests {
         let right_door = door(&e.slots[0]);
         let (o, ended) = e.step(&[right_door, Action::Left]);
         assert_eq!(o[0], Outcome { reward: 1.0, done: true });
-        assert_eq!(ended, vec![EpisodeStats { ret: 1.0, length: 2, success: true, rooms: 0, informed: 0, recalled: 0 }]);
+        assert_eq!(
+            ended,
+            vec![EpisodeStats { ret: 1.0, length: 2, success: true, rooms: 0, informed: 0, recalled: 0 }]
+        );
         let (o, ended) = e.step(&[Action::Right, Action::Left]);
         assert_eq!(o[0], Outcome::default(), "an ended episode ignores its action");
         assert_eq!(o[1], Outcome { reward: 0.0, done: true }, "the step limit of 3 ends the other");
-        assert_eq!(ended, vec![EpisodeStats { ret: 0.0, length: 3, success: false, rooms: 0, informed: 0, recalled: 0 }]);
+        assert_eq!(
+            ended,
+            vec![EpisodeStats { ret: 0.0, length: 3, success: false, rooms: 0, informed: 0, recalled: 0 }]
+        );
         assert!(e.all_done());
         assert!(e.observe(FIXED_WORDS).iter().all(|&v| v == 0.0), "ended episodes read as zeros");
     }

@@ -21,4 +21,3 @@ pub mod portal;
 pub mod train;
 
 pub use crate::config::{Reset, RlConfig};
-

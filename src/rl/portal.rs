@@ -33,8 +33,8 @@ use serde::{Deserialize, Serialize};
 
 use super::grid::{Action, Colour, Outcome, Word};
 use crate::config::{DataConfig, PortalConfig};
-use crate::task::spec::{Metric, Task};
 use crate::rng::Rng;
+use crate::task::spec::{Metric, Task};
 
 /// The doors of one room.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

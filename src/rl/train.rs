@@ -57,13 +57,15 @@ use super::env::{observation_size, vocabulary, Action, EpisodeStats, Episodes, O
 use super::Reset;
 use crate::checkpoint::{self, Checkpoint, TrainState};
 use crate::config::{Config, Source};
+use crate::dist::ProcessGroup;
 use crate::error::{LetheError, Result, TorchContext};
 use crate::metrics::{format_count, format_duration, MetricsLog};
 use crate::model::Memory;
 use crate::optim::{learning_rate, Optimiser};
 use crate::rng::Rng;
-use crate::dist::ProcessGroup;
-use crate::run::{begin_step, broadcast_parameters, check_finite, drive, opening_line, Looped, RunFolder, Scales, TrainOptions};
+use crate::run::{
+    begin_step, broadcast_parameters, check_finite, drive, opening_line, Looped, RunFolder, Scales, TrainOptions,
+};
 
 /// Stream number (of the data seed) of the evaluation episodes, apart from training's.
 const EVAL_STREAM: u64 = 0xE7A1;
@@ -245,7 +247,22 @@ impl<'a> Run<'a> {
             rng: Rng::derive(cfg.seed, SAMPLER_STREAM),
         };
         let from = resumed.as_ref().and_then(|ck| ck.state.as_ref()).map_or(0, |s| s.step);
-        let mut run = Run { cfg, opts, folder, dir, group, rows, agent, opt, mem, state, metrics: None, step: 0, env_steps: 0, last_checkpoint: None };
+        let mut run = Run {
+            cfg,
+            opts,
+            folder,
+            dir,
+            group,
+            rows,
+            agent,
+            opt,
+            mem,
+            state,
+            metrics: None,
+            step: 0,
+            env_steps: 0,
+            last_checkpoint: None,
+        };
         // Every check of the checkpoint before the folder changes (see `train::Run::start`).
         if let Some(ck) = resumed {
             run.resume(&ck)?;
@@ -254,7 +271,11 @@ impl<'a> Run<'a> {
         broadcast_parameters(run.group.as_ref(), run.agent.named_parameters())?;
         run.say(&opening_line(cfg, " by actor-critic", run.agent.parameter_count(), device, &run.dir));
         if let Some(g) = &run.group {
-            run.say(&format!("data-parallel: {} ranks x {} episodes, gradients summed over Gloo", g.world_size(), cfg.train.batch / g.world_size()));
+            run.say(&format!(
+                "data-parallel: {} ranks x {} episodes, gradients summed over Gloo",
+                g.world_size(),
+                cfg.train.batch / g.world_size()
+            ));
         }
         run.say(&format!("task: {}", crate::task::describe(cfg)));
         Ok(run)
@@ -272,7 +293,11 @@ impl<'a> Run<'a> {
         ck.load_parameters(&self.agent.vs.variables())?;
         self.opt.load_state(state.step, |n| ck.tensor(n)).map_err(|e| LetheError::checkpoint(path, e.to_string()))?;
         let rank = self.group.as_ref().map_or(0, ProcessGroup::rank);
-        let saved: Vec<_> = ck.with_prefix(&format!("memory.{rank}.")).into_iter().map(|(n, t)| (n, t.to_device(self.agent.device()))).collect();
+        let saved: Vec<_> = ck
+            .with_prefix(&format!("memory.{rank}."))
+            .into_iter()
+            .map(|(n, t)| (n, t.to_device(self.agent.device())))
+            .collect();
         self.mem.load_state(&saved).map_err(|e| LetheError::checkpoint(path, e.to_string()))?;
         self.state = rl;
         self.step = state.step;
@@ -299,7 +324,8 @@ impl<'a> Run<'a> {
             let probs = all_rows(self.group.as_ref(), probs, self.rows, self.cfg.train.batch, Action::COUNT)?;
             let active: Vec<bool> = self.state.episodes.slots.iter().map(|s| !s.done).collect();
             let actions = sample(&probs, &active, &mut self.state.rng);
-            let (outcomes, ended) = self.state.episodes.step(&actions.iter().map(|&a| Action::from_index(a as usize)).collect::<Vec<_>>());
+            let (outcomes, ended) =
+                self.state.episodes.step(&actions.iter().map(|&a| Action::from_index(a as usize)).collect::<Vec<_>>());
             if per_episode {
                 self.state.episodes.refill(self.cfg)?;
             }
@@ -405,7 +431,12 @@ impl Looped for Run<'_> {
 
     fn save_checkpoint(&mut self) -> Result<()> {
         let rank = self.group.as_ref().map_or(0, ProcessGroup::rank);
-        let mut memory: Vec<_> = self.mem.state().into_iter().map(|(n, t)| (format!("memory.{rank}.{n}"), t.to_device(tch::Device::Cpu))).collect();
+        let mut memory: Vec<_> = self
+            .mem
+            .state()
+            .into_iter()
+            .map(|(n, t)| (format!("memory.{rank}.{n}"), t.to_device(tch::Device::Cpu)))
+            .collect();
         if let Some(g) = &self.group {
             memory = g.all_gather_named(&memory)?; // every rank's, for rank 0 to write
         }
@@ -441,7 +472,13 @@ struct Ranks<'a> {
 /// `values` (`per_row` for each of this rank's `rows`) as the values of all `batch`
 /// rows, summed from every rank (each gives its rows and zeros elsewhere); `values`
 /// itself on a single process.
-fn all_rows(group: Option<&ProcessGroup>, values: Vec<f32>, rows: (usize, usize), batch: usize, per_row: usize) -> Result<Vec<f32>> {
+fn all_rows(
+    group: Option<&ProcessGroup>,
+    values: Vec<f32>,
+    rows: (usize, usize),
+    batch: usize,
+    per_row: usize,
+) -> Result<Vec<f32>> {
     let Some(g) = group else { return Ok(values) };
     let mut all = vec![0f32; batch * per_row];
     all[rows.0 * per_row..rows.1 * per_row].copy_from_slice(&values);
@@ -537,7 +574,16 @@ impl Learned {
 /// the memory state `start`, and takes one optimiser step on the actor-critic loss
 /// (skipped when the loss or the gradient is not finite).
 #[allow(clippy::too_many_arguments)]
-fn learn(agent: &Agent, opt: &mut Optimiser, start: &[(String, Tensor)], rollout: &Rollout, seen: &Seen, cfg: &Config, scales: Scales, ranks: Ranks) -> Result<Learned> {
+fn learn(
+    agent: &Agent,
+    opt: &mut Optimiser,
+    start: &[(String, Tensor)],
+    rollout: &Rollout,
+    seen: &Seen,
+    cfg: &Config,
+    scales: Scales,
+    ranks: Ranks,
+) -> Result<Learned> {
     let mut mem = agent.new_memory();
     mem.load_state(start)?;
     let (steps, f) = (seen.obs.len() as i64, observation_size(cfg) as i64);
@@ -558,14 +604,16 @@ fn learn(agent: &Agent, opt: &mut Optimiser, start: &[(String, Tensor)], rollout
     }
     let t = rollout.len() as i64;
     let (logits, values) = (Tensor::cat(&logits, 1), Tensor::cat(&values, 1)); // (b, T+1, 4), (b, T+1)
-    let bootstrap: Vec<f32> = Vec::try_from(&values.narrow(1, t, 1).detach().view([-1]).to_device(tch::Device::Cpu)).torch("reading the values")?;
+    let bootstrap: Vec<f32> = Vec::try_from(&values.narrow(1, t, 1).detach().view([-1]).to_device(tch::Device::Cpu))
+        .torch("reading the values")?;
     let bootstrap = all_rows(ranks.group, bootstrap, ranks.rows, cfg.train.batch, 1)?;
     let bootstrap: Vec<f64> = bootstrap.into_iter().map(f64::from).collect();
     let returns = a2c::returns(rollout, &bootstrap, cfg.rl.gamma);
     let (lo, hi) = ranks.rows;
     let mine: Vec<Vec<f64>> = returns.iter().map(|r| r[lo..hi].to_vec()).collect();
     let count = rollout.active_steps().max(1) as f64; // the whole batch's
-    let l = a2c::loss_over(&logits.narrow(1, 0, t), &values.narrow(1, 0, t), &rollout.rows(lo, hi), &mine, &cfg.rl, count);
+    let l =
+        a2c::loss_over(&logits.narrow(1, 0, t), &values.narrow(1, 0, t), &rollout.rows(lo, hi), &mine, &cfg.rl, count);
     // The memories' losses are means over the rows: each rank's counts for its share.
     let world = ranks.group.map_or(1, ProcessGroup::world_size) as f64;
     let aux = aux * (scales.aux / world);
@@ -610,13 +658,22 @@ pub type Watch<'a> = dyn FnMut(&Episodes, &[Action], &[Outcome], &Memory) + 'a;
 /// counts the batch's mean).
 pub fn play(agent: &Agent, episodes: usize, seed: u64, watch: &mut Watch) -> Result<RlEval> {
     if episodes > crate::config::MAX_EPISODES {
-        return Err(LetheError::Invalid(format!("{episodes} episodes to play: at most {} (--episodes, rl.eval_episodes)", crate::config::MAX_EPISODES)));
+        return Err(LetheError::Invalid(format!(
+            "{episodes} episodes to play: at most {} (--episodes, rl.eval_episodes)",
+            crate::config::MAX_EPISODES
+        )));
     }
     let _guard = tch::no_grad_guard();
     let cfg = &agent.config;
     let batch = cfg.train.batch.min(episodes.max(1));
     let total = episodes.div_ceil(batch) * batch;
-    let mut player = Player { agent, rng: Rng::derive(seed, SAMPLER_STREAM), vocab: vocabulary(cfg), finished: vec![], mem_sum: MemSum::default() };
+    let mut player = Player {
+        agent,
+        rng: Rng::derive(seed, SAMPLER_STREAM),
+        vocab: vocabulary(cfg),
+        finished: vec![],
+        mem_sum: MemSum::default(),
+    };
     let mut eps = Episodes::new(cfg, batch, seed)?;
     let mut mem = agent.new_memory();
     match cfg.rl.reset {
@@ -657,7 +714,8 @@ impl Player<'_> {
         now.push(eps, self.vocab, numbered);
         let probs = policy(self.agent, &now, mem, (0, eps.slots.len()))?;
         let active: Vec<bool> = eps.slots.iter().map(|s| !s.done).collect();
-        let actions: Vec<Action> = sample(&probs, &active, &mut self.rng).into_iter().map(|a| Action::from_index(a as usize)).collect();
+        let actions: Vec<Action> =
+            sample(&probs, &active, &mut self.rng).into_iter().map(|a| Action::from_index(a as usize)).collect();
         let (outcomes, ended) = eps.step(&actions);
         self.mem_sum.add(mem, &active);
         self.finished.extend(ended);

@@ -36,13 +36,26 @@ pub struct TrainOptions {
 impl TrainOptions {
     /// What these options ask of the run folder.
     pub fn intent(&self) -> Intent {
-        Intent { resume: self.resume, overwrite: self.overwrite, stop_after: self.stop_after, accept_changes: self.accept_changes }
+        Intent {
+            resume: self.resume,
+            overwrite: self.overwrite,
+            stop_after: self.stop_after,
+            accept_changes: self.accept_changes,
+        }
     }
 }
 
 impl Default for TrainOptions {
     fn default() -> Self {
-        TrainOptions { out_dir: PathBuf::from("runs"), resume: false, overwrite: false, quiet: false, stop_after: None, no_eval: false, accept_changes: false }
+        TrainOptions {
+            out_dir: PathBuf::from("runs"),
+            resume: false,
+            overwrite: false,
+            quiet: false,
+            stop_after: None,
+            no_eval: false,
+            accept_changes: false,
+        }
     }
 }
 
@@ -94,7 +107,11 @@ pub(crate) trait Looped {
 ///
 /// A first SIGINT, SIGTERM or SIGHUP lets the step finish, writes a checkpoint and
 /// returns [`LetheError::Interrupted`]; a second one exits at once.
-pub(crate) fn drive<R: Looped>(run: &mut R, cfg: &TrainConfig, opts: &TrainOptions) -> Result<(Vec<f64>, Option<R::Eval>)> {
+pub(crate) fn drive<R: Looped>(
+    run: &mut R,
+    cfg: &TrainConfig,
+    opts: &TrainOptions,
+) -> Result<(Vec<f64>, Option<R::Eval>)> {
     let signals = Signals::watch()?;
     let (mut losses, mut last_eval) = (vec![], None);
     let mut window = R::Window::default();
@@ -104,7 +121,10 @@ pub(crate) fn drive<R: Looped>(run: &mut R, cfg: &TrainConfig, opts: &TrainOptio
         let received = signals.received();
         if run.agree(received.is_some())? {
             let signal = received.unwrap_or_else(|| "a signal to another rank".to_string());
-            run.say(&format!("{signal}: writing a checkpoint after step {} (another signal stops at once)", run.step()));
+            run.say(&format!(
+                "{signal}: writing a checkpoint after step {} (another signal stops at once)",
+                run.step()
+            ));
             run.save_checkpoint()?;
             return Err(LetheError::Interrupted { signal, step: run.step(), dir: run.dir().to_path_buf() });
         }
@@ -205,8 +225,14 @@ pub(crate) fn check_finite(values: &[f64], step: usize, last_checkpoint: Option<
     let Some(&value) = values.iter().find(|v| !v.is_finite()) else { return Ok(()) };
     let advice = "Lower the learning rate or raise the warm-up";
     let kept = match last_checkpoint {
-        Some(at) => format!("The last good checkpoint (step {at}) is kept in `{}`. {advice}, then resume.", dir.join(crate::checkpoint::FILE_NAME).display()),
-        None => format!("No checkpoint had been written yet, so there is nothing to resume in `{}`. {advice}, then start again.", dir.display()),
+        Some(at) => format!(
+            "The last good checkpoint (step {at}) is kept in `{}`. {advice}, then resume.",
+            dir.join(crate::checkpoint::FILE_NAME).display()
+        ),
+        None => format!(
+            "No checkpoint had been written yet, so there is nothing to resume in `{}`. {advice}, then start again.",
+            dir.display()
+        ),
     };
     Err(LetheError::NonFiniteLoss { step, value, kept })
 }

@@ -14,8 +14,8 @@ use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
 
 use crate::checkpoint::{self, Checkpoint};
-use crate::dist::ProcessGroup;
 use crate::config::Config;
+use crate::dist::ProcessGroup;
 use crate::error::{LetheError, Result};
 use crate::metrics::MetricsLog;
 
@@ -70,8 +70,10 @@ impl RunFolder {
             drop(try_lock(dir)?); // in use by another training: say so before anything else
         }
         check_intent(dir, intent)?;
-        let created = dir.ancestors().take_while(|a| !a.as_os_str().is_empty() && !a.exists()).last().map(Path::to_path_buf);
-        std::fs::create_dir_all(dir).map_err(|e| LetheError::Invalid(format!("cannot create the run folder `{}`: {e}", dir.display())))?;
+        let created =
+            dir.ancestors().take_while(|a| !a.as_os_str().is_empty() && !a.exists()).last().map(Path::to_path_buf);
+        std::fs::create_dir_all(dir)
+            .map_err(|e| LetheError::Invalid(format!("cannot create the run folder `{}`: {e}", dir.display())))?;
         let lock = match lock(dir) {
             Ok(lock) => lock,
             Err(e) => {
@@ -102,11 +104,18 @@ impl RunFolder {
         if step >= cfg.train.steps {
             return Err(LetheError::checkpoint(
                 &path,
-                format!("is at step {step}, and train.steps is {}: nothing left to train; raise --steps to continue", cfg.train.steps),
+                format!(
+                    "is at step {step}, and train.steps is {}: nothing left to train; raise --steps to continue",
+                    cfg.train.steps
+                ),
             ));
         }
         if let Some(stop) = self.intent.stop_after.filter(|&s| s <= step) {
-            return Err(LetheError::config("--stop-after", stop, format!("must be after the checkpoint's step {step}")));
+            return Err(LetheError::config(
+                "--stop-after",
+                stop,
+                format!("must be after the checkpoint's step {step}"),
+            ));
         }
         Ok(Some(ck))
     }
@@ -146,7 +155,9 @@ impl Drop for RunFolder {
 fn check_intent(dir: &Path, intent: Intent) -> Result<()> {
     let ckpt = dir.join(checkpoint::FILE_NAME);
     if intent.resume && intent.overwrite {
-        return Err(LetheError::Invalid("--resume continues a run and --overwrite replaces it: give one of them".into()));
+        return Err(LetheError::Invalid(
+            "--resume continues a run and --overwrite replaces it: give one of them".into(),
+        ));
     }
     if intent.stop_after == Some(0) {
         return Err(LetheError::config("--stop-after", 0, "must be at least 1 (the step after which to stop)"));
@@ -158,7 +169,11 @@ fn check_intent(dir: &Path, intent: Intent) -> Result<()> {
     // writes: they are somebody else's, and training would replace them.
     let is_run = ckpt.exists() || dir.join(LOCK_FILE).exists();
     if !is_run && !intent.overwrite {
-        let theirs = crate::output::RUN_FILES.iter().map(|(name, _)| *name).filter(|name| !name.contains('*')).find(|name| dir.join(name).exists());
+        let theirs = crate::output::RUN_FILES
+            .iter()
+            .map(|(name, _)| *name)
+            .filter(|name| !name.contains('*'))
+            .find(|name| dir.join(name).exists());
         if let Some(file) = theirs {
             return Err(LetheError::Invalid(format!(
                 "`{}` is not a lethe run folder but holds `{file}`, which training would replace: pick another --name or --out (or --overwrite to replace it)",
@@ -192,7 +207,13 @@ fn lock(dir: &Path) -> Result<File> {
 /// refuses, naming the holder's pid, when another process holds the lock.
 fn try_lock(dir: &Path) -> Result<File> {
     let path = dir.join(LOCK_FILE);
-    let mut file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).map_err(|e| LetheError::io(&path, e))?;
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| LetheError::io(&path, e))?;
     if let Err(e) = file.try_lock() {
         let mut holder = String::new();
         let _ = file.read_to_string(&mut holder);
@@ -214,8 +235,17 @@ const MUST_MATCH: &[&str] = &["seed", "model.", "memory.", "data.", "train.batch
 
 /// Optimisation settings: a resumed run keeps its own unless told to accept new ones.
 const OPTIMISATION: &[&str] = &[
-    "train.lr", "train.memory_lr", "train.warmup", "train.schedule", "train.min_lr_ratio", "train.beta1", "train.beta2", "train.eps",
-    "train.optimizer", "train.weight_decay", "train.grad_clip",
+    "train.lr",
+    "train.memory_lr",
+    "train.warmup",
+    "train.schedule",
+    "train.min_lr_ratio",
+    "train.beta1",
+    "train.beta2",
+    "train.eps",
+    "train.optimizer",
+    "train.weight_decay",
+    "train.grad_clip",
 ];
 
 /// The optimisation settings `cfg` changes from the checkpoint's, as `key old -> new`.
@@ -265,7 +295,8 @@ pub fn check_resumable(ck: &Checkpoint, cfg: &Config, accept_changes: bool) -> R
 /// The line a resumed run prints: the checkpoint, its step, and the settings changed.
 pub fn resumed_line(ck: &Checkpoint, cfg: &Config, step: usize) -> Result<String> {
     let changes = setting_changes(ck, cfg)?;
-    let changed = if changes.is_empty() { String::new() } else { format!(", with changed settings: {}", changes.join(", ")) };
+    let changed =
+        if changes.is_empty() { String::new() } else { format!(", with changed settings: {}", changes.join(", ")) };
     Ok(format!("resumed from {} at step {step}{changed}", ck.path.display()))
 }
 
@@ -292,7 +323,12 @@ fn flatten(cfg: &Config) -> Result<BTreeMap<String, String>> {
 /// Rank 0 (or a single process) locks the run folder and checks the checkpoint to
 /// resume; the other ranks read that checkpoint without touching the folder. A
 /// checkpoint of another number of ranks is refused before anything is written.
-pub(crate) fn open_for_ranks(cfg: &Config, intent: Intent, dir: &Path, group: Option<&ProcessGroup>) -> Result<(Option<RunFolder>, Option<Checkpoint>)> {
+pub(crate) fn open_for_ranks(
+    cfg: &Config,
+    intent: Intent,
+    dir: &Path,
+    group: Option<&ProcessGroup>,
+) -> Result<(Option<RunFolder>, Option<Checkpoint>)> {
     let (folder, resumed) = if group.is_none_or(|g| g.rank() == 0) {
         let folder = RunFolder::open(dir, intent)?;
         let resumed = folder.resumable(cfg)?;
@@ -316,4 +352,3 @@ pub(crate) fn open_for_ranks(cfg: &Config, intent: Intent, dir: &Path, group: Op
     }
     Ok((folder, resumed))
 }
-

@@ -9,5 +9,5 @@ mod signals;
 
 pub(crate) use driver::{begin_step, broadcast_parameters, check_finite, drive, opening_line, Looped};
 pub use driver::{Scales, TrainOptions};
-pub(crate) use signals::{stop_requested, Signals};
 pub use folder::{Intent, RunFolder, LOCK_FILE};
+pub(crate) use signals::{stop_requested, Signals};

@@ -30,8 +30,11 @@ pub(crate) struct Signals {
 }
 
 impl Signals {
-    const WATCHED: [(i32, &'static str); 3] =
-        [(signal_hook::consts::SIGINT, "SIGINT"), (signal_hook::consts::SIGTERM, "SIGTERM"), (signal_hook::consts::SIGHUP, "SIGHUP")];
+    const WATCHED: [(i32, &'static str); 3] = [
+        (signal_hook::consts::SIGINT, "SIGINT"),
+        (signal_hook::consts::SIGTERM, "SIGTERM"),
+        (signal_hook::consts::SIGHUP, "SIGHUP"),
+    ];
 
     pub(crate) fn watch() -> crate::error::Result<Signals> {
         Self::register().map_err(|e| crate::error::LetheError::Invalid(format!("cannot watch for signals: {e}")))

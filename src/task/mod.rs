@@ -11,10 +11,12 @@ pub use spec::{Metric, Task};
 use crate::config::{Config, Source};
 use crate::data::bytes::Corpus;
 use crate::data::dialogue::Dialogue;
-use crate::data::text::Wikitext;
 use crate::data::seq::{Split, SplitData};
 use crate::data::stream::TrainStreams;
-use crate::data::tasks::{collision::CollisionSpec, copy::CopySpec, instruction::InstructionSpec, sorting::SortingSpec};
+use crate::data::tasks::{
+    collision::CollisionSpec, copy::CopySpec, instruction::InstructionSpec, sorting::SortingSpec,
+};
+use crate::data::text::Wikitext;
 use crate::error::{LetheError, Result};
 use crate::rl::{corridor::CorridorSpec, portal::PortalSpec};
 
@@ -79,13 +81,21 @@ pub fn apply_options(cfg: &mut Config, length: Option<usize>, distance: Option<(
     if let Some(n) = length {
         if !task.set_length(&mut cfg.data, n) {
             let takers = takers(|t, d| t.set_length(d, 1));
-            return Err(LetheError::config("--length", n, format!("applies to the {takers} tasks, not to {}", task.name())));
+            return Err(LetheError::config(
+                "--length",
+                n,
+                format!("applies to the {takers} tasks, not to {}", task.name()),
+            ));
         }
     }
     if let Some((lo, hi)) = distance {
         if !task.set_distance(&mut cfg.data, lo, hi) {
             let takers = takers(|t, d| t.set_distance(d, 1, 1));
-            return Err(LetheError::config("--distance", format!("{lo}-{hi}"), format!("applies to the {takers} tasks, not to {}", task.name())));
+            return Err(LetheError::config(
+                "--distance",
+                format!("{lo}-{hi}"),
+                format!("applies to the {takers} tasks, not to {}", task.name()),
+            ));
         }
     }
     Ok(())
@@ -93,7 +103,8 @@ pub fn apply_options(cfg: &mut Config, length: Option<usize>, distance: Option<(
 
 /// The names of the tasks for which `accepts` (tried on a scratch config) is true.
 fn takers(accepts: impl Fn(&dyn Task, &mut crate::config::DataConfig) -> bool) -> String {
-    let mut names: Vec<&str> = SOURCES.iter().map(|&s| of(s)).filter(|t| accepts(*t, &mut Default::default())).map(|t| t.name()).collect();
+    let mut names: Vec<&str> =
+        SOURCES.iter().map(|&s| of(s)).filter(|t| accepts(*t, &mut Default::default())).map(|t| t.name()).collect();
     names.dedup();
     match names.split_last() {
         Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
@@ -138,7 +149,12 @@ mod tests {
         apply_options(&mut cfg, Some(7), None).unwrap();
         assert_eq!(cfg.data.portal.rooms, 7);
         let msg = apply_options(&mut cfg, None, Some((1, 2))).unwrap_err().to_string();
-        assert!(msg.contains("--distance") && msg.contains("copy, instruction and corridor") && msg.contains("not to portal"), "{msg}");
+        assert!(
+            msg.contains("--distance")
+                && msg.contains("copy, instruction and corridor")
+                && msg.contains("not to portal"),
+            "{msg}"
+        );
         cfg.data.source = Source::File;
         let msg = apply_options(&mut cfg, Some(3), None).unwrap_err().to_string();
         assert!(msg.contains("--length") && msg.contains("sorting, corridor and portal tasks, not to file"), "{msg}");

@@ -5,19 +5,52 @@ use std::process::{Command, Output, Stdio};
 
 /// A model small enough that a few steps take well under a second.
 pub const TINY: &[&str] = &[
-    "--set", "model.layers=1", "--set", "model.d_model=16", "--set", "model.heads=2", "--set", "model.d_ffn=32",
-    "--set", "memory.span=16", "--set", "train.batch=2", "--set", "train.block=8", "--set", "train.log_every=1",
-    "--set", "train.eval_tokens=64", "--set", "data.copy.eval_tokens=128", "--set", "data.copy.distance_min=5", "--set", "data.copy.distance_max=20",
+    "--set",
+    "model.layers=1",
+    "--set",
+    "model.d_model=16",
+    "--set",
+    "model.heads=2",
+    "--set",
+    "model.d_ffn=32",
+    "--set",
+    "memory.span=16",
+    "--set",
+    "train.batch=2",
+    "--set",
+    "train.block=8",
+    "--set",
+    "train.log_every=1",
+    "--set",
+    "train.eval_tokens=64",
+    "--set",
+    "data.copy.eval_tokens=128",
+    "--set",
+    "data.copy.distance_min=5",
+    "--set",
+    "data.copy.distance_max=20",
 ];
 
 pub fn lethe(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_lethe")).current_dir(dir).args(args).stdin(Stdio::null()).output().expect("run lethe")
+    Command::new(env!("CARGO_BIN_EXE_lethe"))
+        .current_dir(dir)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run lethe")
 }
 
 /// Starts `lethe` in `dir` with `args`, stdout and stderr piped, for a test that watches
 /// it run (and signals it).
 pub fn spawn(dir: &Path, args: &[&str]) -> std::process::Child {
-    Command::new(env!("CARGO_BIN_EXE_lethe")).current_dir(dir).args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("start lethe")
+    Command::new(env!("CARGO_BIN_EXE_lethe"))
+        .current_dir(dir)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start lethe")
 }
 
 pub fn train(dir: &Path, extra: &[&str]) -> Output {

@@ -153,7 +153,13 @@ pub fn memory_after(lm: &lethe::model::Lm, seq: &[i64], blocks: i64, len: i64) -
 
 /// Task loss (targets `seq mod 7`, summed) and auxiliary loss of block `index` of `len`
 /// tokens of `seq` (2 streams), in training mode, starting from the memory `state`.
-pub fn block_losses(lm: &lethe::model::Lm, seq: &[i64], index: i64, len: i64, state: &[(String, tch::Tensor)]) -> (tch::Tensor, tch::Tensor) {
+pub fn block_losses(
+    lm: &lethe::model::Lm,
+    seq: &[i64],
+    index: i64,
+    len: i64,
+    state: &[(String, tch::Tensor)],
+) -> (tch::Tensor, tch::Tensor) {
     let x = tokens(seq, 2);
     let y = x.remainder(7);
     let mut mem = lm.model.new_memory();

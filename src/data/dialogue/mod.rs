@@ -152,7 +152,9 @@ fn document_text(value: &serde_json::Value) -> String {
     let field = |v: &serde_json::Value, key: &str| -> String {
         match v.get(key) {
             Some(serde_json::Value::String(s)) => s.trim().to_string(),
-            Some(serde_json::Value::Array(items)) => items.iter().filter_map(|i| i.as_str()).map(str::trim).collect::<Vec<_>>().join("; "),
+            Some(serde_json::Value::Array(items)) => {
+                items.iter().filter_map(|i| i.as_str()).map(str::trim).collect::<Vec<_>>().join("; ")
+            }
             Some(serde_json::Value::Number(n)) => n.to_string(),
             _ => String::new(),
         }
@@ -184,7 +186,10 @@ fn json_files(dir: &Path, what: &str) -> Result<Vec<PathBuf>> {
     let entries = std::fs::read_dir(dir).map_err(|e| {
         LetheError::data(dir, format!("cannot be read ({e}); a CMU-DoG folder holds {what} (get it with `git clone https://github.com/festvox/datasets-CMU_DoG`, or make a small one with `lethe dialogue-data`)"))
     })?;
-    let mut files: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "json")).collect();
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
     files.sort();
     if files.is_empty() {
         return Err(LetheError::data(dir, format!("holds no .json files; it should hold {what}")));
@@ -221,7 +226,12 @@ pub fn read_split(dir: &Path, split: Split) -> Result<Vec<Conversation>> {
     let mut out = Vec::new();
     for path in json_files(&folder, "the conversations as Conversations/{train,valid,test}/*.json")? {
         let file: ConversationFile = read_json(&path)?;
-        let document = docs.get(&file.doc).ok_or_else(|| LetheError::data(&path, format!("names document {} (docLinkIdx), which no WikiData file has as its index", file.doc)))?;
+        let document = docs.get(&file.doc).ok_or_else(|| {
+            LetheError::data(
+                &path,
+                format!("names document {} (docLinkIdx), which no WikiData file has as its index", file.doc),
+            )
+        })?;
         let turns = turns_of(&file.history);
         if !turns.is_empty() {
             out.push(Conversation { document: document.clone(), turns });
@@ -238,7 +248,13 @@ pub struct Dialogue;
 /// when `opts.document`, one sequence per conversation, read whole by the streams (one
 /// at a time with the memory emptied before each when `opts.reset`), with the words of
 /// the responses (and a line end each) counted for perplexity per word.
-pub fn split_data(tokenizer: Option<&Tokenizer>, opts: &DialogueConfig, conversations: &[Conversation], dir: &Path, split: Split) -> Result<SplitData> {
+pub fn split_data(
+    tokenizer: Option<&Tokenizer>,
+    opts: &DialogueConfig,
+    conversations: &[Conversation],
+    dir: &Path,
+    split: Split,
+) -> Result<SplitData> {
     let encode = encoder(tokenizer);
     let origin = dir.join("Conversations").join(split_folder(split));
     let docs = conversations.iter().map(|c| c.encode(opts.document, &encode)).collect::<Result<Vec<_>>>()?;
@@ -251,7 +267,11 @@ impl Dialogue {
     /// One split of the config's CMU-DoG folder through the config's tokenizer, as
     /// [`split_data`].
     fn tokens(cfg: &Config, split: Split) -> Result<SplitData> {
-        let dir = cfg.data.path.as_deref().ok_or_else(|| LetheError::config("data.path", "none", "the CMU-DoG folder is needed (--data DIR)"))?;
+        let dir = cfg
+            .data
+            .path
+            .as_deref()
+            .ok_or_else(|| LetheError::config("data.path", "none", "the CMU-DoG folder is needed (--data DIR)"))?;
         let tokenizer = super::text::tokenizer_of(cfg)?;
         split_data(tokenizer.as_ref(), &cfg.data.dialogue, &read_split(dir, split)?, dir, split)
     }
@@ -269,7 +289,8 @@ impl Task for Dialogue {
             None => "as bytes".to_string(),
         };
         let doc = if d.dialogue.document { "document then dialogue" } else { "dialogue without its document" };
-        let memory = if d.dialogue.reset { "memory emptied per conversation" } else { "memory carried across conversations" };
+        let memory =
+            if d.dialogue.reset { "memory emptied per conversation" } else { "memory carried across conversations" };
         format!("CMU-DoG dialogues {} ({doc}, responses scored, {memory}) {reading}", path.display())
     }
 
@@ -305,18 +326,26 @@ mod tests {
 
     #[test]
     fn one_speakers_messages_make_one_turn_and_the_first_speaker_is_a() {
-        let history = [message("user2", "hi\nthere"), message("user2", "  "), message("user2", "you?"), message("user1", "fine")];
+        let history =
+            [message("user2", "hi\nthere"), message("user2", "  "), message("user2", "you?"), message("user1", "fine")];
         let turns = turns_of(&history);
-        assert_eq!(turns, vec![Turn { speaker: 0, text: "hi there you?".into() }, Turn { speaker: 1, text: "fine".into() }]);
+        assert_eq!(
+            turns,
+            vec![Turn { speaker: 0, text: "hi there you?".into() }, Turn { speaker: 1, text: "fine".into() }]
+        );
     }
 
     #[test]
     fn only_response_text_and_its_newline_are_scored() {
-        let c = Conversation { document: "Doc line\nmore".into(), turns: vec![Turn { speaker: 0, text: "hi".into() }, Turn { speaker: 1, text: "yo".into() }] };
+        let c = Conversation {
+            document: "Doc line\nmore".into(),
+            turns: vec![Turn { speaker: 0, text: "hi".into() }, Turn { speaker: 1, text: "yo".into() }],
+        };
         let seq = c.encode(true, &encoder(None)).unwrap();
         let text = String::from_utf8(super::super::seq::bytes_of(&seq.tokens)).unwrap();
         assert_eq!(text, "Doc line\nmore\nA: hi\nB: yo\n");
-        let scored: String = text.chars().zip(seq.scored.as_ref().unwrap()).filter(|(_, &s)| s).map(|(c, _)| c).collect();
+        let scored: String =
+            text.chars().zip(seq.scored.as_ref().unwrap()).filter(|(_, &s)| s).map(|(c, _)| c).collect();
         assert_eq!(scored, " hi\n yo\n");
         let without = c.encode(false, &encoder(None)).unwrap();
         assert_eq!(String::from_utf8(super::super::seq::bytes_of(&without.tokens)).unwrap(), "A: hi\nB: yo\n");

@@ -30,33 +30,106 @@ use crate::error::{LetheError, Result};
 use crate::rng::Rng;
 
 const FIRST: [&str; 30] = [
-    "nora", "ivan", "lena", "omar", "tess", "hugo", "mila", "ravi", "zoe", "felix", "ada", "jonas", "iris", "caleb", "maya",
-    "otto", "rosa", "emil", "vera", "leon", "ines", "theo", "kira", "dario", "nina", "abel", "lucia", "milo", "greta", "sami",
+    "nora", "ivan", "lena", "omar", "tess", "hugo", "mila", "ravi", "zoe", "felix", "ada", "jonas", "iris", "caleb",
+    "maya", "otto", "rosa", "emil", "vera", "leon", "ines", "theo", "kira", "dario", "nina", "abel", "lucia", "milo",
+    "greta", "sami",
 ];
 const LAST: [&str; 30] = [
-    "vance", "okafor", "lindqvist", "moreau", "tanaka", "kowalski", "reyes", "brandt", "castillo", "novak", "oduya", "petrov",
-    "haddad", "silva", "morgan", "fischer", "adeyemi", "larsen", "costa", "byrne", "ivanova", "hale", "duarte", "keller",
-    "nakamura", "quinn", "romero", "sato", "weber", "ellis",
+    "vance",
+    "okafor",
+    "lindqvist",
+    "moreau",
+    "tanaka",
+    "kowalski",
+    "reyes",
+    "brandt",
+    "castillo",
+    "novak",
+    "oduya",
+    "petrov",
+    "haddad",
+    "silva",
+    "morgan",
+    "fischer",
+    "adeyemi",
+    "larsen",
+    "costa",
+    "byrne",
+    "ivanova",
+    "hale",
+    "duarte",
+    "keller",
+    "nakamura",
+    "quinn",
+    "romero",
+    "sato",
+    "weber",
+    "ellis",
 ];
 const ROLES: [&str; 24] = [
-    "the captain", "the detective", "the baker", "the pilot", "the teacher", "the thief", "the doctor", "the singer",
-    "the mayor", "the farmer", "the spy", "the robot", "the painter", "the knight", "the chef", "the boxer", "the witch",
-    "the sailor", "the judge", "the dancer", "the hunter", "the nurse", "the writer", "the ghost",
+    "the captain",
+    "the detective",
+    "the baker",
+    "the pilot",
+    "the teacher",
+    "the thief",
+    "the doctor",
+    "the singer",
+    "the mayor",
+    "the farmer",
+    "the spy",
+    "the robot",
+    "the painter",
+    "the knight",
+    "the chef",
+    "the boxer",
+    "the witch",
+    "the sailor",
+    "the judge",
+    "the dancer",
+    "the hunter",
+    "the nurse",
+    "the writer",
+    "the ghost",
 ];
 const ADJECTIVES: [&str; 16] = [
-    "silent", "broken", "golden", "last", "hidden", "burning", "frozen", "distant", "secret", "lonely", "wild", "quiet",
-    "endless", "crimson", "lost", "electric",
+    "silent", "broken", "golden", "last", "hidden", "burning", "frozen", "distant", "secret", "lonely", "wild",
+    "quiet", "endless", "crimson", "lost", "electric",
 ];
 const NOUNS: [&str; 16] = [
-    "harbor", "garden", "signal", "mountain", "letter", "river", "machine", "island", "promise", "window", "kingdom", "road",
-    "winter", "circus", "mirror", "station",
+    "harbor", "garden", "signal", "mountain", "letter", "river", "machine", "island", "promise", "window", "kingdom",
+    "road", "winter", "circus", "mirror", "station",
 ];
 const GENRES: [&str; 8] = ["comedy", "drama", "thriller", "western", "musical", "horror", "romance", "mystery"];
-const PRAISE: [&str; 10] = ["brilliant", "charming", "dull", "moving", "clumsy", "gripping", "silly", "beautiful", "slow", "bold"];
-const PLACES: [&str; 12] = ["the city", "the harbor", "a small town", "the desert", "the old house", "the school", "the border", "the palace", "the forest", "the station", "the island", "the hospital"];
+const PRAISE: [&str; 10] =
+    ["brilliant", "charming", "dull", "moving", "clumsy", "gripping", "silly", "beautiful", "slow", "bold"];
+const PLACES: [&str; 12] = [
+    "the city",
+    "the harbor",
+    "a small town",
+    "the desert",
+    "the old house",
+    "the school",
+    "the border",
+    "the palace",
+    "the forest",
+    "the station",
+    "the island",
+    "the hospital",
+];
 const EVENTS: [&str; 12] = [
-    "arrives in", "runs away from", "finds a map in", "loses a letter in", "meets a stranger in", "hides in", "returns to",
-    "sets a trap in", "gives a speech in", "falls ill in", "opens a shop in", "searches for help in",
+    "arrives in",
+    "runs away from",
+    "finds a map in",
+    "loses a letter in",
+    "meets a stranger in",
+    "hides in",
+    "returns to",
+    "sets a trap in",
+    "gives a speech in",
+    "falls ill in",
+    "opens a shop in",
+    "searches for help in",
 ];
 
 /// A movie's facts, drawn at random.
@@ -163,7 +236,10 @@ fn conversation(movie: &Movie, rng: &mut Rng) -> Vec<Turn> {
         let (q, a) = qa.remove(below(rng, qa.len()));
         lines.push((q, a));
         if rng.uniform() < 0.3 {
-            lines.push((format!("i like {} films .", movie.genre), pick(rng, &["me too .", "not me .", "they are ok ."]).to_string()));
+            lines.push((
+                format!("i like {} films .", movie.genre),
+                pick(rng, &["me too .", "not me .", "they are ok ."]).to_string(),
+            ));
         }
     }
     lines.push(("thanks , bye !".to_string(), "bye !".to_string()));
@@ -206,7 +282,11 @@ pub fn write(dir: &Path, n: usize, seed: u64) -> Result<Written> {
     }
     // About 8 KB of files each: a million is 8 GB, far past any CPU demonstration.
     if n > MAX_CONVERSATIONS {
-        return Err(LetheError::config("--conversations", n, format!("must be at most {MAX_CONVERSATIONS} (about 8 KB of files each)")));
+        return Err(LetheError::config(
+            "--conversations",
+            n,
+            format!("must be at most {MAX_CONVERSATIONS} (about 8 KB of files each)"),
+        ));
     }
     for sub in ["WikiData", "Conversations", "tokenizer"] {
         if dir.join(sub).exists() {
@@ -245,7 +325,8 @@ fn write_into(dir: &Path, n: usize, seed: u64) -> Result<Written> {
             let movie = Movie::draw(&mut rng);
             let turns = conversation(&movie, &mut rng);
             let wiki = movie.wikidata(index);
-            let history: Vec<serde_json::Value> = turns.iter().map(|t| json!({"docIdx": 0, "text": t.text, "uid": USERS[t.speaker]})).collect();
+            let history: Vec<serde_json::Value> =
+                turns.iter().map(|t| json!({"docIdx": 0, "text": t.text, "uid": USERS[t.speaker]})).collect();
             let convo = json!({"docLinkIdx": index, "history": history, "whoSawDoc": ["user2"]});
             write_json(&wikidata.join(format!("movie_{index:05}.json")), &wiki)?;
             write_json(&folder.join(format!("{index:05}.json")), &convo)?;
@@ -292,7 +373,10 @@ mod tests {
                 if let Some(a) = answer {
                     assert!(c.document.contains(a.trim_end_matches(" .")), "{a} not in {}", c.document);
                 }
-                assert_eq!(c.turns.iter().map(|t| t.speaker).collect::<Vec<_>>(), (0..c.turns.len()).map(|i| i % 2).collect::<Vec<_>>());
+                assert_eq!(
+                    c.turns.iter().map(|t| t.speaker).collect::<Vec<_>>(),
+                    (0..c.turns.len()).map(|i| i % 2).collect::<Vec<_>>()
+                );
             }
         }
         // Same seed, same data; a second write into the same folder is refused.
@@ -310,7 +394,10 @@ mod tests {
         std::fs::create_dir_all(dir.path().join(STAGING).join("WikiData")).unwrap();
         std::fs::write(dir.path().join(STAGING).join("WikiData/movie_99999.json"), "{").unwrap();
         write(dir.path(), 20, 1).unwrap();
-        let mut names: Vec<String> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        let mut names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
         names.sort();
         assert_eq!(names, ["Conversations", "WikiData", "tokenizer"]);
         assert_eq!(std::fs::read_dir(dir.path().join("WikiData")).unwrap().count(), 20);

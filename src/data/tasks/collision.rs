@@ -18,9 +18,8 @@
 //! An episode is one simulation of `steps` steps followed by the separator token 47,
 //! which marks a fresh grid and carries the last step's answer as its target.
 
-
-use crate::data::seq::TokenSeq;
 use crate::config::{CollisionConfig, DataConfig};
+use crate::data::seq::TokenSeq;
 use crate::rng::Rng;
 
 use super::Generator;
@@ -65,7 +64,13 @@ impl Particle {
     fn new(rng: &mut Rng, cfg: &CollisionConfig) -> Self {
         let colour = if cfg.easy { 0 } else { rng.range(0, COLOURS - 1) as u8 };
         let g = GRID as f64;
-        Particle { x: rng.uniform() * g, y: rng.uniform() * g, vx: gaussian(rng) * cfg.speed, vy: gaussian(rng) * cfg.speed, colour }
+        Particle {
+            x: rng.uniform() * g,
+            y: rng.uniform() * g,
+            vx: gaussian(rng) * cfg.speed,
+            vy: gaussian(rng) * cfg.speed,
+            colour,
+        }
     }
 
     fn cell(&self) -> (u8, u8) {
@@ -202,7 +207,11 @@ impl Task for CollisionSpec {
 
     fn describe(&self, d: &DataConfig) -> String {
         let k = &d.collision;
-        format!("object collision ({}), {} steps of 8 tokens per simulation; chance error 75%", if k.easy { "easy" } else { "hard" }, k.steps)
+        format!(
+            "object collision ({}), {} steps of 8 tokens per simulation; chance error 75%",
+            if k.easy { "easy" } else { "hard" },
+            k.steps
+        )
     }
 
     fn metric(&self) -> Metric {

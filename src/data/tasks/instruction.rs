@@ -29,10 +29,9 @@
 //!   see you!"` to "can you tell the butler that the town official wants to see them?",
 //!   the execution repeats the message of the instruction.
 
-
-use crate::data::seq::TokenSeq;
 use crate::config::tasks::INSTRUCTION_CHARACTERS;
 use crate::config::{DataConfig, InstructionConfig};
+use crate::data::seq::TokenSeq;
 use crate::rng::Rng;
 
 use super::Generator;
@@ -40,23 +39,59 @@ use crate::task::spec::{Metric, Task};
 
 /// The characters of the world. `characters` in the config takes the first n.
 pub const CHARACTERS: [&str; INSTRUCTION_CHARACTERS] = [
-    "guard", "wizard", "baker", "knight", "queen", "king", "merchant", "farmer", "priest", "thief",
-    "blacksmith", "hunter", "sailor", "monk", "healer", "bard", "miller", "weaver", "potter", "scribe",
-    "soldier", "captain", "fisherman", "shepherd", "innkeeper", "jester", "witch", "ranger", "servant", "cook",
-    "gardener", "mason", "tailor", "carpenter", "herbalist", "alchemist", "squire", "duke", "beggar", "pilgrim",
+    "guard",
+    "wizard",
+    "baker",
+    "knight",
+    "queen",
+    "king",
+    "merchant",
+    "farmer",
+    "priest",
+    "thief",
+    "blacksmith",
+    "hunter",
+    "sailor",
+    "monk",
+    "healer",
+    "bard",
+    "miller",
+    "weaver",
+    "potter",
+    "scribe",
+    "soldier",
+    "captain",
+    "fisherman",
+    "shepherd",
+    "innkeeper",
+    "jester",
+    "witch",
+    "ranger",
+    "servant",
+    "cook",
+    "gardener",
+    "mason",
+    "tailor",
+    "carpenter",
+    "herbalist",
+    "alchemist",
+    "squire",
+    "duke",
+    "beggar",
+    "pilgrim",
 ];
 const OBJECTS: [&str; 30] = [
-    "sword", "lantern", "bread", "key", "map", "ring", "cup", "book", "shield", "rope", "apple", "coin",
-    "candle", "cloak", "bottle", "basket", "hammer", "scroll", "bow", "flute", "crown", "axe", "bell",
-    "mirror", "blanket", "knife", "boot", "jar", "stone", "feather",
+    "sword", "lantern", "bread", "key", "map", "ring", "cup", "book", "shield", "rope", "apple", "coin", "candle",
+    "cloak", "bottle", "basket", "hammer", "scroll", "bow", "flute", "crown", "axe", "bell", "mirror", "blanket",
+    "knife", "boot", "jar", "stone", "feather",
 ];
 const PLACES: [&str; 20] = [
-    "market", "river", "tower", "garden", "castle", "forest", "tavern", "chapel", "bridge", "well",
-    "kitchen", "stable", "harbour", "square", "library", "cellar", "field", "mill", "gate", "road",
+    "market", "river", "tower", "garden", "castle", "forest", "tavern", "chapel", "bridge", "well", "kitchen",
+    "stable", "harbour", "square", "library", "cellar", "field", "mill", "gate", "road",
 ];
 const ADJECTIVES: [&str; 16] = [
-    "old", "red", "heavy", "small", "broken", "shiny", "strange", "wooden", "golden", "dusty", "quiet",
-    "dark", "bright", "cold", "warm", "tiny",
+    "old", "red", "heavy", "small", "broken", "shiny", "strange", "wooden", "golden", "dusty", "quiet", "dark",
+    "bright", "cold", "warm", "tiny",
 ];
 /// Distractor templates: `{c}`, `{d}` characters, `{o}` object, `{p}` place, `{a}` adjective.
 const DISTRACTORS: [&str; 16] = [
@@ -175,7 +210,14 @@ impl InstructionTask {
             let recipient = self.other(rng, &taken);
             let sender = self.other(rng, &[recipient]);
             let drawn = rng.range(self.cfg.distance_min, self.cfg.distance_max);
-            records.push(InstructionRecord { recipient, sender, drawn, distractor_words: 0, instruction: 0..0, execution: 0..0 });
+            records.push(InstructionRecord {
+                recipient,
+                sender,
+                drawn,
+                distractor_words: 0,
+                instruction: 0..0,
+                execution: 0..0,
+            });
         }
         records
     }
@@ -319,7 +361,14 @@ mod tests {
     use super::*;
 
     fn small() -> InstructionConfig {
-        InstructionConfig { characters: 12, queue_max: 3, distance_min: 30, distance_max: 60, greet_rate: 0.2, eval_tokens: 4096 }
+        InstructionConfig {
+            characters: 12,
+            queue_max: 3,
+            distance_min: 30,
+            distance_max: 60,
+            greet_rate: 0.2,
+            eval_tokens: 4096,
+        }
     }
 
     fn text(seq: &TokenSeq, range: std::ops::Range<usize>) -> String {
@@ -340,7 +389,11 @@ mod tests {
                 assert!(before.ends_with(&format!("the {} enters.\nyou: ", r.recipient)), "{before}");
                 let told = text(&seq, r.instruction.clone());
                 assert!(r.instruction.end <= r.execution.start);
-                assert!(told.contains(&format!("the {}", r.recipient)) && told.contains(&format!("the {} wants to see", r.sender)), "{told}");
+                assert!(
+                    told.contains(&format!("the {}", r.recipient))
+                        && told.contains(&format!("the {} wants to see", r.sender)),
+                    "{told}"
+                );
                 assert_ne!(r.recipient, r.sender);
             }
         }
@@ -353,7 +406,12 @@ mod tests {
         for _ in 0..100 {
             let (seq, records) = task.simulate(&mut rng);
             let scored: Vec<usize> = (0..seq.len()).filter(|&i| seq.is_scored(i)).collect();
-            let expected: Vec<usize> = records.iter().flat_map(|r| r.execution.clone()).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+            let expected: Vec<usize> = records
+                .iter()
+                .flat_map(|r| r.execution.clone())
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect();
             assert_eq!(scored, expected);
             // Greetings are never scored.
             let all = text(&seq, 0..seq.len());
@@ -391,7 +449,10 @@ mod tests {
         for _ in 0..200 {
             let (_, r) = task.simulate(&mut rng);
             for pair in r.windows(2) {
-                assert!(pair[1].instruction.end < pair[0].execution.start, "the next instruction comes while this one is pending");
+                assert!(
+                    pair[1].instruction.end < pair[0].execution.start,
+                    "the next instruction comes while this one is pending"
+                );
                 queued += 1;
             }
         }

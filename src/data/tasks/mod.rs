@@ -27,7 +27,12 @@ const BYTES_PER_TOKEN: u64 = 16;
 /// Refuses, before any episode is drawn, a task whose episodes for `batch` streams, or
 /// whose fixed evaluation stream of `eval_tokens` (set by `eval_field`), would not fit
 /// in what lethe lets one input hold ([`crate::input::max_bytes`]), naming the field.
-pub fn check_sizes(task: &dyn Generator, batch: usize, eval_tokens: usize, eval_field: &str) -> crate::error::Result<()> {
+pub fn check_sizes(
+    task: &dyn Generator,
+    batch: usize,
+    eval_tokens: usize,
+    eval_field: &str,
+) -> crate::error::Result<()> {
     let most = crate::input::max_bytes();
     let (longest, field) = task.longest_episode();
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
@@ -52,7 +57,14 @@ pub fn check_sizes(task: &dyn Generator, batch: usize, eval_tokens: usize, eval_
 
 /// A fixed evaluation split of a task: `batch` documents of whole episodes, about
 /// `tokens` tokens in all, from a seed of its own per split.
-pub fn eval_split(task: &dyn Generator, name: &str, seed: u64, split: crate::data::seq::Split, batch: usize, tokens: usize) -> crate::data::seq::SplitData {
+pub fn eval_split(
+    task: &dyn Generator,
+    name: &str,
+    seed: u64,
+    split: crate::data::seq::Split,
+    batch: usize,
+    tokens: usize,
+) -> crate::data::seq::SplitData {
     use crate::data::seq::Split;
     let split_index = match split {
         Split::Train => 0,
@@ -70,7 +82,12 @@ pub fn eval_split(task: &dyn Generator, name: &str, seed: u64, split: crate::dat
             doc
         })
         .collect();
-    crate::data::seq::SplitData { origin: format!("{name} task ({split})").into(), docs, mode: crate::config::FolderMode::Documents, words: None }
+    crate::data::seq::SplitData {
+        origin: format!("{name} task ({split})").into(),
+        docs,
+        mode: crate::config::FolderMode::Documents,
+        words: None,
+    }
 }
 
 #[cfg(test)]
@@ -82,13 +99,16 @@ mod tests {
     /// any is drawn, naming the field; sizes near 2^64 do not overflow the arithmetic.
     #[test]
     fn sizes_that_cannot_be_held_are_refused_by_their_field() {
-        let copy = |count_max: usize, distance_max: usize| copy::CopyTask::new(&CopyConfig { count_max, distance_max, ..CopyConfig::default() });
+        let copy = |count_max: usize, distance_max: usize| {
+            copy::CopyTask::new(&CopyConfig { count_max, distance_max, ..CopyConfig::default() })
+        };
         assert!(check_sizes(&copy(8, 100), 16, 1 << 20, "data.copy.eval_tokens").is_ok());
         let e = check_sizes(&copy(usize::MAX, 100), 16, 1 << 20, "data.copy.eval_tokens").unwrap_err().to_string();
         assert!(e.contains("data.copy.count_max") && e.contains("16 streams"), "{e}");
         let e = check_sizes(&copy(8, 100), 16, usize::MAX, "data.copy.eval_tokens").unwrap_err().to_string();
         assert!(e.contains("data.copy.eval_tokens"), "{e}");
-        let collision = collision::CollisionTask::new(&CollisionConfig { steps: 1 << 60, ..CollisionConfig::default() });
+        let collision =
+            collision::CollisionTask::new(&CollisionConfig { steps: 1 << 60, ..CollisionConfig::default() });
         let e = check_sizes(&collision, 1, 1000, "data.collision.eval_tokens").unwrap_err().to_string();
         assert!(e.contains("data.collision.steps"), "{e}");
     }

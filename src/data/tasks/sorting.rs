@@ -10,9 +10,8 @@
 //!   alphabetical), then a newline. Only those sorted symbols are scored.
 //! - Symbols are the letters `a`, `b`, ... (20 in the paper).
 
-
-use crate::data::seq::TokenSeq;
 use crate::config::{DataConfig, SortingConfig};
+use crate::data::seq::TokenSeq;
 use crate::rng::Rng;
 
 use super::Generator;
@@ -91,7 +90,10 @@ impl Task for SortingSpec {
     }
 
     fn describe(&self, d: &DataConfig) -> String {
-        format!("sorting by frequency, {} symbols, sequences of {}; only the sorted symbols scored", d.sorting.symbols, d.sorting.length)
+        format!(
+            "sorting by frequency, {} symbols, sequences of {}; only the sorted symbols scored",
+            d.sorting.symbols, d.sorting.length
+        )
     }
 
     fn metric(&self) -> Metric {

@@ -15,8 +15,8 @@
 
 use tch::{nn, Kind, Tensor};
 
-use super::window::{cat_chunks, chunk_keys, chunk_queries, WindowCache};
 use super::layer::{AttendInput, AttendOutput, MemoryLayer, MemoryReport};
+use super::window::{cat_chunks, chunk_keys, chunk_queries, WindowCache};
 use crate::config::AdaptiveConfig;
 use crate::error::{LetheError, Result};
 use crate::model::attention::{attend, log_mask, part, window_bias};
@@ -53,7 +53,13 @@ impl AdaptiveSpan {
     /// Creates the span ratios `z` (one per head) under `p / "adaptive"`.
     pub fn new(p: nn::Path, heads: i64, max_span: usize, cfg: &AdaptiveConfig) -> Self {
         let z = (p / "adaptive").var("z", &[heads], nn::Init::Const(cfg.init_ratio));
-        AdaptiveSpan { cfg: cfg.clone(), max_span: max_span as i64, z, window: WindowCache::default(), last_mem_rows: vec![] }
+        AdaptiveSpan {
+            cfg: cfg.clone(),
+            max_span: max_span as i64,
+            z,
+            window: WindowCache::default(),
+            last_mem_rows: vec![],
+        }
     }
 
     /// How far back the widest head sees: the mask is 0 from `z L + R` on.
@@ -74,9 +80,12 @@ impl MemoryLayer for AdaptiveSpan {
 
     fn attend(&mut self, input: &AttendInput) -> Result<AttendOutput> {
         let w = self.window.keys(input, self.max_span)?;
-        let key_pe = input.key_pe.ok_or_else(|| LetheError::Invalid("Adaptive-Span needs relative positions (model.arch = \"lethe\")".into()))?;
+        let key_pe = input.key_pe.ok_or_else(|| {
+            LetheError::Invalid("Adaptive-Span needs relative positions (model.arch = \"lethe\")".into())
+        })?;
         let z = self.z.to_kind(input.q.kind());
         let mask = span_mask(&z, &w.dist, self.max_span as f64, self.cfg.ramp as f64).unsqueeze(0); // (1, h, m, n)
+
         // Keys of other episodes are not visible, so that the softmax's normalisation is a fresh memory's.
         let visible = match &w.same {
             Some(same) => w.visible.logical_and(same).unsqueeze(1), // (b, 1, m, n)
@@ -95,6 +104,7 @@ impl MemoryLayer for AdaptiveSpan {
             .map(|((c, (q, (k, v))), rows)| {
                 // q (b, h, queries, dh); k, v (b, h, keys, dh)
                 let positions = window_bias(q, Some(key_pe), c.cached(), &c.of(&w.visible))?; // (b, h, queries, keys)
+
                 // The mask after the softmax with renormalisation is the bias ln m before it.
                 let bias = positions + log_mask(&part(rows, -1, c.k0, c.keys), &c.of(&visible)); // (b, h, queries, keys)
                 Ok(attend(q, k, v, &bias, input.attn.dropout, input.train))
@@ -103,7 +113,8 @@ impl MemoryLayer for AdaptiveSpan {
         let context = cat_chunks(contexts); // (b, h, m, dh)
         let earlier = mask.gt(0.0).logical_and(&visible).logical_and(&w.dist.ge(1));
         self.last_mem_rows = super::layer::mem_rows(&earlier); // from (b or 1, h, m, n)
-        let aux = (input.train && self.cfg.loss_coef > 0.0).then(|| z.mean(z.kind()) * (self.cfg.loss_coef * self.max_span as f64));
+        let aux = (input.train && self.cfg.loss_coef > 0.0)
+            .then(|| z.mean(z.kind()) * (self.cfg.loss_coef * self.max_span as f64));
         Ok(AttendOutput { context, aux_loss: aux, added: None })
     }
 
@@ -204,7 +215,15 @@ mod tests {
         for block in 0..3 {
             let x = rng.normal_tensor(&[2, m, 8], Kind::Double).set_requires_grad(true);
             let q = attn.queries(&x);
-            let input = AttendInput { x: &x, q: &q, attn: &attn, key_pe: Some(&key_pe), train: true, episodes: None, norm: None };
+            let input = AttendInput {
+                x: &x,
+                q: &q,
+                attn: &attn,
+                key_pe: Some(&key_pe),
+                train: true,
+                episodes: None,
+                norm: None,
+            };
             // The reference, from the same cache, before `attend` adds to it.
             let keys = layer.window.keys(&input, max_span).unwrap();
             let chunks = keys.chunks(&q, layer.reach()).len();
@@ -224,7 +243,10 @@ mod tests {
             let g2 = Tensor::run_backward(&[(&reference * &w).sum(Kind::Double)], &inputs, false, false);
             for (i, (a, b)) in g1.iter().zip(&g2).enumerate() {
                 let gap = (a - b).abs().max().double_value(&[]);
-                assert!(gap < 1e-10 && a.abs().sum(Kind::Double).double_value(&[]) > 0.0, "block {block}, input {i}: gradients differ by {gap}");
+                assert!(
+                    gap < 1e-10 && a.abs().sum(Kind::Double).double_value(&[]) > 0.0,
+                    "block {block}, input {i}: gradients differ by {gap}"
+                );
             }
             layer.update(&x.detach(), None).unwrap();
         }

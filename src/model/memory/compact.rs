@@ -14,7 +14,14 @@ use tch::{Kind, Tensor};
 use crate::error::{LetheError, Result};
 
 extern "C" {
-    fn lethe_compact(keep: *mut c_void, tensors: *mut *mut c_void, count: i64, room: i64, out: *mut *mut c_void, error: *mut *mut c_char) -> c_int;
+    fn lethe_compact(
+        keep: *mut c_void,
+        tensors: *mut *mut c_void,
+        count: i64,
+        room: i64,
+        out: *mut *mut c_void,
+        error: *mut *mut c_char,
+    ) -> c_int;
 }
 
 /// A compacted cache: which new slots hold a memory `(b, c)`, and each tensor at them.
@@ -47,7 +54,14 @@ fn compact_on_cpu(keep: &Tensor, tensors: &[&Tensor], room: i64) -> Result<Compa
     // SAFETY: every pointer is a live `at::Tensor*` owned by its `Tensor` for the call (the
     // kernel reads them only); on success it writes `count + 1` new `at::Tensor*`.
     crate::ffi::call("expire-span cache compaction", |error| unsafe {
-        lethe_compact(keep.as_ptr() as *mut c_void, inputs.as_mut_ptr(), tensors.len() as i64, room, out.as_mut_ptr(), error)
+        lethe_compact(
+            keep.as_ptr() as *mut c_void,
+            inputs.as_mut_ptr(),
+            tensors.len() as i64,
+            room,
+            out.as_mut_ptr(),
+            error,
+        )
     })?;
     // SAFETY: see above; each pointer is taken over once.
     let mut taken = out.into_iter().map(|p| unsafe { crate::ffi::tensor(p) });
@@ -124,7 +138,8 @@ mod tests {
             let mut keep = rng.uniform_tensor(&[b, n], Kind::Double).lt(p);
             if p == 0.3 {
                 // One stream keeps everything, another nothing.
-                keep = keep.index_fill(0, &Tensor::from_slice(&[1i64]), 1).index_fill(0, &Tensor::from_slice(&[2i64]), 0);
+                keep =
+                    keep.index_fill(0, &Tensor::from_slice(&[1i64]), 1).index_fill(0, &Tensor::from_slice(&[2i64]), 0);
             }
             let (index, valid) = compact_per_stream(&keep);
             // With room after the kept slots, the same slots first.

@@ -28,8 +28,8 @@
 
 use tch::{nn, Tensor};
 
-use super::window::{concat_time, keep_last, reach, window_mem_size, WindowCache, WindowKeys};
 use super::layer::{AttendInput, AttendOutput, MemoryLayer, MemoryReport};
+use super::window::{concat_time, keep_last, reach, window_mem_size, WindowCache, WindowKeys};
 use crate::config::{CompressiveConfig, Compressor};
 use crate::error::{LetheError, Result};
 use crate::model::attention::{mix, scores_over_window};
@@ -37,7 +37,8 @@ use crate::model::attention::{mix, scores_over_window};
 /// Mean of every `rate` consecutive states: `(b, g·rate, d)` -> `(b, g, d)`.
 pub fn mean_pool(states: &Tensor, rate: i64) -> Tensor {
     let (b, n, d) = states.size3().expect("states must be (b, n, d)");
-    states.view([b, n / rate, rate, d]).mean_dim([2i64].as_slice(), false, states.kind()) // (b, g, d)
+    states.view([b, n / rate, rate, d]).mean_dim([2i64].as_slice(), false, states.kind())
+    // (b, g, d)
 }
 
 /// One layer's Compressive Transformer memory.
@@ -95,7 +96,8 @@ impl CompressiveMemory {
             None => mean_pool(states, self.rate()),
             Some((w, b)) => {
                 let x = states.transpose(1, 2); // (b, d, g·c)
-                x.conv1d(w, Some(b), [self.rate()], [0], [1], 1).transpose(1, 2) // (b, g, d)
+                x.conv1d(w, Some(b), [self.rate()], [0], [1], 1).transpose(1, 2)
+                // (b, g, d)
             }
         }
     }
@@ -123,6 +125,7 @@ impl CompressiveMemory {
         let pe = self.slot_pe.narrow(0, 0, n).flip([0]).to_kind(kc.kind()); // (n, dh), oldest slot first
         let dh = input.q.size()[3] as f64;
         let slot_scores = (input.q.matmul(&kc.transpose(-2, -1)) + input.q.matmul(&pe.tr())) / dh.sqrt(); // (b, h, m, n)
+
         // Every slot is visible; the window's scores come masked.
         (Tensor::cat(&[slot_scores, scores], -1), Tensor::cat(&[vc, w.v], 2))
     }

@@ -92,7 +92,14 @@ pub fn ramp_loss(spans: &Tensor, dist: &Tensor, on_ramp: &Tensor, ramp: f64, blo
 
 /// [`ramp_loss`] from its parts: `counts` `(b, n)`, how many queries see each memory on
 /// the ramp, and `by_distance` `(b)` (double), the sum of the distances on the ramp.
-pub fn ramp_loss_of_counts(spans: &Tensor, counts: &Tensor, by_distance: &Tensor, ramp: f64, block: i64, alpha: f64) -> Tensor {
+pub fn ramp_loss_of_counts(
+    spans: &Tensor,
+    counts: &Tensor,
+    by_distance: &Tensor,
+    ramp: f64,
+    block: i64,
+    alpha: f64,
+) -> Tensor {
     let by_span = (spans * counts).sum_dim_intlist([1i64].as_slice(), false, Kind::Double); // (b)
     ((by_span - by_distance).mean(Kind::Double) * (alpha / ramp / block as f64)).to_kind(spans.kind())
 }
@@ -339,7 +346,18 @@ impl ExpireSpan {
     /// relative positions (see [`attention::attend`]). `q` `(b, h, m, dh)`, `k` and `v`
     /// `(b, h, n, dh)`, `dist` and `visible` `(b, m, n)` (`visible` false wherever `m = 0`); returns `(b, h, m, dh)`.
     #[allow(clippy::too_many_arguments)]
-    fn context(&self, q: &Tensor, k: &Tensor, v: &Tensor, key_pe: &Tensor, dist: &Tensor, mask: &Tensor, visible: &Tensor, dropout: f64, train: bool) -> Tensor {
+    fn context(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        key_pe: &Tensor,
+        dist: &Tensor,
+        mask: &Tensor,
+        visible: &Tensor,
+        dropout: f64,
+        train: bool,
+    ) -> Tensor {
         let scoring = profile::phase("bias");
         let scaled = q / (q.size()[3] as f64).sqrt();
         let bias = self.bias(&scaled, key_pe, dist, &attention::log_mask_of_visible(mask, visible).unsqueeze(1)); // (b, h, m, n)
@@ -361,6 +379,7 @@ impl ExpireSpan {
         let (n, rows) = (dist.size()[2], self.pos_rows);
         let width = n.min(rows - 1 + m);
         let near = dist.narrow(2, n - width, width); // (b, m, w)
+
         // Distances out of range read an extra row of zeros at index `rows` (a later key,
         // at a negative distance, is masked by `log_mask` anyway).
         let in_range = near.ge(0.0).logical_and(&near.lt(rows as f64));
@@ -368,6 +387,7 @@ impl ExpireSpan {
         let zero_row = key_pe.zeros_like().narrow(0, 0, 1);
         let by_distance = q.matmul(&Tensor::cat(&[key_pe, &zero_row], 0).tr()); // (b, h, m, P + 1)
         let mut near_bias = by_distance.gather(-1, &index.unsqueeze(1).expand([b, h, m, width], false), false); // (b, h, m, w)
+
         // In place: the gather's backward pass needs only its index.
         near_bias += log_mask.narrow(3, n - width, width);
         if width == n {
@@ -389,7 +409,9 @@ impl ExpireSpan {
         drop(masking);
         let context = self.context(p.q, p.k, p.v, p.key_pe, &dist, &mask, &visible, input.attn.dropout, input.train); // (b, h, m, dh)
         let _loss = profile::phase("span loss");
-        let aux = self.span_loss_applies(input.train).then(|| ramp_loss(p.spans, &dist, &on_ramp(&mask, &visible), self.cfg.ramp as f64, m, self.cfg.alpha));
+        let aux = self
+            .span_loss_applies(input.train)
+            .then(|| ramp_loss(p.spans, &dist, &on_ramp(&mask, &visible), self.cfg.ramp as f64, m, self.cfg.alpha));
         (context, aux, Seen::Pairs(visible))
     }
 
@@ -424,14 +446,25 @@ impl ExpireSpan {
         }
         let context = cat_chunks(contexts); // (b, h, m, dh)
         let aux = losses.into_iter().reduce(|a, b| a + b);
-        Ok((context, aux, Seen::Spans { spans: p.spans.detach(), usable: p.usable.shallow_clone(), ramp: self.cfg.ramp as f64 }))
+        Ok((
+            context,
+            aux,
+            Seen::Spans { spans: p.spans.detach(), usable: p.usable.shallow_clone(), ramp: self.cfg.ramp as f64 },
+        ))
     }
 
     /// One chunk of [`Self::attend_fused`]: its context `(b, h, queries, dh)` and, in
     /// training, its part of the span loss (the sum over its ramp pairs). `views` are the
     /// chunk's queries divided by `sqrt(dh)`, keys, values and spans, `counter` the keys'
     /// distances to the block's first query.
-    fn fused_chunk(&self, p: &Operands, views: &ChunkViews, counter: &Tensor, c: &Chunk, input: &AttendInput) -> Result<(Tensor, Option<Tensor>)> {
+    fn fused_chunk(
+        &self,
+        p: &Operands,
+        views: &ChunkViews,
+        counter: &Tensor,
+        c: &Chunk,
+        input: &AttendInput,
+    ) -> Result<(Tensor, Option<Tensor>)> {
         // Distances to the chunk's first query; the usable keys of its rows.
         let chunk_counter = match c.q0 {
             0 => attention::part(counter, 1, 0, c.keys),
@@ -442,6 +475,7 @@ impl ExpireSpan {
             _ => c.of(p.usable),                          // (b, queries, keys)
         };
         let (q, ramp, m) = (&views.q, self.cfg.ramp as f64, input.x.size()[1]); // (b, h, queries, dh)
+
         // The span loss's `alpha / (R M)`, M the block's length.
         let loss_scale = if self.span_loss_applies(input.train) { self.cfg.alpha / ramp / m as f64 } else { 0.0 };
         if self.ragged(input) {
@@ -449,7 +483,17 @@ impl ExpireSpan {
             let positions = q.matmul(&p.key_pe.tr()); // (b, h, queries, P)
             drop(positioning);
             let _attending = profile::phase("attention");
-            let fused = expire_fused::expire_attend(q, &views.k, &views.v, &positions, &views.spans, &chunk_counter, &usable, ramp, loss_scale)?;
+            let fused = expire_fused::expire_attend(
+                q,
+                &views.k,
+                &views.v,
+                &positions,
+                &views.spans,
+                &chunk_counter,
+                &usable,
+                ramp,
+                loss_scale,
+            )?;
             return Ok((fused.context, (loss_scale > 0.0).then_some(fused.span_loss)));
         }
         // With dropout on the weights: the kernel's weights, dropped, times the values.
@@ -465,7 +509,9 @@ impl ExpireSpan {
         let context = attention::weigh(&fused.out, &views.v, input.attn.dropout, input.train);
         drop(mixing);
         let _loss = profile::phase("span loss");
-        let loss = (loss_scale > 0.0).then(|| ramp_loss_of_counts(&views.spans, &fused.ramp_counts, &fused.ramp_distance, ramp, m, self.cfg.alpha));
+        let loss = (loss_scale > 0.0).then(|| {
+            ramp_loss_of_counts(&views.spans, &fused.ramp_counts, &fused.ramp_distance, ramp, m, self.cfg.alpha)
+        });
         Ok((context, loss))
     }
 
@@ -510,10 +556,13 @@ impl ExpireSpan {
 /// from the first to its last query (`k0 = 0`: a memory's span, not its age, decides
 /// whether a query sees it).
 pub(crate) fn causal_chunks(cached: i64, m: i64, chunk: i64) -> Vec<Chunk> {
-    (0..m).step_by(chunk.max(1) as usize).map(|q0| {
-        let queries = chunk.min(m - q0);
-        Chunk { q0, queries, k0: 0, keys: cached + q0 + queries }
-    }).collect()
+    (0..m)
+        .step_by(chunk.max(1) as usize)
+        .map(|q0| {
+            let queries = chunk.min(m - q0);
+            Chunk { q0, queries, k0: 0, keys: cached + q0 + queries }
+        })
+        .collect()
 }
 
 /// The official policy: drop the leading slots that are dead in every stream, rounded
@@ -535,14 +584,23 @@ impl MemoryLayer for ExpireSpan {
         let keys = profile::phase("keys, values");
         if self.cfg.as_official && self.state.is_none() {
             if input.episodes.is_some() {
-                return Err(LetheError::Invalid("memory.expire.as_official cannot keep episodes apart (its first cache belongs to no episode)".into()));
+                return Err(LetheError::Invalid(
+                    "memory.expire.as_official cannot keep episodes apart (its first cache belongs to no episode)"
+                        .into(),
+                ));
             }
             self.state = Some(Self::zero_cache(input.x));
         }
         let (states, counter, valid) = self.states_for_attention(input.x, input.norm); // (b, n, d), (b, n), (b, n)
+
         // Kept for `update` of the same block, unless the cache holds raw states: `update`
         // then gets the raw block and builds its own concatenation.
-        self.pending_states = input.norm.is_none().then(|| Built { block: input.x.shallow_clone(), states: states.detach(), counter: counter.shallow_clone(), valid: valid.shallow_clone() });
+        self.pending_states = input.norm.is_none().then(|| Built {
+            block: input.x.shallow_clone(),
+            states: states.detach(),
+            counter: counter.shallow_clone(),
+            valid: valid.shallow_clone(),
+        });
         // Keys, values and the span predictor's scores in one, so that the block's gradient
         // is computed for its rows only (`model::cache_grad`); for every row when the
         // cached rows were normalised here (the states then carry the norm's gradient).
@@ -573,7 +631,9 @@ impl MemoryLayer for ExpireSpan {
         drop(predicting);
 
         let (k, v) = (&projected.k, &projected.v); // (b, h, n, dh)
-        let key_pe = input.key_pe.ok_or_else(|| LetheError::Invalid("Expire-Span needs relative positions (model.arch = \"lethe\")".into()))?;
+        let key_pe = input.key_pe.ok_or_else(|| {
+            LetheError::Invalid("Expire-Span needs relative positions (model.arch = \"lethe\")".into())
+        })?;
         let operands = Operands { q: input.q, k, v, key_pe, spans: &e, counter: &counter, usable: &usable };
         let (context, aux, seen) = if self.fused(input) {
             self.attend_fused(&operands, input)?
@@ -588,7 +648,8 @@ impl MemoryLayer for ExpireSpan {
         let m = x.size()[1];
         // The same block as the last `attend` (an equal pointer to storage the clone
         // keeps alive is the same tensor): reuse its concatenation.
-        let built = self.pending_states.take().filter(|b| b.block.data_ptr() == x.data_ptr() && b.block.size() == x.size());
+        let built =
+            self.pending_states.take().filter(|b| b.block.data_ptr() == x.data_ptr() && b.block.size() == x.size());
         let (states, counter, valid) = match built {
             Some(b) => (b.states, b.counter, b.valid),
             None => self.keys_with_meta(x),
@@ -651,9 +712,13 @@ impl MemoryLayer for ExpireSpan {
     fn report(&self) -> MemoryReport {
         let held = self.cached_len() as usize;
         // The memories a stream keeps now, its padding left out: the mean over streams.
-        let kept = self.state.as_ref().map_or(0.0, |c| c.valid.sum(Kind::Double).double_value(&[]) / c.valid.size()[0].max(1) as f64);
+        let kept = self
+            .state
+            .as_ref()
+            .map_or(0.0, |c| c.valid.sum(Kind::Double).double_value(&[]) / c.valid.size()[0].max(1) as f64);
         let Some(s) = &self.stats else {
-            let zero = vec![("mean_span".into(), 0.0), ("max_span".into(), 0.0), ("live".into(), 0.0), ("kept".into(), kept)];
+            let zero =
+                vec![("mean_span".into(), 0.0), ("max_span".into(), 0.0), ("live".into(), 0.0), ("kept".into(), kept)];
             return MemoryReport { extra: zero, ..MemoryReport::with_rows(vec![], held) };
         };
         let _guard = tch::no_grad_guard();
@@ -696,9 +761,11 @@ impl MemoryLayer for ExpireSpan {
             return Ok(());
         }
         let find = |name: &str| {
-            state.iter().find(|(n, _)| n == name).map(|(_, t)| t.shallow_clone()).ok_or_else(|| {
-                LetheError::Invalid(format!("expire-span memory: missing state `{name}`"))
-            })
+            state
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, t)| t.shallow_clone())
+                .ok_or_else(|| LetheError::Invalid(format!("expire-span memory: missing state `{name}`")))
         };
         let (states, counter, valid) = (find("cache")?, find("counter")?, find("valid")?);
         let episode = find("episode").ok().map(|e| e.to_kind(Kind::Int64));
@@ -711,7 +778,8 @@ impl MemoryLayer for ExpireSpan {
                 valid.size()
             )));
         }
-        self.state = Some(Cache { states, counter: counter.to_kind(Kind::Float), valid: valid.ne(0), episode, room: None });
+        self.state =
+            Some(Cache { states, counter: counter.to_kind(Kind::Float), valid: valid.ne(0), episode, room: None });
         Ok(())
     }
 
@@ -761,7 +829,17 @@ mod tests {
         for _ in 0..6 {
             let x = rng.normal_tensor(&[2, 4, 8], Kind::Float);
             let q = attn.queries(&x);
-            attended.attend(&AttendInput { x: &x, q: &q, attn: &attn, key_pe: Some(&key_pe), train: false, episodes: None, norm: None }).unwrap();
+            attended
+                .attend(&AttendInput {
+                    x: &x,
+                    q: &q,
+                    attn: &attn,
+                    key_pe: Some(&key_pe),
+                    train: false,
+                    episodes: None,
+                    norm: None,
+                })
+                .unwrap();
             attended.update(&x.detach(), None).unwrap();
             plain.update(&x, None).unwrap();
             let (a, b) = (states(&attended), states(plain.as_ref()));
@@ -769,7 +847,17 @@ mod tests {
         }
         let (keyed, other) = (rng.normal_tensor(&[2, 4, 8], Kind::Float), rng.normal_tensor(&[2, 4, 8], Kind::Float));
         let q = attn.queries(&keyed);
-        attended.attend(&AttendInput { x: &keyed, q: &q, attn: &attn, key_pe: Some(&key_pe), train: false, episodes: None, norm: None }).unwrap();
+        attended
+            .attend(&AttendInput {
+                x: &keyed,
+                q: &q,
+                attn: &attn,
+                key_pe: Some(&key_pe),
+                train: false,
+                episodes: None,
+                norm: None,
+            })
+            .unwrap();
         attended.update(&other, None).unwrap();
         plain.update(&other, None).unwrap();
         let (a, b) = (states(&attended), states(plain.as_ref()));
@@ -822,28 +910,54 @@ mod tests {
         let x = rng.normal_tensor(&[2, 4, 8], Kind::Float);
         let changed = x.copy();
         let _ = changed.narrow(1, 2, 1).g_add_scalar_(1.0); // token 2's state
+
         // The same queries for every call: only the keys and values see the change.
         let q = attn.queries(&rng.normal_tensor(&[2, 4, 8], Kind::Float));
         let context = |official: bool, x: &Tensor| {
             let cfg = ExpireConfig { ramp: 2, init_fraction: 0.5, as_official: official, ..ExpireConfig::default() };
             let mut layer = ExpireSpan::new(vs.root() / "attn", 8, 12, 5, &cfg);
-            let input = AttendInput { x, q: &q, attn: &attn, key_pe: Some(&key_pe), train: false, episodes: None, norm: official.then_some(&norm) };
+            let input = AttendInput {
+                x,
+                q: &q,
+                attn: &attn,
+                key_pe: Some(&key_pe),
+                train: false,
+                episodes: None,
+                norm: official.then_some(&norm),
+            };
             tch::no_grad(|| layer.attend(&input).unwrap().context) // (b, h, m, dh)
         };
         let official = context(true, &x);
         let state = Tensor::full([2, 1, 8], 0.5, (Kind::Float, tch::Device::Cpu));
         let bias_value = attn.keys_values_after_cache(&state, &state).unwrap().1; // (b, h, 1, dh)
-        assert!(official.narrow(2, 0, 1).allclose(&bias_value, 1e-6, 1e-6, false), "the first query sees only the zero states");
+        assert!(
+            official.narrow(2, 0, 1).allclose(&bias_value, 1e-6, 1e-6, false),
+            "the first query sees only the zero states"
+        );
         let own = |c: &Tensor| c.narrow(2, 2, 1);
         assert!(own(&context(true, &changed)).allclose(&own(&official), 1e-6, 1e-6, false), "token 2 saw itself");
-        assert!(!own(&context(false, &changed)).allclose(&own(&context(false, &x)), 1e-4, 1e-4, false), "lethe's reading: token 2 sees itself");
-        assert!(!context(true, &changed).narrow(2, 3, 1).allclose(&official.narrow(2, 3, 1), 1e-4, 1e-4, false), "token 3 sees token 2");
+        assert!(
+            !own(&context(false, &changed)).allclose(&own(&context(false, &x)), 1e-4, 1e-4, false),
+            "lethe's reading: token 2 sees itself"
+        );
+        assert!(
+            !context(true, &changed).narrow(2, 3, 1).allclose(&official.narrow(2, 3, 1), 1e-4, 1e-4, false),
+            "token 3 sees token 2"
+        );
     }
 
     /// The attention as it was computed before the fused path: relative positions by a
     /// gather, `-inf` where a key is not visible, softmax, then the soft mask with
     /// renormalisation (Eq. 4), as the official code does.
-    fn reference_context(q: &Tensor, k: &Tensor, v: &Tensor, key_pe: &Tensor, dist: &Tensor, mask: &Tensor, visible: &Tensor) -> Tensor {
+    fn reference_context(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        key_pe: &Tensor,
+        dist: &Tensor,
+        mask: &Tensor,
+        visible: &Tensor,
+    ) -> Tensor {
         let (b, h, m, _) = q.size4().unwrap();
         let (n, rows) = (dist.size()[2], key_pe.size()[0]);
         let q = q / (q.size()[3] as f64).sqrt();
@@ -879,7 +993,10 @@ mod tests {
             let mask = soft_mask(&r, 4.0).detach().set_requires_grad(true);
             let valid = rng.uniform_tensor(&[b, 1, n], Kind::Double).gt(0.1);
             let visible = visible_pairs(&valid, &dist, &mask);
-            assert!(mask.gt(0.0).logical_and(&mask.lt(1.0)).any().int64_value(&[]) == 1, "some memories are on the ramp");
+            assert!(
+                mask.gt(0.0).logical_and(&mask.lt(1.0)).any().int64_value(&[]) == 1,
+                "some memories are on the ramp"
+            );
             assert!(visible.logical_not().any().int64_value(&[]) == 1, "some are hidden");
             let fused = layer.context(&q, &k, &v, &key_pe, &dist, &mask, &visible, 0.0, true);
             let reference = reference_context(&q, &k, &v, &key_pe, &dist, &mask, &visible);
@@ -926,37 +1043,65 @@ mod tests {
         let attn = Attention::new(vs.root() / "attn", 8, 2, 0.0, false);
         let cfg = ExpireConfig { ramp: 3, init_fraction: 0.4, alpha: 0.1, fused: false, ..ExpireConfig::default() };
         let mut written = ExpireSpan::new(vs.root() / "attn", 8, max_span, positions, &cfg);
-        let mut fused = ExpireSpan::new(vs.root() / "unused", 8, max_span, positions, &ExpireConfig { fused: true, ..cfg.clone() });
+        let mut fused =
+            ExpireSpan::new(vs.root() / "unused", 8, max_span, positions, &ExpireConfig { fused: true, ..cfg.clone() });
         (fused.w, fused.b) = (written.w.shallow_clone(), written.b.shallow_clone());
         let key_pe = (rng.normal_tensor(&[positions, 4], Kind::Float) * 0.5).set_requires_grad(true);
         // The span predictor's, the positions' and the attention's projections' (queries,
         // keys and values: the fused path reads them as head-split views; the output
         // projection is not used here).
-        let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().filter(|(name, _)| name.starts_with("attn") && !name.starts_with("attn.o.")).collect();
+        let mut named: Vec<(String, Tensor)> = vs
+            .variables()
+            .into_iter()
+            .filter(|(name, _)| name.starts_with("attn") && !name.starts_with("attn.o."))
+            .collect();
         named.sort_by(|a, b| a.0.cmp(&b.0));
-        assert!(named.iter().any(|(name, _)| name.ends_with("k.weight")), "{:?}", named.iter().map(|n| &n.0).collect::<Vec<_>>());
-        let params: Vec<Tensor> = named.into_iter().map(|(_, t)| t).chain([key_pe.shallow_clone()]).filter(|t| t.requires_grad()).collect();
+        assert!(
+            named.iter().any(|(name, _)| name.ends_with("k.weight")),
+            "{:?}",
+            named.iter().map(|n| &n.0).collect::<Vec<_>>()
+        );
+        let params: Vec<Tensor> =
+            named.into_iter().map(|(_, t)| t).chain([key_pe.shallow_clone()]).filter(|t| t.requires_grad()).collect();
         for step in 0..6 {
             let x = rng.normal_tensor(&[2, m, 8], Kind::Float);
             // Row 0 starts an episode in every block's middle; row 1 is one episode.
             let half = Tensor::arange(m, (Kind::Int64, tch::Device::Cpu)).ge(m / 2).to_kind(Kind::Int64);
             let episodes = Tensor::stack(&[half + step, Tensor::zeros([m], (Kind::Int64, tch::Device::Cpu))], 0); // (2, m)
             let q = attn.queries(&x);
-            let input = AttendInput { x: &x, q: &q, attn: &attn, key_pe: Some(&key_pe), train: true, episodes: Some(&episodes), norm: None };
+            let input = AttendInput {
+                x: &x,
+                q: &q,
+                attn: &attn,
+                key_pe: Some(&key_pe),
+                train: true,
+                episodes: Some(&episodes),
+                norm: None,
+            };
             let (a, b) = (written.attend(&input).unwrap(), fused.attend(&input).unwrap());
             let gap = (&a.context - &b.context).abs().max().double_value(&[]);
             assert!(gap < 1e-5, "step {step}: contexts differ by {gap}");
             let (la, lb) = (a.aux_loss.as_ref().unwrap(), b.aux_loss.as_ref().unwrap());
             assert!(la.allclose(lb, 1e-5, 1e-9, false), "step {step}: span losses {la:?} and {lb:?}");
-            let objective = |o: &AttendOutput| (&o.context * o.context.ones_like().cumsum(-1, Kind::Float)).sum(Kind::Float) + o.aux_loss.as_ref().unwrap();
+            let objective = |o: &AttendOutput| {
+                (&o.context * o.context.ones_like().cumsum(-1, Kind::Float)).sum(Kind::Float)
+                    + o.aux_loss.as_ref().unwrap()
+            };
             // The graph kept: the queries' projection is shared by the two.
             let ga = Tensor::run_backward(&[objective(&a)], &params, true, false);
             let gb = Tensor::run_backward(&[objective(&b)], &params, false, false);
             for (i, (x, y)) in ga.iter().zip(&gb).enumerate() {
                 let gap = (x - y).abs().max().double_value(&[]);
-                assert!(gap < 1e-4 * (1.0 + x.abs().max().double_value(&[])), "step {step}, parameter {i}: gradients differ by {gap}");
+                assert!(
+                    gap < 1e-4 * (1.0 + x.abs().max().double_value(&[])),
+                    "step {step}, parameter {i}: gradients differ by {gap}"
+                );
             }
-            assert_eq!(vec1(&Tensor::from_slice(&written.report().mem_rows)), vec1(&Tensor::from_slice(&fused.report().mem_rows)), "step {step}");
+            assert_eq!(
+                vec1(&Tensor::from_slice(&written.report().mem_rows)),
+                vec1(&Tensor::from_slice(&fused.report().mem_rows)),
+                "step {step}"
+            );
             written.update(&x.detach(), Some(&episodes)).unwrap();
             fused.update(&x.detach(), Some(&episodes)).unwrap();
             let (sa, sb) = (written.state(), fused.state());
@@ -991,7 +1136,14 @@ mod tests {
 
     /// What the span loss was before it was computed through the counts: the sum of the
     /// remaining spans on the ramp over `(b, m, n)`, as the official code sums it.
-    fn reference_ramp_loss(spans: &Tensor, counter: &Tensor, usable: &Tensor, ramp: f64, block: i64, alpha: f64) -> Tensor {
+    fn reference_ramp_loss(
+        spans: &Tensor,
+        counter: &Tensor,
+        usable: &Tensor,
+        ramp: f64,
+        block: i64,
+        alpha: f64,
+    ) -> Tensor {
         let (r, _) = remaining(spans, counter, block);
         let mask = soft_mask(&r, ramp);
         let ramp_pairs = usable.logical_and(&mask.gt(0.0)).logical_and(&mask.lt(1.0)).to_kind(r.kind());

@@ -73,13 +73,27 @@ pub struct FusedScores {
 ///
 /// CPU only; float or double, one kind for all. Float runs the widest vector loops the
 /// CPU has (AVX-512 or AVX2).
-pub fn expire_scores(scores: &Tensor, positions: &Tensor, spans: &Tensor, counter: &Tensor, usable: &Tensor, ramp: f64) -> Result<FusedScores> {
+pub fn expire_scores(
+    scores: &Tensor,
+    positions: &Tensor,
+    spans: &Tensor,
+    counter: &Tensor,
+    usable: &Tensor,
+    ramp: f64,
+) -> Result<FusedScores> {
     scores_with(scores, positions, spans, counter, usable, ramp, Loops { width: WIDEST, softmax: false })
 }
 
 /// [`expire_scores`] followed by the softmax over the keys, in the same pass: the
 /// attention weights `softmax(scores + positions + ln m)`, as the model uses them.
-pub fn expire_weights(scores: &Tensor, positions: &Tensor, spans: &Tensor, counter: &Tensor, usable: &Tensor, ramp: f64) -> Result<FusedScores> {
+pub fn expire_weights(
+    scores: &Tensor,
+    positions: &Tensor,
+    spans: &Tensor,
+    counter: &Tensor,
+    usable: &Tensor,
+    ramp: f64,
+) -> Result<FusedScores> {
     scores_with(scores, positions, spans, counter, usable, ramp, Loops { width: WIDEST, softmax: true })
 }
 
@@ -95,14 +109,33 @@ struct Loops {
 /// The widest loops of the kernel: AVX-512's 16 floats.
 const WIDEST: c_int = 16;
 
-fn scores_with(scores: &Tensor, positions: &Tensor, spans: &Tensor, counter: &Tensor, usable: &Tensor, ramp: f64, loops: Loops) -> Result<FusedScores> {
+fn scores_with(
+    scores: &Tensor,
+    positions: &Tensor,
+    spans: &Tensor,
+    counter: &Tensor,
+    usable: &Tensor,
+    ramp: f64,
+    loops: Loops,
+) -> Result<FusedScores> {
     let mut out: [*mut c_void; 3] = [std::ptr::null_mut(); 3];
     let ptr = |t: &Tensor| t.as_ptr() as *mut c_void;
     // SAFETY: each pointer is a live `at::Tensor*` owned by its `Tensor` for the call (the
     // kernel reads them only);
     // on success the kernel writes three new `at::Tensor*`, which `ffi::tensor` takes over.
     crate::ffi::call("expire-span fused scores", |error| unsafe {
-        lethe_expire_scores(ptr(scores), ptr(positions), ptr(spans), ptr(counter), ptr(usable), ramp, loops.width, c_int::from(loops.softmax), out.as_mut_ptr(), error)
+        lethe_expire_scores(
+            ptr(scores),
+            ptr(positions),
+            ptr(spans),
+            ptr(counter),
+            ptr(usable),
+            ramp,
+            loops.width,
+            c_int::from(loops.softmax),
+            out.as_mut_ptr(),
+            error,
+        )
     })?;
     // SAFETY: see above; each pointer is taken over once.
     let [s, c, d] = out.map(|p| unsafe { crate::ffi::tensor(p) });
@@ -133,17 +166,53 @@ pub struct FusedAttention {
 /// rest as [`expire_scores`] takes them, and the span loss's `loss_scale`, `alpha / (R M)`
 /// (0: none). CPU only; float or double.
 #[allow(clippy::too_many_arguments)]
-pub fn expire_attend(q: &Tensor, k: &Tensor, v: &Tensor, positions: &Tensor, spans: &Tensor, counter: &Tensor, usable: &Tensor, ramp: f64, loss_scale: f64) -> Result<FusedAttention> {
+pub fn expire_attend(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    positions: &Tensor,
+    spans: &Tensor,
+    counter: &Tensor,
+    usable: &Tensor,
+    ramp: f64,
+    loss_scale: f64,
+) -> Result<FusedAttention> {
     attend_with(q, k, v, positions, spans, counter, usable, ramp, loss_scale, WIDEST, true)
 }
 
 #[allow(clippy::too_many_arguments)]
-fn attend_with(q: &Tensor, k: &Tensor, v: &Tensor, positions: &Tensor, spans: &Tensor, counter: &Tensor, usable: &Tensor, ramp: f64, loss_scale: f64, width: c_int, blas: bool) -> Result<FusedAttention> {
+fn attend_with(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    positions: &Tensor,
+    spans: &Tensor,
+    counter: &Tensor,
+    usable: &Tensor,
+    ramp: f64,
+    loss_scale: f64,
+    width: c_int,
+    blas: bool,
+) -> Result<FusedAttention> {
     let mut out: [*mut c_void; 4] = [std::ptr::null_mut(); 4];
     let ptr = |t: &Tensor| t.as_ptr() as *mut c_void;
     // SAFETY: as in `scores_with`; on success the kernel writes four new `at::Tensor*`.
     crate::ffi::call("expire-span fused attention", |error| unsafe {
-        lethe_expire_attend(ptr(q), ptr(k), ptr(v), ptr(positions), ptr(spans), ptr(counter), ptr(usable), ramp, loss_scale, width, c_int::from(blas), out.as_mut_ptr(), error)
+        lethe_expire_attend(
+            ptr(q),
+            ptr(k),
+            ptr(v),
+            ptr(positions),
+            ptr(spans),
+            ptr(counter),
+            ptr(usable),
+            ramp,
+            loss_scale,
+            width,
+            c_int::from(blas),
+            out.as_mut_ptr(),
+            error,
+        )
     })?;
     // SAFETY: see above; each pointer is taken over once.
     let [context, c, d, span_loss] = out.map(|p| unsafe { crate::ffi::tensor(p) });
@@ -194,7 +263,8 @@ mod tests {
         let usable = if episodes {
             // Each key's episode, and each query's: a boundary somewhere in the stream.
             let key_episode = (rng.uniform_tensor(&[b, n], Kind::Double) * 2.0).floor().cumsum(1, Kind::Int64);
-            key_episode.narrow(1, n - m, m).unsqueeze(2).eq_tensor(&key_episode.unsqueeze(1)) // (b, m, n)
+            key_episode.narrow(1, n - m, m).unsqueeze(2).eq_tensor(&key_episode.unsqueeze(1))
+        // (b, m, n)
         } else {
             // Some padding in the cache; a block's own keys are always usable, as in the
             // model (a query with no key at all would have no attention).
@@ -207,7 +277,9 @@ mod tests {
             positions: rng.normal_tensor(&[b, h, m, rows], Kind::Double).set_requires_grad(true),
             // Spans near each memory's distance, so that many pairs fall on the ramp; with
             // every distance held, up to 56 steps longer, so that runs of near keys are seen.
-            spans: (&counter + rng.uniform_tensor(&[b, n], Kind::Double) * if widest == 1 { 60.0 } else { 8.0 } - 3.5).clamp_min(0.1).set_requires_grad(true),
+            spans: (&counter + rng.uniform_tensor(&[b, n], Kind::Double) * if widest == 1 { 60.0 } else { 8.0 } - 3.5)
+                .clamp_min(0.1)
+                .set_requires_grad(true),
             counter,
             usable,
             v: rng.normal_tensor(&[b, h, n, dh], Kind::Double),
@@ -249,7 +321,8 @@ mod tests {
 
     /// The kernel's scores, or (`softmax`) its weights, with every loop it has.
     fn fused(x: &Block, softmax: bool) -> FusedScores {
-        scores_with(&x.content, &x.positions, &x.spans, &x.counter, &x.usable, RAMP, Loops { width: WIDEST, softmax }).unwrap()
+        scores_with(&x.content, &x.positions, &x.spans, &x.counter, &x.usable, RAMP, Loops { width: WIDEST, softmax })
+            .unwrap()
     }
 
     const CASES: [(i64, i64, bool); 5] = [(6, 8, false), (20, 8, false), (20, 4, true), (0, 8, false), (12, 30, true)];
@@ -266,7 +339,10 @@ mod tests {
             let (scores, counts, by_dist) = written_out(&x);
             let case = format!("cached {cached}, rows {rows}, episodes {episodes}");
             assert!(fused.out.isinf().equal(&scores.isinf()), "{case}: the hidden pairs differ");
-            assert!(scores.isinf().any().int64_value(&[]) == 1 && scores.isfinite().any().int64_value(&[]) == 1, "{case}");
+            assert!(
+                scores.isinf().any().int64_value(&[]) == 1 && scores.isfinite().any().int64_value(&[]) == 1,
+                "{case}"
+            );
             let finite = scores.isfinite();
             let gap = (fused.out.masked_select(&finite) - scores.masked_select(&finite)).abs().max().double_value(&[]);
             assert!(gap < 1e-12, "{case}: scores differ by {gap}");
@@ -277,8 +353,14 @@ mod tests {
             let weights = expire_weights(&x.content, &x.positions, &x.spans, &x.counter, &x.usable, RAMP).unwrap();
             let gap = (&weights.out - scores.softmax(-1, Kind::Double)).abs().max().double_value(&[]);
             assert!(gap < 1e-15, "{case}: weights differ by {gap}");
-            assert!(weights.out.masked_select(&scores.isinf()).eq(0.0).all().int64_value(&[]) == 1, "{case}: a hidden key has weight");
-            assert!(weights.ramp_counts.equal(&counts) && weights.ramp_distance.equal(&fused.ramp_distance), "{case}: ramp figures");
+            assert!(
+                weights.out.masked_select(&scores.isinf()).eq(0.0).all().int64_value(&[]) == 1,
+                "{case}: a hidden key has weight"
+            );
+            assert!(
+                weights.ramp_counts.equal(&counts) && weights.ramp_distance.equal(&fused.ramp_distance),
+                "{case}: ramp figures"
+            );
         }
     }
 
@@ -304,7 +386,12 @@ mod tests {
             let inputs = [&x.content, &x.positions, &x.spans];
             let g2 = Tensor::run_backward(&[objective(&scores, &x.v, &w)], &inputs, false, false);
             for softmax in [false, true] {
-                let g1 = Tensor::run_backward(&[fused_objective(&fused(&x, softmax), softmax, &x.v, &w)], &inputs, false, false);
+                let g1 = Tensor::run_backward(
+                    &[fused_objective(&fused(&x, softmax), softmax, &x.v, &w)],
+                    &inputs,
+                    false,
+                    false,
+                );
                 assert_gradients_agree(&g1, &g2, &format!("cached {cached}, rows {rows}, softmax {softmax}"));
             }
         }
@@ -321,13 +408,19 @@ mod tests {
         for softmax in [false, true] {
             // The objective with input `which` (content, positions, spans) replaced.
             let f = |which: usize, input: &Tensor| {
-                let mut y = Block { content: x.content.detach(), positions: x.positions.detach(), spans: x.spans.detach(), ..block(&mut Rng::new(1), 12, 6, false) };
+                let mut y = Block {
+                    content: x.content.detach(),
+                    positions: x.positions.detach(),
+                    spans: x.spans.detach(),
+                    ..block(&mut Rng::new(1), 12, 6, false)
+                };
                 (y.counter, y.usable, y.v) = (x.counter.shallow_clone(), x.usable.shallow_clone(), x.v.shallow_clone());
                 *[&mut y.content, &mut y.positions, &mut y.spans][which] = input.shallow_clone();
                 fused_objective(&fused(&y, softmax), softmax, &x.v, &w).double_value(&[])
             };
             let inputs = [&x.content, &x.positions, &x.spans];
-            let grads = Tensor::run_backward(&[fused_objective(&fused(&x, softmax), softmax, &x.v, &w)], &inputs, false, false);
+            let grads =
+                Tensor::run_backward(&[fused_objective(&fused(&x, softmax), softmax, &x.v, &w)], &inputs, false, false);
             let eps = 1e-6;
             for (which, (input, grad)) in inputs.into_iter().zip(&grads).enumerate() {
                 let flat = input.detach().flatten(0, -1);
@@ -341,10 +434,17 @@ mod tests {
                     };
                     let numeric = (f(which, &nudged(eps)) - f(which, &nudged(-eps))) / (2.0 * eps);
                     let case = format!("softmax {softmax}, input {which}, entry {i}");
-                    assert!((numeric - analytic[i as usize]).abs() < 1e-6, "{case}: {numeric} vs {}", analytic[i as usize]);
+                    assert!(
+                        (numeric - analytic[i as usize]).abs() < 1e-6,
+                        "{case}: {numeric} vs {}",
+                        analytic[i as usize]
+                    );
                     checked += usize::from(analytic[i as usize] != 0.0);
                 }
-                assert!(checked > 5, "softmax {softmax}, input {which}: only {checked} non-zero gradients were checked");
+                assert!(
+                    checked > 5,
+                    "softmax {softmax}, input {which}: only {checked} non-zero gradients were checked"
+                );
             }
         }
     }
@@ -370,7 +470,12 @@ mod tests {
     #[test]
     fn in_float_every_width_equals_the_written_out_scores() {
         let mut rng = Rng::new(35);
-        let cases = CASES.into_iter().map(|(c, r, e)| (c, r, e, 3)).chain([(45, 8, false, 3), (43, 20, true, 3), (45, 40, false, 1), (60, 33, true, 1)]);
+        let cases = CASES.into_iter().map(|(c, r, e)| (c, r, e, 3)).chain([
+            (45, 8, false, 3),
+            (43, 20, true, 3),
+            (45, 40, false, 1),
+            (60, 33, true, 1),
+        ]);
         for (cached, rows, episodes, widest) in cases {
             let x = in_float(&block_with_gaps(&mut rng, cached, rows, episodes, widest));
             let (scores, counts, by_dist) = written_out(&x);
@@ -381,14 +486,29 @@ mod tests {
             let weights = scores.softmax(-1, Kind::Float);
             for (width, softmax) in [0, 8, 16].into_iter().flat_map(|w| [(w, false), (w, true)]) {
                 let case = format!("cached {cached}, rows {rows}, episodes {episodes}, gaps up to {widest}, width {width}, softmax {softmax}");
-                let fused = scores_with(&x.content, &x.positions, &x.spans, &x.counter, &x.usable, RAMP, Loops { width, softmax }).unwrap();
+                let fused = scores_with(
+                    &x.content,
+                    &x.positions,
+                    &x.spans,
+                    &x.counter,
+                    &x.usable,
+                    RAMP,
+                    Loops { width, softmax },
+                )
+                .unwrap();
                 if softmax {
                     let gap = (&fused.out - &weights).abs().max().double_value(&[]);
                     assert!(gap < 1e-6, "{case}: weights differ by {gap}");
-                    assert!(fused.out.masked_select(&scores.isinf()).eq(0.0).all().int64_value(&[]) == 1, "{case}: a hidden key has weight");
+                    assert!(
+                        fused.out.masked_select(&scores.isinf()).eq(0.0).all().int64_value(&[]) == 1,
+                        "{case}: a hidden key has weight"
+                    );
                 } else {
                     assert!(fused.out.isinf().equal(&scores.isinf()), "{case}: the hidden pairs differ");
-                    let gap = (fused.out.masked_select(&finite) - scores.masked_select(&finite)).abs().max().double_value(&[]);
+                    let gap = (fused.out.masked_select(&finite) - scores.masked_select(&finite))
+                        .abs()
+                        .max()
+                        .double_value(&[]);
                     assert!(gap < 1e-5, "{case}: scores differ by {gap}");
                 }
                 assert!(fused.ramp_counts.equal(&counts.to_kind(Kind::Float)), "{case}: ramp counts");
@@ -398,7 +518,10 @@ mod tests {
                     // (Without a cache a query may see one key alone: no content gradient.)
                     let scale = b.abs().max().double_value(&[]);
                     let gap = (a - b).abs().max().double_value(&[]);
-                    assert!(gap <= 1e-5 * scale + 1e-7, "{case}, input {i}: gradients differ by {gap} (largest {scale})");
+                    assert!(
+                        gap <= 1e-5 * scale + 1e-7,
+                        "{case}, input {i}: gradients differ by {gap} (largest {scale})"
+                    );
                 }
             }
         }
@@ -410,22 +533,45 @@ mod tests {
     #[test]
     fn avx512_gives_the_bits_of_avx2() {
         let mut rng = Rng::new(36);
-        for (cached, rows, episodes, widest) in [(45, 8, false, 3), (43, 20, true, 3), (20, 4, true, 3), (6, 8, false, 3), (45, 40, false, 1), (60, 33, true, 1)] {
+        for (cached, rows, episodes, widest) in [
+            (45, 8, false, 3),
+            (43, 20, true, 3),
+            (20, 4, true, 3),
+            (6, 8, false, 3),
+            (45, 40, false, 1),
+            (60, 33, true, 1),
+        ] {
             let x = in_float(&block_with_gaps(&mut rng, cached, rows, episodes, widest));
             let w = rng.normal_tensor(&[2, 3, 5, 4], Kind::Float); // (b, h, m, dh)
             let inputs = [&x.content, &x.positions, &x.spans];
             for softmax in [false, true] {
-                let case = format!("cached {cached}, rows {rows}, episodes {episodes}, gaps up to {widest}, softmax {softmax}");
+                let case = format!(
+                    "cached {cached}, rows {rows}, episodes {episodes}, gaps up to {widest}, softmax {softmax}"
+                );
                 let run = |width| {
-                    let fused = scores_with(&x.content, &x.positions, &x.spans, &x.counter, &x.usable, RAMP, Loops { width, softmax }).unwrap();
-                    let grads = Tensor::run_backward(&[fused_objective(&fused, softmax, &x.v, &w)], &inputs, false, false);
+                    let fused = scores_with(
+                        &x.content,
+                        &x.positions,
+                        &x.spans,
+                        &x.counter,
+                        &x.usable,
+                        RAMP,
+                        Loops { width, softmax },
+                    )
+                    .unwrap();
+                    let grads =
+                        Tensor::run_backward(&[fused_objective(&fused, softmax, &x.v, &w)], &inputs, false, false);
                     (fused, grads)
                 };
                 let ((wide, wide_grads), (narrow, narrow_grads)) = (run(16), run(8));
                 // Bit for bit: `equal` alone would let a -0 stand for a +0.
                 let same_bits = |a: &Tensor, b: &Tensor| a.view_dtype(Kind::Int).equal(&b.view_dtype(Kind::Int));
                 assert!(same_bits(&wide.out, &narrow.out), "{case}: outputs");
-                assert!(same_bits(&wide.ramp_counts, &narrow.ramp_counts) && wide.ramp_distance.equal(&narrow.ramp_distance), "{case}: ramp figures");
+                assert!(
+                    same_bits(&wide.ramp_counts, &narrow.ramp_counts)
+                        && wide.ramp_distance.equal(&narrow.ramp_distance),
+                    "{case}: ramp figures"
+                );
                 for (i, (a, b)) in wide_grads.iter().zip(&narrow_grads).enumerate() {
                     assert!(same_bits(a, b), "{case}: gradient of input {i}");
                 }
@@ -455,17 +601,25 @@ mod tests {
         let mut rng = Rng::new(34);
         let x = block(&mut rng, 6, 8, false);
         let not_bool = x.usable.to_kind(Kind::Int64);
-        let err = expire_scores(&x.content, &x.positions, &x.spans, &x.counter, &not_bool, RAMP).err().unwrap().to_string();
+        let err =
+            expire_scores(&x.content, &x.positions, &x.spans, &x.counter, &not_bool, RAMP).err().unwrap().to_string();
         assert!(err.contains("usable must be bool"), "{err}");
         let short = x.spans.narrow(1, 0, 3);
-        let err = expire_scores(&x.content, &x.positions, &short, &x.counter, &x.usable, RAMP).err().unwrap().to_string();
+        let err =
+            expire_scores(&x.content, &x.positions, &short, &x.counter, &x.usable, RAMP).err().unwrap().to_string();
         assert!(err.contains("spans and counter must be (b, n)"), "{err}");
         // The whole attention: values for fewer keys than the keys, spans for fewer keys.
         let a = attend_block(&mut rng, 6, 8, false, true);
         let few = a.x.v.narrow(2, 0, 4);
-        let err = expire_attend(&a.q, &a.k, &few, &a.x.positions, &a.x.spans, &a.x.counter, &a.x.usable, RAMP, 0.0).err().unwrap().to_string();
+        let err = expire_attend(&a.q, &a.k, &few, &a.x.positions, &a.x.spans, &a.x.counter, &a.x.usable, RAMP, 0.0)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(err.contains("expire-span fused attention") && err.contains("keys and values (b, h, n, dh)"), "{err}");
-        let err = expire_attend(&a.q, &a.k, &a.x.v, &a.x.positions, &short, &a.x.counter, &a.x.usable, RAMP, 0.0).err().unwrap().to_string();
+        let err = expire_attend(&a.q, &a.k, &a.x.v, &a.x.positions, &short, &a.x.counter, &a.x.usable, RAMP, 0.0)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(err.contains("spans and counter must be (b, n)"), "{err}");
     }
 
@@ -512,7 +666,8 @@ mod tests {
     /// [`ragged_attention`], its matrix products through the BLAS library or not.
     fn ragged_attention_by(a: &AttendBlock, width: c_int, blas: bool) -> FusedAttention {
         let x = &a.x;
-        attend_with(&a.q, &a.k, &x.v, &x.positions, &x.spans, &x.counter, &x.usable, RAMP, LOSS_SCALE, width, blas).unwrap()
+        attend_with(&a.q, &a.k, &x.v, &x.positions, &x.spans, &x.counter, &x.usable, RAMP, LOSS_SCALE, width, blas)
+            .unwrap()
     }
 
     /// Where the CPU library exports no BLAS, the ragged attention takes libtorch's
@@ -551,13 +706,32 @@ mod tests {
                 let gap = (&ragged.context - &context).abs().max().double_value(&[]);
                 assert!(gap < 1e-12, "{case}: contexts differ by {gap}");
                 assert!(ragged.ramp_counts.equal(&padded.ramp_counts), "{case}: ramp counts");
-                assert!(ragged.ramp_distance.allclose(&padded.ramp_distance, 1e-12, 1e-12, false), "{case}: ramp distances");
+                assert!(
+                    ragged.ramp_distance.allclose(&padded.ramp_distance, 1e-12, 1e-12, false),
+                    "{case}: ramp distances"
+                );
                 // The span loss as expire.rs computes it from the padded kernel's figures.
-                let loss = ramp_loss_of_counts(&a.x.spans, &padded.ramp_counts, &padded.ramp_distance, RAMP, 1, LOSS_SCALE * RAMP);
-                assert!(ragged.span_loss.allclose(&loss, 1e-12, 1e-12, false), "{case}: span losses {ragged:?} and {loss:?}", ragged = ragged.span_loss);
+                let loss = ramp_loss_of_counts(
+                    &a.x.spans,
+                    &padded.ramp_counts,
+                    &padded.ramp_distance,
+                    RAMP,
+                    1,
+                    LOSS_SCALE * RAMP,
+                );
+                assert!(
+                    ragged.span_loss.allclose(&loss, 1e-12, 1e-12, false),
+                    "{case}: span losses {ragged:?} and {loss:?}",
+                    ragged = ragged.span_loss
+                );
                 let w = rng.normal_tensor(&context.size(), Kind::Double);
                 let inputs = [&a.q, &a.k, &a.x.v, &a.x.positions, &a.x.spans];
-                let g1 = Tensor::run_backward(&[(&ragged.context * &w).sum(Kind::Double) + &ragged.span_loss], &inputs, false, false);
+                let g1 = Tensor::run_backward(
+                    &[(&ragged.context * &w).sum(Kind::Double) + &ragged.span_loss],
+                    &inputs,
+                    false,
+                    false,
+                );
                 let g2 = Tensor::run_backward(&[(&context * &w).sum(Kind::Double) + loss], &inputs, false, false);
                 assert_gradients_agree(&g1, &g2, &case);
             }
@@ -573,7 +747,18 @@ mod tests {
         let leaf = |t: &Tensor| t.detach().to_kind(Kind::Float);
         let x = &a.x;
         let spans = leaf(&x.spans).set_requires_grad(true);
-        let r = expire_attend(&leaf(&a.q), &leaf(&a.k), &leaf(&x.v), &leaf(&x.positions), &spans, &x.counter.to_kind(Kind::Float), &x.usable, RAMP, 1e300).unwrap();
+        let r = expire_attend(
+            &leaf(&a.q),
+            &leaf(&a.k),
+            &leaf(&x.v),
+            &leaf(&x.positions),
+            &spans,
+            &x.counter.to_kind(Kind::Float),
+            &x.usable,
+            RAMP,
+            1e300,
+        )
+        .unwrap();
         assert!(r.ramp_counts.sum(Kind::Double).double_value(&[]) > 0.0, "some pairs on the ramp");
         let loss = r.span_loss.double_value(&[]);
         assert!(loss.is_infinite(), "{loss}");
@@ -593,7 +778,10 @@ mod tests {
         let inputs = [&a.q, &a.k, &a.x.v, &a.x.positions, &a.x.spans];
         let objective = |inputs: &[Tensor]| {
             let x = &a.x;
-            let r = expire_attend(&inputs[0], &inputs[1], &inputs[2], &inputs[3], &inputs[4], &x.counter, &x.usable, RAMP, LOSS_SCALE).unwrap();
+            let r = expire_attend(
+                &inputs[0], &inputs[1], &inputs[2], &inputs[3], &inputs[4], &x.counter, &x.usable, RAMP, LOSS_SCALE,
+            )
+            .unwrap();
             (r.context * &w).sum(Kind::Double) + r.span_loss
         };
         let leaves: Vec<Tensor> = inputs.iter().map(|t| t.shallow_clone()).collect();
@@ -612,7 +800,11 @@ mod tests {
                     objective(&nudged).double_value(&[])
                 };
                 let numeric = (at(eps) - at(-eps)) / (2.0 * eps);
-                assert!((numeric - analytic[i as usize]).abs() < 1e-6, "input {which}, entry {i}: {numeric} vs {}", analytic[i as usize]);
+                assert!(
+                    (numeric - analytic[i as usize]).abs() < 1e-6,
+                    "input {which}, entry {i}: {numeric} vs {}",
+                    analytic[i as usize]
+                );
                 checked += usize::from(analytic[i as usize] != 0.0);
             }
             assert!(checked > 5, "input {which}: only {checked} non-zero gradients were checked");
@@ -628,7 +820,14 @@ mod tests {
             let a = attend_block(&mut rng, cached, rows, episodes, true);
             let leaf = |t: &Tensor| t.detach().to_kind(Kind::Float).set_requires_grad(true);
             let (q, k) = (leaf(&a.q), leaf(&a.k));
-            let x = Block { content: q.matmul(&k.transpose(-2, -1)), positions: leaf(&a.x.positions), spans: leaf(&a.x.spans), counter: a.x.counter.to_kind(Kind::Float), usable: a.x.usable.shallow_clone(), v: leaf(&a.x.v) };
+            let x = Block {
+                content: q.matmul(&k.transpose(-2, -1)),
+                positions: leaf(&a.x.positions),
+                spans: leaf(&a.x.spans),
+                counter: a.x.counter.to_kind(Kind::Float),
+                usable: a.x.usable.shallow_clone(),
+                v: leaf(&a.x.v),
+            };
             let f = AttendBlock { x, q, k };
             let (context, _) = padded_attention(&f);
             let w = rng.normal_tensor(&context.size(), Kind::Float);
@@ -643,7 +842,10 @@ mod tests {
                 for (i, (r, p)) in got.iter().zip(&want).enumerate() {
                     let scale = p.abs().max().double_value(&[]);
                     let gap = (r - p).abs().max().double_value(&[]);
-                    assert!(gap < 1e-5 * scale.max(1.0), "{case}, input {i}: gradients differ by {gap} (largest {scale})");
+                    assert!(
+                        gap < 1e-5 * scale.max(1.0),
+                        "{case}, input {i}: gradients differ by {gap} (largest {scale})"
+                    );
                 }
             }
         }

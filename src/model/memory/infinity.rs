@@ -40,8 +40,8 @@ use std::sync::{Arc, Mutex};
 use tch::{nn, Kind, Tensor};
 
 use self::signal::{bin_mass, evaluate, positions, quantile_positions, ridge_matrix, update_positions, Basis};
-use super::window::{concat_time, WindowCache};
 use super::layer::{AttendInput, AttendOutput, LtmTrace, MemoryLayer, MemoryReport};
+use super::window::{concat_time, WindowCache};
 use crate::config::InfinityConfig;
 use crate::error::{LetheError, Result};
 use crate::model::attention::merge_heads;
@@ -98,7 +98,6 @@ impl Params {
         }
     }
 }
-
 
 /// The convolution of width 3 and padding 1 over time of `x` `(b, n, d)` with weight `w`
 /// `(d, d, 3)` and bias `b` `(d)`, as one matrix product: each step's window
@@ -209,7 +208,8 @@ impl InfinityMemory {
     /// The regression matrices for `old` samples and `new` states, computed once per shape.
     fn fit(&self, old: i64, new: i64, like: &Tensor) -> Result<Fit> {
         let key = (old, new, format!("{:?}/{:?}", like.kind(), like.device()));
-        let mut fits = self.fits.lock().map_err(|_| LetheError::Invalid("∞-former: the regression cache was poisoned".into()))?;
+        let mut fits =
+            self.fits.lock().map_err(|_| LetheError::Invalid("∞-former: the regression cache was poisoned".into()))?;
         if let Some(f) = fits.get(&key) {
             return Ok(f.share());
         }
@@ -396,7 +396,9 @@ impl MemoryLayer for InfinityMemory {
             match name.as_str() {
                 "ltm" if t.dim() == 3 && shape[1] == n => self.coeffs = Some(t.shallow_clone()),
                 "incoming" if t.dim() == 3 => self.incoming = Some(t.shallow_clone()),
-                "histogram" if shape.len() == 2 && shape[1] == self.cfg.bins as i64 => self.histogram = Some(t.shallow_clone()),
+                "histogram" if shape.len() == 2 && shape[1] == self.cfg.bins as i64 => {
+                    self.histogram = Some(t.shallow_clone())
+                }
                 "absorbed" if t.dim() == 0 => self.absorbed = t.int64_value(&[]),
                 "ltm" | "incoming" | "histogram" | "absorbed" => return Err(bad(name, t)),
                 _ => window.push((name.clone(), t.shallow_clone())),
@@ -406,7 +408,13 @@ impl MemoryLayer for InfinityMemory {
     }
 
     fn fresh(&self) -> Box<dyn MemoryLayer> {
-        Box::new(InfinityMemory::empty(self.cfg.clone(), self.span, self.basis.share(), self.params.share(), self.fits.clone()))
+        Box::new(InfinityMemory::empty(
+            self.cfg.clone(),
+            self.span,
+            self.basis.share(),
+            self.params.share(),
+            self.fits.clone(),
+        ))
     }
 
     fn ltm_trace(&self) -> Option<LtmTrace> {

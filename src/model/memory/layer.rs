@@ -15,7 +15,6 @@
 //! parameters with empty state, so gradient-accumulation micro-batches (and evaluation)
 //! each carry their own memory.
 
-
 use tch::Tensor;
 
 use crate::error::Result;
@@ -116,7 +115,9 @@ pub(super) fn mem_rows(earlier: &Tensor) -> Vec<f64> {
     let _guard = tch::no_grad_guard();
     let size = earlier.size();
     let queries: i64 = size[1..size.len() - 1].iter().product();
-    let rows = earlier.to_kind(tch::Kind::Double).flatten(1, -1).sum_dim_intlist([1i64].as_slice(), false, tch::Kind::Double) / queries as f64;
+    let rows =
+        earlier.to_kind(tch::Kind::Double).flatten(1, -1).sum_dim_intlist([1i64].as_slice(), false, tch::Kind::Double)
+            / queries as f64;
     Vec::<f64>::try_from(&rows.to_device(tch::Device::Cpu)).unwrap_or_default()
 }
 
@@ -208,4 +209,3 @@ pub(crate) fn with_cached_episodes(cached_ids: Option<&Tensor>, cached: i64, blo
 pub fn same_episode(queries: &Tensor, keys: &Tensor) -> Tensor {
     queries.unsqueeze(2).eq_tensor(&keys.unsqueeze(1))
 }
-

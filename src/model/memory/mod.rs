@@ -35,7 +35,9 @@ pub fn build(cfg: &MemoryConfig, p: nn::Path, d_model: i64, heads: i64, block: u
     Ok(match cfg.mechanism {
         Mechanism::Fixed => Box::new(fixed::FixedSpan::new(cfg.span)),
         Mechanism::Adaptive => Box::new(adaptive::AdaptiveSpan::new(p, heads, cfg.span, &cfg.adaptive)),
-        Mechanism::Expire => Box::new(expire::ExpireSpan::new(p, d_model, cfg.span, position_rows(cfg, block), &cfg.expire)),
+        Mechanism::Expire => {
+            Box::new(expire::ExpireSpan::new(p, d_model, cfg.span, position_rows(cfg, block), &cfg.expire))
+        }
         Mechanism::Compressive => {
             Box::new(compressive::CompressiveMemory::new(p, d_model, heads, cfg.span, &cfg.compressive))
         }

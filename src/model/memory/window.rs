@@ -323,7 +323,20 @@ mod tests {
         for _ in 0..5 {
             let x = rng.normal_tensor(&[2, 3, 4], tch::Kind::Float);
             let q = attn.queries(&x);
-            reused.keys(&AttendInput { x: &x, q: &q, attn: &attn, key_pe: Some(&key_pe), train: false, episodes: None, norm: None }, 7).unwrap();
+            reused
+                .keys(
+                    &AttendInput {
+                        x: &x,
+                        q: &q,
+                        attn: &attn,
+                        key_pe: Some(&key_pe),
+                        train: false,
+                        episodes: None,
+                        norm: None,
+                    },
+                    7,
+                )
+                .unwrap();
             let a = reused.append(&x.detach(), None, 7);
             let b = plain.append(&x, None, 7);
             assert_eq!(a.is_some(), b.is_some());
@@ -334,7 +347,20 @@ mod tests {
         let keyed = rng.normal_tensor(&[2, 3, 4], tch::Kind::Float);
         let other = rng.normal_tensor(&[2, 3, 4], tch::Kind::Float);
         let q = attn.queries(&keyed);
-        reused.keys(&AttendInput { x: &keyed, q: &q, attn: &attn, key_pe: Some(&key_pe), train: false, episodes: None, norm: None }, 7).unwrap();
+        reused
+            .keys(
+                &AttendInput {
+                    x: &keyed,
+                    q: &q,
+                    attn: &attn,
+                    key_pe: Some(&key_pe),
+                    train: false,
+                    episodes: None,
+                    norm: None,
+                },
+                7,
+            )
+            .unwrap();
         reused.append(&other, None, 7);
         assert!(reused.cache.as_ref().unwrap().narrow(1, 4, 3).equal(&other));
     }
@@ -345,7 +371,10 @@ mod tests {
     fn queries_attend_in_chunks_over_the_keys_they_reach() {
         let c = |q0, queries, k0, keys| Chunk { q0, queries, k0, keys };
         // A full cache of 512 before a block of 256, span 512: every chunk over 576 keys.
-        assert_eq!(query_chunks(512, 256, 512, 64), vec![c(0, 64, 0, 576), c(64, 64, 64, 576), c(128, 64, 128, 576), c(192, 64, 192, 576)]);
+        assert_eq!(
+            query_chunks(512, 256, 512, 64),
+            vec![c(0, 64, 0, 576), c(64, 64, 64, 576), c(128, 64, 128, 576), c(192, 64, 192, 576)]
+        );
         // An empty cache, reach 100: the first two runs both start at key 0, so are one.
         assert_eq!(query_chunks(0, 256, 100, 64), vec![c(0, 128, 0, 128), c(128, 64, 28, 164), c(192, 64, 92, 164)]);
         // A window over the whole block is the block; a last run shorter than the rest.
@@ -375,9 +404,18 @@ mod tests {
                 let x = rng.normal_tensor(&[2, m, 8], Double).set_requires_grad(true);
                 // Episodes of 70 steps in the first stream and 110 in the second.
                 let pos = Tensor::arange_start(block * m, (block + 1) * m, (Int64, tch::Device::Cpu));
-                let episodes = with_episodes.then(|| Tensor::stack(&[pos.floor_divide_scalar(70), pos.floor_divide_scalar(110)], 0));
+                let episodes = with_episodes
+                    .then(|| Tensor::stack(&[pos.floor_divide_scalar(70), pos.floor_divide_scalar(110)], 0));
                 let q = attn.queries(&x);
-                let input = AttendInput { x: &x, q: &q, attn: &attn, key_pe: Some(&key_pe), train: true, episodes: episodes.as_ref(), norm: None };
+                let input = AttendInput {
+                    x: &x,
+                    q: &q,
+                    attn: &attn,
+                    key_pe: Some(&key_pe),
+                    train: true,
+                    episodes: episodes.as_ref(),
+                    norm: None,
+                };
                 let keys = w.keys(&input, span).unwrap();
                 assert!(keys.chunks(&q, span).len() > 1, "block {block}: one chunk");
                 let mut bias = window_bias(&q, Some(&key_pe), keys.cached, &keys.visible).unwrap(); // (b, h, m, n)
@@ -394,7 +432,10 @@ mod tests {
                 let g2 = Tensor::run_backward(&[(&whole * &weights).sum(Double)], &inputs, false, false);
                 for (i, (a, b)) in g1.iter().zip(&g2).enumerate() {
                     let gap = (a - b).abs().max().double_value(&[]);
-                    assert!(gap < 1e-10 && a.abs().sum(Double).double_value(&[]) > 0.0, "block {block}, input {i}: gradients differ by {gap}");
+                    assert!(
+                        gap < 1e-10 && a.abs().sum(Double).double_value(&[]) > 0.0,
+                        "block {block}, input {i}: gradients differ by {gap}"
+                    );
                 }
                 w.append(&x.detach(), episodes.as_ref(), span);
             }
@@ -413,7 +454,15 @@ mod tests {
         for _ in 0..20 {
             let x = Tensor::ones([1, 2, 4], (tch::Kind::Float, tch::Device::Cpu));
             let q = attn.queries(&x);
-            let input = AttendInput { x: &x, q: &q, attn: &attn, key_pe: Some(&key_pe), train: false, episodes: None, norm: None };
+            let input = AttendInput {
+                x: &x,
+                q: &q,
+                attn: &attn,
+                key_pe: Some(&key_pe),
+                train: false,
+                episodes: None,
+                norm: None,
+            };
             let keys = w.keys(&input, 64).unwrap();
             assert_eq!(keys.visible.size(), vec![2, keys.cached + 2]);
             w.append(&x, None, 64);

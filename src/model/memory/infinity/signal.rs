@@ -135,6 +135,7 @@ pub fn ridge_matrix(basis: &Basis, positions: &Tensor, lambda: f64, pad: bool) -
     let f = basis.eval(&grid).tr(); // (N, L')
     let n = basis.len();
     let gram = f.matmul(&f.tr()) + Tensor::eye(n, (Kind::Double, tch::Device::Cpu)) * lambda; // (N, N)
+
     // G = Fᵀ gram⁻¹, i.e. the solution of gram Gᵀ = F (gram is symmetric).
     let g = Tensor::f_linalg_solve(&gram, &f, true).torch("∞-former ridge regression")?.tr(); // (L', N)
     Ok(match keep {
@@ -157,7 +158,15 @@ pub fn evaluate(basis: &Basis, b: &Tensor, t: &Tensor) -> Tensor {
 /// `at` `(M_s)` (evenly spaced points, or the sticky positions), those samples are
 /// placed evenly in `(0, τ]`, the `new` vectors `(L, e)` evenly in `(τ, 1]`, and the
 /// whole is refitted. Returns the new coefficients `(N, e)`.
-pub fn absorb(basis: &Basis, old: Option<&Tensor>, new: &Tensor, at: &Tensor, tau: f64, lambda: f64, pad: bool) -> Result<Tensor> {
+pub fn absorb(
+    basis: &Basis,
+    old: Option<&Tensor>,
+    new: &Tensor,
+    at: &Tensor,
+    tau: f64,
+    lambda: f64,
+    pad: bool,
+) -> Result<Tensor> {
     let len = new.size()[0];
     let Some(old) = old else {
         let g = ridge_matrix(basis, &update_positions(0, len, tau), lambda, pad)?;
@@ -189,7 +198,8 @@ pub fn quantile_positions(hist: &Tensor, count: i64) -> Tensor {
     let total = hist.sum_dim_intlist([-1i64].as_slice(), true, hist.kind()); // (b, 1)
     let p = hist / total;
     let cdf = p.cumsum(-1, p.kind()); // (b, D)
-    let u = ((Tensor::arange(count, (p.kind(), p.device())) + 0.5) / count as f64).expand([b, count], false).contiguous();
+    let u =
+        ((Tensor::arange(count, (p.kind(), p.device())) + 0.5) / count as f64).expand([b, count], false).contiguous();
     let bin = u.searchsorted(&cdf.contiguous(), false, false, "left", None::<Tensor>).clamp_max(d - 1); // (b, count)
     let upper = cdf.gather(1, &bin, false);
     let width = p.gather(1, &bin, false);
@@ -324,11 +334,8 @@ mod tests {
     fn the_histogram_of_two_densities_has_its_mass_at_their_means() {
         // Two narrow densities at 0.25 and 0.75 over 10 bins: summed and normalised, the
         // histogram sums to 1 and nearly all its mass is in bins 2 and 7, equally.
-        let mass = bin_mass(&Tensor::from_slice(&[0.25, 0.75]), &Tensor::from_slice(&[1e-4, 1e-4]), 10).sum_dim_intlist(
-            [0i64].as_slice(),
-            false,
-            Kind::Double,
-        );
+        let mass = bin_mass(&Tensor::from_slice(&[0.25, 0.75]), &Tensor::from_slice(&[1e-4, 1e-4]), 10)
+            .sum_dim_intlist([0i64].as_slice(), false, Kind::Double);
         let hist: Vec<f64> = (&mass / mass.sum(Kind::Double)).try_into().unwrap();
         assert!((hist.iter().sum::<f64>() - 1.0).abs() < 1e-12);
         assert!(hist[2] > 0.49 && hist[7] > 0.49, "{hist:?}");
