@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Behaviour fingerprint for refactors (issue 19): trains every mechanism and every task for
+# Behaviour fingerprint for refactors: trains every mechanism and every task for
 # a few steps (fixed seed, 1 thread) and prints each logged training loss and validation
 # loss with full precision. Run it before and after a change that must not change
 # behaviour, and diff the two outputs: they must be identical.

@@ -1,43 +1,41 @@
 #!/usr/bin/env bash
-# Regenerates the figures, CSVs and tables the README quotes, into docs/. Each section
-# trains what it needs under OUT (default runs/docs) and writes its results to docs/;
-# the README's text quotes those files. Run from anywhere; all seeds and thread counts are
+# Regenerates the measured results the guide and the README quote. Each section trains
+# what it needs under OUT (default runs/docs) and writes one results record,
+# docs/results/RECORD/: its figures, the machine.json of one of its runs (the CPU, the
+# thread count and the fingerprint of how that CPU rounds) and record.md (the date, the
+# command, the machine, the time taken). The same seed trains to the same figures only on
+# a CPU with the same fingerprint. Run from anywhere; all seeds and thread counts are
 # fixed, so a section run twice on the same machine gives the same figures (timings and
 # tokens/s aside).
 #
 #   scripts/docs.sh [SECTION...]        (default: every section, in this order)
 #   DOCS_OUT=/tmp/docs scripts/docs.sh default sweep
 #
-# Each section also writes docs/SECTION-machine.json, the machine.json of one of its runs:
-# the CPU, the thread count and the fingerprint of how that CPU rounds. The same seed
-# trains to the same figures only on a CPU with the same fingerprint.
-#
 # A sweep skips the runs it finds finished under OUT with an unchanged config, and a
 # config does not record the code that trained it: after a change to the code, give a
 # fresh DOCS_OUT (or remove runs/docs) so that every figure is trained again.
 #
-# Sections, and their time on 2 cores:
-#   default   the default run's output, and its machine    docs/default-run{.txt,-machine.json} 1 min
-#   sweep     the copy sweep example (--seeds 1,2)          docs/sweep-copy-tiny.{csv,svg,png} 1 min
-#   gpt2      scripts/gpt2-demo.sh, seeds 1 2 3             docs/gpt2-demo.txt              3 min
-#   words     scripts/words-demo.sh, seeds 1 2 3            docs/words-demo.txt             2 min
-#   dialogue  scripts/dialogue-demo.sh, seed 1              docs/dialogue-demo.md          30 min
-#   corridor  the corridor sweep, 3 seeds; agent spans      docs/sweep-corridor-small.csv,
-#                                                           docs/agent-spans-corridor.*      35 min
-#   ablation  the corridor's Expire-Span ablations          docs/ablation-corridor.csv      35 min
-#   portal    the 5-room portal sweep; agent spans          docs/sweep-portal-small.*,
-#                                                           docs/agent-spans-portal.*       60 min
-#   portal8   the 8-room portal sweep; its spans            docs/sweep-portal-8-rooms.*,
-#                                                           docs/agent-spans-portal-8-rooms* 60 min
-#   enwik8    the Table-4 analogue: sweep and bench on a    docs/sweep-enwik8-tiny.csv,
-#             10 MB stand-in corpus (Rust's HTML docs)      docs/bench-enwik8-tiny.txt       25 min
-#   enwik8bench  its efficiency columns alone (the bench)   docs/bench-enwik8-tiny.txt        5 min
-#   scaling   time and memory against span and context,     docs/bench-scaling.txt           7 min
+# Sections (the record each writes under docs/results/, and its time on 2 cores):
+#   default   the default run's output                      default/default-run.txt           1 min
+#   sweep     the copy sweep example (--seeds 1,2)          sweep/sweep-copy-tiny.{csv,svg,png} 1 min
+#   gpt2      scripts/gpt2-demo.sh, seeds 1 2 3             gpt2/gpt2-demo.txt                3 min
+#   words     scripts/words-demo.sh, seeds 1 2 3            words/words-demo.txt              2 min
+#   dialogue  scripts/dialogue-demo.sh, seed 1              dialogue/dialogue-demo.md        30 min
+#   corridor  the corridor sweep, 3 seeds; agent spans      corridor/sweep-corridor-small.*,
+#                                                           corridor/agent-spans-corridor.*  35 min
+#   ablation  the corridor's Expire-Span ablations          ablation/ablation-corridor.csv   35 min
+#   portal    the 5-room portal sweep; agent spans          portal/sweep-portal-small.*,
+#                                                           portal/agent-spans-portal.*      60 min
+#   portal8   the 8-room portal sweep; its spans            portal8/sweep-portal-8-rooms.*   60 min
+#   enwik8    the Table-4 analogue: sweep and bench on a    enwik8/sweep-enwik8-tiny.*,
+#             10 MB stand-in corpus (Rust's HTML docs)      enwik8/bench-enwik8-tiny.txt     25 min
+#   enwik8bench  its efficiency columns alone (the bench)   enwik8/bench-enwik8-tiny.txt      5 min
+#   scaling   time and memory against span and context,     scaling/bench-scaling.txt         7 min
 #             in turns
-#   trained   equal memory after training: a trained        docs/bench-trained.txt           3 min
+#   trained   equal memory after training: a trained        trained/bench-trained.txt         3 min
 #             Expire-Span on its text against Transformer-XL
-# In all about 5 hours (portal: 60 minutes for its 5-room sweep on the AMD EPYC of
-# 2026-11-24); the sections that time (enwik8, scaling) want the CPU to themselves.
+# In all about 5 hours; the sections that time (enwik8, scaling, trained) want the CPU to
+# themselves.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
@@ -45,79 +43,78 @@ cargo build --release --quiet
 LETHE=target/release/lethe
 OUT=${DOCS_OUT:-runs/docs}
 THREADS=2
-mkdir -p docs "$OUT"
+mkdir -p "$OUT"
 SECTIONS=("$@")
 ALL=(default sweep gpt2 words dialogue corridor ablation portal portal8 enwik8 scaling trained)  # enwik8 runs enwik8bench
 [ ${#SECTIONS[@]} -gt 0 ] || SECTIONS=("${ALL[@]}")
 
-# Keeps the machine a section's runs trained on: RUN's machine.json as
-# docs/SECTION-machine.json.
-keep_machine() { # RUN SECTION
-  cp "$1/machine.json" "docs/$2-machine.json"
+# Keeps the machine a section's runs trained on: RUN's machine.json in the record.
+keep_machine() { # RUN
+  cp "$1/machine.json" "$DIR/machine.json"
 }
 
-# Copies a sweep's table, chart and PNG to docs/NAME.{csv,svg,png}.
+# Copies a sweep's table, chart and PNG to the record as NAME.{csv,svg,png}.
 keep_sweep() { # SWEEP_DIR NAME
-  cp "$1/sweep.csv" "docs/$2.csv"
-  cp "$1/sweep.svg" "docs/$2.svg"
-  cp "$1/sweep.png" "docs/$2.png"
+  cp "$1/sweep.csv" "$DIR/$2.csv"
+  cp "$1/sweep.svg" "$DIR/$2.svg"
+  cp "$1/sweep.png" "$DIR/$2.png"
 }
 
-# Plays an Expire-Span agent and keeps its spans picture as docs/NAME.{svg,png}.
+# Plays an Expire-Span agent and keeps its spans picture as NAME.{svg,png} in the record.
 keep_spans() { # CHECKPOINT NAME EPISODES SEED
   $LETHE play --checkpoint "$1" --episodes "$3" --seed "$4" --spans "$OUT/$2"
-  cp "$OUT/$2/agent-spans.svg" "docs/$2.svg"
-  cp "$OUT/$2/agent-spans.png" "docs/$2.png"
+  cp "$OUT/$2/agent-spans.svg" "$DIR/$2.svg"
+  cp "$OUT/$2/agent-spans.png" "$DIR/$2.png"
 }
 
 # Plays 64 episodes with each seed's Expire-Span agent of a sweep (runs RUNS/PREFIX-s1..3)
-# and keeps the span summaries, seed by seed, as docs/NAME-64-episodes.txt.
+# and keeps the span summaries, seed by seed, as NAME-64-episodes.txt in the record.
 keep_span_summaries() { # RUNS PREFIX NAME
   local seed
   for seed in 1 2 3; do
     echo "seed $seed ($2-s$seed):"
     $LETHE play --checkpoint "$1/$2-s$seed" --episodes 64 --seed 1 --spans "$OUT/$3-64-s$seed" | tail -n +2 | grep -v '^wrote '
-  done > "docs/$3-64-episodes.txt"
-  cat "docs/$3-64-episodes.txt"
+  done > "$DIR/$3-64-episodes.txt"
+  cat "$DIR/$3-64-episodes.txt"
 }
 
 section_default() {
   # The README's "What the default run prints": the copy-tiny preset, as ./run.sh runs it
   # (from OUT, so that the run folder reads runs/copy-tiny), without the progress lines.
   local root=$PWD
-  (cd "$OUT" && "$root/$LETHE" train --overwrite --set train.threads=$THREADS 2>&1) | grep -v '^step ' > docs/default-run.txt
+  (cd "$OUT" && "$root/$LETHE" train --overwrite --set train.threads=$THREADS 2>&1) | grep -v '^step ' > "$DIR/default-run.txt"
   # The machine it ran on: the test of the quoted lines checks only where one rounds alike.
-  keep_machine "$OUT/runs/copy-tiny" default-run
-  cat docs/default-run.txt
+  keep_machine "$OUT/runs/copy-tiny"
+  cat "$DIR/default-run.txt"
 }
 
 section_sweep() {
   $LETHE sweep --preset copy-sweep-tiny --mechanism fixed:8,16,32,64 --mechanism compressive:16,32,64 \
     --mechanism adaptive:64 --mechanism expire:64 --seeds 1,2 --set train.threads=$THREADS --out "$OUT/copy"
   keep_sweep "$OUT/copy/copy-sweep-tiny-sweep" sweep-copy-tiny
-  keep_machine "$OUT/copy/copy-sweep-tiny-sweep/runs/expire-64-s1" sweep
+  keep_machine "$OUT/copy/copy-sweep-tiny-sweep/runs/expire-64-s1"
 }
 
 section_gpt2() {
-  scripts/gpt2-demo.sh "$OUT" "1 2 3" | tee docs/gpt2-demo.txt
-  keep_machine "$OUT/demo-infinity-s1" gpt2
+  scripts/gpt2-demo.sh "$OUT" "1 2 3" | tee "$DIR/gpt2-demo.txt"
+  keep_machine "$OUT/demo-infinity-s1"
 }
 
 section_words() {
-  scripts/words-demo.sh "$OUT" "1 2 3" | tee docs/words-demo.txt
-  keep_machine "$OUT/demo-words-tiny-s1" words
+  scripts/words-demo.sh "$OUT" "1 2 3" | tee "$DIR/words-demo.txt"
+  keep_machine "$OUT/demo-words-tiny-s1"
 }
 
 section_dialogue() {
-  scripts/dialogue-demo.sh "$OUT" 1 | tee docs/dialogue-demo.md
-  keep_machine "$OUT/demo-dialogue-tiny-infinity-s1" dialogue
+  scripts/dialogue-demo.sh "$OUT" 1 | tee "$DIR/dialogue-demo.md"
+  keep_machine "$OUT/demo-dialogue-tiny-infinity-s1"
 }
 
 section_corridor() {
   $LETHE sweep --preset corridor-small --mechanism fixed:4,8,16,32,64 --mechanism expire:64 --seeds 1,2,3 \
     --set train.threads=$THREADS --out "$OUT/corridor"
   keep_sweep "$OUT/corridor/corridor-small-sweep" sweep-corridor-small
-  keep_machine "$OUT/corridor/corridor-small-sweep/runs/expire-64-s1" corridor
+  keep_machine "$OUT/corridor/corridor-small-sweep/runs/expire-64-s1"
   keep_spans "$OUT/corridor/corridor-small-sweep/runs/expire-64-s3" agent-spans-corridor 3 2
   keep_span_summaries "$OUT/corridor/corridor-small-sweep/runs" expire-64 agent-spans-corridor
 }
@@ -142,16 +139,16 @@ r16-warmup-750 --set memory.expire.ramp=16
 r8-warmup-750 --set memory.expire.ramp=8
 r4-no-warmup --set memory.expire.alpha_warmup=0
 ROWS
-  cp "$OUT/ablation.csv" docs/ablation-corridor.csv
-  keep_machine "$OUT/ablation/r4-no-warmup/corridor-small-sweep/runs/expire-64-s1" ablation
-  cat docs/ablation-corridor.csv
+  cp "$OUT/ablation.csv" "$DIR/ablation-corridor.csv"
+  keep_machine "$OUT/ablation/r4-no-warmup/corridor-small-sweep/runs/expire-64-s1"
+  cat "$DIR/ablation-corridor.csv"
 }
 
 section_portal() {
   $LETHE sweep --preset portal-small --mechanism fixed:4,8,16,128 --mechanism expire:128 --seeds 1,2,3 \
     --set train.threads=$THREADS --out "$OUT/portal"
   keep_sweep "$OUT/portal/portal-small-sweep" sweep-portal-small
-  keep_machine "$OUT/portal/portal-small-sweep/runs/expire-128-s1" portal
+  keep_machine "$OUT/portal/portal-small-sweep/runs/expire-128-s1"
   keep_spans "$OUT/portal/portal-small-sweep/runs/expire-128-s1" agent-spans-portal 2 4
   keep_span_summaries "$OUT/portal/portal-small-sweep/runs" expire-128 agent-spans-portal
 }
@@ -160,7 +157,7 @@ section_portal8() {
   $LETHE sweep --preset portal-small --mechanism fixed:8,16,32 --mechanism expire:128 --seeds 1,2,3 \
     --length 8 --set data.portal.max_steps=200 --set train.threads=$THREADS --out "$OUT/portal-8"
   keep_sweep "$OUT/portal-8/portal-small-sweep" sweep-portal-8-rooms
-  keep_machine "$OUT/portal-8/portal-small-sweep/runs/expire-128-s1" portal8
+  keep_machine "$OUT/portal-8/portal-small-sweep/runs/expire-128-s1"
   keep_span_summaries "$OUT/portal-8/portal-small-sweep/runs" expire-128 agent-spans-portal-8-rooms
 }
 
@@ -174,7 +171,7 @@ section_enwik8() {
     --mechanism expire:1024 --mechanism compressive:512 --mechanism infinity:512 --seeds 1,2,3 \
     --set train.threads=$THREADS --out "$OUT/enwik8"
   keep_sweep "$OUT/enwik8/enwik8-tiny-sweep" sweep-enwik8-tiny
-  keep_machine "$OUT/enwik8/enwik8-tiny-sweep/runs/expire-1024-s1" enwik8
+  keep_machine "$OUT/enwik8/enwik8-tiny-sweep/runs/expire-1024-s1"
   section_enwik8bench
 }
 
@@ -193,7 +190,7 @@ section_enwik8bench() {
     "${bench[@]}" --bench-steps 2 --out "$OUT/bench-alone"
     echo "## in turns"
     "${bench[@]}" --bench-steps 1 --rounds 40 --out "$OUT/bench"
-  } 2>&1 | grep -v '^wrote \|^streamed \|^round ' | tee docs/bench-enwik8-tiny.txt
+  } 2>&1 | grep -v '^wrote \|^streamed \|^round ' | tee "$DIR/bench-enwik8-tiny.txt"
 }
 
 section_scaling() {
@@ -222,7 +219,7 @@ section_scaling() {
     "${bench[@]}" --bench-steps 1 --rounds 100 --mechanism fixed:108 --mechanism expire:1024
     echo "## context streamed first: the ∞-former (STM 256 + N 256) and Transformer-XL (L = 256), in turns"
     "${bench[@]}" "${turns[@]}" --mechanism infinity:512 --mechanism fixed --scale context=512,8192,32768,131072
-  } 2>&1 | grep -v '^matrix multiply\|^wrote \|^streamed \|^round ' | tee docs/bench-scaling.txt
+  } 2>&1 | grep -v '^matrix multiply\|^wrote \|^streamed \|^round ' | tee "$DIR/bench-scaling.txt"
 }
 
 section_trained() {
@@ -250,7 +247,7 @@ print(round(sum(r["mem_size"]) / len(r["mem_size"])), round(sum(r["held"]) / len
     echo "## Expire-Span L = 1024 trained 1500 steps, on its corpus, parameters frozen: about $mem memories a query, a cache of $held slots"
     echo "## in turns with Transformer-XL at L = $mem (equal memory) and L = $held (equal cache)"
     "${bench[@]}" --bench-steps 1 --rounds 60 --mechanism expire:1024 --mechanism "fixed:$mem" --mechanism "fixed:$held" --out "$OUT/trained-bench"
-  } 2>&1 | grep -v '^wrote \|^streamed \|^round ' | tee docs/bench-trained.txt
+  } 2>&1 | grep -v '^wrote \|^streamed \|^round ' | tee "$DIR/bench-trained.txt"
 }
 
 for s in "${SECTIONS[@]}"; do
@@ -259,9 +256,33 @@ for s in "${SECTIONS[@]}"; do
     exit 2
   fi
 done
+# The record a section writes: enwik8bench rewrites a part of enwik8's.
+record_of() { # SECTION
+  case "$1" in enwik8bench) echo enwik8 ;; *) echo "$1" ;; esac
+}
+
+# record.md: when, how and where the record's figures were made.
+write_record() { # SECTION SECONDS
+  python3 - "$DIR" "$1" "$2" "$(date -u +%Y-%m-%d)" "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" <<'PY'
+import json, os, sys
+folder, section, took, day, commit = sys.argv[1:]
+path = os.path.join(folder, "machine.json")
+machine = json.load(open(path)) if os.path.exists(path) else {}
+lines = [f"# Results record: `{section}`", "",
+         f"- made: {day}, by `scripts/docs.sh {section}` at commit {commit}, in {took} s",
+         f"- machine: {machine.get('cpu', 'not recorded')}, {machine.get('threads', '?')} threads" +
+         (f", numerics {machine['numerics']}" if "numerics" in machine else "")]
+lines += ["- files: " + ", ".join(sorted(f for f in os.listdir(folder) if f != "record.md"))]
+open(os.path.join(folder, "record.md"), "w").write("\n".join(lines) + "\n")
+PY
+}
+
 for s in "${SECTIONS[@]}"; do
   start=$(date +%s)
+  DIR="docs/results/$(record_of "$s")"
+  mkdir -p "$DIR"
   echo "== docs.sh: $s"
   "section_$s"
-  echo "== docs.sh: $s took $(( $(date +%s) - start )) s"
+  write_record "$s" $(( $(date +%s) - start ))
+  echo "== docs.sh: $s took $(( $(date +%s) - start )) s, recorded in $DIR/record.md"
 done

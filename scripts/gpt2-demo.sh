@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CPU demonstration of issue 22 (README, "Pretrained GPT-2 with long-term memory"):
+# The CPU demonstration (README, "Pretrained GPT-2 with long-term memory"):
 # a tiny GPT-2-shaped model pretrained by lethe itself on a corpus that ships with
 # Python (the standard library's reference topics, pydoc_data/topics.py, in Debian's
 # libpython3.11-stdlib), then fine-tuned with and without the ∞-former's long-term

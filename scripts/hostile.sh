@@ -195,7 +195,7 @@ run_case "train --set seed=-5"             "$BIN" train -q "${TINY[@]}" --set se
 run_case "train --resume on a killed run"  "$BIN" train -q "${TINY[@]}" --steps 8 --resume --name killed
 run_case "train while another trains"      "$BIN" train -q "${TINY[@]}" --steps 4 --name locked
 kill $locked; wait
-# GPT-2, tokenizers and the options of issue 22.
+# GPT-2, tokenizers and their options.
 G=(-p gpt2-tiny --set model.layers=1 --set model.d_model=16 --set model.heads=2 --set model.d_ffn=32 --set train.batch=2 --set train.block=8 --steps 2 --set "data.tokenizer=$FIX")
 for i in $(seq 400); do echo "line $i of a small text, with words enough to fill a few blocks"; done > text.txt
 mkdir -p wt wt-bad hf-bad tok-bad && printf '{"version": ' > tok-bad/tokenizer.json && for s in train valid test; do printf ' = T = \n hello world \n' > wt/wiki.$s.tokens; done

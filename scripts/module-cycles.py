@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Lists the import cycles among lethe's source files (issue 19: dependencies point one way).
+"""Lists the import cycles among lethe's source files (dependencies point one way).
 
 Each file under src/ is a module (src/a/b.rs and src/a/b/mod.rs are `a::b`; main.rs and
 cli.rs form the binary, which sits above the library). An edge A -> B is drawn when A

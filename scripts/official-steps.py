@@ -8,7 +8,7 @@ With TORCH_SEED, the official model keeps its own PyTorch initialisation (drawn 
 `torch.manual_seed(TORCH_SEED)`) instead of the checkpoint's weights; the checkpoint then
 only gives the vocabulary size.
 
-CHECKPOINT is a lethe checkpoint (safetensors) of the issue-25 model (2 layers, d 256,
+CHECKPOINT is a lethe checkpoint (safetensors) of the comparison model of `scripts/vs-official.sh` (2 layers, d 256,
 4 heads, FFN 1024, pre-norm, blocks of 256, batch 8, Expire-Span with ramp 64, loss 1e-6,
 initial fraction 0.1). The streams are lethe's: the first 90% of CORPUS (the default
 `data.split`), cut into 8 equal streams. The training step is the official trainer's:

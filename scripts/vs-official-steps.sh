@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Does lethe compute what the official Expire-Span code computes? Both train the issue-25
+# Does lethe compute what the official Expire-Span code computes? Both train the comparison
 # model (2 layers, d 256, 4 heads, FFN 1024, pre-norm, batch 8 x 256, Adam 3e-4, clip
 # 0.3; Expire-Span max span SPAN, ramp 64, loss 1e-6, initial fraction 0.1) from the same
 # weights on the same streams, and each step's training loss and gradient norm are

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # lethe against the official Expire-Span code (facebookresearch/transformer-sequential)
-# on this machine's CPU, as issue 25 measures them: the same model (2 layers, d 256,
+# on this machine's CPU, as the efficiency comparison measures them: the same model (2 layers, d 256,
 # 4 heads, FFN 1024, batch 8 x 256, pre-norm, Adam 3e-4, clip 0.3, no dropout), the
 # same byte corpus, the same number of training steps, the two programs alternating,
 # whole-process wall time; medians over the rounds.
@@ -41,7 +41,7 @@
 # Its corpus is the same bytes written as space-separated integers, one line per line
 # of text (the enwik8 preparation of the official data script), each line's newline
 # byte (10) written too: the official reader drops the line breaks themselves, and
-# until session 19 the official code read no newlines (1.2% fewer tokens than lethe).
+# otherwise the official code reads no newlines (1.2% fewer tokens than lethe).
 set -euo pipefail
 
 usage() { echo "usage: $0 OFFICIAL_CHECKOUT [expire:L|adaptive:L|fixed:L ...]" >&2; exit 2; }

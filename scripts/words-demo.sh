@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The word-level CPU demonstration of issue 22 (README, "Word-level models"): the
+# The word-level CPU demonstration (README, "Word-level models"): the
 # ∞-former paper's appendix D at CPU size. A word vocabulary is built from a corpus that
 # ships with Python (the standard library's reference topics, pydoc_data/topics.py, in
 # Debian's libpython3.11-stdlib; words seen fewer than 3 times read as <unk>), then a

@@ -1,6 +1,6 @@
 //! Streaming evaluation: a split is walked once as parallel streams, block by block, with
 //! each layer's memory carried across blocks, no dropout and no gradient
-//! (ALGORITHMS.md, backbone). The block length may differ from training.
+//! (docs/design/algorithms.md, Backbone). The block length may differ from training.
 
 use serde::Serialize;
 use tch::{Kind, Tensor};

@@ -10,7 +10,7 @@ use crate::error::{LetheError, Result};
 
 /// Appends JSON objects to `metrics.jsonl`, one per line, each line in one write (so
 /// that a kill leaves whole lines), and their numbers to a TensorBoard event file
-/// beside it ([`crate::tensorboard`]; one file per session of the run).
+/// beside it ([`crate::tensorboard`]; one file per launch of the run).
 pub struct MetricsLog {
     path: PathBuf,
     file: std::fs::File,
@@ -159,7 +159,7 @@ mod tests {
         assert_eq!(text, "{\"step\":1}\n{\"step\":2}\n");
     }
 
-    /// Regression (issue 18): a kill could leave a torn last line, and the records
+    /// Regression: a kill could leave a torn last line, and the records
     /// written after the checkpoint appeared twice after a resume.
     #[test]
     fn a_resumed_log_keeps_whole_records_up_to_the_checkpoint() {

@@ -1,4 +1,4 @@
-//! Regression tests for issue 18: bad input gets one clear error and a non-zero exit,
+//! Regression tests: bad input gets one clear error and a non-zero exit,
 //! never a panic, a hang, lost work or a silently wrong result. One test per class.
 
 mod common;
@@ -15,7 +15,7 @@ fn a_refused_resume_changes_nothing_in_the_run_folder() {
     let files = ["config.toml", "metrics.jsonl", "checkpoint.safetensors"].map(|f| d.join("runs/r").join(f));
     let before: Vec<Vec<u8>> = files.iter().map(|f| std::fs::read(f).unwrap()).collect();
     fails_with(&train(d, &["--steps", "4", "--name", "r", "--resume", "--seed", "9"]), &["seed"]);
-    // Silently accepted (issue 24): a changed learning rate or schedule. Each is named.
+    // Silently accepted: a changed learning rate or schedule. Each is named.
     let changed =
         ["--steps", "4", "--name", "r", "--resume", "--set", "train.lr=0.0001", "--set", "train.schedule=linear"];
     fails_with(

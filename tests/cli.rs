@@ -711,17 +711,18 @@ fn gridworld_mistakes_are_named() {
     fails_with(&lethe(d, &bench), &["reinforcement-learning task"]);
 }
 
-/// The README's preset table is the one `--list-presets` prints, row for row: a preset
-/// added, renamed or redescribed without the README fails here.
+/// The guide's preset table is the one `--list-presets` prints, row for row: a preset
+/// added, renamed or redescribed without the guide fails here.
 #[test]
-fn the_readme_lists_every_preset_as_list_presets_does() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+fn the_guide_lists_every_preset_as_list_presets_does() {
+    let page = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/guide/src/presets.md");
+    let guide = std::fs::read_to_string(page).unwrap();
     let header = "| preset | what it is for |\n|---|---|\n";
-    let start = readme.find(header).expect("README has a preset table") + header.len();
-    let table: Vec<&str> = readme[start..].lines().take_while(|l| l.starts_with('|')).collect();
+    let start = guide.find(header).expect("the guide's Presets page has a preset table") + header.len();
+    let table: Vec<&str> = guide[start..].lines().take_while(|l| l.starts_with('|')).collect();
     let expected: Vec<String> =
         lethe::config::PRESETS.iter().map(|p| format!("| `{}` | {} |", p.name, p.about)).collect();
-    assert_eq!(table, expected, "README.md's preset table should read:\n{}", expected.join("\n"));
+    assert_eq!(table, expected, "docs/guide/src/presets.md's preset table should read:\n{}", expected.join("\n"));
     let listed = succeeds(&lethe(std::path::Path::new("."), &["train", "--list-presets"]));
     for p in lethe::config::PRESETS {
         assert!(
@@ -732,7 +733,7 @@ fn the_readme_lists_every_preset_as_list_presets_does() {
     }
 }
 
-/// Regression (issue 24): steps and evaluations without a scored token were logged as a
+/// Regression: steps and evaluations without a scored token were logged as a
 /// loss of 0; they are logged as null and printed as `-`.
 #[test]
 fn a_window_without_a_scored_token_logs_no_loss_rather_than_zero() {

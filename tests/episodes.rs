@@ -76,7 +76,7 @@ fn close(a: &Tensor, b: &Tensor) -> bool {
 /// one. The gradient is that of the outputs projected on a fixed random vector: the
 /// outputs leave a final LayerNorm, whose plain sum over features does not depend on
 /// its input, so the gradient of `tail.sum()` was rounding noise, sometimes exactly 0
-/// (regression, issue 18).
+/// (regression).
 #[test]
 fn a_new_episode_sees_only_itself_as_if_its_row_had_been_reset() {
     for mechanism in [Mechanism::Fixed, Mechanism::Adaptive, Mechanism::Expire] {

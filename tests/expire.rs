@@ -125,7 +125,7 @@ fn deleting_expired_memories_changes_no_output() {
     }
 }
 
-/// Regression (issue 25): per stream, the block just read is deleted too where the next
+/// Regression: per stream, the block just read is deleted too where the next
 /// block's first query cannot see it (paper 4.1); the official batch policy keeps it
 /// whole. The outputs are those of no deletion either way.
 #[test]
@@ -251,7 +251,7 @@ fn the_alpha_warm_up_weighs_the_span_loss_of_language_model_updates() {
     assert_ne!(warm[2], half[2], "the second update has the full alpha");
 }
 
-/// Regression (issue 18): the bias was `-ln(1/p - 1)` inside the division by `pre_div`,
+/// Regression: the bias was `-ln(1/p - 1)` inside the division by `pre_div`,
 /// so spans started at 46.9 with pre_div 4 and 62.9 with 64 instead of `p L` = 12.8.
 /// Every memory must start at span `p L` whatever the divisor.
 #[test]

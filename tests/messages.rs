@@ -1,4 +1,4 @@
-//! Every refusal speaks the user's language (issue 24): one `error:` line that names the
+//! Every refusal speaks the user's language: one `error:` line that names the
 //! flag, field or file at fault in the words of the command line and the config (`fixed`,
 //! `infinity`, `copy`, `model.d_model`), never Rust's own rendering of a value
 //! (`Some(..)`, `Fixed`, `PathBuf`), and no panic. A table of mistakes, each cheap:

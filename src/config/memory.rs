@@ -36,7 +36,7 @@ pub struct MemoryConfig {
     pub infinity: InfinityConfig,
 }
 
-/// ∞-former (Martins et al., 2022; ALGORITHMS.md, ∞-former). The short-term memory is
+/// ∞-former (Martins et al., 2022; docs/design/algorithms.md, ∞-former). The short-term memory is
 /// the last `memory.span` states; the states that leave it are absorbed into a
 /// continuous long-term memory of `basis` coefficient vectors.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -102,7 +102,7 @@ impl Default for InfinityConfig {
     }
 }
 
-/// Compressive Transformer (Rae et al., 2020; ALGORITHMS.md, baselines).
+/// Compressive Transformer (Rae et al., 2020; docs/design/algorithms.md, Baselines).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CompressiveConfig {
@@ -135,7 +135,7 @@ impl Default for CompressiveConfig {
     }
 }
 
-/// Adaptive-Span (Sukhbaatar et al., 2019; ALGORITHMS.md, baselines).
+/// Adaptive-Span (Sukhbaatar et al., 2019; docs/design/algorithms.md, Baselines).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AdaptiveConfig {
@@ -153,7 +153,7 @@ impl Default for AdaptiveConfig {
     }
 }
 
-/// Expire-Span (paper section 4; ALGORITHMS.md).
+/// Expire-Span (paper section 4; docs/design/algorithms.md, Expire-Span).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ExpireConfig {

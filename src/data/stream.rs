@@ -1,5 +1,5 @@
 //! Parallel streams: the data split into `B` streams, each step taking the next `M`
-//! tokens of every stream (ALGORITHMS.md, backbone). Targets are the inputs shifted by
+//! tokens of every stream (docs/design/algorithms.md, Backbone). Targets are the inputs shifted by
 //! one; the last target of a block is the first input of the next, so nothing is lost
 //! at block boundaries.
 

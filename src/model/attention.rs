@@ -183,7 +183,7 @@ impl Attention {
     /// which `split_heads`' view of `(b, n, h, dh)` cannot give, so `matmul` copied the
     /// keys and values for every product (each query chunk's, and again in the backward
     /// pass). (The queries, `m` rows, are left as views: copying them once measured the
-    /// same.) At the issue-25 model (d 256, blocks of 256 in 4 query chunks) a
+    /// same.) At the comparison model of `scripts/vs-official.sh` (d 256, blocks of 256 in 4 query chunks) a
     /// Transformer-XL L = 512 step went from 193 to 178 ms.
     fn head_major(&self, states: &Tensor, lin: &nn::Linear) -> Tensor {
         self.split_heads(&lin.forward(states)).contiguous() // (b, h, n, dh)

@@ -1,5 +1,5 @@
 //! The shared backbone: a decoder-only, block-recurrent transformer (Expire-Span paper,
-//! section 3; ALGORITHMS.md, backbone). Embedding, `layers` blocks of attention +
+//! section 3; docs/design/algorithms.md, Backbone). Embedding, `layers` blocks of attention +
 //! feed-forward (pre-norm or post-norm, dropout), and a linear output head. How each
 //! layer remembers the past is its [`MemoryLayer`]'s business.
 //!

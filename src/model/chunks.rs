@@ -5,7 +5,7 @@
 //! chunk narrows the queries, the keys and the values. libtorch's backward pass of a
 //! `narrow` fills a zero tensor of the whole input's size and copies the chunk's
 //! gradient into it, and the engine then adds the whole-size tensors up: for `c` chunks,
-//! `c` fills and `c - 1` additions of the whole tensor (on the issue-25 model, 4 chunks
+//! `c` fills and `c - 1` additions of the whole tensor (on the comparison model of `scripts/vs-official.sh`, 4 chunks
 //! over keys of `(8, 4, 768, 64)`, a quarter of the backward pass in a trace).
 //!
 //! [`narrows`] gives the same views through one node of `csrc/chunks.cpp`, whose

@@ -1,4 +1,4 @@
-//! Object collision (Expire-Span paper, section 5.3 and A.3.3; ALGORITHMS.md, after the
+//! Object collision (Expire-Span paper, section 5.3 and A.3.3; docs/design/algorithms.md, Tasks, after the
 //! official `gen_data_collisions.py`): two particles move on a 16 x 16 grid and the model
 //! must recall in which quadrant the last collision of a given colour pair happened.
 //!

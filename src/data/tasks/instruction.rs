@@ -1,5 +1,5 @@
 //! Instruction following with distractors: a synthetic stand-in for the LIGHT task of
-//! the Expire-Span paper (section 5.3, A.3.2; ALGORITHMS.md, tasks), whose dataset is
+//! the Expire-Span paper (section 5.3, A.3.2; docs/design/algorithms.md, Tasks), whose dataset is
 //! not public in a usable form. It tests the same ability: keep one instruction in mind
 //! through hundreds of words of unrelated text, and act on it when its moment comes.
 //!

@@ -1,4 +1,4 @@
-//! Sorting by frequency (∞-former paper, section 4.1; ALGORITHMS.md, tasks): a long
+//! Sorting by frequency (∞-former paper, section 4.1; docs/design/algorithms.md, Tasks): a long
 //! sequence of symbols whose distribution drifts, then the symbols in decreasing order
 //! of how often they occurred. To answer, a model must keep counts over the whole
 //! sequence, which is longer than any short-term memory.

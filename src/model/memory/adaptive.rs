@@ -1,5 +1,5 @@
 //! Adaptive-Span (Sukhbaatar et al., 2019, "Adaptive Attention Span in Transformers";
-//! Expire-Span paper, section 3; ALGORITHMS.md, baselines): each head learns a span
+//! Expire-Span paper, section 3; docs/design/algorithms.md, Baselines): each head learns a span
 //! ratio `z` in [0, 1] and attends only to the last `z L` positions, through a soft
 //! mask over distance.
 //!

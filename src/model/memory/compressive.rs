@@ -1,6 +1,6 @@
 //! Compressive Transformer (Rae et al., 2020, "Compressive Transformers for Long-Range
 //! Sequence Modelling"; Expire-Span paper, section 5 baselines; ∞-former paper, 4.1;
-//! ALGORITHMS.md, baselines).
+//! docs/design/algorithms.md, Baselines).
 //!
 //! Each layer keeps two memories: the last `L` states uncompressed (as Transformer-XL),
 //! and a compressed memory of at most `C` slots. States that leave the uncompressed

@@ -5,7 +5,7 @@
 //! - Span predictor per layer, shared by the heads (Eq. 3, Eq. 8):
 //!   `e_i = L sigmoid((w·h_i + b) / pre_div)`, `w = 0` and `b = -pre_div ln(1/p - 1)` at
 //!   start, so every memory starts at span `p L` whatever the divisor (the bias is
-//!   divided too, so it is scaled up by it; see ALGORITHMS.md).
+//!   divided too, so it is scaled up by it; see docs/design/algorithms.md, Expire-Span).
 //! - Remaining span of memory `i` for query `t`: `r_ti = e_i - (t - i)`. Each memory
 //!   carries a counter, its distance to the first query of the block, so for query `q`
 //!   of the block `t - i = counter_i + q` (block-parallel, section 4.2).

@@ -1,5 +1,5 @@
 //! ∞-former (Martins et al., 2022, "∞-former: Infinite Memory Transformer", section 3;
-//! ALGORITHMS.md, ∞-former): a short-term memory (STM) as in Transformer-XL, plus a
+//! docs/design/algorithms.md, ∞-former): a short-term memory (STM) as in Transformer-XL, plus a
 //! continuous long-term memory (LTM) of fixed size that absorbs, without bound, the
 //! states that leave the STM. The signal mathematics is in [`signal`].
 //!

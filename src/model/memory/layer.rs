@@ -1,4 +1,4 @@
-//! The memory interface: how one layer remembers the past (DESIGN.md, "The memory
+//! The memory interface: how one layer remembers the past (docs/design/architecture.md, "The memory
 //! interface"). Every mechanism plugs into the shared backbone through [`MemoryLayer`]:
 //!
 //! 1. **State**: whatever the layer keeps between blocks (cached hidden states, counters,

@@ -1,5 +1,5 @@
 //! The mathematics of ∞-former's continuous long-term memory (Martins et al., 2022,
-//! "∞-former: Infinite Memory Transformer", section 3; ALGORITHMS.md, ∞-former).
+//! "∞-former: Infinite Memory Transformer", section 3; docs/design/algorithms.md, ∞-former).
 //!
 //! A sequence of `L` vectors `x_1..x_L` is stored as a continuous signal
 //! `x̄(t) = Bᵀ ψ(t)`, `t ∈ [0, 1]`, over a basis of `N` Gaussian radial basis functions
@@ -10,7 +10,7 @@
 //! - **Ridge regression** (Eq. 6-7): `B = argmin ||F_ᵀ B - X||² + λ ||B||²` with
 //!   `F = [ψ(t_1) .. ψ(t_L)]` `(N, L)` at `t_i = (i + 0.5) / L`, so `Bᵀ = Xᵀ G` with
 //!   `G = Fᵀ (F Fᵀ + λ I)⁻¹` `(L, N)`. `G` depends only on the positions: it is computed
-//!   once per shape, in float64 (`F Fᵀ + λI` is badly conditioned; ALGORITHMS.md measured
+//!   once per shape, in float64 (`F Fᵀ + λI` is badly conditioned; docs/design/algorithms.md, ∞-former, gives the measured
 //!   2.4% error in float32 at N = 512), then cast. The official code fits on a grid
 //!   padded to [-0.5, 1.5] with zeros outside [0, 1]; that is an option here
 //!   ([`ridge_matrix`] with `pad`), because it pulls the signal towards zero at the edges.
