@@ -43,9 +43,13 @@ fn compile_csrc(lib: &std::path::Path) {
         .file("csrc/expire.cpp")
         .file("csrc/skew.cpp")
         .file("csrc/trace.cpp")
-        .include(&include)
-        .include(include.join("torch/csrc/api/include"))
-        .include("csrc/third_party")
+        // libtorch's and Gloo's headers are system headers: their warnings are not ours.
+        .flag("-isystem")
+        .flag(include.to_string_lossy().as_ref())
+        .flag("-isystem")
+        .flag(include.join("torch/csrc/api/include").to_string_lossy().as_ref())
+        .flag("-isystem")
+        .flag("csrc/third_party")
         .flag("-std=c++17")
         // libtorch's `at::parallel_for` is a template in its headers that spreads the
         // work over OpenMP threads only where `_OPENMP` is defined: without this flag
@@ -57,8 +61,10 @@ fn compile_csrc(lib: &std::path::Path) {
         .flag("-ffp-contract=off")
         .define("USE_C10D_GLOO", None)
         .define("_GLIBCXX_USE_CXX11_ABI", "1")
-        .warnings(false)
-        .flag("-w")
+        // lethe's own C++ compiles clean: every warning is an error.
+        .warnings(true)
+        .extra_warnings(true)
+        .warnings_into_errors(true)
         .compile("lethe_csrc");
     println!("cargo:rustc-link-lib=dylib=torch_cpu");
     println!("cargo:rustc-link-lib=dylib=c10");

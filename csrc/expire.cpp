@@ -60,6 +60,14 @@
 //
 // Tensors cross as `at::Tensor*`, which is what tch's `Tensor::as_mut_ptr` holds.
 
+// GCC 12 warns that its own AVX-512 intrinsics (the `_mm512_undefined_*` inside
+// avx512fintrin.h) may be used uninitialised once they are inlined into this file's
+// kernels (GCC bug 105593): a false positive about the compiler's header, silenced here
+// before that header is read, for this file alone.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
