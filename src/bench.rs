@@ -25,13 +25,13 @@ use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
 use crate::checkpoint::write_atomic;
-use crate::config::{Arch, Config, Mechanism};
+use crate::config::{Config, Mechanism};
 use crate::data::Batch;
 use crate::dist::ProcessGroup;
 use crate::error::{LetheError, Result};
 use crate::metrics::{mean, peak_rss_bytes, reset_peak_rss};
-use crate::model::memory::expire;
-use crate::model::memory::window::{self, query_chunks, Chunk, QUERY_CHUNK};
+use crate::model::memory::describe;
+use crate::model::memory::window::Chunk;
 use crate::model::Lm;
 use crate::optim::Optimiser;
 use crate::rng::Rng;
@@ -731,10 +731,7 @@ fn held_by(run: &Stepper) -> (Vec<usize>, Vec<usize>) {
 /// without attention dropout) projects and scores each stream's own kept memories
 /// only, skipping the padding up to the longest stream: their mean per stream.
 fn counted(cfg: &Config, reports: &[crate::model::memory::MemoryReport], device: Device) -> Vec<usize> {
-    let ragged = cfg.memory.mechanism == Mechanism::Expire
-        && cfg.memory.expire.fused
-        && !device.is_cuda()
-        && cfg.model.dropout == 0.0;
+    let ragged = describe(cfg.memory.mechanism).ragged_keys(cfg, device);
     reports
         .iter()
         .map(|r| match r.extra("kept").filter(|_| ragged) {
@@ -754,12 +751,7 @@ fn column_means(rows: &[Vec<f64>]) -> Vec<f64> {
 /// slots cover for the Compressive Transformer, and a little past the short-term memory
 /// for the ∞-former.
 fn memory_reach(cfg: &Config) -> usize {
-    match cfg.memory.mechanism {
-        Mechanism::Compressive => cfg.memory.span + cfg.memory.compressive.rate * cfg.memory.compressive.slots,
-        // The LTM is unbounded; two blocks past the STM have been absorbed into it.
-        Mechanism::Infinity => cfg.memory.span + 2 * cfg.train.block,
-        _ => cfg.memory.span,
-    }
+    describe(cfg.memory.mechanism).reach(cfg)
 }
 
 fn random_batch(rng: &mut Rng, batch: usize, block: usize, vocab: usize, reset: bool) -> Batch {
@@ -779,21 +771,11 @@ fn random_batch(rng: &mut Rng, batch: usize, block: usize, vocab: usize, reset: 
 /// on `device` (see [`step_flops`]): one chunk of every key on a GPU; on the CPU the
 /// window mechanisms' chunks and Expire-Span's causal ones.
 fn scored_chunks(cfg: &Config, held: i64, device: Device) -> Vec<Chunk> {
-    let m = cfg.train.block as i64;
-    let whole = Chunk { q0: 0, queries: m, k0: 0, keys: held + m };
-    let span = cfg.memory.span as i64;
     if device.is_cuda() {
-        return vec![whole];
+        let m = cfg.train.block as i64;
+        return vec![Chunk { q0: 0, queries: m, k0: 0, keys: held + m }];
     }
-    let reach = match cfg.memory.mechanism {
-        // Without relative positions (GPT-2) a query sees its whole block.
-        Mechanism::Fixed | Mechanism::Infinity if cfg.model.arch == Arch::Gpt2 => window::reach(span, m),
-        Mechanism::Fixed | Mechanism::Infinity => span,
-        Mechanism::Adaptive => held.min(span),
-        Mechanism::Expire if cfg.memory.expire.fused => return expire::causal_chunks(held, m, QUERY_CHUNK),
-        Mechanism::Expire | Mechanism::Compressive => return vec![whole],
-    };
-    query_chunks(held, m, reach, QUERY_CHUNK)
+    describe(cfg.memory.mechanism).scored_chunks(cfg, held)
 }
 
 /// Floating-point operations of one training step of `cfg` when layer `i` holds
@@ -822,6 +804,7 @@ pub fn step_flops(cfg: &Config, held: &[usize], device: Device) -> f64 {
     let (d, f, v) = (cfg.model.d_model as f64, cfg.model.d_ffn as f64, cfg.model.vocab as f64);
     let m = cfg.train.block as f64;
     let p = crate::model::memory::position_rows(&cfg.memory, cfg.train.block) as f64;
+    let mechanism = describe(cfg.memory.mechanism);
     let per_layer = |held: usize| {
         let n = held as f64 + m;
         let mut flops = 4.0 * m * d * d + 4.0 * m * d * f + 4.0 * n * d * d;
@@ -829,14 +812,10 @@ pub fn step_flops(cfg: &Config, held: &[usize], device: Device) -> f64 {
             let (queries, keys) = (c.queries as f64, c.keys as f64);
             // No pair is further apart than keys - 1, and only those rows are used (but
             // Expire-Span scores every row, at most a block's, and gathers from them).
-            let rows = if cfg.memory.mechanism == Mechanism::Expire { p } else { p.min(keys) };
+            let rows = if mechanism.scores_every_position_row() { p } else { p.min(keys) };
             flops += 4.0 * queries * keys * d + 2.0 * queries * rows * d;
         }
-        if cfg.memory.mechanism == Mechanism::Infinity {
-            let basis = cfg.memory.infinity.basis as f64;
-            flops += 6.0 * basis * d * d + 4.0 * m * basis * d;
-        }
-        flops
+        flops + mechanism.memory_flops(cfg, m, d)
     };
     let layers: f64 = (0..cfg.model.layers).map(|i| per_layer(held.get(i).copied().unwrap_or(0))).sum();
     let forward = cfg.train.batch as f64 * (layers + 2.0 * m * d * v);

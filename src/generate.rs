@@ -14,7 +14,7 @@
 
 use tch::{Kind, Tensor};
 
-use crate::config::{Arch, Mechanism};
+use crate::config::Arch;
 use crate::data::Token;
 use crate::error::{LetheError, Result};
 use crate::model::{Lm, Memory};
@@ -63,7 +63,7 @@ pub enum Feeding {
 impl Feeding {
     /// How `lm` was trained to see its input.
     pub fn of(lm: &Lm) -> Feeding {
-        let blocks = matches!(lm.config.memory.mechanism, Mechanism::Infinity | Mechanism::Compressive);
+        let blocks = crate::model::memory::describe(lm.config.memory.mechanism).reads_whole_blocks();
         if lm.config.model.arch == Arch::Gpt2 || blocks {
             Feeding::BlockByBlock
         } else {

@@ -24,6 +24,7 @@ use crate::checkpoint::write_atomic;
 use crate::config::{Config, Mechanism};
 use crate::error::{LetheError, Result};
 use crate::metrics::html_escape;
+use crate::model::memory::describe;
 use crate::plot::SweepSeries;
 use crate::task::Metric;
 use crate::train::{train, TrainOptions};
@@ -118,22 +119,7 @@ pub fn configure(base: &Config, mechanism: Mechanism, size: usize, seed: u64) ->
     c.memory.mechanism = mechanism;
     c.seed = seed;
     c.name = format!("{}-{size}-s{seed}", mechanism.name());
-    // Two-memory mechanisms: half the size (at least a block) is the recent window,
-    // the rest the second memory.
-    let window = (size / 2).max(c.train.block);
-    let rest = size.saturating_sub(window);
-    match mechanism {
-        Mechanism::Compressive => {
-            c.memory.span = window;
-            c.memory.compressive.slots = rest;
-        }
-        Mechanism::Infinity => {
-            c.memory.span = window;
-            let widths = c.memory.infinity.widths.len().max(1);
-            c.memory.infinity.basis = rest / widths * widths;
-        }
-        _ => c.memory.span = size,
-    }
+    describe(mechanism).set_size(&mut c, size);
     c.validate().map_err(|e| LetheError::Invalid(format!("sweep run `{}`: {e}", c.name)))?;
     Ok(c)
 }
@@ -252,11 +238,7 @@ fn run_one(cfg: &Config, runs: &Path) -> Result<SweepPoint> {
     let m = if cfg.data.source.is_rl() { train_agent(cfg, &opts)? } else { train_lm(cfg, &opts)? };
     let point = SweepPoint {
         mechanism: cfg.memory.mechanism.name().to_string(),
-        size: match cfg.memory.mechanism {
-            Mechanism::Compressive => cfg.memory.span + cfg.memory.compressive.slots,
-            Mechanism::Infinity => cfg.memory.span + cfg.memory.infinity.basis,
-            _ => cfg.memory.span,
-        },
+        size: describe(cfg.memory.mechanism).size(cfg),
         seed: cfg.seed,
         run: cfg.name.clone(),
         metric: crate::task::metric(cfg).name().to_string(),
@@ -483,14 +465,7 @@ pub fn write_report(base: &Config, points: &[SweepPoint], dir: &Path) -> Result<
 
 /// The colour of a mechanism's points and line (grey for a name lethe does not know).
 fn rgb_of(mechanism: &str) -> (u8, u8, u8) {
-    match Mechanism::parse(mechanism) {
-        Ok(Mechanism::Fixed) => (31, 119, 180),
-        Ok(Mechanism::Expire) => (214, 39, 40),
-        Ok(Mechanism::Adaptive) => (44, 160, 44),
-        Ok(Mechanism::Compressive) => (148, 103, 189),
-        Ok(Mechanism::Infinity) => (255, 127, 14),
-        Err(_) => (85, 85, 85),
-    }
+    Mechanism::parse(mechanism).map_or((85, 85, 85), |m| describe(m).colour())
 }
 
 /// [`rgb_of`] as an HTML colour.

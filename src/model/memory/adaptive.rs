@@ -15,12 +15,32 @@
 
 use tch::{nn, Kind, Tensor};
 
+use super::descriptor::Descriptor;
 use super::layer::{AttendInput, AttendOutput, MemoryLayer, MemoryReport};
-use super::window::{cat_chunks, chunk_keys, chunk_queries, WindowCache};
-use crate::config::AdaptiveConfig;
+use super::window::{cat_chunks, chunk_keys, chunk_queries, query_chunks, Chunk, WindowCache, QUERY_CHUNK};
+use crate::config::{AdaptiveConfig, Config, MemoryConfig};
 use crate::error::{LetheError, Result};
 use crate::model::attention::{attend, log_mask, part, window_bias};
 use crate::model::chunks::narrows;
+
+/// Adaptive-Span's [`Descriptor`]: a window of `L`, whose chunks are counted over the
+/// whole cache (the heads' spans are not known in advance; an upper bound).
+pub struct Adaptive;
+
+impl Descriptor for Adaptive {
+    fn build(&self, cfg: &MemoryConfig, p: nn::Path, _: i64, heads: i64, _: usize) -> Result<Box<dyn MemoryLayer>> {
+        Ok(Box::new(AdaptiveSpan::new(p, heads, cfg.span, &cfg.adaptive)))
+    }
+
+    fn colour(&self) -> (u8, u8, u8) {
+        (44, 160, 44)
+    }
+
+    fn scored_chunks(&self, cfg: &Config, held: i64) -> Vec<Chunk> {
+        let m = cfg.train.block as i64;
+        query_chunks(held, m, held.min(cfg.memory.span as i64), QUERY_CHUNK)
+    }
+}
 
 /// Granularity of the cache trim, as in the official code.
 const TRIM_MULTIPLE: i64 = 64;

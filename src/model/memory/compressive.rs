@@ -28,11 +28,53 @@
 
 use tch::{nn, Tensor};
 
+use super::descriptor::{split, whole_block, Descriptor};
 use super::layer::{AttendInput, AttendOutput, MemoryLayer, MemoryReport};
-use super::window::{concat_time, keep_last, reach, window_mem_size, WindowCache, WindowKeys};
-use crate::config::{CompressiveConfig, Compressor};
+use super::window::{concat_time, keep_last, reach, window_mem_size, Chunk, WindowCache, WindowKeys};
+use crate::config::{CompressiveConfig, Compressor, Config, MemoryConfig};
 use crate::error::{LetheError, Result};
 use crate::model::attention::{mix, scores_over_window};
+
+/// The Compressive Transformer's [`Descriptor`]: a window and compressed slots, half
+/// the size each in a sweep; full once the slots have covered `rate x slots` tokens.
+pub struct Compressive;
+
+impl Descriptor for Compressive {
+    fn build(
+        &self,
+        cfg: &MemoryConfig,
+        p: nn::Path,
+        d_model: i64,
+        heads: i64,
+        _: usize,
+    ) -> Result<Box<dyn MemoryLayer>> {
+        Ok(Box::new(CompressiveMemory::new(p, d_model, heads, cfg.span, &cfg.compressive)))
+    }
+
+    fn colour(&self) -> (u8, u8, u8) {
+        (148, 103, 189)
+    }
+
+    fn set_size(&self, cfg: &mut Config, size: usize) {
+        (cfg.memory.span, cfg.memory.compressive.slots) = split(cfg, size);
+    }
+
+    fn size(&self, cfg: &Config) -> usize {
+        cfg.memory.span + cfg.memory.compressive.slots
+    }
+
+    fn reach(&self, cfg: &Config) -> usize {
+        cfg.memory.span + cfg.memory.compressive.rate * cfg.memory.compressive.slots
+    }
+
+    fn scored_chunks(&self, cfg: &Config, held: i64) -> Vec<Chunk> {
+        whole_block(cfg, held)
+    }
+
+    fn reads_whole_blocks(&self) -> bool {
+        true
+    }
+}
 
 /// Mean of every `rate` consecutive states: `(b, g·rate, d)` -> `(b, g, d)`.
 pub fn mean_pool(states: &Tensor, rate: i64) -> Tensor {

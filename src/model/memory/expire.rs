@@ -37,14 +37,57 @@
 
 use tch::{nn, Kind, Tensor};
 
+use super::descriptor::{whole_block, Descriptor};
 use super::layer::{same_episode, with_cached_episodes, AttendInput, AttendOutput, MemoryLayer, MemoryReport};
-use crate::config::{Deletion, ExpireConfig};
+use crate::config::{Config, Deletion, ExpireConfig, MemoryConfig};
 use crate::error::{LetheError, Result};
 use crate::model::attention::{self, Window};
 use crate::model::memory::compact;
 use crate::model::memory::expire_fused;
 use crate::model::memory::window::{cat_chunks, chunk_keys, chunk_queries, Chunk, QUERY_CHUNK};
 use crate::profile;
+
+/// Expire-Span's [`Descriptor`]: position embeddings for a block's distances only (paper
+/// A.1), scored whole by every chunk; causal chunks on the fused path; on the CPU's
+/// ragged path (no attention dropout) a step runs over each stream's kept memories.
+pub struct Expire;
+
+impl Descriptor for Expire {
+    fn build(
+        &self,
+        cfg: &MemoryConfig,
+        p: nn::Path,
+        d_model: i64,
+        _: i64,
+        block: usize,
+    ) -> Result<Box<dyn MemoryLayer>> {
+        Ok(Box::new(ExpireSpan::new(p, d_model, cfg.span, self.position_rows(cfg, block), &cfg.expire)))
+    }
+
+    fn colour(&self) -> (u8, u8, u8) {
+        (214, 39, 40)
+    }
+
+    fn position_rows(&self, cfg: &MemoryConfig, block: usize) -> i64 {
+        cfg.span.min(block) as i64 + 1
+    }
+
+    fn scored_chunks(&self, cfg: &Config, held: i64) -> Vec<Chunk> {
+        if cfg.memory.expire.fused {
+            causal_chunks(held, cfg.train.block as i64, QUERY_CHUNK)
+        } else {
+            whole_block(cfg, held)
+        }
+    }
+
+    fn scores_every_position_row(&self) -> bool {
+        true
+    }
+
+    fn ragged_keys(&self, cfg: &Config, device: tch::Device) -> bool {
+        cfg.memory.expire.fused && !device.is_cuda() && cfg.model.dropout == 0.0
+    }
+}
 
 /// Soft mask of Eq. 5: `clamp(1 + r / R, 0, 1)`.
 pub fn soft_mask(remaining: &Tensor, ramp: f64) -> Tensor {

@@ -10,11 +10,38 @@
 //! When the rows are episodes that follow each other ([`AttendInput::episodes`]), the
 //! cache keeps the episode of every state, and a query sees only its own episode's.
 
-use tch::Tensor;
+use tch::{nn, Tensor};
 
+use super::descriptor::Descriptor;
 use super::layer::{AttendInput, AttendOutput, MemoryLayer, MemoryReport};
-use super::window::WindowCache;
+use super::window::{query_chunks, reach, Chunk, WindowCache, QUERY_CHUNK};
+use crate::config::{Arch, Config, MemoryConfig};
 use crate::error::Result;
+
+/// Transformer-XL's [`Descriptor`]: the defaults, a window of `L` states.
+pub struct Fixed;
+
+impl Descriptor for Fixed {
+    fn build(&self, cfg: &MemoryConfig, _: nn::Path, _: i64, _: i64, _: usize) -> Result<Box<dyn MemoryLayer>> {
+        Ok(Box::new(FixedSpan::new(cfg.span)))
+    }
+
+    fn colour(&self) -> (u8, u8, u8) {
+        (31, 119, 180)
+    }
+
+    fn scored_chunks(&self, cfg: &Config, held: i64) -> Vec<Chunk> {
+        window_chunks(cfg, held)
+    }
+}
+
+/// The chunks of a window of `L` states; without relative positions (GPT-2) a query
+/// sees its whole block whatever the span.
+pub(crate) fn window_chunks(cfg: &Config, held: i64) -> Vec<Chunk> {
+    let (m, span) = (cfg.train.block as i64, cfg.memory.span as i64);
+    let reach = if cfg.model.arch == Arch::Gpt2 { reach(span, m) } else { span };
+    query_chunks(held, m, reach, QUERY_CHUNK)
+}
 
 /// A fixed-span cache of the last `span` states.
 pub struct FixedSpan {

@@ -40,11 +40,59 @@ use std::sync::{Arc, Mutex};
 use tch::{nn, Kind, Tensor};
 
 use self::signal::{bin_mass, evaluate, positions, quantile_positions, ridge_matrix, update_positions, Basis};
+use super::descriptor::{split, Descriptor};
+use super::fixed::window_chunks;
 use super::layer::{AttendInput, AttendOutput, LtmTrace, MemoryLayer, MemoryReport};
-use super::window::{concat_time, WindowCache};
-use crate::config::InfinityConfig;
+use super::window::{concat_time, Chunk, WindowCache};
+use crate::config::{Config, InfinityConfig, MemoryConfig};
 use crate::error::{LetheError, Result};
 use crate::model::attention::merge_heads;
+
+/// The ∞-former's [`Descriptor`]: a short-term window and `N` basis functions, half
+/// the size each in a sweep (the basis in whole sets of widths); its long-term memory's
+/// keys, values and output, `3 x 2 N d²`, and scores and context, `2 x 2 m N d`, are
+/// counted beside the window's attention.
+pub struct Infinity;
+
+impl Descriptor for Infinity {
+    fn build(&self, cfg: &MemoryConfig, p: nn::Path, d_model: i64, _: i64, _: usize) -> Result<Box<dyn MemoryLayer>> {
+        Ok(Box::new(InfinityMemory::new(p, d_model, cfg.span, &cfg.infinity)?))
+    }
+
+    fn colour(&self) -> (u8, u8, u8) {
+        (255, 127, 14)
+    }
+
+    fn set_size(&self, cfg: &mut Config, size: usize) {
+        let (window, rest) = split(cfg, size);
+        let widths = cfg.memory.infinity.widths.len().max(1);
+        cfg.memory.span = window;
+        cfg.memory.infinity.basis = rest / widths * widths;
+    }
+
+    fn size(&self, cfg: &Config) -> usize {
+        cfg.memory.span + cfg.memory.infinity.basis
+    }
+
+    /// The long-term memory is unbounded; two blocks past the short-term memory have
+    /// been absorbed into it.
+    fn reach(&self, cfg: &Config) -> usize {
+        cfg.memory.span + 2 * cfg.train.block
+    }
+
+    fn scored_chunks(&self, cfg: &Config, held: i64) -> Vec<Chunk> {
+        window_chunks(cfg, held)
+    }
+
+    fn memory_flops(&self, cfg: &Config, m: f64, d: f64) -> f64 {
+        let basis = cfg.memory.infinity.basis as f64;
+        6.0 * basis * d * d + 4.0 * m * basis * d
+    }
+
+    fn reads_whole_blocks(&self) -> bool {
+        true
+    }
+}
 
 /// The learned parts of one layer's LTM.
 struct Params {

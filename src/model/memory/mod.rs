@@ -1,6 +1,6 @@
 //! How a layer remembers: the interface every mechanism implements ([`layer`]), the
-//! mechanisms, one file each, and [`build`], the one place that maps a config's
-//! `memory.mechanism` to its implementation.
+//! mechanisms, one file each with its [`Descriptor`], and [`describe`], the one place
+//! that maps a config's `memory.mechanism` to its unit.
 //!
 //! - [`fixed`]: Transformer-XL, the last `L` states;
 //! - [`adaptive`]: Adaptive-Span, a learned span per head;
@@ -14,6 +14,7 @@
 pub mod adaptive;
 pub mod compact;
 pub mod compressive;
+pub mod descriptor;
 pub mod expire;
 pub mod expire_fused;
 pub mod fixed;
@@ -21,28 +22,19 @@ pub mod infinity;
 pub mod layer;
 pub mod window;
 
+pub use descriptor::{describe, Descriptor};
 pub use layer::{same_episode, AttendInput, AttendOutput, LtmTrace, MemoryLayer, MemoryReport};
 
 use tch::nn;
 
-use crate::config::{Mechanism, MemoryConfig};
+use crate::config::MemoryConfig;
 use crate::error::Result;
 
 /// Builds layer memory for `cfg`, creating its parameters (if any) under `p` (the
 /// layer's attention path, e.g. `layers.3.attn`). `d_model` is the hidden size and
 /// `block` the training block length. Fails only for a config that does not validate.
 pub fn build(cfg: &MemoryConfig, p: nn::Path, d_model: i64, heads: i64, block: usize) -> Result<Box<dyn MemoryLayer>> {
-    Ok(match cfg.mechanism {
-        Mechanism::Fixed => Box::new(fixed::FixedSpan::new(cfg.span)),
-        Mechanism::Adaptive => Box::new(adaptive::AdaptiveSpan::new(p, heads, cfg.span, &cfg.adaptive)),
-        Mechanism::Expire => {
-            Box::new(expire::ExpireSpan::new(p, d_model, cfg.span, position_rows(cfg, block), &cfg.expire))
-        }
-        Mechanism::Compressive => {
-            Box::new(compressive::CompressiveMemory::new(p, d_model, heads, cfg.span, &cfg.compressive))
-        }
-        Mechanism::Infinity => Box::new(infinity::InfinityMemory::new(p, d_model, cfg.span, &cfg.infinity)?),
-    })
+    describe(cfg.mechanism).build(cfg, p, d_model, heads, block)
 }
 
 /// The names of the sub-paths under a layer's attention where the mechanisms keep their
@@ -60,8 +52,5 @@ pub fn is_mechanism_parameter(name: &str) -> bool {
 /// uncompressed memory and the ∞-former's short-term memory, `min(L, M) + 1` for
 /// Expire-Span (paper A.1).
 pub fn position_rows(cfg: &MemoryConfig, block: usize) -> i64 {
-    match cfg.mechanism {
-        Mechanism::Fixed | Mechanism::Adaptive | Mechanism::Compressive | Mechanism::Infinity => cfg.span as i64 + 1,
-        Mechanism::Expire => cfg.span.min(block) as i64 + 1,
-    }
+    describe(cfg.mechanism).position_rows(cfg, block)
 }

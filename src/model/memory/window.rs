@@ -57,7 +57,7 @@ pub(crate) const QUERY_CHUNK: i64 = 64;
 
 /// A run of a block's queries and the range of `[cache, block]` they may see.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Chunk {
+pub struct Chunk {
     /// The chunk's first query (0 = the block's first), and how many queries.
     pub q0: i64,
     pub queries: i64,
