@@ -656,8 +656,8 @@ pub fn time_attention(cfg: &Config, steps: usize, warmup: usize) -> Result<Timin
             episodes: None,
             norm: None,
         };
-        let out = memory.attend(&input)?;
-        memory.update(&x.detach(), None)?;
+        let mut out = memory.attend(&input)?;
+        memory.update(&x.detach(), None, std::mem::take(&mut out.carry))?;
         if i >= fill {
             let mut loss = out.context.sum(Kind::Float);
             if let Some(added) = &out.added {

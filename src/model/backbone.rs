@@ -237,7 +237,7 @@ impl Backbone {
             })?;
             drop(attend);
             let update = profile::phase("memory update");
-            memory.update(&if raw { h.detach() } else { x.detach() }, episodes)?;
+            memory.update(&if raw { h.detach() } else { x.detach() }, episodes, out.carry)?;
             drop(update);
             if let Some(a) = out.aux_loss {
                 aux += a;

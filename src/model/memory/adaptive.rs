@@ -16,8 +16,8 @@
 use tch::{nn, Kind, Tensor};
 
 use super::descriptor::Descriptor;
-use super::layer::{AttendInput, AttendOutput, MemoryLayer, MemoryReport};
-use super::window::{cat_chunks, chunk_keys, chunk_queries, query_chunks, Chunk, WindowCache, QUERY_CHUNK};
+use super::layer::{AttendInput, AttendOutput, Carry, MemoryLayer, MemoryReport};
+use super::window::{cat_chunks, chunk_keys, chunk_queries, query_chunks, Chunk, Joined, WindowCache, QUERY_CHUNK};
 use crate::config::{AdaptiveConfig, Config, MemoryConfig};
 use crate::error::{LetheError, Result};
 use crate::model::attention::{attend, log_mask, part, window_bias};
@@ -135,13 +135,13 @@ impl MemoryLayer for AdaptiveSpan {
         self.last_mem_rows = super::layer::mem_rows(&earlier); // from (b or 1, h, m, n)
         let aux = (input.train && self.cfg.loss_coef > 0.0)
             .then(|| z.mean(z.kind()) * (self.cfg.loss_coef * self.max_span as f64));
-        Ok(AttendOutput { context, aux_loss: aux, added: None })
+        Ok(AttendOutput { context, aux_loss: aux, added: None, carry: Carry::new(w.joined) })
     }
 
-    fn update(&mut self, x: &Tensor, episodes: Option<&Tensor>) -> Result<()> {
+    fn update(&mut self, x: &Tensor, episodes: Option<&Tensor>, carry: Carry) -> Result<()> {
         let max_ratio = self.ratios().into_iter().fold(0.0, f64::max);
         let keep = cache_size(max_ratio, self.max_span, self.cfg.ramp as i64);
-        self.window.append(x, episodes, keep);
+        self.window.append(x, episodes, keep, carry.take::<Joined>());
         Ok(())
     }
 
@@ -268,7 +268,7 @@ mod tests {
                     "block {block}, input {i}: gradients differ by {gap}"
                 );
             }
-            layer.update(&x.detach(), None).unwrap();
+            layer.update(&x.detach(), None, Carry::none()).unwrap();
         }
     }
 

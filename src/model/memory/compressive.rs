@@ -29,8 +29,8 @@
 use tch::{nn, Tensor};
 
 use super::descriptor::{split, whole_block, Descriptor};
-use super::layer::{AttendInput, AttendOutput, MemoryLayer, MemoryReport};
-use super::window::{concat_time, keep_last, reach, window_mem_size, Chunk, WindowCache, WindowKeys};
+use super::layer::{AttendInput, AttendOutput, Carry, MemoryLayer, MemoryReport};
+use super::window::{concat_time, keep_last, reach, window_mem_size, Chunk, Joined, WindowCache};
 use crate::config::{CompressiveConfig, Compressor, Config, MemoryConfig};
 use crate::error::{LetheError, Result};
 use crate::model::attention::{mix, scores_over_window};
@@ -160,8 +160,8 @@ impl CompressiveMemory {
 
     /// Scores, values and visibility of the compressed slots for queries `q`, prepended
     /// to those of the window.
-    fn with_slots(&self, input: &AttendInput, w: WindowKeys, scores: Tensor) -> (Tensor, Tensor) {
-        let Some(c) = &self.compressed else { return (scores, w.v) };
+    fn with_slots(&self, input: &AttendInput, v: Tensor, scores: Tensor) -> (Tensor, Tensor) {
+        let Some(c) = &self.compressed else { return (scores, v) };
         let n = c.size()[1];
         let (kc, vc) = input.attn.keys_values(c); // (b, h, n, dh)
         let pe = self.slot_pe.narrow(0, 0, n).flip([0]).to_kind(kc.kind()); // (n, dh), oldest slot first
@@ -169,7 +169,7 @@ impl CompressiveMemory {
         let slot_scores = (input.q.matmul(&kc.transpose(-2, -1)) + input.q.matmul(&pe.tr())) / dh.sqrt(); // (b, h, m, n)
 
         // Every slot is visible; the window's scores come masked.
-        (Tensor::cat(&[slot_scores, scores], -1), Tensor::cat(&[vc, w.v], 2))
+        (Tensor::cat(&[slot_scores, scores], -1), Tensor::cat(&[vc, v], 2))
     }
 
     /// The weighted attention-reconstruction loss for the states this block will
@@ -202,16 +202,16 @@ impl MemoryLayer for CompressiveMemory {
         let w = self.window.keys(input, self.span)?;
         let cached = w.cached;
         let scores = scores_over_window(input.q, &w.k, input.key_pe, w.cached, &w.visible)?; // (b, h, m, n)
-        let (scores, v) = self.with_slots(input, w, scores);
+        let (scores, v) = self.with_slots(input, w.v, scores);
         let context = mix(&scores, &v, input.attn.dropout, input.train);
         self.last_mem_size = self.slots_held() as f64 + window_mem_size(cached, m, reach(self.span, m));
         let aux_loss = self.reconstruction_loss(input);
         self.last_recon = aux_loss.as_ref().map(|l| l.detach());
-        Ok(AttendOutput { context, aux_loss, added: None })
+        Ok(AttendOutput { context, aux_loss, added: None, carry: Carry::new(w.joined) })
     }
 
-    fn update(&mut self, x: &Tensor, _episodes: Option<&Tensor>) -> Result<()> {
-        let leaving = self.window.append(x, None, self.span);
+    fn update(&mut self, x: &Tensor, _episodes: Option<&Tensor>, carry: Carry) -> Result<()> {
+        let leaving = self.window.append(x, None, self.span, carry.take::<Joined>());
         let (groups, rest) = self.groups(leaving);
         self.pending = rest;
         let Some(groups) = groups else { return Ok(()) };
@@ -315,12 +315,12 @@ mod tests {
         // span 6, blocks of 3, rate 2: three states leave per block, so one waits.
         let mut mem = memory(6, 2, 4);
         for t in 0..5 {
-            mem.update(&block(3 * t, 3), None).unwrap();
+            mem.update(&block(3 * t, 3), None, Carry::none()).unwrap();
         }
         // Positions 0..8 left the window: pairs (0,1) (2,3) (4,5) (6,7) pooled, 8 waits.
         assert_eq!(first_feature(mem.compressed.as_ref().unwrap()), vec![0.5, 2.5, 4.5, 6.5]);
         assert_eq!(first_feature(mem.pending.as_ref().unwrap()), vec![8.0]);
-        mem.update(&block(15, 3), None).unwrap();
+        mem.update(&block(15, 3), None, Carry::none()).unwrap();
         // 9..11 left: (8,9) and (10,11) pooled; only the newest 4 slots are kept.
         assert_eq!(first_feature(mem.compressed.as_ref().unwrap()), vec![4.5, 6.5, 8.5, 10.5]);
         assert!(mem.pending.is_none());
@@ -335,7 +335,7 @@ mod tests {
         for t in 0..4 {
             let x = block(3 * t, 3);
             let predicted = mem.window.leaving(&x, 5).map(|t| first_feature(&t));
-            let evicted = mem.window.append(&x, None, 5).map(|t| first_feature(&t));
+            let evicted = mem.window.append(&x, None, 5, None).map(|t| first_feature(&t));
             assert_eq!(predicted, evicted, "block {t}");
         }
     }

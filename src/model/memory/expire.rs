@@ -38,7 +38,7 @@
 use tch::{nn, Kind, Tensor};
 
 use super::descriptor::{whole_block, Descriptor};
-use super::layer::{same_episode, with_cached_episodes, AttendInput, AttendOutput, MemoryLayer, MemoryReport};
+use super::layer::{same_episode, with_cached_episodes, AttendInput, AttendOutput, Carry, MemoryLayer, MemoryReport};
 use crate::config::{Config, Deletion, ExpireConfig, MemoryConfig};
 use crate::error::{LetheError, Result};
 use crate::model::attention::{self, Window};
@@ -178,11 +178,6 @@ pub struct ExpireSpan {
     w: Tensor,
     b: Tensor,
     state: Option<Cache>,
-    /// Un-noised spans of `[cache, block]` from the last `attend`, for `update`.
-    pending_spans: Option<Tensor>,
-    /// The last `attend`'s block and what it built from it, so that `update` of the same
-    /// block reuses the concatenations instead of building them again.
-    pending_states: Option<Built>,
     /// The counters `-j` and validity of a block's own memories `(b, m)`, the same for
     /// every block of a shape: built once for the last shape seen.
     block_meta: Option<(Tensor, Tensor)>,
@@ -191,10 +186,18 @@ pub struct ExpireSpan {
     stats: Option<Stats>,
 }
 
-/// `[cache, block]` as a block's `attend` built it: the block, the states (detached),
-/// counters and validity, each `(b, n, ..)`.
+/// What a block's `attend` hands to its `update` (as a [`Carry`]): the spans it gave
+/// `[cache, block]`, un-noised, and, unless the cache holds raw states (then `update` gets
+/// the raw block and builds its own), `[cache, block]` as built, so that `update` does
+/// not build the concatenations again.
+struct Handed {
+    spans: Tensor,
+    built: Option<Built>,
+}
+
+/// `[cache, block]` as a block's `attend` built it: the states (detached), counters and
+/// validity, each `(b, n, ..)`.
 struct Built {
-    block: Tensor,
     states: Tensor,
     counter: Tensor,
     valid: Tensor,
@@ -268,8 +271,6 @@ impl ExpireSpan {
             w,
             b,
             state: None,
-            pending_spans: None,
-            pending_states: None,
             block_meta: None,
             block_spans: None,
             stats: None,
@@ -636,10 +637,9 @@ impl MemoryLayer for ExpireSpan {
         }
         let (states, counter, valid) = self.states_for_attention(input.x, input.norm); // (b, n, d), (b, n), (b, n)
 
-        // Kept for `update` of the same block, unless the cache holds raw states: `update`
+        // Handed to `update` of the same block, unless the cache holds raw states: `update`
         // then gets the raw block and builds its own concatenation.
-        self.pending_states = input.norm.is_none().then(|| Built {
-            block: input.x.shallow_clone(),
+        let built = input.norm.is_none().then(|| Built {
             states: states.detach(),
             counter: counter.shallow_clone(),
             valid: valid.shallow_clone(),
@@ -662,7 +662,6 @@ impl MemoryLayer for ExpireSpan {
         let given = self.capped(&detached, input.train);
         let n = spans.size()[1];
         self.block_spans = Some(given.narrow(1, n - m, m));
-        self.pending_spans = Some(given);
         let e = self.effective_spans(&spans, input.train);
         // Memories of the query's episode that hold a state: (b, 1, n), or (b, m, n) with episodes.
         let usable = match (input.episodes, self.episodes_of(input.episodes)) {
@@ -684,21 +683,18 @@ impl MemoryLayer for ExpireSpan {
             self.attend_written_out(&operands, input)
         };
         self.stats = Some(Stats { spans: detached, valid, seen, counter });
-        Ok(AttendOutput { context, aux_loss: aux, added: None })
+        Ok(AttendOutput { context, aux_loss: aux, added: None, carry: Carry::new(Handed { spans: given, built }) })
     }
 
-    fn update(&mut self, x: &Tensor, episodes: Option<&Tensor>) -> Result<()> {
+    fn update(&mut self, x: &Tensor, episodes: Option<&Tensor>, carry: Carry) -> Result<()> {
         let m = x.size()[1];
-        // The same block as the last `attend` (an equal pointer to storage the clone
-        // keeps alive is the same tensor): reuse its concatenation.
-        let built =
-            self.pending_states.take().filter(|b| b.block.data_ptr() == x.data_ptr() && b.block.size() == x.size());
+        let (built, given) = carry.take::<Handed>().map_or((None, None), |h| (h.built, Some(h.spans)));
         let (states, counter, valid) = match built {
             Some(b) => (b.states, b.counter, b.valid),
             None => self.keys_with_meta(x),
         };
         let counter_next = counter + m as f64;
-        let spans = match self.pending_spans.take() {
+        let spans = match given {
             Some(s) if s.size() == counter_next.size() => s,
             _ => self.spans(&states).detach(),
         };
@@ -748,8 +744,6 @@ impl MemoryLayer for ExpireSpan {
 
     fn reset(&mut self) {
         self.state = None;
-        self.pending_spans = None;
-        self.pending_states = None;
     }
 
     fn report(&self) -> MemoryReport {
@@ -834,8 +828,6 @@ impl MemoryLayer for ExpireSpan {
             w: self.w.shallow_clone(),
             b: self.b.shallow_clone(),
             state: None,
-            pending_spans: None,
-            pending_states: None,
             block_meta: None,
             block_spans: None,
             stats: None,
@@ -855,8 +847,8 @@ mod tests {
         t.to_kind(Kind::Double).flatten(0, -1).try_into().unwrap()
     }
 
-    /// `update` after `attend` of the same block reuses attend's `[cache, block]`; the
-    /// memory must be what `update` alone builds, and another block must not reuse it.
+    /// `update` handed what `attend` of the same block built reuses it; the memory must
+    /// be what `update` alone builds, and a block updated without it builds its own.
     #[test]
     fn update_after_attend_keeps_what_update_alone_keeps() {
         use crate::model::attention::Attention;
@@ -872,7 +864,7 @@ mod tests {
         for _ in 0..6 {
             let x = rng.normal_tensor(&[2, 4, 8], Kind::Float);
             let q = attn.queries(&x);
-            attended
+            let out = attended
                 .attend(&AttendInput {
                     x: &x,
                     q: &q,
@@ -883,8 +875,8 @@ mod tests {
                     norm: None,
                 })
                 .unwrap();
-            attended.update(&x.detach(), None).unwrap();
-            plain.update(&x, None).unwrap();
+            attended.update(&x.detach(), None, out.carry).unwrap();
+            plain.update(&x, None, Carry::none()).unwrap();
             let (a, b) = (states(&attended), states(plain.as_ref()));
             assert!(!a.is_empty() && a.len() == b.len() && a.iter().zip(&b).all(|(a, b)| a.equal(b)));
         }
@@ -901,8 +893,8 @@ mod tests {
                 norm: None,
             })
             .unwrap();
-        attended.update(&other, None).unwrap();
-        plain.update(&other, None).unwrap();
+        attended.update(&other, None, Carry::none()).unwrap();
+        plain.update(&other, None, Carry::none()).unwrap();
         let (a, b) = (states(&attended), states(plain.as_ref()));
         assert!(a.iter().zip(&b).all(|(a, b)| a.equal(b)));
     }
@@ -916,8 +908,8 @@ mod tests {
         let vs = tch::nn::VarStore::new(tch::Device::Cpu);
         let cfg = ExpireConfig { ramp: 2, init_fraction: 0.5, ..ExpireConfig::default() };
         let mut mem = ExpireSpan::new(vs.root() / "attn", 8, 12, 5, &cfg);
-        mem.update(&rng.normal_tensor(&[2, 4, 8], Kind::Float), None).unwrap();
-        mem.update(&rng.normal_tensor(&[2, 4, 8], Kind::Float), None).unwrap();
+        mem.update(&rng.normal_tensor(&[2, 4, 8], Kind::Float), None, Carry::none()).unwrap();
+        mem.update(&rng.normal_tensor(&[2, 4, 8], Kind::Float), None, Carry::none()).unwrap();
         let cache = mem.state.as_ref().map(|c| c.states.copy()).unwrap();
         let room = mem.state.as_ref().and_then(|c| c.room.as_ref().map(Tensor::data_ptr));
         assert!(room.is_some(), "stream deletion on the CPU leaves room");
@@ -929,7 +921,7 @@ mod tests {
         assert_ne!(Some(joined.data_ptr()), room, "the room is used once");
         assert!(joined.equal(&Tensor::cat(&[&cache, &y], 1)) && into_room.equal(&Tensor::cat(&[&cache, &x], 1)));
         // A block of another length joins the two.
-        mem.update(&y, None).unwrap();
+        mem.update(&y, None, Carry::none()).unwrap();
         let z = rng.normal_tensor(&[2, 3, 8], Kind::Float);
         let cache = mem.state.as_ref().map(|c| c.states.copy()).unwrap();
         assert!(mem.keys_with_meta(&z).0.equal(&Tensor::cat(&[&cache, &z], 1)));
@@ -1145,8 +1137,8 @@ mod tests {
                 vec1(&Tensor::from_slice(&fused.report().mem_rows)),
                 "step {step}"
             );
-            written.update(&x.detach(), Some(&episodes)).unwrap();
-            fused.update(&x.detach(), Some(&episodes)).unwrap();
+            written.update(&x.detach(), Some(&episodes), a.carry).unwrap();
+            fused.update(&x.detach(), Some(&episodes), b.carry).unwrap();
             let (sa, sb) = (written.state(), fused.state());
             assert!(sa.iter().zip(&sb).all(|((_, a), (_, b))| a.equal(b)), "step {step}: the caches differ");
         }

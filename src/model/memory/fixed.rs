@@ -13,8 +13,8 @@
 use tch::{nn, Tensor};
 
 use super::descriptor::Descriptor;
-use super::layer::{AttendInput, AttendOutput, MemoryLayer, MemoryReport};
-use super::window::{query_chunks, reach, Chunk, WindowCache, QUERY_CHUNK};
+use super::layer::{AttendInput, AttendOutput, Carry, MemoryLayer, MemoryReport};
+use super::window::{query_chunks, reach, Chunk, Joined, WindowCache, QUERY_CHUNK};
 use crate::config::{Arch, Config, MemoryConfig};
 use crate::error::Result;
 
@@ -64,13 +64,13 @@ impl MemoryLayer for FixedSpan {
     }
 
     fn attend(&mut self, input: &AttendInput) -> Result<AttendOutput> {
-        let (context, mem_rows) = self.window.attend(input, self.span)?;
+        let (context, mem_rows, joined) = self.window.attend(input, self.span)?;
         self.last_mem_rows = mem_rows;
-        Ok(AttendOutput { context, aux_loss: None, added: None })
+        Ok(AttendOutput { context, aux_loss: None, added: None, carry: Carry::new(joined) })
     }
 
-    fn update(&mut self, x: &Tensor, episodes: Option<&Tensor>) -> Result<()> {
-        self.window.append(x, episodes, self.span);
+    fn update(&mut self, x: &Tensor, episodes: Option<&Tensor>, carry: Carry) -> Result<()> {
+        self.window.append(x, episodes, self.span, carry.take::<Joined>());
         Ok(())
     }
 

@@ -42,8 +42,8 @@ use tch::{nn, Kind, Tensor};
 use self::signal::{bin_mass, evaluate, positions, quantile_positions, ridge_matrix, update_positions, Basis};
 use super::descriptor::{split, Descriptor};
 use super::fixed::window_chunks;
-use super::layer::{AttendInput, AttendOutput, LtmTrace, MemoryLayer, MemoryReport};
-use super::window::{concat_time, Chunk, WindowCache};
+use super::layer::{AttendInput, AttendOutput, Carry, LtmTrace, MemoryLayer, MemoryReport};
+use super::window::{concat_time, Chunk, Joined, WindowCache};
 use crate::config::{Config, InfinityConfig, MemoryConfig};
 use crate::error::{LetheError, Result};
 use crate::model::attention::merge_heads;
@@ -375,7 +375,7 @@ impl MemoryLayer for InfinityMemory {
     }
 
     fn attend(&mut self, input: &AttendInput) -> Result<AttendOutput> {
-        let (context, stm_rows) = self.window.attend(input, self.span)?;
+        let (context, stm_rows, joined) = self.window.attend(input, self.span)?;
         let stm_size = crate::metrics::mean(&stm_rows);
         let (added, aux_loss) = match self.absorb_incoming()? {
             Some(coeffs) => {
@@ -385,11 +385,11 @@ impl MemoryLayer for InfinityMemory {
             None => (None, None),
         };
         self.stats.mem_size = stm_size + self.ltm_slots() as f64;
-        Ok(AttendOutput { context, aux_loss, added })
+        Ok(AttendOutput { context, aux_loss, added, carry: Carry::new(joined) })
     }
 
-    fn update(&mut self, x: &Tensor, _episodes: Option<&Tensor>) -> Result<()> {
-        if let Some(left) = self.window.append(x, None, self.span) {
+    fn update(&mut self, x: &Tensor, _episodes: Option<&Tensor>, carry: Carry) -> Result<()> {
+        if let Some(left) = self.window.append(x, None, self.span, carry.take::<Joined>()) {
             self.incoming = Some(concat_time(self.incoming.as_ref(), &left));
         }
         Ok(())

@@ -54,6 +54,33 @@ pub struct AttendOutput {
     /// A term `(b, m, d)` added to the projected attention output: the ∞-former's
     /// long-term context `Z_LTM` (its Eq. 12). None for the other mechanisms.
     pub added: Option<Tensor>,
+    /// What [`MemoryLayer::update`] of this block may reuse; the caller passes it back.
+    pub carry: Carry,
+}
+
+/// Work that a mechanism's [`MemoryLayer::attend`] hands to its [`MemoryLayer::update`]
+/// of the same block (such as `[cache, block]`, built once for the keys), as an explicit
+/// value that the caller passes from one to the other, not a field kept between the two
+/// calls. Each mechanism puts in and takes out its own type; an empty carry (an update
+/// without an attend, or one the mechanism cannot use) makes `update` build what it needs.
+#[derive(Default)]
+pub struct Carry(Option<Box<dyn std::any::Any + Send>>);
+
+impl Carry {
+    /// Nothing handed on: `update` builds what it needs.
+    pub fn none() -> Carry {
+        Carry(None)
+    }
+
+    /// Hands `value` on to the same block's update.
+    pub fn new<T: std::any::Any + Send>(value: T) -> Carry {
+        Carry(Some(Box::new(value)))
+    }
+
+    /// The value handed on, if it is a `T`.
+    pub fn take<T: std::any::Any>(self) -> Option<T> {
+        self.0.and_then(|b| b.downcast::<T>().ok()).map(|b| *b)
+    }
 }
 
 /// Figures a memory reports for logging.
@@ -132,8 +159,9 @@ pub trait MemoryLayer: Send {
     /// Absorbs the block `x` `(b, m, d)` (already detached; the layer's raw input when
     /// [`MemoryLayer::caches_raw_states`], else its normalised input), with the episode of each
     /// position when there are episodes (as in [`AttendInput::episodes`]), and forgets
-    /// what expires.
-    fn update(&mut self, x: &Tensor, episodes: Option<&Tensor>) -> Result<()>;
+    /// what expires. `carry` is what this block's [`MemoryLayer::attend`] returned in
+    /// [`AttendOutput::carry`] (or [`Carry::none`] when the block was not attended).
+    fn update(&mut self, x: &Tensor, episodes: Option<&Tensor>, carry: Carry) -> Result<()>;
 
     /// Empties the memory (start of a stream).
     fn reset(&mut self);

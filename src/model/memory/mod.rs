@@ -23,7 +23,7 @@ pub mod layer;
 pub mod window;
 
 pub use descriptor::{describe, Descriptor};
-pub use layer::{same_episode, AttendInput, AttendOutput, LtmTrace, MemoryLayer, MemoryReport};
+pub use layer::{same_episode, AttendInput, AttendOutput, Carry, LtmTrace, MemoryLayer, MemoryReport};
 
 use tch::nn;
 

@@ -115,11 +115,12 @@ pub(crate) struct WindowCache {
     /// The episode of each cached state `(b, cached)`, when the stream has episodes.
     episodes: Option<Tensor>,
     windows: HashMap<(i64, i64), (Tensor, Tensor)>,
-    /// The last block given to [`WindowCache::keys`] and `[cache, block]` as built
-    /// there (detached), so that [`WindowCache::append`] of the same block reuses the
-    /// concatenation instead of copying the cache again.
-    last: Option<(Tensor, Tensor)>,
 }
+
+/// `[cache, block]` as [`WindowCache::keys`] built it (detached): the carry a window
+/// mechanism hands from its attend to its update, so that [`WindowCache::append`] of the
+/// same block reuses the concatenation instead of copying the cache again.
+pub(crate) struct Joined(pub Tensor);
 
 /// Keys and values of `[cache, block]` with the window masks.
 pub(crate) struct WindowKeys {
@@ -133,6 +134,8 @@ pub(crate) struct WindowKeys {
     pub visible: Tensor,
     /// Cached states before the block.
     pub cached: i64,
+    /// `[cache, block]`, detached: for [`WindowCache::append`] of the same block.
+    pub joined: Joined,
     /// Which keys are of the query's own episode, `(b, m, n)`, when there are episodes.
     pub same: Option<Tensor>,
 }
@@ -182,7 +185,6 @@ impl WindowCache {
         // The block joined detached: its gradient comes from the projection (`cache_grad`).
         let states = concat_time(self.cache.as_ref(), &input.x.detach()); // (b, cached + m, d)
         let (k, v) = input.attn.keys_values_after_cache(&states, input.x)?; // (b, h, n, dh)
-        self.last = Some((input.x.shallow_clone(), states));
         let device = input.x.device();
         if !self.windows.contains_key(&(cached, m)) && self.windows.len() >= MAX_WINDOW_SHAPES {
             self.windows.clear();
@@ -190,14 +192,15 @@ impl WindowCache {
         let reach = reach(span, m);
         let (dist, visible) = self.windows.entry((cached, m)).or_insert_with(|| window(cached, m, reach, device));
         let same = input.episodes.map(|e| same_episode(e, &with_cached_episodes(self.episodes.as_ref(), cached, e)));
-        Ok(WindowKeys { k, v, dist: dist.shallow_clone(), visible: visible.shallow_clone(), cached, same })
+        let joined = Joined(states);
+        Ok(WindowKeys { k, v, dist: dist.shallow_clone(), visible: visible.shallow_clone(), cached, same, joined })
     }
 
     /// Attention of the block of `input` over the window, each query seeing itself and
     /// at most `span` earlier positions: the context `(b, h, m, dh)`, and the mean number
     /// of earlier positions the queries saw, per stream (one value when every stream has
-    /// the same).
-    pub fn attend(&mut self, input: &AttendInput, span: i64) -> Result<(Tensor, Vec<f64>)> {
+    /// the same), and `[cache, block]` for [`WindowCache::append`].
+    pub fn attend(&mut self, input: &AttendInput, span: i64) -> Result<(Tensor, Vec<f64>, Joined)> {
         let m = input.x.size()[1];
         let reach = reach(span, m);
         let keys = crate::profile::phase("keys, values");
@@ -227,21 +230,25 @@ impl WindowCache {
                 Ok(attend(q, k, v, &bias, input.attn.dropout, input.train))
             })
             .collect::<Result<_>>()?;
-        Ok((cat_chunks(contexts), mem_rows))
+        Ok((cat_chunks(contexts), mem_rows, w.joined))
     }
 
     /// Appends the block `x` `(b, m, d)`, with its positions' episodes `(b, m)` when the
     /// stream has episodes, and keeps the last `keep` states. Returns the states that
-    /// left the window, oldest first, if any.
-    /// The cache may be a view of the last concatenation (no copy); the next block's
-    /// concatenation copies it once.
-    pub fn append(&mut self, x: &Tensor, episodes: Option<&Tensor>, keep: i64) -> Option<Tensor> {
+    /// left the window, oldest first, if any. `joined`, the block's `[cache, block]` from
+    /// [`WindowCache::keys`], is reused when given. The cache may be a view of that
+    /// concatenation (no copy); the next block's concatenation copies it once.
+    pub fn append(
+        &mut self,
+        x: &Tensor,
+        episodes: Option<&Tensor>,
+        keep: i64,
+        joined: Option<Joined>,
+    ) -> Option<Tensor> {
         self.episodes = episodes.map(|e| keep_last(with_cached_episodes(self.episodes.as_ref(), self.len(), e), keep));
-        let all = match self.last.take() {
-            // The block the keys were built for (the same storage, kept alive by the
-            // clone, so an equal pointer is the same tensor): its concatenation is `all`.
-            Some((block, all)) if block.data_ptr() == x.data_ptr() && block.size() == x.size() => all,
-            _ => concat_time(self.cache.as_ref(), x),
+        let all = match joined {
+            Some(Joined(all)) => all,
+            None => concat_time(self.cache.as_ref(), x),
         };
         let n = all.size()[1];
         let evicted = (n > keep).then(|| all.narrow(1, 0, n - keep));
@@ -267,7 +274,6 @@ impl WindowCache {
     pub fn reset(&mut self) {
         self.cache = None;
         self.episodes = None;
-        self.last = None;
     }
 
     /// The saved state: the cache, if any (contiguous), and its episodes, if any.
@@ -309,11 +315,11 @@ mod tests {
     use super::*;
     use crate::model::attention::Attention;
 
-    /// `append` after `keys` of the same block reuses their concatenation; it must hold
-    /// exactly what a plain concatenation holds, and a different block is not mistaken
-    /// for the keyed one.
+    /// `append` given the concatenation `keys` built for the block reuses it; it must
+    /// hold exactly what a plain concatenation holds, and a block appended without one
+    /// is joined anew.
     #[test]
-    fn append_reuses_the_keyed_concatenation_only_for_the_same_block() {
+    fn append_reuses_the_keyed_concatenation_it_is_handed() {
         let _seed = crate::rng::seed_torch(3);
         let mut rng = crate::rng::Rng::new(3);
         let vs = tch::nn::VarStore::new(tch::Device::Cpu);
@@ -323,7 +329,7 @@ mod tests {
         for _ in 0..5 {
             let x = rng.normal_tensor(&[2, 3, 4], tch::Kind::Float);
             let q = attn.queries(&x);
-            reused
+            let w = reused
                 .keys(
                     &AttendInput {
                         x: &x,
@@ -337,8 +343,8 @@ mod tests {
                     7,
                 )
                 .unwrap();
-            let a = reused.append(&x.detach(), None, 7);
-            let b = plain.append(&x, None, 7);
+            let a = reused.append(&x.detach(), None, 7, Some(w.joined));
+            let b = plain.append(&x, None, 7, None);
             assert_eq!(a.is_some(), b.is_some());
             assert!(reused.cache.as_ref().unwrap().equal(plain.cache.as_ref().unwrap()));
             assert!(reused.state()[0].1.is_contiguous());
@@ -361,7 +367,7 @@ mod tests {
                 7,
             )
             .unwrap();
-        reused.append(&other, None, 7);
+        reused.append(&other, None, 7, None);
         assert!(reused.cache.as_ref().unwrap().narrow(1, 4, 3).equal(&other));
     }
 
@@ -423,7 +429,7 @@ mod tests {
                     bias = bias.masked_fill(&same.logical_not().unsqueeze(1), f64::NEG_INFINITY);
                 }
                 let whole = attend(&q, &keys.k, &keys.v, &bias, 0.0, true);
-                let (chunked, _) = w.attend(&input, span).unwrap();
+                let (chunked, _, joined) = w.attend(&input, span).unwrap();
                 let gap = (&chunked - &whole).abs().max().double_value(&[]);
                 assert!(gap < 1e-12, "block {block}, episodes {with_episodes}: outputs differ by {gap}");
                 let weights = rng.normal_tensor(&whole.size(), Double);
@@ -437,7 +443,7 @@ mod tests {
                         "block {block}, input {i}: gradients differ by {gap}"
                     );
                 }
-                w.append(&x.detach(), episodes.as_ref(), span);
+                w.append(&x.detach(), episodes.as_ref(), span, Some(joined));
             }
         }
     }
@@ -465,7 +471,7 @@ mod tests {
             };
             let keys = w.keys(&input, 64).unwrap();
             assert_eq!(keys.visible.size(), vec![2, keys.cached + 2]);
-            w.append(&x, None, 64);
+            w.append(&x, None, 64, None);
             assert!(w.windows.len() <= MAX_WINDOW_SHAPES, "{} mask shapes kept", w.windows.len());
         }
     }
