@@ -5,7 +5,7 @@ hidden vectors, and the log-probabilities PyTorch computes for every word. With 
 output biases lethe's adaptive softmax is the same function: its head is PyTorch's head
 (the words of the first cluster, then one entry per tail cluster, in order), and tail
 cluster i is PyTorch's two maps d -> d / div^i -> n_i, which lethe names P_i and E_i
-(tests/words.rs reads the weights into lethe's layout and compares).
+(tests/it/words.rs reads the weights into lethe's layout and compares).
 
 The fixture is committed, so the tests need no Python. To make it again:
     . scripts/env.sh && python3 scripts/adaptive-fixture.py

@@ -1,19 +1,17 @@
 //! The backbone against references: shapes, a finite-difference gradient check, and
 //! streaming (block by block, memory carried) against one long block.
 
-mod common;
-
 use lethe::config::FolderMode;
 use lethe::data::{SplitData, TokenSeq};
 use lethe::eval::evaluate;
 use lethe::model::Lm;
 use tch::{Device, Tensor};
 
-use common::tokens;
+use crate::common::tokens;
 
 #[test]
 fn forward_shapes_and_the_cache_is_bounded_by_the_span() {
-    let cfg = common::tiny_config(); // span 16, block 8
+    let cfg = crate::common::tiny_config(); // span 16, block 8
     let lm = Lm::new(&cfg, Device::Cpu).unwrap();
     let mut mem = lm.model.new_memory();
     let x = tokens(&(0..24).map(|i| i % 7).collect::<Vec<_>>(), 3); // (3, 8)
@@ -29,16 +27,16 @@ fn forward_shapes_and_the_cache_is_bounded_by_the_span() {
 
 #[test]
 fn gradients_match_finite_differences() {
-    let mut cfg = common::tiny_config();
+    let mut cfg = crate::common::tiny_config();
     cfg.memory.span = 6; // the second block sees part of the first through the cache
     cfg.model.vocab = 11;
     let mut lm = Lm::new(&cfg, Device::Cpu).unwrap();
     lm.vs.double();
     let x: Vec<i64> = vec![1, 4, 2, 8, 5, 7, 3, 0, 9, 10, 2, 6, 4, 1, 3, 5];
     let y: Vec<i64> = x.iter().map(|t| (t * 3 + 1) % 11).collect();
-    let cache = common::first_block_cache(&lm, &x);
+    let cache = crate::common::first_block_cache(&lm, &x);
     assert_eq!(cache[0].1.size(), vec![2, 4, 16], "the first block is cached");
-    let loss = common::two_block_loss(&lm, &x, &y, &cache);
+    let loss = crate::common::two_block_loss(&lm, &x, &y, &cache);
     loss.backward();
     let params = lm.named_parameters();
     let mut checked = 0;
@@ -48,8 +46,9 @@ fn gradients_match_finite_differences() {
         // A few entries of every parameter, spread over the tensor.
         for idx in [0, n / 3, n - 1] {
             let analytic = grad.double_value(&[idx]);
-            let numeric =
-                common::numeric_grad(p, idx, || common::two_block_loss(&lm, &x, &y, &cache).double_value(&[]));
+            let numeric = crate::common::numeric_grad(p, idx, || {
+                crate::common::two_block_loss(&lm, &x, &y, &cache).double_value(&[])
+            });
             let tol = 1e-6 + 1e-5 * analytic.abs().max(numeric.abs());
             assert!((analytic - numeric).abs() < tol, "{name}[{idx}]: analytic {analytic} vs numeric {numeric}");
             checked += 1;
@@ -60,7 +59,7 @@ fn gradients_match_finite_differences() {
 
 #[test]
 fn streaming_in_blocks_equals_one_long_block_when_the_span_covers_it() {
-    let mut cfg = common::tiny_config();
+    let mut cfg = crate::common::tiny_config();
     cfg.memory.span = 32;
     let lm = Lm::new(&cfg, Device::Cpu).unwrap();
     let seq: Vec<i64> = (0..2 * 24).map(|i| (i * 7 + 3) % 256).collect();
@@ -93,7 +92,7 @@ fn streaming_in_blocks_equals_one_long_block_when_the_span_covers_it() {
 fn a_short_span_changes_the_result_so_the_window_matters() {
     // Control for the test above: with a span shorter than the stream, blocks differ from
     // a model that sees everything, so that test can fail.
-    let mut cfg = common::tiny_config();
+    let mut cfg = crate::common::tiny_config();
     cfg.memory.span = 32;
     let wide = Lm::new(&cfg, Device::Cpu).unwrap();
     cfg.memory.span = 4;
@@ -138,7 +137,7 @@ fn documents_read_one_at_a_time_score_as_each_document_alone() {
     for mechanism in
         [Mechanism::Fixed, Mechanism::Expire, Mechanism::Adaptive, Mechanism::Compressive, Mechanism::Infinity]
     {
-        let mut cfg = common::tiny_config();
+        let mut cfg = crate::common::tiny_config();
         cfg.memory.mechanism = mechanism;
         let lm = {
             let _seed = lethe::rng::seed_torch(3);

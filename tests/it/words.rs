@@ -3,8 +3,6 @@
 //! vocabulary, the hand-computed one where every score is 0, and the gradients of finite
 //! differences; a model with them trains through the shared backbone.
 
-mod common;
-
 use lethe::config::{Config, ModelConfig};
 use lethe::model::adaptive::Adaptive;
 use lethe::model::Lm;
@@ -28,14 +26,14 @@ fn adaptive(kind: Kind, seed: i64) -> (nn::VarStore, Adaptive) {
     let a = Adaptive::new(&vs.root(), &small());
     vs.set_kind(kind);
     // The biases start at 0: give them values, so that their gradients are checked too.
-    common::randomise(&vs, seed as u64 + 1, 0.5, |n| n.contains("bias"));
+    crate::common::randomise(&vs, seed as u64 + 1, 0.5, |n| n.contains("bias"));
     (vs, a)
 }
 
 #[test]
 fn the_probabilities_of_all_words_sum_to_one() {
     let (_vs, a) = adaptive(Kind::Float, 1);
-    let h = common::randn(2, &[3, 5, 16], Kind::Float) * 3.0;
+    let h = crate::common::randn(2, &[3, 5, 16], Kind::Float) * 3.0;
     let logp = a.log_probs(&h);
     assert_eq!(logp.size(), vec![3, 5, 30]);
     let total = logp.exp().sum_dim_intlist(-1, false, Kind::Double); // (3, 5)
@@ -94,7 +92,7 @@ fn gradients_match_finite_differences() {
     let (vs, a) = adaptive(Kind::Double, 4);
     let tokens = Tensor::from_slice(&[0i64, 6, 29, 13, 4, 11]).view([1, 6]);
     let targets = Tensor::from_slice(&[6i64, 2, 17, 11, 29, 0]).view([1, 6]);
-    let mix = common::randn(5, &[16, 16], Kind::Double) * 0.3;
+    let mix = crate::common::randn(5, &[16, 16], Kind::Double) * 0.3;
     let loss = || -> Tensor {
         let h = a.embed(&tokens).matmul(&mix).tanh(); // (1, 6, 16): every word's input reaches every score
         -a.log_probs(&h).gather(-1, &targets.unsqueeze(-1), false).sum(Kind::Double)
@@ -108,7 +106,7 @@ fn gradients_match_finite_differences() {
         let param = &vars[name];
         let grad = param.grad().flatten(0, -1);
         for idx in [0, param.numel() as i64 / 2, param.numel() as i64 - 1] {
-            let numeric = common::numeric_grad(param, idx, || tch::no_grad(|| loss().double_value(&[])));
+            let numeric = crate::common::numeric_grad(param, idx, || tch::no_grad(|| loss().double_value(&[])));
             let analytic = grad.double_value(&[idx]);
             assert!(
                 (numeric - analytic).abs() < 1e-6 * (1.0 + analytic.abs()),
@@ -124,12 +122,12 @@ fn gradients_match_finite_differences() {
 /// cut-offs that cannot be.
 #[test]
 fn a_model_with_adaptive_ends_runs_and_bad_cutoffs_are_named() {
-    let mut cfg: Config = common::tiny_config();
+    let mut cfg: Config = crate::common::tiny_config();
     cfg.model.vocab = 300;
     cfg.model.cutoffs = vec![20, 100];
     cfg.model.div_val = 2;
     let lm = Lm::new(&cfg, Device::Cpu).unwrap();
-    let tokens = common::random_tokens(6, 300, &[2, 8]);
+    let tokens = crate::common::random_tokens(6, 300, &[2, 8]);
     let mut mem = lm.model.new_memory();
     let out = tch::no_grad(|| lm.model.forward(&tokens, &mut mem, false)).unwrap();
     assert_eq!(out.logits.size(), vec![2, 8, 300]);
@@ -212,7 +210,7 @@ fn wikitext_like(d: &std::path::Path) {
 /// Wikitext layout: its per-word perplexity is its perplexity (one token per word).
 #[test]
 fn a_word_level_model_trains_from_the_command_line() {
-    use common::cli::{fails_with, lethe, succeeds};
+    use crate::common::cli::{fails_with, lethe, succeeds};
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     wikitext_like(d);
@@ -279,7 +277,7 @@ fn a_word_level_model_trains_from_the_command_line() {
 #[test]
 #[ignore]
 fn a_word_level_model_with_adaptive_ends_learns() {
-    use common::cli::{lethe, succeeds};
+    use crate::common::cli::{lethe, succeeds};
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     wikitext_like(d);
@@ -340,7 +338,7 @@ fn a_word_level_model_with_adaptive_ends_learns() {
 #[test]
 fn the_targets_alone_score_as_the_whole_distribution() {
     let (vs, a) = adaptive(Kind::Double, 7);
-    let h = common::randn(8, &[2, 9, 16], Kind::Double);
+    let h = crate::common::randn(8, &[2, 9, 16], Kind::Double);
     let targets = Tensor::from_slice(&[0i64, 4, 5, 11, 12, 29, 3, 3, 20, 6, 7, 1, 28, 13, 5, 0, 2, 17]).view([2, 9]);
     let whole = a.log_probs(&h).gather(-1, &targets.unsqueeze(-1), false).squeeze_dim(-1);
     let alone = a.target_log_probs(&h, &targets);

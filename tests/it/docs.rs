@@ -2,9 +2,7 @@
 //! regenerates them; these tests fail when the code has changed what it prints and the
 //! README was not regenerated.
 
-mod common;
-
-use common::cli::lethe;
+use crate::common::cli::lethe;
 
 /// The lines of the README's fenced block that follows `heading`.
 fn quoted_block(heading: &str) -> Vec<String> {

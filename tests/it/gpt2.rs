@@ -6,8 +6,6 @@
 //! and a sample text with its ids. The ∞-former and Compressive memories on GPT-2 pass
 //! the gradient and state checks they pass on the papers' backbone.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
 use lethe::config::{Arch, Config, Mechanism};
@@ -140,11 +138,11 @@ fn gradients_of_the_memories_on_gpt2_match_finite_differences() {
             c.memory.compressive.compressor = lethe::config::Compressor::Conv;
         });
         lm.vs.double();
-        let state = common::memory_after(&lm, &seq, 3, 4);
+        let state = crate::common::memory_after(&lm, &seq, 3, 4);
         for name in names {
             let with_aux = mechanism == Mechanism::Infinity || name.contains("conv");
             let loss = || {
-                let (task, aux) = common::block_losses(&lm, &seq, 3, 4, &state);
+                let (task, aux) = crate::common::block_losses(&lm, &seq, 3, 4, &state);
                 if with_aux {
                     task + aux
                 } else {
@@ -164,7 +162,7 @@ fn gradients_of_the_memories_on_gpt2_match_finite_differences() {
             assert!(grad.abs().sum(Kind::Double).double_value(&[]) > 0.0, "{mechanism}: no gradient reached {name}");
             for idx in [0i64, 5] {
                 let analytic = grad.double_value(&[idx]);
-                let numeric = common::numeric_grad(&p, idx, || loss().double_value(&[]));
+                let numeric = crate::common::numeric_grad(&p, idx, || loss().double_value(&[]));
                 assert!(
                     (analytic - numeric).abs() < 1e-6 + 1e-4 * numeric.abs(),
                     "{mechanism} {name}[{idx}]: {analytic} vs {numeric}"
@@ -180,8 +178,8 @@ fn a_saved_memory_on_gpt2_restores_exactly() {
     let seq: Vec<i64> = (0..32).map(|i| (i * 53 + 7) % 300).collect();
     for mechanism in [Mechanism::Infinity, Mechanism::Compressive] {
         let lm = gpt2_with(mechanism, |c| c.train.block = 4);
-        let state = common::memory_after(&lm, &seq, 3, 4);
-        let x = common::tokens(&seq, 2).narrow(1, 12, 4);
+        let state = crate::common::memory_after(&lm, &seq, 3, 4);
+        let x = crate::common::tokens(&seq, 2).narrow(1, 12, 4);
         let run = |state: &[(String, Tensor)]| {
             let mut mem = lm.model.new_memory();
             mem.load_state(state).unwrap();
@@ -192,7 +190,7 @@ fn a_saved_memory_on_gpt2_restores_exactly() {
         let mut straight = lm.model.new_memory();
         let want = tch::no_grad(|| {
             for i in 0..3 {
-                lm.model.forward(&common::tokens(&seq, 2).narrow(1, 4 * i, 4), &mut straight, true).unwrap();
+                lm.model.forward(&crate::common::tokens(&seq, 2).narrow(1, 4 * i, 4), &mut straight, true).unwrap();
             }
             lm.model.forward(&x, &mut straight, false).unwrap().logits
         });
@@ -210,7 +208,7 @@ fn the_memory_threshold_starts_a_new_long_term_memory() {
         c.memory.infinity.threshold = 8;
     });
     let mut mem = lm.model.new_memory();
-    let x = common::tokens(&seq, 2);
+    let x = crate::common::tokens(&seq, 2);
     let mut absorbed = vec![];
     tch::no_grad(|| {
         for i in 0..6 {
@@ -373,10 +371,10 @@ fn fine_tuning_gpt2_with_two_learning_rates_resumes_exactly() {
     (cfg.train.lr, cfg.train.memory_lr, cfg.train.eval_every, cfg.train.eval_tokens) = (1e-3, 5e-3, 0, 256);
     cfg.validate().unwrap();
     let straight_dir = tempfile::tempdir().unwrap();
-    let straight = train(&cfg, &common::quiet(straight_dir.path())).unwrap();
+    let straight = train(&cfg, &crate::common::quiet(straight_dir.path())).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let first = train(&cfg, &TrainOptions { stop_after: Some(3), ..common::quiet(dir.path()) }).unwrap().losses;
-    let second = train(&cfg, &TrainOptions { resume: true, ..common::quiet(dir.path()) }).unwrap().losses;
+    let first = train(&cfg, &TrainOptions { stop_after: Some(3), ..crate::common::quiet(dir.path()) }).unwrap().losses;
+    let second = train(&cfg, &TrainOptions { resume: true, ..crate::common::quiet(dir.path()) }).unwrap().losses;
     let resumed: Vec<f64> = first.into_iter().chain(second).collect();
     assert_eq!(straight.losses.len(), 6);
     assert_eq!(straight.losses, resumed);
@@ -447,7 +445,7 @@ fn a_text_stream_prints_whole_characters() {
 /// folder keeps: the run still generates when moved away from the tokenizer it named.
 #[test]
 fn generate_prints_text_from_a_run_that_moved() {
-    use common::cli::{lethe, succeeds};
+    use crate::common::cli::{lethe, succeeds};
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     std::fs::write(d.join("text.txt"), "the memory keeps what matters, and forgets the rest.\n".repeat(40)).unwrap();

@@ -2,8 +2,6 @@
 //! corridor is learned only with enough memory, a tiny portal is learned by remembering
 //! doors, runs resume exactly, and every memory mechanism can drive an agent.
 
-mod common;
-
 use lethe::config::CorridorConfig;
 use lethe::config::{Config, Mechanism};
 use lethe::rl::agent::Agent;
@@ -13,7 +11,7 @@ use lethe::train::TrainOptions;
 use tch::{Device, Kind, Tensor};
 
 fn options(dir: &std::path::Path) -> TrainOptions {
-    TrainOptions { overwrite: true, ..common::quiet(dir) }
+    TrainOptions { overwrite: true, ..crate::common::quiet(dir) }
 }
 
 /// The `corridor-small` agent (2 layers x 64) on corridors of 5 to 8 cells, where the
@@ -49,9 +47,9 @@ fn check_step_by_step_equals_block(mechanism: Mechanism, episodes: Option<&Tenso
     let f = observation_size(&cfg) as i64;
     let _guard = tch::no_grad_guard();
     // The heads start at zero; give them weights so that the logits say something.
-    common::randomise(&agent.vs, 3, 0.3, |name| name.starts_with("policy") || name.starts_with("value"));
+    crate::common::randomise(&agent.vs, 3, 0.3, |name| name.starts_with("policy") || name.starts_with("value"));
     // Random binary observations: 3 streams, a first block of 6 steps, then 12 more.
-    let obs = common::randn(4, &[3, 18, f], Kind::Float).ge(0.52).to_kind(Kind::Float);
+    let obs = crate::common::randn(4, &[3, 18, f], Kind::Float).ge(0.52).to_kind(Kind::Float);
     let at = |from: i64, len: i64| episodes.map(|e| e.narrow(1, from, len));
     let mut mem = agent.new_memory();
     agent.forward(&obs.narrow(1, 0, 6), &mut mem, false, at(0, 6).as_ref()).unwrap();
@@ -266,7 +264,7 @@ fn an_expire_span_agent_trace_records_every_step_and_its_door() {
     let agent = Agent::new(&cfg, Device::Cpu).unwrap();
     // The span predictors start at zero (every span L/2); give them weights, so that a
     // step's span says what the step saw.
-    common::randomise(&agent.vs, 5, 0.5, |name| name.contains("expire"));
+    crate::common::randomise(&agent.vs, 5, 0.5, |name| name.contains("expire"));
     let (trace, eval) = lethe::inspect::agent::trace_agent(&agent, 8, 3).unwrap();
     assert_eq!(trace.steps.len() as f64, eval.mean_length * 8.0, "every step of the 8 episodes");
     assert_eq!(trace.steps.last().unwrap().episode, 7);

@@ -2,9 +2,7 @@
 //! CMU-DoG-layout data set, training on it, and evaluation that scores the responses
 //! and nothing else.
 
-mod common;
-
-use common::cli::{lethe, succeeds};
+use crate::common::cli::{lethe, succeeds};
 use lethe::data::dialogue::read_split;
 use lethe::data::Split;
 
@@ -73,7 +71,7 @@ fn generated_dialogues_train_and_only_responses_are_scored() {
     ));
     assert!(out.contains("tokens absorbed"), "{out}");
     assert!(d.join("ltm/ltm.html").is_file());
-    common::cli::fails_with(
+    crate::common::cli::fails_with(
         &lethe(d, &["inspect", "ltm", "--checkpoint", "runs/dialogue-tiny-infinity", "--conversation", "6"]),
         &["--conversation 6", "6 conversations (0 to 5)"],
     );
@@ -93,7 +91,7 @@ fn generated_dialogues_train_and_only_responses_are_scored() {
     assert_eq!(panels.len(), 2);
     assert!(panels[0] == panels[1], "the same run draws the same panel twice");
     assert_eq!(svg.matches(run).count(), 2, "each panel is named");
-    common::cli::fails_with(
+    crate::common::cli::fails_with(
         &lethe(d, &["inspect", "spans", "--checkpoint", run, "--compare", run, "--conversation", "1"]),
         &["--compare", "inspect ltm"],
     );
@@ -101,7 +99,7 @@ fn generated_dialogues_train_and_only_responses_are_scored() {
 
 /// A byte-level model of 1 layer with a block of 8, randomly initialised, with `mechanism`.
 fn byte_model(mechanism: &str) -> lethe::model::Lm {
-    let mut cfg = common::tiny_config();
+    let mut cfg = crate::common::tiny_config();
     cfg.train.block = 8;
     cfg = cfg.apply_overrides(&[format!("memory.mechanism={mechanism}")]).unwrap();
     // (No `tch::manual_seed` here: `Lm::new` seeds its own section with `cfg.seed`, and an

@@ -2,20 +2,18 @@
 //! machine, a resumed run repeats the same losses, and a NaN stops training without
 //! touching the last checkpoint.
 
-mod common;
-
 use lethe::checkpoint::Checkpoint;
 use lethe::config::CopyConfig;
 use lethe::train::{train, TrainOptions};
 use lethe::LetheError;
 
-use common::quiet as options;
+use crate::common::quiet as options;
 
 #[test]
 #[ignore = "slow tier (a model must learn): ./test.sh -- --include-ignored, as CI runs it"]
 fn a_tiny_model_learns_the_copy_task_below_the_unigram_baseline() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = common::tiny_config();
+    let mut cfg = crate::common::tiny_config();
     cfg.model.d_model = 32;
     cfg.model.d_ffn = 64;
     cfg.memory.span = 32;
@@ -45,7 +43,7 @@ fn a_tiny_model_learns_the_copy_task_below_the_unigram_baseline() {
 /// fingerprint of how this process's libtorch rounds.
 #[test]
 fn the_run_folder_records_its_machine() {
-    let mut cfg = common::tiny_config();
+    let mut cfg = crate::common::tiny_config();
     cfg.train.steps = 2;
     cfg.train.threads = 1;
     let dir = tempfile::tempdir().unwrap();
@@ -68,7 +66,7 @@ fn the_run_folder_records_its_machine() {
 /// precision "medium" can through oneDNN, would change them).
 #[test]
 fn tf32_leaves_a_cpu_run_unchanged() {
-    let mut cfg = common::tiny_config();
+    let mut cfg = crate::common::tiny_config();
     cfg.train.steps = 4;
     let dir = tempfile::tempdir().unwrap();
     let off = train(&cfg, &options(dir.path())).unwrap().losses;
@@ -82,7 +80,7 @@ fn tf32_leaves_a_cpu_run_unchanged() {
 
 #[test]
 fn resuming_repeats_the_losses_of_a_straight_run() {
-    let mut cfg = common::tiny_config();
+    let mut cfg = crate::common::tiny_config();
     cfg.model.dropout = 0.1; // dropout must be reproduced too
     cfg.train.steps = 8;
     cfg.train.accum = 2; // and each micro-batch's memory
@@ -118,7 +116,7 @@ fn assert_resuming_after_17_steps_repeats_the_straight_run(cfg: &lethe::config::
 /// which joins cache and block anew, repeats the straight one.
 #[test]
 fn resuming_expire_span_repeats_the_losses_of_a_straight_run() {
-    let mut cfg = common::tiny_config();
+    let mut cfg = crate::common::tiny_config();
     cfg.memory.mechanism = lethe::config::Mechanism::Expire;
     cfg.memory.span = 32;
     cfg.memory.expire.ramp = 4;
@@ -136,7 +134,7 @@ fn resuming_on_a_byte_corpus_repeats_the_losses_too() {
         .map(|i| b"the quick brown fox jumps over the lazy dog. "[(i % 45) as usize] ^ ((i / 45 % 2) as u8))
         .collect();
     std::fs::write(&corpus, text).unwrap();
-    let mut cfg = common::tiny_config();
+    let mut cfg = crate::common::tiny_config();
     cfg.data.source = lethe::config::Source::File;
     cfg.data.path = Some(corpus);
     cfg.train.steps = 6;
@@ -158,7 +156,7 @@ fn resuming_over_documents_read_one_at_a_time_repeats_the_losses_too() {
             (0..30 + 7 * (d % 6)).map(|i| b"abcdefghij klmnopq rstuvwxyz. "[((i * (d + 3)) % 30) as usize]).collect();
         std::fs::write(data_dir.path().join(format!("doc{d:02}.txt")), text).unwrap();
     }
-    let mut cfg = common::tiny_config();
+    let mut cfg = crate::common::tiny_config();
     cfg.data.source = lethe::config::Source::Folder;
     cfg.data.path = Some(data_dir.path().to_path_buf());
     cfg.data.folder_mode = lethe::config::FolderMode::Separate;
@@ -171,7 +169,7 @@ fn resuming_over_documents_read_one_at_a_time_repeats_the_losses_too() {
 #[test]
 fn a_nan_loss_stops_training_and_keeps_the_last_good_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = common::tiny_config();
+    let mut cfg = crate::common::tiny_config();
     cfg.train.steps = 4;
     train(&cfg, &options(dir.path())).unwrap();
     let path = dir.path().join("tiny").join("checkpoint.safetensors");

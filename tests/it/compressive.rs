@@ -2,15 +2,13 @@
 //! gradients match finite differences, the reconstruction loss trains only the
 //! compressor, and a tiny model learns the copy task through compressed memory.
 
-mod common;
-
 use lethe::config::{Compressor, Config, Mechanism};
 use lethe::model::Lm;
 use tch::{Device, Kind, Tensor};
 
 /// One layer, span 4, blocks of 4, rate 2, 4 slots.
 fn compressive_config(compressor: Compressor) -> Config {
-    let mut c = common::tiny_config();
+    let mut c = crate::common::tiny_config();
     c.memory.mechanism = Mechanism::Compressive;
     c.memory.span = 4;
     c.memory.compressive.rate = 2;
@@ -28,12 +26,12 @@ const X: [i64; 24] = [1, 4, 2, 8, 5, 7, 3, 0, 9, 10, 2, 6, 4, 1, 3, 5, 7, 7, 2, 
 
 /// The memory after two blocks of 4 (2 streams): 4 states in the window, 2 slots.
 fn two_block_memory(lm: &Lm) -> Vec<(String, Tensor)> {
-    common::memory_after(lm, &X, 2, 4)
+    crate::common::memory_after(lm, &X, 2, 4)
 }
 
 /// Task loss and auxiliary loss of the third block, given the memory of the first two.
 fn third_block_losses(lm: &Lm, state: &[(String, Tensor)]) -> (Tensor, Tensor) {
-    common::block_losses(lm, &X, 2, 4, state)
+    crate::common::block_losses(lm, &X, 2, 4, state)
 }
 
 #[test]
@@ -50,7 +48,7 @@ fn queries_see_the_compressed_slots() {
     assert!((task.double_value(&[]) - task2.double_value(&[])).abs() > 1e-4);
     let mut mem = lm.model.new_memory();
     mem.load_state(&state).unwrap();
-    let _ = tch::no_grad(|| lm.model.forward(&common::tokens(&X, 2).narrow(1, 8, 4), &mut mem, false).unwrap());
+    let _ = tch::no_grad(|| lm.model.forward(&crate::common::tokens(&X, 2).narrow(1, 8, 4), &mut mem, false).unwrap());
     let r = &mem.reports()[0];
     // Each query sees 2 slots plus min(4 + q, 4) = 4 window positions.
     assert_eq!(r.mem_size, 6.0);
@@ -69,7 +67,7 @@ fn gradients_through_the_slot_positions_match_finite_differences() {
         let grad = p.grad().flatten(0, -1);
         for idx in [0i64, 3] {
             let analytic = grad.double_value(&[idx]);
-            let numeric = common::numeric_grad(&p, idx, || loss().double_value(&[]));
+            let numeric = crate::common::numeric_grad(&p, idx, || loss().double_value(&[]));
             assert!((analytic - numeric).abs() < 1e-6 + 1e-4 * numeric.abs(), "{name}[{idx}]: {analytic} vs {numeric}");
         }
     }
@@ -88,7 +86,7 @@ fn the_reconstruction_loss_trains_only_the_convolution() {
     let conv = param(&lm, "compressive.conv_w");
     for idx in [0i64, 5, 11] {
         let analytic = conv.grad().flatten(0, -1).double_value(&[idx]);
-        let numeric = common::numeric_grad(&conv, idx, || third_block_losses(&lm, &state).1.double_value(&[]));
+        let numeric = crate::common::numeric_grad(&conv, idx, || third_block_losses(&lm, &state).1.double_value(&[]));
         assert!((analytic - numeric).abs() < 1e-7 + 1e-4 * numeric.abs(), "conv_w[{idx}]: {analytic} vs {numeric}");
     }
     assert!(conv.grad().abs().sum(Kind::Double).double_value(&[]) > 0.0);
@@ -110,12 +108,12 @@ fn the_reconstruction_loss_trains_only_the_convolution() {
 #[ignore = "slow tier (a model must learn): ./test.sh -- --include-ignored, as CI runs it"]
 fn the_mean_pool_compressive_transformer_learns_the_copy_task() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = common::copy_learning_config("copy-compressive");
+    let mut cfg = crate::common::copy_learning_config("copy-compressive");
     cfg.memory.mechanism = Mechanism::Compressive;
     cfg.memory.span = 8;
     cfg.memory.compressive.rate = 4;
     cfg.memory.compressive.slots = 8;
-    let r = common::train_and_eval(&cfg, dir.path());
+    let r = crate::common::train_and_eval(&cfg, dir.path());
     let answers = r.answer_accuracy.unwrap();
     eprintln!("compressive answers {answers}, mem {:?}", r.mem_size);
     assert!(answers > 0.5, "Compressive answered {answers} (chance 0.25)");

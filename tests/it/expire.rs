@@ -2,14 +2,12 @@
 //! nothing the model computes, a cache that stays bounded, and a model that solves the
 //! copy task with a memory far smaller than the distance it must reach.
 
-mod common;
-
 use lethe::config::{Config, Deletion, Mechanism};
 use lethe::model::Lm;
 use tch::{Device, Tensor};
 
 fn expire_config(span: usize, block: usize, ramp: usize, init_fraction: f64) -> Config {
-    let mut c = common::tiny_config();
+    let mut c = crate::common::tiny_config();
     c.memory.mechanism = Mechanism::Expire;
     c.memory.span = span;
     c.memory.expire.ramp = ramp;
@@ -21,7 +19,7 @@ fn expire_config(span: usize, block: usize, ramp: usize, init_fraction: f64) -> 
 /// Gives the span predictors random (seeded) weights, so spans differ from memory to
 /// memory.
 fn randomise_spans(lm: &Lm, scale: f64) {
-    common::randomise(&lm.vs, 17, scale, |name| name.ends_with("expire.w"));
+    crate::common::randomise(&lm.vs, 17, scale, |name| name.ends_with("expire.w"));
 }
 
 #[test]
@@ -58,11 +56,11 @@ fn the_official_reading_s_gradients_match_finite_differences() {
 fn check_gradients(cfg: &Config, randomised: impl Fn(&str) -> bool) {
     let mut lm = Lm::new(cfg, Device::Cpu).unwrap();
     lm.vs.double();
-    common::randomise(&lm.vs, 17, 0.5, randomised);
+    crate::common::randomise(&lm.vs, 17, 0.5, randomised);
     let x: Vec<i64> = vec![1, 4, 2, 8, 5, 7, 3, 0, 9, 10, 2, 6, 4, 1, 3, 5];
     let y: Vec<i64> = x.iter().map(|t| (t * 3 + 1) % 11).collect();
-    let cache = common::first_block_cache(&lm, &x);
-    common::two_block_loss(&lm, &x, &y, &cache).backward();
+    let cache = crate::common::first_block_cache(&lm, &x);
+    crate::common::two_block_loss(&lm, &x, &y, &cache).backward();
     let mut predictor_grads = 0.0;
     for (name, p) in lm.named_parameters() {
         let grad = p.grad().flatten(0, -1);
@@ -70,8 +68,9 @@ fn check_gradients(cfg: &Config, randomised: impl Fn(&str) -> bool) {
         let picks: Vec<i64> = if name.contains("expire") { (0..n).collect() } else { vec![0, n / 2, n - 1] };
         for idx in picks {
             let analytic = grad.double_value(&[idx]);
-            let numeric =
-                common::numeric_grad(&p, idx, || common::two_block_loss(&lm, &x, &y, &cache).double_value(&[]));
+            let numeric = crate::common::numeric_grad(&p, idx, || {
+                crate::common::two_block_loss(&lm, &x, &y, &cache).double_value(&[])
+            });
             let tol = 1e-6 + 1e-4 * analytic.abs().max(numeric.abs());
             assert!((analytic - numeric).abs() < tol, "{name}[{idx}]: analytic {analytic} vs numeric {numeric}");
             if name.contains("expire") {
@@ -85,7 +84,7 @@ fn check_gradients(cfg: &Config, randomised: impl Fn(&str) -> bool) {
 /// Logits of `blocks` consecutive blocks of a random stream, and the cache held after each.
 fn run_stream(lm: &Lm, blocks: usize, block: i64, seed: u64) -> (Vec<Tensor>, Vec<usize>) {
     let _guard = tch::no_grad_guard();
-    let stream = common::random_tokens(seed, 256, &[2, blocks as i64 * block]);
+    let stream = crate::common::random_tokens(seed, 256, &[2, blocks as i64 * block]);
     let mut mem = lm.model.new_memory();
     let mut logits = vec![];
     let mut held = vec![];
@@ -163,13 +162,13 @@ fn the_cache_stays_bounded_over_a_long_stream() {
 }
 
 fn copy_run(mechanism: Mechanism, span: usize, dir: &std::path::Path) -> lethe::eval::EvalResult {
-    let mut cfg = common::copy_learning_config(&format!("copy-{mechanism:?}-{span}"));
+    let mut cfg = crate::common::copy_learning_config(&format!("copy-{mechanism:?}-{span}"));
     cfg.memory.mechanism = mechanism;
     cfg.memory.span = span;
     cfg.memory.expire.ramp = 8;
     cfg.memory.expire.init_fraction = 0.9;
     cfg.memory.expire.alpha = 0.01;
-    common::train_and_eval(&cfg, dir)
+    crate::common::train_and_eval(&cfg, dir)
 }
 
 #[test]
@@ -208,7 +207,7 @@ fn inspect_traces_one_span_per_byte_and_layer_and_refuses_fixed_models() {
     let html = std::fs::read_to_string(dir.path().join("spans.html")).unwrap();
     assert_eq!(html.matches("<h2>").count(), 2);
 
-    let fixed = Lm::new(&common::tiny_config(), Device::Cpu).unwrap();
+    let fixed = Lm::new(&crate::common::tiny_config(), Device::Cpu).unwrap();
     let err = lethe::inspect::trace_spans(&fixed, text).unwrap_err().to_string();
     assert!(err.contains("`fixed` memory") && err.contains("Expire-Span"), "{err}");
 }
@@ -243,7 +242,7 @@ fn the_alpha_warm_up_weighs_the_span_loss_of_language_model_updates() {
         cfg.memory.expire.alpha_warmup = warmup;
         (cfg.train.steps, cfg.train.log_every) = (3, 1);
         let dir = tempfile::tempdir().unwrap();
-        lethe::train::train(&cfg, &common::quiet(dir.path())).unwrap().losses
+        lethe::train::train(&cfg, &crate::common::quiet(dir.path())).unwrap().losses
     };
     let (warm, half) = (losses(0.5, 2), losses(0.25, 0));
     // The losses are the task's: the first two follow the same first update.

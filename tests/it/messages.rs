@@ -4,9 +4,7 @@
 //! (`Some(..)`, `Fixed`, `PathBuf`), and no panic. A table of mistakes, each cheap:
 //! refused before any training.
 
-mod common;
-
-use common::cli::{fails_with, lethe, TINY};
+use crate::common::cli::{fails_with, lethe, TINY};
 
 /// Rust's `Debug` rendering of lethe's values, which a message must never show.
 const DEBUG_LEAKS: &[&str] = &[

@@ -1,9 +1,7 @@
 //! Regression tests: bad input gets one clear error and a non-zero exit,
 //! never a panic, a hang, lost work or a silently wrong result. One test per class.
 
-mod common;
-
-use common::cli::{fails_with, lethe, spawn, succeeds, train, TINY};
+use crate::common::cli::{fails_with, lethe, spawn, succeeds, train, TINY};
 
 /// Lost work: a refused resume rewrote `config.toml` first, so every later resume was
 /// refused too. Nothing in the folder may change before a resume is accepted.
@@ -89,7 +87,7 @@ fn a_signal_stops_training_with_a_checkpoint() {
         let child = spawn(d, &args);
         // Wait until training has started (the first progress line is written to the log).
         let log = d.join("runs").join(&run).join("metrics.jsonl");
-        common::wait_until("training did not start", 120, || {
+        crate::common::wait_until("training did not start", 120, || {
             std::fs::read_to_string(&log).is_ok_and(|t| !t.is_empty())
         });
         // SAFETY: sending a signal to our own child process.
@@ -138,7 +136,7 @@ fn a_signal_stops_bench_between_configs_and_keeps_the_results_done() {
         })
     };
     let benched_one = || lines.lock().unwrap().iter().any(|l| l.contains("step median"));
-    common::wait_until("the first config was not benched", 120, || {
+    crate::common::wait_until("the first config was not benched", 120, || {
         benched_one() || child.try_wait().unwrap().is_some()
     });
     assert!(benched_one(), "lethe bench ended early: {:?}", child.wait_with_output().unwrap());
@@ -194,7 +192,7 @@ fn a_signal_stops_bench_rounds_after_a_round_and_keeps_every_config() {
     };
     // With 50 rounds the bench tells every fifth: the first is round 5.
     let one_round = || lines.lock().unwrap().iter().any(|l| l.starts_with("round 5 of 50"));
-    common::wait_until("no round was timed", 120, || one_round() || child.try_wait().unwrap().is_some());
+    crate::common::wait_until("no round was timed", 120, || one_round() || child.try_wait().unwrap().is_some());
     assert!(one_round(), "lethe bench ended early: {:?}", lines.lock().unwrap());
     // SAFETY: sending a signal to our own child process.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };

@@ -2,15 +2,13 @@
 //! the gate and the projections match finite differences, the memory stays bounded
 //! however long the stream, and sticky memories sample where attention went.
 
-mod common;
-
 use lethe::config::{Config, Mechanism};
 use lethe::model::Lm;
 use tch::{Device, Kind, Tensor};
 
 /// One layer, STM of 4, blocks of 4, a basis of 8 functions, 16 samples, 8 bins.
 fn infinity_config() -> Config {
-    let mut c = common::tiny_config();
+    let mut c = crate::common::tiny_config();
     c.memory.mechanism = Mechanism::Infinity;
     c.memory.span = 4;
     c.train.block = 4;
@@ -35,12 +33,12 @@ const X: [i64; 40] = [
 /// The memory after three blocks of 4 (2 streams): the STM holds 4 states, the LTM the
 /// 4 absorbed at block 3, and 4 more wait to be absorbed.
 fn three_block_memory(lm: &Lm) -> Vec<(String, Tensor)> {
-    common::memory_after(lm, &X, 3, 4)
+    crate::common::memory_after(lm, &X, 3, 4)
 }
 
 /// Task and auxiliary loss of the fourth block, given the memory of the first three.
 fn fourth_block_losses(lm: &Lm, state: &[(String, Tensor)]) -> (Tensor, Tensor) {
-    common::block_losses(lm, &X, 3, 4, state)
+    crate::common::block_losses(lm, &X, 3, 4, state)
 }
 
 fn replace(state: &[(String, Tensor)], name: &str, f: impl Fn(&Tensor) -> Tensor) -> Vec<(String, Tensor)> {
@@ -61,7 +59,7 @@ fn queries_see_the_long_term_memory() {
     assert!((task.double_value(&[]) - task2.double_value(&[])).abs() > 1e-4, "the LTM does not reach the loss");
     let mut mem = lm.model.new_memory();
     mem.load_state(&state).unwrap();
-    let _ = tch::no_grad(|| lm.model.forward(&common::tokens(&X, 2).narrow(1, 12, 4), &mut mem, false).unwrap());
+    let _ = tch::no_grad(|| lm.model.forward(&crate::common::tokens(&X, 2).narrow(1, 12, 4), &mut mem, false).unwrap());
     let r = &mem.reports()[0];
     assert_eq!(r.mem_size, 4.0 + 8.0, "4 STM positions plus 8 basis coefficients");
     assert_eq!(r.extra("ltm_tokens"), Some(8.0));
@@ -93,7 +91,7 @@ fn gradients_through_mu_sigma_gate_and_projections_match_finite_differences() {
                 continue;
             }
             let analytic = grad.double_value(&[idx]);
-            let numeric = common::numeric_grad(&p, idx, || loss().double_value(&[]));
+            let numeric = crate::common::numeric_grad(&p, idx, || loss().double_value(&[]));
             assert!((analytic - numeric).abs() < 1e-6 + 1e-4 * numeric.abs(), "{name}[{idx}]: {analytic} vs {numeric}");
         }
     }
@@ -106,7 +104,7 @@ fn the_kl_regulariser_matches_its_formula() {
     let (_, aux) = fourth_block_losses(&lm, &state);
     let mut mem = lm.model.new_memory();
     mem.load_state(&state).unwrap();
-    let _ = tch::no_grad(|| lm.model.forward(&common::tokens(&X, 2).narrow(1, 12, 4), &mut mem, true).unwrap());
+    let _ = tch::no_grad(|| lm.model.forward(&crate::common::tokens(&X, 2).narrow(1, 12, 4), &mut mem, true).unwrap());
     let kl = mem.reports()[0].extra("ltm_kl").unwrap();
     assert!((aux.double_value(&[]) - 0.01 * kl).abs() < 1e-6 * kl, "aux {} vs 0.01 x {kl}", aux.double_value(&[]));
     assert!(kl >= 0.0);
@@ -116,7 +114,7 @@ fn the_kl_regulariser_matches_its_formula() {
 fn the_memory_stays_bounded_however_long_the_stream() {
     let lm = Lm::new(&infinity_config(), Device::Cpu).unwrap();
     let mut mem = lm.model.new_memory();
-    let x = common::tokens(&X, 2);
+    let x = crate::common::tokens(&X, 2);
     tch::no_grad(|| {
         for i in 0..30 {
             lm.model.forward(&x.narrow(1, 4 * (i % 5), 4), &mut mem, false).unwrap();
@@ -142,7 +140,7 @@ fn ltm_after_fourth_block(sticky: bool, hist: &dyn Fn(&Tensor) -> Tensor) -> Ten
     let state = replace(&three_block_memory(&lm), "histogram", hist);
     let mut mem = lm.model.new_memory();
     mem.load_state(&state).unwrap();
-    let _ = tch::no_grad(|| lm.model.forward(&common::tokens(&X, 2).narrow(1, 12, 4), &mut mem, false).unwrap());
+    let _ = tch::no_grad(|| lm.model.forward(&crate::common::tokens(&X, 2).narrow(1, 12, 4), &mut mem, false).unwrap());
     mem.state().into_iter().find(|(n, _)| n.ends_with("ltm")).unwrap().1
 }
 
@@ -194,7 +192,7 @@ fn a_tiny_infinity_former_learns_to_sort_by_frequency() {
     cfg.train.steps = 600;
     cfg.train.eval_every = 0;
     cfg.train.log_every = 100;
-    let r = common::train_and_eval(&cfg, dir.path());
+    let r = crate::common::train_and_eval(&cfg, dir.path());
     eprintln!("∞-former sorting accuracy {} (chance 0.25), loss {}", r.accuracy, r.loss);
     assert!(r.accuracy > 0.45, "sorted {} of the symbols right (chance 0.25)", r.accuracy);
     assert!(r.loss < 4f64.ln() - 0.2, "loss {} is not below the unigram ln 4", r.loss);
@@ -206,7 +204,7 @@ fn resuming_an_infinity_former_repeats_the_losses_of_a_straight_run() {
     let mut cfg = infinity_config();
     cfg.memory.infinity.sticky = true; // the histogram is part of the state
     cfg.train.steps = 12;
-    let options = common::quiet;
+    let options = crate::common::quiet;
     let straight_dir = tempfile::tempdir().unwrap();
     let straight = train(&cfg, &options(straight_dir.path())).unwrap().losses;
     let dir = tempfile::tempdir().unwrap();

@@ -1,9 +1,7 @@
 //! The binary as a user runs it: each bad input gives one clear message naming the file,
 //! field or value, a non-zero exit, and never a panic.
 
-mod common;
-
-use common::cli::{fails_with, lethe, succeeds, train, TINY};
+use crate::common::cli::{fails_with, lethe, succeeds, train, TINY};
 
 #[test]
 fn missing_empty_and_short_corpora_are_named() {

@@ -2,12 +2,10 @@
 //! ranks started by hand as torchrun would, ranks started by torchrun itself, a rank
 //! whose peer never comes, and a rank whose peer dies mid-collective.
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Output, Stdio};
 
-use common::cli::{fails_with, succeeds};
+use crate::common::cli::{fails_with, succeeds};
 
 /// A port that was free a moment ago.
 fn free_port() -> u16 {
@@ -99,7 +97,7 @@ fn a_peer_killed_mid_run_ends_the_other_rank_with_an_error() {
 fn a_rank_ignores_sigpipe_so_a_dead_peer_is_an_error_not_a_silent_exit() {
     let port = free_port();
     let mut host = spawn(rank(0, 2, port, &["--timeout", "60"]));
-    common::wait_until("rank 0 never opened its store", 30, || {
+    crate::common::wait_until("rank 0 never opened its store", 30, || {
         std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
     });
     let status = std::fs::read_to_string(format!("/proc/{}/status", host.id())).unwrap();
@@ -322,7 +320,7 @@ fn a_rank_killed_mid_training_stops_the_other_with_an_error() {
 /// Waits until rank 0 has logged a step under `runs`: both ranks have then joined and
 /// reduced gradients together (a fixed sleep was a race on a loaded machine).
 fn wait_for_a_logged_step(runs: &std::path::Path) {
-    common::wait_until("rank 0 logged no step", 120, || {
+    crate::common::wait_until("rank 0 logged no step", 120, || {
         let mut dirs = std::fs::read_dir(runs).into_iter().flatten().flatten();
         dirs.any(|e| std::fs::read_to_string(e.path().join("metrics.jsonl")).is_ok_and(|m| m.contains("\"step\"")))
     });

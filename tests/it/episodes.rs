@@ -3,8 +3,6 @@
 //! its own episode, exactly as if the row's memory had been reset where its episode
 //! began, and nothing of an earlier episode may reach it, not even through the gradient.
 
-mod common;
-
 use lethe::config::{Config, Mechanism, MemoryConfig, ModelConfig};
 use lethe::model::{Backbone, Memory};
 use tch::nn::VarStore;
@@ -40,7 +38,7 @@ fn backbone(mechanism: Mechanism) -> (VarStore, Backbone) {
         Backbone::new(&vs.root(), &model, &memory, BLOCK as usize).unwrap()
     };
     vs.double();
-    common::randomise(&vs, 7, 2.0, |name| name.ends_with("expire.w"));
+    crate::common::randomise(&vs, 7, 2.0, |name| name.ends_with("expire.w"));
     (vs, body)
 }
 
@@ -81,7 +79,7 @@ fn close(a: &Tensor, b: &Tensor) -> bool {
 fn a_new_episode_sees_only_itself_as_if_its_row_had_been_reset() {
     for mechanism in [Mechanism::Fixed, Mechanism::Adaptive, Mechanism::Expire] {
         let (_vs, body) = backbone(mechanism);
-        let x = common::randn(1, &[2, T, D], Kind::Double).set_requires_grad(true);
+        let x = crate::common::randn(1, &[2, T, D], Kind::Double).set_requires_grad(true);
         let e = episodes();
         let numbered = run(&body, &mut body.new_memory(), &x, Some(&e), 0);
         let plain = run(&body, &mut body.new_memory(), &x, None, 0);
@@ -103,7 +101,7 @@ fn a_new_episode_sees_only_itself_as_if_its_row_had_been_reset() {
             "{mechanism:?}: the old episode is unchanged"
         );
 
-        let projection = common::randn(2, &tail.size(), Kind::Double);
+        let projection = crate::common::randn(2, &tail.size(), Kind::Double);
         let grad = Tensor::run_backward(&[(&tail * projection).sum(Kind::Double)], &[&x], false, false).remove(0);
         let old = grad.narrow(0, 0, 1).narrow(1, 0, SWITCH);
         assert_eq!(old.abs().max().double_value(&[]), 0.0, "{mechanism:?}: gradient reached the old episode");
@@ -120,7 +118,7 @@ fn a_new_episode_sees_only_itself_as_if_its_row_had_been_reset() {
 fn a_restored_memory_keeps_its_episodes() {
     for mechanism in [Mechanism::Fixed, Mechanism::Adaptive, Mechanism::Expire] {
         let (_vs, body) = backbone(mechanism);
-        let x = common::randn(3, &[2, T, D], Kind::Double);
+        let x = crate::common::randn(3, &[2, T, D], Kind::Double);
         let e = episodes();
         let mut mem = body.new_memory();
         // Stop at the switch: the saved memory holds episode 5, the next block starts 6.
@@ -144,7 +142,7 @@ fn a_restored_memory_keeps_its_episodes() {
 fn mechanisms_that_cannot_keep_episodes_apart_refuse_them() {
     for mechanism in [Mechanism::Compressive, Mechanism::Infinity] {
         let (_vs, body) = backbone(mechanism);
-        let x = common::randn(4, &[2, BLOCK, D], Kind::Double);
+        let x = crate::common::randn(4, &[2, BLOCK, D], Kind::Double);
         let e = episodes().narrow(1, 0, BLOCK);
         let err = body.forward(x, &mut body.new_memory(), false, Some(&e)).err().expect("episodes must be refused");
         assert!(err.to_string().contains("rl.reset"), "{err}");
@@ -166,7 +164,7 @@ fn the_official_reading_of_expire_span_refuses_episodes() {
     memory.expire.as_official = true;
     model.pre_norm = true;
     let body = Backbone::new(&VarStore::new(Device::Cpu).root(), &model, &memory, BLOCK as usize).unwrap();
-    let x = common::randn(4, &[2, BLOCK, D], Kind::Float);
+    let x = crate::common::randn(4, &[2, BLOCK, D], Kind::Float);
     let e = episodes().narrow(1, 0, BLOCK);
     let err = body
         .forward(x.shallow_clone(), &mut body.new_memory(), false, Some(&e))
