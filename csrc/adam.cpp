@@ -22,6 +22,7 @@
 #include <cmath>
 
 #include "guard.h"
+#include "lethe.h"
 
 // For this file's own functions only (after the headers): no product and sum fused.
 #pragma GCC optimize("fp-contract=off")
@@ -162,10 +163,17 @@ extern "C" {
 // beta2, 1 - beta2, sqrt(bc2), eps. `rmsprop` 1 for RMSProp, `decay` 1 when the weight
 // decay is on, `multi_tensor` 1 for libtorch's multi-tensor operations (a GPU's path,
 // `update_foreach`) instead of the element loop (CPU tensors).
-int lethe_optimiser_step(void** params, void** grads, void** exp_avg, void** exp_avg_sq, int64_t count,
-                         const double* steps, const double* decays, const double* constants, int rmsprop, int decay,
-                         int multi_tensor, char** error) {
+int lethe_optimiser_step(const lethe_optimiser_args* args, char** error) {
   return lethe::guarded(error, [&] {
+    void** params = args->params;
+    void** grads = args->grads;
+    void** exp_avg = args->exp_avg;
+    void** exp_avg_sq = args->exp_avg_sq;
+    const int64_t count = args->count;
+    const double* steps = args->steps;
+    const double* decays = args->decays;
+    const double* constants = args->constants;
+    const int rmsprop = args->rmsprop, decay = args->decay, multi_tensor = args->multi_tensor;
     if (multi_tensor != 0) {
       at::NoGradGuard no_grad;
       update_foreach(params, grads, exp_avg, exp_avg_sq, count, steps, decays, constants, rmsprop, decay);

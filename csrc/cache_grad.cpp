@@ -33,6 +33,7 @@
 #include "blas.h"
 #include "guard.h"
 #include "shares.h"
+#include "lethe.h"
 
 namespace {
 
@@ -360,11 +361,12 @@ extern "C" {
 // `(b, m, d)`, the tensor those rows of the states were copied from; with `s` `(b, n)`
 // and `ws` `(d)` (else null), the scores `s = states ws` too. Writes the two (or three)
 // new tensors to `out`.
-int lethe_cache_tail_grad(void* k, void* v, void* s, void* block, void* wk, void* wv, void* ws, void** out, char** error) {
+int lethe_cache_tail_grad(const lethe_cache_tail_args* a, lethe_tensor* out, char** error) {
   return lethe::guarded(error, [&] {
     auto t = [](void* x) -> at::Tensor { return x == nullptr ? at::Tensor() : *static_cast<at::Tensor*>(x); };
-    auto result = s == nullptr ? KeysValues::apply(t(k), t(v), t(block), t(wk), t(wv))
-                               : KeysValuesScores::apply(t(k), t(v), t(s), t(block), t(wk), t(wv), t(ws));
+    auto result = a->s == nullptr
+                      ? KeysValues::apply(t(a->k), t(a->v), t(a->block), t(a->wk), t(a->wv))
+                      : KeysValuesScores::apply(t(a->k), t(a->v), t(a->s), t(a->block), t(a->wk), t(a->wv), t(a->ws));
     for (size_t i = 0; i < result.size(); ++i) out[i] = new at::Tensor(std::move(result[i]));
   });
 }
@@ -374,13 +376,13 @@ int lethe_cache_tail_grad(void* k, void* v, void* s, void* block, void* wk, void
 // (b, n) bool, weights `wk`, `wv` (e, d), biases `bk`, `bv` (e) or null, the score vector
 // `ws` (d); `blas` 0 takes libtorch's matrix products (the tests' way to run that path).
 // Writes k, v (b, n, e) and s (b, n) to `out`.
-int lethe_ragged_project(void* states, void* block, void* valid, void* wk, void* bk, void* wv, void* bv, void* ws,
-                         int blas, void** out, char** error) {
+int lethe_ragged_project(const lethe_ragged_project_args* a, lethe_tensor* out, char** error) {
   return lethe::guarded(error, [&] {
     auto t = [](void* x) -> at::Tensor { return x == nullptr ? at::Tensor() : *static_cast<at::Tensor*>(x); };
     // No bias: an empty one (autograd takes no undefined input to a function it records).
-    const auto bias = [&](void* x) { return x == nullptr ? at::empty({0}, t(states).options()) : t(x); };
-    auto result = RaggedProjection::apply(t(states), t(block), t(valid), t(wk), bias(bk), t(wv), bias(bv), t(ws), blas != 0);
+    const auto bias = [&](void* x) { return x == nullptr ? at::empty({0}, t(a->states).options()) : t(x); };
+    auto result = RaggedProjection::apply(t(a->states), t(a->block), t(a->valid), t(a->wk), bias(a->bk), t(a->wv),
+                                          bias(a->bv), t(a->ws), a->blas != 0);
     for (size_t i = 0; i < result.size(); ++i) out[i] = new at::Tensor(std::move(result[i]));
   });
 }

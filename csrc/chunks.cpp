@@ -19,6 +19,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "guard.h"
+#include "lethe.h"
 
 namespace {
 

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "guard.h"
+#include "lethe.h"
 
 namespace {
 

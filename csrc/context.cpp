@@ -4,6 +4,7 @@
 #include <c10/util/Logging.h>
 
 #include "guard.h"
+#include "lethe.h"
 
 extern "C" {
 

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "guard.h"
+#include "lethe.h"
 
 struct lethe_pg {
   c10::intrusive_ptr<c10d::Store> store;
@@ -27,10 +28,13 @@ extern "C" {
 // Joins the group: connects to (or, when `store_server`, hosts) the TCPStore at
 // host:port, under `prefix`, then builds a Gloo process group whose collectives give up
 // after `timeout_ms`. Returns null and sets `error` on failure.
-lethe_pg* lethe_dist_init(const char* host, int port, int rank, int world, int store_server, const char* prefix,
-                          int64_t timeout_ms, char** error) {
+lethe_pg* lethe_dist_init(const lethe_dist_options* o, char** error) {
   lethe_pg* pg = nullptr;
   guarded(error, [&] {
+    const char* host = o->host;
+    const char* prefix = o->prefix;
+    const int port = o->port, rank = o->rank, world = o->world, store_server = o->store_server;
+    const int64_t timeout_ms = o->timeout_ms;
     auto timeout = std::chrono::milliseconds(timeout_ms);
     c10d::TCPStoreOptions options;
     options.port = static_cast<std::uint16_t>(port);

@@ -83,6 +83,7 @@
 #include "blas.h"
 #include "guard.h"
 #include "shares.h"
+#include "lethe.h"
 
 // Sleef's 8-wide log for AVX2, exported by libtorch_cpu (sleef.h declares it only where
 // the whole file is compiled for AVX).
@@ -1256,11 +1257,12 @@ extern "C" {
 // gradient; the ramp counts (b, n) and the ramp's distance sum per stream (b, double),
 // without. `width` is the widest vector loops to run: 0 the plain ones, 8 AVX2, 16
 // AVX-512 (each only where the CPU has it; narrower ones otherwise).
-int lethe_expire_scores(void* scores, void* pq, void* spans, void* counter, void* usable, double ramp, int width,
-                        int softmax, void** out, char** error) {
+int lethe_expire_scores(lethe_tensor scores, const lethe_expire_operands* o, int softmax, lethe_tensor* out,
+                        char** error) {
   return lethe::guarded(error, [&] {
     auto t = [](void* x) -> const at::Tensor& { return *static_cast<at::Tensor*>(x); };
-    auto result = ExpireScores::apply(t(scores), t(pq), t(spans), t(counter), t(usable), ramp, static_cast<int64_t>(width), softmax != 0);
+    auto result = ExpireScores::apply(t(scores), t(o->pq), t(o->spans), t(o->counter), t(o->usable), o->ramp,
+                                      static_cast<int64_t>(o->width), softmax != 0);
     for (size_t k = 0; k < 3; ++k) out[k] = new at::Tensor(std::move(result[k]));
   });
 }
@@ -1272,12 +1274,12 @@ int lethe_expire_scores(void* scores, void* pq, void* spans, void* counter, void
 // ramp counts and distance sums, without, and the span loss with `loss_scale` = alpha /
 // (R M) (see span_loss; zero when `loss_scale` is 0), with gradient to the spans. `blas`
 // 0 takes libtorch's matrix products instead of the BLAS library's (tests).
-int lethe_expire_attend(void* q, void* k, void* v, void* pq, void* spans, void* counter, void* usable, double ramp,
-                        double loss_scale, int width, int blas, void** out, char** error) {
+int lethe_expire_attend(const lethe_expire_attend_args* a, lethe_tensor* out, char** error) {
   return lethe::guarded(error, [&] {
     auto t = [](void* x) -> const at::Tensor& { return *static_cast<at::Tensor*>(x); };
-    auto result = ExpireAttend::apply(t(q), t(k), t(v), t(pq), t(spans), t(counter), t(usable), ramp, loss_scale,
-                                      static_cast<int64_t>(width), blas != 0);
+    const lethe_expire_operands& o = a->ops;
+    auto result = ExpireAttend::apply(t(a->q), t(a->k), t(a->v), t(o.pq), t(o.spans), t(o.counter), t(o.usable),
+                                      o.ramp, a->loss_scale, static_cast<int64_t>(o.width), a->blas != 0);
     for (size_t i = 0; i < 4; ++i) out[i] = new at::Tensor(std::move(result[i]));
   });
 }

@@ -24,6 +24,7 @@
 #include <limits>
 
 #include "guard.h"
+#include "lethe.h"
 
 namespace {
 

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "guard.h"
+#include "lethe.h"
 
 using torch::autograd::profiler::RecordProfile;
 

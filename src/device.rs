@@ -1,23 +1,11 @@
 //! Choosing where tensors live: `cpu`, `cuda`, `cuda:N` or `auto`.
 
-use std::ffi::{c_char, c_int};
+use std::ffi::c_int;
 
 use tch::Device;
 
 use crate::error::{LetheError, Result};
-
-extern "C" {
-    fn lethe_set_tf32(tf32: c_int, error: *mut *mut c_char) -> c_int;
-    fn lethe_tf32() -> c_int;
-    fn lethe_set_cpp_log_level(level: c_int);
-    fn lethe_gpu_memory(
-        device: c_int,
-        reset: c_int,
-        current: *mut i64,
-        peak: *mut i64,
-        error: *mut *mut c_char,
-    ) -> c_int;
-}
+use crate::ffi::{lethe_gpu_memory, lethe_set_cpp_log_level, lethe_set_tf32, lethe_tf32};
 
 /// Keeps libtorch's own log lines (c10d's connection errors and warnings, each with a
 /// C++ stack of 40 frames) off stderr, where lethe says what failed in one line; unless

@@ -21,29 +21,10 @@ use std::time::Duration;
 use tch::{Device, Tensor};
 
 use crate::error::{LetheError, Result};
-
-/// The C side's process group (`struct lethe_pg` in `csrc/dist.cpp`).
-#[repr(C)]
-struct RawGroup {
-    _opaque: [u8; 0],
-}
-
-extern "C" {
-    fn lethe_dist_init(
-        host: *const c_char,
-        port: c_int,
-        rank: c_int,
-        world: c_int,
-        store_server: c_int,
-        prefix: *const c_char,
-        timeout_ms: i64,
-        error: *mut *mut c_char,
-    ) -> *mut RawGroup;
-    fn lethe_dist_all_reduce(pg: *mut RawGroup, tensor: *mut c_void, max: c_int, error: *mut *mut c_char) -> c_int;
-    fn lethe_dist_broadcast(pg: *mut RawGroup, tensor: *mut c_void, root: c_int, error: *mut *mut c_char) -> c_int;
-    fn lethe_dist_barrier(pg: *mut RawGroup, error: *mut *mut c_char) -> c_int;
-    fn lethe_dist_free(pg: *mut RawGroup);
-}
+use crate::ffi::{
+    lethe_dist_all_reduce, lethe_dist_barrier, lethe_dist_broadcast, lethe_dist_free, lethe_dist_init, DistOptions,
+    RawGroup,
+};
 
 /// Where this process stands in a launch, as the launcher's environment says.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -151,16 +132,16 @@ impl ProcessGroup {
         let mut error = std::ptr::null_mut();
         // SAFETY: the strings outlive the call; `error` receives a malloc'ed message or stays null.
         let raw = unsafe {
-            lethe_dist_init(
-                host.as_ptr(),
-                c_int::from(launch.master_port),
-                launch.rank as c_int,
-                launch.world_size as c_int,
-                c_int::from(launch.hosts_store()),
-                prefix.as_ptr(),
+            let options = DistOptions {
+                host: host.as_ptr(),
+                port: c_int::from(launch.master_port),
+                rank: launch.rank as c_int,
+                world: launch.world_size as c_int,
+                store_server: c_int::from(launch.hosts_store()),
+                prefix: prefix.as_ptr(),
                 timeout_ms,
-                &mut error,
-            )
+            };
+            lethe_dist_init(&options, &mut error)
         };
         let rank = launch.rank;
         match NonNull::new(raw) {

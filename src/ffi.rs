@@ -1,6 +1,8 @@
-//! How lethe calls its own C++ (`csrc/`, compiled by `build.rs`): every entry point
-//! returns 0, or -1 with a `malloc`'ed message (`csrc/guard.h` turns any C++ exception
-//! into one, never an abort). [`call`] turns that status into a [`Result`] whose error
+//! How lethe calls its own C++ (`csrc/`, compiled by `build.rs`): the one mirror of its
+//! C ABI, `csrc/lethe.h` (every entry point and argument struct, declared here once and
+//! called from the module that wraps it), and the helpers every call shares. Every entry
+//! point that can fail returns 0, or -1 with a `malloc`'ed message (`csrc/guard.h` turns
+//! any C++ exception into one, never an abort). [`call`] turns that status into a [`Result`] whose error
 //! names the piece, and [`tensor`] takes over an `at::Tensor*` that an entry point made.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
@@ -9,8 +11,194 @@ use tch::Tensor;
 
 use crate::error::{LetheError, Result};
 
+/// An `at::Tensor*`, as tch's `Tensor::as_ptr` gives it.
+pub(crate) type RawTensor = *mut c_void;
+
+/// The tensor pointer of `t`, for a call that reads it (or writes its storage in place).
+pub(crate) fn raw(t: &Tensor) -> RawTensor {
+    t.as_ptr() as RawTensor
+}
+
+/// [`raw`] of an optional tensor: null for none.
+pub(crate) fn raw_or_null(t: Option<&Tensor>) -> RawTensor {
+    t.map_or(std::ptr::null_mut(), raw)
+}
+
+/// `lethe_optimiser_args`.
+#[repr(C)]
+pub(crate) struct OptimiserArgs {
+    pub params: *mut RawTensor,
+    pub grads: *mut RawTensor,
+    pub exp_avg: *mut RawTensor,
+    pub exp_avg_sq: *mut RawTensor,
+    pub count: i64,
+    pub steps: *const f64,
+    pub decays: *const f64,
+    pub constants: *const f64,
+    pub rmsprop: c_int,
+    pub decay: c_int,
+    pub multi_tensor: c_int,
+}
+
+/// `lethe_cache_tail_args`.
+#[repr(C)]
+pub(crate) struct CacheTailArgs {
+    pub k: RawTensor,
+    pub v: RawTensor,
+    pub s: RawTensor,
+    pub block: RawTensor,
+    pub wk: RawTensor,
+    pub wv: RawTensor,
+    pub ws: RawTensor,
+}
+
+/// `lethe_ragged_project_args`.
+#[repr(C)]
+pub(crate) struct RaggedProjectArgs {
+    pub states: RawTensor,
+    pub block: RawTensor,
+    pub valid: RawTensor,
+    pub wk: RawTensor,
+    pub bk: RawTensor,
+    pub wv: RawTensor,
+    pub bv: RawTensor,
+    pub ws: RawTensor,
+    pub blas: c_int,
+}
+
+/// `lethe_expire_operands`.
+#[repr(C)]
+pub(crate) struct ExpireOperands {
+    pub pq: RawTensor,
+    pub spans: RawTensor,
+    pub counter: RawTensor,
+    pub usable: RawTensor,
+    pub ramp: f64,
+    pub width: c_int,
+}
+
+/// `lethe_expire_attend_args`.
+#[repr(C)]
+pub(crate) struct ExpireAttendArgs {
+    pub q: RawTensor,
+    pub k: RawTensor,
+    pub v: RawTensor,
+    pub ops: ExpireOperands,
+    pub loss_scale: f64,
+    pub blas: c_int,
+}
+
+/// `lethe_dist_options`.
+#[repr(C)]
+pub(crate) struct DistOptions {
+    pub host: *const c_char,
+    pub port: c_int,
+    pub rank: c_int,
+    pub world: c_int,
+    pub store_server: c_int,
+    pub prefix: *const c_char,
+    pub timeout_ms: i64,
+}
+
+/// `lethe_pg`: a process group, opaque here.
+#[repr(C)]
+pub(crate) struct RawGroup {
+    _private: [u8; 0],
+}
+
+// Every entry point of `csrc/lethe.h`, in its order (a test compares the two).
 extern "C" {
-    fn lethe_free_error(error: *mut c_char);
+    pub(crate) fn lethe_free_error(error: *mut c_char);
+
+    pub(crate) fn lethe_optimiser_step(args: *const OptimiserArgs, error: *mut *mut c_char) -> c_int;
+    pub(crate) fn lethe_clip_foreach(
+        grads: *mut RawTensor,
+        count: i64,
+        max: f64,
+        norm: *mut f64,
+        error: *mut *mut c_char,
+    ) -> c_int;
+
+    pub(crate) fn lethe_cache_tail_grad(
+        args: *const CacheTailArgs,
+        out: *mut RawTensor,
+        error: *mut *mut c_char,
+    ) -> c_int;
+    pub(crate) fn lethe_ragged_project(
+        args: *const RaggedProjectArgs,
+        out: *mut RawTensor,
+        error: *mut *mut c_char,
+    ) -> c_int;
+
+    pub(crate) fn lethe_chunks(
+        t: RawTensor,
+        dim: i64,
+        starts: *const i64,
+        lens: *const i64,
+        count: i64,
+        out: *mut RawTensor,
+        error: *mut *mut c_char,
+    ) -> c_int;
+    pub(crate) fn lethe_skew(
+        flipped: RawTensor,
+        cached: i64,
+        n: i64,
+        out: *mut RawTensor,
+        error: *mut *mut c_char,
+    ) -> c_int;
+
+    pub(crate) fn lethe_compact(
+        keep: RawTensor,
+        tensors: *mut RawTensor,
+        count: i64,
+        room: i64,
+        out: *mut RawTensor,
+        error: *mut *mut c_char,
+    ) -> c_int;
+
+    pub(crate) fn lethe_expire_scores(
+        scores: RawTensor,
+        ops: *const ExpireOperands,
+        softmax: c_int,
+        out: *mut RawTensor,
+        error: *mut *mut c_char,
+    ) -> c_int;
+    pub(crate) fn lethe_expire_attend(
+        args: *const ExpireAttendArgs,
+        out: *mut RawTensor,
+        error: *mut *mut c_char,
+    ) -> c_int;
+    #[cfg(test)] // a check of the build (OpenMP), for the tests only
+    pub(crate) fn lethe_parallel_threads(seen: *mut i64, threads: *mut i64);
+
+    pub(crate) fn lethe_set_tf32(tf32: c_int, error: *mut *mut c_char) -> c_int;
+    pub(crate) fn lethe_tf32() -> c_int;
+    pub(crate) fn lethe_set_cpp_log_level(level: c_int);
+    pub(crate) fn lethe_gpu_memory(
+        device: c_int,
+        reset: c_int,
+        current: *mut i64,
+        peak: *mut i64,
+        error: *mut *mut c_char,
+    ) -> c_int;
+    pub(crate) fn lethe_trace_start(path: *const c_char, out: *mut *mut c_void, error: *mut *mut c_char) -> c_int;
+    pub(crate) fn lethe_trace_stop(handle: *mut c_void, error: *mut *mut c_char) -> c_int;
+
+    pub(crate) fn lethe_dist_init(options: *const DistOptions, error: *mut *mut c_char) -> *mut RawGroup;
+    pub(crate) fn lethe_dist_all_reduce(
+        pg: *mut RawGroup,
+        tensor: RawTensor,
+        max: c_int,
+        error: *mut *mut c_char,
+    ) -> c_int;
+    pub(crate) fn lethe_dist_broadcast(
+        pg: *mut RawGroup,
+        tensor: RawTensor,
+        root: c_int,
+        error: *mut *mut c_char,
+    ) -> c_int;
+    pub(crate) fn lethe_dist_barrier(pg: *mut RawGroup, error: *mut *mut c_char) -> c_int;
+    pub(crate) fn lethe_dist_free(pg: *mut RawGroup);
 }
 
 /// Runs `entry(&mut error)`, one C++ entry point; a non-zero status becomes
@@ -52,6 +240,91 @@ pub(crate) unsafe fn tensor(p: *mut c_void) -> Tensor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The functions of a C or Rust declaration text: each name with its parameters'
+    /// names, in order (`void` and `error`-style out-parameters counted like the rest).
+    fn functions(text: &str, opener: &str) -> Vec<(String, Vec<String>)> {
+        let mut found = Vec::new();
+        for (i, _) in text.match_indices(opener) {
+            let rest = &text[i + opener.len() - "lethe_".len()..];
+            let Some(open) = rest.find('(') else { continue };
+            let name = rest[..open].trim().to_string();
+            let close = rest[open..].find(')').map_or(rest.len(), |c| open + c);
+            let params = rest[open + 1..close]
+                .split(',')
+                .map(|p| p.trim())
+                .filter(|p| !p.is_empty() && *p != "void")
+                .map(|p| {
+                    let before_colon = p.split(':').next().unwrap_or(p);
+                    let word = before_colon.rsplit(|c: char| !(c.is_alphanumeric() || c == '_')).next();
+                    word.unwrap_or(p).to_string()
+                })
+                .collect();
+            found.push((name, params));
+        }
+        found
+    }
+
+    /// The field names of each struct, by the C typedef's name (`lethe_x_args`) or the
+    /// Rust struct's doc line naming it.
+    fn c_structs(header: &str) -> Vec<(String, Vec<String>)> {
+        header
+            .split("typedef struct ")
+            .skip(1)
+            .filter_map(|s| {
+                let (name, body) = s.split_once('{')?;
+                let body = body.split('}').next()?;
+                let fields = body
+                    .lines()
+                    .map(|l| l.split("//").next().unwrap_or("").trim())
+                    .filter(|l| l.ends_with(';'))
+                    .map(|l| l.trim_end_matches(';').rsplit([' ', '*']).next().unwrap_or("").into())
+                    .collect();
+                Some((name.trim().to_string(), fields))
+            })
+            .collect()
+    }
+
+    fn rust_structs(source: &str) -> Vec<(String, Vec<String>)> {
+        source
+            .split("/// `lethe_")
+            .skip(1)
+            .filter_map(|s| {
+                let name = format!("lethe_{}", s.split('`').next()?);
+                let body = s.split_once('{')?.1.split('}').next()?;
+                let fields = body
+                    .lines()
+                    .filter_map(|l| l.trim().strip_prefix("pub "))
+                    .map(|l| l.split(':').next().unwrap_or("").trim().to_string())
+                    .collect();
+                Some((name, fields))
+            })
+            .filter(|(name, _)| name != "lethe_pg")
+            .collect()
+    }
+
+    /// `csrc/lethe.h` and this module declare the same entry points, with the same
+    /// parameters in the same order, and the same argument structs, field by field: the
+    /// C++ definitions are checked against the header by the compiler, and this mirror
+    /// against the header here.
+    #[test]
+    fn the_rust_mirror_declares_what_the_c_header_declares() {
+        let header = include_str!("../csrc/lethe.h");
+        let source = include_str!("ffi.rs");
+        let mirror = &source[..source.find("#[cfg(test)]\nmod tests").unwrap()];
+        let c = functions(header, "\nint lethe_")
+            .into_iter()
+            .chain(functions(header, "\nvoid lethe_"))
+            .chain(functions(header, "\nlethe_pg* lethe_"))
+            .collect::<std::collections::BTreeMap<_, _>>();
+        let rust = functions(mirror, "fn lethe_").into_iter().collect::<std::collections::BTreeMap<_, _>>();
+        assert!(c.len() >= 20, "the header's functions were not found: {c:?}");
+        assert_eq!(c, rust, "csrc/lethe.h and src/ffi.rs declare different entry points");
+        let (cs, rs) = (c_structs(header), rust_structs(mirror));
+        assert!(cs.len() >= 6, "the header's structs were not found: {cs:?}");
+        let cs: Vec<_> = cs.into_iter().filter(|(name, _)| name != "lethe_pg").collect();
+        assert_eq!(cs, rs, "csrc/lethe.h and src/ffi.rs lay out different argument structs");
+    }
 
     #[test]
     fn a_failed_call_names_the_piece() {

@@ -5,37 +5,13 @@
 //! the update of every parameter is one call into `csrc/adam.cpp`, bitwise the
 //! libtorch operations it replaces.
 
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::{c_int, c_void};
 
 use tch::Tensor;
 
 use crate::config::{Optimizer, Schedule, TrainConfig};
 use crate::error::{LetheError, Result};
-
-extern "C" {
-    #[allow(clippy::too_many_arguments)]
-    fn lethe_optimiser_step(
-        params: *mut *mut c_void,
-        grads: *mut *mut c_void,
-        exp_avg: *mut *mut c_void,
-        exp_avg_sq: *mut *mut c_void,
-        count: i64,
-        steps: *const f64,
-        decays: *const f64,
-        constants: *const f64,
-        rmsprop: c_int,
-        decay: c_int,
-        multi_tensor: c_int,
-        error: *mut *mut c_char,
-    ) -> c_int;
-    fn lethe_clip_foreach(
-        grads: *mut *mut c_void,
-        count: i64,
-        max: f64,
-        norm: *mut f64,
-        error: *mut *mut c_char,
-    ) -> c_int;
-}
+use crate::ffi::{lethe_clip_foreach, lethe_optimiser_step, OptimiserArgs};
 
 /// Adam or RMSProp (`train.optimizer`) over a fixed, named list of parameters.
 pub struct Optimiser {
@@ -179,20 +155,20 @@ impl Optimiser {
         // call; the kernel writes the parameters' and moments' storage in place and keeps
         // no pointer; the arrays are `which.len()` long, `constants` 6.
         crate::ffi::call("optimiser step", |error| unsafe {
-            lethe_optimiser_step(
-                params.as_mut_ptr(),
-                grad_ptrs.as_mut_ptr(),
-                exp_avg.as_mut_ptr(),
-                exp_avg_sq.as_mut_ptr(),
-                which.len() as i64,
-                steps.as_ptr(),
-                decays.as_ptr(),
-                constants.as_ptr(),
-                c_int::from(rmsprop),
-                c_int::from(self.weight_decay > 0.0),
-                c_int::from(multi_tensor),
-                error,
-            )
+            let args = OptimiserArgs {
+                params: params.as_mut_ptr(),
+                grads: grad_ptrs.as_mut_ptr(),
+                exp_avg: exp_avg.as_mut_ptr(),
+                exp_avg_sq: exp_avg_sq.as_mut_ptr(),
+                count: which.len() as i64,
+                steps: steps.as_ptr(),
+                decays: decays.as_ptr(),
+                constants: constants.as_ptr(),
+                rmsprop: c_int::from(rmsprop),
+                decay: c_int::from(self.weight_decay > 0.0),
+                multi_tensor: c_int::from(multi_tensor),
+            };
+            lethe_optimiser_step(&args, error)
         })
     }
 

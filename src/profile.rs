@@ -17,7 +17,7 @@
 //! (`lethe bench --trace`; `scripts/trace-summary.py` sums it per operation).
 
 use std::cell::RefCell;
-use std::ffi::{c_char, c_int, c_void, CString};
+use std::ffi::{c_void, CString};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -25,6 +25,7 @@ use serde::Serialize;
 use tch::Device;
 
 use crate::error::{LetheError, Result};
+use crate::ffi::{lethe_trace_start, lethe_trace_stop};
 
 /// One phase's time over the profiled steps.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -150,11 +151,6 @@ pub fn table(phases: &[PhaseTime], steps: usize) -> String {
         out += &format!("{name:<44} {ms:>10.2} {share:>6.1}% {:>9.1}\n", p.calls as f64 / steps);
     }
     out
-}
-
-extern "C" {
-    fn lethe_trace_start(path: *const c_char, out: *mut *mut c_void, error: *mut *mut c_char) -> c_int;
-    fn lethe_trace_stop(handle: *mut c_void, error: *mut *mut c_char) -> c_int;
 }
 
 /// A recording of libtorch's profiler (csrc/trace.cpp): every libtorch operation run on

@@ -23,40 +23,12 @@
 //! over those rows only, so the padding costs nothing (a fifth of the rows of a trained
 //! model at `enwik8-tiny`).
 
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::{c_int, c_void};
 
 use tch::{nn, Tensor};
 
 use crate::error::{LetheError, Result};
-
-extern "C" {
-    #[allow(clippy::too_many_arguments)]
-    fn lethe_cache_tail_grad(
-        k: *mut c_void,
-        v: *mut c_void,
-        s: *mut c_void,
-        block: *mut c_void,
-        wk: *mut c_void,
-        wv: *mut c_void,
-        ws: *mut c_void,
-        out: *mut *mut c_void,
-        error: *mut *mut c_char,
-    ) -> c_int;
-    #[allow(clippy::too_many_arguments)]
-    fn lethe_ragged_project(
-        states: *mut c_void,
-        block: *mut c_void,
-        valid: *mut c_void,
-        wk: *mut c_void,
-        bk: *mut c_void,
-        wv: *mut c_void,
-        bv: *mut c_void,
-        ws: *mut c_void,
-        blas: c_int,
-        out: *mut *mut c_void,
-        error: *mut *mut c_char,
-    ) -> c_int;
-}
+use crate::ffi::{lethe_cache_tail_grad, lethe_ragged_project, raw_or_null, CacheTailArgs, RaggedProjectArgs};
 
 /// Keys, values and (for Expire-Span) the span predictor's scores of a window, heads
 /// not yet split ([`crate::model::attention::Projected`] has them split).
@@ -113,22 +85,22 @@ pub fn project_after_cache(
     }
     let plain = project(states);
     let mut out: [*mut c_void; 3] = [std::ptr::null_mut(); 3];
-    let ptr = |t: Option<&Tensor>| t.map_or(std::ptr::null_mut(), |t| t.as_ptr() as *mut c_void);
+    let ptr = raw_or_null;
+    let (wk, wv, ws) = (k.ws.detach(), v.ws.detach(), w.map(Tensor::detach));
     // SAFETY: every pointer is null or a live `at::Tensor*` owned by its `Tensor` for the
     // call (the function reads them only); on success it writes two new `at::Tensor*`, or
     // three with `w`.
     crate::ffi::call("keys and values of the window", |error| unsafe {
-        lethe_cache_tail_grad(
-            ptr(Some(&plain.k)),
-            ptr(Some(&plain.v)),
-            ptr(plain.scores.as_ref()),
-            ptr(Some(block)),
-            ptr(Some(&k.ws.detach())),
-            ptr(Some(&v.ws.detach())),
-            ptr(w.map(Tensor::detach).as_ref()),
-            out.as_mut_ptr(),
-            error,
-        )
+        let args = CacheTailArgs {
+            k: ptr(Some(&plain.k)),
+            v: ptr(Some(&plain.v)),
+            s: ptr(plain.scores.as_ref()),
+            block: ptr(Some(block)),
+            wk: ptr(Some(&wk)),
+            wv: ptr(Some(&wv)),
+            ws: ptr(ws.as_ref()),
+        };
+        lethe_cache_tail_grad(&args, out.as_mut_ptr(), error)
     })?;
     // SAFETY: see above; each non-null pointer is taken over once.
     let mut taken = out.into_iter().filter(|p| !p.is_null()).map(|p| unsafe { crate::ffi::tensor(p) });
@@ -156,23 +128,22 @@ pub fn project_ragged(
     blas: bool,
 ) -> Result<Projections> {
     let mut out: [*mut c_void; 3] = [std::ptr::null_mut(); 3];
-    let ptr = |t: Option<&Tensor>| t.map_or(std::ptr::null_mut(), |t| t.as_ptr() as *mut c_void);
+    let ptr = raw_or_null;
     // SAFETY: every pointer is null or a live `at::Tensor*` owned by its `Tensor` for the
     // call (the function reads them only); on success it writes three new `at::Tensor*`.
     crate::ffi::call("keys and values of the ragged window", |error| unsafe {
-        lethe_ragged_project(
-            ptr(Some(states)),
-            ptr(Some(block)),
-            ptr(Some(valid)),
-            ptr(Some(&k.ws)),
-            ptr(k.bs.as_ref()),
-            ptr(Some(&v.ws)),
-            ptr(v.bs.as_ref()),
-            ptr(Some(w)),
-            c_int::from(blas),
-            out.as_mut_ptr(),
-            error,
-        )
+        let args = RaggedProjectArgs {
+            states: ptr(Some(states)),
+            block: ptr(Some(block)),
+            valid: ptr(Some(valid)),
+            wk: ptr(Some(&k.ws)),
+            bk: ptr(k.bs.as_ref()),
+            wv: ptr(Some(&v.ws)),
+            bv: ptr(v.bs.as_ref()),
+            ws: ptr(Some(w)),
+            blas: c_int::from(blas),
+        };
+        lethe_ragged_project(&args, out.as_mut_ptr(), error)
     })?;
     // SAFETY: see above; each non-null pointer is taken over once.
     let mut taken = out.into_iter().filter(|p| !p.is_null()).map(|p| unsafe { crate::ffi::tensor(p) });

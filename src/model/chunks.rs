@@ -13,24 +13,13 @@
 //! last chunk first, the order in which the engine ran the narrows' backward passes, so
 //! the sums round as before (`tests::it_gives_what_the_narrows_give`).
 
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::c_void;
 
 use tch::Tensor;
 
 use super::attention::part;
 use crate::error::Result;
-
-extern "C" {
-    fn lethe_chunks(
-        t: *mut c_void,
-        dim: i64,
-        starts: *const i64,
-        lens: *const i64,
-        count: i64,
-        out: *mut *mut c_void,
-        error: *mut *mut c_char,
-    ) -> c_int;
-}
+use crate::ffi::lethe_chunks;
 
 /// The narrows `t.narrow(dim, start, len)` of `t` for each `(start, len)` of `ranges`,
 /// in order: views, as `narrow` gives. With gradient, they are the outputs of one

@@ -11,15 +11,12 @@
 //! passes write each row once; every value is copied, never summed, so the outputs and
 //! gradients are the views' to the bit (`tests::it_gives_what_the_views_give`).
 
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::c_void;
 
 use tch::{Device, Tensor};
 
 use crate::error::Result;
-
-extern "C" {
-    fn lethe_skew(flipped: *mut c_void, cached: i64, n: i64, out: *mut *mut c_void, error: *mut *mut c_char) -> c_int;
-}
+use crate::ffi::lethe_skew;
 
 /// The scores `flipped` `(b, h, m, p)` of distances `p - 1` down to 0 laid out by key:
 /// `(b, h, m, n)` with `n = cached + m`, key `j` of query `i` at distance

@@ -7,22 +7,12 @@
 //! operations: a stable sort of the flags and a gather. The two give the same tensors,
 //! padding included: a stream's padding slots hold its last dropped memories.
 
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::c_void;
 
 use tch::{Kind, Tensor};
 
 use crate::error::{LetheError, Result};
-
-extern "C" {
-    fn lethe_compact(
-        keep: *mut c_void,
-        tensors: *mut *mut c_void,
-        count: i64,
-        room: i64,
-        out: *mut *mut c_void,
-        error: *mut *mut c_char,
-    ) -> c_int;
-}
+use crate::ffi::lethe_compact;
 
 /// A compacted cache: which new slots hold a memory `(b, c)`, and each tensor at them.
 pub struct Compacted {

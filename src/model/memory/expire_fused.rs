@@ -11,42 +11,12 @@
 //! the tests check that the two agree in value and gradient, and the gradient against
 //! finite differences.
 
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::{c_int, c_void};
 
 use tch::{Kind, Tensor};
 
 use crate::error::Result;
-
-extern "C" {
-    fn lethe_expire_scores(
-        scores: *mut c_void,
-        pq: *mut c_void,
-        spans: *mut c_void,
-        counter: *mut c_void,
-        usable: *mut c_void,
-        ramp: f64,
-        width: c_int,
-        softmax: c_int,
-        out: *mut *mut c_void,
-        error: *mut *mut c_char,
-    ) -> c_int;
-    #[allow(clippy::too_many_arguments)]
-    fn lethe_expire_attend(
-        q: *mut c_void,
-        k: *mut c_void,
-        v: *mut c_void,
-        pq: *mut c_void,
-        spans: *mut c_void,
-        counter: *mut c_void,
-        usable: *mut c_void,
-        ramp: f64,
-        loss_scale: f64,
-        width: c_int,
-        blas: c_int,
-        out: *mut *mut c_void,
-        error: *mut *mut c_char,
-    ) -> c_int;
-}
+use crate::ffi::{lethe_expire_attend, lethe_expire_scores, ExpireAttendArgs, ExpireOperands};
 
 /// What the kernel returns.
 pub struct FusedScores {
@@ -124,18 +94,15 @@ fn scores_with(
     // kernel reads them only);
     // on success the kernel writes three new `at::Tensor*`, which `ffi::tensor` takes over.
     crate::ffi::call("expire-span fused scores", |error| unsafe {
-        lethe_expire_scores(
-            ptr(scores),
-            ptr(positions),
-            ptr(spans),
-            ptr(counter),
-            ptr(usable),
+        let ops = ExpireOperands {
+            pq: ptr(positions),
+            spans: ptr(spans),
+            counter: ptr(counter),
+            usable: ptr(usable),
             ramp,
-            loops.width,
-            c_int::from(loops.softmax),
-            out.as_mut_ptr(),
-            error,
-        )
+            width: loops.width,
+        };
+        lethe_expire_scores(ptr(scores), &ops, c_int::from(loops.softmax), out.as_mut_ptr(), error)
     })?;
     // SAFETY: see above; each pointer is taken over once.
     let [s, c, d] = out.map(|p| unsafe { crate::ffi::tensor(p) });
@@ -198,21 +165,22 @@ fn attend_with(
     let ptr = |t: &Tensor| t.as_ptr() as *mut c_void;
     // SAFETY: as in `scores_with`; on success the kernel writes four new `at::Tensor*`.
     crate::ffi::call("expire-span fused attention", |error| unsafe {
-        lethe_expire_attend(
-            ptr(q),
-            ptr(k),
-            ptr(v),
-            ptr(positions),
-            ptr(spans),
-            ptr(counter),
-            ptr(usable),
-            ramp,
+        let args = ExpireAttendArgs {
+            q: ptr(q),
+            k: ptr(k),
+            v: ptr(v),
+            ops: ExpireOperands {
+                pq: ptr(positions),
+                spans: ptr(spans),
+                counter: ptr(counter),
+                usable: ptr(usable),
+                ramp,
+                width,
+            },
             loss_scale,
-            width,
-            c_int::from(blas),
-            out.as_mut_ptr(),
-            error,
-        )
+            blas: c_int::from(blas),
+        };
+        lethe_expire_attend(&args, out.as_mut_ptr(), error)
     })?;
     // SAFETY: see above; each pointer is taken over once.
     let [context, c, d, span_loss] = out.map(|p| unsafe { crate::ffi::tensor(p) });
@@ -579,10 +547,6 @@ mod tests {
         }
     }
 
-    extern "C" {
-        fn lethe_parallel_threads(seen: *mut i64, threads: *mut i64);
-    }
-
     /// Regression: the kernel was compiled without OpenMP, so libtorch's `parallel_for`
     /// ran its rows on one thread (the fused kernel took 2.5 ms of an `enwik8-tiny` step
     /// instead of 1.4). It spreads over every thread libtorch has.
@@ -590,7 +554,7 @@ mod tests {
     fn the_kernel_uses_every_thread() {
         let (mut seen, mut threads) = (0, 0);
         // SAFETY: the function writes two integers through valid pointers.
-        unsafe { lethe_parallel_threads(&mut seen, &mut threads) };
+        unsafe { crate::ffi::lethe_parallel_threads(&mut seen, &mut threads) };
         assert!(threads >= 1);
         assert_eq!(seen, threads.min(64), "parallel_for used {seen} of {threads} threads");
     }
