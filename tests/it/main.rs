@@ -8,6 +8,7 @@ mod common;
 
 mod adaptive;
 mod bad_input;
+mod bench;
 mod cli;
 mod compressive;
 mod dialogue;

@@ -1,0 +1,305 @@
+//! `lethe train`, `eval` and `generate`: a run trained, scored, and continued.
+
+use std::io::Write;
+
+use anyhow::{Context, Result};
+
+use crate::cli::{EvalArgs, GenerateArgs, TrainArgs};
+use lethe::checkpoint::Checkpoint;
+use lethe::config::{Mechanism, Source, PRESETS};
+use lethe::data::Split;
+use lethe::generate::Sampling;
+use lethe::model::Lm;
+
+/// Handles --list-presets and --print-config; returns true when the command is done.
+pub(crate) fn informational(args: &crate::cli::ConfigArgs) -> Result<bool> {
+    if args.list_presets {
+        let width = PRESETS.iter().map(|p| p.name.len()).max().unwrap_or(0);
+        for p in PRESETS {
+            println!("{:<width$}  {}", p.name, p.about);
+        }
+        return Ok(true);
+    }
+    if args.print_config {
+        print!("{}", args.resolve()?.to_toml()?);
+        return Ok(true);
+    }
+    Ok(false)
+}
+
+pub(crate) fn train(a: TrainArgs) -> Result<()> {
+    if informational(&a.config)? {
+        return Ok(());
+    }
+    if a.resume
+        && (a.config.init_from.is_some()
+            || a.config.overrides.iter().any(|o| o.trim_start().starts_with("train.init_from")))
+    {
+        anyhow::bail!("--init-from starts a run from another run's parameters, and --resume continues this run from its own checkpoint: give one of them");
+    }
+    let cfg = if a.resume { a.config.resolve_for_resume(&a.out)? } else { a.config.resolve()? };
+    let opts = lethe::train::TrainOptions {
+        out_dir: a.out,
+        resume: a.resume,
+        overwrite: a.overwrite,
+        quiet: a.quiet,
+        stop_after: a.stop_after,
+        no_eval: a.no_eval,
+        accept_changes: a.accept_changes,
+    };
+    let leader = lethe::dist::Launch::from_env()?.is_none_or(|l| l.rank == 0); // rank 0 speaks for a torchrun launch
+    if cfg.data.source.is_rl() {
+        let summary = lethe::rl::train::train(&cfg, &opts)?;
+        crate::quiet_on_closed_pipe(); // all is saved; the summary line may meet a closed pipe
+        match summary.last_eval.filter(|_| leader) {
+            Some(r) => println!("done: {}; run folder {}", r.line(), summary.run_dir.display()),
+            None if leader => println!("done: not evaluated (--no-eval); run folder {}", summary.run_dir.display()),
+            None => {}
+        }
+        return Ok(());
+    }
+    let summary = lethe::train::train(&cfg, &opts)?;
+    crate::quiet_on_closed_pipe();
+    if summary.last_eval.is_none() && leader {
+        println!("done: not evaluated (--no-eval); run folder {}", summary.run_dir.display());
+    } else if summary.last_eval.as_ref().is_some_and(|r| leader && r.tokens == 0) {
+        println!(
+            "done: the last evaluation scored no token ({}); run folder {}",
+            lethe::eval::NOTHING_SCORED_ADVICE,
+            summary.run_dir.display()
+        );
+    } else if let Some(r) = summary.last_eval.filter(|_| leader) {
+        let rate =
+            if cfg.data.tokenizer.is_some() { format!("perplexity {:.2}", r.ppl) } else { format!("{:.4} bpb", r.bpb) };
+        println!(
+            "done: valid loss {:.4} nats ({rate}), accuracy {:.1}% (unigram baseline {:.4} nats); run folder {}",
+            r.loss,
+            100.0 * r.accuracy,
+            summary.unigram_baseline,
+            summary.run_dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// Loads a checkpoint, applying an inference-time span cap when one is asked for.
+pub(crate) fn load_checkpoint(path: &std::path::Path, max_span: Option<usize>) -> Result<Checkpoint> {
+    let mut ckpt = Checkpoint::load(path)?;
+    if let Some(cap) = max_span {
+        if ckpt.config.memory.mechanism != Mechanism::Expire {
+            anyhow::bail!(
+                "--max-span {cap}: only Expire-Span models predict spans; this checkpoint's memory is `{}`",
+                ckpt.config.memory.mechanism
+            );
+        }
+        if cap == 0 {
+            anyhow::bail!("--max-span must be at least 1");
+        }
+        ckpt.config.memory.expire.inference_cap = cap;
+    }
+    Ok(ckpt)
+}
+
+pub(crate) fn eval(a: EvalArgs) -> Result<()> {
+    let device = lethe::device::parse(&a.device)?;
+    let mut ckpt = load_checkpoint(&a.checkpoint, a.max_span)?;
+    ckpt.config = same_tokenizer(&ckpt.config, ckpt.config.clone().apply_overrides(&a.overrides)?)?;
+    ckpt.config.validate()?;
+    if ckpt.config.data.source.is_rl() {
+        refuse_stream_flags(&a)?;
+        return eval_agent(&ckpt, device, &a);
+    }
+    if a.episodes.is_some() {
+        anyhow::bail!("--episodes applies to gridworld checkpoints (corridor, portal); this one is a language model");
+    }
+    if a.max_tokens == Some(0) {
+        anyhow::bail!("--max-tokens must be at least 1");
+    }
+    let split: Split = a.split.as_deref().unwrap_or("valid").parse()?;
+    let mut cfg = ckpt.config.clone();
+    if let Some(path) = a.data {
+        cfg.data.source = Source::for_path(&path);
+        cfg.data.path = Some(path);
+    }
+    let block = a.block.unwrap_or(cfg.train.block);
+    if block == 0 {
+        anyhow::bail!("--block must be at least 1");
+    }
+    cfg.memory.validate(block, cfg.model.arch)?;
+    let batch = a.batch.unwrap_or(cfg.train.batch);
+    if batch == 0 {
+        anyhow::bail!("--batch must be at least 1");
+    }
+    if let Some(path) = &a.per_token {
+        let checkpoint = lethe::checkpoint::resolve(&a.checkpoint);
+        lethe::output::check("--per-token", path, &[&checkpoint, cfg.data.path.as_deref().unwrap_or(&checkpoint)])?;
+    }
+    let mut sized = cfg.clone();
+    (sized.train.batch, sized.train.block) = (batch, block);
+    lethe::model::check_fits(&sized, device).context("--batch and --block")?;
+    let lm = Lm::from_checkpoint(&ckpt, device)?;
+    let data = lethe::task::load_split(&cfg, split, batch)?;
+    let started = std::time::Instant::now();
+    let mut last_report = started;
+    let progress = |done: usize, total: usize| {
+        if last_report.elapsed().as_secs_f64() >= 5.0 && done < total {
+            last_report = std::time::Instant::now();
+            let elapsed = started.elapsed().as_secs_f64();
+            let eta = elapsed / done as f64 * (total - done) as f64;
+            eprintln!(
+                "eval {split}: {done}/{total} tokens ({:.0}%), ETA {}",
+                100.0 * done as f64 / total as f64,
+                lethe::metrics::format_duration(std::time::Duration::from_secs_f64(eta))
+            );
+        }
+    };
+    let r = match &a.per_token {
+        None => lethe::eval::evaluate_with_progress(&lm, &data, batch, block, a.max_tokens, progress)?,
+        Some(path) => {
+            let tokenizer = lethe::data::text::tokenizer_of_checkpoint(&ckpt)?;
+            let text = |id: lethe::data::Token| match &tokenizer {
+                Some(t) => t.decode(&[id]),
+                None => Ok(String::from_utf8_lossy(&[id as u8]).into_owned()),
+            };
+            let mut csv = lethe::eval::PerTokenCsv::create(path)?;
+            let r = lethe::eval::evaluate_per_token(&lm, &data, (batch, block, a.max_tokens), progress, |s| {
+                csv.write(s, &text(s.target)?)
+            })?;
+            csv.finish()?;
+            eprintln!("wrote {}", path.display());
+            r
+        }
+    };
+    if r.tokens == 0 {
+        anyhow::bail!(
+            "no scored token in the {split} tokens evaluated ({} streams x blocks of {block}{}): this task scores only its answers; raise --max-tokens or lower --batch",
+            batch,
+            a.max_tokens.map(|m| format!(", --max-tokens {m}")).unwrap_or_default()
+        );
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        let answers = r.answer_accuracy.map(|x| format!(", answers {:.2}%", 100.0 * x)).unwrap_or_default();
+        let unit = if cfg.data.tokenizer.is_some() { "token" } else { "byte" };
+        let words = r.word_ppl.map(|p| format!(", per word {p:.2}")).unwrap_or_default();
+        println!(
+            "{split}: loss {:.4} nats, {:.4} bits per {unit}, perplexity {:.2}{words}, accuracy {:.2}%{answers} over {} scored tokens (block {block}, {batch} streams)",
+            r.loss,
+            r.bpb,
+            r.ppl,
+            100.0 * r.accuracy,
+            r.tokens
+        );
+        let fmt = |v: &[f64]| v.iter().map(|x| format!("{x:.1}")).collect::<Vec<_>>().join(", ");
+        let spans = r.mean_span.as_ref().map(|s| format!(" | mean span per layer [{}]", fmt(s))).unwrap_or_default();
+        println!("memory size per layer [{}] | cache held per layer [{}]{spans}", fmt(&r.mem_size), fmt(&r.held));
+        println!("evaluated in {:.1} s", started.elapsed().as_secs_f64());
+    }
+    Ok(())
+}
+
+/// `cfg` (a checkpoint's config with a command's `--set`s) when it reads text through
+/// the tokenizer the model was `trained` with: other ids would be scored against the
+/// model's own without a word.
+pub(crate) fn same_tokenizer(
+    trained: &lethe::config::Config,
+    cfg: lethe::config::Config,
+) -> Result<lethe::config::Config> {
+    if cfg.data.tokenizer != trained.data.tokenizer {
+        let name = |t: &Option<std::path::PathBuf>| {
+            t.as_ref().map_or("none (bytes)".to_string(), |p| format!("`{}`", p.display()))
+        };
+        anyhow::bail!("--set data.tokenizer: the model reads the ids of the tokenizer it was trained with ({}); it cannot read another's", name(&trained.data.tokenizer));
+    }
+    Ok(cfg)
+}
+
+/// Refuses the flags of `lethe eval` that apply to token streams only, for an agent.
+pub(crate) fn refuse_stream_flags(a: &EvalArgs) -> Result<()> {
+    let given = [
+        ("--split", a.split.is_some()),
+        ("--block", a.block.is_some()),
+        ("--max-tokens", a.max_tokens.is_some()),
+        ("--data", a.data.is_some()),
+    ];
+    if let Some((flag, _)) = given.iter().find(|(_, set)| *set) {
+        anyhow::bail!("{flag} applies to language-model checkpoints; a gridworld agent is scored on fresh episodes (see --episodes)");
+    }
+    Ok(())
+}
+
+/// `lethe eval` of a gridworld agent: play episodes apart from training's.
+pub(crate) fn eval_agent(ckpt: &Checkpoint, device: tch::Device, a: &EvalArgs) -> Result<()> {
+    let mut ckpt_cfg = ckpt.config.clone();
+    if let Some(batch) = a.batch {
+        if batch == 0 {
+            anyhow::bail!("--batch must be at least 1");
+        }
+        ckpt_cfg.train.batch = batch;
+    }
+    let agent = lethe::rl::agent::Agent::new(&ckpt_cfg, device)?;
+    ckpt.load_parameters(&agent.vs.variables())?;
+    let episodes = a.episodes.unwrap_or(ckpt_cfg.rl.eval_episodes);
+    if episodes == 0 {
+        anyhow::bail!("--episodes must be at least 1");
+    }
+    let started = std::time::Instant::now();
+    let r = lethe::rl::train::evaluate(&agent, episodes)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        println!("{}", r.line());
+        println!("evaluated in {:.1} s", started.elapsed().as_secs_f64());
+    }
+    Ok(())
+}
+
+pub(crate) fn generate(a: GenerateArgs) -> Result<()> {
+    let device = lethe::device::parse(&a.device)?;
+    let prompt = match (&a.prompt, &a.prompt_file) {
+        (Some(p), _) => p.clone().into_bytes(),
+        (None, Some(f)) => {
+            lethe::input::read(f).map_err(|e| anyhow::anyhow!("--prompt-file `{}`: {e}", f.display()))?
+        }
+        (None, None) => anyhow::bail!("give a prompt with --prompt TEXT or --prompt-file FILE"),
+    };
+    let sampling = Sampling { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed };
+    sampling.validate()?;
+    let ckpt = load_checkpoint(&a.checkpoint, a.max_span)?;
+    // The checkpoint's thread count, at most this machine's cores (it may come from a larger one).
+    lethe::device::apply_threads(ckpt.config.train.threads.min(lethe::device::cores()))?;
+    let lm = Lm::from_checkpoint(&ckpt, device)?;
+    let tokenizer = lethe::data::text::tokenizer_of_checkpoint(&ckpt)?;
+    let (ids, unit) = match &tokenizer {
+        None => (prompt.iter().map(|&b| b as lethe::data::Token).collect(), "bytes"),
+        Some(t) => {
+            let origin = a.prompt_file.clone().unwrap_or_else(|| "--prompt".into());
+            (t.encode(&lethe::data::text::utf8(prompt.clone(), &origin)?)?, "tokens")
+        }
+    };
+    let mut out = std::io::stdout().lock();
+    out.write_all(&prompt)?;
+    out.flush()?;
+    let started = std::time::Instant::now();
+    let mut last_report = started;
+    let progress = |done: usize, total: usize| {
+        if last_report.elapsed().as_secs_f64() >= 2.0 && done < total {
+            last_report = std::time::Instant::now();
+            eprintln!("reading the prompt: {done}/{total} {unit} ({:.0}%)", 100.0 * done as f64 / total as f64);
+        }
+    };
+    let mut text = tokenizer.as_ref().map(lethe::data::tokenizer::TextStream::new);
+    lethe::generate::stream(&lm, &ids, a.bytes, &sampling, progress, |t| {
+        let piece = match text.as_mut() {
+            None => vec![t as u8],
+            Some(s) => s.push(t)?.into_bytes(),
+        };
+        out.write_all(&piece).and_then(|()| out.flush()).map_err(|e| lethe::LetheError::io("stdout", e))
+    })?;
+    if let Some(s) = text.as_mut() {
+        out.write_all(s.finish()?.as_bytes())?;
+    }
+    writeln!(out)?;
+    Ok(())
+}
