@@ -19,8 +19,9 @@
 //!    that steps, logs, evaluates and checkpoints), [`sweep`],
 //!    [`bench`](mod@bench), [`inspect`], [`eval`], [`generate`], [`plot`].
 //! 3. **Model, data, tasks, environments**: [`model`] (the backbone and, in
-//!    [`model::memory`], one file per mechanism; a new mechanism is a file there and a
-//!    line in [`model::memory::build`]), [`data`] (corpora, dialogues, streams, and in
+//!    [`model::memory`], one file per mechanism; a new mechanism is a file there that
+//!    implements [`model::memory::MemoryLayer`] and [`model::memory::Descriptor`], a
+//!    variant of [`config::Mechanism`], and a line in [`model::memory::describe`]), [`data`] (corpora, dialogues, streams, and in
 //!    [`data::tasks`] one file per generated task), [`rl`] (the gridworlds and the agent),
 //!    [`optim`], [`metrics`] (with [`tensorboard`]'s event files), [`textmetrics`] (F1, ROUGE and METEOR of generated text, with METEOR's synonyms from [`wordnet`]), and [`task`]: the registry of tasks. A new task is a file
 //!    that implements [`task::Task`] (its streams or episodes, description, quality
