@@ -11,7 +11,7 @@ use tch::Tensor;
 
 use crate::config::{Optimizer, Schedule, TrainConfig};
 use crate::error::{LetheError, Result};
-use crate::ffi::{lethe_clip_foreach, lethe_optimiser_step, OptimiserArgs};
+use crate::ffi::{lethe_clip_foreach, lethe_optimiser_step, raw, OptimiserArgs};
 
 /// Adam or RMSProp (`train.optimizer`) over a fixed, named list of parameters.
 pub struct Optimiser {
@@ -146,7 +146,7 @@ impl Optimiser {
         let decays: Vec<f64> = which.iter().map(|&i| 1.0 - rate(i) * self.weight_decay).collect();
         let constants = [self.beta1, 1.0 - self.beta1, self.beta2, 1.0 - self.beta2, bc2.sqrt(), self.eps];
         let grads: Vec<Tensor> = which.iter().map(|&i| self.params[i].1.grad()).collect();
-        let ptrs = |ts: Vec<&Tensor>| ts.into_iter().map(|t| t.as_ptr() as *mut c_void).collect::<Vec<_>>();
+        let ptrs = |ts: Vec<&Tensor>| ts.into_iter().map(raw).collect::<Vec<_>>();
         let mut params = ptrs(which.iter().map(|&i| &self.params[i].1).collect());
         let mut grad_ptrs = ptrs(grads.iter().collect());
         let mut exp_avg = ptrs(which.iter().map(|&i| &self.exp_avg[i]).collect());
@@ -239,7 +239,7 @@ impl Optimiser {
 
 /// [`Optimiser::clip_grad_norm`] on a GPU: `csrc/adam.cpp`'s `lethe_clip_foreach`.
 fn clip_foreach(grads: &[Tensor], max: f64) -> Result<f64> {
-    let mut ptrs: Vec<*mut c_void> = grads.iter().map(|g| g.as_ptr() as *mut c_void).collect();
+    let mut ptrs: Vec<*mut c_void> = grads.iter().map(raw).collect();
     let mut norm = 0.0;
     // SAFETY: every pointer is a live `at::Tensor*` of `grads` for the call; the function
     // scales their storage in place, keeps no pointer and writes one double to `norm`.

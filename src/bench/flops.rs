@@ -3,14 +3,14 @@
 //! measured against ([`gemm_rate`]).
 
 use super::*;
+use crate::model::memory::descriptor::whole_block;
 
 /// The chunks in which a block's queries score their keys when `held` states are held
 /// on `device` (see [`step_flops`]): one chunk of every key on a GPU; on the CPU the
 /// window mechanisms' chunks and Expire-Span's causal ones.
 pub(crate) fn scored_chunks(cfg: &Config, held: i64, device: Device) -> Vec<Chunk> {
     if device.is_cuda() {
-        let m = cfg.train.block as i64;
-        return vec![Chunk { q0: 0, queries: m, k0: 0, keys: held + m }];
+        return whole_block(cfg, held);
     }
     describe(cfg.memory.mechanism).scored_chunks(cfg, held)
 }

@@ -19,7 +19,7 @@ use tch::Tensor;
 
 use super::attention::part;
 use crate::error::Result;
-use crate::ffi::lethe_chunks;
+use crate::ffi::{lethe_chunks, raw};
 
 /// The narrows `t.narrow(dim, start, len)` of `t` for each `(start, len)` of `ranges`,
 /// in order: views, as `narrow` gives. With gradient, they are the outputs of one
@@ -37,15 +37,7 @@ pub fn narrows(t: &Tensor, dim: i64, ranges: &[(i64, i64)]) -> Result<Vec<Tensor
     // hold `count` values each; on success the function writes `count` new
     // `at::Tensor*` to `out`, which is that long.
     crate::ffi::call("the attention chunks", |error| unsafe {
-        lethe_chunks(
-            t.as_ptr() as *mut c_void,
-            dim,
-            starts.as_ptr(),
-            lens.as_ptr(),
-            ranges.len() as i64,
-            out.as_mut_ptr(),
-            error,
-        )
+        lethe_chunks(raw(t), dim, starts.as_ptr(), lens.as_ptr(), ranges.len() as i64, out.as_mut_ptr(), error)
     })?;
     // SAFETY: see above; each pointer is taken over once.
     Ok(out.into_iter().map(|p| unsafe { crate::ffi::tensor(p) }).collect())

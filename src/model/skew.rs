@@ -16,7 +16,7 @@ use std::ffi::c_void;
 use tch::{Device, Tensor};
 
 use crate::error::Result;
-use crate::ffi::lethe_skew;
+use crate::ffi::{lethe_skew, raw};
 
 /// The scores `flipped` `(b, h, m, p)` of distances `p - 1` down to 0 laid out by key:
 /// `(b, h, m, n)` with `n = cached + m`, key `j` of query `i` at distance
@@ -30,7 +30,7 @@ pub fn skew(flipped: &Tensor, cached: i64, n: i64) -> Result<Tensor> {
     // SAFETY: `flipped` is a live `at::Tensor*` for the call, read only; on success the
     // function writes one new `at::Tensor*` to `out`.
     crate::ffi::call("the relative positions' skew", |error| unsafe {
-        lethe_skew(flipped.as_ptr() as *mut c_void, cached, n, &mut out, error)
+        lethe_skew(raw(flipped), cached, n, &mut out, error)
     })?;
     // SAFETY: see above; the pointer is taken over once.
     Ok(unsafe { crate::ffi::tensor(out) })

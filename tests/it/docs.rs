@@ -73,15 +73,12 @@ fn pages() -> Vec<std::path::PathBuf> {
 }
 
 fn markdown_under(dir: &std::path::Path, found: &mut Vec<std::path::PathBuf>) {
-    let mut entries: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
-    entries.sort();
-    for path in entries {
-        if path.is_dir() {
-            markdown_under(&path, found);
-        } else if path.extension().is_some_and(|e| e == "md") {
-            found.push(path);
-        }
-    }
+    let before = found.len();
+    collect_files(dir, found);
+    let mut added = found.split_off(before);
+    added.retain(|p| p.extension().is_some_and(|e| e == "md"));
+    added.sort();
+    found.extend(added);
 }
 
 /// The targets of a page's Markdown links that point into the repository.

@@ -12,7 +12,7 @@ use std::ffi::c_void;
 use tch::{Kind, Tensor};
 
 use crate::error::{LetheError, Result};
-use crate::ffi::lethe_compact;
+use crate::ffi::{lethe_compact, raw};
 
 /// A compacted cache: which new slots hold a memory `(b, c)`, and each tensor at them.
 pub struct Compacted {
@@ -39,19 +39,12 @@ pub fn compact(keep: &Tensor, tensors: &[&Tensor], room: i64) -> Result<Compacte
 }
 
 fn compact_on_cpu(keep: &Tensor, tensors: &[&Tensor], room: i64) -> Result<Compacted> {
-    let mut inputs: Vec<*mut c_void> = tensors.iter().map(|t| t.as_ptr() as *mut c_void).collect();
+    let mut inputs: Vec<*mut c_void> = tensors.iter().map(|t| raw(t)).collect();
     let mut out: Vec<*mut c_void> = vec![std::ptr::null_mut(); tensors.len() + 1];
     // SAFETY: every pointer is a live `at::Tensor*` owned by its `Tensor` for the call (the
     // kernel reads them only); on success it writes `count + 1` new `at::Tensor*`.
     crate::ffi::call("expire-span cache compaction", |error| unsafe {
-        lethe_compact(
-            keep.as_ptr() as *mut c_void,
-            inputs.as_mut_ptr(),
-            tensors.len() as i64,
-            room,
-            out.as_mut_ptr(),
-            error,
-        )
+        lethe_compact(raw(keep), inputs.as_mut_ptr(), tensors.len() as i64, room, out.as_mut_ptr(), error)
     })?;
     // SAFETY: see above; each pointer is taken over once.
     let mut taken = out.into_iter().map(|p| unsafe { crate::ffi::tensor(p) });

@@ -7,9 +7,9 @@
 
 use tch::{nn, Device};
 
-use super::window::{query_chunks, Chunk, QUERY_CHUNK};
+use super::window::{query_chunks, reach, Chunk, QUERY_CHUNK};
 use super::MemoryLayer;
-use crate::config::{Config, Mechanism, MemoryConfig};
+use crate::config::{Arch, Config, Mechanism, MemoryConfig};
 use crate::error::Result;
 
 /// What a mechanism says about itself. The defaults are a single window of `L =
@@ -51,9 +51,12 @@ pub trait Descriptor: Sync {
 
     /// The chunks in which a block's queries score their keys on the CPU when `held`
     /// states are held (for a step's FLOP count); a GPU scores every key in one chunk.
+    /// A window of `L` states by default; without relative positions (GPT-2) a query
+    /// sees its whole block whatever the span.
     fn scored_chunks(&self, cfg: &Config, held: i64) -> Vec<Chunk> {
-        let m = cfg.train.block as i64;
-        query_chunks(held, m, cfg.memory.span as i64, QUERY_CHUNK)
+        let (m, span) = (cfg.train.block as i64, cfg.memory.span as i64);
+        let reach = if cfg.model.arch == Arch::Gpt2 { reach(span, m) } else { span };
+        query_chunks(held, m, reach, QUERY_CHUNK)
     }
 
     /// Whether every chunk scores all the position rows (rather than those its keys
@@ -92,7 +95,7 @@ pub fn describe(mechanism: Mechanism) -> &'static dyn Descriptor {
     }
 }
 
-/// A block's chunks when one chunk of `m` queries sees every held key.
+/// A block's chunks when one chunk of `m` queries sees every held key (and a GPU's).
 pub(crate) fn whole_block(cfg: &Config, held: i64) -> Vec<Chunk> {
     let m = cfg.train.block as i64;
     vec![Chunk { q0: 0, queries: m, k0: 0, keys: held + m }]

@@ -16,7 +16,7 @@ use std::ffi::{c_int, c_void};
 use tch::{Kind, Tensor};
 
 use crate::error::Result;
-use crate::ffi::{lethe_expire_attend, lethe_expire_scores, ExpireAttendArgs, ExpireOperands};
+use crate::ffi::{lethe_expire_attend, lethe_expire_scores, raw, ExpireAttendArgs, ExpireOperands};
 
 /// What the kernel returns.
 pub struct FusedScores {
@@ -89,7 +89,7 @@ fn scores_with(
     loops: Loops,
 ) -> Result<FusedScores> {
     let mut out: [*mut c_void; 3] = [std::ptr::null_mut(); 3];
-    let ptr = |t: &Tensor| t.as_ptr() as *mut c_void;
+    let ptr = raw;
     // SAFETY: each pointer is a live `at::Tensor*` owned by its `Tensor` for the call (the
     // kernel reads them only);
     // on success the kernel writes three new `at::Tensor*`, which `ffi::tensor` takes over.
@@ -162,7 +162,7 @@ fn attend_with(
     blas: bool,
 ) -> Result<FusedAttention> {
     let mut out: [*mut c_void; 4] = [std::ptr::null_mut(); 4];
-    let ptr = |t: &Tensor| t.as_ptr() as *mut c_void;
+    let ptr = raw;
     // SAFETY: as in `scores_with`; on success the kernel writes four new `at::Tensor*`.
     crate::ffi::call("expire-span fused attention", |error| unsafe {
         let args = ExpireAttendArgs {

@@ -14,8 +14,8 @@ use tch::{nn, Tensor};
 
 use super::descriptor::Descriptor;
 use super::layer::{AttendInput, AttendOutput, Carry, MemoryLayer, MemoryReport};
-use super::window::{query_chunks, reach, Chunk, Joined, WindowCache, QUERY_CHUNK};
-use crate::config::{Arch, Config, MemoryConfig};
+use super::window::{Joined, WindowCache};
+use crate::config::MemoryConfig;
 use crate::error::Result;
 
 /// Transformer-XL's [`Descriptor`]: the defaults, a window of `L` states.
@@ -29,18 +29,6 @@ impl Descriptor for Fixed {
     fn colour(&self) -> (u8, u8, u8) {
         (31, 119, 180)
     }
-
-    fn scored_chunks(&self, cfg: &Config, held: i64) -> Vec<Chunk> {
-        window_chunks(cfg, held)
-    }
-}
-
-/// The chunks of a window of `L` states; without relative positions (GPT-2) a query
-/// sees its whole block whatever the span.
-pub(crate) fn window_chunks(cfg: &Config, held: i64) -> Vec<Chunk> {
-    let (m, span) = (cfg.train.block as i64, cfg.memory.span as i64);
-    let reach = if cfg.model.arch == Arch::Gpt2 { reach(span, m) } else { span };
-    query_chunks(held, m, reach, QUERY_CHUNK)
 }
 
 /// A fixed-span cache of the last `span` states.

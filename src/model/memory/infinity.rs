@@ -41,9 +41,8 @@ use tch::{nn, Kind, Tensor};
 
 use self::signal::{bin_mass, evaluate, positions, quantile_positions, ridge_matrix, update_positions, Basis};
 use super::descriptor::{split, Descriptor};
-use super::fixed::window_chunks;
 use super::layer::{AttendInput, AttendOutput, Carry, LtmTrace, MemoryLayer, MemoryReport};
-use super::window::{concat_time, Chunk, Joined, WindowCache};
+use super::window::{concat_time, Joined, WindowCache};
 use crate::config::{Config, InfinityConfig, MemoryConfig};
 use crate::error::{LetheError, Result};
 use crate::model::attention::merge_heads;
@@ -78,10 +77,6 @@ impl Descriptor for Infinity {
     /// been absorbed into it.
     fn reach(&self, cfg: &Config) -> usize {
         cfg.memory.span + 2 * cfg.train.block
-    }
-
-    fn scored_chunks(&self, cfg: &Config, held: i64) -> Vec<Chunk> {
-        window_chunks(cfg, held)
     }
 
     fn memory_flops(&self, cfg: &Config, m: f64, d: f64) -> f64 {
