@@ -2,7 +2,9 @@
 //! binary (and the test binaries) find `libtorch_cpu.so` without `LD_LIBRARY_PATH`,
 //! records that folder for loading the CUDA backend at run time, and compiles lethe's
 //! C++ against the same libtorch's headers: `csrc/dist.cpp`, the bridge to c10d, and
-//! `csrc/expire.cpp`, Expire-Span's fused and ragged attention, `csrc/compact.cpp`,
+//! `csrc/expire.cpp`, Expire-Span's fused and ragged attention, `csrc/expire_bias.cpp`,
+//! its attention bias for the GPU (the kernels themselves are `csrc/cuda/`, built apart by
+//! `scripts/build-cuda.sh`), `csrc/compact.cpp`,
 //! the compaction of its cache, `csrc/cache_grad.cpp`, the gradient of the keys and
 //! values for the block's rows only and the ragged projection (with `csrc/blas.h` and
 //! `csrc/shares.h`, shared with the ragged attention), `csrc/chunks.cpp`, the attention chunks'
@@ -41,6 +43,7 @@ fn compile_csrc(lib: &std::path::Path) {
         .file("csrc/context.cpp")
         .file("csrc/dist.cpp")
         .file("csrc/expire.cpp")
+        .file("csrc/expire_bias.cpp")
         .file("csrc/skew.cpp")
         .file("csrc/trace.cpp")
         // libtorch's and Gloo's headers are system headers: their warnings are not ours.

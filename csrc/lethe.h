@@ -137,6 +137,20 @@ typedef struct lethe_expire_attend_args {
 
 int lethe_expire_attend(const lethe_expire_attend_args* args, lethe_tensor* out, char** error);
 
+// ---- Expire-Span's attention bias, the GPU's path (expire_bias.cpp) --------------------
+
+// The bias (b, h, m, n) for scaled_dot_product_attention, `ln m` plus the positions where
+// a query sees a key and -inf elsewhere, with gradient to `pq` and the spans; with
+// `stats` 1 also the ramp counts (b, n) and distance sums (b, double), else two empty
+// tensors. Writes the three to `out`. On the CPU the GPU kernels' arithmetic runs in loops.
+int lethe_expire_bias(const lethe_expire_operands* ops, int stats, lethe_tensor* out, char** error);
+
+// Loads the GPU kernels (liblethe_cuda.so at `path`); 0, or -1 with the reason.
+int lethe_cuda_kernels_load(const char* path, char** error);
+
+// 1 once the GPU kernels are loaded, else 0.
+int lethe_cuda_kernels_ready(void);
+
 // How many threads `at::parallel_for` spreads 64 items over, and libtorch's thread count
 // (equal only where the C++ is compiled with OpenMP, as libtorch is).
 void lethe_parallel_threads(int64_t* seen, int64_t* threads);

@@ -2,8 +2,9 @@
 # lethe on a GPU, checked end to end on a machine that has a GPU and PyTorch but no Rust
 # toolchain (build here, run there).
 #
-#   scripts/gpu-check.sh pack DIR        here: build the release `lethe` and the GPU test
-#                                        binary (tests/gpu.rs) and put them in DIR, with
+#   scripts/gpu-check.sh pack DIR        here: build the release `lethe`, the GPU test
+#                                        binary (tests/gpu.rs) and the GPU kernels
+#                                        (scripts/build-cuda.sh) and put them in DIR, with
 #                                        the shared libraries they need beyond libtorch
 #   scripts/gpu-check.sh run DIR OUT     there, from the repository's root: the GPU tests
 #                                        (LETHE_REQUIRE_GPU=1, so none can skip), a run
@@ -13,11 +14,13 @@
 #                                        follows an official script and has not run on a
 #                                        GPU yet (collision, one-GPU enwik8, Table 1's
 #                                        copy), with the GPU's memory sampled; a few minutes
-#   scripts/gpu-check.sh table4 DIR OUT  there: the allocator's GPU memory tested, the
+#   scripts/gpu-check.sh table4 DIR OUT  there: the GPU tests, enwik8-tiny at equal
+#                                        memory in turns (Expire-Span through its bias
+#                                        kernels, then written out) and profiled, and the
 #                                        paper's Table 4 at its size (Transformer-XL,
-#                                        Expire-Span, Adaptive-Span, Compressive; time,
-#                                        the allocator's peak beside nvidia-smi's) and
-#                                        enwik8-tiny at equal memory; about 8 minutes
+#                                        Expire-Span both ways, Compressive, Adaptive-Span;
+#                                        time, the allocator's peak beside nvidia-smi's);
+#                                        about 8 minutes
 #
 # `run` uses the libtorch of the `python3` there (torch 2.11.0, the version lethe is
 # built against; a CUDA build of it) through LD_LIBRARY_PATH. A GPU's memory in use is
@@ -38,6 +41,8 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "gpu" and m.get("executable"):
         print(m["executable"])') || exit 1
     mkdir -p "$dir/lib"
+    # The GPU kernels, beside the binaries that load them.
+    scripts/build-cuda.sh "$dir/liblethe_cuda.so" || exit 1
     cp target/release/lethe "$dir/lethe"
     cp "$test_bin" "$dir/gpu-tests"
     strip "$dir/lethe" "$dir/gpu-tests"
@@ -133,20 +138,30 @@ presets() {
 # peak: the allocator's (bench's "GPU" figure) beside nvidia-smi's largest reading while
 # the process ran (the allocator's cache and the CUDA context on top). Expire-Span's
 # spans are frozen at 5% of L = 16k (about 820 memories a layer, under Transformer-XL's
-# 1024). Before them, Transformer-XL and Expire-Span at equal memory at enwik8-tiny, in
-# turns.
+# 1024), through its bias kernels and written out (memory.expire.fused=false). Before
+# them: every GPU test, and Transformer-XL and Expire-Span at equal memory at
+# enwik8-tiny, in turns, both ways, then Expire-Span's step profiled.
 table4() {
     local dir out
     on_gpu_machine "$1" "$2"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/table4.txt"
     local work
     work=$(mktemp -d)
-    echo "== $(date +%T) the allocator's figures on the GPU (tests/gpu.rs)" | tee -a "$out/table4.txt"
-    LETHE_REQUIRE_GPU=1 timeout 120 "$dir/gpu-tests" --nocapture --test-threads 1 the_allocator_counts every_mechanism_computes 2>&1 | tee -a "$out/table4.txt"
-    echo "== $(date +%T) enwik8-tiny at equal memory, in turns" | tee -a "$out/table4.txt"
-    timeout 90 "$dir/lethe" bench -p enwik8-tiny --device cuda --bench-steps 5 --rounds 10 \
-        --mechanism fixed:108 --mechanism expire:1024 --out "$work/tiny" 2>&1 | grep -v '^round ' | tee -a "$out/table4.txt"
-    local name preset mechanism extra sampler
+    echo "== $(date +%T) the GPU tests (tests/gpu.rs), Expire-Span's bias kernels among them" | tee -a "$out/table4.txt"
+    LETHE_REQUIRE_GPU=1 timeout 120 "$dir/gpu-tests" --nocapture --test-threads 1 2>&1 | tee -a "$out/table4.txt"
+    local way extra
+    for way in kernels written-out; do
+        extra=""
+        [ $way = written-out ] && extra="--set memory.expire.fused=false"
+        echo "== $(date +%T) enwik8-tiny at equal memory, in turns, Expire-Span $way" | tee -a "$out/table4.txt"
+        # shellcheck disable=SC2086
+        timeout 90 "$dir/lethe" bench -p enwik8-tiny --device cuda --bench-steps 5 --rounds 10 \
+            --mechanism fixed:108 --mechanism expire:1024 $extra --out "$work/tiny" 2>&1 | grep -v '^round ' | tee -a "$out/table4.txt"
+    done
+    echo "== $(date +%T) where an Expire-Span step goes at enwik8-tiny (--profile), with the kernels" | tee -a "$out/table4.txt"
+    timeout 60 "$dir/lethe" bench -p enwik8-tiny --device cuda --bench-steps 20 --profile --mechanism expire:1024 \
+        --out "$work/profile" 2>&1 | grep -v '^wrote ' | tee -a "$out/table4.txt"
+    local name preset mechanism sampler
     while read -r name preset mechanism extra; do
         echo "== $(date +%T) $name: -p $preset --mechanism $mechanism $extra" | tee -a "$out/table4.txt"
         nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 </dev/null >"$work/smi-$name.csv" &
@@ -159,6 +174,7 @@ table4() {
     done <<'CONFIGS'
 xl-1024 enwik8-12l fixed:1024
 expire-16k enwik8-expire-12l expire:16384 --set memory.expire.init_fraction=0.05
+expire-16k-written-out enwik8-expire-12l expire:16384 --set memory.expire.init_fraction=0.05 --set memory.expire.fused=false
 compressive-2k enwik8-12l compressive:2048
 adaptive-16k enwik8-12l adaptive:16384
 CONFIGS

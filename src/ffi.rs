@@ -168,6 +168,14 @@ extern "C" {
         out: *mut RawTensor,
         error: *mut *mut c_char,
     ) -> c_int;
+    pub(crate) fn lethe_expire_bias(
+        ops: *const ExpireOperands,
+        stats: c_int,
+        out: *mut RawTensor,
+        error: *mut *mut c_char,
+    ) -> c_int;
+    pub(crate) fn lethe_cuda_kernels_load(path: *const c_char, error: *mut *mut c_char) -> c_int;
+    pub(crate) fn lethe_cuda_kernels_ready() -> c_int;
     #[cfg(test)] // a check of the build (OpenMP), for the tests only
     pub(crate) fn lethe_parallel_threads(seen: *mut i64, threads: *mut i64);
 

@@ -109,10 +109,16 @@ fn every_mechanism_computes_on_the_gpu_what_it_computes_on_the_cpu() {
     let Some((gpu, _one)) = gpu("mechanisms") else { return };
     let tokens = common::random_tokens(5, 256, &[4, 32]); // (b, 4 blocks of 8)
     let targets = common::random_tokens(6, 256, &[4, 32]);
-    let cases = Mechanism::all().iter().map(|&m| (m, false)).chain([(Mechanism::Infinity, true)]);
+    // Each mechanism as configured by default (Expire-Span through its bias kernels), then
+    // the ∞-former's sticky memories and Expire-Span's written-out path.
+    let cases = Mechanism::all()
+        .iter()
+        .map(|&m| (m, false, false))
+        .chain([(Mechanism::Infinity, true, false), (Mechanism::Expire, false, true)]);
     let mut worst: f64 = 0.0;
-    for (mechanism, sticky) in cases {
-        let cfg = mechanism_config(mechanism, sticky);
+    for (mechanism, sticky, written_out) in cases {
+        let mut cfg = mechanism_config(mechanism, sticky);
+        cfg.memory.expire.fused = !written_out;
         let (cpu_lm, gpu_lm) = (Lm::new(&cfg, Device::Cpu).unwrap(), Lm::new(&cfg, gpu).unwrap());
         if mechanism == Mechanism::Expire {
             // Spans that differ from memory to memory, so that some expire in four blocks.
@@ -122,7 +128,12 @@ fn every_mechanism_computes_on_the_gpu_what_it_computes_on_the_cpu() {
         }
         let (cpu_losses, cpu_held, cpu_grads) = four_blocks(&cpu_lm, &tokens, &targets);
         let (gpu_losses, gpu_held, gpu_grads) = four_blocks(&gpu_lm, &tokens, &targets);
-        let label = format!("{mechanism}{}", if sticky { " (sticky)" } else { "" });
+        let label = match (mechanism, sticky, written_out) {
+            (_, true, _) => format!("{mechanism} (sticky)"),
+            (_, _, true) => format!("{mechanism} (written out)"),
+            (Mechanism::Expire, _, _) => format!("{mechanism} (bias kernels)"),
+            _ => mechanism.to_string(),
+        };
         let gaps: Vec<(String, f64)> =
             cpu_grads.iter().zip(&gpu_grads).map(|((name, a), (_, b))| (name.clone(), relative_gap(a, b))).collect();
         let largest = gaps.iter().map(|g| g.1).fold(0.0, f64::max);
@@ -138,6 +149,68 @@ fn every_mechanism_computes_on_the_gpu_what_it_computes_on_the_cpu() {
         worst = worst.max(largest);
     }
     println!("largest gradient gap over all mechanisms: {worst:.2e} of a parameter's largest entry");
+}
+
+/// Expire-Span's bias kernels (`liblethe_cuda.so`, loaded from beside this binary or
+/// `LETHE_CUDA_KERNELS`) give what the CPU's loops of the same arithmetic give: the
+/// bias, the ramp counts and distances, and the gradients to the positions and spans,
+/// over 70 queries (three query chunks of the backward pass, the last one short) and
+/// keys usable per stream or per query. Under `LETHE_REQUIRE_GPU=1` the library must
+/// load.
+#[test]
+fn expire_span_s_bias_kernels_compute_on_the_gpu_what_the_cpu_does() {
+    use lethe::model::memory::expire_bias::{expire_bias, runs_on};
+    let Some((gpu, _one)) = gpu("bias kernels") else { return };
+    let loaded = runs_on(gpu).expect("the kernels load or are absent");
+    let required = std::env::var("LETHE_REQUIRE_GPU").is_ok_and(|v| v == "1");
+    assert!(loaded || !required, "LETHE_REQUIRE_GPU=1 but no liblethe_cuda.so beside the test binary");
+    if !loaded {
+        eprintln!("skipped: no liblethe_cuda.so (scripts/build-cuda.sh)");
+        return;
+    }
+    let mut rng = lethe::rng::Rng::new(21);
+    let (b, h, m, cached, p) = (3, 4, 70, 130, 60);
+    let n = cached + m;
+    // Each stream's cache at distinct distances (stream s every s + 1 steps), the block last.
+    let counter: Vec<f32> = (0..b)
+        .flat_map(|s| (0..cached).map(move |j| ((cached - j) * (s + 1)) as f32).chain((0..m).map(|j| -(j as f32))))
+        .collect();
+    let counter = Tensor::from_slice(&counter).view([b, n]);
+    let spans = rng.uniform_tensor(&[b, n], Kind::Float) * 200.0;
+    let positions = rng.normal_tensor(&[b, h, m, p], Kind::Float);
+    for usable in
+        [rng.uniform_tensor(&[b, 1, n], Kind::Float).gt(0.1), rng.uniform_tensor(&[b, m, n], Kind::Float).gt(0.1)]
+    {
+        let weights = rng.normal_tensor(&[b, h, m, n], Kind::Float);
+        let run = |device: Device| {
+            let pq = positions.to_device(device).set_requires_grad(true);
+            let e = spans.to_device(device).set_requires_grad(true);
+            let out = expire_bias(&pq, &e, &counter.to_device(device), &usable.to_device(device), 16.0, true).unwrap();
+            let seen = out.bias.isfinite();
+            let objective = (out.bias.where_scalarother(&seen, 0.0) * weights.to_device(device)).sum(Kind::Float);
+            let grads = Tensor::run_backward(&[objective], &[&pq, &e], false, false);
+            let (counts, distances) = out.ramp.unwrap();
+            let cpu = |t: &Tensor| t.to_device(Device::Cpu);
+            (cpu(&out.bias), cpu(&seen), cpu(&counts), cpu(&distances), cpu(&grads[0]), cpu(&grads[1]))
+        };
+        let (cb, cs, cc, cd, cp, ce) = run(Device::Cpu);
+        let (gb, gs, gc, gd, gp, ge) = run(gpu);
+        assert!(cs.equal(&gs), "the pairs seen");
+        let seen = cs.sum(Kind::Int64).int64_value(&[]);
+        assert!(seen > 1000 && seen < b * h * m * n - 1000, "the case has pairs seen and not: {seen}");
+        let finite = |t: &Tensor| t.where_scalarother(&cs, 0.0);
+        let gaps = [
+            ("bias", relative_gap(&finite(&cb), &finite(&gb))),
+            ("distances", relative_gap(&cd, &gd)),
+            ("positions' gradient", relative_gap(&cp, &gp)),
+            ("spans' gradient", relative_gap(&ce, &ge)),
+        ];
+        println!("bias kernels, usable {:?}: {gaps:?}, ramp counts equal: {}", usable.size(), cc.equal(&gc));
+        assert!(cc.equal(&gc), "ramp counts");
+        for (what, gap) in gaps {
+            assert!(gap < 1e-5, "{what} differs by {gap:.2e} of its largest entry");
+        }
+    }
 }
 
 #[test]

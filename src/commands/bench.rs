@@ -36,6 +36,10 @@ pub(crate) fn bench(a: BenchArgs) -> Result<()> {
             "matrix multiply on {}: {gemm:.1} GFLOP/s with {threads} threads{tf32} (the peak for MFU)",
             cfg.train.device
         );
+        let expire = cases.iter().find(|c| c.cfg.memory.mechanism == Mechanism::Expire);
+        if let (Some(case), false) = (expire, cfg.train.device == "cpu") {
+            println!("{}", lethe::model::memory::expire_bias::gpu_path(case.cfg.memory.expire.fused)?);
+        }
     }
     let benched = lethe::bench::run(&cases, &opts, gemm, group.as_ref(), &mut |r| {
         if !leader {

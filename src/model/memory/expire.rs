@@ -43,6 +43,7 @@ use crate::config::{Config, Deletion, ExpireConfig, MemoryConfig};
 use crate::error::{LetheError, Result};
 use crate::model::attention::{self, Window};
 use crate::model::memory::compact;
+use crate::model::memory::expire_bias;
 use crate::model::memory::expire_fused;
 use crate::model::memory::window::{cat_chunks, chunk_keys, chunk_queries, Chunk, QUERY_CHUNK};
 use crate::profile;
@@ -126,6 +127,21 @@ pub struct ExpireSpan {
     /// Spans of the last block's own tokens, `(b, m)`.
     block_spans: Option<Tensor>,
     stats: Option<Stats>,
+    /// The bias path ([`Path::Biased`]) on the CPU too, where the fused kernel would
+    /// otherwise run: the tests check the GPU kernels' arithmetic so.
+    bias_on_cpu: bool,
+}
+
+/// How a block's attention is computed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Path {
+    /// The CPU's fused kernel ([`ExpireSpan::attend_fused`]).
+    Fused,
+    /// One bias node, the GPU's kernels, and libtorch's fused attention
+    /// ([`ExpireSpan::attend_biased`]).
+    Biased,
+    /// The written-out tensor operations ([`ExpireSpan::attend_written_out`]).
+    WrittenOut,
 }
 
 /// What a block's `attend` hands to its `update` (as a [`Carry`]): the spans it gave
@@ -216,6 +232,7 @@ impl ExpireSpan {
             block_meta: None,
             block_spans: None,
             stats: None,
+            bias_on_cpu: false,
         }
     }
 
@@ -501,9 +518,44 @@ impl ExpireSpan {
         Ok((context, loss))
     }
 
+    /// [`Self::attend_written_out`] with the mask's log, the positions and the ramp counts
+    /// from one autograd node ([`expire_bias`]: three CUDA kernels on a GPU), then
+    /// libtorch's fused attention over the whole block with that bias.
+    fn attend_biased(&self, p: &Operands, input: &AttendInput) -> Result<(Tensor, Option<Tensor>, Seen)> {
+        let (m, ramp) = (input.x.size()[1], self.cfg.ramp as f64);
+        let scoring = profile::phase("bias");
+        let scaled = p.q / (p.q.size()[3] as f64).sqrt();
+        let positions = scaled.matmul(&p.key_pe.tr()); // (b, h, m, P)
+        let counter = p.counter.to_kind(p.q.kind());
+        let loss = self.span_loss_applies(input.train);
+        let bias = expire_bias::expire_bias(&positions, p.spans, &counter, p.usable, ramp, loss)?; // (b, h, m, n)
+        drop(scoring);
+        let mixing = profile::phase("attention");
+        let context = attention::attend(p.q, p.k, p.v, &bias.bias, input.attn.dropout, input.train);
+        drop(mixing);
+        let _loss = profile::phase("span loss");
+        let aux = bias
+            .ramp
+            .map(|(counts, distances)| ramp_loss_of_counts(p.spans, &counts, &distances, ramp, m, self.cfg.alpha));
+        Ok((context, aux, Seen::Spans { spans: p.spans.detach(), usable: p.usable.shallow_clone(), ramp }))
+    }
+
+    /// Which path computes a block's attention: with `memory.expire.fused`, the fused
+    /// kernel on the CPU and the bias kernels on a GPU (when `liblethe_cuda.so` is
+    /// loaded); otherwise, or without them, the written-out operations.
+    fn path(&self, input: &AttendInput) -> Result<Path> {
+        let device = input.q.device();
+        if self.fused(input) {
+            return Ok(Path::Fused);
+        }
+        let float = matches!(input.q.kind(), Kind::Float | Kind::Double);
+        let bias = self.cfg.fused && float && (device.is_cuda() || self.bias_on_cpu);
+        Ok(if bias && expire_bias::runs_on(device)? { Path::Biased } else { Path::WrittenOut })
+    }
+
     /// Whether the fused CPU kernel computes the attention ([`Self::attend_fused`]).
     fn fused(&self, input: &AttendInput) -> bool {
-        self.cfg.fused && expire_fused::supports(input.q)
+        self.cfg.fused && !self.bias_on_cpu && expire_fused::supports(input.q)
     }
 
     /// Whether the whole attention goes stream by stream ([`expire_fused::expire_attend`]):
@@ -597,10 +649,10 @@ impl MemoryLayer for ExpireSpan {
             LetheError::Invalid("Expire-Span needs relative positions (model.arch = \"lethe\")".into())
         })?;
         let operands = Operands { q: input.q, k, v, key_pe, spans: &e, counter: &counter, usable: &usable };
-        let (context, aux, seen) = if self.fused(input) {
-            self.attend_fused(&operands, input)?
-        } else {
-            self.attend_written_out(&operands, input)
+        let (context, aux, seen) = match self.path(input)? {
+            Path::Fused => self.attend_fused(&operands, input)?,
+            Path::Biased => self.attend_biased(&operands, input)?,
+            Path::WrittenOut => self.attend_written_out(&operands, input),
         };
         self.stats = Some(Stats { spans: detached, valid, seen, counter });
         Ok(AttendOutput { context, aux_loss: aux, added: None, carry: Carry::new(Handed { spans: given, built }) })
@@ -751,6 +803,7 @@ impl MemoryLayer for ExpireSpan {
             block_meta: None,
             block_spans: None,
             stats: None,
+            bias_on_cpu: self.bias_on_cpu,
         })
     }
 

@@ -5,8 +5,8 @@
 //! - [`fixed`]: Transformer-XL, the last `L` states;
 //! - [`adaptive`]: Adaptive-Span, a learned span per head;
 //! - [`expire`]: Expire-Span, a learned span per memory, expired memories deleted;
-//!   [`expire_fused`] its attention scores from one CPU kernel, [`compact`] the
-//!   compaction of its cache;
+//!   [`expire_fused`] its attention scores from one CPU kernel, [`expire_bias`] its
+//!   attention bias from the GPU's kernels, [`compact`] the compaction of its cache;
 //! - [`compressive`]: the Compressive Transformer, old states compressed into slots;
 //! - [`infinity`]: the ∞-former, an unbounded continuous long-term memory;
 //! - [`window`]: the sliding-window cache the window-based ones share.
@@ -16,6 +16,7 @@ pub mod compact;
 pub mod compressive;
 pub mod descriptor;
 pub mod expire;
+pub mod expire_bias;
 pub mod expire_fused;
 pub mod fixed;
 pub mod infinity;

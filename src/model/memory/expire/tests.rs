@@ -213,18 +213,27 @@ fn fused_attention_equals_the_masked_softmax_with_renormalisation() {
 /// embeddings.
 #[test]
 fn the_fused_layer_equals_the_written_out_one() {
-    fused_layer_equals_written_out(4, 16, 5);
+    layer_equals_written_out(4, 16, 5, Path::Fused);
 }
 
 /// The same over blocks of 150, whose queries the fused path takes in three chunks.
 #[test]
 fn the_fused_layer_in_chunks_equals_the_written_out_one() {
     assert_eq!(causal_chunks(20, 150, QUERY_CHUNK).len(), 3);
-    fused_layer_equals_written_out(150, 40, 41);
+    layer_equals_written_out(150, 40, 41, Path::Fused);
 }
 
-/// Blocks of `m`, maximum span `max_span`, `positions` rows of `key_pe`.
-fn fused_layer_equals_written_out(m: i64, max_span: usize, positions: i64) {
+/// The GPU's path, its kernels' arithmetic run on the CPU (one bias node, then the
+/// attention over the whole block), computes what the written-out one does too.
+#[test]
+fn the_bias_layer_equals_the_written_out_one() {
+    layer_equals_written_out(4, 16, 5, Path::Biased);
+    layer_equals_written_out(70, 40, 41, Path::Biased);
+}
+
+/// Blocks of `m`, maximum span `max_span`, `positions` rows of `key_pe`; the second
+/// layer takes `path`.
+fn layer_equals_written_out(m: i64, max_span: usize, positions: i64, path: Path) {
     use crate::model::attention::Attention;
     let _seed = crate::rng::seed_torch(5);
     let mut rng = crate::rng::Rng::new(5);
@@ -235,6 +244,7 @@ fn fused_layer_equals_written_out(m: i64, max_span: usize, positions: i64) {
     let mut fused =
         ExpireSpan::new(vs.root() / "unused", 8, max_span, positions, &ExpireConfig { fused: true, ..cfg.clone() });
     (fused.w, fused.b) = (written.w.shallow_clone(), written.b.shallow_clone());
+    fused.bias_on_cpu = path == Path::Biased;
     let key_pe = (rng.normal_tensor(&[positions, 4], Kind::Float) * 0.5).set_requires_grad(true);
     // The span predictor's, the positions' and the attention's projections' (queries,
     // keys and values: the fused path reads them as head-split views; the output
@@ -267,6 +277,7 @@ fn fused_layer_equals_written_out(m: i64, max_span: usize, positions: i64) {
             episodes: Some(&episodes),
             norm: None,
         };
+        assert_eq!((written.path(&input).unwrap(), fused.path(&input).unwrap()), (Path::WrittenOut, path));
         let (a, b) = (written.attend(&input).unwrap(), fused.attend(&input).unwrap());
         let gap = (&a.context - &b.context).abs().max().double_value(&[]);
         assert!(gap < 1e-5, "step {step}: contexts differ by {gap}");
