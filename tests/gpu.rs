@@ -3,8 +3,10 @@
 //! - A seed builds the same parameters on either device (they are drawn on the CPU).
 //! - Every mechanism's loss and gradients over four blocks, memory carried, agree with
 //!   the CPU's to float32 rounding: the GPU takes other paths (libtorch's fused
-//!   `scaled_dot_product_attention`, Adaptive-Span's whole window, Expire-Span's scores
-//!   and compaction without the CPU's fused kernels, the optimiser's libtorch update).
+//!   `scaled_dot_product_attention`, Adaptive-Span's whole window, Expire-Span's bias
+//!   from its CUDA kernels and its compaction without the CPU's fused kernels, the
+//!   optimiser's libtorch update); Expire-Span's written-out path too.
+//! - Expire-Span's CUDA kernels give what the CPU's loops of the same arithmetic give.
 //! - A training run follows the CPU's step by step; the fixture GPT-2 gives the logits of
 //!   `transformers`; a tiny Expire-Span model learns the copy task.
 //! - `train.tf32` rounds the GPU's float32 products to TensorFloat-32, and only when on.

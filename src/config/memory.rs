@@ -190,8 +190,10 @@ pub struct ExpireConfig {
     /// over each stream's own keys (the padding of the compacted cache left out), with
     /// the span loss, and the keys, values and span scores are projected from each
     /// stream's kept rows only (`csrc/cache_grad.cpp`).
-    /// `false` runs the written-out operations (the reference). No effect on a GPU
-    /// (libtorch's fused attention there). Default true.
+    /// On a GPU, the mask, positions and ramp counts come from lethe's CUDA kernels
+    /// (`liblethe_cuda.so`, `scripts/build-cuda.sh`) as one bias for libtorch's fused
+    /// attention, when the library is found. `false` runs the written-out operations
+    /// (the reference) on either device. Default true.
     pub fused: bool,
     /// Compute what the official code (facebookresearch/transformer-sequential) computes,
     /// where it differs from lethe's reading of the paper: a token does not attend to

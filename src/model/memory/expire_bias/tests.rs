@@ -180,20 +180,21 @@ fn the_cpu_needs_no_library() {
 }
 
 /// What is not this lethe's kernel library is refused with the reason, and nothing is
-/// loaded: a library of another ABI (compiled here by the C compiler), and a file that is
+/// loaded: a library of another ABI (compiled here by the C++ compiler that builds lethe's
+/// own), and a file that is
 /// no library at all.
 #[test]
 fn a_library_that_is_not_these_kernels_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let source = dir.path().join("other.c");
-    std::fs::write(&source, "int lethe_cuda_abi(void) { return 99; }\n").unwrap();
+    let source = dir.path().join("other.cpp");
+    std::fs::write(&source, "extern \"C\" int lethe_cuda_abi(void) { return 99; }\n").unwrap();
     let other = dir.path().join("libother.so");
-    let built = std::process::Command::new("cc")
+    let built = std::process::Command::new("c++")
         .args(["-shared", "-fPIC", "-o"])
         .arg(&other)
         .arg(&source)
         .status()
-        .expect("the C compiler that builds lethe's C++");
+        .expect("the C++ compiler that builds lethe's C++");
     assert!(built.success());
     let error = load(&other).expect_err("another ABI").to_string();
     assert!(error.contains("ABI 99, expected 1") && error.contains("scripts/build-cuda.sh"), "{error}");
