@@ -347,6 +347,10 @@ pub struct ConfigArgs {
     /// Print the resolved config as TOML and exit.
     #[arg(long)]
     pub print_config: bool,
+    /// Print every config key that `--set` takes (or those under PREFIX, e.g.
+    /// `memory.expire`) with its default and meaning, and exit.
+    #[arg(long, value_name = "PREFIX", num_args = 0..=1, default_missing_value = "")]
+    pub help_config: Option<String>,
 }
 
 #[derive(Args, Debug)]

@@ -11,8 +11,16 @@ use lethe::data::Split;
 use lethe::generate::Sampling;
 use lethe::model::Lm;
 
-/// Handles --list-presets and --print-config; returns true when the command is done.
+/// Handles --list-presets, --print-config and --help-config; returns true when the
+/// command is done.
 pub(crate) fn informational(args: &crate::cli::ConfigArgs) -> Result<bool> {
+    if let Some(prefix) = &args.help_config {
+        let keys = lethe::config::reference::keys()?;
+        let text = lethe::config::reference::text(&keys, prefix);
+        anyhow::ensure!(!text.is_empty(), "--help-config: no config key starts with `{prefix}`");
+        print!("{text}");
+        return Ok(true);
+    }
     if args.list_presets {
         let width = PRESETS.iter().map(|p| p.name.len()).max().unwrap_or(0);
         for p in PRESETS {

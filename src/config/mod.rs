@@ -19,6 +19,7 @@ pub mod memory;
 pub mod merge;
 pub mod model;
 pub mod presets;
+pub mod reference;
 pub mod rl;
 pub mod run;
 pub mod tasks;

@@ -9,9 +9,11 @@ use crate::error::{LetheError, Result};
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrainConfig {
-    /// Parallel streams `B` per step. Default 16.
+    /// Parallel streams `B` per step; for the gridworlds, episodes played in parallel.
+    /// Default 16.
     pub batch: usize,
-    /// Block length `M`: tokens per stream per step. Default 32.
+    /// Block length `M`: tokens per stream per step (`M <= L`); for the gridworlds, the
+    /// truncation window in steps (any length: cut into blocks of at most `L`). Default 32.
     pub block: usize,
     /// Optimiser steps. Default 1500.
     pub steps: usize,
@@ -73,9 +75,9 @@ pub struct TrainConfig {
     /// too) and `lethe bench`; `lethe eval` computes in float32; the CPU is unaffected.
     /// Default false.
     pub tf32: bool,
-    /// Under torchrun: seconds the rendezvous and every collective wait for the other
-    /// ranks before the run stops with an error naming the rank (a dead or stuck peer).
-    /// Default 600.
+    /// Under torchrun: seconds (at most a week) the rendezvous and every collective wait
+    /// for the other ranks before the run stops with an error naming the rank (a dead or
+    /// stuck peer). Default 600.
     #[serde(default = "default_dist_timeout")]
     pub dist_timeout: u64,
 }

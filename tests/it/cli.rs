@@ -479,6 +479,25 @@ fn the_guide_lists_every_preset_as_list_presets_does() {
     }
 }
 
+/// `--help-config` prints every key under a prefix with its default and the meaning from
+/// the field's doc comment, for any command that takes a config; a prefix that names no
+/// key is one line and a failure.
+#[test]
+fn help_config_explains_the_keys_under_a_prefix() {
+    let here = std::path::Path::new(".");
+    for command in ["train", "bench"] {
+        let text = succeeds(&lethe(here, &[command, "--help-config", "memory.expire"]));
+        assert!(text.starts_with("memory.expire.ramp = 16\n    Ramp length `R` of the soft mask"), "{text}");
+        assert!(text.contains("memory.expire.fused = true") && !text.contains("memory.adaptive"), "{text}");
+    }
+    let all = succeeds(&lethe(here, &["train", "--help-config"]));
+    assert!(all.starts_with("name = ") && all.contains("\nrl.reset = \"episode\""), "{all}");
+    fails_with(
+        &lethe(here, &["train", "--help-config", "memory.nothing"]),
+        &["no config key starts with `memory.nothing`"],
+    );
+}
+
 /// Regression: steps and evaluations without a scored token were logged as a
 /// loss of 0; they are logged as null and printed as `-`.
 #[test]

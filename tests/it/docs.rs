@@ -209,3 +209,31 @@ fn dated(line: &str) -> bool {
             && w.starts_with(b"20")
     })
 }
+
+/// The guide's Config chapter holds the config reference between these lines.
+const REFERENCE_START: &str =
+    "<!-- the config reference: `lethe train --help-config`, from the fields' doc comments -->";
+const REFERENCE_END: &str = "<!-- end of the config reference -->";
+
+/// The guide's config reference is what `--help-config` reads from the code's doc
+/// comments, key for key. `LETHE_BLESS=1` writes it there after a change to a field.
+#[test]
+fn the_guide_s_config_reference_is_the_code_s() {
+    let path = std::path::Path::new("docs/guide/src/config.md");
+    let page = std::fs::read_to_string(path).unwrap();
+    let (Some(start), Some(end)) = (page.find(REFERENCE_START), page.find(REFERENCE_END)) else {
+        panic!("{} lacks the markers of the config reference", path.display());
+    };
+    let table = lethe::config::reference::markdown(&lethe::config::reference::keys().unwrap());
+    let written = &page[start + REFERENCE_START.len()..end];
+    if written.trim() != table.trim() && std::env::var("LETHE_BLESS").is_ok_and(|v| v == "1") {
+        let blessed = format!("{}\n{table}{}", &page[..start + REFERENCE_START.len()], &page[end..]);
+        std::fs::write(path, blessed).unwrap();
+        return;
+    }
+    assert_eq!(
+        written.trim(),
+        table.trim(),
+        "the guide's config reference differs from the fields' doc comments: run the test with LETHE_BLESS=1"
+    );
+}
