@@ -2,7 +2,8 @@
 //! binary (and the test binaries) find `libtorch_cpu.so` without `LD_LIBRARY_PATH`,
 //! records that folder for loading the CUDA backend at run time, and compiles lethe's
 //! C++ against the same libtorch's headers: `csrc/dist.cpp`, the bridge to c10d, and
-//! `csrc/expire.cpp`, Expire-Span's fused and ragged attention, `csrc/expire_bias.cpp`,
+//! `csrc/expire_scores.cpp` and `csrc/expire_attend.cpp`, Expire-Span's fused and ragged
+//! attention (their score rows in `csrc/expire_rows.h`), `csrc/expire_bias.cpp`,
 //! its attention bias for the GPU (the kernels themselves are `csrc/cuda/`, built apart by
 //! `scripts/build-cuda.sh`), `csrc/compact.cpp`,
 //! the compaction of its cache, `csrc/cache_grad.cpp`, the gradient of the keys and
@@ -42,8 +43,9 @@ fn compile_csrc(lib: &std::path::Path) {
         .file("csrc/compact.cpp")
         .file("csrc/context.cpp")
         .file("csrc/dist.cpp")
-        .file("csrc/expire.cpp")
+        .file("csrc/expire_attend.cpp")
         .file("csrc/expire_bias.cpp")
+        .file("csrc/expire_scores.cpp")
         .file("csrc/skew.cpp")
         .file("csrc/trace.cpp")
         // libtorch's and Gloo's headers are system headers: their warnings are not ours.

@@ -1,6 +1,6 @@
 // Row-major matrix products through the Fortran BLAS that libtorch's CPU library exports
 // (MKL's `sgemm_` and `dgemm_` on x86), for the kernels that multiply many small
-// matrices, one stream at a time, inside a parallel loop: csrc/expire.cpp's ragged
+// matrices, one stream at a time, inside a parallel loop: csrc/expire_attend.cpp's ragged
 // attention and csrc/cache_grad.cpp's ragged projection. Called from within
 // `at::parallel_for`, MKL runs each product on the calling thread.
 #pragma once

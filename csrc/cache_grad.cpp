@@ -166,7 +166,7 @@ struct KeysValuesScores : public torch::autograd::Function<KeysValuesScores> {
 // projects, forward and in the weights' gradient, are padding that no query may use.
 // Here each stream's rows from its first valid one on are projected by their own BLAS
 // products, the streams shared out over the threads by their rows; the padding's keys,
-// values and scores are zero (its consumer, the ragged attention of csrc/expire.cpp,
+// values and scores are zero (its consumer, the ragged attention of csrc/expire_attend.cpp,
 // starts each stream at its first usable key and reads none of them). The backward pass
 // sums the weights' gradients over the same rows only, each thread its streams', the
 // threads' sums added in their order (the same numbers for the same thread count):

@@ -103,7 +103,7 @@ int lethe_skew(lethe_tensor flipped, int64_t cached, int64_t n, lethe_tensor* ou
 int lethe_compact(lethe_tensor keep, lethe_tensor* tensors, int64_t count, int64_t room, lethe_tensor* out,
                   char** error);
 
-// ---- Expire-Span's fused scores and ragged attention (expire.cpp) ----------------------
+// ---- Expire-Span's fused scores and ragged attention (expire_scores.cpp, expire_attend.cpp)
 
 // The operands both take: the relative-position scores `pq` (b, h, m, P), the spans
 // (b, n), the counter (b, n) and the usable keys (b, 1 or m, n), the ramp R, and the

@@ -1,7 +1,7 @@
 // Streams of unequal lengths shared out over libtorch's threads: each stream is one
 // thread's from start to end, and each thread gets about as much of the work
 // (`at::parallel_for` would give each as many streams, whatever their lengths). Used by
-// the ragged attention (csrc/expire.cpp) and the ragged projection (csrc/cache_grad.cpp).
+// the ragged attention (csrc/expire_attend.cpp) and the ragged projection (csrc/cache_grad.cpp).
 #pragma once
 
 #include <ATen/Parallel.h>

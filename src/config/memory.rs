@@ -184,7 +184,7 @@ pub struct ExpireConfig {
     /// Fig. 9). Default 0.
     pub inference_cap: usize,
     /// On the CPU, build the attention scores (mask, relative positions, the span loss's
-    /// ramp counts) with lethe's fused kernel (`csrc/expire.cpp`) instead of a dozen
+    /// ramp counts) with lethe's fused kernel (`csrc/expire_scores.cpp`) instead of a dozen
     /// tensor operations: the same function to float rounding, fewer passes over memory.
     /// Without attention dropout the kernel runs the whole attention stream by stream,
     /// over each stream's own keys (the padding of the compacted cache left out), with

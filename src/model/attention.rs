@@ -70,7 +70,7 @@ pub enum Window<'a> {
     Padded,
     /// Each stream's rows from its first `valid` one `(b, n)` on (zero before), as
     /// views of `(b, n, h dh)`: for the ragged attention, which reads any row stride and
-    /// skips each stream's padding (`csrc/cache_grad.cpp`, `csrc/expire.cpp`).
+    /// skips each stream's padding (`csrc/cache_grad.cpp`, `csrc/expire_attend.cpp`).
     Ragged { valid: &'a Tensor },
 }
 

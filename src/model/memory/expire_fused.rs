@@ -1,4 +1,5 @@
-//! Expire-Span's attention scores from one fused CPU kernel (`csrc/expire.cpp`): the
+//! Expire-Span's attention scores from one fused CPU kernel (`csrc/expire_scores.cpp`,
+//! `csrc/expire_attend.cpp`, their rows in `csrc/expire_rows.h`): the
 //! soft mask of Eq. 5 applied after the softmax with renormalisation (Eq. 4) as the
 //! additive bias `ln m`, the relative positions (A.1) and the ramp counts of the span
 //! loss (4.2), computed in one pass over the `(b, h, m, n)` scores instead of a dozen
@@ -127,7 +128,7 @@ pub struct FusedAttention {
 /// The whole attention of a block, stream by stream over each stream's own keys: the
 /// weights of [`expire_weights`] from the scores `q k^T` and `positions`, times `v`,
 /// with the keys before a stream's first usable one left out of its products (the
-/// left padding of a compacted cache, `csrc/expire.cpp`'s `ExpireAttend`).
+/// left padding of a compacted cache, `csrc/expire_attend.cpp`'s `ExpireAttend`).
 ///
 /// `q` `(b, h, m, dh)` divided by `sqrt(dh)` already, `k` and `v` `(b, h, n, dh)`; the
 /// rest as [`expire_scores`] takes them, and the span loss's `loss_scale`, `alpha / (R M)`
