@@ -231,9 +231,11 @@ fn the_guide_s_config_reference_is_the_code_s() {
         std::fs::write(path, blessed).unwrap();
         return;
     }
-    assert_eq!(
-        written.trim(),
-        table.trim(),
-        "the guide's config reference differs from the fields' doc comments: run the test with LETHE_BLESS=1"
+    let first = written.trim().lines().zip(table.trim().lines()).find(|(a, b)| a != b);
+    assert!(
+        written.trim() == table.trim(),
+        "the guide's config reference differs from the fields' doc comments (run the test with LETHE_BLESS=1); first difference:\n  guide: {:?}\n  code:  {:?}",
+        first.map(|f| f.0),
+        first.map(|f| f.1)
     );
 }
