@@ -146,8 +146,8 @@ struct ExpireBias : public torch::autograd::Function<ExpireBias> {
     ctx->saved_data["p"] = s.p;
     ctx->saved_data["ramp"] = ramp;
     ctx->mark_non_differentiable({counts, distances});
-    // Per stream, the distances' sum, as the span loss takes it.
-    return {bias, counts, distances.sum(1)};
+    // Per stream, the distances' sum, as the span loss takes it (no launch without stats).
+    return {bias, counts, stats ? distances.sum(1) : at::empty({0}, distances.options())};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
