@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 . scripts/env.sh
-cargo test --release "$@"
+cargo test --release --workspace "$@"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds liblethe_cuda.so, lethe's GPU kernels (csrc/cuda/: Expire-Span's attention
+# Builds liblethe_cuda.so, lethe's GPU kernels (crates/kernels/csrc/cuda/: Expire-Span's attention
 # bias), which `lethe` loads at run time from beside its executable or from the file
 # LETHE_CUDA_KERNELS names. Without it a GPU runs the same numbers through libtorch's
 # operations, slower.
@@ -32,9 +32,9 @@ cuda=$(python -c 'import os, nvidia; print(os.path.join(list(nvidia.__path__)[0]
 [ -e "$cuda/lib/libcudart.so.13" ] || { echo "build-cuda: no libcudart.so.13 in $cuda/lib (a CUDA build of torch is needed)" >&2; exit 1; }
 headers=$(dirname "$(dirname "$nvcc")")/include
 mkdir -p "$(dirname "$out")"
-# No fused multiply-adds, as the CPU's C++ (build.rs): the kernels round as its loops do.
+# No fused multiply-adds, as the CPU's C++ (crates/kernels/build.rs): the kernels round as its loops do.
 "$nvcc" -arch="$arch" -O3 --fmad=false -std=c++17 -shared -Werror all-warnings \
     -Xcompiler -fPIC,-Wall,-Wextra -I"$headers" -I"$cuda/include" \
     -L"$cuda/lib" -cudart none -l:libcudart.so.13 \
-    -o "$out" csrc/cuda/*.cu
+    -o "$out" crates/kernels/csrc/cuda/*.cu
 echo "build-cuda: wrote $out ($arch)"

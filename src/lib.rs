@@ -1,65 +1,52 @@
 //! lethe: transformers with long memory that learn what to keep and what to forget.
 //!
-//! The library behind the `lethe` binary: a block-recurrent transformer backbone
-//! ([`model`]) whose layers remember the past through pluggable memory mechanisms
-//! ([`model::memory`]), byte corpora and synthetic tasks ([`data`]), the training loop
-//! ([`train`]), streaming evaluation ([`eval`]) and generation ([`generate`]),
-//! checkpoints ([`checkpoint`]), benchmarks ([`bench`](mod@bench)) and reinforcement learning on the
-//! paper's gridworlds ([`rl`]).
+//! The library behind the `lethe` binary, and the one name its layers are known by: the
+//! crates under `crates/` are re-exported here under their module names, so that
+//! `lethe::model::memory`, `lethe::data::tasks` or `lethe::train` name the same items
+//! wherever lethe is used.
 //!
 //! # Layers
 //!
-//! Dependencies point one way, down this list; nothing imports a module above it
-//! (`scripts/module-cycles.py` checks that no `src/` file takes part in an import cycle).
+//! Dependencies point one way, down this list; each layer is a crate, so the compiler
+//! refuses an import that points up.
 //!
-//! 1. **Commands** (`main.rs`, `cli.rs`): parse and validate flags, call one library
-//!    function, print. A new command goes here and in the module it calls.
-//! 2. **Applications**: [`dialogue`] (replies to conversations, scored), the training loops ([`train`] for language models and tasks,
-//!    [`rl::train`] for gridworld agents, sharing [`run`]: the run folder and the loop
-//!    that steps, logs, evaluates and checkpoints), [`sweep`],
-//!    [`bench`](mod@bench), [`inspect`], [`eval`], [`generate`], [`plot`].
-//! 3. **Model, data, tasks, environments**: [`model`] (the backbone and, in
-//!    [`model::memory`], one file per mechanism; a new mechanism is a file there that
+//! 1. **Commands** (`main.rs`, `cli.rs`, `commands/`): parse and validate flags, call
+//!    one library function, print. A new command goes here and in the module it calls.
+//! 2. **Applications** (this crate): [`dialogue`] (replies to conversations, scored with
+//!    [`textmetrics`]' F1, ROUGE and METEOR, METEOR's synonyms from [`wordnet`]),
+//!    [`sweep`], [`bench`](mod@bench), [`inspect`] and [`plot`].
+//! 3. **lethe-train** (`crates/train`): [`run`] (the run folder and the loop that steps,
+//!    logs, evaluates and checkpoints), [`train`] for language models and tasks,
+//!    [`rl`] for gridworld agents, [`eval`] and [`generate`].
+//! 4. **lethe-model** (`crates/model`, here [`model`]) and **lethe-data**
+//!    (`crates/data`, here [`data`] and [`task`]), side by side: the backbone and, in
+//!    [`model::memory`], one unit per mechanism (a new mechanism is a file there that
 //!    implements [`model::memory::MemoryLayer`] and [`model::memory::Descriptor`], a
-//!    variant of [`config::Mechanism`], and a line in [`model::memory::describe`]), [`data`] (corpora, dialogues, streams, and in
-//!    [`data::tasks`] one file per generated task), [`rl`] (the gridworlds and the agent),
-//!    [`optim`], [`metrics`] (with [`tensorboard`]'s event files), [`textmetrics`] (F1, ROUGE and METEOR of generated text, with METEOR's synonyms from [`wordnet`]), and [`task`]: the registry of tasks. A new task is a file
-//!    that implements [`task::Task`] (its streams or episodes, description, quality
-//!    metric and the `--length`/`--distance` it takes), its settings in
-//!    [`config::tasks`] with a `data.source` name, and one line in [`task::of`].
-//! 4. **Bottom**: [`config`] (every setting, with the task settings in
-//!    [`config::tasks`]), [`checkpoint`] (the file format; each trainer serialises its own
-//!    data position into it), [`input`] and [`output`] (the files a user names: read
-//!    bounded, written only where nothing is lost), [`error`], [`rng`], [`device`], [`dist`] (the c10d process
-//!    group that data-parallel ranks share).
+//!    variant of [`config::Mechanism`], and a line in [`model::memory::describe`]); the
+//!    corpora, dialogues, streams, the generated tasks ([`data::tasks`]), the gridworlds
+//!    ([`data::gridworld`]) and the registry of tasks ([`task`]: a new task is a file that
+//!    implements [`task::Task`], its settings in [`config::tasks`] with a `data.source`
+//!    name, and one line in [`task::of`]).
+//! 5. **lethe-core** (`crates/core`): [`config`], [`checkpoint`], [`input`] and
+//!    [`output`], [`error`], [`rng`], [`device`], [`profile`], [`metrics`] with
+//!    [`tensorboard`], [`optim`] and [`dist`].
+//! 6. **lethe-kernels** (`crates/kernels`, here [`ffi`]): lethe's C++ (`csrc/`) and the
+//!    one Rust mirror of its C ABI.
+
+pub use lethe_core::{
+    checkpoint, config, device, dist, error, input, metrics, optim, output, profile, rng, tensorboard,
+};
+pub use lethe_data::{self as data, task};
+pub use lethe_kernels as ffi;
+pub use lethe_model as model;
+pub use lethe_train::{eval, generate, rl, run, train};
 
 pub mod bench;
-pub mod checkpoint;
-pub mod config;
-pub mod data;
-pub mod device;
 pub mod dialogue;
-pub mod dist;
-pub mod error;
-pub mod eval;
-pub(crate) mod ffi;
-pub mod generate;
-pub mod input;
 pub mod inspect;
-pub mod metrics;
-pub mod model;
-pub mod optim;
-pub mod output;
 pub mod plot;
-pub mod profile;
-pub mod rl;
-pub mod rng;
-pub mod run;
 pub mod sweep;
-pub mod task;
-pub mod tensorboard;
 pub mod textmetrics;
-pub mod train;
 pub mod wordnet;
 
 pub use config::Config;

@@ -167,7 +167,7 @@ fn the_readme_is_a_front_page() {
 fn the_project_speaks_of_itself_alone() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = pages().into_iter().filter(|p| !p.starts_with(root.join("docs/results"))).collect::<Vec<_>>();
-    for dir in ["src", "tests", "scripts", "csrc", "benches"] {
+    for dir in ["src", "crates", "tests", "scripts", "benches"] {
         collect_files(&root.join(dir), &mut files);
     }
     let mut found = Vec::new();

@@ -1,0 +1,234 @@
+//! Text for language models with real vocabularies (∞-former paper 4.2 and App. D):
+//! Wikitext-103's three files, and the tokenisation of any text source (`file`, `folder`,
+//! `wikitext`) with a pretrained model's tokenizer (`data.tokenizer`), with the words of
+//! the raw text counted for perplexity per word.
+//!
+//! Words: the whitespace-separated tokens of the raw text; for Wikitext also one `<eos>`
+//! per line, as the word-level models of Transformer-XL (and the ∞-former's App. D)
+//! predict it, which is how its test split counts 245,569 tokens. Perplexity per word is
+//! then `exp(loss · tokens / words)`: the mean loss per token scaled by the split's
+//! tokens per word, so that a model of any tokenizer (bytes, BPE, words) is compared on
+//! the same unit.
+
+use std::path::{Path, PathBuf};
+
+use crate::task::spec::{Metric, Task};
+use lethe_core::checkpoint::Checkpoint;
+use lethe_core::config::{Config, DataConfig, FolderMode};
+use lethe_core::error::{LetheError, Result};
+
+use super::seq::{Split, SplitData, Token, TokenSeq};
+use super::stream::TrainStreams;
+use super::tokenizer::Tokenizer;
+
+/// Words of `text`: whitespace-separated tokens, plus one per line when `eos_per_line`.
+pub fn count_words(text: &[u8], eos_per_line: bool) -> u64 {
+    let words = text.split(|b| b.is_ascii_whitespace()).filter(|w| !w.is_empty()).count();
+    let lines = if eos_per_line { text.split(|&b| b == b'\n').count() - usize::from(text.ends_with(b"\n")) } else { 0 };
+    (words + lines) as u64
+}
+
+/// Longest piece of text given to the tokenizer at once (bytes), before it is cut at a
+/// line start.
+const CHUNK_BYTES: usize = 1 << 20;
+
+/// `text` in pieces of about [`CHUNK_BYTES`], each cut just after a newline that a
+/// non-space character follows, or a single space then one: at such a point GPT-2's
+/// pre-tokenizer ends a piece anyway, so tokenising the pieces gives the ids of the
+/// whole (checked in the tests on text with runs of blank lines and spaces).
+pub fn chunks(text: &str) -> Vec<&str> {
+    let bytes = text.as_bytes();
+    let mut out = vec![];
+    let mut start = 0;
+    while bytes.len() - start > CHUNK_BYTES {
+        let cut = (start + CHUNK_BYTES..bytes.len()).find(|&i| safe_cut(bytes, i));
+        let Some(cut) = cut else { break };
+        out.push(&text[start..cut]);
+        start = cut;
+    }
+    out.push(&text[start..]);
+    out
+}
+
+/// Whether a piece may end just before byte `i`: a newline before it, and after it a
+/// character that is not whitespace, or one space then such a character.
+fn safe_cut(bytes: &[u8], i: usize) -> bool {
+    let solid = |j: usize| bytes.get(j).is_some_and(|b| !b.is_ascii_whitespace());
+    bytes[i - 1] == b'\n' && (solid(i) || (bytes[i] == b' ' && solid(i + 1)))
+}
+
+/// The ids of a long `text`, tokenised in [`chunks`].
+pub fn encode_long(tokenizer: &Tokenizer, text: &str) -> Result<Vec<Token>> {
+    let mut ids = Vec::with_capacity(text.len() / 4);
+    for piece in tokenizer.encode_batch(&chunks(text))? {
+        ids.extend(piece);
+    }
+    Ok(ids)
+}
+
+/// The tokenizer `data.tokenizer` names, checked against the model's vocabulary.
+pub fn tokenizer_of(cfg: &Config) -> Result<Option<Tokenizer>> {
+    let Some(dir) = &cfg.data.tokenizer else { return Ok(None) };
+    let tokenizer = Tokenizer::from_dir(dir)?;
+    if tokenizer.vocab_size() > cfg.model.vocab {
+        return Err(LetheError::config(
+            "model.vocab",
+            cfg.model.vocab,
+            format!(
+                "the tokenizer in `{}` has {} ids; the model needs at least as many",
+                dir.display(),
+                tokenizer.vocab_size()
+            ),
+        ));
+    }
+    Ok(Some(tokenizer))
+}
+
+/// The tokenizer of a trained model: the run folder's own copy
+/// ([`Checkpoint::run_tokenizer`]), else the config's `data.tokenizer`. `None` for a
+/// byte-level model.
+pub fn tokenizer_of_checkpoint(ckpt: &Checkpoint) -> Result<Option<Tokenizer>> {
+    match ckpt.run_tokenizer() {
+        Some(dir) => Tokenizer::from_dir(&dir).map(Some),
+        None => tokenizer_of(&ckpt.config),
+    }
+}
+
+/// `bytes` as text for a tokenizer; the error names `origin` and the first byte that is
+/// not UTF-8.
+pub fn utf8(bytes: Vec<u8>, origin: &Path) -> Result<String> {
+    String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        LetheError::data(origin, format!("is not UTF-8 text (an invalid byte at offset {at}), and the tokenizer reads text; convert it, e.g. `iconv -f latin1 -t utf-8`"))
+    })
+}
+
+/// A split read as bytes, made ready for the model: its words counted, then tokenised
+/// when the config names a tokenizer. `eos_per_line`: count one word per line too.
+pub fn prepare(cfg: &Config, bytes: SplitData, eos_per_line: bool) -> Result<SplitData> {
+    let words = bytes.docs.iter().map(|d| count_words(&super::seq::bytes_of(&d.tokens), eos_per_line)).sum();
+    let docs = match tokenizer_of(cfg)? {
+        None => bytes.docs,
+        Some(tokenizer) => {
+            let mut docs = Vec::with_capacity(bytes.docs.len());
+            let total: usize = bytes.docs.iter().map(|d| d.tokens.len()).sum();
+            let (mut done, mut said) = (0, std::time::Instant::now());
+            for d in &bytes.docs {
+                // A large corpus (PG-19) takes minutes: say how far it is every 10 s.
+                done += d.tokens.len();
+                if said.elapsed().as_secs() >= 10 {
+                    eprintln!(
+                        "tokenising `{}`: {:.0} of {:.0} MB",
+                        bytes.origin.display(),
+                        done as f64 / 1e6,
+                        total as f64 / 1e6
+                    );
+                    said = std::time::Instant::now();
+                }
+                let text = utf8(super::seq::bytes_of(&d.tokens), &bytes.origin)?;
+                let ids = encode_long(&tokenizer, &text).map_err(|e| LetheError::data(&bytes.origin, e.to_string()))?;
+                if !ids.is_empty() {
+                    docs.push(TokenSeq::all_scored(ids));
+                }
+            }
+            docs
+        }
+    };
+    Ok(SplitData { docs, words: Some(words), ..bytes })
+}
+
+/// The file of `split` in a Wikitext folder: `wiki.<split>.tokens`, or the `.raw` of
+/// the raw variant.
+fn wikitext_file(dir: &Path, split: Split) -> Result<PathBuf> {
+    let name = match split {
+        Split::Train => "train",
+        Split::Valid => "valid",
+        Split::Test => "test",
+    };
+    let candidates = [format!("wiki.{name}.tokens"), format!("wiki.{name}.raw")];
+    candidates.iter().map(|c| dir.join(c)).find(|p| p.is_file()).ok_or_else(|| {
+        let hint = if dir.is_dir() { "" } else { " (the folder does not exist)" };
+        LetheError::data(
+            dir,
+            format!(
+                "holds no wiki.{name}.tokens{hint}; get Wikitext-103 with `curl -LO https://s3.amazonaws.com/research.metamind.io/wikitext/wikitext-103-v1.zip && unzip wikitext-103-v1.zip` and pass --data wikitext-103"
+            ),
+        )
+    })
+}
+
+/// One split of a Wikitext folder, as bytes.
+fn load_wikitext_bytes(dir: &Path, split: Split) -> Result<SplitData> {
+    let path = wikitext_file(dir, split)?;
+    let bytes = lethe_core::input::read(&path).map_err(|e| LetheError::data(&path, e))?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(LetheError::data(&path, "holds no text"));
+    }
+    Ok(SplitData {
+        origin: path,
+        docs: vec![TokenSeq::bytes(&bytes, None, None)],
+        mode: FolderMode::Concat,
+        words: None,
+    })
+}
+
+/// Wikitext-103 (or -2) in the registry ([`crate::task::of`]): `data.source = "wikitext"`.
+pub struct Wikitext;
+
+impl Task for Wikitext {
+    fn name(&self) -> &'static str {
+        "wikitext"
+    }
+
+    fn describe(&self, d: &DataConfig) -> String {
+        let path = d.path.as_deref().unwrap_or(Path::new("?"));
+        match &d.tokenizer {
+            Some(t) => format!("wikitext {} tokenised by {}", path.display(), t.display()),
+            None => format!("wikitext {} as bytes", path.display()),
+        }
+    }
+
+    fn metric(&self) -> Metric {
+        Metric::WordPerplexity
+    }
+
+    fn load_split(&self, cfg: &Config, split: Split, _batch: usize) -> Result<SplitData> {
+        let dir = cfg
+            .data
+            .path
+            .as_deref()
+            .ok_or_else(|| LetheError::config("data.path", "none", "the Wikitext folder is needed (--data DIR)"))?;
+        prepare(cfg, load_wikitext_bytes(dir, split)?, true)
+    }
+
+    fn train_streams(&self, cfg: &Config, batch: usize) -> Result<TrainStreams> {
+        let split = self.load_split(cfg, Split::Train, batch)?;
+        TrainStreams::of_split(&split, batch, cfg.train.block, cfg.data_seed())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_are_whitespace_tokens_and_wikitext_adds_one_per_line() {
+        let text = b" = Valkyria = \n\n Senj\xc5\x8d no Valkyria 3 @-@ sequel .\n";
+        assert_eq!(count_words(text, false), 3 + 7);
+        assert_eq!(count_words(text, true), 3 + 7 + 3);
+        assert_eq!(count_words(b"no newline at the end", true), 5 + 1);
+        assert_eq!(count_words(b"", false), 0);
+    }
+
+    #[test]
+    fn chunks_cut_only_at_line_starts_and_cover_the_text() {
+        let line = " = = Gameplay = = \n\n\n  indented\n plain text follows\n";
+        let text = line.repeat(CHUNK_BYTES / line.len() * 3);
+        let pieces = chunks(&text);
+        assert!(pieces.len() >= 3, "{} pieces", pieces.len());
+        assert_eq!(pieces.concat(), text);
+        for p in &pieces[1..] {
+            assert!(p.starts_with(" = =") || p.starts_with(" plain"), "{:?}", &p[..12]);
+        }
+    }
+}

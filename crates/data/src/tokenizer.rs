@@ -1,0 +1,206 @@
+//! Text to token ids and back for pretrained models, through Hugging Face's `tokenizers`
+//! crate (the library `transformers` uses; lethe writes no BPE of its own). It reads a
+//! model folder's `tokenizer.json`, or the older pair `vocab.json` + `merges.txt` of
+//! GPT-2's byte-level BPE, which it puts together as GPT-2 does: a byte-level
+//! pre-tokenizer without a prefix space and a byte-level decoder.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::models::bpe::{BpeTrainer, BPE};
+use tokenizers::models::wordlevel::WordLevel;
+use tokenizers::models::TrainerWrapper;
+use tokenizers::normalizers::replace::Replace;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::whitespace::WhitespaceSplit;
+
+use lethe_core::error::{LetheError, Result};
+
+/// A pretrained model's tokenizer.
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+}
+
+impl Tokenizer {
+    /// The tokenizer of the model folder `dir`: `tokenizer.json` when there is one,
+    /// otherwise `vocab.json` + `merges.txt`.
+    pub fn from_dir(dir: &Path) -> Result<Tokenizer> {
+        let json = dir.join("tokenizer.json");
+        if json.is_file() {
+            let bytes = lethe_core::input::read(&json).map_err(|e| LetheError::data(&json, e))?;
+            let inner = tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| data_error(&json, e))?;
+            return Ok(Tokenizer { inner });
+        }
+        let (vocab, merges) = (dir.join("vocab.json"), dir.join("merges.txt"));
+        if !vocab.is_file() || !merges.is_file() {
+            let reason = "holds no tokenizer: neither tokenizer.json nor vocab.json with merges.txt".to_string();
+            return Err(LetheError::Data { path: dir.to_path_buf(), reason });
+        }
+        for file in [&vocab, &merges] {
+            lethe_core::input::check_file(file).map_err(|e| LetheError::data(file, e))?;
+        }
+        let (vocab_text, merges_text) = (vocab.display().to_string(), merges.display().to_string());
+        let bpe = BPE::from_file(&vocab_text, &merges_text).build().map_err(|e| data_error(&vocab, e))?;
+        let mut inner = tokenizers::Tokenizer::new(bpe);
+        inner.with_pre_tokenizer(Some(ByteLevel::default().add_prefix_space(false)));
+        inner.with_decoder(Some(ByteLevelDecoder::default()));
+        Ok(Tokenizer { inner })
+    }
+
+    /// The ids of `text` (no special tokens added).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let encoding = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| LetheError::Invalid(format!("cannot tokenise the text: {e}")))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// The ids of each of `texts` (no special tokens added), tokenised in parallel.
+    pub fn encode_batch(&self, texts: &[&str]) -> Result<Vec<Vec<u32>>> {
+        let encodings = self
+            .inner
+            .encode_batch(texts.to_vec(), false)
+            .map_err(|e| LetheError::Invalid(format!("cannot tokenise the text: {e}")))?;
+        Ok(encodings.iter().map(|e| e.get_ids().to_vec()).collect())
+    }
+
+    /// The text of `ids`.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner.decode(ids, false).map_err(|e| LetheError::Invalid(format!("cannot decode token ids: {e}")))
+    }
+
+    /// Token ids the tokenizer knows, special tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// A word-level vocabulary (Transformer-XL's for Wikitext-103): the whitespace-separated
+    /// words of `texts` and an `<eos>` at every line end, numbered most frequent first
+    /// (ties in byte order), so that the adaptive softmax's clusters hold the frequent
+    /// words first. Words seen fewer than `min_count` times, and any beyond the
+    /// `max_size` most frequent (0: no limit), read as `<unk>`, which is added last
+    /// unless the text has it.
+    pub fn train_words(texts: &[&str], min_count: u64, max_size: usize) -> Result<Tokenizer> {
+        let mut counts: HashMap<&str, u64> = HashMap::new();
+        for text in texts {
+            for line in text.split_inclusive('\n') {
+                line.split_whitespace().for_each(|w| *counts.entry(w).or_default() += 1);
+                if line.ends_with('\n') {
+                    *counts.entry(EOS).or_default() += 1;
+                }
+            }
+        }
+        let mut order: Vec<(&str, u64)> = counts.into_iter().filter(|&(_, n)| n >= min_count.max(1)).collect();
+        order.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+        if max_size > 0 {
+            order.truncate(max_size);
+        }
+        let mut words: Vec<String> = order.into_iter().map(|(w, _)| w.to_string()).collect();
+        if !words.iter().any(|w| w == UNK) {
+            words.push(UNK.to_string());
+        }
+        let model = WordLevel::builder()
+            .vocab(words.into_iter().enumerate().map(|(i, w)| (w, i as u32)).collect())
+            .unk_token(UNK.to_string())
+            .build()
+            .map_err(|e| LetheError::Invalid(format!("cannot build the word vocabulary: {e}")))?;
+        let mut inner = tokenizers::Tokenizer::new(model);
+        let eos = Replace::new("\n", format!(" {EOS} "))
+            .map_err(|e| LetheError::Invalid(format!("cannot build the word vocabulary: {e}")))?;
+        inner.with_normalizer(Some(eos));
+        inner.with_pre_tokenizer(Some(WhitespaceSplit));
+        Ok(Tokenizer { inner })
+    }
+
+    /// A byte-level BPE of `vocab` ids (GPT-2's kind: any text encodes, no unknown
+    /// token) learned from `texts` by the `tokenizers` crate's trainer.
+    pub fn train_bpe(texts: &[&str], vocab: usize) -> Result<Tokenizer> {
+        let alphabet = ByteLevel::alphabet();
+        // The trainer reserves room for every id up front (1e9 ids asked for 70 GB).
+        if vocab > MAX_BPE_VOCAB {
+            return Err(LetheError::Invalid(format!(
+                "--vocab {vocab}: at most {MAX_BPE_VOCAB} ids (GPT-2 has 50,257)"
+            )));
+        }
+        if vocab < alphabet.len() {
+            return Err(LetheError::Invalid(format!(
+                "--vocab {vocab}: a byte-level BPE needs at least its {} byte symbols",
+                alphabet.len()
+            )));
+        }
+        let mut inner = tokenizers::Tokenizer::new(BPE::default());
+        inner.with_pre_tokenizer(Some(ByteLevel::default().add_prefix_space(false)));
+        inner.with_decoder(Some(ByteLevelDecoder::default()));
+        let trainer = BpeTrainer::builder()
+            .vocab_size(vocab)
+            .min_frequency(2)
+            .show_progress(false)
+            .initial_alphabet(alphabet.into_iter().collect())
+            .build();
+        let mut trainer = TrainerWrapper::from(trainer);
+        inner
+            .train(&mut trainer, texts.iter())
+            .map_err(|e| LetheError::Invalid(format!("cannot learn the BPE: {e}")))?;
+        Ok(Tokenizer { inner })
+    }
+
+    /// Whether decoded tokens are joined by spaces (a word vocabulary has no decoder of
+    /// its own, so `tokenizers` puts a space between words).
+    pub fn spaced(&self) -> bool {
+        self.inner.get_decoder().is_none()
+    }
+
+    /// The tokenizer as a `tokenizer.json` text, which [`Tokenizer::from_dir`] reads back.
+    pub fn to_json(&self) -> Result<String> {
+        self.inner.to_string(false).map_err(|e| LetheError::Invalid(format!("cannot write the tokenizer: {e}")))
+    }
+}
+
+/// The largest byte-level BPE `lethe tokenizer bpe` learns (2^20 ids).
+pub const MAX_BPE_VOCAB: usize = 1 << 20;
+
+/// The word vocabulary's end of line.
+pub const EOS: &str = "<eos>";
+/// The word vocabulary's unknown word.
+pub const UNK: &str = "<unk>";
+
+/// Text from token ids arriving one at a time (generation): each call returns the text
+/// completed so far. A byte-level token may hold half of a character; such ids wait
+/// until the character is whole, so no replacement character is printed mid-stream.
+pub struct TextStream<'a> {
+    tokenizer: &'a Tokenizer,
+    waiting: Vec<u32>,
+}
+
+impl<'a> TextStream<'a> {
+    /// A stream with nothing waiting.
+    pub fn new(tokenizer: &'a Tokenizer) -> Self {
+        TextStream { tokenizer, waiting: vec![] }
+    }
+
+    /// Adds `id`; returns the text it completes (empty while a character is unfinished).
+    pub fn push(&mut self, id: u32) -> Result<String> {
+        self.waiting.push(id);
+        let text = self.tokenizer.decode(&self.waiting)?;
+        // Give up waiting after a few ids: the model may never finish the character.
+        if text.ends_with('\u{FFFD}') && self.waiting.len() < 4 {
+            return Ok(String::new());
+        }
+        self.waiting.clear();
+        // A word vocabulary joins its words by spaces.
+        Ok(if self.tokenizer.spaced() { format!(" {text}") } else { text })
+    }
+
+    /// Whatever is still waiting, as text.
+    pub fn finish(&mut self) -> Result<String> {
+        let text = self.tokenizer.decode(&self.waiting)?;
+        self.waiting.clear();
+        Ok(text)
+    }
+}
+
+fn data_error(path: &Path, e: impl std::fmt::Display) -> LetheError {
+    LetheError::Data { path: path.to_path_buf(), reason: format!("not a tokenizer lethe can read: {e}") }
+}

@@ -1,0 +1,159 @@
+//! Starting a run from trained parameters (`train.init_from`, `--init-from`): a
+//! pretrained GPT-2 in the Hugging Face layout ([`super::gpt2`]), or a lethe run. The
+//! architecture is the source's: [`adopt`] sets the config's `[model]` sizes (and the
+//! tokenizer) from it before the model is built, then [`load`] copies every parameter the
+//! source has into the model; the ones it lacks (a memory mechanism added for
+//! fine-tuning, as the ∞-former's long-term memory on GPT-2) keep their fresh
+//! initialisation, and are listed.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use tch::Tensor;
+
+use super::gpt2::{self, Gpt2Config};
+use super::Lm;
+use lethe_core::checkpoint::Checkpoint;
+use lethe_core::config::{Config, ModelConfig};
+use lethe_core::error::{LetheError, Result};
+
+/// Where the parameters come from.
+pub enum Source {
+    /// A Hugging Face GPT-2 folder.
+    HuggingFace {
+        /// The folder.
+        dir: PathBuf,
+        /// Its `config.json`.
+        config: Gpt2Config,
+    },
+    /// A lethe checkpoint (a run folder's, or a file).
+    Run(Box<Checkpoint>),
+}
+
+impl Source {
+    /// Reads what `path` holds: a Hugging Face folder, or a lethe run folder or
+    /// checkpoint file. The error names the path and what was missing.
+    pub fn open(path: &Path) -> Result<Source> {
+        if gpt2::is_hugging_face_folder(path) {
+            let config = Gpt2Config::from_file(&path.join("config.json"))?;
+            return Ok(Source::HuggingFace { dir: path.to_path_buf(), config });
+        }
+        if !path.exists() {
+            let why = "does not exist; train.init_from (--init-from) names a Hugging Face model folder, a lethe run folder or a checkpoint file";
+            return Err(LetheError::checkpoint(path, why));
+        }
+        if path.is_dir() && !path.join("checkpoint.safetensors").is_file() {
+            let why = "is neither a Hugging Face model folder (config.json and model.safetensors) nor a lethe run folder (checkpoint.safetensors)";
+            return Err(LetheError::checkpoint(path, why));
+        }
+        let ckpt = Checkpoint::load(path)?;
+        if ckpt.config.data.source.is_rl() {
+            return Err(LetheError::checkpoint(&ckpt.path, "holds a gridworld agent, not a language model"));
+        }
+        Ok(Source::Run(Box::new(ckpt)))
+    }
+
+    /// The source's architecture, with `dropout` (the new run's).
+    pub fn model_config(&self, dropout: f64) -> ModelConfig {
+        match self {
+            Source::HuggingFace { config, .. } => config.model_config(dropout),
+            Source::Run(ckpt) => ModelConfig { dropout, ..ckpt.config.model.clone() },
+        }
+    }
+
+    /// The tokenizer the source was trained with: a Hugging Face folder's own (when it
+    /// holds one), or the run's: its folder's copy, else its `data.tokenizer`.
+    pub fn tokenizer(&self) -> Option<PathBuf> {
+        match self {
+            Source::HuggingFace { dir, .. } => {
+                let has = dir.join("tokenizer.json").is_file() || dir.join("vocab.json").is_file();
+                has.then(|| dir.clone())
+            }
+            Source::Run(ckpt) => ckpt.run_tokenizer().or_else(|| ckpt.config.data.tokenizer.clone()),
+        }
+    }
+
+    /// The parameters, by lethe's names.
+    fn parameters(&self) -> Result<HashMap<String, Tensor>> {
+        match self {
+            Source::HuggingFace { dir, config } => Ok(gpt2::read_weights(dir, config)?.into_iter().collect()),
+            Source::Run(ckpt) => Ok(ckpt.parameters()),
+        }
+    }
+
+    fn path(&self) -> &Path {
+        match self {
+            Source::HuggingFace { dir, .. } => dir,
+            Source::Run(ckpt) => &ckpt.path,
+        }
+    }
+}
+
+/// Makes `cfg` build the source's architecture: its `[model]` sizes (the dropout stays
+/// the config's) and, when the config names none, its tokenizer.
+pub fn adopt(cfg: &mut Config, from: &Path) -> Result<()> {
+    let source = Source::open(from)?;
+    cfg.model = source.model_config(cfg.model.dropout);
+    if cfg.data.tokenizer.is_none() {
+        cfg.data.tokenizer = source.tokenizer();
+    }
+    cfg.train.init_from = Some(from.to_path_buf());
+    Ok(())
+}
+
+/// What [`load`] did.
+#[derive(Debug)]
+pub struct Loaded {
+    /// Parameters copied from the source.
+    pub copied: usize,
+    /// Parameters the source lacks, left at their initialisation (sorted); with
+    /// [`load_fitting`], also those the source has in another shape.
+    pub fresh: Vec<String>,
+}
+
+/// Copies the parameters of the source at `from` into `lm`. Fails, naming the tensor,
+/// when a parameter of the same name has another shape (another architecture), or
+/// when the source shares no parameter with the model.
+pub fn load(lm: &Lm, from: &Path) -> Result<Loaded> {
+    copy_parameters(lm, from, true)
+}
+
+/// [`load`], leaving a parameter that the source has in another shape at its
+/// initialisation (listed in `fresh`) instead of failing: for `lethe bench`, where one
+/// trained run is timed beside other mechanisms whose position tables cover other
+/// spans. Still fails when the source shares no parameter with the model.
+pub fn load_fitting(lm: &Lm, from: &Path) -> Result<Loaded> {
+    copy_parameters(lm, from, false)
+}
+
+fn copy_parameters(lm: &Lm, from: &Path, strict: bool) -> Result<Loaded> {
+    let source = Source::open(from)?;
+    let saved = source.parameters()?;
+    let _guard = tch::no_grad_guard();
+    let mut loaded = Loaded { copied: 0, fresh: vec![] };
+    for (name, mut var) in lm.named_parameters() {
+        let Some(t) = saved.get(&name) else {
+            loaded.fresh.push(name);
+            continue;
+        };
+        if t.size() != var.size() {
+            if !strict {
+                loaded.fresh.push(name);
+                continue;
+            }
+            let why = format!(
+                "parameter `{name}` has shape {:?}, this model's has {:?}: the [model] sizes must be the source's",
+                t.size(),
+                var.size()
+            );
+            return Err(LetheError::checkpoint(source.path(), why));
+        }
+        var.f_copy_(&t.to_device(var.device()).to_kind(var.kind()))
+            .map_err(|e| LetheError::checkpoint(source.path(), format!("parameter `{name}`: {e}")))?;
+        loaded.copied += 1;
+    }
+    if loaded.copied == 0 {
+        return Err(LetheError::checkpoint(source.path(), "shares no parameter with this model"));
+    }
+    Ok(loaded)
+}

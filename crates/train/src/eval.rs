@@ -1,0 +1,396 @@
+//! Streaming evaluation: a split is walked once as parallel streams, block by block, with
+//! each layer's memory carried across blocks, no dropout and no gradient
+//! (docs/design/algorithms.md, Backbone). The block length may differ from training.
+
+use serde::Serialize;
+use tch::{Kind, Tensor};
+
+use lethe_core::dist::ProcessGroup;
+use lethe_core::error::{LetheError, Result};
+use lethe_data::{EvalWalker, SplitData};
+use lethe_model::{host_values, Lm};
+
+/// What to do when an evaluation scored no token (too few `train.eval_tokens` for
+/// the task's scored positions), as training, `lethe train` and `lethe sweep` say it.
+pub const NOTHING_SCORED_ADVICE: &str = "raise train.eval_tokens, or 0 for the whole split";
+
+/// The scores of one pass over a split.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct EvalResult {
+    /// Mean negative log-likelihood per scored token, in nats.
+    pub loss: f64,
+    /// Bits per byte (token): `loss / ln 2`.
+    pub bpb: f64,
+    /// Share of scored tokens predicted exactly (argmax).
+    pub accuracy: f64,
+    /// Share of answers (maximal runs of consecutive scored tokens) predicted entirely
+    /// right; `None` when every token is scored (a plain corpus).
+    pub answer_accuracy: Option<f64>,
+    /// Perplexity per token: `exp(loss)`.
+    pub ppl: f64,
+    /// Perplexity per word of the raw text, `exp(loss · tokens / words)` over the split
+    /// (see [`lethe_data::text`]); `None` for the synthetic tasks.
+    pub word_ppl: Option<f64>,
+    /// Scored tokens.
+    pub tokens: u64,
+    /// Mean memory size `|C_t|` per layer over the pass.
+    pub mem_size: Vec<f64>,
+    /// Mean cache length actually held per layer (padded width), over the pass.
+    pub held: Vec<f64>,
+    /// Mean predicted span per layer, for mechanisms that predict spans.
+    pub mean_span: Option<Vec<f64>>,
+}
+
+/// Per-stream tracking of answers: is the current run of scored tokens all right so far?
+#[derive(Default)]
+struct Answers {
+    open: Vec<Option<bool>>,
+    right: u64,
+    total: u64,
+}
+
+impl Answers {
+    fn observe(&mut self, stream: usize, scored: bool, hit: bool) {
+        if self.open.len() <= stream {
+            self.open.resize(stream + 1, None);
+        }
+        match (scored, self.open[stream]) {
+            (true, Some(ok)) => self.open[stream] = Some(ok && hit),
+            (true, None) => self.open[stream] = Some(hit),
+            (false, Some(ok)) => {
+                self.total += 1;
+                self.right += ok as u64;
+                self.open[stream] = None;
+            }
+            (false, None) => {}
+        }
+    }
+
+    fn finish(&mut self) {
+        for ok in self.open.drain(..).flatten() {
+            self.total += 1;
+            self.right += ok as u64;
+        }
+    }
+}
+
+/// Scores `lm` on `split` as `batch` parallel streams in blocks of `block` tokens.
+/// With `max_tokens`, stops after that many target positions (all streams).
+pub fn evaluate(
+    lm: &Lm,
+    split: &SplitData,
+    batch: usize,
+    block: usize,
+    max_tokens: Option<usize>,
+) -> Result<EvalResult> {
+    evaluate_with_progress(lm, split, batch, block, max_tokens, |_, _| {})
+}
+
+/// [`evaluate`], calling `progress(done, total)` (target positions) after every block.
+pub fn evaluate_with_progress(
+    lm: &Lm,
+    split: &SplitData,
+    batch: usize,
+    block: usize,
+    max_tokens: Option<usize>,
+    progress: impl FnMut(usize, usize),
+) -> Result<EvalResult> {
+    evaluate_sharded(lm, split, batch, block, max_tokens, None, progress)
+}
+
+/// [`evaluate_with_progress`] over the ranks of a data-parallel `group`: every rank walks
+/// the same blocks of all `batch` streams but runs the model on its own share of them
+/// (rank `r` the streams `r * b / n .. (r + 1) * b / n`), and the sums are reduced, so
+/// every rank returns what one process scoring all the streams would.
+pub fn evaluate_sharded(
+    lm: &Lm,
+    split: &SplitData,
+    batch: usize,
+    block: usize,
+    max_tokens: Option<usize>,
+    group: Option<&ProcessGroup>,
+    progress: impl FnMut(usize, usize),
+) -> Result<EvalResult> {
+    run(lm, split, (batch, block, max_tokens), group, progress, None)
+}
+
+/// One target position of an evaluation (`eval --per-token`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenScore {
+    /// The stream, `0..batch`.
+    pub stream: usize,
+    /// The position of the target in its stream (documents read one at a time: in the
+    /// stream's rounds one after another, padding included).
+    pub position: usize,
+    /// The token to predict.
+    pub target: lethe_data::Token,
+    /// Its negative log-likelihood, in nats.
+    pub loss: f64,
+    /// Whether the task scores it (a copy task scores only its answers).
+    pub scored: bool,
+    /// Per layer, the span the model gave the input token at this position (Expire-Span;
+    /// empty for other mechanisms).
+    pub spans: Vec<f32>,
+    /// Per layer, the memory size over this block (mean over the streams).
+    pub mem_size: Vec<f64>,
+}
+
+/// [`evaluate_with_progress`], handing `sink` every target position's [`TokenScore`],
+/// block by block, each block's stream by stream (one process).
+pub fn evaluate_per_token(
+    lm: &Lm,
+    split: &SplitData,
+    (batch, block, max_tokens): (usize, usize, Option<usize>),
+    progress: impl FnMut(usize, usize),
+    mut sink: impl FnMut(&TokenScore) -> Result<()>,
+) -> Result<EvalResult> {
+    run(lm, split, (batch, block, max_tokens), None, progress, Some(&mut sink))
+}
+
+/// Writes [`TokenScore`]s as CSV (`eval --per-token FILE`), one row per target: `stream,
+/// position, target, text, loss, scored`, then `span_<layer>` (Expire-Span) and
+/// `mem_<layer>`. The rows go to `.FILE.tmp` beside it, renamed to `FILE` once complete.
+pub struct PerTokenCsv {
+    path: std::path::PathBuf,
+    tmp: std::path::PathBuf,
+    writer: csv::Writer<std::io::BufWriter<std::fs::File>>,
+    header: bool,
+}
+
+impl PerTokenCsv {
+    /// Starts the file at `path` (nothing appears there until [`PerTokenCsv::finish`]).
+    pub fn create(path: &std::path::Path) -> Result<PerTokenCsv> {
+        lethe_core::output::check("--per-token", path, &[])?;
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "per-token.csv".into());
+        let tmp = path.with_file_name(format!(".{name}.tmp"));
+        let file = std::fs::File::create(&tmp).map_err(|e| LetheError::io(&tmp, e))?;
+        let writer = csv::Writer::from_writer(std::io::BufWriter::new(file));
+        Ok(PerTokenCsv { path: path.to_path_buf(), tmp, writer, header: false })
+    }
+
+    /// Adds `s`, whose target reads as `text`.
+    pub fn write(&mut self, s: &TokenScore, text: &str) -> Result<()> {
+        if !self.header {
+            let mut names: Vec<String> =
+                ["stream", "position", "target", "text", "loss", "scored"].map(String::from).to_vec();
+            names.extend((0..s.spans.len()).map(|l| format!("span_{l}")));
+            names.extend((0..s.mem_size.len()).map(|l| format!("mem_{l}")));
+            self.writer.write_record(&names)?;
+            self.header = true;
+        }
+        let mut row = vec![
+            s.stream.to_string(),
+            s.position.to_string(),
+            s.target.to_string(),
+            text.to_string(),
+            format!("{:.6}", s.loss),
+            (s.scored as u8).to_string(),
+        ];
+        row.extend(s.spans.iter().map(|v| format!("{v:.2}")));
+        row.extend(s.mem_size.iter().map(|v| format!("{v:.1}")));
+        Ok(self.writer.write_record(&row)?)
+    }
+
+    /// Completes the file.
+    pub fn finish(mut self) -> Result<()> {
+        self.writer.flush().map_err(|e| LetheError::io(&self.tmp, e))?;
+        drop(self.writer);
+        std::fs::rename(&self.tmp, &self.path).map_err(|e| LetheError::io(&self.path, e))
+    }
+}
+
+/// The figures of one evaluated block, as [`TokenScore`]s.
+fn token_scores(
+    mem: &lethe_model::Memory,
+    targets: &Tensor,
+    nll: &Tensor,
+    weights: &[f32],
+    start: usize,
+) -> Result<Vec<TokenScore>> {
+    let (losses, ids) = (host_values(nll)?, host_values(targets)?);
+    let m = targets.size()[1] as usize;
+    let spans: Vec<Vec<f64>> = mem.token_spans().iter().flatten().map(host_values).collect::<Result<_>>()?;
+    let mem_size: Vec<f64> = mem.reports().iter().map(|r| r.mem_size).collect();
+    Ok((0..losses.len())
+        .map(|i| TokenScore {
+            stream: i / m,
+            position: start + i % m,
+            target: ids[i] as lethe_data::Token,
+            loss: losses[i],
+            scored: weights[i] > 0.0,
+            spans: spans.iter().map(|s| s[i] as f32).collect(),
+            mem_size: mem_size.clone(),
+        })
+        .collect())
+}
+
+/// Where [`evaluate_per_token`] hands each target's figures.
+type TokenSink<'a> = &'a mut dyn FnMut(&TokenScore) -> Result<()>;
+
+/// The evaluation loop of [`evaluate_sharded`] and [`evaluate_per_token`].
+fn run(
+    lm: &Lm,
+    split: &SplitData,
+    (batch, block, max_tokens): (usize, usize, Option<usize>),
+    group: Option<&ProcessGroup>,
+    mut progress: impl FnMut(usize, usize),
+    mut sink: Option<TokenSink>,
+) -> Result<EvalResult> {
+    let _guard = tch::no_grad_guard();
+    let device = lm.device();
+    let mut walker = EvalWalker::new(split, batch)?;
+    let every_token_scored = split.docs.iter().all(|d| d.scored.is_none());
+    let b = walker.batch();
+    let (rank, world) = group.map_or((0, 1), |g| (g.rank(), g.world_size()));
+    let (lo, hi) = (rank * b / world, (rank + 1) * b / world); // this rank's streams
+    let share = (hi - lo) as f64 / b as f64;
+    let total = walker.positions().min(max_tokens.unwrap_or(usize::MAX));
+    let mut mem = lm.model.new_memory();
+    let mut s = Sums::new(lm.config.model.layers);
+    let (mut seen, mut blocks) = (0usize, 0usize);
+    let mut answers = Answers::default();
+    while let Some(batch) = walker.next_block(block) {
+        if batch.reset && blocks > 0 {
+            mem.reset(); // a new round of documents read one at a time
+        }
+        if hi > lo {
+            let (x, y, w) = batch.tensors(lo, hi, device);
+            let (nll, predicted) = lm.model.forward_eval(&x, &y, &mut mem)?;
+            let nll = nll.to_kind(Kind::Double); // (hi - lo, m)
+            s.nll += (&nll * w.to_kind(Kind::Double)).sum(Kind::Double).double_value(&[]);
+            let weights = &batch.weights[lo * batch.len..hi * batch.len];
+            s.weight += weights.iter().map(|&w| w as f64).sum::<f64>();
+            let hit: Vec<f32> =
+                predicted.eq_tensor(&y).to_kind(Kind::Float).flatten(0, -1).try_into().unwrap_or_default();
+            for (i, (&h, &wt)) in hit.iter().zip(weights).enumerate() {
+                s.hits += (h * wt) as f64;
+                answers.observe(i / batch.len, wt > 0.0, h > 0.0);
+            }
+            s.observe_memory(&mem, share);
+            if let Some(sink) = sink.as_mut() {
+                for score in token_scores(&mem, &y, &nll, weights, seen / batch.batch)? {
+                    sink(&score)?;
+                }
+            }
+        }
+        blocks += 1;
+        seen += batch.batch * batch.len;
+        progress(seen, total);
+        if max_tokens.is_some_and(|m| seen >= m) {
+            break;
+        }
+    }
+    answers.finish();
+    (s.right, s.answers) = (answers.right as f64, answers.total as f64);
+    if let Some(g) = group {
+        s = s.reduced(g)?;
+    }
+    // `words` counts the scored words (all of them, but for dialogue's responses).
+    let per_word = split.words.filter(|&w| w > 0).map(|w| split.scored_len() as f64 / w as f64);
+    Ok(s.result(blocks, every_token_scored, per_word))
+}
+
+/// What an evaluation adds up, per rank before the reduction.
+struct Sums {
+    nll: f64,
+    weight: f64,
+    hits: f64,
+    right: f64,
+    answers: f64,
+    /// Per layer, summed over the blocks: memory size and span (weighted by the rank's
+    /// share of the streams), and the cache held (the widest rank's).
+    mem_size: Vec<f64>,
+    spans: Vec<f64>,
+    held: Vec<f64>,
+    has_spans: bool,
+}
+
+impl Sums {
+    fn new(layers: usize) -> Sums {
+        let zeros = vec![0.0; layers];
+        Sums {
+            nll: 0.0,
+            weight: 0.0,
+            hits: 0.0,
+            right: 0.0,
+            answers: 0.0,
+            mem_size: zeros.clone(),
+            spans: zeros.clone(),
+            held: zeros,
+            has_spans: false,
+        }
+    }
+
+    /// Adds a block's memory report, as `share` of all the streams.
+    fn observe_memory(&mut self, mem: &lethe_model::Memory, share: f64) {
+        for (l, r) in mem.reports().iter().enumerate() {
+            self.mem_size[l] += share * r.mem_size;
+            self.held[l] += r.held as f64;
+            if let Some(span) = r.extra("mean_span") {
+                self.spans[l] += share * span;
+                self.has_spans = true;
+            }
+        }
+    }
+
+    /// The sums over the ranks (the held cache: the maximum).
+    fn reduced(self, g: &ProcessGroup) -> Result<Sums> {
+        let layers = self.mem_size.len();
+        let mut flat =
+            vec![self.nll, self.weight, self.hits, self.right, self.answers, f64::from(u8::from(self.has_spans))];
+        flat.extend(&self.mem_size);
+        flat.extend(&self.spans);
+        let sums = g.sum_f64(&flat)?;
+        let held = g.max_f64(&self.held)?;
+        let (scalars, per_layer) = sums.split_at(6);
+        Ok(Sums {
+            nll: scalars[0],
+            weight: scalars[1],
+            hits: scalars[2],
+            right: scalars[3],
+            answers: scalars[4],
+            has_spans: scalars[5] > 0.0,
+            mem_size: per_layer[..layers].to_vec(),
+            spans: per_layer[layers..].to_vec(),
+            held,
+        })
+    }
+
+    /// `tokens_per_word`: the split's, for the perplexity per word.
+    fn result(&self, blocks: usize, every_token_scored: bool, tokens_per_word: Option<f64>) -> EvalResult {
+        let loss = self.nll / self.weight.max(1.0);
+        EvalResult {
+            loss,
+            bpb: loss / std::f64::consts::LN_2,
+            ppl: loss.exp(),
+            word_ppl: tokens_per_word.map(|r| (loss * r).exp()),
+            accuracy: self.hits / self.weight.max(1.0),
+            answer_accuracy: (!every_token_scored).then(|| self.right / self.answers.max(1.0)),
+            tokens: self.weight as u64,
+            mem_size: per_block(&self.mem_size, blocks),
+            held: per_block(&self.held, blocks),
+            mean_span: self.has_spans.then(|| per_block(&self.spans, blocks)),
+        }
+    }
+}
+
+fn per_block(sums: &[f64], blocks: usize) -> Vec<f64> {
+    sums.iter().map(|s| s / blocks.max(1) as f64).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Answers;
+
+    #[test]
+    fn answers_count_runs_of_scored_tokens_per_stream() {
+        let mut a = Answers::default();
+        // stream 0: run [hit, hit] then unscored; stream 1: run [hit, miss] left open
+        for (s, scored, hit) in [(0, true, true), (1, true, true), (0, true, true), (1, true, false), (0, false, false)]
+        {
+            a.observe(s, scored, hit);
+        }
+        a.finish();
+        assert_eq!((a.right, a.total), (1, 2));
+    }
+}
