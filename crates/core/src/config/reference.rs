@@ -14,10 +14,14 @@ use super::Config;
 use crate::error::{LetheError, Result};
 
 /// The files that define the config's sections, in the order the reference lists them.
-const SOURCES: [&str; 7] = [
+const SOURCES: [&str; 11] = [
     include_str!("run.rs"),
     include_str!("model.rs"),
-    include_str!("memory.rs"),
+    include_str!("memory/mod.rs"),
+    include_str!("memory/expire.rs"),
+    include_str!("memory/adaptive.rs"),
+    include_str!("memory/compressive.rs"),
+    include_str!("memory/infinity.rs"),
     include_str!("data.rs"),
     include_str!("tasks.rs"),
     include_str!("train.rs"),
