@@ -3,7 +3,8 @@
 //! binaries find `libtorch_cpu.so` without `LD_LIBRARY_PATH` (a build script's link
 //! arguments reach only its own crate's binaries, so each crate runs this one).
 fn main() {
-    println!("cargo:rerun-if-changed=../kernels/rpath.rs");
+    // Rerun only when libtorch moves (cargo reruns a changed build script by itself).
+    println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
     let Ok(lib) = std::env::var("DEP_TCH_LIBTORCH_LIB") else {
         panic!("torch-sys did not say where libtorch is (DEP_TCH_LIBTORCH_LIB): run `. scripts/env.sh` first");
     };
