@@ -9,12 +9,14 @@
 //! the next input (the collision task's answer is a quadrant, not the next token).
 //!
 //! [`task`] is the registry of tasks (each a file here: [`tasks`] for the generated ones,
-//! [`bytes`], [`text`] and [`dialogue`] for corpora, [`gridworld`] for the environments).
+//! [`bytes`], [`text`] and [`dialogue`] for corpora, [`gridworld`] for the environments);
+//! [`longctx`] generates the long-context evaluation samples (passkey, RULER's needles).
 
 pub mod batch;
 pub mod bytes;
 pub mod dialogue;
 pub mod gridworld;
+pub mod longctx;
 pub mod rounds;
 pub mod seq;
 pub mod stream;
