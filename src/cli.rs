@@ -53,10 +53,103 @@ pub enum Command {
     /// Play gridworld episodes (corridor, portal) and print them as text, step by step:
     /// a trained agent from --checkpoint, or an untrained one for --preset.
     Play(PlayArgs),
+    /// Long-context evaluation as the field runs it: passkey retrieval and RULER's needle
+    /// tasks by length and depth, each sample streamed through the model with its memory
+    /// carried and the answer decoded greedily; writes DIR/longeval.csv and
+    /// DIR/longeval.json (a rerun resumes).
+    Longeval(LongevalArgs),
     /// Check a distributed launch: join the process group torchrun describes, then
     /// all-reduce, broadcast and meet at a barrier with known values, and time them
     /// (`torchrun --nproc-per-node 2 --no-python lethe dist-check`).
     DistCheck(DistCheckArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct LongevalArgs {
+    /// Checkpoint file, or a run folder holding checkpoint.safetensors.
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    /// Tasks, comma-separated: `all`, `passkey`, `niah` (RULER's eight needle tasks), or
+    /// task names: passkey, niah_single_1, niah_single_2, niah_single_3,
+    /// niah_multikey_1, niah_multikey_2, niah_multikey_3, niah_multivalue,
+    /// niah_multiquery.
+    #[arg(long, default_value = "all", value_parser = suite)]
+    pub suite: Suite,
+    /// Sample lengths in the model's units (bytes, or tokens for a model with a
+    /// tokenizer), comma-separated; `k` is 1024.
+    #[arg(long, default_value = "1k,2k,4k", value_parser = lengths)]
+    pub lengths: Lengths,
+    /// Depths of the asked needles in percent of the haystack, comma-separated.
+    #[arg(long, default_value = "0,25,50,75,100", value_parser = depths)]
+    pub depths: Depths,
+    /// Samples per task, length and depth.
+    #[arg(long, allow_negative_numbers = true, default_value_t = 4)]
+    pub samples: usize,
+    /// A text file to hide the needles in, for the tasks whose haystack is text (RULER's
+    /// essays: niah_single_2 and _3, niah_multikey_1, niah_multivalue, niah_multiquery);
+    /// without it they use the noise sentences.
+    #[arg(long, value_name = "FILE")]
+    pub haystack: Option<PathBuf>,
+    /// Seed of the samples.
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
+    pub seed: u64,
+    /// Folder for longeval.csv and longeval.json.
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// cpu, cuda, cuda:N or auto.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+}
+
+/// `--suite`: the task names, in the suite's order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Suite(pub Vec<&'static str>);
+
+/// `--lengths`, in the model's units.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Lengths(pub Vec<usize>);
+
+/// `--depths`, as fractions in [0, 1].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Depths(pub Vec<f64>);
+
+fn suite(text: &str) -> std::result::Result<Suite, String> {
+    let tasks = lethe::data::longctx::TASKS;
+    let mut out: Vec<&'static str> = Vec::new();
+    for item in text.split(',').map(str::trim) {
+        let chosen: Vec<&'static str> = match item {
+            "all" => tasks.to_vec(),
+            "niah" => tasks.iter().copied().filter(|t| t.starts_with("niah")).collect(),
+            name => match tasks.iter().find(|t| **t == name) {
+                Some(t) => vec![*t],
+                None => return Err(format!("unknown task `{name}`; known: all, niah, {}", tasks.join(", "))),
+            },
+        };
+        out.extend(chosen.into_iter().filter(|t| !out.contains(t)).collect::<Vec<_>>());
+    }
+    Ok(Suite(out))
+}
+
+fn lengths(text: &str) -> std::result::Result<Lengths, String> {
+    let one = |item: &str| {
+        let (digits, scale) = match item.strip_suffix(['k', 'K']) {
+            Some(d) => (d, 1024),
+            None => (item, 1),
+        };
+        match digits.parse::<usize>() {
+            Ok(n) if n > 0 => n.checked_mul(scale).ok_or_else(|| format!("length `{item}` is too large")),
+            _ => Err(format!("length `{item}` is not a positive whole number (`k` is 1024: 4k)")),
+        }
+    };
+    text.split(',').map(|i| one(i.trim())).collect::<std::result::Result<Vec<_>, _>>().map(Lengths)
+}
+
+fn depths(text: &str) -> std::result::Result<Depths, String> {
+    let one = |item: &str| match item.parse::<f64>() {
+        Ok(d) if (0.0..=100.0).contains(&d) => Ok(d / 100.0),
+        _ => Err(format!("depth `{item}` is not a percentage from 0 to 100")),
+    };
+    text.split(',').map(|i| one(i.trim())).collect::<std::result::Result<Vec<_>, _>>().map(Depths)
 }
 
 #[derive(Args, Debug)]

@@ -17,7 +17,7 @@
 //!    [`sweep`], [`bench`](mod@bench), [`inspect`] and [`plot`].
 //! 3. **lethe-train** (`crates/train`): [`run`] (the run folder and the loop that steps,
 //!    logs, evaluates and checkpoints), [`train`] for language models and tasks,
-//!    [`rl`] for gridworld agents, [`eval`] and [`generate`].
+//!    [`rl`] for gridworld agents, [`eval`], [`generate`] and [`longeval`].
 //! 4. **lethe-model** (`crates/model`, here [`model`]) and **lethe-data**
 //!    (`crates/data`, here [`data`] and [`task`]), side by side: the backbone and, in
 //!    [`model::memory`], one unit per mechanism (a new mechanism is a file there that
@@ -39,7 +39,7 @@ pub use lethe_core::{
 pub use lethe_data::{self as data, task};
 pub use lethe_kernels as ffi;
 pub use lethe_model as model;
-pub use lethe_train::{eval, generate, rl, run, train};
+pub use lethe_train::{eval, generate, longeval, rl, run, train};
 
 pub mod bench;
 pub mod dialogue;

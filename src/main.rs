@@ -10,7 +10,7 @@ use anyhow::Result;
 use clap::Parser;
 
 use cli::{Cli, Command, InspectCommand};
-use commands::{bench, dialogue, inspect, plot, tokenizer, train};
+use commands::{bench, dialogue, inspect, longeval, plot, tokenizer, train};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -93,6 +93,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Inspect(InspectCommand::Spans(a)) => inspect::inspect_spans(a),
         Command::Inspect(InspectCommand::Ltm(a)) => inspect::inspect_ltm(a),
         Command::Play(a) => inspect::play(a),
+        Command::Longeval(a) => longeval::longeval(a),
         Command::DistCheck(a) => bench::dist_check(a),
     }
 }

@@ -4,6 +4,7 @@
 pub(crate) mod bench;
 pub(crate) mod dialogue;
 pub(crate) mod inspect;
+pub(crate) mod longeval;
 pub(crate) mod plot;
 pub(crate) mod tokenizer;
 pub(crate) mod train;

@@ -1,0 +1,226 @@
+//! Long-context evaluation of a trained model: each sample of lethe-data's
+//! [`longctx`](lethe_data::longctx) tasks is streamed through the model block by block
+//! with its memory carried (as [`crate::eval`] streams a corpus), the answer decoded
+//! greedily after the sample's answer prefix and scored by string match, cell by cell
+//! over a grid of tasks, lengths and depths.
+//!
+//! A cell's figures are written as soon as it is done, to `longeval.csv` (atomically,
+//! the whole table each time), so an interrupted run keeps every finished cell and a
+//! rerun with the same grid skips them. `longeval.json` holds the table when the grid is
+//! complete.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use lethe_core::error::{LetheError, Result};
+use lethe_core::rng::Rng;
+use lethe_data::longctx::{generate, score, Haystack, Spec, Units};
+use lethe_model::Lm;
+
+use crate::generate::{Generator, Sampling};
+
+/// The cells to evaluate: every task at every length and depth.
+#[derive(Clone, Debug)]
+pub struct Grid {
+    /// Task names, as [`lethe_data::longctx::TASKS`] lists them.
+    pub tasks: Vec<&'static str>,
+    /// Sample lengths, in the model's units.
+    pub lengths: Vec<usize>,
+    /// Depths of the asked needles, in [0, 1].
+    pub depths: Vec<f64>,
+    /// Samples per cell.
+    pub samples: usize,
+    /// Seed of the samples (each cell's samples are the same whatever the grid).
+    pub seed: u64,
+    /// The text haystack for the tasks that take one.
+    pub text: Option<Haystack>,
+}
+
+/// One cell's figures: a row of `longeval.csv`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Cell {
+    /// The task.
+    pub task: String,
+    /// The samples' length, in the model's units.
+    pub length: usize,
+    /// The asked needles' depth, in percent.
+    pub depth: f64,
+    /// Samples scored.
+    pub samples: usize,
+    /// Seed of the samples.
+    pub seed: u64,
+    /// Mean score in [0, 1] (RULER's string match).
+    pub accuracy: f64,
+    /// States held per layer when the answer begins, averaged over layers and samples.
+    pub memory: f64,
+    /// Wall-clock seconds the cell took.
+    pub seconds: f64,
+}
+
+impl Cell {
+    /// Whether this row is the cell `(task, length, depth)` of `grid`.
+    fn is(&self, task: &str, length: usize, depth: f64, grid: &Grid) -> bool {
+        self.task == task
+            && self.length == length
+            && (self.depth - 100.0 * depth).abs() < 1e-9
+            && self.samples == grid.samples
+            && self.seed == grid.seed
+    }
+}
+
+/// Evaluates every cell of `grid` that `out/longeval.csv` does not already hold, writing
+/// the table after each; `progress` is told of each cell done (with the number done
+/// and the total). Returns the whole table, in the grid's order.
+pub fn run(
+    lm: &Lm,
+    units: &dyn Units,
+    grid: &Grid,
+    out: &Path,
+    mut progress: impl FnMut(&Cell, usize, usize),
+) -> Result<Vec<Cell>> {
+    check(grid, units)?;
+    let csv_path = out.join("longeval.csv");
+    let mut done = read_table(&csv_path)?;
+    let total = grid.tasks.len() * grid.lengths.len() * grid.depths.len();
+    let mut table = Vec::with_capacity(total);
+    for &task in &grid.tasks {
+        for &length in &grid.lengths {
+            for &depth in &grid.depths {
+                let cell = match done.iter().position(|c| c.is(task, length, depth, grid)) {
+                    Some(i) => done.swap_remove(i),
+                    None => {
+                        let cell = evaluate(lm, units, grid, task, length, depth)?;
+                        let mut rows = table.clone();
+                        rows.push(cell.clone());
+                        rows.extend(done.iter().cloned());
+                        write_table(&csv_path, &rows)?;
+                        cell
+                    }
+                };
+                table.push(cell);
+                progress(table.last().expect("a cell was pushed"), table.len(), total);
+            }
+        }
+    }
+    write_table(&csv_path, &table)?;
+    let json = serde_json::to_vec_pretty(&table)?;
+    lethe_core::output::write("--out", &out.join("longeval.json"), &json, &[])?;
+    Ok(table)
+}
+
+/// Refuses a grid with a cell that cannot be generated (a length too short for a task),
+/// before any is evaluated: one sample of each task at the shortest length.
+fn check(grid: &Grid, units: &dyn Units) -> Result<()> {
+    let Some(&shortest) = grid.lengths.iter().min() else { return Ok(()) };
+    for &task in &grid.tasks {
+        let spec = Spec { length: shortest, depth: 0.5, text: grid.text.clone() };
+        generate(task, &spec, units, &mut Rng::new(grid.seed))
+            .map_err(|e| LetheError::Invalid(format!("--lengths {shortest}: {e}")))?;
+    }
+    Ok(())
+}
+
+/// The samples of one cell, read and answered.
+fn evaluate(lm: &Lm, units: &dyn Units, grid: &Grid, task: &'static str, length: usize, depth: f64) -> Result<Cell> {
+    let started = Instant::now();
+    let greedy = Sampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 };
+    let spec = Spec { length, depth, text: grid.text.clone() };
+    let (mut accuracy, mut memory) = (0.0, 0.0);
+    for i in 0..grid.samples {
+        let mut rng = Rng::derive(grid.seed, sample_index(task, length, depth, i));
+        let sample = generate(task, &spec, units, &mut rng)?;
+        let mut reader = Generator::new(lm, &sample.input, &greedy)?;
+        let held = reader.memory_held();
+        memory += held.iter().sum::<usize>() as f64 / held.len().max(1) as f64;
+        let room = units.encode(&format!(" {}.", sample.answers.join(", ")))?.len() + ANSWER_SLACK;
+        let answer = (0..room).map(|_| reader.next_token()).collect::<Result<Vec<_>>>()?;
+        accuracy += score(&units.decode(&answer)?, &sample.answers, sample.scoring);
+    }
+    let n = grid.samples.max(1) as f64;
+    Ok(Cell {
+        task: task.to_string(),
+        length,
+        depth: 100.0 * depth,
+        samples: grid.samples,
+        seed: grid.seed,
+        accuracy: accuracy / n,
+        memory: memory / n,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Units generated beyond the answers' own (RULER lets a model say a few words first).
+const ANSWER_SLACK: usize = 8;
+
+/// A sample's sub-stream of the seed: the same cell gives the same samples in any grid.
+fn sample_index(task: &str, length: usize, depth: f64, i: usize) -> u64 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(task.as_bytes());
+    h.update(&(length as u64).to_le_bytes());
+    h.update(&depth.to_bits().to_le_bytes());
+    (u64::from(h.finalize()) << 32) | i as u64
+}
+
+/// The rows of a `longeval.csv` that a previous run wrote; none when there is no file.
+fn read_table(path: &Path) -> Result<Vec<Cell>> {
+    if !path.exists() {
+        return Ok(vec![]);
+    }
+    let bytes = lethe_core::input::read(path).map_err(|e| LetheError::data(path, e))?;
+    csv::Reader::from_reader(bytes.as_slice())
+        .deserialize()
+        .collect::<std::result::Result<Vec<Cell>, _>>()
+        .map_err(|e| LetheError::data(path, format!("is not a table lethe longeval wrote: {e}")))
+}
+
+/// Writes `rows` as `path`, atomically.
+fn write_table(path: &Path, rows: &[Cell]) -> Result<()> {
+    let mut writer = csv::Writer::from_writer(vec![]);
+    for row in rows {
+        writer.serialize(row)?;
+    }
+    let bytes = writer.into_inner().map_err(|e| LetheError::io(PathBuf::from(path), e.into_error()))?;
+    lethe_core::output::write("--out", path, &bytes, &[])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_table_reads_back_as_written_and_a_foreign_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("longeval.csv");
+        let row = Cell {
+            task: "passkey".into(),
+            length: 1024,
+            depth: 50.0,
+            samples: 2,
+            seed: 7,
+            accuracy: 0.5,
+            memory: 128.0,
+            seconds: 1.25,
+        };
+        write_table(&path, &[row.clone(), Cell { depth: 100.0, ..row.clone() }]).unwrap();
+        let back = read_table(&path).unwrap();
+        assert_eq!(back, vec![row.clone(), Cell { depth: 100.0, ..row.clone() }]);
+        let grid = Grid { tasks: vec![], lengths: vec![], depths: vec![], samples: 2, seed: 7, text: None };
+        assert!(back[0].is("passkey", 1024, 0.5, &grid));
+        assert!(!back[0].is("passkey", 1024, 0.5, &Grid { seed: 8, ..grid.clone() }));
+        std::fs::write(&path, "a,b\n1,2\n").unwrap();
+        let err = read_table(&path).unwrap_err().to_string();
+        assert!(err.contains("longeval.csv") && err.contains("not a table"), "{err}");
+    }
+
+    #[test]
+    fn samples_differ_by_cell_and_index_but_not_by_grid() {
+        let a = sample_index("passkey", 1024, 0.5, 0);
+        assert_eq!(a, sample_index("passkey", 1024, 0.5, 0));
+        assert_ne!(a, sample_index("passkey", 1024, 0.5, 1));
+        assert_ne!(a, sample_index("passkey", 2048, 0.5, 0));
+        assert_ne!(a, sample_index("passkey", 1024, 0.25, 0));
+        assert_ne!(a, sample_index("niah_single_1", 1024, 0.5, 0));
+    }
+}

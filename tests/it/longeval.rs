@@ -1,0 +1,93 @@
+//! `lethe longeval` as a user runs it: a byte model trained for a few steps, scored on
+//! passkey and a needle task, the table written and a rerun resuming from it.
+
+use crate::common::cli::{fails_with, lethe, succeeds};
+
+/// A byte model (enwik8-tiny on a small seeded text) trained for two steps in `dir`.
+fn byte_model(dir: &std::path::Path) {
+    let text: String =
+        (0..400).map(|i| format!("The grass is green {i}. The pass key is {}. ", i * 7919 % 100_000)).collect();
+    std::fs::write(dir.join("text.txt"), text).unwrap();
+    let args =
+        ["train", "-q", "-p", "enwik8-tiny", "--data", "text.txt", "--steps", "2", "--seed", "3", "--out", "runs"];
+    let mut args = args.to_vec();
+    args.extend(["--name", "m", "--set", "model.layers=1", "--set", "model.d_model=16", "--set", "model.heads=2"]);
+    args.extend(["--set", "model.d_ffn=32", "--set", "train.eval_tokens=256"]);
+    succeeds(&lethe(dir, &args));
+}
+
+fn longeval(dir: &std::path::Path, extra: &[&str]) -> std::process::Output {
+    let mut args = vec!["longeval", "--checkpoint", "runs/m", "--lengths", "400,600", "--depths", "0,100"];
+    args.extend_from_slice(&["--samples", "1", "--out", "ev"]);
+    args.extend_from_slice(extra);
+    lethe(dir, &args)
+}
+
+fn rows(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(dir.join("ev/longeval.csv")).unwrap().lines().skip(1).map(str::to_string).collect()
+}
+
+#[test]
+fn longeval_writes_a_row_per_cell_and_a_rerun_keeps_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    byte_model(d);
+    let out = longeval(d, &["--suite", "passkey,niah_single_1"]);
+    let stdout = succeeds(&out);
+    assert!(
+        stdout.contains("passkey") && stdout.contains("niah_single_1") && stdout.contains("longeval.json"),
+        "{stdout}"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("(8/8 cells"), "{stderr}");
+    let table = rows(d);
+    assert_eq!(table.len(), 8, "{table:?}");
+    assert!(table[0].starts_with("passkey,400,0.0,1,0,"), "{table:?}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("ev/longeval.json")).unwrap()).unwrap();
+    assert_eq!(json.as_array().unwrap().len(), 8);
+    // An interrupted run leaves the cells it finished: a marked row stands for one, and
+    // the rerun keeps it rather than evaluating it again.
+    let csv = std::fs::read_to_string(d.join("ev/longeval.csv")).unwrap();
+    let first = &table[0];
+    let fields: Vec<&str> = first.split(',').collect();
+    let marked = format!("{},0.125,{},{}", fields[..5].join(","), fields[6], fields[7]);
+    let kept: Vec<String> = std::iter::once(csv.lines().next().unwrap().to_string()).chain([marked.clone()]).collect();
+    std::fs::write(d.join("ev/longeval.csv"), kept.join("\n") + "\n").unwrap();
+    succeeds(&longeval(d, &["--suite", "passkey,niah_single_1"]));
+    let table = rows(d);
+    assert_eq!(table.len(), 8);
+    assert_eq!(table[0], marked, "the finished cell was evaluated again");
+}
+
+#[test]
+fn longeval_refuses_bad_flags_and_short_lengths_before_it_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    fails_with(
+        &lethe(d, &["longeval", "--checkpoint", "x", "--out", "ev", "--suite", "niah_double"]),
+        &["niah_double", "niah_multiquery"],
+    );
+    fails_with(&lethe(d, &["longeval", "--checkpoint", "x", "--out", "ev", "--lengths", "4q"]), &["4q", "`k` is 1024"]);
+    fails_with(
+        &lethe(d, &["longeval", "--checkpoint", "x", "--out", "ev", "--depths", "50,120"]),
+        &["120", "0 to 100"],
+    );
+    byte_model(d);
+    let out = lethe(d, &["longeval", "--checkpoint", "runs/m", "--out", "ev", "--suite", "niah", "--lengths", "100"]);
+    fails_with(&out, &["--lengths 100", "the shortest is"]);
+    assert!(!d.join("ev/longeval.csv").exists(), "a refused grid wrote a table");
+    fails_with(
+        &lethe(d, &["longeval", "--checkpoint", "runs/m", "--out", "ev", "--haystack", "none.txt"]),
+        &["none.txt"],
+    );
+}
+
+#[test]
+fn the_help_names_every_task() {
+    let dir = tempfile::tempdir().unwrap();
+    let help = succeeds(&lethe(dir.path(), &["longeval", "--help"]));
+    for task in lethe::data::longctx::TASKS {
+        assert!(help.contains(task), "--help does not name {task}:\n{help}");
+    }
+}
