@@ -72,7 +72,7 @@ pub struct LongevalArgs {
     /// Tasks, comma-separated: `all`, `passkey`, `niah` (RULER's eight needle tasks), or
     /// task names: passkey, niah_single_1, niah_single_2, niah_single_3,
     /// niah_multikey_1, niah_multikey_2, niah_multikey_3, niah_multivalue,
-    /// niah_multiquery.
+    /// niah_multiquery, vt (variable tracking).
     #[arg(long, default_value = "all", value_parser = suite)]
     pub suite: Suite,
     /// Sample lengths in the model's units (bytes, or tokens for a model with a

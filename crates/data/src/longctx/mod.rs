@@ -1,8 +1,9 @@
 //! Long-context samples as the field measures memory today, generated offline and seeded:
-//! passkey retrieval (Mohtashami & Jaggi, 2023) and RULER's needle-in-a-haystack tasks
-//! (Hsieh et al., 2024: single, multi-key, multi-value, multi-query), each fact placed
-//! at a requested depth of a context of a requested length, counted in the model's own
-//! units (bytes for a byte model, tokens through the run's tokenizer otherwise).
+//! passkey retrieval (Mohtashami & Jaggi, 2023), RULER's needle-in-a-haystack tasks
+//! (Hsieh et al., 2024: single, multi-key, multi-value, multi-query) and its variable
+//! tracking, each fact placed at a requested depth of a context of a requested length,
+//! counted in the model's own units (bytes for a byte model, tokens through the run's
+//! tokenizer otherwise).
 //!
 //! A sample is the instruction, the haystack with its needles, and the question ending
 //! in the answer's prefix ("... The pass key is"); the model continues it, and the

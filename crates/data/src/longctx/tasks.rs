@@ -12,10 +12,13 @@
 //! | `niah_multikey_3` | distractor needles | UUIDs | UUIDs | 1 among many |
 //! | `niah_multivalue` | text | words | numbers | 4 values of one key |
 //! | `niah_multiquery` | text | words | numbers | 4 keys, all asked |
+//! | `vt` | noise | - | 5-letter names | a chain of 5 assignments, all asked |
 //!
 //! "text" is the haystack the caller gives ([`Spec::text`]; RULER uses Paul Graham's
 //! essays), or the noise without one. The asked needles sit at the requested depth, one
-//! after the other; the others at seeded random depths.
+//! after the other; the others at seeded random depths. Variable tracking (RULER's `vt`:
+//! `VAR QWERT = 41234.`, then `VAR ASDFG = VAR QWERT.` four times) starts its chain at
+//! the requested depth and places the later links at random depths after it, in order.
 
 use lethe_core::error::{LetheError, Result};
 use lethe_core::rng::Rng;
@@ -26,7 +29,7 @@ use super::units::Units;
 use super::{Sample, Scoring};
 
 /// Every task, in the order a suite runs them.
-pub const TASKS: [&str; 9] = [
+pub const TASKS: [&str; 10] = [
     "passkey",
     "niah_single_1",
     "niah_single_2",
@@ -36,6 +39,7 @@ pub const TASKS: [&str; 9] = [
     "niah_multikey_3",
     "niah_multivalue",
     "niah_multiquery",
+    "vt",
 ];
 
 /// What to generate: one sample of a task.
@@ -118,6 +122,7 @@ pub fn generate(task: &str, spec: &Spec, units: &dyn Units, rng: &mut Rng) -> Re
         "niah_multiquery" => {
             (niah(Shape { keys: 4, queries: 4, ..Shape::single(Kind::Numbers) }, spec.depth, rng), text())
         }
+        "vt" => (variable_tracking(spec.depth, rng), Haystack::Noise),
         other => {
             return Err(LetheError::Invalid(format!(
                 "unknown long-context task `{other}`; known: {}",
@@ -139,6 +144,39 @@ fn passkey(depth: f64, rng: &mut Rng) -> Pieces {
         needles: vec![Needle { text: format!("The pass key is {key}. Remember it. {key} is the pass key."), depth }],
         tail: " What is the pass key? The pass key is".into(),
         answers: vec![key],
+        scoring: Scoring::All,
+    }
+}
+
+/// Links of the variable-tracking chain after its first assignment (RULER's default).
+const HOPS: usize = 4;
+
+/// RULER's variable tracking: one chain of `HOPS + 1` variables that all end up holding
+/// the first one's value; all of them are asked for.
+fn variable_tracking(depth: f64, rng: &mut Rng) -> Pieces {
+    let mut names: Vec<String> = Vec::new();
+    while names.len() < HOPS + 1 {
+        let name: String = (0..5).map(|_| char::from(b'A' + rng.range(0, 25) as u8)).collect();
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    let value = rng.range(10_000, 99_999);
+    let mut depths: Vec<f64> = (0..HOPS).map(|_| depth + (1.0 - depth) * rng.uniform()).collect();
+    depths.sort_by(f64::total_cmp);
+    let mut needles = vec![Needle { text: format!("VAR {} = {value}.", names[0]), depth }];
+    for (pair, d) in names.windows(2).zip(depths) {
+        needles.push(Needle { text: format!("VAR {} = VAR {}.", pair[1], pair[0]), depth: d });
+    }
+    Pieces {
+        task: "vt",
+        head: "Memorize and track the chain(s) of variable assignment hidden in the following text.".into(),
+        needles,
+        tail: format!(
+            " Question: Find all variables that are assigned the value {value} in the text above. Answer: According to the chain(s) of variable assignment in the text above, {} variables are assigned the value {value}, they are:",
+            HOPS + 1
+        ),
+        answers: names,
         scoring: Scoring::All,
     }
 }
@@ -250,6 +288,23 @@ mod tests {
         out
     }
 
+    /// Variable tracking read by rule: the variables that hold the asked value, directly
+    /// or through a chain of assignments, in the order they are assigned.
+    fn follow_chain(text: &str) -> Vec<String> {
+        let value = text.split("assigned the value ").nth(1).unwrap().split(' ').next().unwrap().to_string();
+        let mut holders = vec![value.clone()];
+        let mut names = Vec::new();
+        for sentence in text.split('.').map(str::trim) {
+            let Some((name, rhs)) = sentence.strip_prefix("VAR ").and_then(|a| a.split_once(" = ")) else { continue };
+            let source = rhs.strip_prefix("VAR ").unwrap_or(rhs);
+            if holders.iter().any(|h| h == source) {
+                holders.push(name.to_string());
+                names.push(name.to_string());
+            }
+        }
+        names
+    }
+
     /// The asked keys, read from the question.
     fn asked_keys(text: &str) -> Vec<String> {
         let q = text.rsplit(" magic ").nth(1).unwrap_or("");
@@ -268,6 +323,8 @@ mod tests {
                 let mut read = if task == "passkey" {
                     let after = text.split("The pass key is ").nth(1).unwrap();
                     vec![after[..after.find('.').unwrap()].to_string()]
+                } else if task == "vt" {
+                    follow_chain(&text)
                 } else {
                     asked_keys(&text).iter().flat_map(|k| read_values(&text, k)).collect()
                 };
