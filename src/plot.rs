@@ -323,12 +323,125 @@ where
     Ok(())
 }
 
+/// One task's accuracy by length and depth (`lethe longeval`): a cell per length
+/// (columns) and depth (rows), coloured from red (0) through yellow to green (1) and
+/// labelled with its percentage; a cell without a figure stays grey.
+#[derive(Clone, Debug)]
+pub struct Heatmap {
+    /// The chart's title.
+    pub title: String,
+    /// The columns' lengths, and their unit (`bytes`, `tokens`).
+    pub lengths: (Vec<usize>, String),
+    /// The rows' depths, in percent.
+    pub depths: Vec<f64>,
+    /// `accuracy[row][column]`, in [0, 1].
+    pub accuracy: Vec<Vec<Option<f64>>>,
+}
+
+/// The SVG text of `map`.
+pub fn heatmap(map: &Heatmap) -> Result<String> {
+    let size = (160 + 90 * map.lengths.0.len() as u32, 130 + 44 * map.depths.len() as u32);
+    let mut svg = String::new();
+    draw_heatmap(&SVGBackend::with_string(&mut svg, size).into_drawing_area(), map)
+        .map_err(|e| LetheError::Invalid(format!("drawing the heatmap of {}: {e}", map.title)))?;
+    Ok(svg)
+}
+
+fn draw_heatmap<B: DrawingBackend>(
+    area: &DrawingArea<B, Shift>,
+    map: &Heatmap,
+) -> std::result::Result<(), DrawingAreaErrorKind<B::ErrorType>> {
+    area.fill(&WHITE)?;
+    let (cols, rows) = (map.lengths.0.len().max(1) as i32, map.depths.len().max(1) as i32);
+    let mut chart = ChartBuilder::on(area)
+        .caption(&map.title, ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(70)
+        // A segmented range `0..n` has a segment for each of 0..=n: n - 1 gives n cells.
+        .build_cartesian_2d((0..cols - 1).into_segmented(), (0..rows - 1).into_segmented())?;
+    let index = |v: &SegmentValue<i32>| match v {
+        SegmentValue::CenterOf(i) | SegmentValue::Exact(i) => Some(*i as usize),
+        SegmentValue::Last => None,
+    };
+    let column =
+        |x: &SegmentValue<i32>| index(x).and_then(|i| map.lengths.0.get(i)).map_or(String::new(), usize::to_string);
+    let row =
+        |y: &SegmentValue<i32>| index(y).and_then(|i| map.depths.get(i)).map_or(String::new(), |d| format!("{d:.0}%"));
+    chart
+        .configure_mesh()
+        .disable_mesh()
+        .x_desc(format!("length ({})", map.lengths.1))
+        .y_desc("depth")
+        .x_labels(cols as usize)
+        .y_labels(rows as usize)
+        .x_label_formatter(&column)
+        .y_label_formatter(&row)
+        .label_style(("sans-serif", 14))
+        .draw()?;
+    let centre = TextStyle::from(("sans-serif", 14)).pos(plotters::style::text_anchor::Pos::new(
+        plotters::style::text_anchor::HPos::Center,
+        plotters::style::text_anchor::VPos::Center,
+    ));
+    for (r, line) in map.accuracy.iter().enumerate() {
+        for (c, value) in line.iter().enumerate() {
+            let (x, y) = (c as i32, r as i32);
+            let fill = value.map_or(RGBColor(200, 200, 200), accuracy_colour);
+            let corners = [
+                (SegmentValue::Exact(x), SegmentValue::Exact(y)),
+                (SegmentValue::Exact(x + 1), SegmentValue::Exact(y + 1)),
+            ];
+            chart.draw_series(std::iter::once(Rectangle::new(corners.clone(), fill.filled())))?;
+            chart.draw_series(std::iter::once(Rectangle::new(corners, WHITE.stroke_width(2))))?;
+            let label = value.map_or("-".to_string(), |v| format!("{:.0}", 100.0 * v));
+            let at = (SegmentValue::CenterOf(x), SegmentValue::CenterOf(y));
+            chart.draw_series(std::iter::once(Text::new(label, at, centre.clone())))?;
+        }
+    }
+    area.present()
+}
+
+/// Red at 0, yellow at 0.5, green at 1.
+fn accuracy_colour(v: f64) -> RGBColor {
+    let v = v.clamp(0.0, 1.0);
+    let mix = |a: (f64, f64, f64), b: (f64, f64, f64), t: f64| {
+        let c = |p: f64, q: f64| (p + (q - p) * t).round() as u8;
+        RGBColor(c(a.0, b.0), c(a.1, b.1), c(a.2, b.2))
+    };
+    let (red, yellow, green) = ((215.0, 48.0, 39.0), (254.0, 224.0, 139.0), (26.0, 152.0, 80.0));
+    if v < 0.5 {
+        mix(red, yellow, 2.0 * v)
+    } else {
+        mix(yellow, green, 2.0 * v - 1.0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// Values whose range overflows a float are refused, not drawn (plotters looped
     /// forever over their ticks).
+    #[test]
+    fn a_heatmap_labels_every_cell_and_colours_it_by_accuracy() {
+        let map = Heatmap {
+            title: "passkey".into(),
+            lengths: (vec![1024, 2048, 4096], "bytes".into()),
+            depths: vec![0.0, 50.0],
+            accuracy: vec![vec![Some(1.0), Some(0.5), None], vec![Some(0.0), Some(0.25), Some(0.75)]],
+        };
+        let svg = heatmap(&map).unwrap();
+        for label in ["passkey", "\n1024\n", "\n4096\n", "\n50%\n", "length (bytes)", "\n100\n", "\n25\n", "\n-\n"] {
+            assert!(svg.contains(label), "no {label} in the heatmap");
+        }
+        assert_eq!(accuracy_colour(0.0), RGBColor(215, 48, 39));
+        assert_eq!(accuracy_colour(0.5), RGBColor(254, 224, 139));
+        assert_eq!(accuracy_colour(1.0), RGBColor(26, 152, 80));
+        assert!(svg_to_png(&svg).is_ok());
+        // Two rectangles per cell, its colour and its border (and the background's).
+        assert_eq!(svg.matches("<rect").count(), 1 + 2 * 6, "{svg}");
+    }
+
     #[test]
     fn a_range_that_overflows_is_refused() {
         let dir = tempfile::tempdir().unwrap();

@@ -8,6 +8,7 @@ use lethe::data::longctx::{ByteUnits, Haystack, Units};
 use lethe::longeval::{Cell, Grid};
 use lethe::metrics::format_duration;
 use lethe::model::Lm;
+use lethe::plot::Heatmap;
 
 use super::train::load_checkpoint;
 use crate::cli::LongevalArgs;
@@ -56,7 +57,30 @@ pub(crate) fn longeval(a: LongevalArgs) -> Result<()> {
     })?;
     print_summary(&table, &grid, unit);
     println!("wrote {} and {}", a.out.join("longeval.csv").display(), a.out.join("longeval.json").display());
+    for task in &grid.tasks {
+        let map = heatmap(&table, &grid, task, unit);
+        let svg_path = a.out.join(format!("heatmap-{task}.svg"));
+        let png = lethe::plot::write_svg_and_png(&svg_path, &lethe::plot::heatmap(&map)?)?;
+        println!("wrote {} and {}", svg_path.display(), png.display());
+    }
     Ok(())
+}
+
+/// `task`'s accuracy by depth (rows) and length (columns).
+fn heatmap(table: &[Cell], grid: &Grid, task: &str, unit: &str) -> Heatmap {
+    let find = |length: usize, depth: f64| {
+        table.iter().find(|c| c.task == task && c.length == length && (c.depth - 100.0 * depth).abs() < 1e-9)
+    };
+    Heatmap {
+        title: format!("{task}: accuracy (%) by length and depth"),
+        lengths: (grid.lengths.clone(), unit.to_string()),
+        depths: grid.depths.iter().map(|d| 100.0 * d).collect(),
+        accuracy: grid
+            .depths
+            .iter()
+            .map(|&d| grid.lengths.iter().map(|&l| find(l, d).map(|c| c.accuracy)).collect())
+            .collect(),
+    }
 }
 
 /// Each task's accuracy by length, averaged over depths, with the memory held.

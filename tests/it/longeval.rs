@@ -46,6 +46,11 @@ fn longeval_writes_a_row_per_cell_and_a_rerun_keeps_them() {
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(d.join("ev/longeval.json")).unwrap()).unwrap();
     assert_eq!(json.as_array().unwrap().len(), 8);
+    for task in ["passkey", "niah_single_1"] {
+        for ext in ["svg", "png"] {
+            assert!(d.join(format!("ev/heatmap-{task}.{ext}")).is_file(), "no heatmap-{task}.{ext}");
+        }
+    }
     // An interrupted run leaves the cells it finished: a marked row stands for one, and
     // the rerun keeps it rather than evaluating it again.
     let csv = std::fs::read_to_string(d.join("ev/longeval.csv")).unwrap();
