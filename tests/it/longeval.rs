@@ -96,3 +96,22 @@ fn the_help_names_every_task() {
         assert!(help.contains(task), "--help does not name {task}:\n{help}");
     }
 }
+
+/// The suite as a training source: a model trained on it (`longctx-tiny`, shrunk) has
+/// its answers scored in training, and `lethe longeval` reads its checkpoint.
+#[test]
+fn a_model_trained_on_the_suite_is_scored_by_longeval() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut args = vec!["train", "-q", "-p", "longctx-tiny", "--steps", "2", "--out", "runs", "--name", "m"];
+    args.extend(["--set", "model.layers=1", "--set", "model.d_model=16", "--set", "model.heads=2"]);
+    args.extend(["--set", "model.d_ffn=32", "--set", "data.longctx.eval_tokens=2048", "--set", "train.batch=2"]);
+    succeeds(&lethe(d, &args));
+    let metrics = std::fs::read_to_string(d.join("runs/m/metrics.jsonl")).unwrap();
+    assert!(metrics.contains("\"answer_accuracy\""), "no answer accuracy logged:\n{metrics}");
+    let args = ["longeval", "--checkpoint", "runs/m", "--suite", "passkey", "--lengths", "600", "--depths", "50"];
+    succeeds(&lethe(d, &[&args[..], &["--samples", "1", "--out", "ev"]].concat()));
+    assert_eq!(rows(d).len(), 1);
+    let bad = ["train", "-q", "--set", "data.source=longctx", "--set", "data.longctx.tasks=[\"passkey\",\"nope\"]"];
+    fails_with(&lethe(d, &bad), &["data.longctx.tasks", "nope"]);
+}

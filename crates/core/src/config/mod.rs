@@ -34,6 +34,7 @@ pub use presets::{Preset, PRESETS};
 pub use rl::{Reset, RlConfig, MAX_EPISODES};
 pub use run::Config;
 pub use tasks::{
-    CollisionConfig, CopyConfig, CorridorConfig, DialogueConfig, InstructionConfig, PortalConfig, SortingConfig,
+    CollisionConfig, CopyConfig, CorridorConfig, DialogueConfig, InstructionConfig, LongctxConfig, PortalConfig,
+    SortingConfig,
 };
 pub use train::{Optimizer, Schedule, TrainConfig};

@@ -53,6 +53,7 @@ pub const PRESETS: &[Preset] = &[
     preset!("instruction-light", "the paper's LIGHT setting (A.3.2): 700-1200 distractor words, 40 characters, 6 layers x 512, Expire-Span L = 16k, R = 64, alpha 2e-6; GPU"),
     preset!("sorting-tiny", "sorting by frequency (∞-former paper 4.1) on a CPU: 8 symbols, sequences of 256, blocks of 32, Transformer-XL span 64, 3000 steps; about a minute"),
     preset!("sorting-infinity-tiny", "sorting-tiny with the ∞-former at the same cost: STM 32 + LTM of 32 basis functions, 128 samples; about a minute"),
+    preset!("longctx-tiny", "the long-context suite as a training source: passkey and RULER's single needle at 512-1024 bytes, answers scored; the default model, 600 steps; about two minutes on 2 cores"),
     preset!("sorting-sticky-tiny", "sorting-infinity-tiny with sticky memories; about a minute"),
     preset!("sorting-xl", "the ∞-former paper's sorting setup (C.1): 20 symbols, length 4000, 3 layers x 300 (FFN 300, the official script's), 6 heads, blocks of 1024, batch 8, 80k steps, Transformer-XL span 2048; GPU"),
     preset!("sorting-infinity", "sorting-xl with the ∞-former: STM 1024 + LTM of 1024 basis functions; GPU"),

@@ -203,6 +203,50 @@ impl SortingConfig {
     }
 }
 
+/// The long-context suite as a training source (`data.source = "longctx"`): samples of
+/// `lethe longeval`'s tasks, each followed by its answer, only the answer scored; the
+/// asked needles at depths drawn uniformly. Bytes only.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LongctxConfig {
+    /// The tasks drawn from, by name (as `lethe longeval --suite` names them). Default
+    /// `["passkey", "niah_single_1"]`.
+    pub tasks: Vec<String>,
+    /// The samples' lengths in bytes, one drawn per sample: train at short lengths and
+    /// evaluate far beyond them with `lethe longeval`. Default `[512, 768, 1024]`.
+    pub lengths: Vec<usize>,
+    /// Tokens in each of the generated validation and test streams. Default 16384.
+    pub eval_tokens: usize,
+}
+
+impl Default for LongctxConfig {
+    fn default() -> Self {
+        LongctxConfig {
+            tasks: vec!["passkey".into(), "niah_single_1".into()],
+            lengths: vec![512, 768, 1024],
+            eval_tokens: 1 << 14,
+        }
+    }
+}
+
+impl LongctxConfig {
+    /// Checks every field for impossible values; the error names the field (the task
+    /// names are checked by the generator, which knows them).
+    pub fn validate(&self) -> Result<()> {
+        if self.tasks.is_empty() {
+            return Err(LetheError::config("data.longctx.tasks", "[]", "must name at least one task"));
+        }
+        if self.lengths.is_empty() || self.lengths.contains(&0) {
+            return Err(LetheError::config(
+                "data.longctx.lengths",
+                format!("{:?}", self.lengths),
+                "must be one or more positive lengths",
+            ));
+        }
+        positive("data.longctx.eval_tokens", self.eval_tokens)
+    }
+}
+
 /// The corridor task's parameters.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]

@@ -15,7 +15,8 @@
 //!   random digits, a text the user gives, or distractor needles);
 //! - [`assemble`]: fits the pieces to the exact length and places each needle at its
 //!   depth, on a sentence boundary;
-//! - [`tasks`]: the tasks by name ([`TASKS`], [`generate`]).
+//! - [`tasks`]: the tasks by name ([`TASKS`], [`generate`]);
+//! - [`source`]: the tasks as a training source (`data.source = "longctx"`).
 //!
 //! Where lethe differs from RULER: lengths are exact rather than "at most" (the haystack
 //! is cut to the unit, not grown in steps of 25 sentences), the queried needle sits at the
@@ -25,6 +26,7 @@
 
 pub mod assemble;
 pub mod haystack;
+pub mod source;
 pub mod tasks;
 pub mod units;
 

@@ -12,6 +12,7 @@ use crate::bytes::Corpus;
 use crate::dialogue::Dialogue;
 use crate::gridworld::corridor::CorridorSpec;
 use crate::gridworld::portal::PortalSpec;
+use crate::longctx::source::LongctxSpec;
 use crate::seq::{Split, SplitData};
 use crate::stream::TrainStreams;
 use crate::tasks::collision::CollisionSpec;
@@ -29,6 +30,7 @@ pub fn of(source: Source) -> &'static dyn Task {
         Source::Collision => &CollisionSpec,
         Source::Instruction => &InstructionSpec,
         Source::Sorting => &SortingSpec,
+        Source::Longctx => &LongctxSpec,
         Source::File => &Corpus::File,
         Source::Folder => &Corpus::Folder,
         Source::Corridor => &CorridorSpec,
@@ -39,11 +41,12 @@ pub fn of(source: Source) -> &'static dyn Task {
 }
 
 /// Every source, in the order messages list them.
-pub const SOURCES: [Source; 10] = [
+pub const SOURCES: [Source; 11] = [
     Source::Copy,
     Source::Collision,
     Source::Instruction,
     Source::Sorting,
+    Source::Longctx,
     Source::File,
     Source::Folder,
     Source::Wikitext,
