@@ -63,6 +63,11 @@ fn longeval_writes_a_row_per_cell_and_a_rerun_keeps_them() {
     let table = rows(d);
     assert_eq!(table.len(), 8);
     assert_eq!(table[0], marked, "the finished cell was evaluated again");
+    // Another grid into the same folder adds its rows and keeps the first grid's.
+    succeeds(&longeval(d, &["--suite", "passkey", "--seed", "5"]));
+    let table = rows(d);
+    assert_eq!(table.len(), 8 + 4, "{table:?}");
+    assert!(table.contains(&marked));
 }
 
 #[test]

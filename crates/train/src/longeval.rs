@@ -6,8 +6,8 @@
 //!
 //! A cell's figures are written as soon as it is done, to `longeval.csv` (atomically,
 //! the whole table each time), so an interrupted run keeps every finished cell and a
-//! rerun with the same grid skips them. `longeval.json` holds the table when the grid is
-//! complete.
+//! rerun with the same grid skips them; the rows of another grid in the same file are
+//! kept. `longeval.json` holds this grid's table when it is complete.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -104,7 +104,8 @@ pub fn run(
             }
         }
     }
-    write_table(&csv_path, &table)?;
+    // The rows of other grids (other lengths, seeds or sample counts) stay after this one's.
+    write_table(&csv_path, &[table.as_slice(), done.as_slice()].concat())?;
     let json = serde_json::to_vec_pretty(&table)?;
     lethe_core::output::write("--out", &out.join("longeval.json"), &json, &[])?;
     Ok(table)
