@@ -4,16 +4,15 @@
 //! to find and repeat what was hidden, at the lengths it is trained on, to be measured
 //! by `lethe longeval` far beyond them. Bytes only.
 
-use lethe_core::config::{Config, DataConfig, LongctxConfig};
+use lethe_core::config::{DataConfig, LongctxConfig};
 use lethe_core::error::{LetheError, Result};
 use lethe_core::rng::Rng;
 
 use super::tasks::{generate, Spec, TASKS};
 use super::units::ByteUnits;
-use crate::seq::{Split, SplitData, TokenSeq};
-use crate::stream::{GeneratedStreams, TrainStreams};
+use crate::seq::TokenSeq;
 use crate::task::spec::{Metric, Task};
-use crate::tasks::{check_sizes, eval_split, Generator};
+use crate::tasks::Generator;
 
 /// The suite's episodes, as `cfg` sets them.
 #[derive(Clone, Debug)]
@@ -74,12 +73,6 @@ const ANSWER_ROOM: u64 = 4 * 38 + 2;
 /// The suite in the registry ([`crate::task::of`]).
 pub struct LongctxSpec;
 
-impl LongctxSpec {
-    fn task(&self, d: &DataConfig) -> Result<LongctxTask> {
-        LongctxTask::new(&d.longctx)
-    }
-}
-
 impl Task for LongctxSpec {
     fn name(&self) -> &'static str {
         "longctx"
@@ -94,21 +87,12 @@ impl Task for LongctxSpec {
     }
 
     fn generator(&self, d: &DataConfig) -> Option<(Box<dyn Generator>, usize)> {
-        let task = self.task(d).ok()?;
-        Some((Box::new(task), d.longctx.eval_tokens))
+        self.checked_generator(d).ok()
     }
 
-    fn load_split(&self, cfg: &Config, split: Split, batch: usize) -> Result<SplitData> {
-        let task = self.task(&cfg.data)?;
-        check_sizes(&task, batch, cfg.data.longctx.eval_tokens, "data.longctx.eval_tokens")?;
-        Ok(eval_split(&task, self.name(), cfg.data_seed(), split, batch, cfg.data.longctx.eval_tokens))
-    }
-
-    fn train_streams(&self, cfg: &Config, batch: usize) -> Result<TrainStreams> {
-        let task = self.task(&cfg.data)?;
-        check_sizes(&task, batch, cfg.data.longctx.eval_tokens, "data.longctx.eval_tokens")?;
-        let streams = GeneratedStreams::new(Box::new(task), cfg.data_seed(), batch, cfg.train.block);
-        Ok(TrainStreams::Generated(streams))
+    /// Unknown task names and lengths too short for a task are refused naming the field.
+    fn checked_generator(&self, d: &DataConfig) -> Result<(Box<dyn Generator>, usize)> {
+        Ok((Box::new(LongctxTask::new(&d.longctx)?), d.longctx.eval_tokens))
     }
 }
 

@@ -78,6 +78,12 @@ pub trait Task: Sync {
         None
     }
 
+    /// [`Task::generator`], or why there is none: a task whose settings can be wrong in
+    /// ways only the generator sees says so here; by default, not a token stream.
+    fn checked_generator(&self, d: &DataConfig) -> Result<(Box<dyn Generator>, usize)> {
+        self.generator(d).ok_or_else(|| self.not_a_stream())
+    }
+
     /// Whether the task is played as episodes by an agent (actor-critic), not read as tokens.
     fn is_episodic(&self) -> bool {
         false
@@ -86,14 +92,14 @@ pub trait Task: Sync {
     /// One split as `batch` documents. A generated task draws valid and test from seeds of
     /// their own (fixed streams) and train from a third, used only by `eval --split train`.
     fn load_split(&self, cfg: &Config, split: Split, batch: usize) -> Result<SplitData> {
-        let (generator, tokens) = self.generator(&cfg.data).ok_or_else(|| self.not_a_stream())?;
+        let (generator, tokens) = self.checked_generator(&cfg.data)?;
         check_sizes(generator.as_ref(), batch, tokens, &format!("data.{}.eval_tokens", self.name()))?;
         Ok(eval_split(generator.as_ref(), self.name(), cfg.data_seed(), split, batch, tokens))
     }
 
     /// The `batch` training streams, positioned at the start.
     fn train_streams(&self, cfg: &Config, batch: usize) -> Result<TrainStreams> {
-        let (generator, tokens) = self.generator(&cfg.data).ok_or_else(|| self.not_a_stream())?;
+        let (generator, tokens) = self.checked_generator(&cfg.data)?;
         check_sizes(generator.as_ref(), batch, tokens, &format!("data.{}.eval_tokens", self.name()))?;
         Ok(TrainStreams::Generated(GeneratedStreams::new(generator, cfg.data_seed(), batch, cfg.train.block)))
     }
