@@ -114,6 +114,14 @@ pub fn run(
 /// Refuses a grid with a cell that cannot be generated (a length too short for a task),
 /// before any is evaluated: one sample of each task at the shortest length.
 fn check(grid: &Grid, units: &dyn Units) -> Result<()> {
+    // A sample's text and units are held whole while it is built: bounded as any input.
+    let longest = grid.lengths.iter().copied().max().unwrap_or(0) as u64;
+    let most = lethe_core::input::max_bytes() / BYTES_PER_UNIT;
+    if longest > most {
+        return Err(LetheError::Invalid(format!(
+            "--lengths {longest}: a sample that long would not fit in what lethe holds for one input (at most {most} units here)"
+        )));
+    }
     let Some(&shortest) = grid.lengths.iter().min() else { return Ok(()) };
     for &task in &grid.tasks {
         let spec = Spec { length: shortest, depth: 0.5, text: grid.text.clone() };
@@ -122,6 +130,9 @@ fn check(grid: &Grid, units: &dyn Units) -> Result<()> {
     }
     Ok(())
 }
+
+/// What a unit of a sample costs while it is built (its text, its id, the copies).
+const BYTES_PER_UNIT: u64 = 16;
 
 /// The samples of one cell, read and answered.
 fn evaluate(lm: &Lm, units: &dyn Units, grid: &Grid, task: &'static str, length: usize, depth: f64) -> Result<Cell> {
