@@ -53,10 +53,11 @@ pub enum Command {
     /// Play gridworld episodes (corridor, portal) and print them as text, step by step:
     /// a trained agent from --checkpoint, or an untrained one for --preset.
     Play(PlayArgs),
-    /// Long-context evaluation as the field runs it: passkey retrieval and RULER's needle
-    /// tasks by length and depth, each sample streamed through the model with its memory
-    /// carried and the answer decoded greedily; writes DIR/longeval.csv and
-    /// DIR/longeval.json (a rerun resumes).
+    /// Long-context evaluation as the field runs it: passkey retrieval, RULER's synthetic
+    /// tasks and BABILong's reasoning by length and depth, each sample streamed through
+    /// the model with its memory carried and the answer decoded greedily; writes
+    /// DIR/longeval.csv, DIR/longeval.json and charts (a rerun resumes); --compare draws
+    /// several runs side by side.
     Longeval(LongevalArgs),
     /// Check a distributed launch: join the process group torchrun describes, then
     /// all-reduce, broadcast and meet at a barrier with known values, and time them
@@ -69,31 +70,38 @@ pub struct LongevalArgs {
     /// Checkpoint file, or a run folder holding checkpoint.safetensors.
     #[arg(long)]
     pub checkpoint: PathBuf,
-    /// Tasks, comma-separated: `all`, `passkey`, `niah` (RULER's eight needle tasks), or
-    /// task names: passkey, niah_single_1, niah_single_2, niah_single_3,
-    /// niah_multikey_1, niah_multikey_2, niah_multikey_3, niah_multivalue,
-    /// niah_multiquery, vt (variable tracking).
+    /// Tasks, comma-separated: `all`, `niah` (RULER's eight needle tasks), `ruler`
+    /// (those, vt, cwe and fwe), `babilong` (qa1-qa5), or task names: passkey,
+    /// niah_single_1, niah_single_2, niah_single_3, niah_multikey_1, niah_multikey_2,
+    /// niah_multikey_3, niah_multivalue, niah_multiquery, vt (variable tracking), cwe
+    /// (common words), fwe (frequent words), qa1, qa2, qa3, qa4, qa5 (bAbI reasoning).
     #[arg(long, default_value = "all", value_parser = suite)]
     pub suite: Suite,
     /// Sample lengths in the model's units (bytes, or tokens for a model with a
     /// tokenizer), comma-separated; `k` is 1024.
     #[arg(long, default_value = "1k,2k,4k", value_parser = lengths)]
     pub lengths: Lengths,
-    /// Depths of the asked needles in percent of the haystack, comma-separated.
+    /// Depths of the asked needles in percent of the haystack, comma-separated (cwe,
+    /// fwe and qa1-qa5 spread their facts over the whole context: one cell per length).
     #[arg(long, default_value = "0,25,50,75,100", value_parser = depths)]
     pub depths: Depths,
     /// Samples per task, length and depth.
     #[arg(long, allow_negative_numbers = true, default_value_t = 4)]
     pub samples: usize,
     /// A text file to hide the needles in, for the tasks whose haystack is text (RULER's
-    /// essays: niah_single_2 and _3, niah_multikey_1, niah_multivalue, niah_multiquery);
-    /// without it they use the noise sentences.
+    /// essays: niah_single_2 and _3, niah_multikey_1, niah_multivalue, niah_multiquery;
+    /// BABILong's books: qa1-qa5); without it they use the noise sentences.
     #[arg(long, value_name = "FILE")]
     pub haystack: Option<PathBuf>,
     /// Seed of the samples.
     #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
     pub seed: u64,
-    /// Folder for longeval.csv and longeval.json.
+    /// More runs to evaluate on the same grid, each into its own folder of --out, then
+    /// drawn side by side: accuracy against length, one line per run
+    /// (accuracy.svg, accuracy-TASK.svg, compare.csv).
+    #[arg(long, value_name = "RUN", num_args = 1..)]
+    pub compare: Vec<PathBuf>,
+    /// Folder for longeval.csv and longeval.json, the heatmaps and accuracy.svg.
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
     /// cpu, cuda, cuda:N or auto.
@@ -120,9 +128,16 @@ fn suite(text: &str) -> std::result::Result<Suite, String> {
         let chosen: Vec<&'static str> = match item {
             "all" => tasks.to_vec(),
             "niah" => tasks.iter().copied().filter(|t| t.starts_with("niah")).collect(),
+            "ruler" => tasks.iter().copied().filter(|t| *t != "passkey" && !t.starts_with("qa")).collect(),
+            "babilong" => tasks.iter().copied().filter(|t| t.starts_with("qa")).collect(),
             name => match tasks.iter().find(|t| **t == name) {
                 Some(t) => vec![*t],
-                None => return Err(format!("unknown task `{name}`; known: all, niah, {}", tasks.join(", "))),
+                None => {
+                    return Err(format!(
+                        "unknown task `{name}`; known: all, niah, ruler, babilong, {}",
+                        tasks.join(", ")
+                    ))
+                }
             },
         };
         out.extend(chosen.into_iter().filter(|t| !out.contains(t)).collect::<Vec<_>>());

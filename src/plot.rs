@@ -153,7 +153,7 @@ fn fonts() -> std::sync::Arc<resvg::usvg::fontdb::Database> {
 }
 
 /// The colour of the `i`-th run (a qualitative palette that prints and reads apart).
-fn colour(i: usize) -> RGBColor {
+pub fn colour(i: usize) -> RGBColor {
     const PALETTE: [RGBColor; 8] = [
         RGBColor(31, 119, 180),
         RGBColor(214, 39, 40),
@@ -236,16 +236,24 @@ pub struct SweepSeries {
     pub means: Vec<(f64, f64)>,
 }
 
-/// The sweep's chart: quality (`y_label`) against the average memory size, on a log
-/// scale when the sizes span more than 8x. Returns the SVG text and writes the PNG to
-/// `png`.
-pub fn sweep_chart(series: &[SweepSeries], y_label: &str, png: &Path) -> Result<String> {
+/// A sweep's chart: quality (`y_label`) against a size (`x_label`: the average memory
+/// size of a sweep, the length of a long-context evaluation), on a log scale when the
+/// sizes span more than 8x; the y axis over `y_range` when given (accuracy's [0, 1]),
+/// else over the points. Returns the SVG text and writes the PNG to `png`.
+pub fn sweep_chart(
+    series: &[SweepSeries],
+    (x_label, y_label): (&str, &str),
+    y_range: Option<(f64, f64)>,
+    png: &Path,
+) -> Result<String> {
     let size = (760, 460);
     let mut svg = String::new();
-    draw_sweep(&SVGBackend::with_string(&mut svg, size).into_drawing_area(), series, y_label)
-        .map_err(|e| LetheError::Invalid(format!("drawing the sweep chart: {e}")))?;
+    let labels = (x_label, y_label);
+    draw_sweep(&SVGBackend::with_string(&mut svg, size).into_drawing_area(), series, labels, y_range)
+        .map_err(|e| LetheError::Invalid(format!("drawing the chart of {y_label}: {e}")))?;
     write_png(png, |tmp| {
-        draw_sweep(&BitMapBackend::new(tmp, size).into_drawing_area(), series, y_label).map_err(|e| e.to_string())
+        draw_sweep(&BitMapBackend::new(tmp, size).into_drawing_area(), series, labels, y_range)
+            .map_err(|e| e.to_string())
     })?;
     Ok(svg)
 }
@@ -253,12 +261,14 @@ pub fn sweep_chart(series: &[SweepSeries], y_label: &str, png: &Path) -> Result<
 fn draw_sweep<B: DrawingBackend>(
     area: &DrawingArea<B, Shift>,
     series: &[SweepSeries],
-    y_label: &str,
+    (x_label, y_label): (&str, &str),
+    y_range: Option<(f64, f64)>,
 ) -> std::result::Result<(), DrawingAreaErrorKind<B::ErrorType>> {
     area.fill(&WHITE)?;
     let runs: Vec<Curves> =
         series.iter().map(|s| Curves { name: s.name.clone(), train: s.points.clone(), valid: vec![] }).collect();
     let ((x0, x1), (y0, y1)) = bounds(&runs);
+    let (y0, y1) = y_range.unwrap_or((y0, y1));
     // Headroom above the highest point for the legend (about 22 px a line of the 370 px
     // plot), so that it hides no point.
     let legend = ((22 * series.len() + 20) as f64 / 370.0).min(0.6);
@@ -268,11 +278,11 @@ fn draw_sweep<B: DrawingBackend>(
     if x0 > 0.0 && x1 / x0 > 8.0 {
         let (lo, hi) = (x0 / 1.2, x1 * 1.2);
         let mut chart = builder.build_cartesian_2d((lo..hi).log_scale().with_key_points(log_ticks(lo, hi)), y0..y1)?;
-        fill_sweep(&mut chart, series, ("average memory size (log scale)", y_label))?;
+        fill_sweep(&mut chart, series, (&format!("{x_label} (log scale)"), y_label))?;
     } else {
         let pad = ((x1 - x0) * 0.05).max(1e-3);
         let mut chart = builder.build_cartesian_2d((x0 - pad)..(x1 + pad), y0..y1)?;
-        fill_sweep(&mut chart, series, ("average memory size", y_label))?;
+        fill_sweep(&mut chart, series, (x_label, y_label))?;
     }
     area.present()
 }
@@ -332,15 +342,17 @@ pub struct Heatmap {
     pub title: String,
     /// The columns' lengths, and their unit (`bytes`, `tokens`).
     pub lengths: (Vec<usize>, String),
-    /// The rows' depths, in percent.
-    pub depths: Vec<f64>,
+    /// The rows' labels (`25%`), top to bottom.
+    pub rows: Vec<String>,
     /// `accuracy[row][column]`, in [0, 1].
     pub accuracy: Vec<Vec<Option<f64>>>,
 }
 
 /// The SVG text of `map`.
 pub fn heatmap(map: &Heatmap) -> Result<String> {
-    let size = (160 + 90 * map.lengths.0.len() as u32, 130 + 44 * map.depths.len() as u32);
+    // Wide enough for the title (about 11 px a character at its size) over few columns.
+    let width = (160 + 90 * map.lengths.0.len() as u32).max(40 + 11 * map.title.chars().count() as u32);
+    let size = (width, 130 + 44 * map.rows.len() as u32);
     let mut svg = String::new();
     draw_heatmap(&SVGBackend::with_string(&mut svg, size).into_drawing_area(), map)
         .map_err(|e| LetheError::Invalid(format!("drawing the heatmap of {}: {e}", map.title)))?;
@@ -352,29 +364,23 @@ fn draw_heatmap<B: DrawingBackend>(
     map: &Heatmap,
 ) -> std::result::Result<(), DrawingAreaErrorKind<B::ErrorType>> {
     area.fill(&WHITE)?;
-    let (cols, rows) = (map.lengths.0.len().max(1) as i32, map.depths.len().max(1) as i32);
+    let (cols, rows) = (map.lengths.0.len().max(1), map.rows.len().max(1));
     let mut chart = ChartBuilder::on(area)
         .caption(&map.title, ("sans-serif", 20))
         .margin(15)
         .x_label_area_size(45)
         .y_label_area_size(70)
-        // A segmented range `0..n` has a segment for each of 0..=n: n - 1 gives n cells.
-        .build_cartesian_2d((0..cols - 1).into_segmented(), (0..rows - 1).into_segmented())?;
-    let index = |v: &SegmentValue<i32>| match v {
-        SegmentValue::CenterOf(i) | SegmentValue::Exact(i) => Some(*i as usize),
-        SegmentValue::Last => None,
-    };
-    let column =
-        |x: &SegmentValue<i32>| index(x).and_then(|i| map.lengths.0.get(i)).map_or(String::new(), usize::to_string);
-    let row =
-        |y: &SegmentValue<i32>| index(y).and_then(|i| map.depths.get(i)).map_or(String::new(), |d| format!("{d:.0}%"));
+        .build_cartesian_2d(Cells(cols), Cells(rows))?;
+    let label = |labels: Vec<String>| move |v: &f64| labels.get(v.floor() as usize).cloned().unwrap_or_default();
+    let column = label(map.lengths.0.iter().map(usize::to_string).collect());
+    let row = label(map.rows.clone());
     chart
         .configure_mesh()
         .disable_mesh()
         .x_desc(format!("length ({})", map.lengths.1))
         .y_desc("depth")
-        .x_labels(cols as usize)
-        .y_labels(rows as usize)
+        .x_labels(cols)
+        .y_labels(rows)
         .x_label_formatter(&column)
         .y_label_formatter(&row)
         .label_style(("sans-serif", 14))
@@ -385,20 +391,38 @@ fn draw_heatmap<B: DrawingBackend>(
     ));
     for (r, line) in map.accuracy.iter().enumerate() {
         for (c, value) in line.iter().enumerate() {
-            let (x, y) = (c as i32, r as i32);
+            let (x, y) = (c as f64, r as f64);
             let fill = value.map_or(RGBColor(200, 200, 200), accuracy_colour);
-            let corners = [
-                (SegmentValue::Exact(x), SegmentValue::Exact(y)),
-                (SegmentValue::Exact(x + 1), SegmentValue::Exact(y + 1)),
-            ];
-            chart.draw_series(std::iter::once(Rectangle::new(corners.clone(), fill.filled())))?;
+            let corners = [(x, y), (x + 1.0, y + 1.0)];
+            chart.draw_series(std::iter::once(Rectangle::new(corners, fill.filled())))?;
             chart.draw_series(std::iter::once(Rectangle::new(corners, WHITE.stroke_width(2))))?;
             let label = value.map_or("-".to_string(), |v| format!("{:.0}", 100.0 * v));
-            let at = (SegmentValue::CenterOf(x), SegmentValue::CenterOf(y));
-            chart.draw_series(std::iter::once(Text::new(label, at, centre.clone())))?;
+            chart.draw_series(std::iter::once(Text::new(label, (x + 0.5, y + 0.5), centre.clone())))?;
         }
     }
     area.present()
+}
+
+/// A heatmap's axis of `n` cells: cell `i` is `[i, i + 1)`, ticked at its centre.
+/// (Plotters' segmented integer range collapses when it has one value: one length, or a
+/// task without depths.)
+struct Cells(usize);
+
+impl plotters::coord::ranged1d::Ranged for Cells {
+    type FormatOption = plotters::coord::ranged1d::DefaultFormatting;
+    type ValueType = f64;
+
+    fn map(&self, value: &f64, limit: (i32, i32)) -> i32 {
+        limit.0 + (f64::from(limit.1 - limit.0) * value / self.0 as f64).round() as i32
+    }
+
+    fn key_points<Hint: plotters::coord::ranged1d::KeyPointHint>(&self, _: Hint) -> Vec<f64> {
+        (0..self.0).map(|i| i as f64 + 0.5).collect()
+    }
+
+    fn range(&self) -> std::ops::Range<f64> {
+        0.0..self.0 as f64
+    }
 }
 
 /// Red at 0, yellow at 0.5, green at 1.
@@ -420,14 +444,12 @@ fn accuracy_colour(v: f64) -> RGBColor {
 mod tests {
     use super::*;
 
-    /// Values whose range overflows a float are refused, not drawn (plotters looped
-    /// forever over their ticks).
     #[test]
     fn a_heatmap_labels_every_cell_and_colours_it_by_accuracy() {
         let map = Heatmap {
             title: "passkey".into(),
             lengths: (vec![1024, 2048, 4096], "bytes".into()),
-            depths: vec![0.0, 50.0],
+            rows: vec!["0%".into(), "50%".into()],
             accuracy: vec![vec![Some(1.0), Some(0.5), None], vec![Some(0.0), Some(0.25), Some(0.75)]],
         };
         let svg = heatmap(&map).unwrap();
@@ -440,8 +462,25 @@ mod tests {
         assert!(svg_to_png(&svg).is_ok());
         // Two rectangles per cell, its colour and its border (and the background's).
         assert_eq!(svg.matches("<rect").count(), 1 + 2 * 6, "{svg}");
+        // One length and one row (a task without depth) still make a cell of full size.
+        let one = Heatmap {
+            title: "qa1".into(),
+            lengths: (vec![1024], "bytes".into()),
+            rows: vec!["spread".into()],
+            accuracy: vec![vec![Some(0.5)]],
+        };
+        let svg = heatmap(&one).unwrap();
+        assert!(svg.contains("\nspread\n") && svg.contains("\n1024\n") && svg.contains("\n50\n"), "{svg}");
+        let widths: Vec<f64> = svg
+            .split("<rect")
+            .skip(2)
+            .map(|r| r.split("width=\"").nth(1).unwrap().split('"').next().unwrap().parse().unwrap())
+            .collect();
+        assert!(widths.iter().all(|&w| w > 100.0), "{widths:?}");
     }
 
+    /// Values whose range overflows a float are refused, not drawn (plotters looped
+    /// forever over their ticks).
     #[test]
     fn a_range_that_overflows_is_refused() {
         let dir = tempfile::tempdir().unwrap();

@@ -497,7 +497,7 @@ pub fn plot(points: &[SweepPoint], higher_is_better: bool, png: &Path) -> Result
         .collect();
     let metric = points.first().map_or("quality", |p| p.metric.as_str());
     let better = if higher_is_better { "higher is better" } else { "lower is better" };
-    crate::plot::sweep_chart(&series, &format!("{metric} ({better})"), png)
+    crate::plot::sweep_chart(&series, ("average memory size", &format!("{metric} ({better})")), None, png)
 }
 
 /// Mean memory size and quality per size knob, in order of size.

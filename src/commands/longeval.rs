@@ -1,5 +1,7 @@
-//! `lethe longeval`: passkey and RULER's needle tasks by length and depth.
+//! `lethe longeval`: the long-context suite by length and depth, for one run or several
+//! side by side.
 
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -8,27 +10,90 @@ use lethe::data::longctx::{ByteUnits, Haystack, Units};
 use lethe::longeval::{Cell, Grid};
 use lethe::metrics::format_duration;
 use lethe::model::Lm;
-use lethe::plot::Heatmap;
+use lethe::plot::{Heatmap, SweepSeries};
 
 use super::train::load_checkpoint;
 use crate::cli::LongevalArgs;
 
-/// Evaluates the grid the flags give, resuming from `--out`'s table, and prints the
-/// accuracy of each task by length.
+/// Evaluates the grid the flags give for `--checkpoint` and each `--compare` run,
+/// resuming from each run's table, prints the accuracy of each task by length, and
+/// draws the heatmaps and the accuracy-by-length charts.
 pub(crate) fn longeval(a: LongevalArgs) -> Result<()> {
-    let device = lethe::device::parse(&a.device)?;
     if a.samples == 0 {
         bail!("--samples must be at least 1");
     }
     let text = a.haystack.as_deref().map(Haystack::from_file).transpose()?;
-    let ckpt = load_checkpoint(&a.checkpoint, None)?;
+    let grid = Grid {
+        tasks: a.suite.0.clone(),
+        lengths: a.lengths.0.clone(),
+        depths: a.depths.0.clone(),
+        samples: a.samples,
+        seed: a.seed,
+        text,
+    };
+    let checkpoints: Vec<&PathBuf> = std::iter::once(&a.checkpoint).chain(&a.compare).collect();
+    let names = run_names(&checkpoints);
+    let started = Instant::now();
+    let mut runs = Vec::new();
+    for (checkpoint, name) in checkpoints.iter().zip(&names) {
+        // One run writes into --out; several each into their own folder inside it.
+        let out = if checkpoints.len() == 1 { a.out.clone() } else { a.out.join(name) };
+        if checkpoints.len() > 1 {
+            eprintln!("longeval: {name} ({})", checkpoint.display());
+        }
+        let (table, unit) = evaluate_run(checkpoint, &grid, &out, &a.device)?;
+        runs.push(Run { name: name.clone(), table, unit });
+    }
+    if checkpoints.len() > 1 {
+        println!();
+        for run in &runs {
+            println!("{}:", run.name);
+            print_summary(&run.table, &grid, run.unit);
+        }
+        let charts = compare_charts(&runs, &grid, &a.out)?;
+        println!("wrote {}", charts.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "));
+    }
+    println!("suite done in {}", format_duration(started.elapsed()));
+    Ok(())
+}
+
+/// One evaluated run.
+struct Run {
+    name: String,
+    table: Vec<Cell>,
+    unit: &'static str,
+}
+
+/// Each checkpoint's name in the charts: its run folder's name, made unique.
+fn run_names(checkpoints: &[&PathBuf]) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for path in checkpoints {
+        let folder =
+            if path.extension().is_some_and(|e| e == "safetensors") { path.parent() } else { Some(path.as_path()) };
+        let base = folder.and_then(Path::file_name).map_or("run".to_string(), |n| n.to_string_lossy().into_owned());
+        let mut name = base.clone();
+        let mut i = 2;
+        while names.contains(&name) {
+            name = format!("{base}-{i}");
+            i += 1;
+        }
+        names.push(name);
+    }
+    names
+}
+
+/// Evaluates `grid` on the model of `checkpoint` into `out`, printing progress, the
+/// summary and the heatmaps. Returns the table and the model's unit.
+fn evaluate_run(checkpoint: &Path, grid: &Grid, out: &Path, device: &str) -> Result<(Vec<Cell>, &'static str)> {
+    let device = lethe::device::parse(device)?;
+    let ckpt = load_checkpoint(checkpoint, None)?;
     lethe::device::apply_threads(ckpt.config.train.threads.min(lethe::device::cores()))?;
     let tokenizer = lethe::data::text::tokenizer_of_checkpoint(&ckpt)?;
     let vocab = ckpt.config.model.vocab;
     if tokenizer.is_none() && vocab < 256 {
         bail!(
             "{}: this model reads a task's {vocab} symbols, not text; longeval needs a model of bytes or of a tokenizer's tokens",
-            a.checkpoint.display()
+            checkpoint.display()
         );
     }
     let lm = Lm::from_checkpoint(&ckpt, device)?;
@@ -36,62 +101,141 @@ pub(crate) fn longeval(a: LongevalArgs) -> Result<()> {
         Some(t) => t,
         None => &ByteUnits,
     };
-    std::fs::create_dir_all(&a.out).with_context(|| format!("--out `{}`", a.out.display()))?;
-    let grid =
-        Grid { tasks: a.suite.0, lengths: a.lengths.0, depths: a.depths.0, samples: a.samples, seed: a.seed, text };
+    std::fs::create_dir_all(out).with_context(|| format!("--out `{}`", out.display()))?;
     let unit = if tokenizer.is_some() { "tokens" } else { "bytes" };
     let started = Instant::now();
-    let table = lethe::longeval::run(&lm, units, &grid, &a.out, |cell, done, total| {
+    let table = lethe::longeval::run(&lm, units, grid, out, |cell, done, total| {
         let elapsed = started.elapsed();
         let eta = elapsed.mul_f64((total - done) as f64 / done as f64);
         eprintln!(
-            "longeval: {} at {} {unit}, depth {:.0}%: accuracy {:.2}, memory {:.0} per layer ({done}/{total} cells, {} elapsed, about {} to go)",
+            "longeval: {} at {} {unit}, {}: accuracy {:.2}, memory {:.0} per layer ({done}/{total} cells, {} elapsed, about {} to go)",
             cell.task,
             cell.length,
-            cell.depth,
+            depth_label(cell.depth, "depth "),
             cell.accuracy,
             cell.memory,
             format_duration(elapsed),
             format_duration(eta)
         );
     })?;
-    print_summary(&table, &grid, unit);
-    println!("wrote {} and {}", a.out.join("longeval.csv").display(), a.out.join("longeval.json").display());
+    print_summary(&table, grid, unit);
+    println!("wrote {} and {}", out.join("longeval.csv").display(), out.join("longeval.json").display());
     for task in &grid.tasks {
-        let map = heatmap(&table, &grid, task, unit);
-        let svg_path = a.out.join(format!("heatmap-{task}.svg"));
-        let png = lethe::plot::write_svg_and_png(&svg_path, &lethe::plot::heatmap(&map)?)?;
+        let svg_path = out.join(format!("heatmap-{task}.svg"));
+        let png =
+            lethe::plot::write_svg_and_png(&svg_path, &lethe::plot::heatmap(&heatmap(&table, grid, task, unit))?)?;
         println!("wrote {} and {}", svg_path.display(), png.display());
     }
-    Ok(())
+    // Accuracy against length, a line per task, where there is more than one length.
+    if grid.lengths.len() > 1 {
+        let series: Vec<SweepSeries> = grid
+            .tasks
+            .iter()
+            .enumerate()
+            .map(|(i, task)| series(task.to_string(), i, by_length(&table, grid, |c| c.task == *task)))
+            .collect();
+        let path = out.join("accuracy.svg");
+        let x_label = format!("length ({unit})");
+        let svg = lethe::plot::sweep_chart(&series, (&x_label, "accuracy"), ACCURACY, &path.with_extension("png"))?;
+        lethe::output::write("--out", &path, svg.as_bytes(), &[])?;
+        println!("wrote {} and its .png", path.display());
+    }
+    Ok((table, unit))
 }
 
-/// `task`'s accuracy by depth (rows) and length (columns).
+/// The y range of the accuracy charts.
+const ACCURACY: Option<(f64, f64)> = Some((0.0, 1.0));
+
+/// `42%`, or `spread` for a task without a depth, after `prefix` when there is one.
+fn depth_label(depth: Option<f64>, prefix: &str) -> String {
+    depth.map_or("spread".to_string(), |d| format!("{prefix}{d:.0}%"))
+}
+
+/// `task`'s accuracy by depth (rows) and length (columns); a task without a depth has
+/// one row.
 fn heatmap(table: &[Cell], grid: &Grid, task: &str, unit: &str) -> Heatmap {
-    let find = |length: usize, depth: f64| {
-        table.iter().find(|c| c.task == task && c.length == length && (c.depth - 100.0 * depth).abs() < 1e-9)
+    let depths = grid.depths_of(task);
+    let find = |length: usize, depth: Option<f64>| {
+        table.iter().find(|c| c.task == task && c.length == length && c.at(depth)).map(|c| c.accuracy)
     };
     Heatmap {
         title: format!("{task}: accuracy (%) by length and depth"),
         lengths: (grid.lengths.clone(), unit.to_string()),
-        depths: grid.depths.iter().map(|d| 100.0 * d).collect(),
-        accuracy: grid
-            .depths
-            .iter()
-            .map(|&d| grid.lengths.iter().map(|&l| find(l, d).map(|c| c.accuracy)).collect())
-            .collect(),
+        rows: depths.iter().map(|d| depth_label(d.map(|d| 100.0 * d), "")).collect(),
+        accuracy: depths.iter().map(|&d| grid.lengths.iter().map(|&l| find(l, d)).collect()).collect(),
     }
+}
+
+/// The mean accuracy and memory per layer at each length of the cells `keep` picks:
+/// `(length, accuracy, memory)`.
+fn by_length(table: &[Cell], grid: &Grid, keep: impl Fn(&Cell) -> bool) -> Vec<(f64, f64, f64)> {
+    grid.lengths
+        .iter()
+        .filter_map(|&length| {
+            let cells: Vec<&Cell> = table.iter().filter(|c| c.length == length && keep(c)).collect();
+            let n = cells.len() as f64;
+            (n > 0.0).then(|| {
+                let accuracy = cells.iter().map(|c| c.accuracy).sum::<f64>() / n;
+                (length as f64, accuracy, cells.iter().map(|c| c.memory).sum::<f64>() / n)
+            })
+        })
+        .collect()
+}
+
+/// A line of an accuracy-by-length chart, its legend naming the memory held.
+fn series(name: String, i: usize, points: Vec<(f64, f64, f64)>) -> SweepSeries {
+    let memory = points.iter().map(|p| p.2).sum::<f64>() / points.len().max(1) as f64;
+    let means: Vec<(f64, f64)> = points.iter().map(|&(l, a, _)| (l, a)).collect();
+    SweepSeries {
+        name: format!("{name} ({memory:.0} memories/layer)"),
+        colour: lethe::plot::colour(i),
+        points: means.clone(),
+        means,
+    }
+}
+
+/// The comparison of several runs: `accuracy.svg` (each run's mean over the suite) and
+/// `accuracy-TASK.svg` per task, one line per run, and `compare.csv` with every run's
+/// accuracy and memory per task and length.
+fn compare_charts(runs: &[Run], grid: &Grid, out: &Path) -> Result<Vec<PathBuf>> {
+    let unit = runs.first().map_or("bytes", |r| r.unit);
+    let x_label = format!("length ({unit})");
+    let mut written = Vec::new();
+    let mut chart = |file: String, title: &str, keep: &dyn Fn(&Cell) -> bool| -> Result<()> {
+        let lines: Vec<SweepSeries> =
+            runs.iter().enumerate().map(|(i, r)| series(r.name.clone(), i, by_length(&r.table, grid, keep))).collect();
+        let path = out.join(file);
+        let svg = lethe::plot::sweep_chart(&lines, (&x_label, title), ACCURACY, &path.with_extension("png"))?;
+        lethe::output::write("--out", &path, svg.as_bytes(), &[])?;
+        written.push(path);
+        Ok(())
+    };
+    chart("accuracy.svg".into(), "accuracy, mean over the suite", &|_| true)?;
+    for task in &grid.tasks {
+        chart(format!("accuracy-{task}.svg"), &format!("{task} accuracy"), &|c| c.task == *task)?;
+    }
+    let mut csv = csv::Writer::from_writer(vec![]);
+    csv.write_record(["run", "task", "length", "accuracy", "memory"])?;
+    for run in runs {
+        for task in &grid.tasks {
+            for (length, accuracy, memory) in by_length(&run.table, grid, |c| c.task == *task) {
+                let row =
+                    [run.name.clone(), task.to_string(), length.to_string(), accuracy.to_string(), memory.to_string()];
+                csv.write_record(&row)?;
+            }
+        }
+    }
+    let path = out.join("compare.csv");
+    lethe::output::write("--out", &path, &csv.into_inner()?, &[])?;
+    written.push(path);
+    Ok(written)
 }
 
 /// Each task's accuracy by length, averaged over depths, with the memory held.
 fn print_summary(table: &[Cell], grid: &Grid, unit: &str) {
     println!("{:<16} {:>10} {:>9} {:>12}", "task", unit, "accuracy", "memory/layer");
     for &task in &grid.tasks {
-        for &length in &grid.lengths {
-            let cells: Vec<&Cell> = table.iter().filter(|c| c.task == task && c.length == length).collect();
-            let n = cells.len().max(1) as f64;
-            let accuracy = cells.iter().map(|c| c.accuracy).sum::<f64>() / n;
-            let memory = cells.iter().map(|c| c.memory).sum::<f64>() / n;
+        for (length, accuracy, memory) in by_length(table, grid, |c| c.task == task) {
             println!("{task:<16} {length:>10} {accuracy:>9.3} {memory:>12.1}");
         }
     }

@@ -70,6 +70,37 @@ fn longeval_writes_a_row_per_cell_and_a_rerun_keeps_them() {
     assert!(table.contains(&marked));
 }
 
+/// The tasks without a depth have one cell per length, their depth left empty; several
+/// runs side by side each get a folder and share the accuracy-by-length charts.
+#[test]
+fn depthless_tasks_and_a_comparison_of_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    byte_model(d);
+    let grid = ["--suite", "qa4,cwe", "--lengths", "1000,1200", "--depths", "0,50,100", "--samples", "1"];
+    let out = lethe(d, &[&["longeval", "--checkpoint", "runs/m", "--out", "ev"], &grid[..]].concat());
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    succeeds(&out);
+    assert!(stderr.contains("(4/4 cells") && stderr.contains("spread"), "{stderr}");
+    let table = rows(d);
+    assert_eq!(table.len(), 4, "{table:?}");
+    assert!(table[0].starts_with("qa4,1000,,1,0,"), "{table:?}");
+    assert!(d.join("ev/accuracy.svg").is_file() && d.join("ev/heatmap-cwe.png").is_file());
+    let args = ["longeval", "--checkpoint", "runs/m", "--compare", "runs/m", "--out", "cmp"];
+    let stdout = succeeds(&lethe(d, &[&args[..], &grid[..]].concat()));
+    assert!(stdout.contains("m-2:"), "{stdout}");
+    for file in
+        ["m/longeval.csv", "m-2/longeval.csv", "accuracy.svg", "accuracy.png", "accuracy-qa4.svg", "compare.csv"]
+    {
+        assert!(d.join("cmp").join(file).is_file(), "no {file}");
+    }
+    let compare = std::fs::read_to_string(d.join("cmp/compare.csv")).unwrap();
+    // A row per run, task and length; the same model scores the same twice.
+    let lines: Vec<&str> = compare.lines().collect();
+    assert_eq!(lines.len(), 1 + 2 * 2 * 2, "{compare}");
+    assert_eq!(lines[1].split_once(',').unwrap().1, lines[5].split_once(',').unwrap().1, "{compare}");
+}
+
 #[test]
 fn longeval_refuses_bad_flags_and_short_lengths_before_it_starts() {
     let dir = tempfile::tempdir().unwrap();

@@ -97,6 +97,13 @@ impl Rng {
         lo + (self.next_u64() % width) as usize
     }
 
+    /// Shuffles `items` in place (Fisher-Yates).
+    pub fn shuffle<T>(&mut self, items: &mut [T]) {
+        for i in (1..items.len()).rev() {
+            items.swap(i, self.range(0, i));
+        }
+    }
+
     /// An index drawn from unnormalised non-negative weights (returns the last index if
     /// rounding leaves mass unassigned).
     pub fn categorical(&mut self, weights: &[f32]) -> usize {

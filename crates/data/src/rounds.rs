@@ -36,20 +36,13 @@ fn round_targets(docs: &[TokenSeq], rows: &[usize]) -> usize {
 fn draw_rounds(docs: &[TokenSeq], batch: usize, rng: &Rng) -> (Vec<Vec<usize>>, Rng) {
     let mut rng = rng.clone();
     let mut order: Vec<usize> = (0..docs.len()).collect();
-    shuffle(&mut order, &mut rng);
+    rng.shuffle(&mut order);
     for window in order.chunks_mut(WINDOW * batch) {
         window.sort_by_key(|&i| std::cmp::Reverse(docs[i].len()));
     }
     let mut rounds: Vec<Vec<usize>> = order.chunks(batch).map(<[usize]>::to_vec).collect();
-    shuffle(&mut rounds, &mut rng);
+    rng.shuffle(&mut rounds);
     (rounds, rng)
-}
-
-/// Fisher-Yates with `rng`.
-fn shuffle<T>(items: &mut [T], rng: &mut Rng) {
-    for i in (1..items.len()).rev() {
-        items.swap(i, rng.range(0, i));
-    }
 }
 
 /// Training streams over a split read one document per stream at a time. Never ends:

@@ -2,7 +2,9 @@
 //! [`longctx`](lethe_data::longctx) tasks is streamed through the model block by block
 //! with its memory carried (as [`crate::eval`] streams a corpus), the answer decoded
 //! greedily after the sample's answer prefix and scored by string match, cell by cell
-//! over a grid of tasks, lengths and depths.
+//! over a grid of tasks, lengths and depths. A task without a depth (the word-extraction
+//! and reasoning tasks, whose facts are spread over the whole context) has one cell per
+//! length, its depth left empty.
 //!
 //! A cell's figures are written as soon as it is done, to `longeval.csv` (atomically,
 //! the whole table each time), so an interrupted run keeps every finished cell and a
@@ -16,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use lethe_core::error::{LetheError, Result};
 use lethe_core::rng::Rng;
-use lethe_data::longctx::{generate, score, Haystack, Spec, Units};
+use lethe_data::longctx::{generate, score, takes_depth, Haystack, Spec, Units};
 use lethe_model::Lm;
 
 use crate::generate::{Generator, Sampling};
@@ -45,8 +47,8 @@ pub struct Cell {
     pub task: String,
     /// The samples' length, in the model's units.
     pub length: usize,
-    /// The asked needles' depth, in percent.
-    pub depth: f64,
+    /// The asked needles' depth, in percent; none for a task without one.
+    pub depth: Option<f64>,
     /// Samples scored.
     pub samples: usize,
     /// Seed of the samples.
@@ -61,12 +63,38 @@ pub struct Cell {
 
 impl Cell {
     /// Whether this row is the cell `(task, length, depth)` of `grid`.
-    fn is(&self, task: &str, length: usize, depth: f64, grid: &Grid) -> bool {
+    fn is(&self, task: &str, length: usize, depth: Option<f64>, grid: &Grid) -> bool {
         self.task == task
             && self.length == length
-            && (self.depth - 100.0 * depth).abs() < 1e-9
+            && self.at(depth)
             && self.samples == grid.samples
             && self.seed == grid.seed
+    }
+
+    /// Whether this row is at `depth` (in [0, 1]; none for a task without one).
+    pub fn at(&self, depth: Option<f64>) -> bool {
+        match (self.depth, depth) {
+            (Some(percent), Some(d)) => (percent - 100.0 * d).abs() < 1e-9,
+            (None, None) => true,
+            _ => false,
+        }
+    }
+}
+
+impl Grid {
+    /// The depths `task` is evaluated at: the grid's, or one empty depth for a task
+    /// without one.
+    pub fn depths_of(&self, task: &str) -> Vec<Option<f64>> {
+        if takes_depth(task) {
+            self.depths.iter().copied().map(Some).collect()
+        } else {
+            vec![None]
+        }
+    }
+
+    /// How many cells the grid has.
+    pub fn cells(&self) -> usize {
+        self.tasks.iter().map(|t| self.depths_of(t).len() * self.lengths.len()).sum()
     }
 }
 
@@ -83,11 +111,11 @@ pub fn run(
     check(grid, units)?;
     let csv_path = out.join("longeval.csv");
     let mut done = read_table(&csv_path)?;
-    let total = grid.tasks.len() * grid.lengths.len() * grid.depths.len();
+    let total = grid.cells();
     let mut table = Vec::with_capacity(total);
     for &task in &grid.tasks {
         for &length in &grid.lengths {
-            for &depth in &grid.depths {
+            for depth in grid.depths_of(task) {
                 let cell = match done.iter().position(|c| c.is(task, length, depth, grid)) {
                     Some(i) => done.swap_remove(i),
                     None => {
@@ -135,10 +163,17 @@ fn check(grid: &Grid, units: &dyn Units) -> Result<()> {
 const BYTES_PER_UNIT: u64 = 16;
 
 /// The samples of one cell, read and answered.
-fn evaluate(lm: &Lm, units: &dyn Units, grid: &Grid, task: &'static str, length: usize, depth: f64) -> Result<Cell> {
+fn evaluate(
+    lm: &Lm,
+    units: &dyn Units,
+    grid: &Grid,
+    task: &'static str,
+    length: usize,
+    depth: Option<f64>,
+) -> Result<Cell> {
     let started = Instant::now();
     let greedy = Sampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 };
-    let spec = Spec { length, depth, text: grid.text.clone() };
+    let spec = Spec { length, depth: depth.unwrap_or(0.0), text: grid.text.clone() };
     let (mut accuracy, mut memory) = (0.0, 0.0);
     for i in 0..grid.samples {
         let mut rng = Rng::derive(grid.seed, sample_index(task, length, depth, i));
@@ -148,13 +183,13 @@ fn evaluate(lm: &Lm, units: &dyn Units, grid: &Grid, task: &'static str, length:
         memory += held.iter().sum::<usize>() as f64 / held.len().max(1) as f64;
         let room = units.encode(&format!(" {}.", sample.answers.join(", ")))?.len() + ANSWER_SLACK;
         let answer = (0..room).map(|_| reader.next_token()).collect::<Result<Vec<_>>>()?;
-        accuracy += score(&units.decode(&answer)?, &sample.answers, sample.scoring);
+        accuracy += score(&units.decode(&answer)?, &sample.answers, &sample.scoring);
     }
     let n = grid.samples.max(1) as f64;
     Ok(Cell {
         task: task.to_string(),
         length,
-        depth: 100.0 * depth,
+        depth: depth.map(|d| 100.0 * d),
         samples: grid.samples,
         seed: grid.seed,
         accuracy: accuracy / n,
@@ -167,11 +202,13 @@ fn evaluate(lm: &Lm, units: &dyn Units, grid: &Grid, task: &'static str, length:
 const ANSWER_SLACK: usize = 8;
 
 /// A sample's sub-stream of the seed: the same cell gives the same samples in any grid.
-fn sample_index(task: &str, length: usize, depth: f64, i: usize) -> u64 {
+fn sample_index(task: &str, length: usize, depth: Option<f64>, i: usize) -> u64 {
     let mut h = crc32fast::Hasher::new();
     h.update(task.as_bytes());
     h.update(&(length as u64).to_le_bytes());
-    h.update(&depth.to_bits().to_le_bytes());
+    if let Some(depth) = depth {
+        h.update(&depth.to_bits().to_le_bytes());
+    }
     (u64::from(h.finalize()) << 32) | i as u64
 }
 
@@ -208,31 +245,49 @@ mod tests {
         let row = Cell {
             task: "passkey".into(),
             length: 1024,
-            depth: 50.0,
+            depth: Some(50.0),
             samples: 2,
             seed: 7,
             accuracy: 0.5,
             memory: 128.0,
             seconds: 1.25,
         };
-        write_table(&path, &[row.clone(), Cell { depth: 100.0, ..row.clone() }]).unwrap();
+        let spread = Cell { task: "qa1".into(), depth: None, ..row.clone() };
+        write_table(&path, &[row.clone(), Cell { depth: Some(100.0), ..row.clone() }, spread.clone()]).unwrap();
         let back = read_table(&path).unwrap();
-        assert_eq!(back, vec![row.clone(), Cell { depth: 100.0, ..row.clone() }]);
+        assert_eq!(back, vec![row.clone(), Cell { depth: Some(100.0), ..row.clone() }, spread]);
         let grid = Grid { tasks: vec![], lengths: vec![], depths: vec![], samples: 2, seed: 7, text: None };
-        assert!(back[0].is("passkey", 1024, 0.5, &grid));
-        assert!(!back[0].is("passkey", 1024, 0.5, &Grid { seed: 8, ..grid.clone() }));
+        assert!(back[0].is("passkey", 1024, Some(0.5), &grid));
+        assert!(!back[0].is("passkey", 1024, None, &grid));
+        assert!(back[2].is("qa1", 1024, None, &grid));
+        assert!(!back[0].is("passkey", 1024, Some(0.5), &Grid { seed: 8, ..grid.clone() }));
         std::fs::write(&path, "a,b\n1,2\n").unwrap();
         let err = read_table(&path).unwrap_err().to_string();
         assert!(err.contains("longeval.csv") && err.contains("not a table"), "{err}");
     }
 
     #[test]
+    fn a_task_without_depth_has_one_cell_per_length() {
+        let grid = Grid {
+            tasks: vec!["passkey", "qa2", "cwe"],
+            lengths: vec![1024, 2048],
+            depths: vec![0.0, 0.5, 1.0],
+            samples: 1,
+            seed: 0,
+            text: None,
+        };
+        assert_eq!(grid.depths_of("passkey"), vec![Some(0.0), Some(0.5), Some(1.0)]);
+        assert_eq!(grid.depths_of("qa2"), vec![None]);
+        assert_eq!(grid.cells(), 2 * 3 + 2 + 2);
+    }
+
+    #[test]
     fn samples_differ_by_cell_and_index_but_not_by_grid() {
-        let a = sample_index("passkey", 1024, 0.5, 0);
-        assert_eq!(a, sample_index("passkey", 1024, 0.5, 0));
-        assert_ne!(a, sample_index("passkey", 1024, 0.5, 1));
-        assert_ne!(a, sample_index("passkey", 2048, 0.5, 0));
-        assert_ne!(a, sample_index("passkey", 1024, 0.25, 0));
-        assert_ne!(a, sample_index("niah_single_1", 1024, 0.5, 0));
+        let a = sample_index("passkey", 1024, Some(0.5), 0);
+        assert_eq!(a, sample_index("passkey", 1024, Some(0.5), 0));
+        assert_ne!(a, sample_index("passkey", 1024, Some(0.5), 1));
+        assert_ne!(a, sample_index("passkey", 2048, Some(0.5), 0));
+        assert_ne!(a, sample_index("passkey", 1024, Some(0.25), 0));
+        assert_ne!(a, sample_index("niah_single_1", 1024, Some(0.5), 0));
     }
 }

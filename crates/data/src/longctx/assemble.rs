@@ -3,6 +3,10 @@
 //! then the question. The depth of a needle is where it starts, as a fraction of the
 //! haystack (0: before the first sentence, 1: after the last), as RULER and the original
 //! needle-in-a-haystack test place it.
+//!
+//! The word-list tasks have no haystack: their list is the context. [`assemble_list`]
+//! fits them, with as many items as the length holds and a padding that cannot change
+//! the answer.
 
 use lethe_core::error::{LetheError, Result};
 use lethe_core::rng::Rng;
@@ -82,10 +86,92 @@ pub fn assemble(
         task: pieces.task,
         input,
         answers: pieces.answers.clone(),
-        scoring: pieces.scoring,
+        scoring: pieces.scoring.clone(),
         depth: pieces.needles.first().map_or(0.0, |n| n.depth),
         needle_at,
         haystack: haystack_span,
+    })
+}
+
+/// A sample whose context is a list the task builds (RULER's word-extraction tasks).
+pub struct List<'a> {
+    /// The task's name.
+    pub task: &'static str,
+    /// The instruction, before the list.
+    pub head: String,
+    /// The list with `n` items (its text starts with a space); the answers must not
+    /// depend on `n` from [`List::fewest`] on.
+    pub body: &'a dyn Fn(usize) -> String,
+    /// The fewest items a list may have.
+    pub fewest: usize,
+    /// At least `k` units of padding after the list of `n` items, that cannot change the
+    /// answer (more unrepeated words, the noise word); cut to what the length leaves.
+    pub pad: &'a dyn Fn(usize, usize) -> String,
+    /// The question and the answer's prefix.
+    pub tail: String,
+    /// What the continuation must contain.
+    pub answers: Vec<String>,
+    /// How it is scored.
+    pub scoring: Scoring,
+}
+
+/// The sample of `list` in `units`, exactly `length` long: the list with the most items
+/// that fit (binary search over the item count), then padding. A length too short for
+/// the fewest items is refused, naming the shortest that fits.
+pub fn assemble_list(list: &List, units: &dyn Units, length: usize) -> Result<Sample> {
+    let head = units.encode(&list.head)?;
+    let tail = units.encode(&list.tail)?;
+    let encode_body = |n: usize| units.encode(&(list.body)(n));
+    let fewest = encode_body(list.fewest)?;
+    let fixed = head.len() + tail.len();
+    if length < fixed + fewest.len() {
+        return Err(LetheError::Invalid(format!(
+            "a {} sample of length {length} leaves no room for its list: the shortest is {}",
+            list.task,
+            fixed + fewest.len()
+        )));
+    }
+    let room = length - fixed;
+    // The most items that fit: double the count until the list is too long, then halve
+    // the gap (the list's length grows with its items, as near as matters).
+    let (mut lo, mut body, mut step) = (list.fewest, fewest, list.fewest.max(1));
+    let mut hi = loop {
+        let encoded = encode_body(lo + step)?;
+        if encoded.len() > room {
+            break lo + step - 1;
+        }
+        (lo, body, step) = (lo + step, encoded, step * 2);
+    };
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        let encoded = encode_body(mid)?;
+        if encoded.len() <= room {
+            (lo, body) = (mid, encoded);
+        } else {
+            hi = mid - 1;
+        }
+    }
+    let missing = room - body.len();
+    let mut pad = units.encode(&(list.pad)(lo, missing))?;
+    if pad.len() < missing {
+        return Err(LetheError::Invalid(format!("the {} padding is shorter than asked", list.task)));
+    }
+    pad.truncate(missing);
+    let mut input = head;
+    let start = input.len();
+    input.extend(body);
+    input.extend(pad);
+    let end = input.len();
+    input.extend(tail);
+    debug_assert_eq!(input.len(), length);
+    Ok(Sample {
+        task: list.task,
+        input,
+        answers: list.answers.clone(),
+        scoring: list.scoring.clone(),
+        depth: 0.0,
+        needle_at: start,
+        haystack: (start, end),
     })
 }
 

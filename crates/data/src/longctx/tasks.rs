@@ -1,5 +1,7 @@
-//! The tasks by name: passkey retrieval and RULER's eight needle-in-a-haystack tasks,
-//! with RULER's templates and its choice of haystack, key and value for each.
+//! The tasks by name: passkey retrieval, RULER's eight needle-in-a-haystack tasks with
+//! its templates and its choice of haystack, key and value for each, its variable
+//! tracking and word extraction ([`super::lists`]), and BABILong's first five
+//! reasoning tasks ([`super::babi`]).
 //!
 //! | task | haystack | keys | values | needles |
 //! |---|---|---|---|---|
@@ -13,12 +15,18 @@
 //! | `niah_multivalue` | text | words | numbers | 4 values of one key |
 //! | `niah_multiquery` | text | words | numbers | 4 keys, all asked |
 //! | `vt` | noise | - | 5-letter names | a chain of 5 assignments, all asked |
+//! | `cwe` | - | - | invented words | the 10 most common of a numbered list |
+//! | `fwe` | - | - | coded words | the 3 most frequent of a Zipf-drawn text |
+//! | `qa1`-`qa5` | text | - | places, people, objects | bAbI facts scattered in order |
 //!
 //! "text" is the haystack the caller gives ([`Spec::text`]; RULER uses Paul Graham's
 //! essays), or the noise without one. The asked needles sit at the requested depth, one
 //! after the other; the others at seeded random depths. Variable tracking (RULER's `vt`:
 //! `VAR QWERT = 41234.`, then `VAR ASDFG = VAR QWERT.` four times) starts its chain at
 //! the requested depth and places the later links at random depths after it, in order.
+//!
+//! The word-extraction and reasoning tasks have no depth ([`takes_depth`]): their answer
+//! is spread over the whole context.
 
 use lethe_core::error::{LetheError, Result};
 use lethe_core::rng::Rng;
@@ -26,10 +34,10 @@ use lethe_core::rng::Rng;
 use super::assemble::{assemble, Needle, Pieces};
 use super::haystack::Haystack;
 use super::units::Units;
-use super::{Sample, Scoring};
+use super::{babi, lists, Sample, Scoring};
 
 /// Every task, in the order a suite runs them.
-pub const TASKS: [&str; 10] = [
+pub const TASKS: [&str; 17] = [
     "passkey",
     "niah_single_1",
     "niah_single_2",
@@ -40,7 +48,20 @@ pub const TASKS: [&str; 10] = [
     "niah_multivalue",
     "niah_multiquery",
     "vt",
+    "cwe",
+    "fwe",
+    "qa1",
+    "qa2",
+    "qa3",
+    "qa4",
+    "qa5",
 ];
+
+/// Whether `task`'s samples place their facts at a depth (the others spread them over
+/// the whole context, and are evaluated at one depth-less cell per length).
+pub fn takes_depth(task: &str) -> bool {
+    !matches!(task, "cwe" | "fwe") && !babi::QA.contains(&task)
+}
 
 /// What to generate: one sample of a task.
 #[derive(Clone, Debug)]
@@ -110,6 +131,7 @@ pub fn generate(task: &str, spec: &Spec, units: &dyn Units, rng: &mut Rng) -> Re
         return Err(LetheError::Invalid(format!("depth {} is not in [0, 1]", spec.depth)));
     }
     let text = || spec.text.clone().unwrap_or(Haystack::Noise);
+    let name = TASKS.iter().find(|t| **t == task).copied().unwrap_or("?");
     let (pieces, haystack) = match task {
         "passkey" => (passkey(spec.depth, rng), Haystack::Noise),
         "niah_single_1" => (niah(Shape::single(Kind::Numbers), spec.depth, rng), Haystack::Noise),
@@ -123,6 +145,9 @@ pub fn generate(task: &str, spec: &Spec, units: &dyn Units, rng: &mut Rng) -> Re
             (niah(Shape { keys: 4, queries: 4, ..Shape::single(Kind::Numbers) }, spec.depth, rng), text())
         }
         "vt" => (variable_tracking(spec.depth, rng), Haystack::Noise),
+        "cwe" => return lists::common_words(spec.length, units, rng),
+        "fwe" => return lists::frequent_words(spec.length, units, rng),
+        "qa1" | "qa2" | "qa3" | "qa4" | "qa5" => (babi::pieces(name, rng), text()),
         other => {
             return Err(LetheError::Invalid(format!(
                 "unknown long-context task `{other}`; known: {}",
@@ -130,7 +155,7 @@ pub fn generate(task: &str, spec: &Spec, units: &dyn Units, rng: &mut Rng) -> Re
             )))
         }
     };
-    let pieces = Pieces { task: TASKS.iter().find(|t| **t == task).copied().unwrap_or("?"), ..pieces };
+    let pieces = Pieces { task: name, ..pieces };
     assemble(&pieces, &haystack, units, spec.length, rng)
 }
 
@@ -314,7 +339,8 @@ mod tests {
 
     #[test]
     fn every_answer_can_be_read_from_the_text_alone() {
-        for task in TASKS {
+        // The depth-less tasks' readers are beside their generators.
+        for task in TASKS.into_iter().filter(|t| takes_depth(t)) {
             for seed in 0..4 {
                 let spec = Spec { length: 2048, depth: 0.25 * seed as f64, text: None };
                 let s = generate(task, &spec, &ByteUnits, &mut Rng::new(seed)).unwrap();
@@ -332,7 +358,7 @@ mod tests {
                 let mut expected = s.answers.clone();
                 expected.sort();
                 assert_eq!(read, expected, "{task} seed {seed}");
-                assert_eq!(score(&expected.join(" "), &s.answers, s.scoring), 1.0);
+                assert_eq!(score(&expected.join(" "), &s.answers, &s.scoring), 1.0);
             }
         }
     }
@@ -343,7 +369,7 @@ mod tests {
             let spec = Spec { length: 1500, depth: 0.5, text: None };
             let a = generate(task, &spec, &ByteUnits, &mut Rng::new(9)).unwrap();
             assert_eq!(a, generate(task, &spec, &ByteUnits, &mut Rng::new(9)).unwrap());
-            assert_ne!(a.answers, generate(task, &spec, &ByteUnits, &mut Rng::new(10)).unwrap().answers, "{task}");
+            assert_ne!(a.input, generate(task, &spec, &ByteUnits, &mut Rng::new(10)).unwrap().input, "{task}");
         }
     }
 
