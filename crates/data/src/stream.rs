@@ -92,6 +92,9 @@ pub struct GeneratedStreams {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct GenStream {
     rng: Rng,
+    /// Blocks the stream has given: the training step, for a curriculum.
+    #[serde(default)]
+    blocks: u64,
     tokens: VecDeque<Token>,
     targets: VecDeque<Token>,
     scored: VecDeque<bool>,
@@ -103,6 +106,7 @@ impl GeneratedStreams {
         let streams = (0..batch)
             .map(|b| GenStream {
                 rng: Rng::derive(seed, b as u64),
+                blocks: 0,
                 tokens: VecDeque::new(),
                 targets: VecDeque::new(),
                 scored: VecDeque::new(),
@@ -116,7 +120,7 @@ impl GeneratedStreams {
         let mut batch = Batch::with_capacity(self.streams.len(), self.block, false);
         for s in &mut self.streams {
             while s.tokens.len() < self.block + 1 {
-                let ep = self.task.episode(&mut s.rng);
+                let ep = self.task.episode_at(&mut s.rng, s.blocks);
                 s.scored.extend((0..ep.len()).map(|i| ep.is_scored(i)));
                 s.targets.extend((0..ep.len()).map(|i| ep.target(i)));
                 s.tokens.extend(ep.tokens);
@@ -126,6 +130,7 @@ impl GeneratedStreams {
             s.tokens.drain(..self.block);
             s.targets.drain(..self.block);
             s.scored.drain(..self.block);
+            s.blocks += 1;
         }
         batch
     }

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use lethe_core::error::{LetheError, Result};
 use lethe_core::rng::Rng;
-use lethe_data::longctx::{generate, score, takes_depth, Haystack, Spec, Units};
+use lethe_data::longctx::{check_length, generate, score, takes_depth, Haystack, Spec, Units};
 use lethe_model::Lm;
 
 use crate::generate::{Generator, Sampling};
@@ -151,12 +151,8 @@ fn check(grid: &Grid, units: &dyn Units) -> Result<()> {
         )));
     }
     let Some(&shortest) = grid.lengths.iter().min() else { return Ok(()) };
-    for &task in &grid.tasks {
-        let spec = Spec { length: shortest, depth: 0.5, text: grid.text.clone() };
-        generate(task, &spec, units, &mut Rng::new(grid.seed))
-            .map_err(|e| LetheError::Invalid(format!("--lengths {shortest}: {e}")))?;
-    }
-    Ok(())
+    check_length(&grid.tasks, shortest, units, grid.text.as_ref())
+        .map_err(|e| LetheError::Invalid(format!("--lengths {shortest}: {e}")))
 }
 
 /// What a unit of a sample costs while it is built (its text, its id, the copies).

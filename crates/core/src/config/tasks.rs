@@ -215,6 +215,12 @@ pub struct LongctxConfig {
     /// The samples' lengths in bytes, one drawn per sample: train at short lengths and
     /// evaluate far beyond them with `lethe longeval`. Default `[512, 768, 1024]`.
     pub lengths: Vec<usize>,
+    /// Training steps per stage of a curriculum over `lengths` (BABILong's advice): the
+    /// shortest length alone for this many steps, then the two shortest, and so on, one
+    /// length more per stage, each sample's length drawn among those reached; 0 draws
+    /// from every length from the start. Validation always covers every length.
+    /// Default 0.
+    pub curriculum_steps: usize,
     /// Tokens in each of the generated validation and test streams. Default 16384.
     pub eval_tokens: usize,
 }
@@ -224,6 +230,7 @@ impl Default for LongctxConfig {
         LongctxConfig {
             tasks: vec!["passkey".into(), "niah_single_1".into()],
             lengths: vec![512, 768, 1024],
+            curriculum_steps: 0,
             eval_tokens: 1 << 14,
         }
     }

@@ -38,7 +38,7 @@ pub mod units;
 
 pub use assemble::{assemble, assemble_list, List, Needle, Pieces};
 pub use haystack::Haystack;
-pub use tasks::{generate, takes_depth, Spec, TASKS};
+pub use tasks::{check_length, generate, takes_depth, Spec, TASKS};
 pub use units::{ByteUnits, Units};
 
 use crate::seq::Token;

@@ -2,13 +2,14 @@
 //! is one sample of a task and length drawn from `data.longctx`, at a uniform depth,
 //! followed by its answer (` 41234.`); only the answer is scored, so the model learns
 //! to find and repeat what was hidden, at the lengths it is trained on, to be measured
-//! by `lethe longeval` far beyond them. Bytes only.
+//! by `lethe longeval` far beyond them. With `curriculum_steps`, the lengths join one by
+//! one, shortest first, as BABILong's authors advise training on it. Bytes only.
 
 use lethe_core::config::{DataConfig, LongctxConfig};
 use lethe_core::error::{LetheError, Result};
 use lethe_core::rng::Rng;
 
-use super::tasks::{generate, Spec, TASKS};
+use super::tasks::{check_length, generate, Spec, TASKS};
 use super::units::ByteUnits;
 use crate::seq::TokenSeq;
 use crate::task::spec::{Metric, Task};
@@ -18,7 +19,9 @@ use crate::tasks::Generator;
 #[derive(Clone, Debug)]
 pub struct LongctxTask {
     tasks: Vec<&'static str>,
+    /// Shortest first.
     lengths: Vec<usize>,
+    curriculum_steps: usize,
 }
 
 impl LongctxTask {
@@ -36,20 +39,29 @@ impl LongctxTask {
             };
             tasks.push(task);
         }
-        let shortest = cfg.lengths.iter().copied().min().unwrap_or(0);
-        for &task in &tasks {
-            let spec = Spec { length: shortest, depth: 0.5, text: None };
-            generate(task, &spec, &ByteUnits, &mut Rng::new(0))
-                .map_err(|e| LetheError::config("data.longctx.lengths", shortest, e.to_string()))?;
-        }
-        Ok(LongctxTask { tasks, lengths: cfg.lengths.clone() })
+        let mut lengths = cfg.lengths.clone();
+        lengths.sort_unstable();
+        lengths.dedup();
+        let shortest = lengths.first().copied().unwrap_or(0);
+        check_length(&tasks, shortest, &ByteUnits, None)
+            .map_err(|e| LetheError::config("data.longctx.lengths", shortest, e.to_string()))?;
+        Ok(LongctxTask { tasks, lengths, curriculum_steps: cfg.curriculum_steps })
     }
-}
 
-impl Generator for LongctxTask {
-    fn episode(&self, rng: &mut Rng) -> TokenSeq {
+    /// The lengths a training stream draws from at `step`: all of them, or with a
+    /// curriculum the shortest `step / curriculum_steps + 1`.
+    pub fn lengths_at(&self, step: u64) -> &[usize] {
+        let reached = match self.curriculum_steps {
+            0 => self.lengths.len(),
+            per_stage => usize::try_from(step / per_stage as u64).map_or(usize::MAX, |s| s.saturating_add(1)),
+        };
+        &self.lengths[..reached.min(self.lengths.len())]
+    }
+
+    /// A sample of a random task at one of `lengths`, and its answer.
+    fn sample(&self, lengths: &[usize], rng: &mut Rng) -> TokenSeq {
         let task = self.tasks[rng.range(0, self.tasks.len() - 1)];
-        let length = self.lengths[rng.range(0, self.lengths.len() - 1)];
+        let length = lengths[rng.range(0, lengths.len() - 1)];
         let spec = Spec { length, depth: rng.uniform(), text: None };
         // `new` generated every task at the shortest length: no sample fails here.
         let Ok(sample) = generate(task, &spec, &ByteUnits, rng) else { return TokenSeq::default() };
@@ -60,6 +72,16 @@ impl Generator for LongctxTask {
         let scored = (0..bytes.len()).map(|i| i >= asked).collect();
         TokenSeq::bytes(&bytes, Some(scored), None)
     }
+}
+
+impl Generator for LongctxTask {
+    fn episode(&self, rng: &mut Rng) -> TokenSeq {
+        self.sample(&self.lengths, rng)
+    }
+
+    fn episode_at(&self, rng: &mut Rng, step: u64) -> TokenSeq {
+        self.sample(self.lengths_at(step), rng)
+    }
 
     fn longest_episode(&self) -> (u64, &'static str) {
         let longest = self.lengths.iter().copied().max().unwrap_or(0) as u64;
@@ -67,8 +89,9 @@ impl Generator for LongctxTask {
     }
 }
 
-/// Bytes an answer can take beyond the sample (four UUIDs and their commas).
-const ANSWER_ROOM: u64 = 4 * 38 + 2;
+/// Bytes an answer can take beyond the sample (cwe's ten words, four UUIDs, with their
+/// commas).
+const ANSWER_ROOM: u64 = 10 * 40;
 
 /// The suite in the registry ([`crate::task::of`]).
 pub struct LongctxSpec;
@@ -102,7 +125,7 @@ mod tests {
 
     #[test]
     fn an_episode_is_a_sample_and_its_scored_answer() {
-        let cfg = LongctxConfig { tasks: vec!["passkey".into()], lengths: vec![300], eval_tokens: 1000 };
+        let cfg = LongctxConfig { tasks: vec!["passkey".into()], lengths: vec![300], ..LongctxConfig::default() };
         let ep = LongctxTask::new(&cfg).unwrap().episode(&mut Rng::new(2));
         let text = String::from_utf8(crate::bytes_of(&ep.tokens)).unwrap();
         let scored: String = text.chars().enumerate().filter(|&(i, _)| ep.is_scored(i)).map(|(_, c)| c).collect();
@@ -115,11 +138,48 @@ mod tests {
 
     #[test]
     fn unknown_tasks_and_too_short_lengths_name_the_field() {
-        let cfg = LongctxConfig { tasks: vec!["passkey".into(), "nope".into()], lengths: vec![300], eval_tokens: 1000 };
+        let cfg = LongctxConfig {
+            tasks: vec!["passkey".into(), "nope".into()],
+            lengths: vec![300],
+            ..LongctxConfig::default()
+        };
         let err = LongctxTask::new(&cfg).unwrap_err().to_string();
         assert!(err.contains("data.longctx.tasks") && err.contains("nope") && err.contains("niah_single_1"), "{err}");
-        let cfg = LongctxConfig { tasks: vec!["niah_multiquery".into()], lengths: vec![100, 900], eval_tokens: 1000 };
+        let cfg = LongctxConfig {
+            tasks: vec!["niah_multiquery".into()],
+            lengths: vec![100, 900],
+            ..LongctxConfig::default()
+        };
         let err = LongctxTask::new(&cfg).unwrap_err().to_string();
         assert!(err.contains("data.longctx.lengths") && err.contains("the shortest is"), "{err}");
+    }
+
+    #[test]
+    fn a_curriculum_adds_the_lengths_one_by_one_shortest_first() {
+        let cfg = LongctxConfig {
+            tasks: vec!["passkey".into()],
+            lengths: vec![700, 300, 500],
+            curriculum_steps: 10,
+            ..LongctxConfig::default()
+        };
+        let task = LongctxTask::new(&cfg).unwrap();
+        assert_eq!(task.lengths_at(0), &[300]);
+        assert_eq!(task.lengths_at(9), &[300]);
+        assert_eq!(task.lengths_at(10), &[300, 500]);
+        assert_eq!(task.lengths_at(25), &[300, 500, 700]);
+        assert_eq!(task.lengths_at(u64::MAX), &[300, 500, 700]);
+        // Early episodes are all of the shortest length; plain episodes of every one.
+        let mut rng = Rng::new(1);
+        let answer = |ep: &TokenSeq| (0..ep.len()).filter(|&i| ep.is_scored(i)).count();
+        for _ in 0..20 {
+            let ep = task.episode_at(&mut rng, 3);
+            assert_eq!(ep.len() - answer(&ep), 300);
+        }
+        let mut seen: Vec<usize> = (0..60).map(|_| task.episode(&mut rng)).map(|ep| ep.len() - answer(&ep)).collect();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen, vec![300, 500, 700]);
+        let off = LongctxTask::new(&LongctxConfig { curriculum_steps: 0, ..cfg }).unwrap();
+        assert_eq!(off.lengths_at(0), &[300, 500, 700]);
     }
 }

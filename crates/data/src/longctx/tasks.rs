@@ -120,6 +120,16 @@ impl Kind {
     }
 }
 
+/// Refuses a length too short for one of `tasks` (or a task name unknown) before any
+/// sample is drawn: one sample of each at `length`, the shortest a caller will ask for.
+pub fn check_length(tasks: &[&str], length: usize, units: &dyn Units, text: Option<&Haystack>) -> Result<()> {
+    for &task in tasks {
+        let spec = Spec { length, depth: 0.5, text: text.cloned() };
+        generate(task, &spec, units, &mut Rng::new(0))?;
+    }
+    Ok(())
+}
+
 /// RULER's needle: "One of the special magic numbers for KEY is: VALUE."
 pub fn needle_sentence(value_kind: Kind, key: &str, value: &str) -> String {
     format!("One of the special magic {} for {key} is: {value}.", value_kind.plural())

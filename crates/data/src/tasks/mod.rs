@@ -14,6 +14,13 @@ pub trait Generator: Send {
     /// The next episode.
     fn episode(&self, rng: &mut Rng) -> TokenSeq;
 
+    /// The next episode of a training stream that has given `step` blocks so far: the
+    /// hook of a curriculum. The same as [`Generator::episode`] unless a task has one.
+    fn episode_at(&self, rng: &mut Rng, step: u64) -> TokenSeq {
+        let _ = step;
+        self.episode(rng)
+    }
+
     /// The most tokens an episode can hold (an upper bound, computed without overflow),
     /// and the config field that sets it: checked against the machine before any
     /// episode is drawn ([`check_sizes`]).
