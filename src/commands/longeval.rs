@@ -53,7 +53,9 @@ pub(crate) fn longeval(a: LongevalArgs) -> Result<()> {
         let charts = compare_charts(&runs, &grid, &a.out)?;
         println!("wrote {}", charts.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "));
     }
-    println!("suite done in {}", format_duration(started.elapsed()));
+    let peak = lethe::metrics::peak_rss_bytes()
+        .map_or(String::new(), |b| format!(", peak memory {:.0} MiB", b as f64 / (1u64 << 20) as f64));
+    println!("suite done in {}{peak}", format_duration(started.elapsed()));
     Ok(())
 }
 
@@ -195,15 +197,17 @@ fn series(name: String, i: usize, points: Vec<(f64, f64, f64)>) -> SweepSeries {
 }
 
 /// The comparison of several runs: `accuracy.svg` (each run's mean over the suite) and
-/// `accuracy-TASK.svg` per task, one line per run, and `compare.csv` with every run's
-/// accuracy and memory per task and length.
+/// `accuracy-TASK.svg` per task, one line per group of runs (the runs whose names differ
+/// only in a seed suffix, `-s1`, `-s2`: the line through their mean, a dot per run), and
+/// `compare.csv` with every run's accuracy and memory per task and length.
 fn compare_charts(runs: &[Run], grid: &Grid, out: &Path) -> Result<Vec<PathBuf>> {
     let unit = runs.first().map_or("bytes", |r| r.unit);
     let x_label = format!("length ({unit})");
+    let groups = seed_groups(runs);
     let mut written = Vec::new();
     let mut chart = |file: String, title: &str, keep: &dyn Fn(&Cell) -> bool| -> Result<()> {
         let lines: Vec<SweepSeries> =
-            runs.iter().enumerate().map(|(i, r)| series(r.name.clone(), i, by_length(&r.table, grid, keep))).collect();
+            groups.iter().enumerate().map(|(i, (name, members))| group_series(name, i, members, grid, keep)).collect();
         let path = out.join(file);
         let svg = lethe::plot::sweep_chart(&lines, (&x_label, title), ACCURACY, &path.with_extension("png"))?;
         lethe::output::write("--out", &path, svg.as_bytes(), &[])?;
@@ -215,20 +219,94 @@ fn compare_charts(runs: &[Run], grid: &Grid, out: &Path) -> Result<Vec<PathBuf>>
         chart(format!("accuracy-{task}.svg"), &format!("{task} accuracy"), &|c| c.task == *task)?;
     }
     let mut csv = csv::Writer::from_writer(vec![]);
-    csv.write_record(["run", "task", "length", "accuracy", "memory"])?;
-    for run in runs {
-        for task in &grid.tasks {
-            for (length, accuracy, memory) in by_length(&run.table, grid, |c| c.task == *task) {
-                let row =
-                    [run.name.clone(), task.to_string(), length.to_string(), accuracy.to_string(), memory.to_string()];
-                csv.write_record(&row)?;
+    csv.write_record(["group", "run", "task", "length", "accuracy", "memory"])?;
+    for (group, members) in &groups {
+        for run in members {
+            for task in &grid.tasks {
+                for (length, accuracy, memory) in by_length(&run.table, grid, |c| c.task == *task) {
+                    let row =
+                        [group, &run.name, *task, &length.to_string(), &accuracy.to_string(), &memory.to_string()];
+                    csv.write_record(row)?;
+                }
             }
         }
     }
     let path = out.join("compare.csv");
     lethe::output::write("--out", &path, &csv.into_inner()?, &[])?;
     written.push(path);
+    print_groups(&groups, grid, unit);
     Ok(written)
+}
+
+/// The runs grouped by name without a trailing seed suffix (`expire-s2` is `expire`),
+/// in the order the groups first appear.
+fn seed_groups(runs: &[Run]) -> Vec<(String, Vec<&Run>)> {
+    let mut groups: Vec<(String, Vec<&Run>)> = Vec::new();
+    for run in runs {
+        let group = strip_seed(&run.name).to_string();
+        match groups.iter_mut().find(|(g, _)| *g == group) {
+            Some((_, members)) => members.push(run),
+            None => groups.push((group, vec![run])),
+        }
+    }
+    groups
+}
+
+/// `name` without a trailing `-sN`.
+fn strip_seed(name: &str) -> &str {
+    match name.rsplit_once("-s") {
+        Some((base, seed)) if !base.is_empty() && !seed.is_empty() && seed.bytes().all(|b| b.is_ascii_digit()) => base,
+        _ => name,
+    }
+}
+
+/// A group's line: a dot per run and length, the line through their means, the legend
+/// naming the memory held and the number of runs.
+fn group_series(name: &str, i: usize, members: &[&Run], grid: &Grid, keep: &dyn Fn(&Cell) -> bool) -> SweepSeries {
+    let per_run: Vec<Vec<(f64, f64, f64)>> = members.iter().map(|r| by_length(&r.table, grid, keep)).collect();
+    let points: Vec<(f64, f64, f64)> = per_run.iter().flatten().copied().collect();
+    let mut line = series(name.to_string(), i, mean_by_length(&points));
+    line.points = points.iter().map(|&(l, a, _)| (l, a)).collect();
+    if members.len() > 1 {
+        line.name = line.name.replace(" memories/layer)", &format!(" memories/layer, {} runs)", members.len()));
+    }
+    line
+}
+
+/// The mean accuracy and memory at each length of `points` (`(length, accuracy, memory)`).
+fn mean_by_length(points: &[(f64, f64, f64)]) -> Vec<(f64, f64, f64)> {
+    let mut lengths: Vec<f64> = points.iter().map(|p| p.0).collect();
+    lengths.sort_by(f64::total_cmp);
+    lengths.dedup();
+    lengths
+        .into_iter()
+        .map(|l| {
+            let at: Vec<&(f64, f64, f64)> = points.iter().filter(|p| p.0 == l).collect();
+            let n = at.len() as f64;
+            (l, at.iter().map(|p| p.1).sum::<f64>() / n, at.iter().map(|p| p.2).sum::<f64>() / n)
+        })
+        .collect()
+}
+
+/// Each group's accuracy over the suite by length: the mean over its runs, their
+/// spread (standard deviation), and the memory held.
+fn print_groups(groups: &[(String, Vec<&Run>)], grid: &Grid, unit: &str) {
+    println!();
+    println!("{:<16} {:>5} {:>10} {:>9} {:>7} {:>12}", "group", "runs", unit, "accuracy", "sd", "memory/layer");
+    for (group, members) in groups {
+        for &length in &grid.lengths {
+            let figures: Vec<(f64, f64)> = members
+                .iter()
+                .filter_map(|r| by_length(&r.table, grid, |_| true).into_iter().find(|p| p.0 == length as f64))
+                .map(|(_, a, m)| (a, m))
+                .collect();
+            let n = figures.len().max(1) as f64;
+            let mean = figures.iter().map(|f| f.0).sum::<f64>() / n;
+            let sd = (figures.iter().map(|f| (f.0 - mean).powi(2)).sum::<f64>() / n).sqrt();
+            let memory = figures.iter().map(|f| f.1).sum::<f64>() / n;
+            println!("{group:<16} {:>5} {length:>10} {mean:>9.3} {sd:>7.3} {memory:>12.1}", members.len());
+        }
+    }
 }
 
 /// Each task's accuracy by length, averaged over depths, with the memory held.
@@ -238,5 +316,22 @@ fn print_summary(table: &[Cell], grid: &Grid, unit: &str) {
         for (length, accuracy, memory) in by_length(table, grid, |c| c.task == task) {
             println!("{task:<16} {length:>10} {accuracy:>9.3} {memory:>12.1}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seed_suffixes_group_runs() {
+        assert_eq!(strip_seed("expire-s12"), "expire");
+        assert_eq!(strip_seed("expire-s"), "expire-s");
+        assert_eq!(strip_seed("xl-small"), "xl-small");
+        assert_eq!(strip_seed("-s1"), "-s1");
+        assert_eq!(
+            mean_by_length(&[(2.0, 0.5, 10.0), (1.0, 1.0, 4.0), (2.0, 0.0, 20.0)]),
+            vec![(1.0, 1.0, 4.0), (2.0, 0.25, 15.0)]
+        );
     }
 }

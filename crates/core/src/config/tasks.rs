@@ -221,6 +221,11 @@ pub struct LongctxConfig {
     /// from every length from the start. Validation always covers every length.
     /// Default 0.
     pub curriculum_steps: usize,
+    /// Whether training scores every byte of a sample (language modelling of the
+    /// haystack, the needles and the answer: a dense signal that small models trained
+    /// from scratch learn retrieval from) rather than the answer alone; validation
+    /// always scores the answers. Default false.
+    pub train_on_context: bool,
     /// Tokens in each of the generated validation and test streams. Default 16384.
     pub eval_tokens: usize,
 }
@@ -231,6 +236,7 @@ impl Default for LongctxConfig {
             tasks: vec!["passkey".into(), "niah_single_1".into()],
             lengths: vec![512, 768, 1024],
             curriculum_steps: 0,
+            train_on_context: false,
             eval_tokens: 1 << 14,
         }
     }

@@ -22,6 +22,7 @@ pub struct LongctxTask {
     /// Shortest first.
     lengths: Vec<usize>,
     curriculum_steps: usize,
+    train_on_context: bool,
 }
 
 impl LongctxTask {
@@ -45,7 +46,12 @@ impl LongctxTask {
         let shortest = lengths.first().copied().unwrap_or(0);
         check_length(&tasks, shortest, &ByteUnits, None)
             .map_err(|e| LetheError::config("data.longctx.lengths", shortest, e.to_string()))?;
-        Ok(LongctxTask { tasks, lengths, curriculum_steps: cfg.curriculum_steps })
+        Ok(LongctxTask {
+            tasks,
+            lengths,
+            curriculum_steps: cfg.curriculum_steps,
+            train_on_context: cfg.train_on_context,
+        })
     }
 
     /// The lengths a training stream draws from at `step`: all of them, or with a
@@ -58,8 +64,9 @@ impl LongctxTask {
         &self.lengths[..reached.min(self.lengths.len())]
     }
 
-    /// A sample of a random task at one of `lengths`, and its answer.
-    fn sample(&self, lengths: &[usize], rng: &mut Rng) -> TokenSeq {
+    /// A sample of a random task at one of `lengths`, and its answer: the answer alone
+    /// scored, or every byte with `context`.
+    fn sample(&self, lengths: &[usize], context: bool, rng: &mut Rng) -> TokenSeq {
         let task = self.tasks[rng.range(0, self.tasks.len() - 1)];
         let length = lengths[rng.range(0, lengths.len() - 1)];
         let spec = Spec { length, depth: rng.uniform(), text: None };
@@ -69,18 +76,20 @@ impl LongctxTask {
         let mut bytes: Vec<u8> = sample.input.iter().map(|&u| u as u8).collect();
         let asked = bytes.len();
         bytes.extend_from_slice(answer.as_bytes());
-        let scored = (0..bytes.len()).map(|i| i >= asked).collect();
+        let scored = (0..bytes.len()).map(|i| context || i >= asked).collect();
         TokenSeq::bytes(&bytes, Some(scored), None)
     }
 }
 
 impl Generator for LongctxTask {
     fn episode(&self, rng: &mut Rng) -> TokenSeq {
-        self.sample(&self.lengths, rng)
+        self.sample(&self.lengths, false, rng)
     }
 
+    /// Training's episodes: the curriculum's lengths, every byte scored with
+    /// `train_on_context`.
     fn episode_at(&self, rng: &mut Rng, step: u64) -> TokenSeq {
-        self.sample(self.lengths_at(step), rng)
+        self.sample(self.lengths_at(step), self.train_on_context, rng)
     }
 
     fn longest_episode(&self) -> (u64, &'static str) {
@@ -179,7 +188,17 @@ mod tests {
         seen.sort_unstable();
         seen.dedup();
         assert_eq!(seen, vec![300, 500, 700]);
-        let off = LongctxTask::new(&LongctxConfig { curriculum_steps: 0, ..cfg }).unwrap();
+        let off = LongctxTask::new(&LongctxConfig { curriculum_steps: 0, ..cfg.clone() }).unwrap();
         assert_eq!(off.lengths_at(0), &[300, 500, 700]);
+    }
+
+    #[test]
+    fn training_on_the_context_scores_every_byte_and_validation_the_answer() {
+        let cfg = LongctxConfig { tasks: vec!["passkey".into()], lengths: vec![300], ..LongctxConfig::default() };
+        let task = LongctxTask::new(&LongctxConfig { train_on_context: true, ..cfg }).unwrap();
+        let train = task.episode_at(&mut Rng::new(1), 0);
+        assert!((0..train.len()).all(|i| train.is_scored(i)));
+        let valid = task.episode(&mut Rng::new(1));
+        assert_eq!((0..valid.len()).filter(|&i| valid.is_scored(i)).count(), valid.len() - 300);
     }
 }
