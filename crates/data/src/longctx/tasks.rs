@@ -421,6 +421,21 @@ mod tests {
         }
     }
 
+    /// The depth-less tasks in tokens too: the list fitted to the exact count of ids,
+    /// the answers in the text.
+    #[test]
+    fn a_tokenised_list_or_story_has_its_length_in_tokens() {
+        let corpus = "1. tavemo 2. rikola Mary went to the kitchen. Where is Mary? Answer: kitchen";
+        let tokenizer = crate::tokenizer::Tokenizer::train_bpe(&[corpus], 300).unwrap();
+        for task in ["cwe", "fwe", "qa1", "qa5"] {
+            let spec = Spec { length: 2500, depth: 0.0, text: None };
+            let s = generate(task, &spec, &tokenizer, &mut Rng::new(6)).unwrap();
+            assert_eq!(s.input.len(), 2500, "{task}");
+            let text = Units::decode(&tokenizer, &s.input).unwrap();
+            assert!(s.answers.iter().all(|a| text.contains(a.as_str())), "{task}: {text}");
+        }
+    }
+
     #[test]
     fn uuids_have_the_version_4_form() {
         let u = Kind::Uuids.draw(&mut Rng::new(5));
