@@ -34,6 +34,8 @@
 #             in turns
 #   trained   equal memory after training: a trained        trained/bench-trained.txt         3 min
 #             Expire-Span on its text against Transformer-XL
+#   longctx   scripts/longctx-compare.sh, seeds 1 2 3       longctx/longctx-compare.txt,
+#                                                           longctx/accuracy.{svg,png,csv}   25 min
 # In all about 5 hours; the sections that time (enwik8, scaling, trained) want the CPU to
 # themselves.
 set -euo pipefail
@@ -45,7 +47,7 @@ OUT=${DOCS_OUT:-runs/docs}
 THREADS=2
 mkdir -p "$OUT"
 SECTIONS=("$@")
-ALL=(default sweep gpt2 words dialogue corridor ablation portal portal8 enwik8 scaling trained)  # enwik8 runs enwik8bench
+ALL=(default sweep gpt2 words dialogue corridor ablation portal portal8 enwik8 scaling trained longctx)  # enwik8 runs enwik8bench
 [ ${#SECTIONS[@]} -gt 0 ] || SECTIONS=("${ALL[@]}")
 
 # Keeps the machine a section's runs trained on: RUN's machine.json in the record.
@@ -103,6 +105,13 @@ section_gpt2() {
 section_words() {
   scripts/words-demo.sh "$OUT" "1 2 3" | tee "$DIR/words-demo.txt"
   keep_machine "$OUT/demo-words-tiny-s1"
+}
+
+section_longctx() {
+  scripts/longctx-compare.sh "$OUT/longctx" "1 2 3" 2>/dev/null | grep -v '^wrote ' | tee "$DIR/longctx-compare.txt"
+  cp "$OUT/longctx/eval/accuracy.svg" "$OUT/longctx/eval/accuracy.png" "$DIR/"
+  cp "$OUT/longctx/eval/compare.csv" "$DIR/accuracy.csv"
+  keep_machine "$OUT/longctx/runs/expire-s1"
 }
 
 section_dialogue() {
