@@ -278,11 +278,11 @@ fn draw_sweep<B: DrawingBackend>(
     if x0 > 0.0 && x1 / x0 > 8.0 {
         let (lo, hi) = (x0 / 1.2, x1 * 1.2);
         let mut chart = builder.build_cartesian_2d((lo..hi).log_scale().with_key_points(log_ticks(lo, hi)), y0..y1)?;
-        fill_sweep(&mut chart, series, (&format!("{x_label} (log scale)"), y_label))?;
+        fill_sweep(&mut chart, series, (&format!("{x_label} (log scale)"), y_label), y_range.map(|r| r.1))?;
     } else {
         let pad = ((x1 - x0) * 0.05).max(1e-3);
         let mut chart = builder.build_cartesian_2d((x0 - pad)..(x1 + pad), y0..y1)?;
-        fill_sweep(&mut chart, series, (x_label, y_label))?;
+        fill_sweep(&mut chart, series, (x_label, y_label), y_range.map(|r| r.1))?;
     }
     area.present()
 }
@@ -295,26 +295,32 @@ fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
 }
 
 /// The mesh, the means' lines, the runs' dots and the legend of a sweep chart on either
-/// x scale.
+/// x scale; no y label above `y_top` (the headroom kept for the legend).
 fn fill_sweep<'a, B, X>(
     chart: &mut ChartContext<'a, B, Cartesian2d<X, plotters::coord::types::RangedCoordf64>>,
     series: &[SweepSeries],
     (x_label, y_label): (&str, &str),
+    y_top: Option<f64>,
 ) -> std::result::Result<(), DrawingAreaErrorKind<B::ErrorType>>
 where
     B: DrawingBackend + 'a,
     X: Ranged<ValueType = f64> + plotters::coord::ranged1d::ValueFormatter<f64>,
 {
     let tick = |x: &f64| if x.abs() >= 100.0 || x.fract() == 0.0 { format!("{x:.0}") } else { format!("{x:.1}") };
-    chart
-        .configure_mesh()
-        .x_labels(12)
+    // With a fixed range, the headroom above it (for the legend) has no labels.
+    let top = y_top.unwrap_or(f64::INFINITY);
+    let y_tick = |y: &f64| if *y > top + 1e-9 { String::new() } else { format!("{y:.1}") };
+    let mut mesh = chart.configure_mesh();
+    mesh.x_labels(12)
         .x_desc(x_label)
         .y_desc(y_label)
         .x_label_formatter(&tick)
         .light_line_style(RGBColor(235, 235, 235))
-        .label_style(("sans-serif", 14))
-        .draw()?;
+        .label_style(("sans-serif", 14));
+    if y_top.is_some() {
+        mesh.y_label_formatter(&y_tick);
+    }
+    mesh.draw()?;
     for s in series {
         let c = s.colour;
         chart.draw_series(LineSeries::new(s.means.iter().copied(), c.stroke_width(2)))?;
