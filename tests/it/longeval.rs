@@ -152,3 +152,34 @@ fn a_model_trained_on_the_suite_is_scored_by_longeval() {
     let bad = ["train", "-q", "--set", "data.source=longctx", "--set", "data.longctx.tasks=[\"passkey\",\"nope\"]"];
     fails_with(&lethe(d, &bad), &["data.longctx.tasks", "nope"]);
 }
+
+/// With `data.tokenizer`, the source's samples and lengths are in its tokens, and
+/// `lethe longeval` reads the run's tokenizer to evaluate in the same units.
+#[test]
+fn a_tokenised_model_is_trained_and_evaluated_in_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let text: String =
+        (0..300).map(|i| format!("The grass is green. The pass key is {}. ", i * 7919 % 100_000)).collect();
+    std::fs::write(d.join("text.txt"), text).unwrap();
+    succeeds(&lethe(d, &["tokenizer", "bpe", "text.txt", "--out", "tok", "--vocab", "300"]));
+    let mut args = vec!["train", "-q", "-p", "longctx-tiny", "--steps", "2", "--out", "runs", "--name", "m"];
+    args.extend([
+        "--set",
+        "data.tokenizer=tok",
+        "--set",
+        "model.vocab=300",
+        "--set",
+        "data.longctx.tasks=[\"passkey\"]",
+    ]);
+    args.extend(["--set", "data.longctx.lengths=[300]", "--set", "data.longctx.eval_tokens=1024"]);
+    args.extend(["--set", "model.layers=1", "--set", "model.d_model=16", "--set", "model.heads=2"]);
+    succeeds(&lethe(d, &args));
+    let args = ["longeval", "--checkpoint", "runs/m", "--suite", "passkey", "--lengths", "400", "--depths", "50"];
+    let stdout = succeeds(&lethe(d, &[&args[..], &["--samples", "1", "--out", "ev"]].concat()));
+    assert!(stdout.contains("tokens"), "{stdout}");
+    assert_eq!(rows(d).len(), 1);
+    // A tokenizer on a task with symbols of its own is still refused.
+    let bad = ["train", "-q", "-p", "copy-tiny", "--set", "data.tokenizer=tok"];
+    fails_with(&lethe(d, &bad), &["data.tokenizer", "longctx"]);
+}

@@ -33,9 +33,9 @@ pub struct DataConfig {
     /// Path of the file or folder, for `file`, `folder`, `wikitext` and `dialogue`. Default: none.
     pub path: Option<PathBuf>,
     /// A folder holding a tokenizer (`tokenizer.json`, or GPT-2's `vocab.json` and
-    /// `merges.txt`, as Hugging Face saves them): the text of `file`, `folder` and
-    /// `wikitext` is then tokenised with it instead of read as bytes, and the vocabulary
-    /// is the tokenizer's. `--init-from` a Hugging Face folder sets it to that folder.
+    /// `merges.txt`, as Hugging Face saves them): the text of `file`, `folder`,
+    /// `wikitext` and `dialogue`, and the samples of `longctx`, are then tokenised with it
+    /// instead of read as bytes, and the vocabulary is the tokenizer's. `--init-from` a Hugging Face folder sets it to that folder.
     /// Default: none (bytes).
     #[serde(default)]
     pub tokenizer: Option<PathBuf>,
@@ -225,12 +225,12 @@ impl DataConfig {
                 format!("limits the documents of a folder; data.source is `{}`", self.source),
             ));
         }
-        if let (Some(t), false) = (&self.tokenizer, self.source.reads_text()) {
+        if let (Some(t), false) = (&self.tokenizer, self.source.reads_text() || self.source == Source::Longctx) {
             return Err(LetheError::config(
                 "data.tokenizer",
                 t.display(),
                 format!(
-                    "tokenises the text of file, folder, wikitext and dialogue; the {} task has its own symbols",
+                    "tokenises the text of file, folder, wikitext, dialogue and longctx; the {} task has its own symbols",
                     self.source
                 ),
             ));

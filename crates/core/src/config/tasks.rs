@@ -205,15 +205,17 @@ impl SortingConfig {
 
 /// The long-context suite as a training source (`data.source = "longctx"`): samples of
 /// `lethe longeval`'s tasks, each followed by its answer, only the answer scored; the
-/// asked needles at depths drawn uniformly. Bytes only.
+/// asked needles at depths drawn uniformly. In bytes, or in the tokens of
+/// `data.tokenizer`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LongctxConfig {
     /// The tasks drawn from, by name (as `lethe longeval --suite` names them). Default
     /// `["passkey", "niah_single_1"]`.
     pub tasks: Vec<String>,
-    /// The samples' lengths in bytes, one drawn per sample: train at short lengths and
-    /// evaluate far beyond them with `lethe longeval`. Default `[512, 768, 1024]`.
+    /// The samples' lengths in bytes (in tokens with `data.tokenizer`), one drawn per
+    /// sample: train at short lengths and evaluate far beyond them with `lethe
+    /// longeval`. Default `[512, 768, 1024]`.
     pub lengths: Vec<usize>,
     /// Training steps per stage of a curriculum over `lengths` (BABILong's advice): the
     /// shortest length alone for this many steps, then the two shortest, and so on, one

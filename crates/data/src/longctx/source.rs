@@ -3,21 +3,25 @@
 //! followed by its answer (` 41234.`); only the answer is scored, so the model learns
 //! to find and repeat what was hidden, at the lengths it is trained on, to be measured
 //! by `lethe longeval` far beyond them. With `curriculum_steps`, the lengths join one by
-//! one, shortest first, as BABILong's authors advise training on it. Bytes only.
+//! one, shortest first, as BABILong's authors advise training on it. The samples are in
+//! bytes, or in the tokens of `data.tokenizer` when the run names one (the lengths then
+//! count tokens).
 
 use lethe_core::config::{DataConfig, LongctxConfig};
 use lethe_core::error::{LetheError, Result};
 use lethe_core::rng::Rng;
 
 use super::tasks::{check_length, generate, Spec, TASKS};
-use super::units::ByteUnits;
+use super::units::{ByteUnits, Units};
 use crate::seq::TokenSeq;
 use crate::task::spec::{Metric, Task};
 use crate::tasks::Generator;
+use crate::tokenizer::Tokenizer;
 
 /// The suite's episodes, as `cfg` sets them.
-#[derive(Clone, Debug)]
 pub struct LongctxTask {
+    /// Bytes, or a tokenizer's tokens.
+    units: Box<dyn Units + Send>,
     tasks: Vec<&'static str>,
     /// Shortest first.
     lengths: Vec<usize>,
@@ -26,9 +30,14 @@ pub struct LongctxTask {
 }
 
 impl LongctxTask {
-    /// The task of `cfg`; an unknown task name, or a length too short for a task, is
-    /// refused naming the field.
+    /// The task of `cfg` in bytes; an unknown task name, or a length too short for a
+    /// task, is refused naming the field.
     pub fn new(cfg: &LongctxConfig) -> Result<Self> {
+        Self::in_units(cfg, Box::new(ByteUnits))
+    }
+
+    /// The task of `cfg` in `units` (bytes, or a tokenizer's tokens).
+    pub fn in_units(cfg: &LongctxConfig, units: Box<dyn Units + Send>) -> Result<Self> {
         let mut tasks = Vec::new();
         for name in &cfg.tasks {
             let Some(&task) = TASKS.iter().find(|t| **t == name.as_str()) else {
@@ -44,9 +53,10 @@ impl LongctxTask {
         lengths.sort_unstable();
         lengths.dedup();
         let shortest = lengths.first().copied().unwrap_or(0);
-        check_length(&tasks, shortest, &ByteUnits, None)
+        check_length(&tasks, shortest, units.as_ref(), None)
             .map_err(|e| LetheError::config("data.longctx.lengths", shortest, e.to_string()))?;
         Ok(LongctxTask {
+            units,
             tasks,
             lengths,
             curriculum_steps: cfg.curriculum_steps,
@@ -71,13 +81,21 @@ impl LongctxTask {
         let length = lengths[rng.range(0, lengths.len() - 1)];
         let spec = Spec { length, depth: rng.uniform(), text: None };
         // `new` generated every task at the shortest length: no sample fails here.
-        let Ok(sample) = generate(task, &spec, &ByteUnits, rng) else { return TokenSeq::default() };
-        let answer = format!(" {}.", sample.answers.join(", "));
-        let mut bytes: Vec<u8> = sample.input.iter().map(|&u| u as u8).collect();
-        let asked = bytes.len();
-        bytes.extend_from_slice(answer.as_bytes());
-        let scored = (0..bytes.len()).map(|i| context || i >= asked).collect();
-        TokenSeq::bytes(&bytes, Some(scored), None)
+        let Ok(sample) = generate(task, &spec, self.units.as_ref(), rng) else { return TokenSeq::default() };
+        let Ok(answer) = self.units.encode(&format!(" {}.", sample.answers.join(", "))) else {
+            return TokenSeq::default();
+        };
+        let asked = sample.input.len();
+        let mut tokens = sample.input;
+        tokens.extend(answer);
+        let scored = (0..tokens.len()).map(|i| context || i >= asked).collect();
+        TokenSeq { tokens, scored: Some(scored), labels: None }
+    }
+}
+
+impl std::fmt::Debug for LongctxTask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LongctxTask").field("tasks", &self.tasks).field("lengths", &self.lengths).finish()
     }
 }
 
@@ -111,7 +129,8 @@ impl Task for LongctxSpec {
     }
 
     fn describe(&self, d: &DataConfig) -> String {
-        format!("long-context suite ({}), lengths {:?} bytes", d.longctx.tasks.join(", "), d.longctx.lengths)
+        let unit = if d.tokenizer.is_some() { "tokens" } else { "bytes" };
+        format!("long-context suite ({}), lengths {:?} {unit}", d.longctx.tasks.join(", "), d.longctx.lengths)
     }
 
     fn metric(&self) -> Metric {
@@ -122,15 +141,35 @@ impl Task for LongctxSpec {
         self.checked_generator(d).ok()
     }
 
-    /// Unknown task names and lengths too short for a task are refused naming the field.
+    /// Unknown task names and lengths too short for a task are refused naming the field;
+    /// with `data.tokenizer`, the samples are in its tokens.
     fn checked_generator(&self, d: &DataConfig) -> Result<(Box<dyn Generator>, usize)> {
-        Ok((Box::new(LongctxTask::new(&d.longctx)?), d.longctx.eval_tokens))
+        let units: Box<dyn Units + Send> = match &d.tokenizer {
+            Some(dir) => Box::new(Tokenizer::from_dir(dir)?),
+            None => Box::new(ByteUnits),
+        };
+        Ok((Box::new(LongctxTask::in_units(&d.longctx, units)?), d.longctx.eval_tokens))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tokenised_episode_counts_its_length_in_tokens() {
+        let corpus = format!("{} The pass key is 12345. What is the pass key?", super::super::haystack::NOISE);
+        let tokenizer = Tokenizer::train_bpe(&[corpus.as_str()], 300).unwrap();
+        let cfg = LongctxConfig { tasks: vec!["passkey".into()], lengths: vec![260], ..LongctxConfig::default() };
+        let task =
+            LongctxTask::in_units(&cfg, Box::new(Tokenizer::train_bpe(&[corpus.as_str()], 300).unwrap())).unwrap();
+        let ep = task.episode(&mut Rng::new(3));
+        let answer: Vec<_> = (0..ep.len()).filter(|&i| ep.is_scored(i)).map(|i| ep.tokens[i]).collect();
+        assert_eq!(ep.len(), 260 + answer.len());
+        let key = Units::decode(&tokenizer, &answer).unwrap();
+        let text = Units::decode(&tokenizer, &ep.tokens[..260]).unwrap();
+        assert!(text.contains(&format!("The pass key is {}.", key.trim().trim_end_matches('.'))), "{text} / {key}");
+    }
 
     #[test]
     fn an_episode_is_a_sample_and_its_scored_answer() {
