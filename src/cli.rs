@@ -88,10 +88,12 @@ pub struct LongevalArgs {
     /// Samples per task, length and depth.
     #[arg(long, allow_negative_numbers = true, default_value_t = 4)]
     pub samples: usize,
-    /// A text file to hide the needles in, for the tasks whose haystack is text (RULER's
-    /// essays: niah_single_2 and _3, niah_multikey_1, niah_multivalue, niah_multiquery;
-    /// BABILong's books: qa1-qa5); without it they use the noise sentences.
-    #[arg(long, value_name = "FILE")]
+    /// The haystack of the tasks whose haystack is text (RULER's essays: niah_single_2
+    /// and _3, niah_multikey_1, niah_multivalue, niah_multiquery; BABILong's books:
+    /// qa1-qa5): a text file, or `digits` (sentences of random four-digit groups) or
+    /// `noise` (the repeated noise sentences, the default); a file of either name is
+    /// given as ./digits or ./noise.
+    #[arg(long, value_name = "FILE|digits|noise")]
     pub haystack: Option<PathBuf>,
     /// Seed of the samples.
     #[arg(long, allow_negative_numbers = true, default_value_t = 0)]

@@ -22,7 +22,12 @@ pub(crate) fn longeval(a: LongevalArgs) -> Result<()> {
     if a.samples == 0 {
         bail!("--samples must be at least 1");
     }
-    let text = a.haystack.as_deref().map(Haystack::from_file).transpose()?;
+    let text = match a.haystack.as_deref() {
+        Some(p) if p == Path::new("digits") => Some(Haystack::Digits),
+        Some(p) if p == Path::new("noise") => Some(Haystack::Noise),
+        Some(p) => Some(Haystack::from_file(p)?),
+        None => None,
+    };
     let grid = Grid {
         tasks: a.suite.0.clone(),
         lengths: a.lengths.0.clone(),

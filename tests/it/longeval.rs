@@ -86,6 +86,10 @@ fn depthless_tasks_and_a_comparison_of_runs() {
     assert_eq!(table.len(), 4, "{table:?}");
     assert!(table[0].starts_with("qa4,1000,,1,0,"), "{table:?}");
     assert!(d.join("ev/accuracy.svg").is_file() && d.join("ev/heatmap-cwe.png").is_file());
+    // The built-in haystacks by name: the digits one hides niah_single_2's needle among numbers.
+    let args =
+        ["longeval", "--checkpoint", "runs/m", "--out", "dg", "--suite", "niah_single_2", "--haystack", "digits"];
+    succeeds(&lethe(d, &[&args[..], &["--lengths", "600", "--depths", "50", "--samples", "1"]].concat()));
     let args = ["longeval", "--checkpoint", "runs/m", "--compare", "runs/m", "--out", "cmp"];
     let stdout = succeeds(&lethe(d, &[&args[..], &grid[..]].concat()));
     assert!(stdout.contains("m-2:"), "{stdout}");

@@ -391,6 +391,11 @@ mod tests {
         assert!(ByteUnits.decode(&s.input).unwrap().contains("Ishmael"));
         let s = generate("niah_single_1", &spec, &ByteUnits, &mut Rng::new(1)).unwrap();
         assert!(!ByteUnits.decode(&s.input).unwrap().contains("Ishmael"), "single_1 is the noise haystack");
+        // The digits haystack: the haystack around the needle is numbers.
+        let spec = Spec { text: Some(Haystack::Digits), ..spec };
+        let s = generate("niah_single_2", &spec, &ByteUnits, &mut Rng::new(1)).unwrap();
+        let hay = ByteUnits.decode(&s.input[s.haystack.0..s.needle_at]).unwrap();
+        assert!(hay.len() > 100 && hay.chars().all(|c| c.is_ascii_digit() || c == ' ' || c == '.'), "{hay}");
     }
 
     #[test]
