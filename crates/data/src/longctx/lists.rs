@@ -17,12 +17,11 @@
 //! and gives no example. The answers are listed in the order they first appear
 //! (`cwe`) or by frequency (`fwe`), the order a trained model is taught to give them.
 
-use std::collections::HashSet;
-
 use lethe_core::error::Result;
 use lethe_core::rng::Rng;
 
 use super::assemble::{assemble_list, List};
+use super::tasks::distinct;
 use super::units::Units;
 use super::{Sample, Scoring};
 
@@ -87,20 +86,15 @@ fn numbered(words: &[&str], from: usize) -> String {
 pub fn invented_words(n: usize, rng: &mut Rng) -> Vec<String> {
     const CONSONANTS: &[u8] = b"bdfgklmnprstvz";
     const VOWELS: &[u8] = b"aeiou";
-    let (mut seen, mut out) = (HashSet::new(), Vec::with_capacity(n));
-    while out.len() < n {
-        let word: String = (0..3)
+    distinct(n, rng, |rng| {
+        (0..3)
             .flat_map(|_| {
                 let c = CONSONANTS[rng.range(0, CONSONANTS.len() - 1)];
                 let v = VOWELS[rng.range(0, VOWELS.len() - 1)];
                 [char::from(c), char::from(v)]
             })
-            .collect();
-        if seen.insert(word.clone()) {
-            out.push(word);
-        }
-    }
-    out
+            .collect()
+    })
 }
 
 /// Words a `fwe` text has at least: the three asked then each appear more often than
@@ -146,14 +140,7 @@ fn zipf_count(n: usize, rank: usize) -> usize {
 
 /// `n` distinct random six-letter lowercase words.
 fn coded_words(n: usize, rng: &mut Rng) -> Vec<String> {
-    let (mut seen, mut out) = (HashSet::new(), Vec::with_capacity(n));
-    while out.len() < n {
-        let word: String = (0..6).map(|_| char::from(b'a' + rng.range(0, 25) as u8)).collect();
-        if seen.insert(word.clone()) {
-            out.push(word);
-        }
-    }
-    out
+    distinct(n, rng, |rng| (0..6).map(|_| char::from(b'a' + rng.range(0, 25) as u8)).collect())
 }
 
 #[cfg(test)]

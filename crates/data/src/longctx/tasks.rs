@@ -130,6 +130,18 @@ pub fn check_length(tasks: &[&str], length: usize, units: &dyn Units, text: Opti
     Ok(())
 }
 
+/// `n` distinct strings from `draw`, in the order first drawn (a repeat is drawn again).
+pub fn distinct(n: usize, rng: &mut Rng, mut draw: impl FnMut(&mut Rng) -> String) -> Vec<String> {
+    let (mut seen, mut out) = (std::collections::HashSet::new(), Vec::with_capacity(n));
+    while out.len() < n {
+        let item = draw(rng);
+        if seen.insert(item.clone()) {
+            out.push(item);
+        }
+    }
+    out
+}
+
 /// RULER's needle: "One of the special magic numbers for KEY is: VALUE."
 pub fn needle_sentence(value_kind: Kind, key: &str, value: &str) -> String {
     format!("One of the special magic {} for {key} is: {value}.", value_kind.plural())
@@ -189,13 +201,7 @@ const HOPS: usize = 4;
 /// RULER's variable tracking: one chain of `HOPS + 1` variables that all end up holding
 /// the first one's value; all of them are asked for.
 fn variable_tracking(depth: f64, rng: &mut Rng) -> Pieces {
-    let mut names: Vec<String> = Vec::new();
-    while names.len() < HOPS + 1 {
-        let name: String = (0..5).map(|_| char::from(b'A' + rng.range(0, 25) as u8)).collect();
-        if !names.contains(&name) {
-            names.push(name);
-        }
-    }
+    let names = distinct(HOPS + 1, rng, |rng| (0..5).map(|_| char::from(b'A' + rng.range(0, 25) as u8)).collect());
     let value = rng.range(10_000, 99_999);
     let mut depths: Vec<f64> = (0..HOPS).map(|_| depth + (1.0 - depth) * rng.uniform()).collect();
     depths.sort_by(f64::total_cmp);
@@ -249,13 +255,7 @@ pub fn key_of(needle: &str) -> &str {
 /// A RULER needle task: `keys` keys with `values` values each; the first `queries` keys
 /// are asked, their needles at `depth`, the rest at random depths.
 fn niah(shape: Shape, depth: f64, rng: &mut Rng) -> Pieces {
-    let mut keys: Vec<String> = Vec::new();
-    while keys.len() < shape.keys {
-        let k = shape.key.draw(rng);
-        if !keys.contains(&k) {
-            keys.push(k);
-        }
-    }
+    let keys = distinct(shape.keys, rng, |rng| shape.key.draw(rng));
     let (mut needles, mut answers) = (Vec::new(), Vec::new());
     for (i, key) in keys.iter().enumerate() {
         let asked = i < shape.queries;
