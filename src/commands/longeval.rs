@@ -37,6 +37,13 @@ pub(crate) fn longeval(a: LongevalArgs) -> Result<()> {
         text,
     };
     let checkpoints: Vec<&PathBuf> = std::iter::once(&a.checkpoint).chain(&a.compare).collect();
+    // A run that is not there is named before any other is evaluated.
+    for path in &checkpoints {
+        let file = lethe::checkpoint::resolve(path);
+        if !file.is_file() {
+            bail!("checkpoint `{}`: no such file (a run folder holds checkpoint.safetensors)", file.display());
+        }
+    }
     let names = run_names(&checkpoints);
     let started = Instant::now();
     let mut runs = Vec::new();

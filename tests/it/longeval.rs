@@ -104,6 +104,10 @@ fn depthless_tasks_and_a_comparison_of_runs() {
     assert_eq!(lines.len(), 1 + 2 * 2 * 2, "{compare}");
     let figures = |line: &str| line.splitn(3, ',').nth(2).unwrap().to_string();
     assert_eq!(figures(lines[1]), figures(lines[5]), "{compare}");
+    // A missing run is named before the others are evaluated: nothing is written.
+    let args = ["longeval", "--checkpoint", "runs/m", "--compare", "runs/gone", "--out", "cmp2"];
+    fails_with(&lethe(d, &[&args[..], &grid[..]].concat()), &["runs/gone", "checkpoint"]);
+    assert!(!d.join("cmp2").exists());
 }
 
 #[test]
