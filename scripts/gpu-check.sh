@@ -21,6 +21,14 @@
 #                                        Expire-Span both ways, Compressive, Adaptive-Span;
 #                                        time, the allocator's peak beside nvidia-smi's);
 #                                        about 8 minutes
+#   scripts/gpu-check.sh deletion DIR BEFORE OUT
+#                                        there: the GPU tests, then enwik8-tiny at
+#                                        equal memory in turns with the binaries of DIR
+#                                        and of BEFORE (another pack, its lethe and
+#                                        liblethe_cuda.so) alternately, twice, each
+#                                        build's Expire-Span step profiled, and the
+#                                        Table-4 analogue's Transformer-XL and
+#                                        Expire-Span rows with DIR's; about 6 minutes
 #
 # `run` uses the libtorch of the `python3` there (torch 2.11.0, the version lethe is
 # built against; a CUDA build of it) through LD_LIBRARY_PATH. A GPU's memory in use is
@@ -181,10 +189,60 @@ CONFIGS
     echo "== $(date +%T) done" | tee -a "$out/table4.txt"
 }
 
+# A change to Expire-Span's GPU path against the pack before it, on one machine: enwik8-tiny
+# at equal memory (Transformer-XL 108 and Expire-Span 1024, in turns within each bench)
+# with the two builds alternately, each build's Expire-Span step profiled, then the
+# paper-size Transformer-XL and Expire-Span rows of the Table-4 analogue with the new one.
+deletion() {
+    local dir out before
+    on_gpu_machine "$1" "$3"
+    [ -x "$2/lethe" ] && [ -f "$2/liblethe_cuda.so" ] || { echo "$0: $2 holds no lethe and liblethe_cuda.so" >&2; exit 2; }
+    before=$(realpath "$2")
+    local log=$out/deletion.txt work
+    work=$(mktemp -d)
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$log"
+    echo "== $(date +%T) the GPU tests (tests/gpu.rs)" | tee -a "$log"
+    LETHE_REQUIRE_GPU=1 timeout 150 "$dir/gpu-tests" --nocapture --test-threads 1 2>&1 | tee -a "$log"
+    local round build lethe
+    for round in 1 2; do
+        for build in before after; do
+            lethe=$dir/lethe
+            [ $build = before ] && lethe=$before/lethe
+            echo "== $(date +%T) round $round, $build: enwik8-tiny at equal memory, in turns" | tee -a "$log"
+            timeout 60 "$lethe" bench -p enwik8-tiny --device cuda --bench-steps 5 --rounds 10 \
+                --mechanism fixed:108 --mechanism expire:1024 --out "$work/tiny-$build" </dev/null 2>&1 |
+                grep -v '^round ' | tee -a "$log"
+        done
+    done
+    for build in before after; do
+        lethe=$dir/lethe
+        [ $build = before ] && lethe=$before/lethe
+        echo "== $(date +%T) $build: where an Expire-Span step goes at enwik8-tiny (--profile)" | tee -a "$log"
+        timeout 45 "$lethe" bench -p enwik8-tiny --device cuda --bench-steps 20 --profile --mechanism expire:1024 \
+            --out "$work/profile-$build" </dev/null 2>&1 | grep -v '^wrote ' | tee -a "$log"
+    done
+    local name preset mechanism extra sampler
+    while read -r name preset mechanism extra; do
+        echo "== $(date +%T) $name: -p $preset --mechanism $mechanism $extra" | tee -a "$log"
+        nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 </dev/null >"$work/smi-$name.csv" &
+        sampler=$!
+        # shellcheck disable=SC2086
+        timeout 120 "$dir/lethe" bench -p "$preset" --device cuda --bench-steps 2 --warmup 1 --frozen \
+            --mechanism "$mechanism" $extra --out "$work/bench" </dev/null 2>&1 | grep -v '^streamed ' | tee -a "$log"
+        kill $sampler 2>/dev/null
+        echo "nvidia-smi at most: $(sort -n "$work/smi-$name.csv" | tail -n 1) MiB" | tee -a "$log"
+    done <<'CONFIGS'
+xl-1024 enwik8-12l fixed:1024
+expire-16k enwik8-expire-12l expire:16384 --set memory.expire.init_fraction=0.05
+CONFIGS
+    echo "== $(date +%T) done" | tee -a "$log"
+}
+
 case "${1:-}" in
     pack) pack "${2:?pack DIR}" ;;
     run) run "${2:?run DIR OUT}" "${3:?run DIR OUT}" ;;
     presets) presets "${2:?presets DIR OUT}" "${3:?presets DIR OUT}" ;;
     table4) table4 "${2:?table4 DIR OUT}" "${3:?table4 DIR OUT}" ;;
-    *) sed -n '2,25p' "$0"; exit 2 ;;
+    deletion) deletion "${2:?deletion DIR BEFORE OUT}" "${3:?deletion DIR BEFORE OUT}" "${4:?deletion DIR BEFORE OUT}" ;;
+    *) sed -n '2,33p' "$0"; exit 2 ;;
 esac

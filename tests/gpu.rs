@@ -6,7 +6,8 @@
 //!   `scaled_dot_product_attention`, Adaptive-Span's whole window, Expire-Span's bias
 //!   from its CUDA kernels and its compaction without the CPU's fused kernels, the
 //!   optimiser's libtorch update); Expire-Span's written-out path too.
-//! - Expire-Span's CUDA kernels give what the CPU's loops of the same arithmetic give.
+//! - Expire-Span's CUDA kernels (its bias, its deletion) give what the CPU's loops of
+//!   the same arithmetic give.
 //! - A training run follows the CPU's step by step; the fixture GPT-2 gives the logits of
 //!   `transformers`; a tiny Expire-Span model learns the copy task.
 //! - `train.tf32` rounds the GPU's float32 products to TensorFloat-32, and only when on.
@@ -212,6 +213,61 @@ fn expire_span_s_bias_kernels_compute_on_the_gpu_what_the_cpu_does() {
         for (what, gap) in gaps {
             assert!(gap < 1e-5, "{what} differs by {gap:.2e} of its largest entry");
         }
+    }
+}
+
+/// Expire-Span's deletion kernels (`compact::forget`: the keep decision, each stream's
+/// kept slots right-aligned, the next block's room) keep on the GPU, to the bit and to the
+/// padding, what their loops keep on the CPU: streams that keep everything, nothing, and
+/// some, over more slots than the planning kernel has threads (each thread a run of them).
+#[test]
+fn expire_span_s_deletion_kernels_keep_on_the_gpu_what_the_cpu_does() {
+    use lethe::model::memory::compact::forget;
+    use lethe::model::memory::expire_bias::runs_on;
+    let Some((gpu, _one)) = gpu("deletion kernels") else { return };
+    if !runs_on(gpu).expect("the kernels load or are absent") {
+        let required = std::env::var("LETHE_REQUIRE_GPU").is_ok_and(|v| v == "1");
+        assert!(!required, "LETHE_REQUIRE_GPU=1 but no liblethe_cuda.so beside the test binary");
+        eprintln!("skipped: no liblethe_cuda.so (scripts/build-cuda.sh)");
+        return;
+    }
+    let mut rng = lethe::rng::Rng::new(23);
+    for (b, n, d, m, kind) in [(5, 700, 64, 64, Kind::Float), (3, 9, 3, 4, Kind::Float), (4, 300, 8, 16, Kind::Double)]
+    {
+        let states = rng.normal_tensor(&[b, n, d], kind);
+        let spans = (rng.uniform_tensor(&[b, n], Kind::Double) * n as f64)
+            .index_fill(0, &Tensor::from_slice(&[1i64]), 10.0 * n as f64)
+            .index_fill(0, &Tensor::from_slice(&[2i64]), 0.0)
+            .to_kind(kind);
+        let counter = (Tensor::arange_start_step(n, 0, -1, (Kind::Double, Device::Cpu)) - 3.0)
+            .unsqueeze(0)
+            .expand([b, n], false)
+            .to_kind(kind)
+            .contiguous();
+        let valid = rng.uniform_tensor(&[b, n], Kind::Double).gt(0.1);
+        let run = |device: Device| {
+            let f = forget(
+                &states.to_device(device),
+                &spans.to_device(device),
+                &counter.to_device(device),
+                &valid.to_device(device),
+                4.0,
+                m,
+            )
+            .unwrap();
+            let c = f.counter.size()[1] - m;
+            let cpu = |t: &Tensor| t.to_device(Device::Cpu);
+            (cpu(&f.states.narrow(1, 0, c)), cpu(&f.counter), cpu(&f.valid))
+        };
+        let (cpu, on_gpu) = (run(Device::Cpu), run(gpu));
+        println!(
+            "deletion kernels, (b, n) = ({b}, {n}): {} of {} slots kept in the widest stream",
+            cpu.1.size()[1] - m,
+            n
+        );
+        assert!(cpu.0.equal(&on_gpu.0), "(b, n) = ({b}, {n}): the kept states");
+        assert!(cpu.1.equal(&on_gpu.1), "(b, n) = ({b}, {n}): the counters");
+        assert!(cpu.2.equal(&on_gpu.2), "(b, n) = ({b}, {n}): the validity");
     }
 }
 

@@ -5,8 +5,8 @@
 //! C++ against the same libtorch's headers: `csrc/dist.cpp`, the bridge to c10d, and
 //! `csrc/expire_scores.cpp` and `csrc/expire_attend.cpp`, Expire-Span's fused and ragged
 //! attention (their score rows in `csrc/expire_rows.h`), `csrc/expire_bias.cpp`,
-//! its attention bias for the GPU (the kernels themselves are `csrc/cuda/`, built apart by
-//! `scripts/build-cuda.sh`), `csrc/compact.cpp`,
+//! its attention bias for the GPU, and `csrc/expire_forget.cpp`, its deletion after a block on the GPU
+//! (the kernels themselves are `csrc/cuda/`, built apart by `scripts/build-cuda.sh`), `csrc/compact.cpp`,
 //! the compaction of its cache, `csrc/cache_grad.cpp`, the gradient of the keys and
 //! values for the block's rows only and the ragged projection (with `csrc/blas.h` and
 //! `csrc/shares.h`, shared with the ragged attention), `csrc/chunks.cpp`, the attention chunks'
@@ -46,6 +46,7 @@ fn compile_csrc(lib: &std::path::Path) {
         .file("csrc/dist.cpp")
         .file("csrc/expire_attend.cpp")
         .file("csrc/expire_bias.cpp")
+        .file("csrc/expire_forget.cpp")
         .file("csrc/expire_scores.cpp")
         .file("csrc/skew.cpp")
         .file("csrc/trace.cpp")

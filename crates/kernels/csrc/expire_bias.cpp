@@ -19,6 +19,7 @@
 #include <utility>
 #include <string>
 
+#include "cuda_kernels.h"
 #include "expire_bias.h"
 #include "guard.h"
 #include "lethe.h"
@@ -29,19 +30,7 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // The CUDA library's entry points, once loaded.
-struct Kernels {
-  lethe_cuda_bias_fn forward = nullptr;
-  lethe_cuda_bias_fn backward = nullptr;
-};
-
-std::atomic<const Kernels*> loaded{nullptr};
-
-const Kernels& kernels() {
-  const Kernels* k = loaded.load();
-  TORCH_CHECK(k != nullptr,
-              "Expire-Span's GPU kernels are not loaded (liblethe_cuda.so, built by scripts/build-cuda.sh)");
-  return *k;
-}
+std::atomic<const lethe::CudaKernels*> loaded{nullptr};
 
 lethe_bias::Shape shape_of(const at::Tensor& pq, const at::Tensor& spans, const at::Tensor& usable) {
   return {pq.size(0), pq.size(1), pq.size(2), spans.size(1), pq.size(3), usable.size(1)};
@@ -125,7 +114,7 @@ struct ExpireBias : public torch::autograd::Function<ExpireBias> {
       a.bias_row = row;
       a.counts = stats ? counts.data_ptr() : nullptr;
       a.distances = stats ? distances.data_ptr<double>() : nullptr;
-      launch(kernels().forward, a);
+      launch(lethe::cuda_kernels().bias_forward, a);
     } else {
       AT_DISPATCH_FLOATING_TYPES(spans.scalar_type(), "expire_bias", [&] {
         const auto o = operands_of<scalar_t>(pq, spans, counter, usable, ramp);
@@ -167,7 +156,7 @@ struct ExpireBias : public torch::autograd::Function<ExpireBias> {
       a.grad_row = grad_row;
       a.grad_pq = grad_pq.data_ptr();
       a.partial = partial.data_ptr();
-      launch(kernels().backward, a);
+      launch(lethe::cuda_kernels().bias_backward, a);
     } else {
       AT_DISPATCH_FLOATING_TYPES(grad.scalar_type(), "expire_bias_backward", [&] {
         const auto o = operands_of<scalar_t>(at::Tensor(), spans, counter, usable, ramp);
@@ -186,6 +175,13 @@ struct ExpireBias : public torch::autograd::Function<ExpireBias> {
 std::mutex loading;
 
 }  // namespace
+
+const lethe::CudaKernels& lethe::cuda_kernels() {
+  const CudaKernels* k = loaded.load();
+  TORCH_CHECK(k != nullptr,
+              "Expire-Span's GPU kernels are not loaded (liblethe_cuda.so, built by scripts/build-cuda.sh)");
+  return *k;
+}
 
 extern "C" {
 
@@ -212,9 +208,14 @@ int lethe_cuda_kernels_load(const char* path, char** error) {
     auto abi = reinterpret_cast<lethe_cuda_abi_fn>(dlsym(handle, "lethe_cuda_abi"));
     TORCH_CHECK(abi != nullptr && abi() == LETHE_CUDA_ABI, path, " is not a liblethe_cuda.so of this lethe (ABI ",
                 abi != nullptr ? abi() : -1, ", expected ", LETHE_CUDA_ABI, "): build it again with scripts/build-cuda.sh");
-    auto* k = new Kernels{reinterpret_cast<lethe_cuda_bias_fn>(dlsym(handle, "lethe_cuda_expire_bias_forward")),
-                          reinterpret_cast<lethe_cuda_bias_fn>(dlsym(handle, "lethe_cuda_expire_bias_backward"))};
-    TORCH_CHECK(k->forward != nullptr && k->backward != nullptr, path, " lacks the Expire-Span bias kernels");
+    auto* k = new lethe::CudaKernels{
+        reinterpret_cast<lethe_cuda_bias_fn>(dlsym(handle, "lethe_cuda_expire_bias_forward")),
+        reinterpret_cast<lethe_cuda_bias_fn>(dlsym(handle, "lethe_cuda_expire_bias_backward")),
+        reinterpret_cast<lethe_cuda_forget_fn>(dlsym(handle, "lethe_cuda_expire_forget_plan")),
+        reinterpret_cast<lethe_cuda_forget_fn>(dlsym(handle, "lethe_cuda_expire_forget_copy"))};
+    TORCH_CHECK(k->bias_forward != nullptr && k->bias_backward != nullptr && k->forget_plan != nullptr &&
+                    k->forget_copy != nullptr,
+                path, " lacks Expire-Span's kernels");
     loaded.store(k);
   });
 }

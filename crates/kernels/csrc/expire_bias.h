@@ -154,7 +154,7 @@ extern "C" {
 #endif
 
 // The version of this ABI: the loader refuses a library built from another.
-#define LETHE_CUDA_ABI 1
+#define LETHE_CUDA_ABI 2
 
 // One call's shape, operands and outputs, all device pointers, in float (`is_double` 0)
 // or double. Forward: `bias` (b, h, m, n; rows `bias_row` elements apart), and `counts`

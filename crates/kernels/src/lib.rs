@@ -167,6 +167,16 @@ extern "C" {
         out: *mut RawTensor,
         error: *mut *mut c_char,
     ) -> c_int;
+    pub fn lethe_expire_forget(
+        states: RawTensor,
+        spans: RawTensor,
+        counter: RawTensor,
+        valid: RawTensor,
+        ramp: f64,
+        m: i64,
+        out: *mut RawTensor,
+        error: *mut *mut c_char,
+    ) -> c_int;
     pub fn lethe_cuda_kernels_load(path: *const c_char, error: *mut *mut c_char) -> c_int;
     pub fn lethe_cuda_kernels_ready() -> c_int;
     // A check of the build (OpenMP), for the tests.

@@ -5,17 +5,13 @@
 // scripts/build-cuda.sh; csrc/expire_bias.cpp loads it and calls the two entry points
 // below with tensors libtorch allocated.
 
-#include <cuda_runtime.h>
-
-#include <cstdio>
-
 #include "../expire_bias.h"
+#include "launch.cuh"
 
 namespace {
 
-constexpr int THREADS = 256;
-
-unsigned blocks_for(int64_t count) { return static_cast<unsigned>((count + THREADS - 1) / THREADS); }
+using lethe_cuda::blocks_for;
+using lethe_cuda::THREADS;
 
 template <typename T>
 lethe_bias::Operands<T> operands_of(const lethe_cuda_bias_args* a) {
@@ -45,14 +41,6 @@ __global__ void backward_kernel(lethe_bias::Shape s, lethe_bias::Operands<T> o, 
   if (i < count) lethe_bias::backward_at(s, o, grad, grad_row, grad_pq, partial, i);
 }
 
-// 0, or the last launch's error code with its message.
-int status(char* message, int64_t size) {
-  const cudaError_t e = cudaGetLastError();
-  if (e == cudaSuccess) return 0;
-  std::snprintf(message, static_cast<size_t>(size), "CUDA: %s", cudaGetErrorString(e));
-  return static_cast<int>(e);
-}
-
 template <typename T>
 void forward(const lethe_cuda_bias_args* a) {
   const lethe_bias::Shape s = shape_of(a);
@@ -74,19 +62,6 @@ void backward(const lethe_cuda_bias_args* a) {
                                                      static_cast<T*>(a->partial), count);
 }
 
-// Runs `launch` with `device` the current GPU (libtorch's guards restore theirs after
-// each operation, so the calling thread's may be another), then restores the caller's.
-template <typename F>
-int on_device(int device, char* message, int64_t size, F launch) {
-  int previous = 0;
-  if (cudaGetDevice(&previous) != cudaSuccess || (previous != device && cudaSetDevice(device) != cudaSuccess))
-    return status(message, size);
-  launch();
-  const int result = status(message, size);
-  if (previous != device) cudaSetDevice(previous);
-  return result;
-}
-
 }  // namespace
 
 extern "C" {
@@ -94,11 +69,11 @@ extern "C" {
 int lethe_cuda_abi(void) { return LETHE_CUDA_ABI; }
 
 int lethe_cuda_expire_bias_forward(const lethe_cuda_bias_args* a, char* message, int64_t size) {
-  return on_device(a->device, message, size, [&] { a->is_double ? forward<double>(a) : forward<float>(a); });
+  return lethe_cuda::on_device(a->device, message, size, [&] { a->is_double ? forward<double>(a) : forward<float>(a); });
 }
 
 int lethe_cuda_expire_bias_backward(const lethe_cuda_bias_args* a, char* message, int64_t size) {
-  return on_device(a->device, message, size, [&] { a->is_double ? backward<double>(a) : backward<float>(a); });
+  return lethe_cuda::on_device(a->device, message, size, [&] { a->is_double ? backward<double>(a) : backward<float>(a); });
 }
 
 }  // extern "C"

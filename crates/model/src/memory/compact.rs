@@ -6,13 +6,18 @@
 //! other devices (and as the reference the tests compare with) it is libtorch
 //! operations: a stable sort of the flags and a gather. The two give the same tensors,
 //! padding included: a stream's padding slots hold its last dropped memories.
+//!
+//! On a GPU with lethe's kernels, [`forget`] does Expire-Span's whole deletion in one call
+//! (`csrc/expire_forget.cpp`): the keep decision, the compaction and the next block's
+//! room, two kernels and one number read back, the same tensors as the flags and the
+//! libtorch compaction give.
 
 use std::ffi::c_void;
 
 use tch::{Kind, Tensor};
 
 use lethe_core::error::{LetheError, Result};
-use lethe_kernels::{lethe_compact, raw};
+use lethe_kernels::{lethe_compact, lethe_expire_forget, raw};
 
 /// A compacted cache: which new slots hold a memory `(b, c)`, and each tensor at them.
 pub struct Compacted {
@@ -52,6 +57,43 @@ fn compact_on_cpu(keep: &Tensor, tensors: &[&Tensor], room: i64) -> Result<Compa
     let with_room: Vec<Tensor> = taken.collect();
     let c = valid.size()[1];
     Ok(Compacted { valid, tensors: with_room.iter().map(|t| t.narrow(1, 0, c)).collect(), with_room })
+}
+
+/// Expire-Span's cache after [`forget`]: each tensor `(b, c + m, ..)`, the last `m` slots
+/// of every stream the room for the next block of `m`.
+pub struct Forgotten {
+    /// `(b, c + m, d)`: the kept states, then the room, unwritten.
+    pub states: Tensor,
+    /// `(b, c + m)`: the kept memories' distances to the next block's first query, then
+    /// the next block's own, `0, -1, .., -(m - 1)`.
+    pub counter: Tensor,
+    /// `(b, c + m)`: false on a stream's padding, true on the room.
+    pub valid: Tensor,
+}
+
+/// Expire-Span's deletion after a block of `m` (paper 4.1): of `[cache, block]`'s states
+/// `(b, n, d)` (no gradient), spans, counters and validity `(b, n)`, every stream keeps
+/// the memories the next block's first query sees, `valid` and `spans + ramp - (counter +
+/// m) > 0`, compacted as [`compact`] does, with room for the next block. On a GPU the
+/// kernels of `liblethe_cuda.so` (which must be loaded); on the CPU their arithmetic in
+/// loops.
+pub fn forget(
+    states: &Tensor,
+    spans: &Tensor,
+    counter: &Tensor,
+    valid: &Tensor,
+    ramp: f64,
+    m: i64,
+) -> Result<Forgotten> {
+    let mut out: [*mut c_void; 3] = [std::ptr::null_mut(); 3];
+    // SAFETY: each pointer is a live `at::Tensor*` owned by its `Tensor` for the call (the
+    // kernel reads them only); on success it writes three new `at::Tensor*`.
+    lethe_kernels::call("expire-span deletion", |error| unsafe {
+        lethe_expire_forget(raw(states), raw(spans), raw(counter), raw(valid), ramp, m, out.as_mut_ptr(), error)
+    })?;
+    // SAFETY: see above; each pointer is taken over once.
+    let [states, counter, valid] = out.map(|p| unsafe { lethe_kernels::tensor(p) });
+    Ok(Forgotten { states, counter, valid })
 }
 
 /// The libtorch-operation compaction: the gather index `(b, c)` and the validity `(b, c)`.
@@ -138,6 +180,69 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Random `[cache, block]` operands `(b, n)` with every stream kept, none kept, and
+    /// in between (streams 1 and 2), as [`forget`] takes them: states `(b, n, d)`, spans,
+    /// integer counters, validity.
+    pub(crate) fn forget_operands(seed: u64, b: i64, n: i64, d: i64, kind: Kind) -> [Tensor; 4] {
+        let mut rng = Rng::new(seed);
+        let states = rng.normal_tensor(&[b, n, d], kind);
+        let mut spans = (rng.uniform_tensor(&[b, n], Kind::Double) * n as f64).to_kind(kind);
+        spans = spans.index_fill(0, &Tensor::from_slice(&[1i64]), 10.0 * n as f64).index_fill(
+            0,
+            &Tensor::from_slice(&[2i64]),
+            0.0,
+        );
+        let counter = (Tensor::arange_start_step(n, 0, -1, (Kind::Double, tch::Device::Cpu)) - 3.0)
+            .unsqueeze(0)
+            .expand([b, n], false)
+            .to_kind(kind)
+            .contiguous();
+        let valid = rng.uniform_tensor(&[b, n], Kind::Double).gt(0.1);
+        [states, spans, counter, valid]
+    }
+
+    /// The deletion's kernels, their loops on the CPU, keep what the flags and the
+    /// libtorch compaction keep, to the bit and to the padding, and write the next block's
+    /// counters and validity in the room.
+    #[test]
+    fn forget_keeps_what_the_flags_and_the_compaction_keep() {
+        let (ramp, m) = (4.0, 5);
+        for (seed, b, n, kind) in [(3, 4, 9, Kind::Float), (4, 5, 40, Kind::Float), (5, 3, 17, Kind::Double)] {
+            let [states, spans, counter, valid] = forget_operands(seed, b, n, 3, kind);
+            let next = &counter + m as f64;
+            let keep = valid.logical_and(&(&spans + ramp - &next).gt(0.0));
+            let (index, kept) = compact_per_stream(&keep);
+            let c = kept.size()[1];
+            let f = forget(&states, &spans, &counter, &valid, ramp, m).unwrap();
+            assert_eq!(f.states.size(), [b, c + m, 3]);
+            assert!(f.states.narrow(1, 0, c).equal(&gather_slots(&states, &index)), "states, seed {seed}");
+            assert!(f.counter.narrow(1, 0, c).equal(&gather_slots(&next, &index)), "counters, seed {seed}");
+            assert!(f.valid.narrow(1, 0, c).equal(&kept), "validity, seed {seed}");
+            let block = -Tensor::arange(m, (kind, tch::Device::Cpu)).unsqueeze(0).expand([b, m], false);
+            assert!(f.counter.narrow(1, c, m).equal(&block), "the room's counters, seed {seed}");
+            assert!(f.valid.narrow(1, c, m).all().int64_value(&[]) == 1, "the room's validity, seed {seed}");
+        }
+        // Nothing kept: only the room.
+        let [states, spans, counter, _] = forget_operands(6, 3, 7, 3, Kind::Float);
+        let none = Tensor::zeros([3, 7], (Kind::Bool, tch::Device::Cpu));
+        let f = forget(&states, &spans, &counter, &none, ramp, m).unwrap();
+        assert_eq!((f.states.size(), f.counter.size()), (vec![3, m, 3], vec![3, m]));
+    }
+
+    #[test]
+    fn forget_refuses_what_it_cannot_delete() {
+        let [states, spans, counter, valid] = forget_operands(7, 3, 6, 3, Kind::Float);
+        let err = |r: Result<Forgotten>| r.err().expect("refused").to_string();
+        let e = err(forget(&states.narrow(1, 0, 5), &spans, &counter, &valid, 4.0, 2));
+        assert!(e.contains("states (b, n, d)"), "{e}");
+        let e = err(forget(&states.copy().set_requires_grad(true), &spans, &counter, &valid, 4.0, 2));
+        assert!(e.contains("detach"), "{e}");
+        let e = err(forget(&states, &spans, &counter.to_kind(Kind::Double), &valid, 4.0, 2));
+        assert!(e.contains("one float kind"), "{e}");
+        let e = err(forget(&states, &spans, &counter, &valid, 4.0, -1));
+        assert!(e.contains("at least 0"), "{e}");
     }
 
     #[test]

@@ -173,6 +173,9 @@ struct Cache {
     /// `m`, written there instead of joining the two in a copy; taken by the first block
     /// that uses it (the compaction on the CPU leaves the room).
     room: Option<Tensor>,
+    /// `(b, c + m)` each: `counter` and `valid` followed by the next block's own, so
+    /// that the block takes them without a concatenation (the GPU's deletion writes them).
+    meta_room: Option<(Tensor, Tensor)>,
 }
 
 /// What a block's attention is computed from: queries `(b, h, m, dh)`, keys and values
@@ -265,6 +268,7 @@ impl ExpireSpan {
             valid: Tensor::ones([b, m], (Kind::Bool, x.device())),
             episode: None,
             room: None,
+            meta_room: None,
         }
     }
 
@@ -302,7 +306,10 @@ impl ExpireSpan {
             }
             None => Tensor::cat(&[&c.states, &x], 1),
         };
-        (states, Tensor::cat(&[&c.counter, &block_counter], 1), Tensor::cat(&[&c.valid, &block_valid], 1))
+        match c.meta_room.take().filter(|(counter, _)| counter.size() == [x.size()[0], cached + m]) {
+            Some((counter, valid)) => (states, counter, valid),
+            None => (states, Tensor::cat(&[&c.counter, &block_counter], 1), Tensor::cat(&[&c.valid, &block_valid], 1)),
+        }
     }
 
     /// The counters `-j` (float) and validity (true) of the memories of a block `x`
@@ -342,6 +349,15 @@ impl ExpireSpan {
         } else {
             spans.shallow_clone()
         }
+    }
+
+    /// Whether a block's deletion runs as one call of [`compact::forget`]: on a GPU with
+    /// lethe's kernels (or their loops on the CPU, [`Self::bias_on_cpu`]), under the
+    /// `stream` policy, spans and counters of one kind. Episodes take the libtorch path.
+    fn forgets_by_kernel(&self, spans: &Tensor, counter: &Tensor) -> Result<bool> {
+        let device = spans.device();
+        let on = self.cfg.fused && (device.is_cuda() || self.bias_on_cpu) && expire_bias::runs_on(device)?;
+        Ok(on && self.cfg.deletion == Deletion::Stream && spans.kind() == counter.kind())
     }
 
     fn span_loss_applies(&self, train: bool) -> bool {
@@ -445,12 +461,27 @@ impl MemoryLayer for ExpireSpan {
             Some(b) => (b.states, b.counter, b.valid),
             None => self.keys_with_meta(x),
         };
-        let counter_next = counter + m as f64;
         let spans = match given {
-            Some(s) if s.size() == counter_next.size() => s,
+            Some(s) if s.size() == counter.size() => s,
             _ => self.spans(&states).detach(),
         };
         let _compaction = profile::phase("deletion");
+        if episodes.is_none() && self.forgets_by_kernel(&spans, &counter)? {
+            let _kernels = profile::phase("kernels");
+            let f = compact::forget(&states, &spans, &counter, &valid, self.cfg.ramp as f64, m)?;
+            let c = f.counter.size()[1] - m;
+            let kept = |t: &Tensor| t.narrow(1, 0, c);
+            self.state = Some(Cache {
+                states: kept(&f.states),
+                counter: kept(&f.counter),
+                valid: kept(&f.valid),
+                episode: None,
+                room: Some(f.states),
+                meta_room: Some((f.counter, f.valid)),
+            });
+            return Ok(());
+        }
+        let counter_next = counter + m as f64;
         let choosing = profile::phase("which to keep");
         let mut keep = self.keep(&spans, &counter_next, &valid, m);
         drop(choosing);
@@ -471,7 +502,7 @@ impl MemoryLayer for ExpireSpan {
                 let (Some(states), Some(counter)) = (slots.next(), slots.next()) else {
                     return Err(LetheError::Invalid("expire-span cache compaction returned too few tensors".into()));
                 };
-                Cache { states, counter, valid: compacted.valid, episode: slots.next(), room }
+                Cache { states, counter, valid: compacted.valid, episode: slots.next(), room, meta_room: None }
             }
             Deletion::Batch | Deletion::Off => {
                 let drop = batch_min_drop(&keep, m);
@@ -484,6 +515,7 @@ impl MemoryLayer for ExpireSpan {
                     valid: narrow(&valid),
                     episode: ids.as_ref().map(narrow),
                     room: None,
+                    meta_room: None,
                 }
             }
         });
@@ -567,8 +599,14 @@ impl MemoryLayer for ExpireSpan {
                 valid.size()
             )));
         }
-        self.state =
-            Some(Cache { states, counter: counter.to_kind(Kind::Float), valid: valid.ne(0), episode, room: None });
+        self.state = Some(Cache {
+            states,
+            counter: counter.to_kind(Kind::Float),
+            valid: valid.ne(0),
+            episode,
+            room: None,
+            meta_room: None,
+        });
         Ok(())
     }
 

@@ -213,27 +213,36 @@ fn fused_attention_equals_the_masked_softmax_with_renormalisation() {
 /// embeddings.
 #[test]
 fn the_fused_layer_equals_the_written_out_one() {
-    layer_equals_written_out(4, 16, 5, Path::Fused);
+    layer_equals_written_out(4, 16, 5, Path::Fused, true);
 }
 
 /// The same over blocks of 150, whose queries the fused path takes in three chunks.
 #[test]
 fn the_fused_layer_in_chunks_equals_the_written_out_one() {
     assert_eq!(causal_chunks(20, 150, QUERY_CHUNK).len(), 3);
-    layer_equals_written_out(150, 40, 41, Path::Fused);
+    layer_equals_written_out(150, 40, 41, Path::Fused, true);
 }
 
 /// The GPU's path, its kernels' arithmetic run on the CPU (one bias node, then the
 /// attention over the whole block), computes what the written-out one does too.
 #[test]
 fn the_bias_layer_equals_the_written_out_one() {
-    layer_equals_written_out(4, 16, 5, Path::Biased);
-    layer_equals_written_out(70, 40, 41, Path::Biased);
+    layer_equals_written_out(4, 16, 5, Path::Biased, true);
+    layer_equals_written_out(70, 40, 41, Path::Biased, true);
+}
+
+/// Without episodes the GPU's path deletes by its kernels too (their loops on the CPU,
+/// `compact::forget`), into a cache with the next block's room written: the same
+/// contexts, gradients and caches as the written-out layer's libtorch compaction.
+#[test]
+fn the_bias_layer_deletes_by_its_kernels_as_the_written_out_one_does() {
+    layer_equals_written_out(4, 16, 5, Path::Biased, false);
+    layer_equals_written_out(70, 40, 41, Path::Biased, false);
 }
 
 /// Blocks of `m`, maximum span `max_span`, `positions` rows of `key_pe`; the second
-/// layer takes `path`.
-fn layer_equals_written_out(m: i64, max_span: usize, positions: i64, path: Path) {
+/// layer takes `path`; with `with_episodes` the rows hold episodes.
+fn layer_equals_written_out(m: i64, max_span: usize, positions: i64, path: Path, with_episodes: bool) {
     use crate::attention::Attention;
     let _seed = lethe_core::rng::seed_torch(5);
     let mut rng = lethe_core::rng::Rng::new(5);
@@ -274,7 +283,7 @@ fn layer_equals_written_out(m: i64, max_span: usize, positions: i64, path: Path)
             attn: &attn,
             key_pe: Some(&key_pe),
             train: true,
-            episodes: Some(&episodes),
+            episodes: with_episodes.then_some(&episodes),
             norm: None,
         };
         assert_eq!((written.path(&input).unwrap(), fused.path(&input).unwrap()), (Path::WrittenOut, path));
@@ -301,10 +310,13 @@ fn layer_equals_written_out(m: i64, max_span: usize, positions: i64, path: Path)
             vec1(&Tensor::from_slice(&fused.report().mem_rows)),
             "step {step}"
         );
-        written.update(&x.detach(), Some(&episodes), a.carry).unwrap();
-        fused.update(&x.detach(), Some(&episodes), b.carry).unwrap();
+        written.update(&x.detach(), with_episodes.then_some(&episodes), a.carry).unwrap();
+        fused.update(&x.detach(), with_episodes.then_some(&episodes), b.carry).unwrap();
         let (sa, sb) = (written.state(), fused.state());
+        assert_eq!(sa.len(), sb.len());
         assert!(sa.iter().zip(&sb).all(|((_, a), (_, b))| a.equal(b)), "step {step}: the caches differ");
+        let by_kernels = fused.state.as_ref().is_some_and(|c| c.meta_room.is_some());
+        assert_eq!(by_kernels, path == Path::Biased && !with_episodes, "step {step}: which deletion ran");
     }
 }
 
