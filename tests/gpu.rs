@@ -156,7 +156,8 @@ fn every_mechanism_computes_on_the_gpu_what_it_computes_on_the_cpu() {
 
 /// Expire-Span's bias kernels (`liblethe_cuda.so`, loaded from beside this binary or
 /// `LETHE_CUDA_KERNELS`) give what the CPU's loops of the same arithmetic give: the
-/// bias, the ramp counts and distances, and the gradients to the positions and spans,
+/// bias, the ramp counts and distances, the span loss, and the gradients to the
+/// positions and spans (the loss's included),
 /// over 70 queries (three query chunks of the backward pass, the last one short) and
 /// keys usable per stream or per query. Under `LETHE_REQUIRE_GPU=1` the library must
 /// load.
@@ -188,16 +189,19 @@ fn expire_span_s_bias_kernels_compute_on_the_gpu_what_the_cpu_does() {
         let run = |device: Device| {
             let pq = positions.to_device(device).set_requires_grad(true);
             let e = spans.to_device(device).set_requires_grad(true);
-            let out = expire_bias(&pq, &e, &counter.to_device(device), &usable.to_device(device), 16.0, true).unwrap();
+            let out =
+                expire_bias(&pq, &e, &counter.to_device(device), &usable.to_device(device), 16.0, Some(0.01)).unwrap();
             let seen = out.bias.isfinite();
-            let objective = (out.bias.where_scalarother(&seen, 0.0) * weights.to_device(device)).sum(Kind::Float);
+            let loss = out.loss.unwrap();
+            let objective =
+                (out.bias.where_scalarother(&seen, 0.0) * weights.to_device(device)).sum(Kind::Float) + &loss;
             let grads = Tensor::run_backward(&[objective], &[&pq, &e], false, false);
             let (counts, distances) = out.ramp.unwrap();
             let cpu = |t: &Tensor| t.to_device(Device::Cpu);
-            (cpu(&out.bias), cpu(&seen), cpu(&counts), cpu(&distances), cpu(&grads[0]), cpu(&grads[1]))
+            (cpu(&out.bias), cpu(&seen), cpu(&counts), cpu(&distances), cpu(&grads[0]), cpu(&grads[1]), cpu(&loss))
         };
-        let (cb, cs, cc, cd, cp, ce) = run(Device::Cpu);
-        let (gb, gs, gc, gd, gp, ge) = run(gpu);
+        let (cb, cs, cc, cd, cp, ce, cl) = run(Device::Cpu);
+        let (gb, gs, gc, gd, gp, ge, gl) = run(gpu);
         assert!(cs.equal(&gs), "the pairs seen");
         let seen = cs.sum(Kind::Int64).int64_value(&[]);
         assert!(seen > 1000 && seen < b * h * m * n - 1000, "the case has pairs seen and not: {seen}");
@@ -205,6 +209,7 @@ fn expire_span_s_bias_kernels_compute_on_the_gpu_what_the_cpu_does() {
         let gaps = [
             ("bias", relative_gap(&finite(&cb), &finite(&gb))),
             ("distances", relative_gap(&cd, &gd)),
+            ("span loss", relative_gap(&cl, &gl)),
             ("positions' gradient", relative_gap(&cp, &gp)),
             ("spans' gradient", relative_gap(&ce, &ge)),
         ];

@@ -1,6 +1,7 @@
 // Expire-Span's attention bias as one autograd node (`lethe_expire_bias`): the soft mask's
-// log and the relative positions for `scaled_dot_product_attention`, the span loss's ramp
-// parts beside them, and a backward pass of its own (csrc/expire_bias.h gives the
+// log and the relative positions for `scaled_dot_product_attention`, the span loss beside
+// them (its ramp parts, and the loss itself, whose gradient to the spans the same
+// backward pass adds), and a backward pass of its own (csrc/expire_bias.h gives the
 // arithmetic). On a GPU it runs the kernels of liblethe_cuda.so, loaded at run time by
 // `lethe_cuda_kernels_load` (lethe links no CUDA library itself, so that one binary runs
 // with or without a GPU); on the CPU the same element functions run in loops, which is
@@ -96,24 +97,30 @@ void launch(lethe_cuda_bias_fn f, const lethe_cuda_bias_args& a) {
 }
 
 struct ExpireBias : public torch::autograd::Function<ExpireBias> {
+  // `loss_scale` > 0 (with `stats`): the span loss times it too, as a fourth output.
   static variable_list forward(AutogradContext* ctx, const at::Tensor& pq_in, const at::Tensor& spans_in,
-                               const at::Tensor& counter_in, const at::Tensor& usable_in, double ramp, bool stats) {
+                               const at::Tensor& counter_in, const at::Tensor& usable_in, double ramp, bool stats,
+                               double loss_scale) {
     const auto pq = pq_in.contiguous(), spans = spans_in.contiguous(), counter = counter_in.contiguous(),
                usable = usable_in.contiguous();
     check(pq, spans, counter, usable);
     const lethe_bias::Shape s = shape_of(pq, spans, usable);
+    const bool loss = stats && loss_scale > 0.0;
     const int64_t row = aligned_row(s.n);
     auto rows = at::empty({s.b, s.h, s.m, row}, pq.options());
     if (row > s.n) rows.narrow(3, s.n, row - s.n).zero_();  // never read, but not garbage
     auto bias = rows.narrow(3, 0, s.n);
     auto counts = at::empty({stats ? s.b : 0, s.n}, spans.options());
     auto distances = at::empty({stats ? s.b : 0, s.n}, spans.options().dtype(at::kDouble));
+    auto loss_out = loss ? at::empty({}, spans.options()) : at::empty({0}, spans.options());
     if (pq.is_cuda()) {
       auto a = cuda_args(s, pq, spans, counter, usable, ramp);
       a.bias = bias.data_ptr();
       a.bias_row = row;
       a.counts = stats ? counts.data_ptr() : nullptr;
       a.distances = stats ? distances.data_ptr<double>() : nullptr;
+      a.loss = loss ? loss_out.data_ptr() : nullptr;
+      a.loss_scale = loss_scale;
       launch(lethe::cuda_kernels().bias_forward, a);
     } else {
       AT_DISPATCH_FLOATING_TYPES(spans.scalar_type(), "expire_bias", [&] {
@@ -128,24 +135,30 @@ struct ExpireBias : public torch::autograd::Function<ExpireBias> {
         at::parallel_for(0, s.b * s.n, 64, [&](int64_t i0, int64_t i1) {
           for (int64_t i = i0; i < i1; ++i) lethe_bias::ramp_at(s, o, i, c, d);
         });
+        if (!loss) return;
+        double total = 0.0;
+        for (int64_t i = 0; i < s.b * s.n; ++i) total += lethe_bias::loss_term(o.spans, c, d, i);
+        *loss_out.data_ptr<scalar_t>() = scalar_t(total / static_cast<double>(s.b) * loss_scale);
       });
     }
-    ctx->save_for_backward({spans, counter, usable});
+    ctx->save_for_backward({spans, counter, usable, counts});
     ctx->saved_data["h"] = s.h;
     ctx->saved_data["p"] = s.p;
     ctx->saved_data["ramp"] = ramp;
+    ctx->saved_data["loss_scale"] = loss ? loss_scale : 0.0;
     ctx->mark_non_differentiable({counts, distances});
-    // Per stream, the distances' sum, as the span loss takes it (no launch without stats).
-    return {bias, counts, stats ? distances.sum(1) : at::empty({0}, distances.options())};
+    return {bias, counts, distances, loss_out};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const auto &spans = saved[0], &counter = saved[1], &usable = saved[2];
+    const auto &spans = saved[0], &counter = saved[1], &usable = saved[2], &counts = saved[3];
     at::Tensor grad;
     int64_t grad_row = 0;
     std::tie(grad, grad_row) = rows_of(grads[0]);
-    const double ramp = ctx->saved_data["ramp"].toDouble();
+    const double ramp = ctx->saved_data["ramp"].toDouble(), loss_scale = ctx->saved_data["loss_scale"].toDouble();
+    // The span loss's gradient, when the loss was computed and taken.
+    const at::Tensor loss_grad = loss_scale > 0.0 && grads[3].defined() ? grads[3].contiguous() : at::Tensor();
     const lethe_bias::Shape s{grad.size(0), grad.size(1), grad.size(2), grad.size(3),
                               ctx->saved_data["p"].toInt(), usable.size(1)};
     auto grad_pq = at::zeros({s.b, s.h, s.m, s.p}, grad.options());
@@ -156,19 +169,25 @@ struct ExpireBias : public torch::autograd::Function<ExpireBias> {
       a.grad_row = grad_row;
       a.grad_pq = grad_pq.data_ptr();
       a.partial = partial.data_ptr();
+      a.counts = loss_grad.defined() ? counts.data_ptr() : nullptr;
+      a.loss_grad = loss_grad.defined() ? loss_grad.data_ptr() : nullptr;
+      a.loss_scale = loss_scale;
       launch(lethe::cuda_kernels().bias_backward, a);
     } else {
       AT_DISPATCH_FLOATING_TYPES(grad.scalar_type(), "expire_bias_backward", [&] {
         const auto o = operands_of<scalar_t>(at::Tensor(), spans, counter, usable, ramp);
+        const lethe_bias::LossGrad<scalar_t> loss{loss_grad.defined() ? counts.data_ptr<scalar_t>() : nullptr,
+                                                  loss_grad.defined() ? loss_grad.data_ptr<scalar_t>() : nullptr,
+                                                  loss_scale};
         const scalar_t* g = grad.data_ptr<scalar_t>();
         scalar_t *gp = grad_pq.data_ptr<scalar_t>(), *part = partial.data_ptr<scalar_t>();
         // One task per (stream, head, query chunk): the rows of grad_pq it adds to are its own.
         at::parallel_for(0, s.b * s.h * s.query_chunks(), 1, [&](int64_t t0, int64_t t1) {
-          for (int64_t i = t0 * s.n; i < t1 * s.n; ++i) lethe_bias::backward_at(s, o, g, grad_row, gp, part, i);
+          for (int64_t i = t0 * s.n; i < t1 * s.n; ++i) lethe_bias::backward_at(s, o, g, grad_row, gp, part, loss, i);
         });
       });
     }
-    return {grad_pq, partial.sum(1), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_pq, partial.sum(1), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -186,14 +205,16 @@ const lethe::CudaKernels& lethe::cuda_kernels() {
 extern "C" {
 
 // Expire-Span's attention bias (b, h, m, n) from the operands (`width` unused), with
-// gradient to the positions and the spans; with `stats` 1 the ramp counts (b, n) and the
-// ramp's distance sums (b, double) as lethe_expire_scores gives them, else both empty.
-// Writes the three to `out`. On a GPU, lethe_cuda_kernels_load must have succeeded.
-int lethe_expire_bias(const lethe_expire_operands* o, int stats, lethe_tensor* out, char** error) {
+// gradient to the positions and the spans; with `stats` 1 the ramp counts (b, n) and each
+// key's ramp distances (b, n, double), else both empty; with `stats` 1 and `loss_scale`
+// > 0 the span loss times `loss_scale` (one value, with gradient to the spans), else
+// empty. Writes the four to `out`. On a GPU, lethe_cuda_kernels_load must have succeeded.
+int lethe_expire_bias(const lethe_expire_operands* o, int stats, double loss_scale, lethe_tensor* out, char** error) {
   return lethe::guarded(error, [&] {
     auto t = [](void* x) -> const at::Tensor& { return *static_cast<at::Tensor*>(x); };
-    auto result = ExpireBias::apply(t(o->pq), t(o->spans), t(o->counter), t(o->usable), o->ramp, stats != 0);
-    for (size_t k = 0; k < 3; ++k) out[k] = new at::Tensor(std::move(result[k]));
+    auto result =
+        ExpireBias::apply(t(o->pq), t(o->spans), t(o->counter), t(o->usable), o->ramp, stats != 0, loss_scale);
+    for (size_t k = 0; k < 4; ++k) out[k] = new at::Tensor(std::move(result[k]));
   });
 }
 

@@ -96,7 +96,9 @@ LETHE_HD T bias_at(const Shape& s, const Operands<T>& o, int64_t i) {
 }
 
 // The span loss's parts for key `i` of (b, n): how many queries see it on the ramp
-// (0 < m < 1) and the sum of their distances.
+// (0 < m < 1) and the sum of their distances. The loss (4.2) is then
+//   scale * mean over streams of sum over keys of (e[k] counts[k] - distances[k]),
+// scale = alpha / (R M), the sums in double: [`loss_term`] of every key, added up.
 template <typename T>
 LETHE_HD void ramp_at(const Shape& s, const Operands<T>& o, int64_t i, T* counts, double* distances) {
   const int64_t b = i / s.n, k = i % s.n;
@@ -113,6 +115,23 @@ LETHE_HD void ramp_at(const Shape& s, const Operands<T>& o, int64_t i, T* counts
   distances[i] = total;
 }
 
+// Key `i`'s share of the span loss's sum: `e counts` (in T, as the written-out path
+// multiplies) less its distances, in double.
+template <typename T>
+LETHE_HD double loss_term(const T* spans, const T* counts, const double* distances, int64_t i) {
+  return static_cast<double>(spans[i] * counts[i]) - distances[i];
+}
+
+// What the span loss adds to the spans' gradient in the backward pass: `grad` (one value,
+// the loss's gradient; null when the loss is not taken) times `scale`, over the streams,
+// times each key's ramp count, added by the first head's first query chunk of the key.
+template <typename T>
+struct LossGrad {
+  const T* counts;  // (b, n)
+  const T* grad;
+  double scale;
+};
+
 template <typename T>
 LETHE_HD void add_to(T* at, T value) {
 #ifdef __CUDA_ARCH__
@@ -125,10 +144,11 @@ LETHE_HD void add_to(T* at, T value) {
 // The backward pass of element `i` of (b, h, query chunks, n): key k, head h, the
 // queries of one chunk. Adds each seen pair's gradient `grad` (b, h, m, n; rows
 // `grad_row` apart) to its distance's entry of `grad_pq` (b, h, m, P), zero at the start,
-// and writes the span's gradient summed over the chunk's queries to `partial[i]`.
+// and writes the span's gradient summed over the chunk's queries to `partial[i]`, the
+// span loss's (`loss`) in the first head's first chunk.
 template <typename T>
 LETHE_HD void backward_at(const Shape& s, const Operands<T>& o, const T* grad, int64_t grad_row, T* grad_pq, T* partial,
-                          int64_t i) {
+                          const LossGrad<T>& loss, int64_t i) {
   const int64_t k = i % s.n, rest = i / s.n;
   const int64_t chunk = rest % s.query_chunks(), bh = rest / s.query_chunks(), b = bh / s.h;
   const int64_t first = chunk * QUERY_CHUNK, last = first + QUERY_CHUNK < s.m ? first + QUERY_CHUNK : s.m;
@@ -140,6 +160,11 @@ LETHE_HD void backward_at(const Shape& s, const Operands<T>& o, const T* grad, i
     const T g = grad[row * grad_row + k];
     if (p.dist < T(s.p)) add_to(grad_pq + row * s.p + static_cast<int64_t>(p.dist), g);
     if (p.raw <= T(1) && p.mask >= mask_floor<T>()) span_grad += g / p.mask / o.ramp;
+  }
+  if (loss.grad != nullptr && chunk == 0 && bh % s.h == 0) {
+    // As the written-out loss's backward pass rounds: (g scale) / b in double, then in T.
+    const T per_count = T(static_cast<double>(*loss.grad) * loss.scale / static_cast<double>(s.b));
+    span_grad += loss.counts[b * s.n + k] * per_count;
   }
   partial[i] = span_grad;
 }
@@ -158,9 +183,11 @@ extern "C" {
 
 // One call's shape, operands and outputs, all device pointers, in float (`is_double` 0)
 // or double. Forward: `bias` (b, h, m, n; rows `bias_row` elements apart), and `counts`
-// (b, n) and `distances` (b, n, double) when not null. Backward: `grad` (b, h, m, n; rows
+// (b, n) and `distances` (b, n, double) when not null, and with them the span loss times
+// `loss_scale` in `loss` (one value) when not null. Backward: `grad` (b, h, m, n; rows
 // `grad_row` apart) in, `grad_pq` (b, h, m, P), zero on entry, and `partial` (b, h, query
-// chunks, n) out.
+// chunks, n) out; with `loss_grad` (one value) not null, the span loss's part from it,
+// `counts` and `loss_scale`.
 typedef struct lethe_cuda_bias_args {
   int device;  // the GPU the tensors are on
   int64_t b, h, m, n, p, u;
@@ -178,6 +205,9 @@ typedef struct lethe_cuda_bias_args {
   int64_t grad_row;
   void* grad_pq;
   void* partial;
+  void* loss;
+  const void* loss_grad;
+  double loss_scale;
 } lethe_cuda_bias_args;
 
 // Each launches its kernels on `device`'s default stream (libtorch's) and returns 0, or a CUDA

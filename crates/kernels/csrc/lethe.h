@@ -141,9 +141,11 @@ int lethe_expire_attend(const lethe_expire_attend_args* args, lethe_tensor* out,
 
 // The bias (b, h, m, n) for scaled_dot_product_attention, `ln m` plus the positions where
 // a query sees a key and -inf elsewhere, with gradient to `pq` and the spans; with
-// `stats` 1 also the ramp counts (b, n) and distance sums (b, double), else two empty
-// tensors. Writes the three to `out`. On the CPU the GPU kernels' arithmetic runs in loops.
-int lethe_expire_bias(const lethe_expire_operands* ops, int stats, lethe_tensor* out, char** error);
+// `stats` 1 also the ramp counts (b, n) and each key's ramp distances (b, n, double), else
+// two empty tensors; with `stats` 1 and `loss_scale` > 0 the span loss times it (one
+// value, with gradient to the spans), else an empty tensor. Writes the four to `out`. On
+// the CPU the GPU kernels' arithmetic runs in loops.
+int lethe_expire_bias(const lethe_expire_operands* ops, int stats, double loss_scale, lethe_tensor* out, char** error);
 
 // ---- Expire-Span's deletion after a block, the GPU's path (expire_forget.cpp) ----------
 

@@ -164,6 +164,7 @@ extern "C" {
     pub fn lethe_expire_bias(
         ops: *const ExpireOperands,
         stats: c_int,
+        loss_scale: f64,
         out: *mut RawTensor,
         error: *mut *mut c_char,
     ) -> c_int;

@@ -1,9 +1,9 @@
 //! Expire-Span's attention bias in one autograd node (`csrc/expire_bias.cpp`), the GPU's
 //! path: the soft mask of Eq. 5 applied after the softmax with renormalisation (Eq. 4)
 //! as the additive bias `ln m`, the relative positions (A.1) beside it, and the ramp
-//! counts of the span loss (4.2), for libtorch's `scaled_dot_product_attention`. On a
-//! GPU three CUDA kernels (`csrc/cuda/expire_bias.cu`, in `liblethe_cuda.so`) take the
-//! place of about thirty libtorch operations on `(b, m, n)` and `(b, h, m, n)` tensors
+//! span loss (4.2) with its ramp counts, for libtorch's `scaled_dot_product_attention`.
+//! On a GPU four CUDA kernels (`csrc/cuda/expire_bias.cu`, in `liblethe_cuda.so`) take
+//! the place of about forty libtorch operations on `(b, m, n)` and `(b, h, m, n)` tensors
 //! and their backward passes; on the CPU the same element functions
 //! (`csrc/expire_bias.h`) run in loops, which is how the tests check the kernels'
 //! arithmetic without a GPU.
@@ -33,28 +33,32 @@ pub struct Bias {
     /// `(b, h, m, n)`: `ln m + positions` where a query sees a key, `-inf` elsewhere; with
     /// gradient to the positions and the spans.
     pub bias: Tensor,
-    /// With `stats`: per key, how many queries see it on the ramp `(b, n)`, and per
-    /// stream the sum of their distances `(b)`, double (as
-    /// [`super::expire::ramp_loss_of_counts`] takes them); no gradient.
+    /// With `loss`: per key, how many queries see it on the ramp `(b, n)`, and the sum of
+    /// their distances `(b, n)`, double; no gradient.
     pub ramp: Option<(Tensor, Tensor)>,
+    /// With `loss`: the span loss times the scale asked for, `scale * mean over streams of
+    /// sum over keys of (e counts - distances)` (one value, the spans' kind), with
+    /// gradient to the spans ([`super::expire::ramp_loss_of_counts`] from the same parts).
+    pub loss: Option<Tensor>,
 }
 
 /// The bias of `m` queries over `n` keys: `positions` `(b, h, m, P)` (`q·key_pe[d] /
 /// sqrt(dh)` for distances `d < P`), the spans `(b, n)` the mask uses, each key's
 /// distance to the first query `counter` `(b, n)`, the keys each query may use `usable`
-/// `(b, 1, n)` or `(b, m, n)`, the ramp `R`; `stats` for the span loss's parts. Float or
-/// double, on the CPU or (once [`load_kernels`] has found the library) a GPU.
+/// `(b, 1, n)` or `(b, m, n)`, the ramp `R`; `loss`: the span loss's scale, `alpha / (R
+/// M)` (then the loss and its parts come back too; a scale of 0 gives the parts alone).
+/// Float or double, on the CPU or (once [`load_kernels`] has found the library) a GPU.
 pub fn expire_bias(
     positions: &Tensor,
     spans: &Tensor,
     counter: &Tensor,
     usable: &Tensor,
     ramp: f64,
-    stats: bool,
+    loss: Option<f64>,
 ) -> Result<Bias> {
-    let mut out: [*mut c_void; 3] = [std::ptr::null_mut(); 3];
+    let mut out: [*mut c_void; 4] = [std::ptr::null_mut(); 4];
     // SAFETY: each pointer is a live `at::Tensor*` owned by its `Tensor` for the call (the
-    // node reads them only); on success it writes three new `at::Tensor*`, which
+    // node reads them only); on success it writes four new `at::Tensor*`, which
     // `ffi::tensor` takes over.
     lethe_kernels::call("expire-span bias", |error| unsafe {
         let ops = ExpireOperands {
@@ -65,11 +69,12 @@ pub fn expire_bias(
             ramp,
             width: 0,
         };
-        lethe_expire_bias(&ops, c_int::from(stats), out.as_mut_ptr(), error)
+        lethe_expire_bias(&ops, c_int::from(loss.is_some()), loss.unwrap_or(0.0), out.as_mut_ptr(), error)
     })?;
     // SAFETY: see above; each pointer is taken over once.
-    let [bias, counts, distances] = out.map(|p| unsafe { lethe_kernels::tensor(p) });
-    Ok(Bias { bias, ramp: stats.then_some((counts, distances)) })
+    let [bias, counts, distances, value] = out.map(|p| unsafe { lethe_kernels::tensor(p) });
+    let value = loss.filter(|&scale| scale > 0.0).map(|_| value);
+    Ok(Bias { bias, ramp: loss.map(|_| (counts, distances)), loss: value })
 }
 
 /// Whether [`expire_bias`] runs on `device`: always on the CPU; on a GPU once the kernels

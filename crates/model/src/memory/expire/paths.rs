@@ -180,8 +180,8 @@ impl ExpireSpan {
         Ok((context, loss))
     }
 
-    /// [`Self::attend_written_out`] with the mask's log, the positions and the ramp counts
-    /// from one autograd node ([`expire_bias`]: three CUDA kernels on a GPU), then
+    /// [`Self::attend_written_out`] with the mask's log, the positions and the span loss
+    /// from one autograd node ([`expire_bias`]: four CUDA kernels on a GPU), then
     /// libtorch's fused attention over the whole block with that bias.
     pub(super) fn attend_biased(&self, p: &Operands, input: &AttendInput) -> Result<(Tensor, Option<Tensor>, Seen)> {
         let (m, ramp) = (input.x.size()[1], self.cfg.ramp as f64);
@@ -189,17 +189,13 @@ impl ExpireSpan {
         let scaled = p.q / (p.q.size()[3] as f64).sqrt();
         let positions = scaled.matmul(&p.key_pe.tr()); // (b, h, m, P)
         let counter = p.counter.to_kind(p.q.kind());
-        let loss = self.span_loss_applies(input.train);
+        // The span loss's `alpha / (R M)`, M the block's length.
+        let loss = self.span_loss_applies(input.train).then(|| self.cfg.alpha / ramp / m as f64);
         let bias = expire_bias::expire_bias(&positions, p.spans, &counter, p.usable, ramp, loss)?; // (b, h, m, n)
         drop(scoring);
-        let mixing = profile::phase("attention");
+        let _mixing = profile::phase("attention");
         let context = attention::attend(p.q, p.k, p.v, &bias.bias, input.attn.dropout, input.train);
-        drop(mixing);
-        let _loss = profile::phase("span loss");
-        let aux = bias
-            .ramp
-            .map(|(counts, distances)| ramp_loss_of_counts(p.spans, &counts, &distances, ramp, m, self.cfg.alpha));
-        Ok((context, aux, Seen::Spans { spans: p.spans.detach(), usable: p.usable.shallow_clone(), ramp }))
+        Ok((context, bias.loss, Seen::Spans { spans: p.spans.detach(), usable: p.usable.shallow_clone(), ramp }))
     }
 
     /// Which path computes a block's attention: with `memory.expire.fused`, the fused

@@ -38,13 +38,13 @@ fn case(m: i64, n: i64, p: i64, per_query: bool, kind: Kind) -> Case {
     Case { positions, spans, counter, usable, ramp: 3.0, p }
 }
 
-/// What the bias, the ramp counts and the distance sums are, pair by pair, as plain
-/// arithmetic on numbers read out of the tensors (Eq. 4-5, A.1).
+/// What the bias, the ramp counts and each key's ramp distances are, pair by pair, as
+/// plain arithmetic on numbers read out of the tensors (Eq. 4-5, A.1).
 fn by_hand(c: &Case) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     let (b, h, m, p) = (c.positions.size()[0], c.positions.size()[1], c.positions.size()[2], c.p);
     let n = c.spans.size()[1];
     let u = c.usable.size()[1];
-    let (mut bias, mut counts, mut distances) = (vec![], vec![0.0; (b * n) as usize], vec![0.0; b as usize]);
+    let (mut bias, mut counts, mut distances) = (vec![], vec![0.0; (b * n) as usize], vec![0.0; (b * n) as usize]);
     for s in 0..b {
         for head in 0..h {
             for q in 0..m {
@@ -61,7 +61,7 @@ fn by_hand(c: &Case) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
                     bias.push(mask.ln() + position);
                     if head == 0 && mask < 1.0 {
                         counts[(s * n + k) as usize] += 1.0;
-                        distances[s as usize] += dist;
+                        distances[(s * n + k) as usize] += dist;
                     }
                 }
             }
@@ -75,14 +75,16 @@ fn values(t: &Tensor) -> Vec<f64> {
 }
 
 /// Each entry of the bias is the mask's log plus the position term where the key is
-/// seen, `-inf` where it is not (not usable, later than the query, expired), and the ramp
-/// counts and distances count the pairs seen with `0 < m < 1`: keys per stream and per
-/// query, some beyond the position rows.
+/// seen, `-inf` where it is not (not usable, later than the query, expired), the ramp
+/// counts and distances count the pairs seen with `0 < m < 1`, and the span loss is
+/// `scale * mean over streams of sum over the ramp pairs of r = e - dist` (4.2): keys per
+/// stream and per query, some beyond the position rows.
 #[test]
-fn the_bias_and_the_ramp_parts_are_what_the_paper_defines() {
+fn the_bias_and_the_span_loss_are_what_the_paper_defines() {
     for per_query in [false, true] {
         let c = case(5, 12, 4, per_query, Kind::Double);
-        let out = expire_bias(&c.positions, &c.spans, &c.counter, &c.usable, c.ramp, true).unwrap();
+        let scale = 0.37;
+        let out = expire_bias(&c.positions, &c.spans, &c.counter, &c.usable, c.ramp, Some(scale)).unwrap();
         let (bias, counts, distances) = by_hand(&c);
         let got = values(&out.bias);
         assert_eq!(got.len(), bias.len());
@@ -95,18 +97,30 @@ fn the_bias_and_the_ramp_parts_are_what_the_paper_defines() {
         assert!(counts.iter().any(|&x| x > 0.0), "some keys are on the ramp");
         assert_eq!(values(&c_got), counts);
         assert_eq!(values(&d_got), distances);
+        let spans = values(&c.spans);
+        let by_ramp: f64 = spans.iter().zip(&counts).zip(&distances).map(|((e, c), d)| e * c - d).sum();
+        let loss = out.loss.expect("asked for").double_value(&[]);
+        let expected = scale * by_ramp / 2.0;
+        assert!(
+            expected != 0.0 && (loss - expected).abs() < 1e-12 * expected.abs(),
+            "loss {loss} against {expected} by hand"
+        );
     }
+    // A scale of 0: the parts without the loss.
+    let c = case(5, 12, 4, false, Kind::Double);
+    let out = expire_bias(&c.positions, &c.spans, &c.counter, &c.usable, c.ramp, Some(0.0)).unwrap();
+    assert!(out.ramp.is_some() && out.loss.is_none());
 }
 
-/// Without `stats` no ramp parts come back; in float the bias is the double one's,
+/// Without a loss no ramp parts come back; in float the bias is the double one's,
 /// rounded.
 #[test]
 fn float_follows_double_and_stats_are_optional() {
     let d = case(6, 15, 5, false, Kind::Double);
     let f = case(6, 15, 5, false, Kind::Float);
-    let bd = expire_bias(&d.positions, &d.spans, &d.counter, &d.usable, d.ramp, false).unwrap();
-    let bf = expire_bias(&f.positions, &f.spans, &f.counter, &f.usable, f.ramp, false).unwrap();
-    assert!(bd.ramp.is_none() && bf.ramp.is_none());
+    let bd = expire_bias(&d.positions, &d.spans, &d.counter, &d.usable, d.ramp, None).unwrap();
+    let bf = expire_bias(&f.positions, &f.spans, &f.counter, &f.usable, f.ramp, None).unwrap();
+    assert!(bd.ramp.is_none() && bf.ramp.is_none() && bd.loss.is_none());
     assert_eq!(bf.bias.kind(), Kind::Float);
     let (a, b) = (values(&bd.bias), values(&bf.bias));
     for (x, y) in a.iter().zip(&b) {
@@ -115,20 +129,21 @@ fn float_follows_double_and_stats_are_optional() {
 }
 
 /// The backward pass against central finite differences, in double: the gradient of
-/// `sum(w * bias)` over the seen pairs to every position score and every span.
+/// `sum(w * bias)` over the seen pairs, plus the span loss, to every position score and
+/// every span.
 #[test]
 fn the_gradients_match_finite_differences() {
     for per_query in [false, true] {
         let c = case(4, 10, 3, per_query, Kind::Double);
         let positions = c.positions.set_requires_grad(true);
         let spans = c.spans.set_requires_grad(true);
-        let first = expire_bias(&positions, &spans, &c.counter, &c.usable, c.ramp, false).unwrap().bias;
+        let first = expire_bias(&positions, &spans, &c.counter, &c.usable, c.ramp, None).unwrap().bias;
         let seen = first.isfinite().detach();
         let weights =
             lethe_core::rng::Rng::new(3).normal_tensor(&first.size(), Kind::Double) * seen.to_kind(Kind::Double);
         let objective = |pq: &Tensor, e: &Tensor| {
-            let bias = expire_bias(pq, e, &c.counter, &c.usable, c.ramp, false).unwrap().bias;
-            (bias.where_scalarother(&seen, 0.0) * &weights).sum(Kind::Double)
+            let out = expire_bias(pq, e, &c.counter, &c.usable, c.ramp, Some(0.8)).unwrap();
+            (out.bias.where_scalarother(&seen, 0.0) * &weights).sum(Kind::Double) + out.loss.expect("asked for")
         };
         let grads = Tensor::run_backward(&[objective(&positions, &spans)], &[&positions, &spans], false, false);
         let eps = 1e-6;
@@ -163,11 +178,11 @@ fn the_gradients_match_finite_differences() {
 #[test]
 fn mismatched_operands_are_refused() {
     let c = case(4, 10, 3, false, Kind::Double);
-    let error = expire_bias(&c.positions, &c.spans.to_kind(Kind::Float), &c.counter, &c.usable, c.ramp, false)
+    let error = expire_bias(&c.positions, &c.spans.to_kind(Kind::Float), &c.counter, &c.usable, c.ramp, None)
         .err()
         .expect("kinds differ");
     assert!(error.to_string().contains("one float kind"), "{error}");
-    let error = expire_bias(&c.positions, &c.spans.narrow(1, 0, 9), &c.counter, &c.usable, c.ramp, false)
+    let error = expire_bias(&c.positions, &c.spans.narrow(1, 0, 9), &c.counter, &c.usable, c.ramp, None)
         .err()
         .expect("shapes differ");
     assert!(error.to_string().contains("expire-span bias"), "{error}");
@@ -198,7 +213,7 @@ fn a_library_that_is_not_these_kernels_is_refused() {
         .expect("the C++ compiler that builds lethe's C++");
     assert!(built.success());
     let error = load(&other).expect_err("another ABI").to_string();
-    assert!(error.contains("ABI 99, expected 1") && error.contains("scripts/build-cuda.sh"), "{error}");
+    assert!(error.contains("ABI 99, expected 2") && error.contains("scripts/build-cuda.sh"), "{error}");
     let text = dir.path().join("liblethe_cuda.so");
     std::fs::write(&text, "not a library").unwrap();
     let error = load(&text).expect_err("no library").to_string();
