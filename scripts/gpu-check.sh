@@ -25,10 +25,11 @@
 #                                        there: the GPU tests, then enwik8-tiny at
 #                                        equal memory in turns with the binaries of DIR
 #                                        and of BEFORE (another pack, its lethe and
-#                                        liblethe_cuda.so) alternately, twice, each
-#                                        build's Expire-Span step profiled, and the
-#                                        Table-4 analogue's Transformer-XL and
-#                                        Expire-Span rows with DIR's; about 6 minutes
+#                                        liblethe_cuda.so) alternately, three times,
+#                                        each build's steps profiled, DIR's traced
+#                                        (OUT/trace-tiny.txt), the Table-4 analogue's
+#                                        Transformer-XL and Expire-Span rows with DIR's
+#                                        and Expire-Span's with BEFORE's; 4 minutes
 #
 # `run` uses the libtorch of the `python3` there (torch 2.11.0, the version lethe is
 # built against; a CUDA build of it) through LD_LIBRARY_PATH. A GPU's memory in use is
@@ -191,8 +192,9 @@ CONFIGS
 
 # A change to Expire-Span's GPU path against the pack before it, on one machine: enwik8-tiny
 # at equal memory (Transformer-XL 108 and Expire-Span 1024, in turns within each bench)
-# with the two builds alternately, each build's Expire-Span step profiled, then the
-# paper-size Transformer-XL and Expire-Span rows of the Table-4 analogue with the new one.
+# with the two builds alternately, each build's steps profiled and the new one's traced,
+# then the paper-size Transformer-XL and Expire-Span rows of the Table-4 analogue with
+# the new build, and Expire-Span's with the old.
 deletion() {
     local dir out before
     on_gpu_machine "$1" "$3"
@@ -204,23 +206,34 @@ deletion() {
     echo "== $(date +%T) the GPU tests (tests/gpu.rs)" | tee -a "$log"
     LETHE_REQUIRE_GPU=1 timeout 150 "$dir/gpu-tests" --nocapture --test-threads 1 2>&1 | tee -a "$log"
     local round build lethe
-    for round in 1 2; do
+    for round in 1 2 3; do
         for build in before after; do
             lethe=$dir/lethe
             [ $build = before ] && lethe=$before/lethe
             echo "== $(date +%T) round $round, $build: enwik8-tiny at equal memory, in turns" | tee -a "$log"
-            timeout 60 "$lethe" bench -p enwik8-tiny --device cuda --bench-steps 5 --rounds 10 \
+            timeout 60 "$lethe" bench -p enwik8-tiny --device cuda --bench-steps 20 --rounds 10 \
                 --mechanism fixed:108 --mechanism expire:1024 --out "$work/tiny-$build" </dev/null 2>&1 |
                 grep -v '^round ' | tee -a "$log"
         done
     done
+    local mechanism
     for build in before after; do
         lethe=$dir/lethe
         [ $build = before ] && lethe=$before/lethe
-        echo "== $(date +%T) $build: where an Expire-Span step goes at enwik8-tiny (--profile)" | tee -a "$log"
-        timeout 45 "$lethe" bench -p enwik8-tiny --device cuda --bench-steps 20 --profile --mechanism expire:1024 \
-            --out "$work/profile-$build" </dev/null 2>&1 | grep -v '^wrote ' | tee -a "$log"
+        for mechanism in fixed:108 expire:1024; do
+            echo "== $(date +%T) $build: where a $mechanism step goes at enwik8-tiny (--profile)" | tee -a "$log"
+            timeout 45 "$lethe" bench -p enwik8-tiny --device cuda --bench-steps 20 --profile --mechanism $mechanism \
+                --out "$work/profile-$build" </dev/null 2>&1 | grep -v '^wrote ' | tee -a "$log"
+        done
     done
+    echo "== $(date +%T) after: both steps traced, summed per operation (scripts/trace-summary.py)" | tee -a "$log"
+    for mechanism in fixed:108 expire:1024; do
+        timeout 60 "$dir/lethe" bench -p enwik8-tiny --device cuda --bench-steps 10 --profile --trace \
+            --mechanism $mechanism --out "$work/trace" </dev/null >/dev/null 2>&1
+    done
+    python3 scripts/trace-summary.py "$work"/trace/enwik8-tiny/trace-fixed-108-s1.json \
+        "$work"/trace/enwik8-tiny/trace-expire-1024-s1.json --steps 10 --top 70 >"$out/trace-tiny.txt" 2>&1
+    head -n 40 "$out/trace-tiny.txt" | tee -a "$log"
     local name preset mechanism extra sampler
     while read -r name preset mechanism extra; do
         echo "== $(date +%T) $name: -p $preset --mechanism $mechanism $extra" | tee -a "$log"
@@ -235,6 +248,10 @@ deletion() {
 xl-1024 enwik8-12l fixed:1024
 expire-16k enwik8-expire-12l expire:16384 --set memory.expire.init_fraction=0.05
 CONFIGS
+    echo "== $(date +%T) before: expire-16k" | tee -a "$log"
+    timeout 120 "$before/lethe" bench -p enwik8-expire-12l --device cuda --bench-steps 2 --warmup 1 --frozen \
+        --mechanism expire:16384 --set memory.expire.init_fraction=0.05 --out "$work/bench-before" </dev/null 2>&1 |
+        grep -v '^streamed ' | tee -a "$log"
     echo "== $(date +%T) done" | tee -a "$log"
 }
 

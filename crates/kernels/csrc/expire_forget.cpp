@@ -1,7 +1,6 @@
 // Expire-Span's deletion after a block in one call (`lethe_expire_forget`): which memories
 // of `[cache, block]` the next block still sees, every stream's kept ones right-aligned
-// in a new cache, and room after them for the next block with its counters and validity
-// written (csrc/expire_forget.h gives the arithmetic). On a GPU it runs the two kernels of
+// in a new cache, and the next block's counters and validity written after theirs (csrc/expire_forget.h gives the arithmetic). On a GPU it runs the two kernels of
 // liblethe_cuda.so and reads back one number, the most any stream keeps; on the CPU the
 // same element functions run in loops, which is how the tests check the kernels'
 // arithmetic without a GPU (the CPU's own training path is csrc/compact.cpp).
@@ -87,7 +86,7 @@ std::vector<at::Tensor> forget(const at::Tensor& states_in, const at::Tensor& sp
     });
   }
   std::vector<int64_t> sizes = states.sizes().vec();
-  sizes[1] = c + m;
+  sizes[1] = c;
   auto states_out = at::empty(sizes, states.options());
   auto counter_out = at::empty({b, c + m}, counter.options());
   auto valid_out = at::empty({b, c + m}, valid.options());
@@ -117,9 +116,8 @@ std::vector<at::Tensor> forget(const at::Tensor& states_in, const at::Tensor& sp
 extern "C" {
 
 // After a block of `m`: `states` (b, n, d) of `[cache, block]` (no gradient), the spans
-// its memories were given, their counters and validity (b, n). Writes the new cache with
-// room for the next block to `out`: states (b, c + m, d), the room unwritten; counters
-// and validity (b, c + m), the room's the next block's. On a GPU,
+// its memories were given, their counters and validity (b, n). Writes the new cache to
+// `out`: states (b, c, d); counters and validity (b, c + m), the last m the next block's. On a GPU,
 // lethe_cuda_kernels_load must have succeeded.
 int lethe_expire_forget(lethe_tensor states, lethe_tensor spans, lethe_tensor counter, lethe_tensor valid, double ramp,
                         int64_t m, lethe_tensor* out, char** error) {

@@ -12,8 +12,9 @@
 // memories. Every stream's kept slots go after its dropped ones, each in order (what a
 // stable sort of the flags gives); the last `c` of that arrangement, `c` the most any
 // stream keeps, are the new cache: right-aligned, padded on the left with the stream's
-// last dropped slots. After them, `m` slots of room for the next block: its counters
-// `-q` and validity written already, its states left for the block to write.
+// last dropped slots. The counters and validity have `m` slots of room after them for the
+// next block, its counters `-q` and validity written already (the states have none: a
+// cache held between steps, one per micro-batch, would hold the room too).
 //
 // The planning pass gives each slot its place in the arrangement; the copying pass moves
 // every slot that lands in the last `c` (states word by word, counter, validity).
@@ -63,7 +64,8 @@ LETHE_FORGET_HD void place(const Shape& s, const Operands<T>& o, int64_t stream,
 }
 
 // Copies unit `u` of (b, n + m): for u's slot k < n of its stream, the slot into the new
-// cache (b, c + m) if it lands there; for k >= n, the room's counter and validity.
+// cache if it lands there (states (b, c, words), counters and validity (b, c + m)); for
+// k >= n, the room's counter and validity.
 // `word` and `stride` split a state's words among the threads of one unit.
 template <typename T>
 LETHE_FORGET_HD void copy_unit(const Shape& s, const Operands<T>& o, const int32_t* dest, int64_t c, int64_t u,
@@ -80,7 +82,7 @@ LETHE_FORGET_HD void copy_unit(const Shape& s, const Operands<T>& o, const int32
   }
   const int64_t i = stream * s.n + k, j = dest[i] - (s.n - c);
   if (j < 0) return;
-  for (int64_t w = word; w < s.words; w += stride) states_out[(row + j) * s.words + w] = states[i * s.words + w];
+  for (int64_t w = word; w < s.words; w += stride) states_out[(stream * c + j) * s.words + w] = states[i * s.words + w];
   if (word == 0) {
     counter_out[row + j] = o.counter[i] + T(s.m);
     valid_out[row + j] = keep_at(s, o, i);
@@ -99,7 +101,7 @@ extern "C" {
 // One call's shape and device pointers, `spans` and `counter` float (`is_double` 0) or
 // double. Plan: `dest` (b, n) int32 out, `most` (1) int32, zero on entry, out: the most
 // slots a stream keeps. Copy: `dest` in, `c` (that most), `states` (b, n, words) in,
-// `states_out` (b, c + m, words), `counter_out` and `valid_out` (b, c + m) out.
+// `states_out` (b, c, words), `counter_out` and `valid_out` (b, c + m) out.
 typedef struct lethe_cuda_forget_args {
   int device;
   int64_t b, n, words, m;

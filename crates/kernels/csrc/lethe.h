@@ -150,9 +150,8 @@ int lethe_expire_bias(const lethe_expire_operands* ops, int stats, double loss_s
 // ---- Expire-Span's deletion after a block, the GPU's path (expire_forget.cpp) ----------
 
 // `states` (b, n, d) of [cache, block] without gradient, the spans its memories were
-// given, their counters and validity (b, n), blocks of `m`: writes the new cache with room
-// for the next block to `out`, states (b, c + m, d) (the room unwritten), counters and
-// validity (b, c + m) (the room's those of the next block). On the CPU the GPU kernels'
+// given, their counters and validity (b, n), blocks of `m`: writes the new cache to
+// `out`, states (b, c, d), counters and validity (b, c + m) (the last m the next block's). On the CPU the GPU kernels'
 // arithmetic runs in loops.
 int lethe_expire_forget(lethe_tensor states, lethe_tensor spans, lethe_tensor counter, lethe_tensor valid, double ramp,
                         int64_t m, lethe_tensor* out, char** error);

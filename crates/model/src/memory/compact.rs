@@ -9,7 +9,7 @@
 //!
 //! On a GPU with lethe's kernels, [`forget`] does Expire-Span's whole deletion in one call
 //! (`csrc/expire_forget.cpp`): the keep decision, the compaction and the next block's
-//! room, two kernels and one number read back, the same tensors as the flags and the
+//! counters and validity, two kernels and one number read back, the same tensors as the flags and the
 //! libtorch compaction give.
 
 use std::ffi::c_void;
@@ -59,10 +59,11 @@ fn compact_on_cpu(keep: &Tensor, tensors: &[&Tensor], room: i64) -> Result<Compa
     Ok(Compacted { valid, tensors: with_room.iter().map(|t| t.narrow(1, 0, c)).collect(), with_room })
 }
 
-/// Expire-Span's cache after [`forget`]: each tensor `(b, c + m, ..)`, the last `m` slots
-/// of every stream the room for the next block of `m`.
+/// Expire-Span's cache after [`forget`]: the kept states, and their counters and validity
+/// with the next block's after them.
 pub struct Forgotten {
-    /// `(b, c + m, d)`: the kept states, then the room, unwritten.
+    /// `(b, c, d)`: the kept states (no room after them: the cache is held between
+    /// steps, one per micro-batch, and the room would be held with it).
     pub states: Tensor,
     /// `(b, c + m)`: the kept memories' distances to the next block's first query, then
     /// the next block's own, `0, -1, .., -(m - 1)`.
@@ -74,7 +75,8 @@ pub struct Forgotten {
 /// Expire-Span's deletion after a block of `m` (paper 4.1): of `[cache, block]`'s states
 /// `(b, n, d)` (no gradient), spans, counters and validity `(b, n)`, every stream keeps
 /// the memories the next block's first query sees, `valid` and `spans + ramp - (counter +
-/// m) > 0`, compacted as [`compact`] does, with room for the next block. On a GPU the
+/// m) > 0`, compacted as [`compact`] does, the next block's counters and validity after
+/// theirs. On a GPU the
 /// kernels of `liblethe_cuda.so` (which must be loaded); on the CPU their arithmetic in
 /// loops.
 pub fn forget(
@@ -216,8 +218,8 @@ mod tests {
             let (index, kept) = compact_per_stream(&keep);
             let c = kept.size()[1];
             let f = forget(&states, &spans, &counter, &valid, ramp, m).unwrap();
-            assert_eq!(f.states.size(), [b, c + m, 3]);
-            assert!(f.states.narrow(1, 0, c).equal(&gather_slots(&states, &index)), "states, seed {seed}");
+            assert_eq!(f.states.size(), [b, c, 3]);
+            assert!(f.states.equal(&gather_slots(&states, &index)), "states, seed {seed}");
             assert!(f.counter.narrow(1, 0, c).equal(&gather_slots(&next, &index)), "counters, seed {seed}");
             assert!(f.valid.narrow(1, 0, c).equal(&kept), "validity, seed {seed}");
             let block = -Tensor::arange(m, (kind, tch::Device::Cpu)).unsqueeze(0).expand([b, m], false);
@@ -228,7 +230,7 @@ mod tests {
         let [states, spans, counter, _] = forget_operands(6, 3, 7, 3, Kind::Float);
         let none = Tensor::zeros([3, 7], (Kind::Bool, tch::Device::Cpu));
         let f = forget(&states, &spans, &counter, &none, ramp, m).unwrap();
-        assert_eq!((f.states.size(), f.counter.size()), (vec![3, m, 3], vec![3, m]));
+        assert_eq!((f.states.size(), f.counter.size()), (vec![3, 0, 3], vec![3, m]));
     }
 
     #[test]

@@ -472,11 +472,11 @@ impl MemoryLayer for ExpireSpan {
             let c = f.counter.size()[1] - m;
             let kept = |t: &Tensor| t.narrow(1, 0, c);
             self.state = Some(Cache {
-                states: kept(&f.states),
+                states: f.states,
                 counter: kept(&f.counter),
                 valid: kept(&f.valid),
                 episode: None,
-                room: Some(f.states),
+                room: None,
                 meta_room: Some((f.counter, f.valid)),
             });
             return Ok(());
