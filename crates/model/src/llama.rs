@@ -1,0 +1,555 @@
+//! Llama-family decoders read from a local Hugging Face folder: Llama 2 and 3.x (Touvron et
+//! al., 2023; RoPE with the `llama3` frequency scaling), Mistral, Qwen2 and 2.5 (biases on
+//! the query, key and value maps), Qwen3 (RMSNorm on queries and keys), and SmolLM2 (a
+//! Llama). Nothing is downloaded: the user fetches the folder (`config.json`,
+//! `model.safetensors` or shards with `model.safetensors.index.json`, `tokenizer.json`).
+//!
+//! The architecture, as `transformers` computes it:
+//! - token embedding; `num_hidden_layers` pre-norm blocks `h = h + Attn(RMSNorm(h))`,
+//!   `h = h + MLP(RMSNorm(h))`; a final RMSNorm; the output map (or the embedding, tied).
+//! - RMSNorm: `w * x / sqrt(mean(x^2) + eps)`.
+//! - Attention with grouped queries: `num_attention_heads` query heads share
+//!   `num_key_value_heads` key and value heads; scores `q·k / sqrt(head_dim)`, causal (and
+//!   within `sliding_window` where Mistral sets one); Qwen3 normalises each head's query
+//!   and key by RMSNorm first.
+//! - Rotary positions (Su et al., 2021): each query and key rotated by its absolute
+//!   position, the pairs `(i, i + head_dim / 2)` at the frequencies `theta^(-2i /
+//!   head_dim)`, with Llama 3's scaling of the low frequencies when `rope_scaling` says
+//!   `llama3`. Keys are cached rotated, at the positions they were written.
+//! - MLP: `down(silu(gate(x)) * up(x))`.
+//!
+//! Every field of `config.json` is known: the ones that change the computation are read
+//! and checked, the descriptive ones (token ids, dtype, versions) pass, and any other is
+//! refused by name.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use tch::{Kind, Tensor};
+
+use lethe_core::error::{LetheError, Result};
+
+/// Which family a folder holds (`model_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    /// `llama`: Llama 2, 3.x, SmolLM2.
+    Llama,
+    /// `mistral`.
+    Mistral,
+    /// `qwen2`: Qwen2 and 2.5, biases on the query, key and value maps.
+    Qwen2,
+    /// `qwen3`: RMSNorm on each head's query and key.
+    Qwen3,
+}
+
+/// Llama 3's scaling of RoPE's frequencies (`rope_type = "llama3"`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Llama3Scaling {
+    pub factor: f64,
+    pub low_freq_factor: f64,
+    pub high_freq_factor: f64,
+    pub original_max_position_embeddings: f64,
+}
+
+/// A Llama-family model's shape and settings, read from `config.json`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LlamaConfig {
+    pub family: Family,
+    pub vocab_size: i64,
+    pub hidden_size: i64,
+    pub intermediate_size: i64,
+    pub layers: i64,
+    pub heads: i64,
+    pub kv_heads: i64,
+    pub head_dim: i64,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    pub rope_scaling: Option<Llama3Scaling>,
+    pub max_positions: i64,
+    pub tie_word_embeddings: bool,
+    /// Biases on the query, key and value maps (Qwen2; `attention_bias` elsewhere).
+    pub qkv_bias: bool,
+    /// A bias on the output map (`attention_bias` of Llama and Qwen3).
+    pub o_bias: bool,
+    /// Biases on the MLP's maps (`mlp_bias`).
+    pub mlp_bias: bool,
+    /// RMSNorm on each head's query and key (Qwen3).
+    pub qk_norm: bool,
+    /// Keys further than this from a query are not seen (Mistral's `sliding_window`).
+    pub sliding_window: Option<i64>,
+}
+
+/// Fields that describe a model without changing what it computes.
+const DESCRIPTIVE: &[&str] = &[
+    "_name_or_path",
+    "architectures",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "torch_dtype",
+    "dtype",
+    "transformers_version",
+    "initializer_range",
+    "use_cache",
+    "id2label",
+    "label2id",
+    "output_attentions",
+    "output_hidden_states",
+    "return_dict",
+    "problem_type",
+    "is_encoder_decoder",
+    "chunk_size_feed_forward",
+    "tokenizer_class",
+    "max_window_layers",
+];
+
+/// Fields that change the computation, each read and checked below.
+const READ: &[&str] = &[
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "hidden_act",
+    "rms_norm_eps",
+    "rope_theta",
+    "rope_scaling",
+    "rope_parameters",
+    "max_position_embeddings",
+    "tie_word_embeddings",
+    "attention_bias",
+    "attention_dropout",
+    "mlp_bias",
+    "pretraining_tp",
+    "sliding_window",
+    "use_sliding_window",
+    "layer_types",
+];
+
+impl LlamaConfig {
+    /// Reads `config.json`; the error names the file and the field.
+    pub fn from_file(path: &Path) -> Result<LlamaConfig> {
+        let text = lethe_core::input::read_to_string(path).map_err(|e| LetheError::checkpoint(path, e))?;
+        let value: Value = serde_json::from_str(&text)
+            .map_err(|e| LetheError::Invalid(format!("`{}`: not a JSON config: {e}", path.display())))?;
+        Self::from_json(&value).map_err(|reason| LetheError::Invalid(format!("`{}`: {reason}", path.display())))
+    }
+
+    /// The config of a `config.json`'s object, or what is wrong with it.
+    pub fn from_json(value: &Value) -> std::result::Result<LlamaConfig, String> {
+        let fields = value.as_object().ok_or("not a JSON object")?;
+        if let Some(unknown) = fields.keys().find(|k| !DESCRIPTIVE.contains(&k.as_str()) && !READ.contains(&k.as_str()))
+        {
+            return Err(format!("`{unknown}` is a setting lethe's Llama-family reader does not implement"));
+        }
+        let family = match fields.get("model_type").and_then(Value::as_str) {
+            Some("llama") => Family::Llama,
+            Some("mistral") => Family::Mistral,
+            Some("qwen2") => Family::Qwen2,
+            Some("qwen3") => Family::Qwen3,
+            Some(other) => return Err(format!("model_type `{other}`: lethe reads llama, mistral, qwen2 and qwen3")),
+            None => return Err("no model_type".into()),
+        };
+        let int = |name: &str| -> std::result::Result<Option<i64>, String> {
+            match fields.get(name) {
+                None | Some(Value::Null) => Ok(None),
+                Some(v) => {
+                    v.as_i64().filter(|&n| n > 0).map(Some).ok_or(format!("`{name}` must be a whole number above 0"))
+                }
+            }
+        };
+        let need = |name: &str| int(name)?.ok_or(format!("no `{name}`"));
+        let float = |name: &str, default: f64| -> std::result::Result<f64, String> {
+            match fields.get(name) {
+                None | Some(Value::Null) => Ok(default),
+                Some(v) => v.as_f64().ok_or(format!("`{name}` must be a number")),
+            }
+        };
+        let flag = |name: &str, default: bool| -> std::result::Result<bool, String> {
+            match fields.get(name) {
+                None | Some(Value::Null) => Ok(default),
+                Some(v) => v.as_bool().ok_or(format!("`{name}` must be true or false")),
+            }
+        };
+        let (hidden_size, heads) = (need("hidden_size")?, need("num_attention_heads")?);
+        let kv_heads = int("num_key_value_heads")?.unwrap_or(heads);
+        let head_dim = int("head_dim")?.unwrap_or(hidden_size / heads);
+        if fields.get("head_dim").is_none_or(Value::is_null) && hidden_size % heads != 0 {
+            return Err(format!("hidden_size = {hidden_size} is not a multiple of num_attention_heads = {heads}"));
+        }
+        if heads % kv_heads != 0 {
+            return Err(format!("num_attention_heads = {heads} is not a multiple of num_key_value_heads = {kv_heads}"));
+        }
+        if head_dim % 2 != 0 {
+            return Err(format!("head_dim = {head_dim} is odd: RoPE rotates pairs"));
+        }
+        match fields.get("hidden_act").and_then(Value::as_str) {
+            None | Some("silu") => {}
+            Some(other) => return Err(format!("hidden_act `{other}`: lethe's Llama-family MLP has silu only")),
+        }
+        if float("attention_dropout", 0.0)? != 0.0 {
+            return Err("attention_dropout other than 0 is not implemented".into());
+        }
+        if int("pretraining_tp")?.unwrap_or(1) != 1 {
+            return Err("pretraining_tp other than 1 is not implemented".into());
+        }
+        if let Some(types) = fields.get("layer_types").and_then(Value::as_array) {
+            if let Some(other) = types.iter().find(|t| t.as_str() != Some("full_attention")) {
+                return Err(format!("layer_types holds {other}: lethe implements full_attention layers only"));
+            }
+        }
+        let sliding_window = match family {
+            Family::Mistral => int("sliding_window")?,
+            _ if flag("use_sliding_window", false)? => {
+                return Err("use_sliding_window = true is not implemented for Qwen".into());
+            }
+            _ => None,
+        };
+        let (rope_theta, rope_scaling) = rope(fields)?;
+        let attention_bias = flag("attention_bias", false)?;
+        Ok(LlamaConfig {
+            family,
+            vocab_size: need("vocab_size")?,
+            hidden_size,
+            intermediate_size: need("intermediate_size")?,
+            layers: need("num_hidden_layers")?,
+            heads,
+            kv_heads,
+            head_dim,
+            rms_norm_eps: float("rms_norm_eps", 1e-6)?,
+            rope_theta,
+            rope_scaling,
+            max_positions: int("max_position_embeddings")?.unwrap_or(2048),
+            tie_word_embeddings: flag("tie_word_embeddings", false)?,
+            qkv_bias: family == Family::Qwen2 || attention_bias,
+            o_bias: family != Family::Qwen2 && attention_bias,
+            mlp_bias: flag("mlp_bias", false)?,
+            qk_norm: family == Family::Qwen3,
+            sliding_window,
+        })
+    }
+}
+
+/// RoPE's base and scaling, from `rope_parameters` (transformers 5) or `rope_theta` and
+/// `rope_scaling` (the files most folders hold).
+fn rope(fields: &serde_json::Map<String, Value>) -> std::result::Result<(f64, Option<Llama3Scaling>), String> {
+    let params = fields.get("rope_parameters").filter(|v| !v.is_null());
+    let scaling = fields.get("rope_scaling").filter(|v| !v.is_null()).or(params);
+    let theta = params
+        .and_then(|p| p.get("rope_theta"))
+        .or(fields.get("rope_theta"))
+        .map(|v| v.as_f64().ok_or("`rope_theta` must be a number"))
+        .transpose()?
+        .unwrap_or(10000.0);
+    let Some(scaling) = scaling else { return Ok((theta, None)) };
+    let kind = scaling.get("rope_type").or(scaling.get("type")).and_then(Value::as_str).unwrap_or("default");
+    let number = |name: &str| scaling.get(name).and_then(Value::as_f64).ok_or(format!("rope_scaling: no `{name}`"));
+    match kind {
+        "default" => Ok((theta, None)),
+        "llama3" => Ok((
+            theta,
+            Some(Llama3Scaling {
+                factor: number("factor")?,
+                low_freq_factor: number("low_freq_factor")?,
+                high_freq_factor: number("high_freq_factor")?,
+                original_max_position_embeddings: number("original_max_position_embeddings")?,
+            }),
+        )),
+        other => Err(format!("rope_scaling type `{other}`: lethe implements the default RoPE and llama3's scaling")),
+    }
+}
+
+/// RoPE's inverse frequencies `(head_dim / 2)`, in float32 as `transformers` computes them.
+pub fn inverse_frequencies(cfg: &LlamaConfig) -> Tensor {
+    let dim = cfg.head_dim;
+    let exponent =
+        Tensor::arange_start_step(0, dim, 2, (Kind::Int64, tch::Device::Cpu)).to_kind(Kind::Float) / dim as f64;
+    let base = Tensor::from(cfg.rope_theta as f32);
+    let inv = base.pow(&exponent).reciprocal();
+    let Some(s) = &cfg.rope_scaling else { return inv };
+    let low_wavelen = s.original_max_position_embeddings / s.low_freq_factor;
+    let high_wavelen = s.original_max_position_embeddings / s.high_freq_factor;
+    // Scalars over tensors in float32, as `transformers` divides them.
+    let over = |scalar: f64, t: &Tensor| Tensor::from(scalar as f32) / t;
+    let wavelen = over(2.0 * std::f64::consts::PI, &inv);
+    let scaled = (&inv / s.factor).where_self(&wavelen.gt(low_wavelen), &inv);
+    let smooth = (over(s.original_max_position_embeddings, &wavelen) - s.low_freq_factor)
+        / (s.high_freq_factor - s.low_freq_factor);
+    let smoothed: Tensor = (-&smooth + 1.0) * &scaled / s.factor + &smooth * &scaled;
+    let medium = wavelen.lt(high_wavelen).logical_not().logical_and(&wavelen.gt(low_wavelen).logical_not());
+    smoothed.where_self(&medium, &scaled)
+}
+
+/// One block's weights, `(out, in)` maps.
+struct Block {
+    input_norm: Tensor,
+    q: (Tensor, Option<Tensor>),
+    k: (Tensor, Option<Tensor>),
+    v: (Tensor, Option<Tensor>),
+    o: (Tensor, Option<Tensor>),
+    q_norm: Option<Tensor>,
+    k_norm: Option<Tensor>,
+    post_norm: Tensor,
+    gate: (Tensor, Option<Tensor>),
+    up: (Tensor, Option<Tensor>),
+    down: (Tensor, Option<Tensor>),
+}
+
+/// A Llama-family decoder, float32 on the CPU.
+pub struct Llama {
+    pub config: LlamaConfig,
+    embed: Tensor,
+    blocks: Vec<Block>,
+    norm: Tensor,
+    head: Tensor,
+    inv_freq: Tensor,
+}
+
+/// The keys (rotated at their positions) and values each block holds, `(b, kv_heads, n,
+/// head_dim)`, and the position the next token takes.
+#[derive(Default)]
+pub struct KvCache {
+    pub layers: Vec<Option<(Tensor, Tensor)>>,
+    pub position: i64,
+}
+
+impl Llama {
+    /// Reads the model in `dir`: its `config.json` and weights (see [`read_weights`]).
+    pub fn load(dir: &Path) -> Result<Llama> {
+        let config = LlamaConfig::from_file(&dir.join("config.json"))?;
+        let mut w = read_weights(dir)?;
+        let (d, hd, f) = (config.hidden_size, config.head_dim, config.intermediate_size);
+        let (q_rows, kv_rows) = (config.heads * hd, config.kv_heads * hd);
+        let embed = w.take("model.embed_tokens.weight", &[config.vocab_size, d])?;
+        let mut blocks = Vec::new();
+        for i in 0..config.layers {
+            let p = format!("model.layers.{i}");
+            let mut map = |name: &str, out: i64, inn: i64, bias: bool| -> Result<(Tensor, Option<Tensor>)> {
+                let weight = w.take(&format!("{p}.{name}.weight"), &[out, inn])?;
+                let bias = if bias { Some(w.take(&format!("{p}.{name}.bias"), &[out])?) } else { None };
+                Ok((weight, bias))
+            };
+            let (qkv, o, mlp) = (config.qkv_bias, config.o_bias, config.mlp_bias);
+            let (q, k, v) = (
+                map("self_attn.q_proj", q_rows, d, qkv)?,
+                map("self_attn.k_proj", kv_rows, d, qkv)?,
+                map("self_attn.v_proj", kv_rows, d, qkv)?,
+            );
+            let o = map("self_attn.o_proj", d, q_rows, o)?;
+            let (gate, up, down) =
+                (map("mlp.gate_proj", f, d, mlp)?, map("mlp.up_proj", f, d, mlp)?, map("mlp.down_proj", d, f, mlp)?);
+            let (q_norm, k_norm) = match config.qk_norm {
+                true => (
+                    Some(w.take(&format!("{p}.self_attn.q_norm.weight"), &[hd])?),
+                    Some(w.take(&format!("{p}.self_attn.k_norm.weight"), &[hd])?),
+                ),
+                false => (None, None),
+            };
+            let input_norm = w.take(&format!("{p}.input_layernorm.weight"), &[d])?;
+            let post_norm = w.take(&format!("{p}.post_attention_layernorm.weight"), &[d])?;
+            blocks.push(Block { input_norm, q, k, v, o, q_norm, k_norm, post_norm, gate, up, down });
+        }
+        let norm = w.take("model.norm.weight", &[d])?;
+        let head = match config.tie_word_embeddings {
+            true => {
+                w.skip("lm_head.weight");
+                embed.shallow_clone()
+            }
+            false => w.take("lm_head.weight", &[config.vocab_size, d])?,
+        };
+        w.finish()?;
+        let inv_freq = inverse_frequencies(&config);
+        Ok(Llama { config, embed, blocks, norm, head, inv_freq })
+    }
+
+    /// The logits `(b, t, vocab)` of the tokens `ids` `(b, t)` that follow what `cache`
+    /// holds (their positions from `cache.position` on); the cache then holds them too.
+    pub fn forward(&self, ids: &Tensor, cache: &mut KvCache) -> Tensor {
+        let _guard = tch::no_grad_guard();
+        let t = ids.size()[1];
+        cache.layers.resize_with(self.blocks.len(), || None);
+        let positions = Tensor::arange_start(cache.position, cache.position + t, (Kind::Int64, tch::Device::Cpu));
+        let (cos, sin) = self.rotation(&positions);
+        let mut h = self.embed.index_select(0, &ids.flatten(0, -1)).view([ids.size()[0], t, self.config.hidden_size]);
+        for (block, held) in self.blocks.iter().zip(cache.layers.iter_mut()) {
+            let x = rms_norm(&h, &block.input_norm, self.config.rms_norm_eps);
+            h += self.attention(block, &x, &cos, &sin, held, cache.position);
+            let x = rms_norm(&h, &block.post_norm, self.config.rms_norm_eps);
+            let gated = linear(&x, &block.gate).silu() * linear(&x, &block.up);
+            h += linear(&gated, &block.down);
+        }
+        cache.position += t;
+        rms_norm(&h, &self.norm, self.config.rms_norm_eps).matmul(&self.head.tr())
+    }
+
+    /// `cos` and `sin` `(t, head_dim)` of the positions `(t)`.
+    fn rotation(&self, positions: &Tensor) -> (Tensor, Tensor) {
+        let freqs = positions.to_kind(Kind::Float).unsqueeze(1) * self.inv_freq.unsqueeze(0); // (t, hd / 2)
+        let angles = Tensor::cat(&[&freqs, &freqs], 1);
+        (angles.cos(), angles.sin())
+    }
+
+    /// One block's attention of `x` `(b, t, d)` at positions from `start`, over `held`
+    /// and itself; `held` then holds the block's keys and values too.
+    fn attention(
+        &self,
+        block: &Block,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        held: &mut Option<(Tensor, Tensor)>,
+        start: i64,
+    ) -> Tensor {
+        let c = &self.config;
+        let (b, t, _) = x.size3().expect("(b, t, d)");
+        let heads = |y: Tensor, n: i64| y.view([b, t, n, c.head_dim]).transpose(1, 2); // (b, n, t, hd)
+        let mut q = heads(linear(x, &block.q), c.heads);
+        let mut k = heads(linear(x, &block.k), c.kv_heads);
+        let v = heads(linear(x, &block.v), c.kv_heads);
+        if let (Some(qn), Some(kn)) = (&block.q_norm, &block.k_norm) {
+            q = rms_norm(&q, qn, c.rms_norm_eps);
+            k = rms_norm(&k, kn, c.rms_norm_eps);
+        }
+        let (q, k) = (rotate(&q, cos, sin), rotate(&k, cos, sin));
+        let (k, v) = match held.take() {
+            Some((pk, pv)) => (Tensor::cat(&[&pk, &k], 2), Tensor::cat(&[&pv, &v], 2)),
+            None => (k, v),
+        };
+        *held = Some((k.shallow_clone(), v.shallow_clone()));
+        let n = k.size()[2];
+        let group = c.heads / c.kv_heads;
+        let (k, v) = (k.repeat_interleave_self_int(group, 1, None), v.repeat_interleave_self_int(group, 1, None));
+        let scores = q.matmul(&k.transpose(-2, -1)) * (c.head_dim as f64).powf(-0.5); // (b, h, t, n)
+        let query_pos = Tensor::arange_start(start, start + t, (Kind::Int64, tch::Device::Cpu)).unsqueeze(1);
+        let key_pos = Tensor::arange_start(start + t - n, start + t, (Kind::Int64, tch::Device::Cpu)).unsqueeze(0);
+        let mut seen = key_pos.le_tensor(&query_pos);
+        if let Some(w) = c.sliding_window {
+            seen = seen.logical_and(&(&query_pos - &key_pos).lt(w));
+        }
+        let weights = scores.masked_fill(&seen.logical_not(), f64::NEG_INFINITY).softmax(-1, Kind::Float);
+        let context = weights.matmul(&v).transpose(1, 2).contiguous().view([b, t, c.heads * c.head_dim]);
+        linear(&context, &block.o)
+    }
+}
+
+fn linear(x: &Tensor, (w, b): &(Tensor, Option<Tensor>)) -> Tensor {
+    x.linear(w, b.as_ref())
+}
+
+/// RMSNorm over the last dimension.
+pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
+    let variance = x.pow_tensor_scalar(2).mean_dim([-1i64].as_slice(), true, Kind::Float);
+    weight * (x * (variance + eps).rsqrt())
+}
+
+/// `x` `(b, n, t, hd)` rotated by RoPE: `x cos + rotate_half(x) sin`.
+fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
+    let half = x.size()[3] / 2;
+    let rotated = Tensor::cat(&[-x.narrow(3, half, half), x.narrow(3, 0, half)], 3);
+    x * cos + rotated * sin
+}
+
+/// The tensors of a folder's weights, taken one by one by name and checked against the
+/// shapes the config gives; whatever is left at the end is refused by name.
+pub struct Weights {
+    tensors: HashMap<String, (Tensor, PathBuf)>,
+}
+
+/// The weights of `dir`: `model.safetensors`, or the shards `model.safetensors.index.json`
+/// lists (each must exist and hold the tensors the index gives it), in bfloat16, float16
+/// or float32, converted to float32.
+pub fn read_weights(dir: &Path) -> Result<Weights> {
+    let index = dir.join("model.safetensors.index.json");
+    let single = dir.join("model.safetensors");
+    let mut tensors = HashMap::new();
+    if index.is_file() {
+        let text = lethe_core::input::read_to_string(&index).map_err(|e| LetheError::checkpoint(&index, e))?;
+        let value: Value = serde_json::from_str(&text)
+            .map_err(|e| LetheError::checkpoint(&index, format!("not a JSON index: {e}")))?;
+        let map = value
+            .get("weight_map")
+            .and_then(Value::as_object)
+            .ok_or_else(|| LetheError::checkpoint(&index, "has no weight_map"))?;
+        let mut by_file: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (name, file) in map {
+            let file =
+                file.as_str().ok_or_else(|| LetheError::checkpoint(&index, format!("names no file for `{name}`")))?;
+            if file.contains('/') || file.contains("..") {
+                return Err(LetheError::checkpoint(&index, format!("names `{file}`, outside the folder")));
+            }
+            by_file.entry(file.to_string()).or_default().push(name.clone());
+        }
+        for (file, names) in by_file {
+            let path = dir.join(&file);
+            let mut shard: HashMap<String, Tensor> = read_file(&path)?.into_iter().collect();
+            for name in names {
+                let t = shard.remove(&name).ok_or_else(|| {
+                    LetheError::checkpoint(&path, format!("has no tensor `{name}`, which the index places there"))
+                })?;
+                tensors.insert(name, (t, path.clone()));
+            }
+            if let Some(extra) = shard.keys().min() {
+                return Err(LetheError::checkpoint(&path, format!("holds `{extra}`, which the index does not list")));
+            }
+        }
+    } else {
+        for (name, t) in read_file(&single)? {
+            tensors.insert(name, (t, single.clone()));
+        }
+    }
+    Ok(Weights { tensors })
+}
+
+/// The tensors of one safetensors file, in float32.
+fn read_file(path: &Path) -> Result<Vec<(String, Tensor)>> {
+    lethe_core::input::check_file(path).map_err(|e| LetheError::checkpoint(path, e))?;
+    let raw = Tensor::read_safetensors(path).map_err(|e| LetheError::checkpoint(path, format!("cannot read: {e}")))?;
+    raw.into_iter()
+        .map(|(name, t)| match t.kind() {
+            Kind::BFloat16 | Kind::Half | Kind::Float => Ok((name, t.to_kind(Kind::Float))),
+            other => Err(LetheError::checkpoint(
+                path,
+                format!("tensor `{name}` is {other:?}: lethe reads bfloat16, float16 and float32"),
+            )),
+        })
+        .collect()
+}
+
+impl Weights {
+    /// The tensor `name`, which must have `shape`.
+    pub fn take(&mut self, name: &str, shape: &[i64]) -> Result<Tensor> {
+        let (t, path) = self
+            .tensors
+            .remove(name)
+            .ok_or_else(|| LetheError::Invalid(format!("the model's weights have no tensor `{name}`")))?;
+        if t.size() != shape {
+            return Err(LetheError::checkpoint(
+                &path,
+                format!("tensor `{name}` has shape {:?}, the config says {shape:?}", t.size()),
+            ));
+        }
+        Ok(t)
+    }
+
+    /// Drops `name` if it is there (a tied head saved twice).
+    pub fn skip(&mut self, name: &str) {
+        self.tensors.remove(name);
+    }
+
+    /// Refuses whatever was not taken, naming it.
+    pub fn finish(self) -> Result<()> {
+        match self.tensors.iter().min_by_key(|(name, _)| name.as_str()) {
+            Some((name, (_, path))) => {
+                Err(LetheError::checkpoint(path, format!("holds `{name}`, which this architecture does not have")))
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,118 @@
+//! lethe's Llama-family decoders against Hugging Face `transformers`: the fixture
+//! (tests/fixtures/llama, made by scripts/llama-fixture.py) holds one tiny random model of
+//! each family saved by `transformers` (Llama 3 with its RoPE scaling, SmolLM2 in
+//! bfloat16, Mistral in shards with a sliding window, Qwen2 with its biases, Qwen3 with
+//! its query and key norms), a batch of ids and the logits `transformers` computes for
+//! them; and a byte-level BPE with Llama 3's pre-tokenizer, a hard sample text and its ids.
+
+use std::path::{Path, PathBuf};
+
+use lethe::data::tokenizer::Tokenizer;
+use lethe::model::llama::{KvCache, Llama};
+use tch::Tensor;
+
+const FAMILIES: [&str; 5] = ["llama3", "smollm2", "mistral", "qwen2", "qwen3"];
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llama").join(name)
+}
+
+fn expected(name: &str) -> std::collections::HashMap<String, Tensor> {
+    Tensor::read_safetensors(fixture(name).join("expected.safetensors")).unwrap().into_iter().collect()
+}
+
+#[test]
+fn the_logits_of_every_family_match_transformers() {
+    for name in FAMILIES {
+        let model = Llama::load(&fixture(name)).unwrap();
+        let want = expected(name);
+        let got = model.forward(&want["ids"], &mut KvCache::default());
+        let scale = want["logits"].abs().max().double_value(&[]);
+        let gap = (&got - &want["logits"]).abs().max().double_value(&[]);
+        println!("{name}: largest logit {scale:.3}, difference from transformers {gap:.2e}");
+        assert!(scale > 0.5, "{name}: the fixture's logits are not trivially small");
+        assert!(gap < 1e-5 * scale.max(1.0), "{name}: logits differ from transformers' by {gap:.2e}");
+    }
+}
+
+/// Reading the ids a few at a time with the keys and values cached gives the logits of
+/// reading them at once (Mistral's sliding window included), step by step.
+#[test]
+fn decoding_with_the_cache_equals_reading_the_whole_sequence() {
+    for name in ["llama3", "mistral", "qwen3"] {
+        let model = Llama::load(&fixture(name)).unwrap();
+        let ids = expected(name)["ids"].shallow_clone();
+        let whole = model.forward(&ids, &mut KvCache::default());
+        let mut cache = KvCache::default();
+        let mut parts = vec![model.forward(&ids.narrow(1, 0, 7), &mut cache)];
+        for t in 7..20 {
+            parts.push(model.forward(&ids.narrow(1, t, 1), &mut cache));
+        }
+        assert_eq!(cache.position, 20);
+        let gap = (Tensor::cat(&parts, 1) - &whole).abs().max().double_value(&[]);
+        assert!(gap < 1e-5, "{name}: token by token differs from the whole by {gap:.2e}");
+    }
+}
+
+#[test]
+fn the_tokenizer_gives_the_ids_of_hugging_face_tokenizers() {
+    let tokenizer = Tokenizer::from_dir(&fixture("llama3")).unwrap();
+    let text = std::fs::read_to_string(fixture("llama3").join("sample.txt")).unwrap();
+    let ids = tokenizer.encode(&text).unwrap();
+    let want = Vec::<i64>::try_from(&expected("llama3")["sample_ids"]).unwrap();
+    assert_eq!(ids.iter().map(|&i| i as i64).collect::<Vec<_>>(), want);
+    assert_eq!(tokenizer.decode(&ids).unwrap(), text);
+}
+
+/// A folder that is not what its files say is refused with one line naming the file:
+/// a missing shard, a shard without a tensor its index places there, a shape that does
+/// not match the config, a tensor no Llama has, a missing weight.
+#[test]
+fn bad_folders_are_refused_by_name() {
+    let copy = |from: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        for entry in std::fs::read_dir(fixture(from)).unwrap() {
+            let entry = entry.unwrap();
+            std::fs::copy(entry.path(), dir.path().join(entry.file_name())).unwrap();
+        }
+        dir
+    };
+    let err = |dir: &Path| Llama::load(dir).err().expect("refused").to_string();
+
+    let missing = copy("mistral");
+    std::fs::remove_file(missing.path().join("model-00002-of-00004.safetensors")).unwrap();
+    let e = err(missing.path());
+    assert!(e.contains("model-00002-of-00004.safetensors"), "{e}");
+
+    let mismatched = copy("mistral");
+    let index = mismatched.path().join("model.safetensors.index.json");
+    let text = std::fs::read_to_string(&index).unwrap();
+    let moved = text.replacen("model-00001-of-00004", "model-00004-of-00004", 1);
+    std::fs::write(&index, moved).unwrap();
+    let e = err(mismatched.path());
+    assert!(e.contains("index"), "{e}");
+
+    let reshaped = copy("llama3");
+    let config = reshaped.path().join("config.json");
+    std::fs::write(
+        &config,
+        std::fs::read_to_string(&config).unwrap().replace("\"intermediate_size\": 48", "\"intermediate_size\": 40"),
+    )
+    .unwrap();
+    let e = err(reshaped.path());
+    assert!(e.contains("model.safetensors") && e.contains("shape"), "{e}");
+
+    // Qwen2's weights under a Llama config: its biases are tensors a Llama does not have.
+    let biased = copy("qwen2");
+    let config = biased.path().join("config.json");
+    std::fs::write(&config, std::fs::read_to_string(&config).unwrap().replace("\"qwen2\"", "\"llama\"")).unwrap();
+    let e = err(biased.path());
+    assert!(e.contains("bias") && e.contains("does not have"), "{e}");
+
+    // A Llama config over Qwen3's weights with the norms taken away: a weight is missing.
+    let unnormed = copy("llama3");
+    let config = unnormed.path().join("config.json");
+    std::fs::write(&config, std::fs::read_to_string(&config).unwrap().replace("\"llama\"", "\"qwen3\"")).unwrap();
+    let e = err(unnormed.path());
+    assert!(e.contains("q_norm"), "{e}");
+}
