@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Makes tests/fixtures/llama/: one tiny, randomly initialised model of each Llama-family
 architecture lethe reads, saved by Hugging Face `transformers` in its own layout, with the
-logits `transformers` computes for a batch of token ids (expected.safetensors). lethe must
+logits `transformers` computes for a batch of token ids and the six ids its greedy
+`generate` continues the first row's first eight with (expected.safetensors). lethe must
 give the same logits (tests/it/llama.rs): an independent implementation read from the
 same files.
 
@@ -97,6 +98,11 @@ def main():
                     p.copy_(p.to(torch.bfloat16).to(torch.float32))
         with torch.no_grad():
             logits = model(ids).logits
+            # What greedy decoding continues the first row's first 8 ids with.
+            # (Every id attended: generate would otherwise take those equal to the padding id for padding.)
+            prompt = ids[:1, :8]
+            greedy = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=6, do_sample=False,
+                                    pad_token_id=0)[0, 8:]
         if name == "smollm2":
             model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
         elif name == "mistral":
@@ -104,7 +110,7 @@ def main():
         else:
             model.save_pretrained(out, safe_serialization=True)
         tok.save(str(out / "tokenizer.json"))
-        expected = {"ids": ids, "logits": logits.contiguous()}
+        expected = {"ids": ids, "logits": logits.contiguous(), "greedy": greedy.contiguous()}
         if name == "llama3":
             expected["sample_ids"] = sample_ids
             (out / "sample.txt").write_text(SAMPLE, encoding="utf-8")

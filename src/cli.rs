@@ -537,14 +537,25 @@ pub struct EvalArgs {
 #[derive(Args, Debug)]
 pub struct GenerateArgs {
     /// Checkpoint file, or a run folder holding checkpoint.safetensors.
-    #[arg(long)]
-    pub checkpoint: PathBuf,
+    #[arg(long, required_unless_present = "init_from", conflicts_with = "init_from")]
+    pub checkpoint: Option<PathBuf>,
+    /// A pretrained Llama-family model's Hugging Face folder (config.json, its weights,
+    /// tokenizer.json) to generate from as it is, its whole key-value cache kept.
+    #[arg(long, value_name = "FOLDER")]
+    pub init_from: Option<PathBuf>,
     /// The text to continue.
-    #[arg(long, conflicts_with = "prompt_file")]
+    #[arg(long, conflicts_with_all = ["prompt_file", "prompt_ids"])]
     pub prompt: Option<String>,
     /// Read the prompt from a file.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "prompt_ids")]
     pub prompt_file: Option<PathBuf>,
+    /// The prompt as token ids, e.g. 1,2,3 (bytes for a byte model), to compare the
+    /// tokens with other tools'.
+    #[arg(long, value_delimiter = ',', value_name = "IDS")]
+    pub prompt_ids: Option<Vec<u32>>,
+    /// Print the generated token ids, comma-separated, instead of the text.
+    #[arg(long)]
+    pub print_ids: bool,
     /// Bytes to generate; tokens for a model with a tokenizer (--tokens is the same flag).
     #[arg(long, alias = "tokens", allow_negative_numbers = true, default_value_t = 200)]
     pub bytes: usize,

@@ -265,49 +265,178 @@ pub(crate) fn eval_agent(ckpt: &Checkpoint, device: tch::Device, a: &EvalArgs) -
 
 pub(crate) fn generate(a: GenerateArgs) -> Result<()> {
     let device = lethe::device::parse(&a.device)?;
-    let prompt = match (&a.prompt, &a.prompt_file) {
-        (Some(p), _) => p.clone().into_bytes(),
-        (None, Some(f)) => {
-            lethe::input::read(f).map_err(|e| anyhow::anyhow!("--prompt-file `{}`: {e}", f.display()))?
-        }
-        (None, None) => anyhow::bail!("give a prompt with --prompt TEXT or --prompt-file FILE"),
-    };
     let sampling = Sampling { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed };
     sampling.validate()?;
-    let ckpt = load_checkpoint(&a.checkpoint, a.max_span)?;
-    // The checkpoint's thread count, at most this machine's cores (it may come from a larger one).
-    lethe::device::apply_threads(ckpt.config.train.threads.min(lethe::device::cores()))?;
-    let lm = Lm::from_checkpoint(&ckpt, device)?;
-    let tokenizer = lethe::data::text::tokenizer_of_checkpoint(&ckpt)?;
-    let (ids, unit) = match &tokenizer {
-        None => (prompt.iter().map(|&b| b as lethe::data::Token).collect(), "bytes"),
-        Some(t) => {
+    let prompt = prompt_of(&a)?;
+    match (&a.init_from, &a.checkpoint) {
+        (Some(folder), _) => generate_pretrained(&a, folder, prompt, &sampling, device),
+        (None, Some(checkpoint)) => generate_from_run(&a, checkpoint, prompt, &sampling, device),
+        (None, None) => anyhow::bail!("give a model with --checkpoint RUN or --init-from FOLDER"),
+    }
+}
+
+/// The prompt as given: text (`--prompt`, `--prompt-file`) or token ids (`--prompt-ids`).
+enum Prompt {
+    Text(Vec<u8>),
+    Ids(Vec<u32>),
+}
+
+fn prompt_of(a: &GenerateArgs) -> Result<Prompt> {
+    Ok(match (&a.prompt, &a.prompt_file, &a.prompt_ids) {
+        (Some(p), _, _) => Prompt::Text(p.clone().into_bytes()),
+        (None, Some(f), _) => {
+            Prompt::Text(lethe::input::read(f).map_err(|e| anyhow::anyhow!("--prompt-file `{}`: {e}", f.display()))?)
+        }
+        (None, None, Some(ids)) => Prompt::Ids(ids.clone()),
+        (None, None, None) => {
+            anyhow::bail!("give a prompt with --prompt TEXT, --prompt-file FILE or --prompt-ids 1,2,3")
+        }
+    })
+}
+
+/// The prompt's tokens: ids as given (each below `vocab`), or the text through `tokenizer`
+/// (bytes without one).
+fn prompt_tokens(
+    a: &GenerateArgs,
+    prompt: &Prompt,
+    tokenizer: Option<&lethe::data::tokenizer::Tokenizer>,
+    vocab: usize,
+) -> Result<Vec<lethe::data::Token>> {
+    let ids = match (prompt, tokenizer) {
+        (Prompt::Ids(ids), _) => ids.clone(),
+        (Prompt::Text(bytes), None) => bytes.iter().map(|&b| b as lethe::data::Token).collect(),
+        (Prompt::Text(bytes), Some(t)) => {
             let origin = a.prompt_file.clone().unwrap_or_else(|| "--prompt".into());
-            (t.encode(&lethe::data::text::utf8(prompt.clone(), &origin)?)?, "tokens")
+            t.encode(&lethe::data::text::utf8(bytes.clone(), &origin)?)?
         }
     };
-    let mut out = std::io::stdout().lock();
-    out.write_all(&prompt)?;
-    out.flush()?;
-    let started = std::time::Instant::now();
-    let mut last_report = started;
-    let progress = |done: usize, total: usize| {
+    if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+        anyhow::bail!("--prompt-ids: token {bad} is not below the model's vocabulary of {vocab}");
+    }
+    Ok(ids)
+}
+
+/// Where `lethe generate` writes: the prompt and its continuation as text, or with
+/// `--print-ids` the generated ids, comma-separated.
+struct Printer<'t> {
+    out: std::io::StdoutLock<'static>,
+    text: Option<lethe::data::tokenizer::TextStream<'t>>,
+    ids: bool,
+    written: usize,
+}
+
+impl<'t> Printer<'t> {
+    fn new(a: &GenerateArgs, tokenizer: Option<&'t lethe::data::tokenizer::Tokenizer>) -> Printer<'t> {
+        let text = tokenizer.map(lethe::data::tokenizer::TextStream::new);
+        Printer { out: std::io::stdout().lock(), text, ids: a.print_ids, written: 0 }
+    }
+
+    /// The prompt, echoed before the continuation (text only).
+    fn prompt(&mut self, prompt: &Prompt, tokens: &[lethe::data::Token]) -> Result<()> {
+        if self.ids {
+            return Ok(());
+        }
+        match prompt {
+            Prompt::Text(bytes) => self.out.write_all(bytes)?,
+            Prompt::Ids(_) => {
+                for &t in tokens {
+                    self.token(t)?;
+                }
+            }
+        }
+        Ok(self.out.flush()?)
+    }
+
+    fn token(&mut self, t: lethe::data::Token) -> lethe::Result<()> {
+        let piece = match (self.ids, self.text.as_mut()) {
+            (true, _) => format!("{}{t}", if self.written > 0 { "," } else { "" }).into_bytes(),
+            (false, None) => vec![t as u8],
+            (false, Some(s)) => s.push(t)?.into_bytes(),
+        };
+        self.written += 1;
+        self.out.write_all(&piece).and_then(|()| self.out.flush()).map_err(|e| lethe::LetheError::io("stdout", e))
+    }
+
+    fn finish(mut self) -> Result<()> {
+        if let (false, Some(s)) = (self.ids, self.text.as_mut()) {
+            self.out.write_all(s.finish()?.as_bytes())?;
+        }
+        Ok(writeln!(self.out)?)
+    }
+}
+
+/// Reports how much of a long prompt has been read, every 2 s.
+fn prompt_progress(unit: &'static str) -> impl FnMut(usize, usize) {
+    let mut last_report = std::time::Instant::now();
+    move |done: usize, total: usize| {
         if last_report.elapsed().as_secs_f64() >= 2.0 && done < total {
             last_report = std::time::Instant::now();
             eprintln!("reading the prompt: {done}/{total} {unit} ({:.0}%)", 100.0 * done as f64 / total as f64);
         }
-    };
-    let mut text = tokenizer.as_ref().map(lethe::data::tokenizer::TextStream::new);
-    lethe::generate::stream(&lm, &ids, a.bytes, &sampling, progress, |t| {
-        let piece = match text.as_mut() {
-            None => vec![t as u8],
-            Some(s) => s.push(t)?.into_bytes(),
-        };
-        out.write_all(&piece).and_then(|()| out.flush()).map_err(|e| lethe::LetheError::io("stdout", e))
-    })?;
-    if let Some(s) = text.as_mut() {
-        out.write_all(s.finish()?.as_bytes())?;
     }
-    writeln!(out)?;
-    Ok(())
+}
+
+fn generate_from_run(
+    a: &GenerateArgs,
+    checkpoint: &std::path::Path,
+    prompt: Prompt,
+    sampling: &Sampling,
+    device: tch::Device,
+) -> Result<()> {
+    let ckpt = load_checkpoint(checkpoint, a.max_span)?;
+    // The checkpoint's thread count, at most this machine's cores (it may come from a larger one).
+    lethe::device::apply_threads(ckpt.config.train.threads.min(lethe::device::cores()))?;
+    let lm = Lm::from_checkpoint(&ckpt, device)?;
+    let tokenizer = lethe::data::text::tokenizer_of_checkpoint(&ckpt)?;
+    let ids = prompt_tokens(a, &prompt, tokenizer.as_ref(), ckpt.config.model.vocab)?;
+    let unit = if tokenizer.is_some() { "tokens" } else { "bytes" };
+    let mut printer = Printer::new(a, tokenizer.as_ref());
+    printer.prompt(&prompt, &ids)?;
+    lethe::generate::stream(&lm, &ids, a.bytes, sampling, prompt_progress(unit), |t| printer.token(t))?;
+    printer.finish()
+}
+
+/// `lethe generate --init-from FOLDER`: a pretrained Llama-family decoder as it is, on
+/// the CPU, with its tokenizer.json when the prompt is text.
+fn generate_pretrained(
+    a: &GenerateArgs,
+    folder: &std::path::Path,
+    prompt: Prompt,
+    sampling: &Sampling,
+    device: tch::Device,
+) -> Result<()> {
+    if device != tch::Device::Cpu {
+        anyhow::bail!("--init-from FOLDER generates on the CPU: give --device cpu");
+    }
+    if a.max_span.is_some() {
+        anyhow::bail!("--max-span caps Expire-Span's spans: a pretrained decoder from --init-from has none");
+    }
+    let model = lethe::model::llama::Llama::load(folder)?;
+    let vocab = model.config.vocab_size as usize;
+    let tokenizer = pretrained_tokenizer(folder, vocab)?;
+    if let (Prompt::Text(_), None) = (&prompt, &tokenizer) {
+        anyhow::bail!("`{}` has no tokenizer.json: give the prompt as --prompt-ids 1,2,3", folder.display());
+    }
+    let ids = prompt_tokens(a, &prompt, tokenizer.as_ref(), vocab)?;
+    let mut printer = Printer::new(a, tokenizer.as_ref());
+    printer.prompt(&prompt, &ids)?;
+    lethe::generate::stream_decoder(&model, &ids, a.bytes, sampling, prompt_progress("tokens"), |t| printer.token(t))?;
+    printer.finish()
+}
+
+/// The folder's tokenizer.json, if it has one; refused when it gives ids the model has no
+/// row for.
+fn pretrained_tokenizer(folder: &std::path::Path, vocab: usize) -> Result<Option<lethe::data::tokenizer::Tokenizer>> {
+    if !folder.join("tokenizer.json").is_file() {
+        return Ok(None);
+    }
+    let tokenizer = lethe::data::tokenizer::Tokenizer::from_dir(folder)?;
+    if tokenizer.vocab_size() > vocab {
+        anyhow::bail!(
+            "`{}`: tokenizer.json has {} tokens, more than config.json's vocab_size = {vocab}",
+            folder.join("tokenizer.json").display(),
+            tokenizer.vocab_size()
+        );
+    }
+    Ok(Some(tokenizer))
 }

@@ -116,3 +116,70 @@ fn bad_folders_are_refused_by_name() {
     let e = err(unnormed.path());
     assert!(e.contains("q_norm"), "{e}");
 }
+
+fn lethe(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_lethe")).args(args).output().unwrap()
+}
+
+/// `lethe generate --init-from FOLDER` continues a prompt given as ids with the ids
+/// `transformers`' greedy `generate` gives, for every family, straight from the folder;
+/// a text prompt goes through the folder's tokenizer.
+#[test]
+fn greedy_generation_from_a_folder_gives_the_ids_of_transformers() {
+    for name in FAMILIES {
+        let want = expected(name);
+        let prompt = Vec::<i64>::try_from(want["ids"].get(0).narrow(0, 0, 8)).unwrap();
+        let prompt = prompt.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
+        let folder = fixture(name);
+        let out = lethe(&[
+            "generate",
+            "--init-from",
+            folder.to_str().unwrap(),
+            "--prompt-ids",
+            &prompt,
+            "--print-ids",
+            "--temperature",
+            "0",
+            "--tokens",
+            "6",
+        ]);
+        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        let greedy = Vec::<i64>::try_from(&want["greedy"]).unwrap();
+        let greedy = greedy.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), greedy, "{name}");
+    }
+    let folder = fixture("llama3");
+    let out =
+        lethe(&["generate", "--init-from", folder.to_str().unwrap(), "--prompt", "The cache keeps", "--tokens", "4"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("The cache keeps"));
+}
+
+/// Bad generation requests end with one line and a non-zero exit: an id beyond the
+/// vocabulary, a text prompt without a tokenizer, a tokenizer larger than the model's
+/// vocabulary, a GPU asked for.
+#[test]
+fn bad_generation_requests_are_refused_in_one_line() {
+    let folder = fixture("qwen3");
+    let folder = folder.to_str().unwrap();
+    let refused = |args: &[&str], needle: &str| {
+        let out = lethe(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(needle), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+    };
+    refused(&["generate", "--init-from", folder, "--prompt-ids", "1,2,999", "--print-ids"], "999");
+    // Without a GPU the device itself is refused; with one, generating there.
+    refused(&["generate", "--init-from", folder, "--prompt-ids", "1", "--device", "cuda"], "device");
+    let bare = tempfile::tempdir().unwrap();
+    for file in ["config.json", "model.safetensors"] {
+        std::fs::copy(fixture("qwen3").join(file), bare.path().join(file)).unwrap();
+    }
+    let bare_path = bare.path().to_str().unwrap();
+    refused(&["generate", "--init-from", bare_path, "--prompt", "hi"], "tokenizer.json");
+    // A word tokenizer of 400 words, more than the model's 320 rows.
+    let words: Vec<String> = (0..400).map(|i| format!("w{i}")).collect();
+    let big = Tokenizer::train_words(&[words.join(" ").as_str()], 1, 1000).unwrap();
+    std::fs::write(bare.path().join("tokenizer.json"), big.to_json().unwrap()).unwrap();
+    refused(&["generate", "--init-from", bare_path, "--prompt", "w1 w2"], "vocab_size = 320");
+}

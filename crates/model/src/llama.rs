@@ -102,6 +102,7 @@ const DESCRIPTIVE: &[&str] = &[
     "chunk_size_feed_forward",
     "tokenizer_class",
     "max_window_layers",
+    "is_llama_config",
 ];
 
 /// Fields that change the computation, each read and checked below.
@@ -128,6 +129,7 @@ const READ: &[&str] = &[
     "sliding_window",
     "use_sliding_window",
     "layer_types",
+    "rope_interleaved",
 ];
 
 impl LlamaConfig {
@@ -190,6 +192,9 @@ impl LlamaConfig {
         match fields.get("hidden_act").and_then(Value::as_str) {
             None | Some("silu") => {}
             Some(other) => return Err(format!("hidden_act `{other}`: lethe's Llama-family MLP has silu only")),
+        }
+        if flag("rope_interleaved", false)? {
+            return Err("rope_interleaved = true: lethe rotates the halves of each head, as transformers does".into());
         }
         if float("attention_dropout", 0.0)? != 0.0 {
             return Err("attention_dropout other than 0 is not implemented".into());

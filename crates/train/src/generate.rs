@@ -1,5 +1,6 @@
 //! Streaming generation: the prompt is read in blocks, then the model continues it one
-//! token (a byte, or a tokenizer's id) at a time with the memory carried. Memory is
+//! token (a byte, or a tokenizer's id) at a time with the memory carried; a pretrained
+//! Llama-family decoder the same way over its key-value cache ([`stream_decoder`]). Memory is
 //! bounded by the mechanism (the span for Transformer-XL), so a run of any length uses
 //! constant memory; nothing grows with the number of tokens generated.
 //!
@@ -18,6 +19,7 @@ use lethe_core::config::Arch;
 use lethe_core::error::{LetheError, Result};
 use lethe_core::rng::Rng;
 use lethe_data::Token;
+use lethe_model::llama::{KvCache, Llama};
 use lethe_model::{Lm, Memory};
 
 /// How the next token is chosen.
@@ -261,6 +263,46 @@ pub fn stream(
     let mut g = Generator::with_progress(lm, prompt, sampling, progress)?;
     for _ in 0..count {
         emit(g.next_token()?)?;
+    }
+    Ok(())
+}
+
+/// Tokens a pretrained decoder reads its prompt in at a time ([`stream_decoder`]).
+pub const PROMPT_BLOCK: usize = 512;
+
+/// [`stream`] for a Llama-family decoder with its whole key-value cache: the prompt read
+/// in blocks of [`PROMPT_BLOCK`] tokens, then one token at a time, each reading the cache.
+pub fn stream_decoder(
+    model: &Llama,
+    prompt: &[Token],
+    count: usize,
+    sampling: &Sampling,
+    mut progress: impl FnMut(usize, usize),
+    mut emit: impl FnMut(Token) -> Result<()>,
+) -> Result<()> {
+    let vocab = model.config.vocab_size;
+    if prompt.is_empty() {
+        return Err(LetheError::Invalid("the prompt is empty: a decoder continues at least one token".into()));
+    }
+    if let Some(&bad) = prompt.iter().find(|&&t| t as i64 >= vocab) {
+        return Err(LetheError::Invalid(format!("prompt token {bad} is not below the model's vocab_size = {vocab}")));
+    }
+    let last =
+        |ids: &[i64], cache: &mut KvCache| model.forward(&Tensor::from_slice(ids).unsqueeze(0), cache).get(0).get(-1);
+    let mut cache = KvCache::default();
+    let mut logits = Tensor::new();
+    for (i, block) in prompt.chunks(PROMPT_BLOCK).enumerate() {
+        let ids: Vec<i64> = block.iter().map(|&t| t as i64).collect();
+        logits = last(&ids, &mut cache);
+        progress(i * PROMPT_BLOCK + block.len(), prompt.len());
+    }
+    let mut rng = Rng::new(sampling.seed);
+    for i in 0..count {
+        let next = choose(&logits, sampling, &mut rng);
+        emit(next)?;
+        if i + 1 < count {
+            logits = last(&[next as i64], &mut cache);
+        }
     }
     Ok(())
 }

@@ -15,6 +15,23 @@ fn with(key: &str, value: Value) -> Value {
     v
 }
 
+/// SmolLM2-135M's config.json as published (its descriptive fields included) reads.
+#[test]
+fn smollm2_s_published_config_reads() {
+    let published = json!({
+        "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0, "bos_token_id": 0,
+        "eos_token_id": 0, "hidden_act": "silu", "hidden_size": 576, "initializer_range": 0.041666666666666664,
+        "intermediate_size": 1536, "is_llama_config": true, "max_position_embeddings": 8192, "mlp_bias": false,
+        "model_type": "llama", "num_attention_heads": 9, "num_hidden_layers": 30, "num_key_value_heads": 3,
+        "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_interleaved": false, "rope_scaling": null,
+        "rope_theta": 100000, "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.42.3",
+        "use_cache": true, "vocab_size": 49152
+    });
+    let c = LlamaConfig::from_json(&published).unwrap();
+    assert_eq!((c.head_dim, c.kv_heads, c.layers, c.rope_theta), (64, 3, 30, 100000.0));
+    assert!(c.tie_word_embeddings);
+}
+
 #[test]
 fn a_llama_config_reads_its_shape_and_defaults() {
     let c = LlamaConfig::from_json(&base()).unwrap();
@@ -45,6 +62,8 @@ fn what_lethe_does_not_implement_is_refused_by_name() {
         (with("pretraining_tp", json!(2)), "pretraining_tp"),
         (with("layer_types", json!(["full_attention", "sliding_attention"])), "sliding_attention"),
         (with("vocab_size", json!(0)), "`vocab_size`"),
+        (with("rope_interleaved", json!(true)), "rope_interleaved"),
+        (with("quantization_config", json!({"quant_method": "gptq"})), "`quantization_config`"),
     ];
     for (config, needle) in cases {
         let err = LlamaConfig::from_json(&config).expect_err(needle);
