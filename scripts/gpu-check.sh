@@ -143,6 +143,24 @@ presets() {
     kill $sampler 2>/dev/null
 }
 
+# Paper-size configs read from stdin, one a line (NAME PRESET MECHANISM [FLAGS...]): two
+# frozen steps of each with LETHE, one process each within LIMIT seconds, the bench's
+# figures (the allocator's peak among them) and nvidia-smi's largest reading while it
+# ran, appended to LOG; WORK holds the samples and bench folders.
+paper_rows() {
+    local lethe=$1 log=$2 limit=$3 work=$4 name preset mechanism extra sampler
+    while read -r name preset mechanism extra; do
+        echo "== $(date +%T) $name: -p $preset --mechanism $mechanism $extra" | tee -a "$log"
+        nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 </dev/null >"$work/smi-$name.csv" &
+        sampler=$!
+        # shellcheck disable=SC2086
+        timeout "$limit" "$lethe" bench -p "$preset" --device cuda --bench-steps 2 --warmup 1 --frozen \
+            --mechanism "$mechanism" $extra --out "$work/bench" </dev/null 2>&1 | grep -v '^streamed ' | tee -a "$log"
+        kill $sampler 2>/dev/null
+        echo "nvidia-smi at most: $(sort -n "$work/smi-$name.csv" | tail -n 1) MiB" | tee -a "$log"
+    done
+}
+
 # The paper's Table 4 at its size, one config per process so that each has its own
 # peak: the allocator's (bench's "GPU" figure) beside nvidia-smi's largest reading while
 # the process ran (the allocator's cache and the CUDA context on top). Expire-Span's
@@ -170,17 +188,7 @@ table4() {
     echo "== $(date +%T) where an Expire-Span step goes at enwik8-tiny (--profile), with the kernels" | tee -a "$out/table4.txt"
     timeout 60 "$dir/lethe" bench -p enwik8-tiny --device cuda --bench-steps 20 --profile --mechanism expire:1024 \
         --out "$work/profile" 2>&1 | grep -v '^wrote ' | tee -a "$out/table4.txt"
-    local name preset mechanism sampler
-    while read -r name preset mechanism extra; do
-        echo "== $(date +%T) $name: -p $preset --mechanism $mechanism $extra" | tee -a "$out/table4.txt"
-        nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 </dev/null >"$work/smi-$name.csv" &
-        sampler=$!
-        # shellcheck disable=SC2086
-        timeout 170 "$dir/lethe" bench -p "$preset" --device cuda --bench-steps 2 --warmup 1 --frozen \
-            --mechanism "$mechanism" $extra --out "$work/bench" </dev/null 2>&1 | grep -v '^streamed ' | tee -a "$out/table4.txt"
-        kill $sampler 2>/dev/null
-        echo "nvidia-smi at most: $(sort -n "$work/smi-$name.csv" | tail -n 1) MiB" | tee -a "$out/table4.txt"
-    done <<'CONFIGS'
+    paper_rows "$dir/lethe" "$out/table4.txt" 170 "$work" <<'CONFIGS'
 xl-1024 enwik8-12l fixed:1024
 expire-16k enwik8-expire-12l expire:16384 --set memory.expire.init_fraction=0.05
 expire-16k-written-out enwik8-expire-12l expire:16384 --set memory.expire.init_fraction=0.05 --set memory.expire.fused=false
@@ -234,17 +242,7 @@ deletion() {
     python3 scripts/trace-summary.py "$work"/trace/enwik8-tiny/trace-fixed-108-s1.json \
         "$work"/trace/enwik8-tiny/trace-expire-1024-s1.json --steps 10 --top 70 >"$out/trace-tiny.txt" 2>&1
     head -n 40 "$out/trace-tiny.txt" | tee -a "$log"
-    local name preset mechanism extra sampler
-    while read -r name preset mechanism extra; do
-        echo "== $(date +%T) $name: -p $preset --mechanism $mechanism $extra" | tee -a "$log"
-        nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 </dev/null >"$work/smi-$name.csv" &
-        sampler=$!
-        # shellcheck disable=SC2086
-        timeout 120 "$dir/lethe" bench -p "$preset" --device cuda --bench-steps 2 --warmup 1 --frozen \
-            --mechanism "$mechanism" $extra --out "$work/bench" </dev/null 2>&1 | grep -v '^streamed ' | tee -a "$log"
-        kill $sampler 2>/dev/null
-        echo "nvidia-smi at most: $(sort -n "$work/smi-$name.csv" | tail -n 1) MiB" | tee -a "$log"
-    done <<'CONFIGS'
+    paper_rows "$dir/lethe" "$log" 120 "$work" <<'CONFIGS'
 xl-1024 enwik8-12l fixed:1024
 expire-16k enwik8-expire-12l expire:16384 --set memory.expire.init_fraction=0.05
 CONFIGS
