@@ -18,6 +18,7 @@ mod episodes;
 mod expire;
 mod gpt2;
 mod infinity;
+mod kv_policies;
 mod llama;
 mod longeval;
 mod messages;

@@ -7,6 +7,7 @@ pub mod cache_grad;
 pub mod chunks;
 pub mod gpt2;
 pub mod init;
+pub mod kv;
 pub mod llama;
 pub mod memory;
 pub mod skew;

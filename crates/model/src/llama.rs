@@ -30,6 +30,8 @@ use tch::{Kind, Tensor};
 
 use lethe_core::error::{LetheError, Result};
 
+use crate::kv::{Chunk, Held, LayerPolicy, Policy, Positions};
+
 /// Which family a folder holds (`model_type`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Family {
@@ -314,12 +316,38 @@ pub struct Llama {
     inv_freq: Tensor,
 }
 
-/// The keys (rotated at their positions) and values each block holds, `(b, kv_heads, n,
-/// head_dim)`, and the position the next token takes.
-#[derive(Default)]
+/// What each block holds ([`Held`]: keys, values and their positions) under a policy
+/// ([`Policy`]: the full cache by default), and the position the next token takes.
 pub struct KvCache {
-    pub layers: Vec<Option<(Tensor, Tensor)>>,
+    pub layers: Vec<Option<Held>>,
+    policies: Vec<Box<dyn LayerPolicy>>,
+    policy: Policy,
     pub position: i64,
+}
+
+impl Default for KvCache {
+    /// The full cache.
+    fn default() -> KvCache {
+        KvCache::new(Policy::default())
+    }
+}
+
+impl KvCache {
+    /// An empty cache that keeps what `policy` says.
+    pub fn new(policy: Policy) -> KvCache {
+        KvCache { layers: Vec::new(), policies: Vec::new(), policy, position: 0 }
+    }
+
+    /// The entries each layer holds per key-value head.
+    pub fn entries(&self) -> Vec<i64> {
+        self.layers.iter().map(|h| h.as_ref().map_or(0, Held::len)).collect()
+    }
+
+    /// The bytes of keys, values and positions held.
+    pub fn bytes(&self) -> usize {
+        let size = |t: &Tensor| t.numel() * t.kind().elt_size_in_bytes();
+        self.layers.iter().flatten().map(|h| size(&h.keys) + size(&h.values) + size(&h.positions)).sum()
+    }
 }
 
 impl Llama {
@@ -377,18 +405,29 @@ impl Llama {
         let _guard = tch::no_grad_guard();
         let t = ids.size()[1];
         cache.layers.resize_with(self.blocks.len(), || None);
+        while cache.policies.len() < self.blocks.len() {
+            cache.policies.push(cache.policy.layer());
+        }
         let positions = Tensor::arange_start(cache.position, cache.position + t, (Kind::Int64, tch::Device::Cpu));
         let (cos, sin) = self.rotation(&positions);
         let mut h = self.embed.index_select(0, &ids.flatten(0, -1)).view([ids.size()[0], t, self.config.hidden_size]);
-        for (block, held) in self.blocks.iter().zip(cache.layers.iter_mut()) {
+        let layers = self.blocks.iter().zip(cache.layers.iter_mut()).zip(cache.policies.iter_mut());
+        for ((block, held), policy) in layers {
             let x = rms_norm(&h, &block.input_norm, self.config.rms_norm_eps);
-            h += self.attention(block, &x, &cos, &sin, held, cache.position);
+            h += self.attention(block, &x, (&positions, &cos, &sin), held, policy.as_mut());
             let x = rms_norm(&h, &block.post_norm, self.config.rms_norm_eps);
             let gated = linear(&x, &block.gate).silu() * linear(&x, &block.up);
             h += linear(&gated, &block.down);
         }
         cache.position += t;
         rms_norm(&h, &self.norm, self.config.rms_norm_eps).matmul(&self.head.tr())
+    }
+
+    /// `x` `(b, n, t, head_dim)` rotated by RoPE at `positions` `(t)`: what the cache
+    /// holds for keys written at those positions.
+    pub fn rotate_at(&self, x: &Tensor, positions: &Tensor) -> Tensor {
+        let (cos, sin) = self.rotation(positions);
+        rotate(x, &cos, &sin)
     }
 
     /// `cos` and `sin` `(t, head_dim)` of the positions `(t)`.
@@ -398,16 +437,15 @@ impl Llama {
         (angles.cos(), angles.sin())
     }
 
-    /// One block's attention of `x` `(b, t, d)` at positions from `start`, over `held`
-    /// and itself; `held` then holds the block's keys and values too.
+    /// One block's attention of `x` `(b, t, d)` at `positions` `(t)` (rotated by `cos`
+    /// and `sin`) over what it holds and itself; then its policy updates what it holds.
     fn attention(
         &self,
         block: &Block,
         x: &Tensor,
-        cos: &Tensor,
-        sin: &Tensor,
-        held: &mut Option<(Tensor, Tensor)>,
-        start: i64,
+        (positions, cos, sin): (&Tensor, &Tensor, &Tensor),
+        held: &mut Option<Held>,
+        policy: &mut dyn LayerPolicy,
     ) -> Tensor {
         let c = &self.config;
         let (b, t, _) = x.size3().expect("(b, t, d)");
@@ -419,24 +457,46 @@ impl Llama {
             q = rms_norm(&q, qn, c.rms_norm_eps);
             k = rms_norm(&k, kn, c.rms_norm_eps);
         }
-        let (q, k) = (rotate(&q, cos, sin), rotate(&k, cos, sin));
-        let (k, v) = match held.take() {
-            Some((pk, pv)) => (Tensor::cat(&[&pk, &k], 2), Tensor::cat(&[&pv, &v], 2)),
-            None => (k, v),
-        };
-        *held = Some((k.shallow_clone(), v.shallow_clone()));
-        let n = k.size()[2];
-        let group = c.heads / c.kv_heads;
-        let (k, v) = (k.repeat_interleave_self_int(group, 1, None), v.repeat_interleave_self_int(group, 1, None));
-        let scores = q.matmul(&k.transpose(-2, -1)) * (c.head_dim as f64).powf(-0.5); // (b, h, t, n)
-        let query_pos = Tensor::arange_start(start, start + t, (Kind::Int64, tch::Device::Cpu)).unsqueeze(1);
-        let key_pos = Tensor::arange_start(start + t - n, start + t, (Kind::Int64, tch::Device::Cpu)).unsqueeze(0);
-        let mut seen = key_pos.le_tensor(&query_pos);
-        if let Some(w) = c.sliding_window {
-            seen = seen.logical_and(&(&query_pos - &key_pos).lt(w));
+        let in_cache = policy.positions() == Positions::InCache;
+        if !in_cache {
+            (q, k) = (rotate(&q, cos, sin), rotate(&k, cos, sin));
         }
-        let weights = scores.masked_fill(&seen.logical_not(), f64::NEG_INFINITY).softmax(-1, Kind::Float);
-        let context = weights.matmul(&v).transpose(1, 2).contiguous().view([b, t, c.heads * c.head_dim]);
+        let written = positions.view([1, 1, t]).expand([b, c.kv_heads, t], false);
+        let mut all = match held.take() {
+            Some(h) => Held {
+                keys: Tensor::cat(&[&h.keys, &k], 2),
+                values: Tensor::cat(&[&h.values, &v], 2),
+                positions: Tensor::cat(&[&h.positions, &written], 2),
+            },
+            None => Held { keys: k, values: v, positions: written.contiguous() },
+        };
+        let n = all.len();
+        let keys = match in_cache {
+            true => {
+                let (cos, sin) = self.rotation(&Tensor::arange(n, (Kind::Int64, tch::Device::Cpu)));
+                q = rotate(&q, &cos.narrow(0, n - t, t), &sin.narrow(0, n - t, t));
+                rotate(&all.keys, &cos, &sin)
+            }
+            false => all.keys.shallow_clone(),
+        };
+        let group = c.heads / c.kv_heads;
+        let (keys, values) =
+            (keys.repeat_interleave_self_int(group, 1, None), all.values.repeat_interleave_self_int(group, 1, None));
+        let scale = (c.head_dim as f64).powf(-0.5);
+        let mut scores = q.matmul(&keys.transpose(-2, -1)) * scale; // (b, h, t, n)
+        if t > 1 || c.sliding_window.is_some() {
+            let key_pos = all.positions.repeat_interleave_self_int(group, 1, None).unsqueeze(2); // (b, h, 1, n)
+            let query_pos = positions.view([1, 1, t, 1]);
+            let mut seen = key_pos.le_tensor(&query_pos);
+            if let Some(w) = c.sliding_window {
+                seen = seen.logical_and(&(&query_pos - &key_pos).lt(w));
+            }
+            scores = scores.masked_fill(&seen.logical_not(), f64::NEG_INFINITY);
+        }
+        let weights = scores.softmax(-1, Kind::Float);
+        let context = weights.matmul(&values).transpose(1, 2).contiguous().view([b, t, c.heads * c.head_dim]);
+        policy.update(&mut all, &Chunk { queries: &q, query_positions: positions, weights: &weights, scale });
+        *held = Some(all);
         linear(&context, &block.o)
     }
 }

@@ -1,0 +1,128 @@
+//! The key-value cache policies on the Llama fixture against NVIDIA's kvpress: the
+//! fixture (tests/fixtures/llama/kvpress.safetensors, made by scripts/kvpress-fixture.py)
+//! holds, for two models, each press and two budgets, the entries kvpress keeps after
+//! reading a prompt of 48 ids, and the keys StreamingLLM's re-assigned positions give.
+//! Then what no reference covers: memory that follows the budget over a long stream, and
+//! the policies that keep everything agreeing with the full cache.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use lethe::model::kv::{Budget, Policy};
+use lethe::model::llama::{KvCache, Llama};
+use tch::{Kind, Tensor};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llama").join(name)
+}
+
+fn kvpress() -> HashMap<String, Tensor> {
+    Tensor::read_safetensors(fixture("kvpress.safetensors")).unwrap().into_iter().collect()
+}
+
+fn policy(spec: &str, budget: i64, context: i64) -> Policy {
+    Policy::parse(spec, Some(Budget::Entries(budget)), context).unwrap()
+}
+
+/// lethe's policy as kvpress's press: `(lethe spec, fixture name)`.
+const PRESSES: [(&str, &str); 4] =
+    [("window", "window"), ("streaming", "streaming"), ("tova", "tova"), ("snapkv:window=8", "snapkv")];
+
+#[test]
+fn each_policy_keeps_the_entries_kvpress_keeps() {
+    let want = kvpress();
+    let ids = &want["ids"];
+    for model_name in ["llama3", "qwen3"] {
+        let model = Llama::load(&fixture(model_name)).unwrap();
+        for (spec, press) in PRESSES {
+            for budget in [24, 12] {
+                let mut cache = KvCache::new(policy(spec, budget, 48));
+                model.forward(ids, &mut cache);
+                for (layer, held) in cache.layers.iter().enumerate() {
+                    let held = held.as_ref().unwrap();
+                    let expected = &want[&format!("{model_name}.{press}.{budget}.{layer}")];
+                    assert_eq!(
+                        held.positions,
+                        *expected,
+                        "{model_name} {spec} budget {budget} layer {layer}: kept {:?}, kvpress {:?}",
+                        Vec::<i64>::try_from(held.positions.flatten(0, -1)).unwrap(),
+                        Vec::<i64>::try_from(expected.flatten(0, -1)).unwrap()
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// StreamingLLM holds its keys unrotated and places them in the cache: rotated at the
+/// places 0, 1, ... they are the keys kvpress's KeyRerotationPress gives.
+#[test]
+fn streaming_keys_rotated_in_the_cache_equal_kvpress_rerotation() {
+    let want = kvpress();
+    for model_name in ["llama3", "qwen3"] {
+        let model = Llama::load(&fixture(model_name)).unwrap();
+        for budget in [24, 12] {
+            let mut cache = KvCache::new(policy("streaming", budget, 48));
+            model.forward(&want["ids"], &mut cache);
+            for (layer, held) in cache.layers.iter().enumerate() {
+                let held = held.as_ref().unwrap();
+                let placed = model.rotate_at(&held.keys, &Tensor::arange(budget, (Kind::Int64, tch::Device::Cpu)));
+                let expected = &want[&format!("{model_name}.streaming_keys.{budget}.{layer}")];
+                let gap = (&placed - expected).abs().max().double_value(&[]);
+                assert!(gap < 1e-5, "{model_name} budget {budget} layer {layer}: keys differ by {gap:.2e}");
+            }
+        }
+    }
+}
+
+/// Every policy holds no more than its budget (SnapKV its budget and its window) after
+/// each token of a stream four times as long, prompt blocks and decoding alike, and the
+/// bytes held are those of the budget.
+#[test]
+fn memory_follows_the_budget_over_a_long_stream() {
+    let model = Llama::load(&fixture("llama3")).unwrap();
+    tch::manual_seed(3);
+    let ids = Tensor::randint_low(0, 300, [1, 160], (Kind::Int64, tch::Device::Cpu));
+    // Two layers, two key-value heads of 8 floats: a key, a value and a position an entry.
+    let entry_bytes = 2 * 2 * (2 * 8 * 4 + 8);
+    for (spec, extra) in [("window", 0), ("streaming", 0), ("h2o", 0), ("tova", 0), ("snapkv:window=8", 8)] {
+        let budget = 40;
+        let mut cache = KvCache::new(policy(spec, budget, 160));
+        model.forward(&ids.narrow(1, 0, 64), &mut cache);
+        let mut bytes = Vec::new();
+        for t in 64..160 {
+            let logits = model.forward(&ids.narrow(1, t, 1), &mut cache);
+            assert!(bool::try_from(logits.isfinite().all()).unwrap(), "{spec}: logits not finite at {t}");
+            for (layer, n) in cache.entries().into_iter().enumerate() {
+                assert!(n <= budget + extra, "{spec}: layer {layer} holds {n} entries at token {t}");
+            }
+            bytes.push(cache.bytes());
+        }
+        let most = *bytes.iter().max().unwrap();
+        assert!(most <= entry_bytes * (budget + extra) as usize, "{spec}: {most} bytes held");
+        if extra == 0 {
+            assert!(bytes.iter().all(|&b| b == entry_bytes * budget as usize), "{spec}: bytes held {bytes:?}");
+        }
+    }
+}
+
+/// A policy whose budget holds the whole stream keeps everything and reads like the full
+/// cache, token by token; StreamingLLM's places are then the absolute positions.
+#[test]
+fn a_budget_that_holds_the_stream_reads_like_the_full_cache() {
+    let model = Llama::load(&fixture("qwen3")).unwrap();
+    let ids = kvpress()["ids"].shallow_clone();
+    let read = |cache: &mut KvCache| {
+        let mut parts = vec![model.forward(&ids.narrow(1, 0, 16), cache)];
+        for t in 16..48 {
+            parts.push(model.forward(&ids.narrow(1, t, 1), cache));
+        }
+        Tensor::cat(&parts, 1)
+    };
+    let full = read(&mut KvCache::default());
+    for spec in ["window", "streaming", "h2o", "tova", "snapkv:window=8"] {
+        let got = read(&mut KvCache::new(policy(spec, 48, 48)));
+        let gap = (&got - &full).abs().max().double_value(&[]);
+        assert!(gap < 1e-5, "{spec}: differs from the full cache by {gap:.2e}");
+    }
+}
