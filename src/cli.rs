@@ -540,9 +540,18 @@ pub struct GenerateArgs {
     #[arg(long, required_unless_present = "init_from", conflicts_with = "init_from")]
     pub checkpoint: Option<PathBuf>,
     /// A pretrained Llama-family model's Hugging Face folder (config.json, its weights,
-    /// tokenizer.json) to generate from as it is, its whole key-value cache kept.
+    /// tokenizer.json) to generate from as it is, its key-value cache kept by --policy.
     #[arg(long, value_name = "FOLDER")]
     pub init_from: Option<PathBuf>,
+    /// With --init-from: what the key-value cache keeps, full, window, streaming, h2o,
+    /// tova or snapkv, with settings as NAME:KEY=VALUE,... (e.g. streaming:sinks=4,
+    /// snapkv:window=64,kernel=5).
+    #[arg(long, value_name = "NAME", default_value = "full")]
+    pub policy: String,
+    /// With --policy other than full: the entries each layer keeps per key-value head (1024),
+    /// or a fraction of the context, prompt and generated tokens (0.25 or 1/4).
+    #[arg(long, value_name = "ENTRIES")]
+    pub budget: Option<String>,
     /// The text to continue.
     #[arg(long, conflicts_with_all = ["prompt_file", "prompt_ids"])]
     pub prompt: Option<String>,

@@ -9,6 +9,8 @@ use lethe::checkpoint::Checkpoint;
 use lethe::config::{Mechanism, Source, PRESETS};
 use lethe::data::Split;
 use lethe::generate::Sampling;
+use lethe::model::kv::{Budget, Policy};
+use lethe::model::llama::KvCache;
 use lethe::model::Lm;
 
 /// Handles --list-presets, --print-config and --help-config; returns true when the
@@ -267,6 +269,11 @@ pub(crate) fn generate(a: GenerateArgs) -> Result<()> {
     let device = lethe::device::parse(&a.device)?;
     let sampling = Sampling { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed };
     sampling.validate()?;
+    if a.init_from.is_none() && (a.policy != "full" || a.budget.is_some()) {
+        anyhow::bail!(
+            "--policy and --budget choose what a pretrained decoder's key-value cache keeps: give --init-from FOLDER"
+        );
+    }
     let prompt = prompt_of(&a)?;
     match (&a.init_from, &a.checkpoint) {
         (Some(folder), _) => generate_pretrained(&a, folder, prompt, &sampling, device),
@@ -418,10 +425,22 @@ fn generate_pretrained(
         anyhow::bail!("`{}` has no tokenizer.json: give the prompt as --prompt-ids 1,2,3", folder.display());
     }
     let ids = prompt_tokens(a, &prompt, tokenizer.as_ref(), vocab)?;
+    let budget = a.budget.as_deref().map(Budget::parse).transpose()?;
+    let policy = Policy::parse(&a.policy, budget, (ids.len() + a.bytes) as i64)?;
+    let mut cache = KvCache::new(policy.clone());
     let mut printer = Printer::new(a, tokenizer.as_ref());
     printer.prompt(&prompt, &ids)?;
-    lethe::generate::stream_decoder(&model, &ids, a.bytes, sampling, prompt_progress("tokens"), |t| printer.token(t))?;
-    printer.finish()
+    let progress = prompt_progress("tokens");
+    lethe::generate::stream_decoder(&model, &mut cache, &ids, a.bytes, sampling, progress, |t| printer.token(t))?;
+    printer.finish()?;
+    let most = cache.entries().into_iter().max().unwrap_or(0);
+    let budget = policy.budget.map_or(String::new(), |b| format!(", budget {b}"));
+    eprintln!(
+        "cache ({}{budget}): {most} entries a layer and key-value head, {:.1} MiB",
+        policy.name,
+        cache.bytes() as f64 / (1 << 20) as f64
+    );
+    Ok(())
 }
 
 /// The folder's tokenizer.json, if it has one; refused when it gives ids the model has no

@@ -37,7 +37,7 @@ fn each_policy_keeps_the_entries_kvpress_keeps() {
         for (spec, press) in PRESSES {
             for budget in [24, 12] {
                 let mut cache = KvCache::new(policy(spec, budget, 48));
-                model.forward(ids, &mut cache);
+                let _ = model.forward(ids, &mut cache);
                 for (layer, held) in cache.layers.iter().enumerate() {
                     let held = held.as_ref().unwrap();
                     let expected = &want[&format!("{model_name}.{press}.{budget}.{layer}")];
@@ -63,7 +63,7 @@ fn streaming_keys_rotated_in_the_cache_equal_kvpress_rerotation() {
         let model = Llama::load(&fixture(model_name)).unwrap();
         for budget in [24, 12] {
             let mut cache = KvCache::new(policy("streaming", budget, 48));
-            model.forward(&want["ids"], &mut cache);
+            let _ = model.forward(&want["ids"], &mut cache);
             for (layer, held) in cache.layers.iter().enumerate() {
                 let held = held.as_ref().unwrap();
                 let placed = model.rotate_at(&held.keys, &Tensor::arange(budget, (Kind::Int64, tch::Device::Cpu)));
@@ -88,7 +88,7 @@ fn memory_follows_the_budget_over_a_long_stream() {
     for (spec, extra) in [("window", 0), ("streaming", 0), ("h2o", 0), ("tova", 0), ("snapkv:window=8", 8)] {
         let budget = 40;
         let mut cache = KvCache::new(policy(spec, budget, 160));
-        model.forward(&ids.narrow(1, 0, 64), &mut cache);
+        let _ = model.forward(&ids.narrow(1, 0, 64), &mut cache);
         let mut bytes = Vec::new();
         for t in 64..160 {
             let logits = model.forward(&ids.narrow(1, t, 1), &mut cache);
@@ -125,4 +125,84 @@ fn a_budget_that_holds_the_stream_reads_like_the_full_cache() {
         let gap = (&got - &full).abs().max().double_value(&[]);
         assert!(gap < 1e-5, "{spec}: differs from the full cache by {gap:.2e}");
     }
+}
+
+fn lethe(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_lethe")).args(args).output().unwrap()
+}
+
+/// `lethe generate --init-from FOLDER --policy NAME --budget N` decodes greedily the ids
+/// the library gives over a cache under that policy, and says what the cache held.
+#[test]
+fn generation_under_a_policy_gives_the_ids_of_the_library() {
+    let folder = fixture("llama3");
+    let model = Llama::load(&folder).unwrap();
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 7 + 3) % 300).collect();
+    let prompt_ids = prompt.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+    let greedy = lethe::generate::Sampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 1 };
+    for (spec, budget) in [("h2o", "16"), ("tova", "1/4"), ("streaming:sinks=2", "12"), ("snapkv:window=4", "0.5")] {
+        let context = (prompt.len() + 10) as i64;
+        let policy = Policy::parse(spec, Some(Budget::parse(budget).unwrap()), context).unwrap();
+        let mut want = Vec::new();
+        let mut cache = KvCache::new(policy);
+        lethe::generate::stream_decoder(
+            &model,
+            &mut cache,
+            &prompt,
+            10,
+            &greedy,
+            |_, _| {},
+            |t| {
+                want.push(t.to_string());
+                Ok(())
+            },
+        )
+        .unwrap();
+        let out = lethe(&[
+            "generate",
+            "--init-from",
+            folder.to_str().unwrap(),
+            "--prompt-ids",
+            &prompt_ids,
+            "--print-ids",
+            "--temperature",
+            "0",
+            "--tokens",
+            "10",
+            "--policy",
+            spec,
+            "--budget",
+            budget,
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{spec}: {stderr}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), want.join(","), "{spec}");
+        let held = cache.entries()[0];
+        assert!(stderr.contains(&format!("{held} entries a layer")), "{spec}: {stderr}");
+    }
+}
+
+/// Bad policies and budgets end with one line naming the flag and a non-zero exit.
+#[test]
+fn bad_policies_and_budgets_are_refused_in_one_line() {
+    let folder = fixture("qwen3");
+    let folder = folder.to_str().unwrap();
+    let base = ["generate", "--init-from", folder, "--prompt-ids", "1,2,3,4,5,6,7,8", "--tokens", "4"];
+    for (extra, needle) in [
+        (&["--policy", "h2o", "--budget", "0"][..], "--budget 0: a budget must keep at least one entry"),
+        (&["--policy", "h2o", "--budget", "13"], "--budget 13 is more than the 12 tokens of context"),
+        (&["--policy", "h2o"], "--policy h2o needs --budget"),
+        (&["--budget", "4"], "--policy full keeps every entry"),
+        (&["--policy", "lru", "--budget", "4"], "--policy lru: unknown"),
+        (&["--policy", "snapkv", "--budget", "8"], "window = 64"),
+        (&["--policy", "h2o", "--budget", "1.5"], "--budget 1.5: a fraction must be in (0, 1]"),
+    ] {
+        let out = lethe(&[&base[..], extra].concat());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(needle), "{extra:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{extra:?}: {err}");
+    }
+    let out = lethe(&["generate", "--checkpoint", "run", "--policy", "h2o", "--budget", "4"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--init-from"), "{err}");
 }

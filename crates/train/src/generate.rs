@@ -270,10 +270,12 @@ pub fn stream(
 /// Tokens a pretrained decoder reads its prompt in at a time ([`stream_decoder`]).
 pub const PROMPT_BLOCK: usize = 512;
 
-/// [`stream`] for a Llama-family decoder with its whole key-value cache: the prompt read
-/// in blocks of [`PROMPT_BLOCK`] tokens, then one token at a time, each reading the cache.
+/// [`stream`] for a Llama-family decoder over `cache`, which keeps what its policy says
+/// (the whole cache by default): the prompt read in blocks of [`PROMPT_BLOCK`] tokens,
+/// then one token at a time, each reading the cache.
 pub fn stream_decoder(
     model: &Llama,
+    cache: &mut KvCache,
     prompt: &[Token],
     count: usize,
     sampling: &Sampling,
@@ -289,11 +291,10 @@ pub fn stream_decoder(
     }
     let last =
         |ids: &[i64], cache: &mut KvCache| model.forward(&Tensor::from_slice(ids).unsqueeze(0), cache).get(0).get(-1);
-    let mut cache = KvCache::default();
     let mut logits = Tensor::new();
     for (i, block) in prompt.chunks(PROMPT_BLOCK).enumerate() {
         let ids: Vec<i64> = block.iter().map(|&t| t as i64).collect();
-        logits = last(&ids, &mut cache);
+        logits = last(&ids, cache);
         progress(i * PROMPT_BLOCK + block.len(), prompt.len());
     }
     let mut rng = Rng::new(sampling.seed);
@@ -301,7 +302,7 @@ pub fn stream_decoder(
         let next = choose(&logits, sampling, &mut rng);
         emit(next)?;
         if i + 1 < count {
-            logits = last(&[next as i64], &mut cache);
+            logits = last(&[next as i64], cache);
         }
     }
     Ok(())
