@@ -495,12 +495,27 @@ pub struct TrainArgs {
 #[derive(Args, Debug)]
 pub struct EvalArgs {
     /// Checkpoint file, or a run folder holding checkpoint.safetensors.
-    #[arg(long)]
-    pub checkpoint: PathBuf,
+    #[arg(long, required_unless_present = "init_from", conflicts_with = "init_from")]
+    pub checkpoint: Option<PathBuf>,
+    /// A pretrained Llama-family model's Hugging Face folder: its perplexity on the text
+    /// --data FILE (one stream, through the folder's tokenizer.json), its key-value
+    /// cache kept by --policy.
+    #[arg(long, value_name = "FOLDER")]
+    pub init_from: Option<PathBuf>,
+    /// With --init-from: what the key-value cache keeps (full, window, streaming, h2o,
+    /// tova, snapkv; NAME:KEY=VALUE,... for settings).
+    #[arg(long, value_name = "NAME", default_value = "full")]
+    pub policy: String,
+    /// With --policy other than full: the entries each layer keeps per key-value head, or a
+    /// fraction of the tokens scored (0.25 or 1/4).
+    #[arg(long, value_name = "ENTRIES")]
+    pub budget: Option<String>,
     /// train, valid or test [default: valid].
     #[arg(long)]
     pub split: Option<String>,
-    /// Block length at evaluation (default: the training block length).
+    /// Block length at evaluation (default: the training block length; with --init-from,
+    /// 512 for the full cache and 1 under a policy, so that every token is predicted
+    /// from the budget's entries alone).
     #[arg(long, allow_negative_numbers = true)]
     pub block: Option<usize>,
     /// Parallel streams (default: the training batch).

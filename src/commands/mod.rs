@@ -2,6 +2,7 @@
 //! library and prints. `main` dispatches to them.
 
 pub(crate) mod bench;
+pub(crate) mod decoder;
 pub(crate) mod dialogue;
 pub(crate) mod inspect;
 pub(crate) mod longeval;

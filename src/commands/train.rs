@@ -5,12 +5,11 @@ use std::io::Write;
 use anyhow::{Context, Result};
 
 use crate::cli::{EvalArgs, GenerateArgs, TrainArgs};
+use crate::commands::decoder;
 use lethe::checkpoint::Checkpoint;
 use lethe::config::{Mechanism, Source, PRESETS};
 use lethe::data::Split;
 use lethe::generate::Sampling;
-use lethe::model::kv::{Budget, Policy};
-use lethe::model::llama::KvCache;
 use lethe::model::Lm;
 
 /// Handles --list-presets, --print-config and --help-config; returns true when the
@@ -112,7 +111,17 @@ pub(crate) fn load_checkpoint(path: &std::path::Path, max_span: Option<usize>) -
 
 pub(crate) fn eval(a: EvalArgs) -> Result<()> {
     let device = lethe::device::parse(&a.device)?;
-    let mut ckpt = load_checkpoint(&a.checkpoint, a.max_span)?;
+    if a.init_from.is_none() && (a.policy != "full" || a.budget.is_some()) {
+        anyhow::bail!(
+            "--policy and --budget choose what a pretrained decoder's key-value cache keeps: give --init-from FOLDER"
+        );
+    }
+    let checkpoint = match (&a.init_from, &a.checkpoint) {
+        (Some(folder), _) => return decoder::eval(&a, folder, device),
+        (None, Some(checkpoint)) => checkpoint.clone(),
+        (None, None) => anyhow::bail!("give a model with --checkpoint RUN or --init-from FOLDER"),
+    };
+    let mut ckpt = load_checkpoint(&checkpoint, a.max_span)?;
     ckpt.config = same_tokenizer(&ckpt.config, ckpt.config.clone().apply_overrides(&a.overrides)?)?;
     ckpt.config.validate()?;
     if ckpt.config.data.source.is_rl() {
@@ -141,7 +150,7 @@ pub(crate) fn eval(a: EvalArgs) -> Result<()> {
         anyhow::bail!("--batch must be at least 1");
     }
     if let Some(path) = &a.per_token {
-        let checkpoint = lethe::checkpoint::resolve(&a.checkpoint);
+        let checkpoint = lethe::checkpoint::resolve(&checkpoint);
         lethe::output::check("--per-token", path, &[&checkpoint, cfg.data.path.as_deref().unwrap_or(&checkpoint)])?;
     }
     let mut sized = cfg.clone();
@@ -276,14 +285,14 @@ pub(crate) fn generate(a: GenerateArgs) -> Result<()> {
     }
     let prompt = prompt_of(&a)?;
     match (&a.init_from, &a.checkpoint) {
-        (Some(folder), _) => generate_pretrained(&a, folder, prompt, &sampling, device),
+        (Some(folder), _) => decoder::generate(&a, folder, prompt, &sampling, device),
         (None, Some(checkpoint)) => generate_from_run(&a, checkpoint, prompt, &sampling, device),
         (None, None) => anyhow::bail!("give a model with --checkpoint RUN or --init-from FOLDER"),
     }
 }
 
 /// The prompt as given: text (`--prompt`, `--prompt-file`) or token ids (`--prompt-ids`).
-enum Prompt {
+pub(crate) enum Prompt {
     Text(Vec<u8>),
     Ids(Vec<u32>),
 }
@@ -303,7 +312,7 @@ fn prompt_of(a: &GenerateArgs) -> Result<Prompt> {
 
 /// The prompt's tokens: ids as given (each below `vocab`), or the text through `tokenizer`
 /// (bytes without one).
-fn prompt_tokens(
+pub(crate) fn prompt_tokens(
     a: &GenerateArgs,
     prompt: &Prompt,
     tokenizer: Option<&lethe::data::tokenizer::Tokenizer>,
@@ -325,7 +334,7 @@ fn prompt_tokens(
 
 /// Where `lethe generate` writes: the prompt and its continuation as text, or with
 /// `--print-ids` the generated ids, comma-separated.
-struct Printer<'t> {
+pub(crate) struct Printer<'t> {
     out: std::io::StdoutLock<'static>,
     text: Option<lethe::data::tokenizer::TextStream<'t>>,
     ids: bool,
@@ -333,13 +342,13 @@ struct Printer<'t> {
 }
 
 impl<'t> Printer<'t> {
-    fn new(a: &GenerateArgs, tokenizer: Option<&'t lethe::data::tokenizer::Tokenizer>) -> Printer<'t> {
+    pub(crate) fn new(a: &GenerateArgs, tokenizer: Option<&'t lethe::data::tokenizer::Tokenizer>) -> Printer<'t> {
         let text = tokenizer.map(lethe::data::tokenizer::TextStream::new);
         Printer { out: std::io::stdout().lock(), text, ids: a.print_ids, written: 0 }
     }
 
     /// The prompt, echoed before the continuation (text only).
-    fn prompt(&mut self, prompt: &Prompt, tokens: &[lethe::data::Token]) -> Result<()> {
+    pub(crate) fn prompt(&mut self, prompt: &Prompt, tokens: &[lethe::data::Token]) -> Result<()> {
         if self.ids {
             return Ok(());
         }
@@ -354,7 +363,7 @@ impl<'t> Printer<'t> {
         Ok(self.out.flush()?)
     }
 
-    fn token(&mut self, t: lethe::data::Token) -> lethe::Result<()> {
+    pub(crate) fn token(&mut self, t: lethe::data::Token) -> lethe::Result<()> {
         let piece = match (self.ids, self.text.as_mut()) {
             (true, _) => format!("{}{t}", if self.written > 0 { "," } else { "" }).into_bytes(),
             (false, None) => vec![t as u8],
@@ -364,7 +373,7 @@ impl<'t> Printer<'t> {
         self.out.write_all(&piece).and_then(|()| self.out.flush()).map_err(|e| lethe::LetheError::io("stdout", e))
     }
 
-    fn finish(mut self) -> Result<()> {
+    pub(crate) fn finish(mut self) -> Result<()> {
         if let (false, Some(s)) = (self.ids, self.text.as_mut()) {
             self.out.write_all(s.finish()?.as_bytes())?;
         }
@@ -373,7 +382,7 @@ impl<'t> Printer<'t> {
 }
 
 /// Reports how much of a long prompt has been read, every 2 s.
-fn prompt_progress(unit: &'static str) -> impl FnMut(usize, usize) {
+pub(crate) fn prompt_progress(unit: &'static str) -> impl FnMut(usize, usize) {
     let mut last_report = std::time::Instant::now();
     move |done: usize, total: usize| {
         if last_report.elapsed().as_secs_f64() >= 2.0 && done < total {
@@ -401,61 +410,4 @@ fn generate_from_run(
     printer.prompt(&prompt, &ids)?;
     lethe::generate::stream(&lm, &ids, a.bytes, sampling, prompt_progress(unit), |t| printer.token(t))?;
     printer.finish()
-}
-
-/// `lethe generate --init-from FOLDER`: a pretrained Llama-family decoder as it is, on
-/// the CPU, with its tokenizer.json when the prompt is text.
-fn generate_pretrained(
-    a: &GenerateArgs,
-    folder: &std::path::Path,
-    prompt: Prompt,
-    sampling: &Sampling,
-    device: tch::Device,
-) -> Result<()> {
-    if device != tch::Device::Cpu {
-        anyhow::bail!("--init-from FOLDER generates on the CPU: give --device cpu");
-    }
-    if a.max_span.is_some() {
-        anyhow::bail!("--max-span caps Expire-Span's spans: a pretrained decoder from --init-from has none");
-    }
-    let model = lethe::model::llama::Llama::load(folder)?;
-    let vocab = model.config.vocab_size as usize;
-    let tokenizer = pretrained_tokenizer(folder, vocab)?;
-    if let (Prompt::Text(_), None) = (&prompt, &tokenizer) {
-        anyhow::bail!("`{}` has no tokenizer.json: give the prompt as --prompt-ids 1,2,3", folder.display());
-    }
-    let ids = prompt_tokens(a, &prompt, tokenizer.as_ref(), vocab)?;
-    let budget = a.budget.as_deref().map(Budget::parse).transpose()?;
-    let policy = Policy::parse(&a.policy, budget, (ids.len() + a.bytes) as i64)?;
-    let mut cache = KvCache::new(policy.clone());
-    let mut printer = Printer::new(a, tokenizer.as_ref());
-    printer.prompt(&prompt, &ids)?;
-    let progress = prompt_progress("tokens");
-    lethe::generate::stream_decoder(&model, &mut cache, &ids, a.bytes, sampling, progress, |t| printer.token(t))?;
-    printer.finish()?;
-    let most = cache.entries().into_iter().max().unwrap_or(0);
-    let budget = policy.budget.map_or(String::new(), |b| format!(", budget {b}"));
-    eprintln!(
-        "cache ({}{budget}): {most} entries a layer and key-value head, {:.1} MiB",
-        policy.name,
-        cache.bytes() as f64 / (1 << 20) as f64
-    );
-    Ok(())
-}
-
-/// The folder's tokenizer.json, if it has one; refused when it gives ids the model has no
-/// row for.
-fn pretrained_tokenizer(folder: &std::path::Path, vocab: usize) -> Result<Option<lethe::data::tokenizer::Tokenizer>> {
-    if !folder.join("tokenizer.json").is_file() {
-        return Ok(None);
-    }
-    let tokenizer = lethe::data::tokenizer::Tokenizer::from_dir(folder)?;
-    if tokenizer.vocab_size() > vocab {
-        anyhow::bail!(
-            "`{}`: tokenizer.json has {} tokens, more than config.json's vocab_size = {vocab}",
-            folder.join("tokenizer.json").display(),
-            tokenizer.vocab_size()
-        );
-    }
-    Ok(Some(tokenizer))
 }

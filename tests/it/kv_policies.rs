@@ -206,3 +206,58 @@ fn bad_policies_and_budgets_are_refused_in_one_line() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("--init-from"), "{err}");
 }
+
+/// A decoder's loss over a stream, from the full cache, is the mean negative
+/// log-likelihood `transformers`' logits give the same ids, whatever the block.
+#[test]
+fn decoder_loss_equals_the_one_transformers_logits_give() {
+    for name in ["llama3", "qwen3", "mistral"] {
+        let folder = fixture(name);
+        let model = Llama::load(&folder).unwrap();
+        let want: HashMap<String, Tensor> =
+            Tensor::read_safetensors(folder.join("expected.safetensors")).unwrap().into_iter().collect();
+        let ids = Vec::<i64>::try_from(want["ids"].get(0)).unwrap();
+        let logp = want["logits"].get(0).narrow(0, 0, 19).log_softmax(-1, Kind::Double);
+        let targets = Tensor::from_slice(&ids[1..]).unsqueeze(1);
+        let reference = -logp.gather(1, &targets, false).mean(Kind::Double).double_value(&[]);
+        let ids: Vec<u32> = ids.iter().map(|&t| t as u32).collect();
+        for block in [1, 5, 512] {
+            let mut cache = KvCache::default();
+            let r = lethe::eval::evaluate_decoder(&model, &mut cache, &ids, block, |_, _| {}).unwrap();
+            assert_eq!((r.tokens, r.held.clone()), (19, vec![19, 19]), "{name} block {block}");
+            assert!((r.loss - reference).abs() < 1e-5, "{name} block {block}: {} against {reference}", r.loss);
+        }
+    }
+}
+
+/// `lethe eval --init-from FOLDER --data FILE --policy NAME --budget N` scores the text
+/// with the cache within its budget; flags of a lethe run are refused.
+#[test]
+fn eval_from_a_folder_scores_a_text_within_the_budget() {
+    let folder = fixture("llama3");
+    let folder = folder.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("text.txt");
+    std::fs::write(&text, "The cache keeps 1024 entries: StreamingLLM keeps the first tokens and a window. ".repeat(8))
+        .unwrap();
+    let text = text.to_str().unwrap();
+    let out = lethe(&["eval", "--init-from", folder, "--data", text, "--policy", "h2o", "--budget", "16", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["held"], serde_json::json!([16, 16]), "{r}");
+    assert_eq!(r["block"], 1);
+    assert!(r["loss"].as_f64().unwrap() > 0.0 && r["tokens"].as_u64().unwrap() > 16, "{r}");
+    let refused = |args: &[&str], needle: &str| {
+        let out = lethe(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(needle), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+    };
+    refused(&["eval", "--init-from", folder, "--data", text, "--split", "test"], "--split applies to a lethe run");
+    refused(
+        &["eval", "--init-from", folder, "--data", text, "--policy", "tova", "--budget", "100000"],
+        "100000 is more",
+    );
+    refused(&["eval", "--init-from", folder, "--data", "/nonexistent/text.txt"], "--data `/nonexistent/text.txt`");
+    refused(&["eval", "--init-from", folder], "give --data FILE");
+}

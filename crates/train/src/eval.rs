@@ -394,3 +394,66 @@ mod tests {
         assert_eq!((a.right, a.total), (1, 2));
     }
 }
+
+/// A pretrained decoder's scores over one stream ([`evaluate_decoder`]).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DecoderEval {
+    /// Mean negative log-likelihood per predicted token, in nats.
+    pub loss: f64,
+    /// `exp(loss)`.
+    pub ppl: f64,
+    /// Share of tokens predicted exactly (argmax).
+    pub accuracy: f64,
+    /// Predicted tokens (every token but the first).
+    pub tokens: usize,
+    /// Tokens read at a time.
+    pub block: usize,
+    /// The most entries each layer held per key-value head, after any chunk.
+    pub held: Vec<i64>,
+    /// The most bytes the cache held (keys, values, positions), after any chunk.
+    pub cache_bytes: usize,
+}
+
+/// Scores `model` on the stream `ids`, read `block` tokens at a time over `cache` (whose
+/// policy evicts after each chunk, so with a budget each token is predicted from the
+/// budget's entries and the chunk's tokens before it), each token predicting the next.
+/// Calls `progress(tokens read, tokens)` after every chunk.
+pub fn evaluate_decoder(
+    model: &lethe_model::llama::Llama,
+    cache: &mut lethe_model::llama::KvCache,
+    ids: &[lethe_data::Token],
+    block: usize,
+    mut progress: impl FnMut(usize, usize),
+) -> Result<DecoderEval> {
+    if ids.len() < 2 || block == 0 {
+        return Err(LetheError::Invalid(format!(
+            "a decoder is scored on at least 2 tokens, read at least 1 at a time (got {} tokens, block {block})",
+            ids.len()
+        )));
+    }
+    let vocab = model.config.vocab_size;
+    if let Some(&bad) = ids.iter().find(|&&t| t as i64 >= vocab) {
+        return Err(LetheError::Invalid(format!("token {bad} is not below the model's vocab_size = {vocab}")));
+    }
+    let ids: Vec<i64> = ids.iter().map(|&t| t as i64).collect();
+    let predicted = ids.len() - 1;
+    let (mut nll, mut right) = (0.0f64, 0i64);
+    let mut held = Vec::new();
+    let mut cache_bytes = 0;
+    for start in (0..predicted).step_by(block) {
+        let t = block.min(predicted - start);
+        let logits = model.forward(&Tensor::from_slice(&ids[start..start + t]).unsqueeze(0), cache).get(0); // (t, V)
+        let targets = Tensor::from_slice(&ids[start + 1..start + 1 + t]);
+        let logp = logits.log_softmax(-1, Kind::Float).gather(1, &targets.unsqueeze(1), false);
+        nll -= logp.to_kind(Kind::Double).sum(Kind::Double).double_value(&[]);
+        right += logits.argmax(-1, false).eq_tensor(&targets).sum(Kind::Int64).int64_value(&[]);
+        let entries = cache.entries();
+        held.resize(entries.len(), 0);
+        held.iter_mut().zip(entries).for_each(|(h, e)| *h = (*h).max(e));
+        cache_bytes = cache_bytes.max(cache.bytes());
+        progress(start + t, predicted);
+    }
+    let loss = nll / predicted as f64;
+    let accuracy = right as f64 / predicted as f64;
+    Ok(DecoderEval { loss, ppl: loss.exp(), accuracy, tokens: predicted, block, held, cache_bytes })
+}

@@ -1,0 +1,162 @@
+//! The commands on a pretrained Llama-family decoder read from its Hugging Face folder
+//! (`--init-from FOLDER`): generating, and scoring a text, each over a key-value cache
+//! kept by `--policy` within `--budget`.
+
+use anyhow::Result;
+
+use crate::cli::{EvalArgs, GenerateArgs};
+use crate::commands::train::{prompt_progress, prompt_tokens, Printer, Prompt};
+use lethe::generate::Sampling;
+use lethe::model::kv::{Budget, Policy};
+use lethe::model::llama::{KvCache, Llama};
+
+/// The policy `--policy` and `--budget` give for a stream of `context` tokens.
+fn policy_of(policy: &str, budget: Option<&str>, context: usize) -> Result<Policy> {
+    let budget = budget.map(Budget::parse).transpose()?;
+    Ok(Policy::parse(policy, budget, context as i64)?)
+}
+
+fn mib(bytes: usize) -> f64 {
+    bytes as f64 / (1 << 20) as f64
+}
+
+/// `lethe generate --init-from FOLDER`: a pretrained Llama-family decoder as it is, on
+/// the CPU, with its tokenizer.json when the prompt is text.
+pub(crate) fn generate(
+    a: &GenerateArgs,
+    folder: &std::path::Path,
+    prompt: Prompt,
+    sampling: &Sampling,
+    device: tch::Device,
+) -> Result<()> {
+    if device != tch::Device::Cpu {
+        anyhow::bail!("--init-from FOLDER generates on the CPU: give --device cpu");
+    }
+    if a.max_span.is_some() {
+        anyhow::bail!("--max-span caps Expire-Span's spans: a pretrained decoder from --init-from has none");
+    }
+    let model = Llama::load(folder)?;
+    let vocab = model.config.vocab_size as usize;
+    let tokenizer = pretrained_tokenizer(folder, vocab)?;
+    if let (Prompt::Text(_), None) = (&prompt, &tokenizer) {
+        anyhow::bail!("`{}` has no tokenizer.json: give the prompt as --prompt-ids 1,2,3", folder.display());
+    }
+    let ids = prompt_tokens(a, &prompt, tokenizer.as_ref(), vocab)?;
+    let policy = policy_of(&a.policy, a.budget.as_deref(), ids.len() + a.bytes)?;
+    let mut cache = KvCache::new(policy.clone());
+    let mut printer = Printer::new(a, tokenizer.as_ref());
+    printer.prompt(&prompt, &ids)?;
+    let progress = prompt_progress("tokens");
+    lethe::generate::stream_decoder(&model, &mut cache, &ids, a.bytes, sampling, progress, |t| printer.token(t))?;
+    printer.finish()?;
+    let most = cache.entries().into_iter().max().unwrap_or(0);
+    let budget = policy.budget.map_or(String::new(), |b| format!(", budget {b}"));
+    eprintln!(
+        "cache ({}{budget}): {most} entries a layer and key-value head, {:.1} MiB",
+        policy.name,
+        mib(cache.bytes())
+    );
+    Ok(())
+}
+
+/// The folder's tokenizer.json, if it has one; refused when it gives ids the model has no
+/// row for.
+fn pretrained_tokenizer(folder: &std::path::Path, vocab: usize) -> Result<Option<lethe::data::tokenizer::Tokenizer>> {
+    if !folder.join("tokenizer.json").is_file() {
+        return Ok(None);
+    }
+    let tokenizer = lethe::data::tokenizer::Tokenizer::from_dir(folder)?;
+    if tokenizer.vocab_size() > vocab {
+        anyhow::bail!(
+            "`{}`: tokenizer.json has {} tokens, more than config.json's vocab_size = {vocab}",
+            folder.join("tokenizer.json").display(),
+            tokenizer.vocab_size()
+        );
+    }
+    Ok(Some(tokenizer))
+}
+
+/// `lethe eval --init-from FOLDER --data FILE`: the decoder's perplexity on the text, one
+/// stream through the folder's tokenizer, read `--block` tokens at a time over a cache
+/// kept by `--policy`.
+pub(crate) fn eval(a: &EvalArgs, folder: &std::path::Path, device: tch::Device) -> Result<()> {
+    refuse_run_flags(a)?;
+    if device != tch::Device::Cpu {
+        anyhow::bail!("--init-from FOLDER evaluates on the CPU: give --device cpu");
+    }
+    let data =
+        a.data.as_deref().ok_or_else(|| anyhow::anyhow!("--init-from FOLDER scores a text: give --data FILE"))?;
+    let model = Llama::load(folder)?;
+    let Some(tokenizer) = pretrained_tokenizer(folder, model.config.vocab_size as usize)? else {
+        anyhow::bail!("`{}` has no tokenizer.json: lethe eval reads the text through it", folder.display());
+    };
+    let text = lethe::input::read_to_string(data).map_err(|e| anyhow::anyhow!("--data `{}`: {e}", data.display()))?;
+    let mut ids = tokenizer.encode(&text)?;
+    if let Some(max) = a.max_tokens {
+        if max == 0 {
+            anyhow::bail!("--max-tokens must be at least 1");
+        }
+        ids.truncate(max + 1);
+    }
+    if ids.len() < 2 {
+        anyhow::bail!("--data `{}`: {} token(s); a decoder is scored on at least 2", data.display(), ids.len());
+    }
+    let policy = policy_of(&a.policy, a.budget.as_deref(), ids.len())?;
+    let block = a.block.unwrap_or(if policy.budget.is_some() { 1 } else { lethe::generate::PROMPT_BLOCK });
+    if block == 0 {
+        anyhow::bail!("--block must be at least 1");
+    }
+    let started = std::time::Instant::now();
+    let mut cache = KvCache::new(policy.clone());
+    let r = lethe::eval::evaluate_decoder(&model, &mut cache, &ids, block, eval_progress(started))?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(());
+    }
+    let budget = policy.budget.map_or(String::new(), |b| format!(", budget {b}"));
+    println!(
+        "{}: loss {:.4} nats, perplexity {:.3}, accuracy {:.2}% over {} tokens (policy {}{budget}, block {block})",
+        data.display(),
+        r.loss,
+        r.ppl,
+        100.0 * r.accuracy,
+        r.tokens,
+        policy.name
+    );
+    let held = r.held.iter().map(i64::to_string).collect::<Vec<_>>().join(", ");
+    println!("cache held per layer [{held}] entries a key-value head at most, {:.1} MiB", mib(r.cache_bytes));
+    println!("evaluated in {:.1} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Refuses the flags of `lethe eval` that belong to a lethe run.
+fn refuse_run_flags(a: &EvalArgs) -> Result<()> {
+    let given = [
+        ("--split", a.split.is_some()),
+        ("--batch", a.batch.is_some()),
+        ("--per-token", a.per_token.is_some()),
+        ("--max-span", a.max_span.is_some()),
+        ("--episodes", a.episodes.is_some()),
+        ("--set", !a.overrides.is_empty()),
+    ];
+    if let Some((flag, _)) = given.iter().find(|(_, set)| *set) {
+        anyhow::bail!("{flag} applies to a lethe run (--checkpoint); --init-from FOLDER scores one stream of --data");
+    }
+    Ok(())
+}
+
+/// Reports the tokens scored so far every 5 s, with the time left.
+fn eval_progress(started: std::time::Instant) -> impl FnMut(usize, usize) {
+    let mut last_report = started;
+    move |done: usize, total: usize| {
+        if last_report.elapsed().as_secs_f64() >= 5.0 && done < total {
+            last_report = std::time::Instant::now();
+            let eta = started.elapsed().as_secs_f64() / done as f64 * (total - done) as f64;
+            eprintln!(
+                "eval: {done}/{total} tokens ({:.0}%), ETA {}",
+                100.0 * done as f64 / total as f64,
+                lethe::metrics::format_duration(std::time::Duration::from_secs_f64(eta))
+            );
+        }
+    }
+}
