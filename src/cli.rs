@@ -663,6 +663,18 @@ pub struct BenchArgs {
     /// Parent folder: bench.json and bench.csv go to <out>/<name>.
     #[arg(long, default_value = "runs")]
     pub out: PathBuf,
+    /// With --init-from a Llama-family folder: a key-value cache policy to time,
+    /// NAME[:KEY=VALUE,...][@BUDGET], e.g. full, h2o@1024, snapkv:window=32@1/8
+    /// (repeatable; default full).
+    #[arg(long = "kv", value_name = "POLICY[@BUDGET]")]
+    pub kv: Vec<String>,
+    /// With --init-from a Llama-family folder: prompt lengths in tokens before decoding,
+    /// e.g. 1k,4k,16k [default: 1k].
+    #[arg(long, value_name = "TOKENS", value_parser = lengths)]
+    pub contexts: Option<Lengths>,
+    /// With --init-from a Llama-family folder: tokens decoded after each prompt.
+    #[arg(long, allow_negative_numbers = true, default_value_t = 32)]
+    pub decode_tokens: usize,
 }
 
 #[derive(Args, Debug)]

@@ -43,6 +43,7 @@ fn compile_csrc(lib: &std::path::Path) {
         .file("csrc/chunks.cpp")
         .file("csrc/compact.cpp")
         .file("csrc/context.cpp")
+        .file("csrc/decode.cpp")
         .file("csrc/dist.cpp")
         .file("csrc/expire_attend.cpp")
         .file("csrc/expire_bias.cpp")

@@ -553,6 +553,7 @@ fn random_batch(rng: &mut Rng, batch: usize, block: usize, vocab: usize, reset: 
     }
 }
 
+pub mod decode;
 mod flops;
 mod plan;
 mod report;

@@ -12,6 +12,12 @@ pub(crate) fn bench(a: BenchArgs) -> Result<()> {
     if informational(&a.config)? {
         return Ok(());
     }
+    if let Some(folder) = a.config.init_from.as_deref().filter(|f| lethe::model::llama::is_llama_folder(f)) {
+        return super::decoder::bench(&a, folder);
+    }
+    if !a.kv.is_empty() || a.contexts.is_some() {
+        anyhow::bail!("--kv and --contexts time a pretrained decoder: give --init-from with a Llama-family folder");
+    }
     let cfg = a.config.resolve()?;
     let scale = a.scale.as_deref().map(lethe::bench::parse_scale).transpose()?;
     let cases = lethe::bench::plan(&cfg, &a.mechanisms, scale.as_ref(), a.context)?;

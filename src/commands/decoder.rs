@@ -4,7 +4,7 @@
 
 use anyhow::Result;
 
-use crate::cli::{EvalArgs, GenerateArgs};
+use crate::cli::{BenchArgs, EvalArgs, GenerateArgs};
 use crate::commands::train::{prompt_progress, prompt_tokens, Printer, Prompt};
 use lethe::generate::Sampling;
 use lethe::model::kv::{Budget, Policy};
@@ -159,4 +159,82 @@ fn eval_progress(started: std::time::Instant) -> impl FnMut(usize, usize) {
             );
         }
     }
+}
+
+/// `lethe bench --init-from FOLDER`: prefill and decode speed and memory of a
+/// Llama-family decoder under each `--kv` policy at each `--contexts` length, in turns.
+pub(crate) fn bench(a: &BenchArgs, folder: &std::path::Path) -> Result<()> {
+    refuse_training_bench_flags(a)?;
+    let device = a.config.device.as_deref().unwrap_or("cpu");
+    if device != "cpu" {
+        anyhow::bail!("--init-from FOLDER benches on the CPU: give --device cpu");
+    }
+    if a.rounds == 0 || a.decode_tokens == 0 {
+        anyhow::bail!("--rounds and --decode-tokens must be at least 1");
+    }
+    let model = Llama::load(folder)?;
+    let contexts = a.contexts.as_ref().map_or(vec![1024], |l| l.0.clone());
+    let kv = if a.kv.is_empty() { vec!["full".to_string()] } else { a.kv.clone() };
+    let mut cases = Vec::new();
+    for item in &kv {
+        let (spec, budget) = match item.rsplit_once('@') {
+            Some((spec, budget)) => {
+                (spec, Some(Budget::parse(budget).map_err(|e| anyhow::anyhow!("--kv {item}: {e}"))?))
+            }
+            None => (item.as_str(), None),
+        };
+        for &context in &contexts {
+            cases.push(lethe::bench::decode::DecodeCase { spec: spec.to_string(), budget, context });
+        }
+    }
+    println!(
+        "{}: {:.1} MiB of weights read per token | {} threads",
+        folder.display(),
+        mib(model.weight_bytes()),
+        tch::get_num_threads()
+    );
+    let results = lethe::bench::decode::run(&model, &cases, a.decode_tokens, a.rounds, |r| {
+        let budget = r.budget.map_or(String::new(), |b| format!("@{b}"));
+        let rss = r.peak_rss_bytes.map_or("n/a".into(), |b| format!("{:.0} MiB", mib(b as usize)));
+        println!(
+            "{:<16} context {:>6} | prefill {:>7.1} tok/s | decode {:>6.2} tok/s, {:.1} ms (p10 {:.1}, p90 {:.1}) | reads {:.1} MiB a token, {:.0}% of the read rate ({:.1} GB/s) | cache {:.1} MiB | peak RSS {rss}",
+            format!("{}{budget}", r.policy),
+            r.context,
+            r.prefill_tok_s,
+            r.decode_tok_s,
+            r.decode_ms[0],
+            r.decode_ms[1],
+            r.decode_ms[2],
+            mib(r.read_bytes_per_token),
+            100.0 * r.bandwidth_share,
+            r.read_rate_bytes_s / 1e9,
+            mib(r.cache_bytes)
+        );
+    })?;
+    let out = a.out.join(a.config.name.as_deref().unwrap_or("decode-bench"));
+    std::fs::create_dir_all(&out).map_err(|e| lethe::LetheError::io(&out, e))?;
+    let json = serde_json::json!({ "folder": folder, "threads": tch::get_num_threads(), "results": results });
+    lethe::checkpoint::write_atomic(&out.join("bench.json"), serde_json::to_string_pretty(&json)?.as_bytes())?;
+    println!("wrote {}", out.join("bench.json").display());
+    Ok(())
+}
+
+/// Refuses the flags of the training bench.
+fn refuse_training_bench_flags(a: &BenchArgs) -> Result<()> {
+    let given = [
+        ("--mechanism", !a.mechanisms.is_empty()),
+        ("--scale", a.scale.is_some()),
+        ("--context", a.context.is_some()),
+        ("--profile", a.profile),
+        ("--trace", a.trace),
+        ("--train-data", a.train_data),
+        ("--frozen", a.frozen),
+        ("--preset", a.config.preset.is_some()),
+        ("--config", a.config.config.is_some()),
+        ("--set", !a.config.overrides.is_empty()),
+    ];
+    if let Some((flag, _)) = given.iter().find(|(_, set)| *set) {
+        anyhow::bail!("{flag} applies to the training bench; --init-from a Llama-family folder times decoding (--kv, --contexts, --decode-tokens)");
+    }
+    Ok(())
 }

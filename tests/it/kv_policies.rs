@@ -261,3 +261,53 @@ fn eval_from_a_folder_scores_a_text_within_the_budget() {
     refused(&["eval", "--init-from", folder, "--data", "/nonexistent/text.txt"], "--data `/nonexistent/text.txt`");
     refused(&["eval", "--init-from", folder], "give --data FILE");
 }
+
+/// `lethe bench --init-from FOLDER` times prefill and decoding under each `--kv` policy
+/// at each context, and writes bench.json; the training bench's flags are refused.
+#[test]
+fn bench_from_a_folder_times_each_policy_at_each_context() {
+    let folder = fixture("llama3");
+    let folder = folder.to_str().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let dir = out.path().to_str().unwrap();
+    let run = lethe(&[
+        "bench",
+        "--init-from",
+        folder,
+        "--contexts",
+        "24,40",
+        "--kv",
+        "full",
+        "--kv",
+        "h2o@16",
+        "--decode-tokens",
+        "3",
+        "--out",
+        dir,
+        "--name",
+        "b",
+    ]);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.path().join("b/bench.json")).unwrap()).unwrap();
+    let results = report["results"].as_array().unwrap();
+    let found: Vec<(String, u64, Option<u64>)> = results
+        .iter()
+        .map(|r| (r["policy"].as_str().unwrap().to_string(), r["context"].as_u64().unwrap(), r["budget"].as_u64()))
+        .collect();
+    let want = [("full", 24, None), ("full", 40, None), ("h2o", 24, Some(16)), ("h2o", 40, Some(16))];
+    assert_eq!(found, want.map(|(p, c, b)| (p.to_string(), c, b)).to_vec());
+    // Two layers, two key-value heads of 8 floats, a key and a value an entry.
+    let entry = 2 * 2 * 2 * 8 * 4;
+    for r in results {
+        let held = match r["budget"].as_u64() {
+            Some(b) => b,
+            None => r["context"].as_u64().unwrap() + 3,
+        };
+        assert_eq!(r["cache_bytes"].as_u64().unwrap(), held * entry, "{r}");
+        assert!(r["decode_tok_s"].as_f64().unwrap() > 0.0 && r["bandwidth_share"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    let refused = lethe(&["bench", "--init-from", folder, "--mechanism", "fixed"]);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && err.contains("--mechanism applies to the training bench"), "{err}");
+}

@@ -95,6 +95,22 @@ int lethe_chunks(lethe_tensor t, int64_t dim, const int64_t* starts, const int64
 // keys; writes one tensor to `out`.
 int lethe_skew(lethe_tensor flipped, int64_t cached, int64_t n, lethe_tensor* out, char** error);
 
+// ---- decoding one token at a time (decode.cpp) -----------------------------------------
+
+// x w^T + bias (bias may be null) for a few rows of x, each row of w read once; writes
+// one tensor to `out`.
+int lethe_decode_linear(lethe_tensor x, lethe_tensor w, lethe_tensor bias, lethe_tensor* out, char** error);
+
+// One token's attention: queries q (b, kv, g, hd) over keys and values (b, kv, n, hd)
+// held in place; writes the context (b, kv, g, hd) and the weights (b, kv, g, n) to out[0]
+// and out[1].
+int lethe_decode_attention(lethe_tensor q, lethe_tensor keys, lethe_tensor values, double scale, lethe_tensor* out,
+                           char** error);
+
+// The sum of a float32 tensor's values, read once as a stream per thread (the read-rate
+// probe); writes it to `sum`.
+int lethe_read_sum(lethe_tensor x, double* sum, char** error);
+
 // ---- Expire-Span's cache compaction (compact.cpp) --------------------------------------
 
 // Compacts `count` tensors (b, n, ..) by the flags `keep` (b, n): each stream's kept

@@ -144,6 +144,23 @@ extern "C" {
     ) -> c_int;
     pub fn lethe_skew(flipped: RawTensor, cached: i64, n: i64, out: *mut RawTensor, error: *mut *mut c_char) -> c_int;
 
+    pub fn lethe_decode_linear(
+        x: RawTensor,
+        w: RawTensor,
+        bias: RawTensor,
+        out: *mut RawTensor,
+        error: *mut *mut c_char,
+    ) -> c_int;
+    pub fn lethe_decode_attention(
+        q: RawTensor,
+        keys: RawTensor,
+        values: RawTensor,
+        scale: f64,
+        out: *mut RawTensor,
+        error: *mut *mut c_char,
+    ) -> c_int;
+    pub fn lethe_read_sum(x: RawTensor, sum: *mut f64, error: *mut *mut c_char) -> c_int;
+
     pub fn lethe_compact(
         keep: RawTensor,
         tensors: *mut RawTensor,

@@ -45,9 +45,52 @@ pub struct Held {
     pub values: Tensor,
     /// `(b, kv_heads, n)`, int64: the position each entry was written at.
     pub positions: Tensor,
+    /// Buffers whose first `n` rows the three are, with room for more, so that a
+    /// growing cache takes a new token without copying what it holds.
+    room: Option<(Tensor, Tensor, Tensor)>,
 }
 
 impl Held {
+    /// Holds `keys`, `values` and `positions` as they are.
+    pub fn new(keys: Tensor, values: Tensor, positions: Tensor) -> Held {
+        Held { keys, values, positions, room: None }
+    }
+
+    /// Nothing held yet.
+    pub fn empty() -> Held {
+        let none = || Tensor::zeros([0], (Kind::Float, tch::Device::Cpu));
+        Held { keys: none(), values: none(), positions: none(), room: None }
+    }
+
+    /// Appends `t` entries, `keys` and `values` `(b, kv_heads, t, head_dim)` written at
+    /// `positions` `(b, kv_heads, t)`: in place where the buffers have room, else into
+    /// new buffers with a quarter more room (at least 256 entries), so that a cache
+    /// that grows token by token copies what it holds only now and then.
+    pub fn append(&mut self, keys: &Tensor, values: &Tensor, positions: &Tensor) {
+        let (n, t) = (if self.keys.dim() == 4 { self.len() } else { 0 }, keys.size()[2]);
+        let fits = self.room.as_ref().is_some_and(|(k, _, _)| k.size()[2] >= n + t);
+        if !fits {
+            let capacity = n + t + ((n + t) / 4).max(256);
+            let grow = |held: &Tensor, new: &Tensor| {
+                let mut shape = new.size();
+                shape[2] = capacity;
+                let buffer = Tensor::empty(shape.as_slice(), (new.kind(), new.device()));
+                if n > 0 {
+                    buffer.narrow(2, 0, n).copy_(held);
+                }
+                buffer
+            };
+            self.room = Some((grow(&self.keys, keys), grow(&self.values, values), grow(&self.positions, positions)));
+        }
+        if let Some((k, v, p)) = &self.room {
+            k.narrow(2, n, t).copy_(keys);
+            v.narrow(2, n, t).copy_(values);
+            p.narrow(2, n, t).copy_(positions);
+            (self.keys, self.values, self.positions) =
+                (k.narrow(2, 0, n + t), v.narrow(2, 0, n + t), p.narrow(2, 0, n + t));
+        }
+    }
+
     /// Entries per key-value head.
     pub fn len(&self) -> i64 {
         self.keys.size()[2]
@@ -66,6 +109,7 @@ impl Held {
         self.keys = self.keys.gather(2, &rows, false);
         self.values = self.values.gather(2, &rows, false);
         self.positions = self.positions.gather(2, indices, false);
+        self.room = None;
     }
 
     /// Keeps the entries in the ranges `(start, length)` of every row, in that order.
@@ -74,6 +118,7 @@ impl Held {
         self.keys = cut(&self.keys);
         self.values = cut(&self.values);
         self.positions = cut(&self.positions);
+        self.room = None;
     }
 }
 
@@ -84,8 +129,9 @@ pub struct Chunk<'a> {
     pub queries: &'a Tensor,
     /// `(t)`, int64: the queries' absolute positions.
     pub query_positions: &'a Tensor,
-    /// `(b, heads, t, n)`: the attention weights over the `n` entries held.
-    pub weights: &'a Tensor,
+    /// `(b, heads, t, n)`: the attention weights over the `n` entries held, for the
+    /// policies that ask for them ([`LayerPolicy::needs_weights`]).
+    pub weights: Option<&'a Tensor>,
     /// The score scale, `1 / sqrt(head_dim)`.
     pub scale: f64,
 }
@@ -106,6 +152,12 @@ pub trait LayerPolicy: Send {
     /// Where the keys get their positions.
     fn positions(&self) -> Positions {
         Positions::Absolute
+    }
+
+    /// Whether the policy scores entries by the chunk's attention weights (else they
+    /// need not be written out, and a chunk of several tokens takes the fused kernel).
+    fn needs_weights(&self) -> bool {
+        false
     }
 
     /// After a chunk's attention: evicts from `held` as the policy says.

@@ -5,6 +5,7 @@ pub mod attention;
 pub mod backbone;
 pub mod cache_grad;
 pub mod chunks;
+pub mod decode;
 pub mod gpt2;
 pub mod init;
 pub mod kv;

@@ -45,6 +45,14 @@ pub enum Family {
     Qwen3,
 }
 
+/// Whether `dir` holds a Hugging Face folder of a Llama-family model (its `config.json`
+/// names one of the families), rather than a lethe run or another architecture.
+pub fn is_llama_folder(dir: &Path) -> bool {
+    let Ok(text) = std::fs::read_to_string(dir.join("config.json")) else { return false };
+    let Ok(value) = serde_json::from_str::<Value>(&text) else { return false };
+    matches!(value.get("model_type").and_then(Value::as_str), Some("llama" | "mistral" | "qwen2" | "qwen3"))
+}
+
 /// Llama 3's scaling of RoPE's frequencies (`rope_type = "llama3"`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Llama3Scaling {
@@ -343,6 +351,12 @@ impl KvCache {
         self.layers.iter().map(|h| h.as_ref().map_or(0, Held::len)).collect()
     }
 
+    /// The bytes of keys and values held (what attention reads).
+    pub fn kv_bytes(&self) -> usize {
+        let size = |t: &Tensor| t.numel() * t.kind().elt_size_in_bytes();
+        self.layers.iter().flatten().map(|h| size(&h.keys) + size(&h.values)).sum()
+    }
+
     /// The bytes of keys, values and positions held.
     pub fn bytes(&self) -> usize {
         let size = |t: &Tensor| t.numel() * t.kind().elt_size_in_bytes();
@@ -420,7 +434,25 @@ impl Llama {
             h += linear(&gated, &block.down);
         }
         cache.position += t;
-        rms_norm(&h, &self.norm, self.config.rms_norm_eps).matmul(&self.head.tr())
+        let h = rms_norm(&h, &self.norm, self.config.rms_norm_eps);
+        crate::decode::linear(&h, &self.head, None).unwrap_or_else(|_| h.matmul(&self.head.tr()))
+    }
+
+    /// The bytes of the weights a token's forward pass reads whole: every block's, the
+    /// final norm and the output map (the embedding gives one row).
+    pub fn weight_bytes(&self) -> usize {
+        let size = |t: &Tensor| t.numel() * t.kind().elt_size_in_bytes();
+        let map = |(w, b): &(Tensor, Option<Tensor>)| size(w) + b.as_ref().map_or(0, size);
+        let blocks: usize = self
+            .blocks
+            .iter()
+            .map(|b| {
+                let norms = [Some(&b.input_norm), Some(&b.post_norm), b.q_norm.as_ref(), b.k_norm.as_ref()];
+                let maps = [&b.q, &b.k, &b.v, &b.o, &b.gate, &b.up, &b.down];
+                norms.into_iter().flatten().map(size).sum::<usize>() + maps.into_iter().map(map).sum::<usize>()
+            })
+            .sum();
+        blocks + size(&self.norm) + size(&self.head)
     }
 
     /// `x` `(b, n, t, head_dim)` rotated by RoPE at `positions` `(t)`: what the cache
@@ -462,14 +494,8 @@ impl Llama {
             (q, k) = (rotate(&q, cos, sin), rotate(&k, cos, sin));
         }
         let written = positions.view([1, 1, t]).expand([b, c.kv_heads, t], false);
-        let mut all = match held.take() {
-            Some(h) => Held {
-                keys: Tensor::cat(&[&h.keys, &k], 2),
-                values: Tensor::cat(&[&h.values, &v], 2),
-                positions: Tensor::cat(&[&h.positions, &written], 2),
-            },
-            None => Held { keys: k, values: v, positions: written.contiguous() },
-        };
+        let mut all = held.take().unwrap_or_else(Held::empty);
+        all.append(&k, &v, &written);
         let n = all.len();
         let keys = match in_cache {
             true => {
@@ -479,30 +505,80 @@ impl Llama {
             }
             false => all.keys.shallow_clone(),
         };
-        let group = c.heads / c.kv_heads;
-        let (keys, values) =
-            (keys.repeat_interleave_self_int(group, 1, None), all.values.repeat_interleave_self_int(group, 1, None));
         let scale = (c.head_dim as f64).powf(-0.5);
-        let mut scores = q.matmul(&keys.transpose(-2, -1)) * scale; // (b, h, t, n)
-        if t > 1 || c.sliding_window.is_some() {
-            let key_pos = all.positions.repeat_interleave_self_int(group, 1, None).unsqueeze(2); // (b, h, 1, n)
-            let query_pos = positions.view([1, 1, t, 1]);
-            let mut seen = key_pos.le_tensor(&query_pos);
-            if let Some(w) = c.sliding_window {
-                seen = seen.logical_and(&(&query_pos - &key_pos).lt(w));
+        let (context, weights) = match t > 1 && !policy.needs_weights() {
+            true => (self.fused_attention(&q, &keys, &all, positions, scale), None),
+            false => {
+                let (context, weights) = self.explicit_attention(&q, &keys, &all, positions, scale);
+                (context, Some(weights))
             }
-            scores = scores.masked_fill(&seen.logical_not(), f64::NEG_INFINITY);
-        }
-        let weights = scores.softmax(-1, Kind::Float);
-        let context = weights.matmul(&values).transpose(1, 2).contiguous().view([b, t, c.heads * c.head_dim]);
-        policy.update(&mut all, &Chunk { queries: &q, query_positions: positions, weights: &weights, scale });
+        };
+        let context = context.transpose(1, 2).contiguous().view([b, t, c.heads * c.head_dim]);
+        let chunk = Chunk { queries: &q, query_positions: positions, weights: weights.as_ref(), scale };
+        policy.update(&mut all, &chunk);
         *held = Some(all);
         linear(&context, &block.o)
     }
+
+    /// Whether the query at `query_pos` `(t, 1)` sees each key at `key_pos` `(.., n)`:
+    /// written at or before it and, with Mistral's sliding window, within it.
+    fn seen(&self, key_pos: &Tensor, query_pos: &Tensor) -> Tensor {
+        let seen = key_pos.le_tensor(query_pos);
+        match self.config.sliding_window {
+            Some(w) => seen.logical_and(&(query_pos - key_pos).lt(w)),
+            None => seen,
+        }
+    }
+
+    /// Attention of `q` `(b, heads, t, hd)` over `keys` (as held, rotated for the
+    /// queries) with the weights written out `(b, heads, t, n)`: the queries of a
+    /// key-value head's group side by side, so that keys and values are read in place;
+    /// one token's by the decode kernel ([`crate::decode::attention`]). Returns the
+    /// context `(b, heads, t, hd)` and the weights.
+    fn explicit_attention(
+        &self,
+        q: &Tensor,
+        keys: &Tensor,
+        held: &Held,
+        positions: &Tensor,
+        scale: f64,
+    ) -> (Tensor, Tensor) {
+        let c = &self.config;
+        let (b, h, t, hd) = q.size4().expect("(b, h, t, hd)");
+        let (kvh, n) = (c.kv_heads, held.len());
+        let group = h / kvh;
+        if t == 1 && c.sliding_window.is_none() && q.device() == tch::Device::Cpu {
+            let q = q.reshape([b, kvh, group, hd]);
+            if let Ok((context, weights)) = crate::decode::attention(&q, keys, &held.values, scale) {
+                return (context.view([b, h, 1, hd]), weights.view([b, h, 1, n]));
+            }
+        }
+        let q = q.reshape([b, kvh, group * t, hd]);
+        let mut scores = (q.matmul(&keys.transpose(-2, -1)) * scale).view([b, kvh, group, t, n]);
+        if t > 1 || c.sliding_window.is_some() {
+            let seen = self.seen(&held.positions.view([b, kvh, 1, 1, n]), &positions.view([t, 1]));
+            scores = scores.masked_fill(&seen.logical_not(), f64::NEG_INFINITY);
+        }
+        let weights = scores.softmax(-1, Kind::Float).view([b, kvh, group * t, n]);
+        let context = weights.matmul(&held.values).view([b, h, t, hd]);
+        (context, weights.view([b, h, t, n]))
+    }
+
+    /// Attention of `q` over `keys` by libtorch's fused kernel (no weights written out),
+    /// for a chunk of several tokens under a policy that keeps the same entries in every
+    /// head: the mask from the first head's positions.
+    fn fused_attention(&self, q: &Tensor, keys: &Tensor, held: &Held, positions: &Tensor, scale: f64) -> Tensor {
+        let t = q.size()[2];
+        let key_pos = held.positions.get(0).get(0).view([1, -1]);
+        let seen = self.seen(&key_pos, &positions.view([t, 1]));
+        Tensor::scaled_dot_product_attention(q, keys, &held.values, Some(seen), 0.0, false, scale, true)
+    }
 }
 
+/// `x w^T + b`: for a token or a few, the decode product that streams each weight once
+/// ([`crate::decode::linear`]).
 fn linear(x: &Tensor, (w, b): &(Tensor, Option<Tensor>)) -> Tensor {
-    x.linear(w, b.as_ref())
+    crate::decode::linear(x, w, b.as_ref()).unwrap_or_else(|_| x.linear(w, b.as_ref()))
 }
 
 /// RMSNorm over the last dimension.

@@ -35,9 +35,14 @@ struct H2o {
 }
 
 impl LayerPolicy for H2o {
+    fn needs_weights(&self) -> bool {
+        true
+    }
+
     fn update(&mut self, held: &mut Held, chunk: &Chunk) {
         let (b, kv_heads, n) = held.positions.size3().expect("(b, kv_heads, n)");
-        let received = per_kv_head(chunk.weights, kv_heads);
+        let Some(weights) = chunk.weights else { return };
+        let received = per_kv_head(weights, kv_heads);
         let scores = match self.scores.take() {
             Some(old) => {
                 let fresh = Tensor::zeros([b, kv_heads, n - old.size()[2]], (Kind::Float, old.device()));

@@ -63,7 +63,7 @@ fn policies_are_read_by_name_with_their_settings() {
 fn held(positions: &[i64]) -> Held {
     let p = Tensor::from_slice(positions).view([1, 1, -1]);
     let x = p.to_kind(Kind::Float).unsqueeze(-1);
-    Held { keys: x.shallow_clone(), values: x, positions: p }
+    Held::new(x.shallow_clone(), x, p)
 }
 
 /// Attention weights `(1, 2, 1, n)`: two query heads sharing the one key-value head.
@@ -78,7 +78,7 @@ fn positions(h: &Held) -> Vec<i64> {
 fn chunk_update(policy: &mut dyn LayerPolicy, h: &mut Held, w: &Tensor, at: i64) {
     let q = Tensor::zeros([1, 2, 1, 1], (Kind::Float, tch::Device::Cpu));
     let pos = Tensor::from_slice(&[at]);
-    policy.update(h, &Chunk { queries: &q, query_positions: &pos, weights: w, scale: 1.0 });
+    policy.update(h, &Chunk { queries: &q, query_positions: &pos, weights: Some(w), scale: 1.0 });
 }
 
 /// H2O by hand, budget 3 with one recent entry: the attention each entry received is
@@ -95,11 +95,8 @@ fn h2o_keeps_the_heavy_hitters_by_accumulated_attention() {
     assert_eq!(Vec::<f32>::try_from(h.values.flatten(0, -1)).unwrap(), [1.0, 2.0, 3.0], "values follow their keys");
     // Entry 4 comes in. Received now [0.1, 0.3, 1.2, 0.4]: accumulated 0.9 (1), 0.8 (2),
     // 1.5 (3); 2 had more than 1 at the last step alone, not in all.
-    h = Held {
-        keys: Tensor::cat(&[&h.keys, &held(&[4]).keys], 2),
-        values: Tensor::cat(&[&h.values, &held(&[4]).values], 2),
-        positions: Tensor::cat(&[&h.positions, &held(&[4]).positions], 2),
-    };
+    let new = held(&[4]);
+    h.append(&new.keys, &new.values, &new.positions);
     chunk_update(layer.as_mut(), &mut h, &weights(&[0.1, 0.1, 0.6, 0.2], &[0.0, 0.2, 0.6, 0.2]), 4);
     assert_eq!(positions(&h), [1, 3, 4]);
 }

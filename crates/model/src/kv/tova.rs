@@ -22,12 +22,17 @@ struct Tova {
 }
 
 impl LayerPolicy for Tova {
+    fn needs_weights(&self) -> bool {
+        true
+    }
+
     fn update(&mut self, held: &mut Held, chunk: &Chunk) {
         let (b, kv_heads, n) = held.positions.size3().expect("(b, kv_heads, n)");
         if n <= self.budget {
             return;
         }
-        let newest = chunk.weights.select(2, -1); // (b, h, n)
+        let Some(weights) = chunk.weights else { return };
+        let newest = weights.select(2, -1); // (b, h, n)
         let scores = newest.mean_dim([1i64].as_slice(), true, Kind::Float); // (b, 1, n)
         let _ = scores.narrow(2, n - 1, 1).fill_(f64::INFINITY);
         held.keep(&top(&scores, self.budget).expand([b, kv_heads, -1], false));

@@ -1,0 +1,179 @@
+// The matrix-vector products of decoding, one token at a time through a pretrained
+// decoder (crates/model/src/decode.rs wraps them): each weight matrix is read once per
+// token with a few FLOPs per value, so the read rate is the limit. libtorch's product
+// of one row by a large matrix reached about a third of this machine's read rate; this
+// loop reads each row of the weights once, as a stream, and keeps sixteen partial sums
+// so that the adds do not wait on each other, the rows spread over libtorch's threads.
+//
+// Attention of one token's queries over the cache is the same kind of product twice:
+// scores from every key, the context from every value, each held row read once, keys and
+// values read in place where the cache holds them (rows of a head contiguous).
+//
+// Also the read-rate probe of `lethe bench`: the same streaming read, summed.
+//
+// Tensors cross as `at::Tensor*`, which is what tch's `Tensor::as_mut_ptr` holds.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+#include <vector>
+
+#include "blas.h"
+#include "guard.h"
+#include "lethe.h"
+
+namespace {
+
+constexpr int64_t kLanes = 16;
+
+// The dot product of `w` and `x` over `k` values, in kLanes partial sums.
+inline float dot(const float* w, const float* x, int64_t k) {
+  float acc[kLanes] = {0};
+  int64_t j = 0;
+  for (; j + kLanes <= k; j += kLanes)
+    for (int64_t u = 0; u < kLanes; ++u) acc[u] += w[j + u] * x[j + u];
+  float s = 0;
+  for (; j < k; ++j) s += w[j] * x[j];
+  for (int64_t u = 0; u < kLanes; ++u) s += acc[u];
+  return s;
+}
+
+// y (m, n) = x (m, k) w^T (w: n, k) + bias (n), for a few rows of x: each row of w is
+// read once and multiplied by every row of x.
+at::Tensor gemv(const at::Tensor& w_in, const at::Tensor& x_in, const at::Tensor* bias) {
+  TORCH_CHECK(w_in.dim() == 2 && w_in.scalar_type() == at::kFloat && w_in.device().is_cpu(),
+              "decode product: the weights must be a float32 (n, k) matrix on the CPU, got ", w_in.sizes());
+  const int64_t n = w_in.size(0), k = w_in.size(1);
+  TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.size(-1) == k, "decode product: the input must be float32 (.., ",
+              k, "), got ", x_in.sizes());
+  const at::Tensor w = w_in.contiguous(), x = x_in.contiguous().view({-1, k});
+  const int64_t m = x.size(0);
+  auto out_shape = x_in.sizes().vec();
+  out_shape.back() = n;
+  at::Tensor y = at::empty({m, n}, x.options());
+  const at::Tensor b = bias != nullptr ? bias->contiguous() : at::Tensor();
+  TORCH_CHECK(!b.defined() || (b.numel() == n && b.scalar_type() == at::kFloat), "decode product: the bias must be (", n,
+              ") float32");
+  const float *wp = w.data_ptr<float>(), *xp = x.data_ptr<float>(), *bp = b.defined() ? b.data_ptr<float>() : nullptr;
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, n, 256, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t i = 0; i < m; ++i) yp[i * n + r] = dot(wp + r * k, xp + i * k, k) + (bp != nullptr ? bp[r] : 0.0f);
+  });
+  return y.view(out_shape);
+}
+
+// Attention of the queries q (b, kv, g, hd) of one token over keys and values (b, kv, n,
+// hd) whose rows are contiguous: the weights softmax(q k^T scale) (b, kv, g, n) and the
+// context (b, kv, g, hd). Keys and values are read once, in chunks of rows spread over
+// the threads; each chunk's share of the context is summed in chunk order.
+std::pair<at::Tensor, at::Tensor> attend(const at::Tensor& q_in, const at::Tensor& keys, const at::Tensor& values,
+                                         double scale) {
+  TORCH_CHECK(q_in.dim() == 4 && keys.dim() == 4 && values.sizes() == keys.sizes() && q_in.size(0) == keys.size(0) &&
+                  q_in.size(1) == keys.size(1) && q_in.size(3) == keys.size(3),
+              "decode attention: queries (b, kv, g, hd) over keys and values (b, kv, n, hd), got ", q_in.sizes(), " and ",
+              keys.sizes());
+  TORCH_CHECK(q_in.scalar_type() == at::kFloat && keys.scalar_type() == at::kFloat && values.scalar_type() == at::kFloat &&
+                  keys.device().is_cpu(),
+              "decode attention: float32 on the CPU");
+  TORCH_CHECK(keys.stride(3) == 1 && keys.stride(2) == keys.size(3) && values.stride(3) == 1 &&
+                  values.stride(2) == values.size(3),
+              "decode attention: each head's keys and values must be contiguous rows");
+  // The scale on the queries: a power of two for the usual head sizes, so exactly the
+  // scores scaled.
+  const at::Tensor q = (q_in * scale).contiguous();
+  const int64_t b = q.size(0), kv = q.size(1), g = q.size(2), hd = q.size(3), n = keys.size(2);
+  at::Tensor weights = at::empty({b, kv, g, n}, q.options());
+  const float* qp = q.data_ptr<float>();
+  const float *kp = keys.data_ptr<float>(), *vp = values.data_ptr<float>();
+  float* wp = weights.data_ptr<float>();
+  const auto head_k = [&](int64_t bh) { return kp + (bh / kv) * keys.stride(0) + (bh % kv) * keys.stride(1); };
+  const auto head_v = [&](int64_t bh) { return vp + (bh / kv) * values.stride(0) + (bh % kv) * values.stride(1); };
+  // Chunks of 256 to 2048 rows, about four per thread: large enough that each small
+  // product's call costs little, enough of them to keep the threads busy.
+  const int64_t threads = at::get_num_threads();
+  const int64_t rows = std::clamp<int64_t>((b * kv * n + 4 * threads - 1) / (4 * threads), 256, 2048);
+  const int64_t chunks = (n + rows - 1) / rows;
+  // Scores, a chunk of keys at a time (a small product on the calling thread), then
+  // their softmax.
+  at::parallel_for(0, b * kv * chunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t bh = c / chunks, r0 = (c % chunks) * rows, r1 = std::min(n, r0 + rows);
+      lethe::gemm_rows<float>(true, false, true, g, r1 - r0, hd, qp + bh * g * hd, hd, head_k(bh) + r0 * hd, hd,
+                              wp + bh * g * n + r0, n);
+    }
+  });
+  // libtorch's softmax: vectorised exponentials, rows over the threads.
+  weights = weights.softmax(-1);
+  wp = weights.data_ptr<float>();
+  // The context: each chunk of values weighted into its own partial sum.
+  at::Tensor partial = at::empty({b * kv * chunks, g, hd}, q.options());
+  float* pp = partial.data_ptr<float>();
+  at::parallel_for(0, b * kv * chunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t bh = c / chunks, r0 = (c % chunks) * rows, r1 = std::min(n, r0 + rows);
+      lethe::gemm_rows<float>(true, false, false, g, hd, r1 - r0, wp + bh * g * n + r0, n, head_v(bh) + r0 * hd, hd,
+                              pp + c * g * hd, hd);
+    }
+  });
+  at::Tensor context = partial.view({b * kv, chunks, g, hd}).sum(1).view({b, kv, g, hd});
+  return {context, weights};
+}
+
+// The sum of a float32 tensor's values, read as one stream per thread.
+double read_sum(const at::Tensor& x_in) {
+  TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.device().is_cpu(), "read probe: a float32 tensor on the CPU");
+  const at::Tensor x = x_in.contiguous();
+  const float* p = x.data_ptr<float>();
+  const int64_t count = x.numel(), chunk = 1 << 16, chunks = (count + chunk - 1) / chunk;
+  std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
+  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t start = c * chunk, len = std::min(chunk, count - start);
+      float acc[kLanes] = {0};
+      int64_t j = 0;
+      for (; j + kLanes <= len; j += kLanes)
+        for (int64_t u = 0; u < kLanes; ++u) acc[u] += p[start + j + u];
+      double s = 0;
+      for (; j < len; ++j) s += p[start + j];
+      for (int64_t u = 0; u < kLanes; ++u) s += acc[u];
+      partial[static_cast<size_t>(c)] = s;
+    }
+  });
+  double total = 0;
+  for (double s : partial) total += s;
+  return total;
+}
+
+}  // namespace
+
+extern "C" {
+
+// y = x w^T + bias (bias may be null), written to `out` as a new `at::Tensor*`.
+int lethe_decode_linear(void* x, void* w, void* bias, void** out, char** error) {
+  return lethe::guarded(error, [&] {
+    const at::Tensor* b = static_cast<at::Tensor*>(bias);
+    *out = new at::Tensor(gemv(*static_cast<at::Tensor*>(w), *static_cast<at::Tensor*>(x), b));
+  });
+}
+
+// One token's attention over the cache: writes the context and the weights to `out`
+// (two new `at::Tensor*`).
+int lethe_decode_attention(void* q, void* keys, void* values, double scale, void** out, char** error) {
+  return lethe::guarded(error, [&] {
+    auto [context, weights] = attend(*static_cast<at::Tensor*>(q), *static_cast<at::Tensor*>(keys),
+                                     *static_cast<at::Tensor*>(values), scale);
+    out[0] = new at::Tensor(context);
+    out[1] = new at::Tensor(weights);
+  });
+}
+
+// The sum of `x`'s values, read once, to `sum`.
+int lethe_read_sum(void* x, double* sum, char** error) {
+  return lethe::guarded(error, [&] { *sum = read_sum(*static_cast<at::Tensor*>(x)); });
+}
+
+}  // extern "C"

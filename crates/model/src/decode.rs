@@ -1,0 +1,119 @@
+//! The matrix-vector products of decoding one token at a time (`csrc/decode.cpp`): a
+//! pretrained decoder reads every weight once per token and does two FLOPs per value,
+//! so memory bandwidth bounds it, and libtorch's product of one row by a large matrix
+//! reached about a third of this machine's read rate. [`linear`] streams each row of the
+//! weights once for the few rows of input; it equals libtorch's `linear` to float32
+//! rounding (sums in another order). [`read_sum`] is the read-rate probe of `lethe
+//! bench`: the same streaming read, summed.
+
+use std::ffi::c_void;
+
+use tch::{Device, Kind, Tensor};
+
+use lethe_core::error::Result;
+use lethe_kernels::{lethe_decode_attention, lethe_decode_linear, lethe_read_sum, raw, raw_or_null};
+
+/// Rows of input up to which [`linear`] streams the weights; more take libtorch's
+/// matrix product, which reuses each weight across rows from cache.
+pub const MAX_ROWS: i64 = 4;
+
+/// `x w^T + bias` for `x` `(.., k)` of at most [`MAX_ROWS`] rows on the CPU in float32;
+/// libtorch's `linear` otherwise.
+pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    let rows = x.numel() as i64 / x.size().last().copied().unwrap_or(1).max(1);
+    if x.device() != Device::Cpu || x.kind() != Kind::Float || w.kind() != Kind::Float || rows > MAX_ROWS {
+        return Ok(x.linear(w, bias));
+    }
+    let mut out: *mut c_void = std::ptr::null_mut();
+    // SAFETY: the tensors are live `at::Tensor*` for the call, read only; on success the
+    // function writes one new `at::Tensor*` to `out`.
+    lethe_kernels::call("the decode product", |error| unsafe {
+        lethe_decode_linear(raw(x), raw(w), raw_or_null(bias), &mut out, error)
+    })?;
+    // SAFETY: see above; the pointer is taken over once.
+    Ok(unsafe { lethe_kernels::tensor(out) })
+}
+
+/// One token's attention: queries `q` `(b, kv_heads, group, hd)` over `keys` and
+/// `values` `(b, kv_heads, n, hd)` read where the cache holds them (each head's rows
+/// contiguous). Returns the context `(b, kv_heads, group, hd)` and the weights
+/// `softmax(q k^T scale)` `(b, kv_heads, group, n)`.
+pub fn attention(q: &Tensor, keys: &Tensor, values: &Tensor, scale: f64) -> Result<(Tensor, Tensor)> {
+    let mut out: [*mut c_void; 2] = [std::ptr::null_mut(); 2];
+    // SAFETY: the tensors are live `at::Tensor*` for the call, read only; on success the
+    // function writes two new `at::Tensor*` to `out`.
+    lethe_kernels::call("the decode attention", |error| unsafe {
+        lethe_decode_attention(raw(q), raw(keys), raw(values), scale, out.as_mut_ptr(), error)
+    })?;
+    // SAFETY: see above; each pointer is taken over once.
+    Ok(unsafe { (lethe_kernels::tensor(out[0]), lethe_kernels::tensor(out[1])) })
+}
+
+/// The sum of a float32 tensor's values, read once as a stream per thread.
+pub fn read_sum(x: &Tensor) -> Result<f64> {
+    let mut sum = 0.0;
+    // SAFETY: `x` is a live `at::Tensor*` for the call, read only.
+    lethe_kernels::call("the read probe", |error| unsafe { lethe_read_sum(raw(x), &mut sum, error) })?;
+    Ok(sum)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Against libtorch's `linear`, with and without a bias, for 1 to 4 rows and sizes
+    /// that are not multiples of the kernel's sixteen lanes.
+    #[test]
+    fn it_equals_libtorchs_linear() {
+        tch::manual_seed(0);
+        for (rows, n, k) in [(1, 700, 576), (3, 33, 17), (4, 5, 1536), (1, 1, 3)] {
+            let (x, w, b) = (
+                Tensor::randn([1, rows, k], (Kind::Float, Device::Cpu)),
+                Tensor::randn([n, k], (Kind::Float, Device::Cpu)),
+                Tensor::randn([n], (Kind::Float, Device::Cpu)),
+            );
+            for bias in [None, Some(&b)] {
+                let (got, want) = (linear(&x, &w, bias).unwrap(), x.linear(&w, bias));
+                assert_eq!(got.size(), want.size());
+                let gap = (&got - &want).abs().max().double_value(&[]);
+                let scale = want.abs().max().double_value(&[]).max(1.0);
+                assert!(gap < 2e-6 * scale * (k as f64).sqrt(), "({rows}, {n}, {k}): differs by {gap:.2e}");
+            }
+        }
+    }
+
+    #[test]
+    fn it_refuses_mismatched_shapes_in_one_line() {
+        let (x, w) =
+            (Tensor::ones([1, 5], (Kind::Float, Device::Cpu)), Tensor::ones([3, 4], (Kind::Float, Device::Cpu)));
+        let e = linear(&x, &w, None).unwrap_err().to_string();
+        assert!(e.contains("decode product") && e.contains("(.., 4)"), "{e}");
+    }
+
+    /// Against the attention written out in libtorch, over keys and values that are the
+    /// first rows of larger buffers (as the cache holds them), for lengths around the
+    /// kernel's chunks of 256 rows.
+    #[test]
+    fn its_attention_equals_the_written_out_one() {
+        tch::manual_seed(1);
+        for n in [1, 255, 257, 700] {
+            let opts = (Kind::Float, Device::Cpu);
+            let q = Tensor::randn([2, 3, 3, 64], opts);
+            let (kb, vb) = (Tensor::randn([2, 3, n + 40, 64], opts), Tensor::randn([2, 3, n + 40, 64], opts));
+            let (k, v) = (kb.narrow(2, 0, n), vb.narrow(2, 0, n));
+            let (context, weights) = attention(&q, &k, &v, 0.125).unwrap();
+            let want_w = (q.matmul(&k.transpose(-2, -1)) * 0.125).softmax(-1, Kind::Float);
+            let want_c = want_w.matmul(&v);
+            let gap = |a: &Tensor, b: &Tensor| (a - b).abs().max().double_value(&[]);
+            assert!(gap(&weights, &want_w) < 1e-6, "n = {n}: weights differ by {:.2e}", gap(&weights, &want_w));
+            assert!(gap(&context, &want_c) < 1e-5, "n = {n}: context differs by {:.2e}", gap(&context, &want_c));
+        }
+    }
+
+    #[test]
+    fn the_read_probe_sums_every_value() {
+        // Small whole numbers: every partial sum is exact in float32.
+        let x = Tensor::arange(200_001, (Kind::Float, Device::Cpu)).remainder(7);
+        assert_eq!(read_sum(&x).unwrap(), x.sum(Kind::Double).double_value(&[]));
+    }
+}
