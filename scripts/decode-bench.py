@@ -89,7 +89,7 @@ def main():
 
     def show(r):
         rows.append(r)
-        share = f"{100 * r['bandwidth_share']:.0f}% of read rate" if "bandwidth_share" in r else ""
+        share = f"{100 * r['bandwidth_share']:.0f}% of the read rate" if "bandwidth_share" in r else ""
         print(f"{r['tool']:<12} {r['policy']:<14} context {r['context']:>6} | prefill {r['prefill_tok_s']:8.1f} tok/s"
               f" | decode {r['decode_tok_s']:6.2f} tok/s {share} | peak RSS {r['peak_rss_bytes'] / 2**20:.0f} MiB",
               flush=True)
@@ -97,8 +97,13 @@ def main():
     for context in map(int, a.contexts.split(",")):
         child = subprocess.run([sys.executable, __file__, "--folder", str(a.folder), "--child", str(context),
                                 str(a.decode)], check=True, capture_output=True, text=True, env=os.environ)
-        show(json.loads(child.stdout.strip().splitlines()[-1]))
-        show(lethe_run(a.folder, context, a.decode, "full"))
+        theirs = json.loads(child.stdout.strip().splitlines()[-1])
+        ours = lethe_run(a.folder, context, a.decode, "full")
+        # The same model and cache: a token reads the same bytes; the rate lethe measured.
+        theirs["read_bytes_per_token"] = ours["read_bytes_per_token"]
+        theirs["bandwidth_share"] = ours["read_bytes_per_token"] * theirs["decode_tok_s"] / ours["read_rate_bytes_s"]
+        show(theirs)
+        show(ours)
     for kv in a.kv:
         for context in map(int, a.budget_contexts.split(",")):
             show(lethe_run(a.folder, context, a.decode, kv))
