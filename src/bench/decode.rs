@@ -119,8 +119,10 @@ struct Sample {
 /// `decode` tokens, greedy, with the peak resident memory of these two alone.
 fn measure(model: &Llama, policy: &Policy, context: usize, decode: usize, seed: i64) -> Result<Sample> {
     let rate = read_rate()?;
-    tch::manual_seed(seed);
-    let prompt = Tensor::randint(model.config.vocab_size, [1, context as i64], (Kind::Int64, tch::Device::Cpu));
+    let prompt = {
+        let _seed = crate::rng::seed_torch(seed);
+        Tensor::randint(model.config.vocab_size, [1, context as i64], (Kind::Int64, tch::Device::Cpu))
+    };
     reset_peak_rss();
     let mut cache = KvCache::new(policy.clone());
     let start = Instant::now();

@@ -81,8 +81,10 @@ fn streaming_keys_rotated_in_the_cache_equal_kvpress_rerotation() {
 #[test]
 fn memory_follows_the_budget_over_a_long_stream() {
     let model = Llama::load(&fixture("llama3")).unwrap();
-    tch::manual_seed(3);
-    let ids = Tensor::randint_low(0, 300, [1, 160], (Kind::Int64, tch::Device::Cpu));
+    let ids = {
+        let _seed = lethe::rng::seed_torch(3);
+        Tensor::randint_low(0, 300, [1, 160], (Kind::Int64, tch::Device::Cpu))
+    };
     // Two layers, two key-value heads of 8 floats: a key, a value and a position an entry.
     let entry_bytes = 2 * 2 * (2 * 8 * 4 + 8);
     for (spec, extra) in [("window", 0), ("streaming", 0), ("h2o", 0), ("tova", 0), ("snapkv:window=8", 8)] {

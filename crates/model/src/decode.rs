@@ -65,7 +65,7 @@ mod tests {
     /// that are not multiples of the kernel's sixteen lanes.
     #[test]
     fn it_equals_libtorchs_linear() {
-        tch::manual_seed(0);
+        let _seed = lethe_core::rng::seed_torch(0);
         for (rows, n, k) in [(1, 700, 576), (3, 33, 17), (4, 5, 1536), (1, 1, 3)] {
             let (x, w, b) = (
                 Tensor::randn([1, rows, k], (Kind::Float, Device::Cpu)),
@@ -95,7 +95,7 @@ mod tests {
     /// kernel's chunks of 256 rows.
     #[test]
     fn its_attention_equals_the_written_out_one() {
-        tch::manual_seed(1);
+        let _seed = lethe_core::rng::seed_torch(1);
         for n in [1, 255, 257, 700] {
             let opts = (Kind::Float, Device::Cpu);
             let q = Tensor::randn([2, 3, 3, 64], opts);
