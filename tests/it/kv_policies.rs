@@ -313,3 +313,38 @@ fn bench_from_a_folder_times_each_policy_at_each_context() {
     let err = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success() && err.contains("--mechanism applies to the training bench"), "{err}");
 }
+
+/// A chunk of tokens reads like the same tokens one by one when the policy evicts
+/// nothing in between, even where each key-value head holds other entries (SnapKV) and
+/// Mistral's sliding window masks each head by its own entries' positions.
+#[test]
+fn a_chunk_reads_like_its_tokens_one_by_one_when_each_head_holds_its_own() {
+    let model = Llama::load(&fixture("mistral")).unwrap();
+    let ids = kvpress()["ids"].narrow(1, 0, 15);
+    let mut masks_differed = false;
+    // Windows of 4 or more queries are not full again after the chunk's 3 tokens.
+    let configs = (5..12).flat_map(|budget| (4..budget).map(move |window| (budget, window)));
+    for (budget, window) in configs {
+        let pressed = || {
+            let mut cache = KvCache::new(policy(&format!("snapkv:window={window}"), budget, 15));
+            let _ = model.forward(&ids.narrow(1, 0, 12), &mut cache);
+            cache
+        };
+        let mut whole = pressed();
+        // The first query of the chunk (position 12) sees positions from 7 on: do two
+        // heads see different slots?
+        masks_differed |= whole.layers.iter().flatten().any(|h| {
+            let seen = h.positions.ge(7);
+            seen.get(0).get(0) != seen.get(0).get(1)
+        });
+        let chunk = model.forward(&ids.narrow(1, 12, 3), &mut whole);
+        let mut single = pressed();
+        let steps: Vec<Tensor> = (12..15).map(|t| model.forward(&ids.narrow(1, t, 1), &mut single)).collect();
+        let gap = (&chunk - Tensor::cat(&steps, 1)).abs().max().double_value(&[]);
+        assert!(
+            gap < 1e-5,
+            "budget {budget}, window {window}: a chunk differs from its tokens one by one by {gap:.2e}"
+        );
+    }
+    assert!(masks_differed, "the fixture must have two heads whose window sees other slots");
+}

@@ -160,6 +160,13 @@ pub trait LayerPolicy: Send {
         false
     }
 
+    /// Whether every key-value head of a layer keeps the same entries (else each head
+    /// evicts its own, and a mask that depends on how far back an entry is, Mistral's
+    /// sliding window, differs from head to head).
+    fn same_entries_in_every_head(&self) -> bool {
+        true
+    }
+
     /// After a chunk's attention: evicts from `held` as the policy says.
     fn update(&mut self, held: &mut Held, chunk: &Chunk);
 }

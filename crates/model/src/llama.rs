@@ -506,7 +506,10 @@ impl Llama {
             false => all.keys.shallow_clone(),
         };
         let scale = (c.head_dim as f64).powf(-0.5);
-        let (context, weights) = match t > 1 && !policy.needs_weights() {
+        // The fused kernel takes one mask for every head: right when the heads hold the
+        // same entries, or when only causality masks (what is held precedes the chunk).
+        let one_mask = policy.same_entries_in_every_head() || c.sliding_window.is_none();
+        let (context, weights) = match t > 1 && !policy.needs_weights() && one_mask {
             true => (self.fused_attention(&q, &keys, &all, positions, scale), None),
             false => {
                 let (context, weights) = self.explicit_attention(&q, &keys, &all, positions, scale);
@@ -565,8 +568,8 @@ impl Llama {
     }
 
     /// Attention of `q` over `keys` by libtorch's fused kernel (no weights written out),
-    /// for a chunk of several tokens under a policy that keeps the same entries in every
-    /// head: the mask from the first head's positions.
+    /// for a chunk of several tokens where one mask serves every head: the mask from the
+    /// first head's positions.
     fn fused_attention(&self, q: &Tensor, keys: &Tensor, held: &Held, positions: &Tensor, scale: f64) -> Tensor {
         let t = q.size()[2];
         let key_pos = held.positions.get(0).get(0).view([1, -1]);

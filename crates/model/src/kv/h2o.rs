@@ -39,6 +39,10 @@ impl LayerPolicy for H2o {
         true
     }
 
+    fn same_entries_in_every_head(&self) -> bool {
+        false
+    }
+
     fn update(&mut self, held: &mut Held, chunk: &Chunk) {
         let (b, kv_heads, n) = held.positions.size3().expect("(b, kv_heads, n)");
         let Some(weights) = chunk.weights else { return };

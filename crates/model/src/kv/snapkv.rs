@@ -50,6 +50,10 @@ struct SnapKv {
 }
 
 impl LayerPolicy for SnapKv {
+    fn same_entries_in_every_head(&self) -> bool {
+        false
+    }
+
     fn update(&mut self, held: &mut Held, chunk: &Chunk) {
         let t = chunk.queries.size()[2];
         let (q, pos) = match self.queries.take() {
