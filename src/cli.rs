@@ -492,6 +492,29 @@ pub struct TrainArgs {
     pub accept_changes: bool,
 }
 
+/// What a pretrained decoder's key-value cache keeps (`generate` and `eval` with
+/// --init-from).
+#[derive(Args, Debug)]
+pub struct KvCacheArgs {
+    /// With --init-from: what the key-value cache keeps, full, window, streaming, h2o,
+    /// tova or snapkv, with settings as NAME:KEY=VALUE,... (e.g. streaming:sinks=4,
+    /// snapkv:window=64,kernel=5).
+    #[arg(long, value_name = "NAME", default_value = "full")]
+    pub policy: String,
+    /// With --policy other than full: the entries each layer keeps per key-value head
+    /// (1024), or a fraction of the context, the prompt and the tokens generated or the
+    /// tokens scored (0.25 or 1/4).
+    #[arg(long, value_name = "ENTRIES")]
+    pub budget: Option<String>,
+}
+
+impl KvCacheArgs {
+    /// Whether a policy or a budget was asked for.
+    pub fn given(&self) -> bool {
+        self.policy != "full" || self.budget.is_some()
+    }
+}
+
 #[derive(Args, Debug)]
 pub struct EvalArgs {
     /// Checkpoint file, or a run folder holding checkpoint.safetensors.
@@ -502,14 +525,8 @@ pub struct EvalArgs {
     /// cache kept by --policy.
     #[arg(long, value_name = "FOLDER")]
     pub init_from: Option<PathBuf>,
-    /// With --init-from: what the key-value cache keeps (full, window, streaming, h2o,
-    /// tova, snapkv; NAME:KEY=VALUE,... for settings).
-    #[arg(long, value_name = "NAME", default_value = "full")]
-    pub policy: String,
-    /// With --policy other than full: the entries each layer keeps per key-value head, or a
-    /// fraction of the tokens scored (0.25 or 1/4).
-    #[arg(long, value_name = "ENTRIES")]
-    pub budget: Option<String>,
+    #[command(flatten)]
+    pub kv: KvCacheArgs,
     /// train, valid or test [default: valid].
     #[arg(long)]
     pub split: Option<String>,
@@ -558,15 +575,8 @@ pub struct GenerateArgs {
     /// tokenizer.json) to generate from as it is, its key-value cache kept by --policy.
     #[arg(long, value_name = "FOLDER")]
     pub init_from: Option<PathBuf>,
-    /// With --init-from: what the key-value cache keeps, full, window, streaming, h2o,
-    /// tova or snapkv, with settings as NAME:KEY=VALUE,... (e.g. streaming:sinks=4,
-    /// snapkv:window=64,kernel=5).
-    #[arg(long, value_name = "NAME", default_value = "full")]
-    pub policy: String,
-    /// With --policy other than full: the entries each layer keeps per key-value head (1024),
-    /// or a fraction of the context, prompt and generated tokens (0.25 or 1/4).
-    #[arg(long, value_name = "ENTRIES")]
-    pub budget: Option<String>,
+    #[command(flatten)]
+    pub kv: KvCacheArgs,
     /// The text to continue.
     #[arg(long, conflicts_with_all = ["prompt_file", "prompt_ids"])]
     pub prompt: Option<String>,

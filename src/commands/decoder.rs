@@ -4,16 +4,16 @@
 
 use anyhow::Result;
 
-use crate::cli::{BenchArgs, EvalArgs, GenerateArgs};
+use crate::cli::{BenchArgs, EvalArgs, GenerateArgs, KvCacheArgs};
 use crate::commands::train::{prompt_progress, prompt_tokens, Printer, Prompt};
 use lethe::generate::Sampling;
 use lethe::model::kv::{Budget, Policy};
 use lethe::model::llama::{KvCache, Llama};
 
 /// The policy `--policy` and `--budget` give for a stream of `context` tokens.
-fn policy_of(policy: &str, budget: Option<&str>, context: usize) -> Result<Policy> {
-    let budget = budget.map(Budget::parse).transpose()?;
-    Ok(Policy::parse(policy, budget, context as i64)?)
+fn policy_of(kv: &KvCacheArgs, context: usize) -> Result<Policy> {
+    let budget = kv.budget.as_deref().map(Budget::parse).transpose()?;
+    Ok(Policy::parse(&kv.policy, budget, context as i64)?)
 }
 
 fn mib(bytes: usize) -> f64 {
@@ -42,7 +42,7 @@ pub(crate) fn generate(
         anyhow::bail!("`{}` has no tokenizer.json: give the prompt as --prompt-ids 1,2,3", folder.display());
     }
     let ids = prompt_tokens(a, &prompt, tokenizer.as_ref(), vocab)?;
-    let policy = policy_of(&a.policy, a.budget.as_deref(), ids.len() + a.bytes)?;
+    let policy = policy_of(&a.kv, ids.len() + a.bytes)?;
     let mut cache = KvCache::new(policy.clone());
     let mut printer = Printer::new(a, tokenizer.as_ref());
     printer.prompt(&prompt, &ids)?;
@@ -101,7 +101,7 @@ pub(crate) fn eval(a: &EvalArgs, folder: &std::path::Path, device: tch::Device) 
     if ids.len() < 2 {
         anyhow::bail!("--data `{}`: {} token(s); a decoder is scored on at least 2", data.display(), ids.len());
     }
-    let policy = policy_of(&a.policy, a.budget.as_deref(), ids.len())?;
+    let policy = policy_of(&a.kv, ids.len())?;
     let block = a.block.unwrap_or(if policy.budget.is_some() { 1 } else { lethe::generate::PROMPT_BLOCK });
     if block == 0 {
         anyhow::bail!("--block must be at least 1");

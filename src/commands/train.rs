@@ -111,7 +111,7 @@ pub(crate) fn load_checkpoint(path: &std::path::Path, max_span: Option<usize>) -
 
 pub(crate) fn eval(a: EvalArgs) -> Result<()> {
     let device = lethe::device::parse(&a.device)?;
-    if a.init_from.is_none() && (a.policy != "full" || a.budget.is_some()) {
+    if a.init_from.is_none() && a.kv.given() {
         anyhow::bail!(
             "--policy and --budget choose what a pretrained decoder's key-value cache keeps: give --init-from FOLDER"
         );
@@ -278,7 +278,7 @@ pub(crate) fn generate(a: GenerateArgs) -> Result<()> {
     let device = lethe::device::parse(&a.device)?;
     let sampling = Sampling { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed };
     sampling.validate()?;
-    if a.init_from.is_none() && (a.policy != "full" || a.budget.is_some()) {
+    if a.init_from.is_none() && a.kv.given() {
         anyhow::bail!(
             "--policy and --budget choose what a pretrained decoder's key-value cache keeps: give --init-from FOLDER"
         );
