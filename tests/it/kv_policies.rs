@@ -129,8 +129,9 @@ fn a_budget_that_holds_the_stream_reads_like_the_full_cache() {
     }
 }
 
+/// `lethe ARGS` from the repository's root (every path given is absolute).
 fn lethe(args: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_lethe")).args(args).output().unwrap()
+    crate::common::cli::lethe(Path::new(env!("CARGO_MANIFEST_DIR")), args)
 }
 
 /// `lethe generate --init-from FOLDER --policy NAME --budget N` decodes greedily the ids
