@@ -504,7 +504,7 @@ pub struct KvCacheArgs {
     /// With --policy other than full: the entries each layer keeps per key-value head
     /// (1024), or a fraction of the context, the prompt and the tokens generated or the
     /// tokens scored (0.25 or 1/4).
-    #[arg(long, value_name = "ENTRIES")]
+    #[arg(long, value_name = "ENTRIES", allow_negative_numbers = true)]
     pub budget: Option<String>,
 }
 

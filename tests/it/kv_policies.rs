@@ -199,6 +199,8 @@ fn bad_policies_and_budgets_are_refused_in_one_line() {
         (&["--policy", "lru", "--budget", "4"], "--policy lru: unknown"),
         (&["--policy", "snapkv", "--budget", "8"], "window = 64"),
         (&["--policy", "h2o", "--budget", "1.5"], "--budget 1.5: a fraction must be in (0, 1]"),
+        (&["--policy", "h2o", "--budget", "-5"], "--budget -5: a budget must keep at least one entry"),
+        (&["--policy", "h2o", "--budget", "nan"], "--budget nan: a fraction must be in (0, 1]"),
     ] {
         let out = lethe(&[&base[..], extra].concat());
         let err = String::from_utf8_lossy(&out.stderr);
