@@ -20,6 +20,7 @@ mod gpt2;
 mod infinity;
 mod kv_policies;
 mod llama;
+mod llama_backbone;
 mod longeval;
 mod messages;
 mod model;

@@ -9,29 +9,44 @@ use tch::nn::{self, Module};
 use tch::{Kind, Tensor};
 
 use lethe_core::config::{Arch, Init, ModelConfig};
+
+use crate::rope::Rope;
 use lethe_core::error::{LetheError, Result};
 
 /// How a layer's linear projections start (`model.init`).
 #[derive(Clone, Copy, Debug)]
 pub struct LinearInit {
-    scheme: Init,
+    scheme: Scheme,
     /// The factor on a residual branch's last projection (the attention output, the
     /// second feed-forward layer): `1 / sqrt(2 layers)` for `official` under pre-norm.
     residual: f64,
 }
 
+/// The schemes of [`LinearInit`].
+#[derive(Clone, Copy, Debug)]
+enum Scheme {
+    /// `model.init = "kaiming"`.
+    Kaiming,
+    /// `model.init = "official"`.
+    Official,
+    /// Weights from N(0, std), biases 0: `transformers`' Llama (`initializer_range`).
+    Normal(f64),
+}
+
 impl LinearInit {
     /// tch's default, Kaiming-uniform with the ReLU gain.
-    pub const KAIMING: LinearInit = LinearInit { scheme: Init::Kaiming, residual: 1.0 };
+    pub const KAIMING: LinearInit = LinearInit { scheme: Scheme::Kaiming, residual: 1.0 };
 
     /// The scheme `cfg.init` gives the `lethe` backbone (GPT-2 keeps tch's default, its
-    /// weights come from a checkpoint).
+    /// weights come from a checkpoint; a Llama starts as `transformers` starts one, every
+    /// weight from N(0, 0.02), for a model pretrained by lethe).
     pub fn of(cfg: &ModelConfig) -> LinearInit {
         match (cfg.arch, cfg.init) {
+            (Arch::Llama, _) => LinearInit { scheme: Scheme::Normal(0.02), residual: 1.0 },
             (Arch::Gpt2, _) | (_, Init::Kaiming) => LinearInit::KAIMING,
             (Arch::Lethe, Init::Official) => {
                 let residual = if cfg.pre_norm { 1.0 / ((2 * cfg.layers.max(1)) as f64).sqrt() } else { 1.0 };
-                LinearInit { scheme: Init::Official, residual }
+                LinearInit { scheme: Scheme::Official, residual }
             }
         }
     }
@@ -42,8 +57,13 @@ impl LinearInit {
     /// official code divides them after drawing).
     pub fn config(&self, fan_in: i64, bias: bool, residual: bool) -> nn::LinearConfig {
         match self.scheme {
-            Init::Kaiming => nn::LinearConfig { bias, ..Default::default() },
-            Init::Official => {
+            Scheme::Kaiming => nn::LinearConfig { bias, ..Default::default() },
+            Scheme::Normal(stdev) => nn::LinearConfig {
+                ws_init: nn::Init::Randn { mean: 0.0, stdev },
+                bs_init: Some(nn::Init::Const(0.0)),
+                bias,
+            },
+            Scheme::Official => {
                 let scale = if residual { self.residual } else { 1.0 };
                 let bound = scale / (fan_in.max(1) as f64).sqrt();
                 let uniform = nn::Init::Uniform { lo: -bound, up: bound };
@@ -55,8 +75,8 @@ impl LinearInit {
     /// The standard deviation of the relative-position embeddings `key_pe`.
     pub fn key_pe_std(&self, d_head: i64) -> f64 {
         match self.scheme {
-            Init::Kaiming => 1.0 / (d_head as f64).sqrt(),
-            Init::Official => 1.0,
+            Scheme::Kaiming | Scheme::Normal(_) => 1.0 / (d_head as f64).sqrt(),
+            Scheme::Official => 1.0,
         }
     }
 }
@@ -86,7 +106,10 @@ pub struct Projected {
 }
 
 /// The projections of one layer's attention: no biases on the papers' backbone, as in
-/// the adaptive-span code; biases on GPT-2.
+/// the adaptive-span code; biases on GPT-2. A Llama-family layer adds grouped keys and
+/// values (`kv_heads` of them, each read by `heads / kv_heads` query heads), RMSNorm on
+/// each head's query and key (Qwen3) and the rotary positions, applied where the
+/// positions are known ([`Attention::rotate`]).
 #[derive(Debug)]
 pub struct Attention {
     q: nn::Linear,
@@ -94,7 +117,11 @@ pub struct Attention {
     v: nn::Linear,
     o: nn::Linear,
     heads: i64,
+    kv_heads: i64,
     d_head: i64,
+    /// RMSNorm weights `(dh)` on each head's query and key, and the epsilon (Qwen3).
+    qk_norm: Option<(Tensor, Tensor, f64)>,
+    rope: Option<Rope>,
     /// Dropout probability on the attention weights.
     pub dropout: f64,
 }
@@ -115,8 +142,75 @@ impl Attention {
             v: nn::linear(&p / "v", d_model, d_model, cfg),
             o: nn::linear(&p / "o", d_model, d_model, init.config(d_model, bias, true)),
             heads,
+            kv_heads: heads,
             d_head: d_model / heads,
+            qk_norm: None,
+            rope: None,
             dropout,
+        }
+    }
+
+    /// A Llama-family layer's attention (`model.arch = "llama"`): queries `d -> heads
+    /// dh`, keys and values `d -> kv_heads dh` (biases with `qkv_bias`), the output
+    /// `heads dh -> d` without bias, `q_norm` and `k_norm` with `qk_norm`, and the rotation.
+    pub fn llama(p: nn::Path, cfg: &ModelConfig) -> Self {
+        let init = LinearInit::of(cfg);
+        let (d, dh, heads, kv) =
+            (cfg.d_model as i64, cfg.head_dim() as i64, cfg.heads as i64, cfg.kv_heads() as i64);
+        let bias = cfg.llama.qkv_bias;
+        let ones = || nn::Init::Const(1.0);
+        let qk_norm = cfg.llama.qk_norm.then(|| {
+            ((&p / "q_norm").var("weight", &[dh], ones()), (&p / "k_norm").var("weight", &[dh], ones()), cfg.norm_eps)
+        });
+        Attention {
+            q: nn::linear(&p / "q", d, heads * dh, init.config(d, bias, false)),
+            k: nn::linear(&p / "k", d, kv * dh, init.config(d, bias, false)),
+            v: nn::linear(&p / "v", d, kv * dh, init.config(d, bias, false)),
+            o: nn::linear(&p / "o", heads * dh, d, init.config(heads * dh, false, true)),
+            heads,
+            kv_heads: kv,
+            d_head: dh,
+            qk_norm,
+            rope: Some(Rope::of(cfg, p.device())),
+            dropout: cfg.dropout,
+        }
+    }
+
+    /// Queries `(b, h, m, dh)` after `cached` earlier states and the keys `(b, h, cached
+    /// + m, dh)` of those states and the block, rotated at their places in that window
+    /// (RoPE sees only distances, so the window's first state may take position 0); the
+    /// same tensors without rotary positions.
+    pub fn rotate(&self, q: &Tensor, k: &Tensor, cached: i64) -> (Tensor, Tensor) {
+        match &self.rope {
+            Some(rope) => (rope.rotate_from(q, cached), rope.rotate_from(k, 0)),
+            None => (q.shallow_clone(), k.shallow_clone()),
+        }
+    }
+
+    /// Keys or values `(b, n, kv_heads dh)` as `(b, h, n, dh)`: each key-value head
+    /// repeated for the query heads of its group, a copy laid out head-major.
+    fn split_kv_heads(&self, x: &Tensor) -> Tensor {
+        if self.kv_heads == self.heads {
+            return self.split_heads(x);
+        }
+        let (b, n, _) = x.size3().expect("keys must be (b, n, kv_heads dh)");
+        let group = self.heads / self.kv_heads;
+        x.view([b, n, self.kv_heads, 1, self.d_head])
+            .expand([b, n, self.kv_heads, group, self.d_head], false)
+            .reshape([b, n, self.heads, self.d_head])
+            .transpose(1, 2)
+    }
+
+    /// RMSNorm of each head (`(.., dh)`) by `weight` (Qwen3's `q_norm`, `k_norm`).
+    fn head_norm(x: Tensor, weight: &Tensor, eps: f64) -> Tensor {
+        crate::llama::rms_norm(&x, weight, eps)
+    }
+
+    /// Keys `(b, h, n, dh)` with Qwen3's `k_norm`, when the layer has it.
+    fn normed_keys(&self, k: Tensor) -> Tensor {
+        match &self.qk_norm {
+            Some((_, w, eps)) => Attention::head_norm(k, w, *eps),
+            None => k,
         }
     }
 
@@ -131,14 +225,23 @@ impl Attention {
         x.view([b, n, self.heads, self.d_head]).transpose(1, 2) // (b, h, n, dh)
     }
 
-    /// Queries of the block `x` `(b, m, d)`: `(b, h, m, dh)`.
+    /// Queries of the block `x` `(b, m, d)`: `(b, h, m, dh)` (normed per head on Qwen3;
+    /// not yet rotated).
     pub fn queries(&self, x: &Tensor) -> Tensor {
-        self.split_heads(&self.q.forward(x))
+        let q = self.split_heads(&self.q.forward(x));
+        match &self.qk_norm {
+            Some((w, _, eps)) => Attention::head_norm(q, w, *eps),
+            None => q,
+        }
     }
 
     /// Keys and values of `states` `(b, n, d)`: each `(b, h, n, dh)`, laid out head-major
     /// ([`Attention::head_major`]).
     pub fn keys_values(&self, states: &Tensor) -> (Tensor, Tensor) {
+        if self.rope.is_some() {
+            let (k, v) = (self.split_kv_heads(&self.k.forward(states)), self.split_kv_heads(&self.v.forward(states)));
+            return (self.normed_keys(k).contiguous(), v.contiguous());
+        }
         (self.head_major(states, &self.k), self.head_major(states, &self.v))
     }
 
@@ -147,6 +250,10 @@ impl Attention {
     /// gradient going to `block`, computed for its rows only ([`super::cache_grad`]).
     pub fn keys_values_after_cache(&self, states: &Tensor, block: &Tensor) -> Result<(Tensor, Tensor)> {
         let (k, v) = super::cache_grad::keys_values_after_cache(states, block, &self.k, &self.v)?; // (b, n, d) each
+        if self.rope.is_some() {
+            let (k, v) = (self.split_kv_heads(&k), self.split_kv_heads(&v));
+            return Ok((self.normed_keys(k).contiguous(), v.contiguous()));
+        }
         Ok((self.split_heads(&k).contiguous(), self.split_heads(&v).contiguous()))
         // (b, h, n, dh) each
     }

@@ -3,8 +3,8 @@
 //! feed-forward (pre-norm or post-norm, dropout), and a linear output head. How each
 //! layer remembers the past is its [`MemoryLayer`]'s business.
 //!
-//! Two architectures (`model.arch`) share this code, so that a memory mechanism is the
-//! same on both:
+//! Three architectures (`model.arch`) share this code, so that a memory mechanism is the
+//! same on each:
 //! - `lethe`, the papers' backbone: learned relative positions `key_pe` shared by every
 //!   layer (A.1), attention without biases, ReLU, a separate output head;
 //! - `gpt2`, GPT-2 as Hugging Face `transformers` defines it (Radford et al., 2019; the
@@ -12,7 +12,13 @@
 //!   restarting at every block (as GPT-2 is fine-tuned on blocks of 512 tokens), biases
 //!   on every projection, the tanh approximation of GELU, pre-norm with a final norm, and
 //!   the output projection tied to the token embedding. [`super::gpt2`] reads a
-//!   pretrained GPT-2 into it.
+//!   pretrained GPT-2 into it;
+//! - `llama`, the Llama family as `transformers` defines it (Touvron et al., 2023):
+//!   RMSNorm before each sublayer and at the end, grouped-query attention with rotary
+//!   positions (Su et al., 2021) at each state's place in the window, the SiLU-gated MLP
+//!   `down(silu(gate(x)) * up(x))`, no biases (but Qwen2's on the query, key and value
+//!   maps), the output map separate or tied. [`super::init`] reads a pretrained
+//!   Llama-family folder into it, and [`super::export`] writes one back.
 
 use tch::nn::{self, Module};
 use tch::{Kind, Tensor};
@@ -23,39 +29,83 @@ use lethe_core::config::{Arch, Mechanism, MemoryConfig, ModelConfig};
 use lethe_core::error::{LetheError, Result, TorchContext};
 use lethe_core::profile;
 
+/// A normalisation layer: LayerNorm (`lethe`, `gpt2`) or RMSNorm (`llama`).
+#[derive(Debug)]
+enum Norm {
+    Layer(nn::LayerNorm),
+    /// `weight * x / sqrt(mean(x^2) + eps)`.
+    Rms { weight: Tensor, eps: f64 },
+}
+
+impl Norm {
+    /// The norm `model.arch` has, `weight` (and `bias` for LayerNorm) under `p`.
+    fn new(p: nn::Path, cfg: &ModelConfig, d: i64) -> Norm {
+        match cfg.arch {
+            Arch::Llama => Norm::Rms { weight: p.var("weight", &[d], nn::Init::Const(1.0)), eps: cfg.norm_eps },
+            _ => Norm::Layer(nn::layer_norm(p, vec![d], nn::LayerNormConfig { eps: cfg.norm_eps, ..Default::default() })),
+        }
+    }
+
+    /// The LayerNorm, for a memory that normalises the raw states it caches.
+    fn layer_norm(&self) -> Option<&nn::LayerNorm> {
+        match self {
+            Norm::Layer(n) => Some(n),
+            Norm::Rms { .. } => None,
+        }
+    }
+}
+
+impl Module for Norm {
+    fn forward(&self, x: &Tensor) -> Tensor {
+        match self {
+            Norm::Layer(n) => n.forward(x),
+            Norm::Rms { weight, eps } => super::llama::rms_norm(x, weight, *eps),
+        }
+    }
+}
+
 /// One transformer layer's parameters.
 #[derive(Debug)]
 struct Layer {
     attn: Attention,
-    norm1: nn::LayerNorm,
+    norm1: Norm,
     ff1: nn::Linear,
+    /// The gate of the SiLU-gated MLP (`llama`); `ff1` is then its `up` map.
+    ff_gate: Option<nn::Linear>,
     ff2: nn::Linear,
-    norm2: nn::LayerNorm,
+    norm2: Norm,
     arch: Arch,
 }
 
 impl Layer {
     fn new(p: nn::Path, cfg: &ModelConfig) -> Self {
         let (d, f) = (cfg.d_model as i64, cfg.d_ffn as i64);
-        let norm = || nn::LayerNormConfig { eps: cfg.norm_eps, ..Default::default() };
         let init = LinearInit::of(cfg);
+        let llama = cfg.arch == Arch::Llama;
+        let attn = match cfg.arch {
+            Arch::Llama => Attention::llama(&p / "attn", cfg),
+            _ => Attention::with_init(&p / "attn", d, cfg.heads as i64, cfg.dropout, cfg.arch == Arch::Gpt2, init),
+        };
         Layer {
-            attn: Attention::with_init(&p / "attn", d, cfg.heads as i64, cfg.dropout, cfg.arch == Arch::Gpt2, init),
-            norm1: nn::layer_norm(&p / "norm1", vec![d], norm()),
-            ff1: nn::linear(&p / "ff1", d, f, init.config(d, true, false)),
-            ff2: nn::linear(&p / "ff2", f, d, init.config(f, true, true)),
-            norm2: nn::layer_norm(&p / "norm2", vec![d], norm()),
+            attn,
+            norm1: Norm::new(&p / "norm1", cfg, d),
+            ff1: nn::linear(&p / "ff1", d, f, init.config(d, !llama, false)),
+            ff_gate: llama.then(|| nn::linear(&p / "ff_gate", d, f, init.config(d, false, false))),
+            ff2: nn::linear(&p / "ff2", f, d, init.config(f, !llama, true)),
+            norm2: Norm::new(&p / "norm2", cfg, d),
             arch: cfg.arch,
         }
     }
 
     fn ffn(&self, x: &Tensor, dropout: f64, train: bool) -> Tensor {
         let a = self.ff1.forward(x); // (b, m, d_ffn)
-        let a = match self.arch {
+        let a = match (self.arch, &self.ff_gate) {
             // Not in place: `a` is a view of the product's output, and autograd would copy
             // it in the backward pass (CopySlices), which measured slower.
-            Arch::Lethe => a.relu(),
-            Arch::Gpt2 => a.gelu("tanh"), // GPT-2's `gelu_new`
+            (Arch::Lethe, _) => a.relu(),
+            (Arch::Gpt2, _) => a.gelu("tanh"), // GPT-2's `gelu_new`
+            (Arch::Llama, Some(gate)) => gate.forward(x).silu() * a,
+            (Arch::Llama, None) => a.silu(),
         };
         self.ff2.forward(&a.dropout(dropout, train))
     }
@@ -146,7 +196,7 @@ pub struct Forward {
 pub struct Backbone {
     cfg: ModelConfig,
     layers: Vec<Layer>,
-    final_norm: Option<nn::LayerNorm>,
+    final_norm: Option<Norm>,
     /// Relative positions (`lethe`); none on GPT-2.
     key_pe: Option<Tensor>,
     memories: Vec<Box<dyn MemoryLayer>>,
@@ -171,10 +221,9 @@ impl Backbone {
         let memories = (0..cfg.layers)
             .map(|i| memory::build(mem, p / "layers" / i / "attn", d, cfg.heads as i64, block))
             .collect::<Result<Vec<_>>>()?;
-        let norm = nn::LayerNormConfig { eps: cfg.norm_eps, ..Default::default() };
-        let final_norm = cfg.pre_norm.then(|| nn::layer_norm(p / "final_norm", vec![d], norm));
+        let final_norm = cfg.pre_norm.then(|| Norm::new(p / "final_norm", cfg, d));
         let key_pe = match cfg.arch {
-            Arch::Gpt2 => None,
+            Arch::Gpt2 | Arch::Llama => None,
             Arch::Lethe => {
                 let rows = memory::position_rows(mem, block);
                 // The one parameter whose size the memory sets: allocated fallibly, so that
@@ -225,7 +274,7 @@ impl Backbone {
             let attend = profile::phase("memory attend");
             // A memory that caches raw states normalises them itself (`caches_raw_states`).
             let raw = self.cfg.pre_norm && memory.caches_raw_states();
-            let norm = raw.then_some(&layer.norm1);
+            let norm = if raw { layer.norm1.layer_norm() } else { None };
             let out = memory.attend(&AttendInput {
                 x: &x,
                 q: &q,
@@ -281,14 +330,14 @@ enum Vocabulary {
     /// One embedding and one softmax layer.
     Plain {
         embed: nn::Embedding,
-        /// The output head; none when tied to `embed` (GPT-2).
+        /// The output head; none when tied to `embed` (GPT-2, some Llamas).
         head: Option<nn::Linear>,
     },
     /// Adaptive input and softmax in frequency clusters (`model.cutoffs`).
     Adaptive(super::adaptive::Adaptive),
 }
 
-/// GPT-2's initialisation of its embeddings: N(0, 0.02).
+/// GPT-2's and Llama's initialisation of their embeddings: N(0, 0.02).
 fn gpt2_embedding() -> nn::EmbeddingConfig {
     nn::EmbeddingConfig { ws_init: nn::Init::Randn { mean: 0.0, stdev: 0.02 }, ..Default::default() }
 }
@@ -298,16 +347,21 @@ impl Vocabulary {
         if !cfg.cutoffs.is_empty() {
             return Vocabulary::Adaptive(super::adaptive::Adaptive::new(&(p / "adaptive"), cfg));
         }
-        let (d, gpt2) = (cfg.d_model as i64, cfg.arch == Arch::Gpt2);
+        let d = cfg.d_model as i64;
+        let (tied, bias) = match cfg.arch {
+            Arch::Lethe => (false, true),
+            Arch::Gpt2 => (true, false),
+            Arch::Llama => (cfg.llama.tie_embeddings, false),
+        };
         Vocabulary::Plain {
             embed: nn::embedding(
                 p / "embed",
                 cfg.vocab as i64,
                 d,
-                if gpt2 { gpt2_embedding() } else { Default::default() },
+                if cfg.arch == Arch::Lethe { Default::default() } else { gpt2_embedding() },
             ),
-            head: (!gpt2)
-                .then(|| nn::linear(p / "head", d, cfg.vocab as i64, LinearInit::of(cfg).config(d, true, false))),
+            head: (!tied)
+                .then(|| nn::linear(p / "head", d, cfg.vocab as i64, LinearInit::of(cfg).config(d, bias, false))),
         }
     }
 

@@ -1,5 +1,6 @@
 //! Starting a run from trained parameters (`train.init_from`, `--init-from`): a
-//! pretrained GPT-2 in the Hugging Face layout ([`super::gpt2`]), or a lethe run. The
+//! pretrained GPT-2 ([`super::gpt2`]) or Llama-family decoder ([`super::llama::layout`])
+//! in the Hugging Face layout, or a lethe run. The
 //! architecture is the source's: [`adopt`] sets the config's `[model]` sizes (and the
 //! tokenizer) from it before the model is built, then [`load`] copies every parameter the
 //! source has into the model; the ones it lacks (a memory mechanism added for
@@ -12,6 +13,7 @@ use std::path::{Path, PathBuf};
 use tch::Tensor;
 
 use super::gpt2::{self, Gpt2Config};
+use super::llama::{self, LlamaConfig};
 use super::Lm;
 use lethe_core::checkpoint::Checkpoint;
 use lethe_core::config::{Config, ModelConfig};
@@ -26,6 +28,15 @@ pub enum Source {
         /// Its `config.json`.
         config: Gpt2Config,
     },
+    /// A Hugging Face Llama-family folder (Llama, Mistral, Qwen2/3, SmolLM2).
+    Llama {
+        /// The folder.
+        dir: PathBuf,
+        /// Its `config.json`.
+        config: LlamaConfig,
+        /// The `[model]` section it makes.
+        model: ModelConfig,
+    },
     /// A lethe checkpoint (a run folder's, or a file).
     Run(Box<Checkpoint>),
 }
@@ -34,6 +45,12 @@ impl Source {
     /// Reads what `path` holds: a Hugging Face folder, or a lethe run folder or
     /// checkpoint file. The error names the path and what was missing.
     pub fn open(path: &Path) -> Result<Source> {
+        if llama::is_llama_folder(path) {
+            let file = path.join("config.json");
+            let config = LlamaConfig::from_file(&file)?;
+            let model = llama::layout::model_config(&config, 0.0).map_err(|why| LetheError::checkpoint(&file, why))?;
+            return Ok(Source::Llama { dir: path.to_path_buf(), config, model });
+        }
         if gpt2::is_hugging_face_folder(path) {
             let config = Gpt2Config::from_file(&path.join("config.json"))?;
             return Ok(Source::HuggingFace { dir: path.to_path_buf(), config });
@@ -57,6 +74,7 @@ impl Source {
     pub fn model_config(&self, dropout: f64) -> ModelConfig {
         match self {
             Source::HuggingFace { config, .. } => config.model_config(dropout),
+            Source::Llama { model, .. } => ModelConfig { dropout, ..model.clone() },
             Source::Run(ckpt) => ModelConfig { dropout, ..ckpt.config.model.clone() },
         }
     }
@@ -65,7 +83,7 @@ impl Source {
     /// holds one), or the run's: its folder's copy, else its `data.tokenizer`.
     pub fn tokenizer(&self) -> Option<PathBuf> {
         match self {
-            Source::HuggingFace { dir, .. } => {
+            Source::HuggingFace { dir, .. } | Source::Llama { dir, .. } => {
                 let has = dir.join("tokenizer.json").is_file() || dir.join("vocab.json").is_file();
                 has.then(|| dir.clone())
             }
@@ -77,13 +95,14 @@ impl Source {
     fn parameters(&self) -> Result<HashMap<String, Tensor>> {
         match self {
             Source::HuggingFace { dir, config } => Ok(gpt2::read_weights(dir, config)?.into_iter().collect()),
+            Source::Llama { dir, config, .. } => Ok(llama::layout::read_parameters(dir, config)?.into_iter().collect()),
             Source::Run(ckpt) => Ok(ckpt.parameters()),
         }
     }
 
     fn path(&self) -> &Path {
         match self {
-            Source::HuggingFace { dir, .. } => dir,
+            Source::HuggingFace { dir, .. } | Source::Llama { dir, .. } => dir,
             Source::Run(ckpt) => &ckpt.path,
         }
     }

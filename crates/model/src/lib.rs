@@ -11,6 +11,7 @@ pub mod init;
 pub mod kv;
 pub mod llama;
 pub mod memory;
+pub mod rope;
 pub mod skew;
 
 use std::collections::HashMap;
@@ -72,10 +73,10 @@ pub struct Part {
 /// A lower bound of the bytes one training step of `config` needs, by part.
 pub fn footprint_parts(config: &Config) -> Vec<Part> {
     let (m, d, l) = (&config.model, config.model.d_model as f64, config.model.layers as f64);
-    // On GPT-2 a query sees its whole block even when memory.span is shorter (or 0).
+    // On GPT-2 and Llama a query sees its whole block even when memory.span is shorter (or 0).
     let span = match m.arch {
         lethe_core::config::Arch::Lethe => config.memory.span,
-        lethe_core::config::Arch::Gpt2 => config.memory.span.max(config.train.block),
+        _ => config.memory.span.max(config.train.block),
     };
     let (batch, block) = (config.train.batch as f64, config.train.block.min(span) as f64);
     let reach = span as f64 + block;
@@ -97,6 +98,7 @@ pub fn footprint_parts(config: &Config) -> Vec<Part> {
             bytes: 4.0 * f32s(m.positions as f64 * d),
             what: format!("the position table (model.positions = {} x {width})", m.positions),
         },
+        lethe_core::config::Arch::Llama => Part { bytes: 0.0, what: "rotary positions (no table)".to_string() },
     };
     let cache = f32s(l * batch * reach * d);
     let attention = 3.0 * f32s(l * batch * m.heads as f64 * block * reach);

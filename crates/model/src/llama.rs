@@ -53,14 +53,7 @@ pub fn is_llama_folder(dir: &Path) -> bool {
     matches!(value.get("model_type").and_then(Value::as_str), Some("llama" | "mistral" | "qwen2" | "qwen3"))
 }
 
-/// Llama 3's scaling of RoPE's frequencies (`rope_type = "llama3"`).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Llama3Scaling {
-    pub factor: f64,
-    pub low_freq_factor: f64,
-    pub high_freq_factor: f64,
-    pub original_max_position_embeddings: f64,
-}
+pub use crate::rope::Llama3Scaling;
 
 /// A Llama-family model's shape and settings, read from `config.json`.
 #[derive(Clone, Debug, PartialEq)]
@@ -278,25 +271,9 @@ fn rope(fields: &serde_json::Map<String, Value>) -> std::result::Result<(f64, Op
     }
 }
 
-/// RoPE's inverse frequencies `(head_dim / 2)`, in float32 as `transformers` computes them.
+/// RoPE's inverse frequencies `(head_dim / 2)` of `cfg`, as `transformers` computes them.
 pub fn inverse_frequencies(cfg: &LlamaConfig) -> Tensor {
-    let dim = cfg.head_dim;
-    let exponent =
-        Tensor::arange_start_step(0, dim, 2, (Kind::Int64, tch::Device::Cpu)).to_kind(Kind::Float) / dim as f64;
-    let base = Tensor::from(cfg.rope_theta as f32);
-    let inv = base.pow(&exponent).reciprocal();
-    let Some(s) = &cfg.rope_scaling else { return inv };
-    let low_wavelen = s.original_max_position_embeddings / s.low_freq_factor;
-    let high_wavelen = s.original_max_position_embeddings / s.high_freq_factor;
-    // Scalars over tensors in float32, as `transformers` divides them.
-    let over = |scalar: f64, t: &Tensor| Tensor::from(scalar as f32) / t;
-    let wavelen = over(2.0 * std::f64::consts::PI, &inv);
-    let scaled = (&inv / s.factor).where_self(&wavelen.gt(low_wavelen), &inv);
-    let smooth = (over(s.original_max_position_embeddings, &wavelen) - s.low_freq_factor)
-        / (s.high_freq_factor - s.low_freq_factor);
-    let smoothed: Tensor = (-&smooth + 1.0) * &scaled / s.factor + &smooth * &scaled;
-    let medium = wavelen.lt(high_wavelen).logical_not().logical_and(&wavelen.gt(low_wavelen).logical_not());
-    smoothed.where_self(&medium, &scaled)
+    crate::rope::inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling.as_ref())
 }
 
 /// One block's weights, `(out, in)` maps.
@@ -464,9 +441,7 @@ impl Llama {
 
     /// `cos` and `sin` `(t, head_dim)` of the positions `(t)`.
     fn rotation(&self, positions: &Tensor) -> (Tensor, Tensor) {
-        let freqs = positions.to_kind(Kind::Float).unsqueeze(1) * self.inv_freq.unsqueeze(0); // (t, hd / 2)
-        let angles = Tensor::cat(&[&freqs, &freqs], 1);
-        (angles.cos(), angles.sin())
+        crate::rope::Rope::rotation(&self.inv_freq, positions)
     }
 
     /// One block's attention of `x` `(b, t, d)` at `positions` `(t)` (rotated by `cos`
@@ -586,16 +561,11 @@ fn linear(x: &Tensor, (w, b): &(Tensor, Option<Tensor>)) -> Tensor {
 
 /// RMSNorm over the last dimension.
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
-    let variance = x.pow_tensor_scalar(2).mean_dim([-1i64].as_slice(), true, Kind::Float);
+    let variance = x.pow_tensor_scalar(2).mean_dim([-1i64].as_slice(), true, x.kind());
     weight * (x * (variance + eps).rsqrt())
 }
 
-/// `x` `(b, n, t, hd)` rotated by RoPE: `x cos + rotate_half(x) sin`.
-fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
-    let half = x.size()[3] / 2;
-    let rotated = Tensor::cat(&[-x.narrow(3, half, half), x.narrow(3, 0, half)], 3);
-    x * cos + rotated * sin
-}
+use crate::rope::rotate;
 
 /// The tensors of a folder's weights, taken one by one by name and checked against the
 /// shapes the config gives; whatever is left at the end is refused by name.
@@ -694,6 +664,8 @@ impl Weights {
         }
     }
 }
+
+pub mod layout;
 
 #[cfg(test)]
 mod tests;

@@ -66,7 +66,7 @@ impl Feeding {
     /// How `lm` was trained to see its input.
     pub fn of(lm: &Lm) -> Feeding {
         let blocks = lethe_model::memory::describe(lm.config.memory.mechanism).reads_whole_blocks();
-        if lm.config.model.arch == Arch::Gpt2 || blocks {
+        if lm.config.model.arch != Arch::Lethe || blocks {
             Feeding::BlockByBlock
         } else {
             Feeding::OneByOne

@@ -29,7 +29,7 @@ pub use data::{DataConfig, FileFormat, FolderMode, Source};
 pub use memory::{
     AdaptiveConfig, CompressiveConfig, Compressor, Deletion, ExpireConfig, InfinityConfig, Mechanism, MemoryConfig,
 };
-pub use model::{Arch, Init, ModelConfig};
+pub use model::{Arch, Init, LlamaShape, ModelConfig};
 pub use presets::{Preset, PRESETS};
 pub use rl::{Reset, RlConfig, MAX_EPISODES};
 pub use run::Config;

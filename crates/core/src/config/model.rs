@@ -1,5 +1,6 @@
 //! `[model]`: the decoder-only, block-recurrent transformer every mechanism shares, in
-//! one of two architectures: the papers' own (`lethe`) or GPT-2's (`gpt2`).
+//! one of three architectures: the papers' own (`lethe`), GPT-2's (`gpt2`) or the Llama
+//! family's (`llama`, with its own settings in `[model.llama]`).
 
 use serde::{Deserialize, Serialize};
 
@@ -29,9 +30,15 @@ pub struct ModelConfig {
     /// positions `key_pe`, attention without biases, ReLU, a separate output head) or
     /// `gpt2` (GPT-2 exactly: learned absolute positions that restart at every block,
     /// biases, the tanh GELU, pre-norm, the output tied to the token embedding; what
-    /// `--init-from` a Hugging Face GPT-2 folder sets). Default `lethe`.
+    /// `--init-from` a Hugging Face GPT-2 folder sets) or `llama` (the Llama family:
+    /// RMSNorm, rotary positions, grouped-query attention, the SiLU-gated MLP; what
+    /// `--init-from` a Llama, Mistral, Qwen2/3 or SmolLM2 folder sets; `[model.llama]`).
+    /// Default `lethe`.
     #[serde(default)]
     pub arch: Arch,
+    /// The Llama family's settings, for `model.arch = "llama"`.
+    #[serde(default)]
+    pub llama: LlamaShape,
     /// For `gpt2`: rows of the absolute position embedding (GPT-2's `n_positions`), the
     /// longest block. Default 1024.
     #[serde(default = "default_positions")]
@@ -87,6 +94,73 @@ pub enum Arch {
     Lethe,
     /// GPT-2 (Radford et al., 2019) as Hugging Face `transformers` defines it.
     Gpt2,
+    /// The Llama family (Touvron et al., 2023) as `transformers` defines it.
+    Llama,
+}
+
+/// `[model.llama]`: what a Llama-family decoder sets beyond the shared sizes (`d_model`,
+/// `heads`, `d_ffn`, `norm_eps` as RMSNorm's epsilon).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LlamaShape {
+    /// Key and value heads, shared by groups of query heads (grouped-query attention);
+    /// 0: one per query head. Default 0.
+    pub kv_heads: usize,
+    /// Width of one head; 0: `d_model / heads`. Default 0.
+    pub head_dim: usize,
+    /// The base `theta` of the rotary positions' frequencies `theta^(-2i / head_dim)`.
+    /// Default 10000.
+    pub rope_theta: f64,
+    /// Llama 3's scaling of the low rotary frequencies (`rope_scaling` of type `llama3`):
+    /// its `factor`; 0: no scaling. Default 0.
+    pub rope_factor: f64,
+    /// With `rope_factor`: Llama 3's `low_freq_factor`. Default 1.
+    pub rope_low_freq_factor: f64,
+    /// With `rope_factor`: Llama 3's `high_freq_factor`. Default 4.
+    pub rope_high_freq_factor: f64,
+    /// With `rope_factor`: Llama 3's `original_max_position_embeddings`. Default 8192.
+    pub rope_original_positions: usize,
+    /// Biases on the query, key and value maps (Qwen2). Default false.
+    pub qkv_bias: bool,
+    /// RMSNorm on each head's query and key before the rotation (Qwen3). Default false.
+    pub qk_norm: bool,
+    /// The output map is the token embedding (SmolLM2, Llama 3.2 1B). Default false.
+    pub tie_embeddings: bool,
+}
+
+impl Default for LlamaShape {
+    fn default() -> Self {
+        LlamaShape {
+            kv_heads: 0,
+            head_dim: 0,
+            rope_theta: 10000.0,
+            rope_factor: 0.0,
+            rope_low_freq_factor: 1.0,
+            rope_high_freq_factor: 4.0,
+            rope_original_positions: 8192,
+            qkv_bias: false,
+            qk_norm: false,
+            tie_embeddings: false,
+        }
+    }
+}
+
+impl ModelConfig {
+    /// Key and value heads (`model.llama.kv_heads`; one per query head elsewhere).
+    pub fn kv_heads(&self) -> usize {
+        match (self.arch, self.llama.kv_heads) {
+            (Arch::Llama, k) if k > 0 => k,
+            _ => self.heads,
+        }
+    }
+
+    /// Width of one head (`model.llama.head_dim`; `d_model / heads` elsewhere).
+    pub fn head_dim(&self) -> usize {
+        match (self.arch, self.llama.head_dim) {
+            (Arch::Llama, h) if h > 0 => h,
+            _ => self.d_model / self.heads.max(1),
+        }
+    }
 }
 
 impl Arch {
@@ -95,6 +169,7 @@ impl Arch {
         match self {
             Arch::Lethe => "lethe",
             Arch::Gpt2 => "gpt2",
+            Arch::Llama => "llama",
         }
     }
 }
@@ -118,6 +193,7 @@ impl Default for ModelConfig {
             dropout: 0.0,
             pre_norm: true,
             arch: Arch::Lethe,
+            llama: LlamaShape::default(),
             positions: default_positions(),
             norm_eps: default_norm_eps(),
             cutoffs: vec![],
@@ -151,11 +227,11 @@ impl ModelConfig {
             return Ok(());
         }
         let shown = format!("{:?}", self.cutoffs);
-        if self.arch == Arch::Gpt2 {
+        if self.arch != Arch::Lethe {
             return Err(LetheError::config(
                 "model.cutoffs",
                 shown,
-                "GPT-2 has one tied softmax; adaptive clusters are for model.arch = \"lethe\"",
+                format!("model.arch = \"{}\" has one softmax; adaptive clusters are for model.arch = \"lethe\"", self.arch.name()),
             ));
         }
         let mut previous = 0;
@@ -201,8 +277,36 @@ impl ModelConfig {
         if !(self.norm_eps > 0.0 && self.norm_eps < 1.0) {
             return Err(LetheError::config("model.norm_eps", self.norm_eps, "must be in (0, 1)"));
         }
-        if self.arch == Arch::Gpt2 && !self.pre_norm {
-            return Err(LetheError::config("model.pre_norm", false, "GPT-2 is pre-norm (model.arch = \"gpt2\")"));
+        if self.arch != Arch::Lethe && !self.pre_norm {
+            let why = format!("model.arch = \"{}\" is pre-norm", self.arch.name());
+            return Err(LetheError::config("model.pre_norm", false, why));
+        }
+        if self.arch == Arch::Llama {
+            self.validate_llama()?;
+        }
+        Ok(())
+    }
+
+    /// `[model.llama]`: the query heads in whole groups per key-value head, an even head
+    /// width (the rotation turns pairs), a positive rotary base.
+    fn validate_llama(&self) -> Result<()> {
+        let l = &self.llama;
+        if !self.heads.is_multiple_of(self.kv_heads()) {
+            let why = format!("must divide model.heads = {} (whole groups of query heads)", self.heads);
+            return Err(LetheError::config("model.llama.kv_heads", l.kv_heads, why));
+        }
+        if !self.head_dim().is_multiple_of(2) {
+            return Err(LetheError::config("model.llama.head_dim", self.head_dim(), "must be even (RoPE turns pairs)"));
+        }
+        if !(l.rope_theta > 1.0 && l.rope_theta.is_finite()) {
+            return Err(LetheError::config("model.llama.rope_theta", l.rope_theta, "must be a finite number above 1"));
+        }
+        if !(l.rope_factor >= 0.0 && l.rope_factor.is_finite()) {
+            return Err(LetheError::config("model.llama.rope_factor", l.rope_factor, "must be 0 (none) or positive"));
+        }
+        if l.rope_factor > 0.0 && !(l.rope_high_freq_factor > l.rope_low_freq_factor && l.rope_low_freq_factor > 0.0) {
+            let why = "with model.llama.rope_factor, must be above model.llama.rope_low_freq_factor, itself above 0";
+            return Err(LetheError::config("model.llama.rope_high_freq_factor", l.rope_high_freq_factor, why));
         }
         Ok(())
     }

@@ -51,11 +51,11 @@ pub trait Descriptor: Sync {
 
     /// The chunks in which a block's queries score their keys on the CPU when `held`
     /// states are held (for a step's FLOP count); a GPU scores every key in one chunk.
-    /// A window of `L` states by default; without relative positions (GPT-2) a query
+    /// A window of `L` states by default; without learned relative positions (GPT-2, Llama) a query
     /// sees its whole block whatever the span.
     fn scored_chunks(&self, cfg: &Config, held: i64) -> Vec<Chunk> {
         let (m, span) = (cfg.train.block as i64, cfg.memory.span as i64);
-        let reach = if cfg.model.arch == Arch::Gpt2 { reach(span, m) } else { span };
+        let reach = if cfg.model.arch == Arch::Lethe { span } else { reach(span, m) };
         query_chunks(held, m, reach, QUERY_CHUNK)
     }
 

@@ -217,8 +217,10 @@ impl WindowCache {
         };
         // Positions are learned up to P - 1 back: no key further back can be seen.
         let seen = input.key_pe.map_or(reach, |pe| reach.min(pe.size()[0] - 1));
-        let chunks = w.chunks(input.q, seen);
-        let (qs, ks, vs) = (chunk_queries(input.q, &chunks)?, chunk_keys(&w.k, &chunks)?, chunk_keys(&w.v, &chunks)?);
+        // Rotary positions (a Llama-family layer) at the states' places in the window.
+        let (q, k) = input.attn.rotate(input.q, &w.k, w.cached);
+        let chunks = w.chunks(&q, seen);
+        let (qs, ks, vs) = (chunk_queries(&q, &chunks)?, chunk_keys(&k, &chunks)?, chunk_keys(&w.v, &chunks)?);
         let contexts: Vec<Tensor> = chunks
             .iter()
             .zip(qs.iter().zip(ks.iter().zip(&vs)))

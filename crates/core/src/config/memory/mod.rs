@@ -125,7 +125,9 @@ impl MemoryConfig {
     /// earlier positions, so the span must cover the block. On GPT-2 a query always sees
     /// its block up to itself, and `memory.span` counts the earlier blocks' states kept
     /// besides (0: none, as GPT-2); its absolute positions leave no relative distance for
-    /// Expire-Span and Adaptive-Span to act on.
+    /// Expire-Span and Adaptive-Span to act on. On a Llama-family decoder the span counts
+    /// as on GPT-2; the window's states are rotated at their positions in the window,
+    /// which only the fixed window implements.
     pub fn validate(&self, block: usize, arch: Arch) -> Result<()> {
         match arch {
             Arch::Lethe => self.validate_window(block)?,
@@ -137,6 +139,14 @@ impl MemoryConfig {
                 ));
             }
             Arch::Gpt2 => {}
+            Arch::Llama if self.mechanism != Mechanism::Fixed => {
+                return Err(LetheError::config(
+                    "memory.mechanism",
+                    self.mechanism.name(),
+                    "model.arch = \"llama\" implements the fixed window (Transformer-XL's cache, rotated at its positions); its key-value cache policies are `lethe generate --policy`",
+                ));
+            }
+            Arch::Llama => {}
         }
         match self.mechanism {
             Mechanism::Expire => self.expire.validate()?,

@@ -1,0 +1,188 @@
+//! The Llama family in lethe's trainable backbone (`model.arch = "llama"`): a folder of
+//! the fixture (tests/fixtures/llama, made by `transformers`) read with `--init-from`
+//! gives `transformers`' logits, in one block and in blocks through the window's memory;
+//! a lethe Llama written back as a folder gives the same logits through the decoder that
+//! `lethe generate` and `lethe eval` use; the gradients of the pieces lethe composes
+//! (RMSNorm, the rotation, grouped keys, the gated MLP) equal finite differences.
+
+use std::path::{Path, PathBuf};
+
+use lethe::config::{Arch, Config, Mechanism};
+use lethe::model::llama::{layout, KvCache, Llama};
+use lethe::model::{init, Lm};
+use tch::{Device, Kind, Tensor};
+
+/// The families lethe trains (Mistral's sliding window is read by the decoder only).
+const TRAINABLE: [&str; 4] = ["llama3", "smollm2", "qwen2", "qwen3"];
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llama").join(name)
+}
+
+fn expected(name: &str) -> std::collections::HashMap<String, Tensor> {
+    Tensor::read_safetensors(fixture(name).join("expected.safetensors")).unwrap().into_iter().collect()
+}
+
+/// The fixture `name` in the backbone, read in blocks of `block` with a window of `span`.
+fn backbone(name: &str, block: usize, span: usize) -> Lm {
+    let mut cfg = Config::default();
+    init::adopt(&mut cfg, &fixture(name)).unwrap();
+    assert_eq!(cfg.model.arch, Arch::Llama);
+    (cfg.memory.mechanism, cfg.memory.span, cfg.train.block) = (Mechanism::Fixed, span, block);
+    cfg.model.validate(false).unwrap();
+    let lm = Lm::new(&cfg, Device::Cpu).unwrap();
+    let loaded = init::load(&lm, &fixture(name)).unwrap();
+    assert!(loaded.fresh.is_empty(), "{name}: left fresh {:?}", loaded.fresh);
+    lm
+}
+
+/// The logits of `ids` `(b, t)` read in blocks of `block`, the memory carried.
+fn logits_in_blocks(lm: &Lm, ids: &Tensor, block: i64) -> Tensor {
+    let mut mem = lm.model.new_memory();
+    let t = ids.size()[1];
+    let parts: Vec<Tensor> = (0..t)
+        .step_by(block as usize)
+        .map(|s| {
+            let ids = ids.narrow(1, s, block.min(t - s));
+            tch::no_grad(|| lm.model.forward(&ids, &mut mem, false)).unwrap().logits
+        })
+        .collect();
+    Tensor::cat(&parts, 1)
+}
+
+fn gap(a: &Tensor, b: &Tensor) -> f64 {
+    assert_eq!(a.size(), b.size());
+    (a - b).abs().max().double_value(&[])
+}
+
+#[test]
+fn every_trainable_family_read_into_the_backbone_gives_the_logits_of_transformers() {
+    for name in TRAINABLE {
+        let want = expected(name);
+        let t = want["ids"].size()[1] as usize;
+        let scale = want["logits"].abs().max().double_value(&[]);
+        let whole = logits_in_blocks(&backbone(name, t, 0), &want["ids"], t as i64);
+        let d = gap(&whole, &want["logits"]);
+        assert!(d < 1e-5 * scale.max(1.0), "{name}: one block differs from transformers by {d:.2e}");
+        // Blocks of 6 with a window that holds the sequence: the rotation at each
+        // state's place in the window keeps the distances, so the logits are the same.
+        let blocks = logits_in_blocks(&backbone(name, 6, t), &want["ids"], 6);
+        let d = gap(&blocks, &want["logits"]);
+        assert!(d < 1e-5 * scale.max(1.0), "{name}: blocks of 6 differ from transformers by {d:.2e}");
+    }
+}
+
+/// A small random Llama of one layer (grouped keys, query and key norms, Llama 3's
+/// scaled rotation), `model.arch = "llama"`, reading blocks of 4 with a window of 6.
+fn small_llama() -> Config {
+    let mut cfg = Config::default();
+    cfg.model.arch = Arch::Llama;
+    (cfg.model.vocab, cfg.model.layers, cfg.model.d_model, cfg.model.heads, cfg.model.d_ffn) = (20, 1, 16, 4, 24);
+    (cfg.model.llama.kv_heads, cfg.model.llama.qk_norm, cfg.model.llama.rope_factor) = (2, true, 8.0);
+    cfg.model.llama.rope_original_positions = 4;
+    (cfg.memory.span, cfg.train.block) = (6, 4);
+    cfg.model.validate(false).unwrap();
+    cfg
+}
+
+/// With a window shorter than the sequence, each query of a one-layer model sees itself
+/// and the `span` positions before it (Transformer-XL's window): its logits
+/// are those of the decoder (written as a folder) reading just those tokens.
+#[test]
+fn a_short_window_sees_exactly_its_span() {
+    let _seed = lethe::rng::seed_torch(5);
+    let cfg = small_llama();
+    let lm = Lm::new(&cfg, Device::Cpu).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let params: std::collections::HashMap<String, Tensor> = lm.named_parameters().into_iter().collect();
+    layout::write_folder(&cfg.model, &params, None, &dir.path().join("m")).unwrap();
+    let decoder = Llama::load(&dir.path().join("m")).unwrap();
+    let ids = Tensor::from_slice(&[3i64, 7, 1, 19, 4, 4, 0, 12, 9, 9, 2, 15, 6, 1, 8, 3]).view([1, 16]);
+    let got = logits_in_blocks(&lm, &ids, 4);
+    for (block_start, q) in [(8i64, 0i64), (8, 3), (12, 2)] {
+        let first = (block_start + q - 6).max(0);
+        let seen = ids.narrow(1, first, block_start + q + 1 - first);
+        let alone = decoder.forward(&seen, &mut KvCache::default());
+        let alone = alone.narrow(1, alone.size()[1] - 1, 1);
+        let d = gap(&got.narrow(1, block_start + q, 1), &alone);
+        assert!(d < 1e-5, "query {q} of the block at {block_start}: differs from the decoder over its window by {d:.2e}");
+    }
+}
+
+/// A Llama written back as a folder reads into lethe's decoder (the one `lethe generate
+/// --init-from` uses) with the same logits as the backbone's, and its config.json names
+/// the family its settings make.
+#[test]
+fn a_llama_written_as_a_folder_reads_back_with_the_same_logits() {
+    for name in ["llama3", "qwen2", "qwen3"] {
+        let want = expected(name);
+        let t = want["ids"].size()[1] as usize;
+        let lm = backbone(name, t, 0);
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("exported");
+        let params: std::collections::HashMap<String, Tensor> = lm.named_parameters().into_iter().collect();
+        layout::write_folder(&lm.config.model, &params, Some(&fixture(name)), &out).unwrap();
+        let decoder = Llama::load(&out).unwrap();
+        let got = decoder.forward(&want["ids"], &mut KvCache::default());
+        let d = gap(&got, &want["logits"]);
+        assert!(d < 1e-5, "{name}: the written folder's logits differ by {d:.2e}");
+        let config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+        let family = if name == "llama3" { "llama" } else { name };
+        assert_eq!(config["model_type"], family);
+        assert!(out.join("tokenizer.json").is_file());
+        // An existing folder is not written over.
+        let again = layout::write_folder(&lm.config.model, &params, None, &out).unwrap_err().to_string();
+        assert!(again.contains("exists already"), "{again}");
+    }
+}
+
+/// The gradient of a loss through a small Llama (grouped keys, query and key norms, the
+/// rotation, the gated MLP, RMSNorm) to its input embedding and to a few weights equals
+/// central finite differences, in double precision, for the second block read after a
+/// window cached from the first (held fixed: Transformer-XL's cache carries no gradient).
+#[test]
+fn the_llama_layers_gradients_equal_finite_differences() {
+    let _seed = lethe::rng::seed_torch(11);
+    let mut cfg = small_llama();
+    cfg.model.layers = 2;
+    let mut lm = Lm::new(&cfg, Device::Cpu).unwrap();
+    lm.vs.double();
+    let ids = Tensor::from_slice(&[3i64, 7, 1, 19, 4, 4, 0, 12]).view([1, 8]);
+    let weights = Tensor::randn([1, 4, 20], (Kind::Double, Device::Cpu));
+    let mut first = lm.model.new_memory();
+    tch::no_grad(|| lm.model.forward(&ids.narrow(1, 0, 4), &mut first, false)).unwrap();
+    let cached = first.state();
+    let loss = |lm: &Lm| -> Tensor {
+        let mut mem = lm.model.new_memory();
+        mem.load_state(&cached).unwrap();
+        (lm.model.forward(&ids.narrow(1, 4, 4), &mut mem, true).unwrap().logits * &weights).sum(Kind::Double)
+    };
+    let params: std::collections::HashMap<String, Tensor> = lm.named_parameters().into_iter().collect();
+    let names = ["embed.weight", "layers.0.attn.k.weight", "layers.1.attn.q_norm.weight", "layers.0.ff_gate.weight"];
+    let vars: Vec<&Tensor> = names.iter().map(|n| &params[*n]).collect();
+    let grads = Tensor::run_backward(&[loss(&lm)], &vars, false, false);
+    for ((name, var), grad) in names.iter().zip(&vars).zip(&grads) {
+        let flat = var.view([-1]);
+        // The embedding's rows of tokens the second block reads (0 and 12), the others' ends.
+        let last = if *name == "embed.weight" { 12 * 16 + 15 } else { flat.size()[0] - 1 };
+        for i in [0i64, flat.size()[0] / 2 + 1, last] {
+            let eps = 1e-6;
+            let at = |delta: f64| {
+                tch::no_grad(|| {
+                    let _ = flat.get(i).f_add_(&Tensor::from(delta)).unwrap();
+                });
+                let l = tch::no_grad(|| loss(&lm)).double_value(&[]);
+                tch::no_grad(|| {
+                    let _ = flat.get(i).f_sub_(&Tensor::from(delta)).unwrap();
+                });
+                l
+            };
+            let numeric = (at(eps) - at(-eps)) / (2.0 * eps);
+            let analytic = grad.view([-1]).double_value(&[i]);
+            let tolerance = 1e-6 * (1.0 + numeric.abs());
+            assert!((numeric - analytic).abs() < tolerance, "{name}[{i}]: {analytic} by autograd, {numeric} by differences");
+            assert!(analytic.abs() > 1e-9, "{name}[{i}]: no gradient");
+        }
+    }
+}
