@@ -59,6 +59,10 @@ pub enum Command {
     /// DIR/longeval.csv, DIR/longeval.json and charts (a rerun resumes); --compare draws
     /// several runs side by side.
     Longeval(LongevalArgs),
+    /// Write a trained Llama-family run (`model.arch = "llama"`) as a Hugging Face folder
+    /// (config.json, model.safetensors, tokenizer.json) that `transformers`, `lethe
+    /// generate --init-from` and `lethe eval --init-from` read.
+    Export(ExportArgs),
     /// Check a distributed launch: join the process group torchrun describes, then
     /// all-reduce, broadcast and meet at a barrier with known values, and time them
     /// (`torchrun --nproc-per-node 2 --no-python lethe dist-check`).
@@ -167,6 +171,16 @@ fn depths(text: &str) -> std::result::Result<Depths, String> {
         _ => Err(format!("depth `{item}` is not a percentage from 0 to 100")),
     };
     text.split(',').map(|i| one(i.trim())).collect::<std::result::Result<Vec<_>, _>>().map(Depths)
+}
+
+#[derive(Args, Debug)]
+pub struct ExportArgs {
+    /// Checkpoint file, or a run folder holding checkpoint.safetensors.
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    /// The folder to write; it must not exist (written whole or not at all).
+    #[arg(long)]
+    pub out: PathBuf,
 }
 
 #[derive(Args, Debug)]
@@ -541,6 +555,22 @@ pub struct EvalArgs {
     /// Stop after this many tokens (default: the whole split).
     #[arg(long, allow_negative_numbers = true)]
     pub max_tokens: Option<usize>,
+    /// With --init-from: score the text in consecutive windows of N tokens, each read
+    /// from an empty cache, a --budget fraction being a share of N (default: the whole
+    /// text as one window).
+    #[arg(long, allow_negative_numbers = true, value_name = "N")]
+    pub context: Option<usize>,
+    /// With --init-from: score the text under each of these key-value cache policies
+    /// (comma-separated, as --policy takes them) at each of --budgets, and write
+    /// OUT/budget.csv, OUT/budget.md and a chart of perplexity against the budget.
+    #[arg(long, value_delimiter = ',', value_name = "POLICIES", requires_all = ["budgets", "out"])]
+    pub policies: Option<Vec<String>>,
+    /// With --policies: the budgets, comma-separated, as --budget takes them (1/2,1/4,256).
+    #[arg(long, value_delimiter = ',', value_name = "BUDGETS", requires = "policies")]
+    pub budgets: Option<Vec<String>>,
+    /// With --policies: the folder for budget.csv, budget.md, budget.svg and budget.png.
+    #[arg(long, value_name = "DIR", requires = "policies")]
+    pub out: Option<PathBuf>,
     /// Read the data from here instead of the path saved in the checkpoint.
     #[arg(long)]
     pub data: Option<PathBuf>,

@@ -10,7 +10,7 @@ use anyhow::Result;
 use clap::Parser;
 
 use cli::{Cli, Command, InspectCommand};
-use commands::{bench, dialogue, inspect, longeval, plot, tokenizer, train};
+use commands::{bench, decoder, dialogue, inspect, longeval, plot, tokenizer, train};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -95,6 +95,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Play(a) => inspect::play(a),
         Command::Longeval(a) => longeval::longeval(a),
         Command::DistCheck(a) => bench::dist_check(a),
+        Command::Export(a) => decoder::export(a),
     }
 }
 

@@ -101,27 +101,39 @@ pub(crate) fn eval(a: &EvalArgs, folder: &std::path::Path, device: tch::Device) 
     if ids.len() < 2 {
         anyhow::bail!("--data `{}`: {} token(s); a decoder is scored on at least 2", data.display(), ids.len());
     }
-    let policy = policy_of(&a.kv, ids.len())?;
+    let context = match a.context {
+        Some(n) if n < 2 => anyhow::bail!("--context must be at least 2 tokens"),
+        Some(n) => n.min(ids.len()),
+        None => ids.len(),
+    };
+    if let (Some(policies), Some(budgets), Some(out)) = (&a.policies, &a.budgets, &a.out) {
+        if a.kv.given() {
+            anyhow::bail!("--policies and --budgets sweep what --policy and --budget give once: give one or the other");
+        }
+        let sweep = Sweep { data, ids: &ids, context, block: a.block, policies, budgets };
+        return sweep.run(&model, out);
+    }
+    let policy = policy_of(&a.kv, context)?;
     let block = a.block.unwrap_or(if policy.budget.is_some() { 1 } else { lethe::generate::PROMPT_BLOCK });
     if block == 0 {
         anyhow::bail!("--block must be at least 1");
     }
     let started = std::time::Instant::now();
-    let mut cache = KvCache::new(policy.clone());
-    let r = lethe::eval::evaluate_decoder(&model, &mut cache, &ids, block, eval_progress(started))?;
+    let r = lethe::eval::evaluate_decoder_windows(&model, &policy, &ids, block, context, eval_progress(started))?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(());
     }
     let budget = policy.budget.map_or(String::new(), |b| format!(", budget {b}"));
     println!(
-        "{}: loss {:.4} nats, perplexity {:.3}, accuracy {:.2}% over {} tokens (policy {}{budget}, block {block})",
+        "{}: loss {:.4} nats, perplexity {:.3}, accuracy {:.2}% over {} tokens (policy {}{budget}, block {block}{windows})",
         data.display(),
         r.loss,
         r.ppl,
         100.0 * r.accuracy,
         r.tokens,
-        policy.name
+        policy.name,
+        windows = if context < ids.len() { format!(", windows of {context}") } else { String::new() }
     );
     let held = r.held.iter().map(i64::to_string).collect::<Vec<_>>().join(", ");
     println!("cache held per layer [{held}] entries a key-value head at most, {:.1} MiB", mib(r.cache_bytes));
@@ -237,4 +249,167 @@ fn refuse_training_bench_flags(a: &BenchArgs) -> Result<()> {
         anyhow::bail!("{flag} applies to the training bench; --init-from a Llama-family folder times decoding (--kv, --contexts, --decode-tokens)");
     }
     Ok(())
+}
+
+/// `lethe export --checkpoint RUN --out DIR`: a Llama-family run as a Hugging Face folder,
+/// with the run's tokenizer.json when it was trained through one.
+pub(crate) fn export(a: crate::cli::ExportArgs) -> Result<()> {
+    let ckpt = lethe::checkpoint::Checkpoint::load(&a.checkpoint)?;
+    let tokenizer = ckpt.run_tokenizer().or_else(|| ckpt.config.data.tokenizer.clone());
+    let tokenizer = tokenizer.filter(|dir| dir.join("tokenizer.json").is_file());
+    lethe::model::llama::layout::write_folder(&ckpt.config.model, &ckpt.parameters(), tokenizer.as_deref(), &a.out)
+        .map_err(|e| anyhow::anyhow!("--out `{}`: {e}", a.out.display()))?;
+    let with = if tokenizer.is_some() { " and tokenizer.json" } else { " (the run has no tokenizer.json)" };
+    println!("wrote {} (config.json, model.safetensors{with})", a.out.display());
+    Ok(())
+}
+
+/// `lethe eval --init-from FOLDER --policies ... --budgets ...`: the text's perplexity
+/// under every policy at every budget (the full cache once), in turns.
+struct Sweep<'a> {
+    data: &'a std::path::Path,
+    ids: &'a [lethe::data::Token],
+    context: usize,
+    block: Option<usize>,
+    policies: &'a [String],
+    budgets: &'a [String],
+}
+
+/// One evaluation of a [`Sweep`].
+#[derive(serde::Serialize)]
+struct SweepRow {
+    policy: String,
+    /// The budget as asked (`full` for the full cache).
+    budget: String,
+    /// The entries each layer held per key-value head at most.
+    entries: i64,
+    loss: f64,
+    ppl: f64,
+    accuracy: f64,
+    tokens: usize,
+    cache_bytes: usize,
+    seconds: f64,
+}
+
+impl Sweep<'_> {
+    /// Every policy is parsed and every budget checked before the first evaluation.
+    fn plans(&self) -> Result<Vec<(String, Policy)>> {
+        let full = Policy::parse("full", None, self.context as i64)?;
+        let mut plans = vec![("full".to_string(), full)];
+        for name in self.policies.iter().filter(|p| p.as_str() != "full") {
+            for budget in self.budgets {
+                let parsed = Budget::parse(budget).map_err(|e| anyhow::anyhow!("--budgets `{budget}`: {e}"))?;
+                let policy = Policy::parse(name, Some(parsed), self.context as i64)
+                    .map_err(|e| anyhow::anyhow!("--policies `{name}` at budget {budget}: {e}"))?;
+                plans.push((budget.clone(), policy));
+            }
+        }
+        Ok(plans)
+    }
+
+    fn run(&self, model: &Llama, out: &std::path::Path) -> Result<()> {
+        let plans = self.plans()?;
+        std::fs::create_dir_all(out).map_err(|e| anyhow::anyhow!("--out `{}`: {e}", out.display()))?;
+        let mut rows = Vec::new();
+        for (i, (budget, policy)) in plans.iter().enumerate() {
+            let block = self.block.unwrap_or(if policy.budget.is_some() { 1 } else { lethe::generate::PROMPT_BLOCK });
+            let started = std::time::Instant::now();
+            let r = lethe::eval::evaluate_decoder_windows(
+                model,
+                policy,
+                self.ids,
+                block,
+                self.context,
+                eval_progress(started),
+            )?;
+            let entries = r.held.iter().copied().max().unwrap_or(0);
+            eprintln!(
+                "[{}/{}] {} at {budget}: perplexity {:.3}, {entries} entries, {:.1} s",
+                i + 1,
+                plans.len(),
+                policy.name,
+                r.ppl,
+                started.elapsed().as_secs_f64()
+            );
+            let seconds = started.elapsed().as_secs_f64();
+            let (loss, ppl, accuracy, tokens, cache_bytes) = (r.loss, r.ppl, r.accuracy, r.tokens, r.cache_bytes);
+            rows.push(SweepRow {
+                policy: policy.name.to_string(),
+                budget: budget.clone(),
+                entries,
+                loss,
+                ppl,
+                accuracy,
+                tokens,
+                cache_bytes,
+                seconds,
+            });
+        }
+        self.write(&rows, out)
+    }
+
+    /// budget.csv, budget.md (a row per policy, a column per budget) and the chart.
+    fn write(&self, rows: &[SweepRow], out: &std::path::Path) -> Result<()> {
+        let csv_path = out.join("budget.csv");
+        let mut csv =
+            csv::Writer::from_path(&csv_path).map_err(|e| anyhow::anyhow!("`{}`: {e}", csv_path.display()))?;
+        rows.iter().try_for_each(|r| csv.serialize(r))?;
+        csv.flush()?;
+        let full = rows.iter().find(|r| r.budget == "full").map_or(f64::NAN, |r| r.ppl);
+        let mut md = format!(
+            "Perplexity of `{}` in windows of {} tokens ({} scored), full cache {full:.3}:\n\n| policy |",
+            self.data.display(),
+            self.context,
+            rows.first().map_or(0, |r| r.tokens)
+        );
+        let budgets: Vec<&String> = self.budgets.iter().collect();
+        for b in &budgets {
+            let entries = rows.iter().find(|r| &&r.budget == b).map_or(0, |r| r.entries);
+            md += &format!(" {b} ({entries}) |");
+        }
+        md += &format!("\n|---|{}\n", "---:|".repeat(budgets.len()));
+        let mut names: Vec<&str> = rows.iter().filter(|r| r.budget != "full").map(|r| r.policy.as_str()).collect();
+        names.dedup();
+        for name in &names {
+            md += &format!("| {name} |");
+            for b in &budgets {
+                let ppl = rows.iter().find(|r| r.policy == *name && &&r.budget == b).map_or(f64::NAN, |r| r.ppl);
+                md += &format!(" {ppl:.3} |");
+            }
+            md += "\n";
+        }
+        std::fs::write(out.join("budget.md"), &md)?;
+        let mut series: Vec<lethe::plot::SweepSeries> = names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let points: Vec<(f64, f64)> =
+                    rows.iter().filter(|r| r.policy == *name).map(|r| (r.entries as f64, r.ppl)).collect();
+                let mut means = points.clone();
+                means.sort_by(|a, b| a.0.total_cmp(&b.0));
+                lethe::plot::SweepSeries { name: name.to_string(), colour: lethe::plot::colour(i + 1), points, means }
+            })
+            .collect();
+        let xs: Vec<f64> = series.iter().flat_map(|s| s.points.iter().map(|p| p.0)).collect();
+        let line: Vec<(f64, f64)> = [xs.iter().copied().fold(f64::INFINITY, f64::min), self.context as f64]
+            .into_iter()
+            .filter(|x| x.is_finite())
+            .map(|x| (x, full))
+            .collect();
+        series.insert(
+            0,
+            lethe::plot::SweepSeries {
+                name: "full".into(),
+                colour: lethe::plot::colour(0),
+                points: vec![(self.context as f64, full)],
+                means: line,
+            },
+        );
+        let labels = ("entries kept per layer and key-value head", "perplexity");
+        let svg = lethe::plot::sweep_chart(&series, labels, None, &out.join("budget.png"))?;
+        std::fs::write(out.join("budget.svg"), svg)?;
+        print!("{md}");
+        println!("wrote {}/budget.csv, budget.md, budget.svg and budget.png", out.display());
+        Ok(())
+    }
 }

@@ -116,6 +116,9 @@ pub(crate) fn eval(a: EvalArgs) -> Result<()> {
             "--policy and --budget choose what a pretrained decoder's key-value cache keeps: give --init-from FOLDER"
         );
     }
+    if a.init_from.is_none() && a.context.is_some() {
+        anyhow::bail!("--context windows the text a pretrained decoder scores: give --init-from FOLDER (a run reads its split as one stream per --batch row)");
+    }
     let checkpoint = match (&a.init_from, &a.checkpoint) {
         (Some(folder), _) => return decoder::eval(&a, folder, device),
         (None, Some(checkpoint)) => checkpoint.clone(),

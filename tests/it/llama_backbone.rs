@@ -105,7 +105,10 @@ fn a_short_window_sees_exactly_its_span() {
         let alone = decoder.forward(&seen, &mut KvCache::default());
         let alone = alone.narrow(1, alone.size()[1] - 1, 1);
         let d = gap(&got.narrow(1, block_start + q, 1), &alone);
-        assert!(d < 1e-5, "query {q} of the block at {block_start}: differs from the decoder over its window by {d:.2e}");
+        assert!(
+            d < 1e-5,
+            "query {q} of the block at {block_start}: differs from the decoder over its window by {d:.2e}"
+        );
     }
 }
 
@@ -183,8 +186,175 @@ fn the_llama_layers_gradients_equal_finite_differences() {
             let numeric = (at(eps) - at(-eps)) / (2.0 * eps);
             let analytic = grad.view([-1]).double_value(&[i]);
             let tolerance = 1e-6 * (1.0 + numeric.abs());
-            assert!((numeric - analytic).abs() < tolerance, "{name}[{i}]: {analytic} by autograd, {numeric} by differences");
+            assert!(
+                (numeric - analytic).abs() < tolerance,
+                "{name}[{i}]: {analytic} by autograd, {numeric} by differences"
+            );
             assert!(analytic.abs() > 1e-9, "{name}[{i}]: no gradient");
         }
+    }
+}
+
+fn lethe(dir: &Path, args: &[&str]) -> std::process::Output {
+    crate::common::cli::lethe(dir, args)
+}
+
+fn said(out: &std::process::Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+/// The user's path end to end: fine-tune a Llama-family folder with `lethe train
+/// --init-from` on a text, write the run back with `lethe export`, and score a text under
+/// several policies and budgets with `lethe eval --init-from --policies --budgets`; the
+/// exported folder's full-cache perplexity equals the library's over the same windows.
+#[test]
+fn a_llama_folder_fine_tuned_exported_and_swept_from_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(fixture("llama3").join("sample.txt")).unwrap().repeat(6);
+    std::fs::write(dir.path().join("text.txt"), &text).unwrap();
+    let folder = fixture("smollm2");
+    let folder = folder.to_str().unwrap();
+    let out = lethe(
+        dir.path(),
+        &[
+            "train",
+            "--init-from",
+            folder,
+            "--data",
+            "text.txt",
+            "--steps",
+            "4",
+            "--name",
+            "ft",
+            "--set",
+            "train.block=16",
+            "--set",
+            "train.batch=2",
+            "--set",
+            "train.eval_every=0",
+            "--set",
+            "train.eval_tokens=64",
+            "--set",
+            "memory.span=16",
+            "--set",
+            "train.warmup=1",
+        ],
+    );
+    let text_said = said(&out);
+    assert!(out.status.success(), "{text_said}");
+    assert!(text_said.contains("initialised from") && !text_said.contains("start fresh"), "{text_said}");
+    let out = lethe(dir.path(), &["export", "--checkpoint", "runs/ft", "--out", "ft-hf"]);
+    assert!(out.status.success(), "{}", said(&out));
+    let exported = dir.path().join("ft-hf");
+    assert!(exported.join("tokenizer.json").is_file());
+    // The fine-tuned weights moved away from the folder's.
+    let before = Llama::load(&fixture("smollm2")).unwrap();
+    let after = Llama::load(&exported).unwrap();
+    let ids = expected("smollm2")["ids"].shallow_clone();
+    let moved = gap(&before.forward(&ids, &mut KvCache::default()), &after.forward(&ids, &mut KvCache::default()));
+    assert!(moved > 1e-4, "fine-tuning left the logits as they were ({moved:.2e})");
+
+    let out = lethe(
+        dir.path(),
+        &[
+            "eval",
+            "--init-from",
+            "ft-hf",
+            "--data",
+            "text.txt",
+            "--context",
+            "24",
+            "--max-tokens",
+            "96",
+            "--policies",
+            "window,tova",
+            "--budgets",
+            "1/2,1/4",
+            "--out",
+            "sweep",
+        ],
+    );
+    assert!(out.status.success(), "{}", said(&out));
+    let mut rows = csv::Reader::from_path(dir.path().join("sweep/budget.csv")).unwrap();
+    let rows: Vec<csv::StringRecord> = rows.records().map(|r| r.unwrap()).collect();
+    let cells: Vec<(String, String, i64)> =
+        rows.iter().map(|r| (r[0].to_string(), r[1].to_string(), r[2].parse().unwrap())).collect();
+    let want =
+        [("full", "full", 23), ("window", "1/2", 12), ("window", "1/4", 6), ("tova", "1/2", 12), ("tova", "1/4", 6)];
+    let want: Vec<(String, String, i64)> = want.iter().map(|(p, b, e)| (p.to_string(), b.to_string(), *e)).collect();
+    assert_eq!(cells, want);
+    for file in ["budget.md", "budget.svg", "budget.png"] {
+        assert!(dir.path().join("sweep").join(file).is_file(), "no {file}");
+    }
+    // The full cache's perplexity over windows of 24 is the library's.
+    let tokenizer = lethe::data::tokenizer::Tokenizer::from_dir(&exported).unwrap();
+    let mut ids = tokenizer.encode(&text).unwrap();
+    ids.truncate(97);
+    let full = lethe::model::kv::Policy::parse("full", None, 24).unwrap();
+    let r = lethe::eval::evaluate_decoder_windows(&after, &full, &ids, 512, 24, |_, _| {}).unwrap();
+    let csv_ppl: f64 = rows[0][4].parse().unwrap();
+    assert!((csv_ppl - r.ppl).abs() < 1e-9 * r.ppl, "{csv_ppl} in budget.csv, {} from the library", r.ppl);
+    assert_eq!(r.tokens, 96);
+}
+
+/// Bad requests around a Llama run: one line each, nothing written.
+#[test]
+fn bad_export_and_sweep_requests_are_refused_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("text.txt"), "a few words of text to score, and a few more words.").unwrap();
+    let copy = lethe(dir.path(), &["train", "--steps", "2", "--name", "copy", "--set", "train.eval_every=0"]);
+    assert!(copy.status.success(), "{}", said(&copy));
+    let folder = fixture("qwen3");
+    let folder = folder.to_str().unwrap();
+    let mistral = fixture("mistral");
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["export", "--checkpoint", "runs/copy", "--out", "x"], "only a Llama-family model"),
+        (vec!["export", "--checkpoint", "nowhere", "--out", "x"], "nowhere"),
+        (vec!["eval", "--init-from", folder, "--data", "text.txt", "--context", "1"], "--context must be at least 2"),
+        (
+            vec![
+                "eval",
+                "--init-from",
+                folder,
+                "--data",
+                "text.txt",
+                "--policies",
+                "window",
+                "--budgets",
+                "0",
+                "--out",
+                "s",
+            ],
+            "--budgets `0`",
+        ),
+        (
+            vec![
+                "eval",
+                "--init-from",
+                folder,
+                "--data",
+                "text.txt",
+                "--policies",
+                "lru",
+                "--budgets",
+                "1/2",
+                "--out",
+                "s",
+            ],
+            "--policies `lru`",
+        ),
+        (vec!["eval", "--checkpoint", "runs/copy", "--context", "8"], "--context windows the text"),
+        (
+            vec!["train", "--init-from", mistral.to_str().unwrap(), "--data", "text.txt", "--steps", "1"],
+            "sliding_window",
+        ),
+    ];
+    for (args, needle) in cases {
+        let out = lethe(dir.path(), &args);
+        let text = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(text.contains(needle), "{args:?}: {text}");
+        assert_eq!(text.trim().lines().count(), 1, "{args:?}: {text}");
+        assert!(!dir.path().join("x").exists() && !dir.path().join("s").exists(), "{args:?} wrote a folder");
     }
 }

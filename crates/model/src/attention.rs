@@ -155,8 +155,7 @@ impl Attention {
     /// `heads dh -> d` without bias, `q_norm` and `k_norm` with `qk_norm`, and the rotation.
     pub fn llama(p: nn::Path, cfg: &ModelConfig) -> Self {
         let init = LinearInit::of(cfg);
-        let (d, dh, heads, kv) =
-            (cfg.d_model as i64, cfg.head_dim() as i64, cfg.heads as i64, cfg.kv_heads() as i64);
+        let (d, dh, heads, kv) = (cfg.d_model as i64, cfg.head_dim() as i64, cfg.heads as i64, cfg.kv_heads() as i64);
         let bias = cfg.llama.qkv_bias;
         let ones = || nn::Init::Const(1.0);
         let qk_norm = cfg.llama.qk_norm.then(|| {
@@ -176,10 +175,10 @@ impl Attention {
         }
     }
 
-    /// Queries `(b, h, m, dh)` after `cached` earlier states and the keys `(b, h, cached
-    /// + m, dh)` of those states and the block, rotated at their places in that window
-    /// (RoPE sees only distances, so the window's first state may take position 0); the
-    /// same tensors without rotary positions.
+    /// Queries `(b, h, m, dh)` after `cached` earlier states and the keys
+    /// `(b, h, cached + m, dh)` of those states and the block, rotated at their places in
+    /// that window (RoPE sees only distances, so the window's first state may take
+    /// position 0); the same tensors without rotary positions.
     pub fn rotate(&self, q: &Tensor, k: &Tensor, cached: i64) -> (Tensor, Tensor) {
         match &self.rope {
             Some(rope) => (rope.rotate_from(q, cached), rope.rotate_from(k, 0)),

@@ -34,7 +34,10 @@ use lethe_core::profile;
 enum Norm {
     Layer(nn::LayerNorm),
     /// `weight * x / sqrt(mean(x^2) + eps)`.
-    Rms { weight: Tensor, eps: f64 },
+    Rms {
+        weight: Tensor,
+        eps: f64,
+    },
 }
 
 impl Norm {
@@ -42,7 +45,9 @@ impl Norm {
     fn new(p: nn::Path, cfg: &ModelConfig, d: i64) -> Norm {
         match cfg.arch {
             Arch::Llama => Norm::Rms { weight: p.var("weight", &[d], nn::Init::Const(1.0)), eps: cfg.norm_eps },
-            _ => Norm::Layer(nn::layer_norm(p, vec![d], nn::LayerNormConfig { eps: cfg.norm_eps, ..Default::default() })),
+            _ => {
+                Norm::Layer(nn::layer_norm(p, vec![d], nn::LayerNormConfig { eps: cfg.norm_eps, ..Default::default() }))
+            }
         }
     }
 

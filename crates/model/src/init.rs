@@ -33,9 +33,9 @@ pub enum Source {
         /// The folder.
         dir: PathBuf,
         /// Its `config.json`.
-        config: LlamaConfig,
+        config: Box<LlamaConfig>,
         /// The `[model]` section it makes.
-        model: ModelConfig,
+        model: Box<ModelConfig>,
     },
     /// A lethe checkpoint (a run folder's, or a file).
     Run(Box<Checkpoint>),
@@ -49,7 +49,7 @@ impl Source {
             let file = path.join("config.json");
             let config = LlamaConfig::from_file(&file)?;
             let model = llama::layout::model_config(&config, 0.0).map_err(|why| LetheError::checkpoint(&file, why))?;
-            return Ok(Source::Llama { dir: path.to_path_buf(), config, model });
+            return Ok(Source::Llama { dir: path.to_path_buf(), config: Box::new(config), model: Box::new(model) });
         }
         if gpt2::is_hugging_face_folder(path) {
             let config = Gpt2Config::from_file(&path.join("config.json"))?;
@@ -74,7 +74,7 @@ impl Source {
     pub fn model_config(&self, dropout: f64) -> ModelConfig {
         match self {
             Source::HuggingFace { config, .. } => config.model_config(dropout),
-            Source::Llama { model, .. } => ModelConfig { dropout, ..model.clone() },
+            Source::Llama { model, .. } => ModelConfig { dropout, ..(**model).clone() },
             Source::Run(ckpt) => ModelConfig { dropout, ..ckpt.config.model.clone() },
         }
     }

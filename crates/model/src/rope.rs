@@ -20,8 +20,8 @@ pub struct Llama3Scaling {
 
 /// The inverse frequencies `(head_dim / 2)`, in float32 as `transformers` computes them.
 pub fn inverse_frequencies(head_dim: i64, theta: f64, scaling: Option<&Llama3Scaling>) -> Tensor {
-    let exponent =
-        Tensor::arange_start_step(0, head_dim, 2, (Kind::Int64, tch::Device::Cpu)).to_kind(Kind::Float) / head_dim as f64;
+    let exponent = Tensor::arange_start_step(0, head_dim, 2, (Kind::Int64, tch::Device::Cpu)).to_kind(Kind::Float)
+        / head_dim as f64;
     let base = Tensor::from(theta as f32);
     let inv = base.pow(&exponent).reciprocal();
     let Some(s) = scaling else { return inv };
@@ -48,7 +48,7 @@ impl Rope {
     /// The rotation `[model.llama]` sets for heads of `cfg.head_dim()`, on `device`.
     pub fn of(cfg: &ModelConfig, device: tch::Device) -> Rope {
         let l = &cfg.llama;
-        let scaling = (l.rope_factor > 0.0).then(|| Llama3Scaling {
+        let scaling = (l.rope_factor > 0.0).then_some(Llama3Scaling {
             factor: l.rope_factor,
             low_freq_factor: l.rope_low_freq_factor,
             high_freq_factor: l.rope_high_freq_factor,

@@ -457,3 +457,41 @@ pub fn evaluate_decoder(
     let accuracy = right as f64 / predicted as f64;
     Ok(DecoderEval { loss, ppl: loss.exp(), accuracy, tokens: predicted, block, held, cache_bytes })
 }
+
+/// [`evaluate_decoder`] over the consecutive windows of `context` tokens of `ids` (the
+/// last may be shorter), each read from an empty cache of `policy` (whose budget is then
+/// a share of `context`): the figures of all windows together, each window's tokens
+/// counted once. Calls `progress(tokens read, tokens)` after every chunk.
+pub fn evaluate_decoder_windows(
+    model: &lethe_model::llama::Llama,
+    policy: &lethe_model::kv::Policy,
+    ids: &[lethe_data::Token],
+    block: usize,
+    context: usize,
+    mut progress: impl FnMut(usize, usize),
+) -> Result<DecoderEval> {
+    if context < 2 {
+        return Err(LetheError::Invalid(format!("a window of {context} token(s): each must hold at least 2")));
+    }
+    let predicted = ids.len().saturating_sub(1);
+    let mut all = DecoderEval { loss: 0.0, ppl: 0.0, accuracy: 0.0, tokens: 0, block, held: vec![], cache_bytes: 0 };
+    let mut start = 0;
+    while start + 1 < ids.len() {
+        let end = (start + context).min(ids.len());
+        let mut cache = lethe_model::llama::KvCache::new(policy.clone());
+        let done = start;
+        let r =
+            evaluate_decoder(model, &mut cache, &ids[start..end], block, |read, _| progress(done + read, predicted))?;
+        all.loss += r.loss * r.tokens as f64;
+        all.accuracy += r.accuracy * r.tokens as f64;
+        all.tokens += r.tokens;
+        all.held.resize(r.held.len(), 0);
+        all.held.iter_mut().zip(&r.held).for_each(|(a, b)| *a = (*a).max(*b));
+        all.cache_bytes = all.cache_bytes.max(r.cache_bytes);
+        start = end - 1; // the window's last token begins the next one's context
+    }
+    all.loss /= all.tokens.max(1) as f64;
+    all.accuracy /= all.tokens.max(1) as f64;
+    all.ppl = all.loss.exp();
+    Ok(all)
+}

@@ -231,7 +231,10 @@ impl ModelConfig {
             return Err(LetheError::config(
                 "model.cutoffs",
                 shown,
-                format!("model.arch = \"{}\" has one softmax; adaptive clusters are for model.arch = \"lethe\"", self.arch.name()),
+                format!(
+                    "model.arch = \"{}\" has one softmax; adaptive clusters are for model.arch = \"lethe\"",
+                    self.arch.name()
+                ),
             ));
         }
         let mut previous = 0;

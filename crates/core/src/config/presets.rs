@@ -71,6 +71,7 @@ pub const PRESETS: &[Preset] = &[
     preset!("gpt2-tiny", "a GPT-2-shaped model of 2 layers x 64 pretrained by lethe on a text file with the fixture's 300-token BPE (the CPU demonstration, scripts/gpt2-demo.sh); minutes on 2 cores"),
     preset!("gpt2-tiny-finetune", "gpt2-tiny's fine-tuning without memory (--init-from the gpt2-tiny run): 600 steps at 2e-4, linearly decayed; CPU"),
     preset!("gpt2-tiny-infinity", "gpt2-tiny-finetune with the ∞-former: LTM of 32 basis functions, threshold 512, the memory at 1e-3; CPU"),
+    preset!("llama-tiny", "a Llama-shaped model of 4 layers x 128 (grouped keys, tied output) pretrained by lethe on a text file in blocks of 512 with the fixture's 300-token BPE, for `lethe export` and the key-value policies under a budget (scripts/llama-budget.sh); minutes on 2 cores"),
     preset!("gpt2-dialogue", "the ∞-former paper's dialogue baseline (Table 2, C.3): GPT-2 small on CMU-DoG, input 512 without memory, batch 1, 5e-5 decayed linearly over 5 epochs; --init-from a GPT-2 folder; GPU"),
     preset!("gpt2-nodoc-dialogue", "gpt2-dialogue without the documents (Table 2, GPT-2 w/o doc); GPU"),
     preset!("gpt2-compressive-dialogue", "gpt2-dialogue + a compressed memory of 512 slots at rate 3 with the reconstruction loss (Table 2, Compressive); GPU"),

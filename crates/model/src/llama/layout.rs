@@ -27,7 +27,9 @@ pub fn model_config(cfg: &LlamaConfig, dropout: f64) -> std::result::Result<Mode
         return Err("attention_bias or mlp_bias: biases on the output or MLP maps are not in lethe's trainable Llama (generate and eval read them)".into());
     }
     if let Some(w) = cfg.sliding_window {
-        return Err(format!("sliding_window = {w}: lethe's trainable Llama sees its whole window (generate and eval keep Mistral's)"));
+        return Err(format!(
+            "sliding_window = {w}: lethe's trainable Llama sees its whole window (generate and eval keep Mistral's)"
+        ));
     }
     let natural = cfg.hidden_size / cfg.heads;
     let scaling = cfg.rope_scaling.clone();
@@ -94,7 +96,7 @@ pub fn names(cfg: &ModelConfig) -> Vec<(String, String)> {
 /// The folder's parameters under lethe's names, float32, each checked against the shape
 /// `cfg` gives (by [`super::Weights`]); a tensor left over is refused by name.
 pub fn read_parameters(dir: &Path, cfg: &LlamaConfig) -> Result<Vec<(String, Tensor)>> {
-    let model = model_config(cfg, 0.0).map_err(|why| LetheError::checkpoint(&dir.join("config.json"), why))?;
+    let model = model_config(cfg, 0.0).map_err(|why| LetheError::checkpoint(dir.join("config.json"), why))?;
     let mut weights = read_weights(dir)?;
     let (d, dh, f, v) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size, cfg.vocab_size);
     let (q, kv) = (cfg.heads * dh, cfg.kv_heads * dh);
@@ -176,9 +178,7 @@ pub fn write_folder(
         )));
     }
     if cfg.llama.qk_norm && cfg.llama.qkv_bias {
-        return Err(LetheError::Invalid(
-            "model.llama.qk_norm and qkv_bias together: no Llama family has both".into(),
-        ));
+        return Err(LetheError::Invalid("model.llama.qk_norm and qkv_bias together: no Llama family has both".into()));
     }
     if out.exists() {
         return Err(LetheError::checkpoint(out, "exists already: give a new folder"));
@@ -202,7 +202,8 @@ pub fn write_folder(
         Tensor::write_safetensors(&named, &file).map_err(|e| LetheError::checkpoint(&file, e.to_string()))?;
         if let Some(dir) = tokenizer {
             let from = dir.join("tokenizer.json");
-            std::fs::copy(&from, staging.join("tokenizer.json")).map_err(|e| LetheError::checkpoint(&from, e.to_string()))?;
+            std::fs::copy(&from, staging.join("tokenizer.json"))
+                .map_err(|e| LetheError::checkpoint(&from, e.to_string()))?;
         }
         std::fs::rename(&staging, out).map_err(|e| LetheError::checkpoint(out, e.to_string()))
     })();
