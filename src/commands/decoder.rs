@@ -114,10 +114,7 @@ pub(crate) fn eval(a: &EvalArgs, folder: &std::path::Path, device: tch::Device) 
         return sweep.run(&model, out);
     }
     let policy = policy_of(&a.kv, context)?;
-    let block = a.block.unwrap_or(if policy.budget.is_some() { 1 } else { lethe::generate::PROMPT_BLOCK });
-    if block == 0 {
-        anyhow::bail!("--block must be at least 1");
-    }
+    let block = block_for(a.block, &policy)?;
     let started = std::time::Instant::now();
     let r = lethe::eval::evaluate_decoder_windows(&model, &policy, &ids, block, context, eval_progress(started))?;
     if a.json {
@@ -139,6 +136,15 @@ pub(crate) fn eval(a: &EvalArgs, folder: &std::path::Path, device: tch::Device) 
     println!("cache held per layer [{held}] entries a key-value head at most, {:.1} MiB", mib(r.cache_bytes));
     println!("evaluated in {:.1} s", started.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// Tokens read at a time: `--block`, else one under a budget (each token predicted from
+/// the budget's entries alone) and blocks of 512 with the full cache.
+fn block_for(block: Option<usize>, policy: &Policy) -> Result<usize> {
+    match block.unwrap_or(if policy.budget.is_some() { 1 } else { lethe::generate::PROMPT_BLOCK }) {
+        0 => anyhow::bail!("--block must be at least 1"),
+        n => Ok(n),
+    }
 }
 
 /// Refuses the flags of `lethe eval` that belong to a lethe run.
@@ -292,8 +298,9 @@ struct SweepRow {
 }
 
 impl Sweep<'_> {
-    /// Every policy is parsed and every budget checked before the first evaluation.
-    fn plans(&self) -> Result<Vec<(String, Policy)>> {
+    /// Every policy is parsed and every budget and block checked before the first
+    /// evaluation: `(the budget as asked, the policy, its block)`.
+    fn plans(&self) -> Result<Vec<(String, Policy, usize)>> {
         let full = Policy::parse("full", None, self.context as i64)?;
         let mut plans = vec![("full".to_string(), full)];
         for name in self.policies.iter().filter(|p| p.as_str() != "full") {
@@ -304,15 +311,21 @@ impl Sweep<'_> {
                 plans.push((budget.clone(), policy));
             }
         }
-        Ok(plans)
+        plans
+            .into_iter()
+            .map(|(budget, policy)| {
+                let block = block_for(self.block, &policy)?;
+                Ok((budget, policy, block))
+            })
+            .collect()
     }
 
     fn run(&self, model: &Llama, out: &std::path::Path) -> Result<()> {
         let plans = self.plans()?;
         std::fs::create_dir_all(out).map_err(|e| anyhow::anyhow!("--out `{}`: {e}", out.display()))?;
         let mut rows = Vec::new();
-        for (i, (budget, policy)) in plans.iter().enumerate() {
-            let block = self.block.unwrap_or(if policy.budget.is_some() { 1 } else { lethe::generate::PROMPT_BLOCK });
+        for (i, (budget, policy, block)) in plans.iter().enumerate() {
+            let block = *block;
             let started = std::time::Instant::now();
             let r = lethe::eval::evaluate_decoder_windows(
                 model,
@@ -322,16 +335,10 @@ impl Sweep<'_> {
                 self.context,
                 eval_progress(started),
             )?;
-            let entries = r.held.iter().copied().max().unwrap_or(0);
-            eprintln!(
-                "[{}/{}] {} at {budget}: perplexity {:.3}, {entries} entries, {:.1} s",
-                i + 1,
-                plans.len(),
-                policy.name,
-                r.ppl,
-                started.elapsed().as_secs_f64()
-            );
             let seconds = started.elapsed().as_secs_f64();
+            let entries = r.held.iter().copied().max().unwrap_or(0);
+            let (n, name, ppl) = (plans.len(), policy.name, r.ppl);
+            eprintln!("[{}/{n}] {name} at {budget}: perplexity {ppl:.3}, {entries} entries, {seconds:.1} s", i + 1);
             let (loss, ppl, accuracy, tokens, cache_bytes) = (r.loss, r.ppl, r.accuracy, r.tokens, r.cache_bytes);
             rows.push(SweepRow {
                 policy: policy.name.to_string(),
@@ -344,17 +351,23 @@ impl Sweep<'_> {
                 cache_bytes,
                 seconds,
             });
+            self.write_csv(&rows, out)?;
         }
         self.write(&rows, out)
     }
 
-    /// budget.csv, budget.md (a row per policy, a column per budget) and the chart.
-    fn write(&self, rows: &[SweepRow], out: &std::path::Path) -> Result<()> {
-        let csv_path = out.join("budget.csv");
-        let mut csv =
-            csv::Writer::from_path(&csv_path).map_err(|e| anyhow::anyhow!("`{}`: {e}", csv_path.display()))?;
+    /// `budget.csv` of the evaluations so far, written whole after each one, so that a
+    /// sweep stopped midway keeps what it measured.
+    fn write_csv(&self, rows: &[SweepRow], out: &std::path::Path) -> Result<()> {
+        let mut csv = csv::Writer::from_writer(Vec::new());
         rows.iter().try_for_each(|r| csv.serialize(r))?;
-        csv.flush()?;
+        let bytes = csv.into_inner().map_err(|e| anyhow::anyhow!("budget.csv: {e}"))?;
+        lethe::output::write("--out", &out.join("budget.csv"), &bytes, &[self.data])?;
+        Ok(())
+    }
+
+    /// budget.md (a row per policy, a column per budget) and the chart.
+    fn write(&self, rows: &[SweepRow], out: &std::path::Path) -> Result<()> {
         let full = rows.iter().find(|r| r.budget == "full").map_or(f64::NAN, |r| r.ppl);
         let mut md = format!(
             "Perplexity of `{}` in windows of {} tokens ({} scored), full cache {full:.3}:\n\n| policy |",
@@ -378,7 +391,7 @@ impl Sweep<'_> {
             }
             md += "\n";
         }
-        std::fs::write(out.join("budget.md"), &md)?;
+        lethe::output::write("--out", &out.join("budget.md"), md.as_bytes(), &[self.data])?;
         let mut series: Vec<lethe::plot::SweepSeries> = names
             .iter()
             .enumerate()
@@ -407,7 +420,7 @@ impl Sweep<'_> {
         );
         let labels = ("entries kept per layer and key-value head", "perplexity");
         let svg = lethe::plot::sweep_chart(&series, labels, None, &out.join("budget.png"))?;
-        std::fs::write(out.join("budget.svg"), svg)?;
+        lethe::output::write("--out", &out.join("budget.svg"), svg.as_bytes(), &[self.data])?;
         print!("{md}");
         println!("wrote {}/budget.csv, budget.md, budget.svg and budget.png", out.display());
         Ok(())

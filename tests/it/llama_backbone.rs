@@ -307,42 +307,17 @@ fn bad_export_and_sweep_requests_are_refused_in_one_line() {
     let folder = fixture("qwen3");
     let folder = folder.to_str().unwrap();
     let mistral = fixture("mistral");
+    let sweep = |policies, budgets| {
+        let at = ["--policies", policies, "--budgets", budgets, "--out", "s"];
+        [&["eval", "--init-from", folder, "--data", "text.txt"][..], &at[..]].concat()
+    };
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["export", "--checkpoint", "runs/copy", "--out", "x"], "only a Llama-family model"),
         (vec!["export", "--checkpoint", "nowhere", "--out", "x"], "nowhere"),
         (vec!["eval", "--init-from", folder, "--data", "text.txt", "--context", "1"], "--context must be at least 2"),
-        (
-            vec![
-                "eval",
-                "--init-from",
-                folder,
-                "--data",
-                "text.txt",
-                "--policies",
-                "window",
-                "--budgets",
-                "0",
-                "--out",
-                "s",
-            ],
-            "--budgets `0`",
-        ),
-        (
-            vec![
-                "eval",
-                "--init-from",
-                folder,
-                "--data",
-                "text.txt",
-                "--policies",
-                "lru",
-                "--budgets",
-                "1/2",
-                "--out",
-                "s",
-            ],
-            "--policies `lru`",
-        ),
+        (sweep("window", "0"), "--budgets `0`"),
+        (sweep("lru", "1/2"), "--policies `lru`"),
+        ([sweep("window", "1/2"), vec!["--block", "0"]].concat(), "--block must be at least 1"),
         (vec!["eval", "--checkpoint", "runs/copy", "--context", "8"], "--context windows the text"),
         (
             vec!["train", "--init-from", mistral.to_str().unwrap(), "--data", "text.txt", "--steps", "1"],

@@ -187,7 +187,7 @@ impl Attention {
     }
 
     /// Keys or values `(b, n, kv_heads dh)` as `(b, h, n, dh)`: each key-value head
-    /// repeated for the query heads of its group, a copy laid out head-major.
+    /// repeated for the query heads of its group (a view of a copy, when grouped).
     fn split_kv_heads(&self, x: &Tensor) -> Tensor {
         if self.kv_heads == self.heads {
             return self.split_heads(x);
@@ -200,17 +200,15 @@ impl Attention {
             .transpose(1, 2)
     }
 
-    /// RMSNorm of each head (`(.., dh)`) by `weight` (Qwen3's `q_norm`, `k_norm`).
-    fn head_norm(x: Tensor, weight: &Tensor, eps: f64) -> Tensor {
-        crate::llama::rms_norm(&x, weight, eps)
-    }
-
-    /// Keys `(b, h, n, dh)` with Qwen3's `k_norm`, when the layer has it.
-    fn normed_keys(&self, k: Tensor) -> Tensor {
-        match &self.qk_norm {
-            Some((_, w, eps)) => Attention::head_norm(k, w, *eps),
+    /// A Llama layer's keys and values `(b, n, kv_heads dh)` as `(b, h, n, dh)` each,
+    /// head-major, the keys normed per head (Qwen3's `k_norm`) where the layer has it.
+    fn grouped(&self, k: &Tensor, v: &Tensor) -> (Tensor, Tensor) {
+        let k = self.split_kv_heads(k);
+        let k = match &self.qk_norm {
+            Some((_, w, eps)) => crate::llama::rms_norm(&k, w, *eps),
             None => k,
-        }
+        };
+        (k.contiguous(), self.split_kv_heads(v).contiguous())
     }
 
     /// Size of one head.
@@ -229,7 +227,7 @@ impl Attention {
     pub fn queries(&self, x: &Tensor) -> Tensor {
         let q = self.split_heads(&self.q.forward(x));
         match &self.qk_norm {
-            Some((w, _, eps)) => Attention::head_norm(q, w, *eps),
+            Some((w, _, eps)) => crate::llama::rms_norm(&q, w, *eps),
             None => q,
         }
     }
@@ -238,8 +236,7 @@ impl Attention {
     /// ([`Attention::head_major`]).
     pub fn keys_values(&self, states: &Tensor) -> (Tensor, Tensor) {
         if self.rope.is_some() {
-            let (k, v) = (self.split_kv_heads(&self.k.forward(states)), self.split_kv_heads(&self.v.forward(states)));
-            return (self.normed_keys(k).contiguous(), v.contiguous());
+            return self.grouped(&self.k.forward(states), &self.v.forward(states));
         }
         (self.head_major(states, &self.k), self.head_major(states, &self.v))
     }
@@ -250,8 +247,7 @@ impl Attention {
     pub fn keys_values_after_cache(&self, states: &Tensor, block: &Tensor) -> Result<(Tensor, Tensor)> {
         let (k, v) = super::cache_grad::keys_values_after_cache(states, block, &self.k, &self.v)?; // (b, n, d) each
         if self.rope.is_some() {
-            let (k, v) = (self.split_kv_heads(&k), self.split_kv_heads(&v));
-            return Ok((self.normed_keys(k).contiguous(), v.contiguous()));
+            return Ok(self.grouped(&k, &v));
         }
         Ok((self.split_heads(&k).contiguous(), self.split_heads(&v).contiguous()))
         // (b, h, n, dh) each
