@@ -21,6 +21,7 @@ mod infinity;
 mod kv_policies;
 mod llama;
 mod llama_backbone;
+mod llama_expire;
 mod longeval;
 mod messages;
 mod model;

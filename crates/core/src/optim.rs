@@ -61,6 +61,11 @@ impl Optimiser {
         n
     }
 
+    /// Number of scalar parameters it updates.
+    pub fn parameter_count(&self) -> usize {
+        self.params.iter().map(|(_, p)| p.numel()).sum()
+    }
+
     /// Clears every gradient.
     pub fn zero_grad(&mut self) {
         for (_, p) in &mut self.params {

@@ -186,6 +186,19 @@ impl Attention {
         }
     }
 
+    /// Queries `(b, h, m, dh)` of a block after a cache of `cached` slots, and keys
+    /// `(b, h, cached + m, dh)` of `[cache, block]` whose distances to the block's first
+    /// query are `counter` `(b, cached + m)` (a block's own keys at `-j`): each rotated
+    /// at the place it was written, the queries at `cached + j` and the keys at
+    /// `cached - counter`, so that a query and a key are `counter + j` apart however the
+    /// cache was compacted; with no slot deleted, the places [`Attention::rotate`]
+    /// gives. The same tensors without rotary positions.
+    pub fn rotate_by_counter(&self, q: &Tensor, k: &Tensor, counter: &Tensor) -> (Tensor, Tensor) {
+        let Some(rope) = &self.rope else { return (q.shallow_clone(), k.shallow_clone()) };
+        let cached = counter.size()[1] - q.size()[2];
+        (rope.rotate_from(q, cached), rope.rotate_at(k, &(-counter + cached as f64)))
+    }
+
     /// Keys or values `(b, n, kv_heads dh)` as `(b, h, n, dh)`: each key-value head
     /// repeated for the query heads of its group (a view of a copy, when grouped).
     fn split_kv_heads(&self, x: &Tensor) -> Tensor {
@@ -273,6 +286,10 @@ impl Attention {
         let scores = p.scores.ok_or_else(|| {
             lethe_core::error::LetheError::Invalid("the window's projection returned no scores".into())
         })?;
+        if self.rope.is_some() {
+            let (k, v) = self.grouped(&p.k, &p.v);
+            return Ok(Projected { k, v, scores });
+        }
         let (k, v) = (self.split_heads(&p.k), self.split_heads(&p.v));
         Ok(match window {
             Window::Padded => Projected { k: k.contiguous(), v: v.contiguous(), scores },

@@ -33,6 +33,22 @@ pub fn sorted_parameters(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
     out
 }
 
+/// The parameters the optimiser updates, of `params` (name, tensor): all of them, or
+/// with `freeze_base` (`train.freeze_base`) only the memory mechanism's own
+/// ([`memory::is_mechanism_parameter`]), the others set to take no gradient, so that the
+/// backward pass computes none for them and the optimiser keeps no moments.
+pub fn trainable(params: Vec<(String, Tensor)>, freeze_base: bool) -> Vec<(String, Tensor)> {
+    if !freeze_base {
+        return params;
+    }
+    let (mechanism, base): (Vec<_>, Vec<_>) =
+        params.into_iter().partition(|(name, _)| memory::is_mechanism_parameter(name));
+    for (_, p) in base {
+        let _ = p.set_requires_grad(false);
+    }
+    mechanism
+}
+
 /// The entries of `t`, flattened, as numbers on the host.
 pub fn host_values(t: &Tensor) -> Result<Vec<f64>> {
     Vec::<f64>::try_from(t.to_kind(tch::Kind::Double).to_device(Device::Cpu).flatten(0, -1))

@@ -74,7 +74,18 @@ impl Rope {
     }
 }
 
-/// `x` `(b, n, t, hd)` rotated by `cos` and `sin` `(t, hd)`: `x cos + rotate_half(x) sin`.
+impl Rope {
+    /// `x` `(b, h, n, head_dim)` rotated at per-stream positions `(b, n)` (any numeric
+    /// kind; a position may be negative or fractional).
+    pub fn rotate_at(&self, x: &Tensor, positions: &Tensor) -> Tensor {
+        let (b, n) = positions.size2().expect("positions must be (b, n)");
+        let (cos, sin) = Rope::rotation(&self.inv_freq, &positions.reshape([b * n]));
+        let per_stream = |t: Tensor| t.view([b, 1, n, -1]).to_kind(x.kind()); // (b, 1, n, hd)
+        rotate(x, &per_stream(cos), &per_stream(sin))
+    }
+}
+
+/// `x` `(b, n, t, hd)` rotated by `cos` and `sin` `(t, hd)` (or any shape broadcasting to `x`'s): `x cos + rotate_half(x) sin`.
 pub fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
     let half = x.size()[3] / 2;
     let rotated = Tensor::cat(&[-x.narrow(3, half, half), x.narrow(3, 0, half)], 3);

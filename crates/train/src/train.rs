@@ -116,7 +116,7 @@ impl<'a> Run<'a> {
             (Some(from), None) => Some(lethe_model::init::load(&lm, from)?),
             _ => None, // a resumed run's parameters are its checkpoint's
         };
-        let mut opt = Optimiser::new(lm.named_parameters(), &cfg.train);
+        let mut opt = Optimiser::new(lethe_model::trainable(lm.named_parameters(), cfg.train.freeze_base), &cfg.train);
         let in_memory_group = opt.group(lethe_model::memory::is_mechanism_parameter, cfg.train.memory_lr_scale());
         let mems = (0..cfg.train.accum).map(|_| lm.model.new_memory()).collect();
         let from = resumed.as_ref().and_then(|ck| ck.state.as_ref()).map_or(0, |s| s.step);
@@ -159,6 +159,13 @@ impl<'a> Run<'a> {
                 format!("; {} new ones start fresh ({})", loaded.fresh.len(), abbreviate(&loaded.fresh))
             };
             run.say(&format!("initialised from {}: {} parameters{fresh}", from.display(), loaded.copied));
+        }
+        if cfg.train.freeze_base {
+            run.say(&format!(
+                "frozen base: training the memory's {in_memory_group} parameters only ({} of {} weights)",
+                run.opt.parameter_count(),
+                run.lm.parameter_count()
+            ));
         }
         if cfg.train.memory_lr > 0.0 {
             run.say(&format!(

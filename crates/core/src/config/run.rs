@@ -107,7 +107,15 @@ impl Config {
             }
         }
         self.data.validate()?;
-        self.train.validate()
+        self.train.validate()?;
+        if self.train.freeze_base && self.memory.mechanism == Mechanism::Fixed {
+            return Err(LetheError::config(
+                "train.freeze_base",
+                true,
+                "leaves nothing to train: the fixed window has no parameters of its own (choose a learned memory, or train the whole model)",
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -26,6 +26,13 @@ pub struct TrainConfig {
     /// (C.2). The schedule scales both alike. 0: `lr`. Default 0.
     #[serde(default)]
     pub memory_lr: f64,
+    /// Train only the memory mechanism's own parameters (Expire-Span's span predictor,
+    /// the ∞-former's and the Compressive Transformer's), the model's other weights
+    /// frozen as they were loaded: a learned memory fitted onto a pretrained decoder
+    /// (`train.init_from`) without changing what it computes where nothing is forgotten.
+    /// Frozen weights take no gradient and no optimiser state. Default false.
+    #[serde(default)]
+    pub freeze_base: bool,
     /// Start from the parameters of a Hugging Face GPT-2 folder (`config.json`,
     /// `model.safetensors`) or of a lethe run (its folder or checkpoint file): the
     /// architecture (the `[model]` sizes) is the source's, and the parameters it lacks
@@ -122,6 +129,7 @@ impl Default for TrainConfig {
             steps: 1500,
             lr: 1e-3,
             memory_lr: 0.0,
+            freeze_base: false,
             init_from: None,
             warmup: 100,
             schedule: Schedule::Cosine,

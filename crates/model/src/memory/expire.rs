@@ -44,7 +44,7 @@ use crate::memory::compact;
 use crate::memory::expire_bias;
 use crate::memory::expire_fused;
 use crate::memory::window::{cat_chunks, chunk_keys, chunk_queries, Chunk, QUERY_CHUNK};
-use lethe_core::config::{Config, Deletion, ExpireConfig, MemoryConfig};
+use lethe_core::config::{Arch, Config, Deletion, ExpireConfig, MemoryConfig};
 use lethe_core::error::{LetheError, Result};
 use lethe_core::profile;
 
@@ -74,7 +74,7 @@ impl Descriptor for Expire {
     }
 
     fn scored_chunks(&self, cfg: &Config, held: i64) -> Vec<Chunk> {
-        if cfg.memory.expire.fused {
+        if fused_on(cfg) {
             causal_chunks(held, cfg.train.block as i64, QUERY_CHUNK)
         } else {
             whole_block(cfg, held)
@@ -86,8 +86,14 @@ impl Descriptor for Expire {
     }
 
     fn ragged_keys(&self, cfg: &Config, device: tch::Device) -> bool {
-        cfg.memory.expire.fused && !device.is_cuda() && cfg.model.dropout == 0.0
+        fused_on(cfg) && !device.is_cuda() && cfg.model.dropout == 0.0
     }
+}
+
+/// Whether `cfg`'s Expire-Span layers run the fused CPU kernel: asked for, and on the
+/// papers' backbone, whose relative positions it lays out.
+fn fused_on(cfg: &Config) -> bool {
+    cfg.memory.expire.fused && cfg.model.arch == Arch::Lethe
 }
 
 /// Which keys each query of the last block saw: the pairs themselves, or (the fused
@@ -179,14 +185,15 @@ struct Cache {
 }
 
 /// What a block's attention is computed from: queries `(b, h, m, dh)`, keys and values
-/// `(b, h, n, dh)`, the position embeddings `(P, dh)`, the spans the mask uses `(b, n)`,
+/// `(b, h, n, dh)`, the position embeddings `(P, dh)` (none on a Llama-family layer, whose
+/// queries and keys are rotated), the spans the mask uses `(b, n)`,
 /// each key's distance to the first query `(b, n)`, and the keys each query may use
 /// `(b, 1, n)` or `(b, m, n)`.
 struct Operands<'a> {
     q: &'a Tensor,
     k: &'a Tensor,
     v: &'a Tensor,
-    key_pe: &'a Tensor,
+    key_pe: Option<&'a Tensor>,
     spans: &'a Tensor,
     counter: &'a Tensor,
     usable: &'a Tensor,
@@ -440,11 +447,11 @@ impl MemoryLayer for ExpireSpan {
         };
         drop(predicting);
 
-        let (k, v) = (&projected.k, &projected.v); // (b, h, n, dh)
-        let key_pe = input.key_pe.ok_or_else(|| {
-            LetheError::Invalid("Expire-Span needs relative positions (model.arch = \"lethe\")".into())
-        })?;
-        let operands = Operands { q: input.q, k, v, key_pe, spans: &e, counter: &counter, usable: &usable };
+        // A Llama-family layer's rotary positions: each key at the place it was written.
+        let (q, k) = input.attn.rotate_by_counter(input.q, &projected.k, &counter); // (b, h, m or n, dh)
+        let v = &projected.v; // (b, h, n, dh)
+        let operands =
+            Operands { q: &q, k: &k, v, key_pe: input.key_pe, spans: &e, counter: &counter, usable: &usable };
         let (context, aux, seen) = match self.path(input)? {
             Path::Fused => self.attend_fused(&operands, input)?,
             Path::Biased => self.attend_biased(&operands, input)?,

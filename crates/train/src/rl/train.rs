@@ -239,7 +239,8 @@ impl<'a> Run<'a> {
         let b = cfg.train.batch;
         let rows = (rank * b / world, (rank + 1) * b / world);
         let agent = Agent::new(cfg, device)?;
-        let mut opt = Optimiser::new(agent.named_parameters(), &cfg.train);
+        let mut opt =
+            Optimiser::new(lethe_model::trainable(agent.named_parameters(), cfg.train.freeze_base), &cfg.train);
         opt.group(lethe_model::memory::is_mechanism_parameter, cfg.train.memory_lr_scale());
         let mem = agent.new_memory();
         let state = RlState {

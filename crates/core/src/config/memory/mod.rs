@@ -125,9 +125,10 @@ impl MemoryConfig {
     /// earlier positions, so the span must cover the block. On GPT-2 a query always sees
     /// its block up to itself, and `memory.span` counts the earlier blocks' states kept
     /// besides (0: none, as GPT-2); its absolute positions leave no relative distance for
-    /// Expire-Span and Adaptive-Span to act on. On a Llama-family decoder the span counts
-    /// as on GPT-2; the window's states are rotated at their positions in the window,
-    /// which only the fixed window implements.
+    /// Expire-Span and Adaptive-Span to act on. On a Llama-family decoder the fixed
+    /// window's span counts as on GPT-2, its states rotated at their positions in the
+    /// window; Expire-Span's `memory.span` is its largest span `L`, as on the papers'
+    /// backbone, each memory rotated at the position it was written at.
     pub fn validate(&self, block: usize, arch: Arch) -> Result<()> {
         match arch {
             Arch::Lethe => self.validate_window(block)?,
@@ -139,12 +140,22 @@ impl MemoryConfig {
                 ));
             }
             Arch::Gpt2 => {}
-            Arch::Llama if self.mechanism != Mechanism::Fixed => {
+            Arch::Llama if !matches!(self.mechanism, Mechanism::Fixed | Mechanism::Expire) => {
                 return Err(LetheError::config(
                     "memory.mechanism",
                     self.mechanism.name(),
-                    "model.arch = \"llama\" implements the fixed window (Transformer-XL's cache, rotated at its positions); its key-value cache policies are `lethe generate --policy`",
+                    "model.arch = \"llama\" implements the fixed window (Transformer-XL's cache, rotated at its positions) and Expire-Span; its key-value cache policies are `lethe generate --policy`",
                 ));
+            }
+            Arch::Llama if self.mechanism == Mechanism::Expire => {
+                positive("memory.span", self.span)?;
+                if self.expire.as_official {
+                    return Err(LetheError::config(
+                        "memory.expire.as_official",
+                        true,
+                        "the official code's zero first cache and raw cached states are the papers' backbone's; a Llama-family decoder caches its normed states",
+                    ));
+                }
             }
             Arch::Llama => {}
         }

@@ -16,7 +16,7 @@ impl ExpireSpan {
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
-        key_pe: &Tensor,
+        key_pe: Option<&Tensor>,
         dist: &Tensor,
         mask: &Tensor,
         visible: &Tensor,
@@ -32,14 +32,16 @@ impl ExpireSpan {
     }
 
     /// The attention bias `(b, h, m, n)`: the relative-position scores for distances below
-    /// `pos_rows` (zero beyond) plus `log_mask` `(b, 1, m, n)`. `q` `(b, h, m, dh)` is
+    /// `pos_rows` (zero beyond) plus `log_mask` `(b, 1, m, n)`; `log_mask` itself without
+    /// position embeddings (a Llama-family layer, its queries and keys rotated). `q` `(b, h, m, dh)` is
     /// scaled already, `dist` `(b, m, n)`. Only the last `pos_rows - 1 + m` keys can be that
     /// close (the cache is ordered by time), so only they are gathered. (Laying out the
     /// block's own keys, at regular distances, by the skew of window attention instead
     /// was tried: at L = 512 the three-part concatenation cost more than the gather it
     /// saved, 15.7 against 20.4 ms per step in the bias and 154 against 170 ms in the
     /// backward pass, `lethe bench --profile`.)
-    pub(super) fn bias(&self, q: &Tensor, key_pe: &Tensor, dist: &Tensor, log_mask: &Tensor) -> Tensor {
+    pub(super) fn bias(&self, q: &Tensor, key_pe: Option<&Tensor>, dist: &Tensor, log_mask: &Tensor) -> Tensor {
+        let Some(key_pe) = key_pe else { return log_mask.shallow_clone() };
         let (b, h, m, _) = q.size4().expect("queries must be (b, h, m, dh)");
         let (n, rows) = (dist.size()[2], self.pos_rows);
         let width = n.min(rows - 1 + m);
@@ -145,7 +147,7 @@ impl ExpireSpan {
         let loss_scale = if self.span_loss_applies(input.train) { self.cfg.alpha / ramp / m as f64 } else { 0.0 };
         if self.ragged(input) {
             let positioning = profile::phase("positions");
-            let positions = q.matmul(&p.key_pe.tr()); // (b, h, queries, P)
+            let positions = q.matmul(&positions_of(p)?.tr()); // (b, h, queries, P)
             drop(positioning);
             let _attending = profile::phase("attention");
             let fused = expire_fused::expire_attend(
@@ -165,7 +167,7 @@ impl ExpireSpan {
         let scoring = profile::phase("scores");
         let products = profile::phase("products");
         let content = q.matmul(&views.k.transpose(-2, -1)); // (b, h, queries, keys)
-        let positions = q.matmul(&p.key_pe.tr()); // (b, h, queries, P)
+        let positions = q.matmul(&positions_of(p)?.tr()); // (b, h, queries, P)
         drop(products);
         let _kernel = profile::phase("fused kernel");
         let fused = expire_fused::expire_weights(&content, &positions, &views.spans, &chunk_counter, &usable, ramp)?;
@@ -187,7 +189,7 @@ impl ExpireSpan {
         let (m, ramp) = (input.x.size()[1], self.cfg.ramp as f64);
         let scoring = profile::phase("bias");
         let scaled = p.q / (p.q.size()[3] as f64).sqrt();
-        let positions = scaled.matmul(&p.key_pe.tr()); // (b, h, m, P)
+        let positions = scaled.matmul(&positions_of(p)?.tr()); // (b, h, m, P)
         let counter = p.counter.to_kind(p.q.kind());
         // The span loss's `alpha / (R M)`, M the block's length.
         let loss = self.span_loss_applies(input.train).then(|| self.cfg.alpha / ramp / m as f64);
@@ -207,13 +209,14 @@ impl ExpireSpan {
             return Ok(Path::Fused);
         }
         let float = matches!(input.q.kind(), Kind::Float | Kind::Double);
-        let bias = self.cfg.fused && float && (device.is_cuda() || self.bias_on_cpu);
+        let bias = self.cfg.fused && float && (device.is_cuda() || self.bias_on_cpu) && input.key_pe.is_some();
         Ok(if bias && expire_bias::runs_on(device)? { Path::Biased } else { Path::WrittenOut })
     }
 
-    /// Whether the fused CPU kernel computes the attention ([`Self::attend_fused`]).
+    /// Whether the fused CPU kernel computes the attention ([`Self::attend_fused`]): it
+    /// lays out learned relative positions, so not on a Llama-family layer.
     pub(super) fn fused(&self, input: &AttendInput) -> bool {
-        self.cfg.fused && !self.bias_on_cpu && expire_fused::supports(input.q)
+        self.cfg.fused && !self.bias_on_cpu && input.key_pe.is_some() && expire_fused::supports(input.q)
     }
 
     /// Whether the whole attention goes stream by stream ([`expire_fused::expire_attend`]):
@@ -221,4 +224,11 @@ impl ExpireSpan {
     pub(super) fn ragged(&self, input: &AttendInput) -> bool {
         self.fused(input) && (input.attn.dropout == 0.0 || !input.train)
     }
+}
+
+/// The position embeddings the fused and bias paths lay out (chosen only when there are).
+fn positions_of<'a>(p: &Operands<'a>) -> Result<&'a Tensor> {
+    p.key_pe.ok_or_else(|| {
+        LetheError::Invalid("Expire-Span's fused paths need relative positions (model.arch = \"lethe\")".into())
+    })
 }

@@ -187,12 +187,12 @@ fn fused_attention_equals_the_masked_softmax_with_renormalisation() {
         let visible = visible_pairs(&valid, &dist, &mask);
         assert!(mask.gt(0.0).logical_and(&mask.lt(1.0)).any().int64_value(&[]) == 1, "some memories are on the ramp");
         assert!(visible.logical_not().any().int64_value(&[]) == 1, "some are hidden");
-        let fused = layer.context(&q, &k, &v, &key_pe, &dist, &mask, &visible, 0.0, true);
+        let fused = layer.context(&q, &k, &v, Some(&key_pe), &dist, &mask, &visible, 0.0, true);
         let reference = reference_context(&q, &k, &v, &key_pe, &dist, &mask, &visible);
         let gap = (&fused - &reference).abs().max().double_value(&[]);
         assert!(gap < 1e-7, "cached {cached}, rows {rows}: outputs differ by {gap}");
         // Without gradients (evaluation) too.
-        let inference = tch::no_grad(|| layer.context(&q, &k, &v, &key_pe, &dist, &mask, &visible, 0.0, false));
+        let inference = tch::no_grad(|| layer.context(&q, &k, &v, Some(&key_pe), &dist, &mask, &visible, 0.0, false));
         let gap = (&inference - &reference).abs().max().double_value(&[]);
         assert!(gap < 1e-7, "cached {cached}, rows {rows}: without gradients, outputs differ by {gap}");
         let w = rng.normal_tensor(&fused.size(), Kind::Double);

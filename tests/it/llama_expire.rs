@@ -1,0 +1,223 @@
+//! Expire-Span on a Llama-family decoder (`model.arch = "llama"`, `memory.mechanism =
+//! "expire"`): a span predictor per layer on the layer's normed input, the soft mask
+//! through `ln m` on the attention scores, each memory's key rotated at the place it was
+//! written. A predictor that keeps everything leaves a pretrained model's logits as
+//! `transformers` computes them; deleting expired memories gives the logits of masking
+//! them; the predictor's gradients equal finite differences; `train.freeze_base` trains
+//! the predictor alone.
+
+use std::path::{Path, PathBuf};
+
+use lethe::config::{Arch, Config, Deletion, Mechanism};
+use lethe::model::{init, Lm};
+use tch::{Device, Tensor};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llama").join(name)
+}
+
+fn expected(name: &str) -> std::collections::HashMap<String, Tensor> {
+    Tensor::read_safetensors(fixture(name).join("expected.safetensors")).unwrap().into_iter().collect()
+}
+
+/// The fixture `name` in the backbone with Expire-Span, read in blocks of `block`: largest
+/// span `span`, every memory's span starting at `fraction` of it, a ramp of 2.
+fn pretrained_with_expire(name: &str, block: usize, span: usize, fraction: f64) -> Lm {
+    let mut cfg = Config::default();
+    init::adopt(&mut cfg, &fixture(name)).unwrap();
+    assert_eq!(cfg.model.arch, Arch::Llama);
+    (cfg.memory.mechanism, cfg.memory.span, cfg.train.block) = (Mechanism::Expire, span, block);
+    (cfg.memory.expire.ramp, cfg.memory.expire.init_fraction) = (2, fraction);
+    cfg.memory.validate(block, Arch::Llama).unwrap();
+    let lm = Lm::new(&cfg, Device::Cpu).unwrap();
+    let loaded = init::load(&lm, &fixture(name)).unwrap();
+    assert!(loaded.fresh.iter().all(|n| n.contains(".attn.expire.")), "{name}: left fresh {:?}", loaded.fresh);
+    lm
+}
+
+/// The logits of `ids` `(b, t)` read in blocks of `block`, the memory carried, and the
+/// states held after the last block (the most of any layer).
+fn logits_in_blocks(lm: &Lm, ids: &Tensor, block: i64) -> (Tensor, usize) {
+    let _guard = tch::no_grad_guard();
+    let mut mem = lm.model.new_memory();
+    let t = ids.size()[1];
+    let parts: Vec<Tensor> = (0..t)
+        .step_by(block as usize)
+        .map(|s| lm.model.forward(&ids.narrow(1, s, block.min(t - s)), &mut mem, false).unwrap().logits)
+        .collect();
+    (Tensor::cat(&parts, 1), mem.reports().iter().map(|r| r.held).max().unwrap_or(0))
+}
+
+fn gap(a: &Tensor, b: &Tensor) -> f64 {
+    assert_eq!(a.size(), b.size());
+    (a - b).abs().max().double_value(&[])
+}
+
+/// Spans that start at nearly the largest span keep every memory of the text with a
+/// mask of exactly 1: in blocks of 6, each key rotated at the place it was written, the
+/// logits are `transformers`' over the whole text. Spans of about 1 change them.
+#[test]
+fn a_predictor_that_keeps_everything_leaves_the_pretrained_logits_unchanged() {
+    for name in ["llama3", "smollm2", "qwen2", "qwen3"] {
+        let want = expected(name);
+        let scale = want["logits"].abs().max().double_value(&[]).max(1.0);
+        let (got, held) = logits_in_blocks(&pretrained_with_expire(name, 6, 4096, 0.999), &want["ids"], 6);
+        let d = gap(&got, &want["logits"]);
+        assert!(d < 1e-5 * scale, "{name}: differs from transformers by {d:.2e}");
+        let t = want["ids"].size()[1] as usize;
+        assert_eq!(held, t, "{name}: every memory of the text is kept");
+        let (short, held) = logits_in_blocks(&pretrained_with_expire(name, 6, 4096, 0.0003), &want["ids"], 6);
+        assert!(gap(&short, &want["logits"]) > 1e-3, "{name}: spans of about 1 changed nothing");
+        assert!(held < 6, "{name}: spans of about 1 kept {held} memories");
+    }
+}
+
+/// A small random Llama (grouped keys, query and key norms, Llama 3's scaled rotation)
+/// with Expire-Span: largest span 12, ramp 2, blocks of 4, spans varied by a random
+/// predictor.
+fn small_llama_with_expire(layers: usize) -> Config {
+    let mut cfg = Config::default();
+    cfg.model.arch = Arch::Llama;
+    (cfg.model.vocab, cfg.model.layers, cfg.model.d_model, cfg.model.heads, cfg.model.d_ffn) = (256, layers, 16, 4, 24);
+    (cfg.model.llama.kv_heads, cfg.model.llama.qk_norm, cfg.model.llama.rope_factor) = (2, true, 8.0);
+    cfg.model.llama.rope_original_positions = 4;
+    (cfg.memory.mechanism, cfg.memory.span, cfg.train.block) = (Mechanism::Expire, 12, 4);
+    (cfg.memory.expire.ramp, cfg.memory.expire.init_fraction) = (2, 0.4);
+    cfg.validate().unwrap();
+    cfg
+}
+
+fn with_deletion(base: &Lm, deletion: Deletion) -> Lm {
+    let mut cfg = base.config.clone();
+    cfg.memory.expire.deletion = deletion;
+    let lm = Lm::new(&cfg, Device::Cpu).unwrap();
+    tch::no_grad(|| {
+        for (name, mut p) in lm.named_parameters() {
+            p.copy_(&base.vs.variables()[&name]);
+        }
+    });
+    lm
+}
+
+/// Deleting the expired memories of each stream (compacting the cache, so the streams'
+/// memories sit at different slots) gives the logits of keeping them masked: the keys
+/// keep their rotation, and fewer entries are held.
+#[test]
+fn deleting_expired_memories_gives_the_logits_of_masking_them() {
+    let _seed = lethe::rng::seed_torch(7);
+    let reference = Lm::new(&small_llama_with_expire(2), Device::Cpu).unwrap();
+    crate::common::randomise(&reference.vs, 17, 1.0, |name| name.ends_with("expire.w"));
+    let ids = crate::common::random_tokens(3, 20, &[2, 96]);
+    let (masked, window) = logits_in_blocks(&with_deletion(&reference, Deletion::Off), &ids, 4);
+    let (deleted, held) = logits_in_blocks(&with_deletion(&reference, Deletion::Stream), &ids, 4);
+    let d = gap(&masked, &deleted);
+    assert!(d < 1e-5, "deletion changed the logits by {d:.2e}");
+    assert!(held < window, "deletion held {held} states, masking {window}");
+    assert!(window <= 12 + 2 + 4, "masking held {window} states, beyond L + R + a block");
+}
+
+/// The gradient of two blocks' loss (the span loss included, alpha 0.5) to the span
+/// predictor, every entry, and to entries of the attention's weights equals central
+/// finite differences, in double precision.
+#[test]
+fn the_span_predictor_s_gradients_equal_finite_differences() {
+    let _seed = lethe::rng::seed_torch(11);
+    let mut cfg = small_llama_with_expire(2);
+    (cfg.memory.span, cfg.memory.expire.ramp, cfg.memory.expire.init_fraction) = (8, 4, 0.5);
+    cfg.memory.expire.alpha = 0.5;
+    let mut lm = Lm::new(&cfg, Device::Cpu).unwrap();
+    lm.vs.double();
+    crate::common::randomise(&lm.vs, 17, 0.5, |name| name.ends_with("expire.w"));
+    let x: Vec<i64> = vec![1, 4, 2, 8, 5, 7, 3, 0, 9, 10, 2, 6, 4, 1, 3, 5];
+    let y: Vec<i64> = x.iter().map(|t| (t * 3 + 1) % 11).collect();
+    let cache = crate::common::first_block_cache(&lm, &x);
+    crate::common::two_block_loss(&lm, &x, &y, &cache).backward();
+    let mut predictor = 0.0;
+    for (name, p) in lm.named_parameters() {
+        let n = p.numel() as i64;
+        let picks: Vec<i64> = match name.as_str() {
+            _ if name.contains("expire") => (0..n).collect(),
+            _ if name.contains("attn.k.") || name.contains("attn.q.") => vec![0, n / 2, n - 1],
+            _ => continue,
+        };
+        let grad = p.grad().flatten(0, -1);
+        for idx in picks {
+            let analytic = grad.double_value(&[idx]);
+            let numeric = crate::common::numeric_grad(&p, idx, || {
+                crate::common::two_block_loss(&lm, &x, &y, &cache).double_value(&[])
+            });
+            let tol = 1e-6 + 1e-4 * analytic.abs().max(numeric.abs());
+            assert!((analytic - numeric).abs() < tol, "{name}[{idx}]: analytic {analytic} vs numeric {numeric}");
+            if name.contains("expire") {
+                predictor += analytic.abs();
+            }
+        }
+    }
+    assert!(predictor > 1e-4, "the soft mask passed no gradient to the predictor ({predictor})");
+}
+
+/// `train.freeze_base` on a Llama-family folder with Expire-Span: the run trains the span
+/// predictor alone (the checkpoint's other weights are the folder's, bit for bit), and
+/// its optimiser keeps moments for the predictor only.
+#[test]
+fn a_frozen_pretrained_model_trains_only_its_span_predictor() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(fixture("llama3").join("sample.txt")).unwrap().repeat(6);
+    std::fs::write(dir.path().join("text.txt"), &text).unwrap();
+    let folder = fixture("smollm2");
+    let sets = [
+        "train.block=8",
+        "train.batch=2",
+        "train.eval_every=0",
+        "train.eval_tokens=64",
+        "train.warmup=1",
+        "train.lr=0.01",
+        "train.freeze_base=true",
+        "memory.mechanism=\"expire\"",
+        "memory.span=32",
+        "memory.expire.alpha=0.1",
+    ];
+    let mut args = vec!["train", "--init-from", folder.to_str().unwrap(), "--data", "text.txt", "--steps", "3"];
+    args.extend(["--name", "frozen"]);
+    for s in &sets {
+        args.extend(["--set", s]);
+    }
+    let out = crate::common::cli::lethe(dir.path(), &args);
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("frozen base: training the memory's"), "{said}");
+    let ck = lethe::checkpoint::Checkpoint::load(&dir.path().join("runs/frozen")).unwrap();
+    let trained = Lm::from_checkpoint(&ck, Device::Cpu).unwrap();
+    let source = pretrained_with_expire("smollm2", 8, 32, 0.5);
+    let before = source.vs.variables();
+    let mut moved = 0;
+    for (name, p) in trained.named_parameters() {
+        let same = p.equal(&before[&name]);
+        if name.contains(".attn.expire.") {
+            moved += usize::from(!same);
+            assert!(ck.tensor(&format!("optim.exp_avg.{name}")).is_some(), "{name}: no optimiser state");
+        } else {
+            assert!(same, "{name}: a frozen weight changed");
+            assert!(
+                ck.tensor(&format!("optim.exp_avg.{name}")).is_none(),
+                "{name}: optimiser state for a frozen weight"
+            );
+        }
+    }
+    assert!(moved > 0, "the span predictor did not move");
+}
+
+/// A fixed window has nothing of its own to train; `as_official`'s zero cache is the
+/// papers' backbone's: both refused by name.
+#[test]
+fn freezing_a_fixed_window_and_official_expire_on_a_llama_are_refused() {
+    let mut cfg = small_llama_with_expire(1);
+    cfg.train.freeze_base = true;
+    cfg.memory.mechanism = Mechanism::Fixed;
+    let e = cfg.validate().unwrap_err().to_string();
+    assert!(e.contains("train.freeze_base") && e.contains("nothing to train"), "{e}");
+    let mut cfg = small_llama_with_expire(1);
+    cfg.memory.expire.as_official = true;
+    let e = cfg.validate().unwrap_err().to_string();
+    assert!(e.contains("memory.expire.as_official"), "{e}");
+}
