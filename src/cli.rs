@@ -555,9 +555,10 @@ pub struct EvalArgs {
     /// Stop after this many tokens (default: the whole split).
     #[arg(long, allow_negative_numbers = true)]
     pub max_tokens: Option<usize>,
-    /// With --init-from: score the text in consecutive windows of N tokens, each read
-    /// from an empty cache, a --budget fraction being a share of N (default: the whole
-    /// text as one window).
+    /// Score the text --data FILE in consecutive windows of N tokens, each read from an
+    /// empty cache (with --init-from, a --budget fraction being a share of N; with
+    /// --checkpoint, from an empty memory in blocks of --block, default the training
+    /// block) (default with --init-from: the whole text as one window).
     #[arg(long, allow_negative_numbers = true, value_name = "N")]
     pub context: Option<usize>,
     /// With --init-from: score the text under each of these key-value cache policies
@@ -571,6 +572,12 @@ pub struct EvalArgs {
     /// With --policies: the folder for budget.csv, budget.md, budget.svg and budget.png.
     #[arg(long, value_name = "DIR", requires = "policies")]
     pub out: Option<PathBuf>,
+    /// With --policies: lethe runs of the folder's model with Expire-Span
+    /// (comma-separated run folders or checkpoints), each scored at every budget with
+    /// memory.expire.budget set to it (the memories with the least remaining span
+    /// deleted first), token by token unless --block says otherwise.
+    #[arg(long, value_delimiter = ',', value_name = "RUNS", requires = "policies")]
+    pub learned: Option<Vec<PathBuf>>,
     /// Read the data from here instead of the path saved in the checkpoint.
     #[arg(long)]
     pub data: Option<PathBuf>,

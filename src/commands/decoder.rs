@@ -110,7 +110,8 @@ pub(crate) fn eval(a: &EvalArgs, folder: &std::path::Path, device: tch::Device) 
         if a.kv.given() {
             anyhow::bail!("--policies and --budgets sweep what --policy and --budget give once: give one or the other");
         }
-        let sweep = Sweep { data, ids: &ids, context, block: a.block, policies, budgets };
+        let learned = a.learned.iter().flatten().map(|run| Learned::load(run, &text, &ids)).collect::<Result<_>>()?;
+        let sweep = Sweep { data, ids: &ids, context, block: a.block, policies, budgets, learned };
         return sweep.run(&model, out);
     }
     let policy = policy_of(&a.kv, context)?;
@@ -136,6 +137,123 @@ pub(crate) fn eval(a: &EvalArgs, folder: &std::path::Path, device: tch::Device) 
     println!("cache held per layer [{held}] entries a key-value head at most, {:.1} MiB", mib(r.cache_bytes));
     println!("evaluated in {:.1} s", started.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// `lethe eval --checkpoint RUN --data FILE --context N`: the run's model scores the text
+/// as `--init-from` scores a decoder's, in windows of N tokens each read from an empty
+/// memory, `--block` tokens at a time (default: the training block).
+pub(crate) fn eval_run_windows(
+    a: &EvalArgs,
+    ckpt: &lethe::checkpoint::Checkpoint,
+    context: usize,
+    device: tch::Device,
+) -> Result<()> {
+    let given = [
+        ("--split", a.split.is_some()),
+        ("--batch", a.batch.is_some()),
+        ("--per-token", a.per_token.is_some()),
+        ("--episodes", a.episodes.is_some()),
+    ];
+    if let Some((flag, _)) = given.iter().find(|(_, set)| *set) {
+        anyhow::bail!("{flag} does not apply with --context, which scores one stream of --data in windows");
+    }
+    if ckpt.config.data.source.is_rl() {
+        anyhow::bail!("--context scores a text; this checkpoint is a gridworld agent");
+    }
+    if context < 2 {
+        anyhow::bail!("--context must be at least 2 tokens");
+    }
+    let data = a.data.as_deref().ok_or_else(|| anyhow::anyhow!("--context scores a text: give --data FILE"))?;
+    let text = lethe::input::read_to_string(data).map_err(|e| anyhow::anyhow!("--data `{}`: {e}", data.display()))?;
+    let ids = truncated(run_ids(ckpt, &text)?, a.max_tokens)?;
+    if ids.len() < 2 {
+        anyhow::bail!("--data `{}`: {} token(s); a model is scored on at least 2", data.display(), ids.len());
+    }
+    let block = match a.block.unwrap_or(ckpt.config.train.block) {
+        0 => anyhow::bail!("--block must be at least 1"),
+        n => n,
+    };
+    ckpt.config.memory.validate(block, ckpt.config.model.arch)?;
+    let lm = lethe::model::Lm::from_checkpoint(ckpt, device)?;
+    let started = std::time::Instant::now();
+    let r = lethe::eval::evaluate_run_windows(&lm, &ids, block, context.min(ids.len()), eval_progress(started))?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(());
+    }
+    println!(
+        "{}: loss {:.4} nats, perplexity {:.3}, accuracy {:.2}% over {} tokens ({} memory, block {block}, windows of {context})",
+        data.display(),
+        r.loss,
+        r.ppl,
+        100.0 * r.accuracy,
+        r.tokens,
+        ckpt.config.memory.mechanism.name(),
+    );
+    let held = r.held.iter().map(i64::to_string).collect::<Vec<_>>().join(", ");
+    println!(
+        "memory held per layer [{held}] states at most, {:.1} on average, {:.1} MiB",
+        r.mean_held,
+        mib(r.cache_bytes)
+    );
+    println!("evaluated in {:.1} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// The ids of `text` through the tokenizer `ckpt`'s model reads (bytes when none).
+fn run_ids(ckpt: &lethe::checkpoint::Checkpoint, text: &str) -> Result<Vec<lethe::data::Token>> {
+    Ok(match lethe::data::text::tokenizer_of_checkpoint(ckpt)? {
+        Some(t) => t.encode(text)?,
+        None => text.bytes().map(lethe::data::Token::from).collect(),
+    })
+}
+
+/// `ids` cut to `--max-tokens` scored tokens (one more read).
+fn truncated(mut ids: Vec<lethe::data::Token>, max: Option<usize>) -> Result<Vec<lethe::data::Token>> {
+    if let Some(max) = max {
+        if max == 0 {
+            anyhow::bail!("--max-tokens must be at least 1");
+        }
+        ids.truncate(max + 1);
+    }
+    Ok(ids)
+}
+
+/// A run of `--learned`: an Expire-Span model scored at every budget of a sweep.
+struct Learned {
+    name: String,
+    ckpt: lethe::checkpoint::Checkpoint,
+}
+
+impl Learned {
+    /// The run at `path`, refused unless it is an Expire-Span model that reads `text` as
+    /// the ids `ids` (the folder's tokenizer).
+    fn load(path: &std::path::Path, text: &str, ids: &[lethe::data::Token]) -> Result<Learned> {
+        let at = |e: &dyn std::fmt::Display| anyhow::anyhow!("--learned `{}`: {e}", path.display());
+        let ckpt = lethe::checkpoint::Checkpoint::load(path).map_err(|e| at(&e))?;
+        let mechanism = ckpt.config.memory.mechanism;
+        if mechanism != lethe::config::Mechanism::Expire {
+            return Err(at(&format!(
+                "its memory is {}; a sweep sets the budget of Expire-Span runs (memory.expire.budget)",
+                mechanism.name()
+            )));
+        }
+        let own = run_ids(&ckpt, text).map_err(|e| at(&e))?;
+        if !own.starts_with(ids) {
+            return Err(at(&"reads the text as other ids than the folder's tokenizer.json: a run compared with the folder must share its tokenizer"));
+        }
+        Ok(Learned { name: format!("expire ({})", ckpt.config.name), ckpt })
+    }
+
+    /// The run's model holding at most `budget` memories a layer (0: as its spans say).
+    fn at_budget(&self, budget: i64) -> Result<lethe::model::Lm> {
+        let mut cfg = self.ckpt.config.clone();
+        cfg.memory.expire.budget = budget as usize;
+        cfg.memory.expire.deletion = lethe::config::Deletion::Stream;
+        let lm = lethe::model::Lm::new(&cfg, tch::Device::Cpu)?;
+        self.ckpt.load_parameters(&lm.vs.variables())?;
+        Ok(lm)
+    }
 }
 
 /// Tokens read at a time: `--block`, else one under a budget (each token predicted from
@@ -279,6 +397,24 @@ struct Sweep<'a> {
     block: Option<usize>,
     policies: &'a [String],
     budgets: &'a [String],
+    learned: Vec<Learned>,
+}
+
+/// The budget column of a learned run scored without a cap, its own spans deciding.
+const UNCAPPED: &str = "uncapped";
+
+/// What one evaluation of a [`Sweep`] scores: the folder's decoder under a policy, or a
+/// learned run under its budget of memories.
+enum Scored {
+    Policy(Policy),
+    Learned { run: usize, budget: i64 },
+}
+
+/// One planned evaluation: the budget as asked, what is scored, tokens read at a time.
+struct Plan {
+    budget: String,
+    scored: Scored,
+    block: usize,
 }
 
 /// One evaluation of a [`Sweep`].
@@ -287,8 +423,10 @@ struct SweepRow {
     policy: String,
     /// The budget as asked (`full` for the full cache).
     budget: String,
-    /// The entries each layer held per key-value head at most.
+    /// The entries each layer held per key-value head (a learned run: states) at most.
     entries: i64,
+    /// The entries a layer held, averaged over layers and tokens.
+    mean_entries: f64,
     loss: f64,
     ppl: f64,
     accuracy: f64,
@@ -300,22 +438,30 @@ struct SweepRow {
 impl Sweep<'_> {
     /// Every policy is parsed and every budget and block checked before the first
     /// evaluation: `(the budget as asked, the policy, its block)`.
-    fn plans(&self) -> Result<Vec<(String, Policy, usize)>> {
+    fn plans(&self) -> Result<Vec<Plan>> {
         let full = Policy::parse("full", None, self.context as i64)?;
-        let mut plans = vec![("full".to_string(), full)];
-        for name in self.policies.iter().filter(|p| p.as_str() != "full") {
-            for budget in self.budgets {
-                let parsed = Budget::parse(budget).map_err(|e| anyhow::anyhow!("--budgets `{budget}`: {e}"))?;
+        let mut plans = vec![("full".to_string(), Scored::Policy(full))];
+        for budget in self.budgets {
+            let parsed = Budget::parse(budget).map_err(|e| anyhow::anyhow!("--budgets `{budget}`: {e}"))?;
+            for name in self.policies.iter().filter(|p| p.as_str() != "full") {
                 let policy = Policy::parse(name, Some(parsed), self.context as i64)
                     .map_err(|e| anyhow::anyhow!("--policies `{name}` at budget {budget}: {e}"))?;
-                plans.push((budget.clone(), policy));
+                plans.push((budget.clone(), Scored::Policy(policy)));
             }
+            let entries =
+                parsed.entries(self.context as i64).map_err(|e| anyhow::anyhow!("--budgets `{budget}`: {e}"))?;
+            plans.extend((0..self.learned.len()).map(|run| (budget.clone(), Scored::Learned { run, budget: entries })));
         }
+        // Each learned run once more as trained: the memory its own spans keep.
+        plans.extend((0..self.learned.len()).map(|run| (UNCAPPED.to_string(), Scored::Learned { run, budget: 0 })));
         plans
             .into_iter()
-            .map(|(budget, policy)| {
-                let block = block_for(self.block, &policy)?;
-                Ok((budget, policy, block))
+            .map(|(budget, scored)| {
+                let block = match &scored {
+                    Scored::Policy(policy) => block_for(self.block, policy)?,
+                    Scored::Learned { .. } => self.block.unwrap_or(1),
+                };
+                Ok(Plan { budget, scored, block })
             })
             .collect()
     }
@@ -324,31 +470,43 @@ impl Sweep<'_> {
         let plans = self.plans()?;
         std::fs::create_dir_all(out).map_err(|e| anyhow::anyhow!("--out `{}`: {e}", out.display()))?;
         let mut rows = Vec::new();
-        for (i, (budget, policy, block)) in plans.iter().enumerate() {
-            let block = *block;
+        for (i, plan) in plans.iter().enumerate() {
             let started = std::time::Instant::now();
-            let r = lethe::eval::evaluate_decoder_windows(
-                model,
-                policy,
-                self.ids,
-                block,
-                self.context,
-                eval_progress(started),
-            )?;
+            let (name, r) = match &plan.scored {
+                Scored::Policy(policy) => {
+                    let progress = eval_progress(started);
+                    let r = lethe::eval::evaluate_decoder_windows(
+                        model,
+                        policy,
+                        self.ids,
+                        plan.block,
+                        self.context,
+                        progress,
+                    )?;
+                    (policy.name.to_string(), r)
+                }
+                Scored::Learned { run, budget } => {
+                    let learned = &self.learned[*run];
+                    let lm = learned.at_budget(*budget)?;
+                    let progress = eval_progress(started);
+                    let r = lethe::eval::evaluate_run_windows(&lm, self.ids, plan.block, self.context, progress)?;
+                    (learned.name.clone(), r)
+                }
+            };
             let seconds = started.elapsed().as_secs_f64();
             let entries = r.held.iter().copied().max().unwrap_or(0);
-            let (n, name, ppl) = (plans.len(), policy.name, r.ppl);
+            let (n, ppl, budget) = (plans.len(), r.ppl, &plan.budget);
             eprintln!("[{}/{n}] {name} at {budget}: perplexity {ppl:.3}, {entries} entries, {seconds:.1} s", i + 1);
-            let (loss, ppl, accuracy, tokens, cache_bytes) = (r.loss, r.ppl, r.accuracy, r.tokens, r.cache_bytes);
             rows.push(SweepRow {
-                policy: policy.name.to_string(),
-                budget: budget.clone(),
+                policy: name,
+                budget: plan.budget.clone(),
                 entries,
-                loss,
-                ppl,
-                accuracy,
-                tokens,
-                cache_bytes,
+                mean_entries: r.mean_held,
+                loss: r.loss,
+                ppl: r.ppl,
+                accuracy: r.accuracy,
+                tokens: r.tokens,
+                cache_bytes: r.cache_bytes,
                 seconds,
             });
             self.write_csv(&rows, out)?;
@@ -366,28 +524,41 @@ impl Sweep<'_> {
         Ok(())
     }
 
-    /// budget.md (a row per policy, a column per budget) and the chart.
+    /// budget.md (a row per policy, a column per budget, each cell the perplexity and the
+    /// mean entries held) and the chart of perplexity against the mean entries held.
     fn write(&self, rows: &[SweepRow], out: &std::path::Path) -> Result<()> {
-        let full = rows.iter().find(|r| r.budget == "full").map_or(f64::NAN, |r| r.ppl);
+        let full = rows.iter().find(|r| r.budget == "full");
+        let (full_ppl, full_entries) = full.map_or((f64::NAN, f64::NAN), |r| (r.ppl, r.mean_entries));
         let mut md = format!(
-            "Perplexity of `{}` in windows of {} tokens ({} scored), full cache {full:.3}:\n\n| policy |",
+            "Perplexity of `{}` in windows of {} tokens ({} scored), full cache {full_ppl:.3}; in brackets the mean entries a layer held:\n\n| policy |",
             self.data.display(),
             self.context,
             rows.first().map_or(0, |r| r.tokens)
         );
-        let budgets: Vec<&String> = self.budgets.iter().collect();
+        let mut budgets: Vec<&str> = self.budgets.iter().map(String::as_str).collect();
+        if !self.learned.is_empty() {
+            budgets.push(UNCAPPED);
+        }
         for b in &budgets {
-            let entries = rows.iter().find(|r| &&r.budget == b).map_or(0, |r| r.entries);
-            md += &format!(" {b} ({entries}) |");
+            match rows.iter().filter(|r| r.budget == *b).map(|r| r.entries).max() {
+                Some(entries) if *b != UNCAPPED => md += &format!(" {b} ({entries}) |"),
+                _ => md += &format!(" {b} |"),
+            }
         }
         md += &format!("\n|---|{}\n", "---:|".repeat(budgets.len()));
-        let mut names: Vec<&str> = rows.iter().filter(|r| r.budget != "full").map(|r| r.policy.as_str()).collect();
-        names.dedup();
+        let mut names: Vec<&str> = Vec::new();
+        for r in rows.iter().filter(|r| r.budget != "full") {
+            if !names.contains(&r.policy.as_str()) {
+                names.push(&r.policy);
+            }
+        }
         for name in &names {
             md += &format!("| {name} |");
             for b in &budgets {
-                let ppl = rows.iter().find(|r| r.policy == *name && &&r.budget == b).map_or(f64::NAN, |r| r.ppl);
-                md += &format!(" {ppl:.3} |");
+                match rows.iter().find(|r| r.policy == *name && r.budget == *b) {
+                    Some(r) => md += &format!(" {:.3} ({:.0}) |", r.ppl, r.mean_entries),
+                    None => md += " |",
+                }
             }
             md += "\n";
         }
@@ -397,28 +568,28 @@ impl Sweep<'_> {
             .enumerate()
             .map(|(i, name)| {
                 let points: Vec<(f64, f64)> =
-                    rows.iter().filter(|r| r.policy == *name).map(|r| (r.entries as f64, r.ppl)).collect();
+                    rows.iter().filter(|r| r.policy == *name).map(|r| (r.mean_entries, r.ppl)).collect();
                 let mut means = points.clone();
                 means.sort_by(|a, b| a.0.total_cmp(&b.0));
                 lethe::plot::SweepSeries { name: name.to_string(), colour: lethe::plot::colour(i + 1), points, means }
             })
             .collect();
         let xs: Vec<f64> = series.iter().flat_map(|s| s.points.iter().map(|p| p.0)).collect();
-        let line: Vec<(f64, f64)> = [xs.iter().copied().fold(f64::INFINITY, f64::min), self.context as f64]
+        let line: Vec<(f64, f64)> = [xs.iter().copied().fold(f64::INFINITY, f64::min), full_entries]
             .into_iter()
             .filter(|x| x.is_finite())
-            .map(|x| (x, full))
+            .map(|x| (x, full_ppl))
             .collect();
         series.insert(
             0,
             lethe::plot::SweepSeries {
                 name: "full".into(),
                 colour: lethe::plot::colour(0),
-                points: vec![(self.context as f64, full)],
+                points: vec![(full_entries, full_ppl)],
                 means: line,
             },
         );
-        let labels = ("entries kept per layer and key-value head", "perplexity");
+        let labels = ("mean entries held per layer (a key-value head's, or a memory's states)", "perplexity");
         let svg = lethe::plot::sweep_chart(&series, labels, None, &out.join("budget.png"))?;
         lethe::output::write("--out", &out.join("budget.svg"), svg.as_bytes(), &[self.data])?;
         print!("{md}");

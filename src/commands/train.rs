@@ -116,9 +116,6 @@ pub(crate) fn eval(a: EvalArgs) -> Result<()> {
             "--policy and --budget choose what a pretrained decoder's key-value cache keeps: give --init-from FOLDER"
         );
     }
-    if a.init_from.is_none() && a.context.is_some() {
-        anyhow::bail!("--context windows the text a pretrained decoder scores: give --init-from FOLDER (a run reads its split as one stream per --batch row)");
-    }
     let checkpoint = match (&a.init_from, &a.checkpoint) {
         (Some(folder), _) => return decoder::eval(&a, folder, device),
         (None, Some(checkpoint)) => checkpoint.clone(),
@@ -127,6 +124,9 @@ pub(crate) fn eval(a: EvalArgs) -> Result<()> {
     let mut ckpt = load_checkpoint(&checkpoint, a.max_span)?;
     ckpt.config = same_tokenizer(&ckpt.config, ckpt.config.clone().apply_overrides(&a.overrides)?)?;
     ckpt.config.validate()?;
+    if let Some(context) = a.context {
+        return decoder::eval_run_windows(&a, &ckpt, context, device);
+    }
     if ckpt.config.data.source.is_rl() {
         refuse_stream_flags(&a)?;
         return eval_agent(&ckpt, device, &a);

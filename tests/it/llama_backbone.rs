@@ -280,7 +280,7 @@ fn a_llama_folder_fine_tuned_exported_and_swept_from_the_command_line() {
     let cells: Vec<(String, String, i64)> =
         rows.iter().map(|r| (r[0].to_string(), r[1].to_string(), r[2].parse().unwrap())).collect();
     let want =
-        [("full", "full", 23), ("window", "1/2", 12), ("window", "1/4", 6), ("tova", "1/2", 12), ("tova", "1/4", 6)];
+        [("full", "full", 23), ("window", "1/2", 12), ("tova", "1/2", 12), ("window", "1/4", 6), ("tova", "1/4", 6)];
     let want: Vec<(String, String, i64)> = want.iter().map(|(p, b, e)| (p.to_string(), b.to_string(), *e)).collect();
     assert_eq!(cells, want);
     for file in ["budget.md", "budget.svg", "budget.png"] {
@@ -292,9 +292,18 @@ fn a_llama_folder_fine_tuned_exported_and_swept_from_the_command_line() {
     ids.truncate(97);
     let full = lethe::model::kv::Policy::parse("full", None, 24).unwrap();
     let r = lethe::eval::evaluate_decoder_windows(&after, &full, &ids, 512, 24, |_, _| {}).unwrap();
-    let csv_ppl: f64 = rows[0][4].parse().unwrap();
+    let csv_ppl: f64 = rows[0][5].parse().unwrap();
     assert!((csv_ppl - r.ppl).abs() < 1e-9 * r.ppl, "{csv_ppl} in budget.csv, {} from the library", r.ppl);
     assert_eq!(r.tokens, 96);
+    // The run itself scores the same windows, each one block from an empty memory, as
+    // the folder it was written as does with the full cache.
+    let args = ["eval", "--checkpoint", "runs/ft", "--data", "text.txt", "--context", "24", "--block", "24"];
+    let out = lethe(dir.path(), &[&args[..], &["--max-tokens", "96", "--json"]].concat());
+    assert!(out.status.success(), "{}", said(&out));
+    let run: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let run_ppl = run["ppl"].as_f64().unwrap();
+    assert!((run_ppl - r.ppl).abs() < 1e-5 * r.ppl, "the run's windows: {run_ppl}, its folder's {}", r.ppl);
+    assert_eq!(run["tokens"], 96);
 }
 
 /// Bad requests around a Llama run: one line each, nothing written.
@@ -318,7 +327,15 @@ fn bad_export_and_sweep_requests_are_refused_in_one_line() {
         (sweep("window", "0"), "--budgets `0`"),
         (sweep("lru", "1/2"), "--policies `lru`"),
         ([sweep("window", "1/2"), vec!["--block", "0"]].concat(), "--block must be at least 1"),
-        (vec!["eval", "--checkpoint", "runs/copy", "--context", "8"], "--context windows the text"),
+        (vec!["eval", "--checkpoint", "runs/copy", "--context", "8"], "--context scores a text: give --data"),
+        (
+            vec!["eval", "--checkpoint", "runs/copy", "--context", "8", "--data", "text.txt", "--split", "test"],
+            "--split does not apply with --context",
+        ),
+        (
+            [sweep("window", "1/2"), vec!["--learned", "runs/copy"]].concat(),
+            "--learned `runs/copy`: its memory is fixed",
+        ),
         (
             vec!["train", "--init-from", mistral.to_str().unwrap(), "--data", "text.txt", "--steps", "1"],
             "sliding_window",

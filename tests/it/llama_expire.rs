@@ -116,6 +116,45 @@ fn deleting_expired_memories_gives_the_logits_of_masking_them() {
     assert!(window <= 12 + 2 + 4, "masking held {window} states, beyond L + R + a block");
 }
 
+/// `memory.expire.budget`: at most that many memories a stream after every block, the
+/// `kept` figure reporting them; a budget above what the spans keep changes nothing.
+#[test]
+fn a_budget_caps_the_memories_kept() {
+    let _seed = lethe::rng::seed_torch(7);
+    let reference = Lm::new(&small_llama_with_expire(2), Device::Cpu).unwrap();
+    crate::common::randomise(&reference.vs, 17, 1.0, |name| name.ends_with("expire.w"));
+    let ids = crate::common::random_tokens(3, 20, &[2, 96]);
+    let with_budget = |budget: usize| {
+        let mut cfg = reference.config.clone();
+        cfg.memory.expire.budget = budget;
+        cfg.validate().unwrap();
+        let lm = Lm::new(&cfg, Device::Cpu).unwrap();
+        tch::no_grad(|| {
+            for (name, mut p) in lm.named_parameters() {
+                p.copy_(&reference.vs.variables()[&name]);
+            }
+        });
+        lm
+    };
+    let (free, held) = logits_in_blocks(&reference, &ids, 4);
+    let (roomy, _) = logits_in_blocks(&with_budget(20), &ids, 4);
+    assert!(gap(&free, &roomy) < 1e-6, "a budget above the {held} kept changed the logits");
+    let capped = with_budget(3);
+    let mut mem = capped.model.new_memory();
+    for s in (0..96).step_by(4) {
+        tch::no_grad(|| capped.model.forward(&ids.narrow(1, s, 4), &mut mem, false)).unwrap();
+        for r in mem.reports() {
+            assert!(r.held <= 3 && r.extra("kept").unwrap() <= 3.0, "held {} under a budget of 3", r.held);
+        }
+    }
+    let (tight, _) = logits_in_blocks(&capped, &ids, 4);
+    assert!(gap(&free, &tight) > 1e-4, "a budget of 3 against {held} kept changed nothing");
+    let mut cfg = reference.config.clone();
+    (cfg.memory.expire.budget, cfg.memory.expire.deletion) = (3, Deletion::Batch);
+    let e = cfg.validate().unwrap_err().to_string();
+    assert!(e.contains("memory.expire.budget"), "{e}");
+}
+
 /// The gradient of two blocks' loss (the span loss included, alpha 0.5) to the span
 /// predictor, every entry, and to entries of the attention's weights equals central
 /// finite differences, in double precision.
@@ -205,6 +244,46 @@ fn a_frozen_pretrained_model_trains_only_its_span_predictor() {
         }
     }
     assert!(moved > 0, "the span predictor did not move");
+
+    // Compared with the folder's key-value policies at each budget: the run's rows hold
+    // at most the budget's states, their figures those of scoring it alone.
+    let sweep = [
+        "eval",
+        "--init-from",
+        folder.to_str().unwrap(),
+        "--data",
+        "text.txt",
+        "--context",
+        "24",
+        "--max-tokens",
+        "48",
+        "--policies",
+        "window",
+        "--budgets",
+        "1/2,4",
+        "--learned",
+        "runs/frozen",
+        "--out",
+        "sweep",
+    ];
+    let out = crate::common::cli::lethe(dir.path(), &sweep);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut rows = csv::Reader::from_path(dir.path().join("sweep/budget.csv")).unwrap();
+    let rows: Vec<csv::StringRecord> = rows.records().map(|r| r.unwrap()).collect();
+    let learned: Vec<&csv::StringRecord> = rows.iter().filter(|r| &r[0] == "expire (frozen)").collect();
+    assert_eq!(learned.iter().map(|r| r[1].to_string()).collect::<Vec<_>>(), ["1/2", "4", "uncapped"]);
+    for (row, budget) in learned.iter().zip([12, 4]) {
+        let entries: i64 = row[2].parse().unwrap();
+        assert!(entries <= budget, "{entries} states held under a budget of {budget}");
+    }
+    let text_ids = lethe::data::tokenizer::Tokenizer::from_dir(&folder).unwrap().encode(&text).unwrap();
+    let mut cfg = ck.config.clone();
+    cfg.memory.expire.budget = 4;
+    let capped = Lm::new(&cfg, Device::Cpu).unwrap();
+    ck.load_parameters(&capped.vs.variables()).unwrap();
+    let r = lethe::eval::evaluate_run_windows(&capped, &text_ids[..49], 1, 24, |_, _| {}).unwrap();
+    let csv_ppl: f64 = learned[1][5].parse().unwrap();
+    assert!((csv_ppl - r.ppl).abs() < 1e-9 * r.ppl, "{csv_ppl} in budget.csv, {} from the library", r.ppl);
 }
 
 /// A fixed window has nothing of its own to train; `as_official`'s zero cache is the

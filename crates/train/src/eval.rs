@@ -412,6 +412,56 @@ pub struct DecoderEval {
     pub held: Vec<i64>,
     /// The most bytes the cache held (keys, values, positions), after any chunk.
     pub cache_bytes: usize,
+    /// The entries a layer held after a chunk (a key-value head's, or a lethe memory's
+    /// states), averaged over the layers and over the tokens read: the memory the
+    /// comparisons at equal memory equalise.
+    pub mean_held: f64,
+}
+
+impl DecoderEval {
+    fn empty(block: usize) -> DecoderEval {
+        DecoderEval {
+            loss: 0.0,
+            ppl: 0.0,
+            accuracy: 0.0,
+            tokens: 0,
+            block,
+            held: vec![],
+            cache_bytes: 0,
+            mean_held: 0.0,
+        }
+    }
+
+    /// Adds a chunk of `t` predicted tokens: their summed log-likelihood `nll`, the
+    /// number `right` predicted exactly, and the entries each layer held after it.
+    fn add_chunk(&mut self, t: usize, nll: f64, right: i64, held: &[i64], bytes: usize) {
+        self.loss += nll;
+        self.accuracy += right as f64;
+        self.tokens += t;
+        self.held.resize(held.len(), 0);
+        self.held.iter_mut().zip(held).for_each(|(h, e)| *h = (*h).max(*e));
+        self.mean_held += t as f64 * held.iter().sum::<i64>() as f64 / held.len().max(1) as f64;
+        self.cache_bytes = self.cache_bytes.max(bytes);
+    }
+
+    /// Adds the figures of a window `w` scored apart.
+    fn add_window(&mut self, w: &DecoderEval) {
+        self.loss += w.loss * w.tokens as f64;
+        self.accuracy += w.accuracy * w.tokens as f64;
+        self.mean_held += w.mean_held * w.tokens as f64;
+        self.tokens += w.tokens;
+        self.held.resize(w.held.len(), 0);
+        self.held.iter_mut().zip(&w.held).for_each(|(a, b)| *a = (*a).max(*b));
+        self.cache_bytes = self.cache_bytes.max(w.cache_bytes);
+    }
+
+    /// Sums turned into means per token.
+    fn finish(mut self) -> DecoderEval {
+        let n = self.tokens.max(1) as f64;
+        (self.loss, self.accuracy, self.mean_held) = (self.loss / n, self.accuracy / n, self.mean_held / n);
+        self.ppl = self.loss.exp();
+        self
+    }
 }
 
 /// Scores `model` on the stream `ids`, read `block` tokens at a time over `cache` (whose
@@ -437,25 +487,24 @@ pub fn evaluate_decoder(
     }
     let ids: Vec<i64> = ids.iter().map(|&t| t as i64).collect();
     let predicted = ids.len() - 1;
-    let (mut nll, mut right) = (0.0f64, 0i64);
-    let mut held = Vec::new();
-    let mut cache_bytes = 0;
+    let mut all = DecoderEval::empty(block);
     for start in (0..predicted).step_by(block) {
         let t = block.min(predicted - start);
         let logits = model.forward(&Tensor::from_slice(&ids[start..start + t]).unsqueeze(0), cache).get(0); // (t, V)
-        let targets = Tensor::from_slice(&ids[start + 1..start + 1 + t]);
-        let logp = logits.log_softmax(-1, Kind::Float).gather(1, &targets.unsqueeze(1), false);
-        nll -= logp.to_kind(Kind::Double).sum(Kind::Double).double_value(&[]);
-        right += logits.argmax(-1, false).eq_tensor(&targets).sum(Kind::Int64).int64_value(&[]);
-        let entries = cache.entries();
-        held.resize(entries.len(), 0);
-        held.iter_mut().zip(entries).for_each(|(h, e)| *h = (*h).max(e));
-        cache_bytes = cache_bytes.max(cache.bytes());
+        let (nll, right) = scored(&logits, &ids[start + 1..start + 1 + t]);
+        all.add_chunk(t, nll, right, &cache.entries(), cache.bytes());
         progress(start + t, predicted);
     }
-    let loss = nll / predicted as f64;
-    let accuracy = right as f64 / predicted as f64;
-    Ok(DecoderEval { loss, ppl: loss.exp(), accuracy, tokens: predicted, block, held, cache_bytes })
+    Ok(all.finish())
+}
+
+/// The summed negative log-likelihood of `targets` under `logits` `(t, V)`, and how many
+/// are the argmax.
+fn scored(logits: &Tensor, targets: &[i64]) -> (f64, i64) {
+    let targets = Tensor::from_slice(targets).to_device(logits.device());
+    let logp = logits.log_softmax(-1, Kind::Float).gather(1, &targets.unsqueeze(1), false);
+    let nll = -logp.to_kind(Kind::Double).sum(Kind::Double).double_value(&[]);
+    (nll, logits.argmax(-1, false).eq_tensor(&targets).sum(Kind::Int64).int64_value(&[]))
 }
 
 /// [`evaluate_decoder`] over the consecutive windows of `context` tokens of `ids` (the
@@ -468,30 +517,78 @@ pub fn evaluate_decoder_windows(
     ids: &[lethe_data::Token],
     block: usize,
     context: usize,
+    progress: impl FnMut(usize, usize),
+) -> Result<DecoderEval> {
+    if context < 2 {
+        return Err(LetheError::Invalid(format!("a window of {context} token(s): each must hold at least 2")));
+    }
+    in_windows(ids, context, block, progress, |window, progress| {
+        let mut cache = lethe_model::llama::KvCache::new(policy.clone());
+        evaluate_decoder(model, &mut cache, window, block, progress)
+    })
+}
+
+/// The figures of `score(window, progress)` over the consecutive windows of `context`
+/// tokens of `ids`, the last token of each beginning the next (the last may be shorter),
+/// each window's predicted tokens counted once.
+fn in_windows(
+    ids: &[lethe_data::Token],
+    context: usize,
+    block: usize,
     mut progress: impl FnMut(usize, usize),
+    mut score: impl FnMut(&[lethe_data::Token], &mut dyn FnMut(usize, usize)) -> Result<DecoderEval>,
 ) -> Result<DecoderEval> {
     if context < 2 {
         return Err(LetheError::Invalid(format!("a window of {context} token(s): each must hold at least 2")));
     }
     let predicted = ids.len().saturating_sub(1);
-    let mut all = DecoderEval { loss: 0.0, ppl: 0.0, accuracy: 0.0, tokens: 0, block, held: vec![], cache_bytes: 0 };
+    let mut all = DecoderEval::empty(block);
     let mut start = 0;
     while start + 1 < ids.len() {
         let end = (start + context).min(ids.len());
-        let mut cache = lethe_model::llama::KvCache::new(policy.clone());
         let done = start;
-        let r =
-            evaluate_decoder(model, &mut cache, &ids[start..end], block, |read, _| progress(done + read, predicted))?;
-        all.loss += r.loss * r.tokens as f64;
-        all.accuracy += r.accuracy * r.tokens as f64;
-        all.tokens += r.tokens;
-        all.held.resize(r.held.len(), 0);
-        all.held.iter_mut().zip(&r.held).for_each(|(a, b)| *a = (*a).max(*b));
-        all.cache_bytes = all.cache_bytes.max(r.cache_bytes);
+        all.add_window(&score(&ids[start..end], &mut |read, _| progress(done + read, predicted))?);
         start = end - 1; // the window's last token begins the next one's context
     }
-    all.loss /= all.tokens.max(1) as f64;
-    all.accuracy /= all.tokens.max(1) as f64;
-    all.ppl = all.loss.exp();
-    Ok(all)
+    Ok(all.finish())
+}
+
+/// A lethe language model (any `model.arch` and memory) scored as
+/// [`evaluate_decoder_windows`] scores a decoder: one stream, windows of `context`
+/// tokens each read from an empty memory, `block` tokens at a time. The memory held is
+/// each layer's states kept after a block (Expire-Span's `kept`), the bytes those of the
+/// memory's saved state.
+pub fn evaluate_run_windows(
+    lm: &Lm,
+    ids: &[lethe_data::Token],
+    block: usize,
+    context: usize,
+    progress: impl FnMut(usize, usize),
+) -> Result<DecoderEval> {
+    let vocab = lm.config.model.vocab;
+    if let Some(&bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+        return Err(LetheError::Invalid(format!("token {bad} is not below the model's vocab = {vocab}")));
+    }
+    if block == 0 {
+        return Err(LetheError::Invalid("a model reads at least 1 token at a time (block 0)".into()));
+    }
+    let _guard = tch::no_grad_guard();
+    in_windows(ids, context, block, progress, |window, progress| {
+        let ids: Vec<i64> = window.iter().map(|&t| t as i64).collect();
+        let predicted = ids.len() - 1;
+        let mut mem = lm.model.new_memory();
+        let mut all = DecoderEval::empty(block);
+        for start in (0..predicted).step_by(block) {
+            let t = block.min(predicted - start);
+            let input = Tensor::from_slice(&ids[start..start + t]).unsqueeze(0).to_device(lm.device());
+            let logits = lm.model.forward(&input, &mut mem, false)?.logits.get(0); // (t, V)
+            let (nll, right) = scored(&logits, &ids[start + 1..start + 1 + t]);
+            let held: Vec<i64> =
+                mem.reports().iter().map(|r| r.extra("kept").unwrap_or(r.held as f64).round() as i64).collect();
+            let bytes = mem.state().iter().map(|(_, t)| t.numel() * t.kind().elt_size_in_bytes()).sum();
+            all.add_chunk(t, nll, right, &held, bytes);
+            progress(start + t, predicted);
+        }
+        Ok(all.finish())
+    })
 }

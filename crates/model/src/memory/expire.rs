@@ -31,6 +31,13 @@
 //!   official code (drop the batch minimum of leading dead memories, rounded down to a
 //!   multiple of the block); `off` keeps the last `L + R` positions, beyond which no
 //!   memory can be seen, so it is the exact reference the other two must match.
+//! - A budget (`memory.expire.budget`, beyond the paper): at most `B` memories a stream
+//!   after a block, those with the least remaining span `e + R - t` deleted first, so
+//!   that the learned spans can be compared with the key-value cache policies at the
+//!   same memory.
+//! - On a Llama-family layer (no learned positions), each key is rotated at the place
+//!   it was written, `-counter` from the block's first query, so that compaction moves
+//!   no distance (RoFormer Eq. 34 depends on the distance alone).
 //! - Episodes ([`AttendInput::episodes`]): a query sees only memories of its own
 //!   episode, and (under `stream` and `batch`) memories of an episode that has ended in
 //!   a row are deleted at the block's end, as a reset of that row would.
@@ -94,6 +101,19 @@ impl Descriptor for Expire {
 /// papers' backbone, whose relative positions it lays out.
 fn fused_on(cfg: &Config) -> bool {
     cfg.memory.expire.fused && cfg.model.arch == Arch::Lethe
+}
+
+/// Of the memories `kept` `(b, n)`, at most `budget` a stream: those with the most
+/// `remaining` span `(b, n)`, the soonest to expire deleted first (`memory.expire.budget`).
+fn within_budget(kept: &Tensor, remaining: &Tensor, budget: i64) -> Tensor {
+    let n = kept.size()[1];
+    if n <= budget {
+        return kept.shallow_clone();
+    }
+    let score = remaining.to_kind(Kind::Float).masked_fill(&kept.logical_not(), f64::NEG_INFINITY);
+    let (_, top) = score.topk(budget, 1, true, false); // (b, budget)
+    let chosen = kept.zeros_like().scatter_value(1, &top, 1); // (b, n)
+    kept.logical_and(&chosen)
 }
 
 /// Which keys each query of the last block saw: the pairs themselves, or (the fused
@@ -364,7 +384,8 @@ impl ExpireSpan {
     fn forgets_by_kernel(&self, spans: &Tensor, counter: &Tensor) -> Result<bool> {
         let device = spans.device();
         let on = self.cfg.fused && (device.is_cuda() || self.bias_on_cpu) && expire_bias::runs_on(device)?;
-        Ok(on && self.cfg.deletion == Deletion::Stream && spans.kind() == counter.kind())
+        let plain = self.cfg.deletion == Deletion::Stream && self.cfg.budget == 0;
+        Ok(on && plain && spans.kind() == counter.kind())
     }
 
     fn span_loss_applies(&self, train: bool) -> bool {
@@ -389,7 +410,11 @@ impl ExpireSpan {
             Deletion::Batch => (spans + ramp - counter_next).gt(0.0).logical_or(&in_block()),
             Deletion::Off => counter_next.lt(self.max_span + ramp).logical_or(&in_block()),
         };
-        valid.logical_and(&kept)
+        let kept = valid.logical_and(&kept);
+        match self.cfg.budget as i64 {
+            0 => kept,
+            budget => within_budget(&kept, &(spans + ramp - counter_next), budget),
+        }
     }
 }
 

@@ -36,6 +36,13 @@ pub struct ExpireConfig {
     /// At evaluation and generation, clamp spans to this many tokens (0: no cap; paper
     /// Fig. 9). Default 0.
     pub inference_cap: usize,
+    /// The most memories a layer keeps per stream between blocks (0: as many as the
+    /// spans keep). Where the spans would keep more, those with the least remaining span
+    /// `e + R - t` (the soonest to expire) are deleted first: a hard cap, so that
+    /// Expire-Span can be compared with the key-value cache policies at the same memory.
+    /// The kept count is reported beside it (`kept`). Needs `deletion = "stream"`.
+    /// Default 0.
+    pub budget: usize,
     /// On the CPU, build the attention scores (mask, relative positions, the span loss's
     /// ramp counts) with lethe's fused kernel (`csrc/expire_scores.cpp`) instead of a dozen
     /// tensor operations: the same function to float rounding, fewer passes over memory.
@@ -46,7 +53,9 @@ pub struct ExpireConfig {
     /// On a GPU, the mask, positions and ramp counts come from lethe's CUDA kernels
     /// (`liblethe_cuda.so`, `scripts/build-cuda.sh`) as one bias for libtorch's fused
     /// attention, when the library is found. `false` runs the written-out operations
-    /// (the reference) on either device. Default true.
+    /// (the reference) on either device; a Llama-family layer (`model.arch = "llama"`),
+    /// whose keys are rotated rather than given learned positions, always does.
+    /// Default true.
     pub fused: bool,
     /// Compute what the official code (facebookresearch/transformer-sequential) computes,
     /// where it differs from lethe's reading of the paper: a token does not attend to
@@ -85,6 +94,7 @@ impl Default for ExpireConfig {
             noisy: false,
             deletion: Deletion::Stream,
             inference_cap: 0,
+            budget: 0,
             fused: true,
             as_official: false,
         }
@@ -100,6 +110,13 @@ impl ExpireConfig {
             return Err(LetheError::config("memory.expire.init_fraction", self.init_fraction, "must be in (0, 1)"));
         }
         positive_number("memory.expire.pre_div", self.pre_div)?;
+        if self.budget > 0 && self.deletion != Deletion::Stream {
+            return Err(LetheError::config(
+                "memory.expire.budget",
+                self.budget,
+                "a cap on the memories kept needs deletion = \"stream\" (each stream keeps its own)",
+            ));
+        }
         Ok(())
     }
 }

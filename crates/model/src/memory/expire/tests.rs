@@ -416,3 +416,17 @@ fn batch_policy_drops_the_common_dead_prefix_in_whole_blocks() {
     assert_eq!(batch_min_drop(&keep, 2), 4);
     assert_eq!(batch_min_drop(&keep, 3), 3);
 }
+
+/// `memory.expire.budget`: of the memories the spans keep, each stream keeps the
+/// `budget` with the most remaining span; a stream that keeps fewer keeps them all.
+#[test]
+fn a_budget_keeps_the_memories_with_the_most_remaining_span() {
+    let kept =
+        Tensor::from_slice(&[true, true, false, true, true, true, true, true, false, false, true, false]).view([3, 4]);
+    let remaining = Tensor::from_slice(&[3.0f32, 1.0, 9.0, 2.0, 0.5, 5.0, 4.0, 1.0, 7.0, 8.0, 2.0, 6.0]).view([3, 4]);
+    let got = within_budget(&kept, &remaining, 2);
+    let want = Tensor::from_slice(&[true, false, false, true, false, true, true, false, false, false, true, false])
+        .view([3, 4]);
+    assert!(got.equal(&want), "kept {got:?}");
+    assert!(within_budget(&kept, &remaining, 4).equal(&kept), "a budget of every slot changed what was kept");
+}
