@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Learned forgetting against the key-value cache policies at equal memory (guide:
+# Pretrained decoders): for each seed, the llama-tiny model pretrained by lethe
+# (scripts/llama-budget.sh's, trained here when missing), Expire-Span fitted onto it with
+# the pretrained weights frozen (train.freeze_base: only the span predictors learn) at
+# each span-loss weight in ALPHAS, then every policy and every Expire-Span run scored on
+# the corpus's test split in windows of CONTEXT tokens, token by token, at 1/2 to 1/16 of
+# the window (Expire-Span capped there, its least remaining spans deleted first) and
+# uncapped (the memory its spans keep). Then the mean over seeds, by policy and budget,
+# with the mean entries each layer held: OUT/llama-learned.csv and .md.
+#
+#   scripts/llama-learned.sh [OUT] [SEEDS] [ALPHAS] [STEPS] [CONTEXT] [TOKENS]
+#   (defaults: runs, "1 2 3", "3e-5 1e-4 3e-4", 100 fine-tuning steps, 512, 4096 tokens)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/env.sh
+OUT=${1:-runs}
+SEEDS=${2:-1 2 3}
+ALPHAS=${3:-3e-5 1e-4 3e-4}
+STEPS=${4:-100}
+CONTEXT=${5:-512}
+TOKENS=${6:-4096}
+scripts/demo-corpus.sh
+cargo build --release --quiet
+LETHE=target/release/lethe
+mkdir -p "$OUT"
+# The test split as lethe's file source cuts it: the bytes from round(0.95 n) on.
+python3 - "$OUT/demo-test.txt" <<'PY'
+import sys
+data = open("data/demo.txt", "rb").read()
+open(sys.argv[1], "w").write(data[round(0.95 * len(data)):].decode("utf-8", "ignore"))
+PY
+for SEED in $SEEDS; do
+  RUN="$OUT/llama-tiny-s$SEED"
+  if [ ! -f "$RUN/checkpoint.safetensors" ]; then
+    $LETHE train --preset llama-tiny --data data/demo.txt --seed "$SEED" --out "$OUT" --name "llama-tiny-s$SEED" --overwrite --quiet
+  fi
+  rm -rf "$RUN-hf"
+  $LETHE export --checkpoint "$RUN" --out "$RUN-hf"
+  LEARNED=()
+  for ALPHA in $ALPHAS; do
+    NAME="expire-a$ALPHA-s$SEED"
+    START=$(date +%s)
+    $LETHE train --preset llama-tiny --init-from "$RUN-hf" --data data/demo.txt --seed "$SEED" \
+      --out "$OUT" --name "$NAME" --overwrite --quiet --steps "$STEPS" \
+      --set 'memory.mechanism="expire"' --set memory.span="$CONTEXT" --set memory.expire.ramp=16 \
+      --set memory.expire.alpha="$ALPHA" --set memory.expire.init_fraction=0.5 \
+      --set train.freeze_base=true --set train.lr=1e-2 --set train.warmup=10 --set model.dropout=0 \
+      --set train.eval_every=0 --set train.checkpoint_every=0 --set train.eval_tokens=8192
+    echo "$NAME: $STEPS steps in $(( $(date +%s) - START )) s" | tee -a "$OUT/llama-learned-cost.txt"
+    LEARNED+=("$OUT/$NAME")
+  done
+  $LETHE eval --init-from "$RUN-hf" --data "$OUT/demo-test.txt" --context "$CONTEXT" --max-tokens "$TOKENS" \
+    --policies window,streaming,h2o,tova,snapkv:window=16 --budgets 1/2,1/4,1/8,1/16 \
+    --learned "$(IFS=,; echo "${LEARNED[*]}")" --out "$OUT/llama-learned-s$SEED"
+done
+# The mean over seeds of each policy at each budget (Expire-Span runs named by alpha).
+python3 - "$OUT" $SEEDS <<'PY'
+import csv, re, statistics, sys
+out, seeds = sys.argv[1], sys.argv[2:]
+cells = {}
+for seed in seeds:
+    for row in csv.DictReader(open(f"{out}/llama-learned-s{seed}/budget.csv")):
+        policy = re.sub(r"-s\d+\)$", ")", row["policy"])
+        cells.setdefault((policy, row["budget"]), []).append((float(row["ppl"]), float(row["mean_entries"])))
+with open(f"{out}/llama-learned.csv", "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(["policy", "budget", "seeds", "ppl_mean", "ppl_sd", "mean_entries"])
+    for (policy, budget), v in cells.items():
+        ppl = [p for p, _ in v]
+        sd = statistics.stdev(ppl) if len(ppl) > 1 else 0.0
+        w.writerow([policy, budget, len(v), f"{statistics.mean(ppl):.4f}", f"{sd:.4f}", f"{statistics.mean(e for _, e in v):.1f}"])
+budgets = []
+for _, b in cells:
+    if b not in budgets:
+        budgets.append(b)
+policies = []
+for p, _ in cells:
+    if p not in policies:
+        policies.append(p)
+lines = ["| policy | " + " | ".join(budgets) + " |", "|---|" + "---:|" * len(budgets)]
+for p in policies:
+    row = []
+    for b in budgets:
+        v = cells.get((p, b))
+        row.append(f"{statistics.mean(x for x, _ in v):.3f} ({statistics.mean(e for _, e in v):.0f})" if v else "")
+    lines.append(f"| {p} | " + " | ".join(row) + " |")
+open(f"{out}/llama-learned.md", "w").write(
+    f"Test-split perplexity, mean of seeds {' '.join(seeds)}; in brackets the mean entries a layer held:\n\n" + "\n".join(lines) + "\n")
+print(open(f"{out}/llama-learned.md").read())
+PY
