@@ -381,10 +381,25 @@ pub(crate) fn export(a: crate::cli::ExportArgs) -> Result<()> {
     let ckpt = lethe::checkpoint::Checkpoint::load(&a.checkpoint)?;
     let tokenizer = ckpt.run_tokenizer().or_else(|| ckpt.config.data.tokenizer.clone());
     let tokenizer = tokenizer.filter(|dir| dir.join("tokenizer.json").is_file());
-    lethe::model::llama::layout::write_folder(&ckpt.config.model, &ckpt.parameters(), tokenizer.as_deref(), &a.out)
+    let train = &ckpt.config.train;
+    let params = match train.lora_rank {
+        0 => ckpt.parameters(),
+        rank => lethe::model::lora::merged(&ckpt.parameters(), rank, train.lora_alpha),
+    };
+    lethe::model::llama::layout::write_folder(&ckpt.config.model, &params, tokenizer.as_deref(), &a.out)
         .map_err(|e| anyhow::anyhow!("--out `{}`: {e}", a.out.display()))?;
     let with = if tokenizer.is_some() { " and tokenizer.json" } else { " (the run has no tokenizer.json)" };
     println!("wrote {} (config.json, model.safetensors{with})", a.out.display());
+    if train.lora_rank > 0 {
+        println!("the low-rank adapters are folded into the attention maps");
+    }
+    let mechanism = ckpt.config.memory.mechanism;
+    if mechanism != lethe::config::Mechanism::Fixed {
+        println!(
+            "the {} memory's own parameters are not part of a Hugging Face folder: the run keeps them (lethe eval and generate --checkpoint)",
+            mechanism.name()
+        );
+    }
     Ok(())
 }
 

@@ -10,6 +10,7 @@ use tch::{Kind, Tensor};
 
 use lethe_core::config::{Arch, Init, ModelConfig};
 
+use crate::lora::Adapted;
 use crate::rope::Rope;
 use lethe_core::error::{LetheError, Result};
 
@@ -112,10 +113,10 @@ pub struct Projected {
 /// positions are known ([`Attention::rotate`]).
 #[derive(Debug)]
 pub struct Attention {
-    q: nn::Linear,
-    k: nn::Linear,
-    v: nn::Linear,
-    o: nn::Linear,
+    q: Adapted,
+    k: Adapted,
+    v: Adapted,
+    o: Adapted,
     heads: i64,
     kv_heads: i64,
     d_head: i64,
@@ -137,10 +138,10 @@ impl Attention {
     pub fn with_init(p: nn::Path, d_model: i64, heads: i64, dropout: f64, bias: bool, init: LinearInit) -> Self {
         let cfg = init.config(d_model, bias, false);
         Attention {
-            q: nn::linear(&p / "q", d_model, d_model, cfg),
-            k: nn::linear(&p / "k", d_model, d_model, cfg),
-            v: nn::linear(&p / "v", d_model, d_model, cfg),
-            o: nn::linear(&p / "o", d_model, d_model, init.config(d_model, bias, true)),
+            q: Adapted::plain(nn::linear(&p / "q", d_model, d_model, cfg)),
+            k: Adapted::plain(nn::linear(&p / "k", d_model, d_model, cfg)),
+            v: Adapted::plain(nn::linear(&p / "v", d_model, d_model, cfg)),
+            o: Adapted::plain(nn::linear(&p / "o", d_model, d_model, init.config(d_model, bias, true))),
             heads,
             kv_heads: heads,
             d_head: d_model / heads,
@@ -162,10 +163,10 @@ impl Attention {
             ((&p / "q_norm").var("weight", &[dh], ones()), (&p / "k_norm").var("weight", &[dh], ones()), cfg.norm_eps)
         });
         Attention {
-            q: nn::linear(&p / "q", d, heads * dh, init.config(d, bias, false)),
-            k: nn::linear(&p / "k", d, kv * dh, init.config(d, bias, false)),
-            v: nn::linear(&p / "v", d, kv * dh, init.config(d, bias, false)),
-            o: nn::linear(&p / "o", heads * dh, d, init.config(heads * dh, false, true)),
+            q: Adapted::plain(nn::linear(&p / "q", d, heads * dh, init.config(d, bias, false))),
+            k: Adapted::plain(nn::linear(&p / "k", d, kv * dh, init.config(d, bias, false))),
+            v: Adapted::plain(nn::linear(&p / "v", d, kv * dh, init.config(d, bias, false))),
+            o: Adapted::plain(nn::linear(&p / "o", heads * dh, d, init.config(heads * dh, false, true))),
             heads,
             kv_heads: kv,
             d_head: dh,
@@ -224,6 +225,14 @@ impl Attention {
         (k.contiguous(), self.split_kv_heads(v).contiguous())
     }
 
+    /// Low-rank adapters of rank `rank`, scaled by `alpha / rank`, on the query, key,
+    /// value and output maps, their parameters under `p` (the layer's attention path).
+    pub fn adapt(&mut self, p: &nn::Path, rank: i64, alpha: f64) {
+        for (name, map) in [("q", &mut self.q), ("k", &mut self.k), ("v", &mut self.v), ("o", &mut self.o)] {
+            map.adapt(p / name, rank, alpha);
+        }
+    }
+
     /// Size of one head.
     pub fn d_head(&self) -> i64 {
         self.d_head
@@ -251,14 +260,14 @@ impl Attention {
         if self.rope.is_some() {
             return self.grouped(&self.k.forward(states), &self.v.forward(states));
         }
-        (self.head_major(states, &self.k), self.head_major(states, &self.v))
+        (self.head_major(states, &self.k.linear()), self.head_major(states, &self.v.linear()))
     }
 
     /// [`Attention::keys_values`] of `states` `(b, n, d)`, a cache without gradient joined
     /// with a detached copy of `block` `(b, m, d)`: the same keys and values, with the
     /// gradient going to `block`, computed for its rows only ([`super::cache_grad`]).
     pub fn keys_values_after_cache(&self, states: &Tensor, block: &Tensor) -> Result<(Tensor, Tensor)> {
-        let (k, v) = super::cache_grad::keys_values_after_cache(states, block, &self.k, &self.v)?; // (b, n, d) each
+        let (k, v) = super::cache_grad::keys_values_after_cache(states, block, &self.k.linear(), &self.v.linear())?; // (b, n, d) each
         if self.rope.is_some() {
             return Ok(self.grouped(&k, &v));
         }
@@ -277,11 +286,10 @@ impl Attention {
         w: &Tensor,
         window: Window,
     ) -> Result<Projected> {
+        let (lk, lv) = (self.k.linear(), self.v.linear());
         let p = match window {
-            Window::Ragged { valid } => {
-                super::cache_grad::project_ragged(states, block, valid, &self.k, &self.v, w, true)?
-            }
-            Window::Padded => super::cache_grad::project_after_cache(states, block, &self.k, &self.v, Some(w))?,
+            Window::Ragged { valid } => super::cache_grad::project_ragged(states, block, valid, &lk, &lv, w, true)?,
+            Window::Padded => super::cache_grad::project_after_cache(states, block, &lk, &lv, Some(w))?,
         };
         let scores = p.scores.ok_or_else(|| {
             lethe_core::error::LetheError::Invalid("the window's projection returned no scores".into())
@@ -316,7 +324,8 @@ impl Attention {
         let project = |x: &Tensor, lin: &nn::Linear| {
             self.split_heads(&x.linear(&lin.ws.detach(), lin.bs.as_ref().map(Tensor::detach)))
         };
-        let (q, k, v) = (project(h, &self.q), project(states, &self.k), project(states, &self.v));
+        let (q, k, v) =
+            (project(h, &self.q.linear()), project(states, &self.k.linear()), project(states, &self.v.linear()));
         let scores = q.matmul(&k.transpose(-2, -1)) / (self.d_head as f64).sqrt(); // (b, h, m, n)
         scores.softmax(-1, scores.kind()).matmul(&v)
     }

@@ -250,6 +250,14 @@ impl Backbone {
         self.memories.iter().for_each(|m| m.after_step());
     }
 
+    /// Low-rank adapters of rank `rank` (scaled by `alpha / rank`) on every layer's
+    /// attention maps, under `p` (`layers.<i>.attn.q.lora_a`, ...; [`crate::lora`]).
+    pub fn adapt(&mut self, p: &nn::Path, rank: usize, alpha: f64) {
+        for (i, layer) in self.layers.iter_mut().enumerate() {
+            layer.attn.adapt(&(p / "layers" / i / "attn"), rank as i64, alpha);
+        }
+    }
+
     /// Empty memories for a group of streams (one per micro-batch, or for evaluation).
     pub fn new_memory(&self) -> Memory {
         Memory { layers: self.memories.iter().map(|m| m.fresh()).collect() }
@@ -436,6 +444,11 @@ impl Model {
     /// optimiser step.
     pub fn after_step(&self) {
         self.body.after_step();
+    }
+
+    /// [`Backbone::adapt`]: low-rank adapters on every attention map.
+    pub fn adapt(&mut self, p: &nn::Path, rank: usize, alpha: f64) {
+        self.body.adapt(p, rank, alpha);
     }
 
     /// Empty memories for a group of streams (one per micro-batch, or for evaluation).

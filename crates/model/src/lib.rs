@@ -10,6 +10,7 @@ pub mod gpt2;
 pub mod init;
 pub mod kv;
 pub mod llama;
+pub mod lora;
 pub mod memory;
 pub mod rope;
 pub mod skew;
@@ -35,14 +36,15 @@ pub fn sorted_parameters(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
 
 /// The parameters the optimiser updates, of `params` (name, tensor): all of them, or
 /// with `freeze_base` (`train.freeze_base`) only the memory mechanism's own
-/// ([`memory::is_mechanism_parameter`]), the others set to take no gradient, so that the
-/// backward pass computes none for them and the optimiser keeps no moments.
+/// ([`memory::is_mechanism_parameter`]) and the low-rank adapters ([`lora::is_adapter`]),
+/// the others set to take no gradient, so that the backward pass computes none for them
+/// and the optimiser keeps no moments.
 pub fn trainable(params: Vec<(String, Tensor)>, freeze_base: bool) -> Vec<(String, Tensor)> {
     if !freeze_base {
         return params;
     }
     let (mechanism, base): (Vec<_>, Vec<_>) =
-        params.into_iter().partition(|(name, _)| memory::is_mechanism_parameter(name));
+        params.into_iter().partition(|(name, _)| memory::is_mechanism_parameter(name) || lora::is_adapter(name));
     for (_, p) in base {
         let _ = p.set_requires_grad(false);
     }
@@ -245,7 +247,10 @@ impl Lm {
     fn build(config: &Config, device: Device) -> Result<(nn::VarStore, Model)> {
         let _seed = lethe_core::rng::seed_torch(config.seed as i64);
         let vs = nn::VarStore::new(device);
-        let model = Model::new(&vs.root(), &config.model, &config.memory, config.train.block)?;
+        let mut model = Model::new(&vs.root(), &config.model, &config.memory, config.train.block)?;
+        if config.train.lora_rank > 0 {
+            model.adapt(&vs.root(), config.train.lora_rank, config.train.lora_alpha);
+        }
         Ok((vs, model))
     }
 

@@ -108,11 +108,18 @@ impl Config {
         }
         self.data.validate()?;
         self.train.validate()?;
-        if self.train.freeze_base && self.memory.mechanism == Mechanism::Fixed {
+        if self.train.lora_rank > 0 && self.data.source.is_rl() {
+            return Err(LetheError::config(
+                "train.lora_rank",
+                self.train.lora_rank,
+                "adapters fit a pretrained language model; a gridworld agent trains whole",
+            ));
+        }
+        if self.train.freeze_base && self.memory.mechanism == Mechanism::Fixed && self.train.lora_rank == 0 {
             return Err(LetheError::config(
                 "train.freeze_base",
                 true,
-                "leaves nothing to train: the fixed window has no parameters of its own (choose a learned memory, or train the whole model)",
+                "leaves nothing to train: the fixed window has no parameters of its own (choose a learned memory, add adapters with train.lora_rank, or train the whole model)",
             ));
         }
         Ok(())

@@ -33,6 +33,15 @@ pub struct TrainConfig {
     /// Frozen weights take no gradient and no optimiser state. Default false.
     #[serde(default)]
     pub freeze_base: bool,
+    /// Low-rank adapters (LoRA, Hu et al., 2021) of this rank on every attention layer's
+    /// query, key, value and output maps, trained with the memory's parameters while
+    /// the rest stays frozen: needs `train.freeze_base = true`. `lethe export` folds them
+    /// into the maps. 0: none. Default 0.
+    #[serde(default)]
+    pub lora_rank: usize,
+    /// The adapters' scale is `lora_alpha / lora_rank` (PEFT's convention). Default 16.
+    #[serde(default = "default_lora_alpha")]
+    pub lora_alpha: f64,
     /// Start from the parameters of a Hugging Face GPT-2 folder (`config.json`,
     /// `model.safetensors`) or of a lethe run (its folder or checkpoint file): the
     /// architecture (the `[model]` sizes) is the source's, and the parameters it lacks
@@ -97,6 +106,10 @@ fn default_dist_timeout() -> u64 {
     600
 }
 
+fn default_lora_alpha() -> f64 {
+    16.0
+}
+
 /// Optimisers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -130,6 +143,8 @@ impl Default for TrainConfig {
             lr: 1e-3,
             memory_lr: 0.0,
             freeze_base: false,
+            lora_rank: 0,
+            lora_alpha: default_lora_alpha(),
             init_from: None,
             warmup: 100,
             schedule: Schedule::Cosine,
@@ -207,8 +222,16 @@ impl TrainConfig {
             ("train.weight_decay", self.weight_decay),
             ("train.grad_clip", self.grad_clip),
             ("train.memory_lr", self.memory_lr),
+            ("train.lora_alpha", self.lora_alpha),
         ] {
             non_negative(field, v)?;
+        }
+        if self.lora_rank > 0 && !self.freeze_base {
+            return Err(LetheError::config(
+                "train.lora_rank",
+                self.lora_rank,
+                "adapters train in place of the pretrained weights: set train.freeze_base = true",
+            ));
         }
         crate::device::parse(&self.device).map(|_| ())
     }

@@ -231,8 +231,18 @@ fn try_lock(dir: &Path) -> Result<File> {
 }
 
 /// Fields that must be equal for a checkpoint to be resumed under a config.
-const MUST_MATCH: &[&str] =
-    &["seed", "model.", "memory.", "data.", "train.batch", "train.block", "train.accum", "train.freeze_base"];
+const MUST_MATCH: &[&str] = &[
+    "seed",
+    "model.",
+    "memory.",
+    "data.",
+    "train.batch",
+    "train.block",
+    "train.accum",
+    "train.freeze_base",
+    "train.lora_rank",
+    "train.lora_alpha",
+];
 
 /// Optimisation settings: a resumed run keeps its own unless told to accept new ones.
 const OPTIMISATION: &[&str] = &[
