@@ -52,7 +52,7 @@ impl<'a> Timed<'a> {
             }),
             None => None,
         };
-        let opt = Optimiser::new(lm.named_parameters(), &cfg.train);
+        let opt = Optimiser::new(crate::model::trainable(lm.named_parameters(), cfg.train.freeze_base), &cfg.train);
         let mems = (0..cfg.train.accum).map(|_| lm.model.new_memory()).collect();
         let mut run = Stepper { lm, opt, mems, cfg, group, steps: 0, frozen: opts.frozen };
         let fill_blocks = fill_memory(&mut run, &mut batches, opts.context)?;
