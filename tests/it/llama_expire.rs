@@ -300,3 +300,37 @@ fn freezing_a_fixed_window_and_official_expire_on_a_llama_are_refused() {
     let e = cfg.validate().unwrap_err().to_string();
     assert!(e.contains("memory.expire.as_official"), "{e}");
 }
+
+/// A Llama pretrained on the copy task (`A^n B^d = a^n .`, the run 24-32 tokens back)
+/// with a window of 72, then Expire-Span fitted onto it with the base frozen, its spans
+/// starting at 0.9 L of 64 (so that at first it sees what the window saw): the answers
+/// stay right while the memory held falls far below the window, the upper layer's below
+/// the distance to the run.
+#[test]
+#[ignore = "slow tier (a model must learn): ./test.sh -- --include-ignored, as CI runs it"]
+fn a_frozen_llama_learns_spans_that_keep_the_answers_and_expire_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = crate::common::copy_learning_config("llama-copy");
+    cfg.model.arch = Arch::Llama;
+    (cfg.model.heads, cfg.model.llama.kv_heads) = (4, 2);
+    (cfg.memory.mechanism, cfg.memory.span) = (Mechanism::Fixed, 72);
+    cfg.train.steps = 1000;
+    let pretrained = crate::common::train_and_eval(&cfg, dir.path());
+    let answers = pretrained.answer_accuracy.unwrap();
+    assert!(answers > 0.8, "the pretrained Llama answered {answers} (chance 0.25)");
+
+    let mut fit = cfg.clone();
+    fit.name = "llama-copy-expire".into();
+    fit.train.init_from = Some(dir.path().join("llama-copy"));
+    (fit.memory.mechanism, fit.memory.span) = (Mechanism::Expire, 64);
+    (fit.memory.expire.ramp, fit.memory.expire.init_fraction, fit.memory.expire.alpha) = (8, 0.9, 1e-3);
+    (fit.train.freeze_base, fit.train.steps, fit.train.lr) = (true, 400, 1e-2);
+    fit.validate().unwrap();
+    let fitted = crate::common::train_and_eval(&fit, dir.path());
+    let kept = fitted.answer_accuracy.unwrap();
+    let mem = fitted.mem_size.iter().sum::<f64>() / fitted.mem_size.len() as f64;
+    eprintln!("pretrained: answers {answers}; fitted: answers {kept}, memory per layer {:?}", fitted.mem_size);
+    assert!(kept > 0.6, "with Expire-Span fitted the Llama answered {kept} (before: {answers})");
+    assert!(mem < 36.0, "a memory of {mem} a layer is not far below the window of 72");
+    assert!(fitted.mem_size[1] < 24.0, "the upper layer kept {} memories, the distance is 24-32", fitted.mem_size[1]);
+}
