@@ -53,8 +53,8 @@ pub struct ExpireConfig {
     /// On a GPU, the mask, positions and ramp counts come from lethe's CUDA kernels
     /// (`liblethe_cuda.so`, `scripts/build-cuda.sh`) as one bias for libtorch's fused
     /// attention, when the library is found. `false` runs the written-out operations
-    /// (the reference) on either device; a Llama-family layer (`model.arch = "llama"`),
-    /// whose keys are rotated rather than given learned positions, always does.
+    /// (the reference) on either device; a Llama-family layer, whose keys are rotated
+    /// rather than given learned positions, always does.
     /// Default true.
     pub fused: bool,
     /// Compute what the official code (facebookresearch/transformer-sequential) computes,
