@@ -77,3 +77,22 @@ pub fn succeeds(out: &Output) -> String {
     assert!(out.status.success(), "failed:\n{stderr}");
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// `lethe train --init-from folder` on `dir/text.txt` (the fixture's sample text six
+/// times over, written there) for 3 steps as run `name`, in blocks of 8 of 2 streams with
+/// the settings `sets` besides; fails the test unless it succeeds. Returns what it said.
+pub fn fine_tune_fixture(dir: &Path, folder: &Path, name: &str, sets: &[&str]) -> String {
+    let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llama/llama3/sample.txt");
+    let text = std::fs::read_to_string(sample).expect("read the fixture's sample").repeat(6);
+    std::fs::write(dir.join("text.txt"), text).expect("write text.txt");
+    let common = ["train.block=8", "train.batch=2", "train.eval_every=0", "train.eval_tokens=64", "train.warmup=1"];
+    let folder = folder.to_str().expect("a UTF-8 fixture path");
+    let mut args = vec!["train", "--init-from", folder, "--data", "text.txt", "--steps", "3", "--name", name];
+    for s in common.iter().chain(sets) {
+        args.extend(["--set", s]);
+    }
+    let out = lethe(dir, &args);
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{said}");
+    said
+}

@@ -87,9 +87,11 @@ fn small_llama_with_expire(layers: usize) -> Config {
     cfg
 }
 
-fn with_deletion(base: &Lm, deletion: Deletion) -> Lm {
+/// A model with `base`'s parameters under `base`'s config edited by `edit`.
+fn edited(base: &Lm, edit: impl FnOnce(&mut Config)) -> Lm {
     let mut cfg = base.config.clone();
-    cfg.memory.expire.deletion = deletion;
+    edit(&mut cfg);
+    cfg.validate().unwrap();
     let lm = Lm::new(&cfg, Device::Cpu).unwrap();
     tch::no_grad(|| {
         for (name, mut p) in lm.named_parameters() {
@@ -97,6 +99,10 @@ fn with_deletion(base: &Lm, deletion: Deletion) -> Lm {
         }
     });
     lm
+}
+
+fn with_deletion(base: &Lm, deletion: Deletion) -> Lm {
+    edited(base, |cfg| cfg.memory.expire.deletion = deletion)
 }
 
 /// Deleting the expired memories of each stream (compacting the cache, so the streams'
@@ -124,18 +130,7 @@ fn a_budget_caps_the_memories_kept() {
     let reference = Lm::new(&small_llama_with_expire(2), Device::Cpu).unwrap();
     crate::common::randomise(&reference.vs, 17, 1.0, |name| name.ends_with("expire.w"));
     let ids = crate::common::random_tokens(3, 20, &[2, 96]);
-    let with_budget = |budget: usize| {
-        let mut cfg = reference.config.clone();
-        cfg.memory.expire.budget = budget;
-        cfg.validate().unwrap();
-        let lm = Lm::new(&cfg, Device::Cpu).unwrap();
-        tch::no_grad(|| {
-            for (name, mut p) in lm.named_parameters() {
-                p.copy_(&reference.vs.variables()[&name]);
-            }
-        });
-        lm
-    };
+    let with_budget = |budget: usize| edited(&reference, |cfg| cfg.memory.expire.budget = budget);
     let (free, held) = logits_in_blocks(&reference, &ids, 4);
     let (roomy, _) = logits_in_blocks(&with_budget(20), &ids, 4);
     assert!(gap(&free, &roomy) < 1e-6, "a budget above the {held} kept changed the logits");
@@ -201,29 +196,16 @@ fn the_span_predictor_s_gradients_equal_finite_differences() {
 #[test]
 fn a_frozen_pretrained_model_trains_only_its_span_predictor() {
     let dir = tempfile::tempdir().unwrap();
-    let text = std::fs::read_to_string(fixture("llama3").join("sample.txt")).unwrap().repeat(6);
-    std::fs::write(dir.path().join("text.txt"), &text).unwrap();
     let folder = fixture("smollm2");
     let sets = [
-        "train.block=8",
-        "train.batch=2",
-        "train.eval_every=0",
-        "train.eval_tokens=64",
-        "train.warmup=1",
         "train.lr=0.01",
         "train.freeze_base=true",
         "memory.mechanism=\"expire\"",
         "memory.span=32",
         "memory.expire.alpha=0.1",
     ];
-    let mut args = vec!["train", "--init-from", folder.to_str().unwrap(), "--data", "text.txt", "--steps", "3"];
-    args.extend(["--name", "frozen"]);
-    for s in &sets {
-        args.extend(["--set", s]);
-    }
-    let out = crate::common::cli::lethe(dir.path(), &args);
-    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "{said}");
+    let said = crate::common::cli::fine_tune_fixture(dir.path(), &folder, "frozen", &sets);
+    let text = std::fs::read_to_string(dir.path().join("text.txt")).unwrap();
     assert!(said.contains("frozen base: training the memory's"), "{said}");
     let ck = lethe::checkpoint::Checkpoint::load(&dir.path().join("runs/frozen")).unwrap();
     let trained = Lm::from_checkpoint(&ck, Device::Cpu).unwrap();

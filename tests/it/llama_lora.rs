@@ -113,28 +113,9 @@ fn the_adapters_gradients_equal_finite_differences() {
 #[test]
 fn a_folder_fine_tuned_through_adapters_exports_with_them_folded_in() {
     let dir = tempfile::tempdir().unwrap();
-    let text = std::fs::read_to_string(fixture("llama3").join("sample.txt")).unwrap().repeat(6);
-    std::fs::write(dir.path().join("text.txt"), &text).unwrap();
     let folder = fixture("qwen2");
-    let sets = [
-        "train.block=8",
-        "train.batch=2",
-        "train.eval_every=0",
-        "train.eval_tokens=64",
-        "train.warmup=1",
-        "train.lr=0.01",
-        "train.freeze_base=true",
-        "train.lora_rank=2",
-        "memory.span=8",
-    ];
-    let mut args = vec!["train", "--init-from", folder.to_str().unwrap(), "--data", "text.txt", "--steps", "3"];
-    args.extend(["--name", "lora"]);
-    for s in &sets {
-        args.extend(["--set", s]);
-    }
-    let out = crate::common::cli::lethe(dir.path(), &args);
-    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "{said}");
+    let sets = ["train.lr=0.01", "train.freeze_base=true", "train.lora_rank=2", "memory.span=8"];
+    let said = crate::common::cli::fine_tune_fixture(dir.path(), &folder, "lora", &sets);
     assert!(said.contains("frozen base: training the memory's"), "{said}");
     let ck = lethe::checkpoint::Checkpoint::load(&dir.path().join("runs/lora")).unwrap();
     let original: std::collections::HashMap<String, Tensor> =
