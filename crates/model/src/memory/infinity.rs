@@ -10,8 +10,10 @@
 //!    (evenly, or where the previous block attended, with sticky memories; Eq. 14-17),
 //!    place the samples evenly in `(0, τ]` and the new states in `(τ, 1]`, and refit
 //!    the coefficients `B` `(N, d)` by ridge regression, `Bᵀ = Xᵀ G` (Eq. 5, 13, 15).
-//!    `G` depends only on the shapes and is cached. The gradient reaches the gate
-//!    through this block's `B`; the stored `B` is detached.
+//!    `G` depends only on the shapes and is cached. Sampled evenly, the old signal's
+//!    share is linear in the old coefficients, `G_oldᵀ Ψ B_old`, so the cached
+//!    `(N, N)` matrix `G_oldᵀ Ψ` carries them in one product. The gradient reaches
+//!    the gate through this block's `B`; the stored `B` is detached.
 //! 2. **Attend**: keys and values `K = B W_K`, `V = B W_V` per head (Eq. 8); with the
 //!    backbone's own queries, the scores `s = K q / √dh` give a Gaussian density
 //!    `N(t; μ, σ²)` per head and query, `μ = sigmoid(w_μ · s)`, `σ² = softplus(w_σ · s + b_σ)`
@@ -159,6 +161,12 @@ fn conv_k3(x: &Tensor, w: &Tensor, b: &Tensor) -> Tensor {
 struct Fit {
     /// Rows of `G` for the old samples `(M, N)`, absent for the first fit.
     g_old: Option<Tensor>,
+    /// `G_oldᵀ Ψ(t)` at `M` evenly spaced points `(N, N)`: the map from the old
+    /// coefficients to their share of the new ones when the old signal is sampled
+    /// evenly. One `(N, N)` product per update instead of sampling `M` points and
+    /// refitting them (two products over `M`); computed in float64. Absent for the
+    /// first fit.
+    carry: Option<Tensor>,
     /// Rows of `G` for the new states `(n, N)`.
     g_new: Tensor,
     /// `ψ` at the new states' positions `(n, N)`, to measure the regression error.
@@ -169,6 +177,7 @@ impl Fit {
     fn share(&self) -> Fit {
         Fit {
             g_old: self.g_old.as_ref().map(|g| g.shallow_clone()),
+            carry: self.carry.as_ref().map(|c| c.shallow_clone()),
             g_new: self.g_new.shallow_clone(),
             psi_new: self.psi_new.shallow_clone(),
         }
@@ -178,15 +187,37 @@ impl Fit {
 /// `G` per `(M, n, kind, device)`, shared by every copy of a layer's memory.
 type FitCache = Arc<Mutex<HashMap<(i64, i64, String), Fit>>>;
 
-/// Figures of the last block, for the report: detached scalar tensors, read only when
-/// reported (so that a block does not wait for the device).
-#[derive(Debug, Default)]
+/// What the last block leaves for the report, detached: the figures are computed only
+/// when reported (so that a block neither waits for the device nor pays for them).
+#[derive(Default)]
 struct Stats {
     mem_size: f64,
-    fit_error: Option<Tensor>,
-    mu: Option<Tensor>,
-    sigma: Option<Tensor>,
+    /// `ψ` at the new states' positions, the coefficients fitted and the gated states,
+    /// for the regression error.
+    fitted: Option<(Tensor, Tensor, Tensor)>,
     kl: Option<Tensor>,
+}
+
+/// Where the last block's queries attended over `[0, 1]`.
+enum Attended {
+    /// Their densities' means and variances `(b, h, m)`, binned when the histogram is
+    /// asked for (sticky sampling, the report, a saved state).
+    Densities { mu: Tensor, var: Tensor },
+    /// The attention mass per bin `(b, D)`, as loaded from a saved state.
+    Histogram(Tensor),
+}
+
+impl Attended {
+    /// The attention mass per bin of `[0, 1]`, summed over heads and queries `(b, D)`.
+    fn mass(&self, bins: i64) -> Tensor {
+        match self {
+            Attended::Histogram(h) => h.shallow_clone(),
+            Attended::Densities { mu, var } => tch::no_grad(|| {
+                bin_mass(mu, var, bins).sum_dim_intlist([1i64, 2].as_slice(), false, Kind::Float)
+                // (b, D)
+            }),
+        }
+    }
 }
 
 /// One layer's ∞-former memory.
@@ -202,8 +233,8 @@ pub struct InfinityMemory {
     coeffs: Option<Tensor>,
     /// States that left the STM, to be absorbed at the next block: `(b, n, d)`.
     incoming: Option<Tensor>,
-    /// Attention mass per bin of `[0, 1]` at the last block, per stream: `(b, D)`.
-    histogram: Option<Tensor>,
+    /// Where the last block attended: the attention mass per bin of `[0, 1]`.
+    attended: Option<Attended>,
     /// Tokens absorbed into the LTM since the last reset.
     absorbed: i64,
     /// What the last block absorbed, for [`MemoryLayer::ltm_trace`].
@@ -241,7 +272,7 @@ impl InfinityMemory {
             window: WindowCache::default(),
             coeffs: None,
             incoming: None,
-            histogram: None,
+            attended: None,
             absorbed: 0,
             last: Absorption::default(),
             stats: Stats::default(),
@@ -259,8 +290,11 @@ impl InfinityMemory {
         let all = update_positions(old, new, self.cfg.tau); // (M + n)
         let g = ridge_matrix(&self.basis, &all, self.cfg.ridge, self.cfg.pad)?; // (M + n, N), f64
         let cast = |t: Tensor| t.to_kind(like.kind()).to_device(like.device());
+        let g_old = (old > 0).then(|| g.narrow(0, 0, old));
+        let carry = g_old.as_ref().map(|g| cast(g.tr().matmul(&self.basis.eval(&positions(old)))));
         let fit = Fit {
-            g_old: (old > 0).then(|| cast(g.narrow(0, 0, old))),
+            g_old: g_old.map(cast),
+            carry,
             g_new: cast(g.narrow(0, old, new)),
             psi_new: cast(self.basis.eval(&all.narrow(0, old, new))),
         };
@@ -268,13 +302,18 @@ impl InfinityMemory {
         Ok(fit)
     }
 
-    /// Where the old signal is sampled: evenly, or by the last histogram (sticky).
-    /// `(M)` or `(b, M)`.
-    fn sample_positions(&self, like: &Tensor) -> Tensor {
-        let m = self.cfg.samples as i64;
-        match (&self.histogram, self.cfg.sticky) {
-            (Some(h), true) => quantile_positions(&h.to_kind(Kind::Double), m),
-            _ => positions(m).to_device(like.device()),
+    /// The old coefficients' share of the new ones `(b, N, d)`: the old signal sampled at
+    /// `M` points, evenly (through [`Fit::carry`]) or where the last block attended
+    /// (sticky memories, Eq. 16-17), and refitted at `(0, τ]`.
+    fn carried(&self, coeffs: &Tensor, fit: &Fit) -> Option<Tensor> {
+        let sticky = self.cfg.sticky.then(|| self.histogram()).flatten();
+        match sticky {
+            None => fit.carry.as_ref().map(|carry| carry.matmul(coeffs)),
+            Some(h) => {
+                let at = quantile_positions(&h.to_kind(Kind::Double), self.cfg.samples as i64); // (b, M)
+                let samples = evaluate(&self.basis, coeffs, &at); // (b, M, d)
+                fit.g_old.as_ref().map(|g| g.tr().matmul(&samples))
+            }
         }
     }
 
@@ -285,7 +324,7 @@ impl InfinityMemory {
         let Some(x) = self.incoming.take() else { return Ok(self.coeffs.as_ref().map(|c| c.shallow_clone())) };
         if self.cfg.threshold > 0 && self.absorbed >= self.cfg.threshold as i64 {
             // The memory threshold: start a new memory (the official `mem_threshold`).
-            (self.coeffs, self.histogram, self.absorbed) = (None, None, 0);
+            (self.coeffs, self.attended, self.absorbed) = (None, None, 0);
         }
         let n = x.size()[1];
         let sticky = self.cfg.sticky && self.coeffs.is_some();
@@ -295,16 +334,13 @@ impl InfinityMemory {
             sampled_by: if sticky { self.histogram() } else { None },
         };
         let gated = self.params.gate(&x); // (b, n, d)
-        let old = self.coeffs.as_ref().map(|c| {
-            let at = self.sample_positions(c);
-            evaluate(&self.basis, c, &at) // (b, M, d)
-        });
-        let fit = self.fit(old.as_ref().map_or(0, |o| o.size()[1]), n, &x)?;
+        let old = if self.coeffs.is_some() { self.cfg.samples as i64 } else { 0 };
+        let fit = self.fit(old, n, &x)?;
         let mut coeffs = fit.g_new.tr().matmul(&gated); // (b, N, d)
-        if let (Some(samples), Some(g_old)) = (&old, &fit.g_old) {
-            coeffs += g_old.tr().matmul(samples);
+        if let Some(carried) = self.coeffs.as_ref().and_then(|c| self.carried(c, &fit)) {
+            coeffs += carried;
         }
-        self.stats.fit_error = Some(tch::no_grad(|| relative_error(&fit.psi_new.matmul(&coeffs), &gated)));
+        self.stats.fitted = Some((fit.psi_new.shallow_clone(), coeffs.detach(), gated.detach()));
         self.coeffs = Some(coeffs.detach());
         self.absorbed += n;
         Ok(Some(coeffs))
@@ -330,21 +366,42 @@ impl InfinityMemory {
         (added, aux)
     }
 
-    /// Keeps the histogram of the densities (summed over heads and queries) and the figures.
+    /// Keeps the densities (binned into the histogram when it is asked for) and the KL.
     fn remember_attention(&mut self, mu: &Tensor, var: &Tensor, kl: &Tensor) {
-        tch::no_grad(|| {
-            let mass = bin_mass(&mu.detach(), &var.detach(), self.cfg.bins as i64); // (b, h, m, D)
-            self.histogram = Some(mass.sum_dim_intlist([1i64, 2].as_slice(), false, Kind::Float)); // (b, D)
-            self.stats.mu = Some(mu.mean(Kind::Float).detach());
-            self.stats.sigma = Some(var.sqrt().mean(Kind::Float).detach());
-            self.stats.kl = Some(kl.detach());
-        });
+        self.attended = Some(Attended::Densities { mu: mu.detach(), var: var.detach() });
+        self.stats.kl = Some(kl.detach());
+    }
+
+    /// The attention mass per bin of `[0, 1]` at the last block, summed over heads and
+    /// queries, per stream `(b, D)`.
+    fn attention_mass(&self) -> Option<Tensor> {
+        self.attended.as_ref().map(|a| a.mass(self.cfg.bins as i64))
     }
 
     /// The attention histogram over the LTM at the last block, per stream `(b, D)`,
     /// normalised to sum to 1.
     pub fn histogram(&self) -> Option<Tensor> {
-        self.histogram.as_ref().map(|h| h / h.sum_dim_intlist([-1i64].as_slice(), true, h.kind()).clamp_min(1e-30))
+        let h = self.attention_mass()?;
+        Some(&h / h.sum_dim_intlist([-1i64].as_slice(), true, h.kind()).clamp_min(1e-30))
+    }
+
+    /// The last block's figures: the regression error, the densities' mean `μ` and
+    /// width `σ`, and the KL term.
+    fn figures(&self) -> Vec<(&'static str, f64)> {
+        tch::no_grad(|| {
+            let mut out = vec![];
+            if let Some((psi, coeffs, gated)) = &self.stats.fitted {
+                out.push(("ltm_fit_error", relative_error(&psi.matmul(coeffs), gated).double_value(&[])));
+            }
+            if let Some(Attended::Densities { mu, var }) = &self.attended {
+                out.push(("ltm_mu", mu.mean(Kind::Double).double_value(&[])));
+                out.push(("ltm_sigma", var.sqrt().mean(Kind::Double).double_value(&[])));
+            }
+            if let Some(kl) = &self.stats.kl {
+                out.push(("ltm_kl", kl.double_value(&[])));
+            }
+            out
+        })
     }
 
     fn ltm_slots(&self) -> i64 {
@@ -394,7 +451,7 @@ impl MemoryLayer for InfinityMemory {
         self.window.reset();
         self.coeffs = None;
         self.incoming = None;
-        self.histogram = None;
+        self.attended = None;
         self.absorbed = 0;
         self.last = Absorption::default();
     }
@@ -402,9 +459,7 @@ impl MemoryLayer for InfinityMemory {
     fn report(&self) -> MemoryReport {
         let waiting = self.incoming.as_ref().map_or(0, |x| x.size()[1]);
         let mut extra = vec![("ltm_tokens".to_string(), self.absorbed as f64)];
-        let s = &self.stats;
-        let named = [("ltm_fit_error", &s.fit_error), ("ltm_mu", &s.mu), ("ltm_sigma", &s.sigma), ("ltm_kl", &s.kl)];
-        extra.extend(named.iter().filter_map(|(n, v)| v.as_ref().map(|v| (n.to_string(), v.double_value(&[])))));
+        extra.extend(self.figures().into_iter().map(|(n, v)| (n.to_string(), v)));
         let mut series = vec![];
         if let Some(h) = self.histogram() {
             extra.push(("ltm_recent_mass".to_string(), recent_mass(&h, self.cfg.tau)));
@@ -421,7 +476,8 @@ impl MemoryLayer for InfinityMemory {
 
     fn state(&self) -> Vec<(String, Tensor)> {
         let mut out = self.window.state();
-        let named = [("ltm", &self.coeffs), ("incoming", &self.incoming), ("histogram", &self.histogram)];
+        let histogram = self.attention_mass();
+        let named = [("ltm", &self.coeffs), ("incoming", &self.incoming), ("histogram", &histogram)];
         out.extend(named.iter().filter_map(|(n, t)| t.as_ref().map(|t| (n.to_string(), t.shallow_clone()))));
         out.push(("absorbed".to_string(), Tensor::from(self.absorbed)));
         out
@@ -440,7 +496,7 @@ impl MemoryLayer for InfinityMemory {
                 "ltm" if t.dim() == 3 && shape[1] == n => self.coeffs = Some(t.shallow_clone()),
                 "incoming" if t.dim() == 3 => self.incoming = Some(t.shallow_clone()),
                 "histogram" if shape.len() == 2 && shape[1] == self.cfg.bins as i64 => {
-                    self.histogram = Some(t.shallow_clone())
+                    self.attended = Some(Attended::Histogram(t.shallow_clone()))
                 }
                 "absorbed" if t.dim() == 0 => self.absorbed = t.int64_value(&[]),
                 "ltm" | "incoming" | "histogram" | "absorbed" => return Err(bad(name, t)),
@@ -506,5 +562,27 @@ mod tests {
         let reference = x.transpose(1, 2).conv1d(&w, Some(&b), [1], [1], [1], 1).transpose(1, 2);
         let diff = (conv_k3(&x, &w, &b) - reference).abs().max().double_value(&[]);
         assert!(diff < 1e-12, "{diff}");
+    }
+
+    /// The carry matrix is a reassociation: `(G_oldᵀ Ψ) B` must equal sampling the old
+    /// signal `Ψ B` evenly at `M` points and refitting the samples, `G_oldᵀ (Ψ B)`.
+    #[test]
+    fn carrying_the_coefficients_equals_sampling_and_refitting() {
+        let cfg = InfinityConfig { basis: 16, samples: 24, gate: false, ..InfinityConfig::default() };
+        let vs = nn::VarStore::new(tch::Device::Cpu);
+        let mut memory = InfinityMemory::new(vs.root(), 8, 4, &cfg).unwrap();
+        let mut rng = lethe_core::rng::Rng::new(11);
+        memory.incoming = Some(rng.normal_tensor(&[2, 6, 8], Kind::Float));
+        let first = memory.absorb_incoming().unwrap().unwrap();
+        let x = rng.normal_tensor(&[2, 6, 8], Kind::Float);
+        memory.incoming = Some(x.shallow_clone());
+        let carried = memory.absorb_incoming().unwrap().unwrap();
+
+        let fit = memory.fit(24, 6, &x).unwrap();
+        let samples = evaluate(&memory.basis, &first, &positions(24)); // (b, M, d)
+        let refitted = fit.g_old.unwrap().tr().matmul(&samples) + fit.g_new.tr().matmul(&x);
+        let diff = (carried - &refitted).abs().max().double_value(&[]);
+        let scale = refitted.abs().max().double_value(&[]);
+        assert!(scale > 0.1 && diff < 1e-5 * scale, "diff {diff}, scale {scale}");
     }
 }
