@@ -10,7 +10,8 @@
 //! the compaction of its cache, `csrc/cache_grad.cpp`, the gradient of the keys and
 //! values for the block's rows only and the ragged projection (with `csrc/blas.h` and
 //! `csrc/shares.h`, shared with the ragged attention), `csrc/chunks.cpp`, the attention chunks'
-//! narrows as one autograd node, `csrc/skew.cpp`, the relative positions' skew,
+//! narrows as one autograd node, `csrc/skew.cpp`, the relative positions' skew, `csrc/expectation.cpp`, the
+//! ∞-former's densities against its basis,
 //! `csrc/adam.cpp`, the optimiser's update, and `csrc/context.cpp`, libtorch's global
 //! settings.
 fn main() {
@@ -45,6 +46,7 @@ fn compile_csrc(lib: &std::path::Path) {
         .file("csrc/context.cpp")
         .file("csrc/decode.cpp")
         .file("csrc/dist.cpp")
+        .file("csrc/expectation.cpp")
         .file("csrc/expire_attend.cpp")
         .file("csrc/expire_bias.cpp")
         .file("csrc/expire_forget.cpp")

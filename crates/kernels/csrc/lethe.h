@@ -95,6 +95,13 @@ int lethe_chunks(lethe_tensor t, int64_t dim, const int64_t* starts, const int64
 // keys; writes one tensor to `out`.
 int lethe_skew(lethe_tensor flipped, int64_t cached, int64_t n, lethe_tensor* out, char** error);
 
+// ---- the ∞-former's densities against its basis (expectation.cpp) ----------------------
+
+// r = N(mu; centres, var + widths2) for densities `mu`, `var` (...) against a basis of
+// `centres`, `widths2` (N), as one autograd node; writes one tensor (..., N) to `out`.
+int lethe_expectation(lethe_tensor mu, lethe_tensor var, lethe_tensor centres, lethe_tensor widths2,
+                      lethe_tensor* out, char** error);
+
 // ---- decoding one token at a time (decode.cpp) -----------------------------------------
 
 // x w^T + bias (bias may be null) for a few rows of x, each row of w read once; writes

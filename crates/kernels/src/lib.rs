@@ -143,6 +143,14 @@ extern "C" {
         error: *mut *mut c_char,
     ) -> c_int;
     pub fn lethe_skew(flipped: RawTensor, cached: i64, n: i64, out: *mut RawTensor, error: *mut *mut c_char) -> c_int;
+    pub fn lethe_expectation(
+        mu: RawTensor,
+        var: RawTensor,
+        centres: RawTensor,
+        widths2: RawTensor,
+        out: *mut RawTensor,
+        error: *mut *mut c_char,
+    ) -> c_int;
 
     pub fn lethe_decode_linear(
         x: RawTensor,

@@ -348,7 +348,7 @@ impl InfinityMemory {
 
     /// The LTM's contribution `Z_LTM` `(b, m, d)` for the block's queries, and the
     /// weighted KL regulariser in training.
-    fn attend_ltm(&mut self, input: &AttendInput, coeffs: &Tensor) -> (Tensor, Option<Tensor>) {
+    fn attend_ltm(&mut self, input: &AttendInput, coeffs: &Tensor) -> Result<(Tensor, Option<Tensor>)> {
         let dh = input.attn.d_head();
         let k = input.attn.split_heads(&coeffs.linear(&self.params.k, None::<Tensor>)); // (b, h, N, dh)
         let v = input.attn.split_heads(&coeffs.linear(&self.params.v, None::<Tensor>));
@@ -356,14 +356,14 @@ impl InfinityMemory {
         let mu = scores.linear(&self.params.mu, None::<Tensor>).squeeze_dim(-1).sigmoid(); // (b, h, m)
         let var = scores.linear(&self.params.sigma_w, Some(&self.params.sigma_b)).squeeze_dim(-1).softplus();
         let var = var.clamp_min(self.cfg.min_var); // (b, h, m)
-        let r = self.basis.expectation(&mu, &var); // (b, h, m, N)
+        let r = self.basis.expectation(&mu, &var)?; // (b, h, m, N)
         let z = merge_heads(&r.matmul(&v)); // (b, m, d)
         let added = z.linear(&self.params.o, None::<Tensor>);
         let ratio = &var / (self.cfg.sigma0 * self.cfg.sigma0);
         let kl = ((&ratio - ratio.log() - 1.0) * 0.5).mean(ratio.kind());
         self.remember_attention(&mu, &var, &kl);
         let aux = (input.train && self.cfg.kl_coef > 0.0).then(|| kl * self.cfg.kl_coef);
-        (added, aux)
+        Ok((added, aux))
     }
 
     /// Keeps the densities (binned into the histogram when it is asked for) and the KL.
@@ -431,7 +431,7 @@ impl MemoryLayer for InfinityMemory {
         let stm_size = lethe_core::metrics::mean(&stm_rows);
         let (added, aux_loss) = match self.absorb_incoming()? {
             Some(coeffs) => {
-                let (added, aux) = self.attend_ltm(input, &coeffs);
+                let (added, aux) = self.attend_ltm(input, &coeffs)?;
                 (Some(added), aux)
             }
             None => (None, None),

@@ -26,7 +26,11 @@
 //!   give a histogram over `D` bins of `[0, 1]` ([`bin_mass`]); the next update samples
 //!   the old signal where that histogram has its mass ([`quantile_positions`]).
 
-use tch::{Kind, Tensor};
+use std::ffi::c_void;
+
+use tch::{Device, Kind, Tensor};
+
+use lethe_kernels::{lethe_expectation, raw};
 
 use lethe_core::error::{LetheError, Result, TorchContext};
 
@@ -85,8 +89,28 @@ impl Basis {
     }
 
     /// `r_j = ∫ N(t; μ, σ²) ψ_j(t) dt = N(μ; μ_j, σ² + σ_j²)` for densities with means
-    /// `mu` and variances `var` of any shape `(...)`: `(..., N)` in the kind of `mu`.
-    pub fn expectation(&self, mu: &Tensor, var: &Tensor) -> Tensor {
+    /// `mu` and variances `var` of the same shape `(...)`: `(..., N)` in the kind of `mu`.
+    /// On the CPU, in float32 or float64, one node of `csrc/expectation.cpp` (each pass
+    /// writes each row once); elsewhere [`Basis::expectation_formula`].
+    pub fn expectation(&self, mu: &Tensor, var: &Tensor) -> Result<Tensor> {
+        let fused = mu.device() == Device::Cpu && matches!(mu.kind(), Kind::Float | Kind::Double);
+        if !fused || var.size() != mu.size() || var.kind() != mu.kind() {
+            return Ok(self.expectation_formula(mu, var));
+        }
+        let centres = self.centres.to_kind(mu.kind());
+        let widths2 = self.widths.square().to_kind(mu.kind());
+        let mut out: *mut c_void = std::ptr::null_mut();
+        // SAFETY: the four tensors are live `at::Tensor*` for the call, read only; on
+        // success the function writes one new `at::Tensor*` to `out`.
+        lethe_kernels::call("the ∞-former's densities against its basis", |error| unsafe {
+            lethe_expectation(raw(mu), raw(var), raw(&centres), raw(&widths2), &mut out, error)
+        })?;
+        // SAFETY: see above; the pointer is taken over once.
+        Ok(unsafe { lethe_kernels::tensor(out) })
+    }
+
+    /// [`Basis::expectation`] written with tensors, broadcast: any device and kind.
+    pub fn expectation_formula(&self, mu: &Tensor, var: &Tensor) -> Tensor {
         let kind = mu.kind();
         let centres = self.centres.to_kind(kind).to_device(mu.device());
         let widths2 = self.widths.square().to_kind(kind).to_device(mu.device());
@@ -292,9 +316,65 @@ mod tests {
         for (mu, sigma) in [(0.5, 0.05), (0.1, 0.01), (0.9, 0.3), (0.0, 0.2), (0.73, 0.002)] {
             let density = gaussian(&t, &Tensor::from(mu), &Tensor::from(sigma * sigma)); // (T)
             let numeric = (density.unsqueeze(1) * &psi).sum_dim_intlist([0i64].as_slice(), false, Kind::Double) * dt;
-            let closed = basis.expectation(&Tensor::from(mu), &Tensor::from(sigma * sigma));
-            let err = max_abs(&(&closed - &numeric)) / max_abs(&numeric);
-            assert!(err < 1e-6, "mu {mu} sigma {sigma}: relative error {err}");
+            let (mu, var) = (Tensor::from(mu), Tensor::from(sigma * sigma));
+            for closed in [basis.expectation(&mu, &var).unwrap(), basis.expectation_formula(&mu, &var)] {
+                let err = max_abs(&(&closed - &numeric)) / max_abs(&numeric);
+                assert!(err < 1e-6, "mu {mu} sigma {sigma}: relative error {err}");
+            }
+        }
+    }
+
+    /// Seeded densities `(2, 3, 5)` over a basis of 12, the expectation through a seeded
+    /// weighting, its gradients; by the fused node or the formula.
+    fn expectation_and_grads(kind: Kind, fused: bool) -> (Tensor, Tensor, Tensor) {
+        let basis = Basis::new(12, &[0.01, 0.05]).unwrap();
+        let mut rng = lethe_core::rng::Rng::new(3);
+        let mu = rng.normal_tensor(&[2, 3, 5], kind).sigmoid().set_requires_grad(true);
+        let var = (rng.normal_tensor(&[2, 3, 5], kind).exp() * 0.01).set_requires_grad(true);
+        let w = rng.normal_tensor(&[2, 3, 5, 12], kind);
+        let r = if fused { basis.expectation(&mu, &var).unwrap() } else { basis.expectation_formula(&mu, &var) };
+        (&r * &w).sum(kind).backward();
+        (r.detach(), mu.grad(), var.grad())
+    }
+
+    #[test]
+    fn the_fused_expectation_gives_what_the_formula_gives() {
+        for (kind, tol) in [(Kind::Float, 1e-5), (Kind::Double, 1e-12)] {
+            let (want, want_mu, want_var) = expectation_and_grads(kind, false);
+            let (got, got_mu, got_var) = expectation_and_grads(kind, true);
+            for (name, w, g) in [("r", want, got), ("dμ", want_mu, got_mu), ("dσ²", want_var, got_var)] {
+                let err = max_abs(&(&g - &w)) / max_abs(&w);
+                assert!(err < tol, "{kind:?} {name}: relative error {err}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_fused_expectations_gradients_match_finite_differences() {
+        let basis = Basis::new(8, &[0.02, 0.1]).unwrap();
+        let mut rng = lethe_core::rng::Rng::new(9);
+        let mu = rng.normal_tensor(&[4], Kind::Double).sigmoid();
+        let var = rng.normal_tensor(&[4], Kind::Double).exp() * 0.01;
+        let w = rng.normal_tensor(&[4, 8], Kind::Double);
+        let loss = |mu: &Tensor, var: &Tensor| (basis.expectation(mu, var).unwrap() * &w).sum(Kind::Double);
+        let (m, v) = (mu.set_requires_grad(true), var.set_requires_grad(true));
+        loss(&m, &v).backward();
+        let h = 1e-6;
+        for i in 0..4 {
+            for (which, grad) in [(0, m.grad()), (1, v.grad())] {
+                let bumped = |delta: f64| {
+                    let (mu, var) = (mu.detach().copy(), var.detach().copy());
+                    let t = if which == 0 { &mu } else { &var };
+                    let _ = t.get(i).g_add_scalar_(delta);
+                    loss(&mu, &var).double_value(&[])
+                };
+                let numeric = (bumped(h) - bumped(-h)) / (2.0 * h);
+                let analytic = grad.double_value(&[i]);
+                assert!(
+                    (numeric - analytic).abs() < 1e-6 * (1.0 + numeric.abs()),
+                    "{which} {i}: {numeric} vs {analytic}"
+                );
+            }
         }
     }
 
