@@ -22,6 +22,7 @@ mod kv_policies;
 mod llama;
 mod llama_backbone;
 mod llama_expire;
+mod llama_infinity;
 mod llama_lora;
 mod longeval;
 mod messages;

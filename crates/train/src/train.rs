@@ -460,7 +460,12 @@ pub fn optimisation_step(
         let loss = &nll / total_weight + &out_aux / micro_batches as f64;
         drop(forward);
         let backward = profile::phase("backward");
-        loss.backward();
+        // With the base frozen, a memory that holds nothing yet (the ∞-former's long-term
+        // memory before its first absorption) leaves the loss without a trainable input:
+        // this micro-batch adds no gradient.
+        if loss.requires_grad() {
+            loss.backward();
+        }
         drop(backward);
         let _read = profile::phase("read the loss");
         nll_sum += nll.double_value(&[]);

@@ -95,6 +95,19 @@ impl Config {
         } else {
             self.model.validate(self.data.tokenizer.is_none())?;
             self.memory.validate(self.train.block, self.model.arch)?;
+            let inner = self.model.heads * self.model.head_dim();
+            if self.memory.mechanism == Mechanism::Infinity && inner != self.model.d_model {
+                return Err(LetheError::config(
+                    "model.llama.head_dim",
+                    self.model.llama.head_dim,
+                    format!(
+                        "the ∞-former's long-term memory maps d_model = {} to its heads' keys and values, and {} heads x {} make {inner}",
+                        self.model.d_model,
+                        self.model.heads,
+                        self.model.head_dim()
+                    ),
+                ));
+            }
             if self.model.arch == Arch::Gpt2 && self.train.block > self.model.positions {
                 return Err(LetheError::config(
                     "train.block",

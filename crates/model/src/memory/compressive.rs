@@ -166,7 +166,9 @@ impl CompressiveMemory {
         let (kc, vc) = input.attn.keys_values(c); // (b, h, n, dh)
         let pe = self.slot_pe.narrow(0, 0, n).flip([0]).to_kind(kc.kind()); // (n, dh), oldest slot first
         let dh = input.q.size()[3] as f64;
-        let slot_scores = (input.q.matmul(&kc.transpose(-2, -1)) + input.q.matmul(&pe.tr())) / dh.sqrt(); // (b, h, m, n)
+        // q·k + q·pe as one product, (q / sqrt(dh))·(k + pe): the sums and the scale on the
+        // small operands rather than on the scores.
+        let slot_scores = (input.q / dh.sqrt()).matmul(&(kc + pe).transpose(-2, -1)); // (b, h, m, n)
 
         // Every slot is visible; the window's scores come masked.
         (Tensor::cat(&[slot_scores, scores], -1), Tensor::cat(&[vc, v], 2))
@@ -199,12 +201,21 @@ impl MemoryLayer for CompressiveMemory {
 
     fn attend(&mut self, input: &AttendInput) -> Result<AttendOutput> {
         let m = input.x.size()[1];
+        let keys = lethe_core::profile::phase("keys, values");
         let w = self.window.keys(input, self.span)?;
+        drop(keys);
         let cached = w.cached;
+        let window = lethe_core::profile::phase("window scores");
         let scores = scores_over_window(input.q, &w.k, input.key_pe, w.cached, &w.visible)?; // (b, h, m, n)
+        drop(window);
+        let slots = lethe_core::profile::phase("slots");
         let (scores, v) = self.with_slots(input, w.v, scores);
+        drop(slots);
+        let attention = lethe_core::profile::phase("attention");
         let context = mix(&scores, &v, input.attn.dropout, input.train);
+        drop(attention);
         self.last_mem_size = self.slots_held() as f64 + window_mem_size(cached, m, reach(self.span, m));
+        let _reconstruction = lethe_core::profile::phase("reconstruction loss");
         let aux_loss = self.reconstruction_loss(input);
         self.last_recon = aux_loss.as_ref().map(|l| l.detach());
         Ok(AttendOutput { context, aux_loss, added: None, carry: Carry::new(w.joined) })

@@ -128,7 +128,8 @@ impl MemoryConfig {
     /// Expire-Span and Adaptive-Span to act on. On a Llama-family decoder the fixed
     /// window's span counts as on GPT-2, its states rotated at their positions in the
     /// window; Expire-Span's `memory.span` is its largest span `L`, as on the papers'
-    /// backbone, each memory rotated at the position it was written at.
+    /// backbone, each memory rotated at the position it was written at; the ∞-former's
+    /// short-term memory is the fixed window.
     pub fn validate(&self, block: usize, arch: Arch) -> Result<()> {
         match arch {
             Arch::Lethe => self.validate_window(block)?,
@@ -140,11 +141,11 @@ impl MemoryConfig {
                 ));
             }
             Arch::Gpt2 => {}
-            Arch::Llama if !matches!(self.mechanism, Mechanism::Fixed | Mechanism::Expire) => {
+            Arch::Llama if !matches!(self.mechanism, Mechanism::Fixed | Mechanism::Expire | Mechanism::Infinity) => {
                 return Err(LetheError::config(
                     "memory.mechanism",
                     self.mechanism.name(),
-                    "model.arch = \"llama\" implements the fixed window (Transformer-XL's cache, rotated at its positions) and Expire-Span; its key-value cache policies are `lethe generate --policy`",
+                    "model.arch = \"llama\" implements the fixed window (Transformer-XL's cache, rotated at its positions), Expire-Span and the ∞-former; its key-value cache policies are `lethe generate --policy`",
                 ));
             }
             Arch::Llama if self.mechanism == Mechanism::Expire => {
