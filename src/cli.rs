@@ -572,10 +572,12 @@ pub struct EvalArgs {
     /// With --policies: the folder for budget.csv, budget.md, budget.svg and budget.png.
     #[arg(long, value_name = "DIR", requires = "policies")]
     pub out: Option<PathBuf>,
-    /// With --policies: lethe runs of the folder's model with Expire-Span
-    /// (comma-separated run folders or checkpoints), each scored at every budget with
-    /// memory.expire.budget set to it (the memories with the least remaining span
-    /// deleted first), token by token unless --block says otherwise.
+    /// With --policies: lethe runs of the folder's model with Expire-Span or the
+    /// ∞-former (comma-separated run folders or checkpoints). An Expire-Span run is
+    /// scored at every budget with memory.expire.budget set to it (the memories with the
+    /// least remaining span deleted first) and once uncapped, token by token unless
+    /// --block says otherwise; an ∞-former once, at the memory it was trained with, in
+    /// blocks of its own train.block (its long-term memory absorbs whole blocks).
     #[arg(long, value_delimiter = ',', value_name = "RUNS", requires = "policies")]
     pub learned: Option<Vec<PathBuf>>,
     /// Read the data from here instead of the path saved in the checkpoint.

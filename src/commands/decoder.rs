@@ -219,22 +219,25 @@ fn truncated(mut ids: Vec<lethe::data::Token>, max: Option<usize>) -> Result<Vec
     Ok(ids)
 }
 
-/// A run of `--learned`: an Expire-Span model scored at every budget of a sweep.
+/// A run of `--learned`: an Expire-Span model, scored at every budget of a sweep and
+/// uncapped, or an ∞-former, whose memory has the size it was trained with (its window
+/// and basis), scored once, in blocks of its own `train.block`.
 struct Learned {
     name: String,
     ckpt: lethe::checkpoint::Checkpoint,
 }
 
 impl Learned {
-    /// The run at `path`, refused unless it is an Expire-Span model that reads `text` as
-    /// the ids `ids` (the folder's tokenizer).
+    /// The run at `path`, refused unless it is an Expire-Span model or an ∞-former that
+    /// reads `text` as the ids `ids` (the folder's tokenizer).
     fn load(path: &std::path::Path, text: &str, ids: &[lethe::data::Token]) -> Result<Learned> {
+        use lethe::config::Mechanism;
         let at = |e: &dyn std::fmt::Display| anyhow::anyhow!("--learned `{}`: {e}", path.display());
         let ckpt = lethe::checkpoint::Checkpoint::load(path).map_err(|e| at(&e))?;
         let mechanism = ckpt.config.memory.mechanism;
-        if mechanism != lethe::config::Mechanism::Expire {
+        if !matches!(mechanism, Mechanism::Expire | Mechanism::Infinity) {
             return Err(at(&format!(
-                "its memory is {}; a sweep sets the budget of Expire-Span runs (memory.expire.budget)",
+                "its memory is {}; a sweep compares Expire-Span runs (capped at each budget by memory.expire.budget) and ∞-former runs (at the memory they were trained with)",
                 mechanism.name()
             )));
         }
@@ -242,14 +245,30 @@ impl Learned {
         if !own.starts_with(ids) {
             return Err(at(&"reads the text as other ids than the folder's tokenizer.json: a run compared with the folder must share its tokenizer"));
         }
-        Ok(Learned { name: format!("expire ({})", ckpt.config.name), ckpt })
+        Ok(Learned { name: format!("{} ({})", mechanism.name(), ckpt.config.name), ckpt })
+    }
+
+    /// Whether a budget caps the run (Expire-Span), rather than its trained size.
+    fn capped(&self) -> bool {
+        self.ckpt.config.memory.mechanism == lethe::config::Mechanism::Expire
+    }
+
+    /// Tokens read at a time: `--block` (else 1) for Expire-Span, the run's own block for
+    /// an ∞-former, whose long-term memory absorbs whole blocks.
+    fn block(&self, asked: Option<usize>) -> usize {
+        match self.capped() {
+            true => asked.unwrap_or(1),
+            false => self.ckpt.config.train.block,
+        }
     }
 
     /// The run's model holding at most `budget` memories a layer (0: as its spans say).
     fn at_budget(&self, budget: i64) -> Result<lethe::model::Lm> {
         let mut cfg = self.ckpt.config.clone();
-        cfg.memory.expire.budget = budget as usize;
-        cfg.memory.expire.deletion = lethe::config::Deletion::Stream;
+        if self.capped() {
+            cfg.memory.expire.budget = budget as usize;
+            cfg.memory.expire.deletion = lethe::config::Deletion::Stream;
+        }
         let lm = lethe::model::Lm::new(&cfg, tch::Device::Cpu)?;
         self.ckpt.load_parameters(&lm.vs.variables())?;
         Ok(lm)
@@ -465,7 +484,8 @@ impl Sweep<'_> {
             }
             let entries =
                 parsed.entries(self.context as i64).map_err(|e| anyhow::anyhow!("--budgets `{budget}`: {e}"))?;
-            plans.extend((0..self.learned.len()).map(|run| (budget.clone(), Scored::Learned { run, budget: entries })));
+            let capped = (0..self.learned.len()).filter(|&run| self.learned[run].capped());
+            plans.extend(capped.map(|run| (budget.clone(), Scored::Learned { run, budget: entries })));
         }
         // Each learned run once more as trained: the memory its own spans keep.
         plans.extend((0..self.learned.len()).map(|run| (UNCAPPED.to_string(), Scored::Learned { run, budget: 0 })));
@@ -474,7 +494,7 @@ impl Sweep<'_> {
             .map(|(budget, scored)| {
                 let block = match &scored {
                     Scored::Policy(policy) => block_for(self.block, policy)?,
-                    Scored::Learned { .. } => self.block.unwrap_or(1),
+                    Scored::Learned { run, .. } => self.learned[*run].block(self.block),
                 };
                 Ok(Plan { budget, scored, block })
             })

@@ -177,4 +177,40 @@ fn a_frozen_pretrained_model_trains_only_its_long_term_memory() {
         }
     }
     assert!(pushed > 0, "no gradient reached the long-term memory");
+
+    // Beside the folder's policies: scored once, at its trained memory, in blocks of its
+    // own train.block, with the entries held (window, states waiting, basis).
+    let text = std::fs::read_to_string(dir.path().join("text.txt")).unwrap();
+    let folder_str = folder.to_str().unwrap();
+    let sweep = [
+        "eval",
+        "--init-from",
+        folder_str,
+        "--data",
+        "text.txt",
+        "--context",
+        "24",
+        "--max-tokens",
+        "48",
+        "--policies",
+        "window",
+        "--budgets",
+        "1/2",
+        "--learned",
+        "runs/frozen",
+        "--out",
+        "sweep",
+    ];
+    let out = crate::common::cli::lethe(dir.path(), &sweep);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut rows = csv::Reader::from_path(dir.path().join("sweep/budget.csv")).unwrap();
+    let rows: Vec<csv::StringRecord> = rows.records().map(|r| r.unwrap()).collect();
+    let learned: Vec<&csv::StringRecord> = rows.iter().filter(|r| &r[0] == "infinity (frozen)").collect();
+    assert_eq!(learned.iter().map(|r| r[1].to_string()).collect::<Vec<_>>(), ["uncapped"]);
+    let entries: i64 = learned[0][2].parse().unwrap();
+    assert!(entries <= 8 + 8 + 8, "{entries} entries held by a window of 8, a block of 8 waiting and 8 coefficients");
+    let text_ids = lethe::data::tokenizer::Tokenizer::from_dir(&folder).unwrap().encode(&text).unwrap();
+    let r = lethe::eval::evaluate_run_windows(&trained, &text_ids[..49], 8, 24, |_, _| {}).unwrap();
+    let csv_ppl: f64 = learned[0][5].parse().unwrap();
+    assert!((csv_ppl - r.ppl).abs() < 1e-9 * r.ppl, "{csv_ppl} in budget.csv, {} from the library", r.ppl);
 }
