@@ -107,7 +107,7 @@ struct Params {
 }
 
 impl Params {
-    fn new(p: &nn::Path, d: i64, n: i64, gate: bool) -> Params {
+    fn new(p: &nn::Path, d: i64, n: i64, gate: bool, zero_output: bool) -> Params {
         let uniform = |fan_in: i64| {
             let bound = 1.0 / (fan_in as f64).sqrt();
             nn::Init::Uniform { lo: -bound, up: bound }
@@ -115,7 +115,7 @@ impl Params {
         Params {
             k: p.var("k", &[d, d], uniform(d)),
             v: p.var("v", &[d, d], uniform(d)),
-            o: p.var("o", &[d, d], uniform(d)),
+            o: p.var("o", &[d, d], if zero_output { nn::Init::Const(0.0) } else { uniform(d) }),
             mu: p.var("mu", &[1, n], uniform(n)),
             sigma_w: p.var("sigma_w", &[1, n], uniform(n)),
             sigma_b: p.var("sigma_b", &[1], nn::Init::Const(0.0)),
@@ -257,7 +257,7 @@ impl InfinityMemory {
     /// Creates the LTM's parameters under `p / "ltm"`. Fails when the basis is invalid.
     pub fn new(p: nn::Path, d_model: i64, span: usize, cfg: &InfinityConfig) -> Result<Self> {
         let basis = Basis::new(cfg.basis, &cfg.widths)?;
-        let params = Params::new(&(p / "ltm"), d_model, basis.len(), cfg.gate);
+        let params = Params::new(&(p / "ltm"), d_model, basis.len(), cfg.gate, cfg.zero_output);
         Ok(InfinityMemory::empty(cfg.clone(), span as i64, basis, params, FitCache::default()))
     }
 

@@ -50,6 +50,10 @@ pub struct InfinityConfig {
     /// of 512 slots at rate 4; the official code's `mem_threshold`). 0: never. Default 0.
     #[serde(default)]
     pub threshold: usize,
+    /// Start the long-term memory's output map `W_O` at zero, so that a pretrained model
+    /// fitted with it (`--init-from`) starts out computing what it computed, as low-rank
+    /// adapters start. Default false (uniform in `±1 / sqrt(d)`, as the paper's code).
+    pub zero_output: bool,
 }
 
 impl Default for InfinityConfig {
@@ -68,6 +72,7 @@ impl Default for InfinityConfig {
             kl_coef: 1e-5,
             sigma0: 0.05,
             threshold: 0,
+            zero_output: false,
         }
     }
 }
