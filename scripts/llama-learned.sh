@@ -6,11 +6,16 @@
 # each span-loss weight in ALPHAS, then every policy and every Expire-Span run scored on
 # the corpus's test split in windows of CONTEXT tokens, token by token, at 1/2 to 1/16 of
 # the window (Expire-Span capped there, its least remaining spans deleted first) and
-# uncapped (the memory its spans keep). Then the mean over seeds, by policy and budget,
-# with the mean entries each layer held: OUT/llama-learned.csv and .md.
+# uncapped (the memory its spans keep). The ∞-former fitted the same way at each size in
+# INFINITY (WINDOW:BLOCK:BASIS, its long-term memory's output starting at zero; INF_STEPS
+# steps of 16 streams of BLOCK tokens at 1e-3), scored once, at the memory it holds (the
+# window, a block waiting to be absorbed, the basis), in blocks of BLOCK. Then the mean
+# over seeds, by policy and budget, with the mean entries each layer held:
+# OUT/llama-learned.csv and .md.
 #
-#   scripts/llama-learned.sh [OUT] [SEEDS] [ALPHAS] [STEPS] [CONTEXT] [TOKENS]
-#   (defaults: runs, "1 2 3", "3e-5 1e-4 3e-4", 100 fine-tuning steps, 512, 4096 tokens)
+#   scripts/llama-learned.sh [OUT] [SEEDS] [ALPHAS] [STEPS] [CONTEXT] [TOKENS] [INFINITY] [INF_STEPS]
+#   (defaults: runs, "1 2 3", "3e-5 1e-4 3e-4", 100 fine-tuning steps, 512, 4096 tokens,
+#   "16:16:32 8:8:16", 400 steps)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
@@ -20,6 +25,8 @@ ALPHAS=${3:-3e-5 1e-4 3e-4}
 STEPS=${4:-100}
 CONTEXT=${5:-512}
 TOKENS=${6:-4096}
+INFINITY=${7:-16:16:32 8:8:16}
+INF_STEPS=${8:-400}
 scripts/demo-corpus.sh
 cargo build --release --quiet
 LETHE=target/release/lethe
@@ -48,6 +55,19 @@ for SEED in $SEEDS; do
       --set train.freeze_base=true --set train.lr=1e-2 --set train.warmup=10 --set model.dropout=0 \
       --set train.eval_every=0 --set train.checkpoint_every=0 --set train.eval_tokens=8192
     echo "$NAME: $STEPS steps in $(( $(date +%s) - START )) s" | tee -a "$OUT/llama-learned-cost.txt"
+    LEARNED+=("$OUT/$NAME")
+  done
+  for SIZE in $INFINITY; do
+    IFS=: read -r WINDOW BLOCK BASIS <<<"$SIZE"
+    NAME="infinity-w$WINDOW-b$BLOCK-n$BASIS-s$SEED"
+    START=$(date +%s)
+    $LETHE train --preset llama-tiny --init-from "$RUN-hf" --data data/demo.txt --seed "$SEED" \
+      --out "$OUT" --name "$NAME" --overwrite --quiet --steps "$INF_STEPS" \
+      --set 'memory.mechanism="infinity"' --set memory.span="$WINDOW" --set train.block="$BLOCK" \
+      --set memory.infinity.basis="$BASIS" --set memory.infinity.zero_output=true \
+      --set train.batch=16 --set train.freeze_base=true --set train.lr=1e-3 --set train.warmup=20 \
+      --set model.dropout=0 --set train.eval_every=0 --set train.checkpoint_every=0 --set train.eval_tokens=8192
+    echo "$NAME: $INF_STEPS steps in $(( $(date +%s) - START )) s" | tee -a "$OUT/llama-learned-cost.txt"
     LEARNED+=("$OUT/$NAME")
   done
   $LETHE eval --init-from "$RUN-hf" --data "$OUT/demo-test.txt" --context "$CONTEXT" --max-tokens "$TOKENS" \

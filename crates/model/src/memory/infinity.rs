@@ -135,6 +135,14 @@ impl Params {
         }
     }
 
+    /// `[w_μ; w_σ]` `(2, N)` and `[0, b_σ]` `(2)`: the mean's and the variance's
+    /// pre-activations from the scores in one product.
+    fn density_heads(&self) -> (Tensor, Tensor) {
+        let w = Tensor::cat(&[&self.mu, &self.sigma_w], 0);
+        let b = Tensor::cat(&[self.sigma_b.zeros_like(), self.sigma_b.shallow_clone()], 0);
+        (w, b)
+    }
+
     /// `x ⊙ sigmoid(conv1d_k3(x))` over time, for `x` `(b, n, d)`; `x` itself without a gate.
     fn gate(&self, x: &Tensor) -> Tensor {
         match &self.gate {
@@ -353,9 +361,12 @@ impl InfinityMemory {
         let k = input.attn.split_heads(&coeffs.linear(&self.params.k, None::<Tensor>)); // (b, h, N, dh)
         let v = input.attn.split_heads(&coeffs.linear(&self.params.v, None::<Tensor>));
         let scores = input.q.matmul(&k.transpose(-2, -1)) / (dh as f64).sqrt(); // (b, h, m, N)
-        let mu = scores.linear(&self.params.mu, None::<Tensor>).squeeze_dim(-1).sigmoid(); // (b, h, m)
-        let var = scores.linear(&self.params.sigma_w, Some(&self.params.sigma_b)).squeeze_dim(-1).softplus();
-        let var = var.clamp_min(self.cfg.min_var); // (b, h, m)
+                                                                                // `w_μ · s` and `w_σ · s + b_σ` as one product: one pass over the scores, and one
+                                                                                // gradient of them in the backward pass rather than two added.
+        let (w, b) = self.params.density_heads();
+        let heads = scores.linear(&w, Some(&b)); // (b, h, m, 2)
+        let mu = heads.select(-1, 0).sigmoid(); // (b, h, m)
+        let var = heads.select(-1, 1).softplus().clamp_min(self.cfg.min_var); // (b, h, m)
         let r = self.basis.expectation(&mu, &var)?; // (b, h, m, N)
         let z = merge_heads(&r.matmul(&v)); // (b, m, d)
         let added = z.linear(&self.params.o, None::<Tensor>);
