@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod cli;
+pub mod llama;
 
 use lethe::config::{Config, CopyConfig};
 

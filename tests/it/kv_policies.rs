@@ -6,15 +6,13 @@
 //! the policies that keep everything agreeing with the full cache.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+use crate::common::llama::fixture;
 
 use lethe::model::kv::{Budget, Policy};
 use lethe::model::llama::{KvCache, Llama};
 use tch::{Kind, Tensor};
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llama").join(name)
-}
 
 fn kvpress() -> HashMap<String, Tensor> {
     Tensor::read_safetensors(fixture("kvpress.safetensors")).unwrap().into_iter().collect()

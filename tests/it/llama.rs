@@ -5,21 +5,15 @@
 //! its query and key norms), a batch of ids and the logits `transformers` computes for
 //! them; and a byte-level BPE with Llama 3's pre-tokenizer, a hard sample text and its ids.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+use crate::common::llama::{expected, fixture};
 
 use lethe::data::tokenizer::Tokenizer;
 use lethe::model::llama::{KvCache, Llama};
 use tch::Tensor;
 
 const FAMILIES: [&str; 5] = ["llama3", "smollm2", "mistral", "qwen2", "qwen3"];
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llama").join(name)
-}
-
-fn expected(name: &str) -> std::collections::HashMap<String, Tensor> {
-    Tensor::read_safetensors(fixture(name).join("expected.safetensors")).unwrap().into_iter().collect()
-}
 
 #[test]
 fn the_logits_of_every_family_match_transformers() {

@@ -5,7 +5,9 @@
 //! `lethe generate` and `lethe eval` use; the gradients of the pieces lethe composes
 //! (RMSNorm, the rotation, grouped keys, the gated MLP) equal finite differences.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+use crate::common::llama::{expected, fixture, gap};
 
 use lethe::config::{Arch, Config, Mechanism};
 use lethe::model::llama::{layout, KvCache, Llama};
@@ -14,14 +16,6 @@ use tch::{Device, Kind, Tensor};
 
 /// The families lethe trains (Mistral's sliding window is read by the decoder only).
 const TRAINABLE: [&str; 4] = ["llama3", "smollm2", "qwen2", "qwen3"];
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llama").join(name)
-}
-
-fn expected(name: &str) -> std::collections::HashMap<String, Tensor> {
-    Tensor::read_safetensors(fixture(name).join("expected.safetensors")).unwrap().into_iter().collect()
-}
 
 /// The fixture `name` in the backbone, read in blocks of `block` with a window of `span`.
 fn backbone(name: &str, block: usize, span: usize) -> Lm {
@@ -48,11 +42,6 @@ fn logits_in_blocks(lm: &Lm, ids: &Tensor, block: i64) -> Tensor {
         })
         .collect();
     Tensor::cat(&parts, 1)
-}
-
-fn gap(a: &Tensor, b: &Tensor) -> f64 {
-    assert_eq!(a.size(), b.size());
-    (a - b).abs().max().double_value(&[])
 }
 
 #[test]

@@ -6,19 +6,11 @@
 //! them; the predictor's gradients equal finite differences; `train.freeze_base` trains
 //! the predictor alone.
 
-use std::path::{Path, PathBuf};
+use crate::common::llama::{expected, fixture, gap};
 
 use lethe::config::{Arch, Config, Deletion, Mechanism};
 use lethe::model::{init, Lm};
 use tch::{Device, Tensor};
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llama").join(name)
-}
-
-fn expected(name: &str) -> std::collections::HashMap<String, Tensor> {
-    Tensor::read_safetensors(fixture(name).join("expected.safetensors")).unwrap().into_iter().collect()
-}
 
 /// The fixture `name` in the backbone with Expire-Span, read in blocks of `block`: largest
 /// span `span`, every memory's span starting at `fraction` of it, a ramp of 2.
@@ -46,11 +38,6 @@ fn logits_in_blocks(lm: &Lm, ids: &Tensor, block: i64) -> (Tensor, usize) {
         .map(|s| lm.model.forward(&ids.narrow(1, s, block.min(t - s)), &mut mem, false).unwrap().logits)
         .collect();
     (Tensor::cat(&parts, 1), mem.reports().iter().map(|r| r.held).max().unwrap_or(0))
-}
-
-fn gap(a: &Tensor, b: &Tensor) -> f64 {
-    assert_eq!(a.size(), b.size());
-    (a - b).abs().max().double_value(&[])
 }
 
 /// Spans that start at nearly the largest span keep every memory of the text with a

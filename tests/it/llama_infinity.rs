@@ -7,19 +7,11 @@
 //! long-term memory parameter equal finite differences; `train.freeze_base` trains the
 //! long-term memory alone; a head width other than `d_model / heads` is refused by name.
 
-use std::path::{Path, PathBuf};
+use crate::common::llama::{expected, fixture, gap};
 
 use lethe::config::{Arch, Config, Mechanism};
 use lethe::model::{init, Lm};
 use tch::{Device, Kind, Tensor};
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llama").join(name)
-}
-
-fn expected(name: &str) -> std::collections::HashMap<String, Tensor> {
-    Tensor::read_safetensors(fixture(name).join("expected.safetensors")).unwrap().into_iter().collect()
-}
 
 /// The fixture `name` in the backbone with `mechanism` and a window of `span`, read in
 /// blocks of 6; the ∞-former's long-term memory a basis of 8 with 16 samples, its output
@@ -48,11 +40,6 @@ fn logits_in_blocks(lm: &Lm, ids: &Tensor) -> Tensor {
         .map(|s| lm.model.forward(&ids.narrow(1, s, 6.min(t - s)), &mut mem, false).unwrap().logits)
         .collect();
     Tensor::cat(&parts, 1)
-}
-
-fn gap(a: &Tensor, b: &Tensor) -> f64 {
-    assert_eq!(a.size(), b.size());
-    (a - b).abs().max().double_value(&[])
 }
 
 /// With its output map starting at zero the long-term memory adds nothing: the logits

@@ -3,16 +3,12 @@
 //! window's projection of the cache, equal finite differences; `lethe export` folds them
 //! into the maps, so the folder computes what the adapted run computes.
 
-use std::path::{Path, PathBuf};
+use crate::common::llama::{fixture, gap};
 
 use lethe::config::{Arch, Config, Mechanism};
 use lethe::model::llama::{layout, KvCache, Llama};
 use lethe::model::Lm;
 use tch::{Device, Tensor};
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llama").join(name)
-}
 
 /// A small random Llama (grouped keys, query and key norms) with adapters of rank 2 on
 /// every attention map, the base frozen; blocks of 4.
@@ -29,10 +25,6 @@ fn small_adapted_llama(mechanism: Mechanism, span: usize) -> Config {
 
 fn logits(lm: &Lm, ids: &Tensor) -> Tensor {
     tch::no_grad(|| lm.model.forward(ids, &mut lm.model.new_memory(), false)).unwrap().logits
-}
-
-fn gap(a: &Tensor, b: &Tensor) -> f64 {
-    (a - b).abs().max().double_value(&[])
 }
 
 /// Adapters start as zero updates (`B = 0`): the adapted model computes what the same
