@@ -96,3 +96,42 @@ pub fn fine_tune_fixture(dir: &Path, folder: &Path, name: &str, sets: &[&str]) -
     assert!(out.status.success(), "{said}");
     said
 }
+
+/// `lethe eval --init-from folder` on `dir/text.txt` (as [`fine_tune_fixture`] wrote it) in
+/// windows of 24 tokens, 48 scored, under the window policy at `budgets` with the run
+/// `runs/<learned>` beside it, into `dir/sweep`; fails the test unless it succeeds.
+/// Returns the rows of `budget.csv` whose policy is `<mechanism> (<learned>)`.
+pub fn learned_sweep_rows(
+    dir: &Path,
+    folder: &Path,
+    budgets: &str,
+    learned: &str,
+    mechanism: &str,
+) -> Vec<csv::StringRecord> {
+    let folder = folder.to_str().expect("a UTF-8 fixture path");
+    let run = format!("runs/{learned}");
+    let args = [
+        "eval",
+        "--init-from",
+        folder,
+        "--data",
+        "text.txt",
+        "--context",
+        "24",
+        "--max-tokens",
+        "48",
+        "--policies",
+        "window",
+        "--budgets",
+        budgets,
+        "--learned",
+        &run,
+        "--out",
+        "sweep",
+    ];
+    let out = lethe(dir, &args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut rows = csv::Reader::from_path(dir.join("sweep/budget.csv")).expect("read budget.csv");
+    let name = format!("{mechanism} ({learned})");
+    rows.records().map(|r| r.expect("a row of budget.csv")).filter(|r| r[0] == *name).collect()
+}

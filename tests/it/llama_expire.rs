@@ -216,30 +216,7 @@ fn a_frozen_pretrained_model_trains_only_its_span_predictor() {
 
     // Compared with the folder's key-value policies at each budget: the run's rows hold
     // at most the budget's states, their figures those of scoring it alone.
-    let sweep = [
-        "eval",
-        "--init-from",
-        folder.to_str().unwrap(),
-        "--data",
-        "text.txt",
-        "--context",
-        "24",
-        "--max-tokens",
-        "48",
-        "--policies",
-        "window",
-        "--budgets",
-        "1/2,4",
-        "--learned",
-        "runs/frozen",
-        "--out",
-        "sweep",
-    ];
-    let out = crate::common::cli::lethe(dir.path(), &sweep);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let mut rows = csv::Reader::from_path(dir.path().join("sweep/budget.csv")).unwrap();
-    let rows: Vec<csv::StringRecord> = rows.records().map(|r| r.unwrap()).collect();
-    let learned: Vec<&csv::StringRecord> = rows.iter().filter(|r| &r[0] == "expire (frozen)").collect();
+    let learned = crate::common::cli::learned_sweep_rows(dir.path(), &folder, "1/2,4", "frozen", "expire");
     assert_eq!(learned.iter().map(|r| r[1].to_string()).collect::<Vec<_>>(), ["1/2", "4", "uncapped"]);
     for (row, budget) in learned.iter().zip([12, 4]) {
         let entries: i64 = row[2].parse().unwrap();

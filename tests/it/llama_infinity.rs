@@ -166,31 +166,7 @@ fn a_frozen_pretrained_model_trains_only_its_long_term_memory() {
     // Beside the folder's policies: scored once, at its trained memory, in blocks of its
     // own train.block, with the entries held (window, states waiting, basis).
     let text = std::fs::read_to_string(dir.path().join("text.txt")).unwrap();
-    let folder_str = folder.to_str().unwrap();
-    let sweep = [
-        "eval",
-        "--init-from",
-        folder_str,
-        "--data",
-        "text.txt",
-        "--context",
-        "24",
-        "--max-tokens",
-        "48",
-        "--policies",
-        "window",
-        "--budgets",
-        "1/2",
-        "--learned",
-        "runs/frozen",
-        "--out",
-        "sweep",
-    ];
-    let out = crate::common::cli::lethe(dir.path(), &sweep);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let mut rows = csv::Reader::from_path(dir.path().join("sweep/budget.csv")).unwrap();
-    let rows: Vec<csv::StringRecord> = rows.records().map(|r| r.unwrap()).collect();
-    let learned: Vec<&csv::StringRecord> = rows.iter().filter(|r| &r[0] == "infinity (frozen)").collect();
+    let learned = crate::common::cli::learned_sweep_rows(dir.path(), &folder, "1/2", "frozen", "infinity");
     assert_eq!(learned.iter().map(|r| r[1].to_string()).collect::<Vec<_>>(), ["uncapped"]);
     let entries: i64 = learned[0][2].parse().unwrap();
     assert!(entries <= 8 + 8 + 8, "{entries} entries held by a window of 8, a block of 8 waiting and 8 coefficients");
