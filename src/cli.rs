@@ -72,8 +72,32 @@ pub enum Command {
 #[derive(Args, Debug)]
 pub struct LongevalArgs {
     /// Checkpoint file, or a run folder holding checkpoint.safetensors.
-    #[arg(long)]
-    pub checkpoint: PathBuf,
+    #[arg(long, required_unless_present = "init_from", conflicts_with = "init_from")]
+    pub checkpoint: Option<PathBuf>,
+    /// A pretrained Llama-family model's Hugging Face folder (with its tokenizer.json),
+    /// read under each of --policies at each of --budgets, each into its own folder of
+    /// --out, then drawn side by side with the --learned and --compare runs.
+    #[arg(long, value_name = "FOLDER")]
+    pub init_from: Option<PathBuf>,
+    /// With --init-from: the key-value cache policies, comma-separated, as `lethe eval
+    /// --policy` takes them (full, window, streaming, h2o, tova, snapkv, with settings
+    /// as NAME:KEY=VALUE) [default: full].
+    #[arg(long, value_delimiter = ',', value_name = "POLICIES")]
+    pub policies: Option<Vec<String>>,
+    /// With --policies other than full: the budgets, comma-separated, each entries a
+    /// layer and key-value head (64) or a fraction of each sample's length (1/8).
+    #[arg(long, value_delimiter = ',', value_name = "BUDGETS")]
+    pub budgets: Option<Vec<String>>,
+    /// With --init-from: lethe runs of the folder's model with Expire-Span (read at
+    /// every budget, its memories with the least remaining span deleted first, and once
+    /// uncapped) or the ∞-former (read once, at the memory it was trained with, in blocks
+    /// of its own train.block); comma-separated run folders or checkpoints.
+    #[arg(long, value_delimiter = ',', value_name = "RUNS")]
+    pub learned: Option<Vec<PathBuf>>,
+    /// With --init-from: tokens read at a time under a budget (default 1: each token
+    /// predicted from what the policy kept alone; the full cache reads blocks of 512).
+    #[arg(long, allow_negative_numbers = true)]
+    pub block: Option<usize>,
     /// Tasks, comma-separated: `all`, `niah` (RULER's eight needle tasks), `ruler`
     /// (those, vt, cwe and fwe), `babilong` (qa1-qa5), or task names: passkey,
     /// niah_single_1, niah_single_2, niah_single_3, niah_multikey_1, niah_multikey_2,

@@ -5,6 +5,7 @@
 use anyhow::Result;
 
 use crate::cli::{BenchArgs, EvalArgs, GenerateArgs, KvCacheArgs};
+use crate::commands::learned::Learned;
 use crate::commands::train::{prompt_progress, prompt_tokens, Printer, Prompt};
 use lethe::generate::Sampling;
 use lethe::model::kv::{Budget, Policy};
@@ -61,7 +62,10 @@ pub(crate) fn generate(
 
 /// The folder's tokenizer.json, if it has one; refused when it gives ids the model has no
 /// row for.
-fn pretrained_tokenizer(folder: &std::path::Path, vocab: usize) -> Result<Option<lethe::data::tokenizer::Tokenizer>> {
+pub(crate) fn pretrained_tokenizer(
+    folder: &std::path::Path,
+    vocab: usize,
+) -> Result<Option<lethe::data::tokenizer::Tokenizer>> {
     if !folder.join("tokenizer.json").is_file() {
         return Ok(None);
     }
@@ -201,7 +205,7 @@ pub(crate) fn eval_run_windows(
 }
 
 /// The ids of `text` through the tokenizer `ckpt`'s model reads (bytes when none).
-fn run_ids(ckpt: &lethe::checkpoint::Checkpoint, text: &str) -> Result<Vec<lethe::data::Token>> {
+pub(crate) fn run_ids(ckpt: &lethe::checkpoint::Checkpoint, text: &str) -> Result<Vec<lethe::data::Token>> {
     Ok(match lethe::data::text::tokenizer_of_checkpoint(ckpt)? {
         Some(t) => t.encode(text)?,
         None => text.bytes().map(lethe::data::Token::from).collect(),
@@ -219,65 +223,9 @@ fn truncated(mut ids: Vec<lethe::data::Token>, max: Option<usize>) -> Result<Vec
     Ok(ids)
 }
 
-/// A run of `--learned`: an Expire-Span model, scored at every budget of a sweep and
-/// uncapped, or an ∞-former, whose memory has the size it was trained with (its window
-/// and basis), scored once, in blocks of its own `train.block`.
-struct Learned {
-    name: String,
-    ckpt: lethe::checkpoint::Checkpoint,
-}
-
-impl Learned {
-    /// The run at `path`, refused unless it is an Expire-Span model or an ∞-former that
-    /// reads `text` as the ids `ids` (the folder's tokenizer).
-    fn load(path: &std::path::Path, text: &str, ids: &[lethe::data::Token]) -> Result<Learned> {
-        use lethe::config::Mechanism;
-        let at = |e: &dyn std::fmt::Display| anyhow::anyhow!("--learned `{}`: {e}", path.display());
-        let ckpt = lethe::checkpoint::Checkpoint::load(path).map_err(|e| at(&e))?;
-        let mechanism = ckpt.config.memory.mechanism;
-        if !matches!(mechanism, Mechanism::Expire | Mechanism::Infinity) {
-            return Err(at(&format!(
-                "its memory is {}; a sweep compares Expire-Span runs (capped at each budget by memory.expire.budget) and ∞-former runs (at the memory they were trained with)",
-                mechanism.name()
-            )));
-        }
-        let own = run_ids(&ckpt, text).map_err(|e| at(&e))?;
-        if !own.starts_with(ids) {
-            return Err(at(&"reads the text as other ids than the folder's tokenizer.json: a run compared with the folder must share its tokenizer"));
-        }
-        Ok(Learned { name: format!("{} ({})", mechanism.name(), ckpt.config.name), ckpt })
-    }
-
-    /// Whether a budget caps the run (Expire-Span), rather than its trained size.
-    fn capped(&self) -> bool {
-        self.ckpt.config.memory.mechanism == lethe::config::Mechanism::Expire
-    }
-
-    /// Tokens read at a time: `--block` (else 1) for Expire-Span, the run's own block for
-    /// an ∞-former, whose long-term memory absorbs whole blocks.
-    fn block(&self, asked: Option<usize>) -> usize {
-        match self.capped() {
-            true => asked.unwrap_or(1),
-            false => self.ckpt.config.train.block,
-        }
-    }
-
-    /// The run's model holding at most `budget` memories a layer (0: as its spans say).
-    fn at_budget(&self, budget: i64) -> Result<lethe::model::Lm> {
-        let mut cfg = self.ckpt.config.clone();
-        if self.capped() {
-            cfg.memory.expire.budget = budget as usize;
-            cfg.memory.expire.deletion = lethe::config::Deletion::Stream;
-        }
-        let lm = lethe::model::Lm::new(&cfg, tch::Device::Cpu)?;
-        self.ckpt.load_parameters(&lm.vs.variables())?;
-        Ok(lm)
-    }
-}
-
 /// Tokens read at a time: `--block`, else one under a budget (each token predicted from
 /// the budget's entries alone) and blocks of 512 with the full cache.
-fn block_for(block: Option<usize>, policy: &Policy) -> Result<usize> {
+pub(crate) fn block_for(block: Option<usize>, policy: &Policy) -> Result<usize> {
     match block.unwrap_or(if policy.budget.is_some() { 1 } else { lethe::generate::PROMPT_BLOCK }) {
         0 => anyhow::bail!("--block must be at least 1"),
         n => Ok(n),
@@ -522,7 +470,7 @@ impl Sweep<'_> {
                 }
                 Scored::Learned { run, budget } => {
                     let learned = &self.learned[*run];
-                    let lm = learned.at_budget(*budget)?;
+                    let lm = learned.at_budget(*budget, plan.block)?;
                     let progress = eval_progress(started);
                     let r = lethe::eval::evaluate_run_windows(&lm, self.ids, plan.block, self.context, progress)?;
                     (learned.name.clone(), r)

@@ -1,5 +1,6 @@
 //! `lethe longeval`: the long-context suite by length and depth, for one run or several
-//! side by side.
+//! side by side, or for a pretrained decoder under each key-value cache policy at each
+//! budget beside the learned memories fitted onto it (`--init-from`).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -7,17 +8,23 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 
 use lethe::data::longctx::{ByteUnits, Haystack, Units};
-use lethe::longeval::{Cell, Grid};
+use lethe::data::Token;
+use lethe::longeval::{Cell, Decoder, Grid, Reader, Subject};
 use lethe::metrics::format_duration;
+use lethe::model::kv::Budget;
+use lethe::model::llama::Llama;
 use lethe::model::Lm;
 use lethe::plot::{Heatmap, SweepSeries};
 
+use super::decoder::pretrained_tokenizer;
+use super::learned::Learned;
 use super::train::load_checkpoint;
 use crate::cli::LongevalArgs;
 
-/// Evaluates the grid the flags give for `--checkpoint` and each `--compare` run,
-/// resuming from each run's table, prints the accuracy of each task by length, and
-/// draws the heatmaps and the accuracy-by-length charts.
+/// Evaluates the grid the flags give for `--checkpoint` (or `--init-from`'s decoder
+/// under each policy and budget, and the `--learned` runs) and each `--compare` run,
+/// resuming from each one's table, prints the accuracy of each task by length, and draws
+/// the heatmaps and the accuracy-by-length charts.
 pub(crate) fn longeval(a: LongevalArgs) -> Result<()> {
     if a.samples == 0 {
         bail!("--samples must be at least 1");
@@ -36,27 +43,42 @@ pub(crate) fn longeval(a: LongevalArgs) -> Result<()> {
         seed: a.seed,
         text,
     };
-    let checkpoints: Vec<&PathBuf> = std::iter::once(&a.checkpoint).chain(&a.compare).collect();
+    if a.init_from.is_none() {
+        let given = [
+            ("--policies", a.policies.is_some()),
+            ("--budgets", a.budgets.is_some()),
+            ("--learned", a.learned.is_some()),
+            ("--block", a.block.is_some()),
+        ];
+        if let Some((flag, _)) = given.iter().find(|(_, set)| *set) {
+            bail!("{flag} applies to a pretrained decoder: give --init-from FOLDER");
+        }
+    }
+    let checkpoints: Vec<&PathBuf> = a.checkpoint.iter().chain(&a.compare).collect();
     // A run that is not there is named before any other is evaluated.
-    for path in &checkpoints {
+    for path in checkpoints.iter().copied().chain(a.learned.iter().flatten()) {
         let file = lethe::checkpoint::resolve(path);
         if !file.is_file() {
             bail!("checkpoint `{}`: no such file (a run folder holds checkpoint.safetensors)", file.display());
         }
     }
-    let names = run_names(&checkpoints);
     let started = Instant::now();
-    let mut runs = Vec::new();
+    let mut runs = match &a.init_from {
+        Some(folder) => decoder_runs(&a, folder, &grid)?,
+        None => vec![],
+    };
+    let names = run_names(&checkpoints);
+    let several = runs.len() + checkpoints.len() > 1;
     for (checkpoint, name) in checkpoints.iter().zip(&names) {
         // One run writes into --out; several each into their own folder inside it.
-        let out = if checkpoints.len() == 1 { a.out.clone() } else { a.out.join(name) };
-        if checkpoints.len() > 1 {
+        let out = if several { a.out.join(name) } else { a.out.clone() };
+        if several {
             eprintln!("longeval: {name} ({})", checkpoint.display());
         }
         let (table, unit) = evaluate_run(checkpoint, &grid, &out, &a.device)?;
         runs.push(Run { name: name.clone(), table, unit });
     }
-    if checkpoints.len() > 1 {
+    if several {
         println!();
         for run in &runs {
             println!("{}:", run.name);
@@ -69,6 +91,121 @@ pub(crate) fn longeval(a: LongevalArgs) -> Result<()> {
         .map_or(String::new(), |b| format!(", peak memory {:.0} MiB", b as f64 / (1u64 << 20) as f64));
     println!("suite done in {}{peak}", format_duration(started.elapsed()));
     Ok(())
+}
+
+/// `--init-from FOLDER`: the decoder under each policy of `--policies` at each of
+/// `--budgets` (the full cache once), then each `--learned` run (Expire-Span at each
+/// budget and uncapped, an ∞-former once), each into its own folder of `--out`. Every
+/// policy, budget and run is checked before the first is evaluated.
+fn decoder_runs(a: &LongevalArgs, folder: &Path, grid: &Grid) -> Result<Vec<Run>> {
+    if a.device != "cpu" {
+        bail!("--init-from FOLDER evaluates on the CPU: give --device cpu");
+    }
+    let model = Llama::load(folder)?;
+    let Some(tokenizer) = pretrained_tokenizer(folder, model.config.vocab_size as usize)? else {
+        bail!("`{}` has no tokenizer.json: lethe longeval writes its samples through it", folder.display());
+    };
+    lethe::longeval::check(grid, &tokenizer)?;
+    let budgets: Vec<(String, Budget)> = a
+        .budgets
+        .iter()
+        .flatten()
+        .map(|b| Ok((b.clone(), Budget::parse(b).map_err(|e| anyhow::anyhow!("--budgets `{b}`: {e}"))?)))
+        .collect::<Result<_>>()?;
+    let shortest = grid.lengths.iter().copied().min().unwrap_or(1);
+    let full = vec!["full".to_string()];
+    let mut plans: Vec<(String, Decoder)> = Vec::new();
+    for policy in a.policies.as_ref().unwrap_or(&full) {
+        let budgeted: Vec<(String, Option<Budget>)> = match policy.as_str() {
+            "full" => vec![("full".into(), None)],
+            _ if budgets.is_empty() => {
+                bail!("--policies `{policy}` needs --budgets (entries, or fractions of a sample)")
+            }
+            _ => budgets
+                .iter()
+                .map(|(text, b)| (format!("{}-{}", folder_safe(policy), folder_safe(text)), Some(*b)))
+                .collect(),
+        };
+        for (name, budget) in budgeted {
+            let block = match (a.block, budget) {
+                (Some(0), _) => bail!("--block must be at least 1"),
+                (Some(n), _) => n,
+                (None, Some(_)) => 1,
+                (None, None) => lethe::generate::PROMPT_BLOCK,
+            };
+            let decoder = Decoder { model: &model, policy: policy.clone(), budget, block };
+            decoder
+                .policy_for(shortest)
+                .map_err(|e| anyhow::anyhow!("--policies `{policy}` at {shortest} tokens: {e}"))?;
+            plans.push((name, decoder));
+        }
+    }
+    let probe = PROBE;
+    let probe_ids = tokenizer.encode(probe)?;
+    let learned: Vec<Learned> =
+        a.learned.iter().flatten().map(|run| Learned::load(run, probe, &probe_ids)).collect::<Result<_>>()?;
+    let mut runs = Vec::new();
+    for (name, decoder) in &plans {
+        eprintln!("longeval: {name} ({})", folder.display());
+        let table = evaluate(decoder, &tokenizer, grid, &a.out.join(name))?;
+        runs.push(Run { name: name.clone(), table, unit: "tokens" });
+    }
+    for run in &learned {
+        let block = run.block(a.block);
+        let mut at: Vec<(String, Option<Budget>)> = Vec::new();
+        if run.capped() {
+            at.extend(
+                budgets.iter().map(|(text, b)| (format!("{}-{}", run.ckpt.config.name, folder_safe(text)), Some(*b))),
+            );
+        }
+        let uncapped =
+            if run.capped() { format!("{}-uncapped", run.ckpt.config.name) } else { run.ckpt.config.name.clone() };
+        at.push((uncapped, None));
+        for (name, budget) in at {
+            eprintln!("longeval: {name} ({})", run.name);
+            let subject = LearnedAt::new(run, budget, block, &grid.lengths)?;
+            let table = evaluate(&subject, &tokenizer, grid, &a.out.join(&name))?;
+            runs.push(Run { name, table, unit: "tokens" });
+        }
+    }
+    Ok(runs)
+}
+
+/// A text both the folder's tokenizer and a `--learned` run's must read as the same ids.
+const PROBE: &str = "The pass key is 71432. Remember it. What is the pass key? The pass key is 71432.";
+
+/// `text` as a folder name: letters, digits, `.`, `-` and `_` kept, `a/b` as `aofb`,
+/// anything else `_`.
+fn folder_safe(text: &str) -> String {
+    text.replace('/', "of")
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') { c } else { '_' })
+        .collect()
+}
+
+/// A learned run as a subject of the suite: Expire-Span capped at a budget (resolved
+/// against each length of the grid: a model per length) or uncapped, or an ∞-former.
+struct LearnedAt {
+    by_length: Vec<(usize, lethe::model::Lm)>,
+}
+
+impl LearnedAt {
+    fn new(run: &Learned, budget: Option<Budget>, block: usize, lengths: &[usize]) -> Result<LearnedAt> {
+        let mut by_length = Vec::new();
+        for &length in lengths {
+            let entries = budget.map(|b| b.entries(length as i64)).transpose()?.unwrap_or(0);
+            by_length.push((length, run.at_budget(entries, block)?));
+        }
+        Ok(LearnedAt { by_length })
+    }
+}
+
+impl Subject for LearnedAt {
+    fn read<'s>(&'s self, input: &[Token], length: usize) -> lethe::error::Result<Box<dyn Reader + 's>> {
+        let lm = self.by_length.iter().find(|(l, _)| *l == length).or(self.by_length.last()).map(|(_, lm)| lm);
+        let lm = lm.ok_or_else(|| lethe::error::LetheError::Invalid("longeval: a grid without lengths".into()))?;
+        lm.read(input, length)
+    }
 }
 
 /// One evaluated run.
@@ -111,14 +248,20 @@ fn evaluate_run(checkpoint: &Path, grid: &Grid, out: &Path, device: &str) -> Res
         );
     }
     let lm = Lm::from_checkpoint(&ckpt, device)?;
-    let units: &dyn Units = match &tokenizer {
-        Some(t) => t,
-        None => &ByteUnits,
+    let (table, unit) = match &tokenizer {
+        Some(t) => (evaluate(&lm, t, grid, out)?, "tokens"),
+        None => (evaluate(&lm, &ByteUnits, grid, out)?, "bytes"),
     };
+    Ok((table, unit))
+}
+
+/// Evaluates `grid` on `subject`, which reads `units`, into `out`, printing progress,
+/// the summary and the heatmaps.
+fn evaluate<U: Units + IsTokens>(subject: &dyn Subject, units: &U, grid: &Grid, out: &Path) -> Result<Vec<Cell>> {
     std::fs::create_dir_all(out).with_context(|| format!("--out `{}`", out.display()))?;
-    let unit = if tokenizer.is_some() { "tokens" } else { "bytes" };
+    let unit = units.unit_name();
     let started = Instant::now();
-    let table = lethe::longeval::run(&lm, units, grid, out, |cell, done, total| {
+    let table = lethe::longeval::run(subject, units, grid, out, |cell, done, total| {
         let elapsed = started.elapsed();
         let eta = elapsed.mul_f64((total - done) as f64 / done as f64);
         eprintln!(
@@ -154,7 +297,24 @@ fn evaluate_run(checkpoint: &Path, grid: &Grid, out: &Path, device: &str) -> Res
         lethe::output::write("--out", &path, svg.as_bytes(), &[])?;
         println!("wrote {} and its .png", path.display());
     }
-    Ok((table, unit))
+    Ok(table)
+}
+
+/// The name of a model's unit in the tables: bytes, or a tokenizer's tokens.
+trait IsTokens {
+    fn unit_name(&self) -> &'static str;
+}
+
+impl IsTokens for ByteUnits {
+    fn unit_name(&self) -> &'static str {
+        "bytes"
+    }
+}
+
+impl IsTokens for lethe::data::tokenizer::Tokenizer {
+    fn unit_name(&self) -> &'static str {
+        "tokens"
+    }
 }
 
 /// The y range of the accuracy charts.

@@ -5,6 +5,7 @@ pub(crate) mod bench;
 pub(crate) mod decoder;
 pub(crate) mod dialogue;
 pub(crate) mod inspect;
+pub(crate) mod learned;
 pub(crate) mod longeval;
 pub(crate) mod plot;
 pub(crate) mod tokenizer;

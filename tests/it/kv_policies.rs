@@ -349,3 +349,29 @@ fn a_chunk_reads_like_its_tokens_one_by_one_when_each_head_holds_its_own() {
     }
     assert!(masks_differed, "the fixture must have two heads whose window sees other slots");
 }
+
+/// A decoder reads a prompt alike in one block and token by token over the full cache
+/// (the next token's logits to float32 rounding, the same greedy continuation); under a
+/// window of 8 read token by token, the cache holds 8 entries a layer and the next
+/// logits change, under a window that holds the whole prompt they do not.
+#[test]
+fn a_decoder_reads_a_prompt_alike_in_blocks_and_token_by_token() {
+    use lethe::generate::DecoderGenerator;
+    let model = Llama::load(&fixture("smollm2")).unwrap();
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 11 + 5) % 300).collect();
+    let mut whole = DecoderGenerator::new(&model, KvCache::default(), &prompt, 512).unwrap();
+    let mut single = DecoderGenerator::new(&model, KvCache::default(), &prompt, 1).unwrap();
+    assert!(crate::common::llama::gap(whole.next_logits(), single.next_logits()) < 1e-4);
+    assert_eq!(whole.memory_held(), vec![40; model.config.layers as usize]);
+    let full = whole.next_logits().copy();
+    let a: Vec<u32> = (0..6).map(|_| whole.next_token().unwrap()).collect();
+    let b: Vec<u32> = (0..6).map(|_| single.next_token().unwrap()).collect();
+    assert_eq!(a, b);
+    let window = Policy::parse("window", Some(Budget::Entries(8)), 40).unwrap();
+    let kept = DecoderGenerator::new(&model, KvCache::new(window), &prompt, 1).unwrap();
+    assert_eq!(kept.memory_held(), vec![8; model.config.layers as usize]);
+    let roomy = Policy::parse("window", Some(Budget::Entries(40)), 40).unwrap();
+    let never = DecoderGenerator::new(&model, KvCache::new(roomy), &prompt, 1).unwrap();
+    assert!(crate::common::llama::gap(never.next_logits(), &full) < 1e-4);
+    assert!(crate::common::llama::gap(kept.next_logits(), &full) > 1e-3);
+}

@@ -191,3 +191,78 @@ fn a_tokenised_model_is_trained_and_evaluated_in_tokens() {
     let bad = ["train", "-q", "-p", "copy-tiny", "--set", "data.tokenizer=tok"];
     fails_with(&lethe(d, &bad), &["data.tokenizer", "longctx"]);
 }
+
+/// `lethe longeval --init-from FOLDER ARGS --out ev` in `dir`, on passkey at 210 and 240
+/// tokens, depths 0 and 100, one sample a cell.
+fn decoder_longeval(dir: &std::path::Path, args: &[&str]) -> std::process::Output {
+    let folder = crate::common::llama::fixture("smollm2");
+    let grid = ["--suite", "passkey", "--lengths", "210,240", "--depths", "0,100", "--samples", "1", "--out", "ev"];
+    let head = ["longeval", "--init-from", folder.to_str().unwrap()];
+    lethe(dir, &[&head[..], args, &grid[..]].concat())
+}
+
+/// The `compare.csv` rows of group `group`: `(length, memory)`.
+fn compared(dir: &std::path::Path, group: &str) -> Vec<(usize, f64)> {
+    let mut rows = csv::Reader::from_path(dir.join("ev/compare.csv")).unwrap();
+    let rows: Vec<csv::StringRecord> = rows.records().map(Result::unwrap).collect();
+    rows.iter().filter(|r| &r[0] == group).map(|r| (r[3].parse().unwrap(), r[5].parse().unwrap())).collect()
+}
+
+/// A pretrained decoder under each policy at each budget, and an Expire-Span run fitted
+/// onto it, each into its own folder: the memory held when the answer begins is what the
+/// budget says, entries or a share of each sample's length (the full cache: the whole
+/// sample), and Expire-Span capped at a budget holds no more than it.
+#[test]
+fn a_decoder_is_evaluated_under_each_policy_and_budget_beside_a_learned_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let folder = crate::common::llama::fixture("smollm2");
+    let sets = ["train.freeze_base=true", "memory.mechanism=\"expire\"", "memory.span=64", "memory.expire.alpha=0.1"];
+    crate::common::cli::fine_tune_fixture(d, &folder, "fitted", &sets);
+    let args = ["--policies", "full,window,h2o", "--budgets", "1/2,16", "--learned", "runs/fitted"];
+    succeeds(&decoder_longeval(d, &args));
+    for name in
+        ["full", "window-1of2", "window-16", "h2o-1of2", "h2o-16", "fitted-1of2", "fitted-16", "fitted-uncapped"]
+    {
+        assert!(d.join("ev").join(name).join("longeval.csv").is_file(), "{name}");
+    }
+    assert_eq!(compared(d, "full"), vec![(210, 210.0), (240, 240.0)]);
+    for policy in ["window", "h2o"] {
+        assert_eq!(compared(d, &format!("{policy}-16")), vec![(210, 16.0), (240, 16.0)]);
+        assert_eq!(compared(d, &format!("{policy}-1of2")), vec![(210, 105.0), (240, 120.0)]);
+    }
+    for (length, memory) in compared(d, "fitted-16") {
+        assert!(memory <= 16.0 && memory > 0.0, "{length}: {memory}");
+    }
+    for (length, memory) in compared(d, "fitted-1of2") {
+        assert!(memory <= length as f64 / 2.0, "{length}: {memory}");
+    }
+    // A rerun evaluates nothing again: every cell, with the seconds it took, is read
+    // back from the tables.
+    let table = |name: &str| std::fs::read_to_string(d.join("ev").join(name).join("longeval.csv")).unwrap();
+    let before = [table("h2o-16"), table("fitted-1of2")];
+    succeeds(&decoder_longeval(d, &args));
+    assert_eq!([table("h2o-16"), table("fitted-1of2")], before);
+}
+
+/// What `--init-from` cannot evaluate is refused before anything is written.
+#[test]
+fn a_decoder_longeval_refuses_what_it_cannot_evaluate() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    fails_with(&decoder_longeval(d, &["--policies", "h2o"]), &["--policies `h2o`", "--budgets"]);
+    fails_with(&decoder_longeval(d, &["--policies", "window", "--budgets", "220"]), &["at 210 tokens", "220"]);
+    fails_with(&decoder_longeval(d, &["--policies", "lru", "--budgets", "8"]), &["lru", "known policies"]);
+    fails_with(&decoder_longeval(d, &["--policies", "window", "--budgets", "0"]), &["--budgets `0`", "at least one"]);
+    fails_with(&decoder_longeval(d, &["--learned", "runs/none"]), &["runs/none"]);
+    let bare = d.join("bare");
+    std::fs::create_dir(&bare).unwrap();
+    let folder = crate::common::llama::fixture("smollm2");
+    for file in ["config.json", "model.safetensors"] {
+        std::fs::copy(folder.join(file), bare.join(file)).unwrap();
+    }
+    let out = lethe(d, &["longeval", "--init-from", "bare", "--out", "ev", "--suite", "passkey", "--lengths", "210"]);
+    fails_with(&out, &["bare", "tokenizer.json"]);
+    fails_with(&lethe(d, &["longeval", "--checkpoint", "x", "--policies", "h2o", "--out", "ev"]), &["--init-from"]);
+    assert!(!d.join("ev").exists(), "a refused evaluation wrote into --out");
+}

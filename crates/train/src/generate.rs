@@ -279,33 +279,101 @@ pub fn stream_decoder(
     prompt: &[Token],
     count: usize,
     sampling: &Sampling,
-    mut progress: impl FnMut(usize, usize),
+    progress: impl FnMut(usize, usize),
     mut emit: impl FnMut(Token) -> Result<()>,
 ) -> Result<()> {
-    let vocab = model.config.vocab_size;
-    if prompt.is_empty() {
-        return Err(LetheError::Invalid("the prompt is empty: a decoder continues at least one token".into()));
-    }
-    if let Some(&bad) = prompt.iter().find(|&&t| t as i64 >= vocab) {
-        return Err(LetheError::Invalid(format!("prompt token {bad} is not below the model's vocab_size = {vocab}")));
-    }
-    let last =
-        |ids: &[i64], cache: &mut KvCache| model.forward(&Tensor::from_slice(ids).unsqueeze(0), cache).get(0).get(-1);
-    let mut logits = Tensor::new();
-    for (i, block) in prompt.chunks(PROMPT_BLOCK).enumerate() {
-        let ids: Vec<i64> = block.iter().map(|&t| t as i64).collect();
-        logits = last(&ids, cache);
-        progress(i * PROMPT_BLOCK + block.len(), prompt.len());
-    }
+    let mut g = DecoderGenerator::with_progress(model, std::mem::take(cache), prompt, PROMPT_BLOCK, progress)?;
     let mut rng = Rng::new(sampling.seed);
     for i in 0..count {
-        let next = choose(&logits, sampling, &mut rng);
+        let next = choose(&g.logits, sampling, &mut rng);
         emit(next)?;
         if i + 1 < count {
-            logits = last(&[next as i64], cache);
+            g.push(next)?;
         }
     }
+    *cache = g.cache;
     Ok(())
+}
+
+/// [`Generator`] for a Llama-family decoder over a key-value cache, greedy: the prompt
+/// read `block` tokens at a time (each block's entries join the cache and the policy
+/// evicts after it: a block of 1 predicts each token from what the policy kept alone),
+/// then one token at a time.
+pub struct DecoderGenerator<'a> {
+    model: &'a Llama,
+    cache: KvCache,
+    logits: Tensor,
+}
+
+impl<'a> DecoderGenerator<'a> {
+    /// Reads `prompt` into `cache`, `block` tokens at a time.
+    pub fn new(model: &'a Llama, cache: KvCache, prompt: &[Token], block: usize) -> Result<Self> {
+        Self::with_progress(model, cache, prompt, block, |_, _| {})
+    }
+
+    /// Like [`DecoderGenerator::new`], calling `progress(tokens read, prompt length)`
+    /// after every block.
+    pub fn with_progress(
+        model: &'a Llama,
+        cache: KvCache,
+        prompt: &[Token],
+        block: usize,
+        mut progress: impl FnMut(usize, usize),
+    ) -> Result<Self> {
+        let vocab = model.config.vocab_size;
+        if prompt.is_empty() {
+            return Err(LetheError::Invalid("the prompt is empty: a decoder continues at least one token".into()));
+        }
+        if let Some(&bad) = prompt.iter().find(|&&t| t as i64 >= vocab) {
+            return Err(LetheError::Invalid(format!(
+                "prompt token {bad} is not below the model's vocab_size = {vocab}"
+            )));
+        }
+        let mut g = DecoderGenerator { model, cache, logits: Tensor::new() };
+        let mut read = 0;
+        for chunk in prompt.chunks(block.max(1)) {
+            g.read(chunk);
+            read += chunk.len();
+            progress(read, prompt.len());
+        }
+        Ok(g)
+    }
+
+    /// Runs `tokens` through the model over the cache; keeps the last one's logits.
+    fn read(&mut self, tokens: &[Token]) {
+        let ids: Vec<i64> = tokens.iter().map(|&t| t as i64).collect();
+        self.logits = self.model.forward(&Tensor::from_slice(&ids).unsqueeze(0), &mut self.cache).get(0).get(-1);
+    }
+
+    /// Takes in `token` without choosing it.
+    pub fn push(&mut self, token: Token) -> Result<()> {
+        if token as i64 >= self.model.config.vocab_size {
+            return Err(LetheError::Invalid(format!(
+                "token {token} is not below the model's vocab_size = {}",
+                self.model.config.vocab_size
+            )));
+        }
+        self.read(&[token]);
+        Ok(())
+    }
+
+    /// The most likely next token, which is also fed back as the next input.
+    pub fn next_token(&mut self) -> Result<Token> {
+        let greedy = Sampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 };
+        let next = choose(&self.logits, &greedy, &mut Rng::new(0));
+        self.push(next)?;
+        Ok(next)
+    }
+
+    /// The logits `(V)` of the next token.
+    pub fn next_logits(&self) -> &Tensor {
+        &self.logits
+    }
+
+    /// Entries each layer's cache holds per key-value head now.
+    pub fn memory_held(&self) -> Vec<usize> {
+        self.cache.entries().into_iter().map(|n| n as usize).collect()
+    }
 }
 
 /// Picks a token from `logits` `(V)` by `sampling`.

@@ -19,9 +19,78 @@ use serde::{Deserialize, Serialize};
 use lethe_core::error::{LetheError, Result};
 use lethe_core::rng::Rng;
 use lethe_data::longctx::{check_length, generate, score, takes_depth, Haystack, Spec, Units};
+use lethe_data::Token;
+use lethe_model::kv::{Budget, Policy};
+use lethe_model::llama::{KvCache, Llama};
 use lethe_model::Lm;
 
-use crate::generate::{Generator, Sampling};
+use crate::generate::{DecoderGenerator, Generator, Sampling};
+
+/// What the suite is run on: a model that reads each sample's input and then answers,
+/// one greedy token at a time.
+pub trait Subject {
+    /// A reader that has read `input`, a sample of `length` units (what a budget given
+    /// as a fraction is a fraction of).
+    fn read<'s>(&'s self, input: &[Token], length: usize) -> Result<Box<dyn Reader + 's>>;
+}
+
+/// A model that has read a sample's input.
+pub trait Reader {
+    /// The most likely next token, fed back as the next input.
+    fn next_token(&mut self) -> Result<Token>;
+    /// What each layer's memory holds now (states, or entries a key-value head).
+    fn memory_held(&self) -> Vec<usize>;
+}
+
+impl Subject for Lm {
+    fn read<'s>(&'s self, input: &[Token], _length: usize) -> Result<Box<dyn Reader + 's>> {
+        let greedy = Sampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 };
+        Ok(Box::new(Generator::new(self, input, &greedy)?))
+    }
+}
+
+impl Reader for Generator<'_> {
+    fn next_token(&mut self) -> Result<Token> {
+        Generator::next_token(self)
+    }
+    fn memory_held(&self) -> Vec<usize> {
+        Generator::memory_held(self)
+    }
+}
+
+impl Reader for DecoderGenerator<'_> {
+    fn next_token(&mut self) -> Result<Token> {
+        DecoderGenerator::next_token(self)
+    }
+    fn memory_held(&self) -> Vec<usize> {
+        DecoderGenerator::memory_held(self)
+    }
+}
+
+/// A pretrained decoder under a key-value cache policy: each sample read `block` tokens
+/// at a time into a cache that keeps what the policy says within the budget, resolved
+/// against the sample's length (a fraction keeps that share of each sample).
+pub struct Decoder<'a> {
+    pub model: &'a Llama,
+    /// The policy as `--policy` takes it (`snapkv:window=16`).
+    pub policy: String,
+    pub budget: Option<Budget>,
+    pub block: usize,
+}
+
+impl Decoder<'_> {
+    /// The policy for a sample of `length` tokens.
+    pub fn policy_for(&self, length: usize) -> Result<Policy> {
+        Policy::parse(&self.policy, self.budget, length as i64)
+    }
+}
+
+impl Subject for Decoder<'_> {
+    fn read<'s>(&'s self, input: &[Token], length: usize) -> Result<Box<dyn Reader + 's>> {
+        let cache = KvCache::new(self.policy_for(length)?);
+        Ok(Box::new(DecoderGenerator::new(self.model, cache, input, self.block)?))
+    }
+}
 
 /// The cells to evaluate: every task at every length and depth.
 #[derive(Clone, Debug)]
@@ -102,7 +171,7 @@ impl Grid {
 /// the table after each; `progress` is told of each cell done (with the number done
 /// and the total). Returns the whole table, in the grid's order.
 pub fn run(
-    lm: &Lm,
+    subject: &dyn Subject,
     units: &dyn Units,
     grid: &Grid,
     out: &Path,
@@ -119,7 +188,7 @@ pub fn run(
                 let cell = match done.iter().position(|c| c.is(task, length, depth, grid)) {
                     Some(i) => done.swap_remove(i),
                     None => {
-                        let cell = evaluate(lm, units, grid, task, length, depth)?;
+                        let cell = evaluate(subject, units, grid, task, length, depth)?;
                         let mut rows = table.clone();
                         rows.push(cell.clone());
                         rows.extend(done.iter().cloned());
@@ -141,7 +210,7 @@ pub fn run(
 
 /// Refuses a grid with a cell that cannot be generated (a length too short for a task),
 /// before any is evaluated: one sample of each task at the shortest length.
-fn check(grid: &Grid, units: &dyn Units) -> Result<()> {
+pub fn check(grid: &Grid, units: &dyn Units) -> Result<()> {
     // A sample's text and units are held whole while it is built: bounded as any input.
     let longest = grid.lengths.iter().copied().max().unwrap_or(0) as u64;
     let most = lethe_core::input::max_bytes() / BYTES_PER_UNIT;
@@ -160,7 +229,7 @@ const BYTES_PER_UNIT: u64 = 16;
 
 /// The samples of one cell, read and answered.
 fn evaluate(
-    lm: &Lm,
+    subject: &dyn Subject,
     units: &dyn Units,
     grid: &Grid,
     task: &'static str,
@@ -168,16 +237,15 @@ fn evaluate(
     depth: Option<f64>,
 ) -> Result<Cell> {
     let started = Instant::now();
-    let greedy = Sampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 };
     let spec = Spec { length, depth: depth.unwrap_or(0.0), text: grid.text.clone() };
     let (mut accuracy, mut memory) = (0.0, 0.0);
     for i in 0..grid.samples {
         let mut rng = Rng::derive(grid.seed, sample_index(task, length, depth, i));
         let sample = generate(task, &spec, units, &mut rng)?;
-        let mut reader = Generator::new(lm, &sample.input, &greedy)?;
+        let room = units.encode(&format!(" {}.", sample.answers.join(", ")))?.len() + ANSWER_SLACK;
+        let mut reader = subject.read(&sample.input, length)?;
         let held = reader.memory_held();
         memory += held.iter().sum::<usize>() as f64 / held.len().max(1) as f64;
-        let room = units.encode(&format!(" {}.", sample.answers.join(", ")))?.len() + ANSWER_SLACK;
         let answer = (0..room).map(|_| reader.next_token()).collect::<Result<Vec<_>>>()?;
         accuracy += score(&units.decode(&answer)?, &sample.answers, &sample.scoring);
     }

@@ -1,0 +1,64 @@
+//! The learned memories compared with the key-value cache policies on a pretrained
+//! decoder (`--learned` of `lethe eval --init-from` and `lethe longeval --init-from`):
+//! lethe runs of the folder's model with Expire-Span, capped at each budget, or with the
+//! ∞-former, at the memory it was trained with.
+
+use anyhow::Result;
+
+/// A run of `--learned`: an Expire-Span model, scored at every budget of a sweep and
+/// uncapped, or an ∞-former, whose memory has the size it was trained with (its window
+/// and basis), scored once, in blocks of its own `train.block`.
+pub(crate) struct Learned {
+    pub name: String,
+    pub ckpt: lethe::checkpoint::Checkpoint,
+}
+
+impl Learned {
+    /// The run at `path`, refused unless it is an Expire-Span model or an ∞-former that
+    /// reads `text` as the ids `ids` (the folder's tokenizer).
+    pub fn load(path: &std::path::Path, text: &str, ids: &[lethe::data::Token]) -> Result<Learned> {
+        use lethe::config::Mechanism;
+        let at = |e: &dyn std::fmt::Display| anyhow::anyhow!("--learned `{}`: {e}", path.display());
+        let ckpt = lethe::checkpoint::Checkpoint::load(path).map_err(|e| at(&e))?;
+        let mechanism = ckpt.config.memory.mechanism;
+        if !matches!(mechanism, Mechanism::Expire | Mechanism::Infinity) {
+            return Err(at(&format!(
+                "its memory is {}; a sweep compares Expire-Span runs (capped at each budget by memory.expire.budget) and ∞-former runs (at the memory they were trained with)",
+                mechanism.name()
+            )));
+        }
+        let own = super::decoder::run_ids(&ckpt, text).map_err(|e| at(&e))?;
+        if !own.starts_with(ids) {
+            return Err(at(&"reads the text as other ids than the folder's tokenizer.json: a run compared with the folder must share its tokenizer"));
+        }
+        Ok(Learned { name: format!("{} ({})", mechanism.name(), ckpt.config.name), ckpt })
+    }
+
+    /// Whether a budget caps the run (Expire-Span), rather than its trained size.
+    pub fn capped(&self) -> bool {
+        self.ckpt.config.memory.mechanism == lethe::config::Mechanism::Expire
+    }
+
+    /// Tokens read at a time: `--block` (else 1) for Expire-Span, the run's own block for
+    /// an ∞-former, whose long-term memory absorbs whole blocks.
+    pub fn block(&self, asked: Option<usize>) -> usize {
+        match self.capped() {
+            true => asked.unwrap_or(1),
+            false => self.ckpt.config.train.block,
+        }
+    }
+
+    /// The run's model holding at most `budget` memories a layer (0: as its spans say),
+    /// reading `block` tokens at a time (Expire-Span; an ∞-former keeps its own).
+    pub fn at_budget(&self, budget: i64, block: usize) -> Result<lethe::model::Lm> {
+        let mut cfg = self.ckpt.config.clone();
+        if self.capped() {
+            cfg.memory.expire.budget = budget as usize;
+            cfg.memory.expire.deletion = lethe::config::Deletion::Stream;
+            cfg.train.block = block;
+        }
+        let lm = lethe::model::Lm::new(&cfg, tch::Device::Cpu)?;
+        self.ckpt.load_parameters(&lm.vs.variables())?;
+        Ok(lm)
+    }
+}
