@@ -748,6 +748,12 @@ pub struct BenchArgs {
     /// With --init-from a Llama-family folder: tokens decoded after each prompt.
     #[arg(long, allow_negative_numbers = true, default_value_t = 32)]
     pub decode_tokens: usize,
+    /// With --init-from a Llama-family folder: a lethe run of its model with Expire-Span
+    /// (capped at BUDGET entries a layer when given, as --kv takes budgets) or the
+    /// ∞-former, timed in turns with the policies: its prompt read in blocks of its own
+    /// train.block, then decoded token by token (repeatable).
+    #[arg(long, value_name = "RUN[@BUDGET]")]
+    pub learned: Vec<String>,
 }
 
 #[derive(Args, Debug)]

@@ -16,9 +16,11 @@ use serde::Serialize;
 use tch::{Kind, Tensor};
 
 use crate::error::Result;
+use crate::generate::{Generator, Sampling};
 use crate::metrics::{peak_rss_bytes, reset_peak_rss};
 use crate::model::kv::{Budget, Policy};
 use crate::model::llama::{KvCache, Llama};
+use crate::model::Lm;
 
 /// Tokens the prompt is read in at a time, as `lethe generate` reads it.
 pub const PREFILL_BLOCK: usize = crate::generate::PROMPT_BLOCK;
@@ -80,29 +82,79 @@ pub fn read_rate() -> Result<f64> {
     Ok((x.numel() * 4) as f64 / quantile(&mut times, 0.5))
 }
 
-/// Times every case in turn, `rounds` times over, with `decode` decoded tokens after each
-/// prompt; `report` gets each case's result once its last round is done.
+/// A lethe run with a learned memory (Expire-Span, the ∞-former) to time beside the
+/// policies: its prompt read in blocks of its own `train.block`, as `lethe generate`
+/// reads one, then decoded token by token with its memory.
+pub struct LearnedCase<'a> {
+    /// The name its rows carry.
+    pub name: String,
+    pub lm: &'a Lm,
+    pub context: usize,
+}
+
+/// Times every case in turn, then every learned run, `rounds` times over, with `decode`
+/// decoded tokens after each prompt; `report` gets each case's result once its last
+/// round is done.
 pub fn run(
     model: &Llama,
     cases: &[DecodeCase],
+    learned: &[LearnedCase],
     decode: usize,
     rounds: usize,
     mut report: impl FnMut(&DecodeResult),
 ) -> Result<Vec<DecodeResult>> {
-    let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); cases.len()];
+    let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); cases.len() + learned.len()];
     let mut policies = Vec::new();
     for case in cases {
         policies.push(Policy::parse(&case.spec, case.budget, (case.context + decode) as i64)?);
     }
+    let summary = |i: usize, samples: &[Sample]| match i.checked_sub(cases.len()) {
+        None => {
+            let policy = &policies[i];
+            summarise((policy.name, policy.budget), model.weight_bytes(), cases[i].context, samples)
+        }
+        Some(j) => summarise((&learned[j].name, None), weight_bytes(learned[j].lm), learned[j].context, samples),
+    };
     for round in 0..rounds {
-        for (i, (case, policy)) in cases.iter().zip(&policies).enumerate() {
-            samples[i].push(measure(model, policy, case.context, decode, round as i64)?);
+        for i in 0..samples.len() {
+            let sample = match i.checked_sub(cases.len()) {
+                None => measure(model, &policies[i], cases[i].context, decode, round as i64)?,
+                Some(j) => measure_learned(&learned[j], decode, round as i64)?,
+            };
+            samples[i].push(sample);
             if round + 1 == rounds {
-                report(&summarise(model, policy, case.context, &samples[i]));
+                report(&summary(i, &samples[i]));
             }
         }
     }
-    Ok(cases.iter().zip(&policies).zip(&samples).map(|((c, p), s)| summarise(model, p, c.context, s)).collect())
+    Ok(samples.iter().enumerate().map(|(i, s)| summary(i, s)).collect())
+}
+
+/// The bytes of a run's parameters (what a token's forward pass reads whole).
+fn weight_bytes(lm: &Lm) -> usize {
+    lm.vs.variables().values().map(|t| t.numel() * t.kind().elt_size_in_bytes()).sum()
+}
+
+/// [`measure`] for a learned run: the read rate, then one prompt of the case's length and
+/// `decode` tokens, greedy, through [`Generator`].
+fn measure_learned(case: &LearnedCase, decode: usize, seed: i64) -> Result<Sample> {
+    let rate = read_rate()?;
+    let vocab = case.lm.config.model.vocab as u64;
+    let mut rng = crate::rng::Rng::new(seed as u64);
+    let prompt: Vec<crate::data::Token> =
+        (0..case.context).map(|_| (rng.next_u64() % vocab) as crate::data::Token).collect();
+    reset_peak_rss();
+    let greedy = Sampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 };
+    let start = Instant::now();
+    let mut g = Generator::new(case.lm, &prompt, &greedy)?;
+    let prefill_s = start.elapsed().as_secs_f64();
+    let mut token_s = Vec::with_capacity(decode);
+    for _ in 0..decode {
+        let start = Instant::now();
+        g.next_token()?;
+        token_s.push(start.elapsed().as_secs_f64());
+    }
+    Ok(Sample { prefill_s, token_s, cache_bytes: g.memory_bytes(), peak_rss: peak_rss_bytes(), rate })
 }
 
 #[derive(Clone)]
@@ -142,7 +194,9 @@ fn measure(model: &Llama, policy: &Policy, context: usize, decode: usize, seed: 
     Ok(Sample { prefill_s, token_s, cache_bytes: cache.kv_bytes(), peak_rss: peak_rss_bytes(), rate })
 }
 
-fn summarise(model: &Llama, policy: &Policy, context: usize, samples: &[Sample]) -> DecodeResult {
+/// One case's result over its rounds: `(name, budget)` as its rows give them, the bytes
+/// of weights a token reads.
+fn summarise(policy: (&str, Option<i64>), weights: usize, context: usize, samples: &[Sample]) -> DecodeResult {
     let mut rates: Vec<f64> = samples.iter().map(|s| s.rate).collect();
     let rate = quantile(&mut rates, 0.5);
     let mut prefill: Vec<f64> = samples.iter().map(|s| s.prefill_s).collect();
@@ -151,10 +205,10 @@ fn summarise(model: &Llama, policy: &Policy, context: usize, samples: &[Sample])
     let mut ms = |q: f64| 1e3 * quantile(&mut tokens, q);
     let decode_ms = [ms(0.5), ms(0.1), ms(0.9)];
     let decode_tok_s = 1e3 / decode_ms[0];
-    let read_bytes_per_token = model.weight_bytes() + cache_bytes;
+    let read_bytes_per_token = weights + cache_bytes;
     DecodeResult {
-        policy: policy.name.to_string(),
-        budget: policy.budget,
+        policy: policy.0.to_string(),
+        budget: policy.1,
         context,
         prefill_tok_s: context as f64 / quantile(&mut prefill, 0.5),
         decode_tok_s,

@@ -290,13 +290,45 @@ pub(crate) fn bench(a: &BenchArgs, folder: &std::path::Path) -> Result<()> {
             cases.push(lethe::bench::decode::DecodeCase { spec: spec.to_string(), budget, context });
         }
     }
+    let mut runs = Vec::new();
+    for item in &a.learned {
+        let (path, budget) = match item.rsplit_once('@') {
+            Some((path, budget)) => {
+                (path, Some(Budget::parse(budget).map_err(|e| anyhow::anyhow!("--learned {item}: {e}"))?))
+            }
+            None => (item.as_str(), None),
+        };
+        let run = Learned::open(std::path::Path::new(path))?;
+        if run.ckpt.config.model.vocab as i64 != model.config.vocab_size {
+            anyhow::bail!(
+                "--learned `{path}`: its model has {} tokens, the folder's {}",
+                run.ckpt.config.model.vocab,
+                model.config.vocab_size
+            );
+        }
+        if budget.is_some() && !run.capped() {
+            anyhow::bail!(
+                "--learned {item}: a budget caps Expire-Span; an ∞-former keeps the memory it was trained with"
+            );
+        }
+        for &context in &contexts {
+            let entries = budget.map(|b| b.entries((context + a.decode_tokens) as i64)).transpose()?.unwrap_or(0);
+            let lm = run.at_budget(entries, run.ckpt.config.train.block)?;
+            let name = budget.map_or(run.name.clone(), |_| format!("{}@{entries}", run.name));
+            runs.push((name, lm, context));
+        }
+    }
+    let learned: Vec<lethe::bench::decode::LearnedCase> = runs
+        .iter()
+        .map(|(name, lm, context)| lethe::bench::decode::LearnedCase { name: name.clone(), lm, context: *context })
+        .collect();
     println!(
         "{}: {:.1} MiB of weights read per token | {} threads",
         folder.display(),
         mib(model.weight_bytes()),
         tch::get_num_threads()
     );
-    let results = lethe::bench::decode::run(&model, &cases, a.decode_tokens, a.rounds, |r| {
+    let results = lethe::bench::decode::run(&model, &cases, &learned, a.decode_tokens, a.rounds, |r| {
         let budget = r.budget.map_or(String::new(), |b| format!("@{b}"));
         let rss = r.peak_rss_bytes.map_or("n/a".into(), |b| format!("{:.0} MiB", mib(b as usize)));
         println!(

@@ -17,19 +17,24 @@ impl Learned {
     /// The run at `path`, refused unless it is an Expire-Span model or an ∞-former that
     /// reads `text` as the ids `ids` (the folder's tokenizer).
     pub fn load(path: &std::path::Path, text: &str, ids: &[lethe::data::Token]) -> Result<Learned> {
+        let learned = Learned::open(path)?;
+        let own = super::decoder::run_ids(&learned.ckpt, text).map_err(|e| at(path, &e))?;
+        if !own.starts_with(ids) {
+            return Err(at(path, &"reads the text as other ids than the folder's tokenizer.json: a run compared with the folder must share its tokenizer"));
+        }
+        Ok(learned)
+    }
+
+    /// The run at `path`, refused unless it is an Expire-Span model or an ∞-former.
+    pub fn open(path: &std::path::Path) -> Result<Learned> {
         use lethe::config::Mechanism;
-        let at = |e: &dyn std::fmt::Display| anyhow::anyhow!("--learned `{}`: {e}", path.display());
-        let ckpt = lethe::checkpoint::Checkpoint::load(path).map_err(|e| at(&e))?;
+        let ckpt = lethe::checkpoint::Checkpoint::load(path).map_err(|e| at(path, &e))?;
         let mechanism = ckpt.config.memory.mechanism;
         if !matches!(mechanism, Mechanism::Expire | Mechanism::Infinity) {
-            return Err(at(&format!(
+            return Err(at(path, &format!(
                 "its memory is {}; a sweep compares Expire-Span runs (capped at each budget by memory.expire.budget) and ∞-former runs (at the memory they were trained with)",
                 mechanism.name()
             )));
-        }
-        let own = super::decoder::run_ids(&ckpt, text).map_err(|e| at(&e))?;
-        if !own.starts_with(ids) {
-            return Err(at(&"reads the text as other ids than the folder's tokenizer.json: a run compared with the folder must share its tokenizer"));
         }
         Ok(Learned { name: format!("{} ({})", mechanism.name(), ckpt.config.name), ckpt })
     }
@@ -61,4 +66,9 @@ impl Learned {
         self.ckpt.load_parameters(&lm.vs.variables())?;
         Ok(lm)
     }
+}
+
+/// An error about the `--learned` run at `path`.
+fn at(path: &std::path::Path, e: &dyn std::fmt::Display) -> anyhow::Error {
+    anyhow::anyhow!("--learned `{}`: {e}", path.display())
 }

@@ -315,6 +315,36 @@ fn bench_from_a_folder_times_each_policy_at_each_context() {
     assert!(!refused.status.success() && err.contains("--mechanism applies to the training bench"), "{err}");
 }
 
+/// `--learned RUN[@BUDGET]` times a run with a learned memory in turns with the
+/// policies: a row per context, named after the run (and its cap), the memory it held
+/// after decoding no larger capped than uncapped; a run without a learned memory, or a
+/// budget on an ∞-former, is refused.
+#[test]
+fn bench_from_a_folder_times_a_learned_run_beside_the_policies() {
+    let folder = fixture("llama3");
+    let dir = tempfile::tempdir().unwrap();
+    let sets = ["train.freeze_base=true", "memory.mechanism=\"expire\"", "memory.span=32"];
+    crate::common::cli::fine_tune_fixture(dir.path(), &folder, "fitted", &sets);
+    let run = dir.path().join("runs/fitted");
+    let (run, folder) = (run.to_str().unwrap(), folder.to_str().unwrap());
+    let capped = format!("{run}@8");
+    let out = dir.path().to_str().unwrap();
+    let args = ["bench", "--init-from", folder, "--contexts", "24", "--kv", "window@8", "--learned", &capped];
+    let bench = lethe(&[&args[..], &["--learned", run, "--decode-tokens", "3", "--out", out, "--name", "b"]].concat());
+    assert!(bench.status.success(), "{}", String::from_utf8_lossy(&bench.stderr));
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("b/bench.json")).unwrap()).unwrap();
+    let results = report["results"].as_array().unwrap();
+    let names: Vec<&str> = results.iter().map(|r| r["policy"].as_str().unwrap()).collect();
+    assert_eq!(names, ["window", "expire (fitted)@8", "expire (fitted)"]);
+    let bytes = |i: usize| results[i]["cache_bytes"].as_u64().unwrap();
+    assert!(bytes(1) > 0 && bytes(1) <= bytes(2), "{results:?}");
+    assert!(results.iter().all(|r| r["decode_tok_s"].as_f64().unwrap() > 0.0));
+    let plain = format!("{out}/runs/none");
+    let refused = lethe(&["bench", "--init-from", folder, "--learned", &plain]);
+    assert!(!refused.status.success() && String::from_utf8_lossy(&refused.stderr).contains("runs/none"));
+}
+
 /// A chunk of tokens reads like the same tokens one by one when the policy evicts
 /// nothing in between, even where each key-value head holds other entries (SnapKV) and
 /// Mistral's sliding window masks each head by its own entries' positions.

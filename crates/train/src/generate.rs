@@ -215,6 +215,11 @@ impl<'a> Generator<'a> {
     pub fn memory_held(&self) -> Vec<usize> {
         self.mem.reports().iter().map(|r| r.held).collect()
     }
+
+    /// Bytes of every tensor the memory holds now.
+    pub fn memory_bytes(&self) -> usize {
+        self.mem.state().iter().map(|(_, t)| t.numel() * t.kind().elt_size_in_bytes()).sum()
+    }
 }
 
 /// A generator's state at one point (see [`Generator::snapshot`]).

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# The long-context suite at equal memory on a pretrained decoder (guide: Pretrained
+# decoders, "The long-context suite at equal memory"): for each seed, a Llama-shaped model
+# pretrained by lethe on the passkey task (preset llama-tiny-passkey), written as a
+# Hugging Face folder; Expire-Span fitted onto it with the pretrained weights frozen at
+# each span-loss weight in ALPHAS (on passkey samples of FIT_LENGTHS tokens, only the
+# answers scored); the ∞-former fitted the same way at each size in INFINITY
+# (WINDOW:BLOCK:BASIS); then `lethe longeval --init-from` reads passkey at LENGTHS under
+# every key-value cache policy at each of BUDGETS entries a layer, with the learned runs
+# beside them. Then the mean over seeds of each policy's accuracy by length, with the
+# memory each held when the answer began: OUT/llama-longeval.csv and .md.
+#
+#   scripts/llama-longeval.sh [OUT] [SEEDS] [BUDGETS] [LENGTHS] [ALPHAS] [INFINITY] [SAMPLES]
+#   (defaults: runs/llama-longeval, "1 2 3", 64, 256,512,1k, "1e-4 1e-3", "16:16:32", 8)
+#
+# FIT_STEPS (default 200) and INF_STEPS (default 400) set the fits' steps.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/env.sh
+OUT=${1:-runs/llama-longeval}
+SEEDS=${2:-1 2 3}
+BUDGETS=${3:-64}
+LENGTHS=${4:-256,512,1k}
+ALPHAS=${5:-1e-4 1e-3}
+INFINITY=${6:-16:16:32}
+SAMPLES=${7:-8}
+FIT_STEPS=${FIT_STEPS:-200}
+INF_STEPS=${INF_STEPS:-400}
+FIT_LENGTHS=${FIT_LENGTHS:-[224, 288, 352]}
+cargo build --release --quiet
+LETHE=target/release/lethe
+mkdir -p "$OUT"
+for SEED in $SEEDS; do
+  RUN="$OUT/passkey-s$SEED"
+  if [ ! -f "$RUN/finished" ]; then
+    START=$(date +%s)
+    $LETHE train --preset llama-tiny-passkey --seed "$SEED" --out "$OUT" --name "passkey-s$SEED" --overwrite --quiet
+    echo "passkey-s$SEED: pretrained in $(( $(date +%s) - START )) s" | tee -a "$OUT/cost.txt"
+    touch "$RUN/finished"
+  fi
+  rm -rf "$RUN-hf"
+  $LETHE export --checkpoint "$RUN" --out "$RUN-hf"
+  FIT=(--preset llama-tiny-passkey --init-from "$RUN-hf" --seed "$SEED" --out "$OUT" --overwrite --quiet
+    --set train.freeze_base=true --set model.dropout=0 --set data.longctx.train_on_context=false
+    --set "data.longctx.lengths=$FIT_LENGTHS" --set train.eval_every=0 --set train.checkpoint_every=0)
+  LEARNED=()
+  for ALPHA in $ALPHAS; do
+    NAME="expire-a$ALPHA-s$SEED"
+    START=$(date +%s)
+    $LETHE train "${FIT[@]}" --name "$NAME" --steps "$FIT_STEPS" \
+      --set 'memory.mechanism="expire"' --set memory.span=512 --set train.block=64 --set memory.expire.ramp=16 \
+      --set memory.expire.alpha="$ALPHA" --set memory.expire.init_fraction=0.5 --set train.lr=1e-2 --set train.warmup=10
+    echo "$NAME: $FIT_STEPS steps in $(( $(date +%s) - START )) s" | tee -a "$OUT/cost.txt"
+    LEARNED+=("$OUT/$NAME")
+  done
+  for SIZE in $INFINITY; do
+    IFS=: read -r WINDOW BLOCK BASIS <<<"$SIZE"
+    NAME="infinity-w$WINDOW-b$BLOCK-n$BASIS-s$SEED"
+    START=$(date +%s)
+    $LETHE train "${FIT[@]}" --name "$NAME" --steps "$INF_STEPS" \
+      --set 'memory.mechanism="infinity"' --set memory.span="$WINDOW" --set train.block="$BLOCK" \
+      --set memory.infinity.basis="$BASIS" --set memory.infinity.zero_output=true \
+      --set train.batch=16 --set train.lr=1e-3 --set train.warmup=20
+    echo "$NAME: $INF_STEPS steps in $(( $(date +%s) - START )) s" | tee -a "$OUT/cost.txt"
+    LEARNED+=("$OUT/$NAME")
+  done
+  $LETHE longeval --init-from "$RUN-hf" --policies full,window,streaming,h2o,tova,snapkv:window=16 \
+    --budgets "$BUDGETS" --learned "$(IFS=,; echo "${LEARNED[*]}")" --suite passkey --lengths "$LENGTHS" \
+    --depths 0,50,100 --samples "$SAMPLES" --seed 0 --out "$OUT/eval-s$SEED" | tail -n 40
+done
+# The mean over seeds of each policy's accuracy by length (runs named without the seed).
+python3 - "$OUT" $SEEDS <<'PY'
+import csv, re, statistics, sys
+out, seeds = sys.argv[1], sys.argv[2:]
+cells = {}
+for seed in seeds:
+    for row in csv.DictReader(open(f"{out}/eval-s{seed}/compare.csv")):
+        name = re.sub(r"-s\d+(-|$)", r"\1", row["group"])
+        cells.setdefault((name, int(row["length"])), []).append((float(row["accuracy"]), float(row["memory"])))
+with open(f"{out}/llama-longeval.csv", "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(["policy", "length", "seeds", "accuracy_mean", "accuracy_sd", "memory"])
+    for (name, length), v in cells.items():
+        acc = [a for a, _ in v]
+        sd = statistics.stdev(acc) if len(acc) > 1 else 0.0
+        w.writerow([name, length, len(v), f"{statistics.mean(acc):.3f}", f"{sd:.3f}", f"{statistics.mean(m for _, m in v):.1f}"])
+lengths = sorted({l for _, l in cells})
+names = []
+for n, _ in cells:
+    if n not in names:
+        names.append(n)
+lines = ["| policy | " + " | ".join(str(l) for l in lengths) + " |", "|---|" + "---:|" * len(lengths)]
+for n in names:
+    row = []
+    for l in lengths:
+        v = cells.get((n, l))
+        row.append(f"{statistics.mean(a for a, _ in v):.2f} ({statistics.mean(m for _, m in v):.0f})" if v else "")
+    lines.append(f"| {n} | " + " | ".join(row) + " |")
+open(f"{out}/llama-longeval.md", "w").write(
+    f"Passkey accuracy by length (tokens), mean of seeds {' '.join(seeds)}; in brackets the entries a layer held when the answer began:\n\n" + "\n".join(lines) + "\n")
+print(open(f"{out}/llama-longeval.md").read())
+PY
