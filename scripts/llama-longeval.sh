@@ -4,7 +4,8 @@
 # pretrained by lethe on the passkey task (preset llama-tiny-passkey), written as a
 # Hugging Face folder; Expire-Span fitted onto it with the pretrained weights frozen at
 # each span-loss weight in ALPHAS (on passkey samples of FIT_LENGTHS tokens, only the
-# answers scored); the ∞-former fitted the same way at each size in INFINITY
+# answers scored; FIT_STEPS steps), with low-rank adapters on the attention maps too at
+# each weight in LORA_ALPHAS; the ∞-former fitted the same way at each size in INFINITY
 # (WINDOW:BLOCK:BASIS); then `lethe longeval --init-from` reads passkey at LENGTHS under
 # every key-value cache policy at each of BUDGETS entries a layer, with the learned runs
 # beside them. Then the mean over seeds of each policy's accuracy by length, with the
@@ -13,7 +14,8 @@
 #   scripts/llama-longeval.sh [OUT] [SEEDS] [BUDGETS] [LENGTHS] [ALPHAS] [INFINITY] [SAMPLES]
 #   (defaults: runs/llama-longeval, "1 2 3", 64, 256,512,1k, "1e-4 1e-3", "16:16:32", 8)
 #
-# FIT_STEPS (default 200) and INF_STEPS (default 400) set the fits' steps.
+# FIT_STEPS (default 200) and INF_STEPS (default 400) set the fits' steps, LORA_ALPHAS
+# (default 1e-3) the span-loss weights of the fits with adapters of rank 8.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
@@ -25,6 +27,7 @@ ALPHAS=${5:-1e-4 1e-3}
 INFINITY=${6:-16:16:32}
 SAMPLES=${7:-8}
 FIT_STEPS=${FIT_STEPS:-200}
+LORA_ALPHAS=${LORA_ALPHAS:-1e-3}
 INF_STEPS=${INF_STEPS:-400}
 FIT_LENGTHS=${FIT_LENGTHS:-[224, 288, 352]}
 cargo build --release --quiet
@@ -41,7 +44,7 @@ for SEED in $SEEDS; do
   rm -rf "$RUN-hf"
   $LETHE export --checkpoint "$RUN" --out "$RUN-hf"
   FIT=(--preset llama-tiny-passkey --init-from "$RUN-hf" --seed "$SEED" --out "$OUT" --overwrite --quiet
-    --set train.freeze_base=true --set model.dropout=0 --set data.longctx.train_on_context=false
+    --set train.freeze_base=true --set model.dropout=0
     --set "data.longctx.lengths=$FIT_LENGTHS" --set train.eval_every=0 --set train.checkpoint_every=0)
   LEARNED=()
   for ALPHA in $ALPHAS; do
@@ -50,6 +53,16 @@ for SEED in $SEEDS; do
     $LETHE train "${FIT[@]}" --name "$NAME" --steps "$FIT_STEPS" \
       --set 'memory.mechanism="expire"' --set memory.span=512 --set train.block=64 --set memory.expire.ramp=16 \
       --set memory.expire.alpha="$ALPHA" --set memory.expire.init_fraction=0.5 --set train.lr=1e-2 --set train.warmup=10
+    echo "$NAME: $FIT_STEPS steps in $(( $(date +%s) - START )) s" | tee -a "$OUT/cost.txt"
+    LEARNED+=("$OUT/$NAME")
+  done
+  for ALPHA in $LORA_ALPHAS; do
+    NAME="expire-lora-a$ALPHA-s$SEED"
+    START=$(date +%s)
+    $LETHE train "${FIT[@]}" --name "$NAME" --steps "$FIT_STEPS" \
+      --set 'memory.mechanism="expire"' --set memory.span=512 --set train.block=64 --set memory.expire.ramp=16 \
+      --set memory.expire.alpha="$ALPHA" --set memory.expire.init_fraction=0.5 --set train.lr=1e-3 \
+      --set train.memory_lr=1e-2 --set train.lora_rank=8 --set train.warmup=10
     echo "$NAME: $FIT_STEPS steps in $(( $(date +%s) - START )) s" | tee -a "$OUT/cost.txt"
     LEARNED+=("$OUT/$NAME")
   done

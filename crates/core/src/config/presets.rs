@@ -72,7 +72,7 @@ pub const PRESETS: &[Preset] = &[
     preset!("gpt2-tiny-finetune", "gpt2-tiny's fine-tuning without memory (--init-from the gpt2-tiny run): 600 steps at 2e-4, linearly decayed; CPU"),
     preset!("gpt2-tiny-infinity", "gpt2-tiny-finetune with the ∞-former: LTM of 32 basis functions, threshold 512, the memory at 1e-3; CPU"),
     preset!("llama-tiny", "a Llama-shaped model of 4 layers x 128 (grouped keys, tied output) pretrained by lethe on a text file in blocks of 512 with the fixture's 300-token BPE, for `lethe export` and the key-value policies under a budget (scripts/llama-budget.sh); minutes on 2 cores"),
-    preset!("llama-tiny-passkey", "llama-tiny pretrained on the passkey task at 224-352 tokens, every token scored: the model the key-value policies and the learned memories are compared on by `lethe longeval --init-from` (scripts/llama-longeval.sh); minutes on 2 cores"),
+    preset!("llama-tiny-passkey", "llama-tiny pretrained on the passkey task at 224-352 tokens (answers scored, blocks of 128 over a window of 512, 8000 steps): the model the key-value policies and the learned memories are compared on by `lethe longeval --init-from` (scripts/llama-longeval.sh); about 40 minutes on 2 cores"),
     preset!("smollm2-135m-expire", "Expire-Span fitted onto SmolLM2-135M (--init-from its folder, --data a long text): the pretrained weights frozen, the span predictors alone trained in blocks of 1024, spans up to 2048 (train.lora_rank adds adapters); GPU"),
     preset!("qwen2.5-0.5b-expire", "smollm2-135m-expire on Qwen2.5-0.5B's shape (--init-from its folder); GPU"),
     preset!("llama3.2-1b-expire", "smollm2-135m-expire on Llama-3.2-1B's shape (--init-from its folder); GPU"),
