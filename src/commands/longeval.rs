@@ -464,7 +464,7 @@ fn mean_by_length(points: &[(f64, f64, f64)]) -> Vec<(f64, f64, f64)> {
 /// spread (standard deviation), and the memory held.
 fn print_groups(groups: &[(String, Vec<&Run>)], grid: &Grid, unit: &str) {
     println!();
-    println!("{:<16} {:>5} {:>10} {:>9} {:>7} {:>12}", "group", "runs", unit, "accuracy", "sd", "memory/layer");
+    println!("{:<28} {:>5} {:>10} {:>9} {:>7} {:>12}", "group", "runs", unit, "accuracy", "sd", "memory/layer");
     for (group, members) in groups {
         for &length in &grid.lengths {
             let figures: Vec<(f64, f64)> = members
@@ -476,7 +476,7 @@ fn print_groups(groups: &[(String, Vec<&Run>)], grid: &Grid, unit: &str) {
             let mean = figures.iter().map(|f| f.0).sum::<f64>() / n;
             let sd = (figures.iter().map(|f| (f.0 - mean).powi(2)).sum::<f64>() / n).sqrt();
             let memory = figures.iter().map(|f| f.1).sum::<f64>() / n;
-            println!("{group:<16} {:>5} {length:>10} {mean:>9.3} {sd:>7.3} {memory:>12.1}", members.len());
+            println!("{group:<28} {:>5} {length:>10} {mean:>9.3} {sd:>7.3} {memory:>12.1}", members.len());
         }
     }
 }
