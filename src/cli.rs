@@ -750,8 +750,9 @@ pub struct BenchArgs {
     pub decode_tokens: usize,
     /// With --init-from a Llama-family folder: a lethe run of its model with Expire-Span
     /// (capped at BUDGET entries a layer when given, as --kv takes budgets) or the
-    /// ∞-former, timed in turns with the policies: its prompt read in blocks of its own
-    /// train.block, then decoded token by token (repeatable).
+    /// ∞-former, timed in turns with the policies: its prompt read as `lethe eval
+    /// --learned` reads one (Expire-Span token by token, an ∞-former in blocks of its own
+    /// train.block), then decoded token by token (repeatable).
     #[arg(long, value_name = "RUN[@BUDGET]")]
     pub learned: Vec<String>,
 }

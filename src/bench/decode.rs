@@ -83,7 +83,7 @@ pub fn read_rate() -> Result<f64> {
 }
 
 /// A lethe run with a learned memory (Expire-Span, the ∞-former) to time beside the
-/// policies: its prompt read in blocks of its own `train.block`, as `lethe generate`
+/// policies: its prompt read in blocks of its model's `train.block`, as `lethe generate`
 /// reads one, then decoded token by token with its memory.
 pub struct LearnedCase<'a> {
     /// The name its rows carry.

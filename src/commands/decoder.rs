@@ -313,7 +313,7 @@ pub(crate) fn bench(a: &BenchArgs, folder: &std::path::Path) -> Result<()> {
         }
         for &context in &contexts {
             let entries = budget.map(|b| b.entries((context + a.decode_tokens) as i64)).transpose()?.unwrap_or(0);
-            let lm = run.at_budget(entries, run.ckpt.config.train.block)?;
+            let lm = run.at_budget(entries, run.block(None))?;
             let name = budget.map_or(run.name.clone(), |_| format!("{}@{entries}", run.name));
             runs.push((name, lm, context));
         }
