@@ -16,7 +16,7 @@ use lethe::model::llama::Llama;
 use lethe::model::Lm;
 use lethe::plot::{Heatmap, SweepSeries};
 
-use super::decoder::pretrained_tokenizer;
+use super::decoder::{block_for, pretrained_tokenizer};
 use super::learned::Learned;
 use super::train::load_checkpoint;
 use crate::cli::LongevalArgs;
@@ -127,27 +127,21 @@ fn decoder_runs(a: &LongevalArgs, folder: &Path, grid: &Grid) -> Result<Vec<Run>
                 .collect(),
         };
         for (name, budget) in budgeted {
-            let block = match (a.block, budget) {
-                (Some(0), _) => bail!("--block must be at least 1"),
-                (Some(n), _) => n,
-                (None, Some(_)) => 1,
-                (None, None) => lethe::generate::PROMPT_BLOCK,
-            };
-            let decoder = Decoder { model: &model, policy: policy.clone(), budget, block };
-            decoder
+            let mut decoder = Decoder { model: &model, policy: policy.clone(), budget, block: 1 };
+            let parsed = decoder
                 .policy_for(shortest)
                 .map_err(|e| anyhow::anyhow!("--policies `{policy}` at {shortest} tokens: {e}"))?;
+            decoder.block = block_for(a.block, &parsed)?;
             plans.push((name, decoder));
         }
     }
-    let probe = PROBE;
-    let probe_ids = tokenizer.encode(probe)?;
+    let probe_ids = tokenizer.encode(PROBE)?;
     let learned: Vec<Learned> =
-        a.learned.iter().flatten().map(|run| Learned::load(run, probe, &probe_ids)).collect::<Result<_>>()?;
+        a.learned.iter().flatten().map(|run| Learned::load(run, PROBE, &probe_ids)).collect::<Result<_>>()?;
     let mut runs = Vec::new();
     for (name, decoder) in &plans {
         eprintln!("longeval: {name} ({})", folder.display());
-        let table = evaluate(decoder, &tokenizer, grid, &a.out.join(name))?;
+        let table = evaluate(decoder, (&tokenizer, "tokens"), grid, &a.out.join(name))?;
         runs.push(Run { name: name.clone(), table, unit: "tokens" });
     }
     for run in &learned {
@@ -164,7 +158,7 @@ fn decoder_runs(a: &LongevalArgs, folder: &Path, grid: &Grid) -> Result<Vec<Run>
         for (name, budget) in at {
             eprintln!("longeval: {name} ({})", run.name);
             let subject = LearnedAt::new(run, budget, block, &grid.lengths)?;
-            let table = evaluate(&subject, &tokenizer, grid, &a.out.join(&name))?;
+            let table = evaluate(&subject, (&tokenizer, "tokens"), grid, &a.out.join(&name))?;
             runs.push(Run { name, table, unit: "tokens" });
         }
     }
@@ -202,8 +196,9 @@ impl LearnedAt {
 
 impl Subject for LearnedAt {
     fn read<'s>(&'s self, input: &[Token], length: usize) -> lethe::error::Result<Box<dyn Reader + 's>> {
-        let lm = self.by_length.iter().find(|(l, _)| *l == length).or(self.by_length.last()).map(|(_, lm)| lm);
-        let lm = lm.ok_or_else(|| lethe::error::LetheError::Invalid("longeval: a grid without lengths".into()))?;
+        let lm = self.by_length.iter().find(|(l, _)| *l == length).map(|(_, lm)| lm);
+        let lm =
+            lm.ok_or_else(|| lethe::error::LetheError::Invalid(format!("longeval: no model for length {length}")))?;
         lm.read(input, length)
     }
 }
@@ -248,18 +243,17 @@ fn evaluate_run(checkpoint: &Path, grid: &Grid, out: &Path, device: &str) -> Res
         );
     }
     let lm = Lm::from_checkpoint(&ckpt, device)?;
-    let (table, unit) = match &tokenizer {
-        Some(t) => (evaluate(&lm, t, grid, out)?, "tokens"),
-        None => (evaluate(&lm, &ByteUnits, grid, out)?, "bytes"),
+    let (units, unit): (&dyn Units, _) = match &tokenizer {
+        Some(t) => (t, "tokens"),
+        None => (&ByteUnits, "bytes"),
     };
-    Ok((table, unit))
+    Ok((evaluate(&lm, (units, unit), grid, out)?, unit))
 }
 
-/// Evaluates `grid` on `subject`, which reads `units`, into `out`, printing progress,
-/// the summary and the heatmaps.
-fn evaluate<U: Units + IsTokens>(subject: &dyn Subject, units: &U, grid: &Grid, out: &Path) -> Result<Vec<Cell>> {
+/// Evaluates `grid` on `subject`, which reads `units` (named `unit` in the tables), into
+/// `out`, printing progress, the summary and the heatmaps.
+fn evaluate(subject: &dyn Subject, (units, unit): (&dyn Units, &str), grid: &Grid, out: &Path) -> Result<Vec<Cell>> {
     std::fs::create_dir_all(out).with_context(|| format!("--out `{}`", out.display()))?;
-    let unit = units.unit_name();
     let started = Instant::now();
     let table = lethe::longeval::run(subject, units, grid, out, |cell, done, total| {
         let elapsed = started.elapsed();
@@ -298,23 +292,6 @@ fn evaluate<U: Units + IsTokens>(subject: &dyn Subject, units: &U, grid: &Grid, 
         println!("wrote {} and its .png", path.display());
     }
     Ok(table)
-}
-
-/// The name of a model's unit in the tables: bytes, or a tokenizer's tokens.
-trait IsTokens {
-    fn unit_name(&self) -> &'static str;
-}
-
-impl IsTokens for ByteUnits {
-    fn unit_name(&self) -> &'static str {
-        "bytes"
-    }
-}
-
-impl IsTokens for lethe::data::tokenizer::Tokenizer {
-    fn unit_name(&self) -> &'static str {
-        "tokens"
-    }
 }
 
 /// The y range of the accuracy charts.
