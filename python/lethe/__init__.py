@@ -16,6 +16,7 @@ from .layers import (
     State,
     TransformerXL,
 )
+from .model import Model, load
 
 __all__ = [
     "AdaptiveSpan",
@@ -23,6 +24,8 @@ __all__ = [
     "ExpireSpan",
     "InfinityFormer",
     "MemoryAttention",
+    "Model",
     "State",
     "TransformerXL",
+    "load",
 ]

@@ -1,51 +1,35 @@
-//! `lethe._lethe`: one attention layer with its memory, for the Python package `lethe`
-//! (python/lethe), which makes it a `torch.nn.Module`.
+//! `lethe._lethe`: lethe's memories for the Python package `lethe` (python/lethe), which
+//! makes them `torch.nn.Module`s.
 //!
-//! A [`Layer`] is what one layer of lethe's backbone does with its memory (the
-//! projections of Eq. 1, the mechanism's `attend` and `update`, the output projection),
-//! without the norms and the feed-forward around it. Its parameters are tensors of this
-//! extension's `VarStore`, handed to Python as the very same libtorch tensors (pyo3-tch),
-//! so that the Python module registers them as its `nn.Parameter`s: an optimiser in
-//! Python updates what this code computes with, and autograd records lethe's operations
-//! in the graph of the user's model, its fused kernels' backward passes included.
+//! - [`layer::Layer`]: one attention layer of lethe's backbone with its memory mechanism;
+//! - [`model::Model`]: a whole lethe model, read from a run folder, a checkpoint or a
+//!   Hugging Face folder lethe reads.
 //!
-//! The memory is an explicit value: `forward` takes the state of the previous block as
-//! named tensors ([`MemoryLayer::state`], the same tensors a checkpoint saves for exact
-//! resume), restores it into a fresh memory, runs the block and returns the new state.
+//! Parameters are tensors of this extension's `VarStore`, handed to Python as the very
+//! same libtorch tensors (pyo3-tch), so that the Python module registers them as its
+//! `nn.Parameter`s: an optimiser in Python updates what this code computes with, and
+//! autograd records lethe's operations in the graph of the user's model, its fused
+//! kernels' backward passes included.
+//!
+//! Memory is an explicit value: each call takes the state of the previous block as named
+//! tensors (the same tensors a checkpoint saves for exact resume), restores a copy of it
+//! into a fresh memory, runs the block and returns the new state.
+
+mod layer;
+mod model;
 
 use std::panic::AssertUnwindSafe;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3_tch::PyTensor;
-use tch::{nn, Device, Kind, Tensor};
+use tch::{Kind, Tensor};
 
-use lethe_core::config::{Arch, MemoryConfig};
 use lethe_core::error::libtorch_failure;
-use lethe_model::attention::{Attention, LinearInit};
-use lethe_model::memory::{self, AttendInput, MemoryLayer};
 
 /// Named tensors: parameters, or a memory's state.
 type Named = Vec<(String, PyTensor)>;
-
-/// One attention layer and its memory mechanism. See the module documentation.
-#[pyclass(module = "lethe._lethe")]
-struct Layer {
-    inner: Mutex<Inner>,
-}
-
-/// What a [`Layer`] owns; behind a lock, as a Python object may be shared by threads.
-struct Inner {
-    vs: nn::VarStore,
-    attn: Attention,
-    /// The memory with no state: each call restores the caller's state into a fresh one.
-    memory: Box<dyn MemoryLayer>,
-    /// Learned relative positions, `(rows, d_head)` (paper A.1).
-    key_pe: Tensor,
-    d_model: i64,
-    block: i64,
-}
 
 /// A Python `ValueError` saying `what`.
 fn invalid(what: impl Into<String>) -> PyErr {
@@ -73,8 +57,59 @@ fn dtype_name(kind: Kind) -> String {
         Kind::Double => "torch.float64".into(),
         Kind::Half => "torch.float16".into(),
         Kind::BFloat16 => "torch.bfloat16".into(),
+        Kind::Int64 => "torch.int64".into(),
         other => format!("{other:?}"),
     }
+}
+
+/// Refuses `t` (the argument `what`) unless it has the parameters' dtype `kind`.
+fn check_float(what: &str, t: &Tensor, kind: Kind) -> PyResult<()> {
+    if t.kind() == kind {
+        return Ok(());
+    }
+    Err(invalid(format!(
+        "{what}: dtype {} differs from the parameters' {} (convert one: {what}.to(dtype) or module.to(dtype))",
+        dtype_name(t.kind()),
+        dtype_name(kind)
+    )))
+}
+
+/// Refuses `t` (the argument `what`) unless it is on the parameters' `device`.
+fn check_device(what: &str, t: &Tensor, device: tch::Device) -> PyResult<()> {
+    if t.device() == device {
+        return Ok(());
+    }
+    Err(invalid(format!(
+        "{what}: on {:?}, the parameters on {device:?} (move one: {what}.to(device) or module.to(device))",
+        t.device()
+    )))
+}
+
+/// The tensors of a caller's `state` for a block of `streams` streams on `device`,
+/// copied, so that the caller's state stays as it was whatever the memory does with them.
+fn restore(state: &[(String, PyTensor)], streams: i64, device: tch::Device) -> PyResult<Vec<(String, Tensor)>> {
+    let mut restored = Vec::with_capacity(state.len());
+    for (name, t) in state {
+        if t.device() != device {
+            return Err(invalid(format!(
+                "state: `{name}` is on {:?}, the block on {device:?} (move the state: state.to(device))",
+                t.device()
+            )));
+        }
+        if t.dim() > 0 && t.size()[0] != streams {
+            return Err(invalid(format!(
+                "state: `{name}` holds {} streams and the block {streams} (a state carries the streams of the blocks it read)",
+                t.size()[0]
+            )));
+        }
+        restored.push((name.clone(), t.detach().copy()));
+    }
+    Ok(restored)
+}
+
+/// Locks what a Python object owns (it may be shared by threads).
+fn lock<T>(inner: &Mutex<T>) -> PyResult<MutexGuard<'_, T>> {
+    inner.lock().map_err(|_| PyRuntimeError::new_err("lethe: the module was poisoned by an earlier failure"))
 }
 
 /// Runs `f`, turning a libtorch error that a tensor operation panicked with into a
@@ -83,11 +118,7 @@ fn guarded<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
     match std::panic::catch_unwind(AssertUnwindSafe(f)) {
         Ok(result) => result,
         Err(payload) => {
-            let text = payload
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
+            let text = panic_text(payload.as_ref());
             Err(PyRuntimeError::new_err(
                 libtorch_failure(&text).unwrap_or_else(|| format!("lethe: internal error (a bug): {text}")),
             ))
@@ -95,158 +126,13 @@ fn guarded<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
     }
 }
 
-impl Inner {
-    /// Checks a block `x` against the layer: `(b, m, d_model)`, `1 <= m <= block`, the
-    /// parameters' dtype and device.
-    fn check_block(&self, x: &Tensor) -> PyResult<()> {
-        let size = x.size();
-        if size.len() != 3 || size[2] != self.d_model {
-            return Err(invalid(format!(
-                "x: expected a block of shape (batch, length, d_model = {}), got {size:?}",
-                self.d_model
-            )));
-        }
-        if size[0] == 0 || size[1] == 0 || size[1] > self.block {
-            return Err(invalid(format!(
-                "x: a block of {} streams of {} positions; the layer takes 1 to block = {} positions of at least one stream",
-                size[0], size[1], self.block
-            )));
-        }
-        if x.kind() != self.key_pe.kind() {
-            return Err(invalid(format!(
-                "x: dtype {} differs from the layer's parameters' {} (convert one: x.to(dtype) or layer.to(dtype))",
-                dtype_name(x.kind()),
-                dtype_name(self.key_pe.kind())
-            )));
-        }
-        if x.device() != self.key_pe.device() {
-            return Err(invalid(format!(
-                "x: on {:?}, the layer's parameters on {:?} (move one: x.to(device) or layer.to(device))",
-                x.device(),
-                self.key_pe.device()
-            )));
-        }
-        Ok(())
-    }
-
-    /// A fresh memory holding `state` (copied, so that the caller's tensors stay as they
-    /// are), checked against the block `x`.
-    fn restore(&self, state: &[(String, PyTensor)], x: &Tensor) -> PyResult<Box<dyn MemoryLayer>> {
-        let mut memory = self.memory.fresh();
-        let mut restored = Vec::with_capacity(state.len());
-        for (name, t) in state {
-            if t.device() != x.device() {
-                return Err(invalid(format!(
-                    "state: `{name}` is on {:?} and x on {:?} (move the state: state.to(device))",
-                    t.device(),
-                    x.device()
-                )));
-            }
-            if t.dim() > 0 && t.size()[0] != x.size()[0] {
-                return Err(invalid(format!(
-                    "state: `{name}` holds {} streams and x {} (a state carries the streams of the blocks it read)",
-                    t.size()[0],
-                    x.size()[0]
-                )));
-            }
-            restored.push((name.clone(), t.detach().copy()));
-        }
-        memory.load_state(&restored).map_err(|e| invalid(format!("state: {e}")))?;
-        Ok(memory)
-    }
-}
-
-#[pymethods]
-impl Layer {
-    /// A layer of `d_model` split into `heads`, taking blocks of at most `block`
-    /// positions, attention dropout `dropout`, its memory as `memory` says (a
-    /// `[memory]` section of lethe's config as JSON). Parameters start as lethe's
-    /// backbone starts them, from libtorch's generator (`torch.manual_seed`).
-    #[new]
-    #[pyo3(signature = (d_model, heads, block, dropout, memory))]
-    fn new(d_model: i64, heads: i64, block: usize, dropout: f64, memory: &str) -> PyResult<Layer> {
-        if d_model <= 0 || heads <= 0 || d_model % heads != 0 {
-            return Err(invalid(format!("d_model = {d_model} must be a positive multiple of heads = {heads}")));
-        }
-        if block == 0 {
-            return Err(invalid("block must be at least 1"));
-        }
-        if !(0.0..1.0).contains(&dropout) {
-            return Err(invalid(format!("dropout = {dropout} must be in [0, 1)")));
-        }
-        let cfg: MemoryConfig = serde_json::from_str(memory).map_err(|e| {
-            // The settings are keyword arguments, not a file: no line and column.
-            let said = e.to_string();
-            let said = said.split(" at line ").next().unwrap_or(&said).to_string();
-            invalid(format!("settings: {said}"))
-        })?;
-        cfg.validate(block, Arch::Lethe).map_err(|e| invalid(as_arguments(&e.to_string())))?;
-        guarded(|| {
-            let vs = nn::VarStore::new(Device::Cpu);
-            let root = vs.root();
-            let attn = Attention::with_init(root.clone(), d_model, heads, dropout, false, LinearInit::KAIMING);
-            let memory =
-                memory::build(&cfg, root.clone(), d_model, heads, block).map_err(|e| invalid(e.to_string()))?;
-            let d_head = d_model / heads;
-            let rows = memory::position_rows(&cfg, block);
-            let std = LinearInit::KAIMING.key_pe_std(d_head);
-            let key_pe = root.var("key_pe", &[rows, d_head], nn::Init::Randn { mean: 0.0, stdev: std });
-            let inner = Inner { vs, attn, memory, key_pe, d_model, block: block as i64 };
-            Ok(Layer { inner: Mutex::new(inner) })
-        })
-    }
-
-    /// The parameters by name (`q.weight`, `key_pe`, `expire.span.weight`, ...), sorted:
-    /// the tensors this layer computes with, not copies.
-    fn parameters(&self) -> PyResult<Named> {
-        let inner = self.lock()?;
-        Ok(lethe_model::sorted_parameters(&inner.vs).into_iter().map(|(n, t)| (n, PyTensor(t))).collect())
-    }
-
-    /// One block `x` `(b, m, d_model)` over the memory `state` (empty: no memory): the
-    /// attention output `(b, m, d_model)`, the memory after the block, and the
-    /// mechanism's auxiliary loss (Expire-Span's span loss), if any. `train` turns on
-    /// dropout and the training-only regularisers.
-    #[pyo3(signature = (x, state, train))]
-    fn forward(
-        &self,
-        py: Python<'_>,
-        x: PyTensor,
-        state: Named,
-        train: bool,
-    ) -> PyResult<(PyTensor, Named, Option<PyTensor>)> {
-        py.allow_threads(move || {
-            let inner = self.lock()?;
-            inner.check_block(&x)?;
-            guarded(|| {
-                let mut memory = inner.restore(&state, &x)?;
-                let q = inner.attn.queries(&x);
-                let input = AttendInput {
-                    x: &x,
-                    q: &q,
-                    attn: &inner.attn,
-                    key_pe: Some(&inner.key_pe),
-                    train,
-                    episodes: None,
-                    norm: None,
-                };
-                let out = memory.attend(&input).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
-                memory.update(&x.detach(), None, out.carry).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
-                let mut y = inner.attn.output(&out.context);
-                if let Some(added) = out.added {
-                    y += added;
-                }
-                let state = memory.state().into_iter().map(|(n, t)| (n, PyTensor(t))).collect();
-                Ok((PyTensor(y), state, out.aux_loss.map(PyTensor)))
-            })
-        })
-    }
-}
-
-impl Layer {
-    fn lock(&self) -> PyResult<std::sync::MutexGuard<'_, Inner>> {
-        self.inner.lock().map_err(|_| PyRuntimeError::new_err("lethe: the layer was poisoned by an earlier failure"))
-    }
+/// A panic's message, where it is text.
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
 }
 
 /// Keeps a libtorch failure that [`guarded`] turns into a Python exception from also
@@ -254,13 +140,7 @@ impl Layer {
 fn quiet_libtorch_panics() {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
-        let text = info
-            .payload()
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| info.payload().downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_default();
-        if libtorch_failure(&text).is_none() {
+        if libtorch_failure(&panic_text(info.payload())).is_none() {
             default(info);
         }
     }));
@@ -269,6 +149,7 @@ fn quiet_libtorch_panics() {
 #[pymodule]
 fn _lethe(m: &Bound<'_, PyModule>) -> PyResult<()> {
     quiet_libtorch_panics();
-    m.add_class::<Layer>()?;
+    m.add_class::<layer::Layer>()?;
+    m.add_class::<model::Model>()?;
     Ok(())
 }

@@ -1,0 +1,98 @@
+"""A whole lethe model as a ``torch.nn.Module``: :func:`load`."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor, nn
+
+from . import _lethe
+from .layers import State, _register
+
+__all__ = ["Model", "load"]
+
+
+class Model(nn.Module):
+    """A lethe language model: the embedding, the backbone's layers each with its memory,
+    the output head, as the ``lethe`` command trains and evaluates it. Make one with
+    :func:`load`.
+
+    Attributes:
+        config: the model's lethe config (the run's ``config.toml``) as a dict.
+        vocab: the size of the vocabulary.
+        block: the longest block :meth:`forward` takes (the config's ``train.block``).
+        aux_loss: the sum of the layers' auxiliary losses of the last :meth:`forward`.
+    """
+
+    aux_loss: Tensor
+
+    def __init__(self, path: Union[str, os.PathLike]) -> None:
+        super().__init__()
+        self._model = _lethe.Model(os.fspath(path))
+        self.config: Dict[str, Any] = json.loads(self._model.config())
+        self.vocab: int = self.config["model"]["vocab"]
+        self.block: int = self.config["train"]["block"]
+        m = self.config["model"]
+        self._owner = (
+            f"lethe.Model({m['arch']}, {m['layers']} layers x {m['d_model']}, "
+            f"{self.config['memory']['mechanism']} memory of span {self.config['memory']['span']})"
+        )
+        for name, tensor in self._model.parameters():
+            _register(self, name, tensor)
+        self.aux_loss = torch.zeros(())
+
+    def forward(self, tokens: Tensor, state: Optional[State] = None) -> Tuple[Tensor, State]:
+        """Reads the block ``tokens`` ``(batch, length)`` (int64 ids, ``length <= block``)
+        over the memory ``state`` (None: empty); returns the next-token logits ``(batch,
+        length, vocab)`` and every layer's memory after the block."""
+        if not isinstance(tokens, Tensor):
+            raise TypeError(f"tokens: expected a torch.Tensor, got {type(tokens).__name__}")
+        if state is None:
+            held: List[Tuple[str, Tensor]] = []
+        elif not isinstance(state, State):
+            raise TypeError(f"state: expected a lethe.State (or None), got {type(state).__name__}")
+        elif state.owner != self._owner:
+            raise ValueError(f"state: made by {state.owner}, not by this model, {self._owner}")
+        else:
+            held = state.tensors
+        logits, after, aux = self._model.forward(tokens, held, self.training)
+        self.aux_loss = aux
+        return logits, State(self._owner, after)
+
+    def encode(self, text: str) -> List[int]:
+        """``text`` as the model's token ids (its tokenizer's, or UTF-8 bytes)."""
+        return self._model.encode(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Token ids as text."""
+        return self._model.decode([int(i) for i in ids])
+
+    def generate(
+        self,
+        prompt: Union[str, Sequence[int]],
+        count: int,
+        *,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int = 0,
+    ) -> List[int]:
+        """``count`` token ids after ``prompt`` (text, or token ids) from an empty memory,
+        as ``lethe generate`` makes them: greedy at ``temperature`` 0 (the default), else
+        sampled from the ``top_k`` most likely tokens (0: all) within ``top_p`` of the
+        probability, seeded by ``seed``."""
+        ids = self.encode(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
+        return self._model.generate(ids, count, float(temperature), top_k, float(top_p), seed)
+
+    def extra_repr(self) -> str:
+        return self._owner
+
+
+def load(path: Union[str, os.PathLike]) -> Model:
+    """The lethe model at ``path``: a run folder (or its ``checkpoint.safetensors``), or a
+    Hugging Face folder lethe reads (GPT-2, Llama, Mistral, Qwen, SmolLM2) with lethe's
+    default memory settings."""
+    return Model(path)

@@ -1,0 +1,174 @@
+"""The Python modules compute what the ``lethe`` command computes, on the same checkpoint.
+
+For every mechanism, a tiny run trained by ``lethe train``:
+- ``lethe.load(run)`` scores the validation text as ``lethe eval --per-token`` does, token
+  by token, to float32 rounding;
+- a model of the user's own, built from ``lethe.MemoryAttention`` layers and PyTorch's
+  LayerNorm, Linear and Embedding with the run's weights, gives the logits and the
+  gradients of ``lethe.load(run)``, its layers' parameters each equal to the run's.
+"""
+
+import csv
+import os
+import pathlib
+import random
+import subprocess
+
+import pytest
+import torch
+from torch import nn
+
+import lethe
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+BINARY = pathlib.Path(os.environ.get("LETHE_BIN", REPO / "target" / "release" / "lethe"))
+BLOCK = 16
+MECHANISMS = {
+    "fixed": ["memory.span=32"],
+    "expire": ["memory.span=64", "memory.expire.ramp=8"],
+    "adaptive": ["memory.span=32", "memory.adaptive.ramp=8"],
+    "compressive": ["memory.span=16", "memory.compressive.slots=8", "memory.compressive.rate=2"],
+    "infinity": ["memory.span=16", "memory.infinity.basis=8"],
+}
+
+pytestmark = pytest.mark.skipif(not BINARY.is_file(), reason=f"needs the lethe binary ({BINARY}): cargo build --release")
+
+
+def lethe_cli(*args, cwd):
+    """What `lethe ARGS` printed, as bytes."""
+    done = subprocess.run([str(BINARY), *args], cwd=cwd, capture_output=True)
+    assert done.returncode == 0, f"lethe {' '.join(args)}: {done.stderr.decode(errors='replace')}"
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A text file and one run folder per mechanism, trained 4 steps by `lethe train`."""
+    folder = tmp_path_factory.mktemp("runs")
+    rng = random.Random(0)
+    words = "the of memory span keeps forgets long stream token past attention learns what to keep and expire".split()
+    (folder / "words.txt").write_text(" ".join(rng.choice(words) for _ in range(1200)))
+    for mechanism, sets in MECHANISMS.items():
+        settings = [f"memory.mechanism={mechanism}", "model.layers=2", "model.d_model=32", "model.heads=4"]
+        settings += ["model.d_ffn=64", "model.dropout=0", "train.batch=2", f"train.block={BLOCK}", *sets]
+        args = ["train", "-p", "enwik8-tiny", "--data", "words.txt", "--steps", "4", "--out", ".", "--name", mechanism]
+        lethe_cli(*args, *[a for s in settings for a in ("--set", s)], "-q", cwd=folder)
+    return folder
+
+
+def per_token(folder, mechanism):
+    """`lethe eval --per-token` of one stream in blocks of BLOCK: (inputs, losses)."""
+    lethe_cli(
+        "eval", "--checkpoint", mechanism, "--data", "words.txt", "--batch", "1", "--block", str(BLOCK),
+        "--per-token", f"{mechanism}.csv", cwd=folder,
+    )
+    with open(folder / f"{mechanism}.csv") as f:
+        rows = list(csv.DictReader(f))
+    targets = bytes(int(r["target"]) for r in rows)
+    text = (folder / "words.txt").read_bytes()
+    at = text.find(targets)  # the split's targets; each input is the byte before its target
+    assert at > 0 and text.find(targets, at + 1) < 0, "the split's text is not unique in the file"
+    inputs = torch.tensor(list(text[at - 1 : at - 1 + len(targets)]))
+    return inputs, torch.tensor([float(r["loss"]) for r in rows])
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_load_scores_every_token_as_lethe_eval(runs, mechanism):
+    inputs, expected = per_token(runs, mechanism)
+    model = lethe.load(runs / mechanism).eval()
+    state, losses = None, []
+    with torch.no_grad():
+        for start in range(0, len(inputs), BLOCK):
+            block = inputs[start : start + BLOCK]
+            logits, state = model(block.unsqueeze(0), state)
+            targets = inputs[start + 1 : start + 1 + BLOCK]
+            if start + BLOCK >= len(inputs):  # the last target is the byte after the inputs
+                targets = torch.cat([targets, torch.tensor([0])])[: len(block)]
+            losses.append(nn.functional.cross_entropy(logits[0], targets, reduction="none"))
+    got = torch.cat(losses)[: len(expected) - 1]  # the last target lies beyond `inputs`
+    torch.testing.assert_close(got, expected[: len(got)], rtol=1e-5, atol=2e-5)
+
+
+class Composed(nn.Module):
+    """lethe's pre-norm backbone from lethe.MemoryAttention and PyTorch's own modules."""
+
+    def __init__(self, config):
+        super().__init__()
+        m, memory = config["model"], config["memory"]
+        d, mechanism = m["d_model"], memory["mechanism"]
+        settings = memory.get(mechanism, {})
+        self.embed = nn.Embedding(m["vocab"], d)
+        self.layers = nn.ModuleList()
+        for _ in range(m["layers"]):
+            layer = nn.Module()
+            layer.norm1, layer.norm2 = nn.LayerNorm(d, eps=m["norm_eps"]), nn.LayerNorm(d, eps=m["norm_eps"])
+            layer.attn = lethe.MemoryAttention(
+                mechanism, d, m["heads"], memory["span"], block=BLOCK, dropout=0.0, settings=settings
+            )
+            layer.ff1, layer.ff2 = nn.Linear(d, m["d_ffn"]), nn.Linear(m["d_ffn"], d)
+            self.layers.append(layer)
+        self.final_norm = nn.LayerNorm(d, eps=m["norm_eps"])
+        self.head = nn.Linear(d, m["vocab"])
+
+    def load_run(self, run):
+        """The run's weights: `layers.<i>.attn.*` into each layer, `key_pe` into every one."""
+        theirs = dict(run.named_parameters())
+        for name, p in self.named_parameters():
+            source = "key_pe" if name.endswith("attn.key_pe") else name
+            with torch.no_grad():
+                p.copy_(theirs[source])
+
+    def forward(self, tokens, states):
+        h, after, aux = self.embed(tokens), [], 0.0
+        for layer, state in zip(self.layers, states):
+            a, state = layer.attn(layer.norm1(h), state)
+            h = h + a
+            h = h + layer.ff2(torch.relu(layer.ff1(layer.norm2(h))))
+            after.append(state)
+            aux = aux + layer.attn.aux_loss
+        return self.head(self.final_norm(h)), after, aux
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_a_model_of_lethes_layers_computes_what_load_computes(runs, mechanism):
+    run = lethe.load(runs / mechanism)
+    assert run.config["model"]["pre_norm"] and run.config["model"]["arch"] == "lethe"
+    ours = Composed(run.config)
+    ours.load_run(run)
+    run.train(), ours.train()  # the auxiliary losses are training's; dropout is 0
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, run.vocab, (2, 5 * BLOCK), generator=g)
+    weights = torch.randn(2, BLOCK, run.vocab, generator=g)
+    state, states, loss_run, loss_ours = None, [None] * len(ours.layers), 0.0, 0.0
+    for start in range(0, tokens.shape[1], BLOCK):
+        block = tokens[:, start : start + BLOCK]
+        logits_run, state = run(block, state)
+        logits_ours, states, aux = ours(block, states)
+        torch.testing.assert_close(logits_ours, logits_run, rtol=1e-5, atol=1e-5)
+        loss_run = loss_run + (logits_run * weights).sum() + run.aux_loss
+        loss_ours = loss_ours + (logits_ours * weights).sum() + aux
+    torch.testing.assert_close(loss_ours, loss_run, rtol=1e-5, atol=1e-4)
+    loss_run.backward()
+    loss_ours.backward()
+    theirs = dict(run.named_parameters())
+    key_pe = sum(layer.attn.key_pe.grad for layer in ours.layers)
+    torch.testing.assert_close(key_pe, theirs["key_pe"].grad, rtol=1e-4, atol=1e-5)
+    for name, p in ours.named_parameters():
+        if not name.endswith("attn.key_pe"):
+            torch.testing.assert_close(p.grad, theirs[name].grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_generate_continues_as_lethe_generate(runs, temperature):
+    args = ["--prompt", "the memory", "--bytes", "24", "--temperature", str(temperature), "--seed", "3"]
+    said = lethe_cli("generate", "--checkpoint", "expire", *args, cwd=runs)
+    model = lethe.load(runs / "expire")
+    ours = bytes(model.generate("the memory", 24, temperature=temperature, seed=3))  # byte-level: ids are bytes
+    assert said == b"the memory" + ours + b"\n", f"lethe generate said {said!r}; lethe.Model.generate {ours!r}"
+
+
+def test_load_refuses_what_is_not_a_model(tmp_path):
+    with pytest.raises(ValueError, match="neither a Hugging Face model folder"):
+        lethe.load(tmp_path)
+    with pytest.raises(ValueError, match="does not exist"):
+        lethe.load(tmp_path / "missing")
