@@ -85,7 +85,7 @@ class Model(nn.Module):
         sampled from the ``top_k`` most likely tokens (0: all) within ``top_p`` of the
         probability, seeded by ``seed``."""
         ids = self.encode(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
-        return self._model.generate(ids, count, float(temperature), top_k, float(top_p), seed)
+        return self._model.generate(ids, count, (float(temperature), top_k, float(top_p), seed))
 
     def extra_repr(self) -> str:
         return self._owner

@@ -159,19 +159,17 @@ impl Model {
     }
 
     /// `count` tokens after `prompt` (ids), from an empty memory, as `lethe generate`
-    /// makes them: the prompt read in blocks, then each token chosen from the logits
-    /// (greedy at `temperature` 0, else sampled with `top_k`, `top_p` and `seed`).
-    #[pyo3(signature = (prompt, count, temperature, top_k, top_p, seed))]
+    /// makes them: the prompt read in blocks, then each token chosen from the logits by
+    /// `sampling`, `(temperature, top_k, top_p, seed)` (greedy at temperature 0).
+    #[pyo3(signature = (prompt, count, sampling))]
     fn generate(
         &self,
         py: Python<'_>,
         prompt: Vec<i64>,
         count: usize,
-        temperature: f64,
-        top_k: usize,
-        top_p: f64,
-        seed: u64,
+        sampling: (f64, usize, f64, u64),
     ) -> PyResult<Vec<i64>> {
+        let (temperature, top_k, top_p, seed) = sampling;
         py.allow_threads(move || {
             let inner = lock(&self.inner)?;
             let vocab = inner.lm.config.model.vocab as i64;
