@@ -3,7 +3,8 @@
 //!
 //! - [`layer::Layer`]: one attention layer of lethe's backbone with its memory mechanism;
 //! - [`model::Model`]: a whole lethe model, read from a run folder, a checkpoint or a
-//!   Hugging Face folder lethe reads.
+//!   Hugging Face folder lethe reads;
+//! - [`main`]: the `lethe` command line, for the package's `lethe` command.
 //!
 //! Parameters are tensors of this extension's `VarStore`, handed to Python as the very
 //! same libtorch tensors (pyo3-tch), so that the Python module registers them as its
@@ -17,6 +18,13 @@
 
 mod layer;
 mod model;
+
+// The `lethe` command line: the binary's own source, so that the package's `lethe`
+// command (`python -m lethe`) is the same program.
+#[path = "../../src/cli.rs"]
+mod cli;
+#[path = "../../src/commands/mod.rs"]
+mod commands;
 
 use std::panic::AssertUnwindSafe;
 use std::sync::{Mutex, MutexGuard};
@@ -146,10 +154,18 @@ fn quiet_libtorch_panics() {
     }));
 }
 
+/// Runs lethe's command line `argv` (the program's name first), as the `lethe` binary
+/// does; returns its exit status.
+#[pyfunction]
+fn main(py: Python<'_>, argv: Vec<String>) -> u8 {
+    py.allow_threads(move || commands::main(argv))
+}
+
 #[pymodule]
 fn _lethe(m: &Bound<'_, PyModule>) -> PyResult<()> {
     quiet_libtorch_panics();
     m.add_class::<layer::Layer>()?;
     m.add_class::<model::Model>()?;
+    m.add_function(wrap_pyfunction!(main, m)?)?;
     Ok(())
 }

@@ -172,3 +172,21 @@ def test_load_refuses_what_is_not_a_model(tmp_path):
         lethe.load(tmp_path)
     with pytest.raises(ValueError, match="does not exist"):
         lethe.load(tmp_path / "missing")
+
+
+def test_the_package_runs_lethes_command_line(tmp_path):
+    """`python -m lethe` (the installed `lethe` command) is the lethe binary's program."""
+    import sys
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "lethe", *args], cwd=tmp_path, capture_output=True, text=True)
+
+    assert run("--version").stdout.strip() == subprocess.run([str(BINARY), "--version"], capture_output=True, text=True).stdout.strip()
+    refused = run("nosuch")
+    assert refused.returncode == 2 and "unrecognized subcommand" in refused.stderr
+    bad = run("train", "--steps", "0")
+    assert bad.returncode == 1 and bad.stderr.startswith("error: ") and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    done = run("train", "-p", "copy-sweep-tiny", "--steps", "3", "--out", ".", "--name", "r", "-q", "--no-eval")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "r" / "checkpoint.safetensors").is_file()
+    assert lethe.load(tmp_path / "r").config["name"] == "r"

@@ -59,7 +59,7 @@ pub(crate) fn train(a: TrainArgs) -> Result<()> {
     let leader = lethe::dist::Launch::from_env()?.is_none_or(|l| l.rank == 0); // rank 0 speaks for a torchrun launch
     if cfg.data.source.is_rl() {
         let summary = lethe::rl::train::train(&cfg, &opts)?;
-        crate::quiet_on_closed_pipe(); // all is saved; the summary line may meet a closed pipe
+        super::quiet_on_closed_pipe(); // all is saved; the summary line may meet a closed pipe
         match summary.last_eval.filter(|_| leader) {
             Some(r) => println!("done: {}; run folder {}", r.line(), summary.run_dir.display()),
             None if leader => println!("done: not evaluated (--no-eval); run folder {}", summary.run_dir.display()),
@@ -68,7 +68,7 @@ pub(crate) fn train(a: TrainArgs) -> Result<()> {
         return Ok(());
     }
     let summary = lethe::train::train(&cfg, &opts)?;
-    crate::quiet_on_closed_pipe();
+    super::quiet_on_closed_pipe();
     if summary.last_eval.is_none() && leader {
         println!("done: not evaluated (--no-eval); run folder {}", summary.run_dir.display());
     } else if summary.last_eval.as_ref().is_some_and(|r| leader && r.tokens == 0) {
