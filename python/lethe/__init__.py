@@ -7,6 +7,7 @@ Transformer and the ∞-former. See the guide's page "lethe from Python".
 
 import torch  # noqa: F401  (loads the libtorch that the extension links, first)
 
+from .decoder import POLICIES, Decoder, KvCache
 from .layers import (
     AdaptiveSpan,
     Compressive,
@@ -21,10 +22,13 @@ from .model import Model, load
 __all__ = [
     "AdaptiveSpan",
     "Compressive",
+    "Decoder",
     "ExpireSpan",
     "InfinityFormer",
+    "KvCache",
     "MemoryAttention",
     "Model",
+    "POLICIES",
     "State",
     "TransformerXL",
     "load",

@@ -4,6 +4,8 @@
 //! - [`layer::Layer`]: one attention layer of lethe's backbone with its memory mechanism;
 //! - [`model::Model`]: a whole lethe model, read from a run folder, a checkpoint or a
 //!   Hugging Face folder lethe reads;
+//! - [`decoder::Decoder`]: a pretrained Llama-family decoder under a key-value cache
+//!   policy;
 //! - [`main`]: the `lethe` command line, for the package's `lethe` command.
 //!
 //! Parameters are tensors of this extension's `VarStore`, handed to Python as the very
@@ -16,6 +18,7 @@
 //! tensors (the same tensors a checkpoint saves for exact resume), restores a copy of it
 //! into a fresh memory, runs the block and returns the new state.
 
+mod decoder;
 mod layer;
 mod model;
 
@@ -166,6 +169,8 @@ fn _lethe(m: &Bound<'_, PyModule>) -> PyResult<()> {
     quiet_libtorch_panics();
     m.add_class::<layer::Layer>()?;
     m.add_class::<model::Model>()?;
+    m.add_class::<decoder::Decoder>()?;
+    m.add_class::<decoder::KvCache>()?;
     m.add_function(wrap_pyfunction!(main, m)?)?;
     Ok(())
 }

@@ -1,0 +1,64 @@
+"""A pretrained Llama-family decoder under a key-value cache policy: :class:`Decoder`."""
+
+from __future__ import annotations
+
+import os
+from typing import List, Optional, Union
+
+from torch import Tensor
+
+from . import _lethe
+
+__all__ = ["Decoder", "KvCache", "POLICIES"]
+
+POLICIES = ("full", "window", "streaming", "h2o", "tova", "snapkv")
+"""The key-value cache policies, as ``lethe generate --policy`` names them."""
+
+KvCache = _lethe.KvCache
+"""The keys and values a :class:`Decoder` holds: ``KvCache(policy, budget)``, see :meth:`Decoder.cache`."""
+
+class Decoder:
+    """A Llama-family model (Llama, Mistral, Qwen2/3, SmolLM2) from its Hugging Face
+    folder, run by lethe's inference path with its key-value cache kept by one of the
+    training-free policies (``lethe generate --init-from FOLDER --policy ...``)::
+
+        decoder = lethe.Decoder("SmolLM2-135M")
+        cache = decoder.cache("h2o", budget=256)
+        logits = decoder(ids, cache)        # (batch, length, vocab); the cache holds ids too
+        logits = decoder(next_ids, cache)   # each token predicted from what H2O kept
+
+    Inference only (no gradients), on the CPU.
+    """
+
+    def __init__(self, path: Union[str, os.PathLike]) -> None:
+        self._decoder = _lethe.Decoder(os.fspath(path))
+        self.vocab: int = self._decoder.vocab()
+
+    def cache(self, policy: str = "full", budget: Optional[int] = None) -> KvCache:
+        """An empty cache that keeps what ``policy`` says (one of :data:`POLICIES`, with
+        settings as ``"snapkv:window=16,kernel=5"`` or ``"streaming:sinks=4"``) within
+        ``budget`` entries per layer and key-value head (None for ``full``). Each call of
+        the decoder adds to it in place; ``entries()`` gives what each layer holds,
+        ``nbytes()`` its bytes, ``position()`` the tokens read."""
+        return KvCache(policy, budget)
+
+    def __call__(self, ids: Tensor, cache: KvCache) -> Tensor:
+        """The logits ``(batch, length, vocab)`` of ``ids`` ``(batch, length)`` read after
+        what ``cache`` holds; the cache then holds them too, as its policy keeps them."""
+        if not isinstance(ids, Tensor):
+            raise TypeError(f"ids: expected a torch.Tensor, got {type(ids).__name__}")
+        if not isinstance(cache, KvCache):
+            raise TypeError(f"cache: expected a lethe.KvCache, got {type(cache).__name__}")
+        return self._decoder.forward(ids, cache)
+
+    def greedy(self, prompt: List[int], count: int, cache: KvCache) -> List[int]:
+        """``count`` tokens after ``prompt`` chosen greedily, the prompt read in one block
+        and each new token alone, every one from what ``cache`` keeps."""
+        import torch
+
+        logits = self(torch.tensor([prompt]), cache)
+        out: List[int] = []
+        for _ in range(count):
+            out.append(int(logits[0, -1].argmax()))
+            logits = self(torch.tensor([[out[-1]]]), cache)
+        return out
