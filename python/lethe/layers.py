@@ -154,6 +154,7 @@ class MemoryAttention(nn.Module):
         attention output ``(batch, length, d_model)`` and the memory after the block."""
         if not isinstance(x, Tensor):
             raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+        _check_device("x", x, self)
         if state is None:
             tensors: List[Tuple[str, Tensor]] = []
         elif not isinstance(state, State):
@@ -168,6 +169,13 @@ class MemoryAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, heads={self.heads}, span={self.span}, block={self.block}"
+
+
+def _check_device(name: str, t: Tensor, module: nn.Module) -> None:
+    """Refuses ``t`` unless it is on the device of ``module``'s parameters."""
+    device = next(module.parameters()).device
+    if t.device != device:
+        raise ValueError(f"{name}: on {t.device}, the parameters on {device} (move one: {name}.to(device) or module.to(device))")
 
 
 def _check_int(name: str, value: Any) -> None:

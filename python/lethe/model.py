@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from . import _lethe
-from .layers import State, _register
+from .layers import State, _check_device, _register
 
 __all__ = ["Model", "load"]
 
@@ -50,6 +50,7 @@ class Model(nn.Module):
         length, vocab)`` and every layer's memory after the block."""
         if not isinstance(tokens, Tensor):
             raise TypeError(f"tokens: expected a torch.Tensor, got {type(tokens).__name__}")
+        _check_device("tokens", tokens, self)
         if state is None:
             held: List[Tuple[str, Tensor]] = []
         elif not isinstance(state, State):

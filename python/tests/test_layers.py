@@ -192,6 +192,7 @@ def test_bad_blocks_are_refused_with_one_line():
     raises(ValueError, lambda: layer(torch.randn(2, 0, D)), "block = 4")
     raises(ValueError, lambda: layer(torch.randn(2, BLOCK, D, dtype=torch.float64)), "dtype")
     raises(TypeError, lambda: layer([[1.0]]), "torch.Tensor")
+    raises(ValueError, lambda: layer(torch.randn(2, BLOCK, D, device="meta")), "on meta, the parameters on cpu")
 
 
 def test_bad_states_are_refused_with_one_line():
