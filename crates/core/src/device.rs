@@ -5,7 +5,9 @@ use std::ffi::c_int;
 use tch::Device;
 
 use crate::error::{LetheError, Result};
-use lethe_kernels::{lethe_gpu_memory, lethe_set_cpp_log_level, lethe_set_tf32, lethe_tf32};
+use lethe_kernels::{
+    lethe_autocast_enter, lethe_autocast_exit, lethe_gpu_memory, lethe_set_cpp_log_level, lethe_set_tf32, lethe_tf32,
+};
 
 /// Keeps libtorch's own log lines (c10d's connection errors and warnings, each with a
 /// C++ stack of 40 frames) off stderr, where lethe says what failed in one line; unless
@@ -58,6 +60,52 @@ pub fn for_training(device: &str, threads: usize, tf32: bool) -> Result<Device> 
     apply_threads(threads)?;
     set_tf32(tf32)?;
     Ok(device)
+}
+
+/// Mixed precision on this thread while the guard lives (libtorch's autocast, as
+/// `torch.autocast` sets it): [`Autocast::bf16`] computes matrix products and the other
+/// operations autocast lists in bfloat16, [`Autocast::off`] computes everything in the
+/// inputs' precision again, for the arithmetic that needs float32 inside a bfloat16
+/// region (spans and masks, the ∞-former's ridge regression and densities, losses).
+/// Dropping the guard restores what was there before: guards nest.
+#[must_use = "autocast lasts as long as the guard"]
+pub struct Autocast {
+    device_type: c_int,
+    saved: [c_int; 2],
+}
+
+impl Autocast {
+    /// Autocast to bfloat16 on `device`'s kind (the CPU or a GPU).
+    pub fn bf16(device: Device) -> Result<Autocast> {
+        Autocast::enter(device, true)
+    }
+
+    /// Autocast off on `device`'s kind, whatever encloses it.
+    pub fn off(device: Device) -> Result<Autocast> {
+        Autocast::enter(device, false)
+    }
+
+    fn enter(device: Device, enabled: bool) -> Result<Autocast> {
+        /// `c10::ScalarType::BFloat16`.
+        const BFLOAT16: c_int = 15;
+        let device_type = c_int::from(device.is_cuda());
+        let mut saved: [c_int; 2] = [0, 0];
+        let dtype = BFLOAT16;
+        // SAFETY: sets libtorch's thread-local autocast state; `saved` holds two ints.
+        lethe_kernels::call("autocast", |error| unsafe {
+            lethe_autocast_enter(device_type, c_int::from(enabled), dtype, saved.as_mut_ptr(), error)
+        })?;
+        Ok(Autocast { device_type, saved })
+    }
+}
+
+impl Drop for Autocast {
+    fn drop(&mut self) {
+        // SAFETY: restores the state `enter` saved on this thread; nothing to report.
+        let _ = lethe_kernels::call("autocast", |error| unsafe {
+            lethe_autocast_exit(self.device_type, self.saved.as_ptr(), error)
+        });
+    }
 }
 
 /// Float32 matrix products on a GPU in TensorFloat-32 (`true`) or in full float32
@@ -214,6 +262,27 @@ fn libtorch_dir_in_maps(maps: &str) -> Option<std::path::PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tch::{Kind, Tensor};
+
+    /// A matrix product is in bfloat16 under [`Autocast::bf16`], in float32 again under an
+    /// [`Autocast::off`] inside it, and after both guards are dropped.
+    #[test]
+    fn autocast_guards_nest_and_restore() {
+        let (a, b) =
+            (Tensor::ones([2, 3], (Kind::Float, Device::Cpu)), Tensor::ones([3, 2], (Kind::Float, Device::Cpu)));
+        assert_eq!(a.matmul(&b).kind(), Kind::Float);
+        {
+            let _on = Autocast::bf16(Device::Cpu).unwrap();
+            assert_eq!(a.matmul(&b).kind(), Kind::BFloat16);
+            {
+                let _off = Autocast::off(Device::Cpu).unwrap();
+                assert_eq!(a.matmul(&b).kind(), Kind::Float);
+            }
+            assert_eq!(a.matmul(&b).kind(), Kind::BFloat16, "the inner guard restored the outer one");
+            assert_eq!((a.matmul(&b).to_kind(Kind::Float) - 3.0).abs().max().double_value(&[]), 0.0);
+        }
+        assert_eq!(a.matmul(&b).kind(), Kind::Float);
+    }
 
     #[test]
     fn devices_are_named_as_the_flag_takes_them() {

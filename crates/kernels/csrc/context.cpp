@@ -1,5 +1,6 @@
 // libtorch's process-wide settings that lethe's config chooses (crates/core/src/device.rs).
 #include <ATen/Context.h>
+#include <ATen/autocast_mode.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/util/Logging.h>
 
@@ -21,6 +22,34 @@ int lethe_tf32() {
   } catch (...) {
     return 0;
   }
+}
+
+// Autocast (mixed precision) on the thread for `device_type` (0 the CPU, 1 a GPU):
+// `enabled` 1 turns it on in the dtype `dtype` (a c10::ScalarType), 0 off; the state it
+// replaces goes to `saved` (enabled, dtype) for lethe_autocast_exit. As PyTorch's
+// `torch.autocast` on entering: nested entries share the cast weights' cache.
+int lethe_autocast_enter(int device_type, int enabled, int dtype, int* saved, char** error) {
+  return lethe::guarded(error, [&] {
+    const auto device = device_type == 1 ? at::kCUDA : at::kCPU;
+    saved[0] = at::autocast::is_autocast_enabled(device) ? 1 : 0;
+    saved[1] = static_cast<int>(at::autocast::get_autocast_dtype(device));
+    at::autocast::set_autocast_dtype(device, static_cast<at::ScalarType>(dtype));
+    at::autocast::set_autocast_enabled(device, enabled != 0);
+    at::autocast::increment_nesting();
+  });
+}
+
+// Restores the state lethe_autocast_enter saved; the outermost exit empties the cache of
+// weights cast to the lower precision.
+int lethe_autocast_exit(int device_type, const int* saved, char** error) {
+  return lethe::guarded(error, [&] {
+    const auto device = device_type == 1 ? at::kCUDA : at::kCPU;
+    at::autocast::set_autocast_enabled(device, saved[0] != 0);
+    at::autocast::set_autocast_dtype(device, static_cast<at::ScalarType>(saved[1]));
+    if (at::autocast::decrement_nesting() == 0) {
+      at::autocast::clear_cache();
+    }
+  });
 }
 
 // The least severity of libtorch's own log lines that reach stderr (0 info, 1 warning,

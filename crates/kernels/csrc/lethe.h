@@ -194,6 +194,8 @@ void lethe_parallel_threads(int64_t* seen, int64_t* threads);
 int lethe_set_tf32(int tf32, char** error);
 int lethe_tf32(void);
 void lethe_set_cpp_log_level(int level);
+int lethe_autocast_enter(int device_type, int enabled, int dtype, int* saved, char** error);
+int lethe_autocast_exit(int device_type, const int* saved, char** error);
 
 // The bytes the caching allocator has handed out on GPU `device`, now and at most since
 // the last reset; `reset` 1 restarts the peak from now.

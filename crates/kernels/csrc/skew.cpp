@@ -53,7 +53,7 @@ struct Skew : public torch::autograd::Function<Skew> {
                 cached + m, " keys, not ", n, " (", p, " distances)");
     const int64_t off = p - 1 - cached;
     at::Tensor out = at::empty({b, h, m, n}, flipped.options());
-    AT_DISPATCH_FLOATING_TYPES(flipped.scalar_type(), "lethe_skew", [&] {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, flipped.scalar_type(), "lethe_skew", [&] {
       const scalar_t* f = flipped.data_ptr<scalar_t>();
       scalar_t* y = out.data_ptr<scalar_t>();
       const scalar_t hidden = -std::numeric_limits<scalar_t>::infinity();
@@ -77,7 +77,7 @@ struct Skew : public torch::autograd::Function<Skew> {
     const int64_t p = ctx->saved_data["p"].toInt(), off = ctx->saved_data["off"].toInt();
     const int64_t b = grad.size(0), h = grad.size(1), m = grad.size(2), n = grad.size(3);
     at::Tensor out = at::empty({b, h, m, p}, grad.options());
-    AT_DISPATCH_FLOATING_TYPES(grad.scalar_type(), "lethe_skew_backward", [&] {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, grad.scalar_type(), "lethe_skew_backward", [&] {
       const scalar_t* g = grad.data_ptr<scalar_t>();
       scalar_t* y = out.data_ptr<scalar_t>();
       at::parallel_for(0, b * h * m, 64, [&](int64_t r0, int64_t r1) {

@@ -211,6 +211,14 @@ extern "C" {
     pub fn lethe_set_tf32(tf32: c_int, error: *mut *mut c_char) -> c_int;
     pub fn lethe_tf32() -> c_int;
     pub fn lethe_set_cpp_log_level(level: c_int);
+    pub fn lethe_autocast_enter(
+        device_type: c_int,
+        enabled: c_int,
+        dtype: c_int,
+        saved: *mut c_int,
+        error: *mut *mut c_char,
+    ) -> c_int;
+    pub fn lethe_autocast_exit(device_type: c_int, saved: *const c_int, error: *mut *mut c_char) -> c_int;
     pub fn lethe_gpu_memory(
         device: c_int,
         reset: c_int,

@@ -47,6 +47,7 @@ use super::layer::{AttendInput, AttendOutput, Carry, LtmTrace, MemoryLayer, Memo
 use super::window::{concat_time, Joined, WindowCache};
 use crate::attention::merge_heads;
 use lethe_core::config::{Config, InfinityConfig, MemoryConfig};
+use lethe_core::device::Autocast;
 use lethe_core::error::{LetheError, Result};
 
 /// The ∞-former's [`Descriptor`]: a short-term window and `N` basis functions, half
@@ -341,6 +342,10 @@ impl InfinityMemory {
             first: self.coeffs.is_none(),
             sampled_by: if sticky { self.histogram() } else { None },
         };
+        // The regression in float32 even under bfloat16 autocast: the coefficients are the
+        // memory itself, carried from block to block.
+        let _precise = Autocast::off(x.device())?;
+        let x = if x.kind() == Kind::BFloat16 { x.to_kind(Kind::Float) } else { x };
         let gated = self.params.gate(&x); // (b, n, d)
         let old = if self.coeffs.is_some() { self.cfg.samples as i64 } else { 0 };
         let fit = self.fit(old, n, &x)?;
@@ -364,7 +369,11 @@ impl InfinityMemory {
                                                                                 // `w_μ · s` and `w_σ · s + b_σ` as one product: one pass over the scores, and one
                                                                                 // gradient of them in the backward pass rather than two added.
         let (w, b) = self.params.density_heads();
-        let heads = scores.linear(&w, Some(&b)); // (b, h, m, 2)
+        let heads = {
+            // The densities in the parameters' precision even under bfloat16 autocast.
+            let _precise = Autocast::off(scores.device())?;
+            scores.to_kind(w.kind()).linear(&w, Some(&b)) // (b, h, m, 2)
+        };
         let mu = heads.select(-1, 0).sigmoid(); // (b, h, m)
         let var = heads.select(-1, 1).softplus().clamp_min(self.cfg.min_var); // (b, h, m)
         let r = self.basis.expectation(&mu, &var)?; // (b, h, m, N)
