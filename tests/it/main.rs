@@ -27,6 +27,7 @@ mod llama_lora;
 mod longeval;
 mod messages;
 mod model;
+mod precision;
 mod rl;
 mod trace_summary;
 mod train;

@@ -101,8 +101,13 @@ void save(AutogradContext* ctx, const at::Tensor& k, const at::Tensor& v, const 
 // The block's gradient `(b, m, d)` (`size`) from the gradients of the window's keys and
 // values `(b, n, e)` and scores `(b, n)` (each may be undefined) and the projections'
 // weights `wk`, `wv` `(e, d)` and `ws` `(d)`: the sum of what they pass back to its rows.
-at::Tensor block_grad_of(const at::Tensor& gk, const at::Tensor& gv, const at::Tensor& gs, const at::Tensor& wk,
+at::Tensor block_grad_of(const at::Tensor& gk_in, const at::Tensor& gv_in, const at::Tensor& gs_in, const at::Tensor& wk,
                          const at::Tensor& wv, const at::Tensor& ws, const std::vector<int64_t>& size) {
+  // Under bfloat16 autocast the keys, values and scores (and their gradients) are in a
+  // lower precision than the weights: the products run in the weights' (autograd casts
+  // the block's gradient to the block's own).
+  auto in_weights = [&](const at::Tensor& g) { return g.defined() ? g.to(wk.scalar_type()) : g; };
+  const at::Tensor gk = in_weights(gk_in), gv = in_weights(gv_in), gs = in_weights(gs_in);
   const int64_t fresh = size[1];
   at::Tensor tk = gk.defined() ? tail_times(gk, wk, fresh) : at::Tensor();
   at::Tensor tv = gv.defined() ? tail_times(gv, wv, fresh) : at::Tensor();

@@ -500,9 +500,14 @@ impl Model {
 }
 
 /// Negative log-likelihood of each target: `logits` `(b, m, V)`, `targets` `(b, m)`.
-/// Returns `(b, m)` in the logits' precision.
+/// Returns `(b, m)` in the logits' precision, float32 for logits in a lower one
+/// (bfloat16 autocast): the log-softmax's statistics need it.
 pub fn token_nll(logits: &Tensor, targets: &Tensor) -> Tensor {
-    let logp = logits.log_softmax(-1, logits.kind()); // (b, m, V)
+    let kind = match logits.kind() {
+        Kind::BFloat16 | Kind::Half => Kind::Float,
+        kind => kind,
+    };
+    let logp = logits.log_softmax(-1, kind); // (b, m, V)
     -logp.gather(-1, &targets.unsqueeze(-1), false).squeeze_dim(-1)
 }
 

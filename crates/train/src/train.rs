@@ -23,7 +23,8 @@ use crate::eval::{evaluate_sharded, EvalResult};
 pub use crate::run::TrainOptions;
 use crate::run::{begin_step, broadcast_parameters, check_finite, drive, opening_line, Looped, RunFolder, Scales};
 use lethe_core::checkpoint::{self, Checkpoint, TrainState};
-use lethe_core::config::{Config, TrainConfig};
+use lethe_core::config::{Config, Precision, TrainConfig};
+use lethe_core::device::Autocast;
 use lethe_core::dist::ProcessGroup;
 use lethe_core::error::{LetheError, Result};
 use lethe_core::metrics::{format_count, format_duration, MetricsLog};
@@ -454,7 +455,12 @@ pub fn optimisation_step(
         let (first, per) = micro_batch(batch.batch, accum, group, i);
         let (x, y, w) = batch.tensors(first, first + per, lm.device());
         let forward = profile::phase("forward");
+        let autocast = match cfg.precision {
+            Precision::Bf16 => Some(Autocast::bf16(lm.device())?),
+            Precision::F32 => None,
+        };
         let (nll, aux_loss) = lm.model.forward_nll(&x, &y, mem, true)?;
+        drop(autocast);
         let nll = (nll * w).sum(Kind::Float);
         let out_aux = aux_loss * scales.aux;
         let loss = &nll / total_weight + &out_aux / micro_batches as f64;

@@ -37,4 +37,4 @@ pub use tasks::{
     CollisionConfig, CopyConfig, CorridorConfig, DialogueConfig, InstructionConfig, LongctxConfig, PortalConfig,
     SortingConfig,
 };
-pub use train::{Optimizer, Schedule, TrainConfig};
+pub use train::{Optimizer, Precision, Schedule, TrainConfig};

@@ -91,6 +91,13 @@ pub struct TrainConfig {
     /// too) and `lethe bench`; `lethe eval` computes in float32; the CPU is unaffected.
     /// Default false.
     pub tf32: bool,
+    /// The arithmetic of training's forward passes: `f32`, or `bf16` (libtorch's
+    /// autocast to bfloat16: matrix products in bfloat16, while the parameters, the
+    /// optimiser's moments, the memories, the losses and the checkpoints stay float32,
+    /// as does what needs it inside: the ∞-former's regression and densities).
+    /// Evaluations compute in float32. Default `f32`.
+    #[serde(default)]
+    pub precision: Precision,
     /// Under torchrun: seconds (at most a week) the rendezvous and every collective wait
     /// for the other ranks before the run stops with an error naming the rank (a dead or
     /// stuck peer). Default 600.
@@ -119,6 +126,17 @@ pub enum Optimizer {
     Adam,
     /// RMSProp: `v = beta2 v + (1 - beta2) g^2`, `p -= lr g / (sqrt(v) + eps)`.
     RmsProp,
+}
+
+/// The arithmetic of training (`train.precision`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// Float32 throughout.
+    #[default]
+    F32,
+    /// Bfloat16 autocast over float32 weights.
+    Bf16,
 }
 
 /// Learning-rate schedule after warm-up.
@@ -163,6 +181,7 @@ impl Default for TrainConfig {
             device: "cpu".to_string(),
             threads: 0,
             tf32: false,
+            precision: Precision::F32,
             dist_timeout: default_dist_timeout(),
         }
     }
