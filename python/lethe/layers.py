@@ -155,20 +155,23 @@ class MemoryAttention(nn.Module):
         if not isinstance(x, Tensor):
             raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
         _check_device("x", x, self)
-        if state is None:
-            tensors: List[Tuple[str, Tensor]] = []
-        elif not isinstance(state, State):
-            raise TypeError(f"state: expected a lethe.State (or None), got {type(state).__name__}")
-        elif state.owner != self._owner:
-            raise ValueError(f"state: made by {state.owner}, not by this layer, {self._owner}")
-        else:
-            tensors = state.tensors
-        y, after, aux = self._layer.forward(x, tensors, self.training)
+        y, after, aux = self._layer.forward(x, _held(state, self._owner), self.training)
         self.aux_loss = aux if aux is not None else torch.zeros((), dtype=x.dtype, device=x.device)
         return y, State(self._owner, after)
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, heads={self.heads}, span={self.span}, block={self.block}"
+
+
+def _held(state: Optional[State], owner: str) -> List[Tuple[str, Tensor]]:
+    """The tensors of ``state`` (None: an empty memory), refused unless ``owner`` made it."""
+    if state is None:
+        return []
+    if not isinstance(state, State):
+        raise TypeError(f"state: expected a lethe.State (or None), got {type(state).__name__}")
+    if state.owner != owner:
+        raise ValueError(f"state: made by {state.owner}, not by this module, {owner}")
+    return state.tensors
 
 
 def _check_device(name: str, t: Tensor, module: nn.Module) -> None:

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from . import _lethe
-from .layers import State, _check_device, _register
+from .layers import State, _check_device, _held, _register
 
 __all__ = ["Model", "load"]
 
@@ -51,15 +51,7 @@ class Model(nn.Module):
         if not isinstance(tokens, Tensor):
             raise TypeError(f"tokens: expected a torch.Tensor, got {type(tokens).__name__}")
         _check_device("tokens", tokens, self)
-        if state is None:
-            held: List[Tuple[str, Tensor]] = []
-        elif not isinstance(state, State):
-            raise TypeError(f"state: expected a lethe.State (or None), got {type(state).__name__}")
-        elif state.owner != self._owner:
-            raise ValueError(f"state: made by {state.owner}, not by this model, {self._owner}")
-        else:
-            held = state.tensors
-        logits, after, aux = self._model.forward(tokens, held, self.training)
+        logits, after, aux = self._model.forward(tokens, _held(state, self._owner), self.training)
         self.aux_loss = aux
         return logits, State(self._owner, after)
 

@@ -6,7 +6,6 @@ import pathlib
 import re
 
 import pytest
-import torch
 
 import lethe
 from test_cli import BINARY, REPO, lethe_cli
