@@ -12,12 +12,12 @@ use std::sync::Mutex;
 
 use pyo3::prelude::*;
 use pyo3_tch::PyTensor;
-use tch::{Device, Kind};
+use tch::Device;
 
 use lethe_model::kv::{Budget, Policy};
 use lethe_model::llama::{KvCache as Cache, Llama};
 
-use crate::{dtype_name, guarded, invalid, lock};
+use crate::{check_ids, guarded, invalid, lock};
 
 /// A pretrained decoder. See the module documentation.
 #[pyclass(module = "lethe._lethe")]
@@ -94,28 +94,17 @@ impl Decoder {
     fn forward(&self, py: Python<'_>, ids: PyTensor, cache: &KvCache) -> PyResult<PyTensor> {
         py.allow_threads(move || {
             let model = lock(&self.model)?;
-            let size = ids.size();
-            if size.len() != 2 || size[0] == 0 || size[1] == 0 {
-                return Err(invalid(format!("ids: expected (batch, length) token ids, got {size:?}")));
-            }
-            if ids.kind() != Kind::Int64 {
-                return Err(invalid(format!("ids: expected int64 token ids, got {}", dtype_name(ids.kind()))));
-            }
             if ids.device() != Device::Cpu {
                 return Err(invalid("ids: the decoder runs on the CPU (ids.cpu())"));
             }
-            let vocab = model.config.vocab_size;
-            let (low, high) = (ids.min().int64_value(&[]), ids.max().int64_value(&[]));
-            if low < 0 || high >= vocab {
-                return Err(invalid(format!("ids: from {low} to {high}, the vocabulary has 0 to {}", vocab - 1)));
-            }
+            check_ids("ids", &ids, model.config.vocab_size, None)?;
             let mut held = lock(&cache.cache)?;
             if let Some(first) = held.layers.iter().flatten().next() {
                 let streams = first.keys.size()[0];
-                if streams != size[0] {
+                if streams != ids.size()[0] {
                     return Err(invalid(format!(
                         "cache: holds {streams} streams and ids {} (a cache carries the streams it read)",
-                        size[0]
+                        ids.size()[0]
                     )));
                 }
             }

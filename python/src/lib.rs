@@ -96,6 +96,33 @@ fn check_device(what: &str, t: &Tensor, device: tch::Device) -> PyResult<()> {
     )))
 }
 
+/// Refuses the token ids `t` (the argument `what`) unless they are a `(batch, length)`
+/// int64 tensor of ids below `vocab`, `length` at most `block` when there is one.
+fn check_ids(what: &str, t: &Tensor, vocab: i64, block: Option<i64>) -> PyResult<()> {
+    let size = t.size();
+    let long = block.is_some_and(|b| size.get(1).is_some_and(|&m| m > b));
+    if size.len() != 2 || size[0] == 0 || size[1] == 0 || long {
+        let bound = block.map_or(String::new(), |b| format!(" with 1 <= length <= block = {b}"));
+        return Err(invalid(format!("{what}: expected (batch, length) token ids{bound}, got {size:?}")));
+    }
+    if t.kind() != Kind::Int64 {
+        return Err(invalid(format!("{what}: expected int64 token ids, got {}", dtype_name(t.kind()))));
+    }
+    let (low, high) = (t.min().int64_value(&[]), t.max().int64_value(&[]));
+    if low < 0 || high >= vocab {
+        return Err(invalid(format!("{what}: ids from {low} to {high}, the vocabulary has 0 to {}", vocab - 1)));
+    }
+    Ok(())
+}
+
+/// Refuses a list of token ids (the argument `what`) that holds one outside `0..vocab`.
+fn check_id_list(what: &str, ids: &[i64], vocab: i64) -> PyResult<()> {
+    match ids.iter().find(|&&i| i < 0 || i >= vocab) {
+        Some(bad) => Err(invalid(format!("{what}: {bad} is outside the vocabulary (0 to {})", vocab - 1))),
+        None => Ok(()),
+    }
+}
+
 /// The tensors of a caller's `state` for a block of `streams` streams on `device`,
 /// copied, so that the caller's state stays as it was whatever the memory does with them.
 fn restore(state: &[(String, PyTensor)], streams: i64, device: tch::Device) -> PyResult<Vec<(String, Tensor)>> {
@@ -129,7 +156,7 @@ fn guarded<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
     match std::panic::catch_unwind(AssertUnwindSafe(f)) {
         Ok(result) => result,
         Err(payload) => {
-            let text = panic_text(payload.as_ref());
+            let text = commands::panic_text(payload.as_ref());
             Err(PyRuntimeError::new_err(
                 libtorch_failure(&text).unwrap_or_else(|| format!("lethe: internal error (a bug): {text}")),
             ))
@@ -137,21 +164,12 @@ fn guarded<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
     }
 }
 
-/// A panic's message, where it is text.
-fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_default()
-}
-
 /// Keeps a libtorch failure that [`guarded`] turns into a Python exception from also
 /// printing Rust's panic message; any other panic is reported as usual.
 fn quiet_libtorch_panics() {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
-        if libtorch_failure(&panic_text(info.payload())).is_none() {
+        if libtorch_failure(&commands::panic_text(info.payload())).is_none() {
             default(info);
         }
     }));

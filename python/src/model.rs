@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3_tch::PyTensor;
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Tensor};
 
 use lethe_core::config::Config;
 use lethe_data::text;
@@ -22,7 +22,7 @@ use lethe_model::init::{self, Source};
 use lethe_model::Lm;
 use lethe_train::generate::{self, Sampling};
 
-use crate::{check_device, dtype_name, guarded, invalid, lock, restore, Named};
+use crate::{check_device, check_id_list, check_ids, guarded, invalid, lock, restore, Named};
 
 /// A lethe language model. See the module documentation.
 #[pyclass(module = "lethe._lethe")]
@@ -61,20 +61,8 @@ impl Inner {
     /// the parameters' device.
     fn check_tokens(&self, tokens: &Tensor) -> PyResult<()> {
         let (vocab, block) = (self.lm.config.model.vocab as i64, self.lm.config.train.block as i64);
-        let size = tokens.size();
-        if size.len() != 2 || size[0] == 0 || size[1] == 0 || size[1] > block {
-            return Err(invalid(format!(
-                "tokens: expected (batch, length) with 1 <= length <= block = {block}, got {size:?}"
-            )));
-        }
-        if tokens.kind() != Kind::Int64 {
-            return Err(invalid(format!("tokens: expected int64 token ids, got {}", dtype_name(tokens.kind()))));
-        }
         check_device("tokens", tokens, self.probe.device())?;
-        let (low, high) = (tokens.min().int64_value(&[]), tokens.max().int64_value(&[]));
-        if low < 0 || high >= vocab {
-            return Err(invalid(format!("tokens: ids from {low} to {high}, the vocabulary has 0 to {}", vocab - 1)));
-        }
+        check_ids("tokens", tokens, vocab, Some(block))?;
         Ok(())
     }
 }
@@ -148,9 +136,7 @@ impl Model {
     fn decode(&self, ids: Vec<i64>) -> PyResult<String> {
         let inner = lock(&self.inner)?;
         let vocab = inner.lm.config.model.vocab as i64;
-        if let Some(bad) = ids.iter().find(|&&i| i < 0 || i >= vocab) {
-            return Err(invalid(format!("ids: {bad} is outside the vocabulary (0 to {})", vocab - 1)));
-        }
+        check_id_list("ids", &ids, vocab)?;
         let ids: Vec<Token> = ids.into_iter().map(|i| i as Token).collect();
         match &inner.tokenizer {
             Some(t) => t.decode(&ids).map_err(|e| invalid(e.to_string())),
@@ -176,9 +162,7 @@ impl Model {
             if prompt.is_empty() {
                 return Err(invalid("prompt: at least one token"));
             }
-            if let Some(bad) = prompt.iter().find(|&&i| i < 0 || i >= vocab) {
-                return Err(invalid(format!("prompt: {bad} is outside the vocabulary (0 to {})", vocab - 1)));
-            }
+            check_id_list("prompt", &prompt, vocab)?;
             let sampling = Sampling { temperature, top_k, top_p, seed };
             sampling.validate().map_err(|e| invalid(e.to_string().replace("--", "").replace('-', "_")))?;
             let prompt: Vec<Token> = prompt.into_iter().map(|i| i as Token).collect();

@@ -76,7 +76,7 @@ fn quiet_libtorch_panics() {
 }
 
 /// A panic's message, where it is text.
-fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
     payload
         .downcast_ref::<String>()
         .cloned()
