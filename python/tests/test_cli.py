@@ -190,3 +190,23 @@ def test_the_package_runs_lethes_command_line(tmp_path):
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "r" / "checkpoint.safetensors").is_file()
     assert lethe.load(tmp_path / "r").config["name"] == "r"
+
+
+def test_load_refuses_bad_tokens_with_one_line(runs):
+    model = lethe.load(runs / "fixed")
+    for tokens, words in [
+        (torch.zeros(1, BLOCK + 1, dtype=torch.long), "block = 16"),
+        (torch.zeros(BLOCK, dtype=torch.long), "(batch, length)"),
+        (torch.zeros(1, 4), "int64"),
+        (torch.full((1, 4), model.vocab), "vocabulary"),
+    ]:
+        with pytest.raises(ValueError) as caught:
+            model(tokens)
+        assert words in str(caught.value) and "\n" not in str(caught.value), str(caught.value)
+    _, state = model(torch.zeros(2, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match="streams"):
+        model(torch.zeros(3, 4, dtype=torch.long), state)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        model.generate([model.vocab], 3)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        model.decode([-1])
