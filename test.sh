@@ -6,6 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 . scripts/env.sh
+# The NCCL group's library, which the distributed tests load (a C++ build of a few seconds).
+[ target/release/liblethe_nccl.so -nt crates/kernels/csrc/nccl/process_group_nccl.cpp ] || scripts/build-nccl.sh
 cargo test --release --workspace "$@"
 slow=()
 for arg in "$@"; do

@@ -3,8 +3,9 @@
 # toolchain (build here, run there).
 #
 #   scripts/gpu-check.sh pack DIR        here: build the release `lethe`, the GPU test
-#                                        binary (tests/gpu.rs) and the GPU kernels
-#                                        (scripts/build-cuda.sh) and put them in DIR, with
+#                                        binary (tests/gpu.rs), the GPU kernels
+#                                        (scripts/build-cuda.sh) and the NCCL group
+#                                        (scripts/build-nccl.sh) and put them in DIR, with
 #                                        the shared libraries they need beyond libtorch
 #   scripts/gpu-check.sh run DIR OUT     there, from the repository's root: the GPU tests
 #                                        (LETHE_REQUIRE_GPU=1, so none can skip), a run
@@ -30,6 +31,14 @@
 #                                        (OUT/trace-tiny.txt), the Table-4 analogue's
 #                                        Transformer-XL and Expire-Span rows with DIR's
 #                                        and Expire-Span's with BEFORE's; 4 minutes
+#   scripts/gpu-check.sh scale-out DIR OUT
+#                                        there: bfloat16 against float32 (the GPU test of
+#                                        every mechanism's losses, then their steps in
+#                                        turns), NCCL with one rank and two ranks sharing
+#                                        the GPU over Gloo against one process, two NCCL
+#                                        ranks on one GPU refused, and the paper's enwik8
+#                                        models in float32 and bfloat16 (the allocator's
+#                                        peak beside nvidia-smi's); about 8 minutes
 #
 # `run` uses the libtorch of the `python3` there (torch 2.11.0, the version lethe is
 # built against; a CUDA build of it) through LD_LIBRARY_PATH. A GPU's memory in use is
@@ -52,6 +61,7 @@ for line in sys.stdin:
     mkdir -p "$dir/lib"
     # The GPU kernels, beside the binaries that load them.
     scripts/build-cuda.sh "$dir/liblethe_cuda.so" || exit 1
+    scripts/build-nccl.sh "$dir/liblethe_nccl.so" || exit 1
     cp target/release/lethe "$dir/lethe"
     cp "$test_bin" "$dir/gpu-tests"
     strip "$dir/lethe" "$dir/gpu-tests"
@@ -253,11 +263,66 @@ CONFIGS
     echo "== $(date +%T) done" | tee -a "$log"
 }
 
+# The losses of the runs named on the command line (their metrics.jsonl), step by step,
+# and the largest relative gap of each to the first: "same" when every gap is below 1e-5.
+compare_losses() {
+    python3 - "$@" <<'PY'
+import json, sys
+runs = [[json.loads(l)["loss"] for l in open(f"{d}/metrics.jsonl") if json.loads(l).get("split") == "train"] for d in sys.argv[1:]]
+for d, losses in zip(sys.argv[1:], runs):
+    gap = max(abs(a - b) / abs(a) for a, b in zip(runs[0], losses)) if len(losses) == len(runs[0]) else float("inf")
+    print(f"{d}: {len(losses)} steps, loss {losses[0]:.5f} -> {losses[-1]:.5f}, largest gap to the first {gap:.2e} ({'same' if gap < 1e-5 else 'DIFFERENT'})")
+PY
+}
+
+# What training on GPUs the way users do needs checked on a GPU: bfloat16 against
+# float32 (losses and steps, every mechanism), the NCCL group (one rank; two ranks on
+# one GPU refused), two ranks sharing the GPU over Gloo, and the paper-size enwik8 models
+# in both precisions with the allocator's peak beside nvidia-smi's.
+scale_out() {
+    local dir out
+    on_gpu_machine "$1" "$2"
+    local log=$out/scale-out.txt work lethe=$dir/lethe
+    work=$(mktemp -d)
+    export LETHE_NCCL=$dir/liblethe_nccl.so
+    local run=(python3 -m torch.distributed.run --nproc-per-node)
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$log"
+    echo "== $(date +%T) GPU tests: bfloat16 against float32, the allocator" | tee -a "$log"
+    LETHE_REQUIRE_GPU=1 timeout 150 "$dir/gpu-tests" bfloat16 allocator --nocapture --test-threads 1 2>&1 | tee -a "$log"
+    echo "== $(date +%T) enwik8-tiny, every mechanism in float32 and bfloat16, in turns" | tee -a "$log"
+    timeout 120 "$lethe" bench -p enwik8-tiny --device cuda --bench-steps 5 --rounds 4 --precision f32,bf16 \
+        --mechanism fixed:256 --mechanism expire:1024 --mechanism adaptive:1024 --mechanism compressive:512 \
+        --mechanism infinity:512 --out "$work/bench" </dev/null 2>&1 | grep -v '^round ' | tee -a "$log"
+    echo "== $(date +%T) NCCL: dist-check with one rank" | tee -a "$log"
+    timeout 60 "${run[@]}" 1 --master-port 29611 --no-python "$lethe" dist-check --backend nccl --elements 4194304 \
+        </dev/null 2>&1 | tee -a "$log"
+    echo "== $(date +%T) copy-tiny 100 steps on the GPU: one process, one NCCL rank, two Gloo ranks sharing the GPU (against accum 2)" | tee -a "$log"
+    local train=(train -p copy-tiny --device cuda --steps 100 --set train.log_every=5 --out "$work/runs")
+    timeout 60 "$lethe" "${train[@]}" --name plain </dev/null 2>&1 | tail -n 2 | tee -a "$log"
+    timeout 60 "${run[@]}" 1 --master-port 29612 --no-python "$lethe" "${train[@]}" --name nccl-1 </dev/null 2>&1 | tail -n 2 | tee -a "$log"
+    timeout 60 "$lethe" "${train[@]}" --name plain-accum2 --set train.accum=2 </dev/null 2>&1 | tail -n 2 | tee -a "$log"
+    timeout 90 "${run[@]}" 2 --master-port 29613 --no-python "$lethe" "${train[@]}" --name gloo-2 \
+        --set train.dist_backend='"gloo"' </dev/null 2>&1 | tail -n 2 | tee -a "$log"
+    compare_losses "$work/runs/plain" "$work/runs/nccl-1" | tee -a "$log"
+    compare_losses "$work/runs/plain-accum2" "$work/runs/gloo-2" | tee -a "$log"
+    echo "== $(date +%T) two NCCL ranks on one GPU (refused in one line each)" | tee -a "$log"
+    timeout 60 "${run[@]}" 2 --master-port 29614 --no-python "$lethe" "${train[@]}" --name nccl-2 </dev/null 2>&1 |
+        grep -E '^error|exit' | tee -a "$log"
+    paper_rows "$lethe" "$log" 150 "$work" <<'CONFIGS'
+xl-1024-f32 enwik8-12l fixed:1024
+xl-1024-bf16 enwik8-12l fixed:1024 --set train.precision="bf16"
+expire-16k-f32 enwik8-expire-12l expire:16384 --set memory.expire.init_fraction=0.05
+expire-16k-bf16 enwik8-expire-12l expire:16384 --set memory.expire.init_fraction=0.05 --set train.precision="bf16"
+CONFIGS
+    echo "== $(date +%T) done" | tee -a "$log"
+}
+
 case "${1:-}" in
     pack) pack "${2:?pack DIR}" ;;
     run) run "${2:?run DIR OUT}" "${3:?run DIR OUT}" ;;
     presets) presets "${2:?presets DIR OUT}" "${3:?presets DIR OUT}" ;;
     table4) table4 "${2:?table4 DIR OUT}" "${3:?table4 DIR OUT}" ;;
+    scale-out) scale_out "${2:?scale-out DIR OUT}" "${3:?scale-out DIR OUT}" ;;
     deletion) deletion "${2:?deletion DIR BEFORE OUT}" "${3:?deletion DIR BEFORE OUT}" "${4:?deletion DIR BEFORE OUT}" ;;
-    *) sed -n '2,33p' "$0"; exit 2 ;;
+    *) sed -n '2,42p' "$0"; exit 2 ;;
 esac

@@ -219,6 +219,19 @@ pub struct DistCheckArgs {
     /// giving up with an error.
     #[arg(long, allow_negative_numbers = true, default_value_t = 60)]
     pub timeout: u64,
+    /// The collectives to check: `gloo` on CPU tensors, or `nccl` on each rank's GPU
+    /// (`cuda:LOCAL_RANK`; needs liblethe_nccl.so, which scripts/build-nccl.sh builds).
+    #[arg(long, value_enum, default_value_t = CheckBackend::Gloo)]
+    pub backend: CheckBackend,
+}
+
+/// `lethe dist-check --backend`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CheckBackend {
+    /// c10d's Gloo, on CPU tensors.
+    Gloo,
+    /// c10d's NCCL, on each rank's GPU.
+    Nccl,
 }
 
 #[derive(Args, Debug)]
@@ -729,6 +742,11 @@ pub struct BenchArgs {
     /// `fixed`, `expire:1024`, `infinity:512` (repeatable). Default: the config's own.
     #[arg(long = "mechanism", value_name = "MECH[:SIZE]", value_parser = mechanism_item)]
     pub mechanisms: Vec<String>,
+    /// The training arithmetic of each config, comma-separated: `f32,bf16` times every
+    /// config in float32 and under bfloat16 autocast, in turns. Default: the config's
+    /// own (train.precision).
+    #[arg(long = "precision", value_delimiter = ',', value_name = "P1,P2", value_parser = precision_item)]
+    pub precisions: Vec<lethe::config::train::Precision>,
     /// Sweep one knob and report how time and memory grow: `span=256,512,1024`,
     /// `context=8192,65536`, `block=32,64` or `batch=8,16`.
     #[arg(long, value_name = "KNOB=V1,V2,...")]
@@ -893,6 +911,11 @@ fn preset_names() -> clap::builder::PossibleValuesParser {
     clap::builder::PossibleValuesParser::new(
         PRESETS.iter().map(|p| clap::builder::PossibleValue::new(p.name).help(p.about)),
     )
+}
+
+/// A `--precision` item: `f32` or `bf16`.
+fn precision_item(item: &str) -> std::result::Result<lethe::config::train::Precision, String> {
+    lethe::config::train::Precision::parse(item)
 }
 
 /// A `--mechanism MECH[:SIZES]` item whose mechanism lethe knows (the sizes are read by

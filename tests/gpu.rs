@@ -383,3 +383,43 @@ fn the_allocator_counts_what_the_gpu_holds_and_its_peak_resets() {
     assert!(after.current + 64 * mib <= during.current && after.peak < during.peak, "{during:?} then {after:?}");
     eprintln!("allocator: {before:?}, with 64 MiB {during:?}, freed and reset {after:?}");
 }
+
+/// Training under bfloat16 autocast on the GPU (`train.precision = "bf16"`): every
+/// mechanism's 50 steps of `copy-sweep-tiny` track float32's on the same GPU, within the
+/// bounds the CPU's test (`tests/it/precision.rs`) holds to, and the checkpoint stays
+/// float32.
+#[test]
+fn bfloat16_training_on_the_gpu_tracks_float32_for_every_mechanism() {
+    let Some((gpu, _one)) = gpu("bfloat16") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    for &mechanism in Mechanism::all() {
+        let run = |precision: lethe::config::Precision| {
+            let mut c = Config::preset("copy-sweep-tiny").unwrap();
+            c.name = format!("{}-{}", mechanism.name(), precision.name());
+            c.memory.mechanism = mechanism;
+            (c.train.steps, c.train.log_every, c.train.eval_every) = (50, 10, 0);
+            c.train.precision = precision;
+            c.train.device = lethe::device::name(gpu);
+            let start = std::time::Instant::now();
+            let summary = lethe::train::train(&c, &common::quiet(dir.path())).unwrap();
+            (summary, start.elapsed().as_secs_f64())
+        };
+        let ((full, full_s), (half, half_s)) =
+            (run(lethe::config::Precision::F32), run(lethe::config::Precision::Bf16));
+        let (a, b) = (full.last_eval.unwrap().loss, half.last_eval.unwrap().loss);
+        let gap = (a - b).abs() / a;
+        let last = |l: &[f64]| l[l.len() - 10..].iter().sum::<f64>() / 10.0;
+        let (ta, tb) = (last(&full.losses), last(&half.losses));
+        println!(
+            "{mechanism}: valid loss f32 {a:.4}, bf16 {b:.4} (gap {gap:.5}); last 10 steps {ta:.4} / {tb:.4}; 50 steps {full_s:.1} s / {half_s:.1} s"
+        );
+        assert!(gap < 0.02, "{mechanism}: bfloat16 validation loss {b:.4} vs float32's {a:.4}");
+        assert!((ta - tb).abs() / ta < 0.06, "{mechanism}: last 10 training losses {tb:.4} vs {ta:.4}");
+        assert_ne!(full.losses, half.losses, "{mechanism}: bfloat16 changed nothing");
+        let ckpt = lethe::checkpoint::Checkpoint::load(&half.run_dir).unwrap();
+        assert!(
+            ckpt.parameters().iter().all(|(_, t)| t.kind() == Kind::Float),
+            "{mechanism}: a bf16 checkpoint tensor"
+        );
+    }
+}

@@ -25,6 +25,7 @@ use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
 use crate::checkpoint::write_atomic;
+use crate::config::train::Precision;
 use crate::config::{Config, Mechanism};
 use crate::data::Batch;
 use crate::dist::ProcessGroup;
@@ -153,6 +154,8 @@ pub struct BenchResult {
     pub name: String,
     /// Memory mechanism.
     pub mechanism: String,
+    /// The training arithmetic (`train.precision`): `f32` or `bf16`.
+    pub precision: String,
     /// The scaled knob (`span`, `context`, `block`, `batch`), when the bench sweeps one.
     pub knob: Option<String>,
     /// The knob's value for this config.

@@ -79,8 +79,15 @@ pub struct Case {
 
 /// The configs to bench: `base` for each of `mechanisms` (`name` or `name:size`, as in
 /// `lethe sweep`: a size sets the mechanism's memory size; none keeps the config's),
-/// or `base` alone when none are given; each at every value of `scale`.
-pub fn plan(base: &Config, mechanisms: &[String], scale: Option<&Scale>, context: Option<usize>) -> Result<Vec<Case>> {
+/// or `base` alone when none are given; each in every one of `precisions` (none: the
+/// config's own); each at every value of `scale`.
+pub fn plan(
+    base: &Config,
+    mechanisms: &[String],
+    precisions: &[Precision],
+    scale: Option<&Scale>,
+    context: Option<usize>,
+) -> Result<Vec<Case>> {
     if base.data.source.is_rl() {
         return Err(LetheError::Invalid(format!(
             "`{}` is a reinforcement-learning task: `lethe bench` times language-model steps; a gridworld run reports its environment steps per second as it trains",
@@ -123,6 +130,18 @@ pub fn plan(base: &Config, mechanisms: &[String], scale: Option<&Scale>, context
     }
     if configs.is_empty() {
         configs.push(base.clone());
+    }
+    if !precisions.is_empty() {
+        configs = configs
+            .iter()
+            .flat_map(|c| {
+                precisions.iter().map(|&p| {
+                    let mut c = c.clone();
+                    c.train.precision = p;
+                    c
+                })
+            })
+            .collect();
     }
     let mut cases = vec![];
     for cfg in configs {

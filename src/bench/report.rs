@@ -10,8 +10,9 @@ pub fn table(results: &[BenchResult]) -> String {
     let peak = |r: &BenchResult| if gpu { r.peak_gpu_mib } else { r.peak_rss_mib };
     let _ = writeln!(
         s,
-        "{:<12} {:>10} {:>9} {:>10} {:>16} {:>9} {:>9} {:>8} {:>6} {:>12} {:>9}",
+        "{:<12} {:<4} {:>10} {:>9} {:>10} {:>16} {:>9} {:>9} {:>8} {:>6} {:>12} {:>9}",
         "mechanism",
+        "prec",
         "knob",
         "span",
         "context",
@@ -30,8 +31,9 @@ pub fn table(results: &[BenchResult]) -> String {
         };
         let _ = writeln!(
             s,
-            "{:<12} {:>10} {:>9} {:>10} {:>16} {:>9.0} {:>9} {:>8.1} {:>6} {:>12.1} {:>9}",
+            "{:<12} {:<4} {:>10} {:>9} {:>10} {:>16} {:>9.0} {:>9} {:>8.1} {:>6} {:>12.1} {:>9}",
             r.mechanism,
+            r.precision,
             knob,
             r.span,
             r.context_tokens,
@@ -52,6 +54,7 @@ pub fn table(results: &[BenchResult]) -> String {
 pub(crate) struct CsvRow<'a> {
     name: &'a str,
     mechanism: &'a str,
+    precision: &'a str,
     knob: Option<&'a str>,
     value: Option<usize>,
     span: usize,
@@ -82,6 +85,7 @@ pub fn csv(results: &[BenchResult]) -> Result<String> {
     crate::metrics::csv_text(results.iter().map(|r| CsvRow {
         name: &r.name,
         mechanism: &r.mechanism,
+        precision: &r.precision,
         knob: r.knob.as_deref(),
         value: r.value,
         span: r.span,

@@ -56,17 +56,36 @@ fn step_flops_match_a_hand_count() {
 fn plan_crosses_mechanisms_with_the_scaled_knob() {
     let base = Config::preset("copy-tiny").unwrap();
     let scale = parse_scale("span=32,64").unwrap();
-    let cases = plan(&base, &["fixed".into(), "expire:128".into()], Some(&scale), None).unwrap();
+    let cases = plan(&base, &["fixed".into(), "expire:128".into()], &[], Some(&scale), None).unwrap();
     assert_eq!(cases.len(), 4);
     assert_eq!(cases[0].cfg.memory.mechanism, Mechanism::Fixed);
     assert_eq!((cases[1].cfg.memory.span, cases[1].scaled), (64, Some((Knob::Span, 64))));
     assert_eq!(cases[2].cfg.memory.mechanism, Mechanism::Expire);
-    let ctx = plan(&base, &[], Some(&parse_scale("context=100").unwrap()), None).unwrap();
+    let ctx = plan(&base, &[], &[], Some(&parse_scale("context=100").unwrap()), None).unwrap();
     assert_eq!((ctx.len(), ctx[0].context), (1, Some(100)));
-    let err = plan(&base, &["fixed:16,32".into()], None, None).unwrap_err().to_string();
+    let err = plan(&base, &["fixed:16,32".into()], &[], None, None).unwrap_err().to_string();
     assert!(err.contains("one size"), "{err}");
-    let err = plan(&base, &["lstm".into()], None, None).unwrap_err().to_string();
+    let err = plan(&base, &["lstm".into()], &[], None, None).unwrap_err().to_string();
     assert!(err.contains("unknown mechanism `lstm`"), "{err}");
+}
+
+#[test]
+fn plan_times_each_mechanism_in_each_precision_asked_for() {
+    let base = Config::preset("copy-tiny").unwrap();
+    let both = [Precision::F32, Precision::Bf16];
+    let cases = plan(&base, &["fixed".into(), "expire".into()], &both, None, None).unwrap();
+    let got: Vec<_> = cases.iter().map(|c| (c.cfg.memory.mechanism, c.cfg.train.precision)).collect();
+    assert_eq!(
+        got,
+        [
+            (Mechanism::Fixed, Precision::F32),
+            (Mechanism::Fixed, Precision::Bf16),
+            (Mechanism::Expire, Precision::F32),
+            (Mechanism::Expire, Precision::Bf16)
+        ]
+    );
+    assert_eq!(Precision::parse(" bf16").unwrap(), Precision::Bf16);
+    assert!(Precision::parse("fp8").unwrap_err().contains("f32 or bf16"));
 }
 
 #[test]

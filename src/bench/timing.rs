@@ -148,6 +148,7 @@ impl<'a> Timed<'a> {
         Ok(BenchResult {
             name: cfg.name.clone(),
             mechanism: cfg.memory.mechanism.name().to_string(),
+            precision: cfg.train.precision.name().to_string(),
             knob: None,
             value: None,
             span: cfg.memory.span,

@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result};
 
-use crate::cli::{BenchArgs, DistCheckArgs, SweepArgs};
+use crate::cli::{BenchArgs, CheckBackend, DistCheckArgs, SweepArgs};
 use lethe::config::Mechanism;
 
 use super::train::informational;
@@ -20,7 +20,7 @@ pub(crate) fn bench(a: BenchArgs) -> Result<()> {
     }
     let cfg = a.config.resolve()?;
     let scale = a.scale.as_deref().map(lethe::bench::parse_scale).transpose()?;
-    let cases = lethe::bench::plan(&cfg, &a.mechanisms, scale.as_ref(), a.context)?;
+    let mut cases = lethe::bench::plan(&cfg, &a.mechanisms, &a.precisions, scale.as_ref(), a.context)?;
     let trace = a.trace.then(|| a.out.join(&cfg.name));
     let opts = lethe::bench::BenchOptions {
         steps: a.bench_steps,
@@ -33,7 +33,11 @@ pub(crate) fn bench(a: BenchArgs) -> Result<()> {
         frozen: a.frozen,
     };
     opts.validate()?;
-    let group = lethe::dist::join_for_training(&cfg)?;
+    let (device, group) = lethe::dist::join_for_training(&cfg, lethe::device::parse(&cfg.train.device)?)?;
+    if group.is_some() {
+        // Each rank benches on its own device (a GPU rank's is `cuda:LOCAL_RANK`).
+        cases.iter_mut().for_each(|case| case.cfg.train.device = lethe::device::name(device));
+    }
     let leader = group.as_ref().is_none_or(|g| g.rank() == 0); // rank 0 speaks for a torchrun launch
     let (gemm, threads) = lethe::bench::machine_rate(&cfg)?;
     if leader {
@@ -62,9 +66,10 @@ pub(crate) fn bench(a: BenchArgs) -> Result<()> {
             .unwrap_or_default();
         let reads = r.reads();
         println!(
-            "{:<14} {:<11} {:>9} params | {} tok/step | step median {:.1} ms (p10 {:.1}, p90 {:.1}) | {:.0} tok/s | peak RSS {}{} | mem {:?} | {:.2} GFLOP/step, MFU {} | context {} tokens{reads}{comm}{relative}",
+            "{:<14} {:<11} {:<4} {:>9} params | {} tok/step | step median {:.1} ms (p10 {:.1}, p90 {:.1}) | {:.0} tok/s | peak RSS {}{} | mem {:?} | {:.2} GFLOP/step, MFU {} | context {} tokens{reads}{comm}{relative}",
             r.name,
             r.mechanism,
+            r.precision,
             r.parameters,
             r.tokens_per_step,
             1e3 * r.median_s,
@@ -185,13 +190,19 @@ pub(crate) fn dist_check(a: DistCheckArgs) -> Result<()> {
     let launch = lethe::dist::Launch::from_env()?.context("no distributed launch: WORLD_SIZE is not set (start it with torchrun --nproc-per-node N --no-python lethe dist-check)")?;
     let who = format!("rank {}/{}", launch.rank, launch.world_size);
     let start = std::time::Instant::now();
-    let group = lethe::dist::ProcessGroup::join(&launch, std::time::Duration::from_secs(a.timeout))?;
+    let backend = match a.backend {
+        CheckBackend::Gloo => lethe::dist::Backend::Gloo,
+        CheckBackend::Nccl => lethe::dist::Backend::Nccl { device: launch.local_rank },
+    };
+    let group = lethe::dist::ProcessGroup::join(&launch, std::time::Duration::from_secs(a.timeout), backend)?;
     let store = if launch.agent_store { "torchrun's store" } else { "rank 0's store" };
     println!(
-        "{who}: joined in {:.2} s through {store} at {}:{} (Gloo)",
+        "{who}: joined in {:.2} s through {store} at {}:{} ({} on {})",
         start.elapsed().as_secs_f64(),
         launch.master_addr,
-        launch.master_port
+        launch.master_port,
+        backend.name(),
+        lethe::device::name(group.device())
     );
     let r = lethe::dist::self_check(&group, a.elements, a.rounds)?;
     let gb_per_s = (r.elements * 4) as f64 / r.all_reduce_s.max(1e-9) / 1e9;

@@ -124,7 +124,7 @@ fn bench_scales_a_knob_for_several_mechanisms_into_a_table_json_and_csv() {
     let rows: Vec<&str> = csv.lines().collect();
     assert_eq!(rows.len(), 5, "a header and 2 mechanisms x 2 spans: {csv}");
     assert!(
-        rows[1].starts_with("copy-tiny,fixed,span,8,8,") && rows[4].starts_with("copy-tiny,expire,span,16,16,"),
+        rows[1].starts_with("copy-tiny,fixed,f32,span,8,8,") && rows[4].starts_with("copy-tiny,expire,f32,span,16,16,"),
         "{csv}"
     );
     let report: serde_json::Value =

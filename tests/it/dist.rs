@@ -62,7 +62,7 @@ fn torchrun_starts_the_ranks_and_they_meet_through_its_store() {
 fn a_rank_whose_peer_never_comes_gives_up_naming_the_store() {
     let port = free_port();
     let out = finish(spawn(rank(0, 2, port, &["--timeout", "2"])));
-    fails_with(&out, &["rank 0", "could not join the group of 2", &format!("127.0.0.1:{port}")]);
+    fails_with(&out, &["rank 0", "could not join the Gloo group of 2", &format!("127.0.0.1:{port}")]);
 }
 
 #[test]
@@ -435,4 +435,70 @@ fn impossible_dist_check_flags_are_refused_before_joining() {
     let dir = tempfile::tempdir().unwrap();
     let out = finish(spawn(trainer(dir.path(), 0, 2, port, &["--set", "train.dist_timeout=99999999999"])));
     fails_with(&out, &["train.dist_timeout", "at most 604800"]);
+}
+
+#[test]
+fn one_rank_launched_alone_joins_and_trains_as_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let args = ["--steps", "5"];
+    let plain = finish(spawn({
+        let mut c = trainer(d, 0, 0, 0, &args);
+        c.args(["--name", "plain"]);
+        c
+    }));
+    succeeds(&plain);
+    let alone = finish(spawn({
+        let mut c = trainer(d, 0, 1, free_port(), &args);
+        c.args(["--name", "alone"]);
+        c
+    }));
+    succeeds(&alone);
+    let (a, b) = (losses(&d.join("runs/plain")), losses(&d.join("runs/alone")));
+    assert!(a.len() == 5 && a.iter().zip(&b).all(|(x, y)| close(x, y)), "{a:?} against {b:?}");
+}
+
+#[test]
+fn nccl_for_cpu_ranks_is_refused_before_joining() {
+    let dir = tempfile::tempdir().unwrap();
+    for out in two_ranks(dir.path(), &["--steps", "3", "--set", "train.dist_backend=\"nccl\""], [&[], &[]]) {
+        fails_with(&out, &["train.dist_backend = \"nccl\" needs GPU ranks", "gloo"]);
+    }
+    assert!(!dir.path().join("runs").exists(), "a refused launch writes nothing");
+}
+
+#[test]
+fn nccl_from_a_library_that_is_not_there_is_refused_in_one_line() {
+    let port = free_port();
+    let mut c = rank(0, 1, port, &["--backend", "nccl"]);
+    c.env("LETHE_NCCL", "/nowhere/liblethe_nccl.so");
+    fails_with(&finish(spawn(c)), &["distributed (rank 0)", "LETHE_NCCL: no file /nowhere/liblethe_nccl.so"]);
+    let junk = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(junk.path(), b"not a library").unwrap();
+    let mut c = rank(0, 1, port, &["--backend", "nccl"]);
+    c.env("LETHE_NCCL", junk.path());
+    fails_with(&finish(spawn(c)), &["loading NCCL's library", "cannot load"]);
+}
+
+/// liblethe_nccl.so as `scripts/build-nccl.sh` writes it, beside the binary under test
+/// (`./test.sh` builds it before the tests).
+fn nccl_library() -> std::path::PathBuf {
+    let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_lethe"));
+    let lib = exe.with_file_name("liblethe_nccl.so");
+    assert!(lib.is_file(), "no {}: run scripts/build-nccl.sh (./test.sh does)", lib.display());
+    lib
+}
+
+#[test]
+#[ignore = "needs liblethe_nccl.so (scripts/build-nccl.sh, which ./test.sh runs)"]
+fn nccl_loads_and_on_a_machine_without_a_gpu_refuses_in_one_line() {
+    if tch::Cuda::is_available() {
+        eprintln!("skipped: this machine has a GPU, and scripts/gpu-check.sh checks NCCL on it");
+        return;
+    }
+    let port = free_port();
+    let mut c = rank(0, 1, port, &["--backend", "nccl", "--timeout", "20"]);
+    c.env("LETHE_NCCL", nccl_library());
+    let out = finish(spawn(c));
+    fails_with(&out, &["could not join the NCCL group", "NCCL needs a CUDA device for each rank", "0 visible"]);
 }

@@ -5,14 +5,18 @@
 //! environment; [`Launch::from_env`] reads them (none set: a plain single process).
 //! [`ProcessGroup::join`] meets the other ranks through c10d's `TCPStore` — torchrun's own
 //! store when `TORCHELASTIC_USE_AGENT_STORE=True`, otherwise one that rank 0 hosts — and
-//! builds a Gloo process group for CPU tensors. Collectives (all-reduce, broadcast,
-//! barrier) give up after the group's timeout with an error that names the rank, so a
-//! dead peer ends every other rank with a message and a non-zero exit, never a hang.
+//! builds the group's collectives ([`Backend`]): Gloo's on CPU tensors, or NCCL's on one
+//! GPU a rank. Collectives (all-reduce, broadcast, barrier) give up after the group's
+//! timeout with an error that names the rank, so a dead peer ends every other rank with
+//! a message and a non-zero exit, never a hang.
 //!
 //! tch does not bind c10d and no maintained crate does for libtorch 2.11, so
-//! lethe-kernels' `csrc/dist.cpp` (compiled by its `build.rs` against the torch wheel's headers) is a small
-//! C interface over libtorch's own `TCPStore` and `ProcessGroupGloo`; this module is its
-//! safe wrapper.
+//! lethe-kernels' `csrc/dist.cpp` (compiled by its `build.rs` against the torch wheel's
+//! headers) is a small C interface over libtorch's own `TCPStore`, `ProcessGroupGloo` and
+//! `ProcessGroupNCCL`; this module is its safe wrapper. `ProcessGroupNCCL` is part of
+//! libtorch's CUDA library, which lethe does not link, so its constructor is a library of
+//! its own, [`NCCL_LIBRARY`] (`csrc/nccl/`, built by `scripts/build-nccl.sh`), loaded
+//! when a group asks for NCCL: from `LETHE_NCCL`, or beside the `lethe` executable.
 
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::ptr::NonNull;
@@ -20,11 +24,48 @@ use std::time::Duration;
 
 use tch::{Device, Tensor};
 
+use crate::config::train::DistBackend;
 use crate::error::{LetheError, Result};
 use lethe_kernels::{
-    lethe_dist_all_reduce, lethe_dist_barrier, lethe_dist_broadcast, lethe_dist_free, lethe_dist_init, DistOptions,
-    RawGroup,
+    lethe_dist_all_reduce, lethe_dist_barrier, lethe_dist_broadcast, lethe_dist_free, lethe_dist_init,
+    lethe_dist_nccl_load, DistOptions, RawGroup,
 };
+
+/// The file name of the library of NCCL groups.
+pub const NCCL_LIBRARY: &str = "liblethe_nccl.so";
+
+/// The variable that names the library of NCCL groups' path.
+pub const NCCL_LIBRARY_VAR: &str = "LETHE_NCCL";
+
+/// The collectives of a group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// c10d's Gloo, on CPU tensors.
+    Gloo,
+    /// c10d's NCCL, on tensors of this rank's GPU.
+    Nccl {
+        /// The CUDA device's index.
+        device: usize,
+    },
+}
+
+impl Backend {
+    /// Where the tensors of the group's collectives live.
+    pub fn device(self) -> Device {
+        match self {
+            Backend::Gloo => Device::Cpu,
+            Backend::Nccl { device } => Device::Cuda(device),
+        }
+    }
+
+    /// The backend's name, as c10d gives it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Gloo => "Gloo",
+            Backend::Nccl { .. } => "NCCL",
+        }
+    }
+}
 
 /// Where this process stands in a launch, as the launcher's environment says.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -108,11 +149,13 @@ fn invalid_launch(reason: String) -> LetheError {
 /// order, so the count names the same group on all of them.
 static JOINED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-/// A joined process group: every rank of the launch, with Gloo collectives on CPU tensors.
+/// A joined process group: every rank of the launch, with Gloo's collectives on CPU
+/// tensors or NCCL's on this rank's GPU.
 pub struct ProcessGroup {
     raw: NonNull<RawGroup>,
     rank: usize,
     world_size: usize,
+    backend: Backend,
 }
 
 // The C++ process group is built to be driven from any thread (c10d runs its work on its
@@ -121,9 +164,17 @@ pub struct ProcessGroup {
 unsafe impl Send for ProcessGroup {}
 
 impl ProcessGroup {
-    /// Meets the other ranks of `launch` and builds the group. The rendezvous and every
-    /// collective give up after `timeout`.
-    pub fn join(launch: &Launch, timeout: Duration) -> Result<ProcessGroup> {
+    /// Meets the other ranks of `launch` and builds the group, with `backend`'s
+    /// collectives (NCCL's library loaded first). The rendezvous and every collective
+    /// give up after `timeout`.
+    pub fn join(launch: &Launch, timeout: Duration, backend: Backend) -> Result<ProcessGroup> {
+        let device = match backend {
+            Backend::Gloo => -1,
+            Backend::Nccl { device } => {
+                load_nccl().map_err(|reason| LetheError::Distributed { rank: launch.rank, reason })?;
+                device as c_int
+            }
+        };
         let host = CString::new(launch.master_addr.as_str())
             .map_err(|_| invalid_launch("MASTER_ADDR holds a NUL byte".into()))?;
         let prefix = CString::new(launch.prefix(JOINED.fetch_add(1, std::sync::atomic::Ordering::SeqCst)))
@@ -140,16 +191,18 @@ impl ProcessGroup {
                 store_server: c_int::from(launch.hosts_store()),
                 prefix: prefix.as_ptr(),
                 timeout_ms,
+                device,
             };
             lethe_dist_init(&options, &mut error)
         };
         let rank = launch.rank;
         match NonNull::new(raw) {
-            Some(raw) => Ok(ProcessGroup { raw, rank, world_size: launch.world_size }),
+            Some(raw) => Ok(ProcessGroup { raw, rank, world_size: launch.world_size, backend }),
             None => Err(LetheError::Distributed {
                 rank,
                 reason: format!(
-                    "could not join the group of {} through the store at {}:{}: {}",
+                    "could not join the {} group of {} through the store at {}:{}: {}",
+                    backend.name(),
                     launch.world_size,
                     launch.master_addr,
                     launch.master_port,
@@ -170,13 +223,25 @@ impl ProcessGroup {
         self.world_size
     }
 
-    /// Replaces `tensor` (a contiguous CPU tensor) on every rank by its sum over the ranks.
+    /// The group's collectives.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// Where the tensors of the group's collectives live: the CPU for Gloo, this rank's
+    /// GPU for NCCL.
+    pub fn device(&self) -> Device {
+        self.backend.device()
+    }
+
+    /// Replaces `tensor` (contiguous, on [`ProcessGroup::device`]) on every rank by its
+    /// sum over the ranks.
     pub fn all_reduce_sum(&self, tensor: &mut Tensor) -> Result<()> {
         self.all_reduce(tensor, false)
     }
 
-    /// Replaces `tensor` (a contiguous CPU tensor) on every rank by its elementwise
-    /// maximum over the ranks.
+    /// Replaces `tensor` (contiguous, on [`ProcessGroup::device`]) on every rank by its
+    /// elementwise maximum over the ranks.
     pub fn all_reduce_max(&self, tensor: &mut Tensor) -> Result<()> {
         self.all_reduce(tensor, true)
     }
@@ -204,14 +269,17 @@ impl ProcessGroup {
         self.status("barrier", |error| unsafe { lethe_dist_barrier(self.raw.as_ptr(), error) })
     }
 
-    /// Gloo takes contiguous CPU tensors; lethe reduces flat buffers, so anything else
-    /// is a bug in the caller, reported as an error rather than a crash in C++.
+    /// Gloo takes contiguous CPU tensors, NCCL tensors of its GPU; lethe reduces flat
+    /// buffers, so anything else is a bug in the caller, reported as an error rather
+    /// than a crash in C++.
     fn check(&self, tensor: &Tensor, what: &str) -> Result<()> {
-        if tensor.device() != Device::Cpu || !tensor.is_contiguous() {
+        if tensor.device() != self.device() || !tensor.is_contiguous() {
             return Err(LetheError::Distributed {
                 rank: self.rank,
                 reason: format!(
-                    "{what} needs a contiguous CPU tensor, got one on {}",
+                    "{what} over {} needs a contiguous tensor on {}, got one on {}",
+                    self.backend.name(),
+                    crate::device::name(self.device()),
                     crate::device::name(tensor.device())
                 ),
             });
@@ -243,17 +311,17 @@ pub const BUCKET_ELEMENTS: i64 = 4 << 20;
 impl ProcessGroup {
     /// Sums `values` over the ranks (in f64) and returns the sums.
     pub fn sum_f64(&self, values: &[f64]) -> Result<Vec<f64>> {
-        let mut t = Tensor::from_slice(values);
+        let mut t = Tensor::from_slice(values).to_device(self.device());
         self.all_reduce_sum(&mut t)?;
-        Vec::<f64>::try_from(&t)
+        Vec::<f64>::try_from(&t.to_device(Device::Cpu))
             .map_err(|e| LetheError::Distributed { rank: self.rank, reason: format!("reading a reduced value: {e}") })
     }
 
     /// The elementwise maximum of `values` over the ranks.
     pub fn max_f64(&self, values: &[f64]) -> Result<Vec<f64>> {
-        let mut t = Tensor::from_slice(values);
+        let mut t = Tensor::from_slice(values).to_device(self.device());
         self.all_reduce_max(&mut t)?;
-        Vec::<f64>::try_from(&t)
+        Vec::<f64>::try_from(&t.to_device(Device::Cpu))
             .map_err(|e| LetheError::Distributed { rank: self.rank, reason: format!("reading a reduced value: {e}") })
     }
 
@@ -290,12 +358,12 @@ impl ProcessGroup {
         self.through_buckets(tensors, |flat| self.broadcast(flat, 0))
     }
 
-    /// Runs `collective` on each bucket of `tensors` flattened into one CPU tensor, then
-    /// copies the result back into the tensors, in place.
+    /// Runs `collective` on each bucket of `tensors` flattened into one tensor on the
+    /// group's device, then copies the result back into the tensors, in place.
     fn through_buckets(&self, tensors: &[Tensor], collective: impl Fn(&mut Tensor) -> Result<()>) -> Result<()> {
         let _guard = tch::no_grad_guard();
         for bucket in buckets(tensors) {
-            let flat: Vec<Tensor> = bucket.iter().map(|t| t.reshape([-1]).to_device(Device::Cpu)).collect();
+            let flat: Vec<Tensor> = bucket.iter().map(|t| t.reshape([-1]).to_device(self.device())).collect();
             let mut flat = Tensor::cat(&flat, 0);
             collective(&mut flat)?;
             let mut offset = 0;
@@ -317,9 +385,9 @@ impl ProcessGroup {
         let offset: usize = lengths[..self.rank].iter().sum();
         let mut all = vec![0u8; lengths.iter().sum()];
         all[offset..offset + bytes.len()].copy_from_slice(bytes);
-        let mut t = Tensor::from_slice(&all);
+        let mut t = Tensor::from_slice(&all).to_device(self.device());
         self.all_reduce_sum(&mut t)?;
-        let all = Vec::<u8>::try_from(&t)
+        let all = Vec::<u8>::try_from(&t.to_device(Device::Cpu))
             .map_err(|e| LetheError::Distributed { rank: self.rank, reason: format!("reading gathered bytes: {e}") })?;
         let mut start = 0;
         Ok(lengths
@@ -368,24 +436,16 @@ fn buckets(tensors: &[Tensor]) -> Vec<&[Tensor]> {
     out
 }
 
-/// The data-parallel group of a training (or bench) under torchrun, when the launch has
-/// more than one rank; `None` for a single process. The batch must split evenly into
-/// every rank's micro-batches (`train.batch` a multiple of ranks x `train.accum`).
-///
-/// Data-parallel ranks train on the CPU: their collectives are Gloo's. On a GPU every
-/// rank would also take the same device (lethe does not yet map `LOCAL_RANK` to one)
-/// and the gradients would cross host memory, so such a run is refused, before any
-/// rank waits for another, until lethe builds c10d's NCCL group.
-pub fn join_for_training(cfg: &crate::config::Config) -> Result<Option<ProcessGroup>> {
-    let Some(launch) = Launch::from_env()? else { return Ok(None) };
-    if launch.world_size == 1 {
-        return Ok(None);
-    }
-    let device = crate::device::parse(&cfg.train.device)?;
-    if device != Device::Cpu {
-        let reason = format!("data-parallel training runs on the CPU (Gloo) for now, and train.device asks for {device:?}: set --device cpu, or train on one process");
-        return Err(LetheError::Distributed { rank: launch.rank, reason });
-    }
+/// The device and the data-parallel group of a training (or bench) under torchrun;
+/// `device` and `None` for a single process. Every rank of a launch joins, one alone
+/// too (`torchrun --nproc-per-node 1`). A GPU rank takes `cuda:LOCAL_RANK` for NCCL, or
+/// `cuda:(LOCAL_RANK mod GPUs)` for Gloo ([`rank_backend`]). The batch must split evenly
+/// into every rank's micro-batches (`train.batch` a multiple of ranks x `train.accum`).
+pub fn join_for_training(cfg: &crate::config::Config, device: Device) -> Result<(Device, Option<ProcessGroup>)> {
+    let Some(launch) = Launch::from_env()? else { return Ok((device, None)) };
+    let gpus = if device.is_cuda() { tch::Cuda::device_count().max(0) as usize } else { 0 };
+    let (device, backend) = rank_backend(device, cfg.train.dist_backend, launch.local_rank, gpus)
+        .map_err(|reason| LetheError::Distributed { rank: launch.rank, reason })?;
     let parts = launch.world_size * cfg.train.accum;
     if !cfg.train.batch.is_multiple_of(parts) {
         let reason = format!(
@@ -394,7 +454,65 @@ pub fn join_for_training(cfg: &crate::config::Config) -> Result<Option<ProcessGr
         );
         return Err(LetheError::config("train.batch", cfg.train.batch, reason));
     }
-    ProcessGroup::join(&launch, std::time::Duration::from_secs(cfg.train.dist_timeout)).map(Some)
+    let group = ProcessGroup::join(&launch, Duration::from_secs(cfg.train.dist_timeout), backend)?;
+    Ok((device, Some(group)))
+}
+
+/// The device and the collectives of local rank `local_rank` whose `train.device` is
+/// `device`, on a machine with `gpus` GPUs, as `train.dist_backend` asks: CPU ranks use
+/// Gloo; GPU ranks NCCL on `cuda:LOCAL_RANK` (one GPU a rank), or with `gloo` share the
+/// GPUs in turn. The error says what to change.
+pub fn rank_backend(
+    device: Device,
+    asked: DistBackend,
+    local_rank: usize,
+    gpus: usize,
+) -> std::result::Result<(Device, Backend), String> {
+    match (device, asked) {
+        (Device::Cpu, DistBackend::Nccl) => {
+            Err("train.dist_backend = \"nccl\" needs GPU ranks, and train.device is cpu: set --device cuda, or train.dist_backend = \"gloo\"".into())
+        }
+        (Device::Cpu, _) => Ok((Device::Cpu, Backend::Gloo)),
+        (Device::Cuda(_), _) if gpus == 0 => Err("train.device asks for a GPU and this machine shows none".into()),
+        (Device::Cuda(_), DistBackend::Gloo) => Ok((Device::Cuda(local_rank % gpus), Backend::Gloo)),
+        (Device::Cuda(_), _) if local_rank < gpus => {
+            Ok((Device::Cuda(local_rank), Backend::Nccl { device: local_rank }))
+        }
+        (Device::Cuda(_), _) => Err(format!(
+            "NCCL takes one GPU a rank, and LOCAL_RANK={local_rank} has none of this machine's {gpus}: start at most {gpus} ranks a machine, or set train.dist_backend = \"gloo\" to let ranks share GPUs"
+        )),
+        (other, _) => Err(format!("data-parallel training runs on the CPU or GPUs, not {}", crate::device::name(other))),
+    }
+}
+
+/// Loads [`NCCL_LIBRARY`] (once a process): from `LETHE_NCCL` if it is set, else from
+/// beside the running executable. The error says how to build it, or to use Gloo.
+pub fn load_nccl() -> std::result::Result<std::path::PathBuf, String> {
+    static LOADED: std::sync::OnceLock<std::result::Result<std::path::PathBuf, String>> = std::sync::OnceLock::new();
+    LOADED.get_or_init(load_nccl_once).clone()
+}
+
+fn load_nccl_once() -> std::result::Result<std::path::PathBuf, String> {
+    // The library links libtorch's CUDA backend, which lethe loads only when asked.
+    crate::device::load_cuda_backend();
+    let named = std::env::var_os(NCCL_LIBRARY_VAR).filter(|v| !v.is_empty()).map(std::path::PathBuf::from);
+    let beside = std::env::current_exe().ok().and_then(|exe| Some(exe.parent()?.join(NCCL_LIBRARY)));
+    let path = match (named, beside) {
+        (Some(path), _) if !path.is_file() => return Err(format!("{NCCL_LIBRARY_VAR}: no file {}", path.display())),
+        (Some(path), _) => path,
+        (None, Some(path)) if path.is_file() => path,
+        _ => {
+            return Err(format!(
+                "NCCL needs {NCCL_LIBRARY} beside lethe or in {NCCL_LIBRARY_VAR} (scripts/build-nccl.sh builds it); or use Gloo (train.dist_backend = \"gloo\", dist-check --backend gloo)"
+            ))
+        }
+    };
+    let c = CString::new(path.to_string_lossy().as_bytes())
+        .map_err(|_| format!("{NCCL_LIBRARY_VAR}: {} holds a NUL byte", path.display()))?;
+    // SAFETY: a valid NUL-terminated path; the library stays loaded for the process.
+    lethe_kernels::status(|error| unsafe { lethe_dist_nccl_load(c.as_ptr(), error) })
+        .map_err(|message| format!("loading NCCL's library: {message}"))?;
+    Ok(path)
 }
 
 /// What [`self_check`] measured on one rank.
@@ -418,13 +536,13 @@ pub fn self_check(group: &ProcessGroup, elements: usize, rounds: usize) -> Resul
     let n = group.world_size() as f64;
     let mut times = vec![];
     for _ in 0..rounds.max(1) {
-        let mut t = Tensor::full([elements as i64], group.rank() as f64 + 1.0, (tch::Kind::Float, Device::Cpu));
+        let mut t = Tensor::full([elements as i64], group.rank() as f64 + 1.0, (tch::Kind::Float, group.device()));
         let start = std::time::Instant::now();
         group.all_reduce_sum(&mut t)?;
         times.push(start.elapsed().as_secs_f64());
         expect_all(group, &t, n * (n + 1.0) / 2.0, "all-reduce")?;
     }
-    let mut t = Tensor::full([elements as i64], group.rank() as f64 + 10.0, (tch::Kind::Float, Device::Cpu));
+    let mut t = Tensor::full([elements as i64], group.rank() as f64 + 10.0, (tch::Kind::Float, group.device()));
     group.broadcast(&mut t, 0)?;
     expect_all(group, &t, 10.0, "broadcast")?;
     let start = std::time::Instant::now();
@@ -506,6 +624,40 @@ mod tests {
         for (env, needle) in cases {
             let msg = Launch::from_vars(vars(env)).unwrap_err().to_string();
             assert!(msg.contains(needle) && msg.contains("torchrun"), "expected `{needle}` in: {msg}");
+        }
+    }
+
+    #[test]
+    fn gpu_ranks_take_nccl_on_their_local_gpu_and_cpu_ranks_gloo() {
+        use DistBackend::{Auto, Gloo, Nccl};
+        let cases = [
+            (Device::Cpu, Auto, 3, 0, (Device::Cpu, Backend::Gloo)),
+            (Device::Cpu, Gloo, 1, 0, (Device::Cpu, Backend::Gloo)),
+            (Device::Cuda(0), Auto, 1, 2, (Device::Cuda(1), Backend::Nccl { device: 1 })),
+            (Device::Cuda(0), Nccl, 0, 1, (Device::Cuda(0), Backend::Nccl { device: 0 })),
+            // Gloo lets ranks share GPUs, in turn.
+            (Device::Cuda(0), Gloo, 1, 1, (Device::Cuda(0), Backend::Gloo)),
+            (Device::Cuda(0), Gloo, 3, 2, (Device::Cuda(1), Backend::Gloo)),
+        ];
+        for (device, asked, local, gpus, expected) in cases {
+            assert_eq!(
+                rank_backend(device, asked, local, gpus).unwrap(),
+                expected,
+                "{device:?} {asked:?} {local} {gpus}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_rank_nccl_cannot_serve_says_what_to_change() {
+        let cases = [
+            (Device::Cpu, DistBackend::Nccl, 0, 0, "needs GPU ranks"),
+            (Device::Cuda(0), DistBackend::Auto, 1, 1, "LOCAL_RANK=1 has none of this machine's 1"),
+            (Device::Cuda(0), DistBackend::Nccl, 0, 0, "shows none"),
+        ];
+        for (device, asked, local, gpus, needle) in cases {
+            let e = rank_backend(device, asked, local, gpus).unwrap_err();
+            assert!(e.contains(needle) && (gpus == 0 && device.is_cuda() || e.contains("gloo")), "{e}");
         }
     }
 }

@@ -1,7 +1,8 @@
 // lethe's bridge to PyTorch's distributed engine (c10d): a TCPStore for the rendezvous
-// and a Gloo process group for the collectives, behind a C interface that crates/core/src/dist.rs
-// wraps. Every entry point catches C++ exceptions and hands back their message, so that
-// a dead peer or a timeout becomes a Rust error, never an abort.
+// and a process group for the collectives, Gloo's or, for GPU ranks, NCCL's (from
+// liblethe_nccl.so, csrc/nccl/, loaded at run time), behind a C interface that
+// crates/core/src/dist.rs wraps. Every entry point catches C++ exceptions and hands back
+// their message, so that a dead peer or a timeout becomes a Rust error, never an abort.
 //
 // Tensors cross as `at::Tensor*`, which is what tch's `Tensor::as_mut_ptr` holds.
 
@@ -9,8 +10,12 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <dlfcn.h>
+
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <mutex>
 #include <string>
 
 #include "guard.h"
@@ -18,22 +23,73 @@
 
 struct lethe_pg {
   c10::intrusive_ptr<c10d::Store> store;
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;
+  c10::intrusive_ptr<c10d::Backend> backend;
+  int device;  // the CUDA device of an NCCL group, -1 for Gloo
 };
 
 using lethe::guarded;
 
+namespace {
+
+// liblethe_nccl.so's constructor of an NCCL group (csrc/nccl/process_group_nccl.cpp), once loaded.
+using NcclBackend = void* (*)(void* store, int rank, int world, int device, int64_t timeout_ms, char** error);
+std::atomic<NcclBackend> nccl_backend{nullptr};
+std::mutex nccl_loading;
+constexpr int kNcclAbi = 1;
+
+// The group's collectives: NCCL's on `device` through the loaded library, else Gloo's.
+c10::intrusive_ptr<c10d::Backend> make_backend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world,
+                                               int device, std::chrono::milliseconds timeout) {
+  if (device < 0) {
+    // As torch.distributed does: the devices GLOO_SOCKET_IFNAME names, or the one
+    // this host's name resolves to.
+    auto options = c10d::ProcessGroupGloo::Options::create_default(timeout);
+    return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, options);
+  }
+  NcclBackend make = nccl_backend.load();
+  TORCH_CHECK(make != nullptr, "NCCL asked for before liblethe_nccl.so was loaded");
+  char* message = nullptr;
+  void* raw = make(store.get(), rank, world, device, timeout.count(), &message);
+  if (raw == nullptr) {
+    std::string text = message != nullptr ? message : "no reason given";
+    std::free(message);
+    TORCH_CHECK(false, text);
+  }
+  return c10::intrusive_ptr<c10d::Backend>::reclaim(static_cast<c10d::Backend*>(raw));
+}
+
+}  // namespace
+
 extern "C" {
 
+// Loads liblethe_nccl.so from `path` (kept for the life of the process); refuses one of
+// another interface version. Loading again once loaded does nothing.
+int lethe_dist_nccl_load(const char* path, char** error) {
+  return guarded(error, [&] {
+    std::lock_guard<std::mutex> lock(nccl_loading);
+    if (nccl_backend.load() != nullptr) return;
+    void* handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    TORCH_CHECK(handle != nullptr, "cannot load ", path, ": ", dlerror());
+    auto abi = reinterpret_cast<int (*)()>(dlsym(handle, "lethe_nccl_abi"));
+    auto make = reinterpret_cast<NcclBackend>(dlsym(handle, "lethe_nccl_backend"));
+    if (abi == nullptr || make == nullptr || abi() != kNcclAbi) {
+      dlclose(handle);
+      TORCH_CHECK(false, path, " is not a liblethe_nccl.so of this lethe (rebuild it with scripts/build-nccl.sh)");
+    }
+    nccl_backend.store(make);
+  });
+}
+
 // Joins the group: connects to (or, when `store_server`, hosts) the TCPStore at
-// host:port, under `prefix`, then builds a Gloo process group whose collectives give up
-// after `timeout_ms`. Returns null and sets `error` on failure.
+// host:port, under `prefix`, then builds a process group whose collectives give up after
+// `timeout_ms`: Gloo's when `device` is -1, else NCCL's on that CUDA device (after
+// lethe_dist_nccl_load). Returns null and sets `error` on failure.
 lethe_pg* lethe_dist_init(const lethe_dist_options* o, char** error) {
   lethe_pg* pg = nullptr;
   guarded(error, [&] {
     const char* host = o->host;
     const char* prefix = o->prefix;
-    const int port = o->port, rank = o->rank, world = o->world, store_server = o->store_server;
+    const int port = o->port, rank = o->rank, world = o->world, store_server = o->store_server, device = o->device;
     const int64_t timeout_ms = o->timeout_ms;
     auto timeout = std::chrono::milliseconds(timeout_ms);
     c10d::TCPStoreOptions options;
@@ -44,11 +100,8 @@ lethe_pg* lethe_dist_init(const lethe_dist_options* o, char** error) {
     options.timeout = timeout;
     auto tcp = c10::make_intrusive<c10d::TCPStore>(std::string(host), options);
     c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::PrefixStore>(std::string(prefix), tcp);
-    // As torch.distributed does: the devices GLOO_SOCKET_IFNAME names, or the one
-    // this host's name resolves to.
-    auto gloo_options = c10d::ProcessGroupGloo::Options::create_default(timeout);
-    auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, gloo_options);
-    pg = new lethe_pg{store, gloo};
+    auto backend = make_backend(store, rank, world, device, timeout);
+    pg = new lethe_pg{store, backend, device};
   });
   return pg;
 }
@@ -59,7 +112,7 @@ int lethe_dist_all_reduce(lethe_pg* pg, void* tensor, int max, char** error) {
     std::vector<at::Tensor> tensors{*static_cast<at::Tensor*>(tensor)};
     c10d::AllreduceOptions options;
     options.reduceOp = max ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
-    pg->gloo->allreduce(tensors, options)->wait();
+    pg->backend->allreduce(tensors, options)->wait();
   });
 }
 
@@ -69,13 +122,17 @@ int lethe_dist_broadcast(lethe_pg* pg, void* tensor, int root, char** error) {
     std::vector<at::Tensor> tensors{*static_cast<at::Tensor*>(tensor)};
     c10d::BroadcastOptions options;
     options.rootRank = root;
-    pg->gloo->broadcast(tensors, options)->wait();
+    pg->backend->broadcast(tensors, options)->wait();
   });
 }
 
 // Returns once every rank has called it.
 int lethe_dist_barrier(lethe_pg* pg, char** error) {
-  return guarded(error, [&] { pg->gloo->barrier(c10d::BarrierOptions())->wait(); });
+  return guarded(error, [&] {
+    c10d::BarrierOptions options;
+    if (pg->device >= 0) options.device_ids = {static_cast<int64_t>(pg->device)};
+    pg->backend->barrier(options)->wait();
+  });
 }
 
 // Leaves the group.

@@ -211,7 +211,8 @@ int lethe_trace_stop(void* handle, char** error);
 typedef struct lethe_pg lethe_pg;
 
 // Where and how to join: the TCPStore at host:port (hosted when `store_server` is 1),
-// under `prefix`; collectives give up after `timeout_ms`.
+// under `prefix`; collectives give up after `timeout_ms`; Gloo's when `device` is -1,
+// else NCCL's on that CUDA device.
 typedef struct lethe_dist_options {
   const char* host;
   int port;
@@ -220,7 +221,11 @@ typedef struct lethe_dist_options {
   int store_server;
   const char* prefix;
   int64_t timeout_ms;
+  int device;
 } lethe_dist_options;
+
+// Loads liblethe_nccl.so (csrc/nccl/), which NCCL groups need.
+int lethe_dist_nccl_load(const char* path, char** error);
 
 // Joins the group; null (and `error` set) on failure.
 lethe_pg* lethe_dist_init(const lethe_dist_options* options, char** error);

@@ -109,6 +109,7 @@ pub struct DistOptions {
     pub store_server: c_int,
     pub prefix: *const c_char,
     pub timeout_ms: i64,
+    pub device: c_int,
 }
 
 /// `lethe_pg`: a process group, opaque here.
@@ -229,6 +230,7 @@ extern "C" {
     pub fn lethe_trace_start(path: *const c_char, out: *mut *mut c_void, error: *mut *mut c_char) -> c_int;
     pub fn lethe_trace_stop(handle: *mut c_void, error: *mut *mut c_char) -> c_int;
 
+    pub fn lethe_dist_nccl_load(path: *const c_char, error: *mut *mut c_char) -> c_int;
     pub fn lethe_dist_init(options: *const DistOptions, error: *mut *mut c_char) -> *mut RawGroup;
     pub fn lethe_dist_all_reduce(pg: *mut RawGroup, tensor: RawTensor, max: c_int, error: *mut *mut c_char) -> c_int;
     pub fn lethe_dist_broadcast(pg: *mut RawGroup, tensor: RawTensor, root: c_int, error: *mut *mut c_char) -> c_int;

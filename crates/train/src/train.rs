@@ -106,8 +106,8 @@ impl<'a> Run<'a> {
     /// model, and only then writes to the folder (see [`crate::run`]).
     fn start(cfg: &'a Config, opts: &'a TrainOptions) -> Result<Self> {
         let device = lethe_core::device::for_training(&cfg.train.device, cfg.train.threads, cfg.train.tf32)?;
+        let (device, group) = lethe_core::dist::join_for_training(cfg, device)?;
         lethe_model::check_fits(cfg, device)?; // before the streams, which grow with the batch
-        let group = lethe_core::dist::join_for_training(cfg)?;
         let dir = opts.out_dir.join(&cfg.name);
         let (folder, resumed) = crate::run::folder::open_for_ranks(cfg, opts.intent(), &dir, group.as_ref())?;
         let data = lethe_data::task::train_streams(cfg, cfg.train.batch)?;

@@ -103,6 +103,13 @@ pub struct TrainConfig {
     /// stuck peer). Default 600.
     #[serde(default = "default_dist_timeout")]
     pub dist_timeout: u64,
+    /// Under torchrun: the collectives of the data-parallel group. `auto`: NCCL for GPU
+    /// ranks (one GPU a rank, `cuda:LOCAL_RANK`), Gloo for CPU ranks; `nccl`: NCCL, GPU
+    /// ranks only (it needs `liblethe_nccl.so`, which `scripts/build-nccl.sh` builds);
+    /// `gloo`: Gloo, whose GPU ranks may share GPUs (`cuda:(LOCAL_RANK mod GPUs)`).
+    /// Default `auto`.
+    #[serde(default)]
+    pub dist_backend: DistBackend,
 }
 
 /// The longest wait for the other ranks lethe accepts, seconds (a week): longer ones
@@ -137,6 +144,40 @@ pub enum Precision {
     F32,
     /// Bfloat16 autocast over float32 weights.
     Bf16,
+}
+
+impl Precision {
+    /// Every precision, in the order `lethe bench --precision` lists them.
+    pub const ALL: [Precision; 2] = [Precision::F32, Precision::Bf16];
+
+    /// The name the config and the command line use: `f32`, `bf16`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::Bf16 => "bf16",
+        }
+    }
+
+    /// The precision named `text`; the error lists the names.
+    pub fn parse(text: &str) -> std::result::Result<Precision, String> {
+        Precision::ALL
+            .into_iter()
+            .find(|p| p.name() == text.trim())
+            .ok_or_else(|| format!("`{text}` is not a precision: f32 or bf16"))
+    }
+}
+
+/// The collectives of a data-parallel run (`train.dist_backend`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DistBackend {
+    /// NCCL for GPU ranks, Gloo for CPU ranks.
+    #[default]
+    Auto,
+    /// c10d's Gloo: CPU tensors (a GPU rank's gradients cross host memory).
+    Gloo,
+    /// c10d's NCCL: one GPU a rank.
+    Nccl,
 }
 
 /// Learning-rate schedule after warm-up.
@@ -183,6 +224,7 @@ impl Default for TrainConfig {
             tf32: false,
             precision: Precision::F32,
             dist_timeout: default_dist_timeout(),
+            dist_backend: DistBackend::Auto,
         }
     }
 }

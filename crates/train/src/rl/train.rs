@@ -232,7 +232,7 @@ impl<'a> Run<'a> {
     /// then writes to the folder (see [`crate::run`]).
     fn start(cfg: &'a Config, opts: &'a TrainOptions) -> Result<Self> {
         let device = lethe_core::device::for_training(&cfg.train.device, cfg.train.threads, cfg.train.tf32)?;
-        let group = lethe_core::dist::join_for_training(cfg)?;
+        let (device, group) = lethe_core::dist::join_for_training(cfg, device)?;
         let dir = opts.out_dir.join(&cfg.name);
         let (folder, resumed) = crate::run::folder::open_for_ranks(cfg, opts.intent(), &dir, group.as_ref())?;
         let (rank, world) = group.as_ref().map_or((0, 1), |g| (g.rank(), g.world_size()));
