@@ -62,6 +62,10 @@ for line in sys.stdin:
     # The GPU kernels, beside the binaries that load them.
     scripts/build-cuda.sh "$dir/liblethe_cuda.so" || exit 1
     scripts/build-nccl.sh "$dir/liblethe_nccl.so" || exit 1
+    # The Python package as `pip install .` builds it (scripts/python-test.sh), for its GPU test.
+    scripts/python-test.sh --collect-only -q >/dev/null || exit 1
+    rm -rf "$dir/python" && mkdir -p "$dir/python"
+    cp -r "$(python -c 'import os, lethe; print(os.path.dirname(lethe.__file__))')" "$dir/python/lethe"
     cp target/release/lethe "$dir/lethe"
     cp "$test_bin" "$dir/gpu-tests"
     strip "$dir/lethe" "$dir/gpu-tests"
@@ -308,6 +312,13 @@ scale_out() {
     echo "== $(date +%T) two NCCL ranks on one GPU (refused in one line each)" | tee -a "$log"
     timeout 60 "${run[@]}" 2 --master-port 29614 --no-python "$lethe" "${train[@]}" --name nccl-2 </dev/null 2>&1 |
         grep -E '^error|exit' | tee -a "$log"
+    echo "== $(date +%T) the Python package's GPU test (python/tests/test_layers.py)" | tee -a "$log"
+    if python3 -c 'import pytest' 2>/dev/null; then
+        PYTHONPATH=$dir/python timeout 120 python3 -m pytest -q -p no:cacheprovider python/tests/test_layers.py -k gpu 2>&1 |
+            tail -n 5 | tee -a "$log"
+    else
+        echo "no pytest for this machine's python3: skipped" | tee -a "$log"
+    fi
     paper_rows "$lethe" "$log" 150 "$work" <<'CONFIGS'
 xl-1024-f32 enwik8-12l fixed:1024
 xl-1024-bf16 enwik8-12l fixed:1024 --set train.precision="bf16"
