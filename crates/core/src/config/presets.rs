@@ -77,6 +77,8 @@ pub const PRESETS: &[Preset] = &[
     preset!("qwen2.5-0.5b-expire", "smollm2-135m-expire on Qwen2.5-0.5B's shape (--init-from its folder); GPU"),
     preset!("llama3.2-1b-expire", "smollm2-135m-expire on Llama-3.2-1B's shape (--init-from its folder); GPU"),
     preset!("smollm2-135m-infinity", "the ∞-former fitted onto SmolLM2-135M as its paper fits GPT-2 (--init-from its folder, --data a long text): the pretrained weights frozen, a window of 512 and an LTM of 512 basis functions, its output starting at zero; GPU"),
+    preset!("qwen2.5-0.5b-infinity", "smollm2-135m-infinity on Qwen2.5-0.5B's shape (--init-from its folder); GPU"),
+    preset!("llama3.2-1b-infinity", "smollm2-135m-infinity on Llama-3.2-1B's shape (--init-from its folder); GPU"),
     preset!("gpt2-dialogue", "the ∞-former paper's dialogue baseline (Table 2, C.3): GPT-2 small on CMU-DoG, input 512 without memory, batch 1, 5e-5 decayed linearly over 5 epochs; --init-from a GPT-2 folder; GPU"),
     preset!("gpt2-nodoc-dialogue", "gpt2-dialogue without the documents (Table 2, GPT-2 w/o doc); GPU"),
     preset!("gpt2-compressive-dialogue", "gpt2-dialogue + a compressed memory of 512 slots at rate 3 with the reconstruction loss (Table 2, Compressive); GPU"),

@@ -449,8 +449,12 @@ impl MemoryLayer for InfinityMemory {
     fn attend(&mut self, input: &AttendInput) -> Result<AttendOutput> {
         let (context, stm_rows, joined) = self.window.attend(input, self.span)?;
         let stm_size = lethe_core::metrics::mean(&stm_rows);
-        let (added, aux_loss) = match self.absorb_incoming()? {
+        let absorb = lethe_core::profile::phase("long-term memory: absorb");
+        let coeffs = self.absorb_incoming()?;
+        drop(absorb);
+        let (added, aux_loss) = match coeffs {
             Some(coeffs) => {
+                let _read = lethe_core::profile::phase("long-term memory: read");
                 let (added, aux) = self.attend_ltm(input, &coeffs)?;
                 (Some(added), aux)
             }
