@@ -1,6 +1,6 @@
-"""The layers under PyTorch's bfloat16 autocast on the CPU (`torch.autocast("cpu",
-dtype=torch.bfloat16)`): they run forward and backward, track float32, and keep their
-memory in float32."""
+"""The layers under PyTorch's autocast on the CPU (`torch.autocast("cpu",
+dtype=torch.bfloat16)`, and float16 for every layer but the ∞-former's): they run forward
+and backward, track float32, and keep their memory in float32."""
 
 import pytest
 import torch
@@ -16,8 +16,11 @@ LAYERS = {
 }
 
 
-@pytest.mark.parametrize("kind", LAYERS)
-def test_bfloat16_autocast_tracks_float32(kind):
+CASES = [(kind, torch.bfloat16) for kind in LAYERS] + [(kind, torch.float16) for kind in LAYERS if kind != "infinity"]
+
+
+@pytest.mark.parametrize("kind,dtype", CASES)
+def test_autocast_tracks_float32(kind, dtype):
     torch.manual_seed(0)
     layer = LAYERS[kind]().train()
     g = torch.Generator().manual_seed(1)
@@ -25,24 +28,24 @@ def test_bfloat16_autocast_tracks_float32(kind):
     for _ in range(4):  # the memories fill: compressed, absorbed
         x = torch.randn(2, 32, 64, generator=g)
         y32, state32 = layer(x, state32)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=dtype):
             y16, state16 = layer(x, state16)
-    assert y16.dtype == torch.bfloat16
+    assert y16.dtype == dtype
     gap = ((y16.float() - y32).abs().max() / y32.abs().max()).item()
-    assert gap < 0.05, f"{kind}: bfloat16 output {gap:.3f} away from float32's (relative)"
+    assert gap < 0.05, f"{kind}: {dtype} output {gap:.3f} away from float32's (relative)"
     for name, t in state16.tensors:
         assert not t.is_floating_point() or t.dtype == torch.float32, f"{kind}: memory `{name}` in {t.dtype}"
-    # Gradients of the next block: the bfloat16 step points where float32's does.
+    # Gradients of the next block: the lower precision's step points where float32's does.
     x, w = torch.randn(2, 32, 64, generator=g), torch.randn(y32.shape, generator=g)
     layer.zero_grad()
     y32, _ = layer(x, state32)
     ((y32 * w).sum() + layer.aux_loss).backward()
     want = torch.cat([p.grad.flatten() for p in layer.parameters()])
     layer.zero_grad()
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast("cpu", dtype=dtype):
         y16, _ = layer(x, state16)
         loss = (y16.float() * w).sum() + layer.aux_loss.float()
     loss.backward()
     got = torch.cat([p.grad.flatten() for p in layer.parameters()])
     cosine = torch.nn.functional.cosine_similarity(got, want, dim=0).item()
-    assert cosine > 0.99, f"{kind}: bfloat16 gradient at cosine {cosine:.4f} of float32's"
+    assert cosine > 0.99, f"{kind}: {dtype} gradient at cosine {cosine:.4f} of float32's"

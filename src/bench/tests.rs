@@ -85,7 +85,7 @@ fn plan_times_each_mechanism_in_each_precision_asked_for() {
         ]
     );
     assert_eq!(Precision::parse(" bf16").unwrap(), Precision::Bf16);
-    assert!(Precision::parse("fp8").unwrap_err().contains("f32 or bf16"));
+    assert!(Precision::parse("fp8").unwrap_err().contains("f32, bf16 or f16"));
 }
 
 #[test]

@@ -62,9 +62,14 @@ pub fn for_training(device: &str, threads: usize, tf32: bool) -> Result<Device> 
     Ok(device)
 }
 
+/// `c10::ScalarType::BFloat16`.
+const BFLOAT16: c_int = 15;
+/// `c10::ScalarType::Half`.
+const HALF: c_int = 5;
+
 /// Mixed precision on this thread while the guard lives (libtorch's autocast, as
-/// `torch.autocast` sets it): [`Autocast::bf16`] computes matrix products and the other
-/// operations autocast lists in bfloat16, [`Autocast::off`] computes everything in the
+/// `torch.autocast` sets it): [`Autocast::bf16`] (or [`Autocast::f16`]) computes matrix
+/// products and the other operations autocast lists in bfloat16 (float16), [`Autocast::off`] computes everything in the
 /// inputs' precision again, for the arithmetic that needs float32 inside a bfloat16
 /// region (spans and masks, the ∞-former's ridge regression and densities, losses).
 /// Dropping the guard restores what was there before: guards nest.
@@ -77,20 +82,22 @@ pub struct Autocast {
 impl Autocast {
     /// Autocast to bfloat16 on `device`'s kind (the CPU or a GPU).
     pub fn bf16(device: Device) -> Result<Autocast> {
-        Autocast::enter(device, true)
+        Autocast::enter(device, true, BFLOAT16)
+    }
+
+    /// Autocast to float16 on `device`'s kind (the CPU or a GPU).
+    pub fn f16(device: Device) -> Result<Autocast> {
+        Autocast::enter(device, true, HALF)
     }
 
     /// Autocast off on `device`'s kind, whatever encloses it.
     pub fn off(device: Device) -> Result<Autocast> {
-        Autocast::enter(device, false)
+        Autocast::enter(device, false, BFLOAT16)
     }
 
-    fn enter(device: Device, enabled: bool) -> Result<Autocast> {
-        /// `c10::ScalarType::BFloat16`.
-        const BFLOAT16: c_int = 15;
+    fn enter(device: Device, enabled: bool, dtype: c_int) -> Result<Autocast> {
         let device_type = c_int::from(device.is_cuda());
         let mut saved: [c_int; 2] = [0, 0];
-        let dtype = BFLOAT16;
         // SAFETY: sets libtorch's thread-local autocast state; `saved` holds two ints.
         lethe_kernels::call("autocast", |error| unsafe {
             lethe_autocast_enter(device_type, c_int::from(enabled), dtype, saved.as_mut_ptr(), error)

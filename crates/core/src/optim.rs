@@ -11,7 +11,11 @@ use tch::Tensor;
 
 use crate::config::{Optimizer, Schedule, TrainConfig};
 use crate::error::{LetheError, Result};
+use crate::loss_scale::LossScale;
 use lethe_kernels::{lethe_clip_foreach, lethe_optimiser_step, raw, OptimiserArgs};
+
+/// The checkpoint's name of float16 training's loss scale and its count of good steps.
+const LOSS_SCALE_KEY: &str = "optim.loss_scale";
 
 /// Adam or RMSProp (`train.optimizer`) over a fixed, named list of parameters.
 pub struct Optimiser {
@@ -27,6 +31,8 @@ pub struct Optimiser {
     beta2: f64,
     eps: f64,
     weight_decay: f64,
+    /// Float16 training's dynamic loss scale (`train.precision = "f16"`), else `None`.
+    pub loss_scale: Option<LossScale>,
 }
 
 impl Optimiser {
@@ -40,6 +46,7 @@ impl Optimiser {
             lr_scale: vec![1.0; params.len()],
             params,
             steps: 0,
+            loss_scale: (cfg.precision == crate::config::Precision::F16).then(LossScale::default),
             beta1: cfg.beta1,
             beta2: cfg.beta2,
             eps: cfg.eps,
@@ -76,6 +83,15 @@ impl Optimiser {
     /// The gradients the last backward pass left (parameters without one left out).
     fn grads(&self) -> Vec<Tensor> {
         self.params.iter().map(|(_, p)| p.grad()).filter(|g| g.defined()).collect()
+    }
+
+    /// Multiplies every gradient by `factor` (float16 training divides out its loss
+    /// scale before the clip).
+    pub fn scale_grads(&mut self, factor: f64) {
+        let _guard = tch::no_grad_guard();
+        for mut g in self.grads() {
+            let _ = g.g_mul_scalar_(factor);
+        }
     }
 
     /// Global L2 norm of the gradients; when `max > 0` and the norm exceeds it, scales
@@ -218,6 +234,9 @@ impl Optimiser {
             out.push((format!("optim.exp_avg.{name}"), self.exp_avg[i].shallow_clone()));
             out.push((format!("optim.exp_avg_sq.{name}"), self.exp_avg_sq[i].shallow_clone()));
         }
+        if let Some(s) = self.loss_scale {
+            out.push((LOSS_SCALE_KEY.to_string(), Tensor::from_slice(&[s.scale, s.good_steps as f64])));
+        }
         out
     }
 
@@ -239,6 +258,18 @@ impl Optimiser {
             }
         }
         self.steps = steps;
+        // A float16 run resumes at its scale; one whose checkpoint has none (it trained
+        // in another precision until now) starts at the initial scale.
+        if let (Some(scale), Some(t)) = (self.loss_scale.as_mut(), find(LOSS_SCALE_KEY)) {
+            let bad = || LetheError::Invalid(format!("optimiser tensor `{LOSS_SCALE_KEY}` is not a scale and a count"));
+            let v = Vec::<f64>::try_from(&t.to_kind(tch::Kind::Double)).map_err(|_| bad())?;
+            match v[..] {
+                [s, good] if s.is_finite() && s > 0.0 && good >= 0.0 => {
+                    *scale = LossScale { scale: s, good_steps: good as usize }
+                }
+                _ => return Err(bad()),
+            }
+        }
         Ok(())
     }
 }
@@ -345,6 +376,31 @@ mod tests {
         for i in 0..2 {
             assert!((got[i] - x[i]).abs() < 1e-12, "{got:?} vs {x:?}");
         }
+    }
+
+    /// Float16 training's loss scale goes into the checkpoint and comes back on resume;
+    /// another precision's checkpoint leaves it at its start; a damaged one is refused.
+    #[test]
+    fn the_loss_scale_is_saved_and_restored() {
+        let p = Tensor::ones([2], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+        let cfg = TrainConfig { precision: crate::config::Precision::F16, ..TrainConfig::default() };
+        let mut opt = Optimiser::new(vec![("p".into(), p.shallow_clone())], &cfg);
+        opt.loss_scale = Some(LossScale { scale: 1024.0, good_steps: 7 });
+        let saved = opt.state();
+        let find = |name: &str| saved.iter().find(|(n, _)| n == name).map(|(_, t)| t.shallow_clone());
+        let mut resumed = Optimiser::new(vec![("p".into(), p.shallow_clone())], &cfg);
+        resumed.load_state(3, find).unwrap();
+        assert_eq!(resumed.loss_scale, Some(LossScale { scale: 1024.0, good_steps: 7 }));
+        let f32_state = Optimiser::new(vec![("p".into(), p.shallow_clone())], &TrainConfig::default()).state();
+        assert!(f32_state.iter().all(|(n, _)| n != LOSS_SCALE_KEY));
+        let find = |name: &str| f32_state.iter().find(|(n, _)| n == name).map(|(_, t)| t.shallow_clone());
+        let mut switched = Optimiser::new(vec![("p".into(), p.shallow_clone())], &cfg);
+        switched.load_state(3, find).unwrap();
+        assert_eq!(switched.loss_scale, Some(LossScale::default()));
+        let bad = Tensor::from_slice(&[f64::NAN, 1.0]);
+        let find = |name: &str| if name == LOSS_SCALE_KEY { Some(bad.shallow_clone()) } else { find(name) };
+        let e = switched.load_state(3, find).unwrap_err().to_string();
+        assert!(e.contains(LOSS_SCALE_KEY), "{e}");
     }
 
     /// Two groups, the second at 5 times the rate: with equal gradients Adam's first

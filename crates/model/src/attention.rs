@@ -491,17 +491,25 @@ pub fn window_bias(q: &Tensor, key_pe: Option<&Tensor>, cached: i64, visible: &T
     }
 }
 
+/// The smallest normal float16, `2^-14`: below it a half-precision mask's log loses
+/// its gradient (a float32 floor rounds to zero in half precision).
+const HALF_MIN_POSITIVE: f64 = 6.103515625e-5;
+
 /// `ln m` of a soft mask `m` `(.., m, n)` in `[0, 1]` as an additive attention bias, and
 /// `-inf` where `m = 0` or `visible` is false, with no infinite or undefined gradient:
-/// `m` is floored at the smallest normal float before the log, and the floored entries
-/// are then replaced (their gradient is zero).
+/// `m` is floored at the smallest normal number of its precision before the log (float16
+/// autocast computes it in half precision), and the floored entries are then replaced
+/// (their gradient is zero).
 pub fn log_mask(mask: &Tensor, visible: &Tensor) -> Tensor {
     log_mask_of_visible(mask, &visible.logical_and(&mask.gt(0.0)))
 }
 
 /// [`log_mask`] where `visible` is already false wherever `m = 0` (Expire-Span's is).
 pub fn log_mask_of_visible(mask: &Tensor, visible: &Tensor) -> Tensor {
-    let floor = f64::from(f32::MIN_POSITIVE);
+    let floor = match mask.kind() {
+        Kind::Half => HALF_MIN_POSITIVE,
+        _ => f64::from(f32::MIN_POSITIVE),
+    };
     mask.clamp_min(floor).log().masked_fill(&visible.logical_not(), f64::NEG_INFINITY)
 }
 

@@ -237,7 +237,8 @@ impl Looped for Run<'_> {
             self.group.as_ref(),
         )?;
         let loss = s.nll_sum / s.weight.max(1.0);
-        check_finite(&[loss, s.aux, s.grad_norm], self.step + 1, self.last_checkpoint, &self.dir)?;
+        let norm = if s.overflowed { 0.0 } else { s.grad_norm }; // float16's skipped step
+        check_finite(&[loss, s.aux, norm], self.step + 1, self.last_checkpoint, &self.dir)?;
         self.step += 1;
         self.tokens_seen += (batch.batch * batch.len) as u64;
         window.nll += s.nll_sum;
@@ -413,6 +414,9 @@ pub struct StepStats {
     pub grad_norm: f64,
     /// Seconds spent in the data-parallel collectives (0 on a single process).
     pub comm_s: f64,
+    /// Float16 training: the scaled gradients overflowed, so the step was skipped and the
+    /// loss scale halved (not a divergence while the scale can still shrink).
+    pub overflowed: bool,
 }
 
 /// Forward and backward over `batch` in `mems.len()` micro-batches, clipping, and one
@@ -451,12 +455,14 @@ pub fn optimisation_step(
     opt.zero_grad();
     let (mut nll_sum, mut aux) = (0.0, 0.0);
     let accum = mems.len();
+    let loss_scale = opt.loss_scale.map_or(1.0, |s| s.scale);
     for (i, mem) in mems.iter_mut().enumerate() {
         let (first, per) = micro_batch(batch.batch, accum, group, i);
         let (x, y, w) = batch.tensors(first, first + per, lm.device());
         let forward = profile::phase("forward");
         let autocast = match cfg.precision {
             Precision::Bf16 => Some(Autocast::bf16(lm.device())?),
+            Precision::F16 => Some(Autocast::f16(lm.device())?),
             Precision::F32 => None,
         };
         let (nll, aux_loss) = lm.model.forward_nll(&x, &y, mem, true)?;
@@ -470,7 +476,7 @@ pub fn optimisation_step(
         // memory before its first absorption) leaves the loss without a trainable input:
         // this micro-batch adds no gradient.
         if loss.requires_grad() {
-            loss.backward();
+            (loss * loss_scale).backward();
         }
         drop(backward);
         let _read = profile::phase("read the loss");
@@ -486,12 +492,17 @@ pub fn optimisation_step(
         comm_s = start.elapsed().as_secs_f64();
     }
     let clip = profile::phase("clip");
+    if loss_scale != 1.0 {
+        opt.scale_grads(1.0 / loss_scale);
+    }
     let grad_norm = opt.clip_grad_norm(cfg.grad_clip)?;
     drop(clip);
     let _step = profile::phase("optimiser");
-    if nll_sum.is_finite() && aux.is_finite() && grad_norm.is_finite() {
+    // Float16's scaled gradients overflowed: the step is skipped and the scale halved.
+    let overflowed = opt.loss_scale.as_mut().is_some_and(|s| s.overflowed(grad_norm.is_finite()));
+    if !overflowed && nll_sum.is_finite() && aux.is_finite() && grad_norm.is_finite() {
         opt.step(scales.lr)?;
         lm.model.after_step();
     }
-    Ok(StepStats { nll_sum, weight, aux, grad_norm, comm_s })
+    Ok(StepStats { nll_sum, weight, aux, grad_norm, comm_s, overflowed })
 }

@@ -91,11 +91,12 @@ pub struct TrainConfig {
     /// too) and `lethe bench`; `lethe eval` computes in float32; the CPU is unaffected.
     /// Default false.
     pub tf32: bool,
-    /// The arithmetic of training's forward passes: `f32`, or `bf16` (libtorch's
-    /// autocast to bfloat16: matrix products in bfloat16, while the parameters, the
-    /// optimiser's moments, the memories, the losses and the checkpoints stay float32,
-    /// as does what needs it inside: the ∞-former's regression and densities).
-    /// Evaluations compute in float32. Default `f32`.
+    /// The arithmetic of training's forward passes: `f32`, `bf16` (libtorch's autocast
+    /// to bfloat16: matrix products in bfloat16, while the parameters, the optimiser's
+    /// moments, the memories, the losses and the checkpoints stay float32, as does what
+    /// needs it inside: the ∞-former's regression and densities), or `f16` (the same in
+    /// float16, with a dynamic loss scale as PyTorch's GradScaler keeps it: for GPUs
+    /// without bfloat16). Evaluations compute in float32. Default `f32`.
     #[serde(default)]
     pub precision: Precision,
     /// Under torchrun: seconds (at most a week) the rendezvous and every collective wait
@@ -144,17 +145,21 @@ pub enum Precision {
     F32,
     /// Bfloat16 autocast over float32 weights.
     Bf16,
+    /// Float16 autocast over float32 weights, with a dynamic loss scale
+    /// ([`crate::loss_scale`]).
+    F16,
 }
 
 impl Precision {
     /// Every precision, in the order `lethe bench --precision` lists them.
-    pub const ALL: [Precision; 2] = [Precision::F32, Precision::Bf16];
+    pub const ALL: [Precision; 3] = [Precision::F32, Precision::Bf16, Precision::F16];
 
     /// The name the config and the command line use: `f32`, `bf16`.
     pub fn name(self) -> &'static str {
         match self {
             Precision::F32 => "f32",
             Precision::Bf16 => "bf16",
+            Precision::F16 => "f16",
         }
     }
 
@@ -163,7 +168,7 @@ impl Precision {
         Precision::ALL
             .into_iter()
             .find(|p| p.name() == text.trim())
-            .ok_or_else(|| format!("`{text}` is not a precision: f32 or bf16"))
+            .ok_or_else(|| format!("`{text}` is not a precision: f32, bf16 or f16"))
     }
 }
 

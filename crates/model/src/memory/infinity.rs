@@ -345,7 +345,7 @@ impl InfinityMemory {
         // The regression in float32 even under bfloat16 autocast: the coefficients are the
         // memory itself, carried from block to block.
         let _precise = Autocast::off(x.device())?;
-        let x = if x.kind() == Kind::BFloat16 { x.to_kind(Kind::Float) } else { x };
+        let x = if matches!(x.kind(), Kind::BFloat16 | Kind::Half) { x.to_kind(Kind::Float) } else { x };
         let gated = self.params.gate(&x); // (b, n, d)
         let old = if self.coeffs.is_some() { self.cfg.samples as i64 } else { 0 };
         let fit = self.fit(old, n, &x)?;
