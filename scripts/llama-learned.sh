@@ -75,37 +75,6 @@ for SEED in $SEEDS; do
     --learned "$(IFS=,; echo "${LEARNED[*]}")" --out "$OUT/llama-learned-s$SEED"
 done
 # The mean over seeds of each policy at each budget (Expire-Span runs named by alpha).
-python3 - "$OUT" $SEEDS <<'PY'
-import csv, re, statistics, sys
-out, seeds = sys.argv[1], sys.argv[2:]
-cells = {}
-for seed in seeds:
-    for row in csv.DictReader(open(f"{out}/llama-learned-s{seed}/budget.csv")):
-        policy = re.sub(r"-s\d+\)$", ")", row["policy"])
-        cells.setdefault((policy, row["budget"]), []).append((float(row["ppl"]), float(row["mean_entries"])))
-with open(f"{out}/llama-learned.csv", "w", newline="") as f:
-    w = csv.writer(f)
-    w.writerow(["policy", "budget", "seeds", "ppl_mean", "ppl_sd", "mean_entries"])
-    for (policy, budget), v in cells.items():
-        ppl = [p for p, _ in v]
-        sd = statistics.stdev(ppl) if len(ppl) > 1 else 0.0
-        w.writerow([policy, budget, len(v), f"{statistics.mean(ppl):.4f}", f"{sd:.4f}", f"{statistics.mean(e for _, e in v):.1f}"])
-budgets = []
-for _, b in cells:
-    if b not in budgets:
-        budgets.append(b)
-policies = []
-for p, _ in cells:
-    if p not in policies:
-        policies.append(p)
-lines = ["| policy | " + " | ".join(budgets) + " |", "|---|" + "---:|" * len(budgets)]
-for p in policies:
-    row = []
-    for b in budgets:
-        v = cells.get((p, b))
-        row.append(f"{statistics.mean(x for x, _ in v):.3f} ({statistics.mean(e for _, e in v):.0f})" if v else "")
-    lines.append(f"| {p} | " + " | ".join(row) + " |")
-open(f"{out}/llama-learned.md", "w").write(
-    f"Test-split perplexity, mean of seeds {' '.join(seeds)}; in brackets the mean entries a layer held:\n\n" + "\n".join(lines) + "\n")
-print(open(f"{out}/llama-learned.md").read())
-PY
+python3 scripts/seed-means.py "$OUT/llama-learned-s{seed}/budget.csv" $SEEDS --name policy --key budget \
+  --value ppl --memory mean_entries --out "$OUT/llama-learned" --title "Test-split perplexity" \
+  --bracket "mean entries a layer held"

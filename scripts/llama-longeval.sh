@@ -82,34 +82,6 @@ for SEED in $SEEDS; do
     --depths 0,50,100 --samples "$SAMPLES" --seed 0 --out "$OUT/eval-s$SEED" | tail -n 40
 done
 # The mean over seeds of each policy's accuracy by length (runs named without the seed).
-python3 - "$OUT" $SEEDS <<'PY'
-import csv, re, statistics, sys
-out, seeds = sys.argv[1], sys.argv[2:]
-cells = {}
-for seed in seeds:
-    for row in csv.DictReader(open(f"{out}/eval-s{seed}/compare.csv")):
-        name = re.sub(r"-s\d+(-|$)", r"\1", row["group"])
-        cells.setdefault((name, int(row["length"])), []).append((float(row["accuracy"]), float(row["memory"])))
-with open(f"{out}/llama-longeval.csv", "w", newline="") as f:
-    w = csv.writer(f)
-    w.writerow(["policy", "length", "seeds", "accuracy_mean", "accuracy_sd", "memory"])
-    for (name, length), v in cells.items():
-        acc = [a for a, _ in v]
-        sd = statistics.stdev(acc) if len(acc) > 1 else 0.0
-        w.writerow([name, length, len(v), f"{statistics.mean(acc):.3f}", f"{sd:.3f}", f"{statistics.mean(m for _, m in v):.1f}"])
-lengths = sorted({l for _, l in cells})
-names = []
-for n, _ in cells:
-    if n not in names:
-        names.append(n)
-lines = ["| policy | " + " | ".join(str(l) for l in lengths) + " |", "|---|" + "---:|" * len(lengths)]
-for n in names:
-    row = []
-    for l in lengths:
-        v = cells.get((n, l))
-        row.append(f"{statistics.mean(a for a, _ in v):.2f} ({statistics.mean(m for _, m in v):.0f})" if v else "")
-    lines.append(f"| {n} | " + " | ".join(row) + " |")
-open(f"{out}/llama-longeval.md", "w").write(
-    f"Passkey accuracy by length (tokens), mean of seeds {' '.join(seeds)}; in brackets the entries a layer held when the answer began:\n\n" + "\n".join(lines) + "\n")
-print(open(f"{out}/llama-longeval.md").read())
-PY
+python3 scripts/seed-means.py "$OUT/eval-s{seed}/compare.csv" $SEEDS --name group --key length \
+  --value accuracy --memory memory --digits 2 --out "$OUT/llama-longeval" \
+  --title "Passkey accuracy by length (tokens)" --bracket "entries a layer held when the answer began"
