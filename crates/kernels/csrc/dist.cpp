@@ -24,7 +24,8 @@
 struct lethe_pg {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::Backend> backend;
-  int device;  // the CUDA device of an NCCL group, -1 for Gloo
+  int device;          // the CUDA device of an NCCL group, -1 for Gloo
+  bool failed = false;  // a collective failed: the group is aborted, not shut down
 };
 
 using lethe::guarded;
@@ -56,6 +57,14 @@ c10::intrusive_ptr<c10d::Backend> make_backend(const c10::intrusive_ptr<c10d::St
     TORCH_CHECK(false, text);
   }
   return c10::intrusive_ptr<c10d::Backend>::reclaim(static_cast<c10d::Backend*>(raw));
+}
+
+// Runs one collective of `pg`, marking the group failed if it throws.
+template <typename F>
+int collective(lethe_pg* pg, char** error, F body) {
+  const int status = guarded(error, body);
+  if (status != 0) pg->failed = true;
+  return status;
 }
 
 }  // namespace
@@ -108,7 +117,7 @@ lethe_pg* lethe_dist_init(const lethe_dist_options* o, char** error) {
 
 // Reduces `tensor` over the ranks, in place: the sum (`max` = 0) or the maximum.
 int lethe_dist_all_reduce(lethe_pg* pg, void* tensor, int max, char** error) {
-  return guarded(error, [&] {
+  return collective(pg, error, [&] {
     std::vector<at::Tensor> tensors{*static_cast<at::Tensor*>(tensor)};
     c10d::AllreduceOptions options;
     options.reduceOp = max ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
@@ -118,7 +127,7 @@ int lethe_dist_all_reduce(lethe_pg* pg, void* tensor, int max, char** error) {
 
 // Overwrites `tensor` on every rank with rank `root`'s.
 int lethe_dist_broadcast(lethe_pg* pg, void* tensor, int root, char** error) {
-  return guarded(error, [&] {
+  return collective(pg, error, [&] {
     std::vector<at::Tensor> tensors{*static_cast<at::Tensor*>(tensor)};
     c10d::BroadcastOptions options;
     options.rootRank = root;
@@ -128,15 +137,24 @@ int lethe_dist_broadcast(lethe_pg* pg, void* tensor, int root, char** error) {
 
 // Returns once every rank has called it.
 int lethe_dist_barrier(lethe_pg* pg, char** error) {
-  return guarded(error, [&] {
+  return collective(pg, error, [&] {
     c10d::BarrierOptions options;
     if (pg->device >= 0) options.device_ids = {static_cast<int64_t>(pg->device)};
     pg->backend->barrier(options)->wait();
   });
 }
 
-// Leaves the group.
+// Leaves the group: shuts it down (NCCL destroys its communicators), or after a failed
+// collective aborts it, which does not wait for peers that may be gone.
 void lethe_dist_free(lethe_pg* pg) {
+  try {
+    if (pg->failed) {
+      pg->backend->abort();
+    } else {
+      pg->backend->shutdown();
+    }
+  } catch (...) {
+  }
   try {
     delete pg;
   } catch (...) {
