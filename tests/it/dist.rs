@@ -502,3 +502,37 @@ fn nccl_loads_and_on_a_machine_without_a_gpu_refuses_in_one_line() {
     let out = finish(spawn(c));
     fails_with(&out, &["could not join the NCCL group", "NCCL needs a CUDA device for each rank", "0 visible"]);
 }
+
+#[test]
+fn the_gradients_summed_during_the_backward_pass_or_after_it_give_the_same_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let args = ["--steps", "10", "--set", "memory.mechanism=\"expire\"", "--set", "train.accum=2"];
+    // Rank 0 says which way it sums (TINY_RUN's --quiet taken out).
+    let said = |name: &str, extra: &[&str]| {
+        let port = free_port();
+        let children = [0, 1].map(|r| {
+            let mut c = trainer(d, r, 2, port, &args);
+            c.args(["--name", name]).args(extra);
+            let argv: Vec<_> = c.get_args().filter(|a| *a != "--quiet").map(|a| a.to_owned()).collect();
+            let mut loud = Command::new(c.get_program());
+            loud.args(argv).current_dir(d).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+            loud.envs(c.get_envs().filter_map(|(k, v)| Some((k.to_owned(), v?.to_owned()))));
+            loud.env_remove("TORCHELASTIC_USE_AGENT_STORE");
+            spawn(loud)
+        });
+        let [r0, r1] = children.map(finish);
+        succeeds(&r1);
+        succeeds(&r0) + &String::from_utf8_lossy(&r0.stderr)
+    };
+    let during = said("during", &[]);
+    assert!(during.contains("gradients summed over Gloo during the backward pass"), "{during}");
+    let after = said("after", &["--set", "train.dist_overlap=false"]);
+    assert!(after.contains("gradients summed over Gloo after the backward pass"), "{after}");
+    let (a, b) = (losses(&d.join("runs/during")), losses(&d.join("runs/after")));
+    assert!(a.len() == 10 && a.iter().zip(&b).all(|(x, y)| close(x, y)), "{a:?} against {b:?}");
+    for ((name, x), (_, y)) in tensors(&d.join("runs/during")).iter().zip(&tensors(&d.join("runs/after"))) {
+        let diff = (x - y).abs().max().double_value(&[]);
+        assert!(diff <= 1e-6 * x.abs().max().double_value(&[]).max(1e-12), "`{name}` differs by {diff}");
+    }
+}

@@ -156,6 +156,8 @@ pub struct ProcessGroup {
     rank: usize,
     world_size: usize,
     backend: Backend,
+    /// The trainable parameters' reducer, once [`ProcessGroup::overlap_gradients`] made it.
+    reducer: Option<Reducer>,
 }
 
 // The C++ process group is built to be driven from any thread (c10d runs its work on its
@@ -197,7 +199,7 @@ impl ProcessGroup {
         };
         let rank = launch.rank;
         match NonNull::new(raw) {
-            Some(raw) => Ok(ProcessGroup { raw, rank, world_size: launch.world_size, backend }),
+            Some(raw) => Ok(ProcessGroup { raw, rank, world_size: launch.world_size, backend, reducer: None }),
             None => Err(LetheError::Distributed {
                 rank,
                 reason: format!(
@@ -298,8 +300,120 @@ impl ProcessGroup {
 
 impl Drop for ProcessGroup {
     fn drop(&mut self) {
-        // SAFETY: `raw` came from `lethe_dist_init` and is freed once.
+        drop(self.reducer.take()); // its hooks go before the group shuts down
+                                   // SAFETY: `raw` came from `lethe_dist_init` and is freed once.
         unsafe { lethe_dist_free(self.raw.as_ptr()) }
+    }
+}
+
+/// The bytes of the Reducer's first bucket (DDP's `first_bucket_bytes_cap`): small, so
+/// that communication starts early in the backward pass.
+pub const FIRST_BUCKET_BYTES: i64 = 1 << 20;
+
+/// The bytes of the Reducer's other buckets (DDP's `bucket_cap_mb`, 25 MiB).
+pub const REDUCER_BUCKET_BYTES: i64 = 25 << 20;
+
+/// c10d's Reducer, the engine of PyTorch's DistributedDataParallel, over a group's
+/// trainable parameters: hooks on their gradients' accumulation sum buckets of them over
+/// the ranks while the backward pass is still computing the rest (the first bucket
+/// [`FIRST_BUCKET_BYTES`], the others [`REDUCER_BUCKET_BYTES`], filled in the reverse of
+/// the parameters' order, the order their gradients come in), and copy the sums back when
+/// it ends. A parameter without a gradient on one rank counts as zeros there.
+pub struct Reducer {
+    raw: NonNull<lethe_kernels::RawReducer>,
+    rank: usize,
+    /// Prepared for the current step's backward pass, its sums not yet taken.
+    prepared: std::cell::Cell<bool>,
+    /// The parameters the hooks are on, kept alive as long as they are.
+    _params: Vec<Tensor>,
+}
+
+// As the group: driven from one thread at a time.
+unsafe impl Send for Reducer {}
+
+impl ProcessGroup {
+    /// From now on, sums the gradients of `params` (every rank the same list) during the
+    /// backward pass of each step ([`ProcessGroup::prepare_for_backward`]), through a
+    /// [`Reducer`], when they live on the group's device; otherwise (Gloo ranks on GPUs)
+    /// [`ProcessGroup::sum_gradients`] keeps summing them after it, through host memory.
+    /// Returns whether the reduction overlaps the backward pass.
+    pub fn overlap_gradients(&mut self, params: &[Tensor]) -> Result<bool> {
+        if params.is_empty() || params.iter().any(|p| p.device() != self.device()) {
+            return Ok(false);
+        }
+        self.reducer = Some(self.reducer(params)?);
+        Ok(true)
+    }
+
+    /// Before the backward pass of `loss` whose gradients are to be summed (the last
+    /// micro-batch's), with [`ProcessGroup::overlap_gradients`] on; nothing otherwise.
+    pub fn prepare_for_backward(&self, loss: &Tensor) -> Result<()> {
+        match &self.reducer {
+            Some(r) => r.prepare(loss),
+            None => Ok(()),
+        }
+    }
+
+    /// A [`Reducer`] of `params` (on the group's device, every rank the same list).
+    fn reducer(&self, params: &[Tensor]) -> Result<Reducer> {
+        if let Some(p) = params.iter().find(|p| p.device() != self.device()) {
+            return Err(LetheError::Distributed {
+                rank: self.rank,
+                reason: format!(
+                    "the overlapped all-reduce needs the parameters on {}, and one is on {}",
+                    crate::device::name(self.device()),
+                    crate::device::name(p.device())
+                ),
+            });
+        }
+        let params: Vec<Tensor> = params.iter().map(Tensor::shallow_clone).collect();
+        let raws: Vec<lethe_kernels::RawTensor> = params.iter().map(lethe_kernels::raw).collect();
+        let mut error = std::ptr::null_mut();
+        // SAFETY: every pointer is a live at::Tensor for the call (the C++ side copies the
+        // tensors, sharing their storage); `error` receives a message or stays null.
+        let raw = unsafe {
+            lethe_kernels::lethe_dist_reducer_new(
+                self.raw.as_ptr(),
+                raws.as_ptr(),
+                raws.len() as c_int,
+                FIRST_BUCKET_BYTES,
+                REDUCER_BUCKET_BYTES,
+                &mut error,
+            )
+        };
+        match NonNull::new(raw) {
+            Some(raw) => Ok(Reducer { raw, rank: self.rank, prepared: false.into(), _params: params }),
+            // SAFETY: the message `lethe_dist_reducer_new` wrote, taken once.
+            None => Err(LetheError::Distributed {
+                rank: self.rank,
+                reason: format!("building the gradients' reducer: {}", unsafe { lethe_kernels::take_error(error) }),
+            }),
+        }
+    }
+}
+
+impl Reducer {
+    /// Before the backward pass of `loss` whose gradients are to be summed over the
+    /// ranks (the last micro-batch's): that backward pass all-reduces as it goes.
+    pub fn prepare(&self, loss: &Tensor) -> Result<()> {
+        let ptr = lethe_kernels::raw(loss);
+        // SAFETY: `ptr` is a live at::Tensor for the call.
+        lethe_kernels::status(|error| unsafe {
+            lethe_kernels::lethe_dist_reducer_prepare(self.raw.as_ptr(), ptr, error)
+        })
+        .map_err(|message| LetheError::Distributed {
+            rank: self.rank,
+            reason: format!("preparing the gradients' all-reduce: {message}"),
+        })?;
+        self.prepared.set(true);
+        Ok(())
+    }
+}
+
+impl Drop for Reducer {
+    fn drop(&mut self) {
+        // SAFETY: `raw` came from `lethe_dist_reducer_new` and is freed once.
+        unsafe { lethe_kernels::lethe_dist_reducer_free(self.raw.as_ptr()) }
     }
 }
 
@@ -336,7 +450,12 @@ impl ProcessGroup {
     /// returns the sums of `figures` (the step's loss figures), reduced in the same call
     /// as the check that every rank holds a gradient for the same parameters (the error
     /// names the first that differs).
+    /// With a [`Reducer`] prepared for this step's backward pass, the gradients were summed
+    /// during it: only the figures are.
     pub fn sum_gradients(&self, params: &[(String, Tensor)], figures: &[f64]) -> Result<Vec<f64>> {
+        if self.reducer.as_ref().is_some_and(|r| r.prepared.replace(false)) {
+            return self.sum_f64(figures);
+        }
         let mut flags: Vec<f64> = params.iter().map(|(_, p)| f64::from(u8::from(p.grad().defined()))).collect();
         flags.extend(figures);
         let sums = self.sum_f64(&flags)?;

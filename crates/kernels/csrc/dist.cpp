@@ -7,16 +7,21 @@
 // Tensors cross as `at::Tensor*`, which is what tch's `Tensor::as_mut_ptr` holds.
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/comm.hpp>
+#include <torch/csrc/distributed/c10d/reducer.hpp>
 
 #include <dlfcn.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "guard.h"
 #include "lethe.h"
@@ -67,7 +72,23 @@ int collective(lethe_pg* pg, char** error, F body) {
   return status;
 }
 
+// DDP's communication hook with the bucket's sum over the ranks: the default divides by
+// the ranks, and lethe's loss is already normalised over the whole batch.
+class SumHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::ProcessGroup>> {
+ public:
+  using CppCommHookInterface::CppCommHookInterface;
+  c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override {
+    std::vector<at::Tensor> tensors{bucket.getBufferRef()};
+    return state_->allreduce(tensors)->getFuture();
+  }
+};
+
 }  // namespace
+
+// c10d's Reducer (DDP's engine) over a group's parameters.
+struct lethe_reducer {
+  std::unique_ptr<c10d::Reducer> reducer;
+};
 
 extern "C" {
 
@@ -142,6 +163,52 @@ int lethe_dist_barrier(lethe_pg* pg, char** error) {
     if (pg->device >= 0) options.device_ids = {static_cast<int64_t>(pg->device)};
     pg->backend->barrier(options)->wait();
   });
+}
+
+// c10d's Reducer over the `n` parameters `params` (at::Tensor*, on the group's device):
+// hooks on their gradients' accumulation that all-reduce (sum) buckets of about
+// `bucket_bytes` (the first `first_bytes`, so that communication starts early) as soon as a bucket's gradients are all there, during the backward pass,
+// and copy the sums back when it ends. The buckets follow the parameters in reverse, the
+// order the backward pass produces their gradients in. Parameters without a gradient on a
+// rank count as zeros there.
+lethe_reducer* lethe_dist_reducer_new(lethe_pg* pg, void* const* params, int n, int64_t first_bytes,
+                                      int64_t bucket_bytes, char** error) {
+  lethe_reducer* out = nullptr;
+  guarded(error, [&] {
+    std::vector<at::Tensor> tensors;
+    for (int i = n - 1; i >= 0; --i) tensors.push_back(*static_cast<at::Tensor*>(params[i]));
+    const bool nccl = pg->device >= 0;
+    const auto type = nccl ? c10d::ProcessGroup::BackendType::NCCL : c10d::ProcessGroup::BackendType::GLOO;
+    auto group = c10::make_intrusive<c10d::ProcessGroup>(pg->store, pg->backend->getRank(), pg->backend->getSize());
+    group->setBackend(nccl ? c10::DeviceType::CUDA : c10::DeviceType::CPU, type, pg->backend);
+    group->setDefaultBackend(type);
+    const std::vector<bool> dense(tensors.size(), false);
+    auto buckets = std::get<0>(
+        c10d::compute_bucket_assignment_by_size(
+            tensors, {static_cast<size_t>(first_bytes), static_cast<size_t>(bucket_bytes)}, dense));
+    auto reducer = std::make_unique<c10d::Reducer>(tensors, std::move(buckets), group, dense, bucket_bytes,
+                                                   /*find_unused_parameters=*/true,
+                                                   /*gradient_as_bucket_view=*/false,
+                                                   std::unordered_map<size_t, std::string>{}, first_bytes,
+                                                   /*skip_all_reduce_unused_params=*/false,
+                                                   /*use_python_reducer=*/false, std::vector<int64_t>{});
+    reducer->register_comm_hook(std::make_unique<SumHook>(group));
+    out = new lethe_reducer{std::move(reducer)};
+  });
+  return out;
+}
+
+// Before the backward pass of `loss` whose gradients are to be reduced (the last
+// micro-batch's): the next backward pass all-reduces as it goes.
+int lethe_dist_reducer_prepare(lethe_reducer* r, void* loss, char** error) {
+  return guarded(error, [&] { r->reducer->prepare_for_backward({*static_cast<at::Tensor*>(loss)}); });
+}
+
+void lethe_dist_reducer_free(lethe_reducer* r) {
+  try {
+    delete r;
+  } catch (...) {
+  }
 }
 
 // Leaves the group: shuts it down (NCCL destroys its communicators), or after a failed

@@ -232,6 +232,14 @@ lethe_pg* lethe_dist_init(const lethe_dist_options* options, char** error);
 int lethe_dist_all_reduce(lethe_pg* pg, lethe_tensor tensor, int max, char** error);
 int lethe_dist_broadcast(lethe_pg* pg, lethe_tensor tensor, int root, char** error);
 int lethe_dist_barrier(lethe_pg* pg, char** error);
+
+// c10d's Reducer over a group's trainable parameters: the gradients' all-reduce in
+// buckets during the backward pass of a loss prepared for it.
+typedef struct lethe_reducer lethe_reducer;
+lethe_reducer* lethe_dist_reducer_new(lethe_pg* pg, lethe_tensor const* params, int n, int64_t first_bytes,
+                                      int64_t bucket_bytes, char** error);
+int lethe_dist_reducer_prepare(lethe_reducer* reducer, lethe_tensor loss, char** error);
+void lethe_dist_reducer_free(lethe_reducer* reducer);
 void lethe_dist_free(lethe_pg* pg);
 
 #ifdef __cplusplus

@@ -112,6 +112,12 @@ pub struct DistOptions {
     pub device: c_int,
 }
 
+/// `lethe_reducer`: c10d's Reducer over a group's parameters, opaque here.
+#[repr(C)]
+pub struct RawReducer {
+    _private: [u8; 0],
+}
+
 /// `lethe_pg`: a process group, opaque here.
 #[repr(C)]
 pub struct RawGroup {
@@ -235,6 +241,16 @@ extern "C" {
     pub fn lethe_dist_all_reduce(pg: *mut RawGroup, tensor: RawTensor, max: c_int, error: *mut *mut c_char) -> c_int;
     pub fn lethe_dist_broadcast(pg: *mut RawGroup, tensor: RawTensor, root: c_int, error: *mut *mut c_char) -> c_int;
     pub fn lethe_dist_barrier(pg: *mut RawGroup, error: *mut *mut c_char) -> c_int;
+    pub fn lethe_dist_reducer_new(
+        pg: *mut RawGroup,
+        params: *const RawTensor,
+        n: c_int,
+        first_bytes: i64,
+        bucket_bytes: i64,
+        error: *mut *mut c_char,
+    ) -> *mut RawReducer;
+    pub fn lethe_dist_reducer_prepare(reducer: *mut RawReducer, loss: RawTensor, error: *mut *mut c_char) -> c_int;
+    pub fn lethe_dist_reducer_free(reducer: *mut RawReducer);
     pub fn lethe_dist_free(pg: *mut RawGroup);
 }
 

@@ -145,13 +145,21 @@ impl<'a> Run<'a> {
         run.metrics = run.folder.as_mut().map(|f| f.commit(cfg, from)).transpose()?;
         broadcast_parameters(run.group.as_ref(), run.lm.named_parameters())?;
         run.say(&opening_line(cfg, "", run.lm.parameter_count(), device, &run.dir));
-        if let Some(g) = &run.group {
+        let trainable: Vec<tch::Tensor> = lethe_model::trainable(run.lm.named_parameters(), cfg.train.freeze_base)
+            .into_iter()
+            .map(|(_, t)| t)
+            .collect();
+        if let Some(g) = run.group.as_mut() {
+            let overlapped = cfg.train.dist_overlap && g.overlap_gradients(&trainable)?;
             let per = cfg.train.batch / g.world_size();
-            run.say(&format!(
-                "data-parallel: {} ranks x {per} streams ({} micro-batches each), gradients summed over Gloo",
+            let when = if overlapped { "during the backward pass" } else { "after the backward pass" };
+            let line = format!(
+                "data-parallel: {} ranks x {per} streams ({} micro-batches each), gradients summed over {} {when}",
                 g.world_size(),
-                cfg.train.accum
-            ));
+                cfg.train.accum,
+                g.backend().name()
+            );
+            run.say(&line);
         }
         if let (Some(loaded), Some(from)) = (&init, &cfg.train.init_from) {
             let fresh = if loaded.fresh.is_empty() {
@@ -476,7 +484,19 @@ pub fn optimisation_step(
         // memory before its first absorption) leaves the loss without a trainable input:
         // this micro-batch adds no gradient.
         if loss.requires_grad() {
-            (loss * loss_scale).backward();
+            let scaled = loss * loss_scale;
+            if i + 1 == accum {
+                // The last micro-batch's backward pass sums the gradients over the ranks
+                // as it goes, when the group overlaps them.
+                group.map(|g| g.prepare_for_backward(&scaled)).transpose()?;
+            }
+            scaled.f_backward().map_err(|e| match group {
+                Some(g) => LetheError::Distributed {
+                    rank: g.rank(),
+                    reason: format!("the backward pass and its all-reduce failed (is a peer gone?): {e}"),
+                },
+                None => LetheError::Invalid(format!("the backward pass failed: {e}")),
+            })?;
         }
         drop(backward);
         let _read = profile::phase("read the loss");

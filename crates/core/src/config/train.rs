@@ -111,11 +111,20 @@ pub struct TrainConfig {
     /// Default `auto`.
     #[serde(default)]
     pub dist_backend: DistBackend,
+    /// Under torchrun: sum the gradients over the ranks during the backward pass, bucket
+    /// by bucket as they are ready (c10d's Reducer, the engine of PyTorch's DDP), rather
+    /// than after it. Default true.
+    #[serde(default = "default_true")]
+    pub dist_overlap: bool,
 }
 
 /// The longest wait for the other ranks lethe accepts, seconds (a week): longer ones
 /// would overflow c10d's clock arithmetic.
 pub const MAX_DIST_TIMEOUT_S: u64 = 7 * 24 * 3600;
+
+fn default_true() -> bool {
+    true
+}
 
 fn default_dist_timeout() -> u64 {
     600
@@ -230,6 +239,7 @@ impl Default for TrainConfig {
             precision: Precision::F32,
             dist_timeout: default_dist_timeout(),
             dist_backend: DistBackend::Auto,
+            dist_overlap: true,
         }
     }
 }
