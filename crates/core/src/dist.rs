@@ -8,7 +8,10 @@
 //! builds the group's collectives ([`Backend`]): Gloo's on CPU tensors, or NCCL's on one
 //! GPU a rank. Collectives (all-reduce, broadcast, barrier) give up after the group's
 //! timeout with an error that names the rank, so a dead peer ends every other rank with
-//! a message and a non-zero exit, never a hang.
+//! a message and a non-zero exit, never a hang. In training,
+//! [`ProcessGroup::overlap_gradients`] puts c10d's `Reducer` (the engine of PyTorch's
+//! DistributedDataParallel) on the trainable parameters, so that their gradients are
+//! summed bucket by bucket while the backward pass computes the rest.
 //!
 //! tch does not bind c10d and no maintained crate does for libtorch 2.11, so
 //! lethe-kernels' `csrc/dist.cpp` (compiled by its `build.rs` against the torch wheel's

@@ -356,7 +356,7 @@ mod tests {
                     .collect();
                 Some((name, fields))
             })
-            .filter(|(name, _)| name != "lethe_pg")
+            .filter(|(name, _)| name != "lethe_pg" && name != "lethe_reducer")
             .collect()
     }
 
@@ -373,6 +373,7 @@ mod tests {
             .into_iter()
             .chain(functions(header, "\nvoid lethe_"))
             .chain(functions(header, "\nlethe_pg* lethe_"))
+            .chain(functions(header, "\nlethe_reducer* lethe_"))
             .collect::<std::collections::BTreeMap<_, _>>();
         let rust = functions(mirror, "fn lethe_").into_iter().collect::<std::collections::BTreeMap<_, _>>();
         assert!(c.len() >= 20, "the header's functions were not found: {c:?}");
