@@ -150,10 +150,15 @@ const TINY_RUN: &[&str] = &[
 
 /// `lethe train` with `args` in `dir`, as rank `r` of `world` (no launch when `world` is 0).
 fn trainer(dir: &std::path::Path, r: usize, world: usize, port: u16, args: &[&str]) -> Command {
+    trainer_of(TINY_RUN, dir, r, world, port, args)
+}
+
+/// [`trainer`] with `base` in place of `TINY_RUN`.
+fn trainer_of(base: &[&str], dir: &std::path::Path, r: usize, world: usize, port: u16, args: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_lethe"));
     c.current_dir(dir)
         .arg("train")
-        .args(TINY_RUN)
+        .args(base)
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -509,17 +514,13 @@ fn the_gradients_summed_during_the_backward_pass_or_after_it_give_the_same_run()
     let d = dir.path();
     let args = ["--steps", "10", "--set", "memory.mechanism=\"expire\"", "--set", "train.accum=2"];
     // Rank 0 says which way it sums (TINY_RUN's --quiet taken out).
+    let loud: Vec<&str> = TINY_RUN.iter().copied().filter(|a| *a != "--quiet").collect();
     let said = |name: &str, extra: &[&str]| {
         let port = free_port();
         let children = [0, 1].map(|r| {
-            let mut c = trainer(d, r, 2, port, &args);
+            let mut c = trainer_of(&loud, d, r, 2, port, &args);
             c.args(["--name", name]).args(extra);
-            let argv: Vec<_> = c.get_args().filter(|a| *a != "--quiet").map(|a| a.to_owned()).collect();
-            let mut loud = Command::new(c.get_program());
-            loud.args(argv).current_dir(d).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-            loud.envs(c.get_envs().filter_map(|(k, v)| Some((k.to_owned(), v?.to_owned()))));
-            loud.env_remove("TORCHELASTIC_USE_AGENT_STORE");
-            spawn(loud)
+            spawn(c)
         });
         let [r0, r1] = children.map(finish);
         succeeds(&r1);

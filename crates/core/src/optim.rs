@@ -106,10 +106,7 @@ impl Optimiser {
         }
         let total: f64 = grads.iter().map(|g| g.square().sum(tch::Kind::Double).double_value(&[])).sum::<f64>().sqrt();
         if max > 0.0 && total > max {
-            let scale = max / (total + 1e-6);
-            for mut g in grads {
-                let _ = g.g_mul_scalar_(scale);
-            }
+            self.scale_grads(max / (total + 1e-6));
         }
         Ok(total)
     }

@@ -145,11 +145,9 @@ impl<'a> Run<'a> {
         run.metrics = run.folder.as_mut().map(|f| f.commit(cfg, from)).transpose()?;
         broadcast_parameters(run.group.as_ref(), run.lm.named_parameters())?;
         run.say(&opening_line(cfg, "", run.lm.parameter_count(), device, &run.dir));
-        let trainable: Vec<tch::Tensor> = lethe_model::trainable(run.lm.named_parameters(), cfg.train.freeze_base)
-            .into_iter()
-            .map(|(_, t)| t)
-            .collect();
         if let Some(g) = run.group.as_mut() {
+            let trainable = lethe_model::trainable(run.lm.named_parameters(), cfg.train.freeze_base);
+            let trainable: Vec<tch::Tensor> = trainable.into_iter().map(|(_, t)| t).collect();
             let overlapped = cfg.train.dist_overlap && g.overlap_gradients(&trainable)?;
             let per = cfg.train.batch / g.world_size();
             let when = if overlapped { "during the backward pass" } else { "after the backward pass" };
