@@ -35,6 +35,16 @@ pub fn seed_torch(seed: i64) -> TorchSeed {
     TorchSeed { _guard: guard }
 }
 
+/// SplitMix64's increment (the golden ratio's 64-bit fraction).
+const INCREMENT: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// SplitMix64's finalizer: a bijection of 64 bits whose outputs look independent.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 /// SplitMix64: 64 bits of state, passes BigCrush, trivially serialisable.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Rng {
@@ -48,19 +58,19 @@ impl Rng {
     }
 
     /// A generator for sub-stream `index` of `seed` (independent streams from one seed).
+    ///
+    /// Two SplitMix64 states that differ by a multiple of its increment are one sequence
+    /// at two offsets, so the sub-stream's state is the seed and the index hashed through
+    /// SplitMix64's finalizer (a bijection), not the seed plus a multiple of the
+    /// increment: no sub-stream of any seed replays another's draws.
     pub fn derive(seed: u64, index: u64) -> Self {
-        let mut r = Rng::new(seed ^ 0x9E37_79B9_7F4A_7C15u64.wrapping_mul(index.wrapping_add(1)));
-        r.next_u64();
-        r
+        Rng::new(mix(seed ^ mix(index.wrapping_add(INCREMENT))))
     }
 
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.state = self.state.wrapping_add(INCREMENT);
+        mix(self.state)
     }
 
     /// A float uniform in [0, 1).
@@ -146,6 +156,25 @@ mod tests {
             }
         }
         assert!(offenders.is_empty(), "seed libtorch through lethe::rng::seed_torch:\n{}", offenders.join("\n"));
+    }
+
+    /// Regression: sub-stream `b` of a seed was sub-stream 0 shifted by `b` draws (the
+    /// states differed by a multiple of SplitMix64's increment), so a batch's streams
+    /// replayed each other's samples a few steps apart, and seed 7's stream 3 was seed
+    /// 1's stream 0. No 64-bit draw may repeat across the sub-streams of nearby seeds.
+    #[test]
+    fn sub_streams_of_nearby_seeds_share_no_draw() {
+        let mut seen = std::collections::HashMap::new();
+        for seed in 0..8u64 {
+            for index in 0..32u64 {
+                let mut rng = Rng::derive(seed, index);
+                for k in 0..64 {
+                    if let Some(first) = seen.insert(rng.next_u64(), (seed, index, k)) {
+                        panic!("draw {k} of sub-stream {index} of seed {seed} repeats {first:?}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]
