@@ -12,20 +12,25 @@
 # memory each held when the answer began: OUT/llama-longeval.csv and .md.
 #
 #   scripts/llama-longeval.sh [OUT] [SEEDS] [BUDGETS] [LENGTHS] [ALPHAS] [INFINITY] [SAMPLES]
-#   (defaults: runs/llama-longeval, "1 2 3", 64, 256,512,1k, "1e-4 1e-3", "16:16:32", 8)
+#   (defaults: runs/llama-longeval, "1 2 3", 64, 224,288,352, "1e-4 1e-3", "16:16:32", 8;
+#   the lengths are the pretraining's, the only ones at which the model retrieves)
 #
 # FIT_STEPS (default 200) and INF_STEPS (default 400) set the fits' steps, LORA_ALPHAS
-# (default 1e-3) the span-loss weights of the fits with adapters of rank 8.
+# (default 1e-3) the span-loss weights of the fits with adapters of rank 8. Every seed
+# fits and evaluates on the one model pretrained with seed BASE_SEED (default 1; a user's
+# pretrained model is one), the seeds varying the fits and the samples read; BASE_SEED=
+# (empty) pretrains a model for each seed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
 OUT=${1:-runs/llama-longeval}
 SEEDS=${2:-1 2 3}
 BUDGETS=${3:-64}
-LENGTHS=${4:-256,512,1k}
+LENGTHS=${4:-224,288,352}
 ALPHAS=${5:-1e-4 1e-3}
 INFINITY=${6:-16:16:32}
 SAMPLES=${7:-8}
+BASE_SEED=${BASE_SEED-1}
 FIT_STEPS=${FIT_STEPS:-200}
 LORA_ALPHAS=${LORA_ALPHAS:-1e-3}
 INF_STEPS=${INF_STEPS:-400}
@@ -34,15 +39,16 @@ cargo build --release --quiet
 LETHE=target/release/lethe
 mkdir -p "$OUT"
 for SEED in $SEEDS; do
-  RUN="$OUT/passkey-s$SEED"
+  BASE="passkey-s${BASE_SEED:-$SEED}"
+  RUN="$OUT/$BASE"
   if [ ! -f "$RUN/finished" ]; then
     START=$(date +%s)
-    $LETHE train --preset llama-tiny-passkey --seed "$SEED" --out "$OUT" --name "passkey-s$SEED" --overwrite --quiet
-    echo "passkey-s$SEED: pretrained in $(( $(date +%s) - START )) s" | tee -a "$OUT/cost.txt"
+    $LETHE train --preset llama-tiny-passkey --seed "${BASE_SEED:-$SEED}" --out "$OUT" --name "$BASE" --overwrite --quiet
+    echo "$BASE: pretrained in $(( $(date +%s) - START )) s" | tee -a "$OUT/cost.txt"
     touch "$RUN/finished"
   fi
-  rm -rf "$RUN-hf"
-  $LETHE export --checkpoint "$RUN" --out "$RUN-hf"
+  [ -f "$RUN-hf/config.json" ] && [ "$RUN-hf/config.json" -nt "$RUN/checkpoint.safetensors" ] ||
+    { rm -rf "$RUN-hf" && $LETHE export --checkpoint "$RUN" --out "$RUN-hf"; }
   FIT=(--preset llama-tiny-passkey --init-from "$RUN-hf" --seed "$SEED" --out "$OUT" --overwrite --quiet
     --set train.freeze_base=true --set model.dropout=0
     --set "data.longctx.lengths=$FIT_LENGTHS" --set train.eval_every=0 --set train.checkpoint_every=0)
@@ -79,7 +85,7 @@ for SEED in $SEEDS; do
   done
   $LETHE longeval --init-from "$RUN-hf" --policies full,window,streaming,h2o,tova,snapkv:window=16 \
     --budgets "$BUDGETS" --learned "$(IFS=,; echo "${LEARNED[*]}")" --suite passkey --lengths "$LENGTHS" \
-    --depths 0,50,100 --samples "$SAMPLES" --seed 0 --out "$OUT/eval-s$SEED" | tail -n 40
+    --depths 0,50,100 --samples "$SAMPLES" --seed "$SEED" --out "$OUT/eval-s$SEED" | tail -n 40
 done
 # The mean over seeds of each policy's accuracy by length (runs named without the seed).
 python3 scripts/seed-means.py "$OUT/eval-s{seed}/compare.csv" $SEEDS --name group --key length \

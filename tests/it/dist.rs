@@ -357,7 +357,14 @@ fn two_ranks_train_a_gridworld_agent_as_one_process() {
         assert!(succeeds(&r0).contains("done:") && succeeds(&r1).is_empty(), "rank 0 alone reports");
         let (a, b) = (losses(&d.join("runs/one")), losses(&d.join("runs/two")));
         assert_eq!(a.len(), 20, "{preset}");
-        assert!(a.len() == b.len() && a.iter().zip(&b).all(|(x, y)| close(x, y)), "{preset}: {a:?} against {b:?}");
+        // The agent's loss sums terms of both signs (policy, value, entropy) that can cancel
+        // to far below each term, so the rounding is measured against the run's largest.
+        let scale = a.iter().flatten().fold(1e-12f64, |m, x| m.max(x.abs()));
+        let near = |x: &Option<f64>, y: &Option<f64>| match (x, y) {
+            (Some(x), Some(y)) => (x - y).abs() <= 1e-6 * scale,
+            (x, y) => x.is_none() && y.is_none(),
+        };
+        assert!(a.len() == b.len() && a.iter().zip(&b).all(|(x, y)| near(x, y)), "{preset}: {a:?} against {b:?}");
         let (ta, tb) = (tensors(&d.join("runs/one")), tensors(&d.join("runs/two")));
         assert!(tb.iter().any(|(n, _)| n.starts_with("memory.1.")), "{preset}: both ranks' memories are kept");
         let learned = |t: &[(String, tch::Tensor)]| {
@@ -368,9 +375,11 @@ fn two_ranks_train_a_gridworld_agent_as_one_process() {
         };
         let (ta, tb) = (learned(&ta), learned(&tb));
         assert_eq!(ta.iter().map(|(n, _)| n).collect::<Vec<_>>(), tb.iter().map(|(n, _)| n).collect::<Vec<_>>());
+        // Adam divides by the root of the second moment, so the two sums' rounding (1e-7)
+        // grows where a gradient is near zero; a wrong sum would differ by the steps' size.
         for ((name, x), (_, y)) in ta.iter().zip(&tb) {
             let diff = (x - y).abs().max().double_value(&[]);
-            assert!(diff <= 1e-6 * x.abs().max().double_value(&[]).max(1e-12), "{preset}: `{name}` differs by {diff}");
+            assert!(diff <= 1e-5 * x.abs().max().double_value(&[]).max(1e-12), "{preset}: `{name}` differs by {diff}");
         }
     }
 }
