@@ -39,11 +39,12 @@ cargo build --release --quiet
 LETHE=target/release/lethe
 mkdir -p "$OUT"
 for SEED in $SEEDS; do
-  BASE="passkey-s${BASE_SEED:-$SEED}"
+  PRETRAIN_SEED=${BASE_SEED:-$SEED}
+  BASE="passkey-s$PRETRAIN_SEED"
   RUN="$OUT/$BASE"
   if [ ! -f "$RUN/finished" ]; then
     START=$(date +%s)
-    $LETHE train --preset llama-tiny-passkey --seed "${BASE_SEED:-$SEED}" --out "$OUT" --name "$BASE" --overwrite --quiet
+    $LETHE train --preset llama-tiny-passkey --seed "$PRETRAIN_SEED" --out "$OUT" --name "$BASE" --overwrite --quiet
     echo "$BASE: pretrained in $(( $(date +%s) - START )) s" | tee -a "$OUT/cost.txt"
     touch "$RUN/finished"
   fi

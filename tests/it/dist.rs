@@ -203,8 +203,13 @@ fn logged(run: &std::path::Path, split: &str, field: &str) -> Vec<Option<f64>> {
 
 /// Whether two logged figures agree to 1e-6 relative (or are both absent).
 fn close(x: &Option<f64>, y: &Option<f64>) -> bool {
+    close_at(x, y, x.map_or(0.0, f64::abs))
+}
+
+/// `x` and `y` both missing, or apart by at most 1e-6 of `scale`.
+fn close_at(x: &Option<f64>, y: &Option<f64>, scale: f64) -> bool {
     match (x, y) {
-        (Some(x), Some(y)) => (x - y).abs() <= 1e-6 * x.abs().max(1e-12),
+        (Some(x), Some(y)) => (x - y).abs() <= 1e-6 * scale.max(1e-12),
         (None, None) => true,
         _ => false,
     }
@@ -359,12 +364,9 @@ fn two_ranks_train_a_gridworld_agent_as_one_process() {
         assert_eq!(a.len(), 20, "{preset}");
         // The agent's loss sums terms of both signs (policy, value, entropy) that can cancel
         // to far below each term, so the rounding is measured against the run's largest.
-        let scale = a.iter().flatten().fold(1e-12f64, |m, x| m.max(x.abs()));
-        let near = |x: &Option<f64>, y: &Option<f64>| match (x, y) {
-            (Some(x), Some(y)) => (x - y).abs() <= 1e-6 * scale,
-            (x, y) => x.is_none() && y.is_none(),
-        };
-        assert!(a.len() == b.len() && a.iter().zip(&b).all(|(x, y)| near(x, y)), "{preset}: {a:?} against {b:?}");
+        let scale = a.iter().flatten().fold(0.0f64, |m, x| m.max(x.abs()));
+        let near = a.iter().zip(&b).all(|(x, y)| close_at(x, y, scale));
+        assert!(a.len() == b.len() && near, "{preset}: {a:?} against {b:?}");
         let (ta, tb) = (tensors(&d.join("runs/one")), tensors(&d.join("runs/two")));
         assert!(tb.iter().any(|(n, _)| n.starts_with("memory.1.")), "{preset}: both ranks' memories are kept");
         let learned = |t: &[(String, tch::Tensor)]| {
