@@ -16,7 +16,9 @@
 #   the lengths are the pretraining's, the only ones at which the model retrieves)
 #
 # FIT_STEPS (default 200) and INF_STEPS (default 400) set the fits' steps, LORA_ALPHAS
-# (default 1e-3) the span-loss weights of the fits with adapters of rank 8. Every seed
+# (default 1e-3) the span-loss weights of the fits with adapters of rank 8, HEAD_ALPHAS
+# (default none) those of frozen fits with a span predictor per key-value head
+# (memory.expire.per_head). Every seed
 # fits and evaluates on the one model pretrained with seed BASE_SEED (default 1; a user's
 # pretrained model is one), the seeds varying the fits and the samples read; BASE_SEED=
 # (empty) pretrains a model for each seed.
@@ -33,6 +35,7 @@ SAMPLES=${7:-8}
 BASE_SEED=${BASE_SEED-1}
 FIT_STEPS=${FIT_STEPS:-200}
 LORA_ALPHAS=${LORA_ALPHAS:-1e-3}
+HEAD_ALPHAS=${HEAD_ALPHAS:-}
 INF_STEPS=${INF_STEPS:-400}
 FIT_LENGTHS=${FIT_LENGTHS:-[224, 288, 352]}
 cargo build --release --quiet
@@ -60,6 +63,16 @@ for SEED in $SEEDS; do
     $LETHE train "${FIT[@]}" --name "$NAME" --steps "$FIT_STEPS" \
       --set 'memory.mechanism="expire"' --set memory.span=512 --set train.block=64 --set memory.expire.ramp=16 \
       --set memory.expire.alpha="$ALPHA" --set memory.expire.init_fraction=0.5 --set train.lr=1e-2 --set train.warmup=10
+    echo "$NAME: $FIT_STEPS steps in $(( $(date +%s) - START )) s" | tee -a "$OUT/cost.txt"
+    LEARNED+=("$OUT/$NAME")
+  done
+  for ALPHA in $HEAD_ALPHAS; do
+    NAME="expire-heads-a$ALPHA-s$SEED"
+    START=$(date +%s)
+    $LETHE train "${FIT[@]}" --name "$NAME" --steps "$FIT_STEPS" \
+      --set 'memory.mechanism="expire"' --set memory.span=512 --set train.block=64 --set memory.expire.ramp=16 \
+      --set memory.expire.alpha="$ALPHA" --set memory.expire.init_fraction=0.5 --set train.lr=1e-2 --set train.warmup=10 \
+      --set memory.expire.per_head=true
     echo "$NAME: $FIT_STEPS steps in $(( $(date +%s) - START )) s" | tee -a "$OUT/cost.txt"
     LEARNED+=("$OUT/$NAME")
   done

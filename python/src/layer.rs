@@ -101,8 +101,8 @@ impl Layer {
             let vs = nn::VarStore::new(Device::Cpu);
             let root = vs.root();
             let attn = Attention::with_init(root.clone(), d_model, heads, dropout, false, LinearInit::KAIMING);
-            let memory =
-                memory::build(&cfg, root.clone(), d_model, heads, block).map_err(|e| invalid(e.to_string()))?;
+            let memory = memory::build(&cfg, root.clone(), memory::LayerShape::new(d_model, heads, block))
+                .map_err(|e| invalid(e.to_string()))?;
             let d_head = d_model / heads;
             let rows = memory::position_rows(&cfg, block);
             let std = LinearInit::KAIMING.key_pe_std(d_head);

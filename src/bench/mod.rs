@@ -426,14 +426,15 @@ pub fn time_attention(cfg: &Config, steps: usize, warmup: usize) -> Result<Timin
     let root = vs.root();
     let (d, heads) = (cfg.model.d_model as i64, cfg.model.heads as i64);
     let attn = crate::model::attention::Attention::new(&root / "attn", d, heads, 0.0, false);
-    let mut memory = crate::model::memory::build(&cfg.memory, &root / "attn", d, heads, cfg.train.block)?;
+    let shape = crate::model::memory::LayerShape::new(d, heads, cfg.train.block);
+    let mut memory = crate::model::memory::build(&cfg.memory, &root / "attn", shape)?;
     let rows = crate::model::memory::position_rows(&cfg.memory, cfg.train.block);
     let key_pe = root.randn("key_pe", &[rows, d / heads], 0.0, 1.0);
-    let shape = [cfg.train.batch as i64, cfg.train.block as i64, d];
+    let block = [cfg.train.batch as i64, cfg.train.block as i64, d];
     let fill = memory_reach(cfg).div_ceil(cfg.train.block).min(MAX_FILL_BLOCKS);
     let mut times = vec![];
     for i in 0..fill + warmup + steps {
-        let x = Tensor::randn(shape, (Kind::Float, device)).set_requires_grad(i >= fill);
+        let x = Tensor::randn(block, (Kind::Float, device)).set_requires_grad(i >= fill);
         let start = Instant::now();
         let q = attn.queries(&x);
         let input = crate::model::memory::AttendInput {

@@ -49,6 +49,20 @@ fn the_official_reading_s_gradients_match_finite_differences() {
     check_gradients(&cfg, |name| name.ends_with("expire.w") || name.contains("norm"));
 }
 
+/// A span predictor per head (`memory.expire.per_head`): every head's column of `w` and
+/// its bias against finite differences, with the cache of plain states (the block's
+/// scores apart from the cached rows') and with the official reading's raw states (all
+/// rows' scores through the norm).
+#[test]
+fn per_head_span_predictors_gradients_match_finite_differences() {
+    for official in [false, true] {
+        let mut cfg = expire_config(8, 4, 4, 0.5);
+        (cfg.memory.expire.alpha, cfg.memory.expire.per_head, cfg.model.vocab) = (0.5, true, 256);
+        (cfg.memory.expire.as_official, cfg.model.pre_norm) = (official, official);
+        check_gradients(&cfg, |name| name.ends_with("expire.w") || (official && name.contains("norm")));
+    }
+}
+
 /// With the parameters `randomised` picks given random (seeded) values: every parameter
 /// of the span predictor, and three entries of every other parameter:
 /// the gradient of two blocks' loss (the second after the first's cache) against central

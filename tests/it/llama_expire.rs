@@ -94,19 +94,91 @@ fn with_deletion(base: &Lm, deletion: Deletion) -> Lm {
 
 /// Deleting the expired memories of each stream (compacting the cache, so the streams'
 /// memories sit at different slots) gives the logits of keeping them masked: the keys
-/// keep their rotation, and fewer entries are held.
+/// keep their rotation, and fewer entries are held. Per key-value head too: a memory
+/// that one head still sees is kept, for that head alone.
 #[test]
 fn deleting_expired_memories_gives_the_logits_of_masking_them() {
-    let _seed = lethe::rng::seed_torch(7);
-    let reference = Lm::new(&small_llama_with_expire(2), Device::Cpu).unwrap();
-    crate::common::randomise(&reference.vs, 17, 1.0, |name| name.ends_with("expire.w"));
-    let ids = crate::common::random_tokens(3, 20, &[2, 96]);
-    let (masked, window) = logits_in_blocks(&with_deletion(&reference, Deletion::Off), &ids, 4);
-    let (deleted, held) = logits_in_blocks(&with_deletion(&reference, Deletion::Stream), &ids, 4);
-    let d = gap(&masked, &deleted);
-    assert!(d < 1e-5, "deletion changed the logits by {d:.2e}");
-    assert!(held < window, "deletion held {held} states, masking {window}");
-    assert!(window <= 12 + 2 + 4, "masking held {window} states, beyond L + R + a block");
+    for per_head in [false, true] {
+        let _seed = lethe::rng::seed_torch(7);
+        let mut cfg = small_llama_with_expire(2);
+        cfg.memory.expire.per_head = per_head;
+        let reference = Lm::new(&cfg, Device::Cpu).unwrap();
+        crate::common::randomise(&reference.vs, 17, 1.0, |name| name.ends_with("expire.w"));
+        let ids = crate::common::random_tokens(3, 20, &[2, 96]);
+        let (masked, window) = logits_in_blocks(&with_deletion(&reference, Deletion::Off), &ids, 4);
+        let (deleted, held) = logits_in_blocks(&with_deletion(&reference, Deletion::Stream), &ids, 4);
+        let d = gap(&masked, &deleted);
+        assert!(d < 1e-5, "per head {per_head}: deletion changed the logits by {d:.2e}");
+        assert!(held < window, "per head {per_head}: deletion held {held} states, masking {window}");
+        assert!(window <= 12 + 2 + 4, "per head {per_head}: masking held {window} states, beyond L + R + a block");
+    }
+}
+
+/// `base`'s model with a span predictor per key-value head, every head's column of `w`
+/// and entry of `b` the shared predictor's, the other parameters `base`'s; in `base`'s
+/// precision.
+fn per_head_copy(base: &Lm) -> Lm {
+    let mut cfg = base.config.clone();
+    cfg.memory.expire.per_head = true;
+    cfg.validate().unwrap();
+    let mut lm = Lm::new(&cfg, Device::Cpu).unwrap();
+    lm.vs.set_kind(base.vs.variables().values().next().unwrap().kind());
+    let source = base.vs.variables();
+    tch::no_grad(|| {
+        for (name, mut p) in lm.named_parameters() {
+            let s = &source[&name];
+            let s = if s.dim() < p.dim() { s.unsqueeze(-1) } else { s.shallow_clone() };
+            p.copy_(&s.expand_as(&p));
+        }
+    });
+    lm
+}
+
+/// Per key-value head (`memory.expire.per_head`), predictors that all equal the shared
+/// one compute what it computes, on a grouped Llama (4 query heads on 2 key-value
+/// heads) and on the papers' backbone (whose shared predictor runs the fused kernel):
+/// the logits, and two blocks' loss with the span loss; the shared predictor's gradient
+/// is the sum of the heads' (each head's span is its span). Heads that differ change
+/// the logits.
+#[test]
+fn per_head_predictors_that_agree_compute_the_shared_predictor() {
+    let mut lethe_cfg = crate::common::tiny_config();
+    (lethe_cfg.memory.mechanism, lethe_cfg.memory.span, lethe_cfg.train.block) = (Mechanism::Expire, 12, 4);
+    (lethe_cfg.model.vocab, lethe_cfg.model.heads, lethe_cfg.memory.expire.ramp) = (256, 4, 2);
+    lethe_cfg.memory.expire.init_fraction = 0.4;
+    for mut cfg in [small_llama_with_expire(2), lethe_cfg] {
+        let _seed = lethe::rng::seed_torch(5);
+        cfg.memory.expire.alpha = 0.5;
+        cfg.validate().unwrap();
+        let mut shared = Lm::new(&cfg, Device::Cpu).unwrap();
+        shared.vs.double();
+        crate::common::randomise(&shared.vs, 17, 0.5, |name| name.ends_with("expire.w"));
+        let heads = per_head_copy(&shared);
+        let arch = cfg.model.arch;
+        let w = |lm: &Lm| lm.vs.variables()["layers.0.attn.expire.w"].shallow_clone();
+        assert_eq!(w(&heads).size(), [cfg.model.d_model as i64, cfg.model.kv_heads() as i64], "{arch:?}");
+
+        let ids = crate::common::random_tokens(3, 20, &[2, 24]);
+        let (want, _) = logits_in_blocks(&shared, &ids, 4);
+        let (got, _) = logits_in_blocks(&heads, &ids, 4);
+        assert!(gap(&want, &got) < 1e-9, "{arch:?}: logits differ by {:.2e}", gap(&want, &got));
+
+        let x: Vec<i64> = vec![1, 4, 2, 8, 5, 7, 3, 0, 9, 10, 2, 6, 4, 1, 3, 5];
+        let y: Vec<i64> = x.iter().map(|t| (t * 3 + 1) % 11).collect();
+        let losses = [&shared, &heads].map(|lm| {
+            let loss = crate::common::two_block_loss(lm, &x, &y, &crate::common::first_block_cache(lm, &x));
+            loss.backward();
+            loss.double_value(&[])
+        });
+        assert!((losses[0] - losses[1]).abs() < 1e-9 * losses[0].abs(), "{arch:?}: losses {losses:?}");
+        let (g_shared, g_heads) = (w(&shared).grad(), w(&heads).grad().sum_dim_intlist([1i64].as_slice(), false, None));
+        let d = gap(&g_shared, &g_heads);
+        assert!(d < 1e-9 && g_shared.abs().sum(None).double_value(&[]) > 1e-6, "{arch:?}: gradients differ by {d:.2e}");
+
+        crate::common::randomise(&heads.vs, 23, 0.5, |name| name.ends_with("expire.w"));
+        let (apart, _) = logits_in_blocks(&heads, &ids, 4);
+        assert!(gap(&want, &apart) > 1e-4, "{arch:?}: heads of their own changed nothing");
+    }
 }
 
 /// `memory.expire.budget`: at most that many memories a stream after every block, the
@@ -139,13 +211,20 @@ fn a_budget_caps_the_memories_kept() {
 
 /// The gradient of two blocks' loss (the span loss included, alpha 0.5) to the span
 /// predictor, every entry, and to entries of the attention's weights equals central
-/// finite differences, in double precision.
+/// finite differences, in double precision: one predictor a layer, and one per
+/// key-value head.
 #[test]
 fn the_span_predictor_s_gradients_equal_finite_differences() {
+    for per_head in [false, true] {
+        span_predictor_gradients(per_head);
+    }
+}
+
+fn span_predictor_gradients(per_head: bool) {
     let _seed = lethe::rng::seed_torch(11);
     let mut cfg = small_llama_with_expire(2);
     (cfg.memory.span, cfg.memory.expire.ramp, cfg.memory.expire.init_fraction) = (8, 4, 0.5);
-    cfg.memory.expire.alpha = 0.5;
+    (cfg.memory.expire.alpha, cfg.memory.expire.per_head) = (0.5, per_head);
     let mut lm = Lm::new(&cfg, Device::Cpu).unwrap();
     lm.vs.double();
     crate::common::randomise(&lm.vs, 17, 0.5, |name| name.ends_with("expire.w"));
@@ -168,13 +247,14 @@ fn the_span_predictor_s_gradients_equal_finite_differences() {
                 crate::common::two_block_loss(&lm, &x, &y, &cache).double_value(&[])
             });
             let tol = 1e-6 + 1e-4 * analytic.abs().max(numeric.abs());
-            assert!((analytic - numeric).abs() < tol, "{name}[{idx}]: analytic {analytic} vs numeric {numeric}");
+            let at = format!("per head {per_head}: {name}[{idx}]");
+            assert!((analytic - numeric).abs() < tol, "{at}: analytic {analytic} vs numeric {numeric}");
             if name.contains("expire") {
                 predictor += analytic.abs();
             }
         }
     }
-    assert!(predictor > 1e-4, "the soft mask passed no gradient to the predictor ({predictor})");
+    assert!(predictor > 1e-4, "per head {per_head}: the soft mask passed no gradient to the predictor ({predictor})");
 }
 
 /// `train.freeze_base` on a Llama-family folder with Expire-Span: the run trains the span

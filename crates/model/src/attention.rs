@@ -102,7 +102,8 @@ pub struct Projected {
     pub k: Tensor,
     /// Values `(b, h, n, dh)`.
     pub v: Tensor,
-    /// `states w` `(b, n)`.
+    /// `states w`: `(b, n)` of a vector `w`, `(b, n, g)` of a matrix (Expire-Span per
+    /// key-value head).
     pub scores: Tensor,
 }
 

@@ -24,7 +24,7 @@ use tch::nn::{self, Module};
 use tch::{Kind, Tensor};
 
 use super::attention::{Attention, LinearInit};
-use super::memory::{self, AttendInput, MemoryLayer, MemoryReport};
+use super::memory::{self, AttendInput, LayerShape, MemoryLayer, MemoryReport};
 use lethe_core::config::{Arch, Mechanism, MemoryConfig, ModelConfig};
 use lethe_core::error::{LetheError, Result, TorchContext};
 use lethe_core::profile;
@@ -223,8 +223,9 @@ impl Backbone {
         let d = cfg.d_model as i64;
         let d_head = d / cfg.heads as i64;
         let layers = (0..cfg.layers).map(|i| Layer::new(p / "layers" / i, cfg)).collect();
+        let shape = LayerShape { d_model: d, heads: cfg.heads as i64, kv_heads: cfg.kv_heads() as i64, block };
         let memories = (0..cfg.layers)
-            .map(|i| memory::build(mem, p / "layers" / i / "attn", d, cfg.heads as i64, block))
+            .map(|i| memory::build(mem, p / "layers" / i / "attn", shape))
             .collect::<Result<Vec<_>>>()?;
         let final_norm = cfg.pre_norm.then(|| Norm::new(p / "final_norm", cfg, d));
         let key_pe = match cfg.arch {

@@ -15,7 +15,7 @@
 
 use tch::{nn, Kind, Tensor};
 
-use super::descriptor::Descriptor;
+use super::descriptor::{Descriptor, LayerShape};
 use super::layer::{AttendInput, AttendOutput, Carry, MemoryLayer, MemoryReport};
 use super::window::{cat_chunks, chunk_keys, chunk_queries, query_chunks, Chunk, Joined, WindowCache, QUERY_CHUNK};
 use crate::attention::{attend, log_mask, part, window_bias};
@@ -28,8 +28,8 @@ use lethe_core::error::{LetheError, Result};
 pub struct Adaptive;
 
 impl Descriptor for Adaptive {
-    fn build(&self, cfg: &MemoryConfig, p: nn::Path, _: i64, heads: i64, _: usize) -> Result<Box<dyn MemoryLayer>> {
-        Ok(Box::new(AdaptiveSpan::new(p, heads, cfg.span, &cfg.adaptive)))
+    fn build(&self, cfg: &MemoryConfig, p: nn::Path, shape: LayerShape) -> Result<Box<dyn MemoryLayer>> {
+        Ok(Box::new(AdaptiveSpan::new(p, shape.heads, cfg.span, &cfg.adaptive)))
     }
 
     fn colour(&self) -> (u8, u8, u8) {

@@ -28,7 +28,7 @@
 
 use tch::{nn, Tensor};
 
-use super::descriptor::{split, whole_block, Descriptor};
+use super::descriptor::{split, whole_block, Descriptor, LayerShape};
 use super::layer::{AttendInput, AttendOutput, Carry, MemoryLayer, MemoryReport};
 use super::window::{concat_time, keep_last, reach, window_mem_size, Chunk, Joined, WindowCache};
 use crate::attention::{mix, scores_over_window};
@@ -40,15 +40,8 @@ use lethe_core::error::{LetheError, Result};
 pub struct Compressive;
 
 impl Descriptor for Compressive {
-    fn build(
-        &self,
-        cfg: &MemoryConfig,
-        p: nn::Path,
-        d_model: i64,
-        heads: i64,
-        _: usize,
-    ) -> Result<Box<dyn MemoryLayer>> {
-        Ok(Box::new(CompressiveMemory::new(p, d_model, heads, cfg.span, &cfg.compressive)))
+    fn build(&self, cfg: &MemoryConfig, p: nn::Path, shape: LayerShape) -> Result<Box<dyn MemoryLayer>> {
+        Ok(Box::new(CompressiveMemory::new(p, shape.d_model, shape.heads, cfg.span, &cfg.compressive)))
     }
 
     fn colour(&self) -> (u8, u8, u8) {

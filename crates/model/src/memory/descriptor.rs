@@ -12,19 +12,32 @@ use super::MemoryLayer;
 use lethe_core::config::{Arch, Config, Mechanism, MemoryConfig};
 use lethe_core::error::Result;
 
+/// The shape of the layer a memory serves, as its mechanism is built for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayerShape {
+    /// The hidden size.
+    pub d_model: i64,
+    /// Query heads.
+    pub heads: i64,
+    /// Key-value heads: `heads`, or fewer under grouped queries (a Llama-family layer).
+    pub kv_heads: i64,
+    /// The training block length.
+    pub block: usize,
+}
+
+impl LayerShape {
+    /// A layer of `heads` heads, each with its own keys and values.
+    pub fn new(d_model: i64, heads: i64, block: usize) -> LayerShape {
+        LayerShape { d_model, heads, kv_heads: heads, block }
+    }
+}
+
 /// What a mechanism says about itself. The defaults are a single window of `L =
 /// memory.span` states (Transformer-XL's answers); a mechanism overrides what differs.
 pub trait Descriptor: Sync {
     /// Builds one layer's memory, its parameters (if any) under `p`, the layer's
-    /// attention path (`layers.3.attn`). `block` is the training block length.
-    fn build(
-        &self,
-        cfg: &MemoryConfig,
-        p: nn::Path,
-        d_model: i64,
-        heads: i64,
-        block: usize,
-    ) -> Result<Box<dyn MemoryLayer>>;
+    /// attention path (`layers.3.attn`), for a layer of `shape`.
+    fn build(&self, cfg: &MemoryConfig, p: nn::Path, shape: LayerShape) -> Result<Box<dyn MemoryLayer>>;
 
     /// The colour of the mechanism's points and line in plots.
     fn colour(&self) -> (u8, u8, u8);

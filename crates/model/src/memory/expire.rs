@@ -35,6 +35,10 @@
 //!   after a block, those with the least remaining span `e + R - t` deleted first, so
 //!   that the learned spans can be compared with the key-value cache policies at the
 //!   same memory.
+//! - Per key-value head (`memory.expire.per_head`, beyond the paper): `g` predictors,
+//!   spans `(b, g, n)`, each head's mask from its own span (the query heads of a group
+//!   share theirs), the span loss the heads' mean; a memory is deleted once its largest
+//!   span has expired, so that the cache keeps one state a memory for all heads.
 //! - On a Llama-family layer (no learned positions), each key is rotated at the place
 //!   it was written, `-counter` from the block's first query, so that compaction moves
 //!   no distance (RoFormer Eq. 34 depends on the distance alone).
@@ -44,7 +48,7 @@
 
 use tch::{nn, Kind, Tensor};
 
-use super::descriptor::{whole_block, Descriptor};
+use super::descriptor::{whole_block, Descriptor, LayerShape};
 use super::layer::{same_episode, with_cached_episodes, AttendInput, AttendOutput, Carry, MemoryLayer, MemoryReport};
 use crate::attention::{self, Window};
 use crate::memory::compact;
@@ -61,15 +65,10 @@ use lethe_core::profile;
 pub struct Expire;
 
 impl Descriptor for Expire {
-    fn build(
-        &self,
-        cfg: &MemoryConfig,
-        p: nn::Path,
-        d_model: i64,
-        _: i64,
-        block: usize,
-    ) -> Result<Box<dyn MemoryLayer>> {
-        Ok(Box::new(ExpireSpan::new(p, d_model, cfg.span, self.position_rows(cfg, block), &cfg.expire)))
+    fn build(&self, cfg: &MemoryConfig, p: nn::Path, shape: LayerShape) -> Result<Box<dyn MemoryLayer>> {
+        let rows = self.position_rows(cfg, shape.block);
+        let heads = if cfg.expire.per_head { shape.kv_heads } else { 1 };
+        Ok(Box::new(ExpireSpan::new(p, shape.d_model, heads, cfg.span, rows, &cfg.expire)))
     }
 
     fn colour(&self) -> (u8, u8, u8) {
@@ -101,6 +100,15 @@ impl Descriptor for Expire {
 /// papers' backbone, whose relative positions it lays out.
 fn fused_on(cfg: &Config) -> bool {
     cfg.memory.expire.fused && cfg.model.arch == Arch::Lethe
+}
+
+/// How long each memory is kept: its spans `(b, n)`, or per key-value head `(b, g, n)`
+/// the largest of its heads' `(b, n)` (a memory is deleted once no head sees it).
+fn memory_spans(spans: &Tensor) -> Tensor {
+    match spans.dim() {
+        3 => spans.amax([1i64].as_slice(), false),
+        _ => spans.shallow_clone(),
+    }
 }
 
 /// Of the memories `kept` `(b, n)`, at most `budget` a stream: those with the most
@@ -144,6 +152,8 @@ pub struct ExpireSpan {
     cfg: ExpireConfig,
     max_span: f64,
     pos_rows: i64,
+    /// Span predictors: one shared by the layer's heads, or one per key-value head.
+    span_heads: i64,
     w: Tensor,
     b: Tensor,
     state: Option<Cache>,
@@ -243,19 +253,25 @@ struct Stats {
 }
 
 impl ExpireSpan {
-    /// Creates the predictor `w` (zeros) and `b` under `p / "expire"`.
-    /// `pos_rows` is the number of `key_pe` rows (distances `0..pos_rows`).
-    pub fn new(p: nn::Path, d_model: i64, max_span: usize, pos_rows: i64, cfg: &ExpireConfig) -> Self {
+    /// Creates the predictor `w` (zeros) and `b` under `p / "expire"`: `(d)` and `(1)`
+    /// shared by the heads when `span_heads` is 1, else `(d, span_heads)` and
+    /// `(span_heads)`, one column per key-value head. `pos_rows` is the number of `key_pe`
+    /// rows (distances `0..pos_rows`).
+    pub fn new(p: nn::Path, d_model: i64, span_heads: i64, max_span: usize, pos_rows: i64, cfg: &ExpireConfig) -> Self {
         let p = p / "expire";
         // `b / pre_div = logit(p)` (official: `b = logit(p)`), so that spans start at `p L`.
         let logit = -(1.0 / cfg.init_fraction - 1.0).ln();
         let init_bias = if cfg.as_official { logit } else { cfg.pre_div * logit };
-        let w = p.var("w", &[d_model], nn::Init::Const(0.0));
-        let b = p.var("b", &[1], nn::Init::Const(init_bias));
+        let span_heads = span_heads.max(1);
+        let (w, b) = match span_heads {
+            1 => (p.var("w", &[d_model], nn::Init::Const(0.0)), p.var("b", &[1], nn::Init::Const(init_bias))),
+            g => (p.var("w", &[d_model, g], nn::Init::Const(0.0)), p.var("b", &[g], nn::Init::Const(init_bias))),
+        };
         ExpireSpan {
             cfg: cfg.clone(),
             max_span: max_span as f64,
             pos_rows,
+            span_heads,
             w,
             b,
             state: None,
@@ -266,22 +282,50 @@ impl ExpireSpan {
         }
     }
 
-    /// Predicted spans `(b, n)` of `states` `(b, n, d)`.
+    /// Predicted spans `(b, n)` of `states` `(b, n, d)`: per key-value head, the largest
+    /// of the heads' (how long the memory is kept).
     pub fn spans(&self, states: &Tensor) -> Tensor {
-        self.spans_of_scores(&states.matmul(&self.predictor(states.kind())))
+        memory_spans(&self.spans_of_scores(&states.matmul(&self.predictor(states.kind()))))
     }
 
-    /// The predictor's vector `w` `(d)` in `kind`.
+    /// The predictor `w` in `kind`: `(d)`, or `(d, g)` per key-value head.
     fn predictor(&self, kind: Kind) -> Tensor {
         self.w.to_kind(kind)
     }
 
-    /// Spans `(b, n)` of the scores `states w` `(b, n)`: `L sigmoid((states w + b) / pre_div)`,
-    /// or as the official code, `L sigmoid(states w / pre_div + b)`.
+    /// Spans of the scores `states w`: `L sigmoid((states w + b) / pre_div)`, or as the
+    /// official code, `L sigmoid(states w / pre_div + b)`. Scores `(b, n)` give spans
+    /// `(b, n)`; per key-value head, scores `(b, n, g)` give `(b, g, n)`.
     fn spans_of_scores(&self, scores: &Tensor) -> Tensor {
         let b = self.b.to_kind(scores.kind());
-        let logit = if self.cfg.as_official { scores / self.cfg.pre_div + b } else { (scores + b) / self.cfg.pre_div }; // (b, n)
-        logit.sigmoid() * self.max_span
+        let logit = if self.cfg.as_official { scores / self.cfg.pre_div + b } else { (scores + b) / self.cfg.pre_div };
+        let spans = logit.sigmoid() * self.max_span;
+        match scores.dim() {
+            3 => spans.permute([0, 2, 1]), // (b, g, n)
+            _ => spans,                    // (b, n)
+        }
+    }
+
+    /// Keys and values `(b, h, n, dh)` of `[cache, block]` and the predictor's scores,
+    /// `(b, n)` or per key-value head `(b, n, g)`: in one projection when shared (its
+    /// gradient to the block summed with the keys' and values', `model::cache_grad`),
+    /// otherwise the keys and values so and the scores of the cached rows and of the
+    /// block `x` apart (the cached rows carry no gradient unless `states` do).
+    fn project(&self, input: &AttendInput, states: &Tensor, window: Window) -> Result<attention::Projected> {
+        let w = self.predictor(states.kind());
+        if self.span_heads == 1 {
+            return input.attn.project_after_cache(states, input.x, &w, window);
+        }
+        let (k, v) = input.attn.keys_values_after_cache(states, input.x)?;
+        let (n, m) = (states.size()[1], input.x.size()[1]);
+        let scores = if states.requires_grad() {
+            states.matmul(&w)
+        } else if n == m {
+            input.x.matmul(&w)
+        } else {
+            Tensor::cat(&[states.narrow(1, 0, n - m).matmul(&w), input.x.matmul(&w)], 1)
+        }; // (b, n, g)
+        Ok(attention::Projected { k, v, scores })
     }
 
     /// The official code's first cache (`as_official`): `m` zero states at distances
@@ -453,14 +497,14 @@ impl MemoryLayer for ExpireSpan {
             true => Window::Ragged { valid: &valid },
             false => Window::Padded,
         };
-        let projected = input.attn.project_after_cache(&states, input.x, &self.predictor(states.kind()), window)?;
+        let projected = self.project(input, &states, window)?;
         drop(keys);
         let predicting = profile::phase("spans");
-        let spans = self.spans_of_scores(&projected.scores); // (b, n), with gradient to w and b
-        let detached = spans.detach();
-        // The spans the memories were given: at inference, under the cap.
+        let spans = self.spans_of_scores(&projected.scores); // (b, n) or (b, g, n), with gradient to w and b
+        let detached = memory_spans(&spans.detach()); // (b, n)
+                                                      // The spans the memories were given: at inference, under the cap.
         let given = self.capped(&detached, input.train);
-        let n = spans.size()[1];
+        let n = detached.size()[1];
         self.block_spans = Some(given.narrow(1, n - m, m));
         let e = self.effective_spans(&spans, input.train);
         // Memories of the query's episode that hold a state: (b, 1, n), or (b, m, n) with episodes.
@@ -647,6 +691,7 @@ impl MemoryLayer for ExpireSpan {
             cfg: self.cfg.clone(),
             max_span: self.max_span,
             pos_rows: self.pos_rows,
+            span_heads: self.span_heads,
             w: self.w.shallow_clone(),
             b: self.b.shallow_clone(),
             state: None,

@@ -12,7 +12,7 @@
 
 use tch::{nn, Tensor};
 
-use super::descriptor::Descriptor;
+use super::descriptor::{Descriptor, LayerShape};
 use super::layer::{AttendInput, AttendOutput, Carry, MemoryLayer, MemoryReport};
 use super::window::{Joined, WindowCache};
 use lethe_core::config::MemoryConfig;
@@ -22,7 +22,7 @@ use lethe_core::error::Result;
 pub struct Fixed;
 
 impl Descriptor for Fixed {
-    fn build(&self, cfg: &MemoryConfig, _: nn::Path, _: i64, _: i64, _: usize) -> Result<Box<dyn MemoryLayer>> {
+    fn build(&self, cfg: &MemoryConfig, _: nn::Path, _: LayerShape) -> Result<Box<dyn MemoryLayer>> {
         Ok(Box::new(FixedSpan::new(cfg.span)))
     }
 

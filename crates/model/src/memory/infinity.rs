@@ -42,7 +42,7 @@ use std::sync::{Arc, Mutex};
 use tch::{nn, Kind, Tensor};
 
 use self::signal::{bin_mass, evaluate, positions, quantile_positions, ridge_matrix, update_positions, Basis};
-use super::descriptor::{split, Descriptor};
+use super::descriptor::{split, Descriptor, LayerShape};
 use super::layer::{AttendInput, AttendOutput, Carry, LtmTrace, MemoryLayer, MemoryReport};
 use super::window::{concat_time, Joined, WindowCache};
 use crate::attention::merge_heads;
@@ -57,8 +57,8 @@ use lethe_core::error::{LetheError, Result};
 pub struct Infinity;
 
 impl Descriptor for Infinity {
-    fn build(&self, cfg: &MemoryConfig, p: nn::Path, d_model: i64, _: i64, _: usize) -> Result<Box<dyn MemoryLayer>> {
-        Ok(Box::new(InfinityMemory::new(p, d_model, cfg.span, &cfg.infinity)?))
+    fn build(&self, cfg: &MemoryConfig, p: nn::Path, shape: LayerShape) -> Result<Box<dyn MemoryLayer>> {
+        Ok(Box::new(InfinityMemory::new(p, shape.d_model, cfg.span, &cfg.infinity)?))
     }
 
     fn colour(&self) -> (u8, u8, u8) {

@@ -23,7 +23,7 @@ pub mod infinity;
 pub mod layer;
 pub mod window;
 
-pub use descriptor::{describe, Descriptor};
+pub use descriptor::{describe, Descriptor, LayerShape};
 pub use layer::{same_episode, AttendInput, AttendOutput, Carry, LtmTrace, MemoryLayer, MemoryReport};
 
 use tch::nn;
@@ -32,10 +32,10 @@ use lethe_core::config::MemoryConfig;
 use lethe_core::error::Result;
 
 /// Builds layer memory for `cfg`, creating its parameters (if any) under `p` (the
-/// layer's attention path, e.g. `layers.3.attn`). `d_model` is the hidden size and
-/// `block` the training block length. Fails only for a config that does not validate.
-pub fn build(cfg: &MemoryConfig, p: nn::Path, d_model: i64, heads: i64, block: usize) -> Result<Box<dyn MemoryLayer>> {
-    describe(cfg.mechanism).build(cfg, p, d_model, heads, block)
+/// layer's attention path, e.g. `layers.3.attn`), for a layer of `shape`. Fails only for
+/// a config that does not validate.
+pub fn build(cfg: &MemoryConfig, p: nn::Path, shape: LayerShape) -> Result<Box<dyn MemoryLayer>> {
+    describe(cfg.mechanism).build(cfg, p, shape)
 }
 
 /// The names of the sub-paths under a layer's attention where the mechanisms keep their

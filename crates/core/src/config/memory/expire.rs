@@ -43,6 +43,14 @@ pub struct ExpireConfig {
     /// The kept count is reported beside it (`kept`). Needs `deletion = "stream"`.
     /// Default 0.
     pub budget: usize,
+    /// One span predictor per key-value head (beyond the paper, which shares one per
+    /// layer across its heads): each head masks a memory by its own span, the span loss
+    /// is the heads' mean, and a memory is deleted once no head can see it (its largest
+    /// span has expired), so the cache still holds a memory's state once. On a
+    /// Llama-family layer with grouped queries, the query heads of a group share their
+    /// key-value head's span. The attention then runs the written-out operations (the
+    /// fused paths below take one span a memory). Default false.
+    pub per_head: bool,
     /// On the CPU, build the attention scores (mask, relative positions, the span loss's
     /// ramp counts) with lethe's fused kernel (`csrc/expire_scores.cpp`) instead of a dozen
     /// tensor operations: the same function to float rounding, fewer passes over memory.
@@ -95,6 +103,7 @@ impl Default for ExpireConfig {
             deletion: Deletion::Stream,
             inference_cap: 0,
             budget: 0,
+            per_head: false,
             fused: true,
             as_official: false,
         }

@@ -14,9 +14,14 @@ pub fn soft_mask(remaining: &Tensor, ramp: f64) -> Tensor {
 
 /// Remaining spans `r[b, q, k] = e[b, k] - (counter[b, k] + q)` of `m` queries: `spans` and
 /// `counter` are `(b, n)`; returns `(r, dist)`, both `(b, m, n)`, where `dist = t - i`.
+/// Spans per key-value head `(b, g, n)` give `r` `(b, g, m, n)`, `dist` still `(b, m, n)`.
 pub fn remaining(spans: &Tensor, counter: &Tensor, m: i64) -> (Tensor, Tensor) {
     let dist = distances(counter, m);
-    (spans.unsqueeze(1) - &dist, dist)
+    let r = match spans.dim() {
+        3 => spans.unsqueeze(2) - dist.unsqueeze(1),
+        _ => spans.unsqueeze(1) - &dist,
+    };
+    (r, dist)
 }
 
 /// Distances `t - i = counter[b, k] + q` `(b, m, n)` of `m` queries to memories whose
@@ -28,8 +33,11 @@ pub fn distances(counter: &Tensor, m: i64) -> Tensor {
 
 /// Which memories each query sees `(b, m, n)`: those it may use (`usable`, `(b, 1, n)` or
 /// `(b, m, n)`), not later than the query (`dist >= 0`) and not fully masked (`m > 0`).
+/// With a mask per key-value head `(b, g, m, n)`, what each head sees, `(b, g, m, n)`.
 pub fn visible_pairs(usable: &Tensor, dist: &Tensor, mask: &Tensor) -> Tensor {
-    usable.logical_and(&dist.ge(0.0)).logical_and(&mask.gt(0.0))
+    let allowed = usable.logical_and(&dist.ge(0.0)); // (b, m, n)
+    let allowed = if mask.dim() == 4 { allowed.unsqueeze(1) } else { allowed };
+    allowed.logical_and(&mask.gt(0.0))
 }
 
 /// Which query-memory pairs are on the ramp, `0 < m < 1`, among those a query may see:
@@ -44,8 +52,16 @@ pub fn on_ramp(mask: &Tensor, visible: &Tensor) -> Tensor {
 /// `sum_k e_k c_k - sum(dist on the ramp)`, where `c_k` counts the queries that see
 /// memory `k` on the ramp: the gradient, `alpha / (R M)` per ramp pair, reaches the
 /// spans through a `(b, n)` product instead of a `(b, m, n)` one. The sums are taken in
-/// double precision, so that the difference loses nothing to cancellation.
+/// double precision, so that the difference loses nothing to cancellation. Per key-value
+/// head, spans `(b, g, n)` and pairs `(b, g, m, n)`, the loss is the heads' mean: each
+/// head counted as a stream of its own.
 pub fn ramp_loss(spans: &Tensor, dist: &Tensor, on_ramp: &Tensor, ramp: f64, block: i64, alpha: f64) -> Tensor {
+    if let [b, g, n] = spans.size()[..] {
+        let m = dist.size()[1];
+        let dist = dist.unsqueeze(1).expand([b, g, m, n], false).reshape([b * g, m, n]);
+        let pairs = on_ramp.reshape([b * g, m, n]);
+        return ramp_loss(&spans.reshape([b * g, n]), &dist, &pairs, ramp, block, alpha);
+    }
     let counts = on_ramp.sum_dim_intlist([1i64].as_slice(), false, spans.kind()); // (b, n)
     let by_distance = dist.where_scalarother(on_ramp, 0.0).sum_dim_intlist([1i64, 2].as_slice(), false, Kind::Double); // (b)
     ramp_loss_of_counts(spans, &counts, &by_distance, ramp, block, alpha)

@@ -9,7 +9,8 @@ impl ExpireSpan {
     /// The attention of Eq. 4, the soft mask `mask` `(b, m, n)` applied after the softmax
     /// with renormalisation, as one attention with an additive bias: `ln m` and the
     /// relative positions (see [`attention::attend`]). `q` `(b, h, m, dh)`, `k` and `v`
-    /// `(b, h, n, dh)`, `dist` and `visible` `(b, m, n)` (`visible` false wherever `m = 0`); returns `(b, h, m, dh)`.
+    /// `(b, h, n, dh)`, `dist` `(b, m, n)`, `mask` and `visible` `(b, m, n)` or per
+    /// key-value head `(b, g, m, n)` (`visible` false wherever `m = 0`); returns `(b, h, m, dh)`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn context(
         &self,
@@ -25,7 +26,8 @@ impl ExpireSpan {
     ) -> Tensor {
         let scoring = profile::phase("bias");
         let scaled = q / (q.size()[3] as f64).sqrt();
-        let bias = self.bias(&scaled, key_pe, dist, &attention::log_mask_of_visible(mask, visible).unsqueeze(1)); // (b, h, m, n)
+        let log_mask = log_mask_of_heads(&attention::log_mask_of_visible(mask, visible), q.size()[1]);
+        let bias = self.bias(&scaled, key_pe, dist, &log_mask); // (b, h, m, n)
         drop(scoring);
         let _mixing = profile::phase("attention");
         attention::attend(q, k, v, &bias, dropout, train)
@@ -66,20 +68,24 @@ impl ExpireSpan {
     /// The attention of a block as the written-out tensor operations (the reference,
     /// and the GPU's path): the soft mask, its log and the positions as a bias, the
     /// span loss from the pairs on the ramp. Returns the context `(b, h, m, dh)`, the
-    /// span loss in training, and the pairs seen.
+    /// span loss in training, and the pairs seen (by any head).
     pub(super) fn attend_written_out(&self, p: &Operands, input: &AttendInput) -> (Tensor, Option<Tensor>, Seen) {
         let m = input.x.size()[1];
         let masking = profile::phase("mask");
-        let (remaining, dist) = remaining(p.spans, p.counter, m); // (b, m, n) each
-        let mask = soft_mask(&remaining, self.cfg.ramp as f64).to_kind(p.spans.kind()); // (b, m, n)
-        let visible = visible_pairs(p.usable, &dist, &mask); // (b, m, n)
+        let (remaining, dist) = remaining(p.spans, p.counter, m); // (b, [g,] m, n), (b, m, n)
+        let mask = soft_mask(&remaining, self.cfg.ramp as f64).to_kind(p.spans.kind()); // (b, [g,] m, n)
+        let visible = visible_pairs(p.usable, &dist, &mask); // (b, [g,] m, n)
         drop(masking);
         let context = self.context(p.q, p.k, p.v, p.key_pe, &dist, &mask, &visible, input.attn.dropout, input.train); // (b, h, m, dh)
         let _loss = profile::phase("span loss");
         let aux = self
             .span_loss_applies(input.train)
             .then(|| ramp_loss(p.spans, &dist, &on_ramp(&mask, &visible), self.cfg.ramp as f64, m, self.cfg.alpha));
-        (context, aux, Seen::Pairs(visible))
+        let seen = match visible.dim() {
+            4 => visible.any_dim(1, false),
+            _ => visible,
+        };
+        (context, aux, Seen::Pairs(seen))
     }
 
     /// [`Self::attend_written_out`] through the fused CPU kernel ([`expire_fused`]): the
@@ -209,14 +215,22 @@ impl ExpireSpan {
             return Ok(Path::Fused);
         }
         let float = matches!(input.q.kind(), Kind::Float | Kind::Double);
-        let bias = self.cfg.fused && float && (device.is_cuda() || self.bias_on_cpu) && input.key_pe.is_some();
+        let bias = self.cfg.fused
+            && self.span_heads == 1
+            && float
+            && (device.is_cuda() || self.bias_on_cpu)
+            && input.key_pe.is_some();
         Ok(if bias && expire_bias::runs_on(device)? { Path::Biased } else { Path::WrittenOut })
     }
 
     /// Whether the fused CPU kernel computes the attention ([`Self::attend_fused`]): it
     /// lays out learned relative positions, so not on a Llama-family layer.
     pub(super) fn fused(&self, input: &AttendInput) -> bool {
-        self.cfg.fused && !self.bias_on_cpu && input.key_pe.is_some() && expire_fused::supports(input.q)
+        self.cfg.fused
+            && self.span_heads == 1
+            && !self.bias_on_cpu
+            && input.key_pe.is_some()
+            && expire_fused::supports(input.q)
     }
 
     /// Whether the whole attention goes stream by stream ([`expire_fused::expire_attend`]):
@@ -224,6 +238,15 @@ impl ExpireSpan {
     pub(super) fn ragged(&self, input: &AttendInput) -> bool {
         self.fused(input) && (input.attn.dropout == 0.0 || !input.train)
     }
+}
+
+/// The log of the soft mask for each of `heads` query heads: `(b, 1, m, n)` of one mask
+/// `(b, m, n)` shared by the heads, or `(b, heads, m, n)` of one per key-value head
+/// `(b, g, m, n)`, each repeated for the `heads / g` query heads of its group (as
+/// [`attention`] repeats the group's keys).
+fn log_mask_of_heads(log_mask: &Tensor, heads: i64) -> Tensor {
+    let Ok((b, g, m, n)) = log_mask.size4() else { return log_mask.unsqueeze(1) };
+    log_mask.unsqueeze(2).expand([b, g, heads / g, m, n], false).reshape([b, heads, m, n])
 }
 
 /// The position embeddings the fused and bias paths lay out (chosen only when there are).

@@ -14,7 +14,7 @@ fn update_after_attend_keeps_what_update_alone_keeps() {
     let vs = tch::nn::VarStore::new(tch::Device::Cpu);
     let attn = Attention::new(vs.root() / "attn", 8, 2, 0.0, false);
     let cfg = ExpireConfig { ramp: 2, init_fraction: 0.5, ..ExpireConfig::default() };
-    let mut attended = ExpireSpan::new(vs.root() / "attn", 8, 12, 5, &cfg);
+    let mut attended = ExpireSpan::new(vs.root() / "attn", 8, 1, 12, 5, &cfg);
     let mut plain = attended.fresh();
     let key_pe = Tensor::zeros([5, 4], (Kind::Float, tch::Device::Cpu));
     let states = |m: &dyn MemoryLayer| m.state().into_iter().map(|(_, t)| t).collect::<Vec<_>>();
@@ -64,7 +64,7 @@ fn the_next_block_goes_into_the_room_left_by_the_compaction_once() {
     let mut rng = lethe_core::rng::Rng::new(4);
     let vs = tch::nn::VarStore::new(tch::Device::Cpu);
     let cfg = ExpireConfig { ramp: 2, init_fraction: 0.5, ..ExpireConfig::default() };
-    let mut mem = ExpireSpan::new(vs.root() / "attn", 8, 12, 5, &cfg);
+    let mut mem = ExpireSpan::new(vs.root() / "attn", 8, 1, 12, 5, &cfg);
     mem.update(&rng.normal_tensor(&[2, 4, 8], Kind::Float), None, Carry::none()).unwrap();
     mem.update(&rng.normal_tensor(&[2, 4, 8], Kind::Float), None, Carry::none()).unwrap();
     let cache = mem.state.as_ref().map(|c| c.states.copy()).unwrap();
@@ -107,7 +107,7 @@ fn the_official_reading_starts_from_zero_states_and_hides_a_token_from_itself() 
     let q = attn.queries(&rng.normal_tensor(&[2, 4, 8], Kind::Float));
     let context = |official: bool, x: &Tensor| {
         let cfg = ExpireConfig { ramp: 2, init_fraction: 0.5, as_official: official, ..ExpireConfig::default() };
-        let mut layer = ExpireSpan::new(vs.root() / "attn", 8, 12, 5, &cfg);
+        let mut layer = ExpireSpan::new(vs.root() / "attn", 8, 1, 12, 5, &cfg);
         let input = AttendInput {
             x,
             q: &q,
@@ -173,7 +173,7 @@ fn fused_attention_equals_the_masked_softmax_with_renormalisation() {
     // Every cached memory near enough for a position; some too far back; a block
     // longer than the position rows; and an empty cache.
     for (cached, rows) in [(6, 8), (20, 8), (20, 4), (0, 8)] {
-        let layer = ExpireSpan::new(vs.root() / "e", 8, 32, rows, &cfg);
+        let layer = ExpireSpan::new(vs.root() / "e", 8, 1, 32, rows, &cfg);
         let (b, h, m, dh, n) = (2, 3, 5, 4, cached + 5);
         let q = rng.normal_tensor(&[b, h, m, dh], Kind::Double).set_requires_grad(true);
         let k = rng.normal_tensor(&[b, h, n, dh], Kind::Double).set_requires_grad(true);
@@ -249,9 +249,9 @@ fn layer_equals_written_out(m: i64, max_span: usize, positions: i64, path: Path,
     let vs = tch::nn::VarStore::new(tch::Device::Cpu);
     let attn = Attention::new(vs.root() / "attn", 8, 2, 0.0, false);
     let cfg = ExpireConfig { ramp: 3, init_fraction: 0.4, alpha: 0.1, fused: false, ..ExpireConfig::default() };
-    let mut written = ExpireSpan::new(vs.root() / "attn", 8, max_span, positions, &cfg);
+    let mut written = ExpireSpan::new(vs.root() / "attn", 8, 1, max_span, positions, &cfg);
     let mut fused =
-        ExpireSpan::new(vs.root() / "unused", 8, max_span, positions, &ExpireConfig { fused: true, ..cfg.clone() });
+        ExpireSpan::new(vs.root() / "unused", 8, 1, max_span, positions, &ExpireConfig { fused: true, ..cfg.clone() });
     (fused.w, fused.b) = (written.w.shallow_clone(), written.b.shallow_clone());
     fused.bias_on_cpu = path == Path::Biased;
     let key_pe = (rng.normal_tensor(&[positions, 4], Kind::Float) * 0.5).set_requires_grad(true);
