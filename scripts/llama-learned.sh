@@ -16,6 +16,11 @@
 #   scripts/llama-learned.sh [OUT] [SEEDS] [ALPHAS] [STEPS] [CONTEXT] [TOKENS] [INFINITY] [INF_STEPS]
 #   (defaults: runs, "1 2 3", "3e-5 1e-4 3e-4", 100 fine-tuning steps, 512, 4096 tokens,
 #   "16:16:32 8:8:16", 400 steps)
+#
+# LORA_ALPHAS (default none) adds, at each span-loss weight, Expire-Span fitted with
+# low-rank adapters of rank 8 on the attention maps beside the predictors (adapters at
+# 1e-3, predictors at 1e-2), and HEAD_ALPHAS (default none) frozen fits with a span
+# predictor per key-value head (memory.expire.per_head).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
@@ -27,6 +32,8 @@ CONTEXT=${5:-512}
 TOKENS=${6:-4096}
 INFINITY=${7:-16:16:32 8:8:16}
 INF_STEPS=${8:-400}
+LORA_ALPHAS=${LORA_ALPHAS:-}
+HEAD_ALPHAS=${HEAD_ALPHAS:-}
 scripts/demo-corpus.sh
 cargo build --release --quiet
 LETHE=target/release/lethe
@@ -45,17 +52,29 @@ for SEED in $SEEDS; do
   rm -rf "$RUN-hf"
   $LETHE export --checkpoint "$RUN" --out "$RUN-hf"
   LEARNED=()
-  for ALPHA in $ALPHAS; do
-    NAME="expire-a$ALPHA-s$SEED"
+  # Expire-Span fitted as NAME at span-loss weight ALPHA, with the further settings given.
+  fit_expire() {
+    local NAME=$1 ALPHA=$2 START
+    shift 2
     START=$(date +%s)
     $LETHE train --preset llama-tiny --init-from "$RUN-hf" --data data/demo.txt --seed "$SEED" \
       --out "$OUT" --name "$NAME" --overwrite --quiet --steps "$STEPS" \
       --set 'memory.mechanism="expire"' --set memory.span="$CONTEXT" --set memory.expire.ramp=16 \
       --set memory.expire.alpha="$ALPHA" --set memory.expire.init_fraction=0.5 \
-      --set train.freeze_base=true --set train.lr=1e-2 --set train.warmup=10 --set model.dropout=0 \
-      --set train.eval_every=0 --set train.checkpoint_every=0 --set train.eval_tokens=8192
+      --set train.freeze_base=true --set train.warmup=10 --set model.dropout=0 \
+      --set train.eval_every=0 --set train.checkpoint_every=0 --set train.eval_tokens=8192 "$@"
     echo "$NAME: $STEPS steps in $(( $(date +%s) - START )) s" | tee -a "$OUT/llama-learned-cost.txt"
     LEARNED+=("$OUT/$NAME")
+  }
+  for ALPHA in $ALPHAS; do
+    fit_expire "expire-a$ALPHA-s$SEED" "$ALPHA" --set train.lr=1e-2
+  done
+  for ALPHA in $LORA_ALPHAS; do
+    fit_expire "expire-lora-a$ALPHA-s$SEED" "$ALPHA" --set train.lr=1e-3 --set train.memory_lr=1e-2 \
+      --set train.lora_rank=8
+  done
+  for ALPHA in $HEAD_ALPHAS; do
+    fit_expire "expire-heads-a$ALPHA-s$SEED" "$ALPHA" --set train.lr=1e-2 --set memory.expire.per_head=true
   done
   for SIZE in $INFINITY; do
     IFS=: read -r WINDOW BLOCK BASIS <<<"$SIZE"
