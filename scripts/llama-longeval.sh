@@ -21,7 +21,7 @@
 # (memory.expire.per_head). Every seed
 # fits and evaluates on the one model pretrained with seed BASE_SEED (default 1; a user's
 # pretrained model is one), the seeds varying the fits and the samples read; BASE_SEED=
-# (empty) pretrains a model for each seed.
+# (empty) pretrains a model for each seed. LETHE, when set, is the binary run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
@@ -38,8 +38,11 @@ LORA_ALPHAS=${LORA_ALPHAS:-1e-3}
 HEAD_ALPHAS=${HEAD_ALPHAS:-}
 INF_STEPS=${INF_STEPS:-400}
 FIT_LENGTHS=${FIT_LENGTHS:-[224, 288, 352]}
-cargo build --release --quiet
-LETHE=target/release/lethe
+# LETHE names a lethe binary to run instead of building this checkout's.
+if [ -z "${LETHE:-}" ]; then
+  cargo build --release --quiet
+  LETHE=target/release/lethe
+fi
 mkdir -p "$OUT"
 for SEED in $SEEDS; do
   PRETRAIN_SEED=${BASE_SEED:-$SEED}

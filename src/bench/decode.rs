@@ -10,11 +10,13 @@
 //! held) and the share of the read rate its decode speed reaches. Under a fixed budget
 //! the bytes read per token, and so the decode time, do not grow with the context.
 
+use std::collections::HashMap;
 use std::time::Instant;
 
 use serde::Serialize;
 use tch::{Kind, Tensor};
 
+use crate::config::{Arch, Mechanism};
 use crate::error::Result;
 use crate::generate::{Generator, Sampling};
 use crate::metrics::{peak_rss_bytes, reset_peak_rss};
@@ -83,13 +85,33 @@ pub fn read_rate() -> Result<f64> {
 }
 
 /// A lethe run with a learned memory (Expire-Span, the ∞-former) to time beside the
-/// policies: its prompt read in blocks of its model's `train.block`, as `lethe generate`
-/// reads one, then decoded token by token with its memory.
+/// policies. Expire-Span on a Llama-family model reads as the policies read, through the
+/// decoding path with the run's span predictors on the key-value cache
+/// ([`crate::model::kv::expire`]); otherwise the prompt is read in blocks of its model's
+/// `train.block`, as `lethe generate` reads one, then decoded token by token with its
+/// memory, through the training model.
 pub struct LearnedCase<'a> {
     /// The name its rows carry.
     pub name: String,
     pub lm: &'a Lm,
     pub context: usize,
+    /// The decoding path's model and the run's parameters, where it reads the run.
+    decoding: Option<(Llama, HashMap<String, Tensor>)>,
+}
+
+impl<'a> LearnedCase<'a> {
+    /// The run `lm`, named `name` in the rows, after a prompt of `context` tokens.
+    pub fn new(name: String, lm: &'a Lm, context: usize) -> Result<LearnedCase<'a>> {
+        let cfg = &lm.config;
+        let decoding = match (cfg.memory.mechanism, cfg.model.arch) {
+            (Mechanism::Expire, Arch::Llama) => {
+                let params = lm.vs.variables();
+                Some((Llama::from_run(cfg, &params)?, params))
+            }
+            _ => None,
+        };
+        Ok(LearnedCase { name, lm, context, decoding })
+    }
 }
 
 /// Times every case in turn, then every learned run, `rounds` times over, with `decode`
@@ -118,7 +140,10 @@ pub fn run(
     for round in 0..rounds {
         for i in 0..samples.len() {
             let sample = match i.checked_sub(cases.len()) {
-                None => measure(model, &policies[i], cases[i].context, decode, round as i64)?,
+                None => {
+                    let fresh = || Ok(KvCache::new(policies[i].clone()));
+                    measure(model, fresh, cases[i].context, decode, round as i64)?
+                }
                 Some(j) => measure_learned(&learned[j], decode, round as i64)?,
             };
             samples[i].push(sample);
@@ -138,6 +163,10 @@ fn weight_bytes(lm: &Lm) -> usize {
 /// [`measure`] for a learned run: the read rate, then one prompt of the case's length and
 /// `decode` tokens, greedy, through [`Generator`].
 fn measure_learned(case: &LearnedCase, decode: usize, seed: i64) -> Result<Sample> {
+    if let Some((model, params)) = &case.decoding {
+        let cache = || Ok(KvCache::with_layers(crate::model::kv::expire::layers(&case.lm.config, params)?));
+        return measure(model, cache, case.context, decode, seed);
+    }
     let rate = read_rate()?;
     let vocab = case.lm.config.model.vocab as u64;
     let mut rng = crate::rng::Rng::new(seed as u64);
@@ -168,15 +197,22 @@ struct Sample {
 }
 
 /// The read rate, then one prompt of `context` random ids (seeded by `seed`) and
-/// `decode` tokens, greedy, with the peak resident memory of these two alone.
-fn measure(model: &Llama, policy: &Policy, context: usize, decode: usize, seed: i64) -> Result<Sample> {
+/// `decode` tokens, greedy, into the cache `fresh` makes, with the peak resident memory
+/// of these two alone.
+fn measure(
+    model: &Llama,
+    fresh: impl Fn() -> Result<KvCache>,
+    context: usize,
+    decode: usize,
+    seed: i64,
+) -> Result<Sample> {
     let rate = read_rate()?;
     let prompt = {
         let _seed = crate::rng::seed_torch(seed);
         Tensor::randint(model.config.vocab_size, [1, context as i64], (Kind::Int64, tch::Device::Cpu))
     };
     reset_peak_rss();
-    let mut cache = KvCache::new(policy.clone());
+    let mut cache = fresh()?;
     let start = Instant::now();
     let mut logits = Tensor::new();
     for s in (0..context).step_by(PREFILL_BLOCK) {

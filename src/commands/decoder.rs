@@ -318,10 +318,10 @@ pub(crate) fn bench(a: &BenchArgs, folder: &std::path::Path) -> Result<()> {
             runs.push((name, lm, context));
         }
     }
-    let learned: Vec<lethe::bench::decode::LearnedCase> = runs
+    let learned = runs
         .iter()
-        .map(|(name, lm, context)| lethe::bench::decode::LearnedCase { name: name.clone(), lm, context: *context })
-        .collect();
+        .map(|(name, lm, context)| lethe::bench::decode::LearnedCase::new(name.clone(), lm, *context))
+        .collect::<lethe::Result<Vec<_>>>()?;
     println!(
         "{}: {:.1} MiB of weights read per token | {} threads",
         folder.display(),

@@ -360,3 +360,47 @@ fn a_frozen_llama_learns_spans_that_keep_the_answers_and_expire_the_rest() {
     assert!(mem < 36.0, "a memory of {mem} a layer is not far below the window of 72");
     assert!(fitted.mem_size[1] < 24.0, "the upper layer kept {} memories, the distance is 24-32", fitted.mem_size[1]);
 }
+
+/// The logits of `ids` `(b, t)` through the decoding path (`Llama::from_run` with the
+/// run's Expire-Span layers over its key-value cache), read in chunks of `first` tokens
+/// and then one at a time, and the entries each layer held at the end.
+fn decoded(lm: &Lm, ids: &Tensor, first: i64) -> (Tensor, Vec<i64>) {
+    let params = lm.vs.variables();
+    let llama = lethe::model::llama::Llama::from_run(&lm.config, &params).unwrap();
+    let mut cache =
+        lethe::model::llama::KvCache::with_layers(lethe::model::kv::expire::layers(&lm.config, &params).unwrap());
+    let t = ids.size()[1];
+    let mut parts = vec![llama.forward(&ids.narrow(1, 0, first), &mut cache)];
+    parts.extend((first..t).map(|s| llama.forward(&ids.narrow(1, s, 1), &mut cache)));
+    (Tensor::cat(&parts, 1), cache.entries())
+}
+
+/// Expire-Span through the decoding path computes what the training model computes:
+/// the text read token by token, or its first 16 tokens in one chunk (without a budget
+/// the chunking changes nothing), with one span a layer and one per key-value head, the
+/// two streams keeping different numbers of entries; under a budget of 3, token by token
+/// on both sides; with low-rank adapters, folded into the maps. Expired entries are freed.
+#[test]
+fn the_decoding_path_reads_expire_span_as_the_training_model_does() {
+    for (per_head, budget, lora) in [(false, 0, 0), (true, 0, 0), (false, 3, 0), (true, 3, 0), (false, 0, 2)] {
+        let _seed = lethe::rng::seed_torch(7);
+        let mut cfg = small_llama_with_expire(2);
+        (cfg.memory.expire.per_head, cfg.memory.expire.budget) = (per_head, budget);
+        (cfg.train.lora_rank, cfg.train.freeze_base) = (lora, lora > 0);
+        cfg.validate().unwrap();
+        let lm = Lm::new(&cfg, Device::Cpu).unwrap();
+        // The adapters' `B` starts at zero: given weights, they change the maps.
+        crate::common::randomise(&lm.vs, 17, 1.0, |name| name.ends_with("expire.w") || name.contains("lora"));
+        let ids = crate::common::random_tokens(3, 20, &[2, 40]);
+        let (want, held) = logits_in_blocks(&lm, &ids, 1);
+        let firsts: &[i64] = if budget == 0 { &[1, 16] } else { &[1] };
+        for &first in firsts {
+            let (got, entries) = decoded(&lm, &ids, first);
+            let d = gap(&want, &got);
+            let case = format!("per head {per_head}, budget {budget}, adapters {lora}, first chunk {first}");
+            assert!(d < 1e-5, "{case}: differs from the training model by {d:.2e}");
+            let most = *entries.iter().max().unwrap();
+            assert!(most < 40 && most as usize <= held.max(1), "{case}: {entries:?} held, the training model {held}");
+        }
+    }
+}

@@ -19,8 +19,11 @@
 //! `budget + window` between its presses), so memory follows the budget whatever the
 //! length of the stream. Every policy keeps its entries in the order they were written.
 //!
-//! Adding a policy: a unit with its [`Entry`] and one line in [`POLICIES`].
+//! Adding a policy: a unit with its [`Entry`] and one line in [`POLICIES`]. A learned
+//! memory fitted by `lethe train` reads through the same path with its run's weights
+//! ([`expire`]: Expire-Span), its layers given to [`crate::llama::KvCache::with_layers`].
 
+pub mod expire;
 pub mod full;
 pub mod h2o;
 pub mod snapkv;
@@ -165,6 +168,14 @@ pub trait LayerPolicy: Send {
     /// sliding window, differs from head to head).
     fn same_entries_in_every_head(&self) -> bool {
         true
+    }
+
+    /// Before a chunk's attention, its entries appended to `held`: an additive bias on
+    /// the scores `(b, 1 or kv_heads, t, n)` of the chunk's queries at `query_positions`
+    /// `(t)`, for a policy that weighs entries softly (Expire-Span's `ln m`), from the
+    /// layer's normed input `x` `(b, t, d)`. None (the default): the scores as they are.
+    fn bias(&mut self, _x: &Tensor, _held: &Held, _query_positions: &Tensor) -> Option<Tensor> {
+        None
     }
 
     /// After a chunk's attention: evicts from `held` as the policy says.

@@ -323,6 +323,12 @@ impl KvCache {
         KvCache { layers: Vec::new(), policies: Vec::new(), policy, position: 0 }
     }
 
+    /// An empty cache whose layers keep what `layers` say, one a layer (a learned
+    /// memory's, [`crate::kv::expire`]); layers beyond them keep everything.
+    pub fn with_layers(layers: Vec<Box<dyn LayerPolicy>>) -> KvCache {
+        KvCache { layers: Vec::new(), policies: layers, policy: Policy::default(), position: 0 }
+    }
+
     /// The entries each layer holds per key-value head.
     pub fn entries(&self) -> Vec<i64> {
         self.layers.iter().map(|h| h.as_ref().map_or(0, Held::len)).collect()
@@ -345,7 +351,36 @@ impl Llama {
     /// Reads the model in `dir`: its `config.json` and weights (see [`read_weights`]).
     pub fn load(dir: &Path) -> Result<Llama> {
         let config = LlamaConfig::from_file(&dir.join("config.json"))?;
-        let mut w = read_weights(dir)?;
+        Self::assemble(config, read_weights(dir)?)
+    }
+
+    /// The model of a lethe run of `model.arch = "llama"` (its config `cfg`) from its
+    /// parameters `params` (by lethe's names; low-rank adapters are folded into their
+    /// maps, [`crate::lora::merged`]), as `lethe export` would write it and
+    /// [`Llama::load`] read it back, without the folder.
+    pub fn from_run(cfg: &lethe_core::config::Config, params: &HashMap<String, Tensor>) -> Result<Llama> {
+        let merged;
+        let params = match cfg.train.lora_rank {
+            0 => params,
+            rank => {
+                merged = crate::lora::merged(params, rank, cfg.train.lora_alpha);
+                &merged
+            }
+        };
+        let config = LlamaConfig::from_json(&layout::config_json(&cfg.model))
+            .map_err(|e| LetheError::Invalid(format!("the run's model is not a Llama-family decoder: {e}")))?;
+        let mut tensors = HashMap::new();
+        for (ours, theirs) in layout::names(&cfg.model) {
+            let t =
+                params.get(&ours).ok_or_else(|| LetheError::Invalid(format!("the run has no parameter `{ours}`")))?;
+            let t = t.detach().to_kind(Kind::Float).to_device(tch::Device::Cpu).contiguous();
+            tensors.insert(theirs, (t, PathBuf::from(format!("the run's `{ours}`"))));
+        }
+        Self::assemble(config, Weights { tensors })
+    }
+
+    /// The model of `config` from its weights `w`, every one of which it must take.
+    fn assemble(config: LlamaConfig, mut w: Weights) -> Result<Llama> {
         let (d, hd, f) = (config.hidden_size, config.head_dim, config.intermediate_size);
         let (q_rows, kv_rows) = (config.heads * hd, config.kv_heads * hd);
         let embed = w.take("model.embed_tokens.weight", &[config.vocab_size, d])?;
@@ -481,13 +516,14 @@ impl Llama {
             false => all.keys.shallow_clone(),
         };
         let scale = (c.head_dim as f64).powf(-0.5);
+        let bias = policy.bias(x, &all, positions);
         // The fused kernel takes one mask for every head: right when the heads hold the
         // same entries, or when only causality masks (what is held precedes the chunk).
         let one_mask = policy.same_entries_in_every_head() || c.sliding_window.is_none();
-        let (context, weights) = match t > 1 && !policy.needs_weights() && one_mask {
+        let (context, weights) = match t > 1 && !policy.needs_weights() && one_mask && bias.is_none() {
             true => (self.fused_attention(&q, &keys, &all, positions, scale), None),
             false => {
-                let (context, weights) = self.explicit_attention(&q, &keys, &all, positions, scale);
+                let (context, weights) = self.explicit_attention(&q, &keys, &all, positions, scale, bias.as_ref());
                 (context, Some(weights))
             }
         };
@@ -511,8 +547,9 @@ impl Llama {
     /// Attention of `q` `(b, heads, t, hd)` over `keys` (as held, rotated for the
     /// queries) with the weights written out `(b, heads, t, n)`: the queries of a
     /// key-value head's group side by side, so that keys and values are read in place;
-    /// one token's by the decode kernel ([`crate::decode::attention`]). Returns the
-    /// context `(b, heads, t, hd)` and the weights.
+    /// one token's by the decode kernel ([`crate::decode::attention`]) unless a policy's
+    /// `bias` `(b, 1 or kv_heads, t, n)` joins the scores. Returns the context
+    /// `(b, heads, t, hd)` and the weights.
     fn explicit_attention(
         &self,
         q: &Tensor,
@@ -520,12 +557,13 @@ impl Llama {
         held: &Held,
         positions: &Tensor,
         scale: f64,
+        bias: Option<&Tensor>,
     ) -> (Tensor, Tensor) {
         let c = &self.config;
         let (b, h, t, hd) = q.size4().expect("(b, h, t, hd)");
         let (kvh, n) = (c.kv_heads, held.len());
         let group = h / kvh;
-        if t == 1 && c.sliding_window.is_none() && q.device() == tch::Device::Cpu {
+        if t == 1 && c.sliding_window.is_none() && q.device() == tch::Device::Cpu && bias.is_none() {
             let q = q.reshape([b, kvh, group, hd]);
             if let Ok((context, weights)) = crate::decode::attention(&q, keys, &held.values, scale) {
                 return (context.view([b, h, 1, hd]), weights.view([b, h, 1, n]));
@@ -536,6 +574,9 @@ impl Llama {
         if t > 1 || c.sliding_window.is_some() {
             let seen = self.seen(&held.positions.view([b, kvh, 1, 1, n]), &positions.view([t, 1]));
             scores = scores.masked_fill(&seen.logical_not(), f64::NEG_INFINITY);
+        }
+        if let Some(bias) = bias {
+            scores += bias.unsqueeze(2); // (b, 1 or kv_heads, 1, t, n)
         }
         let weights = scores.softmax(-1, Kind::Float).view([b, kvh, group * t, n]);
         let context = weights.matmul(&held.values).view([b, h, t, hd]);

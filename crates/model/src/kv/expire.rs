@@ -1,0 +1,147 @@
+//! Expire-Span (Sukhbaatar et al., 2021) fitted onto a pretrained decoder by `lethe
+//! train` (`memory.mechanism = "expire"`, `model.arch = "llama"`), read through the
+//! decoding path: the run's span predictors act on the key-value cache.
+//!
+//! - Each entry gets its span when it is written, `e = L sigmoid((w·x + b) / pre_div)`
+//!   (Eq. 3; `x` the layer's normed input, `L = memory.span`), capped at
+//!   `memory.expire.inference_cap` when one is set; one span a layer, or one per
+//!   key-value head (`memory.expire.per_head`).
+//! - A query at `t` weighs the entry written at `i` by the soft mask
+//!   `m = clamp(1 + (e - (t - i)) / R, 0, 1)` (Eq. 5), as `ln m` on its score (Eq. 4, one
+//!   softmax with the renormalisation folded in, as the training model computes it).
+//! - After each chunk an entry is deleted once the next query would mask it fully,
+//!   `e + R - (t_next - i) <= 0` (its largest span, per key-value head), and under
+//!   `memory.expire.budget = B` at most `B` are kept, those with the least remaining span
+//!   deleted first.
+//!
+//! Without a budget this is the function the training model computes in blocks of any
+//! length (a masked entry and a deleted one weigh nothing); with one, the function of
+//! blocks of the chunks read here (the cap applies after each). Every key-value head
+//! keeps the same entries. Where the streams of a batch keep different numbers, the
+//! shorter ones keep entries already expired, masked for good, so that the cache stays
+//! one tensor.
+
+use std::collections::HashMap;
+
+use tch::{Kind, Tensor};
+
+use super::{top, Chunk, Held, LayerPolicy};
+use lethe_core::config::{Arch, Config, ExpireConfig, Mechanism};
+use lethe_core::error::{LetheError, Result};
+
+/// One layer's Expire-Span over a key-value cache: its predictor and the spans of the
+/// entries held.
+pub struct ExpireLayer {
+    /// `(d)`, or `(d, g)` per key-value head.
+    w: Tensor,
+    /// `(1)`, or `(g)`.
+    b: Tensor,
+    max_span: f64,
+    cfg: ExpireConfig,
+    /// The spans of the entries held, `(b, 1 or g, n)`, in the order of [`Held`].
+    spans: Option<Tensor>,
+}
+
+/// A span no query reaches: an entry kept only to keep the streams' caches one length.
+const EXPIRED: f64 = -1e9;
+
+impl ExpireLayer {
+    /// A layer's policy from its predictor `w` `(d)` or `(d, g)` and `b`, at the largest
+    /// span `max_span`, with the run's Expire-Span settings.
+    pub fn new(w: Tensor, b: Tensor, max_span: f64, cfg: &ExpireConfig) -> ExpireLayer {
+        let float = |t: Tensor| t.detach().to_kind(Kind::Float).to_device(tch::Device::Cpu);
+        ExpireLayer { w: float(w), b: float(b), max_span, cfg: cfg.clone(), spans: None }
+    }
+
+    /// The spans `(b, 1 or g, t)` of entries written from `x` `(b, t, d)`.
+    fn spans_of(&self, x: &Tensor) -> Tensor {
+        let logit = (x.matmul(&self.w) + &self.b) / self.cfg.pre_div; // (b, t) or (b, t, g)
+        let spans = logit.sigmoid() * self.max_span;
+        let spans = match spans.dim() {
+            3 => spans.permute([0, 2, 1]),
+            _ => spans.unsqueeze(1),
+        };
+        match self.cfg.inference_cap {
+            0 => spans,
+            cap => spans.clamp_max(cap as f64),
+        }
+    }
+
+    /// Each entry's distance to the queries at `positions` `(t)`: `(b, 1, t, n)`.
+    fn distances(held: &Held, positions: &Tensor) -> Tensor {
+        let written = held.positions.narrow(1, 0, 1).unsqueeze(2).to_kind(Kind::Float); // (b, 1, 1, n)
+        positions.to_kind(Kind::Float).view([1, 1, -1, 1]) - written
+    }
+}
+
+impl LayerPolicy for ExpireLayer {
+    fn bias(&mut self, x: &Tensor, held: &Held, query_positions: &Tensor) -> Option<Tensor> {
+        let fresh = self.spans_of(x);
+        let spans = match self.spans.take() {
+            Some(old) => Tensor::cat(&[&old, &fresh], 2),
+            None => fresh,
+        }; // (b, 1 or g, n)
+        let dist = Self::distances(held, query_positions); // (b, 1, t, n)
+        let mask = (((spans.unsqueeze(2) - &dist) / self.cfg.ramp as f64) + 1.0).clamp(0.0, 1.0); // (b, 1 or g, t, n)
+        let visible = dist.ge(0.0).logical_and(&mask.gt(0.0));
+        self.spans = Some(spans);
+        Some(crate::attention::log_mask_of_visible(&mask, &visible))
+    }
+
+    fn update(&mut self, held: &mut Held, chunk: &Chunk) {
+        let Some(spans) = self.spans.take() else { return };
+        let t = chunk.query_positions.size()[0];
+        let next = chunk.query_positions.narrow(0, t - 1, 1) + 1; // (1)
+        let dist = Self::distances(held, &next).squeeze_dim(2).squeeze_dim(1); // (b, n)
+        let remaining = spans.amax([1i64].as_slice(), false) + self.cfg.ramp as f64 - dist; // (b, n)
+        let mut kept = remaining.gt(0.0);
+        let counts = kept.sum_dim_intlist([1i64].as_slice(), false, Kind::Int64);
+        let mut m = counts.max().int64_value(&[]);
+        if self.cfg.budget > 0 && m > self.cfg.budget as i64 {
+            m = self.cfg.budget as i64;
+            let chosen = top(&remaining.unsqueeze(1), m).squeeze_dim(1); // (b, m)
+            kept = kept.logical_and(&kept.zeros_like().scatter_value(1, &chosen, 1));
+        }
+        let n = remaining.size()[1];
+        if m == n {
+            self.spans = Some(spans);
+            return;
+        }
+        // Each stream's `m` entries: its kept ones first choice, then (where it keeps
+        // fewer) the latest of the rest, expired for good; in the order written.
+        let order = Tensor::arange(n, (Kind::Float, remaining.device())) / n as f64;
+        let rank = kept.to_kind(Kind::Float) * 2.0 + order; // (b, n)
+        let indices = top(&rank.unsqueeze(1), m).squeeze_dim(1); // (b, m)
+        let g = spans.size()[1];
+        let kv_heads = held.positions.size()[1];
+        let kept_spans = spans.gather(2, &indices.unsqueeze(1).expand([-1, g, -1], false), false);
+        let alive = kept.gather(1, &indices, false).unsqueeze(1); // (b, 1, m)
+        self.spans = Some(kept_spans.where_scalarother(&alive, EXPIRED));
+        held.keep(&indices.unsqueeze(1).expand([-1, kv_heads, -1], false).contiguous());
+    }
+}
+
+/// The layers' policies of a run with Expire-Span on a Llama-family decoder, from its
+/// config and parameters (`layers.<i>.attn.expire.w` and `.b`): one a layer, for
+/// [`crate::llama::KvCache::with_layers`].
+pub fn layers(cfg: &Config, params: &HashMap<String, Tensor>) -> Result<Vec<Box<dyn LayerPolicy>>> {
+    if cfg.memory.mechanism != Mechanism::Expire || cfg.model.arch != Arch::Llama {
+        return Err(LetheError::Invalid(format!(
+            "the decoding path reads Expire-Span on a Llama-family model; the run has memory.mechanism = \"{}\" on model.arch = \"{}\"",
+            cfg.memory.mechanism.name(),
+            cfg.model.arch.name()
+        )));
+    }
+    (0..cfg.model.layers)
+        .map(|i| {
+            let get = |name: &str| {
+                let key = format!("layers.{i}.attn.expire.{name}");
+                params.get(&key).map(Tensor::shallow_clone).ok_or_else(|| {
+                    LetheError::Invalid(format!("the run has no parameter `{key}`: not an Expire-Span run"))
+                })
+            };
+            let layer = ExpireLayer::new(get("w")?, get("b")?, cfg.memory.span as f64, &cfg.memory.expire);
+            Ok(Box::new(layer) as Box<dyn LayerPolicy>)
+        })
+        .collect()
+}
