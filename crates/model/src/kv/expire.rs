@@ -26,6 +26,7 @@ use std::collections::HashMap;
 use tch::{Kind, Tensor};
 
 use super::{top, Chunk, Held, LayerPolicy};
+use crate::memory::expire::{soft_mask, within_budget};
 use lethe_core::config::{Arch, Config, ExpireConfig, Mechanism};
 use lethe_core::error::{LetheError, Result};
 
@@ -82,7 +83,7 @@ impl LayerPolicy for ExpireLayer {
             None => fresh,
         }; // (b, 1 or g, n)
         let dist = Self::distances(held, query_positions); // (b, 1, t, n)
-        let mask = (((spans.unsqueeze(2) - &dist) / self.cfg.ramp as f64) + 1.0).clamp(0.0, 1.0); // (b, 1 or g, t, n)
+        let mask = soft_mask(&(spans.unsqueeze(2) - &dist), self.cfg.ramp as f64); // (b, 1 or g, t, n)
         let visible = dist.ge(0.0).logical_and(&mask.gt(0.0));
         self.spans = Some(spans);
         Some(crate::attention::log_mask_of_visible(&mask, &visible))
@@ -94,14 +95,11 @@ impl LayerPolicy for ExpireLayer {
         let next = chunk.query_positions.narrow(0, t - 1, 1) + 1; // (1)
         let dist = Self::distances(held, &next).squeeze_dim(2).squeeze_dim(1); // (b, n)
         let remaining = spans.amax([1i64].as_slice(), false) + self.cfg.ramp as f64 - dist; // (b, n)
-        let mut kept = remaining.gt(0.0);
-        let counts = kept.sum_dim_intlist([1i64].as_slice(), false, Kind::Int64);
-        let mut m = counts.max().int64_value(&[]);
-        if self.cfg.budget > 0 && m > self.cfg.budget as i64 {
-            m = self.cfg.budget as i64;
-            let chosen = top(&remaining.unsqueeze(1), m).squeeze_dim(1); // (b, m)
-            kept = kept.logical_and(&kept.zeros_like().scatter_value(1, &chosen, 1));
-        }
+        let kept = match self.cfg.budget as i64 {
+            0 => remaining.gt(0.0),
+            budget => within_budget(&remaining.gt(0.0), &remaining, budget),
+        };
+        let m = kept.sum_dim_intlist([1i64].as_slice(), false, Kind::Int64).max().int64_value(&[]);
         let n = remaining.size()[1];
         if m == n {
             self.spans = Some(spans);

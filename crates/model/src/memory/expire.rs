@@ -113,7 +113,7 @@ fn memory_spans(spans: &Tensor) -> Tensor {
 
 /// Of the memories `kept` `(b, n)`, at most `budget` a stream: those with the most
 /// `remaining` span `(b, n)`, the soonest to expire deleted first (`memory.expire.budget`).
-fn within_budget(kept: &Tensor, remaining: &Tensor, budget: i64) -> Tensor {
+pub(crate) fn within_budget(kept: &Tensor, remaining: &Tensor, budget: i64) -> Tensor {
     let n = kept.size()[1];
     if n <= budget {
         return kept.shallow_clone();
