@@ -20,7 +20,8 @@
 # LORA_ALPHAS (default none) adds, at each span-loss weight, Expire-Span fitted with
 # low-rank adapters of rank 8 on the attention maps beside the predictors (adapters at
 # 1e-3, predictors at 1e-2), and HEAD_ALPHAS (default none) frozen fits with a span
-# predictor per key-value head (memory.expire.per_head).
+# predictor per key-value head (memory.expire.per_head). LETHE, when set, is the binary run
+# instead of this checkout's build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
@@ -35,8 +36,10 @@ INF_STEPS=${8:-400}
 LORA_ALPHAS=${LORA_ALPHAS:-}
 HEAD_ALPHAS=${HEAD_ALPHAS:-}
 scripts/demo-corpus.sh
-cargo build --release --quiet
-LETHE=target/release/lethe
+if [ -z "${LETHE:-}" ]; then
+  cargo build --release --quiet
+  LETHE=target/release/lethe
+fi
 mkdir -p "$OUT"
 # The test split as lethe's file source cuts it: the bytes from round(0.95 n) on.
 python3 - "$OUT/demo-test.txt" <<'PY'
