@@ -17,7 +17,7 @@ fn policy_of(kv: &KvCacheArgs, context: usize) -> Result<Policy> {
     Ok(Policy::parse(&kv.policy, budget, context as i64)?)
 }
 
-fn mib(bytes: usize) -> f64 {
+pub(crate) fn mib(bytes: usize) -> f64 {
     bytes as f64 / (1 << 20) as f64
 }
 
@@ -502,9 +502,18 @@ impl Sweep<'_> {
                 }
                 Scored::Learned { run, budget } => {
                     let learned = &self.learned[*run];
-                    let lm = learned.at_budget(*budget, plan.block)?;
                     let progress = eval_progress(started);
-                    let r = lethe::eval::evaluate_run_windows(&lm, self.ids, plan.block, self.context, progress)?;
+                    let (ids, block, context) = (self.ids, plan.block, self.context);
+                    let r = match learned.decoder() {
+                        Some(model) => {
+                            let fresh = || learned.cache_at(*budget);
+                            lethe::eval::evaluate_decoder_windows_over(model, fresh, ids, block, context, progress)?
+                        }
+                        None => {
+                            let lm = learned.at_budget(*budget, block)?;
+                            lethe::eval::evaluate_run_windows(&lm, ids, block, context, progress)?
+                        }
+                    };
                     (learned.name.clone(), r)
                 }
             };

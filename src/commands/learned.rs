@@ -1,9 +1,15 @@
 //! The learned memories compared with the key-value cache policies on a pretrained
 //! decoder (`--learned` of `lethe eval --init-from` and `lethe longeval --init-from`):
 //! lethe runs of the folder's model with Expire-Span, capped at each budget, or with the
-//! ∞-former, at the memory it was trained with.
+//! ∞-former, at the memory it was trained with. Expire-Span on a Llama-family model is
+//! read as the policies are, through the decoding path with the run's span predictors on
+//! the key-value cache (`lethe::model::kv::expire`: the training model's logits, faster);
+//! the ∞-former through its training model.
+
+use std::collections::HashMap;
 
 use anyhow::Result;
+use lethe::model::llama::{KvCache, Llama};
 
 /// A run of `--learned`: an Expire-Span model, scored at every budget of a sweep and
 /// uncapped, or an ∞-former, whose memory has the size it was trained with (its window
@@ -11,6 +17,9 @@ use anyhow::Result;
 pub(crate) struct Learned {
     pub name: String,
     pub ckpt: lethe::checkpoint::Checkpoint,
+    /// Expire-Span on a Llama: the decoder with the run's weights (adapters folded) and
+    /// the run's parameters, whose span predictors make its cache's layers.
+    decoding: Option<(Llama, HashMap<String, tch::Tensor>)>,
 }
 
 impl Learned {
@@ -36,7 +45,31 @@ impl Learned {
                 mechanism.name()
             )));
         }
-        Ok(Learned { name: format!("{} ({})", mechanism.name(), ckpt.config.name), ckpt })
+        let name = format!("{} ({})", mechanism.name(), ckpt.config.name);
+        let mut learned = Learned { name, ckpt, decoding: None };
+        if mechanism == Mechanism::Expire && learned.ckpt.config.model.arch == lethe::config::Arch::Llama {
+            let params = learned.at_budget(0, 1).map_err(|e| at(path, &e))?.vs.variables();
+            let model = Llama::from_run(&learned.ckpt.config, &params).map_err(|e| at(path, &e))?;
+            learned.decoding = Some((model, params));
+        }
+        Ok(learned)
+    }
+
+    /// Expire-Span on a Llama: the decoder with the run's weights, which reads the caches
+    /// of [`Learned::cache_at`].
+    pub fn decoder(&self) -> Option<&Llama> {
+        self.decoding.as_ref().map(|(model, _)| model)
+    }
+
+    /// A fresh cache of the run's span predictors' layers (Expire-Span on a Llama),
+    /// holding at most `budget` entries a layer (0: as the spans say).
+    pub fn cache_at(&self, budget: i64) -> lethe::Result<KvCache> {
+        let Some((_, params)) = &self.decoding else {
+            return Err(lethe::LetheError::Invalid(format!("{}: not Expire-Span on a Llama-family model", self.name)));
+        };
+        let mut cfg = self.ckpt.config.clone();
+        cfg.memory.expire.budget = budget as usize;
+        Ok(KvCache::with_layers(lethe::model::kv::expire::layers(&cfg, params)?))
     }
 
     /// Whether a budget caps the run (Expire-Span), rather than its trained size.

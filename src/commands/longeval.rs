@@ -178,28 +178,46 @@ fn folder_safe(text: &str) -> String {
 }
 
 /// A learned run as a subject of the suite: Expire-Span capped at a budget (resolved
-/// against each length of the grid: a model per length) or uncapped, or an ∞-former.
-struct LearnedAt {
-    by_length: Vec<(usize, lethe::model::Lm)>,
+/// against each length of the grid) or uncapped, or an ∞-former.
+enum LearnedAt<'a> {
+    /// Expire-Span on a Llama, read through the decoding path `block` tokens at a time.
+    Decoding { run: &'a Learned, model: &'a Llama, budget: Option<Budget>, block: usize },
+    /// The run's training model, one per length.
+    Training(Vec<(usize, lethe::model::Lm)>),
 }
 
-impl LearnedAt {
-    fn new(run: &Learned, budget: Option<Budget>, block: usize, lengths: &[usize]) -> Result<LearnedAt> {
+impl<'a> LearnedAt<'a> {
+    fn new(run: &'a Learned, budget: Option<Budget>, block: usize, lengths: &[usize]) -> Result<LearnedAt<'a>> {
+        let entries =
+            |length: usize| budget.map(|b| b.entries(length as i64)).transpose().map(Option::unwrap_or_default);
+        if let Some(model) = run.decoder() {
+            lengths.iter().try_for_each(|&length| entries(length).map(drop))?;
+            return Ok(LearnedAt::Decoding { run, model, budget, block });
+        }
         let mut by_length = Vec::new();
         for &length in lengths {
-            let entries = budget.map(|b| b.entries(length as i64)).transpose()?.unwrap_or(0);
-            by_length.push((length, run.at_budget(entries, block)?));
+            by_length.push((length, run.at_budget(entries(length)?, block)?));
         }
-        Ok(LearnedAt { by_length })
+        Ok(LearnedAt::Training(by_length))
     }
 }
 
-impl Subject for LearnedAt {
+impl Subject for LearnedAt<'_> {
     fn read<'s>(&'s self, input: &[Token], length: usize) -> lethe::error::Result<Box<dyn Reader + 's>> {
-        let lm = self.by_length.iter().find(|(l, _)| *l == length).map(|(_, lm)| lm);
-        let lm =
-            lm.ok_or_else(|| lethe::error::LetheError::Invalid(format!("longeval: no model for length {length}")))?;
-        lm.read(input, length)
+        match self {
+            LearnedAt::Decoding { run, model, budget, block } => {
+                let entries = budget.map(|b| b.entries(length as i64)).transpose()?.unwrap_or(0);
+                let cache = run.cache_at(entries)?;
+                Ok(Box::new(lethe::generate::DecoderGenerator::new(model, cache, input, *block)?))
+            }
+            LearnedAt::Training(by_length) => {
+                let lm = by_length.iter().find(|(l, _)| *l == length).map(|(_, lm)| lm);
+                let lm = lm.ok_or_else(|| {
+                    lethe::error::LetheError::Invalid(format!("longeval: no model for length {length}"))
+                })?;
+                lm.read(input, length)
+            }
+        }
     }
 }
 

@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use crate::cli::{EvalArgs, GenerateArgs, TrainArgs};
 use crate::commands::decoder;
 use lethe::checkpoint::Checkpoint;
-use lethe::config::{Mechanism, Source, PRESETS};
+use lethe::config::{Arch, Mechanism, Source, PRESETS};
 use lethe::data::Split;
 use lethe::generate::Sampling;
 use lethe::model::Lm;
@@ -411,6 +411,21 @@ fn generate_from_run(
     let unit = if tokenizer.is_some() { "tokens" } else { "bytes" };
     let mut printer = Printer::new(a, tokenizer.as_ref());
     printer.prompt(&prompt, &ids)?;
-    lethe::generate::stream(&lm, &ids, a.bytes, sampling, prompt_progress(unit), |t| printer.token(t))?;
-    printer.finish()
+    let progress = prompt_progress(unit);
+    let cfg = &ckpt.config;
+    if (cfg.memory.mechanism, cfg.model.arch, device) != (Mechanism::Expire, Arch::Llama, tch::Device::Cpu) {
+        lethe::generate::stream(&lm, &ids, a.bytes, sampling, progress, |t| printer.token(t))?;
+        return printer.finish();
+    }
+    // Expire-Span on a Llama: its span predictors on the decoder's key-value cache, the
+    // prompt read in training blocks, then a token at a time.
+    let params = lm.vs.variables();
+    let model = lethe::model::llama::Llama::from_run(cfg, &params)?;
+    let mut cache = lethe::model::llama::KvCache::with_layers(lethe::model::kv::expire::layers(cfg, &params)?);
+    let prompt = (ids.as_slice(), cfg.train.block);
+    lethe::generate::stream_decoder_in(&model, &mut cache, prompt, a.bytes, sampling, progress, |t| printer.token(t))?;
+    printer.finish()?;
+    let most = cache.entries().into_iter().max().unwrap_or(0);
+    eprintln!("cache (expire): {most} entries a layer at most, {:.1} MiB", decoder::mib(cache.bytes()));
+    Ok(())
 }

@@ -519,12 +519,22 @@ pub fn evaluate_decoder_windows(
     context: usize,
     progress: impl FnMut(usize, usize),
 ) -> Result<DecoderEval> {
-    if context < 2 {
-        return Err(LetheError::Invalid(format!("a window of {context} token(s): each must hold at least 2")));
-    }
+    let fresh = || Ok(lethe_model::llama::KvCache::new(policy.clone()));
+    evaluate_decoder_windows_over(model, fresh, ids, block, context, progress)
+}
+
+/// [`evaluate_decoder_windows`] with each window read into the cache `fresh` makes (a
+/// learned policy's layers, [`lethe_model::llama::KvCache::with_layers`]).
+pub fn evaluate_decoder_windows_over(
+    model: &lethe_model::llama::Llama,
+    mut fresh: impl FnMut() -> Result<lethe_model::llama::KvCache>,
+    ids: &[lethe_data::Token],
+    block: usize,
+    context: usize,
+    progress: impl FnMut(usize, usize),
+) -> Result<DecoderEval> {
     in_windows(ids, context, block, progress, |window, progress| {
-        let mut cache = lethe_model::llama::KvCache::new(policy.clone());
-        evaluate_decoder(model, &mut cache, window, block, progress)
+        evaluate_decoder(model, &mut fresh()?, window, block, progress)
     })
 }
 

@@ -285,9 +285,23 @@ pub fn stream_decoder(
     count: usize,
     sampling: &Sampling,
     progress: impl FnMut(usize, usize),
+    emit: impl FnMut(Token) -> Result<()>,
+) -> Result<()> {
+    stream_decoder_in(model, cache, (prompt, PROMPT_BLOCK), count, sampling, progress, emit)
+}
+
+/// [`stream_decoder`] with the prompt read in blocks of `block` tokens (`(prompt,
+/// block)`): a learned policy's run reads its prompt in its training blocks.
+pub fn stream_decoder_in(
+    model: &Llama,
+    cache: &mut KvCache,
+    (prompt, block): (&[Token], usize),
+    count: usize,
+    sampling: &Sampling,
+    progress: impl FnMut(usize, usize),
     mut emit: impl FnMut(Token) -> Result<()>,
 ) -> Result<()> {
-    let mut g = DecoderGenerator::with_progress(model, std::mem::take(cache), prompt, PROMPT_BLOCK, progress)?;
+    let mut g = DecoderGenerator::with_progress(model, std::mem::take(cache), prompt, block, progress)?;
     let mut rng = Rng::new(sampling.seed);
     for i in 0..count {
         let next = choose(&g.logits, sampling, &mut rng);
