@@ -469,3 +469,20 @@ fn generation_from_an_expire_span_run_gives_the_training_models_ids() {
     let held: usize = said.split("cache (expire): ").nth(1).and_then(|s| s.split(' ').next()).unwrap().parse().unwrap();
     assert!(held < 30, "{held} entries held: {said}");
 }
+
+/// A run with a span predictor per key-value head started from a run with one a layer is
+/// refused in one line naming the parameter and the setting that shapes it.
+#[test]
+fn a_per_head_fit_from_a_shared_run_names_the_setting() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let sets = ["train.freeze_base=true", "memory.mechanism=\"expire\"", "memory.span=16"];
+    crate::common::cli::fine_tune_fixture(d, &fixture("smollm2"), "shared", &sets);
+    let mut args = vec!["train", "--init-from", "runs/shared", "--data", "text.txt", "--steps", "1", "--name", "heads"];
+    for s in sets.iter().chain(&["memory.expire.per_head=true", "train.block=8"]) {
+        args.extend(["--set", s]);
+    }
+    let out = crate::common::cli::lethe(d, &args);
+    crate::common::cli::fails_with(&out, &["layers.0.attn.expire.", "`memory.expire.per_head`"]);
+    assert!(!d.join("runs/heads/checkpoint.safetensors").exists(), "a refused run wrote a checkpoint");
+}

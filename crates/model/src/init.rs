@@ -145,6 +145,17 @@ pub fn load_fitting(lm: &Lm, from: &Path) -> Result<Loaded> {
     copy_parameters(lm, from, false)
 }
 
+/// The settings that give parameter `name` its shape, as an error names them.
+fn sized_by(name: &str) -> &'static str {
+    if name.contains(".expire.") {
+        "`memory.expire.per_head` (one span predictor a layer, or one per key-value head)"
+    } else if name.contains("lora") {
+        "`train.lora_rank`"
+    } else {
+        "the [model] sizes"
+    }
+}
+
 fn copy_parameters(lm: &Lm, from: &Path, strict: bool) -> Result<Loaded> {
     let source = Source::open(from)?;
     let saved = source.parameters()?;
@@ -161,9 +172,10 @@ fn copy_parameters(lm: &Lm, from: &Path, strict: bool) -> Result<Loaded> {
                 continue;
             }
             let why = format!(
-                "parameter `{name}` has shape {:?}, this model's has {:?}: the [model] sizes must be the source's",
+                "parameter `{name}` has shape {:?}, this model's has {:?}: {} must be the source's",
                 t.size(),
-                var.size()
+                var.size(),
+                sized_by(&name)
             );
             return Err(LetheError::checkpoint(source.path(), why));
         }

@@ -26,7 +26,7 @@ use std::collections::HashMap;
 use tch::{Kind, Tensor};
 
 use super::{top, Chunk, Held, LayerPolicy};
-use crate::memory::expire::{soft_mask, within_budget};
+use crate::memory::expire::{soft_mask, spans_of_scores, within_budget};
 use lethe_core::config::{Arch, Config, ExpireConfig, Mechanism};
 use lethe_core::error::{LetheError, Result};
 
@@ -56,10 +56,9 @@ impl ExpireLayer {
 
     /// The spans `(b, 1 or g, t)` of entries written from `x` `(b, t, d)`.
     fn spans_of(&self, x: &Tensor) -> Tensor {
-        let logit = (x.matmul(&self.w) + &self.b) / self.cfg.pre_div; // (b, t) or (b, t, g)
-        let spans = logit.sigmoid() * self.max_span;
+        let spans = spans_of_scores(&x.matmul(&self.w), &self.b, self.max_span, &self.cfg); // (b, t) or (b, g, t)
         let spans = match spans.dim() {
-            3 => spans.permute([0, 2, 1]),
+            3 => spans,
             _ => spans.unsqueeze(1),
         };
         match self.cfg.inference_cap {

@@ -111,6 +111,20 @@ fn memory_spans(spans: &Tensor) -> Tensor {
     }
 }
 
+/// Spans of a predictor's scores `x w` (Eq. 3): `L sigmoid((x w + b) / pre_div)`, or as
+/// the official code, `L sigmoid(x w / pre_div + b)`, at the largest span `L =
+/// max_span`. Scores `(b, n)` give spans `(b, n)`; per key-value head, scores
+/// `(b, n, g)` give `(b, g, n)`.
+pub(crate) fn spans_of_scores(scores: &Tensor, b: &Tensor, max_span: f64, cfg: &ExpireConfig) -> Tensor {
+    let b = b.to_kind(scores.kind());
+    let logit = if cfg.as_official { scores / cfg.pre_div + b } else { (scores + b) / cfg.pre_div };
+    let spans = logit.sigmoid() * max_span;
+    match scores.dim() {
+        3 => spans.permute([0, 2, 1]), // (b, g, n)
+        _ => spans,                    // (b, n)
+    }
+}
+
 /// Of the memories `kept` `(b, n)`, at most `budget` a stream: those with the most
 /// `remaining` span `(b, n)`, the soonest to expire deleted first (`memory.expire.budget`).
 pub(crate) fn within_budget(kept: &Tensor, remaining: &Tensor, budget: i64) -> Tensor {
@@ -293,17 +307,9 @@ impl ExpireSpan {
         self.w.to_kind(kind)
     }
 
-    /// Spans of the scores `states w`: `L sigmoid((states w + b) / pre_div)`, or as the
-    /// official code, `L sigmoid(states w / pre_div + b)`. Scores `(b, n)` give spans
-    /// `(b, n)`; per key-value head, scores `(b, n, g)` give `(b, g, n)`.
+    /// Spans of the scores `states w` ([`spans_of_scores`]).
     fn spans_of_scores(&self, scores: &Tensor) -> Tensor {
-        let b = self.b.to_kind(scores.kind());
-        let logit = if self.cfg.as_official { scores / self.cfg.pre_div + b } else { (scores + b) / self.cfg.pre_div };
-        let spans = logit.sigmoid() * self.max_span;
-        match scores.dim() {
-            3 => spans.permute([0, 2, 1]), // (b, g, n)
-            _ => spans,                    // (b, n)
-        }
+        spans_of_scores(scores, &self.b, self.max_span, &self.cfg)
     }
 
     /// Keys and values `(b, h, n, dh)` of `[cache, block]` and the predictor's scores,
