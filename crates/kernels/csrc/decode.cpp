@@ -71,7 +71,7 @@ at::Tensor gemv(const at::Tensor& w_in, const at::Tensor& x_in, const at::Tensor
 // context (b, kv, g, hd). Keys and values are read once, in chunks of rows spread over
 // the threads; each chunk's share of the context is summed in chunk order.
 std::pair<at::Tensor, at::Tensor> attend(const at::Tensor& q_in, const at::Tensor& keys, const at::Tensor& values,
-                                         double scale) {
+                                         const at::Tensor* bias, double scale) {
   TORCH_CHECK(q_in.dim() == 4 && keys.dim() == 4 && values.sizes() == keys.sizes() && q_in.size(0) == keys.size(0) &&
                   q_in.size(1) == keys.size(1) && q_in.size(3) == keys.size(3),
               "decode attention: queries (b, kv, g, hd) over keys and values (b, kv, n, hd), got ", q_in.sizes(), " and ",
@@ -106,7 +106,14 @@ std::pair<at::Tensor, at::Tensor> attend(const at::Tensor& q_in, const at::Tenso
                               wp + bh * g * n + r0, n);
     }
   });
-  // libtorch's softmax: vectorised exponentials, rows over the threads.
+  // A policy's bias on the scores (b, 1 or kv, 1, n), then libtorch's softmax:
+  // vectorised exponentials, rows over the threads.
+  if (bias != nullptr) {
+    TORCH_CHECK(bias->dim() == 4 && bias->size(0) == b && (bias->size(1) == 1 || bias->size(1) == kv) &&
+                    bias->size(2) == 1 && bias->size(3) == n && bias->scalar_type() == at::kFloat,
+                "decode attention: a bias (b, 1 or kv, 1, n) in float32 for ", weights.sizes(), ", got ", bias->sizes());
+    weights.add_(*bias);
+  }
   weights = weights.softmax(-1);
   wp = weights.data_ptr<float>();
   // The context: each chunk of values weighted into its own partial sum.
@@ -160,12 +167,12 @@ int lethe_decode_linear(void* x, void* w, void* bias, void** out, char** error) 
   });
 }
 
-// One token's attention over the cache: writes the context and the weights to `out`
-// (two new `at::Tensor*`).
-int lethe_decode_attention(void* q, void* keys, void* values, double scale, void** out, char** error) {
+// One token's attention over the cache, a bias (may be null) on its scores: writes the
+// context and the weights to `out` (two new `at::Tensor*`).
+int lethe_decode_attention(void* q, void* keys, void* values, void* bias, double scale, void** out, char** error) {
   return lethe::guarded(error, [&] {
     auto [context, weights] = attend(*static_cast<at::Tensor*>(q), *static_cast<at::Tensor*>(keys),
-                                     *static_cast<at::Tensor*>(values), scale);
+                                     *static_cast<at::Tensor*>(values), static_cast<at::Tensor*>(bias), scale);
     out[0] = new at::Tensor(context);
     out[1] = new at::Tensor(weights);
   });

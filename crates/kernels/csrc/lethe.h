@@ -109,10 +109,10 @@ int lethe_expectation(lethe_tensor mu, lethe_tensor var, lethe_tensor centres, l
 int lethe_decode_linear(lethe_tensor x, lethe_tensor w, lethe_tensor bias, lethe_tensor* out, char** error);
 
 // One token's attention: queries q (b, kv, g, hd) over keys and values (b, kv, n, hd)
-// held in place; writes the context (b, kv, g, hd) and the weights (b, kv, g, n) to out[0]
-// and out[1].
-int lethe_decode_attention(lethe_tensor q, lethe_tensor keys, lethe_tensor values, double scale, lethe_tensor* out,
-                           char** error);
+// held in place, with `bias` (b, 1 or kv, 1, n; may be null) added to the scaled scores;
+// writes the context (b, kv, g, hd) and the weights (b, kv, g, n) to out[0] and out[1].
+int lethe_decode_attention(lethe_tensor q, lethe_tensor keys, lethe_tensor values, lethe_tensor bias, double scale,
+                           lethe_tensor* out, char** error);
 
 // The sum of a float32 tensor's values, read once as a stream per thread (the read-rate
 // probe); writes it to `sum`.

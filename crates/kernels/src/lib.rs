@@ -170,6 +170,7 @@ extern "C" {
         q: RawTensor,
         keys: RawTensor,
         values: RawTensor,
+        bias: RawTensor,
         scale: f64,
         out: *mut RawTensor,
         error: *mut *mut c_char,

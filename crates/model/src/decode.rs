@@ -36,14 +36,21 @@ pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
 
 /// One token's attention: queries `q` `(b, kv_heads, group, hd)` over `keys` and
 /// `values` `(b, kv_heads, n, hd)` read where the cache holds them (each head's rows
-/// contiguous). Returns the context `(b, kv_heads, group, hd)` and the weights
-/// `softmax(q k^T scale)` `(b, kv_heads, group, n)`.
-pub fn attention(q: &Tensor, keys: &Tensor, values: &Tensor, scale: f64) -> Result<(Tensor, Tensor)> {
+/// contiguous), a policy's `bias` `(b, 1 or kv_heads, 1, n)` added to the scores when
+/// given. Returns the context `(b, kv_heads, group, hd)` and the weights
+/// `softmax(q k^T scale + bias)` `(b, kv_heads, group, n)`.
+pub fn attention(
+    q: &Tensor,
+    keys: &Tensor,
+    values: &Tensor,
+    bias: Option<&Tensor>,
+    scale: f64,
+) -> Result<(Tensor, Tensor)> {
     let mut out: [*mut c_void; 2] = [std::ptr::null_mut(); 2];
     // SAFETY: the tensors are live `at::Tensor*` for the call, read only; on success the
     // function writes two new `at::Tensor*` to `out`.
     lethe_kernels::call("the decode attention", |error| unsafe {
-        lethe_decode_attention(raw(q), raw(keys), raw(values), scale, out.as_mut_ptr(), error)
+        lethe_decode_attention(raw(q), raw(keys), raw(values), raw_or_null(bias), scale, out.as_mut_ptr(), error)
     })?;
     // SAFETY: see above; each pointer is taken over once.
     Ok(unsafe { (lethe_kernels::tensor(out[0]), lethe_kernels::tensor(out[1])) })
@@ -92,22 +99,40 @@ mod tests {
 
     /// Against the attention written out in libtorch, over keys and values that are the
     /// first rows of larger buffers (as the cache holds them), for lengths around the
-    /// kernel's chunks of 256 rows.
+    /// kernel's chunks of 256 rows; without a bias, and with one for every key-value head
+    /// or one a head, a share of its entries at minus infinity (a policy's `ln m`).
     #[test]
     fn its_attention_equals_the_written_out_one() {
         let _seed = lethe_core::rng::seed_torch(1);
+        let opts = (Kind::Float, Device::Cpu);
         for n in [1, 255, 257, 700] {
-            let opts = (Kind::Float, Device::Cpu);
             let q = Tensor::randn([2, 3, 3, 64], opts);
             let (kb, vb) = (Tensor::randn([2, 3, n + 40, 64], opts), Tensor::randn([2, 3, n + 40, 64], opts));
             let (k, v) = (kb.narrow(2, 0, n), vb.narrow(2, 0, n));
-            let (context, weights) = attention(&q, &k, &v, 0.125).unwrap();
-            let want_w = (q.matmul(&k.transpose(-2, -1)) * 0.125).softmax(-1, Kind::Float);
-            let want_c = want_w.matmul(&v);
-            let gap = |a: &Tensor, b: &Tensor| (a - b).abs().max().double_value(&[]);
-            assert!(gap(&weights, &want_w) < 1e-6, "n = {n}: weights differ by {:.2e}", gap(&weights, &want_w));
-            assert!(gap(&context, &want_c) < 1e-5, "n = {n}: context differs by {:.2e}", gap(&context, &want_c));
+            let biased = |heads: i64| {
+                let bias = Tensor::rand([2, heads, 1, n], opts).log();
+                // The last entry always seen, as a token's own is.
+                bias.masked_fill(&Tensor::rand([2, heads, 1, n], opts).lt(0.3), f64::NEG_INFINITY).index_fill(
+                    3,
+                    &Tensor::from_slice(&[n - 1]),
+                    0.0,
+                )
+            };
+            for bias in [None, Some(biased(1)), Some(biased(3))] {
+                let (context, weights) = attention(&q, &k, &v, bias.as_ref(), 0.125).unwrap();
+                let scores = q.matmul(&k.transpose(-2, -1)) * 0.125;
+                let want_w = bias.as_ref().map_or(scores.shallow_clone(), |b| &scores + b).softmax(-1, Kind::Float);
+                let want_c = want_w.matmul(&v);
+                let gap = |a: &Tensor, b: &Tensor| (a - b).abs().max().double_value(&[]);
+                let case = format!("n = {n}, bias {:?}", bias.as_ref().map(Tensor::size));
+                assert!(gap(&weights, &want_w) < 1e-6, "{case}: weights differ by {:.2e}", gap(&weights, &want_w));
+                assert!(gap(&context, &want_c) < 1e-5, "{case}: context differs by {:.2e}", gap(&context, &want_c));
+            }
         }
+        let q = Tensor::randn([1, 2, 2, 8], opts);
+        let k = Tensor::randn([1, 2, 5, 8], opts);
+        let e = attention(&q, &k, &k, Some(&Tensor::zeros([1, 2, 1, 4], opts)), 1.0).unwrap_err().to_string();
+        assert!(e.contains("a bias (b, 1 or kv, 1, n)"), "{e}");
     }
 
     #[test]

@@ -547,8 +547,8 @@ impl Llama {
     /// Attention of `q` `(b, heads, t, hd)` over `keys` (as held, rotated for the
     /// queries) with the weights written out `(b, heads, t, n)`: the queries of a
     /// key-value head's group side by side, so that keys and values are read in place;
-    /// one token's by the decode kernel ([`crate::decode::attention`]) unless a policy's
-    /// `bias` `(b, 1 or kv_heads, t, n)` joins the scores. Returns the context
+    /// one token's by the decode kernel ([`crate::decode::attention`]); a policy's `bias`
+    /// `(b, 1 or kv_heads, t, n)` joins the scores. Returns the context
     /// `(b, heads, t, hd)` and the weights.
     fn explicit_attention(
         &self,
@@ -563,9 +563,9 @@ impl Llama {
         let (b, h, t, hd) = q.size4().expect("(b, h, t, hd)");
         let (kvh, n) = (c.kv_heads, held.len());
         let group = h / kvh;
-        if t == 1 && c.sliding_window.is_none() && q.device() == tch::Device::Cpu && bias.is_none() {
+        if t == 1 && c.sliding_window.is_none() && q.device() == tch::Device::Cpu {
             let q = q.reshape([b, kvh, group, hd]);
-            if let Ok((context, weights)) = crate::decode::attention(&q, keys, &held.values, scale) {
+            if let Ok((context, weights)) = crate::decode::attention(&q, keys, &held.values, bias, scale) {
                 return (context.view([b, h, 1, hd]), weights.view([b, h, 1, n]));
             }
         }
