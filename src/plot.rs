@@ -152,9 +152,12 @@ fn fonts() -> std::sync::Arc<resvg::usvg::fontdb::Database> {
         .clone()
 }
 
+/// The colours of [`colour`]'s palette.
+const PALETTE_LEN: usize = 8;
+
 /// The colour of the `i`-th run (a qualitative palette that prints and reads apart).
 pub fn colour(i: usize) -> RGBColor {
-    const PALETTE: [RGBColor; 8] = [
+    const PALETTE: [RGBColor; PALETTE_LEN] = [
         RGBColor(31, 119, 180),
         RGBColor(214, 39, 40),
         RGBColor(44, 160, 44),
@@ -321,13 +324,20 @@ where
         mesh.y_label_formatter(&y_tick);
     }
     mesh.draw()?;
-    for s in series {
+    // Past the palette's eight colours the series' dots turn to triangles, so that two
+    // series of one colour still read apart.
+    for (i, s) in series.iter().enumerate() {
         let c = s.colour;
         chart.draw_series(LineSeries::new(s.means.iter().copied(), c.stroke_width(2)))?;
-        chart
-            .draw_series(s.points.iter().map(|&p| Circle::new(p, 5, c.filled())))?
-            .label(s.name.clone())
-            .legend(move |(x, y)| Circle::new((x + 10, y), 5, c.filled()));
+        let triangles = !(i / PALETTE_LEN).is_multiple_of(2);
+        let dots = match triangles {
+            false => chart.draw_series(s.points.iter().map(|&p| Circle::new(p, 5, c.filled())))?,
+            true => chart.draw_series(s.points.iter().map(|&p| TriangleMarker::new(p, 7, c.filled())))?,
+        };
+        dots.label(s.name.clone()).legend(move |(x, y)| match triangles {
+            true => TriangleMarker::new((x + 10, y), 7, c.filled()).into_dyn(),
+            false => Circle::new((x + 10, y), 5, c.filled()).into_dyn(),
+        });
     }
     chart
         .configure_series_labels()
