@@ -97,6 +97,9 @@ pub fn footprint_parts(config: &Config) -> Vec<Part> {
         _ => config.memory.span.max(config.train.block),
     };
     let (batch, block) = (config.train.batch as f64, config.train.block.min(span) as f64);
+    // Every stream keeps its memory through the step; a micro-batch's streams
+    // (`train.accum`) hold their attention and activations at a time.
+    let micro = (config.train.batch / config.train.accum.max(1)) as f64;
     let reach = span as f64 + block;
     let rows = memory::position_rows(&config.memory, config.train.block) as f64;
     let f32s = |n: f64| 4.0 * n;
@@ -106,7 +109,12 @@ pub fn footprint_parts(config: &Config) -> Vec<Part> {
         format!("model.d_ffn = {}", m.d_ffn),
         format!("train.batch = {}", config.train.batch),
     );
-    // Parameters, their gradients and two Adam moments: four copies.
+    let micro_streams = match config.train.accum {
+        1 => streams.clone(),
+        accum => format!("train.batch = {} / train.accum = {accum}", config.train.batch),
+    };
+    // Parameters, their gradients and two Adam moments: four copies; one of frozen
+    // pretrained weights (`train.freeze_base`).
     let positions = match m.arch {
         lethe_core::config::Arch::Lethe => Part {
             bytes: 4.0 * f32s(rows * d / m.heads as f64),
@@ -118,29 +126,34 @@ pub fn footprint_parts(config: &Config) -> Vec<Part> {
         },
         lethe_core::config::Arch::Llama => Part { bytes: 0.0, what: "rotary positions (no table)".to_string() },
     };
+    let copies = if config.train.freeze_base { 1.0 } else { 4.0 };
     let cache = f32s(l * batch * reach * d);
-    let attention = 3.0 * f32s(l * batch * m.heads as f64 * block * reach);
+    let attention = 3.0 * f32s(l * micro * m.heads as f64 * block * reach);
     vec![
         positions,
         Part {
-            bytes: cache + attention,
+            bytes: cache,
+            what: format!("the memory held (memory.span = {} x {streams} x {layers}, {width})", config.memory.span),
+        },
+        Part {
+            bytes: attention,
             what: format!(
-                "the memory and its attention (memory.span = {} x {streams} x {layers}, {width})",
-                config.memory.span
+                "the memory's attention (memory.span = {} x {micro_streams} x {layers}, model.heads = {})",
+                config.memory.span, m.heads
             ),
         },
         Part {
-            bytes: 4.0 * f32s(2.0 * m.vocab as f64 * d),
+            bytes: copies * f32s(2.0 * m.vocab as f64 * d),
             what: format!("the embeddings (model.vocab = {} x {width})", m.vocab),
         },
         Part {
-            bytes: 4.0 * f32s(l * (4.0 * d * d + 2.0 * d * m.d_ffn as f64)),
+            bytes: copies * f32s(l * (4.0 * d * d + 2.0 * d * m.d_ffn as f64)),
             what: format!("the layers' weights ({layers} x {width}, {ffn})"),
         },
         Part {
-            bytes: f32s(l * batch * block * (10.0 * d + 2.0 * m.d_ffn as f64)),
+            bytes: f32s(l * micro * block * (10.0 * d + 2.0 * m.d_ffn as f64)),
             what: format!(
-                "the activations ({streams} x train.block = {} x {layers}, {width}, {ffn})",
+                "the activations ({micro_streams} x train.block = {} x {layers}, {width}, {ffn})",
                 config.train.block
             ),
         },
@@ -319,6 +332,28 @@ mod tests {
             "{err}"
         );
         assert!(fits_within(footprint_parts(&c), need * 1.01).is_ok());
+    }
+
+    /// Micro-batches (`train.accum`) shrink the attention and the activations, which a
+    /// micro-batch holds at a time, not the memory every stream keeps: the SmolLM2 preset,
+    /// refused on 24 GB at its batch of 4, fits in micro-batches of 1.
+    #[test]
+    fn micro_batches_shrink_the_attention_not_the_memory_held() {
+        let whole = Config::preset("smollm2-135m-expire").unwrap();
+        let mut micro = whole.clone();
+        micro.train.accum = 4;
+        micro.validate().unwrap();
+        let part = |c: &Config, what: &str| {
+            footprint_parts(c).into_iter().find(|p| p.what.starts_with(what)).map(|p| p.bytes).unwrap()
+        };
+        assert_eq!(part(&whole, "the memory held"), part(&micro, "the memory held"));
+        for what in ["the memory's attention", "the activations"] {
+            assert!((part(&whole, what) / part(&micro, what) - 4.0).abs() < 1e-9, "{what}");
+        }
+        let gib = f64::from(1u32 << 30);
+        assert!(footprint(&whole) > 24.0 * gib && footprint(&micro) < 16.0 * gib);
+        let err = fits_within(footprint_parts(&micro), gib).unwrap_err().to_string();
+        assert!(err.contains("train.batch = 4 / train.accum = 4"), "{err}");
     }
 
     fn parameters(init: Init, pre_norm: bool) -> std::collections::HashMap<String, Tensor> {
