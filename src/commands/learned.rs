@@ -24,17 +24,20 @@ pub(crate) struct Learned {
 
 impl Learned {
     /// The run at `path`, refused unless it is an Expire-Span model or an ∞-former that
-    /// reads `text` as the ids `ids` (the folder's tokenizer).
+    /// reads `text` as the ids `ids` (the folder's tokenizer), ready to be scored (an
+    /// Expire-Span Llama through the decoding path).
     pub fn load(path: &std::path::Path, text: &str, ids: &[lethe::data::Token]) -> Result<Learned> {
-        let learned = Learned::open(path)?;
+        let mut learned = Learned::open(path)?;
         let own = super::decoder::run_ids(&learned.ckpt, text).map_err(|e| at(path, &e))?;
         if !own.starts_with(ids) {
             return Err(at(path, &"reads the text as other ids than the folder's tokenizer.json: a run compared with the folder must share its tokenizer"));
         }
+        learned.build_decoder().map_err(|e| at(path, &e))?;
         Ok(learned)
     }
 
-    /// The run at `path`, refused unless it is an Expire-Span model or an ∞-former.
+    /// The run at `path`, refused unless it is an Expire-Span model or an ∞-former; its
+    /// decoder not built (`lethe bench` builds its own per case).
     pub fn open(path: &std::path::Path) -> Result<Learned> {
         use lethe::config::Mechanism;
         let ckpt = lethe::checkpoint::Checkpoint::load(path).map_err(|e| at(path, &e))?;
@@ -45,14 +48,18 @@ impl Learned {
                 mechanism.name()
             )));
         }
-        let name = format!("{} ({})", mechanism.name(), ckpt.config.name);
-        let mut learned = Learned { name, ckpt, decoding: None };
-        if mechanism == Mechanism::Expire && learned.ckpt.config.model.arch == lethe::config::Arch::Llama {
-            let params = learned.at_budget(0, 1).map_err(|e| at(path, &e))?.vs.variables();
-            let model = Llama::from_run(&learned.ckpt.config, &params).map_err(|e| at(path, &e))?;
-            learned.decoding = Some((model, params));
+        Ok(Learned { name: format!("{} ({})", mechanism.name(), ckpt.config.name), ckpt, decoding: None })
+    }
+
+    /// Expire-Span on a Llama: builds the decoder with the run's weights, through which
+    /// [`Learned::decoder`] and [`Learned::cache_at`] read it (other runs: nothing).
+    fn build_decoder(&mut self) -> Result<()> {
+        let cfg = &self.ckpt.config;
+        if cfg.memory.mechanism == lethe::config::Mechanism::Expire && cfg.model.arch == lethe::config::Arch::Llama {
+            let params = self.at_budget(0, 1)?.vs.variables();
+            self.decoding = Some((Llama::from_run(&self.ckpt.config, &params)?, params));
         }
-        Ok(learned)
+        Ok(())
     }
 
     /// Expire-Span on a Llama: the decoder with the run's weights, which reads the caches
