@@ -10,7 +10,6 @@
 //! held) and the share of the read rate its decode speed reaches. Under a fixed budget
 //! the bytes read per token, and so the decode time, do not grow with the context.
 
-use std::collections::HashMap;
 use std::time::Instant;
 
 use serde::Serialize;
@@ -21,7 +20,7 @@ use crate::error::Result;
 use crate::generate::{Generator, Sampling};
 use crate::metrics::{peak_rss_bytes, reset_peak_rss};
 use crate::model::kv::{Budget, Policy};
-use crate::model::llama::{KvCache, Llama};
+use crate::model::llama::{ExpireRun, KvCache, Llama};
 use crate::model::Lm;
 
 /// Tokens the prompt is read in at a time, as `lethe generate` reads it.
@@ -95,8 +94,8 @@ pub struct LearnedCase<'a> {
     pub name: String,
     pub lm: &'a Lm,
     pub context: usize,
-    /// The decoding path's model and the run's parameters, where it reads the run.
-    decoding: Option<(Llama, HashMap<String, Tensor>)>,
+    /// The decoding path's model and span predictors, where it reads the run.
+    decoding: Option<ExpireRun>,
 }
 
 impl<'a> LearnedCase<'a> {
@@ -104,10 +103,7 @@ impl<'a> LearnedCase<'a> {
     pub fn new(name: String, lm: &'a Lm, context: usize) -> Result<LearnedCase<'a>> {
         let cfg = &lm.config;
         let decoding = match (cfg.memory.mechanism, cfg.model.arch) {
-            (Mechanism::Expire, Arch::Llama) => {
-                let params = lm.vs.variables();
-                Some((Llama::from_run(cfg, &params)?, params))
-            }
+            (Mechanism::Expire, Arch::Llama) => Some(ExpireRun::new(cfg, &lm.vs.variables())?),
             _ => None,
         };
         Ok(LearnedCase { name, lm, context, decoding })
@@ -163,9 +159,8 @@ fn weight_bytes(lm: &Lm) -> usize {
 /// [`measure`] for a learned run: the read rate, then one prompt of the case's length and
 /// `decode` tokens, greedy, through [`Generator`].
 fn measure_learned(case: &LearnedCase, decode: usize, seed: i64) -> Result<Sample> {
-    if let Some((model, params)) = &case.decoding {
-        let cache = || Ok(KvCache::with_layers(crate::model::kv::expire::layers(&case.lm.config, params)?));
-        return measure(model, cache, case.context, decode, seed);
+    if let Some(run) = &case.decoding {
+        return measure(run.decoder(), || run.cache(), case.context, decode, seed);
     }
     let rate = read_rate()?;
     let vocab = case.lm.config.model.vocab as u64;

@@ -6,10 +6,8 @@
 //! the key-value cache (`lethe::model::kv::expire`: the training model's logits, faster);
 //! the ∞-former through its training model.
 
-use std::collections::HashMap;
-
 use anyhow::Result;
-use lethe::model::llama::{KvCache, Llama};
+use lethe::model::llama::{ExpireRun, KvCache, Llama};
 
 /// A run of `--learned`: an Expire-Span model, scored at every budget of a sweep and
 /// uncapped, or an ∞-former, whose memory has the size it was trained with (its window
@@ -18,8 +16,8 @@ pub(crate) struct Learned {
     pub name: String,
     pub ckpt: lethe::checkpoint::Checkpoint,
     /// Expire-Span on a Llama: the decoder with the run's weights (adapters folded) and
-    /// the run's parameters, whose span predictors make its cache's layers.
-    decoding: Option<(Llama, HashMap<String, tch::Tensor>)>,
+    /// its span predictors, which make its caches' layers.
+    decoding: Option<ExpireRun>,
 }
 
 impl Learned {
@@ -57,7 +55,7 @@ impl Learned {
         let cfg = &self.ckpt.config;
         if cfg.memory.mechanism == lethe::config::Mechanism::Expire && cfg.model.arch == lethe::config::Arch::Llama {
             let params = self.at_budget(0, 1)?.vs.variables();
-            self.decoding = Some((Llama::from_run(&self.ckpt.config, &params)?, params));
+            self.decoding = Some(ExpireRun::new(&self.ckpt.config, &params)?);
         }
         Ok(())
     }
@@ -65,18 +63,16 @@ impl Learned {
     /// Expire-Span on a Llama: the decoder with the run's weights, which reads the caches
     /// of [`Learned::cache_at`].
     pub fn decoder(&self) -> Option<&Llama> {
-        self.decoding.as_ref().map(|(model, _)| model)
+        self.decoding.as_ref().map(ExpireRun::decoder)
     }
 
     /// A fresh cache of the run's span predictors' layers (Expire-Span on a Llama),
     /// holding at most `budget` entries a layer (0: as the spans say).
     pub fn cache_at(&self, budget: i64) -> lethe::Result<KvCache> {
-        let Some((_, params)) = &self.decoding else {
-            return Err(lethe::LetheError::Invalid(format!("{}: not Expire-Span on a Llama-family model", self.name)));
-        };
-        let mut cfg = self.ckpt.config.clone();
-        cfg.memory.expire.budget = budget as usize;
-        Ok(KvCache::with_layers(lethe::model::kv::expire::layers(&cfg, params)?))
+        match &self.decoding {
+            Some(run) => run.cache_at(budget as usize),
+            None => Err(lethe::LetheError::Invalid(format!("{}: not Expire-Span on a Llama-family model", self.name))),
+        }
     }
 
     /// Whether a budget caps the run (Expire-Span), rather than its trained size.

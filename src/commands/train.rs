@@ -419,11 +419,12 @@ fn generate_from_run(
     }
     // Expire-Span on a Llama: its span predictors on the decoder's key-value cache, the
     // prompt read in training blocks, then a token at a time.
-    let params = lm.vs.variables();
-    let model = lethe::model::llama::Llama::from_run(cfg, &params)?;
-    let mut cache = lethe::model::llama::KvCache::with_layers(lethe::model::kv::expire::layers(cfg, &params)?);
+    let run = lethe::model::llama::ExpireRun::new(cfg, &lm.vs.variables())?;
+    let mut cache = run.cache()?;
     let prompt = (ids.as_slice(), cfg.train.block);
-    lethe::generate::stream_decoder_in(&model, &mut cache, prompt, a.bytes, sampling, progress, |t| printer.token(t))?;
+    lethe::generate::stream_decoder_in(run.decoder(), &mut cache, prompt, a.bytes, sampling, progress, |t| {
+        printer.token(t)
+    })?;
     printer.finish()?;
     let most = cache.entries().into_iter().max().unwrap_or(0);
     eprintln!("cache (expire): {most} entries a layer at most, {:.1} MiB", decoder::mib(cache.bytes()));

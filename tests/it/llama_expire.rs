@@ -9,6 +9,7 @@
 use crate::common::llama::{expected, fixture, gap};
 
 use lethe::config::{Arch, Config, Deletion, Mechanism};
+use lethe::model::llama::ExpireRun;
 use lethe::model::{init, Lm};
 use tch::{Device, Tensor};
 
@@ -368,14 +369,12 @@ fn a_frozen_llama_learns_spans_that_keep_the_answers_and_expire_the_rest() {
     assert!(fitted.mem_size[1] < 24.0, "the upper layer kept {} memories, the distance is 24-32", fitted.mem_size[1]);
 }
 
-/// The logits of `ids` `(b, t)` through the decoding path (`Llama::from_run` with the
-/// run's Expire-Span layers over its key-value cache), read in chunks of `first` tokens
-/// and then one at a time, and the entries each layer held at the end.
+/// The logits of `ids` `(b, t)` through the decoding path (`ExpireRun`: the run's
+/// decoder with its Expire-Span layers over the key-value cache), read in chunks of
+/// `first` tokens and then one at a time, and the entries each layer held at the end.
 fn decoded(lm: &Lm, ids: &Tensor, first: i64) -> (Tensor, Vec<i64>) {
-    let params = lm.vs.variables();
-    let llama = lethe::model::llama::Llama::from_run(&lm.config, &params).unwrap();
-    let mut cache =
-        lethe::model::llama::KvCache::with_layers(lethe::model::kv::expire::layers(&lm.config, &params).unwrap());
+    let run = ExpireRun::new(&lm.config, &lm.vs.variables()).unwrap();
+    let (llama, mut cache) = (run.decoder(), run.cache().unwrap());
     let t = ids.size()[1];
     let mut parts = vec![llama.forward(&ids.narrow(1, 0, first), &mut cache)];
     parts.extend((first..t).map(|s| llama.forward(&ids.narrow(1, s, 1), &mut cache)));
@@ -412,6 +411,32 @@ fn the_decoding_path_reads_expire_span_as_the_training_model_does() {
     }
 }
 
+/// `ExpireRun` caps a cache at the budget asked (`cache_at`) where the run's own cache
+/// holds more, and refuses a run without Expire-Span in one line naming its memory.
+#[test]
+fn an_expire_run_caps_on_request_and_refuses_other_memories() {
+    let _seed = lethe::rng::seed_torch(7);
+    let cfg = small_llama_with_expire(2);
+    let lm = Lm::new(&cfg, Device::Cpu).unwrap();
+    crate::common::randomise(&lm.vs, 17, 1.0, |name| name.ends_with("expire.w"));
+    let run = ExpireRun::new(&cfg, &lm.vs.variables()).unwrap();
+    let ids = crate::common::random_tokens(3, 20, &[1, 12]);
+    let most_held = |mut cache: lethe::model::llama::KvCache| {
+        for s in 0..12 {
+            let _ = run.decoder().forward(&ids.narrow(1, s, 1), &mut cache);
+        }
+        cache.entries().into_iter().max().unwrap()
+    };
+    let (own, capped) = (most_held(run.cache().unwrap()), most_held(run.cache_at(3).unwrap()));
+    assert!(own > 3, "the run's own cache held {own} entries at most: the cap would change nothing");
+    assert_eq!(capped, 3, "capped at 3, the cache held {capped} entries at most");
+    let mut fixed = cfg.clone();
+    fixed.memory.mechanism = Mechanism::Fixed;
+    let lm = Lm::new(&fixed, Device::Cpu).unwrap();
+    let err = ExpireRun::new(&fixed, &lm.vs.variables()).err().expect("a run without Expire-Span was read").to_string();
+    assert!(err.contains("memory.mechanism = \"fixed\"") && !err.contains('\n'), "{err}");
+}
+
 /// `lethe eval --learned` scores Expire-Span on a Llama through the decoding path: the
 /// figures of the training model read in windows token by token (deletion per stream,
 /// a budget applied after each token on both sides), with the same entries held.
@@ -427,13 +452,9 @@ fn scoring_through_the_decoding_path_gives_the_training_models_figures() {
         crate::common::randomise(&lm.vs, 17, 1.0, |name| name.ends_with("expire.w"));
         let ids: Vec<lethe::data::Token> = (0..50).map(|i| ((i * 37 + 11) % 251) as lethe::data::Token).collect();
         let want = lethe::eval::evaluate_run_windows(&lm, &ids, 1, 20, |_, _| {}).unwrap();
-        let params = lm.vs.variables();
-        let llama = lethe::model::llama::Llama::from_run(&cfg, &params).unwrap();
-        let fresh = || {
-            let layers = lethe::model::kv::expire::layers(&cfg, &params)?;
-            Ok(lethe::model::llama::KvCache::with_layers(layers))
-        };
-        let got = lethe::eval::evaluate_decoder_windows_over(&llama, fresh, &ids, 1, 20, |_, _| {}).unwrap();
+        let run = ExpireRun::new(&cfg, &lm.vs.variables()).unwrap();
+        let got =
+            lethe::eval::evaluate_decoder_windows_over(run.decoder(), || run.cache(), &ids, 1, 20, |_, _| {}).unwrap();
         let case = format!("per head {per_head}, budget {budget}");
         assert!((want.loss - got.loss).abs() < 1e-5, "{case}: loss {} against {}", got.loss, want.loss);
         assert_eq!((got.tokens, got.accuracy), (want.tokens, want.accuracy), "{case}");

@@ -706,7 +706,10 @@ impl Weights {
     }
 }
 
+pub mod expire;
 pub mod layout;
+
+pub use expire::ExpireRun;
 
 #[cfg(test)]
 mod tests;
