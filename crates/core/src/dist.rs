@@ -303,8 +303,9 @@ impl ProcessGroup {
 
 impl Drop for ProcessGroup {
     fn drop(&mut self) {
-        drop(self.reducer.take()); // its hooks go before the group shuts down
-                                   // SAFETY: `raw` came from `lethe_dist_init` and is freed once.
+        // The reducer's hooks go before the group shuts down.
+        drop(self.reducer.take());
+        // SAFETY: `raw` came from `lethe_dist_init` and is freed once.
         unsafe { lethe_dist_free(self.raw.as_ptr()) }
     }
 }

@@ -508,7 +508,8 @@ impl MemoryLayer for ExpireSpan {
         let predicting = profile::phase("spans");
         let spans = self.spans_of_scores(&projected.scores); // (b, n) or (b, g, n), with gradient to w and b
         let detached = memory_spans(&spans.detach()); // (b, n)
-                                                      // The spans the memories were given: at inference, under the cap.
+
+        // The spans the memories were given: at inference, under the cap.
         let given = self.capped(&detached, input.train);
         let n = detached.size()[1];
         self.block_spans = Some(given.narrow(1, n - m, m));

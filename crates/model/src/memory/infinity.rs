@@ -366,8 +366,9 @@ impl InfinityMemory {
         let k = input.attn.split_heads(&coeffs.linear(&self.params.k, None::<Tensor>)); // (b, h, N, dh)
         let v = input.attn.split_heads(&coeffs.linear(&self.params.v, None::<Tensor>));
         let scores = input.q.matmul(&k.transpose(-2, -1)) / (dh as f64).sqrt(); // (b, h, m, N)
-                                                                                // `w_μ · s` and `w_σ · s + b_σ` as one product: one pass over the scores, and one
-                                                                                // gradient of them in the backward pass rather than two added.
+
+        // `w_μ · s` and `w_σ · s + b_σ` as one product: one pass over the scores, and one
+        // gradient of them in the backward pass rather than two added.
         let (w, b) = self.params.density_heads();
         let heads = {
             // The densities in the parameters' precision even under bfloat16 autocast.
