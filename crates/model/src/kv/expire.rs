@@ -41,6 +41,10 @@ pub struct ExpireLayer {
     cfg: ExpireConfig,
     /// The spans of the entries held, `(b, 1 or g, n)`, in the order of [`Held`].
     spans: Option<Tensor>,
+    /// Where each entry held stops being seen, `(b, n)`, float64: its largest span plus
+    /// the ramp, `e + R` in float32 as the training model rounds it, plus the position it
+    /// was written at (exact in float64). The next query deletes it when it is past.
+    expiry: Option<Tensor>,
 }
 
 /// A span no query reaches: an entry kept only to keep the streams' caches one length.
@@ -51,7 +55,7 @@ impl ExpireLayer {
     /// span `max_span`, with the run's Expire-Span settings.
     pub fn new(w: Tensor, b: Tensor, max_span: f64, cfg: &ExpireConfig) -> ExpireLayer {
         let float = |t: Tensor| t.detach().to_kind(Kind::Float).to_device(tch::Device::Cpu);
-        ExpireLayer { w: float(w), b: float(b), max_span, cfg: cfg.clone(), spans: None }
+        ExpireLayer { w: float(w), b: float(b), max_span, cfg: cfg.clone(), spans: None, expiry: None }
     }
 
     /// The spans `(b, 1 or g, t)` of entries written from `x` `(b, t, d)`.
@@ -72,50 +76,76 @@ impl ExpireLayer {
         let written = held.positions.narrow(1, 0, 1).unsqueeze(2).to_kind(Kind::Float); // (b, 1, 1, n)
         positions.to_kind(Kind::Float).view([1, 1, -1, 1]) - written
     }
+
+    /// The expiry `(b, t)` of entries with spans `spans` `(b, 1 or g, t)` written at
+    /// `positions` `(t)`.
+    fn expiry_of(&self, spans: &Tensor, positions: &Tensor) -> Tensor {
+        let reach = spans.amax([1i64].as_slice(), false) + self.cfg.ramp as f64; // (b, t), float32
+        reach.to_kind(Kind::Double) + positions.to_kind(Kind::Double).unsqueeze(0)
+    }
+}
+
+/// `(old, fresh)` joined along `dim`, or `fresh` alone.
+fn joined(old: Option<Tensor>, fresh: Tensor, dim: i64) -> Tensor {
+    match old {
+        Some(old) => Tensor::cat(&[&old, &fresh], dim),
+        None => fresh,
+    }
 }
 
 impl LayerPolicy for ExpireLayer {
     fn bias(&mut self, x: &Tensor, held: &Held, query_positions: &Tensor) -> Option<Tensor> {
         let fresh = self.spans_of(x);
-        let spans = match self.spans.take() {
-            Some(old) => Tensor::cat(&[&old, &fresh], 2),
-            None => fresh,
-        }; // (b, 1 or g, n)
+        let expiry = joined(self.expiry.take(), self.expiry_of(&fresh, query_positions), 1);
+        let spans = joined(self.spans.take(), fresh, 2); // (b, 1 or g, n)
         let dist = Self::distances(held, query_positions); // (b, 1, t, n)
         let mask = soft_mask(&(spans.unsqueeze(2) - &dist), self.cfg.ramp as f64); // (b, 1 or g, t, n)
-        let visible = dist.ge(0.0).logical_and(&mask.gt(0.0));
-        self.spans = Some(spans);
-        Some(crate::attention::log_mask_of_visible(&mask, &visible))
+                                                                                   // One query sees every entry held up to its own: `ln m`, minus infinity where the
+                                                                                   // mask is 0. A chunk's queries do not see the entries written after them.
+        let bias = match query_positions.size()[0] {
+            1 => mask.log(),
+            _ => crate::attention::log_mask_of_visible(&mask, &dist.ge(0.0).logical_and(&mask.gt(0.0))),
+        };
+        (self.spans, self.expiry) = (Some(spans), Some(expiry));
+        Some(bias)
     }
 
     fn update(&mut self, held: &mut Held, chunk: &Chunk) {
-        let Some(spans) = self.spans.take() else { return };
+        let (Some(spans), Some(expiry)) = (self.spans.take(), self.expiry.take()) else { return };
         let t = chunk.query_positions.size()[0];
-        let next = chunk.query_positions.narrow(0, t - 1, 1) + 1; // (1)
-        let dist = Self::distances(held, &next).squeeze_dim(2).squeeze_dim(1); // (b, n)
-        let remaining = spans.amax([1i64].as_slice(), false) + self.cfg.ramp as f64 - dist; // (b, n)
+        let next = chunk.query_positions.int64_value(&[t - 1]) + 1;
+        let remaining = &expiry - next as f64; // (b, n), the span left at the next query
+        let alive = remaining.gt(0.0);
         let kept = match self.cfg.budget as i64 {
-            0 => remaining.gt(0.0),
-            budget => within_budget(&remaining.gt(0.0), &remaining, budget),
+            0 => alive,
+            budget => within_budget(&alive, &remaining.to_kind(Kind::Float), budget),
         };
-        let m = kept.sum_dim_intlist([1i64].as_slice(), false, Kind::Int64).max().int64_value(&[]);
-        let n = remaining.size()[1];
-        if m == n {
-            self.spans = Some(spans);
+        if kept.all().int64_value(&[]) == 1 {
+            (self.spans, self.expiry) = (Some(spans), Some(expiry));
             return;
         }
-        // Each stream's `m` entries: its kept ones first choice, then (where it keeps
-        // fewer) the latest of the rest, expired for good; in the order written.
-        let order = Tensor::arange(n, (Kind::Float, remaining.device())) / n as f64;
-        let rank = kept.to_kind(Kind::Float) * 2.0 + order; // (b, n)
-        let indices = top(&rank.unsqueeze(1), m).squeeze_dim(1); // (b, m)
-        let g = spans.size()[1];
-        let kv_heads = held.positions.size()[1];
+        let indices = kept_in_order(&kept); // (b, m)
+        let (g, kv_heads) = (spans.size()[1], held.positions.size()[1]);
         let kept_spans = spans.gather(2, &indices.unsqueeze(1).expand([-1, g, -1], false), false);
-        let alive = kept.gather(1, &indices, false).unsqueeze(1); // (b, 1, m)
-        self.spans = Some(kept_spans.where_scalarother(&alive, EXPIRED));
+        let alive = kept.gather(1, &indices, false); // (b, m)
+        self.spans = Some(kept_spans.where_scalarother(&alive.unsqueeze(1), EXPIRED));
+        self.expiry = Some(expiry.gather(1, &indices, false).where_scalarother(&alive, EXPIRED));
         held.keep(&indices.unsqueeze(1).expand([-1, kv_heads, -1], false).contiguous());
     }
+}
+
+/// The entries `(b, m)` each stream keeps of those `kept` `(b, n)`, in the order written:
+/// its kept ones, and where it keeps fewer than the stream that keeps most (`m`), the
+/// latest of the rest, expired for good, so that the streams' caches stay one length.
+fn kept_in_order(kept: &Tensor) -> Tensor {
+    let (b, n) = kept.size2().expect("(b, n)");
+    if b == 1 {
+        return kept.view([-1]).nonzero().view([1, -1]);
+    }
+    let m = kept.sum_dim_intlist([1i64].as_slice(), false, Kind::Int64).max().int64_value(&[]);
+    let order = Tensor::arange(n, (Kind::Float, kept.device())) / n as f64;
+    let rank = kept.to_kind(Kind::Float) * 2.0 + order; // (b, n)
+    top(&rank.unsqueeze(1), m).squeeze_dim(1)
 }
 
 /// The layers' policies of a run with Expire-Span on a Llama-family decoder, from its
