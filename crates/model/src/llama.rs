@@ -520,8 +520,10 @@ impl Llama {
         // The fused kernel takes one mask for every head: right when the heads hold the
         // same entries, or when only causality masks (what is held precedes the chunk).
         let one_mask = policy.same_entries_in_every_head() || c.sliding_window.is_none();
-        let (context, weights) = match t > 1 && !policy.needs_weights() && one_mask && bias.is_none() {
-            true => (self.fused_attention(&q, &keys, &all, positions, scale), None),
+        // A policy's bias (which masks what a query does not see) goes in as the mask.
+        let fused = t > 1 && !policy.needs_weights() && one_mask && (bias.is_none() || c.sliding_window.is_none());
+        let (context, weights) = match fused {
+            true => (self.fused_attention(&q, &keys, &all, positions, scale, bias.as_ref()), None),
             false => {
                 let (context, weights) = self.explicit_attention(&q, &keys, &all, positions, scale, bias.as_ref());
                 (context, Some(weights))
@@ -585,12 +587,30 @@ impl Llama {
 
     /// Attention of `q` over `keys` by libtorch's fused kernel (no weights written out),
     /// for a chunk of several tokens where one mask serves every head: the mask from the
-    /// first head's positions.
-    fn fused_attention(&self, q: &Tensor, keys: &Tensor, held: &Held, positions: &Tensor, scale: f64) -> Tensor {
-        let t = q.size()[2];
-        let key_pos = held.positions.get(0).get(0).view([1, -1]);
-        let seen = self.seen(&key_pos, &positions.view([t, 1]));
-        Tensor::scaled_dot_product_attention(q, keys, &held.values, Some(seen), 0.0, false, scale, true)
+    /// first head's positions, or a policy's `bias` added to the scores.
+    fn fused_attention(
+        &self,
+        q: &Tensor,
+        keys: &Tensor,
+        held: &Held,
+        positions: &Tensor,
+        scale: f64,
+        bias: Option<&Tensor>,
+    ) -> Tensor {
+        let (h, t) = (q.size()[1], q.size()[2]);
+        let mask = match bias {
+            // `(b, 1 or kv_heads, t, n)`, minus infinity where a query does not see: a
+            // bias a key-value head goes to each of its query heads.
+            Some(bias) => match bias.size()[1] {
+                1 => bias.shallow_clone(),
+                g => bias.repeat_interleave_self_int(h / g, 1, None),
+            },
+            None => {
+                let key_pos = held.positions.get(0).get(0).view([1, -1]);
+                self.seen(&key_pos, &positions.view([t, 1]))
+            }
+        };
+        Tensor::scaled_dot_product_attention(q, keys, &held.values, Some(mask), 0.0, false, scale, true)
     }
 }
 
