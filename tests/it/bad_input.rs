@@ -732,3 +732,20 @@ fn devices_and_fifos_are_refused_as_inputs() {
         &["is a FIFO"],
     );
 }
+
+/// `memory.expire.target` where it cannot steer anything: with no starting `alpha`, or
+/// on an agent's run (its trainer sets `alpha` itself). One line naming the field, and
+/// no run folder.
+#[test]
+fn a_memory_target_that_cannot_steer_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let expire = ["--set", "memory.mechanism=\"expire\"", "--set", "memory.expire.target=10"];
+    let mut args = vec!["--set", "memory.expire.alpha=0", "--name", "a"];
+    args.extend_from_slice(&expire);
+    fails_with(&train(d, &args), &["memory.expire.target", "alpha"]);
+    let mut args = vec!["train", "-p", "portal-expire-small", "--steps", "1", "--name", "b"];
+    args.extend_from_slice(&expire[2..]);
+    fails_with(&lethe(d, &args), &["memory.expire.target", "agent"]);
+    assert!(!d.join("runs/a").exists() && !d.join("runs/b").exists());
+}

@@ -197,3 +197,17 @@ fn a_nan_loss_stops_training_and_keeps_the_last_good_checkpoint() {
         assert!(finite, "{name} is not finite in the kept checkpoint");
     }
 }
+
+/// Expire-Span with a memory target: the checkpoint keeps the controller of the span
+/// loss's weight, so the resumed run weighs its span loss as the straight one did.
+#[test]
+fn resuming_with_a_memory_target_repeats_the_losses_of_a_straight_run() {
+    let mut cfg = crate::common::tiny_config();
+    cfg.memory.mechanism = lethe::config::Mechanism::Expire;
+    cfg.memory.span = 32;
+    cfg.memory.expire.ramp = 4;
+    cfg.memory.expire.init_fraction = 0.3;
+    (cfg.memory.expire.alpha, cfg.memory.expire.target) = (0.01, 2.0);
+    cfg.train.steps = 30;
+    assert_resuming_after_17_steps_repeats_the_straight_run(&cfg);
+}

@@ -43,6 +43,10 @@ pub struct TrainState {
     /// checkpoints written before lethe trained on several.
     #[serde(default = "one")]
     pub world_size: usize,
+    /// `memory.expire.target`'s controller of the span loss's weight: its integral factor
+    /// and the last memory over the target. None without a target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub span_target: Option<[f64; 2]>,
 }
 
 fn one() -> usize {
@@ -52,7 +56,7 @@ fn one() -> usize {
 impl TrainState {
     /// The state after `step` steps, with the trainer's own `data` position.
     pub fn new(step: usize, data: &impl Serialize, tokens_seen: u64) -> Result<Self> {
-        Ok(TrainState { step, data: serde_json::to_value(data)?, tokens_seen, world_size: 1 })
+        Ok(TrainState { step, data: serde_json::to_value(data)?, tokens_seen, world_size: 1, span_target: None })
     }
 
     /// The trainer's data position, as the trainer saved it; `None` when it is of another

@@ -20,6 +20,7 @@ use serde_json::json;
 use tch::Kind;
 
 use crate::eval::{evaluate_sharded, EvalResult};
+use crate::run::span_target::SpanTarget;
 pub use crate::run::TrainOptions;
 use crate::run::{begin_step, broadcast_parameters, check_finite, drive, opening_line, Looped, RunFolder, Scales};
 use lethe_core::checkpoint::{self, Checkpoint, TrainState};
@@ -65,6 +66,8 @@ struct Run<'a> {
     step: usize,
     tokens_seen: u64,
     last_checkpoint: Option<usize>,
+    /// `memory.expire.target`'s controller of the span loss's weight.
+    span_target: Option<SpanTarget>,
 }
 
 /// Sums over the steps since the last progress line.
@@ -136,6 +139,7 @@ impl<'a> Run<'a> {
             step: 0,
             tokens_seen: 0,
             last_checkpoint: None,
+            span_target: SpanTarget::of(cfg, None),
         };
         // Every check of the checkpoint (its tensors, its stream position) before the
         // folder changes: a refused resume leaves config.toml and metrics.jsonl as they were.
@@ -208,6 +212,7 @@ impl<'a> Run<'a> {
         self.step = state.step;
         self.tokens_seen = state.tokens_seen;
         self.last_checkpoint = Some(state.step);
+        self.span_target = SpanTarget::of(self.cfg, state.span_target);
         self.say(&crate::run::folder::resumed_line(ck, self.cfg, state.step)?);
         Ok(())
     }
@@ -231,7 +236,8 @@ impl Looped for Run<'_> {
 
     /// One optimiser step; returns the task loss (nats per scored token).
     fn train_step(&mut self, window: &mut Window) -> Result<f64> {
-        let (scales, _seed) = begin_step(self.cfg, self.step);
+        let (mut scales, _seed) = begin_step(self.cfg, self.step);
+        scales.aux *= self.span_target.as_ref().map_or(1.0, SpanTarget::factor);
         let batch = self.data.next_batch();
         let s = optimisation_step(
             &self.lm,
@@ -245,6 +251,12 @@ impl Looped for Run<'_> {
         let loss = s.nll_sum / s.weight.max(1.0);
         let norm = if s.overflowed { 0.0 } else { s.grad_norm }; // float16's skipped step
         check_finite(&[loss, s.aux, norm], self.step + 1, self.last_checkpoint, &self.dir)?;
+        if self.span_target.is_some() {
+            let memory = self.memory_seen()?;
+            if let Some(target) = &mut self.span_target {
+                target.observe(memory);
+            }
+        }
         self.step += 1;
         self.tokens_seen += (batch.batch * batch.len) as u64;
         window.nll += s.nll_sum;
@@ -272,6 +284,12 @@ impl Looped for Run<'_> {
         };
         let spans = per_layer(&|r| r.extra("mean_span"));
         let spans = if spans.is_empty() { String::new() } else { format!(" | span {spans}") };
+        // The span loss's weight `memory.expire.target` has reached.
+        let alpha = self.span_target.as_ref().map(|t| self.cfg.memory.expire.alpha * t.factor());
+        let spans = match alpha {
+            Some(alpha) => format!("{spans} | alpha {alpha:.2e}"),
+            None => spans,
+        };
         let (rate, rate_value) = match self.cfg.data.tokenizer {
             Some(_) => ("ppl", loss.map(f64::exp)),
             None => ("bpb", bpb),
@@ -298,6 +316,7 @@ impl Looped for Run<'_> {
             "tokens_per_s": tokens_per_s,
             "tokens_seen": self.tokens_seen,
             "mem_size": mem_size,
+            "alpha": alpha,
             "memory": reports.iter().map(|r| r.to_json()).collect::<Vec<_>>(),
         }))
     }
@@ -361,6 +380,7 @@ impl Looped for Run<'_> {
         tensors.extend(memories);
         let mut state = TrainState::new(self.step, &self.data.state(), self.tokens_seen)?;
         state.world_size = self.group.as_ref().map_or(1, ProcessGroup::world_size);
+        state.span_target = self.span_target.as_ref().map(SpanTarget::state);
         checkpoint::save(&folder.checkpoint_path(), self.cfg, &state, &tensors)
     }
 
@@ -370,6 +390,17 @@ impl Looped for Run<'_> {
 }
 
 impl Run<'_> {
+    /// The memories a query saw in the last step, a layer's mean over the layers, the
+    /// micro-batches and the ranks.
+    fn memory_seen(&self) -> Result<f64> {
+        let sizes: Vec<f64> = self.mems.iter().flat_map(|m| m.reports()).map(|r| r.mem_size).collect();
+        let mean = lethe_core::metrics::mean(&sizes);
+        match &self.group {
+            Some(g) => Ok(g.sum_f64(&[mean])?[0] / g.world_size() as f64),
+            None => Ok(mean),
+        }
+    }
+
     /// The global index of this rank's first micro-batch (0 on a single process).
     fn first_micro_batch(&self) -> usize {
         self.group.as_ref().map_or(0, |g| g.rank() * self.cfg.train.accum)

@@ -221,6 +221,13 @@ struct Run<'a> {
 /// Trains an agent on the gridworld `cfg` describes. See the module documentation.
 pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<RlSummary> {
     cfg.validate()?;
+    if crate::run::span_target::SpanTarget::of(cfg, None).is_some() {
+        return Err(LetheError::config(
+            "memory.expire.target",
+            cfg.memory.expire.target,
+            "steers the span loss in language-model training; an agent's runs set alpha",
+        ));
+    }
     let mut run = Run::start(cfg, opts)?;
     let mut summary = RlSummary { run_dir: run.dir.clone(), losses: vec![], last_eval: None };
     (summary.losses, summary.last_eval) = drive(&mut run, &cfg.train, opts)?;

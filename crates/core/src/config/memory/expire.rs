@@ -43,6 +43,21 @@ pub struct ExpireConfig {
     /// The kept count is reported beside it (`kept`). Needs `deletion = "stream"`.
     /// Default 0.
     pub budget: usize,
+    /// The memories a layer the span loss steers toward in training (0: none). After
+    /// every optimiser step the span loss's weight becomes `alpha f (m / target)`, `m`
+    /// the memories a query saw (the training log's `mem`) averaged over the layers,
+    /// micro-batches and ranks, and `f` (starting at 1) is multiplied by `(m /
+    /// target)^target_rate`: a proportional-integral controller, each factor within 1e-3
+    /// and 1e3. The memory then settles about the target, so that a fit can be set to the
+    /// memory to compare at without a search over `alpha`. Spans shrink under the loss
+    /// faster than the task grows them back, so start from an `alpha` below the one the
+    /// target needs (where the task wants less memory than the target, the spans end
+    /// below it). The weight reached is logged (`alpha`) and kept in checkpoints. Needs
+    /// `alpha` above 0. Default 0.
+    pub target: f64,
+    /// How fast `target`'s integral factor moves: the power of `m / target` it is
+    /// multiplied by each step. Default 0.05.
+    pub target_rate: f64,
     /// One span predictor per key-value head (beyond the paper, which shares one per
     /// layer across its heads): each head masks a memory by its own span, the span loss
     /// is the heads' mean, and a memory is deleted once no head can see it (its largest
@@ -103,6 +118,8 @@ impl Default for ExpireConfig {
             deletion: Deletion::Stream,
             inference_cap: 0,
             budget: 0,
+            target: 0.0,
+            target_rate: 0.05,
             per_head: false,
             fused: true,
             as_official: false,
@@ -119,6 +136,15 @@ impl ExpireConfig {
             return Err(LetheError::config("memory.expire.init_fraction", self.init_fraction, "must be in (0, 1)"));
         }
         positive_number("memory.expire.pre_div", self.pre_div)?;
+        non_negative("memory.expire.target", self.target)?;
+        positive_number("memory.expire.target_rate", self.target_rate)?;
+        if self.target > 0.0 && self.alpha == 0.0 {
+            return Err(LetheError::config(
+                "memory.expire.target",
+                self.target,
+                "steers the span loss's weight from memory.expire.alpha, which is 0: give alpha a starting value",
+            ));
+        }
         if self.budget > 0 && self.deletion != Deletion::Stream {
             return Err(LetheError::config(
                 "memory.expire.budget",

@@ -209,6 +209,24 @@ mod tests {
     }
 
     #[test]
+    fn a_memory_target_needs_a_starting_alpha_and_a_positive_rate() {
+        let mut m = MemoryConfig { mechanism: Mechanism::Expire, ..MemoryConfig::default() };
+        m.expire.target = 40.0;
+        m.validate(64, Arch::Lethe).unwrap();
+        let refused = |m: &MemoryConfig| m.validate(64, Arch::Lethe).unwrap_err().to_string();
+        let mut no_alpha = m.clone();
+        no_alpha.expire.alpha = 0.0;
+        let msg = refused(&no_alpha);
+        assert!(msg.contains("memory.expire.target") && msg.contains("alpha"), "{msg}");
+        let mut no_rate = m.clone();
+        no_rate.expire.target_rate = 0.0;
+        assert!(refused(&no_rate).contains("memory.expire.target_rate"));
+        let mut negative = m;
+        negative.expire.target = -1.0;
+        assert!(refused(&negative).contains("memory.expire.target"));
+    }
+
+    #[test]
     fn every_mechanism_has_one_name_in_configs_messages_and_the_command_line() {
         for &m in Mechanism::all() {
             let serde_name = toml::Value::try_from(m).unwrap();
