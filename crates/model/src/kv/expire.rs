@@ -100,8 +100,9 @@ impl LayerPolicy for ExpireLayer {
         let spans = joined(self.spans.take(), fresh, 2); // (b, 1 or g, n)
         let dist = Self::distances(held, query_positions); // (b, 1, t, n)
         let mask = soft_mask(&(spans.unsqueeze(2) - &dist), self.cfg.ramp as f64); // (b, 1 or g, t, n)
-                                                                                   // One query sees every entry held up to its own: `ln m`, minus infinity where the
-                                                                                   // mask is 0. A chunk's queries do not see the entries written after them.
+
+        // One query sees every entry held up to its own: `ln m`, minus infinity where the
+        // mask is 0. A chunk's queries do not see the entries written after them.
         let bias = match query_positions.size()[0] {
             1 => mask.log(),
             _ => crate::attention::log_mask_of_visible(&mask, &dist.ge(0.0).logical_and(&mask.gt(0.0))),
