@@ -116,6 +116,12 @@ fn assert_resuming_after_17_steps_repeats_the_straight_run(cfg: &lethe::config::
 /// which joins cache and block anew, repeats the straight one.
 #[test]
 fn resuming_expire_span_repeats_the_losses_of_a_straight_run() {
+    assert_resuming_after_17_steps_repeats_the_straight_run(&expire_to_resume());
+}
+
+/// A tiny Expire-Span run of 30 steps whose spans (L = 32, R = 4, starting at 0.3 L)
+/// feel a span loss of 0.01.
+fn expire_to_resume() -> lethe::config::Config {
     let mut cfg = crate::common::tiny_config();
     cfg.memory.mechanism = lethe::config::Mechanism::Expire;
     cfg.memory.span = 32;
@@ -123,7 +129,7 @@ fn resuming_expire_span_repeats_the_losses_of_a_straight_run() {
     cfg.memory.expire.init_fraction = 0.3;
     cfg.memory.expire.alpha = 0.01;
     cfg.train.steps = 30;
-    assert_resuming_after_17_steps_repeats_the_straight_run(&cfg);
+    cfg
 }
 
 #[test]
@@ -202,12 +208,7 @@ fn a_nan_loss_stops_training_and_keeps_the_last_good_checkpoint() {
 /// loss's weight, so the resumed run weighs its span loss as the straight one did.
 #[test]
 fn resuming_with_a_memory_target_repeats_the_losses_of_a_straight_run() {
-    let mut cfg = crate::common::tiny_config();
-    cfg.memory.mechanism = lethe::config::Mechanism::Expire;
-    cfg.memory.span = 32;
-    cfg.memory.expire.ramp = 4;
-    cfg.memory.expire.init_fraction = 0.3;
-    (cfg.memory.expire.alpha, cfg.memory.expire.target) = (0.01, 2.0);
-    cfg.train.steps = 30;
+    let mut cfg = expire_to_resume();
+    cfg.memory.expire.target = 2.0;
     assert_resuming_after_17_steps_repeats_the_straight_run(&cfg);
 }
