@@ -298,4 +298,131 @@ run_case "train --config typed table"        "$BIN" train -q "${TINY[@]}" --conf
 run_case "train a rank with no store"        env MASTER_ADDR=127.0.0.1 MASTER_PORT=1 WORLD_SIZE=2 RANK=1 LOCAL_RANK=1 "$BIN" train -q "${TINY[@]}" --set train.dist_timeout=2 --name u25
 "$BIN" sweep "${TINY[@]}" --mechanism fixed:16 --steps 2 --name sw >/dev/null 2>&1
 run_case "sweep again with other steps"      --keep "runs/sw-sweep/runs/fixed-16-s1/checkpoint.safetensors" "$BIN" sweep "${TINY[@]}" --mechanism fixed:16 --steps 3 --name sw
+FIXL="$(dirname "$FIX")/llama"
+L="$FIXL/llama3"
+LT=(--init-from "$L" --data text.txt --set train.batch=2 --set train.block=16 --set train.eval_tokens=64 --steps 2)
+"$BIN" train -q "${LT[@]}" --set memory.mechanism=expire --set memory.span=32 --set train.freeze_base=true --name lexp >/dev/null 2>&1
+"$BIN" train -q "${LT[@]}" --name lft >/dev/null 2>&1
+# Pretrained decoders (Hugging Face folders), long-context evaluation, export, dialogue.
+mkdir -p hf-empty hf-noheads hf-nan hf-shape hf-vocab0 hf-notok
+for d in hf-noheads hf-nan hf-shape hf-vocab0 hf-notok; do cp "$L"/* $d/; done
+rm hf-notok/tokenizer.json
+python3 - <<'PY'
+import json
+def edit(d, **kw):
+    c = json.load(open(f"{d}/config.json")); c.update(kw); json.dump(c, open(f"{d}/config.json", "w"))
+edit("hf-noheads", num_attention_heads=0)
+edit("hf-nan", rms_norm_eps=float("nan"))
+edit("hf-shape", hidden_size=48)
+edit("hf-vocab0", vocab_size=0)
+PY
+run_case "generate hf empty folder"          "$BIN" generate --init-from hf-empty --prompt hi
+run_case "generate hf heads=0"               "$BIN" generate --init-from hf-noheads --prompt hi
+run_case "generate hf eps=nan"               "$BIN" generate --init-from hf-nan --prompt hi
+run_case "generate hf hidden mismatch"       "$BIN" generate --init-from hf-shape --prompt hi
+run_case "generate hf vocab=0"               "$BIN" generate --init-from hf-vocab0 --prompt hi
+run_case "generate hf no tokenizer, text"    "$BIN" generate --init-from hf-notok --prompt hi
+run_case "generate hf no tokenizer, ids"     "$BIN" generate --init-from hf-notok --prompt-ids 1,2,3
+run_case "generate hf a lethe XL run"        "$BIN" generate --init-from runs/base --prompt hi
+run_case "generate hf --policy nosuch"       "$BIN" generate --init-from "$L" --prompt hi --policy nosuch --budget 4
+run_case "generate hf --budget 0"            "$BIN" generate --init-from "$L" --prompt hi --policy window --budget 0
+run_case "generate hf --budget -1"           "$BIN" generate --init-from "$L" --prompt hi --policy window --budget -1
+run_case "generate hf --budget 2^64-1"       "$BIN" generate --init-from "$L" --prompt hi --policy window --budget 18446744073709551615
+run_case "generate hf --budget 1/0"          "$BIN" generate --init-from "$L" --prompt hi --policy window --budget 1/0
+run_case "generate hf --budget 3/2"          "$BIN" generate --init-from "$L" --prompt hi --policy window --budget 3/2
+run_case "generate hf h2o without budget"    "$BIN" generate --init-from "$L" --prompt hi --policy h2o
+run_case "generate hf full with budget"      "$BIN" generate --init-from "$L" --prompt hi --policy full --budget 4
+run_case "generate hf snapkv:window=0"       "$BIN" generate --init-from "$L" --prompt hi --policy snapkv:window=0 --budget 4
+run_case "generate hf snapkv:nosuch=1"       "$BIN" generate --init-from "$L" --prompt hi --policy snapkv:nosuch=1 --budget 4
+run_case "generate hf streaming:sinks=99"    "$BIN" generate --init-from "$L" --prompt hi --policy streaming:sinks=99 --budget 4
+run_case "generate hf --prompt-ids 1,,2"     "$BIN" generate --init-from "$L" --prompt-ids 1,,2
+run_case "generate hf --prompt-ids 999999"   "$BIN" generate --init-from "$L" --prompt-ids 999999
+run_case "generate hf --prompt-ids -1"       "$BIN" generate --init-from "$L" --prompt-ids -1
+run_case "generate hf --prompt-ids ''"       "$BIN" generate --init-from "$L" --prompt-ids ''
+run_case "generate hf --tokens huge"         --limit 20 "$BIN" generate --init-from "$L" --prompt hi --tokens 18446744073709551615
+run_case "generate hf past positions"        "$BIN" generate --init-from "$L" --prompt-file text.txt --tokens 2
+run_case "generate hf --prompt-file fifo"    "$BIN" generate --init-from "$L" --prompt-file fifo
+run_case "generate --checkpoint and --init-from" "$BIN" generate --init-from "$L" --checkpoint runs/base --prompt hi
+run_case "eval hf --data empty.txt"          "$BIN" eval --init-from "$L" --data empty.txt
+run_case "eval hf --data fifo"               "$BIN" eval --init-from "$L" --data fifo
+run_case "eval hf --policies nosuch"         "$BIN" eval --init-from "$L" --data text.txt --policies nosuch --budgets 1/2 --out e1
+run_case "eval hf --budgets ''"              "$BIN" eval --init-from "$L" --data text.txt --policies window --budgets '' --out e2
+run_case "eval hf --budgets 1/2,1/2"         --must-fail "$BIN" eval --init-from "$L" --data text.txt --policies window --budgets 1/2,1/2 --out e3
+run_case "eval hf --policies without --out"  "$BIN" eval --init-from "$L" --data text.txt --policies window --budgets 1/2
+run_case "eval hf --out a run folder"        --keep "runs/base/checkpoint.safetensors runs/base/config.toml" "$BIN" eval --init-from "$L" --data text.txt --policies window --budgets 1/2 --out runs/base
+run_case "eval hf --out a file"              --keep "prompt.txt" "$BIN" eval --init-from "$L" --data text.txt --policies window --budgets 1/2 --out prompt.txt
+run_case "eval hf --learned an XL run"       "$BIN" eval --init-from "$L" --data text.txt --policies window --budgets 1/2 --out e4 --learned runs/base
+run_case "eval hf --learned nosuch"          "$BIN" eval --init-from "$L" --data text.txt --policies window --budgets 1/2 --out e5 --learned nosuch
+run_case "eval hf --learned other model"     "$BIN" eval --init-from "$FIXL/qwen2" --data text.txt --policies window --budgets 1/2 --out e6 --learned runs/lexp
+run_case "eval hf --learned fine-tuned run"  "$BIN" eval --init-from "$L" --data text.txt --policies window --budgets 1/2 --out e7 --learned runs/lft
+run_case "eval hf --context 0"               "$BIN" eval --init-from "$L" --data text.txt --context 0
+run_case "bench hf --kv nosuch@4"            "$BIN" bench --init-from "$L" --kv nosuch@4 --contexts 32
+run_case "bench hf --kv window"              "$BIN" bench --init-from "$L" --kv window --contexts 32
+run_case "bench hf --kv window@0"            "$BIN" bench --init-from "$L" --kv window@0 --contexts 32
+run_case "bench hf --contexts 0"             "$BIN" bench --init-from "$L" --contexts 0
+run_case "bench hf --contexts 2^60"          "$BIN" bench --init-from "$L" --contexts 1152921504606846976
+run_case "bench hf --decode-tokens 0"        "$BIN" bench --init-from "$L" --contexts 32 --decode-tokens 0
+run_case "bench hf --learned XL run"         "$BIN" bench --init-from "$L" --contexts 32 --learned runs/base
+run_case "bench hf --learned lexp@0"         "$BIN" bench --init-from "$L" --contexts 32 --learned runs/lexp@0
+run_case "bench hf --out a run folder file"  --keep "runs/base/config.toml" "$BIN" bench --init-from "$L" --contexts 32 --out runs/base/config.toml
+run_case "bench hf --precision bf16"         --must-fail "$BIN" bench --init-from "$L" --contexts 32 --precision bf16
+run_case "bench hf --kv window@8 twice"      --must-fail "$BIN" bench --init-from "$L" --contexts 32 --kv window@8 --kv window@8
+# longeval.
+run_case "longeval --lengths 0"              "$BIN" longeval --checkpoint runs/base --out le1 --lengths 0 --suite passkey
+run_case "longeval --lengths 2^60"           "$BIN" longeval --checkpoint runs/base --out le2 --lengths 1152921504606846976 --suite passkey
+run_case "longeval --lengths 1x"             "$BIN" longeval --checkpoint runs/base --out le3 --lengths 1x --suite passkey
+run_case "longeval --depths 101"             "$BIN" longeval --checkpoint runs/base --out le4 --depths 101 --suite passkey --lengths 320
+run_case "longeval --depths -1"              "$BIN" longeval --checkpoint runs/base --out le5 --depths=-1 --suite passkey --lengths 320
+run_case "longeval --depths nan"             "$BIN" longeval --checkpoint runs/base --out le5b --depths nan --suite passkey --lengths 320
+run_case "longeval --samples 0"              "$BIN" longeval --checkpoint runs/base --out le6 --samples 0 --suite passkey --lengths 320
+run_case "longeval --samples 1e6"            "$BIN" longeval --checkpoint runs/base --out le20 --samples 1000000 --suite passkey --lengths 320 --depths 50
+run_case "longeval --samples 2^60"           "$BIN" longeval --checkpoint runs/base --out le7 --samples 1152921504606846976 --suite passkey --lengths 320
+run_case "longeval --suite nosuch"           "$BIN" longeval --checkpoint runs/base --out le8 --suite nosuch
+run_case "longeval --suite ''"               "$BIN" longeval --checkpoint runs/base --out le9 --suite ''
+run_case "longeval --haystack empty.txt"     "$BIN" longeval --checkpoint runs/base --out le10 --suite niah_single_2 --lengths 320 --samples 1 --depths 50 --haystack empty.txt
+run_case "longeval --haystack /dev/zero"     "$BIN" longeval --checkpoint runs/base --out le11 --suite niah_single_2 --lengths 320 --samples 1 --depths 50 --haystack /dev/zero
+run_case "longeval --haystack fifo"          "$BIN" longeval --checkpoint runs/base --out le12 --suite niah_single_2 --lengths 320 --samples 1 --depths 50 --haystack fifo
+run_case "longeval --out a run folder"       --keep "runs/base/checkpoint.safetensors runs/base/config.toml runs/base/metrics.jsonl" "$BIN" longeval --checkpoint runs/base --out runs/base --suite passkey --lengths 320 --samples 1 --depths 50
+run_case "longeval --out a file"             --keep "prompt.txt" "$BIN" longeval --checkpoint runs/base --out prompt.txt --suite passkey --lengths 320 --samples 1 --depths 50
+run_case "longeval --compare nosuch"         "$BIN" longeval --checkpoint runs/base --out le13 --suite passkey --lengths 320 --samples 1 --depths 50 --compare nosuch
+run_case "longeval --compare itself"         "$BIN" longeval --checkpoint runs/base --out le14 --suite passkey --lengths 320 --samples 1 --depths 50 --compare runs/base
+run_case "longeval --init-from without policies" "$BIN" longeval --init-from "$L" --out le15 --suite passkey --lengths 320 --samples 1 --depths 50
+run_case "longeval hf --budgets 1/0"         "$BIN" longeval --init-from "$L" --out le16 --policies window --budgets 1/0 --suite passkey --lengths 320 --samples 1 --depths 50
+run_case "longeval hf --block 0"             "$BIN" longeval --init-from "$L" --out le17 --policies window --budgets 8 --block 0 --suite passkey --lengths 320 --samples 1 --depths 50
+run_case "longeval --checkpoint and --init-from" "$BIN" longeval --init-from "$L" --checkpoint runs/base --out le18 --suite passkey --lengths 320
+"$BIN" longeval --checkpoint runs/base --out le19 --suite passkey --lengths 320 --samples 1 --depths 50 >/dev/null 2>&1
+run_case "longeval rerun other samples"      "$BIN" longeval --checkpoint runs/base --out le19 --suite passkey --lengths 320 --samples 2 --depths 50
+run_case "longeval rerun other checkpoint"   --keep "le19/longeval.csv" --must-fail "$BIN" longeval --checkpoint runs/lft --out le19 --suite passkey --lengths 320 --samples 1 --depths 50
+printf 'garbage' > le19/longeval.json
+run_case "longeval rerun corrupt json"       "$BIN" longeval --checkpoint runs/base --out le19 --suite passkey --lengths 320 --samples 1 --depths 50
+# export.
+run_case "export an XL run"                  "$BIN" export --checkpoint runs/base --out x1
+run_case "export into an existing folder"    --keep "prompt.txt" "$BIN" export --checkpoint runs/lft --out .
+run_case "export into the run folder"        --keep "runs/lft/checkpoint.safetensors runs/lft/config.toml" "$BIN" export --checkpoint runs/lft --out runs/lft
+run_case "export an expire llama run"        "$BIN" export --checkpoint runs/lexp --out x2
+run_case "export --out /proc/x"              "$BIN" export --checkpoint runs/lft --out /proc/x
+run_case "export --out ''"                   "$BIN" export --checkpoint runs/lft --out ''
+# Dialogue.
+run_case "dialogue-data --conversations 0"   "$BIN" dialogue-data --out dd1 --conversations 0
+run_case "dialogue-data --conversations 2^60" "$BIN" dialogue-data --out dd2 --conversations 1152921504606846976
+run_case "dialogue-data --out a run folder"  --keep "runs/base/config.toml runs/base/checkpoint.safetensors" "$BIN" dialogue-data --out runs/base --conversations 20
+run_case "dialogue-data --out a file"        --keep "prompt.txt" "$BIN" dialogue-data --out prompt.txt --conversations 20
+run_case "dialogue-eval an XL copy run"      "$BIN" dialogue-eval --checkpoint runs/base
+run_case "chat an XL copy run"               --must-fail "$BIN" chat --checkpoint runs/base --document prompt.txt
+run_case "chat --document fifo"              "$BIN" chat --checkpoint runs/base --document fifo
+run_case "score empty files"                 "$BIN" score empty.txt empty.txt
+run_case "score unequal lines"               "$BIN" score text.txt prompt.txt
+run_case "score --wordnet nosuch"            "$BIN" score prompt.txt prompt.txt --wordnet nosuch
+run_case "score --wordnet empty folder"      "$BIN" score prompt.txt prompt.txt --wordnet hf-empty
+# Training a decoder.
+run_case "train llama lora_rank 2^40"        "$BIN" train -q "${LT[@]}" --set train.lora_rank=1099511627776 --name t1
+run_case "train llama lora_alpha nan"        "$BIN" train -q "${LT[@]}" --set train.lora_rank=2 --set train.lora_alpha=nan --name t1b
+run_case "train llama precision=bf17"        "$BIN" train -q "${LT[@]}" --set train.precision=bf17 --name t2
+run_case "train llama span 2^40"             "$BIN" train -q "${LT[@]}" --set memory.mechanism=expire --set memory.span=1099511627776 --name t4
+run_case "train llama infinity"              "$BIN" train -q "${LT[@]}" --set memory.mechanism=infinity --name t5
+run_case "train llama compressive"           "$BIN" train -q "${LT[@]}" --set memory.mechanism=compressive --name t6
+run_case "train llama freeze_base, fixed"    "$BIN" train -q "${LT[@]}" --set train.freeze_base=true --name t7
+run_case "train --init-from hf, no tokenizer" "$BIN" train -q --init-from hf-notok --data text.txt --steps 2 --name t8
+run_case "train --init-from hf heads=0"      "$BIN" train -q --init-from hf-noheads --data text.txt --steps 2 --name t9
+run_case "train --resume a llama run, other init" "$BIN" train -q "${LT[@]}" --resume --steps 4 --name lft
 for c in "${!COUNT[@]}"; do echo "$c: ${COUNT[$c]}"; done | sort | tee -a "$LOG"

@@ -12,6 +12,9 @@ pub(crate) fn bench(a: BenchArgs) -> Result<()> {
     if informational(&a.config)? {
         return Ok(());
     }
+    if a.out.exists() && !a.out.is_dir() {
+        anyhow::bail!("--out `{}`: is a file, not a folder", a.out.display());
+    }
     if let Some(folder) = a.config.init_from.as_deref().filter(|f| lethe::model::llama::is_llama_folder(f)) {
         return super::decoder::bench(&a, folder);
     }

@@ -60,6 +60,21 @@ pub(crate) fn generate(
     Ok(())
 }
 
+/// The files that make `folder`'s model, in a fixed order: `config.json` and its weights
+/// (`model.safetensors`, or the index and its shards).
+pub(crate) fn folder_files(folder: &std::path::Path) -> Result<Vec<std::path::PathBuf>> {
+    let mut weights: Vec<std::path::PathBuf> = std::fs::read_dir(folder)
+        .map_err(|e| anyhow::anyhow!("`{}`: {e}", folder.display()))?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|p| {
+            (p.is_file() && p.to_string_lossy().ends_with(".safetensors"))
+                || p.ends_with("model.safetensors.index.json")
+        })
+        .collect();
+    weights.sort();
+    Ok(std::iter::once(folder.join("config.json")).chain(weights).collect())
+}
+
 /// The folder's tokenizer.json, if it has one; refused when it gives ids the model has no
 /// row for.
 pub(crate) fn pretrained_tokenizer(
@@ -114,7 +129,11 @@ pub(crate) fn eval(a: &EvalArgs, folder: &std::path::Path, device: tch::Device) 
         if a.kv.given() {
             anyhow::bail!("--policies and --budgets sweep what --policy and --budget give once: give one or the other");
         }
-        let learned = a.learned.iter().flatten().map(|run| Learned::load(run, &text, &ids)).collect::<Result<_>>()?;
+        each_once("--policies", policies, String::clone)?;
+        each_once("--budgets", budgets, String::clone)?;
+        each_once("--learned", a.learned.as_deref().unwrap_or_default(), |p| p.display().to_string())?;
+        let learned =
+            a.learned.iter().flatten().map(|run| Learned::load(run, (&text, &ids), folder)).collect::<Result<_>>()?;
         let sweep = Sweep { data, ids: &ids, context, block: a.block, policies, budgets, learned };
         return sweep.run(&model, out);
     }
@@ -277,6 +296,10 @@ pub(crate) fn bench(a: &BenchArgs, folder: &std::path::Path) -> Result<()> {
     }
     let model = Llama::load(folder)?;
     let contexts = a.contexts.as_ref().map_or(vec![1024], |l| l.0.clone());
+    each_once("--contexts", &contexts, usize::to_string)?;
+    each_once("--kv", &a.kv, String::clone)?;
+    each_once("--learned", &a.learned, String::clone)?;
+    refuse_caches_too_large(&model.config, &contexts, a.decode_tokens)?;
     let kv = if a.kv.is_empty() { vec!["full".to_string()] } else { a.kv.clone() };
     let mut cases = Vec::new();
     for item in &kv {
@@ -354,6 +377,48 @@ pub(crate) fn bench(a: &BenchArgs, folder: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
+/// Refuses an item given twice in a list flag: it would be scored twice, its row or
+/// folder written over.
+pub(crate) fn each_once<T: PartialEq>(flag: &str, items: &[T], show: impl Fn(&T) -> String) -> Result<()> {
+    match items.iter().enumerate().find(|(i, item)| items[..*i].contains(item)) {
+        Some((_, item)) => anyhow::bail!("{flag}: `{}` is given twice", show(item)),
+        None => Ok(()),
+    }
+}
+
+/// Makes the folder `out` of `flag`, refusing a file there by name.
+pub(crate) fn make_folder(flag: &str, out: &std::path::Path) -> Result<()> {
+    if out.exists() && !out.is_dir() {
+        anyhow::bail!("{flag} `{}`: is a file, not a folder", out.display());
+    }
+    std::fs::create_dir_all(out).map_err(|e| anyhow::anyhow!("{flag} `{}`: {e}", out.display()))
+}
+
+/// Refuses a context whose full cache (its keys and values in float32, every layer and
+/// key-value head, with the decoded tokens) would hold more than half the machine's
+/// memory.
+fn refuse_caches_too_large(
+    config: &lethe::model::llama::LlamaConfig,
+    contexts: &[usize],
+    decoded: usize,
+) -> Result<()> {
+    let per_token = 2.0 * 4.0 * (config.layers * config.kv_heads * config.head_dim) as f64;
+    let most = lethe::input::max_bytes() as f64;
+    for &context in contexts {
+        let bytes = per_token * (context as f64 + decoded as f64);
+        if bytes > most {
+            anyhow::bail!(
+                "--contexts {context}: its full cache would hold {:.1} GiB, more than half this machine's memory ({:.1} GiB)",
+                bytes / GIB,
+                most / GIB
+            );
+        }
+    }
+    Ok(())
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
 /// Refuses the flags of the training bench.
 fn refuse_training_bench_flags(a: &BenchArgs) -> Result<()> {
     let given = [
@@ -364,6 +429,7 @@ fn refuse_training_bench_flags(a: &BenchArgs) -> Result<()> {
         ("--trace", a.trace),
         ("--train-data", a.train_data),
         ("--frozen", a.frozen),
+        ("--precision", !a.precisions.is_empty()),
         ("--preset", a.config.preset.is_some()),
         ("--config", a.config.config.is_some()),
         ("--set", !a.config.overrides.is_empty()),
@@ -483,7 +549,7 @@ impl Sweep<'_> {
 
     fn run(&self, model: &Llama, out: &std::path::Path) -> Result<()> {
         let plans = self.plans()?;
-        std::fs::create_dir_all(out).map_err(|e| anyhow::anyhow!("--out `{}`: {e}", out.display()))?;
+        make_folder("--out", out)?;
         let mut rows = Vec::new();
         for (i, plan) in plans.iter().enumerate() {
             let started = std::time::Instant::now();

@@ -53,6 +53,7 @@ pub(crate) fn chat(a: ChatArgs) -> Result<()> {
         anyhow::bail!("`{}` holds no text to talk about", a.document.display());
     }
     let ckpt = load_checkpoint(&a.checkpoint, None)?;
+    refuse_other_than_dialogue(&ckpt.config)?;
     let lm = Lm::from_checkpoint(&ckpt, device)?;
     let tokenizer = lethe::data::text::tokenizer_of_checkpoint(&ckpt)?;
     let mut chat = Chat::new(&lm, Codec::new(tokenizer.as_ref())?, &document, decoding, a.reply.max_length)?;
@@ -69,6 +70,18 @@ pub(crate) fn chat(a: ChatArgs) -> Result<()> {
         }
         let answer = chat.turn(&line)?;
         writeln!(stdout.lock(), "{answer}")?;
+    }
+    Ok(())
+}
+
+/// Refuses a model trained on anything but dialogues: it knows neither the document nor
+/// the turns' markers.
+fn refuse_other_than_dialogue(cfg: &lethe::config::Config) -> Result<()> {
+    if cfg.data.source != Source::Dialogue {
+        anyhow::bail!(
+            "--checkpoint: this model was trained on `{}`, not on dialogues (data.source = \"dialogue\")",
+            cfg.data.source
+        );
     }
     Ok(())
 }
@@ -106,12 +119,7 @@ pub(crate) fn dialogue_eval(a: DialogueEvalArgs) -> Result<()> {
         cfg.data.path = Some(path.clone());
     }
     cfg.validate()?;
-    if cfg.data.source != Source::Dialogue {
-        anyhow::bail!(
-            "--checkpoint: this model was trained on `{}`, not on dialogues (data.source = \"dialogue\")",
-            cfg.data.source
-        );
-    }
+    refuse_other_than_dialogue(&cfg)?;
     let dir = cfg.data.path.clone().context("data.path: the CMU-DoG folder is needed (--data DIR)")?;
     if let Some(path) = &a.csv {
         let checkpoint = lethe::checkpoint::resolve(&a.checkpoint);

@@ -21,17 +21,48 @@ pub(crate) struct Learned {
 }
 
 impl Learned {
-    /// The run at `path`, refused unless it is an Expire-Span model or an ∞-former that
-    /// reads `text` as the ids `ids` (the folder's tokenizer), ready to be scored (an
-    /// Expire-Span Llama through the decoding path).
-    pub fn load(path: &std::path::Path, text: &str, ids: &[lethe::data::Token]) -> Result<Learned> {
+    /// The run at `path`, refused unless it is an Expire-Span model or an ∞-former of the
+    /// shape of `folder`'s model that reads `text` as the ids `ids` (the folder's
+    /// tokenizer), ready to be scored (an Expire-Span Llama through the decoding path).
+    /// A run fitted onto another folder of the same shape is scored, with a note.
+    pub fn load(
+        path: &std::path::Path,
+        (text, ids): (&str, &[lethe::data::Token]),
+        folder: &std::path::Path,
+    ) -> Result<Learned> {
         let mut learned = Learned::open(path)?;
+        learned.refuse_another_model(folder).map_err(|e| at(path, &e))?;
         let own = super::decoder::run_ids(&learned.ckpt, text).map_err(|e| at(path, &e))?;
         if !own.starts_with(ids) {
             return Err(at(path, &"reads the text as other ids than the folder's tokenizer.json: a run compared with the folder must share its tokenizer"));
         }
         learned.build_decoder().map_err(|e| at(path, &e))?;
         Ok(learned)
+    }
+
+    /// Refuses a run whose model is not of `folder`'s shape (its first differing
+    /// `[model]` field named); notes one fitted onto another folder.
+    fn refuse_another_model(&self, folder: &std::path::Path) -> Result<()> {
+        let model = &self.ckpt.config.model;
+        let theirs = lethe::model::llama::LlamaConfig::from_file(&folder.join("config.json"))?;
+        let theirs = lethe::model::llama::layout::model_config(&theirs, model.dropout).map_err(anyhow::Error::msg)?;
+        let (ours, theirs) = (serde_json::to_value(model)?, serde_json::to_value(&theirs)?);
+        if let Some((field, value, folder_value)) = first_difference("model", &ours, &theirs) {
+            anyhow::bail!(
+                "its model is not `{}`'s: {field} = {value} where the folder's gives {folder_value}",
+                folder.display()
+            );
+        }
+        let same = |a: &std::path::Path| a.canonicalize().ok() == folder.canonicalize().ok();
+        if let Some(from) = self.ckpt.config.train.init_from.as_deref().filter(|from| !same(from)) {
+            eprintln!(
+                "note: --learned `{}` was fitted onto `{}` and is compared here with `{}`, a model of the same shape",
+                self.ckpt.path.display(),
+                from.display(),
+                folder.display()
+            );
+        }
+        Ok(())
     }
 
     /// The run at `path`, refused unless it is an Expire-Span model or an ∞-former; its
@@ -101,6 +132,23 @@ impl Learned {
         let lm = lethe::model::Lm::new(&cfg, tch::Device::Cpu)?;
         self.ckpt.load_parameters(&lm.vs.variables())?;
         Ok(lm)
+    }
+}
+
+/// The first field (by its dotted name under `at`) where `ours` and `theirs` differ,
+/// with the two values; objects are compared field by field.
+fn first_difference(
+    at: &str,
+    ours: &serde_json::Value,
+    theirs: &serde_json::Value,
+) -> Option<(String, String, String)> {
+    match (ours.as_object(), theirs.as_object()) {
+        (Some(ours), Some(theirs)) => ours.iter().find_map(|(key, value)| {
+            let there = theirs.get(key).unwrap_or(&serde_json::Value::Null);
+            first_difference(&format!("{at}.{key}"), value, there)
+        }),
+        _ if ours == theirs => None,
+        _ => Some((at.to_string(), ours.to_string(), theirs.to_string())),
     }
 }
 

@@ -5,18 +5,18 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 
 use lethe::data::longctx::{ByteUnits, Haystack, Units};
 use lethe::data::Token;
-use lethe::longeval::{Cell, Decoder, Grid, Reader, Subject};
+use lethe::longeval::{fingerprint, Cell, Decoder, Grid, Progress, Reader, Subject};
 use lethe::metrics::format_duration;
 use lethe::model::kv::Budget;
 use lethe::model::llama::Llama;
 use lethe::model::Lm;
 use lethe::plot::{Heatmap, SweepSeries};
 
-use super::decoder::{block_for, pretrained_tokenizer};
+use super::decoder::{block_for, each_once, pretrained_tokenizer};
 use super::learned::Learned;
 use super::train::load_checkpoint;
 use crate::cli::LongevalArgs;
@@ -26,8 +26,8 @@ use crate::cli::LongevalArgs;
 /// resuming from each one's table, prints the accuracy of each task by length, and draws
 /// the heatmaps and the accuracy-by-length charts.
 pub(crate) fn longeval(a: LongevalArgs) -> Result<()> {
-    if a.samples == 0 {
-        bail!("--samples must be at least 1");
+    if a.samples == 0 || a.samples > lethe::longeval::MAX_SAMPLES {
+        bail!("--samples {}: must be from 1 to {} a cell", a.samples, lethe::longeval::MAX_SAMPLES);
     }
     let text = match a.haystack.as_deref() {
         Some(p) if p == Path::new("digits") => Some(Haystack::Digits),
@@ -101,6 +101,11 @@ fn decoder_runs(a: &LongevalArgs, folder: &Path, grid: &Grid) -> Result<Vec<Run>
     if a.device != "cpu" {
         bail!("--init-from FOLDER evaluates on the CPU: give --device cpu");
     }
+    let full = vec!["full".to_string()];
+    let policies = a.policies.as_ref().unwrap_or(&full);
+    each_once("--policies", policies, String::clone)?;
+    each_once("--budgets", a.budgets.as_deref().unwrap_or_default(), String::clone)?;
+    each_once("--learned", a.learned.as_deref().unwrap_or_default(), |p| p.display().to_string())?;
     let model = Llama::load(folder)?;
     let Some(tokenizer) = pretrained_tokenizer(folder, model.config.vocab_size as usize)? else {
         bail!("`{}` has no tokenizer.json: lethe longeval writes its samples through it", folder.display());
@@ -113,9 +118,8 @@ fn decoder_runs(a: &LongevalArgs, folder: &Path, grid: &Grid) -> Result<Vec<Run>
         .map(|b| Ok((b.clone(), Budget::parse(b).map_err(|e| anyhow::anyhow!("--budgets `{b}`: {e}"))?)))
         .collect::<Result<_>>()?;
     let shortest = grid.lengths.iter().copied().min().unwrap_or(1);
-    let full = vec!["full".to_string()];
     let mut plans: Vec<(String, Decoder)> = Vec::new();
-    for policy in a.policies.as_ref().unwrap_or(&full) {
+    for policy in policies {
         let budgeted: Vec<(String, Option<Budget>)> = match policy.as_str() {
             "full" => vec![("full".into(), None)],
             _ if budgets.is_empty() => {
@@ -137,11 +141,15 @@ fn decoder_runs(a: &LongevalArgs, folder: &Path, grid: &Grid) -> Result<Vec<Run>
     }
     let probe_ids = tokenizer.encode(PROBE)?;
     let learned: Vec<Learned> =
-        a.learned.iter().flatten().map(|run| Learned::load(run, PROBE, &probe_ids)).collect::<Result<_>>()?;
+        a.learned.iter().flatten().map(|run| Learned::load(run, (PROBE, &probe_ids), folder)).collect::<Result<_>>()?;
+    let model_files = super::decoder::folder_files(folder)?;
+    let folder_print = fingerprint(&model_files)?;
     let mut runs = Vec::new();
     for (name, decoder) in &plans {
         eprintln!("longeval: {name} ({})", folder.display());
-        let table = evaluate(decoder, (&tokenizer, "tokens"), grid, &a.out.join(name))?;
+        let budget = decoder.budget.map_or(String::new(), |b| format!(" at {b}"));
+        let who = format!("{folder_print}, {}{budget}, blocks of {}", decoder.policy, decoder.block);
+        let table = evaluate(decoder, (&tokenizer, "tokens"), grid, (&a.out.join(name), &who))?;
         runs.push(Run { name: name.clone(), table, unit: "tokens" });
     }
     for run in &learned {
@@ -155,10 +163,13 @@ fn decoder_runs(a: &LongevalArgs, folder: &Path, grid: &Grid) -> Result<Vec<Run>
         let uncapped =
             if run.capped() { format!("{}-uncapped", run.ckpt.config.name) } else { run.ckpt.config.name.clone() };
         at.push((uncapped, None));
+        let run_print = fingerprint(std::slice::from_ref(&run.ckpt.path))?;
         for (name, budget) in at {
             eprintln!("longeval: {name} ({})", run.name);
             let subject = LearnedAt::new(run, budget, block, &grid.lengths)?;
-            let table = evaluate(&subject, (&tokenizer, "tokens"), grid, &a.out.join(&name))?;
+            let cap = budget.map_or(String::new(), |b| format!(" at {b}"));
+            let who = format!("{run_print}{cap}, blocks of {block}");
+            let table = evaluate(&subject, (&tokenizer, "tokens"), grid, (&a.out.join(&name), &who))?;
             runs.push(Run { name, table, unit: "tokens" });
         }
     }
@@ -265,27 +276,40 @@ fn evaluate_run(checkpoint: &Path, grid: &Grid, out: &Path, device: &str) -> Res
         Some(t) => (t, "tokens"),
         None => (&ByteUnits, "bytes"),
     };
-    Ok((evaluate(&lm, (units, unit), grid, out)?, unit))
+    let who = fingerprint(std::slice::from_ref(&ckpt.path))?;
+    Ok((evaluate(&lm, (units, unit), grid, (out, &who))?, unit))
 }
 
-/// Evaluates `grid` on `subject`, which reads `units` (named `unit` in the tables), into
-/// `out`, printing progress, the summary and the heatmaps.
-fn evaluate(subject: &dyn Subject, (units, unit): (&dyn Units, &str), grid: &Grid, out: &Path) -> Result<Vec<Cell>> {
-    std::fs::create_dir_all(out).with_context(|| format!("--out `{}`", out.display()))?;
+/// Evaluates `grid` on `subject` (named `who` in the table's rows), which reads `units`
+/// (named `unit` in the tables), into `out`, printing progress, the summary and the
+/// heatmaps.
+fn evaluate(
+    subject: &dyn Subject,
+    (units, unit): (&dyn Units, &str),
+    grid: &Grid,
+    (out, who): (&Path, &str),
+) -> Result<Vec<Cell>> {
+    super::decoder::make_folder("--out", out)?;
     let started = Instant::now();
-    let table = lethe::longeval::run(subject, units, grid, out, |cell, done, total| {
-        let elapsed = started.elapsed();
-        let eta = elapsed.mul_f64((total - done) as f64 / done as f64);
-        eprintln!(
-            "longeval: {} at {} {unit}, {}: accuracy {:.2}, memory {:.0} per layer ({done}/{total} cells, {} elapsed, about {} to go)",
-            cell.task,
-            cell.length,
-            depth_label(cell.depth, "depth "),
-            cell.accuracy,
-            cell.memory,
-            format_duration(elapsed),
-            format_duration(eta)
-        );
+    let table = lethe::longeval::run(subject, units, grid, (out, who), |event| match event {
+        Progress::Cell(cell, done, total) => {
+            let elapsed = started.elapsed();
+            let eta = elapsed.mul_f64((total - done) as f64 / done as f64);
+            eprintln!(
+                "longeval: {} at {} {unit}, {}: accuracy {:.2}, memory {:.0} per layer ({done}/{total} cells, {} elapsed, about {} to go)",
+                cell.task,
+                cell.length,
+                depth_label(cell.depth, "depth "),
+                cell.accuracy,
+                cell.memory,
+                format_duration(elapsed),
+                format_duration(eta)
+            );
+        }
+        Progress::Samples(task, length, depth, done, of) => {
+            let depth = depth_label(depth.map(|d| 100.0 * d), "depth ");
+            eprintln!("longeval: {task} at {length} {unit}, {depth}: {done}/{of} samples");
+        }
     })?;
     print_summary(&table, grid, unit);
     println!("wrote {} and {}", out.join("longeval.csv").display(), out.join("longeval.json").display());

@@ -486,6 +486,59 @@ fn the_gpt2_campaigns_finds_are_refused_clearly() {
     assert!(!d.join("tok").exists());
 }
 
+/// Found by `scripts/hostile.sh` on the pretrained-decoder commands: a lethe run or an
+/// empty folder given to `--init-from` was named by a missing config.json; a budget or
+/// policy given twice was scored twice; `bench --init-from` ignored `--precision` and
+/// overflowed libtorch on a huge context; a file as `--out` surfaced as an OS error;
+/// `chat` talked with a model never trained on dialogues.
+#[test]
+fn the_decoder_campaigns_finds_are_refused_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    succeeds(&train(d, &["--steps", "2", "--name", "lm"]));
+    std::fs::create_dir(d.join("empty")).unwrap();
+    std::fs::write(d.join("text.txt"), "some text to score, a line of it\n".repeat(20)).unwrap();
+    let folder = crate::common::llama::fixture("llama3");
+    let folder = folder.to_str().unwrap();
+    fails_with(&lethe(d, &["generate", "--init-from", "empty", "--prompt", "a"]), &["`empty`", "no config.json"]);
+    fails_with(
+        &lethe(d, &["generate", "--init-from", "runs/lm", "--prompt", "a"]),
+        &["`runs/lm`", "lethe run folder", "--checkpoint"],
+    );
+    let sweep = |policies: &str, budgets: &str, out: &str| {
+        let args = ["eval", "--init-from", folder, "--data", "text.txt", "--policies", policies, "--budgets", budgets];
+        lethe(d, &[&args[..], &["--out", out]].concat())
+    };
+    fails_with(&sweep("window", "1/2,1/2", "ev"), &["--budgets", "`1/2` is given twice"]);
+    fails_with(&sweep("window,h2o,window", "8", "ev"), &["--policies", "`window` is given twice"]);
+    fails_with(&sweep("window", "8", "text.txt"), &["--out `text.txt`", "not a folder"]);
+    let bench = |extra: &[&str]| lethe(d, &[&["bench", "--init-from", folder][..], extra].concat());
+    fails_with(&bench(&["--precision", "bf16"]), &["--precision", "training bench"]);
+    fails_with(
+        &bench(&["--contexts", "1152921504606846976"]),
+        &["--contexts 1152921504606846976", "full cache", "GiB"],
+    );
+    fails_with(&bench(&["--contexts", "32", "--kv", "window@8", "--kv", "window@8"]), &["--kv", "given twice"]);
+    fails_with(&bench(&["--contexts", "32", "--out", "text.txt"]), &["--out `text.txt`", "not a folder"]);
+    fails_with(&lethe(d, &["dialogue-data", "--out", "text.txt"]), &["text.txt", "is a file"]);
+    fails_with(
+        &lethe(d, &["chat", "--checkpoint", "runs/lm", "--document", "text.txt"]),
+        &["trained on `copy`", "not on dialogues"],
+    );
+    assert!(!d.join("ev").exists(), "a refused sweep wrote its folder");
+    // A pretrained folder without its tokenizer trains on bytes, and says so.
+    std::fs::create_dir(d.join("bare")).unwrap();
+    for file in ["config.json", "model.safetensors"] {
+        std::fs::copy(std::path::Path::new(folder).join(file), d.join("bare").join(file)).unwrap();
+    }
+    let args = ["train", "--init-from", "bare", "--data", "text.txt", "--steps", "1", "--out", "runs", "--name", "b"];
+    let sets = ["--set", "train.block=16", "--set", "train.batch=2", "--set", "train.eval_tokens=64"];
+    let out = lethe(d, &[&args[..], &sets].concat());
+    succeeds(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("note: bare holds no tokenizer") && stderr.contains("read as bytes"), "{stderr}");
+}
+
 /// The bytes of every file in a run folder, by name.
 fn folder_bytes(dir: &std::path::Path) -> std::collections::BTreeMap<String, Vec<u8>> {
     std::fs::read_dir(dir)

@@ -56,18 +56,44 @@ fn longeval_writes_a_row_per_cell_and_a_rerun_keeps_them() {
     let csv = std::fs::read_to_string(d.join("ev/longeval.csv")).unwrap();
     let first = &table[0];
     let fields: Vec<&str> = first.split(',').collect();
-    let marked = format!("{},0.125,{},{}", fields[..5].join(","), fields[6], fields[7]);
+    let marked = format!("{},0.125,{}", fields[..5].join(","), fields[6..].join(","));
     let kept: Vec<String> = std::iter::once(csv.lines().next().unwrap().to_string()).chain([marked.clone()]).collect();
     std::fs::write(d.join("ev/longeval.csv"), kept.join("\n") + "\n").unwrap();
     succeeds(&longeval(d, &["--suite", "passkey,niah_single_1"]));
     let table = rows(d);
     assert_eq!(table.len(), 8);
     assert_eq!(table[0], marked, "the finished cell was evaluated again");
-    // Another grid into the same folder adds its rows and keeps the first grid's.
+    // Another grid into the same folder adds its rows and keeps the first grid's; so
+    // does another haystack.
     succeeds(&longeval(d, &["--suite", "passkey", "--seed", "5"]));
     let table = rows(d);
     assert_eq!(table.len(), 8 + 4, "{table:?}");
     assert!(table.contains(&marked));
+    succeeds(&longeval(d, &["--suite", "niah_single_2"]));
+    succeeds(&longeval(d, &["--suite", "niah_single_2", "--haystack", "digits"]));
+    assert_eq!(rows(d).len(), 8 + 4 + 4 + 4, "a cell of the noise haystack was taken for the digits'");
+}
+
+/// A folder holding another model's table is refused, the table untouched: a changed
+/// checkpoint (the same run trained on) and a table that names no model alike.
+#[test]
+fn a_rerun_on_another_model_is_refused_and_the_table_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    byte_model(d);
+    succeeds(&longeval(d, &["--suite", "passkey"]));
+    let before = std::fs::read_to_string(d.join("ev/longeval.csv")).unwrap();
+    let more = ["train", "-q", "--resume", "--out", "runs", "--name", "m", "--steps", "3"];
+    succeeds(&lethe(d, &more));
+    fails_with(
+        &longeval(d, &["--suite", "passkey"]),
+        &["ev/longeval.csv", "holds the results of crc32", "another --out"],
+    );
+    assert_eq!(std::fs::read_to_string(d.join("ev/longeval.csv")).unwrap(), before);
+    // A table written before rows named their model (its last two columns dropped).
+    let old: Vec<String> = before.lines().map(|l| l.split(',').take(8).collect::<Vec<_>>().join(",")).collect();
+    std::fs::write(d.join("ev/longeval.csv"), old.join("\n") + "\n").unwrap();
+    fails_with(&longeval(d, &["--suite", "passkey"]), &["a model it does not name"]);
 }
 
 /// The tasks without a depth have one cell per length, their depth left empty; several
@@ -131,6 +157,14 @@ fn longeval_refuses_bad_flags_and_short_lengths_before_it_starts() {
         &lethe(d, &["longeval", "--checkpoint", "runs/m", "--out", "ev", "--haystack", "none.txt"]),
         &["none.txt"],
     );
+    for samples in ["0", "100001"] {
+        let out = lethe(d, &["longeval", "--checkpoint", "runs/m", "--out", "ev", "--samples", samples]);
+        fails_with(&out, &[&format!("--samples {samples}"), "from 1 to 100000"]);
+    }
+    std::fs::write(d.join("file"), "x").unwrap();
+    let out =
+        lethe(d, &["longeval", "--checkpoint", "runs/m", "--out", "file", "--lengths", "400", "--suite", "passkey"]);
+    fails_with(&out, &["--out `file`", "not a folder"]);
 }
 
 #[test]
@@ -243,6 +277,26 @@ fn a_decoder_is_evaluated_under_each_policy_and_budget_beside_a_learned_run() {
     let before = [table("h2o-16"), table("fitted-1of2")];
     succeeds(&decoder_longeval(d, &args));
     assert_eq!([table("h2o-16"), table("fitted-1of2")], before);
+    // The run beside another model: refused where its shape differs (naming the field),
+    // noted where only the folder does (a copy of the same model).
+    let other = crate::common::llama::fixture("llama3");
+    let grid = ["--suite", "passkey", "--lengths", "210", "--depths", "0", "--samples", "1", "--out", "ev2"];
+    let beside = |folder: &str| {
+        lethe(d, &[&["longeval", "--init-from", folder, "--learned", "runs/fitted"][..], &grid].concat())
+    };
+    fails_with(&beside(other.to_str().unwrap()), &["--learned `runs/fitted`", "its model is not", "model."]);
+    let copy = d.join("copy");
+    std::fs::create_dir(&copy).unwrap();
+    for file in ["config.json", "model.safetensors", "tokenizer.json"] {
+        std::fs::copy(folder.join(file), copy.join(file)).unwrap();
+    }
+    let out = beside("copy");
+    succeeds(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("note: --learned `runs/fitted") && stderr.contains("is compared here with `copy`"),
+        "{stderr}"
+    );
 }
 
 /// What `--init-from` cannot evaluate is refused before anything is written.

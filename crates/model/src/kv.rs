@@ -218,6 +218,16 @@ pub enum Budget {
     Fraction(f64),
 }
 
+impl std::fmt::Display for Budget {
+    /// `64 entries`, or `1/8` as `0.125 of each sample`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Budget::Entries(n) => write!(f, "{n} entries"),
+            Budget::Fraction(x) => write!(f, "{x} of each sample"),
+        }
+    }
+}
+
 impl Budget {
     /// Reads `--budget`: a whole number of entries, a decimal fraction or `a/b`.
     pub fn parse(text: &str) -> Result<Budget> {

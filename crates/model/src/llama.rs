@@ -350,6 +350,18 @@ impl KvCache {
 impl Llama {
     /// Reads the model in `dir`: its `config.json` and weights (see [`read_weights`]).
     pub fn load(dir: &Path) -> Result<Llama> {
+        if !dir.join("config.json").is_file() {
+            let why = if !dir.exists() {
+                "does not exist"
+            } else if dir.is_file() {
+                "is a file, where a Hugging Face model folder is wanted (a lethe run is given as --checkpoint)"
+            } else if dir.join("checkpoint.safetensors").is_file() {
+                "is a lethe run folder, not a Hugging Face one: give it as --checkpoint"
+            } else {
+                "is not a Hugging Face model folder: it has no config.json"
+            };
+            return Err(LetheError::checkpoint(dir, why));
+        }
         let config = LlamaConfig::from_file(&dir.join("config.json"))?;
         Self::assemble(config, read_weights(dir)?)
     }

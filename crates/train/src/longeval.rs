@@ -8,8 +8,11 @@
 //!
 //! A cell's figures are written as soon as it is done, to `longeval.csv` (atomically,
 //! the whole table each time), so an interrupted run keeps every finished cell and a
-//! rerun with the same grid skips them; the rows of another grid in the same file are
-//! kept. `longeval.json` holds this grid's table when it is complete.
+//! rerun with the same grid skips them; the rows of another grid (other samples, seed or
+//! haystack) in the same file are kept. Each row names what was evaluated (its
+//! [`Cell::subject`]: the model's files' checksum, with a decoder's policy, budget and
+//! block), and a table of another subject is refused rather than resumed or mixed.
+//! `longeval.json` holds this grid's table when it is complete.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -109,6 +112,20 @@ pub struct Grid {
     pub text: Option<Haystack>,
 }
 
+/// The most samples a cell may take (RULER scores 500 a cell).
+pub const MAX_SAMPLES: usize = 100_000;
+
+/// What [`run`] reports as it goes.
+pub enum Progress<'a> {
+    /// A cell is done: the cell, the cells done and the grid's total.
+    Cell(&'a Cell, usize, usize),
+    /// A long cell is under way: its task, length and depth, and the samples done of its total.
+    Samples(&'a str, usize, Option<f64>, usize, usize),
+}
+
+/// How often a cell under way reports its samples.
+const SAMPLE_REPORT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// One cell's figures: a row of `longeval.csv`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Cell {
@@ -128,6 +145,13 @@ pub struct Cell {
     pub memory: f64,
     /// Wall-clock seconds the cell took.
     pub seconds: f64,
+    /// The haystack of the tasks whose haystack is text (`noise`, `digits`, or a text
+    /// file's checksum): part of the grid.
+    #[serde(default)]
+    pub haystack: String,
+    /// What was evaluated (see [`run`]); empty in a table written before rows named it.
+    #[serde(default)]
+    pub subject: String,
 }
 
 impl Cell {
@@ -138,6 +162,7 @@ impl Cell {
             && self.at(depth)
             && self.samples == grid.samples
             && self.seed == grid.seed
+            && self.haystack == grid.haystack_label()
     }
 
     /// Whether this row is at `depth` (in [0, 1]; none for a task without one).
@@ -165,21 +190,38 @@ impl Grid {
     pub fn cells(&self) -> usize {
         self.tasks.iter().map(|t| self.depths_of(t).len() * self.lengths.len()).sum()
     }
+
+    /// The haystack as a row names it: `noise` (the default), `digits`, or a text's
+    /// length and checksum.
+    pub fn haystack_label(&self) -> String {
+        match &self.text {
+            None | Some(Haystack::Noise) => "noise".into(),
+            Some(Haystack::Digits) => "digits".into(),
+            Some(Haystack::Text(text)) => {
+                format!("text of {} bytes, crc32 {:08x}", text.len(), crc32fast::hash(text.as_bytes()))
+            }
+            Some(Haystack::Needles { .. }) => "needles".into(),
+        }
+    }
 }
 
 /// Evaluates every cell of `grid` that `out/longeval.csv` does not already hold, writing
 /// the table after each; `progress` is told of each cell done (with the number done
-/// and the total). Returns the whole table, in the grid's order.
+/// and the total) and, every ten seconds, of the samples of a long cell. `who` names
+/// the subject in each row (a [`fingerprint`] of its files, with its settings): a table
+/// that names another is refused before anything is evaluated. Returns the whole table,
+/// in the grid's order.
 pub fn run(
     subject: &dyn Subject,
     units: &dyn Units,
     grid: &Grid,
-    out: &Path,
-    mut progress: impl FnMut(&Cell, usize, usize),
+    (out, who): (&Path, &str),
+    mut progress: impl FnMut(Progress),
 ) -> Result<Vec<Cell>> {
     check(grid, units)?;
     let csv_path = out.join("longeval.csv");
     let mut done = read_table(&csv_path)?;
+    refuse_another_subject(&csv_path, &done, who)?;
     let total = grid.cells();
     let mut table = Vec::with_capacity(total);
     for &task in &grid.tasks {
@@ -188,7 +230,8 @@ pub fn run(
                 let cell = match done.iter().position(|c| c.is(task, length, depth, grid)) {
                     Some(i) => done.swap_remove(i),
                     None => {
-                        let cell = evaluate(subject, units, grid, task, length, depth)?;
+                        let mut cell = evaluate(subject, units, grid, (task, length, depth), &mut progress)?;
+                        cell.subject = who.to_string();
                         let mut rows = table.clone();
                         rows.push(cell.clone());
                         rows.extend(done.iter().cloned());
@@ -197,7 +240,7 @@ pub fn run(
                     }
                 };
                 table.push(cell);
-                progress(table.last().expect("a cell was pushed"), table.len(), total);
+                progress(Progress::Cell(table.last().expect("a cell was pushed"), table.len(), total));
             }
         }
     }
@@ -208,9 +251,43 @@ pub fn run(
     Ok(table)
 }
 
+/// Refuses a table whose rows name another subject than `who` (or none: a table written
+/// before rows named it), so that one model's figures are never resumed as another's.
+fn refuse_another_subject(path: &Path, rows: &[Cell], who: &str) -> Result<()> {
+    let Some(other) = rows.iter().find(|c| c.subject != who) else { return Ok(()) };
+    let theirs = if other.subject.is_empty() { "a model it does not name".to_string() } else { other.subject.clone() };
+    Err(LetheError::Invalid(format!(
+        "--out: `{}` holds the results of {theirs}, not of this evaluation ({who}): give another --out, or remove the file to start over",
+        path.display()
+    )))
+}
+
+/// A checksum of `files` (their bytes, in order) with their total size, naming a model
+/// in a table's rows: `crc32 1a2b3c4d of 5.2 MB`.
+pub fn fingerprint(files: &[PathBuf]) -> Result<String> {
+    use std::io::Read;
+    let mut hasher = crc32fast::Hasher::new();
+    let (mut total, mut buf) = (0u64, vec![0u8; 1 << 20]);
+    for path in files {
+        let mut file = std::fs::File::open(path).map_err(|e| LetheError::io(path.clone(), e))?;
+        loop {
+            let n = file.read(&mut buf).map_err(|e| LetheError::io(path.clone(), e))?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+            total += n as u64;
+        }
+    }
+    Ok(format!("crc32 {:08x} of {:.1} MB", hasher.finalize(), total as f64 / 1e6))
+}
+
 /// Refuses a grid with a cell that cannot be generated (a length too short for a task),
 /// before any is evaluated: one sample of each task at the shortest length.
 pub fn check(grid: &Grid, units: &dyn Units) -> Result<()> {
+    if grid.samples == 0 || grid.samples > MAX_SAMPLES {
+        return Err(LetheError::Invalid(format!("--samples {}: must be from 1 to {MAX_SAMPLES} a cell", grid.samples)));
+    }
     // A sample's text and units are held whole while it is built: bounded as any input.
     let longest = grid.lengths.iter().copied().max().unwrap_or(0) as u64;
     let most = lethe_core::input::max_bytes() / BYTES_PER_UNIT;
@@ -227,16 +304,17 @@ pub fn check(grid: &Grid, units: &dyn Units) -> Result<()> {
 /// What a unit of a sample costs while it is built (its text, its id, the copies).
 const BYTES_PER_UNIT: u64 = 16;
 
-/// The samples of one cell, read and answered.
+/// The samples of one cell, read and answered; `progress` is told of the samples done
+/// every ten seconds.
 fn evaluate(
     subject: &dyn Subject,
     units: &dyn Units,
     grid: &Grid,
-    task: &'static str,
-    length: usize,
-    depth: Option<f64>,
+    (task, length, depth): (&'static str, usize, Option<f64>),
+    progress: &mut impl FnMut(Progress),
 ) -> Result<Cell> {
     let started = Instant::now();
+    let mut reported = started;
     let spec = Spec { length, depth: depth.unwrap_or(0.0), text: grid.text.clone() };
     let (mut accuracy, mut memory) = (0.0, 0.0);
     for i in 0..grid.samples {
@@ -248,6 +326,10 @@ fn evaluate(
         memory += held.iter().sum::<usize>() as f64 / held.len().max(1) as f64;
         let answer = (0..room).map(|_| reader.next_token()).collect::<Result<Vec<_>>>()?;
         accuracy += score(&units.decode(&answer)?, &sample.answers, &sample.scoring);
+        if reported.elapsed() >= SAMPLE_REPORT && i + 1 < grid.samples {
+            progress(Progress::Samples(task, length, depth, i + 1, grid.samples));
+            reported = Instant::now();
+        }
     }
     let n = grid.samples.max(1) as f64;
     Ok(Cell {
@@ -259,6 +341,8 @@ fn evaluate(
         accuracy: accuracy / n,
         memory: memory / n,
         seconds: started.elapsed().as_secs_f64(),
+        haystack: grid.haystack_label(),
+        subject: String::new(),
     })
 }
 
@@ -315,6 +399,8 @@ mod tests {
             accuracy: 0.5,
             memory: 128.0,
             seconds: 1.25,
+            haystack: "noise".into(),
+            subject: "crc32 00000001 of 0.1 MB".into(),
         };
         let spread = Cell { task: "qa1".into(), depth: None, ..row.clone() };
         write_table(&path, &[row.clone(), Cell { depth: Some(100.0), ..row.clone() }, spread.clone()]).unwrap();

@@ -170,6 +170,13 @@ impl<'a> Run<'a> {
                 format!("; {} new ones start fresh ({})", loaded.fresh.len(), abbreviate(&loaded.fresh))
             };
             run.say(&format!("initialised from {}: {} parameters{fresh}", from.display(), loaded.copied));
+            let pretrained = from.join("config.json").is_file();
+            if pretrained && cfg.data.tokenizer.is_none() && cfg.data.source.reads_text() {
+                run.say(&format!(
+                    "note: {} holds no tokenizer, so the text is read as bytes (ids 0-255); give --set data.tokenizer=FOLDER if its model was trained on one",
+                    from.display()
+                ));
+            }
         }
         if cfg.train.freeze_base {
             run.say(&format!(

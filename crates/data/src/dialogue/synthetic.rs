@@ -288,6 +288,9 @@ pub fn write(dir: &Path, n: usize, seed: u64) -> Result<Written> {
             format!("must be at most {MAX_CONVERSATIONS} (about 8 KB of files each)"),
         ));
     }
+    if dir.exists() && !dir.is_dir() {
+        return Err(LetheError::data(dir, "is a file: --out names the folder to write the data set into"));
+    }
     for sub in ["WikiData", "Conversations", "tokenizer"] {
         if dir.join(sub).exists() {
             return Err(LetheError::data(dir.join(sub), "exists already; choose an empty folder"));
