@@ -17,6 +17,7 @@ are ordinary ``nn.Parameter``\\ s, the very tensors the layer computes with.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -86,10 +87,16 @@ class State:
 
 
 def _move(t: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-    """``t.to(...)``, but a dtype leaves integer tensors (counters, flags) as they are."""
-    if t.is_floating_point():
-        return t.to(*args, **kwargs)
+    """``t.to(...)``, but a dtype leaves integer tensors (counters, flags) as they are,
+    and a floating-point tensor is refused an integer dtype (it would be truncated)."""
     moved = t.to(*args, **kwargs)
+    if t.is_floating_point():
+        if not moved.is_floating_point():
+            raise ValueError(
+                f"State.to: {moved.dtype} is not a floating-point dtype; "
+                "a state's floating-point tensors convert to one only"
+            )
+        return moved
     return moved if moved.dtype == t.dtype else t.to(device=moved.device)
 
 
@@ -135,6 +142,9 @@ class MemoryAttention(nn.Module):
         _check_int("block", block)
         memory: Dict[str, Any] = {"mechanism": mechanism, "span": span}
         given = {k: v for k, v in settings.items() if v is not None}
+        for key, value in given.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{key} = {value}: must be a finite number")
         if given:
             memory[mechanism] = given
         self.mechanism = mechanism
@@ -143,6 +153,8 @@ class MemoryAttention(nn.Module):
         self.span = span
         self.block = block
         self._layer = _lethe.Layer(d_model, heads, block, float(dropout), json.dumps(memory))
+        # The dtype of each state tensor this module made, by the block's dtype.
+        self._state_dtypes: Dict[torch.dtype, Dict[str, torch.dtype]] = {}
         self._owner = f"{type(self).__name__}(d_model={d_model}, heads={heads}, span={span}, {json.dumps(given, sort_keys=True)})"
         for name, tensor in self._layer.parameters():
             _register(self, name, tensor)
@@ -155,7 +167,9 @@ class MemoryAttention(nn.Module):
         if not isinstance(x, Tensor):
             raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
         _check_device("x", x, self)
-        y, after, aux = self._layer.forward(x, _held(state, self._owner), self.training)
+        made = self._state_dtypes.setdefault(x.dtype, {})
+        y, after, aux = self._layer.forward(x, _held(state, self._owner, x.device, made), self.training)
+        made.update((name, t.dtype) for name, t in after)
         self.aux_loss = aux if aux is not None else torch.zeros((), dtype=x.dtype, device=x.device)
         return y, State(self._owner, after)
 
@@ -163,14 +177,28 @@ class MemoryAttention(nn.Module):
         return f"d_model={self.d_model}, heads={self.heads}, span={self.span}, block={self.block}"
 
 
-def _held(state: Optional[State], owner: str) -> List[Tuple[str, Tensor]]:
-    """The tensors of ``state`` (None: an empty memory), refused unless ``owner`` made it."""
+def _held(
+    state: Optional[State], owner: str, device: torch.device, made: Dict[str, torch.dtype]
+) -> List[Tuple[str, Tensor]]:
+    """The tensors of ``state`` (None: an empty memory), refused unless ``owner`` made it,
+    they are on ``device``, and each has the dtype ``made`` gives its name (what this
+    module's states held at the block's dtype, where it has made one)."""
     if state is None:
         return []
     if not isinstance(state, State):
         raise TypeError(f"state: expected a lethe.State (or None), got {type(state).__name__}")
     if state.owner != owner:
         raise ValueError(f"state: made by {state.owner}, not by this module, {owner}")
+    for name, t in state.tensors:
+        if t.device != device:
+            raise ValueError(
+                f"state: `{name}` is on {t.device}, the block on {device} (move the state: state.to(device))"
+            )
+        if name in made and t.dtype != made[name]:
+            raise ValueError(
+                f"state: `{name}` is {t.dtype}, where this module's states hold it as {made[name]}"
+                " (convert the state: state.to(dtype))"
+            )
     return state.tensors
 
 

@@ -42,6 +42,8 @@ class Model(nn.Module):
         )
         for name, tensor in self._model.parameters():
             _register(self, name, tensor)
+        # The dtype of each state tensor this model made, by the parameters' dtype.
+        self._state_dtypes: Dict[torch.dtype, Dict[str, torch.dtype]] = {}
         self.aux_loss = torch.zeros(())
 
     def forward(self, tokens: Tensor, state: Optional[State] = None) -> Tuple[Tensor, State]:
@@ -51,7 +53,10 @@ class Model(nn.Module):
         if not isinstance(tokens, Tensor):
             raise TypeError(f"tokens: expected a torch.Tensor, got {type(tokens).__name__}")
         _check_device("tokens", tokens, self)
-        logits, after, aux = self._model.forward(tokens, _held(state, self._owner), self.training)
+        made = self._state_dtypes.setdefault(next(self.parameters()).dtype, {})
+        held = _held(state, self._owner, tokens.device, made)
+        logits, after, aux = self._model.forward(tokens, held, self.training)
+        made.update((name, t.dtype) for name, t in after)
         self.aux_loss = aux
         return logits, State(self._owner, after)
 

@@ -67,6 +67,22 @@ impl Inner {
     }
 }
 
+/// Refuses a layer whose parameters (the four maps and the relative positions, `rows`
+/// of them) would take more than half the machine's memory, naming its sizes.
+fn refuse_too_large(d_model: i64, heads: i64, rows: i64, span: usize) -> PyResult<()> {
+    let floats = 4.0 * (d_model as f64).powi(2) + rows as f64 * (d_model / heads) as f64;
+    let (bytes, most) = (4.0 * floats, lethe_core::input::max_bytes() as f64);
+    if bytes > most {
+        let gib = (1u64 << 30) as f64;
+        return Err(invalid(format!(
+            "d_model = {d_model} and span = {span}: the layer's parameters would take {:.1} GiB, more than half this machine's memory ({:.1} GiB)",
+            bytes / gib,
+            most / gib
+        )));
+    }
+    Ok(())
+}
+
 #[pymethods]
 impl Layer {
     /// A layer of `d_model` split into `heads`, taking blocks of at most `block`
@@ -92,6 +108,7 @@ impl Layer {
             invalid(format!("settings: {said}"))
         })?;
         cfg.validate(block, Arch::Lethe).map_err(|e| invalid(as_arguments(&e.to_string())))?;
+        refuse_too_large(d_model, heads, memory::position_rows(&cfg, block), cfg.span)?;
         if cfg.expire.as_official {
             return Err(invalid(
                 "as_official caches a layer's raw input and normalises it with the layer's norm, which this layer does not hold",

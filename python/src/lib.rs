@@ -91,9 +91,20 @@ fn check_device(what: &str, t: &Tensor, device: tch::Device) -> PyResult<()> {
         return Ok(());
     }
     Err(invalid(format!(
-        "{what}: on {:?}, the parameters on {device:?} (move one: {what}.to(device) or module.to(device))",
-        t.device()
+        "{what}: on {}, the parameters on {} (move one: {what}.to(device) or module.to(device))",
+        device_name(t.device()),
+        device_name(device)
     )))
+}
+
+/// A device as torch names it: `cpu`, `cuda:0`, `mps`.
+fn device_name(device: tch::Device) -> String {
+    match device {
+        tch::Device::Cpu => "cpu".into(),
+        tch::Device::Cuda(i) => format!("cuda:{i}"),
+        tch::Device::Mps => "mps".into(),
+        tch::Device::Vulkan => "vulkan".into(),
+    }
 }
 
 /// Refuses the token ids `t` (the argument `what`) unless they are a `(batch, length)`
@@ -130,8 +141,9 @@ fn restore(state: &[(String, PyTensor)], streams: i64, device: tch::Device) -> P
     for (name, t) in state {
         if t.device() != device {
             return Err(invalid(format!(
-                "state: `{name}` is on {:?}, the block on {device:?} (move the state: state.to(device))",
-                t.device()
+                "state: `{name}` is on {}, the block on {} (move the state: state.to(device))",
+                device_name(t.device()),
+                device_name(device)
             )));
         }
         if t.dim() > 0 && t.size()[0] != streams {

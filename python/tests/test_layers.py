@@ -204,6 +204,10 @@ def test_bad_states_are_refused_with_one_line():
     raises(TypeError, lambda: xl(x, {"cache": x}), "lethe.State")
     other = lethe.TransformerXL(D, HEADS, span=16, block=BLOCK)
     raises(ValueError, lambda: other(x, from_xl), "made by")
+    # A state converted or moved away from the block is named, in torch's words.
+    raises(ValueError, lambda: xl(x, from_xl.to(torch.float64)), "`cache` is torch.float64", "as torch.float32")
+    raises(ValueError, lambda: xl(x, from_xl.to("meta")), "`cache` is on meta, the block on cpu")
+    raises(ValueError, lambda: from_xl.to(torch.int32), "State.to", "torch.int32", "floating-point")
 
 
 def test_bad_settings_are_refused_with_one_line():
@@ -212,3 +216,6 @@ def test_bad_settings_are_refused_with_one_line():
     raises(ValueError, lambda: lethe.ExpireSpan(D, HEADS, max_span=8, ramp=4, colour="red"), "colour")
     raises(ValueError, lambda: lethe.ExpireSpan(D, HEADS, max_span=8, alpha=-1.0), "alpha")
     raises(ValueError, lambda: lethe.TransformerXL(D, HEADS, span=8, dropout=1.5), "dropout")
+    raises(ValueError, lambda: lethe.ExpireSpan(D, HEADS, max_span=8, alpha=float("nan")), "alpha = nan", "finite")
+    raises(ValueError, lambda: lethe.TransformerXL(10**9, 1, span=8), "d_model = 1000000000", "GiB")
+    raises(ValueError, lambda: lethe.TransformerXL(D, HEADS, span=10**12), "span = 1000000000000", "GiB")
