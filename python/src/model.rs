@@ -146,7 +146,8 @@ impl Model {
 
     /// `count` tokens after `prompt` (ids), from an empty memory, as `lethe generate`
     /// makes them: the prompt read in blocks, then each token chosen from the logits by
-    /// `sampling`, `(temperature, top_k, top_p, seed)` (greedy at temperature 0).
+    /// `sampling`, `(temperature, top_k, top_p, seed)` (greedy at temperature 0). Python's
+    /// signals are checked every few tokens, so Ctrl-C stops a long generation.
     #[pyo3(signature = (prompt, count, sampling))]
     fn generate(
         &self,
@@ -156,6 +157,12 @@ impl Model {
         sampling: (f64, usize, f64, u64),
     ) -> PyResult<Vec<i64>> {
         let (temperature, top_k, top_p, seed) = sampling;
+        let most = lethe_core::input::max_bytes() / BYTES_PER_ID;
+        if count as u64 > most {
+            return Err(invalid(format!(
+                "count = {count}: the list of ids would not fit in half this machine's memory (at most {most} here)"
+            )));
+        }
         py.allow_threads(move || {
             let inner = lock(&self.inner)?;
             let vocab = inner.lm.config.model.vocab as i64;
@@ -168,10 +175,36 @@ impl Model {
             let prompt: Vec<Token> = prompt.into_iter().map(|i| i as Token).collect();
             guarded(|| {
                 let _no_grad = tch::no_grad_guard();
-                let out = generate::generate(&inner.lm, &prompt, count, &sampling, |_| {})
-                    .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
-                Ok(out.into_iter().map(i64::from).collect())
+                let (mut out, mut signal) = (Vec::with_capacity(count.min(1 << 16)), None);
+                let emitted = generate::stream(
+                    &inner.lm,
+                    &prompt,
+                    count,
+                    &sampling,
+                    |_, _| {},
+                    |t| {
+                        out.push(i64::from(t));
+                        if out.len() % SIGNAL_EVERY == 0 {
+                            if let Err(e) = Python::with_gil(|py| py.check_signals()) {
+                                signal = Some(e);
+                                return Err(lethe_core::error::LetheError::Invalid("interrupted".into()));
+                            }
+                        }
+                        Ok(())
+                    },
+                );
+                match (signal, emitted) {
+                    (Some(e), _) => Err(e),
+                    (None, Err(e)) => Err(PyRuntimeError::new_err(e.to_string())),
+                    (None, Ok(())) => Ok(out),
+                }
             })
         })
     }
 }
+
+/// What one generated id costs until Python holds it (the Rust list's and Python's int).
+const BYTES_PER_ID: u64 = 48;
+
+/// Tokens generated between two checks of Python's signals.
+const SIGNAL_EVERY: usize = 64;

@@ -208,5 +208,7 @@ def test_load_refuses_bad_tokens_with_one_line(runs):
         model(torch.zeros(3, 4, dtype=torch.long), state)
     with pytest.raises(ValueError, match="outside the vocabulary"):
         model.generate([model.vocab], 3)
+    with pytest.raises(ValueError, match="count = 1000000000000: the list of ids would not fit"):
+        model.generate([1], 10**12)
     with pytest.raises(ValueError, match="outside the vocabulary"):
         model.decode([-1])
