@@ -56,6 +56,8 @@ class Decoder:
         and each new token alone, every one from what ``cache`` keeps."""
         import torch
 
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"count must be a whole number, 0 or more, got {count!r}")
         logits = self(torch.tensor([prompt]), cache)
         out: List[int] = []
         for _ in range(count):

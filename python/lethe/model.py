@@ -82,6 +82,8 @@ class Model(nn.Module):
         as ``lethe generate`` makes them: greedy at ``temperature`` 0 (the default), else
         sampled from the ``top_k`` most likely tokens (0: all) within ``top_p`` of the
         probability, seeded by ``seed``."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"count must be a whole number, 0 or more, got {count!r}")
         ids = self.encode(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
         return self._model.generate(ids, count, (float(temperature), top_k, float(top_p), seed))
 

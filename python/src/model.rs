@@ -171,7 +171,7 @@ impl Model {
             }
             check_id_list("prompt", &prompt, vocab)?;
             let sampling = Sampling { temperature, top_k, top_p, seed };
-            sampling.validate().map_err(|e| invalid(e.to_string().replace("--", "").replace('-', "_")))?;
+            sampling.validate().map_err(|e| invalid(as_keywords(&e.to_string())))?;
             let prompt: Vec<Token> = prompt.into_iter().map(|i| i as Token).collect();
             guarded(|| {
                 let _no_grad = tch::no_grad_guard();
@@ -208,3 +208,11 @@ const BYTES_PER_ID: u64 = 48;
 
 /// Tokens generated between two checks of Python's signals.
 const SIGNAL_EVERY: usize = 64;
+
+/// A message about `generate`'s flags in the words of its keyword arguments
+/// (`--top-p` as `top_p`), the rest of it (a value of `-1`) as it is.
+fn as_keywords(message: &str) -> String {
+    [("--temperature", "temperature"), ("--top-k", "top_k"), ("--top-p", "top_p"), ("--seed", "seed")]
+        .iter()
+        .fold(message.to_string(), |text, (flag, keyword)| text.replace(flag, keyword))
+}

@@ -210,5 +210,9 @@ def test_load_refuses_bad_tokens_with_one_line(runs):
         model.generate([model.vocab], 3)
     with pytest.raises(ValueError, match="count = 1000000000000: the list of ids would not fit"):
         model.generate([1], 10**12)
+    with pytest.raises(ValueError, match="count must be a whole number, 0 or more, got -1"):
+        model.generate([1], -1)
+    with pytest.raises(ValueError, match="temperature -1: must be a finite number"):
+        model.generate([1], 2, temperature=-1.0)
     with pytest.raises(ValueError, match="outside the vocabulary"):
         model.decode([-1])

@@ -104,6 +104,7 @@ def test_bad_arguments_are_refused_with_one_line():
         (lambda: decoder(torch.tensor([[decoder.vocab]]), decoder.cache()), ValueError, "vocabulary"),
         (lambda: decoder([[1, 2]], decoder.cache()), TypeError, "torch.Tensor"),
         (lambda: lethe.Decoder(FIXTURES), ValueError, "config.json"),
+        (lambda: decoder.greedy([1], -1, decoder.cache()), ValueError, "count must be a whole number"),
     ]:
         with pytest.raises(kind) as caught:
             call()

@@ -133,7 +133,14 @@ pub fn libtorch_failure(panic: &str) -> Option<String> {
     let text = &panic[start..];
     // The message is the error's Debug form: its line breaks are written `\n`.
     let first = text.split("\\n").next().unwrap_or(text).trim_end_matches("\")").trim();
-    if first.contains("out of memory") {
+    if let Some(bytes) = cpu_allocation(first) {
+        let have = crate::input::total_memory_bytes()
+            .map_or(String::new(), |b| format!(" (this machine has {:.1} GiB)", b as f64 / GIB));
+        Some(format!(
+            "libtorch could not allocate {:.1} GiB of the CPU's memory{have}: a shorter block or fewer streams need less",
+            bytes as f64 / GIB
+        ))
+    } else if first.contains("out of memory") {
         Some(format!(
             "libtorch: {first}\nthe GPU ran out of memory: fewer streams a micro-batch need less (train.batch, or more micro-batches with train.accum), as does a shorter memory.span"
         ))
@@ -141,6 +148,15 @@ pub fn libtorch_failure(panic: &str) -> Option<String> {
         Some(format!("libtorch: {first}"))
     }
 }
+
+/// The bytes a failed CPU allocation asked for, from libtorch's message
+/// (`DefaultCPUAllocator: can't allocate memory: you tried to allocate N bytes`).
+fn cpu_allocation(message: &str) -> Option<u64> {
+    let rest = message.split("DefaultCPUAllocator: can't allocate memory: you tried to allocate ").nth(1)?;
+    rest.split_whitespace().next()?.parse().ok()
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
 
 #[cfg(test)]
 mod tests {
@@ -156,5 +172,9 @@ mod tests {
         let misaligned = r#"called `Result::unwrap()` on an `Err` value: Torch("CUDA error: misaligned address\nSearch for `cudaErrorMisalignedAddress'")"#;
         assert_eq!(libtorch_failure(misaligned).unwrap(), "libtorch: CUDA error: misaligned address");
         assert_eq!(libtorch_failure("index out of bounds: the len is 3 but the index is 5"), None);
+        let cpu = r#"called `Result::unwrap()` on an `Err` value: Torch("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to allocate 1099511627776 bytes. Error code 12 (Cannot allocate memory)\nException raised from alloc_cpu")"#;
+        let said = libtorch_failure(cpu).unwrap();
+        assert!(said.starts_with("libtorch could not allocate 1024.0 GiB of the CPU's memory"), "{said}");
+        assert!(!said.contains("enforce") && !said.contains('\n'), "{said}");
     }
 }
