@@ -30,6 +30,11 @@ pub enum LetheError {
     #[error("loss became {value} at step {step}; training stopped. {kept}")]
     NonFiniteLoss { step: usize, value: f64, kept: String },
 
+    /// A checkpoint could not be written (a full disk, a folder gone). `kept` says what
+    /// the run folder still holds to go on from.
+    #[error("the checkpoint of step {step} was not written: {error}. {kept}")]
+    CheckpointNotWritten { step: usize, error: String, kept: String },
+
     /// Training was stopped by a signal (SIGINT, SIGTERM or SIGHUP) after a checkpoint.
     #[error("interrupted by {signal} after step {step}; the checkpoint is saved in `{dir}`: continue with --resume")]
     Interrupted { signal: String, step: usize, dir: PathBuf },

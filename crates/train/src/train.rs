@@ -380,15 +380,23 @@ impl Looped for Run<'_> {
         if let Some(g) = &self.group {
             memories = g.all_gather_named(&memories)?; // every rank's, for rank 0 to write
         }
-        self.last_checkpoint = Some(self.step);
-        let Some(folder) = &self.folder else { return Ok(()) };
+        let Some(folder) = &self.folder else {
+            self.last_checkpoint = Some(self.step);
+            return Ok(());
+        };
         let mut tensors = self.lm.named_parameters();
         tensors.extend(self.opt.state());
         tensors.extend(memories);
         let mut state = TrainState::new(self.step, &self.data.state(), self.tokens_seen)?;
         state.world_size = self.group.as_ref().map_or(1, ProcessGroup::world_size);
         state.span_target = self.span_target.as_ref().map(SpanTarget::state);
-        checkpoint::save(&folder.checkpoint_path(), self.cfg, &state, &tensors)
+        checkpoint::save(&folder.checkpoint_path(), self.cfg, &state, &tensors)?;
+        self.last_checkpoint = Some(self.step);
+        Ok(())
+    }
+
+    fn last_checkpoint(&self) -> Option<usize> {
+        self.last_checkpoint
     }
 
     fn dir(&self) -> &Path {

@@ -448,14 +448,22 @@ impl Looped for Run<'_> {
         if let Some(g) = &self.group {
             memory = g.all_gather_named(&memory)?; // every rank's, for rank 0 to write
         }
-        self.last_checkpoint = Some(self.step);
-        let Some(folder) = &self.folder else { return Ok(()) };
+        let Some(folder) = &self.folder else {
+            self.last_checkpoint = Some(self.step);
+            return Ok(());
+        };
         let mut tensors = self.agent.named_parameters();
         tensors.extend(self.opt.state());
         tensors.extend(memory);
         let mut state = TrainState::new(self.step, &RlData::Episodes(self.state.clone()), self.env_steps)?;
         state.world_size = self.group.as_ref().map_or(1, ProcessGroup::world_size);
-        checkpoint::save(&folder.checkpoint_path(), self.cfg, &state, &tensors)
+        checkpoint::save(&folder.checkpoint_path(), self.cfg, &state, &tensors)?;
+        self.last_checkpoint = Some(self.step);
+        Ok(())
+    }
+
+    fn last_checkpoint(&self) -> Option<usize> {
+        self.last_checkpoint
     }
 
     fn dir(&self) -> &Path {

@@ -78,6 +78,8 @@ pub trait Looped {
     fn evaluate(&mut self) -> Result<Self::Eval>;
     /// Writes the checkpoint.
     fn save_checkpoint(&mut self) -> Result<()>;
+    /// The step of the last checkpoint written (or resumed from), if any.
+    fn last_checkpoint(&self) -> Option<usize>;
     /// The run folder.
     fn dir(&self) -> &Path;
 
@@ -121,7 +123,7 @@ pub fn drive<R: Looped>(run: &mut R, cfg: &TrainConfig, opts: &TrainOptions) -> 
                 "{signal}: writing a checkpoint after step {} (another signal stops at once)",
                 run.step()
             ));
-            run.save_checkpoint()?;
+            save(run)?;
             return Err(LetheError::Interrupted { signal, step: run.step(), dir: run.dir().to_path_buf() });
         }
         let due = Due::after(run.step(), cfg, opts);
@@ -133,7 +135,7 @@ pub fn drive<R: Looped>(run: &mut R, cfg: &TrainConfig, opts: &TrainOptions) -> 
         // The checkpoint first: an evaluation that fails (a GPU out of memory, a bad
         // validation file) must not lose the steps since the last one.
         if due.checkpoint {
-            run.save_checkpoint()?;
+            save(run)?;
         }
         if due.eval {
             last_eval = Some(run.evaluate()?);
@@ -144,6 +146,21 @@ pub fn drive<R: Looped>(run: &mut R, cfg: &TrainConfig, opts: &TrainOptions) -> 
         }
     }
     Ok((losses, last_eval))
+}
+
+/// Writes `run`'s checkpoint; a failure (a full disk) says which step was not written
+/// and what the folder still holds to resume from.
+fn save<R: Looped>(run: &mut R) -> Result<()> {
+    run.save_checkpoint().map_err(|e| {
+        let file = run.dir().join(lethe_core::checkpoint::FILE_NAME);
+        let kept = match run.last_checkpoint() {
+            Some(at) => {
+                format!("`{}` still holds step {at}'s: --resume continues from it once there is room", file.display())
+            }
+            None => format!("No checkpoint had been written before it in `{}`", run.dir().display()),
+        };
+        LetheError::CheckpointNotWritten { step: run.step(), error: e.to_string(), kept }
+    })
 }
 
 /// What the loop does after an optimiser step (shared by the language-model and the
@@ -242,6 +259,15 @@ mod tests {
         step: usize,
         calls: Vec<String>,
         dir: PathBuf,
+        /// The step whose checkpoint fails to be written, if any.
+        full_at: Option<usize>,
+        saved: Option<usize>,
+    }
+
+    impl Recorder {
+        fn new() -> Recorder {
+            Recorder { step: 0, calls: vec![], dir: PathBuf::from("runs/x"), full_at: None, saved: None }
+        }
     }
 
     impl Looped for Recorder {
@@ -268,18 +294,39 @@ mod tests {
         }
         fn save_checkpoint(&mut self) -> Result<()> {
             self.calls.push(format!("checkpoint {}", self.step));
+            if self.full_at == Some(self.step) {
+                return Err(LetheError::Invalid("No space left on device".into()));
+            }
+            self.saved = Some(self.step);
             Ok(())
+        }
+        fn last_checkpoint(&self) -> Option<usize> {
+            self.saved
         }
         fn dir(&self) -> &Path {
             &self.dir
         }
     }
 
+    /// A checkpoint that cannot be written stops the run, naming the step it lost and
+    /// the step the folder still holds.
+    #[test]
+    fn a_checkpoint_not_written_names_the_one_kept() {
+        let mut run = Recorder { full_at: Some(4), ..Recorder::new() };
+        let cfg = TrainConfig { steps: 6, eval_every: 0, checkpoint_every: 2, ..TrainConfig::default() };
+        let e = drive(&mut run, &cfg, &TrainOptions::default()).unwrap_err().to_string();
+        assert!(e.contains("the checkpoint of step 4 was not written: No space left"), "{e}");
+        assert!(e.contains("still holds step 2's") && e.contains("runs/x/checkpoint.safetensors"), "{e}");
+        let mut first = Recorder { full_at: Some(2), ..Recorder::new() };
+        let e = drive(&mut first, &cfg, &TrainOptions::default()).unwrap_err().to_string();
+        assert!(e.contains("No checkpoint had been written before it"), "{e}");
+    }
+
     /// An evaluation that fails at the end must not cost the steps since the last
     /// checkpoint: the last step's checkpoint is written before it.
     #[test]
     fn the_last_checkpoint_is_written_before_the_final_evaluation() {
-        let mut run = Recorder { step: 0, calls: vec![], dir: PathBuf::from("runs/x") };
+        let mut run = Recorder::new();
         let cfg = TrainConfig { steps: 3, eval_every: 0, checkpoint_every: 0, ..TrainConfig::default() };
         let e = drive(&mut run, &cfg, &TrainOptions::default()).unwrap_err();
         assert!(e.to_string().contains("went away"), "{e}");
