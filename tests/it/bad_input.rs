@@ -261,7 +261,8 @@ fn damaged_checkpoints_and_contradictory_options_are_refused() {
     );
     fails_with(&train(d, &["--steps", "4", "--name", "z", "--stop-after", "0"]), &["--stop-after"]);
     fails_with(&train(d, &["--steps", "4", "--name", "c", "--resume", "--overwrite"]), &["--overwrite"]);
-    for name in ["../../x", "", "a/b", ".."] {
+    let long = "x".repeat(201);
+    for name in ["../../x", "", "a/b", "..", "a\nb", &long] {
         fails_with(&train(d, &["--steps", "2", "--name", name]), &["name"]);
     }
     assert!(!d.join("x").exists() && !d.parent().unwrap().join("x").exists());

@@ -3,7 +3,9 @@
 use crate::error::{LetheError, Result};
 
 /// A run name is one plain folder name: it may not be empty, hold a path separator or
-/// be `.` or `..`, so that the run folder stays inside `--out`.
+/// be `.` or `..`, so that the run folder stays inside `--out`; nor hold a control
+/// character (a line break would split every message naming the folder), nor be longer
+/// than [`MAX_NAME_BYTES`] (a folder name's limit, with room for a sweep's suffixes).
 pub(super) fn validate_name(name: &str) -> Result<()> {
     let reason = if name.trim().is_empty() {
         "must not be empty"
@@ -11,11 +13,18 @@ pub(super) fn validate_name(name: &str) -> Result<()> {
         "must be a plain folder name (no `/`, `.` or `..`): the run folder is <out>/<name>"
     } else if name.starts_with('-') {
         "must not start with `-`"
+    } else if name.chars().any(char::is_control) {
+        "must not hold a control character (a line break, a tab)"
+    } else if name.len() > MAX_NAME_BYTES {
+        "must be at most 200 bytes long (a folder name holds 255, and a sweep adds to it)"
     } else {
         return Ok(());
     };
     Err(LetheError::config("name", format!("{name:?}"), reason))
 }
+
+/// The longest run name, in bytes.
+const MAX_NAME_BYTES: usize = 200;
 
 pub(super) fn non_negative(field: &str, value: f64) -> Result<()> {
     if !(value >= 0.0 && value.is_finite()) {
