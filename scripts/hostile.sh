@@ -316,6 +316,11 @@ edit("hf-nan", rms_norm_eps=float("nan"))
 edit("hf-shape", hidden_size=48)
 edit("hf-vocab0", vocab_size=0)
 PY
+mkdir -p hf-lies && cp "$L"/config.json "$L"/tokenizer.json hf-lies/ && python3 -c "
+import json, struct
+h = json.dumps({'model.embed_tokens.weight': {'dtype': 'F32', 'shape': [320, 32], 'data_offsets': [0, 10**12]}}).encode()
+open('hf-lies/model.safetensors', 'wb').write(struct.pack('<Q', len(h)) + h + bytes(100))"
+run_case "generate hf weights past the file"  "$BIN" generate --init-from hf-lies --prompt hi
 run_case "generate hf empty folder"          "$BIN" generate --init-from hf-empty --prompt hi
 run_case "generate hf heads=0"               "$BIN" generate --init-from hf-noheads --prompt hi
 run_case "generate hf eps=nan"               "$BIN" generate --init-from hf-nan --prompt hi

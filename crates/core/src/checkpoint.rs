@@ -186,6 +186,30 @@ fn said(e: &safetensors::SafeTensorError) -> String {
     }
 }
 
+/// What libtorch's reader (through tch) said of a safetensors file, in lethe's words:
+/// tch renders the safetensors error's Rust name (`safetensors error PATH:
+/// TensorInvalidInfo`), which becomes [`said`]'s phrase; anything else is kept.
+pub fn safetensors_reason(message: &str) -> String {
+    use safetensors::SafeTensorError as E;
+    let Some((_, name)) = message.rsplit_once(": ") else { return message.to_string() };
+    let quoted = || name.split('"').nth(1).unwrap_or("?").to_string();
+    let error = match name.split('(').next().unwrap_or(name) {
+        "InvalidHeader" => E::InvalidHeader,
+        "InvalidHeaderStart" => E::InvalidHeaderStart,
+        "InvalidHeaderDeserialization" => E::InvalidHeaderDeserialization,
+        "InvalidHeaderLength" => E::InvalidHeaderLength,
+        "HeaderTooLarge" => E::HeaderTooLarge,
+        "HeaderTooSmall" => E::HeaderTooSmall,
+        "TensorInvalidInfo" => E::TensorInvalidInfo,
+        "InvalidOffset" => E::InvalidOffset(quoted()),
+        "TensorNotFound" => E::TensorNotFound(quoted()),
+        "MetadataIncompleteBuffer" => E::MetadataIncompleteBuffer,
+        "ValidationOverflow" => E::ValidationOverflow,
+        _ => return message.to_string(),
+    };
+    said(&error)
+}
+
 /// Creates `path` with `bytes`, flushed to the disk.
 fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let mut f = std::fs::File::create(path)?;
@@ -327,5 +351,25 @@ impl Checkpoint {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_safetensors_error_in_rusts_words_reads_as_lethes() {
+        let said = safetensors_reason;
+        assert_eq!(
+            said("safetensors error w/m.safetensors: TensorInvalidInfo"),
+            "a tensor's shape, type and size disagree"
+        );
+        assert_eq!(said("safetensors error m.safetensors: HeaderTooLarge"), "its header is over 100 MB");
+        assert_eq!(
+            said("safetensors error m: InvalidOffset(\"lm_head.weight\")"),
+            "tensor `lm_head.weight` lies outside the file"
+        );
+        assert_eq!(said("No such file or directory (os error 2)"), "No such file or directory (os error 2)");
     }
 }

@@ -139,8 +139,12 @@ pub fn is_hugging_face_folder(dir: &Path) -> bool {
 pub fn read_weights(dir: &Path, config: &Gpt2Config) -> Result<Vec<(String, Tensor)>> {
     let path = dir.join("model.safetensors");
     lethe_core::input::check_file(&path).map_err(|e| LetheError::checkpoint(&path, e))?;
-    let raw =
-        Tensor::read_safetensors(&path).map_err(|e| LetheError::checkpoint(&path, format!("cannot read: {e}")))?;
+    let raw = Tensor::read_safetensors(&path).map_err(|e| {
+        LetheError::checkpoint(
+            &path,
+            format!("cannot read: {}", lethe_core::checkpoint::safetensors_reason(&e.to_string())),
+        )
+    })?;
     let mut weights: std::collections::HashMap<String, Tensor> =
         raw.into_iter().map(|(name, t)| (name.strip_prefix("transformer.").unwrap_or(&name).to_string(), t)).collect();
     let (d, inner, v) = (config.n_embd as i64, config.inner() as i64, config.vocab_size as i64);

@@ -694,7 +694,12 @@ pub fn read_weights(dir: &Path) -> Result<Weights> {
 /// The tensors of one safetensors file, in float32.
 fn read_file(path: &Path) -> Result<Vec<(String, Tensor)>> {
     lethe_core::input::check_file(path).map_err(|e| LetheError::checkpoint(path, e))?;
-    let raw = Tensor::read_safetensors(path).map_err(|e| LetheError::checkpoint(path, format!("cannot read: {e}")))?;
+    let raw = Tensor::read_safetensors(path).map_err(|e| {
+        LetheError::checkpoint(
+            path,
+            format!("cannot read: {}", lethe_core::checkpoint::safetensors_reason(&e.to_string())),
+        )
+    })?;
     raw.into_iter()
         .map(|(name, t)| match t.kind() {
             Kind::BFloat16 | Kind::Half | Kind::Float => Ok((name, t.to_kind(Kind::Float))),
