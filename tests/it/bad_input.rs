@@ -527,6 +527,19 @@ fn the_decoder_campaigns_finds_are_refused_clearly() {
         &["trained on `copy`", "not on dialogues"],
     );
     assert!(!d.join("ev").exists(), "a refused sweep wrote its folder");
+    // Weights whose header places a tensor past the end of the file.
+    std::fs::create_dir(d.join("lies")).unwrap();
+    std::fs::copy(std::path::Path::new(folder).join("config.json"), d.join("lies/config.json")).unwrap();
+    let header =
+        br#"{"model.embed_tokens.weight": {"dtype": "F32", "shape": [320, 32], "data_offsets": [0, 1000000000000]}}"#;
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header);
+    bytes.extend_from_slice(&[0; 100]);
+    std::fs::write(d.join("lies/model.safetensors"), bytes).unwrap();
+    fails_with(
+        &lethe(d, &["generate", "--init-from", "lies", "--prompt-ids", "1"]),
+        &["lies/model.safetensors", "shape, type and size disagree"],
+    );
     // A pretrained folder without its tokenizer trains on bytes, and says so.
     std::fs::create_dir(d.join("bare")).unwrap();
     for file in ["config.json", "model.safetensors"] {
