@@ -62,12 +62,15 @@ pub(crate) fn longeval(a: LongevalArgs) -> Result<()> {
             bail!("checkpoint `{}`: no such file (a run folder holds checkpoint.safetensors)", file.display());
         }
     }
+    let names = run_names(&checkpoints);
+    if checkpoints.len() + usize::from(a.init_from.is_some()) > 1 {
+        refuse_mixed_units(&checkpoints, a.init_from.is_some())?;
+    }
     let started = Instant::now();
     let mut runs = match &a.init_from {
         Some(folder) => decoder_runs(&a, folder, &grid)?,
         None => vec![],
     };
-    let names = run_names(&checkpoints);
     let several = runs.len() + checkpoints.len() > 1;
     for (checkpoint, name) in checkpoints.iter().zip(&names) {
         // One run writes into --out; several each into their own folder inside it.
@@ -90,6 +93,29 @@ pub(crate) fn longeval(a: LongevalArgs) -> Result<()> {
     let peak = lethe::metrics::peak_rss_bytes()
         .map_or(String::new(), |b| format!(", peak memory {:.0} MiB", b as f64 / (1u64 << 20) as f64));
     println!("suite done in {}{peak}", format_duration(started.elapsed()));
+    Ok(())
+}
+
+/// Refuses runs side by side whose lengths count different units (a byte model beside a
+/// tokenised one, or beside `--init-from`'s decoder, which reads tokens): their charts
+/// would put 1024 bytes and 1024 tokens at one point.
+fn refuse_mixed_units(checkpoints: &[&PathBuf], decoder: bool) -> Result<()> {
+    let mut units: Vec<(String, &str)> = Vec::new();
+    if decoder {
+        units.push(("--init-from's decoder".into(), "tokens"));
+    }
+    for path in checkpoints {
+        let ckpt = load_checkpoint(path, None)?;
+        let tokenised = lethe::data::text::tokenizer_of_checkpoint(&ckpt)?.is_some();
+        units.push((format!("`{}`", path.display()), if tokenised { "tokens" } else { "bytes" }));
+    }
+    if let Some((other, unit)) = units.iter().find(|(_, u)| *u != units[0].1) {
+        bail!(
+            "--compare: {} reads {} and {other} {unit}: lengths in different units do not compare (compare runs that all read bytes, or all read tokens)",
+            units[0].0,
+            units[0].1
+        );
+    }
     Ok(())
 }
 

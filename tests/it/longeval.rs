@@ -224,6 +224,13 @@ fn a_tokenised_model_is_trained_and_evaluated_in_tokens() {
     // A tokenizer on a task with symbols of its own is still refused.
     let bad = ["train", "-q", "-p", "copy-tiny", "--set", "data.tokenizer=tok"];
     fails_with(&lethe(d, &bad), &["data.tokenizer", "longctx"]);
+    // Beside a byte model, its lengths would not compare: refused before either is read.
+    std::fs::rename(d.join("runs/m"), d.join("tokenised")).unwrap();
+    byte_model(d);
+    let mixed =
+        ["longeval", "--checkpoint", "tokenised", "--compare", "runs/m", "--suite", "passkey", "--out", "mixed"];
+    fails_with(&lethe(d, &mixed), &["--compare: `tokenised` reads tokens and `runs/m` bytes", "do not compare"]);
+    assert!(!d.join("mixed").exists());
 }
 
 /// `lethe longeval --init-from FOLDER ARGS --out ev` in `dir`, on passkey at 210 and 240
