@@ -322,13 +322,7 @@ pub(crate) fn bench(a: &BenchArgs, folder: &std::path::Path) -> Result<()> {
             None => (item.as_str(), None),
         };
         let run = Learned::open(std::path::Path::new(path))?;
-        if run.ckpt.config.model.vocab as i64 != model.config.vocab_size {
-            anyhow::bail!(
-                "--learned `{path}`: its model has {} tokens, the folder's {}",
-                run.ckpt.config.model.vocab,
-                model.config.vocab_size
-            );
-        }
+        run.refuse_another_model(folder).map_err(|e| anyhow::anyhow!("--learned `{path}`: {e}"))?;
         if budget.is_some() && !run.capped() {
             anyhow::bail!(
                 "--learned {item}: a budget caps Expire-Span; an ∞-former keeps the memory it was trained with"

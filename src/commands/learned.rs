@@ -42,7 +42,7 @@ impl Learned {
 
     /// Refuses a run whose model is not of `folder`'s shape (its first differing
     /// `[model]` field named); notes one fitted onto another folder.
-    fn refuse_another_model(&self, folder: &std::path::Path) -> Result<()> {
+    pub fn refuse_another_model(&self, folder: &std::path::Path) -> Result<()> {
         let model = &self.ckpt.config.model;
         let theirs = lethe::model::llama::LlamaConfig::from_file(&folder.join("config.json"))?;
         let theirs = lethe::model::llama::layout::model_config(&theirs, model.dropout).map_err(anyhow::Error::msg)?;
