@@ -83,6 +83,12 @@ fn a_rerun_on_another_model_is_refused_and_the_table_kept() {
     byte_model(d);
     succeeds(&longeval(d, &["--suite", "passkey"]));
     let before = std::fs::read_to_string(d.join("ev/longeval.csv")).unwrap();
+    // While another evaluation writes the folder's table, a second one is refused.
+    let lock = std::fs::OpenOptions::new().write(true).open(d.join("ev/.longeval.lock")).unwrap();
+    lock.lock().unwrap();
+    fails_with(&longeval(d, &["--suite", "niah_single_1"]), &["--out `ev`", "another lethe longeval"]);
+    lock.unlock().unwrap();
+    assert_eq!(std::fs::read_to_string(d.join("ev/longeval.csv")).unwrap(), before);
     let more = ["train", "-q", "--resume", "--out", "runs", "--name", "m", "--steps", "3"];
     succeeds(&lethe(d, &more));
     fails_with(

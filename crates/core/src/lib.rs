@@ -13,6 +13,7 @@ pub mod device;
 pub mod dist;
 pub mod error;
 pub mod input;
+pub mod lock;
 pub mod loss_scale;
 pub mod metrics;
 pub mod optim;

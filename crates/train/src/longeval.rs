@@ -11,7 +11,9 @@
 //! rerun with the same grid skips them; the rows of another grid (other samples, seed or
 //! haystack) in the same file are kept. Each row names what was evaluated (its
 //! [`Cell::subject`]: the model's files' checksum, with a decoder's policy, budget and
-//! block), and a table of another subject is refused rather than resumed or mixed.
+//! block), and a table of another subject is refused rather than resumed or mixed. A
+//! folder's table is locked while it is written ([`LOCK_FILE`]): a second evaluation
+//! into the same folder is refused until the first ends.
 //! `longeval.json` holds this grid's table when it is complete.
 
 use std::path::{Path, PathBuf};
@@ -219,6 +221,7 @@ pub fn run(
     mut progress: impl FnMut(Progress),
 ) -> Result<Vec<Cell>> {
     check(grid, units)?;
+    let _lock = lock_table(out)?;
     let csv_path = out.join("longeval.csv");
     let mut done = read_table(&csv_path)?;
     refuse_another_subject(&csv_path, &done, who)?;
@@ -249,6 +252,20 @@ pub fn run(
     let json = serde_json::to_vec_pretty(&table)?;
     lethe_core::output::write("--out", &out.join("longeval.json"), &json, &[])?;
     Ok(table)
+}
+
+/// The lock file of a folder's table: a second `lethe longeval` writing into the same
+/// folder would write the table over with its own cells, the first one's lost.
+pub const LOCK_FILE: &str = ".longeval.lock";
+
+/// Locks `out`'s table for this process, refusing one another process is writing.
+fn lock_table(out: &Path) -> Result<std::fs::File> {
+    lethe_core::lock::lock(&out.join(LOCK_FILE))?.map_err(|holder| {
+        LetheError::Invalid(format!(
+            "--out `{}`: its longeval.csv is being written by another lethe longeval{holder}: wait for it to finish, or give another --out",
+            out.display()
+        ))
+    })
 }
 
 /// Refuses a table whose rows name another subject than `who` (or none: a table written

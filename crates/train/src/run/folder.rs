@@ -9,8 +9,7 @@
 //! this run created and never committed is removed again.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::{File, OpenOptions};
-use std::io::{Read, Seek, Write};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use lethe_core::checkpoint::{self, Checkpoint};
@@ -192,42 +191,21 @@ fn check_intent(dir: &Path, intent: Intent) -> Result<()> {
 
 /// Takes the folder's lock without waiting, and writes this process's id into it.
 fn lock(dir: &Path) -> Result<File> {
-    let path = dir.join(LOCK_FILE);
-    let mut file = try_lock(dir)?;
-    let write_pid = |f: &mut File| -> std::io::Result<()> {
-        f.set_len(0)?;
-        f.rewind()?;
-        f.write_all(std::process::id().to_string().as_bytes())
-    };
-    write_pid(&mut file).map_err(|e| LetheError::io(&path, e))?;
-    Ok(file)
+    lethe_core::lock::lock(&dir.join(LOCK_FILE))?.map_err(|holder| in_use(dir, &holder))
 }
 
 /// Opens (creating if needed) and locks the folder's lock file, without writing to it;
 /// refuses, naming the holder's pid, when another process holds the lock.
 fn try_lock(dir: &Path) -> Result<File> {
-    let path = dir.join(LOCK_FILE);
-    let mut file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .map_err(|e| LetheError::io(&path, e))?;
-    if let Err(e) = file.try_lock() {
-        let mut holder = String::new();
-        let _ = file.read_to_string(&mut holder);
-        let holder = holder.trim();
-        let who = if holder.is_empty() { String::new() } else { format!(" (process {holder})") };
-        return Err(match e {
-            std::fs::TryLockError::WouldBlock => LetheError::Invalid(format!(
-                "run folder `{}` is in use by another training{who}: wait for it to finish, or pick another --name",
-                dir.display()
-            )),
-            std::fs::TryLockError::Error(e) => LetheError::io(&path, e),
-        });
-    }
-    Ok(file)
+    lethe_core::lock::try_lock(&dir.join(LOCK_FILE))?.map_err(|holder| in_use(dir, &holder))
+}
+
+/// The refusal of a run folder another training holds (`holder`: ` (process N)`).
+fn in_use(dir: &Path, holder: &str) -> LetheError {
+    LetheError::Invalid(format!(
+        "run folder `{}` is in use by another training{holder}: wait for it to finish, or pick another --name",
+        dir.display()
+    ))
 }
 
 /// Fields that must be equal for a checkpoint to be resumed under a config.
