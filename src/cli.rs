@@ -889,10 +889,28 @@ impl ConfigArgs {
         }
         lethe::task::apply_options(&mut cfg, self.length, self.distance)?;
         if let Some(from) = self.init_from.clone().or(cfg.train.init_from.clone()).filter(|_| adopt_init) {
+            let own = cfg.data.tokenizer.is_some();
             lethe::model::init::adopt(&mut cfg, &from)?;
+            refuse_tokens_on_a_task(&cfg, &from, own)?;
         }
         cfg.validate()?;
         Ok(cfg)
+    }
+}
+
+/// Refuses a model adopted from `from` that reads text through a tokenizer (one the
+/// config did not name itself: `named`) for a task with symbols of its own: the user
+/// left out `--data`, and the config check would name a setting they never gave.
+fn refuse_tokens_on_a_task(cfg: &Config, from: &std::path::Path, named: bool) -> lethe::Result<()> {
+    let text = cfg.data.source.reads_text() || cfg.data.source == Source::Longctx;
+    match (&cfg.data.tokenizer, named || text) {
+        (Some(tokenizer), false) => Err(lethe::LetheError::Invalid(format!(
+            "--init-from `{}`: its model reads text through the tokenizer in `{}`, and data.source is `{}`, a task with symbols of its own: give --data FILE (or a preset of text)",
+            from.display(),
+            tokenizer.display(),
+            cfg.data.source
+        ))),
+        _ => Ok(()),
     }
 }
 

@@ -527,6 +527,11 @@ fn the_decoder_campaigns_finds_are_refused_clearly() {
         &["trained on `copy`", "not on dialogues"],
     );
     assert!(!d.join("ev").exists(), "a refused sweep wrote its folder");
+    // A tokenised model onto the default preset's copy task, which has symbols of its own.
+    fails_with(
+        &lethe(d, &["train", "--init-from", folder, "--steps", "1", "--out", "runs", "--name", "t"]),
+        &["--init-from", "reads text through the tokenizer", "give --data FILE"],
+    );
     // Weights whose header places a tensor past the end of the file.
     std::fs::create_dir(d.join("lies")).unwrap();
     std::fs::copy(std::path::Path::new(folder).join("config.json"), d.join("lies/config.json")).unwrap();
