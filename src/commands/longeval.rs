@@ -26,9 +26,7 @@ use crate::cli::LongevalArgs;
 /// resuming from each one's table, prints the accuracy of each task by length, and draws
 /// the heatmaps and the accuracy-by-length charts.
 pub(crate) fn longeval(a: LongevalArgs) -> Result<()> {
-    if a.samples == 0 || a.samples > lethe::longeval::MAX_SAMPLES {
-        bail!("--samples {}: must be from 1 to {} a cell", a.samples, lethe::longeval::MAX_SAMPLES);
-    }
+    lethe::longeval::check_samples(a.samples)?;
     let text = match a.haystack.as_deref() {
         Some(p) if p == Path::new("digits") => Some(Haystack::Digits),
         Some(p) if p == Path::new("noise") => Some(Haystack::Noise),

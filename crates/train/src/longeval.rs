@@ -299,12 +299,18 @@ pub fn fingerprint(files: &[PathBuf]) -> Result<String> {
     Ok(format!("crc32 {:08x} of {:.1} MB", hasher.finalize(), total as f64 / 1e6))
 }
 
+/// Refuses a count of samples a cell outside 1 to [`MAX_SAMPLES`].
+pub fn check_samples(samples: usize) -> Result<()> {
+    if samples == 0 || samples > MAX_SAMPLES {
+        return Err(LetheError::Invalid(format!("--samples {samples}: must be from 1 to {MAX_SAMPLES} a cell")));
+    }
+    Ok(())
+}
+
 /// Refuses a grid with a cell that cannot be generated (a length too short for a task),
 /// before any is evaluated: one sample of each task at the shortest length.
 pub fn check(grid: &Grid, units: &dyn Units) -> Result<()> {
-    if grid.samples == 0 || grid.samples > MAX_SAMPLES {
-        return Err(LetheError::Invalid(format!("--samples {}: must be from 1 to {MAX_SAMPLES} a cell", grid.samples)));
-    }
+    check_samples(grid.samples)?;
     // A sample's text and units are held whole while it is built: bounded as any input.
     let longest = grid.lengths.iter().copied().max().unwrap_or(0) as u64;
     let most = lethe_core::input::max_bytes() / BYTES_PER_UNIT;
