@@ -152,7 +152,9 @@ class MemoryAttention(nn.Module):
         self.heads = heads
         self.span = span
         self.block = block
-        self._layer = _lethe.Layer(d_model, heads, block, float(dropout), json.dumps(memory))
+        # What `_lethe.Layer` was made with, to make it again for a copy (`__setstate__`).
+        self._made_with = (d_model, heads, block, float(dropout), json.dumps(memory))
+        self._layer = _lethe.Layer(*self._made_with)
         # The dtype of each state tensor this module made, by the block's dtype.
         self._state_dtypes: Dict[torch.dtype, Dict[str, torch.dtype]] = {}
         self._owner = f"{type(self).__name__}(d_model={d_model}, heads={heads}, span={span}, {json.dumps(given, sort_keys=True)})"
@@ -175,6 +177,22 @@ class MemoryAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, heads={self.heads}, span={self.span}, block={self.block}"
+
+    def __getstate__(self) -> Dict[str, Any]:
+        # `copy.deepcopy` and pickling (`torch.save(module)`) copy everything but the Rust
+        # layer, which `__setstate__` makes again around the copied parameters.
+        state = self.__dict__.copy()
+        state["aux_loss"] = self.aux_loss.detach()  # the last call's, out of its graph
+        del state["_layer"]
+        return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        super().__setstate__(state)
+        # Making the layer draws initial weights (replaced by the copied ones): the
+        # caller's random stream is left where it was.
+        with torch.random.fork_rng(devices=[]):
+            self._layer = _lethe.Layer(*self._made_with)
+        _relink(self, self._layer.parameters())
 
 
 def _held(
@@ -228,6 +246,25 @@ def _register(module: nn.Module, name: str, tensor: Tensor) -> None:
         module = child
     tensor.__class__ = nn.Parameter
     module.register_parameter(leaf, tensor)
+
+
+def _relink(module: nn.Module, tensors: List[Tuple[str, Tensor]]) -> None:
+    """Makes each of ``tensors`` (a new Rust layer's or model's own, by name) the
+    parameter of that name in ``module``, holding what the parameter there holds (its
+    values, device, dtype, ``requires_grad`` and gradient): after a copy or an unpickling,
+    the copied parameters become the tensors the new layer computes with."""
+    for name, tensor in tensors:
+        *path, leaf = name.split(".")
+        owner = module
+        for part in path:
+            owner = owner._modules[part]
+        held = owner._parameters[leaf]
+        with torch.no_grad():
+            tensor.data = held.data
+        tensor.__class__ = nn.Parameter
+        tensor.requires_grad_(held.requires_grad)
+        tensor.grad = held.grad
+        owner._parameters[leaf] = tensor
 
 
 class TransformerXL(MemoryAttention):

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from . import _lethe
-from .layers import State, _check_device, _held, _register
+from .layers import State, _check_device, _held, _register, _relink
 
 __all__ = ["Model", "load"]
 
@@ -89,6 +89,24 @@ class Model(nn.Module):
 
     def extra_repr(self) -> str:
         return self._owner
+
+    def __getstate__(self) -> Dict[str, Any]:
+        # `copy.deepcopy` and pickling (`torch.save(model)`) copy the parameters and the
+        # model's config and tokenizer; `__setstate__` makes the Rust model again from
+        # these, around the copied parameters, without reading the folder again.
+        state = self.__dict__.copy()
+        state["aux_loss"] = self.aux_loss.detach()  # the last call's, out of its graph
+        state["_model"] = self._model.parts()
+        return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        config, tokenizer = state.pop("_model")
+        super().__setstate__(state)
+        # Making the model draws initial weights (replaced by the copied ones): the
+        # caller's random stream is left where it was.
+        with torch.random.fork_rng(devices=[]):
+            self._model = _lethe.Model.from_parts(config, tokenizer)
+        _relink(self, self._model.parameters())
 
 
 def load(path: Union[str, os.PathLike]) -> Model:

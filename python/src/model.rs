@@ -67,18 +67,51 @@ impl Inner {
     }
 }
 
+impl Model {
+    /// The model owning `lm` and `tokenizer` (`what` names where they came from).
+    fn holding(lm: Lm, tokenizer: Option<Tokenizer>, what: &str) -> PyResult<Model> {
+        let probe = lm
+            .named_parameters()
+            .first()
+            .map(|(_, t)| t.shallow_clone())
+            .ok_or_else(|| invalid(format!("{what}: a model without parameters")))?;
+        Ok(Model { inner: Mutex::new(Inner { lm, tokenizer, probe }) })
+    }
+}
+
 #[pymethods]
 impl Model {
     /// The model at `path` (see the module documentation).
     #[new]
     fn new(path: &str) -> PyResult<Model> {
         let (lm, tokenizer) = guarded(|| open(Path::new(path)).map_err(|e| invalid(e.to_string())))?;
-        let probe = lm
-            .named_parameters()
-            .first()
-            .map(|(_, t)| t.shallow_clone())
-            .ok_or_else(|| invalid(format!("{path}: a model without parameters")))?;
-        Ok(Model { inner: Mutex::new(Inner { lm, tokenizer, probe }) })
+        Model::holding(lm, tokenizer, path)
+    }
+
+    /// A model of `config` (JSON, as [`Model::config`] gives it) reading text with the
+    /// tokenizer `tokenizer` (a `tokenizer.json` text; none: bytes), its parameters as
+    /// the config's initialisation draws them: what a copy is made from, before the
+    /// copied parameters take their place.
+    #[staticmethod]
+    #[pyo3(signature = (config, tokenizer))]
+    fn from_parts(config: &str, tokenizer: Option<&str>) -> PyResult<Model> {
+        let cfg: Config = serde_json::from_str(config).map_err(|e| invalid(format!("config: {e}")))?;
+        let tokenizer =
+            tokenizer.map(Tokenizer::from_json).transpose().map_err(|e| invalid(format!("tokenizer: {e}")))?;
+        guarded(|| {
+            let lm = Lm::new(&cfg, Device::Cpu).map_err(|e| invalid(e.to_string()))?;
+            Model::holding(lm, tokenizer, "the copied config")
+        })
+    }
+
+    /// The model's config (JSON) and tokenizer (a `tokenizer.json` text, none for a
+    /// byte-level model): with the parameters, all a copy needs ([`Model::from_parts`]).
+    fn parts(&self) -> PyResult<(String, Option<String>)> {
+        let config = self.config()?;
+        let inner = lock(&self.inner)?;
+        let tokenizer =
+            inner.tokenizer.as_ref().map(Tokenizer::to_json).transpose().map_err(|e| invalid(e.to_string()))?;
+        Ok((config, tokenizer))
     }
 
     /// The model's config as JSON (the run's `config.toml`).

@@ -8,7 +8,9 @@ For every mechanism, a tiny run trained by ``lethe train``:
   gradients of ``lethe.load(run)``, its layers' parameters each equal to the run's.
 """
 
+import copy
 import csv
+import io
 import os
 import pathlib
 import random
@@ -165,6 +167,34 @@ def test_generate_continues_as_lethe_generate(runs, temperature):
     model = lethe.load(runs / "expire")
     ours = bytes(model.generate("the memory", 24, temperature=temperature, seed=3))  # byte-level: ids are bytes
     assert said == b"the memory" + ours + b"\n", f"lethe generate said {said!r}; lethe.Model.generate {ours!r}"
+
+
+def copies(model):
+    """``model`` copied by ``copy.deepcopy`` and through ``torch.save``/``torch.load``."""
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    return {"deepcopy": copy.deepcopy(model), "torch.save": torch.load(buffer, weights_only=False)}
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_a_copy_of_a_model_computes_and_learns_apart_from_it(runs, mechanism):
+    model = lethe.load(runs / mechanism)
+    tokens = torch.randint(0, model.vocab, (2, BLOCK), generator=torch.Generator().manual_seed(1))
+    first, state = model(tokens)
+    want, _ = model(tokens, state)
+    for how, twin in copies(model).items():
+        assert twin.config == model.config and twin.encode("the span") == model.encode("the span"), how
+        got, _ = twin(tokens, state)
+        assert torch.equal(got, want), how
+        opt = torch.optim.SGD(twin.parameters(), lr=1.0)
+        (got.square().mean() + twin.aux_loss).backward()
+        opt.step()
+        assert not torch.allclose(twin(tokens, state)[0], want), how
+        assert torch.equal(model(tokens, state)[0], want), how
+    # The copy holds everything it needs: the run folder is no longer read.
+    twin = copy.deepcopy(model)
+    assert twin.generate("the memory", 8) == model.generate("the memory", 8)
 
 
 def test_load_refuses_what_is_not_a_model(tmp_path):

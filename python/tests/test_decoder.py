@@ -60,6 +60,23 @@ def test_load_of_a_hugging_face_folder_computes_what_transformers_computes(famil
     close(logits, want["logits"][:, : ids.shape[1]], family)
 
 
+def test_a_copy_of_a_hugging_face_model_keeps_its_tokenizer_and_weights(tmp_path):
+    """The copy is made from the model alone: the folder is gone when it is made."""
+    import copy
+    import shutil
+
+    folder = tmp_path / "smollm2"
+    shutil.copytree(FIXTURES / "smollm2", folder)
+    model = lethe.load(folder).eval()
+    shutil.rmtree(folder)
+    twin = copy.deepcopy(model)
+    text = "a stream of tokens, kept and forgotten"
+    assert twin.encode(text) == model.encode(text) and len(model.encode(text)) < len(text.encode())
+    ids = torch.tensor([model.encode(text)])
+    with torch.no_grad():
+        assert torch.equal(twin(ids)[0], model(ids)[0])
+
+
 def test_load_refuses_mistrals_sliding_window_in_one_line():
     with pytest.raises(ValueError, match="sliding_window") as caught:
         lethe.load(FIXTURES / "mistral")

@@ -1,5 +1,6 @@
 """The memory layers as PyTorch modules: gradients, state, optimisers, bad arguments."""
 
+import copy
 import io
 
 import pytest
@@ -147,6 +148,56 @@ def test_an_optimiser_step_changes_what_the_layer_computes(kind):
     twin = make(kind, torch.float32, seed=99)
     twin.load_state_dict(layer.state_dict())
     assert torch.equal(twin(x, state)[0], after)
+
+
+def copies(layer):
+    """``layer`` copied by ``copy.deepcopy`` and through ``torch.save``/``torch.load``."""
+    buffer = io.BytesIO()
+    torch.save(layer, buffer)
+    buffer.seek(0)
+    return {"deepcopy": copy.deepcopy(layer), "torch.save": torch.load(buffer, weights_only=False)}
+
+
+@pytest.mark.parametrize("kind", LAYERS)
+def test_a_copy_computes_what_the_layer_computes_and_learns_apart(kind):
+    layer = make(kind, torch.float32)
+    state = warm(layer, torch.float32)
+    x = torch.randn(2, BLOCK, D, generator=torch.Generator().manual_seed(7))
+    want, _ = layer(x, state)
+    for how, twin in copies(layer).items():
+        assert type(twin) is type(layer), how
+        got, after = twin(x, state)  # the layer's state: a copy is the same kind of layer
+        assert torch.equal(got, want), how
+        # The copy's parameters are its own, and the very tensors it computes with:
+        # a step on them changes what the copy computes and leaves the layer as it was.
+        opt = torch.optim.SGD(twin.parameters(), lr=0.1)
+        (got.square().sum() + twin.aux_loss).backward()
+        assert all(p.grad is not None for p in twin.parameters()), how
+        assert all(p.grad is None for p in layer.parameters()), how
+        opt.step()
+        assert not torch.allclose(twin(x, state)[0], want), how
+        assert torch.equal(layer(x, state)[0], want), how
+
+
+def test_a_copy_keeps_the_dtype_mode_and_frozen_parameters():
+    layer = make("expire", torch.float64).eval()
+    layer.key_pe.requires_grad_(False)
+    state = warm(layer)
+    x = torch.randn(2, BLOCK, D, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    for how, twin in copies(layer).items():
+        assert not twin.training, how
+        assert twin.key_pe.dtype == torch.float64 and not twin.key_pe.requires_grad, how
+        assert twin.q.weight.requires_grad, how
+        assert torch.equal(twin(x, state)[0], layer(x, state)[0]), how
+
+
+def test_copying_a_layer_leaves_the_random_stream_where_it_was():
+    layer = make("infinity", torch.float32)
+    torch.manual_seed(3)
+    want = torch.rand(4)
+    torch.manual_seed(3)
+    copies(layer)
+    assert torch.equal(torch.rand(4), want)
 
 
 def test_state_dict_keys_are_lethes_parameter_names():

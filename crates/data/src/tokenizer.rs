@@ -48,6 +48,14 @@ impl Tokenizer {
         Ok(Tokenizer { inner })
     }
 
+    /// The tokenizer a `tokenizer.json` text describes (as [`Tokenizer::to_json`] writes).
+    pub fn from_json(json: &str) -> Result<Tokenizer> {
+        let inner = json
+            .parse::<tokenizers::Tokenizer>()
+            .map_err(|e| LetheError::Invalid(format!("cannot read the tokenizer: {e}")))?;
+        Ok(Tokenizer { inner })
+    }
+
     /// The ids of `text` (no special tokens added).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         let encoding = self
@@ -203,4 +211,25 @@ impl<'a> TextStream<'a> {
 
 fn data_error(path: &Path, e: impl std::fmt::Display) -> LetheError {
     LetheError::Data { path: path.to_path_buf(), reason: format!("not a tokenizer lethe can read: {e}") }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tokenizer_round_trips_through_its_json() {
+        let text = "the span keeps the memory the span forgets the stream";
+        let bpe = Tokenizer::train_bpe(&[text], 300).unwrap();
+        let back = Tokenizer::from_json(&bpe.to_json().unwrap()).unwrap();
+        assert_eq!(back.encode(text).unwrap(), bpe.encode(text).unwrap());
+        assert!(bpe.encode(text).unwrap().len() < text.len(), "the BPE learned no merge");
+        assert_eq!(back.decode(&back.encode(text).unwrap()).unwrap(), text);
+        let words = Tokenizer::train_words(&[text], 1, 100).unwrap();
+        let back = Tokenizer::from_json(&words.to_json().unwrap()).unwrap();
+        assert_eq!(back.encode(text).unwrap(), words.encode(text).unwrap());
+        assert!(back.spaced());
+        let Err(bad) = Tokenizer::from_json("{\"model\": 3}") else { panic!("a bad tokenizer.json was read") };
+        assert!(bad.to_string().contains("cannot read the tokenizer"), "{bad}");
+    }
 }
