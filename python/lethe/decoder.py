@@ -26,6 +26,13 @@ class Decoder:
         cache = decoder.cache("h2o", budget=256)
         logits = decoder(ids, cache)        # (batch, length, vocab); the cache holds ids too
         logits = decoder(next_ids, cache)   # each token predicted from what H2O kept
+        fork = cache.copy()                 # continued apart from here (copy.deepcopy too)
+
+    ``path`` may also be a lethe run (its folder or checkpoint) of Expire-Span fitted onto
+    such a model (``lethe train --init-from FOLDER --set memory.mechanism=expire``): the
+    decoder then has the run's weights (its low-rank adapters folded in), and
+    ``cache("learned")`` keeps what the run's span predictors say (``lethe generate
+    --checkpoint RUN``), beside the training-free policies at the same budget.
 
     Inference only (no gradients), on the CPU.
     """
@@ -33,13 +40,22 @@ class Decoder:
     def __init__(self, path: Union[str, os.PathLike]) -> None:
         self._decoder = _lethe.Decoder(os.fspath(path))
         self.vocab: int = self._decoder.vocab()
+        self.learned: bool = self._decoder.learned()
+        """Whether the decoder is a lethe run's, whose caches can keep what its learned
+        memory says (``cache("learned")``)."""
 
     def cache(self, policy: str = "full", budget: Optional[int] = None) -> KvCache:
         """An empty cache that keeps what ``policy`` says (one of :data:`POLICIES`, with
         settings as ``"snapkv:window=16,kernel=5"`` or ``"streaming:sinks=4"``) within
-        ``budget`` entries per layer and key-value head (None for ``full``). Each call of
-        the decoder adds to it in place; ``entries()`` gives what each layer holds,
-        ``nbytes()`` its bytes, ``position()`` the tokens read."""
+        ``budget`` entries per layer and key-value head (None for ``full``); or, for a
+        run's decoder, ``"learned"``: what its span predictors keep, within ``budget``
+        (None: the run's own ``memory.expire.budget``). Each call of the decoder adds to
+        it in place; ``entries()`` gives what each layer holds,
+        ``nbytes()`` its bytes, ``position()`` the tokens read, and ``copy()`` an
+        independent copy (what it holds and what its policy keeps about it) that reads on
+        apart: a prompt read once, continued several ways."""
+        if policy == "learned":
+            return self._decoder.learned_cache(budget)
         return KvCache(policy, budget)
 
     def __call__(self, ids: Tensor, cache: KvCache) -> Tensor:

@@ -10,9 +10,6 @@ For every mechanism, a tiny run trained by ``lethe train``:
 
 import copy
 import csv
-import io
-import os
-import pathlib
 import random
 import subprocess
 
@@ -21,9 +18,8 @@ import torch
 from torch import nn
 
 import lethe
+from helpers import BINARY, copies, lethe_cli, needs_binary
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-BINARY = pathlib.Path(os.environ.get("LETHE_BIN", REPO / "target" / "release" / "lethe"))
 BLOCK = 16
 MECHANISMS = {
     "fixed": ["memory.span=32"],
@@ -33,14 +29,7 @@ MECHANISMS = {
     "infinity": ["memory.span=16", "memory.infinity.basis=8"],
 }
 
-pytestmark = pytest.mark.skipif(not BINARY.is_file(), reason=f"needs the lethe binary ({BINARY}): cargo build --release")
-
-
-def lethe_cli(*args, cwd):
-    """What `lethe ARGS` printed, as bytes."""
-    done = subprocess.run([str(BINARY), *args], cwd=cwd, capture_output=True)
-    assert done.returncode == 0, f"lethe {' '.join(args)}: {done.stderr.decode(errors='replace')}"
-    return done.stdout
+pytestmark = needs_binary
 
 
 @pytest.fixture(scope="module")
@@ -167,14 +156,6 @@ def test_generate_continues_as_lethe_generate(runs, temperature):
     model = lethe.load(runs / "expire")
     ours = bytes(model.generate("the memory", 24, temperature=temperature, seed=3))  # byte-level: ids are bytes
     assert said == b"the memory" + ours + b"\n", f"lethe generate said {said!r}; lethe.Model.generate {ours!r}"
-
-
-def copies(model):
-    """``model`` copied by ``copy.deepcopy`` and through ``torch.save``/``torch.load``."""
-    buffer = io.BytesIO()
-    torch.save(model, buffer)
-    buffer.seek(0)
-    return {"deepcopy": copy.deepcopy(model), "torch.save": torch.load(buffer, weights_only=False)}
 
 
 @pytest.mark.parametrize("mechanism", MECHANISMS)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import lethe
+from helpers import lethe_cli, needs_binary
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "llama"
 FAMILIES = ["llama3", "mistral", "qwen2", "qwen3", "smollm2"]
@@ -110,6 +111,43 @@ def test_a_policy_keeps_its_budget(policy):
     assert decoder.greedy(prompt, 8, roomy) == decoder.greedy(prompt, 8, full)
 
 
+@pytest.mark.parametrize("policy", ["full", "window", "streaming", "h2o", "tova", "snapkv:window=6"])
+def test_a_copied_cache_reads_on_as_a_cache_that_read_its_continuation_alone(policy):
+    """A prompt read once, its cache copied (``copy()``, ``copy.copy``, ``copy.deepcopy``)
+    and each copy continued its own way, in turns (a block of 4 each, the original's
+    first, then a token each), gives each continuation the logits, the entries and the
+    position of a cache that read the prompt and that continuation alone; the original's
+    block leaves its copies as they were."""
+    import copy
+
+    decoder = lethe.Decoder(FIXTURES / "llama3")
+    ids = expected("llama3")["ids"]  # (2, 20)
+    budget = None if policy == "full" else 8
+    prompt, continuations = ids[:, :10], [ids[:, 10:], ids[:, 2:12], ids[:, 5:15], ids[:, 7:17]]
+
+    def read(cache, tokens):  # a block of 4, then token by token
+        block = decoder(tokens[:, :4], cache)
+        steps = [decoder(tokens[:, t : t + 1], cache) for t in range(4, tokens.shape[1])]
+        return torch.cat([block] + steps, dim=1)
+
+    cache = decoder.cache(policy, budget=budget)
+    read(cache, prompt)
+    copies = [cache, cache.copy(), copy.copy(cache), copy.deepcopy(cache)]
+    held = cache.entries()
+    got = [[decoder(continuations[0][:, :4], cache)]]
+    assert all(c.entries() == held and c.position() == 10 for c in copies[1:]), policy
+    got += [[decoder(tokens[:, :4], each)] for each, tokens in zip(copies[1:], continuations[1:])]
+    for t in range(4, 10):
+        for each, tokens, logits in zip(copies, continuations, got):
+            logits.append(decoder(tokens[:, t : t + 1], each))
+    for each, tokens, logits in zip(copies, continuations, got):
+        alone = decoder.cache(policy, budget=budget)
+        read(alone, prompt)
+        assert torch.equal(torch.cat(logits, dim=1), read(alone, tokens)), policy
+        assert each.entries() == alone.entries() and each.position() == alone.position() == 20, policy
+    assert repr(copies[1]) == repr(cache), (repr(copies[1]), repr(cache))
+
+
 def test_bad_arguments_are_refused_with_one_line():
     decoder = lethe.Decoder(FIXTURES / "llama3")
     for call, kind, words in [
@@ -131,3 +169,72 @@ def test_bad_arguments_are_refused_with_one_line():
     decoder(torch.tensor([[1, 2, 3]]), cache)
     with pytest.raises(ValueError, match="streams"):
         decoder(torch.tensor([[1], [2]]), cache)
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    """An Expire-Span run fitted onto the llama3 fixture by ``lethe train --init-from``
+    (3 steps, the base frozen, largest span 32), and a run of lethe's own backbone."""
+    folder = tmp_path_factory.mktemp("fitted")
+    (folder / "text.txt").write_text((FIXTURES / "llama3" / "sample.txt").read_text() * 6)
+    sets = ["train.block=8", "train.batch=2", "train.eval_every=0", "train.eval_tokens=64", "train.warmup=1"]
+    sets += ["train.freeze_base=true", 'memory.mechanism="expire"', "memory.span=32"]
+    args = ["train", "--init-from", str(FIXTURES / "llama3"), "--data", "text.txt", "--steps", "3", "--name", "expire"]
+    lethe_cli(*args, *[a for s in sets for a in ("--set", s)], "-q", cwd=folder)
+    lethe_cli("train", "-p", "copy-tiny", "--steps", "1", "--name", "own", "-q", cwd=folder)
+    return folder / "runs"
+
+
+@needs_binary
+def test_a_run_s_learned_cache_reads_as_its_training_model(fitted):
+    """The decoder of an Expire-Span run, its cache kept by the run's span predictors,
+    gives the logits of ``lethe.load(run)`` (the training model, in blocks with its
+    memory carried) token by token, and its greedy tokens; under a budget, each layer
+    holds at most that many entries, and a copy of the cache reads on as it would."""
+    decoder, model = lethe.Decoder(fitted / "expire"), lethe.load(fitted / "expire").eval()
+    assert decoder.learned and not lethe.Decoder(FIXTURES / "llama3").learned
+    ids = expected("llama3")["ids"][:1]  # (1, 20)
+    state, want = None, []
+    with torch.no_grad():
+        for start in range(0, ids.shape[1], model.block):
+            logits, state = model(ids[:, start : start + model.block], state)
+            want.append(logits)
+    cache = decoder.cache("learned")
+    got = torch.cat([decoder(ids[:, t : t + 1], cache) for t in range(ids.shape[1])], dim=1)
+    close(got, torch.cat(want, dim=1), "the fitted run")
+    prompt = ids[0, :6].tolist()
+    assert decoder.greedy(prompt, 10, decoder.cache("learned")) == model.generate(prompt, 10)
+
+    capped = decoder.cache("learned", budget=3)
+    for t in range(12):
+        decoder(ids[:, t : t + 1], capped)
+        assert all(n <= 3 for n in capped.entries()), capped.entries()
+    fork, rest = capped.copy(), ids[:, 12:]
+    alone = decoder.cache("learned", budget=3)
+    for t in range(12):
+        decoder(ids[:, t : t + 1], alone)
+    decoder(rest, capped)  # the original reads on first; the copy is its own
+    assert torch.equal(decoder(rest, fork), decoder(rest, alone))
+    assert "learned @ 3 entries" in repr(capped), repr(capped)
+
+
+@needs_binary
+def test_a_learned_cache_is_refused_where_there_is_none(fitted):
+    folder, run = lethe.Decoder(FIXTURES / "llama3"), lethe.Decoder(fitted / "expire")
+    other = lethe.Decoder(fitted / "expire")
+    for call, words in [
+        (lambda: folder.cache("learned"), "Hugging Face folder"),
+        (lambda: run.cache("learned", budget=0), "at least one"),
+        (lambda: other(torch.tensor([[1, 2]]), run.cache("learned")), "another decoder's learned memory"),
+        (lambda: lethe.Decoder(fitted / "own"), 'model.arch = "lethe"'),
+        (lambda: lethe.Decoder(fitted / "nowhere"), "does not exist"),
+    ]:
+        with pytest.raises(ValueError) as caught:
+            call()
+        message = str(caught.value)
+        assert words in message and "\n" not in message.strip(), message
+    # The policies without training read the run's decoder as they read a folder's.
+    cache = run.cache("window", budget=4)
+    run(torch.tensor([[1, 2, 3, 4, 5, 6]]), cache)
+    assert cache.entries() == [4, 4]
+

@@ -1,12 +1,12 @@
 """The memory layers as PyTorch modules: gradients, state, optimisers, bad arguments."""
 
-import copy
 import io
 
 import pytest
 import torch
 
 import lethe
+from helpers import copies
 
 D, HEADS, BLOCK = 8, 2, 4
 
@@ -148,14 +148,6 @@ def test_an_optimiser_step_changes_what_the_layer_computes(kind):
     twin = make(kind, torch.float32, seed=99)
     twin.load_state_dict(layer.state_dict())
     assert torch.equal(twin(x, state)[0], after)
-
-
-def copies(layer):
-    """``layer`` copied by ``copy.deepcopy`` and through ``torch.save``/``torch.load``."""
-    buffer = io.BytesIO()
-    torch.save(layer, buffer)
-    buffer.seek(0)
-    return {"deepcopy": copy.deepcopy(layer), "torch.save": torch.load(buffer, weights_only=False)}
 
 
 @pytest.mark.parametrize("kind", LAYERS)

@@ -127,6 +127,51 @@ fn a_budget_that_holds_the_stream_reads_like_the_full_cache() {
     }
 }
 
+/// A forked cache reads on as its original would have: a prompt read once (a block, then
+/// token by token, the budget already pressing), the original continued one way and the
+/// fork another, in turns (the original's block first, then a token each), each gives
+/// the logits and keeps the entries of a cache that read the prompt and its continuation
+/// alone; the original's block leaves the fork as it was.
+#[test]
+fn a_forked_cache_reads_on_as_its_original_would_have() {
+    let model = Llama::load(&fixture("llama3")).unwrap();
+    let ids = {
+        let _seed = lethe::rng::seed_torch(5);
+        Tensor::randint_low(0, 300, [2, 40], (Kind::Int64, tch::Device::Cpu))
+    };
+    let (prompt, one_way, another) = (ids.narrow(1, 0, 24), ids.narrow(1, 24, 16), ids.narrow(1, 8, 16));
+    let read = |cache: &mut KvCache, ids: &Tensor| {
+        let mut parts = vec![model.forward(&ids.narrow(1, 0, 4), cache)];
+        parts.extend((4..ids.size()[1]).map(|t| model.forward(&ids.narrow(1, t, 1), cache)));
+        Tensor::cat(&parts, 1)
+    };
+    let fresh = |spec: &str| match spec {
+        "full" => KvCache::default(),
+        spec => KvCache::new(policy(spec, 10, 40)),
+    };
+    for spec in ["full", "window", "streaming", "h2o", "tova", "snapkv:window=6"] {
+        let mut cache = fresh(spec);
+        let _ = read(&mut cache, &prompt);
+        let mut fork = cache.fork();
+        let held = fork.entries();
+        let mut first = vec![model.forward(&one_way.narrow(1, 0, 4), &mut cache)];
+        assert_eq!((fork.entries(), fork.position), (held, 24), "{spec}: the original's reading changed the fork");
+        let mut second = vec![model.forward(&another.narrow(1, 0, 4), &mut fork)];
+        for t in 4..16 {
+            first.push(model.forward(&one_way.narrow(1, t, 1), &mut cache));
+            second.push(model.forward(&another.narrow(1, t, 1), &mut fork));
+        }
+        for (cont, got, cache) in [(&one_way, first, &cache), (&another, second, &fork)] {
+            let mut alone = fresh(spec);
+            let _ = read(&mut alone, &prompt);
+            let want = read(&mut alone, cont);
+            assert!(Tensor::cat(&got, 1).equal(&want), "{spec}: a continuation's logits differ from reading it alone");
+            assert_eq!(cache.entries(), alone.entries(), "{spec}: entries held");
+            assert_eq!(cache.position, 40, "{spec}: position");
+        }
+    }
+}
+
 /// `lethe ARGS` from the repository's root (every path given is absolute).
 fn lethe(args: &[&str]) -> std::process::Output {
     crate::common::cli::lethe(Path::new(env!("CARGO_MANIFEST_DIR")), args)

@@ -411,6 +411,40 @@ fn the_decoding_path_reads_expire_span_as_the_training_model_does() {
     }
 }
 
+/// A forked Expire-Span cache carries the spans of what it holds: continued apart from
+/// its original, a token each in turns, it gives the logits and keeps the entries of a
+/// cache that read the prompt and its continuation alone, with and without a budget.
+#[test]
+fn a_forked_expire_span_cache_reads_on_as_its_original_would_have() {
+    for budget in [0, 3] {
+        let _seed = lethe::rng::seed_torch(7);
+        let mut cfg = small_llama_with_expire(2);
+        (cfg.memory.expire.per_head, cfg.memory.expire.budget) = (true, budget);
+        let lm = Lm::new(&cfg, Device::Cpu).unwrap();
+        crate::common::randomise(&lm.vs, 17, 1.0, |name| name.ends_with("expire.w"));
+        let run = ExpireRun::new(&lm.config, &lm.vs.variables()).unwrap();
+        let ids = crate::common::random_tokens(3, 20, &[2, 30]);
+        let llama = run.decoder();
+        let step = |cache: &mut lethe::model::llama::KvCache, t: i64| llama.forward(&ids.narrow(1, t, 1), cache);
+        let mut cache = run.cache().unwrap();
+        (0..14).for_each(|t| drop(step(&mut cache, t)));
+        let mut fork = cache.fork();
+        let (mut first, mut second) = (vec![], vec![]);
+        for t in 0..16 {
+            first.push(step(&mut cache, 14 + t));
+            second.push(step(&mut fork, 2 + t));
+        }
+        for (got, forked, from) in [(first, &cache, 14), (second, &fork, 2)] {
+            let mut alone = run.cache().unwrap();
+            (0..14).for_each(|t| drop(step(&mut alone, t)));
+            let want: Vec<Tensor> = (from..from + 16).map(|t| step(&mut alone, t)).collect();
+            let same = Tensor::cat(&got, 1).equal(&Tensor::cat(&want, 1));
+            assert!(same, "budget {budget}: a continuation's logits differ from a cache that read it alone");
+            assert_eq!(forked.entries(), alone.entries(), "budget {budget}: entries held");
+        }
+    }
+}
+
 /// `ExpireRun` caps a cache at the budget asked (`cache_at`) where the run's own cache
 /// holds more, and refuses a run without Expire-Span in one line naming its memory.
 #[test]

@@ -19,7 +19,8 @@
 //! `budget + window` between its presses), so memory follows the budget whatever the
 //! length of the stream. Every policy keeps its entries in the order they were written.
 //!
-//! Adding a policy: a unit with its [`Entry`] and one line in [`POLICIES`]. A learned
+//! Adding a policy: a unit with its [`Entry`] and its [`LayerPolicy`], and one line in
+//! [`POLICIES`]. A learned
 //! memory fitted by `lethe train` reads through the same path with its run's weights
 //! ([`expire`]: Expire-Span), its layers given to [`crate::llama::KvCache::with_layers`].
 
@@ -92,6 +93,11 @@ impl Held {
             (self.keys, self.values, self.positions) =
                 (k.narrow(2, 0, n + t), v.narrow(2, 0, n + t), p.narrow(2, 0, n + t));
         }
+    }
+
+    /// An independent copy: the same entries, in memory of its own.
+    pub fn fork(&self) -> Held {
+        Held { keys: self.keys.copy(), values: self.values.copy(), positions: self.positions.copy(), room: None }
     }
 
     /// Entries per key-value head.
@@ -180,6 +186,15 @@ pub trait LayerPolicy: Send {
 
     /// After a chunk's attention: evicts from `held` as the policy says.
     fn update(&mut self, held: &mut Held, chunk: &Chunk);
+
+    /// An independent copy, with its own copy of whatever the policy keeps about the
+    /// entries: the two read on apart ([`crate::llama::KvCache::fork`]).
+    fn fork(&self) -> Box<dyn LayerPolicy>;
+}
+
+/// A copy of `t` in memory of its own, if any: what a policy keeps, forked.
+pub fn forked(t: &Option<Tensor>) -> Option<Tensor> {
+    t.as_ref().map(Tensor::copy)
 }
 
 /// A policy's settings, `name:key=value,...` on the command line.

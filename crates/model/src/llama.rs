@@ -329,6 +329,19 @@ impl KvCache {
         KvCache { layers: Vec::new(), policies: layers, policy: Policy::default(), position: 0 }
     }
 
+    /// An independent copy: the entries held and what each layer's policy keeps about
+    /// them (H2O's scores, SnapKV's window of queries, Expire-Span's spans), in memory of
+    /// its own, at the same position. A prompt read once can so be continued several
+    /// ways, each continuation reading what the original cache would have read.
+    pub fn fork(&self) -> KvCache {
+        KvCache {
+            layers: self.layers.iter().map(|h| h.as_ref().map(Held::fork)).collect(),
+            policies: self.policies.iter().map(|p| p.fork()).collect(),
+            policy: self.policy.clone(),
+            position: self.position,
+        }
+    }
+
     /// The entries each layer holds per key-value head.
     pub fn entries(&self) -> Vec<i64> {
         self.layers.iter().map(|h| h.as_ref().map_or(0, Held::len)).collect()

@@ -25,7 +25,7 @@ use std::collections::HashMap;
 
 use tch::{Kind, Tensor};
 
-use super::{top, Chunk, Held, LayerPolicy};
+use super::{forked, top, Chunk, Held, LayerPolicy};
 use crate::memory::expire::{soft_mask, spans_of_scores, within_budget};
 use lethe_core::config::{Arch, Config, ExpireConfig, Mechanism};
 use lethe_core::error::{LetheError, Result};
@@ -94,6 +94,17 @@ fn joined(old: Option<Tensor>, fresh: Tensor, dim: i64) -> Tensor {
 }
 
 impl LayerPolicy for ExpireLayer {
+    fn fork(&self) -> Box<dyn LayerPolicy> {
+        Box::new(ExpireLayer {
+            w: self.w.shallow_clone(), // the run's weights, never written to
+            b: self.b.shallow_clone(),
+            max_span: self.max_span,
+            cfg: self.cfg.clone(),
+            spans: forked(&self.spans),
+            expiry: forked(&self.expiry),
+        })
+    }
+
     fn bias(&mut self, x: &Tensor, held: &Held, query_positions: &Tensor) -> Option<Tensor> {
         let fresh = self.spans_of(x);
         let expiry = joined(self.expiry.take(), self.expiry_of(&fresh, query_positions), 1);

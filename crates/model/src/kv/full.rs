@@ -14,5 +14,9 @@ pub const ENTRY: Entry = Entry {
 struct Full;
 
 impl LayerPolicy for Full {
+    fn fork(&self) -> Box<dyn LayerPolicy> {
+        Box::new(Full)
+    }
+
     fn update(&mut self, _: &mut Held, _: &Chunk) {}
 }

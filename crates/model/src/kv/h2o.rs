@@ -9,7 +9,7 @@
 
 use tch::{Kind, Tensor};
 
-use super::{per_kv_head, top, Chunk, Entry, Held, LayerPolicy};
+use super::{forked, per_kv_head, top, Chunk, Entry, Held, LayerPolicy};
 
 pub const ENTRY: Entry = Entry {
     name: "h2o",
@@ -35,6 +35,10 @@ struct H2o {
 }
 
 impl LayerPolicy for H2o {
+    fn fork(&self) -> Box<dyn LayerPolicy> {
+        Box::new(H2o { budget: self.budget, recent: self.recent, scores: forked(&self.scores) })
+    }
+
     fn needs_weights(&self) -> bool {
         true
     }

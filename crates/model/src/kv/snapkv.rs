@@ -50,6 +50,17 @@ struct SnapKv {
 }
 
 impl LayerPolicy for SnapKv {
+    fn fork(&self) -> Box<dyn LayerPolicy> {
+        let queries = self.queries.as_ref().map(|(q, pos)| (q.copy(), pos.copy()));
+        Box::new(SnapKv {
+            budget: self.budget,
+            window: self.window,
+            kernel: self.kernel,
+            queries,
+            pending: self.pending,
+        })
+    }
+
     fn same_entries_in_every_head(&self) -> bool {
         false
     }

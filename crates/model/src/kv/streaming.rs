@@ -34,6 +34,10 @@ struct Streaming {
 }
 
 impl LayerPolicy for Streaming {
+    fn fork(&self) -> Box<dyn LayerPolicy> {
+        Box::new(Streaming { budget: self.budget, sinks: self.sinks })
+    }
+
     fn positions(&self) -> Positions {
         Positions::InCache
     }

@@ -22,6 +22,10 @@ struct Tova {
 }
 
 impl LayerPolicy for Tova {
+    fn fork(&self) -> Box<dyn LayerPolicy> {
+        Box::new(Tova { budget: self.budget })
+    }
+
     fn needs_weights(&self) -> bool {
         true
     }

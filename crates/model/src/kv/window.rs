@@ -18,6 +18,10 @@ struct Window {
 }
 
 impl LayerPolicy for Window {
+    fn fork(&self) -> Box<dyn LayerPolicy> {
+        Box::new(Window { budget: self.budget })
+    }
+
     fn update(&mut self, held: &mut Held, _: &Chunk) {
         let n = held.len();
         if n > self.budget {
