@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import List, Optional, Union
+from typing import List, Optional, Sequence, Union
 
 from torch import Tensor
 
@@ -27,6 +27,7 @@ class Decoder:
         logits = decoder(ids, cache)        # (batch, length, vocab); the cache holds ids too
         logits = decoder(next_ids, cache)   # each token predicted from what H2O kept
         fork = cache.copy()                 # continued apart from here (copy.deepcopy too)
+        ids = decoder.generate("The cache keeps", 20, fork, temperature=0.8, seed=1)
 
     ``path`` may also be a lethe run (its folder or checkpoint) of Expire-Span fitted onto
     such a model (``lethe train --init-from FOLDER --set memory.mechanism=expire``): the
@@ -67,16 +68,41 @@ class Decoder:
             raise TypeError(f"cache: expected a lethe.KvCache, got {type(cache).__name__}")
         return self._decoder.forward(ids, cache)
 
-    def greedy(self, prompt: List[int], count: int, cache: KvCache) -> List[int]:
-        """``count`` tokens after ``prompt`` chosen greedily, the prompt read in one block
-        and each new token alone, every one from what ``cache`` keeps."""
+    def encode(self, text: str) -> List[int]:
+        """``text`` as the model's token ids (the folder's ``tokenizer.json``, or the run's
+        tokenizer)."""
+        return self._decoder.encode(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Token ids as text."""
+        return self._decoder.decode([int(i) for i in ids])
+
+    def generate(
+        self,
+        prompt: Union[str, Sequence[int]],
+        count: int,
+        cache: KvCache,
+        *,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int = 0,
+    ) -> List[int]:
+        """``count`` token ids after ``prompt`` (text, or token ids) read after what ``cache``
+        holds, as ``lethe generate --init-from FOLDER --policy ...`` makes them (a learned
+        cache: ``lethe generate --checkpoint RUN``): greedy at ``temperature`` 0 (the
+        default), else sampled from the ``top_k`` most likely tokens (0: all) within
+        ``top_p`` of the probability, seeded by ``seed``. The cache then holds the prompt
+        and every generated token, as its policy keeps them; Ctrl-C stops a long
+        generation (a ``KeyboardInterrupt``), the cache keeping what it read."""
         import torch
 
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise ValueError(f"count must be a whole number, 0 or more, got {count!r}")
-        logits = self(torch.tensor([prompt]), cache)
-        out: List[int] = []
-        for _ in range(count):
-            out.append(int(logits[0, -1].argmax()))
-            logits = self(torch.tensor([[out[-1]]]), cache)
+        if not isinstance(cache, KvCache):
+            raise TypeError(f"cache: expected a lethe.KvCache, got {type(cache).__name__}")
+        ids = self.encode(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
+        out = self._decoder.generate(ids, count, cache, (float(temperature), top_k, float(top_p), seed))
+        if out:  # the last token, chosen but not yet read
+            self(torch.tensor([out[-1:]]), cache)
         return out

@@ -12,7 +12,7 @@
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 use pyo3::prelude::*;
 use pyo3_tch::PyTensor;
@@ -20,32 +20,57 @@ use tch::Device;
 
 use lethe_core::checkpoint::{self, Checkpoint};
 use lethe_core::config::{Arch, Mechanism};
+use lethe_data::text;
+use lethe_data::tokenizer::Tokenizer;
+use lethe_data::Token;
 use lethe_model::kv::{Budget, Policy};
 use lethe_model::llama::{ExpireRun, KvCache as Cache, Llama};
 use lethe_model::Lm;
+use lethe_train::generate;
 
-use crate::{check_ids, guarded, invalid, lock};
+use crate::{check_id_list, check_ids, generation, guarded, invalid, lock};
 
 /// Where a [`Decoder`]'s weights come from.
 enum Weights {
     /// A Hugging Face folder.
     Folder(Llama),
     /// A lethe run of Expire-Span on a Llama-family model: its decoder and span
-    /// predictors.
-    Run(Box<ExpireRun>),
+    /// predictors, and its `train.block`, the blocks a learned cache reads a prompt in.
+    Run { run: Box<ExpireRun>, block: usize },
 }
 
 impl Weights {
+    fn llama(&self) -> &Llama {
+        match self {
+            Weights::Folder(model) => model,
+            Weights::Run { run, .. } => run.decoder(),
+        }
+    }
+}
+
+/// What a [`Decoder`] owns.
+struct Inner {
+    weights: Weights,
+    /// The folder's `tokenizer.json` or the run's tokenizer, if it has one.
+    tokenizer: Option<Tokenizer>,
+    /// The path it was read from, for messages.
+    origin: String,
+}
+
+impl Inner {
     /// The model at `path`: a Hugging Face folder, or a lethe run folder or checkpoint
-    /// of Expire-Span on a Llama-family model.
-    fn open(path: &Path) -> PyResult<Weights> {
+    /// of Expire-Span on a Llama-family model; with its tokenizer.
+    fn open(path: &Path) -> PyResult<Inner> {
+        let origin = path.display().to_string();
         let file = checkpoint::resolve(path);
         if path.join("config.json").is_file() || !file.is_file() {
-            return Llama::load(path).map(Weights::Folder).map_err(|e| invalid(e.to_string()));
+            let model = Llama::load(path).map_err(|e| invalid(e.to_string()))?;
+            let tokenizer = folder_tokenizer(path, model.config.vocab_size)?;
+            return Ok(Inner { weights: Weights::Folder(model), tokenizer, origin });
         }
         let ckpt = Checkpoint::load(path).map_err(|e| invalid(e.to_string()))?;
         let (arch, mechanism) = (ckpt.config.model.arch, ckpt.config.memory.mechanism);
-        let refused = |why: String| invalid(format!("`{}`: {why}", path.display()));
+        let refused = |why: String| invalid(format!("`{origin}`: {why}"));
         if arch != Arch::Llama {
             return Err(refused(format!(
                 "a lethe run of model.arch = \"{}\"; lethe.Decoder reads a Llama-family model (lethe.load reads this run)",
@@ -60,15 +85,33 @@ impl Weights {
         }
         let lm = Lm::from_checkpoint(&ckpt, Device::Cpu).map_err(|e| invalid(e.to_string()))?;
         let run = ExpireRun::new(&ckpt.config, &lm.vs.variables()).map_err(|e| refused(e.to_string()))?;
-        Ok(Weights::Run(Box::new(run)))
+        let tokenizer = text::tokenizer_of_checkpoint(&ckpt).map_err(|e| invalid(e.to_string()))?;
+        Ok(Inner { weights: Weights::Run { run: Box::new(run), block: ckpt.config.train.block }, tokenizer, origin })
     }
 
-    fn llama(&self) -> &Llama {
-        match self {
-            Weights::Folder(model) => model,
-            Weights::Run(run) => run.decoder(),
-        }
+    /// The tokenizer, or an error saying there is none.
+    fn tokenizer(&self) -> PyResult<&Tokenizer> {
+        self.tokenizer
+            .as_ref()
+            .ok_or_else(|| invalid(format!("`{}` has no tokenizer.json: give the prompt as token ids", self.origin)))
     }
+}
+
+/// `folder`'s `tokenizer.json`, if it has one; refused when it gives ids the model has no
+/// row for.
+fn folder_tokenizer(folder: &Path, vocab: i64) -> PyResult<Option<Tokenizer>> {
+    if !folder.join("tokenizer.json").is_file() {
+        return Ok(None);
+    }
+    let tokenizer = Tokenizer::from_dir(folder).map_err(|e| invalid(e.to_string()))?;
+    if tokenizer.vocab_size() as i64 > vocab {
+        return Err(invalid(format!(
+            "`{}`: tokenizer.json has {} tokens, more than config.json's vocab_size = {vocab}",
+            folder.join("tokenizer.json").display(),
+            tokenizer.vocab_size()
+        )));
+    }
+    Ok(Some(tokenizer))
 }
 
 /// Numbers each [`Decoder`], so that a learned cache is read by the decoder it was made by.
@@ -77,7 +120,7 @@ static DECODERS: AtomicU64 = AtomicU64::new(0);
 /// A pretrained decoder. See the module documentation.
 #[pyclass(module = "lethe._lethe")]
 pub struct Decoder {
-    model: Mutex<Weights>,
+    inner: Mutex<Inner>,
     /// Which decoder this is ([`DECODERS`]).
     id: u64,
 }
@@ -161,26 +204,26 @@ impl Decoder {
     /// lethe run (folder or checkpoint) of Expire-Span at `path`.
     #[new]
     fn new(path: &str) -> PyResult<Decoder> {
-        let model = guarded(|| Weights::open(Path::new(path)))?;
-        Ok(Decoder { model: Mutex::new(model), id: DECODERS.fetch_add(1, Ordering::Relaxed) })
+        let inner = guarded(|| Inner::open(Path::new(path)))?;
+        Ok(Decoder { inner: Mutex::new(inner), id: DECODERS.fetch_add(1, Ordering::Relaxed) })
     }
 
     /// The size of the vocabulary.
     fn vocab(&self) -> PyResult<i64> {
-        Ok(lock(&self.model)?.llama().config.vocab_size)
+        Ok(lock(&self.inner)?.weights.llama().config.vocab_size)
     }
 
     /// Whether the decoder is a lethe run's, with a learned memory.
     fn learned(&self) -> PyResult<bool> {
-        Ok(matches!(*lock(&self.model)?, Weights::Run(_)))
+        Ok(matches!(lock(&self.inner)?.weights, Weights::Run { .. }))
     }
 
     /// An empty cache kept by the run's span predictors: under the run's own
     /// `memory.expire.budget` (`budget` none), or at most `budget` entries a layer.
     #[pyo3(signature = (budget))]
     fn learned_cache(&self, budget: Option<i64>) -> PyResult<KvCache> {
-        let weights = lock(&self.model)?;
-        let Weights::Run(run) = &*weights else {
+        let inner = lock(&self.inner)?;
+        let Weights::Run { run, .. } = &inner.weights else {
             return Err(invalid(
                 "policy learned: this decoder reads a Hugging Face folder; a learned memory comes with a lethe run of Expire-Span fitted onto it (lethe train --init-from FOLDER --set memory.mechanism=expire), given to lethe.Decoder",
             ));
@@ -194,32 +237,88 @@ impl Decoder {
         Ok(KvCache { cache: Mutex::new(cache), policy: shown, learned_by: Some(self.id) })
     }
 
+    /// `text` as the model's token ids (its tokenizer's).
+    fn encode(&self, text: &str) -> PyResult<Vec<i64>> {
+        let inner = lock(&self.inner)?;
+        let ids = inner.tokenizer()?.encode(text).map_err(|e| invalid(e.to_string()))?;
+        Ok(ids.into_iter().map(i64::from).collect())
+    }
+
+    /// Token ids as text.
+    fn decode(&self, ids: Vec<i64>) -> PyResult<String> {
+        let inner = lock(&self.inner)?;
+        check_id_list("ids", &ids, inner.weights.llama().config.vocab_size)?;
+        let ids: Vec<Token> = ids.into_iter().map(|i| i as Token).collect();
+        inner.tokenizer()?.decode(&ids).map_err(|e| invalid(e.to_string()))
+    }
+
     /// The logits `(b, t, vocab)` of `ids` `(b, t)` read after what `cache` holds; the
     /// cache then holds them too, as its policy keeps them.
     fn forward(&self, py: Python<'_>, ids: PyTensor, cache: &KvCache) -> PyResult<PyTensor> {
         py.allow_threads(move || {
-            let weights = lock(&self.model)?;
-            let model = weights.llama();
+            let inner = lock(&self.inner)?;
+            let model = inner.weights.llama();
             if ids.device() != Device::Cpu {
                 return Err(invalid("ids: the decoder runs on the CPU (ids.cpu())"));
             }
             check_ids("ids", &ids, model.config.vocab_size, None)?;
-            if cache.learned_by.is_some_and(|id| id != self.id) {
-                return Err(invalid(
-                    "cache: kept by another decoder's learned memory; make it with this decoder's cache(\"learned\")",
-                ));
-            }
-            let mut held = lock(&cache.cache)?;
-            if let Some(first) = held.layers.iter().flatten().next() {
-                let streams = first.keys.size()[0];
-                if streams != ids.size()[0] {
-                    return Err(invalid(format!(
-                        "cache: holds {streams} streams and ids {} (a cache carries the streams it read)",
-                        ids.size()[0]
-                    )));
-                }
-            }
+            let mut held = self.take_up(cache, ids.size()[0])?;
             guarded(|| Ok(PyTensor(model.forward(&ids, &mut held))))
         })
+    }
+
+    /// `count` tokens after `prompt` (ids) read after what `cache` holds, as `lethe
+    /// generate --init-from` (a learned cache: `--checkpoint`) makes them: the prompt read
+    /// in blocks (a learned cache's: the run's `train.block`), then each token chosen
+    /// from the logits by `sampling`, `(temperature, top_k, top_p, seed)`, and taken in
+    /// but the last. Ctrl-C stops a long generation, the cache keeping what it read.
+    #[pyo3(signature = (prompt, count, cache, sampling))]
+    fn generate(
+        &self,
+        py: Python<'_>,
+        prompt: Vec<i64>,
+        count: usize,
+        cache: &KvCache,
+        sampling: (f64, usize, f64, u64),
+    ) -> PyResult<Vec<i64>> {
+        generation::check_count(count)?;
+        py.allow_threads(move || {
+            let inner = lock(&self.inner)?;
+            let model = inner.weights.llama();
+            let prompt = generation::prompt_tokens(prompt, model.config.vocab_size)?;
+            let sampling = generation::sampling(sampling)?;
+            let mut held = self.take_up(cache, 1)?;
+            let block = match (&inner.weights, cache.learned_by) {
+                (Weights::Run { block, .. }, Some(_)) => *block,
+                _ => generate::PROMPT_BLOCK,
+            };
+            guarded(|| {
+                generation::collect(count, |emit| {
+                    generate::stream_decoder_in(model, &mut held, (&prompt, block), count, &sampling, |_, _| {}, emit)
+                })
+            })
+        })
+    }
+}
+
+impl Decoder {
+    /// `cache`, locked for a read of `streams` streams: refused when another decoder's
+    /// learned memory keeps it, or when it holds another number of streams.
+    fn take_up<'a>(&self, cache: &'a KvCache, streams: i64) -> PyResult<MutexGuard<'a, Cache>> {
+        if cache.learned_by.is_some_and(|id| id != self.id) {
+            return Err(invalid(
+                "cache: kept by another decoder's learned memory; make it with this decoder's cache(\"learned\")",
+            ));
+        }
+        let held = lock(&cache.cache)?;
+        if let Some(first) = held.layers.iter().flatten().next() {
+            let holds = first.keys.size()[0];
+            if holds != streams {
+                return Err(invalid(format!(
+                    "cache: holds {holds} streams and ids {streams} (a cache carries the streams it read)"
+                )));
+            }
+        }
+        Ok(held)
     }
 }

@@ -19,6 +19,7 @@
 //! into a fresh memory, runs the block and returns the new state.
 
 mod decoder;
+mod generation;
 mod layer;
 mod model;
 

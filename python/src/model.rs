@@ -20,9 +20,9 @@ use lethe_data::tokenizer::Tokenizer;
 use lethe_data::Token;
 use lethe_model::init::{self, Source};
 use lethe_model::Lm;
-use lethe_train::generate::{self, Sampling};
+use lethe_train::generate;
 
-use crate::{check_device, check_id_list, check_ids, guarded, invalid, lock, restore, Named};
+use crate::{check_device, check_id_list, check_ids, generation, guarded, invalid, lock, restore, Named};
 
 /// A lethe language model. See the module documentation.
 #[pyclass(module = "lethe._lethe")]
@@ -189,63 +189,17 @@ impl Model {
         count: usize,
         sampling: (f64, usize, f64, u64),
     ) -> PyResult<Vec<i64>> {
-        let (temperature, top_k, top_p, seed) = sampling;
-        let most = lethe_core::input::max_bytes() / BYTES_PER_ID;
-        if count as u64 > most {
-            return Err(invalid(format!(
-                "count = {count}: the list of ids would not fit in half this machine's memory (at most {most} here)"
-            )));
-        }
+        generation::check_count(count)?;
         py.allow_threads(move || {
             let inner = lock(&self.inner)?;
-            let vocab = inner.lm.config.model.vocab as i64;
-            if prompt.is_empty() {
-                return Err(invalid("prompt: at least one token"));
-            }
-            check_id_list("prompt", &prompt, vocab)?;
-            let sampling = Sampling { temperature, top_k, top_p, seed };
-            sampling.validate().map_err(|e| invalid(as_keywords(&e.to_string())))?;
-            let prompt: Vec<Token> = prompt.into_iter().map(|i| i as Token).collect();
+            let prompt = generation::prompt_tokens(prompt, inner.lm.config.model.vocab as i64)?;
+            let sampling = generation::sampling(sampling)?;
             guarded(|| {
                 let _no_grad = tch::no_grad_guard();
-                let (mut out, mut signal) = (Vec::with_capacity(count.min(1 << 16)), None);
-                let emitted = generate::stream(
-                    &inner.lm,
-                    &prompt,
-                    count,
-                    &sampling,
-                    |_, _| {},
-                    |t| {
-                        out.push(i64::from(t));
-                        if out.len() % SIGNAL_EVERY == 0 {
-                            if let Err(e) = Python::with_gil(|py| py.check_signals()) {
-                                signal = Some(e);
-                                return Err(lethe_core::error::LetheError::Invalid("interrupted".into()));
-                            }
-                        }
-                        Ok(())
-                    },
-                );
-                match (signal, emitted) {
-                    (Some(e), _) => Err(e),
-                    (None, Err(e)) => Err(PyRuntimeError::new_err(e.to_string())),
-                    (None, Ok(())) => Ok(out),
-                }
+                generation::collect(count, |emit| {
+                    generate::stream(&inner.lm, &prompt, count, &sampling, |_, _| {}, emit)
+                })
             })
         })
     }
-}
-
-/// What one generated id costs until Python holds it (the Rust list's and Python's int).
-const BYTES_PER_ID: u64 = 48;
-
-/// Tokens generated between two checks of Python's signals.
-const SIGNAL_EVERY: usize = 64;
-
-/// A message about `generate`'s flags in the words of its keyword arguments
-/// (`--top-p` as `top_p`), the rest of it (a value of `-1`) as it is.
-fn as_keywords(message: &str) -> String {
-    [("--temperature", "temperature"), ("--top-k", "top_k"), ("--top-p", "top_p"), ("--seed", "seed")]
-        .iter()
-        .fold(message.to_string(), |text, (flag, keyword)| text.replace(flag, keyword))
 }

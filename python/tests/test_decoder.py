@@ -108,7 +108,7 @@ def test_a_policy_keeps_its_budget(policy):
     roomy = decoder.cache(policy, budget=ids.shape[1])
     full = decoder.cache()
     prompt = ids[0, :6].tolist()
-    assert decoder.greedy(prompt, 8, roomy) == decoder.greedy(prompt, 8, full)
+    assert decoder.generate(prompt, 8, roomy) == decoder.generate(prompt, 8, full)
 
 
 @pytest.mark.parametrize("policy", ["full", "window", "streaming", "h2o", "tova", "snapkv:window=6"])
@@ -159,7 +159,12 @@ def test_bad_arguments_are_refused_with_one_line():
         (lambda: decoder(torch.tensor([[decoder.vocab]]), decoder.cache()), ValueError, "vocabulary"),
         (lambda: decoder([[1, 2]], decoder.cache()), TypeError, "torch.Tensor"),
         (lambda: lethe.Decoder(FIXTURES), ValueError, "config.json"),
-        (lambda: decoder.greedy([1], -1, decoder.cache()), ValueError, "count must be a whole number"),
+        (lambda: decoder.generate([1], -1, decoder.cache()), ValueError, "count must be a whole number"),
+        (lambda: decoder.generate([], 2, decoder.cache()), ValueError, "at least one token"),
+        (lambda: decoder.generate([decoder.vocab], 2, decoder.cache()), ValueError, "outside the vocabulary"),
+        (lambda: decoder.generate([1], 2, decoder.cache(), temperature=-1.0), ValueError, "temperature"),
+        (lambda: decoder.generate([1], 2, decoder.cache(), top_p=0.0), ValueError, "top_p"),
+        (lambda: decoder.decode([decoder.vocab]), ValueError, "outside the vocabulary"),
     ]:
         with pytest.raises(kind) as caught:
             call()
@@ -169,6 +174,10 @@ def test_bad_arguments_are_refused_with_one_line():
     decoder(torch.tensor([[1, 2, 3]]), cache)
     with pytest.raises(ValueError, match="streams"):
         decoder(torch.tensor([[1], [2]]), cache)
+    two = decoder.cache()
+    decoder(torch.tensor([[1], [2]]), two)
+    with pytest.raises(ValueError, match="holds 2 streams"):
+        decoder.generate([1], 2, two)
 
 
 @pytest.fixture(scope="module")
@@ -203,7 +212,7 @@ def test_a_run_s_learned_cache_reads_as_its_training_model(fitted):
     got = torch.cat([decoder(ids[:, t : t + 1], cache) for t in range(ids.shape[1])], dim=1)
     close(got, torch.cat(want, dim=1), "the fitted run")
     prompt = ids[0, :6].tolist()
-    assert decoder.greedy(prompt, 10, decoder.cache("learned")) == model.generate(prompt, 10)
+    assert decoder.generate(prompt, 10, decoder.cache("learned")) == model.generate(prompt, 10)
 
     capped = decoder.cache("learned", budget=3)
     for t in range(12):
@@ -237,4 +246,63 @@ def test_a_learned_cache_is_refused_where_there_is_none(fitted):
     cache = run.cache("window", budget=4)
     run(torch.tensor([[1, 2, 3, 4, 5, 6]]), cache)
     assert cache.entries() == [4, 4]
+
+
+def cli_ids(*args):
+    """The ids `lethe generate ARGS --print-ids` printed."""
+    said = lethe_cli("generate", *args, "--print-ids", cwd=FIXTURES).decode().strip()
+    return [int(i) for i in said.split(",")]
+
+
+@needs_binary
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("policy", ["full", "h2o", "streaming:sinks=2", "snapkv:window=4"])
+def test_generate_gives_the_ids_of_lethe_generate(policy, temperature):
+    """``Decoder.generate`` under a policy gives the ids ``lethe generate --init-from``
+    gives with that policy and budget, greedy and sampled; the cache then holds the
+    prompt and every generated token."""
+    decoder = lethe.Decoder(FIXTURES / "llama3")
+    prompt = [(i * 7 + 3) % 300 for i in range(30)]
+    budget = None if policy == "full" else 12
+    cache = decoder.cache(policy, budget=budget)
+    got = decoder.generate(prompt, 10, cache, temperature=temperature, seed=3)
+    args = ["--init-from", "llama3", "--prompt-ids", ",".join(map(str, prompt)), "--tokens", "10"]
+    args += ["--temperature", str(temperature), "--seed", "3", "--policy", policy]
+    args += [] if budget is None else ["--budget", str(budget)]
+    assert got == cli_ids(*args), policy
+    most = 40 if budget is None else budget + (4 if policy.startswith("snapkv") else 0)  # SnapKV's window besides
+    assert cache.position() == 40 and 0 < max(cache.entries()) <= most, cache
+
+
+@needs_binary
+def test_a_text_prompt_reads_through_the_folder_s_tokenizer():
+    decoder = lethe.Decoder(FIXTURES / "llama3")
+    text = (FIXTURES / "llama3" / "sample.txt").read_text()
+    ids = decoder.encode(text)
+    assert decoder.decode(ids) == text
+    got = decoder.generate(text, 6, decoder.cache("window", budget=16))
+    assert got == decoder.generate(ids, 6, decoder.cache("window", budget=16))
+    args = ["--init-from", "llama3", "--prompt", text, "--tokens", "6", "--temperature", "0"]
+    assert got == cli_ids(*args, "--policy", "window", "--budget", "16")
+
+
+def test_a_folder_without_a_tokenizer_takes_ids(tmp_path):
+    for name in ["config.json", "model.safetensors"]:
+        (tmp_path / name).symlink_to(FIXTURES / "llama3" / name)
+    decoder = lethe.Decoder(tmp_path)
+    for call in [lambda: decoder.encode("a"), lambda: decoder.generate("a", 2, decoder.cache())]:
+        with pytest.raises(ValueError, match="has no tokenizer.json: give the prompt as token ids"):
+            call()
+    assert len(decoder.generate([1, 2, 3], 2, decoder.cache())) == 2
+
+
+@needs_binary
+def test_a_run_s_decoder_generates_as_lethe_generate_from_the_run(fitted):
+    decoder = lethe.Decoder(fitted / "expire")
+    prompt = [(i * 5 + 1) % 300 for i in range(20)]
+    got = decoder.generate(prompt, 8, decoder.cache("learned"), temperature=1.0, seed=2)
+    args = ["--checkpoint", str(fitted / "expire"), "--prompt-ids", ",".join(map(str, prompt)), "--tokens", "8"]
+    assert got == cli_ids(*args, "--temperature", "1", "--seed", "2")
+    text = "The cache keeps"
+    assert decoder.decode(decoder.encode(text)) == text  # the run's tokenizer
 

@@ -177,6 +177,39 @@ fn lethe(args: &[&str]) -> std::process::Output {
     crate::common::cli::lethe(Path::new(env!("CARGO_MANIFEST_DIR")), args)
 }
 
+/// A generation its consumer stops (Ctrl-C in Python) leaves in the cache what it read:
+/// the prompt and the tokens taken in before the stop, not an empty cache; a prompt
+/// refused leaves the cache as it was.
+#[test]
+fn a_stopped_generation_leaves_what_it_read_in_the_cache() {
+    let model = Llama::load(&fixture("llama3")).unwrap();
+    let prompt: Vec<u32> = (0..20).map(|i| (i * 7 + 3) % 300).collect();
+    let greedy = lethe::generate::Sampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 1 };
+    let mut cache = KvCache::new(policy("h2o", 16, 64));
+    let mut emitted = 0;
+    let stopped = lethe::generate::stream_decoder(
+        &model,
+        &mut cache,
+        &prompt,
+        10,
+        &greedy,
+        |_, _| {},
+        |_| {
+            emitted += 1;
+            match emitted {
+                3 => Err(lethe::LetheError::Invalid("stopped".into())),
+                _ => Ok(()),
+            }
+        },
+    );
+    assert!(stopped.is_err());
+    // The first two tokens were taken in after they were emitted; the third was not.
+    assert_eq!((cache.position, cache.entries()), (22, vec![16, 16]));
+    let empty = lethe::generate::stream_decoder(&model, &mut cache, &[], 4, &greedy, |_, _| {}, |_| Ok(()));
+    assert!(empty.unwrap_err().to_string().contains("the prompt is empty"));
+    assert_eq!((cache.position, cache.entries()), (22, vec![16, 16]));
+}
+
 /// `lethe generate --init-from FOLDER --policy NAME --budget N` decodes greedily the ids
 /// the library gives over a cache under that policy, and says what the cache held.
 #[test]

@@ -301,17 +301,34 @@ pub fn stream_decoder_in(
     progress: impl FnMut(usize, usize),
     mut emit: impl FnMut(Token) -> Result<()>,
 ) -> Result<()> {
+    check_prompt(model, prompt)?;
     let mut g = DecoderGenerator::with_progress(model, std::mem::take(cache), prompt, block, progress)?;
     let mut rng = Rng::new(sampling.seed);
-    for i in 0..count {
+    let emitted = (0..count).try_for_each(|i| {
         let next = choose(&g.logits, sampling, &mut rng);
         emit(next)?;
         if i + 1 < count {
             g.push(next)?;
         }
-    }
+        Ok(())
+    });
+    // What was read stays in the caller's cache, also when `emit` stopped the stream.
     *cache = g.cache;
-    Ok(())
+    emitted
+}
+
+/// Refuses an empty prompt or one with a token beyond `model`'s vocabulary.
+fn check_prompt(model: &Llama, prompt: &[Token]) -> Result<()> {
+    let vocab = model.config.vocab_size;
+    if prompt.is_empty() {
+        return Err(LetheError::Invalid("the prompt is empty: a decoder continues at least one token".into()));
+    }
+    match prompt.iter().find(|&&t| t as i64 >= vocab) {
+        Some(&bad) => {
+            Err(LetheError::Invalid(format!("prompt token {bad} is not below the model's vocab_size = {vocab}")))
+        }
+        None => Ok(()),
+    }
 }
 
 /// [`Generator`] for a Llama-family decoder over a key-value cache, greedy: the prompt
@@ -339,15 +356,7 @@ impl<'a> DecoderGenerator<'a> {
         block: usize,
         mut progress: impl FnMut(usize, usize),
     ) -> Result<Self> {
-        let vocab = model.config.vocab_size;
-        if prompt.is_empty() {
-            return Err(LetheError::Invalid("the prompt is empty: a decoder continues at least one token".into()));
-        }
-        if let Some(&bad) = prompt.iter().find(|&&t| t as i64 >= vocab) {
-            return Err(LetheError::Invalid(format!(
-                "prompt token {bad} is not below the model's vocab_size = {vocab}"
-            )));
-        }
+        check_prompt(model, prompt)?;
         let mut g = DecoderGenerator { model, cache, logits: Tensor::new() };
         let mut read = 0;
         for chunk in prompt.chunks(block.max(1)) {
