@@ -31,6 +31,15 @@ pub const TINY: &[&str] = &[
     "data.copy.distance_max=20",
 ];
 
+/// The model of lethe's backbone most command-line tests train: one layer of width 16,
+/// two heads, a feed-forward layer of 32 (`key=value` fields, for [`sets`]).
+pub const SMALL_MODEL: &[&str] = &["model.layers=1", "model.d_model=16", "model.heads=2", "model.d_ffn=32"];
+
+/// `--set FIELD` for each of `fields` (`key=value`).
+pub fn sets<'a>(fields: &[&'a str]) -> Vec<&'a str> {
+    fields.iter().flat_map(|field| ["--set", field]).collect()
+}
+
 pub fn lethe(dir: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_lethe"))
         .current_dir(dir)

@@ -1,7 +1,7 @@
 //! Regression tests: bad input gets one clear error and a non-zero exit,
 //! never a panic, a hang, lost work or a silently wrong result. One test per class.
 
-use crate::common::cli::{fails_with, lethe, spawn, succeeds, train, TINY};
+use crate::common::cli::{fails_with, lethe, sets, spawn, succeeds, train, SMALL_MODEL, TINY};
 
 /// Lost work: a refused resume rewrote `config.toml` first, so every later resume was
 /// refused too. Nothing in the folder may change before a resume is accepted.
@@ -402,22 +402,9 @@ fn the_campaigns_finds_are_refused_clearly() {
 fn an_agent_checkpoint_is_named_as_one() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let agent = [
-        "--preset",
-        "corridor-small",
-        "--set",
-        "rl.eval_episodes=2",
-        "--set",
-        "model.layers=1",
-        "--set",
-        "model.d_model=16",
-        "--set",
-        "model.heads=2",
-        "--set",
-        "model.d_ffn=32",
-    ];
-    let mut args = vec!["train", "--quiet", "--out", "runs", "--steps", "1", "--name", "rl"];
-    args.extend_from_slice(&agent);
+    let mut args =
+        vec!["train", "--quiet", "--out", "runs", "--steps", "1", "--name", "rl", "--preset", "corridor-small"];
+    args.extend(sets(&[SMALL_MODEL, &["rl.eval_episodes=2"]].concat()));
     succeeds(&lethe(d, &args));
     fails_with(
         &lethe(d, &["generate", "--checkpoint", "runs/rl", "--prompt", "a"]),

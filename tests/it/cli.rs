@@ -1,7 +1,7 @@
 //! The binary as a user runs it: each bad input gives one clear message naming the file,
 //! field or value, a non-zero exit, and never a panic.
 
-use crate::common::cli::{fails_with, lethe, succeeds, train};
+use crate::common::cli::{fails_with, lethe, sets, succeeds, train, SMALL_MODEL};
 
 #[test]
 fn missing_empty_and_short_corpora_are_named() {
@@ -234,35 +234,10 @@ fn eval_with_no_scored_token_says_so() {
 #[test]
 fn sweep_writes_a_table_a_plot_and_a_report_and_resumes() {
     let dir = tempfile::tempdir().unwrap();
-    let args = [
-        "sweep",
-        "--set",
-        "model.layers=1",
-        "--set",
-        "model.d_model=16",
-        "--set",
-        "model.heads=2",
-        "--set",
-        "model.d_ffn=32",
-        "--set",
-        "train.batch=2",
-        "--set",
-        "train.block=8",
-        "--set",
-        "data.copy.eval_tokens=128",
-        "--distance",
-        "5-20",
-        "--steps",
-        "3",
-        "--name",
-        "tiny",
-        "--mechanism",
-        "fixed:8,16",
-        "--mechanism",
-        "compressive:16",
-        "--seeds",
-        "1,2",
-    ];
+    let mut args = vec!["sweep"];
+    args.extend(sets(&[SMALL_MODEL, &["train.batch=2", "train.block=8", "data.copy.eval_tokens=128"]].concat()));
+    args.extend(["--distance", "5-20", "--steps", "3", "--name", "tiny", "--seeds", "1,2"]);
+    args.extend(["--mechanism", "fixed:8,16", "--mechanism", "compressive:16"]);
     let out = succeeds(&lethe(dir.path(), &args));
     assert!(out.contains("[6/6] compressive-16-s2"), "{out}");
     assert!(out.contains("over 2 seeds:"), "{out}");
@@ -298,31 +273,9 @@ fn impossible_sweep_sizes_are_refused_before_any_training() {
 #[test]
 fn a_sweep_run_whose_evaluation_scored_nothing_is_an_error_not_a_figure() {
     let dir = tempfile::tempdir().unwrap();
-    let args = [
-        "sweep",
-        "--preset",
-        "collision-tiny",
-        "--set",
-        "model.layers=1",
-        "--set",
-        "model.d_model=16",
-        "--set",
-        "model.heads=2",
-        "--set",
-        "model.d_ffn=32",
-        "--set",
-        "train.batch=2",
-        "--set",
-        "train.block=8",
-        "--set",
-        "train.eval_tokens=64",
-        "--steps",
-        "1",
-        "--name",
-        "empty",
-        "--mechanism",
-        "fixed:8",
-    ];
+    let mut args = vec!["sweep", "--preset", "collision-tiny"];
+    args.extend(sets(&[SMALL_MODEL, &["train.batch=2", "train.block=8", "train.eval_tokens=64"]].concat()));
+    args.extend(["--steps", "1", "--name", "empty", "--mechanism", "fixed:8"]);
     let out = lethe(dir.path(), &args);
     fails_with(&out, &["fixed-8-s1", "scored no token", "error %", "train.eval_tokens"]);
     assert!(!dir.path().join("runs/empty-sweep/sweep.csv").exists());

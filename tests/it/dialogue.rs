@@ -2,23 +2,14 @@
 //! CMU-DoG-layout data set, training on it, and evaluation that scores the responses
 //! and nothing else.
 
-use crate::common::cli::{lethe, succeeds};
+use crate::common::cli::{lethe, sets, succeeds, SMALL_MODEL};
 use lethe::data::dialogue::read_split;
 use lethe::data::Split;
 
-/// A 1-layer model of width 16 on the dialogue-tiny preset, for speed.
-const SMALL: &[&str] = &[
-    "--set",
-    "model.layers=1",
-    "--set",
-    "model.d_model=16",
-    "--set",
-    "model.heads=2",
-    "--set",
-    "model.d_ffn=32",
-    "--set",
-    "train.batch=4",
-];
+/// A 1-layer model of width 16 on the dialogue-tiny preset, batches of 4, for speed.
+fn small() -> Vec<&'static str> {
+    sets(&[SMALL_MODEL, &["train.batch=4"]].concat())
+}
 
 fn eval_json(dir: &std::path::Path, extra: &[&str]) -> serde_json::Value {
     let mut args = vec!["eval", "--checkpoint", "runs/dialogue-tiny-infinity", "--split", "test", "--json"];
@@ -46,7 +37,7 @@ fn generated_dialogues_train_and_only_responses_are_scored() {
         "2",
         "--no-eval",
     ];
-    args.extend_from_slice(SMALL);
+    args.extend(small());
     succeeds(&lethe(d, &args));
 
     // The word vocabulary gives one token per word and one per line end, so the scored
@@ -187,7 +178,7 @@ fn chat_reads_a_document_and_replies_to_each_line() {
         "2",
         "--no-eval",
     ];
-    args.extend_from_slice(SMALL);
+    args.extend(small());
     succeeds(&lethe(d, &args));
     std::fs::write(d.join("doc.txt"), "the quiet road (1990)\nDirector: nora vance\n").unwrap();
     let talk = || {

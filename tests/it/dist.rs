@@ -5,7 +5,7 @@
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Output, Stdio};
 
-use crate::common::cli::{fails_with, succeeds};
+use crate::common::cli::{fails_with, sets, succeeds, SMALL_MODEL};
 
 /// A port that was free a moment ago.
 fn free_port() -> u16 {
@@ -115,45 +115,32 @@ fn dist_check_outside_a_launch_says_how_to_start_one() {
     fails_with(&out, &["WORLD_SIZE is not set", "torchrun"]);
 }
 
-/// A tiny copy-task run: 1 layer x 16, span 16, blocks of 8, batch 4, one thread.
-const TINY_RUN: &[&str] = &[
-    "--quiet",
-    "--set",
-    "model.layers=1",
-    "--set",
-    "model.d_model=16",
-    "--set",
-    "model.heads=2",
-    "--set",
-    "model.d_ffn=32",
-    "--set",
+/// A tiny copy-task run: 1 layer x 16, span 16, blocks of 8, batch 4, one thread (`--set`
+/// pairs; the run [`tiny_run`]).
+const TINY_FIELDS: &[&str] = &[
     "memory.span=16",
-    "--set",
     "train.block=8",
-    "--set",
     "train.batch=4",
-    "--set",
     "train.log_every=1",
-    "--set",
     "train.eval_tokens=64",
-    "--set",
     "data.copy.eval_tokens=128",
-    "--set",
     "data.copy.distance_min=5",
-    "--set",
     "data.copy.distance_max=20",
-    "--set",
     "train.threads=1",
-    "--set",
     "train.dist_timeout=60",
 ];
 
-/// `lethe train` with `args` in `dir`, as rank `r` of `world` (no launch when `world` is 0).
-fn trainer(dir: &std::path::Path, r: usize, world: usize, port: u16, args: &[&str]) -> Command {
-    trainer_of(TINY_RUN, dir, r, world, port, args)
+/// The tiny copy-task run's arguments, quiet.
+fn tiny_run() -> Vec<&'static str> {
+    [&["--quiet"][..], &sets(SMALL_MODEL), &sets(TINY_FIELDS)].concat()
 }
 
-/// [`trainer`] with `base` in place of `TINY_RUN`.
+/// `lethe train` with `args` in `dir`, as rank `r` of `world` (no launch when `world` is 0).
+fn trainer(dir: &std::path::Path, r: usize, world: usize, port: u16, args: &[&str]) -> Command {
+    trainer_of(&tiny_run(), dir, r, world, port, args)
+}
+
+/// [`trainer`] with `base` in place of [`tiny_run`].
 fn trainer_of(base: &[&str], dir: &std::path::Path, r: usize, world: usize, port: u16, args: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_lethe"));
     c.current_dir(dir)
@@ -524,8 +511,8 @@ fn the_gradients_summed_during_the_backward_pass_or_after_it_give_the_same_run()
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let args = ["--steps", "10", "--set", "memory.mechanism=\"expire\"", "--set", "train.accum=2"];
-    // Rank 0 says which way it sums (TINY_RUN's --quiet taken out).
-    let loud: Vec<&str> = TINY_RUN.iter().copied().filter(|a| *a != "--quiet").collect();
+    // Rank 0 says which way it sums (the tiny run's --quiet taken out).
+    let loud: Vec<&str> = tiny_run().into_iter().filter(|a| *a != "--quiet").collect();
     let said = |name: &str, extra: &[&str]| {
         let port = free_port();
         let children = [0, 1].map(|r| {

@@ -445,42 +445,16 @@ fn a_text_stream_prints_whole_characters() {
 /// folder keeps: the run still generates when moved away from the tokenizer it named.
 #[test]
 fn generate_prints_text_from_a_run_that_moved() {
-    use crate::common::cli::{lethe, succeeds};
+    use crate::common::cli::{lethe, sets, succeeds, SMALL_MODEL};
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     std::fs::write(d.join("text.txt"), "the memory keeps what matters, and forgets the rest.\n".repeat(40)).unwrap();
     std::fs::create_dir(d.join("tok")).unwrap();
     std::fs::copy(fixture().join("tokenizer.json"), d.join("tok/tokenizer.json")).unwrap();
-    let args = [
-        "train",
-        "--quiet",
-        "--out",
-        "runs",
-        "--name",
-        "g",
-        "-p",
-        "gpt2-tiny-infinity",
-        "--steps",
-        "2",
-        "--data",
-        "text.txt",
-        "--set",
-        "data.tokenizer=tok",
-        "--set",
-        "model.layers=1",
-        "--set",
-        "model.d_model=16",
-        "--set",
-        "model.heads=2",
-        "--set",
-        "model.d_ffn=32",
-        "--set",
-        "train.batch=2",
-        "--set",
-        "train.block=8",
-        "--set",
-        "memory.infinity.threshold=32",
-    ];
+    let mut args = vec!["train", "--quiet", "--out", "runs", "--name", "g", "-p", "gpt2-tiny-infinity"];
+    args.extend(["--steps", "2", "--data", "text.txt"]);
+    args.extend(sets(&[SMALL_MODEL, &["data.tokenizer=tok", "train.batch=2", "train.block=8"]].concat()));
+    args.extend(sets(&["memory.infinity.threshold=32"]));
     succeeds(&lethe(d, &args));
     assert!(d.join("runs/g/tokenizer.json").is_file());
     std::fs::remove_dir_all(d.join("tok")).unwrap();

@@ -1,7 +1,7 @@
 //! `lethe longeval` as a user runs it: a byte model trained for a few steps, scored on
 //! passkey and a needle task, the table written and a rerun resuming from it.
 
-use crate::common::cli::{fails_with, lethe, succeeds};
+use crate::common::cli::{fails_with, lethe, sets, succeeds, SMALL_MODEL};
 
 /// A byte model (enwik8-tiny on a small seeded text) trained for two steps in `dir`.
 fn byte_model(dir: &std::path::Path) {
@@ -11,8 +11,8 @@ fn byte_model(dir: &std::path::Path) {
     let args =
         ["train", "-q", "-p", "enwik8-tiny", "--data", "text.txt", "--steps", "2", "--seed", "3", "--out", "runs"];
     let mut args = args.to_vec();
-    args.extend(["--name", "m", "--set", "model.layers=1", "--set", "model.d_model=16", "--set", "model.heads=2"]);
-    args.extend(["--set", "model.d_ffn=32", "--set", "train.eval_tokens=256"]);
+    args.extend(["--name", "m"]);
+    args.extend(sets(&[SMALL_MODEL, &["train.eval_tokens=256"]].concat()));
     succeeds(&lethe(dir, &args));
 }
 
@@ -189,8 +189,7 @@ fn a_model_trained_on_the_suite_is_scored_by_longeval() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let mut args = vec!["train", "-q", "-p", "longctx-tiny", "--steps", "2", "--out", "runs", "--name", "m"];
-    args.extend(["--set", "model.layers=1", "--set", "model.d_model=16", "--set", "model.heads=2"]);
-    args.extend(["--set", "model.d_ffn=32", "--set", "data.longctx.eval_tokens=2048", "--set", "train.batch=2"]);
+    args.extend(sets(&[SMALL_MODEL, &["data.longctx.eval_tokens=2048", "train.batch=2"]].concat()));
     succeeds(&lethe(d, &args));
     let metrics = std::fs::read_to_string(d.join("runs/m/metrics.jsonl")).unwrap();
     assert!(metrics.contains("\"answer_accuracy\""), "no answer accuracy logged:\n{metrics}");

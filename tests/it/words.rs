@@ -210,7 +210,7 @@ fn wikitext_like(d: &std::path::Path) {
 /// Wikitext layout: its per-word perplexity is its perplexity (one token per word).
 #[test]
 fn a_word_level_model_trains_from_the_command_line() {
-    use crate::common::cli::{fails_with, lethe, succeeds};
+    use crate::common::cli::{fails_with, lethe, sets, succeeds, SMALL_MODEL};
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     wikitext_like(d);
@@ -226,44 +226,12 @@ fn a_word_level_model_trains_from_the_command_line() {
         &lethe(d, &["tokenizer", "bpe", "wt/wiki.train.tokens", "--out", "w3", "--vocab", "10"]),
         &["--vocab 10", "256"],
     );
-    let train = [
-        "train",
-        "--quiet",
-        "--out",
-        "runs",
-        "--name",
-        "w",
-        "-p",
-        "xl-wikitext",
-        "--data",
-        "wt",
-        "--set",
-        "data.tokenizer=words",
-        "--steps",
-        "3",
-        "--set",
-        "model.vocab=37",
-        "--set",
-        "model.cutoffs=[10,30]",
-        "--set",
-        "model.div_val=2",
-        "--set",
-        "model.layers=1",
-        "--set",
-        "model.d_model=16",
-        "--set",
-        "model.heads=2",
-        "--set",
-        "model.d_ffn=32",
-        "--set",
-        "train.batch=2",
-        "--set",
-        "train.block=8",
-        "--set",
-        "memory.span=8",
-        "--set",
-        "train.device=cpu",
-    ];
+    let mut train = vec!["train", "--quiet", "--out", "runs", "--name", "w", "-p", "xl-wikitext", "--data", "wt"];
+    train.extend(["--steps", "3"]);
+    train.extend(sets(&["data.tokenizer=words", "model.vocab=37", "model.cutoffs=[10,30]", "model.div_val=2"]));
+    train.extend(sets(
+        &[SMALL_MODEL, &["train.batch=2", "train.block=8", "memory.span=8", "train.device=cpu"]].concat(),
+    ));
     succeeds(&lethe(d, &train));
     let eval = succeeds(&lethe(d, &["eval", "--checkpoint", "runs/w", "--split", "test", "--json"]));
     let r: serde_json::Value = serde_json::from_str(&eval).unwrap();
@@ -277,55 +245,17 @@ fn a_word_level_model_trains_from_the_command_line() {
 #[test]
 #[ignore]
 fn a_word_level_model_with_adaptive_ends_learns() {
-    use crate::common::cli::{lethe, succeeds};
+    use crate::common::cli::{lethe, sets, succeeds};
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     wikitext_like(d);
     succeeds(&lethe(d, &["tokenizer", "words", "wt/wiki.train.tokens", "--out", "words"]));
-    let train = [
-        "train",
-        "--quiet",
-        "--out",
-        "runs",
-        "--name",
-        "w",
-        "-p",
-        "xl-wikitext",
-        "--data",
-        "wt",
-        "--set",
-        "data.tokenizer=words",
-        "--steps",
-        "300",
-        "--set",
-        "model.vocab=37",
-        "--set",
-        "model.cutoffs=[10,30]",
-        "--set",
-        "model.div_val=2",
-        "--set",
-        "model.layers=2",
-        "--set",
-        "model.d_model=32",
-        "--set",
-        "model.heads=2",
-        "--set",
-        "model.d_ffn=64",
-        "--set",
-        "model.dropout=0",
-        "--set",
-        "train.batch=4",
-        "--set",
-        "train.block=16",
-        "--set",
-        "memory.span=16",
-        "--set",
-        "train.lr=3e-3",
-        "--set",
-        "train.warmup=20",
-        "--set",
-        "train.device=cpu",
-    ];
+    let mut train = vec!["train", "--quiet", "--out", "runs", "--name", "w", "-p", "xl-wikitext", "--data", "wt"];
+    train.extend(["--steps", "300"]);
+    train.extend(sets(&["data.tokenizer=words", "model.vocab=37", "model.cutoffs=[10,30]", "model.div_val=2"]));
+    train.extend(sets(&["model.layers=2", "model.d_model=32", "model.heads=2", "model.d_ffn=64", "model.dropout=0"]));
+    train.extend(sets(&["train.batch=4", "train.block=16", "memory.span=16", "train.lr=3e-3", "train.warmup=20"]));
+    train.extend(sets(&["train.device=cpu"]));
     succeeds(&lethe(d, &train));
     let r: serde_json::Value =
         serde_json::from_str(&succeeds(&lethe(d, &["eval", "--checkpoint", "runs/w", "--json"]))).unwrap();
