@@ -14,6 +14,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3_tch::PyTensor;
 use tch::Device;
@@ -24,11 +25,11 @@ use lethe_data::text;
 use lethe_data::tokenizer::Tokenizer;
 use lethe_data::Token;
 use lethe_model::kv::{Budget, Policy};
-use lethe_model::llama::{ExpireRun, KvCache as Cache, Llama};
+use lethe_model::llama::{ExpireRun, KvCache as Cache, Llama, LlamaConfig};
 use lethe_model::Lm;
 use lethe_train::generate;
 
-use crate::{check_id_list, check_ids, generation, guarded, invalid, lock};
+use crate::{check_id_list, check_ids, generation, guarded, invalid, lock, Named};
 
 /// Where a [`Decoder`]'s weights come from.
 enum Weights {
@@ -114,6 +115,9 @@ fn folder_tokenizer(folder: &Path, vocab: i64) -> PyResult<Option<Tokenizer>> {
     Ok(Some(tokenizer))
 }
 
+/// What a pickled [`KvCache`] is made again from: its policy, budget and tensors.
+type Pickled = (String, Option<i64>, Named);
+
 /// Numbers each [`Decoder`], so that a learned cache is read by the decoder it was made by.
 static DECODERS: AtomicU64 = AtomicU64::new(0);
 
@@ -131,7 +135,9 @@ pub struct Decoder {
 #[pyclass(module = "lethe._lethe")]
 pub struct KvCache {
     cache: Mutex<Cache>,
-    policy: String,
+    /// The policy as given (`snapkv:window=16`; `learned`) and its budget.
+    spec: String,
+    budget: Option<i64>,
     /// The decoder whose learned memory keeps this cache ([`Decoder::learned_cache`]);
     /// none for a training-free policy.
     learned_by: Option<u64>,
@@ -144,18 +150,24 @@ impl KvCache {
     #[new]
     #[pyo3(signature = (policy, budget))]
     fn new(policy: &str, budget: Option<i64>) -> PyResult<KvCache> {
-        let budget = match budget {
-            Some(n) if n < 1 => return Err(invalid(format!("budget = {n}: a budget keeps at least one entry"))),
-            Some(n) => Some(Budget::Entries(n)),
-            None => None,
-        };
-        let parsed = Policy::parse(policy, budget, i64::MAX)
-            .map_err(|e| invalid(e.to_string().replace("--policy", "policy").replace("--budget", "budget")))?;
-        let shown = match parsed.budget {
-            Some(b) => format!("{policy} @ {b}"),
-            None => policy.to_string(),
-        };
-        Ok(KvCache { cache: Mutex::new(Cache::new(parsed)), policy: shown, learned_by: None })
+        let parsed = parse_policy(policy, budget)?;
+        Ok(KvCache { cache: Mutex::new(Cache::new(parsed)), spec: policy.into(), budget, learned_by: None })
+    }
+
+    /// What pickling (`torch.save`) keeps: the policy, its budget and the cache's
+    /// tensors ([`Cache::state`], copied so that none carries a buffer's spare room),
+    /// made again by [`kv_cache_from_state`]. A learned cache is its decoder's, and is
+    /// refused.
+    fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyAny>, Pickled)> {
+        if self.learned_by.is_some() {
+            return Err(PyTypeError::new_err(
+                "a learned cache is kept by its decoder's span predictors and is not pickled: copy() it, or read the prompt again",
+            ));
+        }
+        let state =
+            guarded(|| Ok(lock(&self.cache)?.state().into_iter().map(|(n, t)| (n, PyTensor(t.copy()))).collect()))?;
+        let make = py.import("lethe._lethe")?.getattr("_kv_cache_from_state")?;
+        Ok((make, (self.spec.clone(), self.budget, state)))
     }
 
     /// An independent copy: what the cache holds and what its policy keeps about it, in
@@ -165,7 +177,12 @@ impl KvCache {
         py.allow_threads(|| {
             let held = lock(&self.cache)?;
             let cache = guarded(|| Ok(held.fork()))?;
-            Ok(KvCache { cache: Mutex::new(cache), policy: self.policy.clone(), learned_by: self.learned_by })
+            Ok(KvCache {
+                cache: Mutex::new(cache),
+                spec: self.spec.clone(),
+                budget: self.budget,
+                learned_by: self.learned_by,
+            })
         })
     }
 
@@ -194,7 +211,11 @@ impl KvCache {
 
     fn __repr__(&self) -> PyResult<String> {
         let cache = lock(&self.cache)?;
-        Ok(format!("KvCache({}: {} tokens read, {:?} entries a layer)", self.policy, cache.position, cache.entries()))
+        let policy = match self.budget {
+            Some(b) => format!("{} @ {b} entries", self.spec),
+            None => self.spec.clone(),
+        };
+        Ok(format!("KvCache({policy}: {} tokens read, {:?} entries a layer)", cache.position, cache.entries()))
     }
 }
 
@@ -228,13 +249,13 @@ impl Decoder {
                 "policy learned: this decoder reads a Hugging Face folder; a learned memory comes with a lethe run of Expire-Span fitted onto it (lethe train --init-from FOLDER --set memory.mechanism=expire), given to lethe.Decoder",
             ));
         };
-        let (cache, shown) = match budget {
+        let cache = match budget {
             Some(n) if n < 1 => return Err(invalid(format!("budget = {n}: a budget keeps at least one entry"))),
-            Some(n) => (run.cache_at(n as usize), format!("learned @ {n} entries")),
-            None => (run.cache(), "learned".to_string()),
+            Some(n) => run.cache_at(n as usize),
+            None => run.cache(),
         };
         let cache = cache.map_err(|e| invalid(e.to_string()))?;
-        Ok(KvCache { cache: Mutex::new(cache), policy: shown, learned_by: Some(self.id) })
+        Ok(KvCache { cache: Mutex::new(cache), spec: "learned".into(), budget, learned_by: Some(self.id) })
     }
 
     /// `text` as the model's token ids (its tokenizer's).
@@ -262,7 +283,7 @@ impl Decoder {
                 return Err(invalid("ids: the decoder runs on the CPU (ids.cpu())"));
             }
             check_ids("ids", &ids, model.config.vocab_size, None)?;
-            let mut held = self.take_up(cache, ids.size()[0])?;
+            let mut held = self.take_up(cache, ids.size()[0], &model.config)?;
             guarded(|| Ok(PyTensor(model.forward(&ids, &mut held))))
         })
     }
@@ -287,7 +308,7 @@ impl Decoder {
             let model = inner.weights.llama();
             let prompt = generation::prompt_tokens(prompt, model.config.vocab_size)?;
             let sampling = generation::sampling(sampling)?;
-            let mut held = self.take_up(cache, 1)?;
+            let mut held = self.take_up(cache, 1, &model.config)?;
             let block = match (&inner.weights, cache.learned_by) {
                 (Weights::Run { block, .. }, Some(_)) => *block,
                 _ => generate::PROMPT_BLOCK,
@@ -302,15 +323,17 @@ impl Decoder {
 }
 
 impl Decoder {
-    /// `cache`, locked for a read of `streams` streams: refused when another decoder's
-    /// learned memory keeps it, or when it holds another number of streams.
-    fn take_up<'a>(&self, cache: &'a KvCache, streams: i64) -> PyResult<MutexGuard<'a, Cache>> {
+    /// `cache`, locked for a read of `streams` streams by the model of `config`: refused
+    /// when another decoder's learned memory keeps it, when it holds another number of
+    /// streams, or entries of another model's shape.
+    fn take_up<'a>(&self, cache: &'a KvCache, streams: i64, config: &LlamaConfig) -> PyResult<MutexGuard<'a, Cache>> {
         if cache.learned_by.is_some_and(|id| id != self.id) {
             return Err(invalid(
                 "cache: kept by another decoder's learned memory; make it with this decoder's cache(\"learned\")",
             ));
         }
         let held = lock(&cache.cache)?;
+        held.check_fits(config).map_err(|why| invalid(format!("cache: {why} (a cache of another model)")))?;
         if let Some(first) = held.layers.iter().flatten().next() {
             let holds = first.keys.size()[0];
             if holds != streams {
@@ -321,4 +344,27 @@ impl Decoder {
         }
         Ok(held)
     }
+}
+
+/// `policy` (`h2o`, `snapkv:window=16`, ...) with `budget` entries a layer and key-value
+/// head (none for `full`), read as `lethe generate --policy --budget` reads them.
+fn parse_policy(policy: &str, budget: Option<i64>) -> PyResult<Policy> {
+    let budget = match budget {
+        Some(n) if n < 1 => return Err(invalid(format!("budget = {n}: a budget keeps at least one entry"))),
+        Some(n) => Some(Budget::Entries(n)),
+        None => None,
+    };
+    Policy::parse(policy, budget, i64::MAX)
+        .map_err(|e| invalid(e.to_string().replace("--policy", "policy").replace("--budget", "budget")))
+}
+
+/// A pickled [`KvCache`] made again: the cache under `policy` and `budget` holding
+/// `state` ([`KvCache::__reduce__`]).
+#[pyfunction]
+#[pyo3(name = "_kv_cache_from_state", signature = (policy, budget, state))]
+pub fn kv_cache_from_state(policy: &str, budget: Option<i64>, state: Named) -> PyResult<KvCache> {
+    let parsed = parse_policy(policy, budget)?;
+    let tensors = state.into_iter().map(|(name, t)| (name, t.0)).collect();
+    let cache = guarded(|| Cache::from_state(parsed, tensors).map_err(|e| invalid(e.to_string())))?;
+    Ok(KvCache { cache: Mutex::new(cache), spec: policy.into(), budget, learned_by: None })
 }

@@ -202,6 +202,7 @@ fn _lethe(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<model::Model>()?;
     m.add_class::<decoder::Decoder>()?;
     m.add_class::<decoder::KvCache>()?;
+    m.add_function(wrap_pyfunction!(decoder::kv_cache_from_state, m)?)?;
     m.add_function(wrap_pyfunction!(main, m)?)?;
     Ok(())
 }

@@ -2,6 +2,8 @@
 `lethe.load` of a Hugging Face folder, against the logits `transformers` computed for
 the fixtures (tests/fixtures/llama/*/expected.safetensors)."""
 
+import io
+import pickle
 import json
 import pathlib
 import struct
@@ -148,6 +150,39 @@ def test_a_copied_cache_reads_on_as_a_cache_that_read_its_continuation_alone(pol
     assert repr(copies[1]) == repr(cache), (repr(copies[1]), repr(cache))
 
 
+@pytest.mark.parametrize("policy", ["full", "window", "streaming", "h2o", "tova", "snapkv:window=6"])
+def test_a_pickled_cache_reads_on_as_the_original(policy):
+    """A cache saved with ``torch.save`` (or ``pickle``) and loaded reads on as the
+    original does, token by token, what its policy keeps about the entries included; the
+    file holds the entries, not the spare room of the cache's buffers."""
+    decoder = lethe.Decoder(FIXTURES / "llama3")
+    ids = expected("llama3")["ids"]  # (2, 20)
+    budget = None if policy == "full" else 8
+    cache = decoder.cache(policy, budget=budget)
+    decoder(ids[:, :6], cache)
+    for t in range(6, 10):
+        decoder(ids[:, t : t + 1], cache)
+    buffer = io.BytesIO()
+    torch.save(cache, buffer)
+    assert len(buffer.getvalue()) < 2 * cache.nbytes() + 16384, (len(buffer.getvalue()), cache.nbytes())
+    loaded = [torch.load(io.BytesIO(buffer.getvalue()), weights_only=False), pickle.loads(pickle.dumps(cache))]
+    for each in loaded:
+        assert repr(each) == repr(cache) and each.nbytes() == cache.nbytes(), (repr(each), repr(cache))
+    for t in range(10, 20):
+        want = decoder(ids[:, t : t + 1], cache)
+        for each in loaded:
+            assert torch.equal(decoder(ids[:, t : t + 1], each), want), (policy, t)
+    assert all(each.entries() == cache.entries() for each in loaded), policy
+
+
+def test_a_cache_of_another_model_is_refused():
+    llama3, qwen3 = lethe.Decoder(FIXTURES / "llama3"), lethe.Decoder(FIXTURES / "qwen3")
+    cache = llama3.cache("window", budget=4)
+    llama3(torch.tensor([[1, 2, 3]]), cache)
+    with pytest.raises(ValueError, match="width 8, the model 2 of width 16 \\(a cache of another model\\)"):
+        qwen3(torch.tensor([[4]]), cache)
+
+
 def test_bad_arguments_are_refused_with_one_line():
     decoder = lethe.Decoder(FIXTURES / "llama3")
     for call, kind, words in [
@@ -225,6 +260,8 @@ def test_a_run_s_learned_cache_reads_as_its_training_model(fitted):
     decoder(rest, capped)  # the original reads on first; the copy is its own
     assert torch.equal(decoder(rest, fork), decoder(rest, alone))
     assert "learned @ 3 entries" in repr(capped), repr(capped)
+    with pytest.raises(TypeError, match="a learned cache is kept by its decoder's span predictors and is not pickled"):
+        torch.save(capped, io.BytesIO())
 
 
 @needs_binary

@@ -177,6 +177,59 @@ fn lethe(args: &[&str]) -> std::process::Output {
     crate::common::cli::lethe(Path::new(env!("CARGO_MANIFEST_DIR")), args)
 }
 
+/// A cache saved as named tensors and made again from copies of them reads on as the
+/// original does: the same logits and entries, for every policy (H2O's scores and
+/// SnapKV's window of queries among the tensors); a state out of place is refused in
+/// one line, and a cache of another model's shape is named as such.
+#[test]
+fn a_cache_made_again_from_its_state_reads_on_as_the_original() {
+    let model = Llama::load(&fixture("llama3")).unwrap();
+    let ids = {
+        let _seed = lethe::rng::seed_torch(9);
+        Tensor::randint_low(0, 300, [2, 36], (Kind::Int64, tch::Device::Cpu))
+    };
+    for spec in ["full", "window", "streaming", "h2o", "tova", "snapkv:window=6"] {
+        let policy = match spec {
+            "full" => Policy::default(),
+            spec => policy(spec, 10, 36),
+        };
+        let mut cache = KvCache::new(policy.clone());
+        let _ = model.forward(&ids.narrow(1, 0, 16), &mut cache);
+        (16..20).for_each(|t| drop(model.forward(&ids.narrow(1, t, 1), &mut cache)));
+        let saved: Vec<(String, Tensor)> = cache.state().into_iter().map(|(n, t)| (n, t.copy())).collect();
+        let mut again = KvCache::from_state(policy, saved).unwrap();
+        assert_eq!((again.entries(), again.position), (cache.entries(), 20), "{spec}");
+        for t in 20..36 {
+            let (want, got) =
+                (model.forward(&ids.narrow(1, t, 1), &mut cache), model.forward(&ids.narrow(1, t, 1), &mut again));
+            assert!(got.equal(&want), "{spec}: token {t} reads otherwise from the cache made again");
+        }
+        assert_eq!(again.entries(), cache.entries(), "{spec}");
+    }
+
+    let mut cache = KvCache::new(policy("h2o", 10, 36));
+    let _ = model.forward(&ids.narrow(1, 0, 12), &mut cache);
+    let state = || cache.state().into_iter().map(|(n, t)| (n, t.copy())).collect::<Vec<_>>();
+    let without = |name: &str| state().into_iter().filter(|(n, _)| n != name).collect::<Vec<_>>();
+    let renamed = |from: &str, to: &str| {
+        state().into_iter().map(|(n, t)| (if n == from { to.to_string() } else { n }, t)).collect::<Vec<_>>()
+    };
+    let refused = |state: Vec<(String, Tensor)>, spec: &str| {
+        KvCache::from_state(policy(spec, 10, 36), state).err().expect("refused").to_string()
+    };
+    assert!(refused(without("layers.1.values"), "h2o").contains("`layers.1.values`: missing"));
+    assert!(refused(renamed("layers.0.keys", "layers.0.key"), "h2o").contains("`layers.0.key`: not a name"));
+    assert!(refused(renamed("layers.0.keys", "layers.99999.keys"), "h2o").contains("no such layer"));
+    assert!(refused(state(), "tova").contains("`layers.0.policy`: `scores`: the policy keeps nothing"));
+    let mut flat = state();
+    flat[1].1 = flat[1].1.flatten(0, -1);
+    assert!(refused(flat, "h2o").contains("`layers.0.keys`: a 4-dimensional Float tensor"));
+    let qwen3 = Llama::load(&fixture("qwen3")).unwrap();
+    assert_eq!(cache.check_fits(&model.config), Ok(()));
+    let why = cache.check_fits(&qwen3.config).unwrap_err();
+    assert!(why.contains("2 key-value heads of width 8, the model 2 of width 16"), "{why}");
+}
+
 /// A generation its consumer stops (Ctrl-C in Python) leaves in the cache what it read:
 /// the prompt and the tokens taken in before the stop, not an empty cache; a prompt
 /// refused leaves the cache as it was.

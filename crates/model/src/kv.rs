@@ -19,8 +19,9 @@
 //! `budget + window` between its presses), so memory follows the budget whatever the
 //! length of the stream. Every policy keeps its entries in the order they were written.
 //!
-//! Adding a policy: a unit with its [`Entry`] and its [`LayerPolicy`], and one line in
-//! [`POLICIES`]. A learned
+//! Adding a policy: a unit with its [`Entry`] and its [`LayerPolicy`] (which forks, and
+//! gives and takes back what it keeps about the entries, for a cache copied or saved),
+//! and one line in [`POLICIES`]. A learned
 //! memory fitted by `lethe train` reads through the same path with its run's weights
 //! ([`expire`]: Expire-Span), its layers given to [`crate::llama::KvCache::with_layers`].
 
@@ -190,6 +191,36 @@ pub trait LayerPolicy: Send {
     /// An independent copy, with its own copy of whatever the policy keeps about the
     /// entries: the two read on apart ([`crate::llama::KvCache::fork`]).
     fn fork(&self) -> Box<dyn LayerPolicy>;
+
+    /// What the policy keeps about the entries, as named tensors (nothing by default):
+    /// with the entries, all a saved cache needs ([`crate::llama::KvCache::state`]).
+    fn state(&self) -> Vec<(&'static str, Tensor)> {
+        Vec::new()
+    }
+
+    /// Takes back what [`LayerPolicy::state`] gave; one line naming a tensor it does not
+    /// keep, or one it cannot take.
+    fn restore(&mut self, state: Vec<(String, Tensor)>) -> std::result::Result<(), String> {
+        match state.first() {
+            Some((name, _)) => Err(format!("`{name}`: the policy keeps nothing of that name")),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A policy's saved tensor `name`, refused unless it has `dims` dimensions and the
+/// dtype `kind`, on the CPU.
+pub fn saved(name: &str, t: Tensor, dims: usize, kind: Kind) -> std::result::Result<Tensor, String> {
+    if t.dim() != dims || t.kind() != kind || t.device() != tch::Device::Cpu {
+        return Err(format!(
+            "`{name}`: a {}-dimensional {kind:?} tensor on the CPU is wanted, not {:?} {:?} on {:?}",
+            dims,
+            t.size(),
+            t.kind(),
+            t.device()
+        ));
+    }
+    Ok(t)
 }
 
 /// A copy of `t` in memory of its own, if any: what a policy keeps, forked.

@@ -342,6 +342,75 @@ impl KvCache {
         }
     }
 
+    /// The cache as named tensors, its own (not copies): `position`, and for each layer
+    /// holding entries `layers.<i>.keys`, `.values`, `.positions` and what its policy
+    /// keeps (`layers.<i>.policy.<name>`). [`KvCache::from_state`] makes it again.
+    pub fn state(&self) -> Vec<(String, Tensor)> {
+        let mut state = vec![("position".to_string(), Tensor::from(self.position))];
+        for (i, held) in self.layers.iter().enumerate() {
+            if let Some(h) = held {
+                let layer = [("keys", &h.keys), ("values", &h.values), ("positions", &h.positions)];
+                state.extend(layer.map(|(name, t)| (format!("layers.{i}.{name}"), t.shallow_clone())));
+            }
+            if let Some(policy) = self.policies.get(i) {
+                state.extend(policy.state().into_iter().map(|(name, t)| (format!("layers.{i}.policy.{name}"), t)));
+            }
+        }
+        state
+    }
+
+    /// The cache under `policy` that `state` ([`KvCache::state`] of a cache under the
+    /// same policy) describes; one line naming the first tensor out of place.
+    pub fn from_state(policy: Policy, state: Vec<(String, Tensor)>) -> Result<KvCache> {
+        let bad = |name: &str, why: String| LetheError::Invalid(format!("cache state: `{name}`: {why}"));
+        let mut cache = KvCache::new(policy);
+        let mut layers: BTreeMap<usize, SavedLayer> = BTreeMap::new();
+        for (name, t) in state {
+            if name == "position" {
+                cache.position =
+                    crate::kv::saved(&name, t, 0, Kind::Int64).map_err(|e| bad(&name, e))?.int64_value(&[]);
+                continue;
+            }
+            let Some((i, field)) = name.strip_prefix("layers.").and_then(|rest| rest.split_once('.')) else {
+                return Err(bad(&name, "not a name a cache's state holds".into()));
+            };
+            let i: usize =
+                i.parse().ok().filter(|&i| i < MAX_LAYERS).ok_or_else(|| bad(&name, "no such layer".into()))?;
+            let (held, policy) = layers.entry(i).or_default();
+            match field.strip_prefix("policy.") {
+                Some(kept) => policy.push((kept.to_string(), t)),
+                None if ["keys", "values", "positions"].contains(&field) => drop(held.insert(field.to_string(), t)),
+                None => return Err(bad(&name, "not a name a cache's state holds".into())),
+            }
+        }
+        let count = layers.keys().next_back().map_or(0, |&i| i + 1);
+        cache.layers = (0..count).map(|_| None).collect();
+        cache.policies = (0..count).map(|_| cache.policy.layer()).collect();
+        for (i, (held, policy)) in layers {
+            cache.layers[i] = held_of(i, held).map_err(|(name, why)| bad(&name, why))?;
+            cache.policies[i].restore(policy).map_err(|why| bad(&format!("layers.{i}.policy"), why))?;
+        }
+        Ok(cache)
+    }
+
+    /// Refuses a cache of another model than `config`'s (more layers, or entries of
+    /// another number of key-value heads or head width), naming what differs.
+    pub fn check_fits(&self, config: &LlamaConfig) -> std::result::Result<(), String> {
+        if self.layers.len() > config.layers as usize {
+            return Err(format!("holds {} layers, the model has {}", self.layers.len(), config.layers));
+        }
+        for held in self.layers.iter().flatten().filter(|h| h.keys.dim() == 4) {
+            let size = held.keys.size();
+            if (size[1], size[3]) != (config.kv_heads, config.head_dim) {
+                return Err(format!(
+                    "holds {} key-value heads of width {}, the model {} of width {}",
+                    size[1], size[3], config.kv_heads, config.head_dim
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The entries each layer holds per key-value head.
     pub fn entries(&self) -> Vec<i64> {
         self.layers.iter().map(|h| h.as_ref().map_or(0, Held::len)).collect()
@@ -358,6 +427,33 @@ impl KvCache {
         let size = |t: &Tensor| t.numel() * t.kind().elt_size_in_bytes();
         self.layers.iter().flatten().map(|h| size(&h.keys) + size(&h.values) + size(&h.positions)).sum()
     }
+}
+
+/// A saved layer of a cache: its entries' tensors by name, and what its policy keeps.
+type SavedLayer = (BTreeMap<String, Tensor>, Vec<(String, Tensor)>);
+
+/// The most layers a saved cache may name (no decoder has more).
+const MAX_LAYERS: usize = 4096;
+
+/// Layer `i`'s entries from its saved `keys`, `values` and `positions` (none: it held
+/// nothing), refused (the tensor's name and why) unless they are one cache's:
+/// `(b, kv_heads, n, head_dim)` float32 twice and `(b, kv_heads, n)` int64, on the CPU.
+fn held_of(i: usize, mut saved: BTreeMap<String, Tensor>) -> std::result::Result<Option<Held>, (String, String)> {
+    let name = |field: &str| format!("layers.{i}.{field}");
+    if saved.is_empty() {
+        return Ok(None);
+    }
+    let mut take = |field: &str, dims: usize, kind: Kind| {
+        let t = saved.remove(field).ok_or_else(|| (name(field), "missing beside the layer's other entries".into()))?;
+        crate::kv::saved(&name(field), t, dims, kind).map_err(|why| (name(field), why))
+    };
+    let (keys, values, positions) =
+        (take("keys", 4, Kind::Float)?, take("values", 4, Kind::Float)?, take("positions", 3, Kind::Int64)?);
+    if values.size() != keys.size() || positions.size() != keys.size()[..3] {
+        let shapes = format!("keys {:?}, values {:?}, positions {:?}", keys.size(), values.size(), positions.size());
+        return Err((name("keys"), format!("the shapes do not make one cache ({shapes})")));
+    }
+    Ok(Some(Held::new(keys, values, positions)))
 }
 
 impl Llama {

@@ -25,7 +25,7 @@ use std::collections::HashMap;
 
 use tch::{Kind, Tensor};
 
-use super::{forked, top, Chunk, Held, LayerPolicy};
+use super::{forked, saved, top, Chunk, Held, LayerPolicy};
 use crate::memory::expire::{soft_mask, spans_of_scores, within_budget};
 use lethe_core::config::{Arch, Config, ExpireConfig, Mechanism};
 use lethe_core::error::{LetheError, Result};
@@ -103,6 +103,25 @@ impl LayerPolicy for ExpireLayer {
             spans: forked(&self.spans),
             expiry: forked(&self.expiry),
         })
+    }
+
+    fn state(&self) -> Vec<(&'static str, Tensor)> {
+        let spans = self.spans.iter().map(|t| ("spans", t.shallow_clone()));
+        spans.chain(self.expiry.iter().map(|t| ("expiry", t.shallow_clone()))).collect()
+    }
+
+    fn restore(&mut self, state: Vec<(String, Tensor)>) -> std::result::Result<(), String> {
+        for (name, t) in state {
+            match name.as_str() {
+                "spans" => self.spans = Some(saved(&name, t, 3, Kind::Float)?),
+                "expiry" => self.expiry = Some(saved(&name, t, 2, Kind::Double)?),
+                _ => return Err(format!("`{name}`: Expire-Span keeps spans and expiry")),
+            }
+        }
+        match (&self.spans, &self.expiry) {
+            (Some(_), None) | (None, Some(_)) => Err("`spans` and `expiry` go together".into()),
+            _ => Ok(()),
+        }
     }
 
     fn bias(&mut self, x: &Tensor, held: &Held, query_positions: &Tensor) -> Option<Tensor> {

@@ -9,7 +9,7 @@
 
 use tch::{Kind, Tensor};
 
-use super::{forked, per_kv_head, top, Chunk, Entry, Held, LayerPolicy};
+use super::{forked, per_kv_head, saved, top, Chunk, Entry, Held, LayerPolicy};
 
 pub const ENTRY: Entry = Entry {
     name: "h2o",
@@ -37,6 +37,20 @@ struct H2o {
 impl LayerPolicy for H2o {
     fn fork(&self) -> Box<dyn LayerPolicy> {
         Box::new(H2o { budget: self.budget, recent: self.recent, scores: forked(&self.scores) })
+    }
+
+    fn state(&self) -> Vec<(&'static str, Tensor)> {
+        self.scores.iter().map(|s| ("scores", s.shallow_clone())).collect()
+    }
+
+    fn restore(&mut self, state: Vec<(String, Tensor)>) -> std::result::Result<(), String> {
+        for (name, t) in state {
+            match name.as_str() {
+                "scores" => self.scores = Some(saved(&name, t, 3, Kind::Float)?),
+                _ => return Err(format!("`{name}`: H2O keeps its scores alone")),
+            }
+        }
+        Ok(())
     }
 
     fn needs_weights(&self) -> bool {

@@ -14,7 +14,7 @@
 
 use tch::{Kind, Tensor};
 
-use super::{top, Chunk, Entry, Held, LayerPolicy};
+use super::{saved, top, Chunk, Entry, Held, LayerPolicy};
 
 pub const ENTRY: Entry = Entry {
     name: "snapkv",
@@ -59,6 +59,32 @@ impl LayerPolicy for SnapKv {
             queries,
             pending: self.pending,
         })
+    }
+
+    fn state(&self) -> Vec<(&'static str, Tensor)> {
+        let mut state = vec![("pending", Tensor::from(self.pending))];
+        if let Some((q, pos)) = &self.queries {
+            state.extend([("queries", q.shallow_clone()), ("query_positions", pos.shallow_clone())]);
+        }
+        state
+    }
+
+    fn restore(&mut self, state: Vec<(String, Tensor)>) -> std::result::Result<(), String> {
+        let (mut queries, mut positions) = (None, None);
+        for (name, t) in state {
+            match name.as_str() {
+                "pending" => self.pending = saved(&name, t, 0, Kind::Int64)?.int64_value(&[]),
+                "queries" => queries = Some(saved(&name, t, 4, Kind::Float)?),
+                "query_positions" => positions = Some(saved(&name, t, 1, Kind::Int64)?),
+                _ => return Err(format!("`{name}`: SnapKV keeps pending, queries and query_positions")),
+            }
+        }
+        self.queries = match (queries, positions) {
+            (Some(q), Some(pos)) if q.size()[2] == pos.size()[0] => Some((q, pos)),
+            (None, None) => None,
+            _ => return Err("`queries` and `query_positions`: one of each, of the same length".into()),
+        };
+        Ok(())
     }
 
     fn same_entries_in_every_head(&self) -> bool {
