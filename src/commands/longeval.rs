@@ -103,8 +103,8 @@ fn refuse_mixed_units(checkpoints: &[&PathBuf], decoder: bool) -> Result<()> {
         units.push(("--init-from's decoder".into(), "tokens"));
     }
     for path in checkpoints {
-        let ckpt = load_checkpoint(path, None)?;
-        let tokenised = lethe::data::text::tokenizer_of_checkpoint(&ckpt)?.is_some();
+        // The header alone says it: a run reads tokens when its config names a tokenizer.
+        let tokenised = lethe::checkpoint::read_config(path)?.data.tokenizer.is_some();
         units.push((format!("`{}`", path.display()), if tokenised { "tokens" } else { "bytes" }));
     }
     if let Some((other, unit)) = units.iter().find(|(_, u)| *u != units[0].1) {

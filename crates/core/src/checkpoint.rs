@@ -217,6 +217,44 @@ fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     f.sync_all()
 }
 
+/// The longest header [`read_config`] reads, safetensors' own bound.
+const MAX_HEADER: u64 = 100_000_000;
+
+/// The config of the checkpoint at `path` (a file, or a run folder's), read from the
+/// file's header alone and checked against its checksum as [`Checkpoint::load`] checks
+/// it: for a caller that needs no tensor, without reading the parameters.
+pub fn read_config(path: &Path) -> Result<Config> {
+    use std::io::Read;
+    let path = resolve(path);
+    crate::input::check_file(&path).map_err(|e| LetheError::checkpoint(&path, e))?;
+    let corrupt = |what: &str| LetheError::checkpoint(&path, format!("corrupt or truncated ({what})"));
+    let mut file =
+        std::fs::File::open(&path).map_err(|e| LetheError::checkpoint(&path, format!("cannot read: {e}")))?;
+    let mut length = [0u8; 8];
+    file.read_exact(&mut length).map_err(|_| corrupt("it ends before its header"))?;
+    let length = u64::from_le_bytes(length);
+    if length > MAX_HEADER {
+        return Err(corrupt("its header is over 100 MB"));
+    }
+    let mut header = vec![0u8; length as usize];
+    file.read_exact(&mut header).map_err(|_| corrupt("it ends inside its header"))?;
+    let header: serde_json::Value = serde_json::from_slice(&header).map_err(|_| corrupt("its header is not JSON"))?;
+    let meta = |key: &str| header.get("__metadata__").and_then(|m| m.get(key)).and_then(serde_json::Value::as_str);
+    if meta("format") != Some(FORMAT) {
+        return Err(LetheError::checkpoint(&path, "not a lethe checkpoint (no `format` metadata)"));
+    }
+    let config_text = meta("config").ok_or_else(|| corrupt("no config"))?;
+    if let Some(sums) = meta("checksums") {
+        let sums: HashMap<String, u32> = serde_json::from_str(sums).map_err(|_| corrupt("checksums"))?;
+        match sums.get(CONFIG_SUM) {
+            Some(&sum) if sum == crc32fast::hash(config_text.as_bytes()) => {}
+            Some(_) => return Err(corrupt("the config does not match its checksum: the file was changed or damaged")),
+            None => return Err(corrupt("the config has no checksum")),
+        }
+    }
+    Config::from_toml(config_text, &format!("config inside {}", path.display()))
+}
+
 impl Checkpoint {
     /// Reads and checks a checkpoint file (or a run folder's checkpoint).
     pub fn load(path: &Path) -> Result<Checkpoint> {
@@ -371,5 +409,37 @@ mod tests {
             "tensor `lm_head.weight` lies outside the file"
         );
         assert_eq!(said("No such file or directory (os error 2)"), "No such file or directory (os error 2)");
+    }
+
+    /// The config read from the header alone is the one `Checkpoint::load` reads; a
+    /// changed config, a cut header and a file of another kind are refused in one line.
+    #[test]
+    fn a_config_is_read_from_the_header_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE_NAME);
+        let config = Config { name: "header".into(), ..Config::default() };
+        let state = TrainState::new(3, &serde_json::json!({}), 96).unwrap();
+        save(&path, &config, &state, &[("w".into(), Tensor::ones([4], (Kind::Float, tch::Device::Cpu)))]).unwrap();
+        assert_eq!(read_config(dir.path()).unwrap(), Checkpoint::load(&path).unwrap().config);
+        assert_eq!(read_config(&path).unwrap().name, "header");
+
+        let bytes = std::fs::read(&path).unwrap();
+        let refused = |bytes: &[u8]| {
+            std::fs::write(&path, bytes).unwrap();
+            let said = read_config(&path).unwrap_err().to_string();
+            assert!(!said.contains('\n'), "{said}");
+            said
+        };
+        // The config is TOML inside the JSON header: its quotes are escaped there.
+        let at = bytes.windows(10).position(|w| w == br#"\"header\""#).expect("the name in the header");
+        let mut changed = bytes.clone();
+        changed[at + 3] = b'3';
+        assert!(refused(&changed).contains("does not match its checksum"));
+        assert!(refused(&bytes[..20]).contains("ends inside its header"));
+        assert!(refused(&bytes[..4]).contains("ends before its header"));
+        assert!(refused(&[255u8; 16]).contains("over 100 MB"));
+        let mut other = 2u64.to_le_bytes().to_vec();
+        other.extend(b"{}");
+        assert!(refused(&other).contains("not a lethe checkpoint"));
     }
 }
