@@ -15,7 +15,7 @@ pub(crate) fn play(a: PlayArgs) -> Result<()> {
         anyhow::bail!("--episodes must be at least 1");
     }
     let mut cfg = match &a.checkpoint {
-        Some(path) => a.config.resolve_over_checkpoint(Checkpoint::load(path)?.config)?,
+        Some(path) => a.config.resolve_over_checkpoint(lethe::checkpoint::read_config(path)?)?,
         None => a.config.resolve()?,
     };
     if !cfg.data.source.is_rl() {
