@@ -182,6 +182,10 @@ fn copy_run(mechanism: Mechanism, span: usize, dir: &std::path::Path) -> lethe::
     cfg.memory.expire.ramp = 8;
     cfg.memory.expire.init_fraction = 0.9;
     cfg.memory.expire.alpha = 0.01;
+    // At the shared setup's 3e-3, two seeds of ten stayed at chance where the CPU's
+    // kernels round otherwise; at 1.5e-3, seeds 0-9 answer 0.84-0.98 with an average
+    // memory of 10-13.
+    cfg.train.lr = 1.5e-3;
     crate::common::train_and_eval(&cfg, dir)
 }
 
