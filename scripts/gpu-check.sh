@@ -36,9 +36,11 @@
 #                                        every mechanism's losses, then their steps in
 #                                        turns), NCCL with one rank and two ranks sharing
 #                                        the GPU over Gloo against one process, two NCCL
-#                                        ranks on one GPU refused, and the paper's enwik8
-#                                        models in float32 and bfloat16 (the allocator's
-#                                        peak beside nvidia-smi's); about 8 minutes
+#                                        ranks on one GPU refused, a pretrained decoder
+#                                        under every cache policy against the CPU, and the
+#                                        paper's enwik8 models in float32 and bfloat16 (the
+#                                        allocator's peak beside nvidia-smi's); about 8
+#                                        minutes
 #
 # `run` uses the libtorch of the `python3` there (torch 2.11.0, the version lethe is
 # built against; a CUDA build of it) through LD_LIBRARY_PATH. A GPU's memory in use is
@@ -291,8 +293,13 @@ scale_out() {
     export LETHE_NCCL=$dir/liblethe_nccl.so
     local run=(python3 -m torch.distributed.run --nproc-per-node)
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$log"
-    echo "== $(date +%T) GPU tests: bfloat16 against float32, the allocator" | tee -a "$log"
-    LETHE_REQUIRE_GPU=1 timeout 150 "$dir/gpu-tests" bfloat16 allocator --nocapture --test-threads 1 2>&1 | tee -a "$log"
+    echo "== $(date +%T) GPU tests: bfloat16 against float32, the allocator, the pretrained decoder" | tee -a "$log"
+    LETHE_REQUIRE_GPU=1 timeout 150 "$dir/gpu-tests" bfloat16 allocator decoder --nocapture --test-threads 1 2>&1 | tee -a "$log"
+    echo "== $(date +%T) lethe generate --init-from on the GPU and on the CPU (the same ids)" | tee -a "$log"
+    for device in cuda cpu; do
+        timeout 60 "$lethe" generate --init-from tests/fixtures/llama/llama3 --device $device --prompt-ids 5,17,99,3,42 \
+            --tokens 16 --policy h2o --budget 8 --print-ids </dev/null 2>&1 | tail -n 2 | tee -a "$log"
+    done
     echo "== $(date +%T) enwik8-tiny, every mechanism in float32 and bfloat16, in turns" | tee -a "$log"
     timeout 120 "$lethe" bench -p enwik8-tiny --device cuda --bench-steps 5 --rounds 4 --precision f32,bf16 \
         --mechanism fixed:256 --mechanism expire:1024 --mechanism adaptive:1024 --mechanism compressive:512 \
@@ -312,9 +319,10 @@ scale_out() {
     echo "== $(date +%T) two NCCL ranks on one GPU (refused in one line each)" | tee -a "$log"
     timeout 60 "${run[@]}" 2 --master-port 29614 --no-python "$lethe" "${train[@]}" --name nccl-2 </dev/null 2>&1 |
         grep -E '^error|exit' | tee -a "$log"
-    echo "== $(date +%T) the Python package's GPU test (python/tests/test_layers.py)" | tee -a "$log"
+    echo "== $(date +%T) the Python package's GPU tests (python/tests/test_layers.py, test_decoder.py)" | tee -a "$log"
     if python3 -c 'import pytest' 2>/dev/null; then
-        PYTHONPATH=$dir/python timeout 120 python3 -m pytest -q -p no:cacheprovider python/tests/test_layers.py -k gpu 2>&1 |
+        PYTHONPATH=$dir/python timeout 120 python3 -m pytest -q -p no:cacheprovider python/tests/test_layers.py \
+            python/tests/test_decoder.py -k gpu 2>&1 |
             tail -n 5 | tee -a "$log"
     else
         echo "no pytest for this machine's python3: skipped" | tee -a "$log"

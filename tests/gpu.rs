@@ -423,3 +423,77 @@ fn bfloat16_training_on_the_gpu_tracks_float32_for_every_mechanism() {
         );
     }
 }
+
+/// The Llama fixture `name`, found where the tests were built or in the folder a carried
+/// test binary runs in (as [`gpt2_fixture`]).
+fn llama_fixture(name: &str) -> PathBuf {
+    let built = common::llama::fixture(name);
+    match built.is_dir() {
+        true => built,
+        false => PathBuf::from("tests/fixtures/llama").join(name),
+    }
+}
+
+/// A pretrained decoder moved to the GPU (`Llama::to_device`) reads as on the CPU under
+/// every cache policy, a block of the prompt then token by token, its caches keeping the
+/// same entries there; a cache held on the CPU is refused by it in one line. An
+/// Expire-Span run made from parameters on the GPU decodes there, its learned cache
+/// (uncapped, and capped at a budget) as on the CPU.
+#[test]
+fn a_pretrained_decoder_on_the_gpu_reads_as_on_the_cpu_under_every_policy() {
+    use lethe::model::kv::{Budget, Policy};
+    use lethe::model::llama::{ExpireRun, KvCache, Llama};
+    let Some((gpu, _one)) = gpu("decoder") else { return };
+    let on_cpu = Llama::load(&llama_fixture("llama3")).unwrap();
+    let on_gpu = Llama::load(&llama_fixture("llama3")).unwrap().to_device(gpu);
+    let ids = common::random_tokens(5, 300, &[2, 40]);
+    let read = |model: &Llama, cache: &mut KvCache| {
+        let mut parts = vec![model.forward(&ids.narrow(1, 0, 16), cache)];
+        parts.extend((16..40).map(|t| model.forward(&ids.narrow(1, t, 1), cache)));
+        Tensor::cat(&parts, 1)
+    };
+    for spec in ["full", "window", "streaming", "h2o", "tova", "snapkv:window=6"] {
+        let policy = match spec {
+            "full" => Policy::default(),
+            spec => Policy::parse(spec, Some(Budget::Entries(12)), 40).unwrap(),
+        };
+        let (mut here, mut there) = (KvCache::new(policy.clone()), KvCache::new(policy));
+        let (want, got) = (read(&on_cpu, &mut here), read(&on_gpu, &mut there));
+        assert_eq!(got.device(), gpu, "{spec}: logits");
+        let gap = relative_gap(&want, &got);
+        println!("decoder under {spec}: the GPU's logits within {gap:.2e} of the CPU's");
+        assert!(gap < 1e-4, "{spec}: the GPU's logits differ from the CPU's by {gap:.2e}");
+        assert_eq!(there.entries(), here.entries(), "{spec}: entries held");
+        assert_eq!(there.check_fits(&on_gpu), Ok(()));
+        let why = here.check_fits(&on_gpu).unwrap_err();
+        assert!(why.contains("on cpu, the model runs on cuda:"), "{spec}: {why}");
+    }
+    let mut cfg = Config::default();
+    cfg.model.arch = lethe::config::Arch::Llama;
+    (cfg.model.vocab, cfg.model.layers, cfg.model.d_model, cfg.model.heads, cfg.model.d_ffn) = (256, 2, 16, 4, 24);
+    (cfg.model.llama.kv_heads, cfg.model.llama.qk_norm) = (2, true);
+    (cfg.memory.mechanism, cfg.memory.span, cfg.train.block) = (Mechanism::Expire, 12, 4);
+    (cfg.memory.expire.ramp, cfg.memory.expire.init_fraction, cfg.memory.expire.per_head) = (2, 0.4, true);
+    cfg.validate().unwrap();
+    let _seed = lethe::rng::seed_torch(7);
+    let lm = Lm::new(&cfg, Device::Cpu).unwrap();
+    common::randomise(&lm.vs, 17, 1.0, |name| name.ends_with("expire.w"));
+    let params = lm.vs.variables();
+    let moved = params.iter().map(|(name, t)| (name.clone(), t.to_device(gpu))).collect();
+    let (run_cpu, run_gpu) = (ExpireRun::new(&cfg, &params).unwrap(), ExpireRun::new(&cfg, &moved).unwrap());
+    assert_eq!(run_gpu.decoder().device(), gpu);
+    let ids = common::random_tokens(6, 256, &[2, 40]);
+    for budget in [0, 3] {
+        let (mut here, mut there) = (run_cpu.cache_at(budget).unwrap(), run_gpu.cache_at(budget).unwrap());
+        let read = |model: &Llama, cache: &mut KvCache| {
+            let mut parts = vec![model.forward(&ids.narrow(1, 0, 4), cache)];
+            parts.extend((4..40).map(|t| model.forward(&ids.narrow(1, t, 1), cache)));
+            Tensor::cat(&parts, 1)
+        };
+        let (want, got) = (read(run_cpu.decoder(), &mut here), read(run_gpu.decoder(), &mut there));
+        let gap = relative_gap(&want, &got);
+        println!("Expire-Span's learned cache at budget {budget}: the GPU's logits within {gap:.2e} of the CPU's");
+        assert!(gap < 1e-4, "learned cache at budget {budget}: the GPU's logits differ by {gap:.2e}");
+        assert_eq!(there.entries(), here.entries(), "learned cache at budget {budget}: entries held");
+    }
+}

@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 from typing import List, Optional, Sequence, Union
 
+import torch
 from torch import Tensor
 
 from . import _lethe
+from .model import _prompt_ids
 
 __all__ = ["Decoder", "KvCache", "POLICIES"]
 
@@ -35,11 +37,16 @@ class Decoder:
     ``cache("learned")`` keeps what the run's span predictors say (``lethe generate
     --checkpoint RUN``), beside the training-free policies at the same budget.
 
-    Inference only (no gradients), on the CPU.
+    Inference only (no gradients), on the CPU or, with ``device="cuda"``, a GPU: the
+    weights are read there and the caches hold their entries there; ``ids`` are given
+    on :attr:`device` and the logits come back on it.
     """
 
-    def __init__(self, path: Union[str, os.PathLike]) -> None:
-        self._decoder = _lethe.Decoder(os.fspath(path))
+    def __init__(self, path: Union[str, os.PathLike], device: Union[str, torch.device, None] = None) -> None:
+        where = "cpu" if device is None else str(torch.device(device))
+        self._decoder = _lethe.Decoder(os.fspath(path), where)
+        self.device: torch.device = torch.device(self._decoder.device())
+        """Where the weights are, and so the caches' entries, the ids and the logits."""
         self.vocab: int = self._decoder.vocab()
         self.learned: bool = self._decoder.learned()
         """Whether the decoder is a lethe run's, whose caches can keep what its learned
@@ -95,14 +102,10 @@ class Decoder:
         ``top_p`` of the probability, seeded by ``seed``. The cache then holds the prompt
         and every generated token, as its policy keeps them; Ctrl-C stops a long
         generation (a ``KeyboardInterrupt``), the cache keeping what it read."""
-        import torch
-
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise ValueError(f"count must be a whole number, 0 or more, got {count!r}")
+        ids = _prompt_ids(prompt, count, self.encode)
         if not isinstance(cache, KvCache):
             raise TypeError(f"cache: expected a lethe.KvCache, got {type(cache).__name__}")
-        ids = self.encode(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
         out = self._decoder.generate(ids, count, cache, (float(temperature), top_k, float(top_p), seed))
         if out:  # the last token, chosen but not yet read
-            self(torch.tensor([out[-1:]]), cache)
+            self(torch.tensor([out[-1:]], device=self.device), cache)
         return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor, nn
@@ -82,9 +82,7 @@ class Model(nn.Module):
         as ``lethe generate`` makes them: greedy at ``temperature`` 0 (the default), else
         sampled from the ``top_k`` most likely tokens (0: all) within ``top_p`` of the
         probability, seeded by ``seed``."""
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise ValueError(f"count must be a whole number, 0 or more, got {count!r}")
-        ids = self.encode(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
+        ids = _prompt_ids(prompt, count, self.encode)
         return self._model.generate(ids, count, (float(temperature), top_k, float(top_p), seed))
 
     def extra_repr(self) -> str:
@@ -107,6 +105,14 @@ class Model(nn.Module):
         with torch.random.fork_rng(devices=[]):
             self._model = _lethe.Model.from_parts(config, tokenizer)
         _relink(self, self._model.parameters())
+
+
+def _prompt_ids(prompt: Union[str, Sequence[int]], count: int, encode: Callable[[str], List[int]]) -> List[int]:
+    """The ids of a generation's ``prompt`` (text through ``encode``), once its ``count``
+    of tokens is checked."""
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise ValueError(f"count must be a whole number, 0 or more, got {count!r}")
+    return encode(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
 
 
 def load(path: Union[str, os.PathLike]) -> Model:

@@ -25,7 +25,7 @@ use lethe_data::text;
 use lethe_data::tokenizer::Tokenizer;
 use lethe_data::Token;
 use lethe_model::kv::{Budget, Policy};
-use lethe_model::llama::{ExpireRun, KvCache as Cache, Llama, LlamaConfig};
+use lethe_model::llama::{ExpireRun, KvCache as Cache, Llama};
 use lethe_model::Lm;
 use lethe_train::generate;
 
@@ -59,14 +59,15 @@ struct Inner {
 }
 
 impl Inner {
-    /// The model at `path`: a Hugging Face folder, or a lethe run folder or checkpoint
-    /// of Expire-Span on a Llama-family model; with its tokenizer.
-    fn open(path: &Path) -> PyResult<Inner> {
+    /// The model at `path` on `device`: a Hugging Face folder, or a lethe run folder or
+    /// checkpoint of Expire-Span on a Llama-family model; with its tokenizer.
+    fn open(path: &Path, device: Device) -> PyResult<Inner> {
         let origin = path.display().to_string();
         let file = checkpoint::resolve(path);
         if path.join("config.json").is_file() || !file.is_file() {
-            let model = Llama::load(path).map_err(|e| invalid(e.to_string()))?;
-            let tokenizer = folder_tokenizer(path, model.config.vocab_size)?;
+            let model = Llama::load(path).map_err(|e| invalid(e.to_string()))?.to_device(device);
+            let tokenizer = Tokenizer::of_decoder_folder(path, model.config.vocab_size as usize)
+                .map_err(|e| invalid(e.to_string()))?;
             return Ok(Inner { weights: Weights::Folder(model), tokenizer, origin });
         }
         let ckpt = Checkpoint::load(path).map_err(|e| invalid(e.to_string()))?;
@@ -86,6 +87,7 @@ impl Inner {
         }
         let lm = Lm::from_checkpoint(&ckpt, Device::Cpu).map_err(|e| invalid(e.to_string()))?;
         let run = ExpireRun::new(&ckpt.config, &lm.vs.variables()).map_err(|e| refused(e.to_string()))?;
+        let run = run.to_device(device);
         let tokenizer = text::tokenizer_of_checkpoint(&ckpt).map_err(|e| invalid(e.to_string()))?;
         Ok(Inner { weights: Weights::Run { run: Box::new(run), block: ckpt.config.train.block }, tokenizer, origin })
     }
@@ -96,23 +98,6 @@ impl Inner {
             .as_ref()
             .ok_or_else(|| invalid(format!("`{}` has no tokenizer.json: give the prompt as token ids", self.origin)))
     }
-}
-
-/// `folder`'s `tokenizer.json`, if it has one; refused when it gives ids the model has no
-/// row for.
-fn folder_tokenizer(folder: &Path, vocab: i64) -> PyResult<Option<Tokenizer>> {
-    if !folder.join("tokenizer.json").is_file() {
-        return Ok(None);
-    }
-    let tokenizer = Tokenizer::from_dir(folder).map_err(|e| invalid(e.to_string()))?;
-    if tokenizer.vocab_size() as i64 > vocab {
-        return Err(invalid(format!(
-            "`{}`: tokenizer.json has {} tokens, more than config.json's vocab_size = {vocab}",
-            folder.join("tokenizer.json").display(),
-            tokenizer.vocab_size()
-        )));
-    }
-    Ok(Some(tokenizer))
 }
 
 /// What a pickled [`KvCache`] is made again from: its policy, budget and tensors.
@@ -222,11 +207,19 @@ impl KvCache {
 #[pymethods]
 impl Decoder {
     /// The Llama-family model in the Hugging Face folder `path`, or the decoder of the
-    /// lethe run (folder or checkpoint) of Expire-Span at `path`.
+    /// lethe run (folder or checkpoint) of Expire-Span at `path`, on `device` (`cpu`,
+    /// `cuda`, `cuda:N`).
     #[new]
-    fn new(path: &str) -> PyResult<Decoder> {
-        let inner = guarded(|| Inner::open(Path::new(path)))?;
+    #[pyo3(signature = (path, device = "cpu"))]
+    fn new(path: &str, device: &str) -> PyResult<Decoder> {
+        let device = lethe_core::device::parse_flag("device", device).map_err(|e| invalid(e.to_string()))?;
+        let inner = guarded(|| Inner::open(Path::new(path), device))?;
         Ok(Decoder { inner: Mutex::new(inner), id: DECODERS.fetch_add(1, Ordering::Relaxed) })
+    }
+
+    /// Where the weights are (`cpu`, `cuda:N`).
+    fn device(&self) -> PyResult<String> {
+        Ok(lethe_core::device::name(lock(&self.inner)?.weights.llama().device()))
     }
 
     /// The size of the vocabulary.
@@ -279,11 +272,16 @@ impl Decoder {
         py.allow_threads(move || {
             let inner = lock(&self.inner)?;
             let model = inner.weights.llama();
-            if ids.device() != Device::Cpu {
-                return Err(invalid("ids: the decoder runs on the CPU (ids.cpu())"));
+            if ids.device() != model.device() {
+                let on = |d| lethe_core::device::name(d);
+                return Err(invalid(format!(
+                    "ids: on {}, the decoder runs on {} (ids.to(decoder.device))",
+                    on(ids.device()),
+                    on(model.device())
+                )));
             }
             check_ids("ids", &ids, model.config.vocab_size, None)?;
-            let mut held = self.take_up(cache, ids.size()[0], &model.config)?;
+            let mut held = self.take_up(cache, ids.size()[0], model)?;
             guarded(|| Ok(PyTensor(model.forward(&ids, &mut held))))
         })
     }
@@ -308,7 +306,7 @@ impl Decoder {
             let model = inner.weights.llama();
             let prompt = generation::prompt_tokens(prompt, model.config.vocab_size)?;
             let sampling = generation::sampling(sampling)?;
-            let mut held = self.take_up(cache, 1, &model.config)?;
+            let mut held = self.take_up(cache, 1, model)?;
             let block = match (&inner.weights, cache.learned_by) {
                 (Weights::Run { block, .. }, Some(_)) => *block,
                 _ => generate::PROMPT_BLOCK,
@@ -323,17 +321,17 @@ impl Decoder {
 }
 
 impl Decoder {
-    /// `cache`, locked for a read of `streams` streams by the model of `config`: refused
-    /// when another decoder's learned memory keeps it, when it holds another number of
-    /// streams, or entries of another model's shape.
-    fn take_up<'a>(&self, cache: &'a KvCache, streams: i64, config: &LlamaConfig) -> PyResult<MutexGuard<'a, Cache>> {
+    /// `cache`, locked for a read of `streams` streams by `model`: refused when another
+    /// decoder's learned memory keeps it, when it holds another number of streams, or
+    /// entries of another model's shape or on another device.
+    fn take_up<'a>(&self, cache: &'a KvCache, streams: i64, model: &Llama) -> PyResult<MutexGuard<'a, Cache>> {
         if cache.learned_by.is_some_and(|id| id != self.id) {
             return Err(invalid(
                 "cache: kept by another decoder's learned memory; make it with this decoder's cache(\"learned\")",
             ));
         }
         let held = lock(&cache.cache)?;
-        held.check_fits(config).map_err(|why| invalid(format!("cache: {why} (a cache of another model)")))?;
+        held.check_fits(model).map_err(|why| invalid(format!("cache: {why}")))?;
         if let Some(first) = held.layers.iter().flatten().next() {
             let holds = first.keys.size()[0];
             if holds != streams {

@@ -194,6 +194,7 @@ def test_bad_arguments_are_refused_with_one_line():
         (lambda: decoder(torch.tensor([[decoder.vocab]]), decoder.cache()), ValueError, "vocabulary"),
         (lambda: decoder([[1, 2]], decoder.cache()), TypeError, "torch.Tensor"),
         (lambda: lethe.Decoder(FIXTURES), ValueError, "config.json"),
+        (lambda: lethe.Decoder(FIXTURES / "llama3", device="cuda:7"), ValueError, "no such GPU"),
         (lambda: decoder.generate([1], -1, decoder.cache()), ValueError, "count must be a whole number"),
         (lambda: decoder.generate([], 2, decoder.cache()), ValueError, "at least one token"),
         (lambda: decoder.generate([decoder.vocab], 2, decoder.cache()), ValueError, "outside the vocabulary"),
@@ -213,6 +214,37 @@ def test_bad_arguments_are_refused_with_one_line():
     decoder(torch.tensor([[1], [2]]), two)
     with pytest.raises(ValueError, match="holds 2 streams"):
         decoder.generate([1], 2, two)
+
+
+def test_a_decoder_is_on_the_cpu_unless_asked():
+    decoder = lethe.Decoder(FIXTURES / "llama3", device="cpu")
+    assert decoder.device == torch.device("cpu") == lethe.Decoder(FIXTURES / "llama3").device
+    assert decoder(torch.tensor([[1, 2, 3]]), decoder.cache()).device == torch.device("cpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("policy", ["full", "h2o", "snapkv:window=6"])
+def test_on_the_gpu_the_decoder_computes_what_it_computes_on_the_cpu(policy):
+    """The decoder on a GPU gives the CPU's logits, a block then token by token; its cache
+    pickles and loads there (``map_location``); ids or a cache on the CPU are refused."""
+    on_cpu, on_gpu = lethe.Decoder(FIXTURES / "llama3"), lethe.Decoder(FIXTURES / "llama3", device="cuda")
+    assert on_gpu.device.type == "cuda"
+    ids = expected("llama3")["ids"]  # (2, 20)
+    budget = None if policy == "full" else 8
+    here, there = on_cpu.cache(policy, budget=budget), on_gpu.cache(policy, budget=budget)
+    want = [on_cpu(ids[:, :6], here)] + [on_cpu(ids[:, t : t + 1], here) for t in range(6, 20)]
+    got = [on_gpu(ids[:, :6].cuda(), there)] + [on_gpu(ids[:, t : t + 1].cuda(), there) for t in range(6, 20)]
+    torch.testing.assert_close(torch.cat(got, 1).cpu(), torch.cat(want, 1), rtol=1e-4, atol=1e-4)
+    assert there.entries() == here.entries()
+    buffer = io.BytesIO()
+    torch.save(there, buffer)
+    loaded = torch.load(io.BytesIO(buffer.getvalue()), weights_only=False, map_location="cuda")
+    step = ids[:, :1].cuda()
+    assert torch.equal(on_gpu(step, loaded), on_gpu(step, there))
+    with pytest.raises(ValueError, match="on cpu, the model runs on cuda"):
+        on_gpu(step, here)
+    with pytest.raises(ValueError, match="ids: on cpu, the decoder runs on cuda"):
+        on_gpu(ids[:, :1], on_gpu.cache())
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ use anyhow::Result;
 use crate::cli::{BenchArgs, EvalArgs, GenerateArgs, KvCacheArgs};
 use crate::commands::learned::Learned;
 use crate::commands::train::{prompt_progress, prompt_tokens, Printer, Prompt};
+use lethe::data::tokenizer::Tokenizer;
 use lethe::generate::Sampling;
 use lethe::model::kv::{Budget, Policy};
 use lethe::model::llama::{KvCache, Llama};
@@ -22,7 +23,7 @@ pub(crate) fn mib(bytes: usize) -> f64 {
 }
 
 /// `lethe generate --init-from FOLDER`: a pretrained Llama-family decoder as it is, on
-/// the CPU, with its tokenizer.json when the prompt is text.
+/// `device`, with its tokenizer.json when the prompt is text.
 pub(crate) fn generate(
     a: &GenerateArgs,
     folder: &std::path::Path,
@@ -30,15 +31,12 @@ pub(crate) fn generate(
     sampling: &Sampling,
     device: tch::Device,
 ) -> Result<()> {
-    if device != tch::Device::Cpu {
-        anyhow::bail!("--init-from FOLDER generates on the CPU: give --device cpu");
-    }
     if a.max_span.is_some() {
         anyhow::bail!("--max-span caps Expire-Span's spans: a pretrained decoder from --init-from has none");
     }
-    let model = Llama::load(folder)?;
+    let model = Llama::load(folder)?.to_device(device);
     let vocab = model.config.vocab_size as usize;
-    let tokenizer = pretrained_tokenizer(folder, vocab)?;
+    let tokenizer = Tokenizer::of_decoder_folder(folder, vocab)?;
     if let (Prompt::Text(_), None) = (&prompt, &tokenizer) {
         anyhow::bail!("`{}` has no tokenizer.json: give the prompt as --prompt-ids 1,2,3", folder.display());
     }
@@ -75,38 +73,15 @@ pub(crate) fn folder_files(folder: &std::path::Path) -> Result<Vec<std::path::Pa
     Ok(std::iter::once(folder.join("config.json")).chain(weights).collect())
 }
 
-/// The folder's tokenizer.json, if it has one; refused when it gives ids the model has no
-/// row for.
-pub(crate) fn pretrained_tokenizer(
-    folder: &std::path::Path,
-    vocab: usize,
-) -> Result<Option<lethe::data::tokenizer::Tokenizer>> {
-    if !folder.join("tokenizer.json").is_file() {
-        return Ok(None);
-    }
-    let tokenizer = lethe::data::tokenizer::Tokenizer::from_dir(folder)?;
-    if tokenizer.vocab_size() > vocab {
-        anyhow::bail!(
-            "`{}`: tokenizer.json has {} tokens, more than config.json's vocab_size = {vocab}",
-            folder.join("tokenizer.json").display(),
-            tokenizer.vocab_size()
-        );
-    }
-    Ok(Some(tokenizer))
-}
-
 /// `lethe eval --init-from FOLDER --data FILE`: the decoder's perplexity on the text, one
 /// stream through the folder's tokenizer, read `--block` tokens at a time over a cache
 /// kept by `--policy`.
 pub(crate) fn eval(a: &EvalArgs, folder: &std::path::Path, device: tch::Device) -> Result<()> {
     refuse_run_flags(a)?;
-    if device != tch::Device::Cpu {
-        anyhow::bail!("--init-from FOLDER evaluates on the CPU: give --device cpu");
-    }
     let data =
         a.data.as_deref().ok_or_else(|| anyhow::anyhow!("--init-from FOLDER scores a text: give --data FILE"))?;
-    let model = Llama::load(folder)?;
-    let Some(tokenizer) = pretrained_tokenizer(folder, model.config.vocab_size as usize)? else {
+    let model = Llama::load(folder)?.to_device(device);
+    let Some(tokenizer) = Tokenizer::of_decoder_folder(folder, model.config.vocab_size as usize)? else {
         anyhow::bail!("`{}` has no tokenizer.json: lethe eval reads the text through it", folder.display());
     };
     let text = lethe::input::read_to_string(data).map_err(|e| anyhow::anyhow!("--data `{}`: {e}", data.display()))?;
@@ -132,8 +107,12 @@ pub(crate) fn eval(a: &EvalArgs, folder: &std::path::Path, device: tch::Device) 
         each_once("--policies", policies, String::clone)?;
         each_once("--budgets", budgets, String::clone)?;
         each_once("--learned", a.learned.as_deref().unwrap_or_default(), |p| p.display().to_string())?;
-        let learned =
-            a.learned.iter().flatten().map(|run| Learned::load(run, (&text, &ids), folder)).collect::<Result<_>>()?;
+        let learned = a
+            .learned
+            .iter()
+            .flatten()
+            .map(|run| Learned::load(run, (&text, &ids), folder, device))
+            .collect::<Result<_>>()?;
         let sweep = Sweep { data, ids: &ids, context, block: a.block, policies, budgets, learned };
         return sweep.run(&model, out);
     }

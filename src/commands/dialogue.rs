@@ -44,7 +44,7 @@ pub(crate) fn decoding(a: &ReplyArgs) -> Result<lethe::dialogue::Decoding> {
 /// Talks about a document: one reply on stdout per line on stdin.
 pub(crate) fn chat(a: ChatArgs) -> Result<()> {
     use lethe::dialogue::{Chat, Codec};
-    let device = lethe::device::parse(&a.device)?;
+    let device = lethe::device::parse_flag("--device", &a.device)?;
     let decoding = decoding(&a.reply)?;
     let bytes =
         lethe::input::read(&a.document).map_err(|e| anyhow::anyhow!("--document `{}`: {e}", a.document.display()))?;
@@ -110,7 +110,7 @@ pub(crate) fn bounded_line(input: &mut impl std::io::BufRead) -> Result<Option<S
 /// Replies to a dialogue split and scores them, with the true responses' perplexity.
 pub(crate) fn dialogue_eval(a: DialogueEvalArgs) -> Result<()> {
     use lethe::dialogue::{respond_to_split, Codec, Options};
-    let device = lethe::device::parse(&a.device)?;
+    let device = lethe::device::parse_flag("--device", &a.device)?;
     let decoding = decoding(&a.reply)?;
     let split: Split = a.split.parse()?;
     let ckpt = load_checkpoint(&a.checkpoint, None)?;

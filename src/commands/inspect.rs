@@ -80,7 +80,7 @@ pub(crate) fn play(a: PlayArgs) -> Result<()> {
 /// The model and the text of an `inspect` command.
 /// The model and the text, read as the model reads: bytes, or through its tokenizer.
 pub(crate) fn inspect_inputs(a: &InspectSpansArgs, checkpoint: &std::path::Path) -> Result<(Lm, lethe::inspect::Text)> {
-    let device = lethe::device::parse(&a.device)?;
+    let device = lethe::device::parse_flag("--device", &a.device)?;
     let ckpt = Checkpoint::load(checkpoint)?;
     let bytes = match (&a.text, a.conversation) {
         (Some(path), _) => lethe::input::read(path).map_err(|e| anyhow::anyhow!("--text `{}`: {e}", path.display()))?,

@@ -18,19 +18,24 @@ pub(crate) struct Learned {
     /// Expire-Span on a Llama: the decoder with the run's weights (adapters folded) and
     /// its span predictors, which make its caches' layers.
     decoding: Option<ExpireRun>,
+    /// Where the run's models are read.
+    device: tch::Device,
 }
 
 impl Learned {
     /// The run at `path`, refused unless it is an Expire-Span model or an ∞-former of the
     /// shape of `folder`'s model that reads `text` as the ids `ids` (the folder's
-    /// tokenizer), ready to be scored (an Expire-Span Llama through the decoding path).
-    /// A run fitted onto another folder of the same shape is scored, with a note.
+    /// tokenizer), ready to be scored on `device` (an Expire-Span Llama through the
+    /// decoding path). A run fitted onto another folder of the same shape is scored, with
+    /// a note.
     pub fn load(
         path: &std::path::Path,
         (text, ids): (&str, &[lethe::data::Token]),
         folder: &std::path::Path,
+        device: tch::Device,
     ) -> Result<Learned> {
         let mut learned = Learned::open(path)?;
+        learned.device = device;
         learned.refuse_another_model(folder).map_err(|e| at(path, &e))?;
         let own = super::decoder::run_ids(&learned.ckpt, text).map_err(|e| at(path, &e))?;
         if !own.starts_with(ids) {
@@ -66,7 +71,7 @@ impl Learned {
     }
 
     /// The run at `path`, refused unless it is an Expire-Span model or an ∞-former; its
-    /// decoder not built (`lethe bench` builds its own per case).
+    /// decoder not built (`lethe bench` builds its own per case); on the CPU.
     pub fn open(path: &std::path::Path) -> Result<Learned> {
         use lethe::config::Mechanism;
         let ckpt = lethe::checkpoint::Checkpoint::load(path).map_err(|e| at(path, &e))?;
@@ -77,7 +82,12 @@ impl Learned {
                 mechanism.name()
             )));
         }
-        Ok(Learned { name: format!("{} ({})", mechanism.name(), ckpt.config.name), ckpt, decoding: None })
+        Ok(Learned {
+            name: format!("{} ({})", mechanism.name(), ckpt.config.name),
+            ckpt,
+            decoding: None,
+            device: tch::Device::Cpu,
+        })
     }
 
     /// Expire-Span on a Llama: builds the decoder with the run's weights, through which
@@ -129,7 +139,7 @@ impl Learned {
             cfg.memory.expire.deletion = lethe::config::Deletion::Stream;
             cfg.train.block = block;
         }
-        let lm = lethe::model::Lm::new(&cfg, tch::Device::Cpu)?;
+        let lm = lethe::model::Lm::new(&cfg, self.device)?;
         self.ckpt.load_parameters(&lm.vs.variables())?;
         Ok(lm)
     }

@@ -8,6 +8,7 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 
 use lethe::data::longctx::{ByteUnits, Haystack, Units};
+use lethe::data::tokenizer::Tokenizer;
 use lethe::data::Token;
 use lethe::longeval::{fingerprint, Cell, Decoder, Grid, Progress, Reader, Subject};
 use lethe::metrics::format_duration;
@@ -16,7 +17,7 @@ use lethe::model::llama::Llama;
 use lethe::model::Lm;
 use lethe::plot::{Heatmap, SweepSeries};
 
-use super::decoder::{block_for, each_once, pretrained_tokenizer};
+use super::decoder::{block_for, each_once};
 use super::learned::Learned;
 use super::train::load_checkpoint;
 use crate::cli::LongevalArgs;
@@ -122,16 +123,14 @@ fn refuse_mixed_units(checkpoints: &[&PathBuf], decoder: bool) -> Result<()> {
 /// budget and uncapped, an ∞-former once), each into its own folder of `--out`. Every
 /// policy, budget and run is checked before the first is evaluated.
 fn decoder_runs(a: &LongevalArgs, folder: &Path, grid: &Grid) -> Result<Vec<Run>> {
-    if a.device != "cpu" {
-        bail!("--init-from FOLDER evaluates on the CPU: give --device cpu");
-    }
+    let device = lethe::device::parse_flag("--device", &a.device)?;
     let full = vec!["full".to_string()];
     let policies = a.policies.as_ref().unwrap_or(&full);
     each_once("--policies", policies, String::clone)?;
     each_once("--budgets", a.budgets.as_deref().unwrap_or_default(), String::clone)?;
     each_once("--learned", a.learned.as_deref().unwrap_or_default(), |p| p.display().to_string())?;
-    let model = Llama::load(folder)?;
-    let Some(tokenizer) = pretrained_tokenizer(folder, model.config.vocab_size as usize)? else {
+    let model = Llama::load(folder)?.to_device(device);
+    let Some(tokenizer) = Tokenizer::of_decoder_folder(folder, model.config.vocab_size as usize)? else {
         bail!("`{}` has no tokenizer.json: lethe longeval writes its samples through it", folder.display());
     };
     lethe::longeval::check(grid, &tokenizer)?;
@@ -164,8 +163,12 @@ fn decoder_runs(a: &LongevalArgs, folder: &Path, grid: &Grid) -> Result<Vec<Run>
         }
     }
     let probe_ids = tokenizer.encode(PROBE)?;
-    let learned: Vec<Learned> =
-        a.learned.iter().flatten().map(|run| Learned::load(run, (PROBE, &probe_ids), folder)).collect::<Result<_>>()?;
+    let learned: Vec<Learned> = a
+        .learned
+        .iter()
+        .flatten()
+        .map(|run| Learned::load(run, (PROBE, &probe_ids), folder, device))
+        .collect::<Result<_>>()?;
     let model_files = super::decoder::folder_files(folder)?;
     let folder_print = fingerprint(&model_files)?;
     let mut runs = Vec::new();
@@ -284,7 +287,7 @@ fn run_names(checkpoints: &[&PathBuf]) -> Vec<String> {
 /// Evaluates `grid` on the model of `checkpoint` into `out`, printing progress, the
 /// summary and the heatmaps. Returns the table and the model's unit.
 fn evaluate_run(checkpoint: &Path, grid: &Grid, out: &Path, device: &str) -> Result<(Vec<Cell>, &'static str)> {
-    let device = lethe::device::parse(device)?;
+    let device = lethe::device::parse_flag("--device", device)?;
     let ckpt = load_checkpoint(checkpoint, None)?;
     lethe::device::apply_threads(ckpt.config.train.threads.min(lethe::device::cores()))?;
     let tokenizer = lethe::data::text::tokenizer_of_checkpoint(&ckpt)?;

@@ -110,7 +110,7 @@ pub(crate) fn load_checkpoint(path: &std::path::Path, max_span: Option<usize>) -
 }
 
 pub(crate) fn eval(a: EvalArgs) -> Result<()> {
-    let device = lethe::device::parse(&a.device)?;
+    let device = lethe::device::parse_flag("--device", &a.device)?;
     if a.init_from.is_none() && a.kv.given() {
         anyhow::bail!(
             "--policy and --budget choose what a pretrained decoder's key-value cache keeps: give --init-from FOLDER"
@@ -278,7 +278,7 @@ pub(crate) fn eval_agent(ckpt: &Checkpoint, device: tch::Device, a: &EvalArgs) -
 }
 
 pub(crate) fn generate(a: GenerateArgs) -> Result<()> {
-    let device = lethe::device::parse(&a.device)?;
+    let device = lethe::device::parse_flag("--device", &a.device)?;
     let sampling = Sampling { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed };
     sampling.validate()?;
     if a.init_from.is_none() && a.kv.given() {
@@ -413,7 +413,7 @@ fn generate_from_run(
     printer.prompt(&prompt, &ids)?;
     let progress = prompt_progress(unit);
     let cfg = &ckpt.config;
-    if (cfg.memory.mechanism, cfg.model.arch, device) != (Mechanism::Expire, Arch::Llama, tch::Device::Cpu) {
+    if (cfg.memory.mechanism, cfg.model.arch) != (Mechanism::Expire, Arch::Llama) {
         lethe::generate::stream(&lm, &ids, a.bytes, sampling, progress, |t| printer.token(t))?;
         return printer.finish();
     }

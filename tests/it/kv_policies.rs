@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use crate::common::llama::fixture;
+use crate::common::random_tokens;
 
 use lethe::model::kv::{Budget, Policy};
 use lethe::model::llama::{KvCache, Llama};
@@ -79,10 +80,7 @@ fn streaming_keys_rotated_in_the_cache_equal_kvpress_rerotation() {
 #[test]
 fn memory_follows_the_budget_over_a_long_stream() {
     let model = Llama::load(&fixture("llama3")).unwrap();
-    let ids = {
-        let _seed = lethe::rng::seed_torch(3);
-        Tensor::randint_low(0, 300, [1, 160], (Kind::Int64, tch::Device::Cpu))
-    };
+    let ids = random_tokens(3, 300, &[1, 160]);
     // Two layers, two key-value heads of 8 floats: a key, a value and a position an entry.
     let entry_bytes = 2 * 2 * (2 * 8 * 4 + 8);
     for (spec, extra) in [("window", 0), ("streaming", 0), ("h2o", 0), ("tova", 0), ("snapkv:window=8", 8)] {
@@ -135,10 +133,7 @@ fn a_budget_that_holds_the_stream_reads_like_the_full_cache() {
 #[test]
 fn a_forked_cache_reads_on_as_its_original_would_have() {
     let model = Llama::load(&fixture("llama3")).unwrap();
-    let ids = {
-        let _seed = lethe::rng::seed_torch(5);
-        Tensor::randint_low(0, 300, [2, 40], (Kind::Int64, tch::Device::Cpu))
-    };
+    let ids = random_tokens(5, 300, &[2, 40]);
     let (prompt, one_way, another) = (ids.narrow(1, 0, 24), ids.narrow(1, 24, 16), ids.narrow(1, 8, 16));
     let read = |cache: &mut KvCache, ids: &Tensor| {
         let mut parts = vec![model.forward(&ids.narrow(1, 0, 4), cache)];
@@ -184,10 +179,7 @@ fn lethe(args: &[&str]) -> std::process::Output {
 #[test]
 fn a_cache_made_again_from_its_state_reads_on_as_the_original() {
     let model = Llama::load(&fixture("llama3")).unwrap();
-    let ids = {
-        let _seed = lethe::rng::seed_torch(9);
-        Tensor::randint_low(0, 300, [2, 36], (Kind::Int64, tch::Device::Cpu))
-    };
+    let ids = random_tokens(9, 300, &[2, 36]);
     for spec in ["full", "window", "streaming", "h2o", "tova", "snapkv:window=6"] {
         let policy = match spec {
             "full" => Policy::default(),
@@ -225,9 +217,9 @@ fn a_cache_made_again_from_its_state_reads_on_as_the_original() {
     flat[1].1 = flat[1].1.flatten(0, -1);
     assert!(refused(flat, "h2o").contains("`layers.0.keys`: a 4-dimensional Float tensor"));
     let qwen3 = Llama::load(&fixture("qwen3")).unwrap();
-    assert_eq!(cache.check_fits(&model.config), Ok(()));
-    let why = cache.check_fits(&qwen3.config).unwrap_err();
-    assert!(why.contains("2 key-value heads of width 8, the model 2 of width 16"), "{why}");
+    assert_eq!(cache.check_fits(&model), Ok(()));
+    let why = cache.check_fits(&qwen3).unwrap_err();
+    assert!(why.contains("2 key-value heads of width 8, the model 2 of width 16 (a cache of another model)"), "{why}");
 }
 
 /// A generation its consumer stops (Ctrl-C in Python) leaves in the cache what it read:

@@ -163,8 +163,12 @@ fn bad_generation_requests_are_refused_in_one_line() {
         assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
     };
     refused(&["generate", "--init-from", folder, "--prompt-ids", "1,2,999", "--print-ids"], "999");
-    // Without a GPU the device itself is refused; with one, generating there.
-    refused(&["generate", "--init-from", folder, "--prompt-ids", "1", "--device", "cuda"], "device");
+    // A device lethe does not know, and a GPU the machine does not have, named by the flag.
+    refused(&["generate", "--init-from", folder, "--prompt-ids", "1", "--device", "tpu"], "--device tpu: must be");
+    refused(
+        &["eval", "--init-from", folder, "--data", "x.txt", "--device", "cuda:99"],
+        "--device cuda:99: no such GPU",
+    );
     let bare = tempfile::tempdir().unwrap();
     for file in ["config.json", "model.safetensors"] {
         std::fs::copy(fixture("qwen3").join(file), bare.path().join(file)).unwrap();

@@ -206,6 +206,14 @@ pub fn parse(name: &str) -> Result<Device> {
     }
 }
 
+/// [`parse`] for a command's flag or argument `flag` (`--device`): its error names it.
+pub fn parse_flag(flag: &str, name: &str) -> Result<Device> {
+    parse(name).map_err(|e| match e {
+        LetheError::Config { value, reason, .. } => LetheError::Invalid(format!("{flag} {value}: {reason}")),
+        other => other,
+    })
+}
+
 /// A device's name as `--device` takes it: `cpu`, `cuda:N` (`mps`, `vulkan`).
 pub fn name(device: Device) -> String {
     match device {

@@ -48,6 +48,21 @@ impl Tokenizer {
         Ok(Tokenizer { inner })
     }
 
+    /// The `tokenizer.json` of a pretrained decoder's folder, if it has one; refused when
+    /// it gives ids past the model's `vocab` rows (config.json's `vocab_size`).
+    pub fn of_decoder_folder(folder: &Path, vocab: usize) -> Result<Option<Tokenizer>> {
+        let json = folder.join("tokenizer.json");
+        if !json.is_file() {
+            return Ok(None);
+        }
+        let tokenizer = Tokenizer::from_dir(folder)?;
+        if tokenizer.vocab_size() > vocab {
+            let reason = format!("has {} tokens, more than config.json's vocab_size = {vocab}", tokenizer.vocab_size());
+            return Err(LetheError::data(json, reason));
+        }
+        Ok(Some(tokenizer))
+    }
+
     /// The tokenizer a `tokenizer.json` text describes (as [`Tokenizer::to_json`] writes).
     pub fn from_json(json: &str) -> Result<Tokenizer> {
         let inner = json
@@ -231,5 +246,18 @@ mod tests {
         assert!(back.spaced());
         let Err(bad) = Tokenizer::from_json("{\"model\": 3}") else { panic!("a bad tokenizer.json was read") };
         assert!(bad.to_string().contains("cannot read the tokenizer"), "{bad}");
+    }
+
+    #[test]
+    fn a_decoder_folder_s_tokenizer_must_fit_its_vocabulary() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(Tokenizer::of_decoder_folder(dir.path(), 10).unwrap().is_none());
+        let words = Tokenizer::train_words(&["a b c d e f"], 1, 100).unwrap();
+        std::fs::write(dir.path().join("tokenizer.json"), words.to_json().unwrap()).unwrap();
+        let held = words.vocab_size();
+        assert!(Tokenizer::of_decoder_folder(dir.path(), held).unwrap().is_some());
+        let Err(e) = Tokenizer::of_decoder_folder(dir.path(), held - 1) else { panic!("a tokenizer past the rows") };
+        let line = e.to_string();
+        assert!(line.contains("tokenizer.json") && line.contains(&format!("vocab_size = {}", held - 1)), "{line}");
     }
 }

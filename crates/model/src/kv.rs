@@ -209,15 +209,14 @@ pub trait LayerPolicy: Send {
 }
 
 /// A policy's saved tensor `name`, refused unless it has `dims` dimensions and the
-/// dtype `kind`, on the CPU.
+/// dtype `kind` (on any device: a decoder refuses a cache held on another device than
+/// its own, [`crate::llama::KvCache::check_fits`]).
 pub fn saved(name: &str, t: Tensor, dims: usize, kind: Kind) -> std::result::Result<Tensor, String> {
-    if t.dim() != dims || t.kind() != kind || t.device() != tch::Device::Cpu {
+    if t.dim() != dims || t.kind() != kind {
         return Err(format!(
-            "`{name}`: a {}-dimensional {kind:?} tensor on the CPU is wanted, not {:?} {:?} on {:?}",
-            dims,
+            "`{name}`: a {dims}-dimensional {kind:?} tensor is wanted, not {:?} {:?}",
             t.size(),
-            t.kind(),
-            t.device()
+            t.kind()
         ));
     }
     Ok(t)

@@ -26,7 +26,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use lethe_core::error::{LetheError, Result};
 
@@ -291,7 +291,28 @@ struct Block {
     down: (Tensor, Option<Tensor>),
 }
 
-/// A Llama-family decoder, float32 on the CPU.
+impl Block {
+    /// The block's weights on `device`.
+    fn to_device(&self, device: Device) -> Block {
+        let t = |t: &Tensor| t.to_device(device);
+        let map = |(w, b): &(Tensor, Option<Tensor>)| (t(w), b.as_ref().map(t));
+        Block {
+            input_norm: t(&self.input_norm),
+            q: map(&self.q),
+            k: map(&self.k),
+            v: map(&self.v),
+            o: map(&self.o),
+            q_norm: self.q_norm.as_ref().map(t),
+            k_norm: self.k_norm.as_ref().map(t),
+            post_norm: t(&self.post_norm),
+            gate: map(&self.gate),
+            up: map(&self.up),
+            down: map(&self.down),
+        }
+    }
+}
+
+/// A Llama-family decoder, float32, on the CPU unless moved ([`Llama::to_device`]).
 pub struct Llama {
     pub config: LlamaConfig,
     embed: Tensor,
@@ -393,20 +414,31 @@ impl KvCache {
         Ok(cache)
     }
 
-    /// Refuses a cache of another model than `config`'s (more layers, or entries of
-    /// another number of key-value heads or head width), naming what differs.
-    pub fn check_fits(&self, config: &LlamaConfig) -> std::result::Result<(), String> {
+    /// Refuses a cache of another model than `model` (more layers, or entries of another
+    /// number of key-value heads or head width), or one that holds its tensors on another
+    /// device, naming what differs.
+    pub fn check_fits(&self, model: &Llama) -> std::result::Result<(), String> {
+        let (config, device) = (&model.config, model.device());
         if self.layers.len() > config.layers as usize {
-            return Err(format!("holds {} layers, the model has {}", self.layers.len(), config.layers));
+            return Err(format!(
+                "holds {} layers, the model has {} (a cache of another model)",
+                self.layers.len(),
+                config.layers
+            ));
         }
         for held in self.layers.iter().flatten().filter(|h| h.keys.dim() == 4) {
             let size = held.keys.size();
             if (size[1], size[3]) != (config.kv_heads, config.head_dim) {
                 return Err(format!(
-                    "holds {} key-value heads of width {}, the model {} of width {}",
+                    "holds {} key-value heads of width {}, the model {} of width {} (a cache of another model)",
                     size[1], size[3], config.kv_heads, config.head_dim
                 ));
             }
+        }
+        let elsewhere = self.state().into_iter().find(|(name, t)| name != "position" && t.device() != device);
+        if let Some((name, t)) = elsewhere {
+            let on = |d| lethe_core::device::name(d);
+            return Err(format!("holds `{name}` on {}, the model runs on {}", on(t.device()), on(device)));
         }
         Ok(())
     }
@@ -500,6 +532,31 @@ impl Llama {
         Self::assemble(config, Weights { tensors })
     }
 
+    /// The model with its weights on `device`; its caches then hold their entries there.
+    pub fn to_device(self, device: Device) -> Llama {
+        if device == self.device() {
+            return self;
+        }
+        let embed = self.embed.to_device(device);
+        let head = match self.config.tie_word_embeddings {
+            true => embed.shallow_clone(),
+            false => self.head.to_device(device),
+        };
+        Llama {
+            blocks: self.blocks.iter().map(|b| b.to_device(device)).collect(),
+            norm: self.norm.to_device(device),
+            inv_freq: self.inv_freq.to_device(device),
+            config: self.config,
+            embed,
+            head,
+        }
+    }
+
+    /// The device the weights are on.
+    pub fn device(&self) -> Device {
+        self.embed.device()
+    }
+
     /// The model of `config` from its weights `w`, every one of which it must take.
     fn assemble(config: LlamaConfig, mut w: Weights) -> Result<Llama> {
         let (d, hd, f) = (config.hidden_size, config.head_dim, config.intermediate_size);
@@ -551,11 +608,12 @@ impl Llama {
     pub fn forward(&self, ids: &Tensor, cache: &mut KvCache) -> Tensor {
         let _guard = tch::no_grad_guard();
         let t = ids.size()[1];
+        let ids = ids.to_device(self.device());
         cache.layers.resize_with(self.blocks.len(), || None);
         while cache.policies.len() < self.blocks.len() {
             cache.policies.push(cache.policy.layer());
         }
-        let positions = Tensor::arange_start(cache.position, cache.position + t, (Kind::Int64, tch::Device::Cpu));
+        let positions = Tensor::arange_start(cache.position, cache.position + t, (Kind::Int64, self.device()));
         let (cos, sin) = self.rotation(&positions);
         let mut h = self.embed.index_select(0, &ids.flatten(0, -1)).view([ids.size()[0], t, self.config.hidden_size]);
         let layers = self.blocks.iter().zip(cache.layers.iter_mut()).zip(cache.policies.iter_mut());
@@ -630,7 +688,7 @@ impl Llama {
         let n = all.len();
         let keys = match in_cache {
             true => {
-                let (cos, sin) = self.rotation(&Tensor::arange(n, (Kind::Int64, tch::Device::Cpu)));
+                let (cos, sin) = self.rotation(&Tensor::arange(n, (Kind::Int64, x.device())));
                 q = rotate(&q, &cos.narrow(0, n - t, t), &sin.narrow(0, n - t, t));
                 rotate(&all.keys, &cos, &sin)
             }
@@ -686,7 +744,7 @@ impl Llama {
         let (b, h, t, hd) = q.size4().expect("(b, h, t, hd)");
         let (kvh, n) = (c.kv_heads, held.len());
         let group = h / kvh;
-        if t == 1 && c.sliding_window.is_none() && q.device() == tch::Device::Cpu {
+        if t == 1 && c.sliding_window.is_none() && q.device() == Device::Cpu {
             let q = q.reshape([b, kvh, group, hd]);
             if let Ok((context, weights)) = crate::decode::attention(&q, keys, &held.values, bias, scale) {
                 return (context.view([b, h, 1, hd]), weights.view([b, h, 1, n]));

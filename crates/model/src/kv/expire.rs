@@ -52,9 +52,9 @@ const EXPIRED: f64 = -1e9;
 
 impl ExpireLayer {
     /// A layer's policy from its predictor `w` `(d)` or `(d, g)` and `b`, at the largest
-    /// span `max_span`, with the run's Expire-Span settings.
+    /// span `max_span`, with the run's Expire-Span settings; on the predictor's device.
     pub fn new(w: Tensor, b: Tensor, max_span: f64, cfg: &ExpireConfig) -> ExpireLayer {
-        let float = |t: Tensor| t.detach().to_kind(Kind::Float).to_device(tch::Device::Cpu);
+        let float = |t: Tensor| t.detach().to_kind(Kind::Float);
         ExpireLayer { w: float(w), b: float(b), max_span, cfg: cfg.clone(), spans: None, expiry: None }
     }
 

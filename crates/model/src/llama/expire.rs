@@ -23,8 +23,9 @@ pub struct ExpireRun {
 }
 
 impl ExpireRun {
-    /// The run of `config` with the parameters `params` (lethe's names), refused unless it
-    /// is Expire-Span on a Llama-family model with a span predictor in every layer.
+    /// The run of `config` with the parameters `params` (lethe's names), on their device;
+    /// refused unless it is Expire-Span on a Llama-family model with a span predictor in
+    /// every layer.
     pub fn new(config: &Config, params: &HashMap<String, Tensor>) -> Result<ExpireRun> {
         let predictors: HashMap<String, Tensor> = params
             .iter()
@@ -32,7 +33,15 @@ impl ExpireRun {
             .map(|(name, t)| (name.clone(), t.shallow_clone()))
             .collect();
         crate::kv::expire::layers(config, &predictors)?;
-        Ok(ExpireRun { model: Llama::from_run(config, params)?, predictors, config: config.clone() })
+        let device = params.values().next().map_or(tch::Device::Cpu, Tensor::device);
+        let model = Llama::from_run(config, params)?.to_device(device);
+        Ok(ExpireRun { model, predictors, config: config.clone() })
+    }
+
+    /// The run on `device`: its decoder and span predictors, and so the caches it makes.
+    pub fn to_device(self, device: tch::Device) -> ExpireRun {
+        let predictors = self.predictors.iter().map(|(name, t)| (name.clone(), t.to_device(device))).collect();
+        ExpireRun { model: self.model.to_device(device), predictors, config: self.config }
     }
 
     /// The decoder with the run's weights, which reads the caches of [`ExpireRun::cache`].
