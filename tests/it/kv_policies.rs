@@ -174,8 +174,10 @@ fn lethe(args: &[&str]) -> std::process::Output {
 
 /// A cache saved as named tensors and made again from copies of them reads on as the
 /// original does: the same logits and entries, for every policy (H2O's scores and
-/// SnapKV's window of queries among the tensors); a state out of place is refused in
-/// one line, and a cache of another model's shape is named as such.
+/// SnapKV's window of queries among the tensors); a state out of place (a tensor missing,
+/// misnamed or misshapen, layers of different streams, a layer holding nothing, entries
+/// written after the cache's position) is refused in one line, and a cache of another
+/// model's shape is named as such.
 #[test]
 fn a_cache_made_again_from_its_state_reads_on_as_the_original() {
     let model = Llama::load(&fixture("llama3")).unwrap();
@@ -216,6 +218,18 @@ fn a_cache_made_again_from_its_state_reads_on_as_the_original() {
     let mut flat = state();
     flat[1].1 = flat[1].1.flatten(0, -1);
     assert!(refused(flat, "h2o").contains("`layers.0.keys`: a 4-dimensional Float tensor"));
+    let edited = |edit: &dyn Fn(&str, Tensor) -> Tensor| {
+        state().into_iter().map(|(n, t)| (n.clone(), edit(&n, t))).collect::<Vec<_>>()
+    };
+    let held = ["keys", "values", "positions", "policy.scores"];
+    let one_stream = edited(&|n, t| if n.starts_with("layers.1.") { t.narrow(0, 0, 1) } else { t });
+    assert!(refused(one_stream, "h2o").contains("`layers.1.keys`: holds 1 streams, layers.0 2"));
+    let none = edited(&|n, t| if held.iter().any(|f| n == format!("layers.0.{f}")) { t.narrow(2, 0, 0) } else { t });
+    assert!(refused(none, "h2o").contains("`layers.0.keys`: holds no entry"));
+    let behind = edited(&|n, t| if n == "position" { Tensor::from(5i64) } else { t });
+    assert!(refused(behind, "h2o").contains("where the cache has read 5 tokens"));
+    let negative = edited(&|n, t| if n == "position" { Tensor::from(-1i64) } else { t });
+    assert!(refused(negative, "h2o").contains("`position`: -1 is negative"));
     let qwen3 = Llama::load(&fixture("qwen3")).unwrap();
     assert_eq!(cache.check_fits(&model), Ok(()));
     let why = cache.check_fits(&qwen3).unwrap_err();

@@ -411,7 +411,40 @@ impl KvCache {
             cache.layers[i] = held_of(i, held).map_err(|(name, why)| bad(&name, why))?;
             cache.policies[i].restore(policy).map_err(|why| bad(&format!("layers.{i}.policy"), why))?;
         }
+        cache.check_held().map_err(|(name, why)| bad(&name, why))?;
         Ok(cache)
+    }
+
+    /// Refuses what no reading makes: layers holding different numbers of streams, a
+    /// layer holding no entry, entries written at a negative position or at or after the
+    /// cache's position.
+    fn check_held(&self) -> std::result::Result<(), (String, String)> {
+        if self.position < 0 {
+            return Err(("position".into(), format!("{} is negative", self.position)));
+        }
+        let mut streams = None;
+        for (i, held) in self.layers.iter().enumerate() {
+            let Some(held) = held else { continue };
+            let name = |field: &str| format!("layers.{i}.{field}");
+            let (b, n) = (held.keys.size()[0], held.len());
+            match streams {
+                Some((first, s)) if s != b => {
+                    return Err((name("keys"), format!("holds {b} streams, layers.{first} {s}")));
+                }
+                _ => streams = streams.or(Some((i, b))),
+            }
+            if n == 0 {
+                return Err((name("keys"), "holds no entry (a layer that holds none is left out)".into()));
+            }
+            let (low, high) = (held.positions.min().int64_value(&[]), held.positions.max().int64_value(&[]));
+            if low < 0 || high >= self.position {
+                return Err((
+                    name("positions"),
+                    format!("entries written at {low} to {high}, where the cache has read {} tokens", self.position),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Refuses a cache of another model than `model` (more layers, or entries of another
