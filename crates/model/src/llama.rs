@@ -449,7 +449,7 @@ impl KvCache {
 
     /// Refuses a cache of another model than `model` (more layers, or entries of another
     /// number of key-value heads or head width), or one that holds its tensors on another
-    /// device, naming what differs.
+    /// device than the model's, naming what differs.
     pub fn check_fits(&self, model: &Llama) -> std::result::Result<(), String> {
         let (config, device) = (&model.config, model.device());
         if self.layers.len() > config.layers as usize {
@@ -468,7 +468,8 @@ impl KvCache {
                 ));
             }
         }
-        let elsewhere = self.state().into_iter().find(|(name, t)| name != "position" && t.device() != device);
+        // Scalars (the position, SnapKV's count of pending tokens) are read as numbers.
+        let elsewhere = self.state().into_iter().find(|(_, t)| t.dim() > 0 && t.device() != device);
         if let Some((name, t)) = elsewhere {
             let on = |d| lethe_core::device::name(d);
             return Err(format!("holds `{name}` on {}, the model runs on {}", on(t.device()), on(device)));
