@@ -43,7 +43,10 @@ class Decoder:
     """
 
     def __init__(self, path: Union[str, os.PathLike], device: Union[str, torch.device, None] = None) -> None:
-        where = "cpu" if device is None else str(torch.device(device))
+        try:
+            where = "cpu" if device is None else str(torch.device(device))
+        except (RuntimeError, TypeError) as e:
+            raise ValueError(f"device: {e}") from None
         self._decoder = _lethe.Decoder(os.fspath(path), where)
         self.device: torch.device = torch.device(self._decoder.device())
         """Where the weights are, and so the caches' entries, the ids and the logits."""

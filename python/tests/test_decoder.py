@@ -195,6 +195,7 @@ def test_bad_arguments_are_refused_with_one_line():
         (lambda: decoder([[1, 2]], decoder.cache()), TypeError, "torch.Tensor"),
         (lambda: lethe.Decoder(FIXTURES), ValueError, "config.json"),
         (lambda: lethe.Decoder(FIXTURES / "llama3", device="cuda:7"), ValueError, "no such GPU"),
+        (lambda: lethe.Decoder(FIXTURES / "llama3", device="tpu"), ValueError, "device: "),
         (lambda: decoder.generate([1], -1, decoder.cache()), ValueError, "count must be a whole number"),
         (lambda: decoder.generate([], 2, decoder.cache()), ValueError, "at least one token"),
         (lambda: decoder.generate([decoder.vocab], 2, decoder.cache()), ValueError, "outside the vocabulary"),
