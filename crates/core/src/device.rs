@@ -209,7 +209,7 @@ pub fn parse(name: &str) -> Result<Device> {
 /// [`parse`] for a command's flag or argument `flag` (`--device`): its error names it.
 pub fn parse_flag(flag: &str, name: &str) -> Result<Device> {
     parse(name).map_err(|e| match e {
-        LetheError::Config { value, reason, .. } => LetheError::Invalid(format!("{flag} {value}: {reason}")),
+        LetheError::Config { reason, .. } => LetheError::Invalid(format!("{flag} {name}: {reason}")),
         other => other,
     })
 }
