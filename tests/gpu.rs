@@ -11,6 +11,8 @@
 //! - A training run follows the CPU's step by step; the fixture GPT-2 gives the logits of
 //!   `transformers`; a tiny Expire-Span model learns the copy task.
 //! - `train.tf32` rounds the GPU's float32 products to TensorFloat-32, and only when on.
+//! - A pretrained decoder read onto the GPU reads as on the CPU under every key-value
+//!   cache policy, and an Expire-Span run's learned cache too.
 //!
 //! These run where libtorch sees a GPU. Elsewhere (CI has none) each test prints that it
 //! skipped, unless `LETHE_REQUIRE_GPU=1`, where it fails: `scripts/gpu-check.sh` sets it.
@@ -434,7 +436,8 @@ fn llama_fixture(name: &str) -> PathBuf {
     }
 }
 
-/// A pretrained decoder moved to the GPU (`Llama::to_device`) reads as on the CPU under
+/// A pretrained decoder read onto the GPU (`Llama::load_on`, or moved there by
+/// `Llama::to_device`) reads as on the CPU under
 /// every cache policy, a block of the prompt then token by token, its caches keeping the
 /// same entries there; a cache held on the CPU is refused by it in one line. An
 /// Expire-Span run made from parameters on the GPU decodes there, its learned cache
@@ -445,7 +448,8 @@ fn a_pretrained_decoder_on_the_gpu_reads_as_on_the_cpu_under_every_policy() {
     use lethe::model::llama::{ExpireRun, KvCache, Llama};
     let Some((gpu, _one)) = gpu("decoder") else { return };
     let on_cpu = Llama::load(&llama_fixture("llama3")).unwrap();
-    let on_gpu = Llama::load(&llama_fixture("llama3")).unwrap().to_device(gpu);
+    let on_gpu = Llama::load_on(&llama_fixture("llama3"), gpu).unwrap();
+    assert_eq!(on_gpu.device(), gpu);
     let ids = common::random_tokens(5, 300, &[2, 40]);
     let read = |model: &Llama, cache: &mut KvCache| {
         let mut parts = vec![model.forward(&ids.narrow(1, 0, 16), cache)];
@@ -468,6 +472,9 @@ fn a_pretrained_decoder_on_the_gpu_reads_as_on_the_cpu_under_every_policy() {
         let why = here.check_fits(&on_gpu).unwrap_err();
         assert!(why.contains("on cpu, the model runs on cuda:"), "{spec}: {why}");
     }
+    let moved = Llama::load(&llama_fixture("llama3")).unwrap().to_device(gpu);
+    let whole = |model: &Llama| model.forward(&ids, &mut KvCache::default());
+    assert!(whole(&moved).equal(&whole(&on_gpu)), "a model moved differs from one read onto the GPU");
     let mut cfg = Config::default();
     cfg.model.arch = lethe::config::Arch::Llama;
     (cfg.model.vocab, cfg.model.layers, cfg.model.d_model, cfg.model.heads, cfg.model.d_ffn) = (256, 2, 16, 4, 24);

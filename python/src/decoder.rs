@@ -65,7 +65,7 @@ impl Inner {
         let origin = path.display().to_string();
         let file = checkpoint::resolve(path);
         if path.join("config.json").is_file() || !file.is_file() {
-            let model = Llama::load(path).map_err(|e| invalid(e.to_string()))?.to_device(device);
+            let model = Llama::load_on(path, device).map_err(|e| invalid(e.to_string()))?;
             let tokenizer = Tokenizer::of_decoder_folder(path, model.config.vocab_size as usize)
                 .map_err(|e| invalid(e.to_string()))?;
             return Ok(Inner { weights: Weights::Folder(model), tokenizer, origin });

@@ -34,7 +34,7 @@ pub(crate) fn generate(
     if a.max_span.is_some() {
         anyhow::bail!("--max-span caps Expire-Span's spans: a pretrained decoder from --init-from has none");
     }
-    let model = Llama::load(folder)?.to_device(device);
+    let model = Llama::load_on(folder, device)?;
     let vocab = model.config.vocab_size as usize;
     let tokenizer = Tokenizer::of_decoder_folder(folder, vocab)?;
     if let (Prompt::Text(_), None) = (&prompt, &tokenizer) {
@@ -80,7 +80,7 @@ pub(crate) fn eval(a: &EvalArgs, folder: &std::path::Path, device: tch::Device) 
     refuse_run_flags(a)?;
     let data =
         a.data.as_deref().ok_or_else(|| anyhow::anyhow!("--init-from FOLDER scores a text: give --data FILE"))?;
-    let model = Llama::load(folder)?.to_device(device);
+    let model = Llama::load_on(folder, device)?;
     let Some(tokenizer) = Tokenizer::of_decoder_folder(folder, model.config.vocab_size as usize)? else {
         anyhow::bail!("`{}` has no tokenizer.json: lethe eval reads the text through it", folder.display());
     };

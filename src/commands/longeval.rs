@@ -129,7 +129,7 @@ fn decoder_runs(a: &LongevalArgs, folder: &Path, grid: &Grid) -> Result<Vec<Run>
     each_once("--policies", policies, String::clone)?;
     each_once("--budgets", a.budgets.as_deref().unwrap_or_default(), String::clone)?;
     each_once("--learned", a.learned.as_deref().unwrap_or_default(), |p| p.display().to_string())?;
-    let model = Llama::load(folder)?.to_device(device);
+    let model = Llama::load_on(folder, device)?;
     let Some(tokenizer) = Tokenizer::of_decoder_folder(folder, model.config.vocab_size as usize)? else {
         bail!("`{}` has no tokenizer.json: lethe longeval writes its samples through it", folder.display());
     };

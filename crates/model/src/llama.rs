@@ -525,6 +525,12 @@ fn held_of(i: usize, mut saved: BTreeMap<String, Tensor>) -> std::result::Result
 impl Llama {
     /// Reads the model in `dir`: its `config.json` and weights (see [`read_weights`]).
     pub fn load(dir: &Path) -> Result<Llama> {
+        Self::load_on(dir, Device::Cpu)
+    }
+
+    /// [`Llama::load`] onto `device`, the weights moved there shard by shard
+    /// ([`read_weights_on`]).
+    pub fn load_on(dir: &Path, device: Device) -> Result<Llama> {
         if !dir.join("config.json").is_file() {
             let why = if !dir.exists() {
                 "does not exist"
@@ -538,7 +544,7 @@ impl Llama {
             return Err(LetheError::checkpoint(dir, why));
         }
         let config = LlamaConfig::from_file(&dir.join("config.json"))?;
-        Self::assemble(config, read_weights(dir)?)
+        Self::assemble(config, read_weights_on(dir, device)?)
     }
 
     /// The model of a lethe run of `model.arch = "llama"` (its config `cfg`) from its
@@ -633,7 +639,7 @@ impl Llama {
             false => w.take("lm_head.weight", &[config.vocab_size, d])?,
         };
         w.finish()?;
-        let inv_freq = inverse_frequencies(&config);
+        let inv_freq = inverse_frequencies(&config).to_device(embed.device());
         Ok(Llama { config, embed, blocks, norm, head, inv_freq })
     }
 
@@ -851,6 +857,12 @@ pub struct Weights {
 /// lists (each must exist and hold the tensors the index gives it), in bfloat16, float16
 /// or float32, converted to float32.
 pub fn read_weights(dir: &Path) -> Result<Weights> {
+    read_weights_on(dir, Device::Cpu)
+}
+
+/// [`read_weights`] onto `device`, each tensor moved there as its shard is read (so that
+/// the host holds one shard at a time, in the folder's dtype) and converted there.
+pub fn read_weights_on(dir: &Path, device: Device) -> Result<Weights> {
     let index = dir.join("model.safetensors.index.json");
     let single = dir.join("model.safetensors");
     let mut tensors = HashMap::new();
@@ -873,7 +885,7 @@ pub fn read_weights(dir: &Path) -> Result<Weights> {
         }
         for (file, names) in by_file {
             let path = dir.join(&file);
-            let mut shard: HashMap<String, Tensor> = read_file(&path)?.into_iter().collect();
+            let mut shard: HashMap<String, Tensor> = read_file(&path, device)?.into_iter().collect();
             for name in names {
                 let t = shard.remove(&name).ok_or_else(|| {
                     LetheError::checkpoint(&path, format!("has no tensor `{name}`, which the index places there"))
@@ -885,7 +897,7 @@ pub fn read_weights(dir: &Path) -> Result<Weights> {
             }
         }
     } else {
-        for (name, t) in read_file(&single)? {
+        for (name, t) in read_file(&single, device)? {
             tensors.insert(name, (t, single.clone()));
         }
     }
@@ -893,7 +905,7 @@ pub fn read_weights(dir: &Path) -> Result<Weights> {
 }
 
 /// The tensors of one safetensors file, in float32.
-fn read_file(path: &Path) -> Result<Vec<(String, Tensor)>> {
+fn read_file(path: &Path, device: Device) -> Result<Vec<(String, Tensor)>> {
     lethe_core::input::check_file(path).map_err(|e| LetheError::checkpoint(path, e))?;
     let raw = Tensor::read_safetensors(path).map_err(|e| {
         LetheError::checkpoint(
@@ -903,7 +915,7 @@ fn read_file(path: &Path) -> Result<Vec<(String, Tensor)>> {
     })?;
     raw.into_iter()
         .map(|(name, t)| match t.kind() {
-            Kind::BFloat16 | Kind::Half | Kind::Float => Ok((name, t.to_kind(Kind::Float))),
+            Kind::BFloat16 | Kind::Half | Kind::Float => Ok((name, t.to_device(device).to_kind(Kind::Float))),
             other => Err(LetheError::checkpoint(
                 path,
                 format!("tensor `{name}` is {other:?}: lethe reads bfloat16, float16 and float32"),
