@@ -436,8 +436,7 @@ fn llama_fixture(name: &str) -> PathBuf {
     }
 }
 
-/// A pretrained decoder read onto the GPU (`Llama::load_on`, or moved there by
-/// `Llama::to_device`) reads as on the CPU under
+/// A pretrained decoder read onto the GPU (`Llama::load_on`) reads as on the CPU under
 /// every cache policy, a block of the prompt then token by token, its caches keeping the
 /// same entries there; a cache held on the CPU is refused by it in one line. An
 /// Expire-Span run made from parameters on the GPU decodes there, its learned cache
@@ -472,9 +471,6 @@ fn a_pretrained_decoder_on_the_gpu_reads_as_on_the_cpu_under_every_policy() {
         let why = here.check_fits(&on_gpu).unwrap_err();
         assert!(why.contains("on cpu, the model runs on cuda:"), "{spec}: {why}");
     }
-    let moved = Llama::load(&llama_fixture("llama3")).unwrap().to_device(gpu);
-    let whole = |model: &Llama| model.forward(&ids, &mut KvCache::default());
-    assert!(whole(&moved).equal(&whole(&on_gpu)), "a model moved differs from one read onto the GPU");
     let mut cfg = Config::default();
     cfg.model.arch = lethe::config::Arch::Llama;
     (cfg.model.vocab, cfg.model.layers, cfg.model.d_model, cfg.model.heads, cfg.model.d_ffn) = (256, 2, 16, 4, 24);

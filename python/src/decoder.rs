@@ -85,9 +85,8 @@ impl Inner {
                 mechanism.name()
             )));
         }
-        let lm = Lm::from_checkpoint(&ckpt, Device::Cpu).map_err(|e| invalid(e.to_string()))?;
+        let lm = Lm::from_checkpoint(&ckpt, device).map_err(|e| invalid(e.to_string()))?;
         let run = ExpireRun::new(&ckpt.config, &lm.vs.variables()).map_err(|e| refused(e.to_string()))?;
-        let run = run.to_device(device);
         let tokenizer = text::tokenizer_of_checkpoint(&ckpt).map_err(|e| invalid(e.to_string()))?;
         Ok(Inner { weights: Weights::Run { run: Box::new(run), block: ckpt.config.train.block }, tokenizer, origin })
     }

@@ -291,28 +291,7 @@ struct Block {
     down: (Tensor, Option<Tensor>),
 }
 
-impl Block {
-    /// The block's weights on `device`.
-    fn to_device(&self, device: Device) -> Block {
-        let t = |t: &Tensor| t.to_device(device);
-        let map = |(w, b): &(Tensor, Option<Tensor>)| (t(w), b.as_ref().map(t));
-        Block {
-            input_norm: t(&self.input_norm),
-            q: map(&self.q),
-            k: map(&self.k),
-            v: map(&self.v),
-            o: map(&self.o),
-            q_norm: self.q_norm.as_ref().map(t),
-            k_norm: self.k_norm.as_ref().map(t),
-            post_norm: t(&self.post_norm),
-            gate: map(&self.gate),
-            up: map(&self.up),
-            down: map(&self.down),
-        }
-    }
-}
-
-/// A Llama-family decoder, float32, on the CPU unless moved ([`Llama::to_device`]).
+/// A Llama-family decoder, float32, on the device it was read onto ([`Llama::load_on`]).
 pub struct Llama {
     pub config: LlamaConfig,
     embed: Tensor,
@@ -427,11 +406,9 @@ impl KvCache {
             let Some(held) = held else { continue };
             let name = |field: &str| format!("layers.{i}.{field}");
             let (b, n) = (held.keys.size()[0], held.len());
-            match streams {
-                Some((first, s)) if s != b => {
-                    return Err((name("keys"), format!("holds {b} streams, layers.{first} {s}")));
-                }
-                _ => streams = streams.or(Some((i, b))),
+            let (first, s) = *streams.get_or_insert((i, b));
+            if s != b {
+                return Err((name("keys"), format!("holds {b} streams, layers.{first} {s}")));
             }
             if n == 0 {
                 return Err((name("keys"), "holds no entry (a layer that holds none is left out)".into()));
@@ -550,7 +527,7 @@ impl Llama {
     /// The model of a lethe run of `model.arch = "llama"` (its config `cfg`) from its
     /// parameters `params` (by lethe's names; low-rank adapters are folded into their
     /// maps, [`crate::lora::merged`]), as `lethe export` would write it and
-    /// [`Llama::load`] read it back, without the folder.
+    /// [`Llama::load`] read it back, without the folder; on the parameters' device.
     pub fn from_run(cfg: &lethe_core::config::Config, params: &HashMap<String, Tensor>) -> Result<Llama> {
         let merged;
         let params = match cfg.train.lora_rank {
@@ -566,30 +543,10 @@ impl Llama {
         for (ours, theirs) in layout::names(&cfg.model) {
             let t =
                 params.get(&ours).ok_or_else(|| LetheError::Invalid(format!("the run has no parameter `{ours}`")))?;
-            let t = t.detach().to_kind(Kind::Float).to_device(tch::Device::Cpu).contiguous();
+            let t = t.detach().to_kind(Kind::Float).contiguous();
             tensors.insert(theirs, (t, PathBuf::from(format!("the run's `{ours}`"))));
         }
         Self::assemble(config, Weights { tensors })
-    }
-
-    /// The model with its weights on `device`; its caches then hold their entries there.
-    pub fn to_device(self, device: Device) -> Llama {
-        if device == self.device() {
-            return self;
-        }
-        let embed = self.embed.to_device(device);
-        let head = match self.config.tie_word_embeddings {
-            true => embed.shallow_clone(),
-            false => self.head.to_device(device),
-        };
-        Llama {
-            blocks: self.blocks.iter().map(|b| b.to_device(device)).collect(),
-            norm: self.norm.to_device(device),
-            inv_freq: self.inv_freq.to_device(device),
-            config: self.config,
-            embed,
-            head,
-        }
     }
 
     /// The device the weights are on.

@@ -33,15 +33,7 @@ impl ExpireRun {
             .map(|(name, t)| (name.clone(), t.shallow_clone()))
             .collect();
         crate::kv::expire::layers(config, &predictors)?;
-        let device = params.values().next().map_or(tch::Device::Cpu, Tensor::device);
-        let model = Llama::from_run(config, params)?.to_device(device);
-        Ok(ExpireRun { model, predictors, config: config.clone() })
-    }
-
-    /// The run on `device`: its decoder and span predictors, and so the caches it makes.
-    pub fn to_device(self, device: tch::Device) -> ExpireRun {
-        let predictors = self.predictors.iter().map(|(name, t)| (name.clone(), t.to_device(device))).collect();
-        ExpireRun { model: self.model.to_device(device), predictors, config: self.config }
+        Ok(ExpireRun { model: Llama::from_run(config, params)?, predictors, config: config.clone() })
     }
 
     /// The decoder with the run's weights, which reads the caches of [`ExpireRun::cache`].
