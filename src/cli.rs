@@ -88,6 +88,12 @@ pub struct LongevalArgs {
     /// layer and key-value head (64) or a fraction of each sample's length (1/8).
     #[arg(long, value_delimiter = ',', value_name = "BUDGETS")]
     pub budgets: Option<Vec<String>>,
+    /// With --init-from: the precision of the decoder's weights, activations and
+    /// key-value cache (and of its --learned Expire-Span runs): f32, bf16 or f16
+    /// (RMSNorm's statistics, RoPE's angles and the softmax in float32, as `transformers`
+    /// computes them) [default: f32].
+    #[arg(long, value_parser = precision_item)]
+    pub precision: Option<lethe::config::train::Precision>,
     /// With --init-from: lethe runs of the folder's model with Expire-Span (read at
     /// every budget, its memories with the least remaining span deleted first, and once
     /// uncapped) or the ∞-former (read once, at the memory it was trained with, in blocks
@@ -578,6 +584,12 @@ pub struct EvalArgs {
     pub init_from: Option<PathBuf>,
     #[command(flatten)]
     pub kv: KvCacheArgs,
+    /// With --init-from: the precision of the decoder's weights, activations and
+    /// key-value cache (and of its --learned Expire-Span runs): f32, bf16 or f16
+    /// (RMSNorm's statistics, RoPE's angles and the softmax in float32, as `transformers`
+    /// computes them) [default: f32].
+    #[arg(long, value_parser = precision_item)]
+    pub precision: Option<lethe::config::train::Precision>,
     /// train, valid or test [default: valid].
     #[arg(long)]
     pub split: Option<String>,
@@ -653,6 +665,12 @@ pub struct GenerateArgs {
     pub init_from: Option<PathBuf>,
     #[command(flatten)]
     pub kv: KvCacheArgs,
+    /// The precision of the decoder's weights, activations and key-value cache: f32,
+    /// bf16 or f16 (RMSNorm's statistics, RoPE's angles and the softmax in float32, as
+    /// `transformers` computes them) [default: f32]. With --init-from, or --checkpoint of
+    /// Expire-Span on a Llama-family model.
+    #[arg(long, value_parser = precision_item)]
+    pub precision: Option<lethe::config::train::Precision>,
     /// The text to continue.
     #[arg(long, conflicts_with_all = ["prompt_file", "prompt_ids"])]
     pub prompt: Option<String>,

@@ -34,7 +34,8 @@ pub(crate) fn generate(
     if a.max_span.is_some() {
         anyhow::bail!("--max-span caps Expire-Span's spans: a pretrained decoder from --init-from has none");
     }
-    let model = Llama::load_on(folder, device)?;
+    let precision = a.precision.unwrap_or_default();
+    let model = Llama::load_as(folder, device, precision)?;
     let vocab = model.config.vocab_size as usize;
     let tokenizer = Tokenizer::of_decoder_folder(folder, vocab)?;
     if let (Prompt::Text(_), None) = (&prompt, &tokenizer) {
@@ -51,8 +52,9 @@ pub(crate) fn generate(
     let most = cache.entries().into_iter().max().unwrap_or(0);
     let budget = policy.budget.map_or(String::new(), |b| format!(", budget {b}"));
     eprintln!(
-        "cache ({}{budget}): {most} entries a layer and key-value head, {:.1} MiB",
+        "cache ({}{budget}, {}): {most} entries a layer and key-value head, {:.1} MiB",
         policy.name,
+        precision.name(),
         mib(cache.bytes())
     );
     Ok(())
@@ -80,7 +82,8 @@ pub(crate) fn eval(a: &EvalArgs, folder: &std::path::Path, device: tch::Device) 
     refuse_run_flags(a)?;
     let data =
         a.data.as_deref().ok_or_else(|| anyhow::anyhow!("--init-from FOLDER scores a text: give --data FILE"))?;
-    let model = Llama::load_on(folder, device)?;
+    let precision = a.precision.unwrap_or_default();
+    let model = Llama::load_as(folder, device, precision)?;
     let Some(tokenizer) = Tokenizer::of_decoder_folder(folder, model.config.vocab_size as usize)? else {
         anyhow::bail!("`{}` has no tokenizer.json: lethe eval reads the text through it", folder.display());
     };
@@ -111,9 +114,9 @@ pub(crate) fn eval(a: &EvalArgs, folder: &std::path::Path, device: tch::Device) 
             .learned
             .iter()
             .flatten()
-            .map(|run| Learned::load(run, (&text, &ids), folder, device))
+            .map(|run| Learned::load(run, (&text, &ids), folder, (device, precision)))
             .collect::<Result<_>>()?;
-        let sweep = Sweep { data, ids: &ids, context, block: a.block, policies, budgets, learned };
+        let sweep = Sweep { data, ids: &ids, context, block: a.block, policies, budgets, learned, precision };
         return sweep.run(&model, out);
     }
     let policy = policy_of(&a.kv, context)?;
@@ -126,13 +129,14 @@ pub(crate) fn eval(a: &EvalArgs, folder: &std::path::Path, device: tch::Device) 
     }
     let budget = policy.budget.map_or(String::new(), |b| format!(", budget {b}"));
     println!(
-        "{}: loss {:.4} nats, perplexity {:.3}, accuracy {:.2}% over {} tokens (policy {}{budget}, block {block}{windows})",
+        "{}: loss {:.4} nats, perplexity {:.3}, accuracy {:.2}% over {} tokens (policy {}{budget}, {}, block {block}{windows})",
         data.display(),
         r.loss,
         r.ppl,
         100.0 * r.accuracy,
         r.tokens,
         policy.name,
+        precision.name(),
         windows = if context < ids.len() { format!(", windows of {context}") } else { String::new() }
     );
     let held = r.held.iter().map(i64::to_string).collect::<Vec<_>>().join(", ");
@@ -451,6 +455,8 @@ struct Sweep<'a> {
     policies: &'a [String],
     budgets: &'a [String],
     learned: Vec<Learned>,
+    /// The decoder's precision (`--precision`).
+    precision: lethe::config::train::Precision,
 }
 
 /// The budget column of a learned run scored without a cap, its own spans deciding.
@@ -593,10 +599,11 @@ impl Sweep<'_> {
         let full = rows.iter().find(|r| r.budget == "full");
         let (full_ppl, full_entries) = full.map_or((f64::NAN, f64::NAN), |r| (r.ppl, r.mean_entries));
         let mut md = format!(
-            "Perplexity of `{}` in windows of {} tokens ({} scored), full cache {full_ppl:.3}; in brackets the mean entries a layer held:\n\n| policy |",
+            "Perplexity of `{}` in windows of {} tokens ({} scored, the decoder in {}), full cache {full_ppl:.3}; in brackets the mean entries a layer held:\n\n| policy |",
             self.data.display(),
             self.context,
-            rows.first().map_or(0, |r| r.tokens)
+            rows.first().map_or(0, |r| r.tokens),
+            self.precision.name()
         );
         let mut budgets: Vec<&str> = self.budgets.iter().map(String::as_str).collect();
         if !self.learned.is_empty() {

@@ -7,6 +7,7 @@
 //! the ∞-former through its training model.
 
 use anyhow::Result;
+use lethe::config::train::Precision;
 use lethe::model::llama::{ExpireRun, KvCache, Llama};
 
 /// A run of `--learned`: an Expire-Span model, scored at every budget of a sweep and
@@ -20,22 +21,32 @@ pub(crate) struct Learned {
     decoding: Option<ExpireRun>,
     /// Where the run's models are read.
     device: tch::Device,
+    /// The precision of an Expire-Span Llama's decoder (an ∞-former reads in float32).
+    precision: Precision,
 }
 
 impl Learned {
     /// The run at `path`, refused unless it is an Expire-Span model or an ∞-former of the
     /// shape of `folder`'s model that reads `text` as the ids `ids` (the folder's
     /// tokenizer), ready to be scored on `device` (an Expire-Span Llama through the
-    /// decoding path). A run fitted onto another folder of the same shape is scored, with
-    /// a note.
+    /// decoding path, its decoder in `precision`; an ∞-former in float32, with a note
+    /// when another precision is asked for). A run fitted onto another folder of the same
+    /// shape is scored, with a note.
     pub fn load(
         path: &std::path::Path,
         (text, ids): (&str, &[lethe::data::Token]),
         folder: &std::path::Path,
-        device: tch::Device,
+        (device, precision): (tch::Device, Precision),
     ) -> Result<Learned> {
         let mut learned = Learned::open(path)?;
-        learned.device = device;
+        (learned.device, learned.precision) = (device, precision);
+        if !learned.capped() && precision != Precision::F32 {
+            eprintln!(
+                "note: --learned `{}` is an ∞-former, read through its training model in f32; --precision {} applies to the decoder and Expire-Span runs",
+                path.display(),
+                precision.name()
+            );
+        }
         learned.refuse_another_model(folder).map_err(|e| at(path, &e))?;
         let own = super::decoder::run_ids(&learned.ckpt, text).map_err(|e| at(path, &e))?;
         if !own.starts_with(ids) {
@@ -87,6 +98,7 @@ impl Learned {
             ckpt,
             decoding: None,
             device: tch::Device::Cpu,
+            precision: Precision::F32,
         })
     }
 
@@ -96,7 +108,7 @@ impl Learned {
         let cfg = &self.ckpt.config;
         if cfg.memory.mechanism == lethe::config::Mechanism::Expire && cfg.model.arch == lethe::config::Arch::Llama {
             let params = self.at_budget(0, 1)?.vs.variables();
-            self.decoding = Some(ExpireRun::new(&self.ckpt.config, &params)?);
+            self.decoding = Some(ExpireRun::new(&self.ckpt.config, &params)?.into_precision(self.precision));
         }
         Ok(())
     }

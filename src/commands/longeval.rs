@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 
+use lethe::config::train::Precision;
 use lethe::data::longctx::{ByteUnits, Haystack, Units};
 use lethe::data::tokenizer::Tokenizer;
 use lethe::data::Token;
@@ -48,6 +49,7 @@ pub(crate) fn longeval(a: LongevalArgs) -> Result<()> {
             ("--budgets", a.budgets.is_some()),
             ("--learned", a.learned.is_some()),
             ("--block", a.block.is_some()),
+            ("--precision", a.precision.is_some()),
         ];
         if let Some((flag, _)) = given.iter().find(|(_, set)| *set) {
             bail!("{flag} applies to a pretrained decoder: give --init-from FOLDER");
@@ -129,7 +131,14 @@ fn decoder_runs(a: &LongevalArgs, folder: &Path, grid: &Grid) -> Result<Vec<Run>
     each_once("--policies", policies, String::clone)?;
     each_once("--budgets", a.budgets.as_deref().unwrap_or_default(), String::clone)?;
     each_once("--learned", a.learned.as_deref().unwrap_or_default(), |p| p.display().to_string())?;
-    let model = Llama::load_on(folder, device)?;
+    let precision = a.precision.unwrap_or_default();
+    let model = Llama::load_as(folder, device, precision)?;
+    // What the results were computed in, when not float32 (a folder's results resume
+    // only under the same).
+    let in_precision = match precision {
+        Precision::F32 => String::new(),
+        p => format!(", in {}", p.name()),
+    };
     let Some(tokenizer) = Tokenizer::of_decoder_folder(folder, model.config.vocab_size as usize)? else {
         bail!("`{}` has no tokenizer.json: lethe longeval writes its samples through it", folder.display());
     };
@@ -167,7 +176,7 @@ fn decoder_runs(a: &LongevalArgs, folder: &Path, grid: &Grid) -> Result<Vec<Run>
         .learned
         .iter()
         .flatten()
-        .map(|run| Learned::load(run, (PROBE, &probe_ids), folder, device))
+        .map(|run| Learned::load(run, (PROBE, &probe_ids), folder, (device, precision)))
         .collect::<Result<_>>()?;
     let model_files = super::decoder::folder_files(folder)?;
     let folder_print = fingerprint(&model_files)?;
@@ -175,7 +184,7 @@ fn decoder_runs(a: &LongevalArgs, folder: &Path, grid: &Grid) -> Result<Vec<Run>
     for (name, decoder) in &plans {
         eprintln!("longeval: {name} ({})", folder.display());
         let budget = decoder.budget.map_or(String::new(), |b| format!(" at {b}"));
-        let who = format!("{folder_print}, {}{budget}, blocks of {}", decoder.policy, decoder.block);
+        let who = format!("{folder_print}, {}{budget}, blocks of {}{in_precision}", decoder.policy, decoder.block);
         let table = evaluate(decoder, (&tokenizer, "tokens"), grid, (&a.out.join(name), &who))?;
         runs.push(Run { name: name.clone(), table, unit: "tokens" });
     }
@@ -195,7 +204,10 @@ fn decoder_runs(a: &LongevalArgs, folder: &Path, grid: &Grid) -> Result<Vec<Run>
             eprintln!("longeval: {name} ({})", run.name);
             let subject = LearnedAt::new(run, budget, block, &grid.lengths)?;
             let cap = budget.map_or(String::new(), |b| format!(" at {b}"));
-            let who = format!("{run_print}{cap}, blocks of {block}");
+            let who = match run.capped() {
+                true => format!("{run_print}{cap}, blocks of {block}{in_precision}"),
+                false => format!("{run_print}{cap}, blocks of {block}"),
+            };
             let table = evaluate(&subject, (&tokenizer, "tokens"), grid, (&a.out.join(&name), &who))?;
             runs.push(Run { name, table, unit: "tokens" });
         }

@@ -116,6 +116,9 @@ pub(crate) fn eval(a: EvalArgs) -> Result<()> {
             "--policy and --budget choose what a pretrained decoder's key-value cache keeps: give --init-from FOLDER"
         );
     }
+    if let (None, Some(p)) = (&a.init_from, a.precision.filter(|&p| p != lethe::config::train::Precision::F32)) {
+        anyhow::bail!("--precision {} applies to a pretrained decoder: give --init-from FOLDER", p.name());
+    }
     let checkpoint = match (&a.init_from, &a.checkpoint) {
         (Some(folder), _) => return decoder::eval(&a, folder, device),
         (None, Some(checkpoint)) => checkpoint.clone(),
@@ -403,6 +406,14 @@ fn generate_from_run(
     device: tch::Device,
 ) -> Result<()> {
     let ckpt = load_checkpoint(checkpoint, a.max_span)?;
+    let cfg = &ckpt.config;
+    let decoding = (cfg.memory.mechanism, cfg.model.arch) == (Mechanism::Expire, Arch::Llama);
+    if let Some(p) = a.precision.filter(|&p| !decoding && p != lethe::config::train::Precision::F32) {
+        anyhow::bail!(
+            "--precision {}: only Expire-Span on a Llama-family model reads a run through the decoder, in a precision of choice; this run generates in f32",
+            p.name()
+        );
+    }
     // The checkpoint's thread count, at most this machine's cores (it may come from a larger one).
     lethe::device::apply_threads(ckpt.config.train.threads.min(lethe::device::cores()))?;
     let lm = Lm::from_checkpoint(&ckpt, device)?;
@@ -412,14 +423,14 @@ fn generate_from_run(
     let mut printer = Printer::new(a, tokenizer.as_ref());
     printer.prompt(&prompt, &ids)?;
     let progress = prompt_progress(unit);
-    let cfg = &ckpt.config;
-    if (cfg.memory.mechanism, cfg.model.arch) != (Mechanism::Expire, Arch::Llama) {
+    if !decoding {
         lethe::generate::stream(&lm, &ids, a.bytes, sampling, progress, |t| printer.token(t))?;
         return printer.finish();
     }
     // Expire-Span on a Llama: its span predictors on the decoder's key-value cache, the
     // prompt read in training blocks, then a token at a time.
-    let run = lethe::model::llama::ExpireRun::new(cfg, &lm.vs.variables())?;
+    let precision = a.precision.unwrap_or_default();
+    let run = lethe::model::llama::ExpireRun::new(cfg, &lm.vs.variables())?.into_precision(precision);
     let mut cache = run.cache()?;
     let prompt = (ids.as_slice(), cfg.train.block);
     lethe::generate::stream_decoder_in(run.decoder(), &mut cache, prompt, a.bytes, sampling, progress, |t| {
@@ -427,6 +438,10 @@ fn generate_from_run(
     })?;
     printer.finish()?;
     let most = cache.entries().into_iter().max().unwrap_or(0);
-    eprintln!("cache (expire): {most} entries a layer at most, {:.1} MiB", decoder::mib(cache.bytes()));
+    eprintln!(
+        "cache (expire, {}): {most} entries a layer at most, {:.1} MiB",
+        precision.name(),
+        decoder::mib(cache.bytes())
+    );
     Ok(())
 }

@@ -16,6 +16,20 @@ pub fn expected(name: &str) -> HashMap<String, Tensor> {
     Tensor::read_safetensors(fixture(name).join("expected.safetensors")).unwrap().into_iter().collect()
 }
 
+/// The logits `transformers` computed on the fixture `name` with the model read in
+/// `precision` (`bf16`, `f16`; scripts/llama-precision-fixture.py), in float32: of its
+/// eager attention (`logits`) and of its sdpa one (`logits_sdpa`).
+pub fn expected_in(name: &str, precision: &str) -> HashMap<String, Tensor> {
+    let path = fixture(name).join(format!("expected-{precision}.safetensors"));
+    Tensor::read_safetensors(path).unwrap().into_iter().collect()
+}
+
+/// The mean absolute difference between two tensors of the same shape.
+pub fn mean_gap(a: &Tensor, b: &Tensor) -> f64 {
+    assert_eq!(a.size(), b.size());
+    (a - b).abs().mean(tch::Kind::Double).double_value(&[])
+}
+
 /// The largest absolute difference between two tensors of the same shape.
 pub fn gap(a: &Tensor, b: &Tensor) -> f64 {
     assert_eq!(a.size(), b.size());

@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use crate::common::llama::{expected, fixture};
+use crate::common::llama::{expected, expected_in, fixture, gap, mean_gap};
 
 use lethe::data::tokenizer::Tokenizer;
 use lethe::model::llama::{KvCache, Llama};
@@ -26,6 +26,47 @@ fn the_logits_of_every_family_match_transformers() {
         println!("{name}: largest logit {scale:.3}, difference from transformers {gap:.2e}");
         assert!(scale > 0.5, "{name}: the fixture's logits are not trivially small");
         assert!(gap < 1e-5 * scale.max(1.0), "{name}: logits differ from transformers' by {gap:.2e}");
+    }
+}
+
+/// Read in bfloat16 or float16, each family computes as `transformers` does in that
+/// precision: a prompt under the full cache (libtorch's fused kernel) as its sdpa
+/// attention, under a policy that reads the weights (H2O, with a budget that evicts
+/// nothing) and token by token as its eager one. Most logits are equal to the bit (a
+/// prompt's all of them, on libtorch's CPU kernels); token by token in float16 a few
+/// differ by a unit in the last place, so that on average lethe's stay within a quarter
+/// of the distance between transformers' half-precision logits and its float32 ones.
+#[test]
+fn in_half_precision_every_family_computes_as_transformers_does() {
+    use lethe::config::train::Precision;
+    use lethe::model::kv::{Budget, Policy};
+    for name in FAMILIES {
+        let want32 = expected(name);
+        let ids = &want32["ids"];
+        for precision in [Precision::Bf16, Precision::F16] {
+            let model = Llama::load_as(&fixture(name), tch::Device::Cpu, precision).unwrap();
+            assert_eq!(model.kind(), precision.kind());
+            let want = expected_in(name, precision.name());
+            let fused = model.forward(ids, &mut KvCache::default());
+            assert_eq!(fused.kind(), tch::Kind::Float, "logits are float32");
+            let h2o = Policy::parse("h2o", Some(Budget::Entries(64)), 1000).unwrap();
+            let written_out = model.forward(ids, &mut KvCache::new(h2o));
+            let mut cache = KvCache::default();
+            let steps: Vec<Tensor> = (0..20).map(|t| model.forward(&ids.narrow(1, t, 1), &mut cache)).collect();
+            let (stepwise, held) = (Tensor::cat(&steps, 1), &cache.layers[0].as_ref().unwrap().keys);
+            assert_eq!(held.kind(), precision.kind(), "{name}: the cache is held in {}", precision.name());
+            let cases = [
+                ("fused", &fused, "logits_sdpa"),
+                ("weights", &written_out, "logits"),
+                ("stepwise", &stepwise, "logits"),
+            ];
+            for (how, got, theirs) in cases {
+                let rounding = mean_gap(&want[theirs], &want32["logits"]);
+                let (off, most) = (mean_gap(got, &want[theirs]), gap(got, &want[theirs]));
+                println!("{name} {} {how}: {off:.2e} from transformers on average (at most {most:.2e}), whose own is {rounding:.2e} from f32", precision.name());
+                assert!(off < 0.25 * rounding, "{name} in {}, {how}: {off:.2e} from transformers", precision.name());
+            }
+        }
     }
 }
 

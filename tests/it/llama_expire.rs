@@ -521,7 +521,7 @@ fn generation_from_an_expire_span_run_gives_the_training_models_ids() {
     assert!(out.status.success(), "{said}");
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), want.join(","));
     // The cache freed what expired: fewer than the 39 tokens read.
-    let held: usize = said.split("cache (expire): ").nth(1).and_then(|s| s.split(' ').next()).unwrap().parse().unwrap();
+    let held: usize = said.split("cache (expire, f32): ").nth(1).and_then(|s| s.split(' ').next()).unwrap().parse().unwrap();
     assert!(held < 30, "{held} entries held: {said}");
 }
 

@@ -222,6 +222,17 @@ pub fn saved(name: &str, t: Tensor, dims: usize, kind: Kind) -> std::result::Res
     Ok(t)
 }
 
+/// A saved tensor of the model's precision (keys, values, SnapKV's queries): as
+/// [`saved`], in float32, bfloat16 or float16 (a decoder refuses a cache of another
+/// precision than its own, [`crate::llama::KvCache::check_fits`]).
+pub fn saved_float(name: &str, t: Tensor, dims: usize) -> std::result::Result<Tensor, String> {
+    let kind = match t.kind() {
+        kind @ (Kind::BFloat16 | Kind::Half) => kind,
+        _ => Kind::Float,
+    };
+    saved(name, t, dims, kind)
+}
+
 /// A copy of `t` in memory of its own, if any: what a policy keeps, forked.
 pub fn forked(t: &Option<Tensor>) -> Option<Tensor> {
     t.as_ref().map(Tensor::copy)

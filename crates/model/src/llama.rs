@@ -28,6 +28,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 use tch::{Device, Kind, Tensor};
 
+use lethe_core::config::train::Precision;
 use lethe_core::error::{LetheError, Result};
 
 use crate::kv::{Chunk, Held, LayerPolicy, Policy, Positions};
@@ -291,7 +292,11 @@ struct Block {
     down: (Tensor, Option<Tensor>),
 }
 
-/// A Llama-family decoder, float32, on the device it was read onto ([`Llama::load_on`]).
+/// A Llama-family decoder, on the device and in the precision it was read in
+/// ([`Llama::load_as`]): float32 by default; in bfloat16 or float16 its weights,
+/// activations and key-value cache are held in that precision and computed as
+/// `transformers` computes them, RMSNorm's statistics, RoPE's angles and the softmax in
+/// float32.
 pub struct Llama {
     pub config: LlamaConfig,
     embed: Tensor,
@@ -425,8 +430,8 @@ impl KvCache {
     }
 
     /// Refuses a cache of another model than `model` (more layers, or entries of another
-    /// number of key-value heads or head width), or one that holds its tensors on another
-    /// device than the model's, naming what differs.
+    /// number of key-value heads or head width), or one that holds its entries in another
+    /// precision or its tensors on another device than the model's, naming what differs.
     pub fn check_fits(&self, model: &Llama) -> std::result::Result<(), String> {
         let (config, device) = (&model.config, model.device());
         if self.layers.len() > config.layers as usize {
@@ -444,6 +449,16 @@ impl KvCache {
                     size[1], size[3], config.kv_heads, config.head_dim
                 ));
             }
+        }
+        let layers = self.layers.iter().enumerate();
+        if let Some((i, held)) =
+            layers.filter_map(|(i, h)| Some((i, h.as_ref()?))).find(|(_, h)| h.keys.kind() != model.kind())
+        {
+            return Err(format!(
+                "holds `layers.{i}.keys` in {}, the model computes in {} (read it in the precision the cache was made in)",
+                precision_name(held.keys.kind()),
+                precision_name(model.kind())
+            ));
         }
         // Scalars (the position, SnapKV's count of pending tokens) are read as numbers.
         let elsewhere = self.state().into_iter().find(|(_, t)| t.dim() > 0 && t.device() != device);
@@ -472,6 +487,14 @@ impl KvCache {
     }
 }
 
+/// `f32`, `bf16` or `f16`, as `--precision` names them; another kind as libtorch does.
+fn precision_name(kind: Kind) -> String {
+    match Precision::ALL.into_iter().find(|p| p.kind() == kind) {
+        Some(p) => p.name().to_string(),
+        None => format!("{kind:?}"),
+    }
+}
+
 /// A saved layer of a cache: its entries' tensors by name, and what its policy keeps.
 type SavedLayer = (BTreeMap<String, Tensor>, Vec<(String, Tensor)>);
 
@@ -480,18 +503,23 @@ const MAX_LAYERS: usize = 4096;
 
 /// Layer `i`'s entries from its saved `keys`, `values` and `positions` (none: it held
 /// nothing), refused (the tensor's name and why) unless they are one cache's:
-/// `(b, kv_heads, n, head_dim)` float32 twice and `(b, kv_heads, n)` int64, on the CPU.
+/// `(b, kv_heads, n, head_dim)` twice, in float32, bfloat16 or float16 alike, and
+/// `(b, kv_heads, n)` int64.
 fn held_of(i: usize, mut saved: BTreeMap<String, Tensor>) -> std::result::Result<Option<Held>, (String, String)> {
     let name = |field: &str| format!("layers.{i}.{field}");
     if saved.is_empty() {
         return Ok(None);
     }
-    let mut take = |field: &str, dims: usize, kind: Kind| {
+    let mut take = |field: &str, dims: usize, kind: Option<Kind>| {
         let t = saved.remove(field).ok_or_else(|| (name(field), "missing beside the layer's other entries".into()))?;
-        crate::kv::saved(&name(field), t, dims, kind).map_err(|why| (name(field), why))
+        match kind {
+            Some(kind) => crate::kv::saved(&name(field), t, dims, kind),
+            None => crate::kv::saved_float(&name(field), t, dims),
+        }
+        .map_err(|why| (name(field), why))
     };
-    let (keys, values, positions) =
-        (take("keys", 4, Kind::Float)?, take("values", 4, Kind::Float)?, take("positions", 3, Kind::Int64)?);
+    let keys = take("keys", 4, None)?;
+    let (values, positions) = (take("values", 4, Some(keys.kind()))?, take("positions", 3, Some(Kind::Int64))?);
     if values.size() != keys.size() || positions.size() != keys.size()[..3] {
         let shapes = format!("keys {:?}, values {:?}, positions {:?}", keys.size(), values.size(), positions.size());
         return Err((name("keys"), format!("the shapes do not make one cache ({shapes})")));
@@ -508,6 +536,12 @@ impl Llama {
     /// [`Llama::load`] onto `device`, the weights moved there shard by shard
     /// ([`read_weights_on`]).
     pub fn load_on(dir: &Path, device: Device) -> Result<Llama> {
+        Self::load_as(dir, device, Precision::F32)
+    }
+
+    /// [`Llama::load_on`] in `precision`: the weights converted to it on the device, the
+    /// activations and the cache held in it.
+    pub fn load_as(dir: &Path, device: Device, precision: Precision) -> Result<Llama> {
         if !dir.join("config.json").is_file() {
             let why = if !dir.exists() {
                 "does not exist"
@@ -521,7 +555,7 @@ impl Llama {
             return Err(LetheError::checkpoint(dir, why));
         }
         let config = LlamaConfig::from_file(&dir.join("config.json"))?;
-        Self::assemble(config, read_weights_on(dir, device)?)
+        Self::assemble(config, read_weights_on(dir, device, precision.kind())?)
     }
 
     /// The model of a lethe run of `model.arch = "llama"` (its config `cfg`) from its
@@ -552,6 +586,40 @@ impl Llama {
     /// The device the weights are on.
     pub fn device(&self) -> Device {
         self.embed.device()
+    }
+
+    /// The element type of the weights, the activations and the cache.
+    pub fn kind(&self) -> Kind {
+        self.embed.kind()
+    }
+
+    /// The model with its weights in `precision` (a run's decoder, [`Llama::from_run`],
+    /// read as a folder's is with [`Llama::load_as`]).
+    pub fn into_precision(self, precision: Precision) -> Llama {
+        let kind = precision.kind();
+        let to = |t: Tensor| t.to_kind(kind);
+        let map = |(w, b): (Tensor, Option<Tensor>)| (to(w), b.map(to));
+        let blocks = self
+            .blocks
+            .into_iter()
+            .map(|b| Block {
+                input_norm: to(b.input_norm),
+                q: map(b.q),
+                k: map(b.k),
+                v: map(b.v),
+                o: map(b.o),
+                q_norm: b.q_norm.map(to),
+                k_norm: b.k_norm.map(to),
+                post_norm: to(b.post_norm),
+                gate: map(b.gate),
+                up: map(b.up),
+                down: map(b.down),
+            })
+            .collect();
+        let tied = self.config.tie_word_embeddings;
+        let embed = to(self.embed);
+        let head = if tied { embed.shallow_clone() } else { to(self.head) };
+        Llama { config: self.config, embed, blocks, norm: to(self.norm), head, inv_freq: self.inv_freq }
     }
 
     /// The model of `config` from its weights `w`, every one of which it must take.
@@ -602,6 +670,8 @@ impl Llama {
 
     /// The logits `(b, t, vocab)` of the tokens `ids` `(b, t)` that follow what `cache`
     /// holds (their positions from `cache.position` on); the cache then holds them too.
+    /// The logits are float32 whatever the model's precision (their values those of its
+    /// precision).
     pub fn forward(&self, ids: &Tensor, cache: &mut KvCache) -> Tensor {
         let _guard = tch::no_grad_guard();
         let t = ids.size()[1];
@@ -623,7 +693,8 @@ impl Llama {
         }
         cache.position += t;
         let h = rms_norm(&h, &self.norm, self.config.rms_norm_eps);
-        crate::decode::linear(&h, &self.head, None).unwrap_or_else(|_| h.matmul(&self.head.tr()))
+        let logits = crate::decode::linear(&h, &self.head, None).unwrap_or_else(|_| h.matmul(&self.head.tr()));
+        logits.to_kind(Kind::Float)
     }
 
     /// The bytes of the weights a token's forward pass reads whole: every block's, the
@@ -650,9 +721,11 @@ impl Llama {
         rotate(x, &cos, &sin)
     }
 
-    /// `cos` and `sin` `(t, head_dim)` of the positions `(t)`.
+    /// `cos` and `sin` `(t, head_dim)` of the positions `(t)`, the angles in float32,
+    /// the two in the model's precision.
     fn rotation(&self, positions: &Tensor) -> (Tensor, Tensor) {
-        crate::rope::Rope::rotation(&self.inv_freq, positions)
+        let (cos, sin) = crate::rope::Rope::rotation(&self.inv_freq, positions);
+        (cos.to_kind(self.kind()), sin.to_kind(self.kind()))
     }
 
     /// One block's attention of `x` `(b, t, d)` at `positions` `(t)` (rotated by `cos`
@@ -741,7 +814,7 @@ impl Llama {
         let (b, h, t, hd) = q.size4().expect("(b, h, t, hd)");
         let (kvh, n) = (c.kv_heads, held.len());
         let group = h / kvh;
-        if t == 1 && c.sliding_window.is_none() && q.device() == Device::Cpu {
+        if t == 1 && c.sliding_window.is_none() && q.device() == Device::Cpu && q.kind() == Kind::Float {
             let q = q.reshape([b, kvh, group, hd]);
             if let Ok((context, weights)) = crate::decode::attention(&q, keys, &held.values, bias, scale) {
                 return (context.view([b, h, 1, hd]), weights.view([b, h, 1, n]));
@@ -754,10 +827,12 @@ impl Llama {
             scores = scores.masked_fill(&seen.logical_not(), f64::NEG_INFINITY);
         }
         if let Some(bias) = bias {
-            scores += bias.unsqueeze(2); // (b, 1 or kv_heads, 1, t, n)
+            // (b, 1 or kv_heads, 1, t, n), added in float32 (a bias of `ln m` is fine-grained).
+            scores = scores.to_kind(Kind::Float) + bias.unsqueeze(2);
         }
+        // The softmax in float32; its weights meet the values in the model's precision.
         let weights = scores.softmax(-1, Kind::Float).view([b, kvh, group * t, n]);
-        let context = weights.matmul(&held.values).view([b, h, t, hd]);
+        let context = weights.to_kind(held.values.kind()).matmul(&held.values).view([b, h, t, hd]);
         (context, weights.view([b, h, t, n]))
     }
 
@@ -778,8 +853,8 @@ impl Llama {
             // `(b, 1 or kv_heads, t, n)`, minus infinity where a query does not see: a
             // bias a key-value head goes to each of its query heads.
             Some(bias) => match bias.size()[1] {
-                1 => bias.shallow_clone(),
-                g => bias.repeat_interleave_self_int(h / g, 1, None),
+                1 => bias.to_kind(q.kind()),
+                g => bias.repeat_interleave_self_int(h / g, 1, None).to_kind(q.kind()),
             },
             None => {
                 let key_pos = held.positions.get(0).get(0).view([1, -1]);
@@ -796,10 +871,17 @@ fn linear(x: &Tensor, (w, b): &(Tensor, Option<Tensor>)) -> Tensor {
     crate::decode::linear(x, w, b.as_ref()).unwrap_or_else(|_| x.linear(w, b.as_ref()))
 }
 
-/// RMSNorm over the last dimension.
+/// RMSNorm over the last dimension, `w * x / sqrt(mean(x^2) + eps)`; a half-precision
+/// `x` (bfloat16, float16) normed in float32 and brought back before the weight, as
+/// `transformers` computes it.
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
+    let kind = x.kind();
+    let x = match kind {
+        Kind::BFloat16 | Kind::Half => x.to_kind(Kind::Float),
+        _ => x.shallow_clone(),
+    };
     let variance = x.pow_tensor_scalar(2).mean_dim([-1i64].as_slice(), true, x.kind());
-    weight * (x * (variance + eps).rsqrt())
+    weight * (x * (variance + eps).rsqrt()).to_kind(kind)
 }
 
 use crate::rope::rotate;
@@ -814,12 +896,13 @@ pub struct Weights {
 /// lists (each must exist and hold the tensors the index gives it), in bfloat16, float16
 /// or float32, converted to float32.
 pub fn read_weights(dir: &Path) -> Result<Weights> {
-    read_weights_on(dir, Device::Cpu)
+    read_weights_on(dir, Device::Cpu, Kind::Float)
 }
 
-/// [`read_weights`] onto `device`, each tensor moved there as its shard is read (so that
-/// the host holds one shard at a time, in the folder's dtype) and converted there.
-pub fn read_weights_on(dir: &Path, device: Device) -> Result<Weights> {
+/// [`read_weights`] onto `device` in `kind`, each tensor moved there as its shard is read
+/// (so that the host holds one shard at a time, in the folder's dtype) and converted
+/// there.
+pub fn read_weights_on(dir: &Path, device: Device, kind: Kind) -> Result<Weights> {
     let index = dir.join("model.safetensors.index.json");
     let single = dir.join("model.safetensors");
     let mut tensors = HashMap::new();
@@ -842,7 +925,7 @@ pub fn read_weights_on(dir: &Path, device: Device) -> Result<Weights> {
         }
         for (file, names) in by_file {
             let path = dir.join(&file);
-            let mut shard: HashMap<String, Tensor> = read_file(&path, device)?.into_iter().collect();
+            let mut shard: HashMap<String, Tensor> = read_file(&path, device, kind)?.into_iter().collect();
             for name in names {
                 let t = shard.remove(&name).ok_or_else(|| {
                     LetheError::checkpoint(&path, format!("has no tensor `{name}`, which the index places there"))
@@ -854,15 +937,15 @@ pub fn read_weights_on(dir: &Path, device: Device) -> Result<Weights> {
             }
         }
     } else {
-        for (name, t) in read_file(&single, device)? {
+        for (name, t) in read_file(&single, device, kind)? {
             tensors.insert(name, (t, single.clone()));
         }
     }
     Ok(Weights { tensors })
 }
 
-/// The tensors of one safetensors file, in float32.
-fn read_file(path: &Path, device: Device) -> Result<Vec<(String, Tensor)>> {
+/// The tensors of one safetensors file, in `kind`.
+fn read_file(path: &Path, device: Device, kind: Kind) -> Result<Vec<(String, Tensor)>> {
     lethe_core::input::check_file(path).map_err(|e| LetheError::checkpoint(path, e))?;
     let raw = Tensor::read_safetensors(path).map_err(|e| {
         LetheError::checkpoint(
@@ -872,7 +955,7 @@ fn read_file(path: &Path, device: Device) -> Result<Vec<(String, Tensor)>> {
     })?;
     raw.into_iter()
         .map(|(name, t)| match t.kind() {
-            Kind::BFloat16 | Kind::Half | Kind::Float => Ok((name, t.to_device(device).to_kind(Kind::Float))),
+            Kind::BFloat16 | Kind::Half | Kind::Float => Ok((name, t.to_device(device).to_kind(kind))),
             other => Err(LetheError::checkpoint(
                 path,
                 format!("tensor `{name}` is {other:?}: lethe reads bfloat16, float16 and float32"),

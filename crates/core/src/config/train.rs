@@ -172,6 +172,15 @@ impl Precision {
         }
     }
 
+    /// The element type its arithmetic runs in: float32, bfloat16 or float16.
+    pub fn kind(self) -> tch::Kind {
+        match self {
+            Precision::F32 => tch::Kind::Float,
+            Precision::Bf16 => tch::Kind::BFloat16,
+            Precision::F16 => tch::Kind::Half,
+        }
+    }
+
     /// The precision named `text`; the error lists the names.
     pub fn parse(text: &str) -> std::result::Result<Precision, String> {
         Precision::ALL

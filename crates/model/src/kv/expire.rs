@@ -60,7 +60,8 @@ impl ExpireLayer {
 
     /// The spans `(b, 1 or g, t)` of entries written from `x` `(b, t, d)`.
     fn spans_of(&self, x: &Tensor) -> Tensor {
-        let spans = spans_of_scores(&x.matmul(&self.w), &self.b, self.max_span, &self.cfg); // (b, t) or (b, g, t)
+        let scores = x.to_kind(Kind::Float).matmul(&self.w); // in float32 whatever the model's precision
+        let spans = spans_of_scores(&scores, &self.b, self.max_span, &self.cfg); // (b, t) or (b, g, t)
         let spans = match spans.dim() {
             3 => spans,
             _ => spans.unsqueeze(1),

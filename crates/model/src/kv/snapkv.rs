@@ -14,7 +14,7 @@
 
 use tch::{Kind, Tensor};
 
-use super::{saved, top, Chunk, Entry, Held, LayerPolicy};
+use super::{saved, saved_float, top, Chunk, Entry, Held, LayerPolicy};
 
 pub const ENTRY: Entry = Entry {
     name: "snapkv",
@@ -74,7 +74,7 @@ impl LayerPolicy for SnapKv {
         for (name, t) in state {
             match name.as_str() {
                 "pending" => self.pending = saved(&name, t, 0, Kind::Int64)?.int64_value(&[]),
-                "queries" => queries = Some(saved(&name, t, 4, Kind::Float)?),
+                "queries" => queries = Some(saved_float(&name, t, 4)?),
                 "query_positions" => positions = Some(saved(&name, t, 1, Kind::Int64)?),
                 _ => return Err(format!("`{name}`: SnapKV keeps pending, queries and query_positions")),
             }
@@ -94,7 +94,10 @@ impl LayerPolicy for SnapKv {
     fn update(&mut self, held: &mut Held, chunk: &Chunk) {
         let t = chunk.queries.size()[2];
         let (q, pos) = match self.queries.take() {
-            Some((q, pos)) => (Tensor::cat(&[&q, chunk.queries], 2), Tensor::cat(&[&pos, chunk.query_positions], 0)),
+            Some((q, pos)) => {
+                let q = q.to_kind(chunk.queries.kind()); // a saved cache's, as the model computes
+                (Tensor::cat(&[&q, chunk.queries], 2), Tensor::cat(&[&pos, chunk.query_positions], 0))
+            }
             None => (chunk.queries.shallow_clone(), chunk.query_positions.shallow_clone()),
         };
         let m = q.size()[2].min(self.window);

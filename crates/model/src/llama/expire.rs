@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use tch::Tensor;
 
 use super::{KvCache, Llama};
+use lethe_core::config::train::Precision;
 use lethe_core::config::Config;
 use lethe_core::error::Result;
 
@@ -34,6 +35,12 @@ impl ExpireRun {
             .collect();
         crate::kv::expire::layers(config, &predictors)?;
         Ok(ExpireRun { model: Llama::from_run(config, params)?, predictors, config: config.clone() })
+    }
+
+    /// The run with its decoder in `precision` ([`Llama::into_precision`]); the span
+    /// predictors compute in float32.
+    pub fn into_precision(self, precision: Precision) -> ExpireRun {
+        ExpireRun { model: self.model.into_precision(precision), ..self }
     }
 
     /// The decoder with the run's weights, which reads the caches of [`ExpireRun::cache`].
