@@ -236,6 +236,51 @@ fn a_cache_made_again_from_its_state_reads_on_as_the_original() {
     assert!(why.contains("2 key-value heads of width 8, the model 2 of width 16 (a cache of another model)"), "{why}");
 }
 
+/// In bfloat16 every policy holds its cache in bfloat16 (half the bytes of float32's for
+/// as many entries) within its budget over a stream three times as long; the policies
+/// that keep by position (a window, StreamingLLM) keep float32's entries, those that keep
+/// by attention (H2O, TOVA, SnapKV) nearly all of them. A cache saved in bfloat16 is made
+/// again as it was; a model in float32 refuses it, naming the two precisions.
+#[test]
+fn in_bfloat16_every_policy_keeps_what_it_keeps_in_float32() {
+    use lethe::config::train::Precision;
+    let single = Llama::load(&fixture("llama3")).unwrap();
+    let half = Llama::load_as(&fixture("llama3"), tch::Device::Cpu, Precision::Bf16).unwrap();
+    let ids = random_tokens(5, 300, &[1, 96]);
+    for spec in ["window", "streaming", "h2o", "tova", "snapkv:window=8"] {
+        let read = |model: &Llama| {
+            let mut cache = KvCache::new(policy(spec, 24, 96));
+            let _ = model.forward(&ids.narrow(1, 0, 32), &mut cache);
+            (32..96).for_each(|t| drop(model.forward(&ids.narrow(1, t, 1), &mut cache)));
+            cache
+        };
+        let (want, got) = (read(&single), read(&half));
+        assert_eq!(got.layers[0].as_ref().unwrap().keys.kind(), Kind::BFloat16, "{spec}");
+        assert_eq!(got.entries(), want.entries(), "{spec}");
+        assert_eq!(2 * got.kv_bytes(), want.kv_bytes(), "{spec}");
+        for (layer, (a, b)) in got.layers.iter().zip(&want.layers).enumerate() {
+            let (a, b) = (&a.as_ref().unwrap().positions, &b.as_ref().unwrap().positions);
+            let shared = a.unsqueeze(-1).eq_tensor(&b.unsqueeze(-2)).any_dim(-1, false);
+            let shared = shared.to_kind(Kind::Float).mean(Kind::Float).double_value(&[]);
+            println!("{spec} layer {layer}: {:.0}% of float32's entries kept in bfloat16", 100.0 * shared);
+            let least = if matches!(spec, "window" | "streaming") { 1.0 } else { 0.8 };
+            assert!(shared >= least, "{spec} layer {layer}: {shared:.2} of float32's entries kept");
+        }
+    }
+    let mut cache = KvCache::new(policy("snapkv:window=6", 10, 36));
+    let _ = half.forward(&ids.narrow(1, 0, 16), &mut cache);
+    let saved: Vec<(String, Tensor)> = cache.state().into_iter().map(|(n, t)| (n, t.copy())).collect();
+    let mut again = KvCache::from_state(policy("snapkv:window=6", 10, 36), saved).unwrap();
+    assert_eq!(again.check_fits(&half), Ok(()));
+    for t in 16..30 {
+        let (want, got) =
+            (half.forward(&ids.narrow(1, t, 1), &mut cache), half.forward(&ids.narrow(1, t, 1), &mut again));
+        assert!(got.equal(&want), "token {t} reads otherwise from the bfloat16 cache made again");
+    }
+    let why = again.check_fits(&single).unwrap_err();
+    assert!(why.contains("holds `layers.0.keys` in bf16, the model computes in f32"), "{why}");
+}
+
 /// A generation its consumer stops (Ctrl-C in Python) leaves in the cache what it read:
 /// the prompt and the tokens taken in before the stop, not an empty cache; a prompt
 /// refused leaves the cache as it was.

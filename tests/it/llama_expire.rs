@@ -11,7 +11,7 @@ use crate::common::llama::{expected, fixture, gap};
 use lethe::config::{Arch, Config, Deletion, Mechanism};
 use lethe::model::llama::ExpireRun;
 use lethe::model::{init, Lm};
-use tch::{Device, Tensor};
+use tch::{Device, Kind, Tensor};
 
 /// The fixture `name` in the backbone with Expire-Span, read in blocks of `block`: largest
 /// span `span`, every memory's span starting at `fraction` of it, a ramp of 2.
@@ -411,6 +411,48 @@ fn the_decoding_path_reads_expire_span_as_the_training_model_does() {
     }
 }
 
+/// In bfloat16 the decoding path reads Expire-Span as in float32 to bfloat16's rounding:
+/// the decoder and its cache in bfloat16 (half the bytes a key and value), the span
+/// predictors in float32, the same entries held at the end, with and without a budget.
+#[test]
+fn in_bfloat16_the_decoding_path_reads_expire_span_as_in_float32() {
+    use lethe::config::train::Precision;
+    for budget in [0, 3] {
+        let _seed = lethe::rng::seed_torch(7);
+        let mut cfg = small_llama_with_expire(2);
+        (cfg.memory.expire.per_head, cfg.memory.expire.budget) = (true, budget);
+        let lm = Lm::new(&cfg, Device::Cpu).unwrap();
+        crate::common::randomise(&lm.vs, 17, 1.0, |name| name.ends_with("expire.w"));
+        let ids = crate::common::random_tokens(3, 20, &[2, 30]);
+        let read = |run: &ExpireRun| {
+            let mut cache = run.cache().unwrap();
+            let steps: Vec<Tensor> = (0..30).map(|t| run.decoder().forward(&ids.narrow(1, t, 1), &mut cache)).collect();
+            (Tensor::cat(&steps, 1), cache)
+        };
+        let (want, want_cache) = read(&ExpireRun::new(&cfg, &lm.vs.variables()).unwrap());
+        let half = ExpireRun::new(&cfg, &lm.vs.variables()).unwrap().into_precision(Precision::Bf16);
+        assert_eq!(half.decoder().kind(), Kind::BFloat16);
+        let (got, cache) = read(&half);
+        // Each token's largest difference from float32: bfloat16's rounding, except where
+        // a budget meets two entries of nearly the same remaining span and keeps the
+        // other one for a token.
+        let per_token = Vec::<f64>::try_from((&got - &want).abs().amax([0i64, 2].as_slice(), false)).unwrap();
+        let scale = want.abs().max().double_value(&[]);
+        let apart = per_token.iter().filter(|&&d| d > 0.02 * scale).count();
+        println!("budget {budget}: bf16 from f32 by token {per_token:.4?}, logits up to {scale:.2}");
+        assert!(per_token.iter().all(|&d| d > 0.0), "budget {budget}: bf16 reads as f32 to the bit");
+        assert!(apart <= usize::from(budget > 0), "budget {budget}: {apart} tokens differ by more than rounding");
+        let positions = |c: &lethe::model::llama::KvCache| {
+            c.layers
+                .iter()
+                .map(|h| Vec::<i64>::try_from(h.as_ref().unwrap().positions.flatten(0, -1)).unwrap())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(positions(&cache), positions(&want_cache), "budget {budget}: entries held");
+        assert_eq!(2 * cache.kv_bytes(), want_cache.kv_bytes(), "budget {budget}: bytes of keys and values");
+    }
+}
+
 /// A forked Expire-Span cache carries the spans of what it holds: continued apart from
 /// its original, a token each in turns, it gives the logits and keeps the entries of a
 /// cache that read the prompt and its continuation alone, with and without a budget.
@@ -521,7 +563,8 @@ fn generation_from_an_expire_span_run_gives_the_training_models_ids() {
     assert!(out.status.success(), "{said}");
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), want.join(","));
     // The cache freed what expired: fewer than the 39 tokens read.
-    let held: usize = said.split("cache (expire, f32): ").nth(1).and_then(|s| s.split(' ').next()).unwrap().parse().unwrap();
+    let held: usize =
+        said.split("cache (expire, f32): ").nth(1).and_then(|s| s.split(' ').next()).unwrap().parse().unwrap();
     assert!(held < 30, "{held} entries held: {said}");
 }
 
