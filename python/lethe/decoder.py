@@ -19,6 +19,20 @@ POLICIES = ("full", "window", "streaming", "h2o", "tova", "snapkv")
 KvCache = _lethe.KvCache
 """The keys and values a :class:`Decoder` holds: ``KvCache(policy, budget)``, see :meth:`Decoder.cache`."""
 
+_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+"""The precisions a :class:`Decoder` computes in, as ``--precision`` names them."""
+
+
+def _precision(dtype: Optional[torch.dtype]) -> str:
+    """``dtype`` as ``--precision`` names it; a ``ValueError`` for another."""
+    if dtype is None:
+        return "f32"
+    for name, known in _DTYPES.items():
+        if dtype == known:
+            return name
+    raise ValueError(f"dtype: {dtype!r}; a decoder computes in torch.float32, torch.bfloat16 or torch.float16")
+
+
 class Decoder:
     """A Llama-family model (Llama, Mistral, Qwen2/3, SmolLM2) from its Hugging Face
     folder, run by lethe's inference path with its key-value cache kept by one of the
@@ -39,17 +53,28 @@ class Decoder:
 
     Inference only (no gradients), on the CPU or, with ``device="cuda"``, a GPU: the
     weights are read there and the caches hold their entries there; ``ids`` are given
-    on :attr:`device` and the logits come back on it.
+    on :attr:`device` and the logits come back on it. ``dtype`` (``torch.float32``, the
+    default, ``torch.bfloat16`` or ``torch.float16``) is the precision of the weights,
+    the activations and the caches' entries, computed as ``transformers`` computes in it
+    (RMSNorm's statistics, RoPE's angles and the softmax in float32); the logits come
+    back in float32 whatever it is.
     """
 
-    def __init__(self, path: Union[str, os.PathLike], device: Union[str, torch.device, None] = None) -> None:
+    def __init__(
+        self,
+        path: Union[str, os.PathLike],
+        device: Union[str, torch.device, None] = None,
+        dtype: Optional[torch.dtype] = None,
+    ) -> None:
         try:
             where = "cpu" if device is None else str(torch.device(device))
         except (RuntimeError, TypeError) as e:
             raise ValueError(f"device: {e}") from None
-        self._decoder = _lethe.Decoder(os.fspath(path), where)
+        self._decoder = _lethe.Decoder(os.fspath(path), where, _precision(dtype))
         self.device: torch.device = torch.device(self._decoder.device())
         """Where the weights are, and so the caches' entries, the ids and the logits."""
+        self.dtype: torch.dtype = _DTYPES[self._decoder.precision()]
+        """The precision of the weights and the caches' entries."""
         self.vocab: int = self._decoder.vocab()
         self.learned: bool = self._decoder.learned()
         """Whether the decoder is a lethe run's, whose caches can keep what its learned

@@ -20,7 +20,7 @@ use pyo3_tch::PyTensor;
 use tch::Device;
 
 use lethe_core::checkpoint::{self, Checkpoint};
-use lethe_core::config::{Arch, Mechanism};
+use lethe_core::config::{Arch, Mechanism, Precision};
 use lethe_data::text;
 use lethe_data::tokenizer::Tokenizer;
 use lethe_data::Token;
@@ -59,13 +59,14 @@ struct Inner {
 }
 
 impl Inner {
-    /// The model at `path` on `device`: a Hugging Face folder, or a lethe run folder or
-    /// checkpoint of Expire-Span on a Llama-family model; with its tokenizer.
-    fn open(path: &Path, device: Device) -> PyResult<Inner> {
+    /// The model at `path` on `device` in `precision`: a Hugging Face folder, or a lethe
+    /// run folder or checkpoint of Expire-Span on a Llama-family model (its span
+    /// predictors in float32); with its tokenizer.
+    fn open(path: &Path, device: Device, precision: Precision) -> PyResult<Inner> {
         let origin = path.display().to_string();
         let file = checkpoint::resolve(path);
         if path.join("config.json").is_file() || !file.is_file() {
-            let model = Llama::load_on(path, device).map_err(|e| invalid(e.to_string()))?;
+            let model = Llama::load_as(path, device, precision).map_err(|e| invalid(e.to_string()))?;
             let tokenizer = Tokenizer::of_decoder_folder(path, model.config.vocab_size as usize)
                 .map_err(|e| invalid(e.to_string()))?;
             return Ok(Inner { weights: Weights::Folder(model), tokenizer, origin });
@@ -87,6 +88,7 @@ impl Inner {
         }
         let lm = Lm::from_checkpoint(&ckpt, device).map_err(|e| invalid(e.to_string()))?;
         let run = ExpireRun::new(&ckpt.config, &lm.vs.variables()).map_err(|e| refused(e.to_string()))?;
+        let run = run.into_precision(precision);
         let tokenizer = text::tokenizer_of_checkpoint(&ckpt).map_err(|e| invalid(e.to_string()))?;
         Ok(Inner { weights: Weights::Run { run: Box::new(run), block: ckpt.config.train.block }, tokenizer, origin })
     }
@@ -207,18 +209,26 @@ impl KvCache {
 impl Decoder {
     /// The Llama-family model in the Hugging Face folder `path`, or the decoder of the
     /// lethe run (folder or checkpoint) of Expire-Span at `path`, on `device` (`cpu`,
-    /// `cuda`, `cuda:N`).
+    /// `cuda`, `cuda:N`), in `precision` (`f32`, `bf16`, `f16`).
     #[new]
-    #[pyo3(signature = (path, device = "cpu"))]
-    fn new(path: &str, device: &str) -> PyResult<Decoder> {
+    #[pyo3(signature = (path, device = "cpu", precision = "f32"))]
+    fn new(path: &str, device: &str, precision: &str) -> PyResult<Decoder> {
         let device = lethe_core::device::parse_flag("device", device).map_err(|e| invalid(e.to_string()))?;
-        let inner = guarded(|| Inner::open(Path::new(path), device))?;
+        let precision = Precision::parse(precision).map_err(|e| invalid(format!("dtype: {e}")))?;
+        let inner = guarded(|| Inner::open(Path::new(path), device, precision))?;
         Ok(Decoder { inner: Mutex::new(inner), id: DECODERS.fetch_add(1, Ordering::Relaxed) })
     }
 
     /// Where the weights are (`cpu`, `cuda:N`).
     fn device(&self) -> PyResult<String> {
         Ok(lethe_core::device::name(lock(&self.inner)?.weights.llama().device()))
+    }
+
+    /// The precision of the weights and the caches' entries (`f32`, `bf16`, `f16`).
+    fn precision(&self) -> PyResult<&'static str> {
+        let kind = lock(&self.inner)?.weights.llama().kind();
+        let precision = Precision::ALL.into_iter().find(|p| p.kind() == kind);
+        Ok(precision.map_or("f32", Precision::name))
     }
 
     /// The size of the vocabulary.

@@ -52,6 +52,44 @@ def test_the_decoder_computes_what_transformers_computes(family):
     close(decoder(want["ids"], decoder.cache()), want["logits"], family)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("dtype, name", [(torch.bfloat16, "bf16"), (torch.float16, "f16")])
+def test_in_half_precision_the_decoder_computes_what_transformers_computes_in_it(family, dtype, name):
+    """Read in bfloat16 or float16 (``dtype=``), the decoder gives the logits
+    ``transformers`` gives in that precision (tests/fixtures/llama/*/expected-bf16 and
+    -f16, its sdpa attention for a prompt, its eager one token by token): on average
+    within a quarter of the distance between its half-precision and float32 logits, the
+    logits in float32."""
+    want, theirs = expected(family), read_safetensors(FIXTURES / family / f"expected-{name}.safetensors")
+    decoder = lethe.Decoder(FIXTURES / family, dtype=dtype)
+    assert decoder.dtype == dtype
+    prompt = decoder(want["ids"], decoder.cache())
+    cache = decoder.cache()
+    steps = torch.cat([decoder(want["ids"][:, t : t + 1], cache) for t in range(want["ids"].shape[1])], dim=1)
+    for got, key in [(prompt, "logits_sdpa"), (steps, "logits")]:
+        assert got.dtype == torch.float32
+        rounding = (theirs[key] - want["logits"]).abs().mean().item()
+        off = (got - theirs[key]).abs().mean().item()
+        assert off < 0.25 * rounding, f"{family} in {name} ({key}): {off:.2e} from transformers, rounding {rounding:.2e}"
+
+
+def test_a_bfloat16_cache_pickles_and_a_float32_decoder_refuses_it():
+    """A decoder in bfloat16 holds its cache in bfloat16 (fewer bytes than float32's for
+    the same entries); pickled and loaded, the cache reads on as the original; a decoder
+    in float32 refuses it in one line naming the two precisions."""
+    half, single = lethe.Decoder(FIXTURES / "llama3", dtype=torch.bfloat16), lethe.Decoder(FIXTURES / "llama3")
+    ids = expected("llama3")["ids"]
+    cache, same = half.cache("h2o", budget=8), single.cache("h2o", budget=8)
+    half(ids[:, :12], cache)
+    single(ids[:, :12], same)
+    assert cache.entries() == same.entries() and cache.nbytes() < same.nbytes(), (cache.nbytes(), same.nbytes())
+    loaded = pickle.loads(pickle.dumps(cache))
+    for t in range(12, 20):
+        assert torch.equal(half(ids[:, t : t + 1], loaded), half(ids[:, t : t + 1], cache)), t
+    with pytest.raises(ValueError, match="holds `layers.0.keys` in bf16, the model computes in f32"):
+        single(ids[:, :1], cache)
+
+
 # Mistral's sliding window is the decoder's alone (lethe's trainable Llama refuses it).
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f != "mistral"])
 def test_load_of_a_hugging_face_folder_computes_what_transformers_computes(family):
@@ -196,6 +234,8 @@ def test_bad_arguments_are_refused_with_one_line():
         (lambda: lethe.Decoder(FIXTURES), ValueError, "config.json"),
         (lambda: lethe.Decoder(FIXTURES / "llama3", device="cuda:7"), ValueError, "no such GPU"),
         (lambda: lethe.Decoder(FIXTURES / "llama3", device="tpu"), ValueError, "device: "),
+        (lambda: lethe.Decoder(FIXTURES / "llama3", dtype=torch.int8), ValueError, "dtype: torch.int8"),
+        (lambda: lethe.Decoder(FIXTURES / "llama3", dtype="bfloat16"), ValueError, "dtype: 'bfloat16'"),
         (lambda: decoder.generate([1], -1, decoder.cache()), ValueError, "count must be a whole number"),
         (lambda: decoder.generate([], 2, decoder.cache()), ValueError, "at least one token"),
         (lambda: decoder.generate([decoder.vocab], 2, decoder.cache()), ValueError, "outside the vocabulary"),
@@ -220,6 +260,7 @@ def test_bad_arguments_are_refused_with_one_line():
 def test_a_decoder_is_on_the_cpu_unless_asked():
     decoder = lethe.Decoder(FIXTURES / "llama3", device="cpu")
     assert decoder.device == torch.device("cpu") == lethe.Decoder(FIXTURES / "llama3").device
+    assert decoder.dtype == torch.float32
     assert decoder(torch.tensor([[1, 2, 3]]), decoder.cache()).device == torch.device("cpu")
 
 
@@ -295,6 +336,13 @@ def test_a_run_s_learned_cache_reads_as_its_training_model(fitted):
     assert "learned @ 3 entries" in repr(capped), repr(capped)
     with pytest.raises(TypeError, match="a learned cache is kept by its decoder's span predictors and is not pickled"):
         torch.save(capped, io.BytesIO())
+
+    # In bfloat16: the run's decoder and its learned cache, to bfloat16's rounding.
+    half = lethe.Decoder(fitted / "expire", dtype=torch.bfloat16)
+    cache = half.cache("learned")
+    got_half = torch.cat([half(ids[:, t : t + 1], cache) for t in range(ids.shape[1])], dim=1)
+    off, scale = (got_half - got).abs().max().item(), got.abs().max().item()
+    assert 0 < off < 0.05 * scale, f"bf16 differs from f32 by {off} (scale {scale})"
 
 
 @needs_binary
