@@ -762,7 +762,9 @@ pub struct BenchArgs {
     pub mechanisms: Vec<String>,
     /// The training arithmetic of each config, comma-separated: `f32,bf16` times every
     /// config in float32 and under bfloat16 autocast, in turns. Default: the config's
-    /// own (train.precision).
+    /// own (train.precision). With --init-from a Llama-family folder: the decoder's
+    /// precisions, each --kv policy timed in each, in turns (a --learned Expire-Span run
+    /// in the first) [default: f32].
     #[arg(long = "precision", value_delimiter = ',', value_name = "P1,P2", value_parser = precision_item)]
     pub precisions: Vec<lethe::config::train::Precision>,
     /// Sweep one knob and report how time and memory grow: `span=256,512,1024`,

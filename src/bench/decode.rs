@@ -9,13 +9,16 @@
 //! each result gives the bytes a decoded token reads (weights, and the keys and values
 //! held) and the share of the read rate its decode speed reaches. Under a fixed budget
 //! the bytes read per token, and so the decode time, do not grow with the context.
+//!
+//! The decoder may be timed in several precisions in turns (`--precision f32,bf16`): in
+//! bfloat16 a token reads half the bytes of weights and cache.
 
 use std::time::Instant;
 
 use serde::Serialize;
 use tch::{Kind, Tensor};
 
-use crate::config::{Arch, Mechanism};
+use crate::config::{Arch, Mechanism, Precision};
 use crate::error::Result;
 use crate::generate::{Generator, Sampling};
 use crate::metrics::{peak_rss_bytes, reset_peak_rss};
@@ -27,18 +30,22 @@ use crate::model::Lm;
 pub const PREFILL_BLOCK: usize = crate::generate::PROMPT_BLOCK;
 
 /// One configuration to time: a policy (`NAME[:KEY=VALUE,...]`) with its budget, at a
-/// context length.
+/// context length, on one of the models [`run`] is given (the decoder in a precision).
 #[derive(Clone, Debug)]
 pub struct DecodeCase {
     pub spec: String,
     pub budget: Option<Budget>,
     pub context: usize,
+    /// Which model of [`run`]'s.
+    pub model: usize,
 }
 
 /// What one configuration measured, over every round.
 #[derive(Clone, Debug, Serialize)]
 pub struct DecodeResult {
     pub policy: String,
+    /// The precision of the decoder's weights and cache: `f32`, `bf16` or `f16`.
+    pub precision: String,
     /// Entries per layer and key-value head; `None` for the full cache.
     pub budget: Option<i64>,
     /// Tokens of prompt read before decoding.
@@ -92,6 +99,8 @@ pub fn read_rate() -> Result<f64> {
 pub struct LearnedCase<'a> {
     /// The name its rows carry.
     pub name: String,
+    /// The precision of the decoding path (an ∞-former reads in float32).
+    precision: Precision,
     pub lm: &'a Lm,
     pub context: usize,
     /// The decoding path's model and span predictors, where it reads the run.
@@ -99,22 +108,26 @@ pub struct LearnedCase<'a> {
 }
 
 impl<'a> LearnedCase<'a> {
-    /// The run `lm`, named `name` in the rows, after a prompt of `context` tokens.
-    pub fn new(name: String, lm: &'a Lm, context: usize) -> Result<LearnedCase<'a>> {
+    /// The run `lm`, named `name` in the rows, after a prompt of `context` tokens;
+    /// Expire-Span on a Llama read in `precision`.
+    pub fn new(name: String, lm: &'a Lm, context: usize, precision: Precision) -> Result<LearnedCase<'a>> {
         let cfg = &lm.config;
         let decoding = match (cfg.memory.mechanism, cfg.model.arch) {
-            (Mechanism::Expire, Arch::Llama) => Some(ExpireRun::new(cfg, &lm.vs.variables())?),
+            (Mechanism::Expire, Arch::Llama) => {
+                Some(ExpireRun::new(cfg, &lm.vs.variables())?.into_precision(precision))
+            }
             _ => None,
         };
-        Ok(LearnedCase { name, lm, context, decoding })
+        let precision = if decoding.is_some() { precision } else { Precision::F32 };
+        Ok(LearnedCase { name, precision, lm, context, decoding })
     }
 }
 
-/// Times every case in turn, then every learned run, `rounds` times over, with `decode`
-/// decoded tokens after each prompt; `report` gets each case's result once its last
-/// round is done.
+/// Times every case in turn (each on its model of `models`), then every learned run,
+/// `rounds` times over, with `decode` decoded tokens after each prompt; `report` gets
+/// each case's result once its last round is done.
 pub fn run(
-    model: &Llama,
+    models: &[Llama],
     cases: &[DecodeCase],
     learned: &[LearnedCase],
     decode: usize,
@@ -124,21 +137,29 @@ pub fn run(
     let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); cases.len() + learned.len()];
     let mut policies = Vec::new();
     for case in cases {
+        if case.model >= models.len() {
+            return Err(crate::LetheError::Invalid(format!("a case on model {} of {}", case.model, models.len())));
+        }
         policies.push(Policy::parse(&case.spec, case.budget, (case.context + decode) as i64)?);
     }
     let summary = |i: usize, samples: &[Sample]| match i.checked_sub(cases.len()) {
         None => {
-            let policy = &policies[i];
-            summarise((policy.name, policy.budget), model.weight_bytes(), cases[i].context, samples)
+            let (policy, model) = (&policies[i], &models[cases[i].model]);
+            let precision = precision_of(model.kind());
+            summarise((policy.name, policy.budget, precision), model.weight_bytes(), cases[i].context, samples)
         }
-        Some(j) => summarise((&learned[j].name, None), weight_bytes(learned[j].lm), learned[j].context, samples),
+        Some(j) => {
+            let (case, name) = (&learned[j], learned[j].name.as_str());
+            let weights = case.decoding.as_ref().map_or(weight_bytes(case.lm), |run| run.decoder().weight_bytes());
+            summarise((name, None, case.precision), weights, case.context, samples)
+        }
     };
     for round in 0..rounds {
         for i in 0..samples.len() {
             let sample = match i.checked_sub(cases.len()) {
                 None => {
                     let fresh = || Ok(KvCache::new(policies[i].clone()));
-                    measure(model, fresh, cases[i].context, decode, round as i64)?
+                    measure(&models[cases[i].model], fresh, cases[i].context, decode, round as i64)?
                 }
                 Some(j) => measure_learned(&learned[j], decode, round as i64)?,
             };
@@ -149,6 +170,11 @@ pub fn run(
         }
     }
     Ok(samples.iter().enumerate().map(|(i, s)| summary(i, s)).collect())
+}
+
+/// The precision whose element type is `kind` (float32 for another).
+fn precision_of(kind: Kind) -> Precision {
+    Precision::ALL.into_iter().find(|p| p.kind() == kind).unwrap_or(Precision::F32)
 }
 
 /// The bytes of a run's parameters (what a token's forward pass reads whole).
@@ -225,9 +251,14 @@ fn measure(
     Ok(Sample { prefill_s, token_s, cache_bytes: cache.kv_bytes(), peak_rss: peak_rss_bytes(), rate })
 }
 
-/// One case's result over its rounds: `(name, budget)` as its rows give them, the bytes
-/// of weights a token reads.
-fn summarise(policy: (&str, Option<i64>), weights: usize, context: usize, samples: &[Sample]) -> DecodeResult {
+/// One case's result over its rounds: `(name, budget, precision)` as its rows give
+/// them, the bytes of weights a token reads.
+fn summarise(
+    policy: (&str, Option<i64>, Precision),
+    weights: usize,
+    context: usize,
+    samples: &[Sample],
+) -> DecodeResult {
     let mut rates: Vec<f64> = samples.iter().map(|s| s.rate).collect();
     let rate = quantile(&mut rates, 0.5);
     let mut prefill: Vec<f64> = samples.iter().map(|s| s.prefill_s).collect();
@@ -239,6 +270,7 @@ fn summarise(policy: (&str, Option<i64>), weights: usize, context: usize, sample
     let read_bytes_per_token = weights + cache_bytes;
     DecodeResult {
         policy: policy.0.to_string(),
+        precision: policy.2.name().to_string(),
         budget: policy.1,
         context,
         prefill_tok_s: context as f64 / quantile(&mut prefill, 0.5),

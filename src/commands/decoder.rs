@@ -7,6 +7,7 @@ use anyhow::Result;
 use crate::cli::{BenchArgs, EvalArgs, GenerateArgs, KvCacheArgs};
 use crate::commands::learned::Learned;
 use crate::commands::train::{prompt_progress, prompt_tokens, Printer, Prompt};
+use lethe::config::train::Precision;
 use lethe::data::tokenizer::Tokenizer;
 use lethe::generate::Sampling;
 use lethe::model::kv::{Budget, Policy};
@@ -277,12 +278,16 @@ pub(crate) fn bench(a: &BenchArgs, folder: &std::path::Path) -> Result<()> {
     if a.rounds == 0 || a.decode_tokens == 0 {
         anyhow::bail!("--rounds and --decode-tokens must be at least 1");
     }
-    let model = Llama::load(folder)?;
+    let precisions = if a.precisions.is_empty() { vec![Precision::F32] } else { a.precisions.clone() };
+    each_once("--precision", &precisions, |p| p.name().to_string())?;
     let contexts = a.contexts.as_ref().map_or(vec![1024], |l| l.0.clone());
     each_once("--contexts", &contexts, usize::to_string)?;
     each_once("--kv", &a.kv, String::clone)?;
     each_once("--learned", &a.learned, String::clone)?;
-    refuse_caches_too_large(&model.config, &contexts, a.decode_tokens)?;
+    let config = lethe::model::llama::LlamaConfig::from_file(&folder.join("config.json"))?;
+    refuse_caches_too_large(&config, &contexts, a.decode_tokens)?;
+    let models =
+        precisions.iter().map(|&p| Llama::load_as(folder, tch::Device::Cpu, p)).collect::<lethe::Result<Vec<_>>>()?;
     let kv = if a.kv.is_empty() { vec!["full".to_string()] } else { a.kv.clone() };
     let mut cases = Vec::new();
     for item in &kv {
@@ -292,8 +297,10 @@ pub(crate) fn bench(a: &BenchArgs, folder: &std::path::Path) -> Result<()> {
             }
             None => (item.as_str(), None),
         };
-        for &context in &contexts {
-            cases.push(lethe::bench::decode::DecodeCase { spec: spec.to_string(), budget, context });
+        for model in 0..models.len() {
+            for &context in &contexts {
+                cases.push(lethe::bench::decode::DecodeCase { spec: spec.to_string(), budget, context, model });
+            }
         }
     }
     let mut runs = Vec::new();
@@ -320,20 +327,26 @@ pub(crate) fn bench(a: &BenchArgs, folder: &std::path::Path) -> Result<()> {
     }
     let learned = runs
         .iter()
-        .map(|(name, lm, context)| lethe::bench::decode::LearnedCase::new(name.clone(), lm, *context))
+        .map(|(name, lm, context)| lethe::bench::decode::LearnedCase::new(name.clone(), lm, *context, precisions[0]))
         .collect::<lethe::Result<Vec<_>>>()?;
+    let weights: Vec<String> = models
+        .iter()
+        .zip(&precisions)
+        .map(|(m, p)| format!("{:.1} MiB in {}", mib(m.weight_bytes()), p.name()))
+        .collect();
     println!(
-        "{}: {:.1} MiB of weights read per token | {} threads",
+        "{}: weights read per token {} | {} threads",
         folder.display(),
-        mib(model.weight_bytes()),
+        weights.join(", "),
         tch::get_num_threads()
     );
-    let results = lethe::bench::decode::run(&model, &cases, &learned, a.decode_tokens, a.rounds, |r| {
+    let results = lethe::bench::decode::run(&models, &cases, &learned, a.decode_tokens, a.rounds, |r| {
         let budget = r.budget.map_or(String::new(), |b| format!("@{b}"));
         let rss = r.peak_rss_bytes.map_or("n/a".into(), |b| format!("{:.0} MiB", mib(b as usize)));
         println!(
-            "{:<16} context {:>6} | prefill {:>7.1} tok/s | decode {:>6.2} tok/s, {:.1} ms (p10 {:.1}, p90 {:.1}) | reads {:.1} MiB a token, {:.0}% of the read rate ({:.1} GB/s) | cache {:.1} MiB | peak RSS {rss}",
+            "{:<16} {:<4} context {:>6} | prefill {:>7.1} tok/s | decode {:>6.2} tok/s, {:.1} ms (p10 {:.1}, p90 {:.1}) | reads {:.1} MiB a token, {:.0}% of the read rate ({:.1} GB/s) | cache {:.1} MiB | peak RSS {rss}",
             format!("{}{budget}", r.policy),
+            r.precision,
             r.context,
             r.prefill_tok_s,
             r.decode_tok_s,
@@ -373,7 +386,7 @@ pub(crate) fn make_folder(flag: &str, out: &std::path::Path) -> Result<()> {
 
 /// Refuses a context whose full cache (its keys and values in float32, every layer and
 /// key-value head, with the decoded tokens) would hold more than half the machine's
-/// memory.
+/// memory (the bound of the widest precision; bfloat16 holds half as much).
 fn refuse_caches_too_large(
     config: &lethe::model::llama::LlamaConfig,
     contexts: &[usize],
@@ -406,7 +419,6 @@ fn refuse_training_bench_flags(a: &BenchArgs) -> Result<()> {
         ("--trace", a.trace),
         ("--train-data", a.train_data),
         ("--frozen", a.frozen),
-        ("--precision", !a.precisions.is_empty()),
         ("--preset", a.config.preset.is_some()),
         ("--config", a.config.config.is_some()),
         ("--set", !a.config.overrides.is_empty()),

@@ -497,6 +497,71 @@ fn bench_from_a_folder_times_each_policy_at_each_context() {
     assert!(!refused.status.success() && err.contains("--mechanism applies to the training bench"), "{err}");
 }
 
+/// `--precision` reads the decoder in that precision: `generate` gives the library's
+/// greedy ids in bfloat16 and says so, `eval` scores in float16, `bench` times each
+/// policy in each precision (bfloat16's cache half float32's bytes); a run's flags or a
+/// precision lethe lacks are refused in one line.
+#[test]
+fn the_commands_read_a_decoder_in_the_precision_asked() {
+    use lethe::config::train::Precision;
+    let folder = fixture("llama3");
+    let model = Llama::load_as(&folder, tch::Device::Cpu, Precision::Bf16).unwrap();
+    let folder = folder.to_str().unwrap();
+    let prompt: Vec<u32> = (0..24).map(|i| (i * 5 + 1) % 300).collect();
+    let greedy = lethe::generate::Sampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 1 };
+    let mut want = Vec::new();
+    let keep = |t: u32| {
+        want.push(t.to_string());
+        Ok(())
+    };
+    lethe::generate::stream_decoder(&model, &mut KvCache::default(), &prompt, 8, &greedy, |_, _| {}, keep).unwrap();
+    let ids = prompt.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+    let args = ["--prompt-ids", &ids, "--print-ids", "--tokens", "8", "--temperature", "0", "--precision", "bf16"];
+    let out = lethe(&[&["generate", "--init-from", folder][..], &args].concat());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), want.join(","));
+    assert!(said.contains("cache (full, bf16): 31 entries"), "{said}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("text.txt");
+    std::fs::write(&text, "Tokens kept in half precision read as in float32, nearly. ".repeat(6)).unwrap();
+    let text = text.to_str().unwrap();
+    let out = lethe(&["eval", "--init-from", folder, "--data", text, "--precision", "f16"]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && said.contains("(policy full, f16, block 512)"), "{said}");
+
+    let bench = dir.path().to_str().unwrap();
+    let args = ["--contexts", "24", "--kv", "h2o@16", "--decode-tokens", "2", "--precision", "f32,bf16"];
+    let out = lethe(&[&["bench", "--init-from", folder, "--out", bench, "--name", "b"][..], &args].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("b/bench.json")).unwrap()).unwrap();
+    let rows: Vec<(String, u64)> = report["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["precision"].as_str().unwrap().to_string(), r["cache_bytes"].as_u64().unwrap()))
+        .collect();
+    // Two layers, two key-value heads of 8, a key and a value an entry: 16 entries.
+    assert_eq!(rows, [("f32".to_string(), 16 * 2 * 2 * 2 * 8 * 4), ("bf16".to_string(), 16 * 2 * 2 * 2 * 8 * 2)]);
+
+    let refused = |args: &[&str], needle: &str| {
+        let out = lethe(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(needle), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+    };
+    let (run, out) = (dir.path().join("nothing"), dir.path().join("out"));
+    let (run, out) = (run.to_str().unwrap(), out.to_str().unwrap());
+    refused(&["eval", "--checkpoint", run, "--precision", "bf16"], "--precision bf16 applies to a pretrained decoder");
+    refused(
+        &["longeval", "--checkpoint", run, "--out", out, "--precision", "bf16"],
+        "--precision applies to a pretrained decoder",
+    );
+    refused(&["bench", "--init-from", folder, "--precision", "bf16,bf16"], "--precision: `bf16` is given twice");
+}
+
 /// `--learned RUN[@BUDGET]` times a run with a learned memory in turns with the
 /// policies: a row per context, named after the run (and its cap), the memory it held
 /// after decoding no larger capped than uncapped; a run without a learned memory, or a
