@@ -37,7 +37,8 @@
 #                                        turns), NCCL with one rank and two ranks sharing
 #                                        the GPU over Gloo against one process, two NCCL
 #                                        ranks on one GPU refused, a pretrained decoder
-#                                        under every cache policy against the CPU, and the
+#                                        under every cache policy against the CPU and in
+#                                        bfloat16 and float16 against transformers, and the
 #                                        paper's enwik8 models in float32 and bfloat16 (the
 #                                        allocator's peak beside nvidia-smi's); about 8
 #                                        minutes
@@ -295,10 +296,12 @@ scale_out() {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$log"
     echo "== $(date +%T) GPU tests: bfloat16 against float32, the allocator, the pretrained decoder" | tee -a "$log"
     LETHE_REQUIRE_GPU=1 timeout 150 "$dir/gpu-tests" bfloat16 allocator decoder --nocapture --test-threads 1 2>&1 | tee -a "$log"
-    echo "== $(date +%T) lethe generate --init-from on the GPU and on the CPU (the same ids)" | tee -a "$log"
-    for device in cuda cpu; do
-        timeout 60 "$lethe" generate --init-from tests/fixtures/llama/llama3 --device $device --prompt-ids 5,17,99,3,42 \
-            --tokens 16 --policy h2o --budget 8 --print-ids </dev/null 2>&1 | tail -n 2 | tee -a "$log"
+    echo "== $(date +%T) lethe generate --init-from on the GPU and on the CPU, in f32 and bf16 (the same ids)" | tee -a "$log"
+    for precision in f32 bf16; do
+        for device in cuda cpu; do
+            timeout 60 "$lethe" generate --init-from tests/fixtures/llama/llama3 --device $device --prompt-ids 5,17,99,3,42 \
+                --tokens 16 --policy h2o --budget 8 --precision $precision --print-ids </dev/null 2>&1 | tail -n 2 | tee -a "$log"
+        done
     done
     echo "== $(date +%T) enwik8-tiny, every mechanism in float32 and bfloat16, in turns" | tee -a "$log"
     timeout 120 "$lethe" bench -p enwik8-tiny --device cuda --bench-steps 5 --rounds 4 --precision f32,bf16 \

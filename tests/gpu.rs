@@ -500,3 +500,45 @@ fn a_pretrained_decoder_on_the_gpu_reads_as_on_the_cpu_under_every_policy() {
         assert_eq!(there.entries(), here.entries(), "learned cache at budget {budget}: entries held");
     }
 }
+
+/// A pretrained decoder read onto the GPU in bfloat16 or float16 (`Llama::load_as`)
+/// computes as `transformers` does in that precision (the fixture's logits,
+/// scripts/llama-precision-fixture.py): a prompt under the full cache as its sdpa
+/// attention, token by token as its eager one, on average within half the distance
+/// between transformers' half-precision and float32 logits (the GPU's kernels round
+/// otherwise than the CPU's, where lethe's equal them to the bit); the cache is held in
+/// that precision there.
+#[test]
+fn a_pretrained_decoder_in_half_precision_on_the_gpu_computes_as_transformers_does() {
+    use lethe::config::train::Precision;
+    use lethe::model::llama::{KvCache, Llama};
+    let Some((gpu, _one)) = gpu("decoder") else { return };
+    let read = |path: PathBuf| -> std::collections::HashMap<String, Tensor> {
+        Tensor::read_safetensors(path).unwrap().into_iter().collect()
+    };
+    let mean_gap = |a: &Tensor, b: &Tensor| (a - b).abs().mean(Kind::Double).double_value(&[]);
+    for name in ["llama3", "smollm2", "mistral", "qwen2", "qwen3"] {
+        let folder = llama_fixture(name);
+        let want32 = read(folder.join("expected.safetensors"));
+        let ids = want32["ids"].to_device(gpu);
+        for precision in [Precision::Bf16, Precision::F16] {
+            let want = read(folder.join(format!("expected-{}.safetensors", precision.name())));
+            let model = Llama::load_as(&folder, gpu, precision).unwrap();
+            let prompt = model.forward(&ids, &mut KvCache::default()).to_device(Device::Cpu);
+            let mut cache = KvCache::default();
+            let steps: Vec<Tensor> = (0..20).map(|t| model.forward(&ids.narrow(1, t, 1), &mut cache)).collect();
+            let steps = Tensor::cat(&steps, 1).to_device(Device::Cpu);
+            let held = &cache.layers[0].as_ref().unwrap().keys;
+            assert_eq!((held.kind(), held.device()), (precision.kind(), gpu), "{name}: the cache");
+            for (how, got, theirs) in [("prompt", &prompt, "logits_sdpa"), ("token by token", &steps, "logits")] {
+                let rounding = mean_gap(&want[theirs], &want32["logits"]);
+                let off = mean_gap(got, &want[theirs]);
+                println!(
+                    "decoder {name} in {} on the GPU, {how}: {off:.2e} from transformers on average, its own rounding {rounding:.2e}",
+                    precision.name()
+                );
+                assert!(off < 0.5 * rounding, "{name} in {}, {how}: {off:.2e} from transformers", precision.name());
+            }
+        }
+    }
+}

@@ -4,6 +4,9 @@
 // of one row by a large matrix reached about a third of this machine's read rate; this
 // loop reads each row of the weights once, as a stream, and keeps sixteen partial sums
 // so that the adds do not wait on each other, the rows spread over libtorch's threads.
+// Weights in bfloat16 (a decoder read with `--precision bf16`) are streamed as they are,
+// half the bytes, each value widened to float32 as it is read (a bfloat16 is the upper
+// half of a float32) and the sums kept in float32, each output rounded to bfloat16 once.
 //
 // Attention of one token's queries over the cache is the same kind of product twice:
 // scores from every key, the context from every value, each held row read once, keys and
@@ -15,6 +18,9 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+
+#include <cstdint>
+#include <cstring>
 
 #include <algorithm>
 #include <cmath>
@@ -41,9 +47,56 @@ inline float dot(const float* w, const float* x, int64_t k) {
   return s;
 }
 
+// The bfloat16 value `bits` as a float32: its sixteen bits become the upper half.
+inline float widen(uint16_t bits) {
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &wide, sizeof f);
+  return f;
+}
+
+// The dot product of bfloat16 `w` and float32 `x` over `k` values, in kLanes partial sums.
+inline float dot(const uint16_t* w, const float* x, int64_t k) {
+  float acc[kLanes] = {0};
+  int64_t j = 0;
+  for (; j + kLanes <= k; j += kLanes)
+    for (int64_t u = 0; u < kLanes; ++u) acc[u] += widen(w[j + u]) * x[j + u];
+  float s = 0;
+  for (; j < k; ++j) s += widen(w[j]) * x[j];
+  for (int64_t u = 0; u < kLanes; ++u) s += acc[u];
+  return s;
+}
+
+// gemv of bfloat16 weights, input and bias: the input widened once, each row of w read
+// once as bfloat16, the sums in float32, each output rounded to bfloat16.
+at::Tensor gemv_bf16(const at::Tensor& w_in, const at::Tensor& x_in, const at::Tensor* bias) {
+  const int64_t n = w_in.size(0), k = w_in.size(1);
+  TORCH_CHECK(x_in.scalar_type() == at::kBFloat16 && x_in.size(-1) == k,
+              "decode product: the input must be bfloat16 (.., ", k, "), got ", x_in.sizes());
+  const at::Tensor w = w_in.contiguous(), x = x_in.contiguous().view({-1, k}).to(at::kFloat);
+  const int64_t m = x.size(0);
+  auto out_shape = x_in.sizes().vec();
+  out_shape.back() = n;
+  at::Tensor y = at::empty({m, n}, x_in.options());
+  const at::Tensor b = bias != nullptr ? bias->contiguous().to(at::kFloat) : at::Tensor();
+  TORCH_CHECK(!b.defined() || b.numel() == n, "decode product: the bias must be (", n, ")");
+  const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
+  const float *xp = x.data_ptr<float>(), *bp = b.defined() ? b.data_ptr<float>() : nullptr;
+  at::BFloat16* yp = y.data_ptr<at::BFloat16>();
+  at::parallel_for(0, n, 256, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t i = 0; i < m; ++i)
+        yp[i * n + r] = at::BFloat16(dot(wp + r * k, xp + i * k, k) + (bp != nullptr ? bp[r] : 0.0f));
+  });
+  return y.view(out_shape);
+}
+
 // y (m, n) = x (m, k) w^T (w: n, k) + bias (n), for a few rows of x: each row of w is
-// read once and multiplied by every row of x.
+// read once and multiplied by every row of x. Float32 throughout, or bfloat16
+// ([`gemv_bf16`]).
 at::Tensor gemv(const at::Tensor& w_in, const at::Tensor& x_in, const at::Tensor* bias) {
+  if (w_in.dim() == 2 && w_in.scalar_type() == at::kBFloat16 && w_in.device().is_cpu())
+    return gemv_bf16(w_in, x_in, bias);
   TORCH_CHECK(w_in.dim() == 2 && w_in.scalar_type() == at::kFloat && w_in.device().is_cpu(),
               "decode product: the weights must be a float32 (n, k) matrix on the CPU, got ", w_in.sizes());
   const int64_t n = w_in.size(0), k = w_in.size(1);

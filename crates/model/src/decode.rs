@@ -17,11 +17,13 @@ use lethe_kernels::{lethe_decode_attention, lethe_decode_linear, lethe_read_sum,
 /// matrix product, which reuses each weight across rows from cache.
 pub const MAX_ROWS: i64 = 4;
 
-/// `x w^T + bias` for `x` `(.., k)` of at most [`MAX_ROWS`] rows on the CPU in float32;
-/// libtorch's `linear` otherwise.
+/// `x w^T + bias` for `x` `(.., k)` of at most [`MAX_ROWS`] rows on the CPU in float32
+/// or in bfloat16 (the weights streamed as they are, the sums in float32, each output
+/// rounded to bfloat16); libtorch's `linear` otherwise.
 pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
     let rows = x.numel() as i64 / x.size().last().copied().unwrap_or(1).max(1);
-    if x.device() != Device::Cpu || x.kind() != Kind::Float || w.kind() != Kind::Float || rows > MAX_ROWS {
+    let kinds = matches!((x.kind(), w.kind()), (Kind::Float, Kind::Float) | (Kind::BFloat16, Kind::BFloat16));
+    if x.device() != Device::Cpu || !kinds || rows > MAX_ROWS {
         return Ok(x.linear(w, bias));
     }
     let mut out: *mut c_void = std::ptr::null_mut();
@@ -85,6 +87,32 @@ mod tests {
                 let gap = (&got - &want).abs().max().double_value(&[]);
                 let scale = want.abs().max().double_value(&[]).max(1.0);
                 assert!(gap < 2e-6 * scale * (k as f64).sqrt(), "({rows}, {n}, {k}): differs by {gap:.2e}");
+            }
+        }
+    }
+
+    /// In bfloat16: each output the float32 product of the same bfloat16 values rounded
+    /// to bfloat16, or its neighbour where the two sums, added in another order, fall on
+    /// either side of a rounding boundary; the output is bfloat16.
+    #[test]
+    fn in_bfloat16_it_rounds_the_float32_product() {
+        let _seed = lethe_core::rng::seed_torch(1);
+        for (rows, n, k) in [(1, 700, 576), (3, 33, 17), (4, 5, 1536)] {
+            let half = |shape: &[i64]| Tensor::randn(shape, (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
+            let (x, w, b) = (half(&[1, rows, k]), half(&[n, k]), half(&[n]));
+            for bias in [None, Some(&b)] {
+                let got = linear(&x, &w, bias).unwrap();
+                assert_eq!(got.kind(), Kind::BFloat16);
+                let float = |t: &Tensor| t.to_kind(Kind::Float);
+                let exact = float(&x).linear(&float(&w), bias.map(float).as_ref());
+                let want = exact.to_kind(Kind::BFloat16);
+                let off = (float(&got) - float(&want)).abs();
+                // One unit in the last place: 2^-7 of the value's binade.
+                let ulp = float(&want).abs().clamp_min(1e-30).log2().floor().exp2() * 2f64.powi(-7);
+                let beyond = off.gt_tensor(&(ulp + 1e-6)).sum(Kind::Int64).int64_value(&[]);
+                let equal = off.eq(0.0).to_kind(Kind::Float).mean(Kind::Float).double_value(&[]);
+                assert_eq!(beyond, 0, "({rows}, {n}, {k}): outputs off by more than a unit in the last place");
+                assert!(equal > 0.9, "({rows}, {n}, {k}): {:.0}% of the outputs equal", 100.0 * equal);
             }
         }
     }
