@@ -22,6 +22,10 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <utility>
@@ -67,6 +71,43 @@ inline float dot(const uint16_t* w, const float* x, int64_t k) {
   return s;
 }
 
+#if defined(__x86_64__)
+// [`dot`] of bfloat16 weights with AVX2, for the CPUs that have it: eight weights widened
+// at a time (zero-extended to 32 bits, shifted into the upper half), the same sixteen
+// partial sums as two vectors of eight, multiplied and added apart (no fused multiply-add,
+// as the build contracts none), so that it sums exactly as the loop above does.
+__attribute__((target("avx2"))) inline __m256 widen8(const uint16_t* p) {
+  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+}
+
+__attribute__((target("avx2"))) float dot_avx2(const uint16_t* w, const float* x, int64_t k) {
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + kLanes <= k; j += kLanes) {
+    lo = _mm256_add_ps(lo, _mm256_mul_ps(widen8(w + j), _mm256_loadu_ps(x + j)));
+    hi = _mm256_add_ps(hi, _mm256_mul_ps(widen8(w + j + 8), _mm256_loadu_ps(x + j + 8)));
+  }
+  float acc[kLanes];
+  _mm256_storeu_ps(acc, lo);
+  _mm256_storeu_ps(acc + 8, hi);
+  float s = 0;
+  for (; j < k; ++j) s += widen(w[j]) * x[j];
+  for (int64_t u = 0; u < kLanes; ++u) s += acc[u];
+  return s;
+}
+
+const bool kAvx2 = __builtin_cpu_supports("avx2");
+#endif
+
+// [`dot`] of bfloat16 weights, vectorised where the CPU allows.
+inline float dot_bf16(const uint16_t* w, const float* x, int64_t k) {
+#if defined(__x86_64__)
+  if (kAvx2) return dot_avx2(w, x, k);
+#endif
+  return dot(w, x, k);
+}
+
 // gemv of bfloat16 weights, input and bias: the input widened once, each row of w read
 // once as bfloat16, the sums in float32, each output rounded to bfloat16.
 at::Tensor gemv_bf16(const at::Tensor& w_in, const at::Tensor& x_in, const at::Tensor* bias) {
@@ -86,7 +127,7 @@ at::Tensor gemv_bf16(const at::Tensor& w_in, const at::Tensor& x_in, const at::T
   at::parallel_for(0, n, 256, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
       for (int64_t i = 0; i < m; ++i)
-        yp[i * n + r] = at::BFloat16(dot(wp + r * k, xp + i * k, k) + (bp != nullptr ? bp[r] : 0.0f));
+        yp[i * n + r] = at::BFloat16(dot_bf16(wp + r * k, xp + i * k, k) + (bp != nullptr ? bp[r] : 0.0f));
   });
   return y.view(out_shape);
 }
