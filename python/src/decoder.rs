@@ -226,9 +226,7 @@ impl Decoder {
 
     /// The precision of the weights and the caches' entries (`f32`, `bf16`, `f16`).
     fn precision(&self) -> PyResult<&'static str> {
-        let kind = lock(&self.inner)?.weights.llama().kind();
-        let precision = Precision::ALL.into_iter().find(|p| p.kind() == kind);
-        Ok(precision.map_or("f32", Precision::name))
+        Ok(lock(&self.inner)?.weights.llama().precision().name())
     }
 
     /// The size of the vocabulary.

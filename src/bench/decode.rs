@@ -145,8 +145,7 @@ pub fn run(
     let summary = |i: usize, samples: &[Sample]| match i.checked_sub(cases.len()) {
         None => {
             let (policy, model) = (&policies[i], &models[cases[i].model]);
-            let precision = precision_of(model.kind());
-            summarise((policy.name, policy.budget, precision), model.weight_bytes(), cases[i].context, samples)
+            summarise((policy.name, policy.budget, model.precision()), model.weight_bytes(), cases[i].context, samples)
         }
         Some(j) => {
             let (case, name) = (&learned[j], learned[j].name.as_str());
@@ -170,11 +169,6 @@ pub fn run(
         }
     }
     Ok(samples.iter().enumerate().map(|(i, s)| summary(i, s)).collect())
-}
-
-/// The precision whose element type is `kind` (float32 for another).
-fn precision_of(kind: Kind) -> Precision {
-    Precision::ALL.into_iter().find(|p| p.kind() == kind).unwrap_or(Precision::F32)
 }
 
 /// The bytes of a run's parameters (what a token's forward pass reads whole).

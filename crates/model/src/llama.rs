@@ -489,10 +489,7 @@ impl KvCache {
 
 /// `f32`, `bf16` or `f16`, as `--precision` names them; another kind as libtorch does.
 fn precision_name(kind: Kind) -> String {
-    match Precision::ALL.into_iter().find(|p| p.kind() == kind) {
-        Some(p) => p.name().to_string(),
-        None => format!("{kind:?}"),
-    }
+    Precision::of_kind(kind).map_or_else(|| format!("{kind:?}"), |p| p.name().to_string())
 }
 
 /// A saved layer of a cache: its entries' tensors by name, and what its policy keeps.
@@ -591,6 +588,11 @@ impl Llama {
     /// The element type of the weights, the activations and the cache.
     pub fn kind(&self) -> Kind {
         self.embed.kind()
+    }
+
+    /// The precision the model computes in ([`Llama::kind`]).
+    pub fn precision(&self) -> Precision {
+        Precision::of_kind(self.kind()).unwrap_or_default()
     }
 
     /// The model with its weights in `precision` (a run's decoder, [`Llama::from_run`],

@@ -181,6 +181,11 @@ impl Precision {
         }
     }
 
+    /// The precision whose arithmetic runs in `kind`, if one does.
+    pub fn of_kind(kind: tch::Kind) -> Option<Precision> {
+        Precision::ALL.into_iter().find(|p| p.kind() == kind)
+    }
+
     /// The precision named `text`; the error lists the names.
     pub fn parse(text: &str) -> std::result::Result<Precision, String> {
         Precision::ALL
