@@ -40,7 +40,9 @@ pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
 /// `values` `(b, kv_heads, n, hd)` read where the cache holds them (each head's rows
 /// contiguous), a policy's `bias` `(b, 1 or kv_heads, 1, n)` added to the scores when
 /// given. Returns the context `(b, kv_heads, group, hd)` and the weights
-/// `softmax(q k^T scale + bias)` `(b, kv_heads, group, n)`.
+/// `softmax(q k^T scale + bias)` `(b, kv_heads, group, n)`, in float32; over bfloat16
+/// queries, keys and values, rounded as eager attention rounds (scores, weights and
+/// context in bfloat16, the softmax in float32), the weights given in float32.
 pub fn attention(
     q: &Tensor,
     keys: &Tensor,
@@ -161,6 +163,39 @@ mod tests {
         let k = Tensor::randn([1, 2, 5, 8], opts);
         let e = attention(&q, &k, &k, Some(&Tensor::zeros([1, 2, 1, 4], opts)), 1.0).unwrap_err().to_string();
         assert!(e.contains("a bias (b, 1 or kv, 1, n)"), "{e}");
+    }
+
+    /// Over bfloat16 queries, keys and values: the written-out attention in bfloat16
+    /// (scores `q k^T * scale` rounded, the softmax in float32, its weights rounded before
+    /// they meet the values), with and without a bias; sums taken in another order round
+    /// a few scores the other way.
+    #[test]
+    fn in_bfloat16_its_attention_equals_the_written_out_one() {
+        let _seed = lethe_core::rng::seed_torch(2);
+        let half = |shape: &[i64]| Tensor::randn(shape, (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
+        for n in [1, 300, 700] {
+            let (q, k, v) = (half(&[2, 3, 3, 64]), half(&[2, 3, n, 64]), half(&[2, 3, n, 64]));
+            let bias = Tensor::rand([2, 1, 1, n], (Kind::Float, Device::Cpu)).log();
+            for bias in [None, Some(&bias)] {
+                let (context, weights) = attention(&q, &k, &v, bias, 0.125).unwrap();
+                assert_eq!((context.kind(), weights.kind()), (Kind::BFloat16, Kind::Float));
+                let scores = (q.matmul(&k.transpose(-2, -1)) * 0.125).to_kind(Kind::Float);
+                let want_w = bias.map_or(scores.shallow_clone(), |b| &scores + b).softmax(-1, Kind::Float);
+                let want_c = want_w.to_kind(Kind::BFloat16).matmul(&v);
+                let float = |t: &Tensor| t.to_kind(Kind::Float);
+                let mean = |a: &Tensor, b: &Tensor| (float(a) - float(b)).abs().mean(Kind::Double).double_value(&[]);
+                let most = |a: &Tensor, b: &Tensor| (float(a) - float(b)).abs().max().double_value(&[]);
+                let case = format!("n = {n}, bias {}", bias.is_some());
+                let (w_mean, w_most) = (mean(&weights, &want_w), most(&weights, &want_w));
+                let (c_mean, c_most) = (mean(&context, &want_c), most(&context, &want_c));
+                println!("{case}: weights {w_mean:.1e} on average (at most {w_most:.1e}), context {c_mean:.1e} ({c_most:.1e})");
+                assert!(w_mean < 1e-5 && w_most < 1e-2, "{case}: weights differ by {w_mean:.2e}, at most {w_most:.2e}");
+                assert!(
+                    c_mean < 1e-3 && c_most < 2e-2,
+                    "{case}: context differs by {c_mean:.2e}, at most {c_most:.2e}"
+                );
+            }
+        }
     }
 
     #[test]
