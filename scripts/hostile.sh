@@ -370,7 +370,10 @@ run_case "bench hf --decode-tokens 0"        "$BIN" bench --init-from "$L" --con
 run_case "bench hf --learned XL run"         "$BIN" bench --init-from "$L" --contexts 32 --learned runs/base
 run_case "bench hf --learned lexp@0"         "$BIN" bench --init-from "$L" --contexts 32 --learned runs/lexp@0
 run_case "bench hf --out a run folder file"  --keep "runs/base/config.toml" "$BIN" bench --init-from "$L" --contexts 32 --out runs/base/config.toml
-run_case "bench hf --precision bf16"         --must-fail "$BIN" bench --init-from "$L" --contexts 32 --precision bf16
+run_case "bench hf --precision f32,f32"      --must-fail "$BIN" bench --init-from "$L" --contexts 32 --precision f32,f32
+run_case "bench hf --scale span=8"           --must-fail "$BIN" bench --init-from "$L" --contexts 32 --scale span=8
+run_case "generate hf --precision bf17"      --must-fail "$BIN" generate --init-from "$L" --prompt-ids 1,2 --precision bf17
+run_case "eval run --precision bf16"         --must-fail "$BIN" eval --checkpoint runs/base --precision bf16
 run_case "bench hf --kv window@8 twice"      --must-fail "$BIN" bench --init-from "$L" --contexts 32 --kv window@8 --kv window@8
 # longeval.
 run_case "longeval --lengths 0"              "$BIN" longeval --checkpoint runs/base --out le1 --lengths 0 --suite passkey

@@ -476,8 +476,9 @@ fn the_gpt2_campaigns_finds_are_refused_clearly() {
 
 /// Found by `scripts/hostile.sh` on the pretrained-decoder commands: a lethe run or an
 /// empty folder given to `--init-from` was named by a missing config.json; a budget or
-/// policy given twice was scored twice; `bench --init-from` ignored `--precision` and
-/// overflowed libtorch on a huge context; a file as `--out` surfaced as an OS error;
+/// policy given twice was scored twice; `bench --init-from` ignored the training
+/// bench's flags and overflowed libtorch on a huge context; a file as `--out` surfaced
+/// as an OS error;
 /// `chat` talked with a model never trained on dialogues.
 #[test]
 fn the_decoder_campaigns_finds_are_refused_clearly() {
@@ -501,7 +502,8 @@ fn the_decoder_campaigns_finds_are_refused_clearly() {
     fails_with(&sweep("window,h2o,window", "8", "ev"), &["--policies", "`window` is given twice"]);
     fails_with(&sweep("window", "8", "text.txt"), &["--out `text.txt`", "not a folder"]);
     let bench = |extra: &[&str]| lethe(d, &[&["bench", "--init-from", folder][..], extra].concat());
-    fails_with(&bench(&["--precision", "bf16"]), &["--precision", "training bench"]);
+    fails_with(&bench(&["--scale", "span=8,16"]), &["--scale", "training bench"]);
+    fails_with(&bench(&["--precision", "f32,f32"]), &["--precision", "`f32` is given twice"]);
     fails_with(
         &bench(&["--contexts", "1152921504606846976"]),
         &["--contexts 1152921504606846976", "full cache", "GiB"],
