@@ -311,6 +311,21 @@ fn a_decoder_is_evaluated_under_each_policy_and_budget_beside_a_learned_run() {
     );
 }
 
+/// `--precision bf16` evaluates the decoder in bfloat16, and its table says so: a rerun
+/// in float32 into the same folder is refused rather than resumed from bfloat16's cells,
+/// the table kept.
+#[test]
+fn a_decoder_in_bfloat16_is_evaluated_and_its_table_is_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    succeeds(&decoder_longeval(d, &["--precision", "bf16"]));
+    let before = std::fs::read_to_string(d.join("ev/full/longeval.csv")).unwrap();
+    assert!(before.lines().skip(1).all(|row| row.contains("in bf16")), "{before}");
+    assert_eq!(before.lines().count(), 5, "{before}");
+    fails_with(&decoder_longeval(d, &[]), &["longeval.csv", "holds the results of", "in bf16"]);
+    assert_eq!(std::fs::read_to_string(d.join("ev/full/longeval.csv")).unwrap(), before);
+}
+
 /// What `--init-from` cannot evaluate is refused before anything is written.
 #[test]
 fn a_decoder_longeval_refuses_what_it_cannot_evaluate() {
