@@ -326,3 +326,19 @@ impl TrainConfig {
         crate::device::parse(&self.device).map(|_| ())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Precision;
+
+    /// Each precision's element type names it back, and a type none computes in names none.
+    #[test]
+    fn a_precision_is_known_by_its_element_type() {
+        for p in Precision::ALL {
+            assert_eq!(Precision::of_kind(p.kind()), Some(p));
+            assert_eq!(Precision::parse(p.name()), Ok(p));
+        }
+        assert_eq!(Precision::of_kind(tch::Kind::Double), None);
+        assert_eq!(Precision::of_kind(tch::Kind::BFloat16).map(Precision::name), Some("bf16"));
+    }
+}
