@@ -411,6 +411,17 @@ fn the_decoding_path_reads_expire_span_as_the_training_model_does() {
     }
 }
 
+/// The small Llama with a span predictor per key-value head, varied at random (seed 7),
+/// under `memory.expire.budget = budget`.
+fn per_head_expire(budget: usize) -> Lm {
+    let _seed = lethe::rng::seed_torch(7);
+    let mut cfg = small_llama_with_expire(2);
+    (cfg.memory.expire.per_head, cfg.memory.expire.budget) = (true, budget);
+    let lm = Lm::new(&cfg, Device::Cpu).unwrap();
+    crate::common::randomise(&lm.vs, 17, 1.0, |name| name.ends_with("expire.w"));
+    lm
+}
+
 /// In bfloat16 the decoding path reads Expire-Span as in float32 to bfloat16's rounding:
 /// the decoder and its cache in bfloat16 (half the bytes a key and value), the span
 /// predictors in float32, the same entries held at the end, with and without a budget.
@@ -418,19 +429,15 @@ fn the_decoding_path_reads_expire_span_as_the_training_model_does() {
 fn in_bfloat16_the_decoding_path_reads_expire_span_as_in_float32() {
     use lethe::config::train::Precision;
     for budget in [0, 3] {
-        let _seed = lethe::rng::seed_torch(7);
-        let mut cfg = small_llama_with_expire(2);
-        (cfg.memory.expire.per_head, cfg.memory.expire.budget) = (true, budget);
-        let lm = Lm::new(&cfg, Device::Cpu).unwrap();
-        crate::common::randomise(&lm.vs, 17, 1.0, |name| name.ends_with("expire.w"));
+        let lm = per_head_expire(budget);
         let ids = crate::common::random_tokens(3, 20, &[2, 30]);
         let read = |run: &ExpireRun| {
             let mut cache = run.cache().unwrap();
             let steps: Vec<Tensor> = (0..30).map(|t| run.decoder().forward(&ids.narrow(1, t, 1), &mut cache)).collect();
             (Tensor::cat(&steps, 1), cache)
         };
-        let (want, want_cache) = read(&ExpireRun::new(&cfg, &lm.vs.variables()).unwrap());
-        let half = ExpireRun::new(&cfg, &lm.vs.variables()).unwrap().into_precision(Precision::Bf16);
+        let (want, want_cache) = read(&ExpireRun::new(&lm.config, &lm.vs.variables()).unwrap());
+        let half = ExpireRun::new(&lm.config, &lm.vs.variables()).unwrap().into_precision(Precision::Bf16);
         assert_eq!(half.decoder().kind(), Kind::BFloat16);
         let (got, cache) = read(&half);
         // Each token's largest difference from float32: bfloat16's rounding, except where
@@ -459,11 +466,7 @@ fn in_bfloat16_the_decoding_path_reads_expire_span_as_in_float32() {
 #[test]
 fn a_forked_expire_span_cache_reads_on_as_its_original_would_have() {
     for budget in [0, 3] {
-        let _seed = lethe::rng::seed_torch(7);
-        let mut cfg = small_llama_with_expire(2);
-        (cfg.memory.expire.per_head, cfg.memory.expire.budget) = (true, budget);
-        let lm = Lm::new(&cfg, Device::Cpu).unwrap();
-        crate::common::randomise(&lm.vs, 17, 1.0, |name| name.ends_with("expire.w"));
+        let lm = per_head_expire(budget);
         let run = ExpireRun::new(&lm.config, &lm.vs.variables()).unwrap();
         let ids = crate::common::random_tokens(3, 20, &[2, 30]);
         let llama = run.decoder();
