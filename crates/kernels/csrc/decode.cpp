@@ -31,6 +31,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -163,35 +164,41 @@ at::Tensor gemv(const at::Tensor& w_in, const at::Tensor& x_in, const at::Tensor
   return y.view(out_shape);
 }
 
-// Attention of the queries q (b, kv, g, hd) of one token over keys and values (b, kv, n,
-// hd) whose rows are contiguous: the weights softmax(q k^T scale) (b, kv, g, n) and the
-// context (b, kv, g, hd). Keys and values are read once, in chunks of rows spread over
-// the threads; each chunk's share of the context is summed in chunk order.
-std::pair<at::Tensor, at::Tensor> attend_bf16(const at::Tensor& q_in, const at::Tensor& keys, const at::Tensor& values,
-                                              const at::Tensor* bias, double scale);
+// `x` rounded to bfloat16 and widened back.
+inline float round_bf16(float x) { return static_cast<float>(at::BFloat16(x)); }
 
-std::pair<at::Tensor, at::Tensor> attend(const at::Tensor& q_in, const at::Tensor& keys, const at::Tensor& values,
-                                         const at::Tensor* bias, double scale) {
-  TORCH_CHECK(q_in.dim() == 4 && keys.dim() == 4 && values.sizes() == keys.sizes() && q_in.size(0) == keys.size(0) &&
-                  q_in.size(1) == keys.size(1) && q_in.size(3) == keys.size(3),
-              "decode attention: queries (b, kv, g, hd) over keys and values (b, kv, n, hd), got ", q_in.sizes(), " and ",
-              keys.sizes());
-  TORCH_CHECK(keys.stride(3) == 1 && keys.stride(2) == keys.size(3) && values.stride(3) == 1 &&
-                  values.stride(2) == values.size(3),
-              "decode attention: each head's keys and values must be contiguous rows");
-  const bool bf16 = q_in.scalar_type() == at::kBFloat16 && keys.scalar_type() == at::kBFloat16 &&
-                    values.scalar_type() == at::kBFloat16;
-  TORCH_CHECK(keys.device().is_cpu() && (bf16 || (q_in.scalar_type() == at::kFloat && keys.scalar_type() == at::kFloat &&
-                                                  values.scalar_type() == at::kFloat)),
-              "decode attention: float32 or bfloat16 on the CPU");
-  if (bf16) return attend_bf16(q_in, keys, values, bias, scale);
-  // The scale on the queries: a power of two for the usual head sizes, so exactly the
-  // scores scaled.
-  const at::Tensor q = (q_in * scale).contiguous();
+// `count` rows' values of a head as float32: a float32 cache's where it holds them, a
+// bfloat16 cache's widened into `buffer` (which the chunk's product then reads from
+// cache).
+inline const float* as_float(const float* rows, int64_t, std::vector<float>&) { return rows; }
+inline const float* as_float(const uint16_t* rows, int64_t count, std::vector<float>& buffer) {
+  buffer.resize(static_cast<size_t>(count));
+  for (int64_t j = 0; j < count; ++j) buffer[j] = widen(rows[j]);
+  return buffer.data();
+}
+
+// The element type `E` of the cache's keys and values as held: float for float32,
+// uint16_t for bfloat16's bits.
+template <typename E>
+const E* held(const at::Tensor& t) {
+  if constexpr (std::is_same_v<E, float>) return t.data_ptr<float>();
+  else return reinterpret_cast<const E*>(t.data_ptr<at::BFloat16>());
+}
+
+// [`attend`] over a cache of element type `E`. In bfloat16 (`E` = uint16_t) it rounds
+// where eager attention does: each score `(q k^T) * scale` to bfloat16, the weights to
+// bfloat16 before they meet the values, the context to bfloat16; the sums in float32.
+template <typename E>
+std::pair<at::Tensor, at::Tensor> attend_held(const at::Tensor& q_in, const at::Tensor& keys, const at::Tensor& values,
+                                              const at::Tensor* bias, double scale) {
+  constexpr bool half = std::is_same_v<E, uint16_t>;
+  // In float32 the scale goes on the queries: a power of two for the usual head sizes,
+  // so exactly the scores scaled.
+  const at::Tensor q = half ? q_in.to(at::kFloat).contiguous() : (q_in * scale).contiguous();
   const int64_t b = q.size(0), kv = q.size(1), g = q.size(2), hd = q.size(3), n = keys.size(2);
   at::Tensor weights = at::empty({b, kv, g, n}, q.options());
   const float* qp = q.data_ptr<float>();
-  const float *kp = keys.data_ptr<float>(), *vp = values.data_ptr<float>();
+  const E *kp = held<E>(keys), *vp = held<E>(values);
   float* wp = weights.data_ptr<float>();
   const auto head_k = [&](int64_t bh) { return kp + (bh / kv) * keys.stride(0) + (bh % kv) * keys.stride(1); };
   const auto head_v = [&](int64_t bh) { return vp + (bh / kv) * values.stride(0) + (bh % kv) * values.stride(1); };
@@ -202,11 +209,17 @@ std::pair<at::Tensor, at::Tensor> attend(const at::Tensor& q_in, const at::Tenso
   const int64_t chunks = (n + rows - 1) / rows;
   // Scores, a chunk of keys at a time (a small product on the calling thread), then
   // their softmax.
+  const float s = static_cast<float>(scale);
   at::parallel_for(0, b * kv * chunks, 1, [&](int64_t c0, int64_t c1) {
+    std::vector<float> buffer;
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t bh = c / chunks, r0 = (c % chunks) * rows, r1 = std::min(n, r0 + rows);
-      lethe::gemm_rows<float>(true, false, true, g, r1 - r0, hd, qp + bh * g * hd, hd, head_k(bh) + r0 * hd, hd,
-                              wp + bh * g * n + r0, n);
+      const float* k = as_float(head_k(bh) + r0 * hd, (r1 - r0) * hd, buffer);
+      float* out = wp + bh * g * n + r0;
+      lethe::gemm_rows<float>(true, false, true, g, r1 - r0, hd, qp + bh * g * hd, hd, k, hd, out, n);
+      if constexpr (half)
+        for (int64_t i = 0; i < g; ++i)
+          for (int64_t r = 0; r < r1 - r0; ++r) out[i * n + r] = round_bf16(round_bf16(out[i * n + r]) * s);
     }
   });
   // A policy's bias on the scores (b, 1 or kv, 1, n), then libtorch's softmax:
@@ -218,81 +231,44 @@ std::pair<at::Tensor, at::Tensor> attend(const at::Tensor& q_in, const at::Tenso
     weights.add_(*bias);
   }
   weights = weights.softmax(-1);
-  wp = weights.data_ptr<float>();
+  const at::Tensor weighing = half ? weights.to(at::kBFloat16).to(at::kFloat) : weights;
+  const float* rp = weighing.data_ptr<float>();
   // The context: each chunk of values weighted into its own partial sum.
   at::Tensor partial = at::empty({b * kv * chunks, g, hd}, q.options());
   float* pp = partial.data_ptr<float>();
   at::parallel_for(0, b * kv * chunks, 1, [&](int64_t c0, int64_t c1) {
+    std::vector<float> buffer;
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t bh = c / chunks, r0 = (c % chunks) * rows, r1 = std::min(n, r0 + rows);
-      lethe::gemm_rows<float>(true, false, false, g, hd, r1 - r0, wp + bh * g * n + r0, n, head_v(bh) + r0 * hd, hd,
-                              pp + c * g * hd, hd);
+      const float* v = as_float(head_v(bh) + r0 * hd, (r1 - r0) * hd, buffer);
+      lethe::gemm_rows<float>(true, false, false, g, hd, r1 - r0, rp + bh * g * n + r0, n, v, hd, pp + c * g * hd, hd);
     }
   });
   at::Tensor context = partial.view({b * kv, chunks, g, hd}).sum(1).view({b, kv, g, hd});
-  return {context, weights};
+  return {half ? context.to(at::kBFloat16) : context, weights};
 }
 
-// `x` rounded to bfloat16 and widened back.
-inline float round_bf16(float x) { return static_cast<float>(at::BFloat16(x)); }
-
-// `count` bfloat16 values widened to float32 into `out`.
-inline void widen_all(const uint16_t* in, float* out, int64_t count) {
-  for (int64_t j = 0; j < count; ++j) out[j] = widen(in[j]);
-}
-
-// [`attend`] over bfloat16 queries, keys and values: each chunk of key rows widened once
-// into a float32 buffer the chunk's product reads from cache, each score rounded and
-// scaled as eager attention does (`(q k^T) * scale` in bfloat16), then each chunk of
-// value rows likewise, into float32 partial sums.
-std::pair<at::Tensor, at::Tensor> attend_bf16(const at::Tensor& q_in, const at::Tensor& keys, const at::Tensor& values,
-                                              const at::Tensor* bias, double scale) {
-  const at::Tensor q = q_in.to(at::kFloat).contiguous();
-  const float s = static_cast<float>(scale);
-  const int64_t b = q.size(0), kv = q.size(1), g = q.size(2), hd = q.size(3), n = keys.size(2);
-  at::Tensor weights = at::empty({b, kv, g, n}, q.options());
-  const float* qp = q.data_ptr<float>();
-  const auto* kp = reinterpret_cast<const uint16_t*>(keys.data_ptr<at::BFloat16>());
-  const auto* vp = reinterpret_cast<const uint16_t*>(values.data_ptr<at::BFloat16>());
-  float* wp = weights.data_ptr<float>();
-  const auto head_k = [&](int64_t bh) { return kp + (bh / kv) * keys.stride(0) + (bh % kv) * keys.stride(1); };
-  const auto head_v = [&](int64_t bh) { return vp + (bh / kv) * values.stride(0) + (bh % kv) * values.stride(1); };
-  const int64_t threads = at::get_num_threads();
-  const int64_t rows = std::clamp<int64_t>((b * kv * n + 4 * threads - 1) / (4 * threads), 256, 2048);
-  const int64_t chunks = (n + rows - 1) / rows;
-  at::parallel_for(0, b * kv * chunks, 1, [&](int64_t c0, int64_t c1) {
-    std::vector<float> wide(static_cast<size_t>(rows * hd));
-    for (int64_t c = c0; c < c1; ++c) {
-      const int64_t bh = c / chunks, r0 = (c % chunks) * rows, r1 = std::min(n, r0 + rows);
-      widen_all(head_k(bh) + r0 * hd, wide.data(), (r1 - r0) * hd);
-      float* out = wp + bh * g * n + r0;
-      lethe::gemm_rows<float>(true, false, true, g, r1 - r0, hd, qp + bh * g * hd, hd, wide.data(), hd, out, n);
-      for (int64_t i = 0; i < g; ++i)
-        for (int64_t r = 0; r < r1 - r0; ++r) out[i * n + r] = round_bf16(round_bf16(out[i * n + r]) * s);
-    }
-  });
-  if (bias != nullptr) {
-    TORCH_CHECK(bias->dim() == 4 && bias->size(0) == b && (bias->size(1) == 1 || bias->size(1) == kv) &&
-                    bias->size(2) == 1 && bias->size(3) == n && bias->scalar_type() == at::kFloat,
-                "decode attention: a bias (b, 1 or kv, 1, n) in float32 for ", weights.sizes(), ", got ", bias->sizes());
-    weights.add_(*bias);
-  }
-  weights = weights.softmax(-1);
-  const at::Tensor rounded = weights.to(at::kBFloat16).to(at::kFloat);
-  const float* rp = rounded.data_ptr<float>();
-  at::Tensor partial = at::empty({b * kv * chunks, g, hd}, q.options());
-  float* pp = partial.data_ptr<float>();
-  at::parallel_for(0, b * kv * chunks, 1, [&](int64_t c0, int64_t c1) {
-    std::vector<float> wide(static_cast<size_t>(rows * hd));
-    for (int64_t c = c0; c < c1; ++c) {
-      const int64_t bh = c / chunks, r0 = (c % chunks) * rows, r1 = std::min(n, r0 + rows);
-      widen_all(head_v(bh) + r0 * hd, wide.data(), (r1 - r0) * hd);
-      lethe::gemm_rows<float>(true, false, false, g, hd, r1 - r0, rp + bh * g * n + r0, n, wide.data(), hd,
-                              pp + c * g * hd, hd);
-    }
-  });
-  at::Tensor context = partial.view({b * kv, chunks, g, hd}).sum(1).view({b, kv, g, hd}).to(at::kBFloat16);
-  return {context, weights};
+// Attention of the queries q (b, kv, g, hd) of one token over keys and values (b, kv, n,
+// hd) whose rows are contiguous, in float32 or bfloat16 alike: the weights softmax(q k^T
+// scale) (b, kv, g, n) in float32 and the context (b, kv, g, hd). Keys and values are
+// read once, in chunks of rows spread over the threads; each chunk's share of the
+// context is summed in chunk order.
+std::pair<at::Tensor, at::Tensor> attend(const at::Tensor& q_in, const at::Tensor& keys, const at::Tensor& values,
+                                         const at::Tensor* bias, double scale) {
+  TORCH_CHECK(q_in.dim() == 4 && keys.dim() == 4 && values.sizes() == keys.sizes() && q_in.size(0) == keys.size(0) &&
+                  q_in.size(1) == keys.size(1) && q_in.size(3) == keys.size(3),
+              "decode attention: queries (b, kv, g, hd) over keys and values (b, kv, n, hd), got ", q_in.sizes(), " and ",
+              keys.sizes());
+  TORCH_CHECK(keys.stride(3) == 1 && keys.stride(2) == keys.size(3) && values.stride(3) == 1 &&
+                  values.stride(2) == values.size(3),
+              "decode attention: each head's keys and values must be contiguous rows");
+  const auto all = [&](at::ScalarType t) {
+    return q_in.scalar_type() == t && keys.scalar_type() == t && values.scalar_type() == t;
+  };
+  TORCH_CHECK(keys.device().is_cpu() && (all(at::kFloat) || all(at::kBFloat16)),
+              "decode attention: float32 or bfloat16 on the CPU");
+  if (all(at::kBFloat16)) return attend_held<uint16_t>(q_in, keys, values, bias, scale);
+  return attend_held<float>(q_in, keys, values, bias, scale);
 }
 
 // The sum of a float32 tensor's values, read as one stream per thread.
