@@ -285,7 +285,8 @@ pub(crate) fn bench(a: &BenchArgs, folder: &std::path::Path) -> Result<()> {
     each_once("--kv", &a.kv, String::clone)?;
     each_once("--learned", &a.learned, String::clone)?;
     let config = lethe::model::llama::LlamaConfig::from_file(&folder.join("config.json"))?;
-    refuse_caches_too_large(&config, &contexts, a.decode_tokens)?;
+    let widest = precisions.iter().map(|p| p.kind().elt_size_in_bytes()).max().unwrap_or(4);
+    refuse_caches_too_large(&config, &contexts, a.decode_tokens, widest)?;
     let models =
         precisions.iter().map(|&p| Llama::load_as(folder, tch::Device::Cpu, p)).collect::<lethe::Result<Vec<_>>>()?;
     let kv = if a.kv.is_empty() { vec!["full".to_string()] } else { a.kv.clone() };
@@ -384,15 +385,16 @@ pub(crate) fn make_folder(flag: &str, out: &std::path::Path) -> Result<()> {
     std::fs::create_dir_all(out).map_err(|e| anyhow::anyhow!("{flag} `{}`: {e}", out.display()))
 }
 
-/// Refuses a context whose full cache (its keys and values in float32, every layer and
-/// key-value head, with the decoded tokens) would hold more than half the machine's
-/// memory (the bound of the widest precision; bfloat16 holds half as much).
+/// Refuses a context whose full cache (its keys and values of `width` bytes, the widest
+/// precision timed, every layer and key-value head, with the decoded tokens) would hold
+/// more than half the machine's memory.
 fn refuse_caches_too_large(
     config: &lethe::model::llama::LlamaConfig,
     contexts: &[usize],
     decoded: usize,
+    width: usize,
 ) -> Result<()> {
-    let per_token = 2.0 * 4.0 * (config.layers * config.kv_heads * config.head_dim) as f64;
+    let per_token = 2.0 * width as f64 * (config.layers * config.kv_heads * config.head_dim) as f64;
     let most = lethe::input::max_bytes() as f64;
     for &context in contexts {
         let bytes = per_token * (context as f64 + decoded as f64);
