@@ -11,13 +11,11 @@
 //! the run's span predictors say (`lethe generate --checkpoint`, `--learned`).
 
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3_tch::PyTensor;
-use tch::Device;
+use tch::{Device, Tensor};
 
 use lethe_core::checkpoint::{self, Checkpoint};
 use lethe_core::config::{Arch, Mechanism, Precision};
@@ -101,18 +99,14 @@ impl Inner {
     }
 }
 
-/// What a pickled [`KvCache`] is made again from: its policy, budget and tensors.
-type Pickled = (String, Option<i64>, Named);
-
-/// Numbers each [`Decoder`], so that a learned cache is read by the decoder it was made by.
-static DECODERS: AtomicU64 = AtomicU64::new(0);
+/// What a pickled [`KvCache`] is made again from: its policy, budget and tensors, and
+/// for a learned cache the fingerprint of the memory that keeps it.
+type Pickled = (String, Option<i64>, Named, Option<String>);
 
 /// A pretrained decoder. See the module documentation.
 #[pyclass(module = "lethe._lethe")]
 pub struct Decoder {
     inner: Mutex<Inner>,
-    /// Which decoder this is ([`DECODERS`]).
-    id: u64,
 }
 
 /// The keys and values a [`Decoder`] holds for the tokens it has read, under a policy;
@@ -124,9 +118,15 @@ pub struct KvCache {
     /// The policy as given (`snapkv:window=16`; `learned`) and its budget.
     spec: String,
     budget: Option<i64>,
-    /// The decoder whose learned memory keeps this cache ([`Decoder::learned_cache`]);
-    /// none for a training-free policy.
-    learned_by: Option<u64>,
+    /// The fingerprint of the run's learned memory that keeps this cache
+    /// ([`ExpireRun::memory_fingerprint`], [`Decoder::learned_cache`]); none for a
+    /// training-free policy.
+    learned_by: Option<String>,
+    /// A learned cache unpickled and not read since: what its layers' span predictors
+    /// kept (`layers.<i>.policy.*`), taken back when a decoder of its memory first reads
+    /// it ([`Decoder::take_up`]); `cache` meanwhile holds its entries under the full
+    /// policy.
+    pending: Mutex<Option<Vec<(String, Tensor)>>>,
 }
 
 #[pymethods]
@@ -137,23 +137,23 @@ impl KvCache {
     #[pyo3(signature = (policy, budget))]
     fn new(policy: &str, budget: Option<i64>) -> PyResult<KvCache> {
         let parsed = parse_policy(policy, budget)?;
-        Ok(KvCache { cache: Mutex::new(Cache::new(parsed)), spec: policy.into(), budget, learned_by: None })
+        Ok(KvCache::training_free(Cache::new(parsed), policy, budget))
     }
 
     /// What pickling (`torch.save`) keeps: the policy, its budget and the cache's
     /// tensors ([`Cache::state`], copied so that none carries a buffer's spare room),
-    /// made again by [`kv_cache_from_state`]. A learned cache is its decoder's, and is
-    /// refused.
+    /// and for a learned cache the fingerprint of its memory; made again by
+    /// [`kv_cache_from_state`].
     fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyAny>, Pickled)> {
-        if self.learned_by.is_some() {
-            return Err(PyTypeError::new_err(
-                "a learned cache is kept by its decoder's span predictors and is not pickled: copy() it, or read the prompt again",
-            ));
-        }
-        let state =
-            guarded(|| Ok(lock(&self.cache)?.state().into_iter().map(|(n, t)| (n, PyTensor(t.copy()))).collect()))?;
+        let state = guarded(|| {
+            let held = lock(&self.cache)?;
+            let pending = lock(&self.pending)?;
+            let state =
+                held.state().into_iter().chain(pending.iter().flatten().map(|(n, t)| (n.clone(), t.shallow_clone())));
+            Ok(state.map(|(n, t)| (n, PyTensor(t.copy()))).collect())
+        })?;
         let make = py.import("lethe._lethe")?.getattr("_kv_cache_from_state")?;
-        Ok((make, (self.spec.clone(), self.budget, state)))
+        Ok((make, (self.spec.clone(), self.budget, state, self.learned_by.clone())))
     }
 
     /// An independent copy: what the cache holds and what its policy keeps about it, in
@@ -162,12 +162,14 @@ impl KvCache {
     fn copy(&self, py: Python<'_>) -> PyResult<KvCache> {
         py.allow_threads(|| {
             let held = lock(&self.cache)?;
-            let cache = guarded(|| Ok(held.fork()))?;
+            let pending = lock(&self.pending)?;
+            let (cache, pending) = guarded(|| Ok((held.fork(), pending.as_ref().map(|state| forked_state(state)))))?;
             Ok(KvCache {
                 cache: Mutex::new(cache),
                 spec: self.spec.clone(),
                 budget: self.budget,
-                learned_by: self.learned_by,
+                learned_by: self.learned_by.clone(),
+                pending: Mutex::new(pending),
             })
         })
     }
@@ -216,7 +218,7 @@ impl Decoder {
         let device = lethe_core::device::parse_flag("device", device).map_err(|e| invalid(e.to_string()))?;
         let precision = Precision::parse(precision).map_err(|e| invalid(format!("dtype: {e}")))?;
         let inner = guarded(|| Inner::open(Path::new(path), device, precision))?;
-        Ok(Decoder { inner: Mutex::new(inner), id: DECODERS.fetch_add(1, Ordering::Relaxed) })
+        Ok(Decoder { inner: Mutex::new(inner) })
     }
 
     /// Where the weights are (`cpu`, `cuda:N`).
@@ -255,7 +257,10 @@ impl Decoder {
             None => run.cache(),
         };
         let cache = cache.map_err(|e| invalid(e.to_string()))?;
-        Ok(KvCache { cache: Mutex::new(cache), spec: "learned".into(), budget, learned_by: Some(self.id) })
+        Ok(KvCache {
+            learned_by: Some(run.memory_fingerprint().into()),
+            ..KvCache::training_free(cache, "learned", budget)
+        })
     }
 
     /// `text` as the model's token ids (its tokenizer's).
@@ -288,7 +293,7 @@ impl Decoder {
                 )));
             }
             check_ids("ids", &ids, model.config.vocab_size, None)?;
-            let mut held = self.take_up(cache, ids.size()[0], model)?;
+            let mut held = take_up(&inner.weights, cache, ids.size()[0])?;
             guarded(|| Ok(PyTensor(model.forward(&ids, &mut held))))
         })
     }
@@ -313,8 +318,8 @@ impl Decoder {
             let model = inner.weights.llama();
             let prompt = generation::prompt_tokens(prompt, model.config.vocab_size)?;
             let sampling = generation::sampling(sampling)?;
-            let mut held = self.take_up(cache, 1, model)?;
-            let block = match (&inner.weights, cache.learned_by) {
+            let mut held = take_up(&inner.weights, cache, 1)?;
+            let block = match (&inner.weights, &cache.learned_by) {
                 (Weights::Run { block, .. }, Some(_)) => *block,
                 _ => generate::PROMPT_BLOCK,
             };
@@ -327,28 +332,63 @@ impl Decoder {
     }
 }
 
-impl Decoder {
-    /// `cache`, locked for a read of `streams` streams by `model`: refused when another
-    /// decoder's learned memory keeps it, when it holds another number of streams, or
-    /// entries of another model's shape or on another device.
-    fn take_up<'a>(&self, cache: &'a KvCache, streams: i64, model: &Llama) -> PyResult<MutexGuard<'a, Cache>> {
-        if cache.learned_by.is_some_and(|id| id != self.id) {
-            return Err(invalid(
-                "cache: kept by another decoder's learned memory; make it with this decoder's cache(\"learned\")",
-            ));
-        }
-        let held = lock(&cache.cache)?;
-        held.check_fits(model).map_err(|why| invalid(format!("cache: {why}")))?;
-        if let Some(first) = held.layers.iter().flatten().next() {
-            let holds = first.keys.size()[0];
-            if holds != streams {
-                return Err(invalid(format!(
-                    "cache: holds {holds} streams and ids {streams} (a cache carries the streams it read)"
-                )));
-            }
-        }
-        Ok(held)
+impl KvCache {
+    /// `cache` under the training-free policy `spec` with `budget`, as given.
+    fn training_free(cache: Cache, spec: &str, budget: Option<i64>) -> KvCache {
+        KvCache { cache: Mutex::new(cache), spec: spec.into(), budget, learned_by: None, pending: Mutex::new(None) }
     }
+}
+
+/// `cache`, locked for a read of `streams` streams by the decoder of `weights`: refused
+/// when it is learned and the decoder's memory is not the one that keeps it, when it
+/// holds another number of streams, or entries of another model's shape, precision or
+/// device. A learned cache unpickled takes back what its span predictors kept here.
+fn take_up<'a>(weights: &Weights, cache: &'a KvCache, streams: i64) -> PyResult<MutexGuard<'a, Cache>> {
+    let mut held = lock(&cache.cache)?;
+    held.check_fits(weights.llama()).map_err(|why| invalid(format!("cache: {why}")))?;
+    if let Some(memory) = &cache.learned_by {
+        let Weights::Run { run, .. } = weights else {
+            return Err(invalid(format!(
+                "cache: kept by a run's learned memory ({memory}); this decoder reads a Hugging Face folder"
+            )));
+        };
+        if run.memory_fingerprint() != memory {
+            return Err(invalid(format!(
+                "cache: kept by another run's learned memory ({memory}; this decoder's is {}): make it with this decoder's cache(\"learned\")",
+                run.memory_fingerprint()
+            )));
+        }
+        let mut pending = lock(&cache.pending)?;
+        if let Some(state) = pending.as_ref() {
+            *held = guarded(|| bind_learned(run, cache.budget, &held, state))?;
+            *pending = None;
+        }
+    }
+    if let Some(first) = held.layers.iter().flatten().next() {
+        let holds = first.keys.size()[0];
+        if holds != streams {
+            return Err(invalid(format!(
+                "cache: holds {holds} streams and ids {streams} (a cache carries the streams it read)"
+            )));
+        }
+    }
+    Ok(held)
+}
+
+/// The learned cache of `run` under `budget` (none: the run's own) holding the entries
+/// `held` holds and what its span predictors kept of them, `kept` (an unpickled cache's).
+fn bind_learned(run: &ExpireRun, budget: Option<i64>, held: &Cache, kept: &[(String, Tensor)]) -> PyResult<Cache> {
+    let fresh = match budget {
+        Some(n) => run.cache_at(n as usize),
+        None => run.cache(),
+    };
+    let state = held.state().into_iter().chain(kept.iter().map(|(n, t)| (n.clone(), t.shallow_clone())));
+    fresh.and_then(|cache| cache.restored(state.collect())).map_err(|e| invalid(format!("cache: {e}")))
+}
+
+/// `state` with each tensor copied.
+fn forked_state(state: &[(String, Tensor)]) -> Vec<(String, Tensor)> {
+    state.iter().map(|(n, t)| (n.clone(), t.copy())).collect()
 }
 
 /// `policy` (`h2o`, `snapkv:window=16`, ...) with `budget` entries a layer and key-value
@@ -364,12 +404,31 @@ fn parse_policy(policy: &str, budget: Option<i64>) -> PyResult<Policy> {
 }
 
 /// A pickled [`KvCache`] made again: the cache under `policy` and `budget` holding
-/// `state` ([`KvCache::__reduce__`]).
+/// `state` ([`KvCache::__reduce__`]). A learned one (`memory` its memory's fingerprint)
+/// holds its entries under the full policy until a decoder of that memory reads it, its
+/// span predictors' spans kept aside till then ([`take_up`]).
 #[pyfunction]
-#[pyo3(name = "_kv_cache_from_state", signature = (policy, budget, state))]
-pub fn kv_cache_from_state(policy: &str, budget: Option<i64>, state: Named) -> PyResult<KvCache> {
-    let parsed = parse_policy(policy, budget)?;
-    let tensors = state.into_iter().map(|(name, t)| (name, t.0)).collect();
-    let cache = guarded(|| Cache::from_state(parsed, tensors).map_err(|e| invalid(e.to_string())))?;
-    Ok(KvCache { cache: Mutex::new(cache), spec: policy.into(), budget, learned_by: None })
+#[pyo3(name = "_kv_cache_from_state", signature = (policy, budget, state, memory = None))]
+pub fn kv_cache_from_state(
+    policy: &str,
+    budget: Option<i64>,
+    state: Named,
+    memory: Option<String>,
+) -> PyResult<KvCache> {
+    let tensors: Vec<(String, Tensor)> = state.into_iter().map(|(name, t)| (name, t.0)).collect();
+    let Some(memory) = memory else {
+        let parsed = parse_policy(policy, budget)?;
+        let cache = guarded(|| Cache::from_state(parsed, tensors).map_err(|e| invalid(e.to_string())))?;
+        return Ok(KvCache::training_free(cache, policy, budget));
+    };
+    if let Some(n) = budget.filter(|&n| n < 1) {
+        return Err(invalid(format!("budget = {n}: a budget keeps at least one entry")));
+    }
+    let (kept, entries): (Vec<_>, Vec<_>) = tensors.into_iter().partition(|(name, _)| name.contains(".policy."));
+    let cache = guarded(|| Cache::from_state(Policy::default(), entries).map_err(|e| invalid(e.to_string())))?;
+    Ok(KvCache {
+        learned_by: Some(memory),
+        pending: Mutex::new(Some(kept)),
+        ..KvCache::training_free(cache, "learned", budget)
+    })
 }

@@ -292,12 +292,15 @@ def test_on_the_gpu_the_decoder_computes_what_it_computes_on_the_cpu(policy):
 @pytest.fixture(scope="module")
 def fitted(tmp_path_factory):
     """An Expire-Span run fitted onto the llama3 fixture by ``lethe train --init-from``
-    (3 steps, the base frozen, largest span 32), and a run of lethe's own backbone."""
+    (3 steps, the base frozen, largest span 32), another of largest span 24, and a run of
+    lethe's own backbone."""
     folder = tmp_path_factory.mktemp("fitted")
     (folder / "text.txt").write_text((FIXTURES / "llama3" / "sample.txt").read_text() * 6)
     sets = ["train.block=8", "train.batch=2", "train.eval_every=0", "train.eval_tokens=64", "train.warmup=1"]
     sets += ["train.freeze_base=true", 'memory.mechanism="expire"', "memory.span=32"]
     args = ["train", "--init-from", str(FIXTURES / "llama3"), "--data", "text.txt", "--steps", "3", "--name", "expire"]
+    lethe_cli(*args, *[a for s in sets for a in ("--set", s)], "-q", cwd=folder)
+    args[-1], sets[-1] = "wide", "memory.span=24"  # another learned memory on the same model
     lethe_cli(*args, *[a for s in sets for a in ("--set", s)], "-q", cwd=folder)
     lethe_cli("train", "-p", "copy-tiny", "--steps", "1", "--name", "own", "-q", cwd=folder)
     return folder / "runs"
@@ -334,8 +337,6 @@ def test_a_run_s_learned_cache_reads_as_its_training_model(fitted):
     decoder(rest, capped)  # the original reads on first; the copy is its own
     assert torch.equal(decoder(rest, fork), decoder(rest, alone))
     assert "learned @ 3 entries" in repr(capped), repr(capped)
-    with pytest.raises(TypeError, match="a learned cache is kept by its decoder's span predictors and is not pickled"):
-        torch.save(capped, io.BytesIO())
 
     # In bfloat16: the run's decoder and its learned cache, to bfloat16's rounding.
     half = lethe.Decoder(fitted / "expire", dtype=torch.bfloat16)
@@ -346,13 +347,51 @@ def test_a_run_s_learned_cache_reads_as_its_training_model(fitted):
 
 
 @needs_binary
+@pytest.mark.parametrize("budget", [None, 3])
+def test_a_pickled_learned_cache_reads_on_as_the_original(fitted, budget):
+    """A learned cache saved with ``torch.save`` (or ``pickle``) and loaded keeps the
+    spans its run's predictors gave what it holds: read on by the decoder that made it,
+    or by another decoder of the same run, it gives the logits and keeps the entries of
+    the original, token by token, within the run's budget or one asked for; its copies
+    too, before and after their first read."""
+    decoder, again = lethe.Decoder(fitted / "expire"), lethe.Decoder(fitted / "expire")
+    ids = expected("llama3")["ids"]  # (2, 20)
+    cache = decoder.cache("learned", budget=budget)
+    decoder(ids[:, :6], cache)
+    for t in range(6, 10):
+        decoder(ids[:, t : t + 1], cache)
+    buffer = io.BytesIO()
+    torch.save(cache, buffer)
+    loaded = [torch.load(io.BytesIO(buffer.getvalue()), weights_only=False), pickle.loads(pickle.dumps(cache))]
+    loaded.append(loaded[0].copy())  # a copy made before the loaded cache is first read
+    for each in loaded:
+        assert repr(each) == repr(cache) and each.nbytes() == cache.nbytes(), (repr(each), repr(cache))
+    readers = [decoder, again, decoder]
+    for t in range(10, 20):
+        want = decoder(ids[:, t : t + 1], cache)
+        for each, reader in zip(loaded, readers):
+            assert torch.equal(reader(ids[:, t : t + 1], each), want), (budget, t)
+        assert all(each.entries() == cache.entries() for each in loaded), (budget, t, cache.entries())
+    if budget is not None:
+        assert max(cache.entries()) <= budget, cache.entries()
+    again_saved = pickle.loads(pickle.dumps(loaded[1]))  # pickled again after its first read
+    assert torch.equal(decoder(ids[:, :1], again_saved), decoder(ids[:, :1], cache))
+
+
+@needs_binary
 def test_a_learned_cache_is_refused_where_there_is_none(fitted):
     folder, run = lethe.Decoder(FIXTURES / "llama3"), lethe.Decoder(fitted / "expire")
-    other = lethe.Decoder(fitted / "expire")
+    other, half = lethe.Decoder(fitted / "wide"), lethe.Decoder(fitted / "expire", dtype=torch.bfloat16)
+    read = run.cache("learned")
+    run(torch.tensor([[1, 2, 3]]), read)
+    saved = pickle.dumps(read)
     for call, words in [
         (lambda: folder.cache("learned"), "Hugging Face folder"),
         (lambda: run.cache("learned", budget=0), "at least one"),
-        (lambda: other(torch.tensor([[1, 2]]), run.cache("learned")), "another decoder's learned memory"),
+        (lambda: other(torch.tensor([[1, 2]]), run.cache("learned")), "another run's learned memory (crc32 "),
+        (lambda: other(torch.tensor([[4]]), pickle.loads(saved)), "another run's learned memory"),
+        (lambda: folder(torch.tensor([[4]]), pickle.loads(saved)), "this decoder reads a Hugging Face folder"),
+        (lambda: half(torch.tensor([[4]]), pickle.loads(saved)), "in f32, the model computes in bf16"),
         (lambda: lethe.Decoder(fitted / "own"), 'model.arch = "lethe"'),
         (lambda: lethe.Decoder(fitted / "nowhere"), "does not exist"),
     ]:

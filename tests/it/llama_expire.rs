@@ -490,6 +490,48 @@ fn a_forked_expire_span_cache_reads_on_as_its_original_would_have() {
     }
 }
 
+/// A learned cache saved ([`KvCache::state`], each tensor copied) and made again from a
+/// fresh cache of the run (`restored`) reads on as the original: the same logits, the
+/// same entries, with and without a budget; a state without its spans is refused in one
+/// line naming the layer. The run's memory has one fingerprint whatever its decoder's
+/// precision, and another with another predictor or another largest span.
+#[test]
+fn a_saved_expire_span_cache_reads_on_as_its_original() {
+    use lethe::config::train::Precision;
+    use lethe::model::llama::KvCache;
+    for budget in [0, 3] {
+        let lm = per_head_expire(budget);
+        let run = ExpireRun::new(&lm.config, &lm.vs.variables()).unwrap();
+        let ids = crate::common::random_tokens(3, 20, &[2, 30]);
+        let step = |cache: &mut KvCache, t: i64| run.decoder().forward(&ids.narrow(1, t, 1), cache);
+        let mut cache = run.cache().unwrap();
+        (0..14).for_each(|t| drop(step(&mut cache, t)));
+        let saved: Vec<(String, Tensor)> = cache.state().into_iter().map(|(n, t)| (n, t.copy())).collect();
+        assert!(saved.iter().any(|(n, _)| n.ends_with(".policy.spans")), "budget {budget}: no spans saved");
+        let mut loaded =
+            run.cache().unwrap().restored(saved.iter().map(|(n, t)| (n.clone(), t.copy())).collect()).unwrap();
+        assert_eq!(loaded.entries(), cache.entries(), "budget {budget}: entries loaded");
+        let want: Vec<Tensor> = (14..30).map(|t| step(&mut cache, t)).collect();
+        let got: Vec<Tensor> = (14..30).map(|t| step(&mut loaded, t)).collect();
+        assert!(Tensor::cat(&got, 1).equal(&Tensor::cat(&want, 1)), "budget {budget}: the loaded cache reads on apart");
+        assert_eq!(loaded.entries(), cache.entries(), "budget {budget}: entries held at the end");
+
+        let without: Vec<_> = saved.into_iter().filter(|(n, _)| n != "layers.1.policy.spans").collect();
+        let err = run.cache().unwrap().restored(without).err().expect("a state without spans was read").to_string();
+        assert!(err.contains("layers.1.policy") && err.contains("go together") && !err.contains('\n'), "{err}");
+    }
+    let lm = per_head_expire(0);
+    let print = |lm: &Lm| ExpireRun::new(&lm.config, &lm.vs.variables()).unwrap().memory_fingerprint().to_string();
+    let own = print(&lm);
+    let half = ExpireRun::new(&lm.config, &lm.vs.variables()).unwrap().into_precision(Precision::Bf16);
+    assert_eq!(half.memory_fingerprint(), own, "in bfloat16");
+    assert_eq!(print(&per_head_expire(3)), own, "the budget is the cache's, not the memory's");
+    let wider = edited(&lm, |cfg| cfg.memory.span *= 2);
+    assert_ne!(print(&wider), own, "another largest span");
+    crate::common::randomise(&lm.vs, 18, 1.0, |name| name == "layers.1.attn.expire.b");
+    assert_ne!(print(&lm), own, "another predictor");
+}
+
 /// `ExpireRun` caps a cache at the budget asked (`cache_at`) where the run's own cache
 /// holds more, and refuses a run without Expire-Span in one line naming its memory.
 #[test]

@@ -367,8 +367,16 @@ impl KvCache {
     /// The cache under `policy` that `state` ([`KvCache::state`] of a cache under the
     /// same policy) describes; one line naming the first tensor out of place.
     pub fn from_state(policy: Policy, state: Vec<(String, Tensor)>) -> Result<KvCache> {
+        KvCache::new(policy).restored(state)
+    }
+
+    /// This empty cache ([`KvCache::new`] or [`KvCache::with_layers`]) holding what
+    /// `state` ([`KvCache::state`] of a cache under the same policies) describes, each
+    /// layer's policy taking back what it kept; one line naming the first tensor out of
+    /// place.
+    pub fn restored(self, state: Vec<(String, Tensor)>) -> Result<KvCache> {
         let bad = |name: &str, why: String| LetheError::Invalid(format!("cache state: `{name}`: {why}"));
-        let mut cache = KvCache::new(policy);
+        let mut cache = KvCache { layers: Vec::new(), position: 0, ..self };
         let mut layers: BTreeMap<usize, SavedLayer> = BTreeMap::new();
         for (name, t) in state {
             if name == "position" {
@@ -390,7 +398,9 @@ impl KvCache {
         }
         let count = layers.keys().next_back().map_or(0, |&i| i + 1);
         cache.layers = (0..count).map(|_| None).collect();
-        cache.policies = (0..count).map(|_| cache.policy.layer()).collect();
+        while cache.policies.len() < count {
+            cache.policies.push(cache.policy.layer());
+        }
         for (i, (held, policy)) in layers {
             cache.layers[i] = held_of(i, held).map_err(|(name, why)| bad(&name, why))?;
             cache.policies[i].restore(policy).map_err(|why| bad(&format!("layers.{i}.policy"), why))?;
