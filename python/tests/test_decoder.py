@@ -378,6 +378,13 @@ def test_a_pickled_learned_cache_reads_on_as_the_original(fitted, budget):
     assert torch.equal(decoder(ids[:, :1], again_saved), decoder(ids[:, :1], cache))
 
 
+def damaged(cache):
+    """``cache`` pickled with the spans of its first layer cut to two entries, and loaded."""
+    make, (policy, budget, state, memory) = cache.__reduce__()
+    state = [(n, t[..., :2] if n == "layers.0.policy.spans" else t) for n, t in state]
+    return make(policy, budget, state, memory)
+
+
 @needs_binary
 def test_a_learned_cache_is_refused_where_there_is_none(fitted):
     folder, run = lethe.Decoder(FIXTURES / "llama3"), lethe.Decoder(fitted / "expire")
@@ -392,6 +399,7 @@ def test_a_learned_cache_is_refused_where_there_is_none(fitted):
         (lambda: other(torch.tensor([[4]]), pickle.loads(saved)), "another run's learned memory"),
         (lambda: folder(torch.tensor([[4]]), pickle.loads(saved)), "this decoder reads a Hugging Face folder"),
         (lambda: half(torch.tensor([[4]]), pickle.loads(saved)), "in f32, the model computes in bf16"),
+        (lambda: run(torch.tensor([[4]]), damaged(read)), "`layers.0.policy`: `spans`: of shape [1, 1, 2]"),
         (lambda: lethe.Decoder(fitted / "own"), 'model.arch = "lethe"'),
         (lambda: lethe.Decoder(fitted / "nowhere"), "does not exist"),
     ]:

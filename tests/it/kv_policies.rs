@@ -230,6 +230,27 @@ fn a_cache_made_again_from_its_state_reads_on_as_the_original() {
     assert!(refused(behind, "h2o").contains("where the cache has read 5 tokens"));
     let negative = edited(&|n, t| if n == "position" { Tensor::from(-1i64) } else { t });
     assert!(refused(negative, "h2o").contains("`position`: -1 is negative"));
+    // What a policy keeps must describe the entries held: H2O a score for each.
+    let short = edited(&|n, t| if n == "layers.1.policy.scores" { t.narrow(2, 0, 3) } else { t });
+    let why = refused(short, "h2o");
+    assert!(
+        why.contains("`layers.1.policy`: `scores`: of shape [2, 2, 3], where the entries held make [2, 2, 10]"),
+        "{why}"
+    );
+    let orphan = without("layers.1.keys")
+        .into_iter()
+        .filter(|(n, _)| !n.starts_with("layers.1.v") && !n.starts_with("layers.1.pos"));
+    let why = refused(orphan.collect(), "h2o");
+    assert!(why.contains("`layers.1.policy`: `scores`: kept for a layer that holds no entry"), "{why}");
+    let mut snap = KvCache::new(policy("snapkv:window=6", 10, 36));
+    let _ = model.forward(&ids.narrow(1, 0, 12), &mut snap);
+    let _ = model.forward(&ids.narrow(1, 12, 1), &mut snap); // a query in its window
+    let one_query_stream = snap.state().into_iter().map(|(n, t)| match n.ends_with("policy.queries") {
+        true => (n, t.narrow(0, 0, 1).copy()),
+        false => (n, t.copy()),
+    });
+    let why = refused(one_query_stream.collect(), "snapkv:window=6");
+    assert!(why.contains("`layers.0.policy`: `queries`: of shape [1, ") && !why.contains('\n'), "{why}");
     let qwen3 = Llama::load(&fixture("qwen3")).unwrap();
     assert_eq!(cache.check_fits(&model), Ok(()));
     let why = cache.check_fits(&qwen3).unwrap_err();

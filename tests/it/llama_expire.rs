@@ -492,8 +492,9 @@ fn a_forked_expire_span_cache_reads_on_as_its_original_would_have() {
 
 /// A learned cache saved ([`KvCache::state`], each tensor copied) and made again from a
 /// fresh cache of the run (`restored`) reads on as the original: the same logits, the
-/// same entries, with and without a budget; a state without its spans is refused in one
-/// line naming the layer. The run's memory has one fingerprint whatever its decoder's
+/// same entries, with and without a budget; a state without its spans, with spans or
+/// expiries of another shape than the entries held, or with spans for a layer that holds
+/// none, is refused in one line naming the tensor. The run's memory has one fingerprint whatever its decoder's
 /// precision, and another with another predictor or another largest span.
 #[test]
 fn a_saved_expire_span_cache_reads_on_as_its_original() {
@@ -516,9 +517,25 @@ fn a_saved_expire_span_cache_reads_on_as_its_original() {
         assert!(Tensor::cat(&got, 1).equal(&Tensor::cat(&want, 1)), "budget {budget}: the loaded cache reads on apart");
         assert_eq!(loaded.entries(), cache.entries(), "budget {budget}: entries held at the end");
 
-        let without: Vec<_> = saved.into_iter().filter(|(n, _)| n != "layers.1.policy.spans").collect();
-        let err = run.cache().unwrap().restored(without).err().expect("a state without spans was read").to_string();
+        let refused = |state: Vec<(String, Tensor)>| {
+            run.cache().unwrap().restored(state).err().expect("a damaged state was read").to_string()
+        };
+        let edited = |name: &str, edit: &dyn Fn(&Tensor) -> Tensor| {
+            saved.iter().map(|(n, t)| (n.clone(), if n == name { edit(t) } else { t.copy() })).collect::<Vec<_>>()
+        };
+        let without = saved.iter().filter(|(n, _)| n != "layers.1.policy.spans");
+        let err = refused(without.map(|(n, t)| (n.clone(), t.copy())).collect());
         assert!(err.contains("layers.1.policy") && err.contains("go together") && !err.contains('\n'), "{err}");
+        let err = refused(edited("layers.0.policy.spans", &|t| t.narrow(2, 0, 2)));
+        assert!(
+            err.contains("`layers.0.policy`: `spans`: of shape [2, 2, 2], where the entries held make [2, 2, "),
+            "{err}"
+        );
+        let err = refused(edited("layers.1.policy.expiry", &|t| t.narrow(0, 0, 1)));
+        assert!(err.contains("`layers.1.policy`: `expiry`: of shape [1, "), "{err}");
+        let spans_alone = saved.iter().filter(|(n, _)| !n.starts_with("layers.1.") || n.contains(".policy."));
+        let err = refused(spans_alone.map(|(n, t)| (n.clone(), t.copy())).collect());
+        assert!(err.contains("`layers.1.policy`: `spans`: kept for a layer that holds no entry"), "{err}");
     }
     let lm = per_head_expire(0);
     let print = |lm: &Lm| ExpireRun::new(&lm.config, &lm.vs.variables()).unwrap().memory_fingerprint().to_string();

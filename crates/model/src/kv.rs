@@ -206,6 +206,25 @@ pub trait LayerPolicy: Send {
             None => Ok(()),
         }
     }
+
+    /// After [`LayerPolicy::restore`]: refuses what it took back where it does not
+    /// describe the entries the layer holds, `held` (none: the layer holds none), in one
+    /// line naming the tensor. Nothing to refuse by default.
+    fn fits(&self, _held: Option<&Held>) -> std::result::Result<(), String> {
+        Ok(())
+    }
+}
+
+/// Refuses a policy's tensor `name` (if kept) unless its shape is `want`, the one the
+/// entries held make (none: the layer holds no entry, and the policy keeps nothing).
+pub fn sized(name: &str, t: Option<&Tensor>, want: Option<&[i64]>) -> std::result::Result<(), String> {
+    match (t, want) {
+        (Some(t), Some(want)) if t.size() != want => {
+            Err(format!("`{name}`: of shape {:?}, where the entries held make {want:?}", t.size()))
+        }
+        (Some(_), None) => Err(format!("`{name}`: kept for a layer that holds no entry")),
+        _ => Ok(()),
+    }
 }
 
 /// A policy's saved tensor `name`, refused unless it has `dims` dimensions and the

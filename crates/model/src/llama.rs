@@ -406,6 +406,10 @@ impl KvCache {
             cache.policies[i].restore(policy).map_err(|why| bad(&format!("layers.{i}.policy"), why))?;
         }
         cache.check_held().map_err(|(name, why)| bad(&name, why))?;
+        for (i, policy) in cache.policies.iter().enumerate() {
+            let held = cache.layers.get(i).and_then(Option::as_ref);
+            policy.fits(held).map_err(|why| bad(&format!("layers.{i}.policy"), why))?;
+        }
         Ok(cache)
     }
 

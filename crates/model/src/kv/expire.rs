@@ -25,7 +25,7 @@ use std::collections::HashMap;
 
 use tch::{Kind, Tensor};
 
-use super::{forked, saved, top, Chunk, Held, LayerPolicy};
+use super::{forked, saved, sized, top, Chunk, Held, LayerPolicy};
 use crate::memory::expire::{soft_mask, spans_of_scores, within_budget};
 use lethe_core::config::{Arch, Config, ExpireConfig, Mechanism};
 use lethe_core::error::{LetheError, Result};
@@ -123,6 +123,17 @@ impl LayerPolicy for ExpireLayer {
             (Some(_), None) | (None, Some(_)) => Err("`spans` and `expiry` go together".into()),
             _ => Ok(()),
         }
+    }
+
+    fn fits(&self, held: Option<&Held>) -> std::result::Result<(), String> {
+        let Some(held) = held else { return sized("spans", self.spans.as_ref(), None) };
+        let (b, n) = (held.keys.size()[0], held.len());
+        let g = if self.w.dim() == 2 { self.w.size()[1] } else { 1 };
+        match self.spans.as_ref() {
+            None => Err("`spans`: missing, where the layer holds entries".into()),
+            Some(spans) => sized("spans", Some(spans), Some(&[b, g, n])),
+        }?;
+        sized("expiry", self.expiry.as_ref(), Some(&[b, n]))
     }
 
     fn bias(&mut self, x: &Tensor, held: &Held, query_positions: &Tensor) -> Option<Tensor> {

@@ -9,7 +9,7 @@
 
 use tch::{Kind, Tensor};
 
-use super::{forked, per_kv_head, saved, top, Chunk, Entry, Held, LayerPolicy};
+use super::{forked, per_kv_head, saved, sized, top, Chunk, Entry, Held, LayerPolicy};
 
 pub const ENTRY: Entry = Entry {
     name: "h2o",
@@ -51,6 +51,10 @@ impl LayerPolicy for H2o {
             }
         }
         Ok(())
+    }
+
+    fn fits(&self, held: Option<&Held>) -> std::result::Result<(), String> {
+        sized("scores", self.scores.as_ref(), held.map(|h| h.positions.size()).as_deref())
     }
 
     fn needs_weights(&self) -> bool {

@@ -14,7 +14,7 @@
 
 use tch::{Kind, Tensor};
 
-use super::{saved, saved_float, top, Chunk, Entry, Held, LayerPolicy};
+use super::{saved, saved_float, sized, top, Chunk, Entry, Held, LayerPolicy};
 
 pub const ENTRY: Entry = Entry {
     name: "snapkv",
@@ -84,6 +84,22 @@ impl LayerPolicy for SnapKv {
             (None, None) => None,
             _ => return Err("`queries` and `query_positions`: one of each, of the same length".into()),
         };
+        Ok(())
+    }
+
+    fn fits(&self, held: Option<&Held>) -> std::result::Result<(), String> {
+        if self.pending < 0 {
+            return Err(format!("`pending`: {} is negative", self.pending));
+        }
+        let Some((q, _)) = &self.queries else { return Ok(()) };
+        let Some(held) = held else { return sized("queries", Some(q), None) };
+        let (size, keys) = (q.size(), held.keys.size());
+        if size[0] != keys[0] || size[1] % keys[1] != 0 || size[2] > self.window || size[3] != keys[3] {
+            return Err(format!(
+                "`queries`: of shape {size:?}, where the keys held {keys:?} make ({}, a multiple of {}, at most {}, {})",
+                keys[0], keys[1], self.window, keys[3]
+            ));
+        }
         Ok(())
     }
 
