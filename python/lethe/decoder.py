@@ -79,6 +79,15 @@ class Decoder:
         self.learned: bool = self._decoder.learned()
         """Whether the decoder is a lethe run's, whose caches can keep what its learned
         memory says (``cache("learned")``)."""
+        self.memory: Optional[str] = self._decoder.memory()
+        """What names a run's learned memory (``crc32 ...``, a checksum of its span
+        predictors and their settings): every decoder of the run has the same, and reads
+        the learned caches of the others, saved ones too. None for a Hugging Face folder."""
+        self._path = os.fspath(path)
+
+    def __repr__(self) -> str:
+        kind = f"a lethe run, learned memory {self.memory}" if self.learned else "a Hugging Face folder"
+        return f"lethe.Decoder({self._path!r}: {kind}, vocab {self.vocab}, {self.device}, {self.dtype})"
 
     def cache(self, policy: str = "full", budget: Optional[int] = None) -> KvCache:
         """An empty cache that keeps what ``policy`` says (one of :data:`POLICIES`, with

@@ -241,6 +241,15 @@ impl Decoder {
         Ok(matches!(lock(&self.inner)?.weights, Weights::Run { .. }))
     }
 
+    /// What names a run's learned memory, and so the caches it keeps
+    /// ([`ExpireRun::memory_fingerprint`]); none for a Hugging Face folder.
+    fn memory(&self) -> PyResult<Option<String>> {
+        Ok(match &lock(&self.inner)?.weights {
+            Weights::Run { run, .. } => Some(run.memory_fingerprint().to_string()),
+            Weights::Folder(_) => None,
+        })
+    }
+
     /// An empty cache kept by the run's span predictors: under the run's own
     /// `memory.expire.budget` (`budget` none), or at most `budget` entries a layer.
     #[pyo3(signature = (budget))]

@@ -355,6 +355,9 @@ def test_a_pickled_learned_cache_reads_on_as_the_original(fitted, budget):
     the original, token by token, within the run's budget or one asked for; its copies
     too, before and after their first read."""
     decoder, again = lethe.Decoder(fitted / "expire"), lethe.Decoder(fitted / "expire")
+    assert decoder.memory == again.memory and decoder.memory.startswith("crc32 "), (decoder.memory, again.memory)
+    assert decoder.memory != lethe.Decoder(fitted / "wide").memory and lethe.Decoder(FIXTURES / "llama3").memory is None
+    assert f"learned memory {decoder.memory}, vocab 320, cpu, torch.float32)" in repr(decoder), repr(decoder)
     ids = expected("llama3")["ids"]  # (2, 20)
     cache = decoder.cache("learned", budget=budget)
     decoder(ids[:, :6], cache)

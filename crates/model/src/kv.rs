@@ -20,8 +20,8 @@
 //! length of the stream. Every policy keeps its entries in the order they were written.
 //!
 //! Adding a policy: a unit with its [`Entry`] and its [`LayerPolicy`] (which forks, and
-//! gives and takes back what it keeps about the entries, for a cache copied or saved),
-//! and one line in [`POLICIES`]. A learned
+//! gives, takes back and checks against the entries held what it keeps about them, for
+//! a cache copied or saved), and one line in [`POLICIES`]. A learned
 //! memory fitted by `lethe train` reads through the same path with its run's weights
 //! ([`expire`]: Expire-Span), its layers given to [`crate::llama::KvCache::with_layers`].
 
