@@ -52,12 +52,18 @@ fn tracks_float32(precision: Precision, valid: impl Fn(Mechanism) -> f64, train:
 /// Bfloat16: validation losses within 2% (measured at most 0.42%, the Compressive
 /// Transformer), the ∞-former's within 6% (its regression over the absorbed states
 /// carries the inputs' rounding into every later block: measured 3.4%, and 0.3% on
-/// another draw of the data); the last 10 training losses within 6% (measured at most
-/// 3.4%, the ∞-former; the rest below 0.3%).
+/// another draw of the data); the last 10 training losses within 6%, the ∞-former's
+/// within 15%. libtorch's bfloat16 kernels round otherwise from one CPU to another: on an
+/// Intel Xeon with AVX-512 BF16 and AMX the ∞-former's training losses were 3.4% apart
+/// (the rest below 0.3%), on an AMD EPYC with AVX2 10.4% (its validation loss 1.9%; the
+/// rest below 0.3% again).
 #[test]
 fn bfloat16_training_tracks_float32_for_every_mechanism() {
-    let valid = |m| if m == Mechanism::Infinity { 0.06 } else { 0.02 };
-    tracks_float32(Precision::Bf16, valid, |_| 0.06);
+    let (valid, train) = (
+        |m| if m == Mechanism::Infinity { 0.06 } else { 0.02 },
+        |m| if m == Mechanism::Infinity { 0.15 } else { 0.06 },
+    );
+    tracks_float32(Precision::Bf16, valid, train);
 }
 
 /// Float16 with its loss scale, every mechanism but the ∞-former (refused): validation
