@@ -100,10 +100,9 @@ class Model(nn.Module):
     def __setstate__(self, state: Dict[str, Any]) -> None:
         config, tokenizer = state.pop("_model")
         super().__setstate__(state)
-        # Making the model draws initial weights (replaced by the copied ones): the
-        # caller's random stream is left where it was.
-        with torch.random.fork_rng(devices=[]):
-            self._model = _lethe.Model.from_parts(config, tokenizer)
+        # The model is made with its parameters zero, nothing drawn from the caller's
+        # random stream, and the copied ones take their place.
+        self._model = _lethe.Model.from_parts(config, tokenizer)
         _relink(self, self._model.parameters())
 
 

@@ -89,9 +89,9 @@ impl Model {
     }
 
     /// A model of `config` (JSON, as [`Model::config`] gives it) reading text with the
-    /// tokenizer `tokenizer` (a `tokenizer.json` text; none: bytes), its parameters as
-    /// the config's initialisation draws them: what a copy is made from, before the
-    /// copied parameters take their place.
+    /// tokenizer `tokenizer` (a `tokenizer.json` text; none: bytes), its parameters zero
+    /// and nothing drawn ([`Lm::undrawn`]): what a copy is made from, before the copied
+    /// parameters take their place.
     #[staticmethod]
     #[pyo3(signature = (config, tokenizer))]
     fn from_parts(config: &str, tokenizer: Option<&str>) -> PyResult<Model> {
@@ -99,7 +99,7 @@ impl Model {
         let tokenizer =
             tokenizer.map(Tokenizer::from_json).transpose().map_err(|e| invalid(format!("tokenizer: {e}")))?;
         guarded(|| {
-            let lm = Lm::new(&cfg, Device::Cpu).map_err(|e| invalid(e.to_string()))?;
+            let lm = Lm::undrawn(&cfg, Device::Cpu).map_err(|e| invalid(e.to_string()))?;
             Model::holding(lm, tokenizer, "the copied config")
         })
     }

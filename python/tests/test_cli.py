@@ -176,6 +176,12 @@ def test_a_copy_of_a_model_computes_and_learns_apart_from_it(runs, mechanism):
     # The copy holds everything it needs: the run folder is no longer read.
     twin = copy.deepcopy(model)
     assert twin.generate("the memory", 8) == model.generate("the memory", 8)
+    # Loading and copying draw nothing from the caller's random stream.
+    torch.manual_seed(4)
+    lethe.load(runs / mechanism), copy.deepcopy(model)
+    after = torch.rand(3)
+    torch.manual_seed(4)
+    assert torch.equal(after, torch.rand(3)), mechanism
 
 
 def test_load_refuses_what_is_not_a_model(tmp_path):

@@ -57,6 +57,11 @@ impl LinearInit {
     /// `±1 / sqrt(fan_in)`, both times the residual factor where it applies (as the
     /// official code divides them after drawing).
     pub fn config(&self, fan_in: i64, bias: bool, residual: bool) -> nn::LinearConfig {
+        crate::undrawn::drawn_linear(self.drawn_config(fan_in, bias, residual))
+    }
+
+    /// [`LinearInit::config`], its initialisers as drawn.
+    fn drawn_config(&self, fan_in: i64, bias: bool, residual: bool) -> nn::LinearConfig {
         match self.scheme {
             Scheme::Kaiming => nn::LinearConfig { bias, ..Default::default() },
             Scheme::Normal(stdev) => nn::LinearConfig {

@@ -25,6 +25,7 @@ use tch::{Kind, Tensor};
 
 use super::attention::{Attention, LinearInit};
 use super::memory::{self, AttendInput, LayerShape, MemoryLayer, MemoryReport};
+use super::undrawn::drawn;
 use lethe_core::config::{Arch, Mechanism, MemoryConfig, ModelConfig};
 use lethe_core::error::{LetheError, Result, TorchContext};
 use lethe_core::profile;
@@ -234,7 +235,7 @@ impl Backbone {
                 let rows = memory::position_rows(mem, block);
                 // The one parameter whose size the memory sets: allocated fallibly, so that
                 // a span the device cannot hold is an error, not a panic.
-                let init = nn::Init::Randn { mean: 0.0, stdev: LinearInit::of(cfg).key_pe_std(d_head) };
+                let init = drawn(nn::Init::Randn { mean: 0.0, stdev: LinearInit::of(cfg).key_pe_std(d_head) });
                 let pe = p.f_var("key_pe", &[rows, d_head], init);
                 Some(pe.torch(&format!(
                     "allocating the position embeddings for memory.span = {} ({rows} x {d_head})",
@@ -351,9 +352,15 @@ enum Vocabulary {
     Adaptive(super::adaptive::Adaptive),
 }
 
+/// lethe's own initialisation of its embeddings, tch's: N(0, 1).
+fn lethe_embedding() -> nn::EmbeddingConfig {
+    let config = nn::EmbeddingConfig::default();
+    nn::EmbeddingConfig { ws_init: drawn(config.ws_init), ..config }
+}
+
 /// GPT-2's and Llama's initialisation of their embeddings: N(0, 0.02).
 fn gpt2_embedding() -> nn::EmbeddingConfig {
-    nn::EmbeddingConfig { ws_init: nn::Init::Randn { mean: 0.0, stdev: 0.02 }, ..Default::default() }
+    nn::EmbeddingConfig { ws_init: drawn(nn::Init::Randn { mean: 0.0, stdev: 0.02 }), ..Default::default() }
 }
 
 impl Vocabulary {
@@ -372,7 +379,7 @@ impl Vocabulary {
                 p / "embed",
                 cfg.vocab as i64,
                 d,
-                if cfg.arch == Arch::Lethe { Default::default() } else { gpt2_embedding() },
+                if cfg.arch == Arch::Lethe { lethe_embedding() } else { gpt2_embedding() },
             ),
             head: (!tied)
                 .then(|| nn::linear(p / "head", d, cfg.vocab as i64, LinearInit::of(cfg).config(d, bias, false))),

@@ -14,6 +14,7 @@ pub mod lora;
 pub mod memory;
 pub mod rope;
 pub mod skew;
+mod undrawn;
 
 use std::collections::HashMap;
 
@@ -259,6 +260,12 @@ impl Lm {
     /// The parameter store and network of `config` on `device`, initialised under its seed.
     fn build(config: &Config, device: Device) -> Result<(nn::VarStore, Model)> {
         let _seed = lethe_core::rng::seed_torch(config.seed as i64);
+        Self::assemble(config, device)
+    }
+
+    /// The parameter store and network of `config` on `device`, initialised from torch's
+    /// stream as it is.
+    fn assemble(config: &Config, device: Device) -> Result<(nn::VarStore, Model)> {
         let vs = nn::VarStore::new(device);
         let mut model = Model::new(&vs.root(), &config.model, &config.memory, config.train.block)?;
         if config.train.lora_rank > 0 {
@@ -267,7 +274,18 @@ impl Lm {
         Ok((vs, model))
     }
 
-    /// A model with the parameters (and config) of a checkpoint.
+    /// The model of `config` on `device` with every parameter zero, nothing drawn and
+    /// torch's random stream left where it was: for parameters copied in whole, a
+    /// checkpoint's or a copy's ([`undrawn`]).
+    pub fn undrawn(config: &Config, device: Device) -> Result<Self> {
+        check_fits(config, device)?;
+        let (vs, model) = undrawn::undrawn(|| Self::assemble(config, device))?;
+        Ok(Lm { vs, model, config: config.clone() })
+    }
+
+    /// A model with the parameters (and config) of a checkpoint, made on `device` with
+    /// nothing drawn (every parameter is the checkpoint's): torch's random stream is left
+    /// where it was.
     pub fn from_checkpoint(ckpt: &Checkpoint, device: Device) -> Result<Self> {
         let task = ckpt.config.data.source;
         if task.is_rl() {
@@ -276,7 +294,7 @@ impl Lm {
             );
             return Err(LetheError::checkpoint(&ckpt.path, why));
         }
-        let lm = Lm::new(&ckpt.config, device)?;
+        let lm = Lm::undrawn(&ckpt.config, device)?;
         ckpt.load_parameters(&lm.vs.variables())?;
         Ok(lm)
     }
@@ -300,7 +318,57 @@ impl Lm {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lethe_core::config::{Init, Mechanism};
+    use lethe_core::config::{Arch, Compressor, Init, Mechanism};
+
+    /// `Lm::from_checkpoint` draws nothing (torch's random stream is where it was) and
+    /// holds the checkpoint's parameters, for every mechanism, the Conv compressor, the
+    /// ∞-former's gate, adaptive embeddings, a Llama with low-rank adapters; a model built
+    /// after it draws its parameters again.
+    #[test]
+    fn a_model_read_from_a_checkpoint_draws_nothing() {
+        let mut configs = Vec::new();
+        for mechanism in
+            [Mechanism::Fixed, Mechanism::Expire, Mechanism::Adaptive, Mechanism::Compressive, Mechanism::Infinity]
+        {
+            let mut cfg = Config::preset("enwik8-tiny").unwrap();
+            (cfg.memory.mechanism, cfg.memory.compressive.compressor, cfg.memory.infinity.gate) =
+                (mechanism, Compressor::Conv, true);
+            configs.push(cfg);
+        }
+        let mut adaptive = Config::preset("enwik8-tiny").unwrap();
+        (adaptive.model.vocab, adaptive.model.cutoffs) = (1000, vec![100, 400]);
+        let mut llama = Config::preset("enwik8-tiny").unwrap();
+        (llama.model.arch, llama.model.heads, llama.model.llama.kv_heads) = (Arch::Llama, 4, 2);
+        (llama.train.lora_rank, llama.train.freeze_base) = (2, true);
+        configs.extend([adaptive, llama]);
+        let dir = tempfile::tempdir().unwrap();
+        for (i, cfg) in configs.iter().enumerate() {
+            cfg.validate().unwrap();
+            let lm = Lm::new(cfg, Device::Cpu).unwrap();
+            let path = dir.path().join(format!("{i}.safetensors"));
+            let state = lethe_core::checkpoint::TrainState::new(1, &(), 0).unwrap();
+            lethe_core::checkpoint::save(&path, cfg, &state, &lm.named_parameters()).unwrap();
+            let ckpt = Checkpoint::load(&path).unwrap();
+            let next = || {
+                let _seed = lethe_core::rng::seed_torch(5);
+                Tensor::randn([4], (tch::Kind::Float, Device::Cpu))
+            };
+            let draw_after = |f: &dyn Fn()| {
+                let _seed = lethe_core::rng::seed_torch(5);
+                f();
+                Tensor::randn([4], (tch::Kind::Float, Device::Cpu))
+            };
+            let read = std::cell::RefCell::new(None);
+            let drawn = draw_after(&|| *read.borrow_mut() = Some(Lm::from_checkpoint(&ckpt, Device::Cpu).unwrap()));
+            assert!(drawn.equal(&next()), "config {i}: reading the checkpoint drew from torch's stream");
+            let read = read.into_inner().unwrap();
+            for ((name, got), (_, want)) in read.named_parameters().iter().zip(lm.named_parameters()) {
+                assert!(got.equal(&want), "config {i}: `{name}` is not the checkpoint's");
+            }
+            let fresh = draw_after(&|| drop(Lm::new(cfg, Device::Cpu).unwrap()));
+            assert!(!fresh.equal(&next()), "config {i}: a model built after the read drew nothing");
+        }
+    }
 
     /// Configs held at once must fit together, not only each alone: two that need 0.4
     /// of the memory each fit, three do not, and the message names `--rounds`.

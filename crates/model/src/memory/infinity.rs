@@ -111,7 +111,7 @@ impl Params {
     fn new(p: &nn::Path, d: i64, n: i64, gate: bool, zero_output: bool) -> Params {
         let uniform = |fan_in: i64| {
             let bound = 1.0 / (fan_in as f64).sqrt();
-            nn::Init::Uniform { lo: -bound, up: bound }
+            crate::undrawn::drawn(nn::Init::Uniform { lo: -bound, up: bound })
         };
         Params {
             k: p.var("k", &[d, d], uniform(d)),
