@@ -260,12 +260,7 @@ impl Decoder {
                 "policy learned: this decoder reads a Hugging Face folder; a learned memory comes with a lethe run of Expire-Span fitted onto it (lethe train --init-from FOLDER --set memory.mechanism=expire), given to lethe.Decoder",
             ));
         };
-        let cache = match budget {
-            Some(n) if n < 1 => return Err(invalid(format!("budget = {n}: a budget keeps at least one entry"))),
-            Some(n) => run.cache_at(n as usize),
-            None => run.cache(),
-        };
-        let cache = cache.map_err(|e| invalid(e.to_string()))?;
+        let cache = learned_of(run, budget)?;
         Ok(KvCache {
             learned_by: Some(run.memory_fingerprint().into()),
             ..KvCache::training_free(cache, "learned", budget)
@@ -387,12 +382,19 @@ fn take_up<'a>(weights: &Weights, cache: &'a KvCache, streams: i64) -> PyResult<
 /// The learned cache of `run` under `budget` (none: the run's own) holding the entries
 /// `held` holds and what its span predictors kept of them, `kept` (an unpickled cache's).
 fn bind_learned(run: &ExpireRun, budget: Option<i64>, held: &Cache, kept: &[(String, Tensor)]) -> PyResult<Cache> {
-    let fresh = match budget {
+    let state = held.state().into_iter().chain(kept.iter().map(|(n, t)| (n.clone(), t.shallow_clone())));
+    learned_of(run, budget)?.restored(state.collect()).map_err(|e| invalid(format!("cache: {e}")))
+}
+
+/// An empty cache kept by `run`'s span predictors within `budget` entries a layer (none:
+/// the run's own `memory.expire.budget`); a budget below one refused.
+fn learned_of(run: &ExpireRun, budget: Option<i64>) -> PyResult<Cache> {
+    let cache = match budget {
+        Some(n) if n < 1 => return Err(invalid(format!("budget = {n}: a budget keeps at least one entry"))),
         Some(n) => run.cache_at(n as usize),
         None => run.cache(),
     };
-    let state = held.state().into_iter().chain(kept.iter().map(|(n, t)| (n.clone(), t.shallow_clone())));
-    fresh.and_then(|cache| cache.restored(state.collect())).map_err(|e| invalid(format!("cache: {e}")))
+    cache.map_err(|e| invalid(e.to_string()))
 }
 
 /// `state` with each tensor copied.
