@@ -239,3 +239,39 @@ fn the_guide_s_config_reference_is_the_code_s() {
         first.map(|f| f.1)
     );
 }
+
+/// Each crate's versions in a `Cargo.lock`: `name` -> every `version` locked for it.
+fn locked(path: &std::path::Path) -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut found = std::collections::BTreeMap::<String, std::collections::BTreeSet<String>>::new();
+    for package in text.split("[[package]]").skip(1) {
+        let field = |key: &str| {
+            let line = package.lines().find(|l| l.starts_with(&format!("{key} = ")))?;
+            Some(line.split('"').nth(1)?.to_string())
+        };
+        found.entry(field("name").unwrap()).or_default().insert(field("version").unwrap());
+    }
+    found
+}
+
+/// The Python extension builds in the workspace's target folder (scripts/python-test.sh),
+/// sharing the dependencies built for the crates; that holds only while its lock file
+/// locks every crate the root's locks at the root's versions.
+#[test]
+fn the_python_crate_locks_the_workspace_s_versions() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let (workspace, python) = (locked(&root.join("Cargo.lock")), locked(&root.join("python/Cargo.lock")));
+    assert!(workspace.len() > 100 && python.contains_key("pyo3"), "{} crates, {:?}", workspace.len(), python.keys());
+    let apart: Vec<String> = workspace
+        .iter()
+        .filter_map(|(name, versions)| {
+            let theirs = python.get(name)?;
+            (!versions.is_subset(theirs)).then(|| format!("{name}: {versions:?} at the root, {theirs:?} in python/"))
+        })
+        .collect();
+    assert!(
+        apart.is_empty(),
+        "python/Cargo.lock locks other versions (cargo update --manifest-path python/Cargo.toml -p CRATE --precise VERSION):\n{}",
+        apart.join("\n")
+    );
+}
