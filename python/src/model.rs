@@ -48,8 +48,7 @@ fn open(path: &Path) -> lethe_core::error::Result<(Lm, Option<Tokenizer>)> {
         _ => {
             let mut cfg = Config::default();
             init::adopt(&mut cfg, path)?;
-            let lm = Lm::new(&cfg, Device::Cpu)?;
-            init::load(&lm, path)?;
+            let (lm, _) = init::build(&cfg, Device::Cpu, path)?;
             let tokenizer = text::tokenizer_of(&cfg)?;
             Ok((lm, tokenizer))
         }

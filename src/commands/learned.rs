@@ -151,7 +151,7 @@ impl Learned {
             cfg.memory.expire.deletion = lethe::config::Deletion::Stream;
             cfg.train.block = block;
         }
-        let lm = lethe::model::Lm::new(&cfg, self.device)?;
+        let lm = lethe::model::Lm::undrawn(&cfg, self.device)?;
         self.ckpt.load_parameters(&lm.vs.variables())?;
         Ok(lm)
     }

@@ -11,6 +11,15 @@ fn small() -> Vec<&'static str> {
     sets(&[SMALL_MODEL, &["train.batch=4"]].concat())
 }
 
+/// Trains preset `preset` in `dir` on the generated data in `dir/dog` with its word
+/// tokenizer, into `dir/runs`, without evaluating; `extra` adds arguments.
+fn train_on_dog(dir: &std::path::Path, preset: &str, extra: &[&str]) {
+    let mut args = vec!["train", "-p", preset, "--quiet", "--out", "runs", "--data", "dog", "--no-eval"];
+    args.extend(["--set", "data.tokenizer=dog/tokenizer"]);
+    args.extend_from_slice(extra);
+    succeeds(&lethe(dir, &args));
+}
+
 fn eval_json(dir: &std::path::Path, extra: &[&str]) -> serde_json::Value {
     let mut args = vec!["eval", "--checkpoint", "runs/dialogue-tiny-infinity", "--split", "test", "--json"];
     args.extend_from_slice(extra);
@@ -22,23 +31,7 @@ fn generated_dialogues_train_and_only_responses_are_scored() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     succeeds(&lethe(d, &["dialogue-data", "--out", "dog", "--conversations", "40", "--seed", "3"]));
-    let mut args = vec![
-        "train",
-        "-p",
-        "dialogue-tiny-infinity",
-        "--quiet",
-        "--out",
-        "runs",
-        "--data",
-        "dog",
-        "--set",
-        "data.tokenizer=dog/tokenizer",
-        "--steps",
-        "2",
-        "--no-eval",
-    ];
-    args.extend(small());
-    succeeds(&lethe(d, &args));
+    train_on_dog(d, "dialogue-tiny-infinity", &[&["--steps", "2"][..], &small()].concat());
 
     // The word vocabulary gives one token per word and one per line end, so the scored
     // targets are each response's words and its end of line: no document, no marker.
@@ -163,23 +156,7 @@ fn chat_reads_a_document_and_replies_to_each_line() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     succeeds(&lethe(d, &["dialogue-data", "--out", "dog", "--conversations", "20"]));
-    let mut args = vec![
-        "train",
-        "-p",
-        "dialogue-tiny",
-        "--quiet",
-        "--out",
-        "runs",
-        "--data",
-        "dog",
-        "--set",
-        "data.tokenizer=dog/tokenizer",
-        "--steps",
-        "2",
-        "--no-eval",
-    ];
-    args.extend(small());
-    succeeds(&lethe(d, &args));
+    train_on_dog(d, "dialogue-tiny", &[&["--steps", "2"][..], &small()].concat());
     std::fs::write(d.join("doc.txt"), "the quiet road (1990)\nDirector: nora vance\n").unwrap();
     let talk = || {
         let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_lethe"))
@@ -269,30 +246,8 @@ fn a_word_only_the_document_holds_is_answered_through_memory() {
     // At the preset's lr of 1e-3 the copying is learned between 15k (23% right) and 25k
     // steps (55%); at 2e-3, 15k steps give 52% (10k: 30%; 3e-3 for 10k: 25%); measured
     // before each conversation started with an empty memory (now: 74%).
-    let args = [
-        "train",
-        "-p",
-        "dialogue-tiny",
-        "--quiet",
-        "--out",
-        "runs",
-        "--name",
-        "span384",
-        "--data",
-        "dog",
-        "--set",
-        "data.tokenizer=dog/tokenizer",
-        "--set",
-        "memory.span=384",
-        "--set",
-        "train.lr=2e-3",
-        "--seed",
-        "3",
-        "--steps",
-        "15000",
-        "--no-eval",
-    ];
-    succeeds(&lethe(d, &args));
+    let settings = ["--name", "span384", "--set", "memory.span=384", "--set", "train.lr=2e-3", "--seed", "3"];
+    train_on_dog(d, "dialogue-tiny", &[settings.as_slice(), &["--steps", "15000"]].concat());
     let run = d.join("runs/span384");
     let (memory, without) = (critics_right(&run, &d.join("dog"), true), critics_right(&run, &d.join("dog"), false));
     eprintln!("the critics' word right: {memory:?} with the documents, {without:?} without; {back}+ words back");

@@ -16,7 +16,7 @@
 
 use tch::{nn, Tensor};
 
-use crate::undrawn::drawn;
+use crate::undrawn::var;
 use lethe_core::config::ModelConfig;
 
 /// The tied adaptive input and softmax of one model.
@@ -49,14 +49,13 @@ impl Adaptive {
             let n = bounds[i + 1] - bounds[i];
             let di = (d / (cfg.div_val as i64).pow(i as u32)).max(1);
             let name = i.to_string();
-            emb.push((p / "emb").var(&name, &[n, di], drawn(nn::Init::Randn { mean: 0.0, stdev: 0.02 })));
-            let proj_init = drawn(nn::Init::Randn { mean: 0.0, stdev: 0.01 });
-            proj.push((di != d).then(|| (p / "proj").var(&name, &[d, di], proj_init)));
+            emb.push(var(&(p / "emb"), &name, &[n, di], nn::Init::Randn { mean: 0.0, stdev: 0.02 }));
+            let proj_init = nn::Init::Randn { mean: 0.0, stdev: 0.01 };
+            proj.push((di != d).then(|| var(&(p / "proj"), &name, &[d, di], proj_init)));
             bias.push((p / "bias").zeros(&name, &[n]));
         }
         let tails = bounds.len() as i64 - 2;
-        let cluster_weight =
-            (p / "cluster").var("weight", &[tails, d], drawn(nn::Init::Randn { mean: 0.0, stdev: 0.02 }));
+        let cluster_weight = var(&(p / "cluster"), "weight", &[tails, d], nn::Init::Randn { mean: 0.0, stdev: 0.02 });
         let cluster_bias = (p / "cluster").zeros("bias", &[tails]);
         Adaptive { d, bounds, emb, proj, bias, cluster_weight, cluster_bias }
     }

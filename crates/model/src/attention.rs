@@ -52,16 +52,19 @@ impl LinearInit {
         }
     }
 
-    /// The config of a projection `fan_in` wide; `residual`: the last of a residual branch.
-    /// `official` is PyTorch's `nn.Linear` default, weights and bias uniform in
-    /// `±1 / sqrt(fan_in)`, both times the residual factor where it applies (as the
-    /// official code divides them after drawing).
-    pub fn config(&self, fan_in: i64, bias: bool, residual: bool) -> nn::LinearConfig {
-        crate::undrawn::drawn_linear(self.drawn_config(fan_in, bias, residual))
+    /// The projection `inp -> out` under `p`; `residual`: the last of a residual branch.
+    /// Its weight and bias are left zero where their values will be given
+    /// ([`crate::undrawn`]).
+    pub fn linear(&self, p: nn::Path, inp: i64, out: i64, bias: bool, residual: bool) -> nn::Linear {
+        let config = crate::undrawn::drawn_linear(&p, self.config(inp, bias, residual));
+        nn::linear(p, inp, out, config)
     }
 
-    /// [`LinearInit::config`], its initialisers as drawn.
-    fn drawn_config(&self, fan_in: i64, bias: bool, residual: bool) -> nn::LinearConfig {
+    /// The initialisers of a projection `fan_in` wide. `official` is PyTorch's
+    /// `nn.Linear` default, weights and bias uniform in `±1 / sqrt(fan_in)`, both times
+    /// the residual factor where it applies (as the official code divides them after
+    /// drawing).
+    fn config(&self, fan_in: i64, bias: bool, residual: bool) -> nn::LinearConfig {
         match self.scheme {
             Scheme::Kaiming => nn::LinearConfig { bias, ..Default::default() },
             Scheme::Normal(stdev) => nn::LinearConfig {
@@ -142,12 +145,12 @@ impl Attention {
 
     /// [`Attention::new`] with the initialisation `init`.
     pub fn with_init(p: nn::Path, d_model: i64, heads: i64, dropout: f64, bias: bool, init: LinearInit) -> Self {
-        let cfg = init.config(d_model, bias, false);
+        let linear = |name: &str, residual| Adapted::plain(init.linear(&p / name, d_model, d_model, bias, residual));
         Attention {
-            q: Adapted::plain(nn::linear(&p / "q", d_model, d_model, cfg)),
-            k: Adapted::plain(nn::linear(&p / "k", d_model, d_model, cfg)),
-            v: Adapted::plain(nn::linear(&p / "v", d_model, d_model, cfg)),
-            o: Adapted::plain(nn::linear(&p / "o", d_model, d_model, init.config(d_model, bias, true))),
+            q: linear("q", false),
+            k: linear("k", false),
+            v: linear("v", false),
+            o: linear("o", true),
             heads,
             kv_heads: heads,
             d_head: d_model / heads,
@@ -169,10 +172,10 @@ impl Attention {
             ((&p / "q_norm").var("weight", &[dh], ones()), (&p / "k_norm").var("weight", &[dh], ones()), cfg.norm_eps)
         });
         Attention {
-            q: Adapted::plain(nn::linear(&p / "q", d, heads * dh, init.config(d, bias, false))),
-            k: Adapted::plain(nn::linear(&p / "k", d, kv * dh, init.config(d, bias, false))),
-            v: Adapted::plain(nn::linear(&p / "v", d, kv * dh, init.config(d, bias, false))),
-            o: Adapted::plain(nn::linear(&p / "o", heads * dh, d, init.config(heads * dh, false, true))),
+            q: Adapted::plain(init.linear(&p / "q", d, heads * dh, bias, false)),
+            k: Adapted::plain(init.linear(&p / "k", d, kv * dh, bias, false)),
+            v: Adapted::plain(init.linear(&p / "v", d, kv * dh, bias, false)),
+            o: Adapted::plain(init.linear(&p / "o", heads * dh, d, false, true)),
             heads,
             kv_heads: kv,
             d_head: dh,

@@ -95,9 +95,9 @@ impl Layer {
         Layer {
             attn,
             norm1: Norm::new(&p / "norm1", cfg, d),
-            ff1: nn::linear(&p / "ff1", d, f, init.config(d, !llama, false)),
-            ff_gate: llama.then(|| nn::linear(&p / "ff_gate", d, f, init.config(d, false, false))),
-            ff2: nn::linear(&p / "ff2", f, d, init.config(f, !llama, true)),
+            ff1: init.linear(&p / "ff1", d, f, !llama, false),
+            ff_gate: llama.then(|| init.linear(&p / "ff_gate", d, f, false, false)),
+            ff2: init.linear(&p / "ff2", f, d, !llama, true),
             norm2: Norm::new(&p / "norm2", cfg, d),
             arch: cfg.arch,
         }
@@ -235,7 +235,8 @@ impl Backbone {
                 let rows = memory::position_rows(mem, block);
                 // The one parameter whose size the memory sets: allocated fallibly, so that
                 // a span the device cannot hold is an error, not a panic.
-                let init = drawn(nn::Init::Randn { mean: 0.0, stdev: LinearInit::of(cfg).key_pe_std(d_head) });
+                let std = LinearInit::of(cfg).key_pe_std(d_head);
+                let init = drawn(p, "key_pe", nn::Init::Randn { mean: 0.0, stdev: std });
                 let pe = p.f_var("key_pe", &[rows, d_head], init);
                 Some(pe.torch(&format!(
                     "allocating the position embeddings for memory.span = {} ({rows} x {d_head})",
@@ -353,14 +354,17 @@ enum Vocabulary {
 }
 
 /// lethe's own initialisation of its embeddings, tch's: N(0, 1).
-fn lethe_embedding() -> nn::EmbeddingConfig {
+fn lethe_embedding(p: &nn::Path) -> nn::EmbeddingConfig {
     let config = nn::EmbeddingConfig::default();
-    nn::EmbeddingConfig { ws_init: drawn(config.ws_init), ..config }
+    nn::EmbeddingConfig { ws_init: drawn(p, "weight", config.ws_init), ..config }
 }
 
 /// GPT-2's and Llama's initialisation of their embeddings: N(0, 0.02).
-fn gpt2_embedding() -> nn::EmbeddingConfig {
-    nn::EmbeddingConfig { ws_init: drawn(nn::Init::Randn { mean: 0.0, stdev: 0.02 }), ..Default::default() }
+fn gpt2_embedding(p: &nn::Path) -> nn::EmbeddingConfig {
+    nn::EmbeddingConfig {
+        ws_init: drawn(p, "weight", nn::Init::Randn { mean: 0.0, stdev: 0.02 }),
+        ..Default::default()
+    }
 }
 
 impl Vocabulary {
@@ -374,15 +378,11 @@ impl Vocabulary {
             Arch::Gpt2 => (true, false),
             Arch::Llama => (cfg.llama.tie_embeddings, false),
         };
+        let at = p / "embed";
+        let config = if cfg.arch == Arch::Lethe { lethe_embedding(&at) } else { gpt2_embedding(&at) };
         Vocabulary::Plain {
-            embed: nn::embedding(
-                p / "embed",
-                cfg.vocab as i64,
-                d,
-                if cfg.arch == Arch::Lethe { lethe_embedding() } else { gpt2_embedding() },
-            ),
-            head: (!tied)
-                .then(|| nn::linear(p / "head", d, cfg.vocab as i64, LinearInit::of(cfg).config(d, bias, false))),
+            embed: nn::embedding(at, cfg.vocab as i64, d, config),
+            head: (!tied).then(|| LinearInit::of(cfg).linear(p / "head", d, cfg.vocab as i64, bias, false)),
         }
     }
 
@@ -443,7 +443,7 @@ impl Model {
             cfg: cfg.clone(),
             vocabulary: Vocabulary::new(p, cfg),
             positions: (cfg.arch == Arch::Gpt2)
-                .then(|| nn::embedding(p / "positions", cfg.positions as i64, d, gpt2_embedding())),
+                .then(|| nn::embedding(p / "positions", cfg.positions as i64, d, gpt2_embedding(&(p / "positions")))),
             body,
         })
     }

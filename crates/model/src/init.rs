@@ -2,15 +2,15 @@
 //! pretrained GPT-2 ([`super::gpt2`]) or Llama-family decoder ([`super::llama::layout`])
 //! in the Hugging Face layout, or a lethe run. The
 //! architecture is the source's: [`adopt`] sets the config's `[model]` sizes (and the
-//! tokenizer) from it before the model is built, then [`load`] copies every parameter the
-//! source has into the model; the ones it lacks (a memory mechanism added for
-//! fine-tuning, as the ∞-former's long-term memory on GPT-2) keep their fresh
-//! initialisation, and are listed.
+//! tokenizer) from it before the model is built, then [`build`] makes the model and copies
+//! every parameter the source has into it; only the ones it lacks (a memory mechanism
+//! added for fine-tuning, as the ∞-former's long-term memory on GPT-2) are drawn, and
+//! they are listed. [`load`] copies into a model already made.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use tch::Tensor;
+use tch::{Device, Tensor};
 
 use super::gpt2::{self, Gpt2Config};
 use super::llama::{self, LlamaConfig};
@@ -156,9 +156,24 @@ fn sized_by(name: &str) -> &'static str {
     }
 }
 
-fn copy_parameters(lm: &Lm, from: &Path, strict: bool) -> Result<Loaded> {
+/// A model of `cfg` on `device` holding the parameters of the source at `from`, as
+/// [`Lm::new`] and then [`load`] would make it, except that what the source has is not
+/// drawn first only to be overwritten: only the parameters it lacks are drawn.
+pub fn build(cfg: &Config, device: Device, from: &Path) -> Result<(Lm, Loaded)> {
     let source = Source::open(from)?;
     let saved = source.parameters()?;
+    let lm = Lm::drawing_all_but(cfg, device, saved.keys().cloned().collect())?;
+    let loaded = copy_into(&lm, &source, &saved, true)?;
+    Ok((lm, loaded))
+}
+
+fn copy_parameters(lm: &Lm, from: &Path, strict: bool) -> Result<Loaded> {
+    let source = Source::open(from)?;
+    copy_into(lm, &source, &source.parameters()?, strict)
+}
+
+/// Copies `saved`, read from `source`, into `lm` ([`load`], [`load_fitting`]).
+fn copy_into(lm: &Lm, source: &Source, saved: &HashMap<String, Tensor>, strict: bool) -> Result<Loaded> {
     let _guard = tch::no_grad_guard();
     let mut loaded = Loaded { copied: 0, fresh: vec![] };
     for (name, mut var) in lm.named_parameters() {
@@ -187,4 +202,53 @@ fn copy_parameters(lm: &Lm, from: &Path, strict: bool) -> Result<Loaded> {
         return Err(LetheError::checkpoint(source.path(), "shares no parameter with this model"));
     }
     Ok(loaded)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lethe_core::config::Mechanism;
+
+    /// A run started from a source draws only the parameters the source lacks: from a
+    /// source holding all of them nothing is drawn (torch's stream is where seeding left
+    /// it), while the ∞-former's memory added to a Transformer-XL source is drawn; what
+    /// the source holds is copied either way, and `load`'s report is the same.
+    #[test]
+    fn a_model_built_from_a_source_draws_only_what_it_lacks() {
+        let mut source_cfg = Config::preset("enwik8-tiny").unwrap();
+        source_cfg.memory.mechanism = Mechanism::Fixed;
+        let mut with_memory = source_cfg.clone();
+        (with_memory.memory.mechanism, with_memory.memory.infinity.gate) = (Mechanism::Infinity, true);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("source.safetensors");
+        let source = Lm::new(&source_cfg, Device::Cpu).unwrap();
+        let state = lethe_core::checkpoint::TrainState::new(1, &(), 0).unwrap();
+        lethe_core::checkpoint::save(&path, &source_cfg, &state, &source.named_parameters()).unwrap();
+        let saved: HashMap<String, Tensor> = source.named_parameters().into_iter().collect();
+        // One section of torch's generator around each build and the draw after it.
+        let build_then_draw = |cfg: &Config| {
+            let _section = lethe_core::rng::seed_torch(0);
+            let (lm, loaded) = build(cfg, Device::Cpu, &path).unwrap();
+            (lm, loaded, Tensor::randn([4], (tch::Kind::Float, Device::Cpu)))
+        };
+        let seeded_only = {
+            let _section = lethe_core::rng::seed_torch(source_cfg.seed as i64);
+            Tensor::randn([4], (tch::Kind::Float, Device::Cpu))
+        };
+        for (cfg, draws) in [(&source_cfg, false), (&with_memory, true)] {
+            let (lm, loaded, next) = build_then_draw(cfg);
+            assert_eq!(!next.equal(&seeded_only), draws, "{:?}: drew {}", cfg.memory.mechanism, !draws);
+            let reference = Lm::new(cfg, Device::Cpu).unwrap();
+            let reference_loaded = load(&reference, &path).unwrap();
+            assert_eq!((loaded.copied, &loaded.fresh), (reference_loaded.copied, &reference_loaded.fresh));
+            assert_eq!(loaded.fresh.is_empty(), !draws);
+            for (name, t) in lm.named_parameters() {
+                match saved.get(&name) {
+                    Some(want) => assert!(t.equal(want), "`{name}` is not the source's"),
+                    None if name.ends_with(".sigma_b") => {} // starts at zero
+                    None => assert!(t.abs().sum(tch::Kind::Float).double_value(&[]) > 0.0, "`{name}` left undrawn"),
+                }
+            }
+        }
+    }
 }

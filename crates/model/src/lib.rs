@@ -16,7 +16,7 @@ pub mod rope;
 pub mod skew;
 mod undrawn;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use tch::{nn, Device, Tensor};
 
@@ -25,6 +25,7 @@ pub use backbone::{correct, token_nll, Backbone, Forward, Hidden, Memory, Model}
 use lethe_core::checkpoint::Checkpoint;
 use lethe_core::config::Config;
 use lethe_core::error::{LetheError, Result};
+use undrawn::Given;
 
 /// The parameters of `vs` by name, sorted (a stable order for the optimiser and
 /// checkpoints). Shared by the language model and the gridworld agent.
@@ -250,7 +251,7 @@ impl Lm {
         if device == Device::Cpu {
             return Ok(Lm { vs, model, config: config.clone() });
         }
-        let (mut on_device, model) = Self::build(config, device)?;
+        let (mut on_device, model) = undrawn::given(Given::All, || Self::assemble(config, device))?;
         on_device.copy(&vs).map_err(|e| {
             LetheError::Invalid(format!("copying the initial parameters to {}: {e}", lethe_core::device::name(device)))
         })?;
@@ -279,8 +280,14 @@ impl Lm {
     /// checkpoint's or a copy's ([`undrawn`]).
     pub fn undrawn(config: &Config, device: Device) -> Result<Self> {
         check_fits(config, device)?;
-        let (vs, model) = undrawn::undrawn(|| Self::assemble(config, device))?;
+        let (vs, model) = undrawn::given(Given::All, || Self::assemble(config, device))?;
         Ok(Lm { vs, model, config: config.clone() })
+    }
+
+    /// [`Lm::new`], but the parameters `given` names (their values to be copied in, as
+    /// [`init::build`] copies a source's) left zero, not drawn.
+    fn drawing_all_but(config: &Config, device: Device, given: HashSet<String>) -> Result<Self> {
+        undrawn::given(Given::These(given), || Lm::new(config, device))
     }
 
     /// A model with the parameters (and config) of a checkpoint, made on `device` with

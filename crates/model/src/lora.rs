@@ -48,7 +48,7 @@ impl Adapted {
         let (out, inp) = (self.base.ws.size()[0], self.base.ws.size()[1]);
         // PEFT's `kaiming_uniform_(A, a=sqrt(5))`: bound 1 / sqrt(in).
         let bound = 1.0 / (inp as f64).sqrt();
-        let a = p.var("lora_a", &[rank, inp], crate::undrawn::drawn(nn::Init::Uniform { lo: -bound, up: bound }));
+        let a = crate::undrawn::var(&p, "lora_a", &[rank, inp], nn::Init::Uniform { lo: -bound, up: bound });
         let b = p.var("lora_b", &[out, rank], nn::Init::Const(0.0));
         self.adapter = Some(Adapter { a, b, scale: alpha / rank as f64 });
     }

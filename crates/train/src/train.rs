@@ -115,10 +115,10 @@ impl<'a> Run<'a> {
         let (folder, resumed) = crate::run::folder::open_for_ranks(cfg, opts.intent(), &dir, group.as_ref())?;
         let data = lethe_data::task::train_streams(cfg, cfg.train.batch)?;
         let valid = lethe_data::task::load_split(cfg, Split::Valid, cfg.train.batch)?;
-        let lm = Lm::new(cfg, device)?;
-        let init = match (&cfg.train.init_from, &resumed) {
-            (Some(from), None) => Some(lethe_model::init::load(&lm, from)?),
-            _ => None, // a resumed run's parameters are its checkpoint's
+        let (lm, init) = match (&cfg.train.init_from, &resumed) {
+            (Some(from), None) => lethe_model::init::build(cfg, device, from).map(|(lm, init)| (lm, Some(init)))?,
+            (_, Some(_)) => (Lm::undrawn(cfg, device)?, None), // every parameter is the checkpoint's
+            (None, None) => (Lm::new(cfg, device)?, None),
         };
         let mut opt = Optimiser::new(lethe_model::trainable(lm.named_parameters(), cfg.train.freeze_base), &cfg.train);
         let in_memory_group = opt.group(lethe_model::memory::is_mechanism_parameter, cfg.train.memory_lr_scale());

@@ -32,7 +32,7 @@ use super::descriptor::{split, whole_block, Descriptor, LayerShape};
 use super::layer::{AttendInput, AttendOutput, Carry, MemoryLayer, MemoryReport};
 use super::window::{concat_time, keep_last, reach, window_mem_size, Chunk, Joined, WindowCache};
 use crate::attention::{mix, scores_over_window};
-use crate::undrawn::drawn;
+use crate::undrawn::var;
 use lethe_core::config::{CompressiveConfig, Compressor, Config, MemoryConfig};
 use lethe_core::error::{LetheError, Result};
 
@@ -101,12 +101,12 @@ impl CompressiveMemory {
         let p = p / "compressive";
         let d_head = d_model / heads;
         let std = 1.0 / (d_head as f64).sqrt();
-        let slot_pe = p.var("slot_pe", &[cfg.slots as i64, d_head], drawn(nn::Init::Randn { mean: 0.0, stdev: std }));
+        let slot_pe = var(&p, "slot_pe", &[cfg.slots as i64, d_head], nn::Init::Randn { mean: 0.0, stdev: std });
         let conv = (cfg.compressor == Compressor::Conv).then(|| {
             let c = cfg.rate as i64;
             let bound = 1.0 / ((d_model * c) as f64).sqrt();
-            let uniform = drawn(nn::Init::Uniform { lo: -bound, up: bound });
-            (p.var("conv_w", &[d_model, d_model, c], uniform), p.var("conv_b", &[d_model], uniform))
+            let uniform = nn::Init::Uniform { lo: -bound, up: bound };
+            (var(&p, "conv_w", &[d_model, d_model, c], uniform), var(&p, "conv_b", &[d_model], uniform))
         });
         CompressiveMemory {
             cfg: cfg.clone(),

@@ -111,16 +111,17 @@ impl Params {
     fn new(p: &nn::Path, d: i64, n: i64, gate: bool, zero_output: bool) -> Params {
         let uniform = |fan_in: i64| {
             let bound = 1.0 / (fan_in as f64).sqrt();
-            crate::undrawn::drawn(nn::Init::Uniform { lo: -bound, up: bound })
+            nn::Init::Uniform { lo: -bound, up: bound }
         };
+        let var = |name: &str, dims: &[i64], init| crate::undrawn::var(p, name, dims, init);
         Params {
-            k: p.var("k", &[d, d], uniform(d)),
-            v: p.var("v", &[d, d], uniform(d)),
-            o: p.var("o", &[d, d], if zero_output { nn::Init::Const(0.0) } else { uniform(d) }),
-            mu: p.var("mu", &[1, n], uniform(n)),
-            sigma_w: p.var("sigma_w", &[1, n], uniform(n)),
-            sigma_b: p.var("sigma_b", &[1], nn::Init::Const(0.0)),
-            gate: gate.then(|| (p.var("gate_w", &[d, d, 3], uniform(3 * d)), p.var("gate_b", &[d], uniform(3 * d)))),
+            k: var("k", &[d, d], uniform(d)),
+            v: var("v", &[d, d], uniform(d)),
+            o: var("o", &[d, d], if zero_output { nn::Init::Const(0.0) } else { uniform(d) }),
+            mu: var("mu", &[1, n], uniform(n)),
+            sigma_w: var("sigma_w", &[1, n], uniform(n)),
+            sigma_b: var("sigma_b", &[1], nn::Init::Const(0.0)),
+            gate: gate.then(|| (var("gate_w", &[d, d, 3], uniform(3 * d)), var("gate_b", &[d], uniform(3 * d)))),
         }
     }
 
