@@ -11,9 +11,9 @@
 // Attention of one token's queries over the cache is the same kind of product twice:
 // scores from every key, the context from every value, each held row read once, keys and
 // values read in place where the cache holds them (rows of a head contiguous). Over a
-// bfloat16 cache it rounds where `transformers`' eager attention does: each score to
-// bfloat16, the softmax in float32, the weights to bfloat16 before they meet the values,
-// the context to bfloat16; the sums in float32.
+// bfloat16 or float16 cache it rounds where `transformers`' eager attention does: each
+// score to the cache's precision, the softmax in float32, the weights to that precision
+// before they meet the values, the context to it; the sums in float32.
 //
 // Also the read-rate probe of `lethe bench`: the same streaming read, summed.
 //
@@ -164,34 +164,46 @@ at::Tensor gemv(const at::Tensor& w_in, const at::Tensor& x_in, const at::Tensor
   return y.view(out_shape);
 }
 
-// `x` rounded to bfloat16 and widened back.
-inline float round_bf16(float x) { return static_cast<float>(at::BFloat16(x)); }
+// `x` rounded to the precision of `E` (bfloat16's bits, float16) and widened back.
+template <typename E>
+inline float round_to(float x) {
+  if constexpr (std::is_same_v<E, uint16_t>) return static_cast<float>(at::BFloat16(x));
+  else return static_cast<float>(at::Half(x));
+}
 
 // `count` rows' values of a head as float32: a float32 cache's where it holds them, a
-// bfloat16 cache's widened into `buffer` (which the chunk's product then reads from
-// cache).
+// bfloat16 or float16 cache's widened into `buffer` (which the chunk's product then reads
+// from cache).
 inline const float* as_float(const float* rows, int64_t, std::vector<float>&) { return rows; }
 inline const float* as_float(const uint16_t* rows, int64_t count, std::vector<float>& buffer) {
   buffer.resize(static_cast<size_t>(count));
   for (int64_t j = 0; j < count; ++j) buffer[j] = widen(rows[j]);
   return buffer.data();
 }
+inline const float* as_float(const at::Half* rows, int64_t count, std::vector<float>& buffer) {
+  buffer.resize(static_cast<size_t>(count));
+  for (int64_t j = 0; j < count; ++j) buffer[j] = static_cast<float>(rows[j]);
+  return buffer.data();
+}
 
 // The element type `E` of the cache's keys and values as held: float for float32,
-// uint16_t for bfloat16's bits.
+// uint16_t for bfloat16's bits, at::Half for float16.
 template <typename E>
 const E* held(const at::Tensor& t) {
   if constexpr (std::is_same_v<E, float>) return t.data_ptr<float>();
+  else if constexpr (std::is_same_v<E, at::Half>) return t.data_ptr<at::Half>();
   else return reinterpret_cast<const E*>(t.data_ptr<at::BFloat16>());
 }
 
-// [`attend`] over a cache of element type `E`. In bfloat16 (`E` = uint16_t) it rounds
-// where eager attention does: each score `(q k^T) * scale` to bfloat16, the weights to
-// bfloat16 before they meet the values, the context to bfloat16; the sums in float32.
+// [`attend`] over a cache of element type `E`. In half precision (`E` = uint16_t for
+// bfloat16, at::Half for float16) it rounds where eager attention does: each score
+// `(q k^T) * scale` to that precision, the weights to it before they meet the values, the
+// context to it; the sums in float32.
 template <typename E>
 std::pair<at::Tensor, at::Tensor> attend_held(const at::Tensor& q_in, const at::Tensor& keys, const at::Tensor& values,
                                               const at::Tensor* bias, double scale) {
-  constexpr bool half = std::is_same_v<E, uint16_t>;
+  constexpr bool half = !std::is_same_v<E, float>;
+  const at::ScalarType kind = keys.scalar_type();
   // In float32 the scale goes on the queries: a power of two for the usual head sizes,
   // so exactly the scores scaled.
   const at::Tensor q = half ? q_in.to(at::kFloat).contiguous() : (q_in * scale).contiguous();
@@ -219,7 +231,7 @@ std::pair<at::Tensor, at::Tensor> attend_held(const at::Tensor& q_in, const at::
       lethe::gemm_rows<float>(true, false, true, g, r1 - r0, hd, qp + bh * g * hd, hd, k, hd, out, n);
       if constexpr (half)
         for (int64_t i = 0; i < g; ++i)
-          for (int64_t r = 0; r < r1 - r0; ++r) out[i * n + r] = round_bf16(round_bf16(out[i * n + r]) * s);
+          for (int64_t r = 0; r < r1 - r0; ++r) out[i * n + r] = round_to<E>(round_to<E>(out[i * n + r]) * s);
     }
   });
   // A policy's bias on the scores (b, 1 or kv, 1, n), then libtorch's softmax:
@@ -231,7 +243,7 @@ std::pair<at::Tensor, at::Tensor> attend_held(const at::Tensor& q_in, const at::
     weights.add_(*bias);
   }
   weights = weights.softmax(-1);
-  const at::Tensor weighing = half ? weights.to(at::kBFloat16).to(at::kFloat) : weights;
+  const at::Tensor weighing = half ? weights.to(kind).to(at::kFloat) : weights;
   const float* rp = weighing.data_ptr<float>();
   // The context: each chunk of values weighted into its own partial sum.
   at::Tensor partial = at::empty({b * kv * chunks, g, hd}, q.options());
@@ -245,11 +257,11 @@ std::pair<at::Tensor, at::Tensor> attend_held(const at::Tensor& q_in, const at::
     }
   });
   at::Tensor context = partial.view({b * kv, chunks, g, hd}).sum(1).view({b, kv, g, hd});
-  return {half ? context.to(at::kBFloat16) : context, weights};
+  return {half ? context.to(kind) : context, weights};
 }
 
 // Attention of the queries q (b, kv, g, hd) of one token over keys and values (b, kv, n,
-// hd) whose rows are contiguous, in float32 or bfloat16 alike: the weights softmax(q k^T
+// hd) whose rows are contiguous, in float32, bfloat16 or float16 alike: the weights softmax(q k^T
 // scale) (b, kv, g, n) in float32 and the context (b, kv, g, hd). Keys and values are
 // read once, in chunks of rows spread over the threads; each chunk's share of the
 // context is summed in chunk order.
@@ -265,9 +277,10 @@ std::pair<at::Tensor, at::Tensor> attend(const at::Tensor& q_in, const at::Tenso
   const auto all = [&](at::ScalarType t) {
     return q_in.scalar_type() == t && keys.scalar_type() == t && values.scalar_type() == t;
   };
-  TORCH_CHECK(keys.device().is_cpu() && (all(at::kFloat) || all(at::kBFloat16)),
-              "decode attention: float32 or bfloat16 on the CPU");
+  TORCH_CHECK(keys.device().is_cpu() && (all(at::kFloat) || all(at::kBFloat16) || all(at::kHalf)),
+              "decode attention: float32, bfloat16 or float16 on the CPU");
   if (all(at::kBFloat16)) return attend_held<uint16_t>(q_in, keys, values, bias, scale);
+  if (all(at::kHalf)) return attend_held<at::Half>(q_in, keys, values, bias, scale);
   return attend_held<float>(q_in, keys, values, bias, scale);
 }
 

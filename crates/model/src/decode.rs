@@ -76,8 +76,9 @@ fn widened_linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Tensor {
 /// contiguous), a policy's `bias` `(b, 1 or kv_heads, 1, n)` added to the scores when
 /// given. Returns the context `(b, kv_heads, group, hd)` and the weights
 /// `softmax(q k^T scale + bias)` `(b, kv_heads, group, n)`, in float32; over bfloat16
-/// queries, keys and values, rounded as eager attention rounds (scores, weights and
-/// context in bfloat16, the softmax in float32), the weights given in float32.
+/// or float16 queries, keys and values, rounded as eager attention rounds (scores,
+/// weights and context in that precision, the softmax in float32), the weights given in
+/// float32.
 pub fn attention(
     q: &Tensor,
     keys: &Tensor,
@@ -232,27 +233,47 @@ mod tests {
     /// a few scores the other way.
     #[test]
     fn in_bfloat16_its_attention_equals_the_written_out_one() {
+        in_half_precision_its_attention_equals_the_written_out_one(Kind::BFloat16, (1e-5, 1e-2), (1e-3, 2e-2));
+    }
+
+    /// [`in_bfloat16_its_attention_equals_the_written_out_one`] in float16, whose three
+    /// more bits of mantissa bound the gaps eight times tighter.
+    #[test]
+    fn in_float16_its_attention_equals_the_written_out_one() {
+        in_half_precision_its_attention_equals_the_written_out_one(Kind::Half, (1.25e-6, 1.25e-3), (1.25e-4, 2.5e-3));
+    }
+
+    /// The attention in `kind` against the written-out one; `weights` and `context`: the
+    /// bounds on the mean and the largest gap of each.
+    fn in_half_precision_its_attention_equals_the_written_out_one(
+        kind: Kind,
+        weights_within: (f64, f64),
+        context_within: (f64, f64),
+    ) {
         let _seed = lethe_core::rng::seed_torch(2);
-        let half = |shape: &[i64]| Tensor::randn(shape, (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
+        let half = |shape: &[i64]| Tensor::randn(shape, (Kind::Float, Device::Cpu)).to_kind(kind);
         for n in [1, 300, 700] {
             let (q, k, v) = (half(&[2, 3, 3, 64]), half(&[2, 3, n, 64]), half(&[2, 3, n, 64]));
             let bias = Tensor::rand([2, 1, 1, n], (Kind::Float, Device::Cpu)).log();
             for bias in [None, Some(&bias)] {
                 let (context, weights) = attention(&q, &k, &v, bias, 0.125).unwrap();
-                assert_eq!((context.kind(), weights.kind()), (Kind::BFloat16, Kind::Float));
+                assert_eq!((context.kind(), weights.kind()), (kind, Kind::Float));
                 let scores = (q.matmul(&k.transpose(-2, -1)) * 0.125).to_kind(Kind::Float);
                 let want_w = bias.map_or(scores.shallow_clone(), |b| &scores + b).softmax(-1, Kind::Float);
-                let want_c = want_w.to_kind(Kind::BFloat16).matmul(&v);
+                let want_c = want_w.to_kind(kind).matmul(&v);
                 let float = |t: &Tensor| t.to_kind(Kind::Float);
                 let mean = |a: &Tensor, b: &Tensor| (float(a) - float(b)).abs().mean(Kind::Double).double_value(&[]);
                 let most = |a: &Tensor, b: &Tensor| (float(a) - float(b)).abs().max().double_value(&[]);
-                let case = format!("n = {n}, bias {}", bias.is_some());
+                let case = format!("{kind:?}, n = {n}, bias {}", bias.is_some());
                 let (w_mean, w_most) = (mean(&weights, &want_w), most(&weights, &want_w));
                 let (c_mean, c_most) = (mean(&context, &want_c), most(&context, &want_c));
                 println!("{case}: weights {w_mean:.1e} on average (at most {w_most:.1e}), context {c_mean:.1e} ({c_most:.1e})");
-                assert!(w_mean < 1e-5 && w_most < 1e-2, "{case}: weights differ by {w_mean:.2e}, at most {w_most:.2e}");
                 assert!(
-                    c_mean < 1e-3 && c_most < 2e-2,
+                    w_mean < weights_within.0 && w_most < weights_within.1,
+                    "{case}: weights differ by {w_mean:.2e}, at most {w_most:.2e}"
+                );
+                assert!(
+                    c_mean < context_within.0 && c_most < context_within.1,
                     "{case}: context differs by {c_mean:.2e}, at most {c_most:.2e}"
                 );
             }

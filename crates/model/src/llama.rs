@@ -830,7 +830,7 @@ impl Llama {
         let (b, h, t, hd) = q.size4().expect("(b, h, t, hd)");
         let (kvh, n) = (c.kv_heads, held.len());
         let group = h / kvh;
-        let decode_kernel = matches!(q.kind(), Kind::Float | Kind::BFloat16);
+        let decode_kernel = matches!(q.kind(), Kind::Float | Kind::BFloat16 | Kind::Half);
         if t == 1 && c.sliding_window.is_none() && q.device() == Device::Cpu && decode_kernel {
             let q = q.reshape([b, kvh, group, hd]);
             if let Ok((context, weights)) = crate::decode::attention(&q, keys, &held.values, bias, scale) {
