@@ -34,6 +34,7 @@ where
     };
     quiet_libtorch_panics();
     lethe::device::quiet_libtorch_log();
+    errors_past_the_file_size_limit();
     let outcome = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(cli))) {
         Ok(outcome) => outcome,
         Err(payload) => match lethe::error::libtorch_failure(&panic_text(payload.as_ref())) {
@@ -128,6 +129,16 @@ pub(crate) fn quiet_on_closed_pipe() {
     // SAFETY: called once, before any thread is started; SIG_DFL is a valid handler.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+/// Makes a write past the file-size limit (`ulimit -f`) fail with an error that names
+/// the file, as a full disk does, instead of SIGXFSZ ending the process without a word.
+/// Every file lethe writes goes to a temporary name first, so the one it replaces stays.
+fn errors_past_the_file_size_limit() {
+    // SAFETY: SIG_IGN is a valid disposition; no handler runs.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
     }
 }
 

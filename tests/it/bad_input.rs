@@ -239,6 +239,49 @@ fn a_failed_atomic_write_leaves_no_temporary_file() {
     assert_eq!(left, vec![std::ffi::OsString::from("occupied")], "temporary file left behind");
 }
 
+/// Lost work: a checkpoint past the file-size limit (`ulimit -f`) ended training by
+/// SIGXFSZ without a word. It is an error naming the file; the last checkpoint stays,
+/// and the run resumes from it once the limit allows.
+#[test]
+fn a_checkpoint_past_the_file_size_limit_is_an_error_and_the_last_one_stays() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let every = ["--set", "train.checkpoint_every=2"];
+    succeeds(&train(d, &[&every[..], &["--steps", "4", "--name", "f", "--stop-after", "2"]].concat()));
+    let checkpoint = d.join("runs/f/checkpoint.safetensors");
+    let before = std::fs::read(&checkpoint).unwrap();
+    let limit = before.len() as u64 / 2;
+    let mut args = vec!["train", "--quiet", "--out", "runs"];
+    args.extend_from_slice(TINY);
+    args.extend_from_slice(&[&every[..], &["--steps", "4", "--name", "f", "--resume"]].concat());
+    let mut limited = std::process::Command::new(env!("CARGO_BIN_EXE_lethe"));
+    limited.current_dir(d).args(&args).stdin(std::process::Stdio::null());
+    // SAFETY: setrlimit is async-signal-safe; the closure touches nothing else.
+    unsafe {
+        limited.pre_exec(move || {
+            let rlimit = libc::rlimit { rlim_cur: limit, rlim_max: limit };
+            match libc::setrlimit(libc::RLIMIT_FSIZE, &rlimit) {
+                0 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            }
+        });
+    }
+    let out = limited.output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "status {:?}; stderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    fails_with(&out, &["checkpoint.safetensors", "File too large", "still holds step 2's", "--resume"]);
+    assert_eq!(std::fs::read(&checkpoint).unwrap(), before, "the last checkpoint changed");
+    let left: Vec<_> = std::fs::read_dir(d.join("runs/f")).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(!left.iter().any(|f| f.to_string_lossy().ends_with(".tmp")), "temporary file left behind: {left:?}");
+    succeeds(&train(d, &[&every[..], &["--steps", "4", "--name", "f", "--resume"]].concat()));
+}
+
 /// Silently wrong: flipped bits in tensor data, NaN weights, a checkpoint already at
 /// `train.steps`, and options that contradict each other.
 #[test]
