@@ -280,6 +280,27 @@ mod tests {
         }
     }
 
+    /// Scores whose sums are exact in float32 (multiples of 1/64 under 2^17) but not in
+    /// half precision, scaled by 0.1: every rounding of the scores is then the only
+    /// difference from the written-out attention, so the weights must equal its weights
+    /// to the bit, in both precisions and at lengths that leave a tail of fewer than eight.
+    #[test]
+    fn in_half_precision_its_scores_round_as_eager_attention_does() {
+        let _seed = lethe_core::rng::seed_torch(3);
+        for kind in [Kind::Half, Kind::BFloat16] {
+            let eighths =
+                |shape: &[i64]| (Tensor::randint_low(-32, 33, shape, (Kind::Float, Device::Cpu)) / 8.0).to_kind(kind);
+            for n in [1, 13, 300, 701] {
+                let (q, k, v) = (eighths(&[2, 3, 3, 64]), eighths(&[2, 3, n, 64]), eighths(&[2, 3, n, 64]));
+                let (_, weights) = attention(&q, &k, &v, None, 0.1).unwrap();
+                let scores = (q.matmul(&k.transpose(-2, -1)) * 0.1).to_kind(Kind::Float);
+                let want = scores.softmax(-1, Kind::Float);
+                let gap = (&weights - &want).abs().max().double_value(&[]);
+                assert_eq!(gap, 0.0, "{kind:?}, n = {n}: the weights differ by up to {gap:.2e}");
+            }
+        }
+    }
+
     #[test]
     fn the_read_probe_sums_every_value() {
         // Small whole numbers: every partial sum is exact in float32.
