@@ -12,8 +12,9 @@
 //! `csrc/shares.h`, shared with the ragged attention), `csrc/chunks.cpp`, the attention chunks'
 //! narrows as one autograd node, `csrc/skew.cpp`, the relative positions' skew, `csrc/expectation.cpp`, the
 //! ∞-former's densities against its basis,
-//! `csrc/adam.cpp`, the optimiser's update, and `csrc/context.cpp`, libtorch's global
-//! settings.
+//! `csrc/adam.cpp`, the optimiser's update, `csrc/context.cpp`, libtorch's global
+//! settings, and `csrc/widened.cpp`, autocast's products on a CPU without half-precision
+//! instructions.
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=csrc");
@@ -53,6 +54,7 @@ fn compile_csrc(lib: &std::path::Path) {
         .file("csrc/expire_scores.cpp")
         .file("csrc/skew.cpp")
         .file("csrc/trace.cpp")
+        .file("csrc/widened.cpp")
         // libtorch's and Gloo's headers are system headers: their warnings are not ours.
         .flag("-isystem")
         .flag(include.to_string_lossy().as_ref())

@@ -55,8 +55,9 @@ fn tracks_float32(precision: Precision, valid: impl Fn(Mechanism) -> f64, train:
 /// another draw of the data); the last 10 training losses within 6%, the ∞-former's
 /// within 15%. libtorch's bfloat16 kernels round otherwise from one CPU to another: on an
 /// Intel Xeon with AVX-512 BF16 and AMX the ∞-former's training losses were 3.4% apart
-/// (the rest below 0.3%), on an AMD EPYC with AVX2 10.4% (its validation loss 1.9%; the
-/// rest below 0.3% again).
+/// (the rest below 0.3%), on an AMD EPYC with AVX2 5.4% with the products widened
+/// (`csrc/widened.cpp`; 10.4% through libtorch's emulated products), its validation loss
+/// 3.4%, the rest below 0.42%.
 #[test]
 fn bfloat16_training_tracks_float32_for_every_mechanism() {
     let (valid, train) = (

@@ -196,6 +196,8 @@ int lethe_tf32(void);
 void lethe_set_cpp_log_level(int level);
 int lethe_autocast_enter(int device_type, int enabled, int dtype, int* saved, char** error);
 int lethe_autocast_exit(int device_type, const int* saved, char** error);
+// csrc/widened.cpp: autocast's products on the CPU computed widened to float32, for the process.
+int lethe_autocast_widen_products(char** error);
 
 // The bytes the caching allocator has handed out on GPU `device`, now and at most since
 // the last reset; `reset` 1 restarts the peak from now.

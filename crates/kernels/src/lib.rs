@@ -227,6 +227,7 @@ extern "C" {
         error: *mut *mut c_char,
     ) -> c_int;
     pub fn lethe_autocast_exit(device_type: c_int, saved: *const c_int, error: *mut *mut c_char) -> c_int;
+    pub fn lethe_autocast_widen_products(error: *mut *mut c_char) -> c_int;
     pub fn lethe_gpu_memory(
         device: c_int,
         reset: c_int,

@@ -42,27 +42,7 @@ pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
     Ok(unsafe { lethe_kernels::tensor(out) })
 }
 
-/// Whether this CPU has instructions for libtorch's matrix products in `kind`: on x86,
-/// AVX512-BF16 for bfloat16 (every CPU with AMX has it) and AVX512-FP16 for float16.
-/// Without them libtorch emulates the products, and a bfloat16 product of a prompt's
-/// rows runs about six times slower than float32's on an AVX2 CPU (91 ms against 16 for
-/// `(512, 576) x (576, 1536)` on 2 cores); [`linear`] then widens them. Other CPUs keep
-/// libtorch's products.
-pub fn half_products_native(kind: Kind) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        match kind {
-            Kind::BFloat16 => std::arch::is_x86_feature_detected!("avx512bf16"),
-            Kind::Half => std::arch::is_x86_feature_detected!("avx512fp16"),
-            _ => true,
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = kind;
-        true
-    }
-}
+pub use lethe_core::device::half_products_native;
 
 /// `x w^T + bias` of half-precision values, computed in float32 (the widening is exact,
 /// the sums in float32 as libtorch's half-precision products sum) and rounded once.
