@@ -346,35 +346,27 @@ mod tests {
             let leaf = |shape: &[i64]| Tensor::randn(shape, (Kind::Float, Device::Cpu)).set_requires_grad(true);
             let (a, b, c) = (leaf(&[3, 5, 7]), leaf(&[3, 7, 4]), leaf(&[5, 4]));
             let (m, n, bias) = (leaf(&[5, 7]), leaf(&[7, 4]), leaf(&[4]));
-            let products: [(&str, Box<dyn Fn() -> Tensor>); 7] = [
-                ("mm", Box::new(|| m.mm(&n))),
-                ("bmm", Box::new(|| a.bmm(&b))),
-                ("matmul", Box::new(|| a.matmul(&b))),
-                ("addmm", Box::new(|| c.addmm(&m, &n))),
-                ("baddbmm", Box::new(|| c.baddbmm(&a, &b, 0.5, 2.0))),
-                ("addbmm", Box::new(|| c.addbmm(&a, &b))),
-                ("linear", Box::new(|| m.linear(&n.tr(), Some(&bias)))),
-            ];
-            for (name, product) in products {
+            // Each product of the operands `t` = [a, b, c, m, n, bias].
+            let product = |name: &str, t: &[&Tensor]| match name {
+                "mm" => t[3].mm(t[4]),
+                "bmm" => t[0].bmm(t[1]),
+                "matmul" => t[0].matmul(t[1]),
+                "addmm" => t[2].addmm(t[3], t[4]),
+                "baddbmm" => t[2].baddbmm(t[0], t[1], 0.5, 2.0),
+                "addbmm" => t[2].addbmm(t[0], t[1]),
+                _ => t[3].linear(&t[4].tr(), Some(t[5])),
+            };
+            let inputs = [&a, &b, &c, &m, &n, &bias];
+            for name in ["mm", "bmm", "matmul", "addmm", "baddbmm", "addbmm", "linear"] {
                 let got = {
                     let _on = guard(Device::Cpu).unwrap();
-                    product()
+                    product(name, &inputs)
                 };
                 assert_eq!(got.kind(), kind, "{name}");
                 let rounded = |t: &Tensor| t.detach().to_kind(kind).to_kind(Kind::Float).set_requires_grad(true);
-                let inputs = [&a, &b, &c, &m, &n, &bias];
                 let copies: Vec<Tensor> = inputs.iter().map(|t| rounded(t)).collect();
-                let (ra, rb, rc, rm, rn, rbias) =
-                    (&copies[0], &copies[1], &copies[2], &copies[3], &copies[4], &copies[5]);
-                let want = match name {
-                    "mm" => rm.mm(rn),
-                    "bmm" => ra.bmm(rb),
-                    "matmul" => ra.matmul(rb),
-                    "addmm" => rc.addmm(rm, rn),
-                    "baddbmm" => rc.baddbmm(ra, rb, 0.5, 2.0),
-                    "addbmm" => rc.addbmm(ra, rb),
-                    _ => rm.linear(&rn.tr(), Some(rbias)),
-                };
+                let copies: Vec<&Tensor> = copies.iter().collect();
+                let want = product(name, &copies);
                 let gap = |x: &Tensor, y: &Tensor| {
                     (x.to_kind(Kind::Float) - y.to_kind(Kind::Float)).abs().max().double_value(&[])
                 };
@@ -388,9 +380,9 @@ mod tests {
                 let upstream_rounded = upstream.to_kind(kind).to_kind(Kind::Float);
                 let wants = Tensor::run_backward(
                     &[want.to_kind(kind).to_kind(Kind::Float) * upstream_rounded],
-                    &copies.iter().collect::<Vec<_>>(),
+                    &copies,
                     false,
-                    true,
+                    false,
                 );
                 for (i, (g, w)) in grads.iter().zip(&wants).enumerate() {
                     if !g.defined() || !w.defined() {
