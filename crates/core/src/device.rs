@@ -76,7 +76,7 @@ const HALF: c_int = 5;
 /// Dropping the guard restores what was there before: guards nest. On a CPU without
 /// instructions for the half precision ([`half_products_native`]), autocast's matrix
 /// products are computed on the values widened to float32 and rounded once, as
-/// libtorch's emulated ones round, about ten times faster (`csrc/widened.cpp`).
+/// libtorch's emulated ones round, about six times faster (`csrc/widened.cpp`).
 #[must_use = "autocast lasts as long as the guard"]
 pub struct Autocast {
     device_type: c_int,

@@ -1,7 +1,7 @@
 // Mixed precision's matrix products on a CPU without instructions for half precision
 // (x86 without AVX512-BF16, or without AVX512-FP16 for float16). There libtorch
 // emulates its bfloat16 and float16 products, about ten times slower than float32's:
-// a training step under autocast to bfloat16 took 7.5-10.8x its float32 time on a 2-core
+// a training step under autocast to bfloat16 took 8.8-9.5x its float32 time on a 2-core
 // AVX2 CPU. libtorch's emulated products sum in float32 and round each output once, so
 // the same product is computed here on the values widened to float32 (exact) and
 // rounded once: the operands are cast to the autocast dtype as autocast casts them (a
