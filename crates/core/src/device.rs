@@ -354,10 +354,11 @@ mod tests {
                 "addmm" => t[2].addmm(t[3], t[4]),
                 "baddbmm" => t[2].baddbmm(t[0], t[1], 0.5, 2.0),
                 "addbmm" => t[2].addbmm(t[0], t[1]),
-                _ => t[3].linear(&t[4].tr(), Some(t[5])),
+                "linear" => t[3].linear(&t[4].tr(), Some(t[5])),
+                _ => t[3].linear::<&Tensor>(&t[4].tr(), None),
             };
             let inputs = [&a, &b, &c, &m, &n, &bias];
-            for name in ["mm", "bmm", "matmul", "addmm", "baddbmm", "addbmm", "linear"] {
+            for name in ["mm", "bmm", "matmul", "addmm", "baddbmm", "addbmm", "linear", "linear without bias"] {
                 let got = {
                     let _on = guard(Device::Cpu).unwrap();
                     product(name, &inputs)
@@ -396,6 +397,23 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// Autocast casts no float64 operand: under it, a product of float64 tensors is
+    /// float64's own, mixed with a float32 bias or not.
+    #[test]
+    fn autocast_leaves_float64_products_alone() {
+        let _seed = crate::rng::seed_torch(6);
+        let x = Tensor::randn([5, 7], (Kind::Double, Device::Cpu));
+        let w = Tensor::randn([4, 7], (Kind::Double, Device::Cpu));
+        let want = x.mm(&w.tr());
+        for kind_guard in [Autocast::bf16 as fn(Device) -> Result<Autocast>, Autocast::f16] {
+            let _on = kind_guard(Device::Cpu).unwrap();
+            let got = x.linear::<&Tensor>(&w, None);
+            assert_eq!(got.kind(), Kind::Double);
+            assert_eq!((got - &want).abs().max().double_value(&[]), 0.0);
+            assert_eq!(x.mm(&w.tr()).kind(), Kind::Double);
         }
     }
 

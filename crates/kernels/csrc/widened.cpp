@@ -25,6 +25,7 @@
 
 #include <mutex>
 #include <optional>
+#include <string>
 
 #include "guard.h"
 #include "lethe.h"
@@ -35,18 +36,35 @@ constexpr auto kCpu = c10::DeviceType::CPU;
 
 at::ScalarType lower() { return at::autocast::get_autocast_dtype(at::kCPU); }
 
-// Whether every defined operand is one autocast casts to the lower precision.
-bool widenable(std::initializer_list<const at::Tensor*> operands) {
-  for (const at::Tensor* t : operands)
-    if (t->defined() && !at::autocast::is_eligible(*t, kCpu)) return false;
+// Whether an argument lets the product be widened: a tensor autocast casts to the lower
+// precision, no tensor, or anything that is not a tensor (a scalar, a size).
+bool eligible(const at::Tensor& t) { return !t.defined() || at::autocast::is_eligible(t, kCpu); }
+bool eligible(const std::optional<at::Tensor>& t) { return !t.has_value() || eligible(*t); }
+template <class T>
+bool eligible(const T&) {
   return true;
 }
 
-// An operand as autocast casts it (the cast of a weight cached for the region), widened.
-at::Tensor widened(const at::Tensor& t) { return at::autocast::cached_cast(lower(), t, kCpu).to(at::kFloat); }
-
-// An operand as autocast casts it, for libtorch's own product in the lower precision.
+// An argument as autocast casts it (the cast of a weight cached for the region), for
+// libtorch's own product in the lower precision; anything else as it is.
 at::Tensor cast(const at::Tensor& t) { return at::autocast::cached_cast(lower(), t, kCpu); }
+std::optional<at::Tensor> cast(const std::optional<at::Tensor>& t) {
+  return t.has_value() ? std::optional<at::Tensor>(cast(*t)) : std::nullopt;
+}
+template <class T>
+const T& cast(const T& x) {
+  return x;
+}
+
+// An argument as autocast casts it, widened to float32 (exact); anything else as it is.
+at::Tensor widened(const at::Tensor& t) { return t.defined() ? cast(t).to(at::kFloat) : t; }
+std::optional<at::Tensor> widened(const std::optional<at::Tensor>& t) {
+  return t.has_value() ? std::optional<at::Tensor>(widened(*t)) : std::nullopt;
+}
+template <class T>
+const T& widened(const T& x) {
+  return x;
+}
 
 // The guard autocast's own kernels hold while they call the product: inside, no
 // operation is cast again.
@@ -54,53 +72,29 @@ struct NoAutocast {
   c10::impl::ExcludeDispatchKeyGuard guard{c10::DispatchKey::AutocastCPU};
 };
 
-at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
-  NoAutocast no;
-  if (!widenable({&a, &b})) return at::mm(cast(a), cast(b));
-  return at::mm(widened(a), widened(b)).to(lower());
-}
+// The kernel for the operation `Op` (one of ATen's `at::_ops` entries, whose `schema` is
+// its C++ signature), as libtorch's autocast wraps its own: the product of the widened
+// operands, rounded once, or libtorch's product of the cast ones where an operand is not
+// eligible.
+template <class Op, class Signature = typename Op::schema>
+struct Widened;
 
-at::Tensor bmm(const at::Tensor& a, const at::Tensor& b) {
-  NoAutocast no;
-  if (!widenable({&a, &b})) return at::bmm(cast(a), cast(b));
-  return at::bmm(widened(a), widened(b)).to(lower());
-}
+template <class Op, class... Args>
+struct Widened<Op, at::Tensor(Args...)> {
+  static at::Tensor call(Args... args) {
+    NoAutocast no;
+    if (!(eligible(args) && ...)) return Op::call(cast(args)...);
+    return Op::call(widened(args)...).to(lower());
+  }
+};
 
-at::Tensor matmul(const at::Tensor& a, const at::Tensor& b) {
-  NoAutocast no;
-  if (!widenable({&a, &b})) return at::matmul(cast(a), cast(b));
-  return at::matmul(widened(a), widened(b)).to(lower());
-}
-
-at::Tensor addmm(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta,
-                 const at::Scalar& alpha) {
-  NoAutocast no;
-  if (!widenable({&self, &a, &b})) return at::addmm(cast(self), cast(a), cast(b), beta, alpha);
-  return at::addmm(widened(self), widened(a), widened(b), beta, alpha).to(lower());
-}
-
-at::Tensor baddbmm(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta,
-                   const at::Scalar& alpha) {
-  NoAutocast no;
-  if (!widenable({&self, &a, &b})) return at::baddbmm(cast(self), cast(a), cast(b), beta, alpha);
-  return at::baddbmm(widened(self), widened(a), widened(b), beta, alpha).to(lower());
-}
-
-at::Tensor addbmm(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta,
-                  const at::Scalar& alpha) {
-  NoAutocast no;
-  if (!widenable({&self, &a, &b})) return at::addbmm(cast(self), cast(a), cast(b), beta, alpha);
-  return at::addbmm(widened(self), widened(a), widened(b), beta, alpha).to(lower());
-}
-
-at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias) {
-  NoAutocast no;
-  const at::Tensor none;
-  const at::Tensor& b = bias.has_value() ? *bias : none;
-  if (!widenable({&x, &w, &b}))
-    return at::linear(cast(x), cast(w), b.defined() ? std::optional<at::Tensor>(cast(b)) : std::nullopt);
-  return at::linear(widened(x), widened(w), b.defined() ? std::optional<at::Tensor>(widened(b)) : std::nullopt)
-      .to(lower());
+// Registers the widened kernel of `Op` under its schema's name (`aten::mm`, or with its
+// overload, `aten::conv1d.padding`).
+template <class Op>
+void widen(torch::Library& lib) {
+  const std::string overload = Op::overload_name;
+  const std::string name = std::string(Op::name) + (overload.empty() ? "" : "." + overload);
+  lib.impl(name.c_str(), TORCH_FN(Widened<Op>::call));
 }
 
 // Drops libtorch's warning that a kernel replaces one registered before: that is the point.
@@ -124,13 +118,13 @@ int lethe_autocast_widen_products(char** error) {
       // Never freed: freeing it would hand the products back to libtorch's kernels, and
       // at the process's exit the dispatcher it registers with may be gone first.
       auto* lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::AutocastCPU, __FILE__, __LINE__);
-      lib->impl("mm", TORCH_FN(mm));
-      lib->impl("bmm", TORCH_FN(bmm));
-      lib->impl("matmul", TORCH_FN(matmul));
-      lib->impl("addmm", TORCH_FN(addmm));
-      lib->impl("baddbmm", TORCH_FN(baddbmm));
-      lib->impl("addbmm", TORCH_FN(addbmm));
-      lib->impl("linear", TORCH_FN(linear));
+      widen<at::_ops::mm>(*lib);
+      widen<at::_ops::bmm>(*lib);
+      widen<at::_ops::matmul>(*lib);
+      widen<at::_ops::addmm>(*lib);
+      widen<at::_ops::baddbmm>(*lib);
+      widen<at::_ops::addbmm>(*lib);
+      widen<at::_ops::linear>(*lib);
     });
   });
 }
