@@ -22,7 +22,7 @@ fn tiny_corridor(name: &str, span: usize) -> Config {
     c.data.corridor = CorridorConfig { length_min: 5, length_max: 8, max_steps: 40 };
     c.memory.span = span;
     c.train.block = 16;
-    c.train.steps = 400;
+    c.train.steps = 250;
     c.train.eval_every = 0;
     c.train.checkpoint_every = 0;
     c.train.log_every = 50;
@@ -92,6 +92,7 @@ fn a_tiny_corridor_is_learned_with_memory_and_guessed_without() {
     // A span of 1 in each of 2 layers reaches 2 steps back: the colour is out of reach
     // at the doors, so the agent can only learn to walk there and guess.
     let without = run(&tiny_corridor("without-memory", 1)).last_eval.unwrap();
+    eprintln!("the tiny corridor with memory: {}\nwithout: {}", with.line(), without.line());
     assert!(with.success_rate > 0.8, "with memory: {}", with.line());
     assert!((0.35..0.65).contains(&without.success_rate), "without memory: {}", without.line());
     assert!(without.mean_length < 20.0, "the short-memory agent still learns to walk to the doors: {}", without.line());
@@ -107,9 +108,10 @@ fn a_tiny_portal_is_learned_by_remembering_the_doors() {
     let mut c = Config::preset("portal-small").unwrap();
     c.name = "tiny-portal".into();
     c.data.portal.rooms = 3;
-    c.train.steps = 300;
+    c.train.steps = 150;
     (c.train.eval_every, c.train.checkpoint_every, c.train.log_every) = (0, 0, 50);
     let r = run(&c).last_eval.unwrap();
+    eprintln!("the tiny portal after {} steps: {}", c.train.steps, r.line());
     assert!(r.recall.unwrap() > 0.8, "recall well above the 50% of guessing: {}", r.line());
     assert!(r.mean_rooms.unwrap() > 2.6, "more rooms than the 2.25 of guessing: {}", r.line());
 }
