@@ -332,7 +332,7 @@ mod tests {
     }
 
     /// Under autocast on the CPU, each product autocast lists (mm, bmm, matmul, addmm,
-    /// baddbmm, addbmm, linear), and the gradients its backward pass gives its operands,
+    /// baddbmm, addbmm, linear) and conv1d, and the gradients its backward pass gives its operands,
     /// equal the float32 product of the operands rounded to the half precision, itself
     /// rounded once, as libtorch's half-precision products compute it: to the bit where
     /// lethe widens them (a CPU without the instructions), within a rounding elsewhere.
@@ -345,8 +345,8 @@ mod tests {
             let exact = !half_products_native(kind);
             let leaf = |shape: &[i64]| Tensor::randn(shape, (Kind::Float, Device::Cpu)).set_requires_grad(true);
             let (a, b, c) = (leaf(&[3, 5, 7]), leaf(&[3, 7, 4]), leaf(&[5, 4]));
-            let (m, n, bias) = (leaf(&[5, 7]), leaf(&[7, 4]), leaf(&[4]));
-            // Each product of the operands `t` = [a, b, c, m, n, bias].
+            let (m, n, bias, kernel) = (leaf(&[5, 7]), leaf(&[7, 4]), leaf(&[4]), leaf(&[4, 5, 3]));
+            // Each product of the operands `t` = [a, b, c, m, n, bias, kernel].
             let product = |name: &str, t: &[&Tensor]| match name {
                 "mm" => t[3].mm(t[4]),
                 "bmm" => t[0].bmm(t[1]),
@@ -355,10 +355,12 @@ mod tests {
                 "baddbmm" => t[2].baddbmm(t[0], t[1], 0.5, 2.0),
                 "addbmm" => t[2].addbmm(t[0], t[1]),
                 "linear" => t[3].linear(&t[4].tr(), Some(t[5])),
+                "conv1d" => t[0].conv1d(t[6], Some(t[5]), [2], [1], [1], 1),
                 _ => t[3].linear::<&Tensor>(&t[4].tr(), None),
             };
-            let inputs = [&a, &b, &c, &m, &n, &bias];
-            for name in ["mm", "bmm", "matmul", "addmm", "baddbmm", "addbmm", "linear", "linear without bias"] {
+            let inputs = [&a, &b, &c, &m, &n, &bias, &kernel];
+            for name in ["mm", "bmm", "matmul", "addmm", "baddbmm", "addbmm", "linear", "linear without bias", "conv1d"]
+            {
                 let got = {
                     let _on = guard(Device::Cpu).unwrap();
                     product(name, &inputs)

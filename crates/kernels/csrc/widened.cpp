@@ -11,7 +11,9 @@
 // libtorch's half-precision backward products round theirs.
 //
 // These kernels take the place of libtorch's own for the products autocast lists
-// (mm, bmm, addmm, baddbmm, addbmm, matmul, linear) under the AutocastCPU dispatch key,
+// (mm, bmm, addmm, baddbmm, addbmm, matmul, linear) and for the 1-D convolution (the
+// Compressive Transformer's convolutional compressor: 14x float32's time emulated)
+// under the AutocastCPU dispatch key,
 // for the rest of the process, from the first time lethe enters autocast on such a CPU
 // (crates/core/src/device.rs). They run only on a thread with autocast on the CPU
 // enabled; an operand autocast would not cast (float64) leaves the product to libtorch's
@@ -125,6 +127,7 @@ int lethe_autocast_widen_products(char** error) {
       widen<at::_ops::baddbmm>(*lib);
       widen<at::_ops::addbmm>(*lib);
       widen<at::_ops::linear>(*lib);
+      widen<at::_ops::conv1d>(*lib);
     });
   });
 }
