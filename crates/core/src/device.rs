@@ -75,8 +75,9 @@ const HALF: c_int = 5;
 /// region (spans and masks, the ∞-former's ridge regression and densities, losses).
 /// Dropping the guard restores what was there before: guards nest. On a CPU without
 /// instructions for the half precision ([`half_products_native`]), autocast's matrix
-/// products are computed on the values widened to float32 and rounded once, as
-/// libtorch's emulated ones round, about six times faster (`csrc/widened.cpp`).
+/// products and 1-D convolutions are computed on the values widened to float32 and
+/// rounded once, as libtorch's emulated ones round, about six times faster
+/// (`csrc/widened.cpp`).
 #[must_use = "autocast lasts as long as the guard"]
 pub struct Autocast {
     device_type: c_int,
@@ -332,10 +333,11 @@ mod tests {
     }
 
     /// Under autocast on the CPU, each product autocast lists (mm, bmm, matmul, addmm,
-    /// baddbmm, addbmm, linear) and conv1d, and the gradients its backward pass gives its operands,
-    /// equal the float32 product of the operands rounded to the half precision, itself
-    /// rounded once, as libtorch's half-precision products compute it: to the bit where
-    /// lethe widens them (a CPU without the instructions), within a rounding elsewhere.
+    /// baddbmm, addbmm, linear, with and without a bias) and conv1d, and the gradients its
+    /// backward pass gives its operands, equal the float32 product of the operands rounded
+    /// to the half precision, itself rounded once, as libtorch's half-precision products
+    /// compute it: to the bit where lethe widens them (a CPU without the instructions),
+    /// within a rounding elsewhere.
     #[test]
     fn autocast_products_on_the_cpu_are_the_rounded_float32_products() {
         let _seed = crate::rng::seed_torch(5);
@@ -402,8 +404,8 @@ mod tests {
         }
     }
 
-    /// Autocast casts no float64 operand: under it, a product of float64 tensors is
-    /// float64's own, mixed with a float32 bias or not.
+    /// Autocast casts no float64 operand: under it, a product of float64 tensors (`linear`,
+    /// `mm`) is float64's own, not widened and rounded to the half precision.
     #[test]
     fn autocast_leaves_float64_products_alone() {
         let _seed = crate::rng::seed_torch(6);
