@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from . import _lethe
+from .layers import _check_tensor
 from .model import _prompt_ids
 
 __all__ = ["Decoder", "KvCache", "POLICIES"]
@@ -106,8 +107,7 @@ class Decoder:
     def __call__(self, ids: Tensor, cache: KvCache) -> Tensor:
         """The logits ``(batch, length, vocab)`` of ``ids`` ``(batch, length)`` read after
         what ``cache`` holds; the cache then holds them too, as its policy keeps them."""
-        if not isinstance(ids, Tensor):
-            raise TypeError(f"ids: expected a torch.Tensor, got {type(ids).__name__}")
+        _check_tensor("ids", ids)
         if not isinstance(cache, KvCache):
             raise TypeError(f"cache: expected a lethe.KvCache, got {type(cache).__name__}")
         return self._decoder.forward(ids, cache)

@@ -166,8 +166,7 @@ class MemoryAttention(nn.Module):
         """Attends from the block ``x`` ``(batch, length, d_model)`` over the memory
         ``state`` (None: an empty memory) and the block itself, causally; returns the
         attention output ``(batch, length, d_model)`` and the memory after the block."""
-        if not isinstance(x, Tensor):
-            raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+        _check_tensor("x", x)
         _check_device("x", x, self)
         made = self._state_dtypes.setdefault(x.dtype, {})
         y, after, aux = self._layer.forward(x, _held(state, self._owner, x.device, made), self.training)
@@ -218,6 +217,18 @@ def _held(
                 " (convert the state: state.to(dtype))"
             )
     return state.tensors
+
+
+def _check_tensor(name: str, t: Any) -> None:
+    """Refuses ``t`` unless it is a dense tensor on a device lethe computes on (the CPU or
+    a CUDA GPU): a sparse block, or one on ``meta``, is named here rather than failing
+    inside the computation."""
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.layout != torch.strided:
+        raise ValueError(f"{name}: a {t.layout} tensor; lethe takes dense ones ({name}.to_dense())")
+    if t.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{name}: on {t.device}; lethe computes on the CPU or a CUDA GPU ({name}.to(\"cpu\"))")
 
 
 def _check_device(name: str, t: Tensor, module: nn.Module) -> None:

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from . import _lethe
-from .layers import State, _check_device, _held, _register, _relink
+from .layers import State, _check_device, _check_tensor, _held, _register, _relink
 
 __all__ = ["Model", "load"]
 
@@ -50,8 +50,7 @@ class Model(nn.Module):
         """Reads the block ``tokens`` ``(batch, length)`` (int64 ids, ``length <= block``)
         over the memory ``state`` (None: empty); returns the next-token logits ``(batch,
         length, vocab)`` and every layer's memory after the block."""
-        if not isinstance(tokens, Tensor):
-            raise TypeError(f"tokens: expected a torch.Tensor, got {type(tokens).__name__}")
+        _check_tensor("tokens", tokens)
         _check_device("tokens", tokens, self)
         made = self._state_dtypes.setdefault(next(self.parameters()).dtype, {})
         held = _held(state, self._owner, tokens.device, made)

@@ -296,7 +296,7 @@ impl Decoder {
                     on(model.device())
                 )));
             }
-            check_ids("ids", &ids, model.config.vocab_size, None)?;
+            guarded(|| check_ids("ids", &ids, model.config.vocab_size, None))?;
             let mut held = take_up(&inner.weights, cache, ids.size()[0])?;
             guarded(|| Ok(PyTensor(model.forward(&ids, &mut held))))
         })

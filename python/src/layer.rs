@@ -150,8 +150,8 @@ impl Layer {
     ) -> PyResult<(PyTensor, Named, Option<PyTensor>)> {
         py.allow_threads(move || {
             let inner = lock(&self.inner)?;
-            inner.check_block(&x)?;
             guarded(|| {
+                inner.check_block(&x)?;
                 let mut memory = inner.restore(&state, &x)?;
                 let q = inner.attn.queries(&x);
                 let input = AttendInput {

@@ -165,6 +165,9 @@ fn lock<T>(inner: &Mutex<T>) -> PyResult<MutexGuard<'_, T>> {
 
 /// Runs `f`, turning a libtorch error that a tensor operation panicked with into a
 /// Python `RuntimeError` of one line (and any other panic into one naming it a bug).
+/// Everything that touches a caller's tensor runs inside it, checks included, and inside
+/// the lock it holds: a failure caught there leaves the module usable (a panic that
+/// unwound through the lock would poison it for good).
 fn guarded<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
     match std::panic::catch_unwind(AssertUnwindSafe(f)) {
         Ok(result) => result,

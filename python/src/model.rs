@@ -139,8 +139,8 @@ impl Model {
     ) -> PyResult<(PyTensor, Named, PyTensor)> {
         py.allow_threads(move || {
             let inner = lock(&self.inner)?;
-            inner.check_tokens(&tokens)?;
             guarded(|| {
+                inner.check_tokens(&tokens)?;
                 let mut memory = inner.lm.model.new_memory();
                 let restored = restore(&state, tokens.size()[0], tokens.device())?;
                 memory.load_state(&restored).map_err(|e| invalid(format!("state: {e}")))?;

@@ -216,10 +216,17 @@ def test_load_refuses_bad_tokens_with_one_line(runs):
         (torch.zeros(BLOCK, dtype=torch.long), "(batch, length)"),
         (torch.zeros(1, 4), "int64"),
         (torch.full((1, 4), model.vocab), "vocabulary"),
+        (torch.zeros(1, 4, dtype=torch.long).to_sparse(), "tokens: a torch.sparse_coo tensor"),
+        (torch.zeros(1, 4, dtype=torch.long, device="meta"), "tokens: on meta"),
     ]:
         with pytest.raises(ValueError) as caught:
             model(tokens)
         assert words in str(caught.value) and "\n" not in str(caught.value), str(caught.value)
+    # A tensor that fails inside lethe's own checks leaves the model usable.
+    with pytest.raises(RuntimeError) as caught:
+        model._model.forward(torch.zeros(1, 4, dtype=torch.long).to_sparse(), [], False)
+    assert "\n" not in str(caught.value).strip(), str(caught.value)
+    assert model(torch.zeros(1, 4, dtype=torch.long))[0].shape == (1, 4, model.vocab)
     _, state = model(torch.zeros(2, 4, dtype=torch.long))
     with pytest.raises(ValueError, match="streams"):
         model(torch.zeros(3, 4, dtype=torch.long), state)

@@ -1,5 +1,6 @@
 """The memory layers as PyTorch modules: gradients, state, optimisers, bad arguments."""
 
+import copy
 import io
 
 import pytest
@@ -235,7 +236,12 @@ def test_bad_blocks_are_refused_with_one_line():
     raises(ValueError, lambda: layer(torch.randn(2, 0, D)), "block = 4")
     raises(ValueError, lambda: layer(torch.randn(2, BLOCK, D, dtype=torch.float64)), "dtype")
     raises(TypeError, lambda: layer([[1.0]]), "torch.Tensor")
-    raises(ValueError, lambda: layer(torch.randn(2, BLOCK, D, device="meta")), "on meta, the parameters on cpu")
+    raises(ValueError, lambda: layer(torch.randn(2, BLOCK, D, device="meta")), "x: on meta", "CPU or a CUDA GPU")
+    raises(ValueError, lambda: layer(torch.randn(2, BLOCK, D).to_sparse()), "x: a torch.sparse_coo", "to_dense")
+    on_meta = copy.deepcopy(layer).to("meta")
+    raises(ValueError, lambda: on_meta(torch.randn(2, BLOCK, D, device="meta")), "x: on meta")
+    y, _ = layer(torch.randn(2, BLOCK, D))  # still usable after every refusal
+    assert y.shape == (2, BLOCK, D)
 
 
 def test_bad_states_are_refused_with_one_line():

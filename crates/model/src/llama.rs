@@ -229,7 +229,7 @@ impl LlamaConfig {
             heads,
             kv_heads,
             head_dim,
-            rms_norm_eps: float("rms_norm_eps", 1e-6)?,
+            rms_norm_eps: within("rms_norm_eps", float("rms_norm_eps", 1e-6)?, 0.0, 1.0)?,
             rope_theta,
             rope_scaling,
             max_positions: int("max_position_embeddings")?.unwrap_or(2048),
@@ -254,22 +254,39 @@ fn rope(fields: &serde_json::Map<String, Value>) -> std::result::Result<(f64, Op
         .map(|v| v.as_f64().ok_or("`rope_theta` must be a number"))
         .transpose()?
         .unwrap_or(10000.0);
+    let theta = within("rope_theta", theta, 1.0, f64::INFINITY)?;
     let Some(scaling) = scaling else { return Ok((theta, None)) };
     let kind = scaling.get("rope_type").or(scaling.get("type")).and_then(Value::as_str).unwrap_or("default");
     let number = |name: &str| scaling.get(name).and_then(Value::as_f64).ok_or(format!("rope_scaling: no `{name}`"));
     match kind {
         "default" => Ok((theta, None)),
-        "llama3" => Ok((
-            theta,
-            Some(Llama3Scaling {
-                factor: number("factor")?,
-                low_freq_factor: number("low_freq_factor")?,
-                high_freq_factor: number("high_freq_factor")?,
-                original_max_position_embeddings: number("original_max_position_embeddings")?,
-            }),
-        )),
+        "llama3" => {
+            let positive = |name: &str| within(&format!("rope_scaling: {name}"), number(name)?, 0.0, f64::INFINITY);
+            let scaling = Llama3Scaling {
+                factor: positive("factor")?,
+                low_freq_factor: positive("low_freq_factor")?,
+                high_freq_factor: positive("high_freq_factor")?,
+                original_max_position_embeddings: positive("original_max_position_embeddings")?,
+            };
+            if scaling.high_freq_factor <= scaling.low_freq_factor {
+                return Err(format!(
+                    "rope_scaling: high_freq_factor = {} must be above low_freq_factor = {} (llama3's scaling divides by their difference)",
+                    scaling.high_freq_factor, scaling.low_freq_factor
+                ));
+            }
+            Ok((theta, Some(scaling)))
+        }
         other => Err(format!("rope_scaling type `{other}`: lethe implements the default RoPE and llama3's scaling")),
     }
+}
+
+/// `value` of the field `name`, refused unless it is a finite number in `(low, high)`.
+fn within(name: &str, value: f64, low: f64, high: f64) -> std::result::Result<f64, String> {
+    if value.is_finite() && value > low && value < high {
+        return Ok(value);
+    }
+    let range = if high.is_finite() { format!("in ({low}, {high})") } else { format!("above {low}") };
+    Err(format!("`{name}` = {value} must be a finite number {range}"))
 }
 
 /// RoPE's inverse frequencies `(head_dim / 2)` of `cfg`, as `transformers` computes them.

@@ -74,6 +74,31 @@ fn what_lethe_does_not_implement_is_refused_by_name() {
     assert!(LlamaConfig::from_json(&qwen).unwrap_err().contains("use_sliding_window"));
 }
 
+/// Numbers the arithmetic cannot use are refused by name rather than read into NaN
+/// logits: a rotary base, an RMSNorm epsilon or a llama3 scaling out of range.
+#[test]
+fn numbers_out_of_range_are_refused_by_name() {
+    let llama3 = |low: f64, high: f64, factor: f64| {
+        json!({"rope_type": "llama3", "factor": factor, "low_freq_factor": low, "high_freq_factor": high,
+               "original_max_position_embeddings": 32})
+    };
+    let cases = [
+        (with("rope_theta", json!(-5.0)), "`rope_theta` = -5 must be a finite number above 1"),
+        (with("rope_theta", json!(0.5)), "`rope_theta` = 0.5"),
+        (with("rms_norm_eps", json!(-1.0)), "`rms_norm_eps` = -1 must be a finite number in (0, 1)"),
+        (with("rms_norm_eps", json!(0.0)), "`rms_norm_eps` = 0"),
+        (with("rope_parameters", json!({"rope_type": "default", "rope_theta": -1.0})), "`rope_theta` = -1"),
+        (with("rope_scaling", llama3(1.0, 4.0, -8.0)), "`rope_scaling: factor` = -8"),
+        (with("rope_scaling", llama3(0.0, 4.0, 8.0)), "`rope_scaling: low_freq_factor` = 0"),
+        (with("rope_scaling", llama3(4.0, 4.0, 8.0)), "high_freq_factor = 4 must be above low_freq_factor = 4"),
+    ];
+    for (config, needle) in cases {
+        let err = LlamaConfig::from_json(&config).expect_err(needle);
+        assert!(err.contains(needle), "{needle}: {err}");
+    }
+    assert!(LlamaConfig::from_json(&with("rms_norm_eps", json!(1e-6))).is_ok());
+}
+
 /// Llama 3's scaling by hand: high frequencies kept, low ones divided by the factor, the
 /// ones between smoothed (theta 100 and a context of 32 put one of head_dim 8's four
 /// frequencies in each of the first two regimes and two in the third); the default ones
