@@ -835,6 +835,17 @@ fn devices_and_fifos_are_refused_as_inputs() {
         &lethe(d, &["train", "-p", "books-tiny", "--data", "books", "--steps", "1", "--name", "b"]),
         &["is a FIFO"],
     );
+    // A model folder whose config.json is a FIFO, a device or a folder.
+    for (name, target) in [("fifo-hf", d.join("fifo")), ("zero-hf", "/dev/zero".into())] {
+        std::fs::create_dir(d.join(name)).unwrap();
+        std::os::unix::fs::symlink(target, d.join(name).join("config.json")).unwrap();
+    }
+    std::fs::create_dir_all(d.join("dir-hf/config.json")).unwrap();
+    for (folder, what) in [("fifo-hf", "is a FIFO"), ("zero-hf", "is a device"), ("dir-hf", "is a folder")] {
+        let named = format!("{folder}/config.json`: {what}");
+        fails_with(&lethe(d, &["train", "--init-from", folder, "--steps", "1", "--name", "c"]), &[&named]);
+        fails_with(&lethe(d, &["generate", "--init-from", folder, "--prompt-ids", "1", "--tokens", "1"]), &[&named]);
+    }
 }
 
 /// `memory.expire.target` where it cannot steer anything: with no starting `alpha`, or

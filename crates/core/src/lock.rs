@@ -24,7 +24,7 @@ pub fn try_lock(path: &Path) -> Result<std::result::Result<File, String>> {
         Ok(()) => Ok(Ok(file)),
         Err(std::fs::TryLockError::WouldBlock) => {
             let mut holder = String::new();
-            let _ = file.read_to_string(&mut holder);
+            let _ = (&mut file).take(64).read_to_string(&mut holder);
             let holder = holder.trim();
             Ok(Err(if holder.is_empty() { String::new() } else { format!(" (process {holder})") }))
         }

@@ -45,6 +45,10 @@ impl Source {
     /// Reads what `path` holds: a Hugging Face folder, or a lethe run folder or
     /// checkpoint file. The error names the path and what was missing.
     pub fn open(path: &Path) -> Result<Source> {
+        let config = path.join("config.json");
+        if config.exists() {
+            lethe_core::input::check_file(&config).map_err(|why| LetheError::checkpoint(&config, why))?;
+        }
         if llama::is_llama_folder(path) {
             let file = path.join("config.json");
             let config = LlamaConfig::from_file(&file)?;

@@ -49,7 +49,7 @@ pub enum Family {
 /// Whether `dir` holds a Hugging Face folder of a Llama-family model (its `config.json`
 /// names one of the families), rather than a lethe run or another architecture.
 pub fn is_llama_folder(dir: &Path) -> bool {
-    let Ok(text) = std::fs::read_to_string(dir.join("config.json")) else { return false };
+    let Ok(text) = lethe_core::input::read_to_string(&dir.join("config.json")) else { return false };
     let Ok(value) = serde_json::from_str::<Value>(&text) else { return false };
     matches!(value.get("model_type").and_then(Value::as_str), Some("llama" | "mistral" | "qwen2" | "qwen3"))
 }
@@ -570,7 +570,8 @@ impl Llama {
     /// [`Llama::load_on`] in `precision`: the weights converted to it on the device, the
     /// activations and the cache held in it.
     pub fn load_as(dir: &Path, device: Device, precision: Precision) -> Result<Llama> {
-        if !dir.join("config.json").is_file() {
+        // A `config.json` that is not a regular file is named by the reader below.
+        if !dir.join("config.json").exists() {
             let why = if !dir.exists() {
                 "does not exist"
             } else if dir.is_file() {
