@@ -846,6 +846,16 @@ fn devices_and_fifos_are_refused_as_inputs() {
         fails_with(&lethe(d, &["train", "--init-from", folder, "--steps", "1", "--name", "c"]), &[&named]);
         fails_with(&lethe(d, &["generate", "--init-from", folder, "--prompt-ids", "1", "--tokens", "1"]), &[&named]);
     }
+    // A model folder whose tokenizer.json is a FIFO.
+    let model = crate::common::llama::fixture("llama3");
+    std::fs::create_dir(d.join("tok-hf")).unwrap();
+    for file in ["config.json", "model.safetensors"] {
+        std::os::unix::fs::symlink(model.join(file), d.join("tok-hf").join(file)).unwrap();
+    }
+    std::os::unix::fs::symlink(d.join("fifo"), d.join("tok-hf/tokenizer.json")).unwrap();
+    let named = ["tok-hf/tokenizer.json`: is a FIFO"];
+    fails_with(&lethe(d, &["generate", "--init-from", "tok-hf", "--prompt", "hi", "--tokens", "1"]), &named);
+    fails_with(&lethe(d, &["eval", "--init-from", "tok-hf", "--data", "books/sub/a.txt"]), &named);
 }
 
 /// `memory.expire.target` where it cannot steer anything: with no starting `alpha`, or

@@ -27,13 +27,13 @@ impl Tokenizer {
     /// otherwise `vocab.json` + `merges.txt`.
     pub fn from_dir(dir: &Path) -> Result<Tokenizer> {
         let json = dir.join("tokenizer.json");
-        if json.is_file() {
+        if json.exists() {
             let bytes = lethe_core::input::read(&json).map_err(|e| LetheError::data(&json, e))?;
             let inner = tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| data_error(&json, e))?;
             return Ok(Tokenizer { inner });
         }
         let (vocab, merges) = (dir.join("vocab.json"), dir.join("merges.txt"));
-        if !vocab.is_file() || !merges.is_file() {
+        if !vocab.exists() || !merges.exists() {
             let reason = "holds no tokenizer: neither tokenizer.json nor vocab.json with merges.txt".to_string();
             return Err(LetheError::Data { path: dir.to_path_buf(), reason });
         }
@@ -52,7 +52,7 @@ impl Tokenizer {
     /// it gives ids past the model's `vocab` rows (config.json's `vocab_size`).
     pub fn of_decoder_folder(folder: &Path, vocab: usize) -> Result<Option<Tokenizer>> {
         let json = folder.join("tokenizer.json");
-        if !json.is_file() {
+        if !json.exists() {
             return Ok(None);
         }
         let tokenizer = Tokenizer::from_dir(folder)?;
