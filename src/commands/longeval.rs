@@ -253,19 +253,24 @@ impl<'a> LearnedAt<'a> {
 }
 
 impl Subject for LearnedAt<'_> {
-    fn read<'s>(&'s self, input: &[Token], length: usize) -> lethe::error::Result<Box<dyn Reader + 's>> {
+    fn read<'s>(
+        &'s self,
+        input: &[Token],
+        length: usize,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> lethe::error::Result<Box<dyn Reader + 's>> {
         match self {
             LearnedAt::Decoding { run, model, budget, block } => {
                 let entries = budget.map(|b| b.entries(length as i64)).transpose()?.unwrap_or(0);
                 let cache = run.cache_at(entries)?;
-                Ok(Box::new(lethe::generate::DecoderGenerator::new(model, cache, input, *block)?))
+                Ok(Box::new(lethe::generate::DecoderGenerator::with_progress(model, cache, input, *block, progress)?))
             }
             LearnedAt::Training(by_length) => {
                 let lm = by_length.iter().find(|(l, _)| *l == length).map(|(_, lm)| lm);
                 let lm = lm.ok_or_else(|| {
                     lethe::error::LetheError::Invalid(format!("longeval: no model for length {length}"))
                 })?;
-                lm.read(input, length)
+                lm.read(input, length, progress)
             }
         }
     }
@@ -329,6 +334,14 @@ fn evaluate(
     (out, who): (&Path, &str),
 ) -> Result<Vec<Cell>> {
     super::decoder::make_folder("--out", out)?;
+    let (cells, longest) = (grid.cells(), grid.lengths.iter().max().copied().unwrap_or(0));
+    let plural = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
+    eprintln!(
+        "longeval: {} of {} each, up to {longest} {unit} long, into {}",
+        plural(cells, "cell"),
+        plural(grid.samples, "sample"),
+        out.display()
+    );
     let started = Instant::now();
     let table = lethe::longeval::run(subject, units, grid, (out, who), |event| match event {
         Progress::Cell(cell, done, total) => {
@@ -348,6 +361,11 @@ fn evaluate(
         Progress::Samples(task, length, depth, done, of) => {
             let depth = depth_label(depth.map(|d| 100.0 * d), "depth ");
             eprintln!("longeval: {task} at {length} {unit}, {depth}: {done}/{of} samples");
+        }
+        Progress::Reading { task, length, depth, sample: (i, of), read: (read, input) } => {
+            let depth = depth_label(depth.map(|d| 100.0 * d), "depth ");
+            let percent = 100.0 * read as f64 / input.max(1) as f64;
+            eprintln!("longeval: {task} at {length} {unit}, {depth}: sample {i}/{of}, {read}/{input} {unit} read ({percent:.0}%)");
         }
     })?;
     print_summary(&table, grid, unit);

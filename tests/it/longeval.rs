@@ -40,6 +40,7 @@ fn longeval_writes_a_row_per_cell_and_a_rerun_keeps_them() {
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("(8/8 cells"), "{stderr}");
+    assert!(stderr.starts_with("longeval: 8 cells of 1 sample each, up to 600 bytes long, into ev\n"), "{stderr}");
     let table = rows(d);
     assert_eq!(table.len(), 8, "{table:?}");
     assert!(table[0].starts_with("passkey,400,0.0,1,0,"), "{table:?}");

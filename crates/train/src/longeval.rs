@@ -35,8 +35,10 @@ use crate::generate::{DecoderGenerator, Generator, Sampling};
 /// one greedy token at a time.
 pub trait Subject {
     /// A reader that has read `input`, a sample of `length` units (what a budget given
-    /// as a fraction is a fraction of).
-    fn read<'s>(&'s self, input: &[Token], length: usize) -> Result<Box<dyn Reader + 's>>;
+    /// as a fraction is a fraction of), calling `progress(units read, input length)` as
+    /// it goes.
+    fn read<'s>(&'s self, input: &[Token], length: usize, progress: &mut dyn FnMut(usize, usize))
+        -> Result<Box<dyn Reader + 's>>;
 }
 
 /// A model that has read a sample's input.
@@ -48,9 +50,14 @@ pub trait Reader {
 }
 
 impl Subject for Lm {
-    fn read<'s>(&'s self, input: &[Token], _length: usize) -> Result<Box<dyn Reader + 's>> {
+    fn read<'s>(
+        &'s self,
+        input: &[Token],
+        _length: usize,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Box<dyn Reader + 's>> {
         let greedy = Sampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 };
-        Ok(Box::new(Generator::new(self, input, &greedy)?))
+        Ok(Box::new(Generator::with_progress(self, input, &greedy, progress)?))
     }
 }
 
@@ -91,9 +98,14 @@ impl Decoder<'_> {
 }
 
 impl Subject for Decoder<'_> {
-    fn read<'s>(&'s self, input: &[Token], length: usize) -> Result<Box<dyn Reader + 's>> {
+    fn read<'s>(
+        &'s self,
+        input: &[Token],
+        length: usize,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Box<dyn Reader + 's>> {
         let cache = KvCache::new(self.policy_for(length)?);
-        Ok(Box::new(DecoderGenerator::new(self.model, cache, input, self.block)?))
+        Ok(Box::new(DecoderGenerator::with_progress(self.model, cache, input, self.block, progress)?))
     }
 }
 
@@ -123,9 +135,12 @@ pub enum Progress<'a> {
     Cell(&'a Cell, usize, usize),
     /// A long cell is under way: its task, length and depth, and the samples done of its total.
     Samples(&'a str, usize, Option<f64>, usize, usize),
+    /// A long sample is being read: its cell's task, length and depth, which sample of
+    /// how many, and the units of its input read so far of its input's.
+    Reading { task: &'a str, length: usize, depth: Option<f64>, sample: (usize, usize), read: (usize, usize) },
 }
 
-/// How often a cell under way reports its samples.
+/// How often a cell under way reports its samples, and a long sample its reading.
 const SAMPLE_REPORT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// One cell's figures: a row of `longeval.csv`.
@@ -327,8 +342,8 @@ pub fn check(grid: &Grid, units: &dyn Units) -> Result<()> {
 /// What a unit of a sample costs while it is built (its text, its id, the copies).
 const BYTES_PER_UNIT: u64 = 16;
 
-/// The samples of one cell, read and answered; `progress` is told of the samples done
-/// every ten seconds.
+/// The samples of one cell, read and answered; `progress` is told every ten seconds of
+/// the samples done, or of the units read of a long sample.
 fn evaluate(
     subject: &dyn Subject,
     units: &dyn Units,
@@ -344,7 +359,13 @@ fn evaluate(
         let mut rng = Rng::derive(grid.seed, sample_index(task, length, depth, i));
         let sample = generate(task, &spec, units, &mut rng)?;
         let room = units.encode(&format!(" {}.", sample.answers.join(", ")))?.len() + ANSWER_SLACK;
-        let mut reader = subject.read(&sample.input, length)?;
+        let mut reading = |read: usize, of: usize| {
+            if reported.elapsed() >= SAMPLE_REPORT && read < of {
+                progress(Progress::Reading { task, length, depth, sample: (i + 1, grid.samples), read: (read, of) });
+                reported = Instant::now();
+            }
+        };
+        let mut reader = subject.read(&sample.input, length, &mut reading)?;
         let held = reader.memory_held();
         memory += held.iter().sum::<usize>() as f64 / held.len().max(1) as f64;
         let answer = (0..room).map(|_| reader.next_token()).collect::<Result<Vec<_>>>()?;
