@@ -100,6 +100,8 @@ class Decoder:
         ``nbytes()`` its bytes, ``position()`` the tokens read, and ``copy()`` an
         independent copy (what it holds and what its policy keeps about it) that reads on
         apart: a prompt read once, continued several ways."""
+        if isinstance(budget, bool):
+            raise TypeError(f"budget: expected a whole number of entries (or None), got {budget!r}")
         if policy == "learned":
             return self._decoder.learned_cache(budget)
         return KvCache(policy, budget)

@@ -70,6 +70,11 @@ fn dtype_name(kind: Kind) -> String {
         Kind::Half => "torch.float16".into(),
         Kind::BFloat16 => "torch.bfloat16".into(),
         Kind::Int64 => "torch.int64".into(),
+        Kind::Int => "torch.int32".into(),
+        Kind::Int16 => "torch.int16".into(),
+        Kind::Int8 => "torch.int8".into(),
+        Kind::Uint8 => "torch.uint8".into(),
+        Kind::Bool => "torch.bool".into(),
         other => format!("{other:?}"),
     }
 }

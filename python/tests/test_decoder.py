@@ -229,6 +229,8 @@ def test_bad_arguments_are_refused_with_one_line():
         (lambda: decoder.cache("h2o"), ValueError, "needs"),
         (lambda: decoder.cache("h2o", budget=0), ValueError, "at least one"),
         (lambda: decoder(torch.zeros(1, 4), decoder.cache()), ValueError, "int64"),
+        (lambda: decoder(torch.zeros(1, 4, dtype=torch.int32), decoder.cache()), ValueError, "got torch.int32"),
+        (lambda: decoder.cache("h2o", budget=True), TypeError, "budget: expected a whole number"),
         (lambda: decoder(torch.tensor([[decoder.vocab]]), decoder.cache()), ValueError, "vocabulary"),
         (lambda: decoder([[1, 2]], decoder.cache()), TypeError, "torch.Tensor"),
         (lambda: decoder(torch.tensor([[1, 2]]).to_sparse(), decoder.cache()), ValueError, "ids: a torch.sparse_coo"),
