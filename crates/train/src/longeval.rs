@@ -37,8 +37,12 @@ pub trait Subject {
     /// A reader that has read `input`, a sample of `length` units (what a budget given
     /// as a fraction is a fraction of), calling `progress(units read, input length)` as
     /// it goes.
-    fn read<'s>(&'s self, input: &[Token], length: usize, progress: &mut dyn FnMut(usize, usize))
-        -> Result<Box<dyn Reader + 's>>;
+    fn read<'s>(
+        &'s self,
+        input: &[Token],
+        length: usize,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Box<dyn Reader + 's>>;
 }
 
 /// A model that has read a sample's input.
