@@ -416,6 +416,5 @@ pub fn top(scores: &Tensor, m: i64) -> Tensor {
 /// `weights` `(b, heads, t, n)` summed over the queries and over the heads that share a
 /// key-value head: `(b, kv_heads, n)`.
 pub fn per_kv_head(weights: &Tensor, kv_heads: i64) -> Tensor {
-    let (b, h, t, n) = weights.size4().expect("(b, h, t, n)");
-    weights.view([b, kv_heads, h / kv_heads, t, n]).sum_dim_intlist([2i64, 3].as_slice(), false, Kind::Float)
+    weights.unflatten(1, [kv_heads, -1]).sum_dim_intlist([2i64, 3].as_slice(), false, Kind::Float)
 }
