@@ -60,6 +60,25 @@ impl Text {
     }
 }
 
+/// The most token cells the pictures draw, over every layer (and every run drawn side
+/// by side): each cell is three SVG elements, and the PNG's renderer (usvg) refuses an
+/// image of more than a million. A longer text is refused before it is streamed.
+pub const MAX_CELLS: usize = 200_000;
+
+/// Refuses a text of `units` tokens drawn in `layers` panels in all when the pictures
+/// would hold more than [`MAX_CELLS`] cells; the reason says how long a text may be.
+pub fn check_drawable(units: usize, layers: usize) -> std::result::Result<(), String> {
+    let cells = units.saturating_mul(layers);
+    if cells <= MAX_CELLS {
+        return Ok(());
+    }
+    Err(format!(
+        "{units} tokens in each of {layers} layer panels make {cells} cells; the pictures draw at most {MAX_CELLS}: give a text of at most {} tokens (bytes, for a byte-level model), e.g. `head -c {} FILE`",
+        MAX_CELLS / layers.max(1),
+        MAX_CELLS / layers.max(1)
+    ))
+}
+
 /// Spans per layer for every token of a text.
 #[derive(Clone, Debug)]
 pub struct SpanTrace {

@@ -95,6 +95,15 @@ pub(crate) fn inspect_inputs(a: &InspectSpansArgs, checkpoint: &std::path::Path)
     Ok((Lm::from_checkpoint(&ckpt, device)?, text))
 }
 
+/// Refuses a text too long to draw ([`lethe::inspect::check_drawable`]) before it is
+/// streamed, naming where it came from.
+fn check_drawable(a: &InspectSpansArgs, units: usize, layers: usize) -> Result<()> {
+    lethe::inspect::check_drawable(units, layers).map_err(|why| match &a.text {
+        Some(path) => anyhow::anyhow!("--text `{}`: {why}", path.display()),
+        None => anyhow::anyhow!("--conversation: {why}"),
+    })
+}
+
 /// Conversation `n` of a dialogue run's `split`, as the model reads it.
 pub(crate) fn conversation_text(ckpt: &Checkpoint, split: &str, n: usize) -> Result<String> {
     let data = &ckpt.config.data;
@@ -119,10 +128,12 @@ pub(crate) fn conversation_text(ckpt: &Checkpoint, split: &str, n: usize) -> Res
 pub(crate) fn inspect_ltm(a: InspectSpansArgs) -> Result<()> {
     let mut runs = vec![a.checkpoint.clone()];
     runs.extend(a.compare.clone());
+    let inputs = runs.iter().map(|run| inspect_inputs(&a, run)).collect::<Result<Vec<_>>>()?;
+    let layers = inputs.iter().map(|(lm, _)| lm.config.model.layers).sum();
+    check_drawable(&a, inputs.iter().map(|(_, text)| text.ids.len()).max().unwrap_or(0), layers)?;
     let mut pictures = vec![];
-    for run in &runs {
-        let (lm, text) = inspect_inputs(&a, run)?;
-        let picture = lethe::inspect::ltm::trace_ltm(&lm, &text).with_context(|| format!("`{}`", run.display()))?;
+    for (run, (lm, text)) in runs.iter().zip(&inputs) {
+        let picture = lethe::inspect::ltm::trace_ltm(lm, text).with_context(|| format!("`{}`", run.display()))?;
         pictures.push((run.display().to_string(), picture));
     }
     let named: Vec<(&str, &lethe::inspect::ltm::LtmPicture)> =
@@ -164,6 +175,7 @@ pub(crate) fn inspect_spans(a: InspectSpansArgs) -> Result<()> {
         anyhow::bail!("--compare applies to `inspect ltm`, not to `inspect spans`");
     }
     let (lm, text) = inspect_inputs(&a, &a.checkpoint)?;
+    check_drawable(&a, text.ids.len(), lm.config.model.layers)?;
     let trace = lethe::inspect::trace_spans(&lm, &text)?;
     lethe::inspect::write(&trace, &a.out)?;
     for (layer, spans) in trace.spans.iter().enumerate() {

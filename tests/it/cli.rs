@@ -181,6 +181,12 @@ fn inspect_and_max_span_need_an_expire_span_model() {
         &lethe(d, &["inspect", "spans", "--checkpoint", "runs/expire", "--text", "missing.txt"]),
         &["missing.txt"],
     );
+    // A text too long to draw is refused before it is streamed, and nothing is written:
+    // 200,001 bytes in one layer or more is past the pictures' 200,000 cells.
+    std::fs::write(d.join("long.txt"), "a".repeat(200_001)).unwrap();
+    let long = ["inspect", "spans", "--checkpoint", "runs/expire", "--text", "long.txt", "--out", "long"];
+    fails_with(&lethe(d, &long), &["--text `long.txt`: 200001 tokens", "the pictures draw at most 200000"]);
+    assert!(!d.join("long").exists());
 }
 
 #[test]
