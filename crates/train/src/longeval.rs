@@ -140,7 +140,7 @@ pub enum Progress<'a> {
     /// A long cell is under way: its task, length and depth, and the samples done of its total.
     Samples(&'a str, usize, Option<f64>, usize, usize),
     /// A long sample is being read: its cell's task, length and depth, which sample of
-    /// how many, and the units of its input read so far of its input's.
+    /// how many, and the units of its input read so far and in all.
     Reading { task: &'a str, length: usize, depth: Option<f64>, sample: (usize, usize), read: (usize, usize) },
 }
 
