@@ -72,10 +72,9 @@ pub fn check_drawable(units: usize, layers: usize) -> std::result::Result<(), St
     if cells <= MAX_CELLS {
         return Ok(());
     }
+    let fits = MAX_CELLS / layers.max(1);
     Err(format!(
-        "{units} tokens in each of {layers} layer panels make {cells} cells; the pictures draw at most {MAX_CELLS}: give a text of at most {} tokens (bytes, for a byte-level model), e.g. `head -c {} FILE`",
-        MAX_CELLS / layers.max(1),
-        MAX_CELLS / layers.max(1)
+        "{units} tokens in each of {layers} layer panels make {cells} cells; the pictures draw at most {MAX_CELLS}: give a text of at most {fits} tokens (bytes, for a byte-level model), e.g. `head -c {fits} FILE`"
     ))
 }
 

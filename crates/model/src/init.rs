@@ -45,18 +45,17 @@ impl Source {
     /// Reads what `path` holds: a Hugging Face folder, or a lethe run folder or
     /// checkpoint file. The error names the path and what was missing.
     pub fn open(path: &Path) -> Result<Source> {
-        let config = path.join("config.json");
-        if config.exists() {
-            lethe_core::input::check_file(&config).map_err(|why| LetheError::checkpoint(&config, why))?;
+        let file = path.join("config.json");
+        if file.exists() {
+            lethe_core::input::check_file(&file).map_err(|why| LetheError::checkpoint(&file, why))?;
         }
         if llama::is_llama_folder(path) {
-            let file = path.join("config.json");
             let config = LlamaConfig::from_file(&file)?;
             let model = llama::layout::model_config(&config, 0.0).map_err(|why| LetheError::checkpoint(&file, why))?;
             return Ok(Source::Llama { dir: path.to_path_buf(), config: Box::new(config), model: Box::new(model) });
         }
         if gpt2::is_hugging_face_folder(path) {
-            let config = Gpt2Config::from_file(&path.join("config.json"))?;
+            let config = Gpt2Config::from_file(&file)?;
             return Ok(Source::HuggingFace { dir: path.to_path_buf(), config });
         }
         if !path.exists() {
