@@ -13,10 +13,11 @@ use lethe::generate::Sampling;
 use lethe::model::kv::{Budget, Policy};
 use lethe::model::llama::{KvCache, Llama};
 
-/// The policy `--policy` and `--budget` give for a stream of `context` tokens.
+/// The policy `--policy` and `--budget` give for a stream of `context` tokens (a count
+/// past `i64::MAX`, as `--tokens 18446744073709551615` asks, is as good as endless).
 fn policy_of(kv: &KvCacheArgs, context: usize) -> Result<Policy> {
     let budget = kv.budget.as_deref().map(Budget::parse).transpose()?;
-    Ok(Policy::parse(&kv.policy, budget, context as i64)?)
+    Ok(Policy::parse(&kv.policy, budget, i64::try_from(context).unwrap_or(i64::MAX))?)
 }
 
 pub(crate) fn mib(bytes: usize) -> f64 {
@@ -43,7 +44,7 @@ pub(crate) fn generate(
         anyhow::bail!("`{}` has no tokenizer.json: give the prompt as --prompt-ids 1,2,3", folder.display());
     }
     let ids = prompt_tokens(a, &prompt, tokenizer.as_ref(), vocab)?;
-    let policy = policy_of(&a.kv, ids.len() + a.bytes)?;
+    let policy = policy_of(&a.kv, ids.len().saturating_add(a.bytes))?;
     let mut cache = KvCache::new(policy.clone());
     let mut printer = Printer::new(a, tokenizer.as_ref());
     printer.prompt(&prompt, &ids)?;
@@ -400,7 +401,7 @@ fn refuse_caches_too_large(
         let bytes = per_token * (context as f64 + decoded as f64);
         if bytes > most {
             anyhow::bail!(
-                "--contexts {context}: its full cache would hold {:.1} GiB, more than half this machine's memory ({:.1} GiB)",
+                "--contexts {context} with --decode-tokens {decoded}: the full cache would hold {:.1} GiB, more than half this machine's memory ({:.1} GiB)",
                 bytes / GIB,
                 most / GIB
             );

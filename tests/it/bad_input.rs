@@ -551,6 +551,25 @@ fn the_decoder_campaigns_finds_are_refused_clearly() {
         &bench(&["--contexts", "1152921504606846976"]),
         &["--contexts 1152921504606846976", "full cache", "GiB"],
     );
+    fails_with(
+        &bench(&["--contexts", "32", "--decode-tokens", "1152921504606846976"]),
+        &["--decode-tokens 1152921504606846976", "full cache", "GiB"],
+    );
+    // A count of tokens past i64::MAX is endless, not a context of nothing (1 + 2^64 - 1
+    // had wrapped to 0: "--budget 4 is more than the 0 tokens of context").
+    let endless = ["--tokens", "18446744073709551615", "--budget", "4"];
+    fails_with(
+        &lethe(
+            d,
+            &[
+                &["generate", "--init-from", folder, "--prompt-ids", "1"][..],
+                &endless,
+                &["--policy", "streaming:sinks=100"],
+            ]
+            .concat(),
+        ),
+        &["100 sinks leave no room for a window in a budget of 4"],
+    );
     fails_with(&bench(&["--contexts", "32", "--kv", "window@8", "--kv", "window@8"]), &["--kv", "given twice"]);
     fails_with(&bench(&["--contexts", "32", "--out", "text.txt"]), &["--out `text.txt`", "not a folder"]);
     fails_with(&lethe(d, &["dialogue-data", "--out", "text.txt"]), &["text.txt", "is a file"]);
