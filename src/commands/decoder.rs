@@ -380,10 +380,16 @@ pub(crate) fn each_once<T: PartialEq>(flag: &str, items: &[T], show: impl Fn(&T)
 
 /// Makes the folder `out` of `flag`, refusing a file there by name.
 pub(crate) fn make_folder(flag: &str, out: &std::path::Path) -> Result<()> {
+    check_folder(flag, out)?;
+    std::fs::create_dir_all(out).map_err(|e| anyhow::anyhow!("{flag} `{}`: {e}", out.display()))
+}
+
+/// Refuses a file where the folder `out` of `flag` is to be made.
+pub(crate) fn check_folder(flag: &str, out: &std::path::Path) -> Result<()> {
     if out.exists() && !out.is_dir() {
         anyhow::bail!("{flag} `{}`: is a file, not a folder", out.display());
     }
-    std::fs::create_dir_all(out).map_err(|e| anyhow::anyhow!("{flag} `{}`: {e}", out.display()))
+    Ok(())
 }
 
 /// Refuses a context whose full cache (its keys and values of `width` bytes, the widest

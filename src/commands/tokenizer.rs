@@ -1,6 +1,6 @@
 //! `lethe tokenizer`: a word vocabulary or a byte-level BPE from text files.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 use crate::cli::TokenizerCommand;
 
@@ -11,6 +11,7 @@ pub(crate) fn tokenizer(c: TokenizerCommand) -> Result<()> {
         TokenizerCommand::Words(a) => &a.io,
         TokenizerCommand::Bpe(a) => &a.io,
     };
+    super::decoder::check_folder("--out", &io.out)?;
     let target = io.out.join("tokenizer.json");
     let inputs: Vec<&std::path::Path> = io.files.iter().map(|f| f.as_path()).collect();
     lethe::output::check("--out", &target, &inputs)?;
@@ -39,7 +40,7 @@ pub(crate) fn tokenizer(c: TokenizerCommand) -> Result<()> {
         tokens += ids.len();
         unknown += unk.map_or(0, |u| ids.iter().filter(|&&i| i == u).count());
     }
-    std::fs::create_dir_all(&io.out).with_context(|| format!("creating `{}`", io.out.display()))?;
+    super::decoder::make_folder("--out", &io.out)?;
     lethe::checkpoint::write_atomic(&target, tokenizer.to_json()?.as_bytes())?;
     let bytes: usize = refs.iter().map(|t| t.len()).sum();
     let unknown = unk

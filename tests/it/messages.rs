@@ -70,6 +70,10 @@ fn refusals_name_what_is_wrong_in_the_users_words() {
         (plain(&["plot", "nosuch"]), vec!["nosuch/metrics.jsonl"]),
         (plain(&["tokenizer", "bpe", "text.txt", "--out", "tok", "--vocab", "10"]), vec!["--vocab 10"]),
         (plain(&["tokenizer", "words", "missing.txt", "--out", "tok"]), vec!["missing.txt"]),
+        (
+            plain(&["tokenizer", "words", "text.txt", "--out", "one.txt"]),
+            vec!["--out `one.txt`", "is a file, not a folder"],
+        ),
         (plain(&["bench", "--mechanism", "lstm"]), vec!["lstm"]),
         (plain(&["sweep", "--sizes", "0"]), vec!["--sizes"]),
         (plain(&["score", "text.txt", "missing.txt"]), vec!["missing.txt"]),
