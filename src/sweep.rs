@@ -38,15 +38,16 @@ pub struct Arm {
     pub sizes: Vec<usize>,
 }
 
-/// Parses `mechanism[:size,size,...]` items; an item without sizes gets `default_sizes`.
-pub fn parse_arms(items: &[String], default_sizes: &[usize]) -> Result<Vec<Arm>> {
+/// Parses `mechanism[:size,size,...]` items; an item without sizes gets
+/// `default_sizes` of its mechanism.
+pub fn parse_arms(items: &[String], default_sizes: &dyn Fn(Mechanism) -> Vec<usize>) -> Result<Vec<Arm>> {
     let arms = items
         .iter()
         .map(|item| {
             let (name, sizes) = item.split_once(':').unwrap_or((item, ""));
             let mechanism = Mechanism::parse(name.trim())?;
             let sizes = if sizes.trim().is_empty() {
-                default_sizes.to_vec()
+                default_sizes(mechanism)
             } else {
                 parse_sizes(sizes, &format!("--mechanism {item}"))?
             };
@@ -79,6 +80,20 @@ pub fn default_sizes(cfg: &Config) -> Vec<usize> {
     let mut sizes: Vec<usize> = [l / 8, l / 4, l / 2, l].iter().map(|&x| x.max(cfg.train.block)).collect();
     sizes.dedup();
     sizes
+}
+
+/// [`default_sizes`] that `mechanism` can be built with on `cfg`, and why each other
+/// one cannot: a two-memory mechanism given one block has no room for its second
+/// memory beside the block its recent window takes.
+pub fn default_sizes_of(cfg: &Config, mechanism: Mechanism) -> (Vec<usize>, Vec<String>) {
+    let (mut kept, mut skipped) = (vec![], vec![]);
+    for size in default_sizes(cfg) {
+        match configure(cfg, mechanism, size, cfg.seed) {
+            Ok(_) => kept.push(size),
+            Err(e) => skipped.push(e.to_string()),
+        }
+    }
+    (kept, skipped)
 }
 
 /// Parses `16,32,64`, given by the flag `flag` (named in the error).
@@ -574,18 +589,18 @@ mod tests {
     fn repeated_sizes_and_mechanisms_are_refused() {
         let e = parse_sizes("16,32,16", "--sizes").unwrap_err().to_string();
         assert!(e.contains("--sizes: memory size 16 is given twice"), "{e}");
-        let e = parse_arms(&["fixed:8".into(), "fixed:16".into()], &[4]).unwrap_err().to_string();
+        let e = parse_arms(&["fixed:8".into(), "fixed:16".into()], &|_| vec![4]).unwrap_err().to_string();
         assert!(e.contains("--mechanism fixed: given twice"), "{e}");
     }
 
     #[test]
     fn arms_parse_with_and_without_sizes() {
-        let arms = parse_arms(&["fixed:8,16".into(), "expire".into()], &[64]).unwrap();
+        let arms = parse_arms(&["fixed:8,16".into(), "expire".into()], &|_| vec![64]).unwrap();
         assert_eq!(arms[0], Arm { mechanism: Mechanism::Fixed, sizes: vec![8, 16] });
         assert_eq!(arms[1], Arm { mechanism: Mechanism::Expire, sizes: vec![64] });
-        assert!(parse_arms(&["lstm".into()], &[8]).unwrap_err().to_string().contains("lstm"));
-        assert!(parse_arms(&["fixed:8,x".into()], &[8]).unwrap_err().to_string().contains("`x`"));
-        assert!(parse_arms(&["fixed".into()], &[]).is_err());
+        assert!(parse_arms(&["lstm".into()], &|_| vec![8]).unwrap_err().to_string().contains("lstm"));
+        assert!(parse_arms(&["fixed:8,x".into()], &|_| vec![8]).unwrap_err().to_string().contains("`x`"));
+        assert!(parse_arms(&["fixed".into()], &|_| vec![]).is_err());
     }
 
     #[test]
@@ -594,6 +609,20 @@ mod tests {
         assert_eq!(default_sizes(&base), vec![32, 64, 128]);
         base.memory.span = 512;
         assert_eq!(default_sizes(&base), vec![64, 128, 256, 512]);
+    }
+
+    #[test]
+    fn default_sizes_leave_out_those_a_mechanism_cannot_be_built_with() {
+        let base = Config::preset("copy-sweep-tiny").unwrap(); // span 64, block 8
+        assert_eq!(default_sizes(&base), vec![8, 16, 32, 64]);
+        assert_eq!(default_sizes_of(&base, Mechanism::Fixed), (vec![8, 16, 32, 64], vec![]));
+        let (kept, skipped) = default_sizes_of(&base, Mechanism::Compressive);
+        assert_eq!(kept, vec![16, 32, 64]);
+        assert_eq!(skipped.len(), 1);
+        assert!(
+            skipped[0].contains("compressive-8-s1") && skipped[0].contains("memory.compressive.slots"),
+            "{skipped:?}"
+        );
     }
 
     #[test]

@@ -138,16 +138,25 @@ pub(crate) fn sweep(a: SweepArgs) -> Result<()> {
         return Ok(());
     }
     let base = a.config.resolve()?;
-    let sizes = match &a.sizes {
-        Some(text) => lethe::sweep::parse_sizes(text, "--sizes")?,
-        None => lethe::sweep::default_sizes(&base),
-    };
-    let items = if a.mechanisms.is_empty() {
+    let given = a.sizes.as_deref().map(|text| lethe::sweep::parse_sizes(text, "--sizes")).transpose()?;
+    let items: Vec<String> = if a.mechanisms.is_empty() {
         Mechanism::all().iter().map(|m| m.name().to_string()).collect()
     } else {
         a.mechanisms.clone()
     };
-    let arms = lethe::sweep::parse_arms(&items, &sizes)?;
+    // Given sizes are tried as given (one a mechanism cannot take is an error naming
+    // it); of the default ones, each mechanism takes those it can be built with.
+    let sizes_of = |mechanism: Mechanism| match &given {
+        Some(sizes) => sizes.clone(),
+        None => {
+            let (kept, skipped) = lethe::sweep::default_sizes_of(&base, mechanism);
+            for why in skipped {
+                eprintln!("note: a default size is left out: {why}");
+            }
+            kept
+        }
+    };
+    let arms = lethe::sweep::parse_arms(&items, &sizes_of)?;
     let seeds = match &a.seeds {
         Some(text) => lethe::sweep::parse_seeds(text)?,
         None => vec![base.seed],

@@ -14,6 +14,9 @@ pub(crate) fn play(a: PlayArgs) -> Result<()> {
     if a.episodes == 0 {
         anyhow::bail!("--episodes must be at least 1");
     }
+    if let Some(dir) = &a.spans {
+        super::decoder::check_folder("--spans", dir)?;
+    }
     let mut cfg = match &a.checkpoint {
         Some(path) => a.config.resolve_over_checkpoint(lethe::checkpoint::read_config(path)?)?,
         None => a.config.resolve()?,
@@ -126,6 +129,7 @@ pub(crate) fn conversation_text(ckpt: &Checkpoint, split: &str, n: usize) -> Res
 }
 
 pub(crate) fn inspect_ltm(a: InspectSpansArgs) -> Result<()> {
+    super::decoder::check_folder("--out", &a.out)?;
     let mut runs = vec![a.checkpoint.clone()];
     runs.extend(a.compare.clone());
     let inputs = runs.iter().map(|run| inspect_inputs(&a, run)).collect::<Result<Vec<_>>>()?;
@@ -174,6 +178,7 @@ pub(crate) fn inspect_spans(a: InspectSpansArgs) -> Result<()> {
     if a.compare.is_some() {
         anyhow::bail!("--compare applies to `inspect ltm`, not to `inspect spans`");
     }
+    super::decoder::check_folder("--out", &a.out)?;
     let (lm, text) = inspect_inputs(&a, &a.checkpoint)?;
     check_drawable(&a, text.ids.len(), lm.config.model.layers)?;
     let trace = lethe::inspect::trace_spans(&lm, &text)?;

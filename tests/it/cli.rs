@@ -187,6 +187,8 @@ fn inspect_and_max_span_need_an_expire_span_model() {
     let long = ["inspect", "spans", "--checkpoint", "runs/expire", "--text", "long.txt", "--out", "long"];
     fails_with(&lethe(d, &long), &["--text `long.txt`: 200001 tokens", "the pictures draw at most 200000"]);
     assert!(!d.join("long").exists());
+    let onto_a_file = ["inspect", "spans", "--checkpoint", "runs/expire", "--text", "probe.txt", "--out", "probe.txt"];
+    fails_with(&lethe(d, &onto_a_file), &["--out `probe.txt`: is a file, not a folder"]);
 }
 
 #[test]
@@ -274,6 +276,21 @@ fn impossible_sweep_sizes_are_refused_before_any_training() {
     fails_with(&lethe(dir.path(), &["sweep", "--mechanism", "lstm"]), &["lstm"]);
 }
 
+/// Regression: the default sweep of the sweep preset failed before its first run, its
+/// compressive and ∞-former arms given one block (8) with no room for a second memory.
+#[test]
+fn the_default_sizes_leave_out_those_a_mechanism_cannot_take() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["sweep", "--preset", "copy-sweep-tiny", "--steps", "1", "--set", "data.copy.eval_tokens=256"];
+    let out = lethe(dir.path(), &args);
+    let stdout = succeeds(&out);
+    assert!(stdout.contains("18 runs") && stdout.contains("[18/18] infinity-64-s1"), "{stdout}");
+    assert!(!stdout.contains("compressive-8-s1") && stdout.contains("compressive-16-s1"), "{stdout}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("note: a default size is left out: sweep run `compressive-8-s1`"), "{stderr}");
+    assert!(stderr.contains("`infinity-8-s1`"), "{stderr}");
+}
+
 /// Regression: a sweep point whose evaluation scored no token (collisions are rare: the
 /// first 64 tokens of the split hold no answer) was written as an error of 100%.
 #[test]
@@ -359,6 +376,12 @@ fn gridworlds_train_evaluate_play_and_sweep_from_the_command_line() {
     let csv = std::fs::read_to_string(d.join("spans/agent-spans.csv")).unwrap();
     assert!(csv.starts_with("episode,step,room,action,reward,door,span_0,span_1\n0,0,1,"), "{csv}");
     assert!(std::fs::read_to_string(d.join("spans/agent-spans.html")).unwrap().contains("<svg"));
+    let onto_a_file = ["play", "--preset", "portal-expire-small", "--spans", "spans/agent-spans.csv"];
+    fails_with(&lethe(d, &onto_a_file), &["--spans `spans/agent-spans.csv`: is a file, not a folder"]);
+    // A corridor of a billion cells prints the 400 columns around the agent, not the billion.
+    let long = ["play", "--preset", "corridor-small", "--length", "1000000000", "--summary"];
+    let out = succeeds(&lethe(d, &long));
+    assert!(out.contains("\ncolumns 0-399 of ") && out.len() < 10_000, "{}", &out[..out.len().min(2000)]);
 
     let mut sweep =
         vec!["sweep", "--steps", "2", "--name", "gs", "--mechanism", "fixed:4,8", "--mechanism", "expire:8"];

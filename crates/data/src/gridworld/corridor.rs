@@ -17,7 +17,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::grid::{Action, Colour, Outcome, Word};
+use super::grid::{shown, shown_part, Action, Colour, Outcome, Word};
 use crate::task::spec::{Metric, Task};
 use lethe_core::config::{CorridorConfig, DataConfig};
 use lethe_core::rng::Rng;
@@ -85,7 +85,9 @@ impl Corridor {
         self.exit == Some(self.colour)
     }
 
-    /// The map as text: `#` wall, `A` agent, `r`/`b` the object, `R`/`B` the doors.
+    /// The map as text: `#` wall, `A` agent, `r`/`b` the object, `R`/`B` the doors. A
+    /// corridor longer than [`SHOWN`](super::grid::SHOWN) columns shows those around the agent, under a line
+    /// that says which.
     pub fn render(&self) -> String {
         let letter = |c: Colour, upper: bool| match (c, upper) {
             (Colour::Red, true) => 'R',
@@ -93,9 +95,11 @@ impl Corridor {
             (Colour::Red, false) => 'r',
             (Colour::Blue, false) => 'b',
         };
-        let mut out = String::new();
+        let width = self.length as i64 + 2;
+        let columns = shown(width, self.x as i64);
+        let mut out = shown_part("columns", &columns, width).map_or(String::new(), |part| format!("{part}\n"));
         for y in 0..3 {
-            for x in 0..self.length as i64 + 2 {
+            for x in columns.clone() {
                 let words = self.cell(x, y);
                 let colour = words.iter().find_map(|w| match w {
                     Word::Red => Some(Colour::Red),
@@ -156,6 +160,7 @@ impl Task for CorridorSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gridworld::grid::SHOWN;
 
     fn corridor(length: usize, colour: Colour, top_door: Colour) -> Corridor {
         Corridor { length, colour, top_door, x: 1, exit: None }
@@ -165,6 +170,18 @@ mod tests {
     fn the_map_has_the_object_at_the_start_and_the_doors_at_the_end() {
         let c = corridor(6, Colour::Red, Colour::Blue);
         assert_eq!(c.render(), "#r####B#\n#A.....#\n######R#\n");
+    }
+
+    #[test]
+    fn a_corridor_too_long_to_print_shows_the_columns_around_the_agent() {
+        let mut c = corridor(100_000_000_000, Colour::Red, Colour::Blue);
+        c.x = 50_000;
+        let map = c.render();
+        let lines: Vec<&str> = map.lines().collect();
+        assert_eq!(lines[0], "columns 49800-50199 of 100000000002");
+        assert_eq!(lines.len(), 4);
+        assert!(lines[1..].iter().all(|l| l.chars().count() == SHOWN as usize), "{map}");
+        assert_eq!(lines[2].find('A'), Some(200));
     }
 
     #[test]

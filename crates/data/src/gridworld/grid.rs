@@ -10,6 +10,27 @@ use lethe_core::rng::Rng;
 /// Side of the square the agent sees, centred on itself.
 pub const VIEW: usize = 3;
 
+/// The most columns, and rows, that a map's text shows: a larger map (a corridor of a
+/// million cells) is shown as the window of this many cells around the agent, so that
+/// printing a step stays short.
+pub const SHOWN: i64 = 400;
+
+/// The cells of `0..extent` on one axis that a map's text shows: all of them, or the
+/// [`SHOWN`] around `centre` when there are more.
+pub fn shown(extent: i64, centre: i64) -> std::ops::Range<i64> {
+    if extent <= SHOWN {
+        return 0..extent;
+    }
+    let start = (centre - SHOWN / 2).clamp(0, extent - SHOWN);
+    start..start + SHOWN
+}
+
+/// How a map's text says which part of an axis it shows: nothing for all of it, or
+/// `columns 100-499 of 1002` (`axis` names the axis).
+pub fn shown_part(axis: &str, range: &std::ops::Range<i64>, extent: i64) -> Option<String> {
+    (range.end - range.start < extent).then(|| format!("{axis} {}-{} of {extent}", range.start, range.end - 1))
+}
+
 /// The four moves, in the order of the policy's outputs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Action {
@@ -146,4 +167,20 @@ pub struct Outcome {
     pub reward: f64,
     /// Whether the episode ended with this step.
     pub done: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_axis_is_shown_around_the_centre_within_its_ends() {
+        assert_eq!(shown(10, 3), 0..10);
+        assert_eq!(shown(SHOWN, 0), 0..SHOWN);
+        assert_eq!(shown(10_000, 5_000), 4_800..5_200);
+        assert_eq!(shown(10_000, 3), 0..SHOWN);
+        assert_eq!(shown(10_000, 9_999), 10_000 - SHOWN..10_000);
+        assert_eq!(shown_part("columns", &(0..10), 10), None);
+        assert_eq!(shown_part("rows", &(4_800..5_200), 10_000).as_deref(), Some("rows 4800-5199 of 10000"));
+    }
 }

@@ -31,7 +31,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::grid::{Action, Colour, Outcome, Word};
+use super::grid::{shown, shown_part, Action, Colour, Outcome, Word};
 use crate::task::spec::{Metric, Task};
 use lethe_core::config::{DataConfig, PortalConfig};
 use lethe_core::rng::Rng;
@@ -180,12 +180,18 @@ impl Portal {
     }
 
     /// The current room as text, under a line `room k/N`: `#` wall, `A` agent, `R`/`B`
-    /// the doors.
+    /// the doors. A room wider than [`SHOWN`](super::grid::SHOWN) cells shows those around the agent, and
+    /// the line says which.
     pub fn render(&self) -> String {
-        let mut out = format!("room {}/{}\n", self.room + 1, self.doors.len());
-        let s = self.size as i64;
-        for y in 0..=s + 1 {
-            for x in 0..=s + 1 {
+        let side = self.size as i64 + 2;
+        let (columns, rows) = (shown(side, self.pos.0 as i64), shown(side, self.pos.1 as i64));
+        let mut out = format!("room {}/{}", self.room + 1, self.doors.len());
+        for part in [shown_part("columns", &columns, side), shown_part("rows", &rows, side)].into_iter().flatten() {
+            out += &format!(", {part}");
+        }
+        out.push('\n');
+        for y in rows {
+            for x in columns.clone() {
                 let words = self.cell(x, y);
                 out.push(match words.as_slice() {
                     [Word::Agent, ..] => 'A',
@@ -235,6 +241,7 @@ impl Task for PortalSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gridworld::grid::SHOWN;
 
     /// Three rooms of size 3; in every room the red door at x = 1 is correct, the blue
     /// one at x = 3 is not.
@@ -271,6 +278,19 @@ mod tests {
     #[test]
     fn the_room_renders_with_its_doors_and_number() {
         assert_eq!(portal().render(), "room 1/3\n#R#B#\n#...#\n#...#\n#.A.#\n#####\n");
+    }
+
+    #[test]
+    fn a_room_too_wide_to_print_shows_the_cells_around_the_agent() {
+        let size = 1_000_000;
+        let p = Portal { size, pos: Portal::entrance(size), ..portal() };
+        let map = p.render();
+        let lines: Vec<&str> = map.lines().collect();
+        assert_eq!(lines[0], "room 1/3, columns 499801-500200 of 1000002, rows 999602-1000001 of 1000002");
+        assert_eq!(lines.len(), 1 + SHOWN as usize);
+        assert!(lines[1..].iter().all(|l| l.chars().count() == SHOWN as usize), "{}", lines[1]);
+        assert_eq!(lines[SHOWN as usize - 1].find('A'), Some(200), "the agent, on the bottom row of the floor");
+        assert!(lines[SHOWN as usize].chars().all(|c| c == '#'), "the bottom wall");
     }
 
     #[test]
