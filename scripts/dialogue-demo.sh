@@ -32,7 +32,7 @@ printf '| run | seed | ppl | F1 | ROUGE-1 | ROUGE-L | METEOR | facts right |\n|-
 for seed in $SEEDS; do
   for run in dialogue-tiny-nodoc dialogue-tiny dialogue-tiny-compressive dialogue-tiny-infinity dialogue-tiny-sticky; do
     name="demo-$run-s$seed"
-    $LETHE train --preset $run --data "$DATA" --set "data.tokenizer=$DATA/tokenizer" "${steps[@]}" \
+    $LETHE train --preset $run --data "$DATA" "${steps[@]}" \
       --seed "$seed" --out "$OUT" --name "$name" --overwrite --quiet > /dev/null
     $LETHE dialogue-eval --checkpoint "$OUT/$name" "${wordnet[@]}" --json --csv "$OUT/$name/replies.csv" > "$OUT/$name/dialogue-eval.json" 2>/dev/null
     python3 - "$run" "$seed" "$OUT/$name" <<'PY'

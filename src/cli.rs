@@ -890,7 +890,8 @@ impl ConfigArgs {
         cfg = cfg.apply_overrides(&self.overrides)?;
         if let Some(path) = &self.data {
             cfg.data.source = Source::for_path(path);
-            cfg.data.path = Some(path.clone());
+            let before = cfg.data.path.replace(path.clone());
+            follow_tokenizer(&mut cfg, before.as_deref(), path);
         }
         if let Some(steps) = self.steps {
             cfg.train.steps = steps;
@@ -915,6 +916,18 @@ impl ConfigArgs {
         }
         cfg.validate()?;
         Ok(cfg)
+    }
+}
+
+/// A tokenizer kept inside the data folder the config named (`data/dialogue/tokenizer`)
+/// is that folder's own: when `--data` names another folder that holds one in the same
+/// place (`lethe dialogue-data --out DIR` writes `DIR/tokenizer`), that one is read.
+fn follow_tokenizer(cfg: &mut Config, before: Option<&std::path::Path>, data: &std::path::Path) {
+    let (Some(before), Some(tokenizer)) = (before, &cfg.data.tokenizer) else { return };
+    let Ok(inside) = tokenizer.strip_prefix(before) else { return };
+    let moved = data.join(inside);
+    if !inside.as_os_str().is_empty() && moved.is_dir() {
+        cfg.data.tokenizer = Some(moved);
     }
 }
 

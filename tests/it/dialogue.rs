@@ -12,10 +12,10 @@ fn small() -> Vec<&'static str> {
 }
 
 /// Trains preset `preset` in `dir` on the generated data in `dir/dog` with its word
-/// tokenizer, into `dir/runs`, without evaluating; `extra` adds arguments.
+/// tokenizer (`dog/tokenizer`, found by `--data dog` in place of the preset's
+/// `data/dialogue/tokenizer`), into `dir/runs`, without evaluating; `extra` adds arguments.
 fn train_on_dog(dir: &std::path::Path, preset: &str, extra: &[&str]) {
     let mut args = vec!["train", "-p", preset, "--quiet", "--out", "runs", "--data", "dog", "--no-eval"];
-    args.extend(["--set", "data.tokenizer=dog/tokenizer"]);
     args.extend_from_slice(extra);
     succeeds(&lethe(dir, &args));
 }
