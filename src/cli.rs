@@ -355,7 +355,7 @@ pub struct ReplyArgs {
     /// Sampler seed.
     #[arg(long, allow_negative_numbers = true, default_value_t = 1)]
     pub seed: u64,
-    /// Most tokens in a reply.
+    /// Most tokens in a reply (at most 4096).
     #[arg(long, allow_negative_numbers = true, default_value_t = 50)]
     pub max_length: usize,
 }

@@ -16,11 +16,19 @@ use super::train::{load_checkpoint, same_tokenizer};
 /// The widest beam `--beam` takes.
 pub(crate) const MAX_BEAM: usize = 256;
 
+/// The longest reply `--max-length` takes, in tokens: a reply is one turn (the official
+/// evaluation stops at 50), and an untrained model, which never says its turn is over,
+/// would otherwise write for hours with nothing shown.
+pub(crate) const MAX_REPLY: usize = 4096;
+
 /// The decoding that --decode and its options describe.
 pub(crate) fn decoding(a: &ReplyArgs) -> Result<lethe::dialogue::Decoding> {
     use lethe::dialogue::Decoding;
     if a.max_length == 0 {
         anyhow::bail!("--max-length 0: a reply needs room for at least one token");
+    }
+    if a.max_length > MAX_REPLY {
+        anyhow::bail!("--max-length {}: at most {MAX_REPLY} tokens a reply (a reply is one turn)", a.max_length);
     }
     let (beam, sampling) =
         (a.beam, Sampling { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed });
