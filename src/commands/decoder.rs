@@ -441,6 +441,9 @@ fn refuse_training_bench_flags(a: &BenchArgs) -> Result<()> {
 /// `lethe export --checkpoint RUN --out DIR`: a Llama-family run as a Hugging Face folder,
 /// with the run's tokenizer.json when it was trained through one.
 pub(crate) fn export(a: crate::cli::ExportArgs) -> Result<()> {
+    if a.out.exists() {
+        anyhow::bail!("--out `{}`: exists already: give a new folder", a.out.display());
+    }
     let ckpt = lethe::checkpoint::Checkpoint::load(&a.checkpoint)?;
     let tokenizer = ckpt.run_tokenizer().or_else(|| ckpt.config.data.tokenizer.clone());
     let tokenizer = tokenizer.filter(|dir| dir.join("tokenizer.json").is_file());

@@ -80,6 +80,10 @@ fn refusals_name_what_is_wrong_in_the_users_words() {
             plain(&["dialogue-eval", "--checkpoint", "nosuch", "--max-length", "100000000"]),
             vec!["--max-length 100000000", "at most 4096"],
         ),
+        (
+            plain(&["export", "--checkpoint", "nosuch", "--out", "text.txt"]),
+            vec!["--out `text.txt`: exists already: give a new folder"],
+        ),
         (plain(&["score", "text.txt", "missing.txt"]), vec!["missing.txt"]),
         (plain(&["score", "text.txt", "one.txt"]), vec!["text.txt", "50 lines", "one.txt", "has 1"]),
         (plain(&["dialogue-data", "--out", "dog", "--conversations", "5"]), vec!["--conversations", "at least 20"]),

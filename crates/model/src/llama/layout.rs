@@ -181,7 +181,7 @@ pub fn write_folder(
         return Err(LetheError::Invalid("model.llama.qk_norm and qkv_bias together: no Llama family has both".into()));
     }
     if out.exists() {
-        return Err(LetheError::checkpoint(out, "exists already: give a new folder"));
+        return Err(LetheError::Invalid("exists already: give a new folder".into()));
     }
     let mut tensors = Vec::new();
     for (ours, theirs) in names(cfg) {
