@@ -68,6 +68,7 @@ fn refusals_name_what_is_wrong_in_the_users_words() {
         (plain(&["play", "--preset", "copy-tiny"]), vec!["data.source is `copy`"]),
         (plain(&["inspect", "ltm", "--checkpoint", "nosuch", "--text", "text.txt"]), vec!["nosuch"]),
         (plain(&["plot", "nosuch"]), vec!["nosuch/metrics.jsonl"]),
+        (plain(&["plot", "nosuch", "nosuch/"]), vec!["lethe plot: `nosuch/` is given twice"]),
         (plain(&["tokenizer", "bpe", "text.txt", "--out", "tok", "--vocab", "10"]), vec!["--vocab 10"]),
         (plain(&["tokenizer", "words", "missing.txt", "--out", "tok"]), vec!["missing.txt"]),
         (
