@@ -42,6 +42,7 @@ pub(crate) fn longeval(a: LongevalArgs) -> Result<()> {
         samples: a.samples,
         seed: a.seed,
         text,
+        report_every: lethe::longeval::REPORT_EVERY,
     };
     if a.init_from.is_none() {
         let given = [

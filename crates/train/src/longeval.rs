@@ -128,6 +128,9 @@ pub struct Grid {
     pub seed: u64,
     /// The text haystack for the tasks that take one.
     pub text: Option<Haystack>,
+    /// How often a cell under way reports its samples, and a long sample its reading
+    /// ([`REPORT_EVERY`]).
+    pub report_every: std::time::Duration,
 }
 
 /// The most samples a cell may take (RULER scores 500 a cell).
@@ -144,8 +147,9 @@ pub enum Progress<'a> {
     Reading { task: &'a str, length: usize, depth: Option<f64>, sample: (usize, usize), read: (usize, usize) },
 }
 
-/// How often a cell under way reports its samples, and a long sample its reading.
-const SAMPLE_REPORT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How often a cell under way reports its samples, and a long sample its reading:
+/// [`Grid::report_every`] as `lethe longeval` runs it.
+pub const REPORT_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// One cell's figures: a row of `longeval.csv`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -228,10 +232,10 @@ impl Grid {
 
 /// Evaluates every cell of `grid` that `out/longeval.csv` does not already hold, writing
 /// the table after each; `progress` is told of each cell done (with the number done
-/// and the total) and, every ten seconds, of the samples of a long cell. `who` names
-/// the subject in each row (a [`fingerprint`] of its files, with its settings): a table
-/// that names another is refused before anything is evaluated. Returns the whole table,
-/// in the grid's order.
+/// and the total) and, every [`Grid::report_every`], of the samples of a long cell or
+/// the reading of a long sample. `who` names the subject in each row (a [`fingerprint`]
+/// of its files, with its settings): a table that names another is refused before
+/// anything is evaluated. Returns the whole table, in the grid's order.
 pub fn run(
     subject: &dyn Subject,
     units: &dyn Units,
@@ -346,8 +350,8 @@ pub fn check(grid: &Grid, units: &dyn Units) -> Result<()> {
 /// What a unit of a sample costs while it is built (its text, its id, the copies).
 const BYTES_PER_UNIT: u64 = 16;
 
-/// The samples of one cell, read and answered; `progress` is told every ten seconds of
-/// the samples done, or of the units read of a long sample.
+/// The samples of one cell, read and answered; `progress` is told every
+/// [`Grid::report_every`] of the samples done, or of the units read of a long sample.
 fn evaluate(
     subject: &dyn Subject,
     units: &dyn Units,
@@ -364,7 +368,7 @@ fn evaluate(
         let sample = generate(task, &spec, units, &mut rng)?;
         let room = units.encode(&format!(" {}.", sample.answers.join(", ")))?.len() + ANSWER_SLACK;
         let mut reading = |read: usize, of: usize| {
-            if reported.elapsed() >= SAMPLE_REPORT && read < of {
+            if reported.elapsed() >= grid.report_every && read < of {
                 progress(Progress::Reading { task, length, depth, sample: (i + 1, grid.samples), read: (read, of) });
                 reported = Instant::now();
             }
@@ -374,7 +378,7 @@ fn evaluate(
         memory += held.iter().sum::<usize>() as f64 / held.len().max(1) as f64;
         let answer = (0..room).map(|_| reader.next_token()).collect::<Result<Vec<_>>>()?;
         accuracy += score(&units.decode(&answer)?, &sample.answers, &sample.scoring);
-        if reported.elapsed() >= SAMPLE_REPORT && i + 1 < grid.samples {
+        if reported.elapsed() >= grid.report_every && i + 1 < grid.samples {
             progress(Progress::Samples(task, length, depth, i + 1, grid.samples));
             reported = Instant::now();
         }
@@ -454,7 +458,15 @@ mod tests {
         write_table(&path, &[row.clone(), Cell { depth: Some(100.0), ..row.clone() }, spread.clone()]).unwrap();
         let back = read_table(&path).unwrap();
         assert_eq!(back, vec![row.clone(), Cell { depth: Some(100.0), ..row.clone() }, spread]);
-        let grid = Grid { tasks: vec![], lengths: vec![], depths: vec![], samples: 2, seed: 7, text: None };
+        let grid = Grid {
+            tasks: vec![],
+            lengths: vec![],
+            depths: vec![],
+            samples: 2,
+            seed: 7,
+            text: None,
+            report_every: REPORT_EVERY,
+        };
         assert!(back[0].is("passkey", 1024, Some(0.5), &grid));
         assert!(!back[0].is("passkey", 1024, None, &grid));
         assert!(back[2].is("qa1", 1024, None, &grid));
@@ -473,10 +485,71 @@ mod tests {
             samples: 1,
             seed: 0,
             text: None,
+            report_every: REPORT_EVERY,
         };
         assert_eq!(grid.depths_of("passkey"), vec![Some(0.0), Some(0.5), Some(1.0)]);
         assert_eq!(grid.depths_of("qa2"), vec![None]);
         assert_eq!(grid.cells(), 2 * 3 + 2 + 2);
+    }
+
+    /// A subject that reads its input in four steps, telling of each, and answers `7`.
+    struct Sevens;
+
+    impl Subject for Sevens {
+        fn read<'s>(
+            &'s self,
+            input: &[Token],
+            _length: usize,
+            progress: &mut dyn FnMut(usize, usize),
+        ) -> Result<Box<dyn Reader + 's>> {
+            for quarter in 1..=4 {
+                progress(input.len() * quarter / 4, input.len());
+            }
+            Ok(Box::new(Sevens))
+        }
+    }
+
+    impl Reader for Sevens {
+        fn next_token(&mut self) -> Result<Token> {
+            Ok(Token::from(b'7'))
+        }
+        fn memory_held(&self) -> Vec<usize> {
+            vec![3, 5]
+        }
+    }
+
+    #[test]
+    fn a_cell_under_way_reports_its_reading_and_its_samples() {
+        let dir = tempfile::tempdir().unwrap();
+        let grid = Grid {
+            tasks: vec!["passkey"],
+            lengths: vec![512],
+            depths: vec![0.5],
+            samples: 2,
+            seed: 1,
+            text: None,
+            report_every: std::time::Duration::ZERO,
+        };
+        let mut events = vec![];
+        let table = run(&Sevens, &lethe_data::longctx::ByteUnits, &grid, (dir.path(), "sevens"), |p| {
+            events.push(match p {
+                Progress::Reading { task, length, depth, sample, read } => {
+                    format!("{task} {length} {depth:?}: sample {sample:?}, read {read:?}")
+                }
+                Progress::Samples(task, _, _, done, of) => format!("{task}: {done} of {of} samples"),
+                Progress::Cell(cell, done, of) => format!("cell {done}/{of}: {}", cell.memory),
+            })
+        })
+        .unwrap();
+        assert_eq!(table.len(), 1);
+        // Every sample's reading but its end (`read < of`), then the samples done but
+        // the last, then the cell.
+        let reading: Vec<&String> = events.iter().filter(|e| e.contains("read")).collect();
+        assert_eq!(reading.len(), 6, "{events:?}");
+        assert!(reading[0].starts_with("passkey 512 Some(0.5): sample (1, 2), read ("), "{events:?}");
+        assert!(reading[3].starts_with("passkey 512 Some(0.5): sample (2, 2), read ("), "{events:?}");
+        assert_eq!(events.iter().filter(|e| e.as_str() == "passkey: 1 of 2 samples").count(), 1, "{events:?}");
+        assert_eq!(events.last().map(String::as_str), Some("cell 1/1: 4"), "{events:?}");
     }
 
     #[test]
