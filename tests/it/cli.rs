@@ -40,7 +40,14 @@ fn corrupt_truncated_and_foreign_checkpoints_are_refused() {
     let bytes = std::fs::read(&good).unwrap();
 
     std::fs::write(d.join("garbage.safetensors"), b"this is not a checkpoint at all").unwrap();
-    fails_with(&lethe(d, &["eval", "--checkpoint", "garbage.safetensors"]), &["garbage.safetensors", "corrupt"]);
+    fails_with(
+        &lethe(d, &["eval", "--checkpoint", "garbage.safetensors"]),
+        &["garbage.safetensors", "not a safetensors file"],
+    );
+    let mut garbled = bytes.clone();
+    garbled[8] = b'[';
+    std::fs::write(d.join("garbled.safetensors"), garbled).unwrap();
+    fails_with(&lethe(d, &["eval", "--checkpoint", "garbled.safetensors"]), &["garbled.safetensors", "corrupt"]);
     std::fs::write(d.join("cut.safetensors"), &bytes[..bytes.len() / 2]).unwrap();
     fails_with(&lethe(d, &["eval", "--checkpoint", "cut.safetensors"]), &["cut.safetensors", "truncated"]);
     fails_with(&lethe(d, &["eval", "--checkpoint", "missing.safetensors"]), &["missing.safetensors", "cannot read"]);

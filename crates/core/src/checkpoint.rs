@@ -171,7 +171,7 @@ fn said(e: &safetensors::SafeTensorError) -> String {
         E::InvalidHeader | E::InvalidHeaderStart | E::InvalidHeaderDeserialization | E::InvalidHeaderLength => {
             "its header is not a safetensors header".into()
         }
-        E::HeaderTooLarge => "its header is over 100 MB".into(),
+        E::HeaderTooLarge => NOT_SAFETENSORS.into(),
         E::HeaderTooSmall => "it is shorter than a safetensors header".into(),
         E::TensorNotFound(name) => format!("no tensor `{name}`"),
         E::TensorInvalidInfo => "a tensor's shape, type and size disagree".into(),
@@ -220,6 +220,11 @@ fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// The longest header [`read_config`] reads, safetensors' own bound.
 const MAX_HEADER: u64 = 100_000_000;
 
+/// What a file whose first 8 bytes announce a header past [`MAX_HEADER`] is: a text, or
+/// anything but a safetensors file (whose first 8 bytes are its header's length).
+const NOT_SAFETENSORS: &str =
+    "not a safetensors file: its first 8 bytes, read as the length of its header, give more than 100 MB";
+
 /// The config of the checkpoint at `path` (a file, or a run folder's), read from the
 /// file's header alone and checked against its checksum as [`Checkpoint::load`] checks
 /// it: for a caller that needs no tensor, without reading the parameters.
@@ -234,7 +239,7 @@ pub fn read_config(path: &Path) -> Result<Config> {
     file.read_exact(&mut length).map_err(|_| corrupt("it ends before its header"))?;
     let length = u64::from_le_bytes(length);
     if length > MAX_HEADER {
-        return Err(corrupt("its header is over 100 MB"));
+        return Err(LetheError::checkpoint(&path, NOT_SAFETENSORS));
     }
     let mut header = vec![0u8; length as usize];
     file.read_exact(&mut header).map_err(|_| corrupt("it ends inside its header"))?;
@@ -261,8 +266,12 @@ impl Checkpoint {
         let path = resolve(path);
         let bytes = crate::input::read(&path).map_err(|e| LetheError::checkpoint(&path, e))?;
         let corrupt = |what: String| LetheError::checkpoint(&path, format!("corrupt or truncated ({what})"));
-        let st = SafeTensors::deserialize(&bytes).map_err(|e| corrupt(said(&e)))?;
-        let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| corrupt(said(&e)))?;
+        let unreadable = |e: safetensors::SafeTensorError| match e {
+            safetensors::SafeTensorError::HeaderTooLarge => LetheError::checkpoint(&path, NOT_SAFETENSORS),
+            e => corrupt(said(&e)),
+        };
+        let st = SafeTensors::deserialize(&bytes).map_err(unreadable)?;
+        let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(unreadable)?;
         let meta = meta.metadata().clone().unwrap_or_default();
         if meta.get("format").map(String::as_str) != Some(FORMAT) {
             return Err(LetheError::checkpoint(&path, "not a lethe checkpoint (no `format` metadata)"));
@@ -403,7 +412,7 @@ mod tests {
             said("safetensors error w/m.safetensors: TensorInvalidInfo"),
             "a tensor's shape, type and size disagree"
         );
-        assert_eq!(said("safetensors error m.safetensors: HeaderTooLarge"), "its header is over 100 MB");
+        assert_eq!(said("safetensors error m.safetensors: HeaderTooLarge"), NOT_SAFETENSORS);
         assert_eq!(
             said("safetensors error m: InvalidOffset(\"lm_head.weight\")"),
             "tensor `lm_head.weight` lies outside the file"
@@ -437,7 +446,9 @@ mod tests {
         assert!(refused(&changed).contains("does not match its checksum"));
         assert!(refused(&bytes[..20]).contains("ends inside its header"));
         assert!(refused(&bytes[..4]).contains("ends before its header"));
-        assert!(refused(&[255u8; 16]).contains("over 100 MB"));
+        assert!(refused(&[255u8; 16]).contains("not a safetensors file"));
+        let text = refused(b"a text, not a checkpoint\n");
+        assert!(text.contains("not a safetensors file") && !text.contains("corrupt"), "{text}");
         let mut other = 2u64.to_le_bytes().to_vec();
         other.extend(b"{}");
         assert!(refused(&other).contains("not a lethe checkpoint"));
