@@ -28,11 +28,17 @@ pub(crate) fn tokenizer(c: TokenizerCommand) -> Result<()> {
         anyhow::bail!("the text files hold no text to learn a tokenizer from");
     }
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let megabytes = refs.iter().map(|t| t.len()).sum::<usize>() as f64 / 1e6;
+    match &c {
+        TokenizerCommand::Words(_) => eprintln!("counting the words of {megabytes:.1} MB"),
+        TokenizerCommand::Bpe(a) => eprintln!("learning a BPE of {} ids from {megabytes:.1} MB", a.vocab),
+    }
     let tokenizer = match &c {
         TokenizerCommand::Words(a) => Tokenizer::train_words(&refs, a.min_count, a.max_size)?,
         TokenizerCommand::Bpe(a) => Tokenizer::train_bpe(&refs, a.vocab)?,
     };
     // How the text reads through it.
+    eprintln!("reading the text through it");
     let (mut tokens, mut unknown) = (0usize, 0usize);
     let unk = tokenizer.encode(UNK)?.first().copied().filter(|_| tokenizer.spaced());
     for text in &refs {

@@ -163,8 +163,10 @@ impl Tokenizer {
             .initial_alphabet(alphabet.into_iter().collect())
             .build();
         let mut trainer = TrainerWrapper::from(trainer);
+        // Fed in the pieces long texts are tokenised in (cut where the pre-tokenizer cuts
+        // anyway): a whole file at once is pre-tokenised at once, 80 bytes a byte.
         inner
-            .train(&mut trainer, texts.iter())
+            .train(&mut trainer, texts.iter().flat_map(|text| crate::text::chunks(text)))
             .map_err(|e| LetheError::Invalid(format!("cannot learn the BPE: {e}")))?;
         Ok(Tokenizer { inner })
     }
@@ -246,6 +248,30 @@ mod tests {
         assert!(back.spaced());
         let Err(bad) = Tokenizer::from_json("{\"model\": 3}") else { panic!("a bad tokenizer.json was read") };
         assert!(bad.to_string().contains("cannot read the tokenizer"), "{bad}");
+    }
+
+    /// The BPE learned from a long text fed in pieces is the one learned from it whole:
+    /// the pieces are cut where the pre-tokenizer cuts anyway (runs of blank lines and
+    /// spaces included).
+    #[test]
+    fn a_bpe_learned_in_pieces_is_the_bpe_of_the_whole_text() {
+        let mut rng = lethe_core::rng::Rng::new(5);
+        let words = ["memory", "span", " forget", "\n\n", "keep", "  indented", "=", "\n", " the", "stream"];
+        let text: String = (0..600_000).map(|_| words[rng.range(0, words.len() - 1)]).collect();
+        assert!(crate::text::chunks(&text).len() >= 3, "the text is not cut");
+        let ours = Tokenizer::train_bpe(&[&text], 300).unwrap();
+        let mut whole = tokenizers::Tokenizer::new(BPE::default());
+        whole.with_pre_tokenizer(Some(ByteLevel::default().add_prefix_space(false)));
+        whole.with_decoder(Some(ByteLevelDecoder::default()));
+        let trainer = BpeTrainer::builder()
+            .vocab_size(300)
+            .min_frequency(2)
+            .show_progress(false)
+            .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
+            .build();
+        whole.train(&mut TrainerWrapper::from(trainer), [text.as_str()].iter()).unwrap();
+        let whole = Tokenizer { inner: whole };
+        assert_eq!(ours.to_json().unwrap(), whole.to_json().unwrap());
     }
 
     #[test]
