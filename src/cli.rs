@@ -804,7 +804,8 @@ pub struct SweepArgs {
     #[arg(long = "mechanism", value_name = "MECH[:SIZES]", value_parser = mechanism_item)]
     pub mechanisms: Vec<String>,
     /// Memory sizes for mechanisms given without their own, e.g. 16,32,64 (default:
-    /// L/8, L/4, L/2 and L of the config, at least one block).
+    /// L/8, L/4, L/2 and L of the config, at least one block, less those a mechanism
+    /// cannot be built with: a compressive or ∞-former memory needs more than a block).
     #[arg(long, allow_negative_numbers = true)]
     pub sizes: Option<String>,
     /// Seeds, e.g. 1,2,3 (default: the config's seed).
