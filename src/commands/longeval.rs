@@ -64,6 +64,17 @@ pub(crate) fn longeval(a: LongevalArgs) -> Result<()> {
             bail!("checkpoint `{}`: no such file (a run folder holds checkpoint.safetensors)", file.display());
         }
     }
+    // A run given twice would be evaluated twice and drawn as two runs.
+    let files: Vec<PathBuf> = checkpoints
+        .iter()
+        .map(|p| {
+            let file = lethe::checkpoint::resolve(p);
+            file.canonicalize().unwrap_or(file)
+        })
+        .collect();
+    if let Some(i) = (0..files.len()).find(|&i| files[..i].contains(&files[i])) {
+        bail!("--compare: `{}` is given twice", checkpoints[i].display());
+    }
     let names = run_names(&checkpoints);
     if checkpoints.len() + usize::from(a.init_from.is_some()) > 1 {
         refuse_mixed_units(&checkpoints, a.init_from.is_some())?;

@@ -123,7 +123,17 @@ fn depthless_tasks_and_a_comparison_of_runs() {
     let args =
         ["longeval", "--checkpoint", "runs/m", "--out", "dg", "--suite", "niah_single_2", "--haystack", "digits"];
     succeeds(&lethe(d, &[&args[..], &["--lengths", "600", "--depths", "50", "--samples", "1"]].concat()));
-    let args = ["longeval", "--checkpoint", "runs/m", "--compare", "runs/m", "--out", "cmp"];
+    // The same run given twice is refused, however it is spelled.
+    let args = ["longeval", "--checkpoint", "runs/m", "--compare", "./runs/m/checkpoint.safetensors", "--out", "twice"];
+    fails_with(
+        &lethe(d, &[&args[..], &grid[..]].concat()),
+        &["--compare: `./runs/m/checkpoint.safetensors` is given twice"],
+    );
+    assert!(!d.join("twice").exists());
+    // A copy of it in another folder of the same name is a second run, named m-2.
+    std::fs::create_dir_all(d.join("copy/m")).unwrap();
+    std::fs::copy(d.join("runs/m/checkpoint.safetensors"), d.join("copy/m/checkpoint.safetensors")).unwrap();
+    let args = ["longeval", "--checkpoint", "runs/m", "--compare", "copy/m", "--out", "cmp"];
     let stdout = succeeds(&lethe(d, &[&args[..], &grid[..]].concat()));
     assert!(stdout.contains("m-2:"), "{stdout}");
     for file in

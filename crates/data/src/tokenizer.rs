@@ -30,7 +30,7 @@ impl Tokenizer {
         if json.exists() {
             let bytes = lethe_core::input::read(&json).map_err(|e| LetheError::data(&json, e))?;
             let inner = tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| data_error(&json, e))?;
-            return Ok(Tokenizer { inner });
+            return Tokenizer::whole(inner).map_err(|e| data_error(&json, e));
         }
         let (vocab, merges) = (dir.join("vocab.json"), dir.join("merges.txt"));
         if !vocab.exists() || !merges.exists() {
@@ -68,6 +68,14 @@ impl Tokenizer {
         let inner = json
             .parse::<tokenizers::Tokenizer>()
             .map_err(|e| LetheError::Invalid(format!("cannot read the tokenizer: {e}")))?;
+        Tokenizer::whole(inner).map_err(|e| LetheError::Invalid(format!("cannot read the tokenizer: {e}")))
+    }
+
+    /// `inner` with the truncation and padding a `tokenizer.json` may carry turned off:
+    /// lethe tokenises whole texts, and a saved `max_length` would silently cut each
+    /// piece of a long text short, and padding add ids that are not in the text.
+    fn whole(mut inner: tokenizers::Tokenizer) -> tokenizers::Result<Tokenizer> {
+        inner.with_truncation(None)?.with_padding(None);
         Ok(Tokenizer { inner })
     }
 
@@ -80,13 +88,14 @@ impl Tokenizer {
         Ok(encoding.get_ids().to_vec())
     }
 
-    /// The ids of each of `texts` (no special tokens added), tokenised in parallel.
-    pub fn encode_batch(&self, texts: &[&str]) -> Result<Vec<Vec<u32>>> {
+    /// The ids of each of `texts` (no special tokens added), tokenised in parallel, with
+    /// the byte offset in its text at which each id's token starts.
+    pub fn encode_batch_at(&self, texts: &[&str]) -> Result<Vec<(Vec<u32>, Vec<usize>)>> {
         let encodings = self
             .inner
             .encode_batch(texts.to_vec(), false)
             .map_err(|e| LetheError::Invalid(format!("cannot tokenise the text: {e}")))?;
-        Ok(encodings.iter().map(|e| e.get_ids().to_vec()).collect())
+        Ok(encodings.iter().map(|e| (e.get_ids().to_vec(), e.get_offsets().iter().map(|o| o.0).collect())).collect())
     }
 
     /// The text of `ids`.
@@ -272,6 +281,71 @@ mod tests {
         whole.train(&mut TrainerWrapper::from(trainer), [text.as_str()].iter()).unwrap();
         let whole = Tokenizer { inner: whole };
         assert_eq!(ours.to_json().unwrap(), whole.to_json().unwrap());
+    }
+
+    /// A `tokenizer.json` saved with truncation and padding on (as `transformers` saves
+    /// some) still gives every id of a long text, and no padding.
+    #[test]
+    fn a_saved_truncation_and_padding_are_not_applied() {
+        use tokenizers::{PaddingParams, PaddingStrategy, TruncationParams};
+        let text = "a b c d e f g h i j\n".repeat(40);
+        let words = Tokenizer::train_words(&[&text], 1, 100).unwrap();
+        let mut saved = words.inner.clone();
+        saved.with_truncation(Some(TruncationParams { max_length: 4, ..Default::default() })).unwrap();
+        saved.with_padding(Some(PaddingParams { strategy: PaddingStrategy::Fixed(4096), ..Default::default() }));
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tokenizer.json"), saved.to_string(false).unwrap()).unwrap();
+        assert_eq!(saved.encode(text.as_str(), false).unwrap().get_ids().len(), 4096, "the settings do not bite");
+        for read in
+            [Tokenizer::from_dir(dir.path()).unwrap(), Tokenizer::from_json(&saved.to_string(false).unwrap()).unwrap()]
+        {
+            assert_eq!(read.encode(&text).unwrap(), words.encode(&text).unwrap());
+            let batch = read.encode_batch_at(&[&text, "a b"]).unwrap();
+            assert_eq!(batch[0].0.len(), 40 * 11);
+            assert_eq!(batch[1].0.len(), 2);
+        }
+    }
+
+    /// A BPE of `vocab` ids with `normalizer` and `pre_tokenizer`, learned from `text`'s lines.
+    fn bpe_with(
+        normalizer: Option<tokenizers::NormalizerWrapper>,
+        pre_tokenizer: Option<tokenizers::PreTokenizerWrapper>,
+        text: &str,
+        vocab: usize,
+    ) -> Tokenizer {
+        let mut inner = tokenizers::Tokenizer::new(BPE::default());
+        inner.with_normalizer(normalizer);
+        inner.with_pre_tokenizer(pre_tokenizer);
+        let trainer = BpeTrainer::builder().vocab_size(vocab).min_frequency(2).show_progress(false).build();
+        inner.train(&mut TrainerWrapper::from(trainer), text.split_inclusive('\n')).unwrap();
+        Tokenizer { inner }
+    }
+
+    /// Llama 2's and Mistral's tokenizers put a `▁` before the first word of whatever
+    /// they are given (a Metaspace pre-tokenizer prepending to the first word only, or
+    /// the legacy Prepend normalizer), so a long text cut into pieces and each tokenised
+    /// alone gives other ids at every cut. The pieces' seams make the ids those of the
+    /// whole text all the same.
+    #[test]
+    fn a_long_text_gives_the_ids_of_the_whole_with_prefix_dependent_tokenizers() {
+        use tokenizers::normalizers::{Prepend, Sequence};
+        use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
+        let mut rng = lethe_core::rng::Rng::new(11);
+        let words = ["memory", "span", " forget", "\n", "keep", " Senjō", " —", "=", " the", "stream", "\n\n", " "];
+        let text: String = (0..640_000).map(|_| words[rng.range(0, words.len() - 1)]).collect();
+        assert!(crate::text::chunks(&text).len() >= 3, "the text is not cut");
+        let sample = &text[..text.floor_char_boundary(20_000)];
+        let metaspace = Metaspace::new('▁', PrependScheme::First, true);
+        let legacy = Sequence::new(vec![Prepend::new("▁".into()).into(), Replace::new(" ", "▁").unwrap().into()]);
+        let tokenizers =
+            [bpe_with(None, Some(metaspace.into()), sample, 300), bpe_with(Some(legacy.into()), None, sample, 300)];
+        for tokenizer in tokenizers {
+            let whole = tokenizer.encode(&text).unwrap();
+            let alone: Vec<u32> =
+                crate::text::chunks(&text).into_iter().flat_map(|piece| tokenizer.encode(piece).unwrap()).collect();
+            assert_ne!(alone, whole, "pieces tokenised alone give the ids of the whole: the test does not bite");
+            assert_eq!(crate::text::encode_long(&tokenizer, &text).unwrap(), whole);
+        }
     }
 
     #[test]
