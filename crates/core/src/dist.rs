@@ -127,6 +127,21 @@ impl Launch {
         Ok(Some(Launch { rank, world_size, local_rank, master_addr, master_port, agent_store, restart }))
     }
 
+    /// Whether `MASTER_ADDR` names a host this machine can find: c10d's store would try
+    /// an unknown name again and again, saying nothing, until its timeout.
+    fn check_host(&self) -> Result<()> {
+        use std::net::ToSocketAddrs;
+        let addrs = (self.master_addr.as_str(), self.master_port).to_socket_addrs();
+        match addrs.map(|mut a| a.next().is_some()) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(invalid_launch(format!("MASTER_ADDR={:?} has no address", self.master_addr))),
+            Err(e) => Err(invalid_launch(format!(
+                "MASTER_ADDR={:?} is not a host this machine can find ({e})",
+                self.master_addr
+            ))),
+        }
+    }
+
     /// Whether this process hosts the rendezvous store.
     fn hosts_store(&self) -> bool {
         self.rank == 0 && !self.agent_store
@@ -180,6 +195,7 @@ impl ProcessGroup {
                 device as c_int
             }
         };
+        launch.check_host()?;
         let host = CString::new(launch.master_addr.as_str())
             .map_err(|_| invalid_launch("MASTER_ADDR holds a NUL byte".into()))?;
         let prefix = CString::new(launch.prefix(JOINED.fetch_add(1, std::sync::atomic::Ordering::SeqCst)))
@@ -748,6 +764,20 @@ mod tests {
             let msg = Launch::from_vars(vars(env)).unwrap_err().to_string();
             assert!(msg.contains(needle) && msg.contains("torchrun"), "expected `{needle}` in: {msg}");
         }
+    }
+
+    #[test]
+    fn an_unknown_master_addr_is_refused_before_the_rendezvous() {
+        let launch = |host: &str| {
+            let env = [("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", host), ("MASTER_PORT", "29500")];
+            Launch::from_vars(vars(&env)).unwrap().unwrap()
+        };
+        for host in ["127.0.0.1", "localhost", "::1"] {
+            launch(host).check_host().unwrap();
+        }
+        // `.invalid` is reserved never to resolve (RFC 6761).
+        let msg = launch("no-such-host.invalid").check_host().unwrap_err().to_string();
+        assert!(msg.contains("MASTER_ADDR=\"no-such-host.invalid\" is not a host"), "{msg}");
     }
 
     #[test]
