@@ -39,28 +39,49 @@ const SEAM_BYTES: usize = 4096;
 /// Tokens in a row on which two neighbouring pieces must agree to be joined there.
 const SEAM_AGREE: usize = 8;
 
-/// `text` in pieces of about [`CHUNK_BYTES`], each cut just after a newline that a
-/// non-space character follows, or a single space then one: at such a point most
-/// pre-tokenizers (GPT-2's, Llama 3's, whitespace) end a token anyway.
+/// `text` in pieces of [`CHUNK_BYTES`] to twice that, each cut at the first of these
+/// past [`CHUNK_BYTES`] (where most pre-tokenizers, GPT-2's, Llama 3's and whitespace,
+/// end a token anyway):
+/// - just after a newline that a non-space character follows, or a single space then one;
+/// - else, in a long line, just before a space that a non-space character follows;
+/// - else (a run of two megabytes without a space), at the first character boundary,
+///   so that no text, however it is written, is handed to the tokenizer whole.
 pub fn chunks(text: &str) -> Vec<&str> {
     let bytes = text.as_bytes();
     let mut out = vec![];
     let mut start = 0;
-    while bytes.len() - start > CHUNK_BYTES {
-        let cut = (start + CHUNK_BYTES..bytes.len()).find(|&i| safe_cut(bytes, i));
-        let Some(cut) = cut else { break };
+    while bytes.len() - start > 2 * CHUNK_BYTES {
+        let past = start + CHUNK_BYTES..start + 2 * CHUNK_BYTES;
+        let cut = past
+            .clone()
+            .find(|&i| line_start(bytes, i))
+            .or_else(|| past.clone().find(|&i| word_start(bytes, i)))
+            .unwrap_or_else(|| text.ceil_char_boundary(past.start));
         out.push(&text[start..cut]);
         start = cut;
     }
-    out.push(&text[start..]);
+    // The rest, at most two pieces' worth: cut once more where a line starts, if one does.
+    match (start + CHUNK_BYTES..bytes.len()).find(|&i| line_start(bytes, i)) {
+        Some(cut) => out.extend([&text[start..cut], &text[cut..]]),
+        None => out.push(&text[start..]),
+    }
     out
 }
 
-/// Whether a piece may end just before byte `i`: a newline before it, and after it a
-/// character that is not whitespace, or one space then such a character.
-fn safe_cut(bytes: &[u8], i: usize) -> bool {
-    let solid = |j: usize| bytes.get(j).is_some_and(|b| !b.is_ascii_whitespace());
-    bytes[i - 1] == b'\n' && (solid(i) || (bytes[i] == b' ' && solid(i + 1)))
+/// Whether byte `i` starts a line: a newline before it, and after it a character that
+/// is not whitespace, or one space then such a character.
+fn line_start(bytes: &[u8], i: usize) -> bool {
+    bytes[i - 1] == b'\n' && (solid(bytes, i) || (bytes[i] == b' ' && solid(bytes, i + 1)))
+}
+
+/// Whether byte `i` is a space that a non-space character follows.
+fn word_start(bytes: &[u8], i: usize) -> bool {
+    bytes[i] == b' ' && solid(bytes, i + 1)
+}
+
+/// Whether byte `i` is there and not whitespace.
+fn solid(bytes: &[u8], i: usize) -> bool {
+    bytes.get(i).is_some_and(|b| !b.is_ascii_whitespace())
 }
 
 /// The ids of a long `text`: those of the text tokenised whole, computed in [`chunks`]
@@ -323,5 +344,17 @@ mod tests {
         for p in &pieces[1..] {
             assert!(p.starts_with(" = =") || p.starts_with(" plain"), "{:?}", &p[..12]);
         }
+        // One long line is cut before its words; a text without spaces anywhere.
+        let line = text.replace('\n', " ");
+        let pieces = chunks(&line);
+        assert!(pieces.len() >= 2, "{} pieces", pieces.len());
+        assert_eq!(pieces.concat(), line);
+        for p in &pieces[1..] {
+            assert!(p.starts_with(' ') && !p[1..].starts_with(' '), "{:?}", &p[..12]);
+        }
+        let solid = "Senjō—".repeat(CHUNK_BYTES / 8 * 5);
+        let pieces = chunks(&solid);
+        assert!(pieces.len() >= 3 && pieces.iter().all(|p| p.len() <= 2 * CHUNK_BYTES), "{} pieces", pieces.len());
+        assert_eq!(pieces.concat(), solid);
     }
 }

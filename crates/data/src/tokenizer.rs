@@ -173,7 +173,8 @@ impl Tokenizer {
             .build();
         let mut trainer = TrainerWrapper::from(trainer);
         // Fed in the pieces long texts are tokenised in (cut where the pre-tokenizer cuts
-        // anyway): a whole file at once is pre-tokenised at once, 80 bytes a byte.
+        // anyway, but in two megabytes without a space): a whole file at once is
+        // pre-tokenised at once, 80 bytes a byte.
         inner
             .train(&mut trainer, texts.iter().flat_map(|text| crate::text::chunks(text)))
             .map_err(|e| LetheError::Invalid(format!("cannot learn the BPE: {e}")))?;
@@ -267,8 +268,15 @@ mod tests {
         let mut rng = lethe_core::rng::Rng::new(5);
         let words = ["memory", "span", " forget", "\n\n", "keep", "  indented", "=", "\n", " the", "stream"];
         let text: String = (0..600_000).map(|_| words[rng.range(0, words.len() - 1)]).collect();
-        assert!(crate::text::chunks(&text).len() >= 3, "the text is not cut");
-        let ours = Tokenizer::train_bpe(&[&text], 300).unwrap();
+        // And as one line, cut before its words.
+        for text in [text.clone(), text.replace('\n', " ")] {
+            assert!(crate::text::chunks(&text).len() >= 2, "the text is not cut");
+            assert_eq!(Tokenizer::train_bpe(&[&text], 300).unwrap().to_json().unwrap(), bpe_of_whole(&text));
+        }
+    }
+
+    /// The BPE [`Tokenizer::train_bpe`] learns, learned from `text` given whole.
+    fn bpe_of_whole(text: &str) -> String {
         let mut whole = tokenizers::Tokenizer::new(BPE::default());
         whole.with_pre_tokenizer(Some(ByteLevel::default().add_prefix_space(false)));
         whole.with_decoder(Some(ByteLevelDecoder::default()));
@@ -278,9 +286,8 @@ mod tests {
             .show_progress(false)
             .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
             .build();
-        whole.train(&mut TrainerWrapper::from(trainer), [text.as_str()].iter()).unwrap();
-        let whole = Tokenizer { inner: whole };
-        assert_eq!(ours.to_json().unwrap(), whole.to_json().unwrap());
+        whole.train(&mut TrainerWrapper::from(trainer), [text].iter()).unwrap();
+        Tokenizer { inner: whole }.to_json().unwrap()
     }
 
     /// A `tokenizer.json` saved with truncation and padding on (as `transformers` saves
@@ -345,6 +352,14 @@ mod tests {
                 crate::text::chunks(&text).into_iter().flat_map(|piece| tokenizer.encode(piece).unwrap()).collect();
             assert_ne!(alone, whole, "pieces tokenised alone give the ids of the whole: the test does not bite");
             assert_eq!(crate::text::encode_long(&tokenizer, &text).unwrap(), whole);
+        }
+        // A GPT-2 BPE on one long line cut before its words, and on a text without a
+        // space, cut anywhere.
+        let gpt2 = Tokenizer::train_bpe(&[sample], 300).unwrap();
+        let solid: String = text.split_whitespace().collect::<String>().repeat(2);
+        for text in [text.replace('\n', " "), solid] {
+            assert!(crate::text::chunks(&text).len() >= 2, "the text is not cut");
+            assert_eq!(crate::text::encode_long(&gpt2, &text).unwrap(), gpt2.encode(&text).unwrap());
         }
     }
 
