@@ -90,13 +90,9 @@ pub(crate) fn eval(a: &EvalArgs, folder: &std::path::Path, device: tch::Device) 
         anyhow::bail!("`{}` has no tokenizer.json: lethe eval reads the text through it", folder.display());
     };
     let text = lethe::input::read_to_string(data).map_err(|e| anyhow::anyhow!("--data `{}`: {e}", data.display()))?;
-    let mut ids = tokenizer.encode(&text)?;
-    if let Some(max) = a.max_tokens {
-        if max == 0 {
-            anyhow::bail!("--max-tokens must be at least 1");
-        }
-        ids.truncate(max + 1);
-    }
+    let read = tokens_to_read(a.max_tokens)?;
+    let mut ids = lethe::data::text::encode_prefix(&tokenizer, &text, read)?;
+    ids.truncate(read);
     if ids.len() < 2 {
         anyhow::bail!("--data `{}`: {} token(s); a decoder is scored on at least 2", data.display(), ids.len());
     }
@@ -173,7 +169,9 @@ pub(crate) fn eval_run_windows(
     }
     let data = a.data.as_deref().ok_or_else(|| anyhow::anyhow!("--context scores a text: give --data FILE"))?;
     let text = lethe::input::read_to_string(data).map_err(|e| anyhow::anyhow!("--data `{}`: {e}", data.display()))?;
-    let ids = truncated(run_ids(ckpt, &text)?, a.max_tokens)?;
+    let read = tokens_to_read(a.max_tokens)?;
+    let mut ids = run_ids(ckpt, &text, read)?;
+    ids.truncate(read);
     if ids.len() < 2 {
         anyhow::bail!("--data `{}`: {} token(s); a model is scored on at least 2", data.display(), ids.len());
     }
@@ -208,23 +206,28 @@ pub(crate) fn eval_run_windows(
     Ok(())
 }
 
-/// The ids of `text` through the tokenizer `ckpt`'s model reads (bytes when none).
-pub(crate) fn run_ids(ckpt: &lethe::checkpoint::Checkpoint, text: &str) -> Result<Vec<lethe::data::Token>> {
+/// The first ids of `text` (at least `wanted`, all of a shorter text) through the
+/// tokenizer `ckpt`'s model reads (bytes when none); a long text is tokenised in pieces
+/// ([`lethe::data::text::encode_prefix`]), only as far as needed.
+pub(crate) fn run_ids(
+    ckpt: &lethe::checkpoint::Checkpoint,
+    text: &str,
+    wanted: usize,
+) -> Result<Vec<lethe::data::Token>> {
     Ok(match lethe::data::text::tokenizer_of_checkpoint(ckpt)? {
-        Some(t) => t.encode(text)?,
-        None => text.bytes().map(lethe::data::Token::from).collect(),
+        Some(t) => lethe::data::text::encode_prefix(&t, text, wanted)?,
+        None => text.bytes().take(wanted).map(lethe::data::Token::from).collect(),
     })
 }
 
-/// `ids` cut to `--max-tokens` scored tokens (one more read).
-fn truncated(mut ids: Vec<lethe::data::Token>, max: Option<usize>) -> Result<Vec<lethe::data::Token>> {
-    if let Some(max) = max {
-        if max == 0 {
-            anyhow::bail!("--max-tokens must be at least 1");
-        }
-        ids.truncate(max + 1);
+/// The tokens `--max-tokens` asks to read: its scored tokens and one more (all when
+/// not given).
+fn tokens_to_read(max: Option<usize>) -> Result<usize> {
+    match max {
+        Some(0) => anyhow::bail!("--max-tokens must be at least 1"),
+        Some(n) => Ok(n.saturating_add(1)),
+        None => Ok(usize::MAX),
     }
-    Ok(ids)
 }
 
 /// Tokens read at a time: `--block`, else one under a budget (each token predicted from

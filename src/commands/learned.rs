@@ -48,7 +48,7 @@ impl Learned {
             );
         }
         learned.refuse_another_model(folder).map_err(|e| at(path, &e))?;
-        let own = super::decoder::run_ids(&learned.ckpt, text).map_err(|e| at(path, &e))?;
+        let own = super::decoder::run_ids(&learned.ckpt, text, ids.len()).map_err(|e| at(path, &e))?;
         if !own.starts_with(ids) {
             return Err(at(path, &"reads the text as other ids than the folder's tokenizer.json: a run compared with the folder must share its tokenizer"));
         }

@@ -96,17 +96,29 @@ fn solid(bytes: &[u8], i: usize) -> bool {
 /// Mistral's, which put a `▁` before the first word of every text they are given. In
 /// the rare text where no such token is found, the text is tokenised whole.
 pub fn encode_long(tokenizer: &Tokenizer, text: &str) -> Result<Vec<Token>> {
+    encode_prefix(tokenizer, text, usize::MAX)
+}
+
+/// The first ids of a long `text`, as [`encode_long`] gives them, tokenising no more
+/// pieces than it takes to know at least `wanted` of them (all, in a shorter text):
+/// for a command that reads only the start of a large file.
+pub fn encode_prefix(tokenizer: &Tokenizer, text: &str, wanted: usize) -> Result<Vec<Token>> {
+    // As many pieces at a time as the machine has cores.
+    let at_once = std::thread::available_parallelism().map_or(2, |n| n.get().max(2));
+    encode_in_groups(tokenizer, text, wanted, at_once)
+}
+
+/// [`encode_prefix`], tokenising `at_once` pieces at a time (at least 2).
+pub(crate) fn encode_in_groups(tokenizer: &Tokenizer, text: &str, wanted: usize, at_once: usize) -> Result<Vec<Token>> {
     let spans = piece_spans(text);
     if spans.len() == 1 {
         return tokenizer.encode(text);
     }
-    let mut ids = Vec::with_capacity(text.len() / 4);
-    // As many pieces at a time as the machine has cores.
-    let at_once = std::thread::available_parallelism().map_or(2, |n| n.get().max(2));
+    let mut ids = Vec::with_capacity((text.len() / 4).min(wanted));
     // The piece before the one in hand, and the byte where its tokens to keep start.
     let mut before: Option<Window> = None;
     let mut from = 0;
-    for group in spans.chunks(at_once) {
+    for group in spans.chunks(at_once.max(2)) {
         let windows: Vec<(usize, usize)> = group
             .iter()
             .map(|&(s, e)| {
@@ -123,6 +135,9 @@ pub fn encode_long(tokenizer: &Tokenizer, text: &str) -> Result<Vec<Token>> {
                 from = left.starts[join];
             }
             before = Some(window);
+        }
+        if ids.len() >= wanted {
+            return Ok(ids);
         }
     }
     if let Some(last) = before {

@@ -352,6 +352,12 @@ mod tests {
                 crate::text::chunks(&text).into_iter().flat_map(|piece| tokenizer.encode(piece).unwrap()).collect();
             assert_ne!(alone, whole, "pieces tokenised alone give the ids of the whole: the test does not bite");
             assert_eq!(crate::text::encode_long(&tokenizer, &text).unwrap(), whole);
+            // The start alone: exact, and (two pieces at a time) the third not tokenised.
+            let head = crate::text::encode_prefix(&tokenizer, &text, 10).unwrap();
+            assert!(head.len() >= 10 && whole.starts_with(&head));
+            let head = crate::text::encode_in_groups(&tokenizer, &text, 10, 2).unwrap();
+            assert!(head.len() >= 10 && head.len() < whole.len() / 2, "{} of {} ids", head.len(), whole.len());
+            assert!(whole.starts_with(&head));
         }
         // A GPT-2 BPE on one long line cut before its words, and on a text without a
         // space, cut anywhere.

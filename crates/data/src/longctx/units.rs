@@ -30,7 +30,7 @@ impl Units for ByteUnits {
 
 impl Units for Tokenizer {
     fn encode(&self, text: &str) -> Result<Vec<Token>> {
-        Tokenizer::encode(self, text)
+        crate::text::encode_long(self, text)
     }
 
     fn decode(&self, units: &[Token]) -> Result<String> {
