@@ -267,10 +267,10 @@ impl Decoder {
         })
     }
 
-    /// `text` as the model's token ids (its tokenizer's).
+    /// `text` as the model's token ids (its tokenizer's; a long text in pieces).
     fn encode(&self, text: &str) -> PyResult<Vec<i64>> {
         let inner = lock(&self.inner)?;
-        let ids = inner.tokenizer()?.encode(text).map_err(|e| invalid(e.to_string()))?;
+        let ids = lethe_data::text::encode_long(inner.tokenizer()?, text).map_err(|e| invalid(e.to_string()))?;
         Ok(ids.into_iter().map(i64::from).collect())
     }
 

@@ -155,11 +155,14 @@ impl Model {
         })
     }
 
-    /// `text` as the model's token ids (its tokenizer's, or UTF-8 bytes).
+    /// `text` as the model's token ids (its tokenizer's, a long text in pieces, or UTF-8
+    /// bytes).
     fn encode(&self, text: &str) -> PyResult<Vec<i64>> {
         let inner = lock(&self.inner)?;
         Ok(match &inner.tokenizer {
-            Some(t) => t.encode(text).map_err(|e| invalid(e.to_string()))?.into_iter().map(i64::from).collect(),
+            Some(t) => {
+                text::encode_long(t, text).map_err(|e| invalid(e.to_string()))?.into_iter().map(i64::from).collect()
+            }
             None => text.bytes().map(i64::from).collect(),
         })
     }

@@ -459,6 +459,17 @@ def test_a_text_prompt_reads_through_the_folder_s_tokenizer():
     assert got == cli_ids(*args, "--policy", "window", "--budget", "16")
 
 
+def test_a_long_text_reads_as_hugging_face_tokenizers_reads_it_whole():
+    tokenizers = pytest.importorskip("tokenizers")
+    reference = tokenizers.Tokenizer.from_file(str(FIXTURES / "llama3" / "tokenizer.json"))
+    sample = (FIXTURES / "llama3" / "sample.txt").read_text()
+    # About 2.3 MB, in lines and in one line: lethe tokenises it in pieces.
+    text = (sample + "\n") * (2_300_000 // len(sample))
+    decoder = lethe.Decoder(FIXTURES / "llama3")
+    for text in [text, text.replace("\n", " ")]:
+        assert decoder.encode(text) == reference.encode(text, add_special_tokens=False).ids
+
+
 def test_a_folder_without_a_tokenizer_takes_ids(tmp_path):
     for name in ["config.json", "model.safetensors"]:
         (tmp_path / name).symlink_to(FIXTURES / "llama3" / name)

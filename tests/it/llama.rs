@@ -97,6 +97,12 @@ fn the_tokenizer_gives_the_ids_of_hugging_face_tokenizers() {
     let want = Vec::<i64>::try_from(&expected("llama3")["sample_ids"]).unwrap();
     assert_eq!(ids.iter().map(|&i| i as i64).collect::<Vec<_>>(), want);
     assert_eq!(tokenizer.decode(&ids).unwrap(), text);
+    // A long text, in lines and on one line, tokenised in pieces reads as it does whole.
+    let long = format!("{text}\n").repeat(2_300_000 / text.len());
+    for long in [long.clone(), long.replace('\n', " ")] {
+        assert!(lethe::data::text::chunks(&long).len() >= 2);
+        assert_eq!(lethe::data::text::encode_long(&tokenizer, &long).unwrap(), tokenizer.encode(&long).unwrap());
+    }
 }
 
 /// A folder that is not what its files say is refused with one line naming the file:
