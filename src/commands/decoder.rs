@@ -375,8 +375,20 @@ pub(crate) fn bench(a: &BenchArgs, folder: &std::path::Path) -> Result<()> {
 /// Refuses an item given twice in a list flag: it would be scored twice, its row or
 /// folder written over.
 pub(crate) fn each_once<T: PartialEq>(flag: &str, items: &[T], show: impl Fn(&T) -> String) -> Result<()> {
-    match items.iter().enumerate().find(|(i, item)| items[..*i].contains(item)) {
-        Some((_, item)) => anyhow::bail!("{flag}: `{}` is given twice", show(item)),
+    each_once_by(flag, items, |item| item, show)
+}
+
+/// [`each_once`] with items compared by `key` (a file however its path is spelled),
+/// the repeat shown as it was given.
+pub(crate) fn each_once_by<'a, T, K: PartialEq>(
+    flag: &str,
+    items: &'a [T],
+    key: impl Fn(&'a T) -> K,
+    show: impl Fn(&T) -> String,
+) -> Result<()> {
+    let keys: Vec<K> = items.iter().map(key).collect();
+    match (0..keys.len()).find(|&i| keys[..i].contains(&keys[i])) {
+        Some(i) => anyhow::bail!("{flag}: `{}` is given twice", show(&items[i])),
         None => Ok(()),
     }
 }

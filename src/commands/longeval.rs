@@ -18,7 +18,7 @@ use lethe::model::llama::Llama;
 use lethe::model::Lm;
 use lethe::plot::{Heatmap, SweepSeries};
 
-use super::decoder::{block_for, each_once};
+use super::decoder::{block_for, each_once, each_once_by};
 use super::learned::Learned;
 use super::train::load_checkpoint;
 use crate::cli::LongevalArgs;
@@ -65,16 +65,11 @@ pub(crate) fn longeval(a: LongevalArgs) -> Result<()> {
         }
     }
     // A run given twice would be evaluated twice and drawn as two runs.
-    let files: Vec<PathBuf> = checkpoints
-        .iter()
-        .map(|p| {
-            let file = lethe::checkpoint::resolve(p);
-            file.canonicalize().unwrap_or(file)
-        })
-        .collect();
-    if let Some(i) = (0..files.len()).find(|&i| files[..i].contains(&files[i])) {
-        bail!("--compare: `{}` is given twice", checkpoints[i].display());
-    }
+    let file = |p: &&PathBuf| {
+        let file = lethe::checkpoint::resolve(p);
+        file.canonicalize().unwrap_or(file)
+    };
+    each_once_by("--compare", &checkpoints, file, |p| p.display().to_string())?;
     let names = run_names(&checkpoints);
     if checkpoints.len() + usize::from(a.init_from.is_some()) > 1 {
         refuse_mixed_units(&checkpoints, a.init_from.is_some())?;
