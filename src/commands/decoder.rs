@@ -107,7 +107,7 @@ pub(crate) fn eval(a: &EvalArgs, folder: &std::path::Path, device: tch::Device) 
         }
         each_once("--policies", policies, String::clone)?;
         each_once("--budgets", budgets, String::clone)?;
-        each_once("--learned", a.learned.as_deref().unwrap_or_default(), |p| p.display().to_string())?;
+        each_file_once("--learned", a.learned.as_deref().unwrap_or_default())?;
         let learned = a
             .learned
             .iter()
@@ -287,7 +287,12 @@ pub(crate) fn bench(a: &BenchArgs, folder: &std::path::Path) -> Result<()> {
     let contexts = a.contexts.as_ref().map_or(vec![1024], |l| l.0.clone());
     each_once("--contexts", &contexts, usize::to_string)?;
     each_once("--kv", &a.kv, String::clone)?;
-    each_once("--learned", &a.learned, String::clone)?;
+    // A run at a budget given twice, however the run's path is spelled, is timed once.
+    let run_at = |item: &String| {
+        let (path, budget) = item.rsplit_once('@').map_or((item.as_str(), ""), |(p, b)| (p, b));
+        (the_file(&lethe::checkpoint::resolve(std::path::Path::new(path))), budget.to_string())
+    };
+    each_once_by("--learned", &a.learned, run_at, String::clone)?;
     let config = lethe::model::llama::LlamaConfig::from_file(&folder.join("config.json"))?;
     let widest = precisions.iter().map(|p| p.kind().elt_size_in_bytes()).max().unwrap_or(4);
     refuse_caches_too_large(&config, &contexts, a.decode_tokens, widest)?;
@@ -391,6 +396,18 @@ pub(crate) fn each_once_by<'a, T, K: PartialEq>(
         Some(i) => anyhow::bail!("{flag}: `{}` is given twice", show(&items[i])),
         None => Ok(()),
     }
+}
+
+/// Refuses a run given twice in a list of run folders or checkpoints, however its path
+/// is spelled (`runs/m`, `./runs/m/checkpoint.safetensors`).
+pub(crate) fn each_file_once(flag: &str, runs: &[std::path::PathBuf]) -> Result<()> {
+    each_once_by(flag, runs, |run| the_file(&lethe::checkpoint::resolve(run)), |run| run.display().to_string())
+}
+
+/// `path` with its links and `.`/`..` resolved, or as given where it is not there (to
+/// be refused by name later).
+pub(crate) fn the_file(path: &std::path::Path) -> std::path::PathBuf {
+    path.canonicalize().unwrap_or_else(|_| path.to_path_buf())
 }
 
 /// Makes the folder `out` of `flag`, refusing a file there by name.

@@ -18,7 +18,7 @@ use lethe::model::llama::Llama;
 use lethe::model::Lm;
 use lethe::plot::{Heatmap, SweepSeries};
 
-use super::decoder::{block_for, each_once, each_once_by};
+use super::decoder::{block_for, each_file_once, each_once, each_once_by, the_file};
 use super::learned::Learned;
 use super::train::load_checkpoint;
 use crate::cli::LongevalArgs;
@@ -65,11 +65,7 @@ pub(crate) fn longeval(a: LongevalArgs) -> Result<()> {
         }
     }
     // A run given twice would be evaluated twice and drawn as two runs.
-    let file = |p: &&PathBuf| {
-        let file = lethe::checkpoint::resolve(p);
-        file.canonicalize().unwrap_or(file)
-    };
-    each_once_by("--compare", &checkpoints, file, |p| p.display().to_string())?;
+    each_once_by("--compare", &checkpoints, |p| the_file(&lethe::checkpoint::resolve(p)), |p| p.display().to_string())?;
     let names = run_names(&checkpoints);
     if checkpoints.len() + usize::from(a.init_from.is_some()) > 1 {
         refuse_mixed_units(&checkpoints, a.init_from.is_some())?;
@@ -137,7 +133,7 @@ fn decoder_runs(a: &LongevalArgs, folder: &Path, grid: &Grid) -> Result<Vec<Run>
     let policies = a.policies.as_ref().unwrap_or(&full);
     each_once("--policies", policies, String::clone)?;
     each_once("--budgets", a.budgets.as_deref().unwrap_or_default(), String::clone)?;
-    each_once("--learned", a.learned.as_deref().unwrap_or_default(), |p| p.display().to_string())?;
+    each_file_once("--learned", a.learned.as_deref().unwrap_or_default())?;
     let precision = a.precision.unwrap_or_default();
     let model = Llama::load_as(folder, device, precision)?;
     // What the results were computed in, when not float32 (a folder's results resume

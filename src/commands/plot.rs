@@ -2,11 +2,13 @@
 
 use anyhow::{Context, Result};
 
+use super::decoder::{each_once_by, the_file};
 use crate::cli::PlotArgs;
 
 /// Draws the curves of the runs into `<out>.png` and `<out>.svg`.
 pub(crate) fn plot(a: PlotArgs) -> Result<()> {
-    super::decoder::each_once("lethe plot", &a.runs, |run| run.display().to_string())?;
+    // A run given twice, however its path is spelled, would be drawn as two curves.
+    each_once_by("lethe plot", &a.runs, |run| the_file(run), |run| run.display().to_string())?;
     let metrics: Vec<std::path::PathBuf> = a.runs.iter().map(|r| r.join("metrics.jsonl")).collect();
     let inputs: Vec<&std::path::Path> = metrics.iter().map(|m| m.as_path()).collect();
     for extension in ["png", "svg"] {

@@ -596,6 +596,8 @@ fn plot_draws_the_curves_of_two_runs() {
     }
     std::fs::create_dir(d.join("empty")).unwrap();
     fails_with(&lethe(d, &["plot", "runs/xl", "empty"]), &["empty/metrics.jsonl"]);
+    // One run twice, however its path is spelled, is one curve: refused.
+    fails_with(&lethe(d, &["plot", "runs/xl", "./runs/xl/"]), &["lethe plot: `./runs/xl/` is given twice"]);
     fails_with(&lethe(d, &["plot", "runs/xl", "--metric", "nosuch"]), &["no `nosuch`"]);
 }
 

@@ -611,6 +611,10 @@ fn bench_from_a_folder_times_a_learned_run_beside_the_policies() {
     let plain = format!("{out}/runs/none");
     let refused = lethe(&["bench", "--init-from", folder, "--learned", &plain]);
     assert!(!refused.status.success() && String::from_utf8_lossy(&refused.stderr).contains("runs/none"));
+    // The run at one budget twice, however spelled, is refused; at two budgets it is not.
+    let again = format!("{out}/runs/../runs/fitted/checkpoint.safetensors@8");
+    let twice = lethe(&["bench", "--init-from", folder, "--learned", &capped, "--learned", &again]);
+    assert!(String::from_utf8_lossy(&twice.stderr).contains(&format!("--learned: `{again}` is given twice")));
 }
 
 /// A chunk of tokens reads like the same tokens one by one when the policy evicts

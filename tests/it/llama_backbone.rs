@@ -326,6 +326,10 @@ fn bad_export_and_sweep_requests_are_refused_in_one_line() {
             "--learned `runs/copy`: its memory is fixed",
         ),
         (
+            [sweep("window", "1/2"), vec!["--learned", "runs/copy,runs/../runs/copy/checkpoint.safetensors"]].concat(),
+            "--learned: `runs/../runs/copy/checkpoint.safetensors` is given twice",
+        ),
+        (
             vec!["train", "--init-from", mistral.to_str().unwrap(), "--data", "text.txt", "--steps", "1"],
             "sliding_window",
         ),

@@ -300,6 +300,10 @@ fn a_decoder_is_evaluated_under_each_policy_and_budget_beside_a_learned_run() {
     let before = [table("h2o-16"), table("fitted-1of2")];
     succeeds(&decoder_longeval(d, &args));
     assert_eq!([table("h2o-16"), table("fitted-1of2")], before);
+    // The learned run given twice, however spelled, is refused, nothing rewritten.
+    let twice = ["--policies", "window", "--budgets", "16", "--learned", "runs/fitted,./runs/fitted/"];
+    fails_with(&decoder_longeval(d, &twice), &["--learned: `./runs/fitted/` is given twice"]);
+    assert_eq!([table("h2o-16"), table("fitted-1of2")], before);
     // The run beside another model: refused where its shape differs (naming the field),
     // noted where only the folder does (a copy of the same model).
     let other = crate::common::llama::fixture("llama3");
