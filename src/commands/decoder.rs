@@ -91,7 +91,8 @@ pub(crate) fn eval(a: &EvalArgs, folder: &std::path::Path, device: tch::Device) 
     };
     let text = lethe::input::read_to_string(data).map_err(|e| anyhow::anyhow!("--data `{}`: {e}", data.display()))?;
     let read = tokens_to_read(a.max_tokens)?;
-    let mut ids = lethe::data::text::encode_prefix(&tokenizer, &text, read)?;
+    let mut ids = lethe::data::text::encode_prefix(&tokenizer, &text, read)
+        .map_err(|e| anyhow::anyhow!("--data `{}`: {e}", data.display()))?;
     ids.truncate(read);
     if ids.len() < 2 {
         anyhow::bail!("--data `{}`: {} token(s); a decoder is scored on at least 2", data.display(), ids.len());

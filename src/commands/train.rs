@@ -329,7 +329,8 @@ pub(crate) fn prompt_tokens(
         (Prompt::Text(bytes), None) => bytes.iter().map(|&b| b as lethe::data::Token).collect(),
         (Prompt::Text(bytes), Some(t)) => {
             let origin = a.prompt_file.clone().unwrap_or_else(|| "--prompt".into());
-            lethe::data::text::encode_long(t, &lethe::data::text::utf8(bytes.clone(), &origin)?)?
+            let text = lethe::data::text::utf8(bytes.clone(), &origin)?;
+            lethe::data::text::encode_long(t, &text).map_err(|e| anyhow::anyhow!("`{}`: {e}", origin.display()))?
         }
     };
     if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {

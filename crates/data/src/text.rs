@@ -39,6 +39,11 @@ const SEAM_BYTES: usize = 4096;
 /// Tokens in a row on which two neighbouring pieces must agree to be joined there.
 const SEAM_AGREE: usize = 8;
 
+/// Starts tried for a piece's window, a byte apart, when it does not fall in step with
+/// the piece before it (in a run of one character or pattern longer than a seam, where
+/// a BPE's tokens depend on where the run starts): at least any token's length.
+const SEAM_STARTS: usize = 256;
+
 /// `text` in pieces of [`CHUNK_BYTES`] to twice that, each cut at the first of these
 /// past [`CHUNK_BYTES`] (where most pre-tokenizers, GPT-2's, Llama 3's and whitespace,
 /// end a token anyway):
@@ -93,8 +98,15 @@ fn solid(bytes: &[u8], i: usize) -> bool {
 /// neighbours are joined at the first token after their cut where both give the same
 /// [`SEAM_AGREE`] tokens at the same places. That makes the join exact for tokenizers
 /// whose ids at a piece's start depend on what precedes it, such as Llama 2's and
-/// Mistral's, which put a `▁` before the first word of every text they are given. In
-/// the rare text where no such token is found, the text is tokenised whole.
+/// Mistral's, which put a `▁` before the first word of every text they are given.
+///
+/// Where the cut falls in a run longer than a seam (a megabyte of spaces or of one
+/// letter), a BPE's tokens in the run depend on where it starts, and a piece whose
+/// window starts in the run may never fall in step with the piece before. Its window
+/// is then started up to [`SEAM_STARTS`] bytes earlier, one byte at a time, until the
+/// two agree. A text where no start does (ids that depend on text more than a seam
+/// after them, which no common tokenizer's do) is refused with an error naming the
+/// byte, rather than tokenised whole, beyond the memory bound.
 pub fn encode_long(tokenizer: &Tokenizer, text: &str) -> Result<Vec<Token>> {
     encode_prefix(tokenizer, text, usize::MAX)
 }
@@ -127,10 +139,11 @@ pub(crate) fn encode_in_groups(tokenizer: &Tokenizer, text: &str, wanted: usize,
             .collect();
         let texts: Vec<&str> = windows.iter().map(|&(a, b)| &text[a..b]).collect();
         let encoded = tokenizer.encode_batch_at(&texts)?;
-        for ((&(cut, _), &(a, _)), (piece_ids, starts)) in group.iter().zip(&windows).zip(encoded) {
-            let window = Window { ids: piece_ids, starts: starts.into_iter().map(|s| s + a).collect() };
+        for ((&(cut, _), &(a, b)), (piece_ids, starts)) in group.iter().zip(&windows).zip(encoded) {
+            let mut window = Window::at(a, piece_ids, starts);
             if let Some(left) = before.take() {
-                let Some(join) = left.join(&window, cut) else { return tokenizer.encode(text) };
+                let join;
+                (join, window) = hand_over(tokenizer, text, &left, window, (cut, b))?;
                 ids.extend_from_slice(&left.ids[left.first_at(from)..join]);
                 from = left.starts[join];
             }
@@ -144,6 +157,45 @@ pub(crate) fn encode_in_groups(tokenizer: &Tokenizer, text: &str, wanted: usize,
         ids.extend_from_slice(&last.ids[last.first_at(from)..]);
     }
     Ok(ids)
+}
+
+/// Where `left` hands over to `right`, the piece whose own text starts at byte `cut` and
+/// whose window ends at byte `end`: the index of `left`'s last token to keep, and
+/// `right` as tokenised, or tokenised again from an earlier start that puts it in step
+/// with `left` (see [`encode_long`]).
+fn hand_over(
+    tokenizer: &Tokenizer,
+    text: &str,
+    left: &Window,
+    right: Window,
+    (cut, end): (usize, usize),
+) -> Result<(usize, Window)> {
+    if let Some(join) = left.join(&right, cut) {
+        return Ok((join, right));
+    }
+    // Short probes first, ending where `left`'s window ends, from starts a byte apart
+    // back from one of `left`'s token boundaries a seam before the cut.
+    let boundary = left.starts[left.first_at(cut.saturating_sub(SEAM_BYTES))];
+    let starts: Vec<usize> =
+        (0..SEAM_STARTS).filter_map(|back| boundary.checked_sub(back)).filter(|&s| text.is_char_boundary(s)).collect();
+    let probe_end = text.ceil_char_boundary(cut + SEAM_BYTES);
+    let probes: Vec<&str> = starts.iter().map(|&s| &text[s..probe_end]).collect();
+    let found = starts
+        .iter()
+        .zip(tokenizer.encode_batch_at(&probes)?)
+        .find_map(|(&s, (ids, at))| left.join(&Window::at(s, ids, at), cut).map(|_| s));
+    if let Some(start) = found {
+        if let Some((ids, at)) = tokenizer.encode_batch_at(&[&text[start..end]])?.pop() {
+            let window = Window::at(start, ids, at);
+            if let Some(join) = left.join(&window, cut) {
+                return Ok((join, window));
+            }
+        }
+    }
+    Err(LetheError::Invalid(format!(
+        "cannot tokenise the text in pieces: around byte {cut}, the tokenizer's ids depend on text more than \
+         {SEAM_BYTES} bytes away"
+    )))
 }
 
 /// The byte ranges of `text`'s [`chunks`], a last piece shorter than two seams joined
@@ -173,6 +225,12 @@ struct Window {
 }
 
 impl Window {
+    /// The window of `ids`, tokenised from the text at byte `from`, their tokens
+    /// starting at bytes `starts` of it.
+    fn at(from: usize, ids: Vec<Token>, starts: Vec<usize>) -> Window {
+        Window { ids, starts: starts.into_iter().map(|s| s + from).collect() }
+    }
+
     /// The first token starting at or after byte `at`.
     fn first_at(&self, at: usize) -> usize {
         self.starts.partition_point(|&s| s < at)

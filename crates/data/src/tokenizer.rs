@@ -369,6 +369,46 @@ mod tests {
         }
     }
 
+    /// A cut in a run longer than a seam (megabytes of one letter, of spaces): a BPE's
+    /// tokens in the run depend on where it starts, so a piece whose window starts in it
+    /// is out of step with the piece before. Its window is started again, earlier, until
+    /// the two agree, and the ids are those of the whole text.
+    #[test]
+    fn a_cut_in_a_long_run_of_one_character_is_joined_in_step() {
+        use tokenizers::normalizers::{Prepend, Sequence};
+        let sample = "a x eeeeeeee eeeeeeeeeeeeeeee and\n".repeat(40) + &"x                   y\n".repeat(40);
+        let legacy = Sequence::new(vec![Prepend::new("▁".into()).into(), Replace::new(" ", "▁").unwrap().into()]);
+        let tokenizers =
+            [Tokenizer::train_bpe(&[&sample], 300).unwrap(), bpe_with(Some(legacy.into()), None, &sample, 300)];
+        // Runs that start at odd bytes, cut at even ones.
+        let text = format!("a x{} and {}y\n", "e".repeat(2_500_001), " ".repeat(2_500_000));
+        assert!(crate::text::chunks(&text).len() >= 4, "the text is not cut");
+        for tokenizer in tokenizers {
+            let ee = tokenizer.encode("eeee").unwrap();
+            assert!(ee.len() < 4, "no merges of e: the test does not bite");
+            let (long, whole) =
+                (crate::text::encode_long(&tokenizer, &text).unwrap(), tokenizer.encode(&text).unwrap());
+            let first = long.iter().zip(&whole).position(|(a, b)| a != b);
+            assert!(long == whole, "{} ids against {}, first differs at {first:?}", long.len(), whole.len());
+        }
+    }
+
+    /// A tokenizer whose ids depend on text megabytes after them (a pre-tokenizer that
+    /// splits a run of `e` by its parity up to the `x` that ends it) cannot be read in
+    /// pieces: refused, naming where, rather than tokenised whole.
+    #[test]
+    fn ids_that_depend_on_text_far_after_them_are_refused() {
+        use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+        use tokenizers::SplitDelimiterBehavior;
+        let split =
+            Split::new(SplitPattern::Regex("(?:ee)+x".into()), SplitDelimiterBehavior::Isolated, false).unwrap();
+        let sample = "eeeeeeeeeeeeeeeex\n".repeat(40);
+        let tokenizer = bpe_with(None, Some(split.into()), &sample, 300);
+        let text = "e".repeat(4 * 1024 * 1024 + 1) + "x";
+        let Err(e) = crate::text::encode_long(&tokenizer, &text) else { panic!("read in pieces") };
+        assert!(e.to_string().contains("around byte 3145728"), "{e}");
+    }
+
     #[test]
     fn a_decoder_folder_s_tokenizer_must_fit_its_vocabulary() {
         let dir = tempfile::tempdir().unwrap();
