@@ -336,6 +336,8 @@ fn evaluate(
     grid: &Grid,
     (out, who): (&Path, &str),
 ) -> Result<Vec<Cell>> {
+    // A grid with a cell that cannot be made is refused before the folder is.
+    lethe::longeval::check(grid, units)?;
     super::decoder::make_folder("--out", out)?;
     let (cells, longest) = (grid.cells(), grid.lengths.iter().max().copied().unwrap_or(0));
     let plural = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });

@@ -66,22 +66,35 @@ pub enum LetheError {
     Stopped { signal: String },
 
     /// A value could not be turned into JSON or back (a report, a metrics record, a
-    /// checkpoint's training state).
+    /// checkpoint's training state). The reason is in the message, not also the error's
+    /// `source()` (which `main`'s `{:#}` would print a second time).
     #[error("JSON: {0}")]
-    Json(#[from] serde_json::Error),
+    Json(serde_json::Error),
 
     /// A collective of the distributed process group failed: a peer is gone, the
     /// rendezvous or a collective timed out, or the launch environment is inconsistent.
     #[error("distributed (rank {rank}): {reason}")]
     Distributed { rank: usize, reason: String },
 
-    /// A table could not be written as CSV.
+    /// A table could not be written as CSV (the reason in the message, as for `Json`).
     #[error("csv: {0}")]
-    Csv(#[from] csv::Error),
+    Csv(csv::Error),
 
     /// A request that makes no sense for this model or input (e.g. an empty prompt).
     #[error("{0}")]
     Invalid(String),
+}
+
+impl From<serde_json::Error> for LetheError {
+    fn from(e: serde_json::Error) -> Self {
+        LetheError::Json(e)
+    }
+}
+
+impl From<csv::Error> for LetheError {
+    fn from(e: csv::Error) -> Self {
+        LetheError::Csv(e)
+    }
 }
 
 /// Result with [`LetheError`].
@@ -166,6 +179,23 @@ const GIB: f64 = (1u64 << 30) as f64;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A JSON or CSV error is said once in the line `main` prints (`{:#}` writes the
+    /// chain of sources after the message).
+    #[test]
+    fn a_json_or_csv_error_is_said_once() {
+        let json = LetheError::from(serde_json::from_str::<u32>("x").unwrap_err());
+        let csv = LetheError::from(csv::Error::from(std::io::Error::other("disk full")));
+        for e in [json, csv] {
+            let mut line = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                line += &format!(": {s}");
+                source = s.source();
+            }
+            assert!(line.matches("line 1").count() + line.matches("disk full").count() == 1, "{line}");
+        }
+    }
 
     /// As the H100 printed it when the paper-size Expire-Span bench did not fit.
     #[test]

@@ -175,7 +175,7 @@ impl PerTokenCsv {
                 ["stream", "position", "target", "text", "loss", "scored"].map(String::from).to_vec();
             names.extend((0..s.spans.len()).map(|l| format!("span_{l}")));
             names.extend((0..s.mem_size.len()).map(|l| format!("mem_{l}")));
-            self.writer.write_record(&names)?;
+            self.writer.write_record(&names).map_err(|e| self.failed(e))?;
             self.header = true;
         }
         let mut row = vec![
@@ -188,14 +188,32 @@ impl PerTokenCsv {
         ];
         row.extend(s.spans.iter().map(|v| format!("{v:.2}")));
         row.extend(s.mem_size.iter().map(|v| format!("{v:.1}")));
-        Ok(self.writer.write_record(&row)?)
+        self.writer.write_record(&row).map_err(|e| self.failed(e))
     }
 
     /// Completes the file.
     pub fn finish(mut self) -> Result<()> {
-        self.writer.flush().map_err(|e| LetheError::io(&self.tmp, e))?;
-        drop(self.writer);
+        self.writer.flush().map_err(|e| LetheError::io(&self.path, e))?;
         std::fs::rename(&self.tmp, &self.path).map_err(|e| LetheError::io(&self.path, e))
+    }
+
+    /// A failed write, named by the file the user asked for (a full disk, as a rule).
+    fn failed(&self, e: csv::Error) -> LetheError {
+        if !e.is_io_error() {
+            return LetheError::Csv(e);
+        }
+        match e.into_kind() {
+            csv::ErrorKind::Io(e) => LetheError::io(&self.path, e),
+            kind => LetheError::Invalid(format!("`{}`: {kind:?}", self.path.display())),
+        }
+    }
+}
+
+/// A file left unfinished (a write failed, the evaluation stopped) takes its partial
+/// rows with it, rather than leave them filling the disk.
+impl Drop for PerTokenCsv {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.tmp);
     }
 }
 
@@ -380,7 +398,38 @@ fn per_block(sums: &[f64], blocks: usize) -> Vec<f64> {
 
 #[cfg(test)]
 mod tests {
-    use super::Answers;
+    use super::{Answers, PerTokenCsv, TokenScore};
+
+    /// The rows appear at the path only once the file is finished; a file dropped
+    /// unfinished (a failed write, a stopped evaluation) leaves nothing behind, and a
+    /// failed write names the file asked for.
+    #[test]
+    fn a_per_token_file_is_whole_or_absent() {
+        let dir = tempfile::tempdir().unwrap();
+        let score = TokenScore {
+            stream: 0,
+            position: 3,
+            target: 65,
+            loss: 0.5,
+            scored: true,
+            spans: vec![],
+            mem_size: vec![2.0],
+        };
+        let (done, dropped) = (dir.path().join("done.csv"), dir.path().join("dropped.csv"));
+        let mut csv = PerTokenCsv::create(&done).unwrap();
+        csv.write(&score, "A").unwrap();
+        assert!(!done.exists(), "rows appeared before the file was finished");
+        csv.finish().unwrap();
+        let text = std::fs::read_to_string(&done).unwrap();
+        assert_eq!(text, "stream,position,target,text,loss,scored,mem_0\n0,3,65,A,0.500000,1,2.0\n");
+        let mut csv = PerTokenCsv::create(&dropped).unwrap();
+        csv.write(&score, "A").unwrap();
+        let failed = csv.failed(csv::Error::from(std::io::Error::other("no space left")));
+        assert_eq!(failed.to_string(), format!("`{}`: no space left", dropped.display()));
+        drop(csv);
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(left, ["done.csv"], "an unfinished file left {left:?}");
+    }
 
     #[test]
     fn answers_count_runs_of_scored_tokens_per_stream() {
