@@ -30,6 +30,11 @@ pub enum LetheError {
     #[error("loss became {value} at step {step}; training stopped. {kept}")]
     NonFiniteLoss { step: usize, value: f64, kept: String },
 
+    /// Logging or evaluating failed during training (a full disk under the metrics, a
+    /// validation file gone). `kept` says what the run folder holds to go on from.
+    #[error("training stopped after step {step}: {error}; {kept}")]
+    StepFailed { step: usize, error: String, kept: String },
+
     /// A checkpoint could not be written (a full disk, a folder gone). `kept` says what
     /// the run folder still holds to go on from.
     #[error("the checkpoint of step {step} was not written: {error}. {kept}")]

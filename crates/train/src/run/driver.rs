@@ -128,7 +128,8 @@ pub fn drive<R: Looped>(run: &mut R, cfg: &TrainConfig, opts: &TrainOptions) -> 
         }
         let due = Due::after(run.step(), cfg, opts);
         if due.log {
-            run.log_progress(&window, clock.elapsed().as_secs_f64())?;
+            let seconds = clock.elapsed().as_secs_f64();
+            or_save(run, |run| run.log_progress(&window, seconds))?;
             window = R::Window::default();
             clock = Instant::now();
         }
@@ -138,7 +139,7 @@ pub fn drive<R: Looped>(run: &mut R, cfg: &TrainConfig, opts: &TrainOptions) -> 
             save(run)?;
         }
         if due.eval {
-            last_eval = Some(run.evaluate()?);
+            last_eval = Some(or_save(run, R::evaluate)?);
         }
         if due.stop {
             run.say(&format!("stopped after step {} as asked; continue with --resume", run.step()));
@@ -161,6 +162,29 @@ fn save<R: Looped>(run: &mut R) -> Result<()> {
         };
         LetheError::CheckpointNotWritten { step: run.step(), error: e.to_string(), kept }
     })
+}
+
+/// Runs `part` of the loop (logging, evaluating). When it fails (a full disk under the
+/// metrics, a validation file gone), the steps since the last checkpoint are saved
+/// first where that can be done alone (one process: in a data-parallel run the other
+/// ranks would wait for this one's collectives), and the error says what the run
+/// folder holds.
+fn or_save<R: Looped, T>(run: &mut R, part: impl FnOnce(&mut R) -> Result<T>) -> Result<T> {
+    let error = match part(run) {
+        Ok(done) => return Ok(done),
+        Err(e) => e.to_string(),
+    };
+    let file = run.dir().join(lethe_core::checkpoint::FILE_NAME);
+    let kept = match run.last_checkpoint() {
+        Some(at) if at == run.step() => format!("`{}` holds this step: continue with --resume", file.display()),
+        _ if run.group().is_none() => match save(run) {
+            Ok(()) => format!("its checkpoint is written in `{}`: continue with --resume", file.display()),
+            Err(not) => not.to_string(),
+        },
+        Some(at) => format!("`{}` holds step {at}'s: --resume continues from it", file.display()),
+        None => format!("no checkpoint had been written in `{}`", run.dir().display()),
+    };
+    Err(LetheError::StepFailed { step: run.step(), error, kept })
 }
 
 /// What the loop does after an optimiser step (shared by the language-model and the
@@ -322,6 +346,23 @@ mod tests {
         assert!(e.contains("No checkpoint had been written before it"), "{e}");
     }
 
+    /// An evaluation that fails between checkpoints must not cost the steps since the
+    /// last one: they are saved, and the error says so; where the disk is full for the
+    /// checkpoint too, the error says which step the folder still holds.
+    #[test]
+    fn a_failed_evaluation_saves_the_steps_since_the_last_checkpoint() {
+        let cfg = TrainConfig { steps: 9, eval_every: 3, checkpoint_every: 2, ..TrainConfig::default() };
+        let mut run = Recorder::new();
+        let e = drive(&mut run, &cfg, &TrainOptions::default()).unwrap_err().to_string();
+        assert_eq!(run.calls, ["step 1", "step 2", "checkpoint 2", "step 3", "evaluate", "checkpoint 3"]);
+        assert!(e.starts_with("training stopped after step 3: the validation data went away;"), "{e}");
+        assert!(e.contains("its checkpoint is written in `runs/x/checkpoint.safetensors`"), "{e}");
+        let mut full = Recorder { full_at: Some(3), ..Recorder::new() };
+        let e = drive(&mut full, &cfg, &TrainOptions::default()).unwrap_err().to_string();
+        assert!(e.contains("went away; the checkpoint of step 3 was not written"), "{e}");
+        assert!(e.contains("still holds step 2's"), "{e}");
+    }
+
     /// An evaluation that fails at the end must not cost the steps since the last
     /// checkpoint: the last step's checkpoint is written before it.
     #[test]
@@ -329,7 +370,7 @@ mod tests {
         let mut run = Recorder::new();
         let cfg = TrainConfig { steps: 3, eval_every: 0, checkpoint_every: 0, ..TrainConfig::default() };
         let e = drive(&mut run, &cfg, &TrainOptions::default()).unwrap_err();
-        assert!(e.to_string().contains("went away"), "{e}");
+        assert!(e.to_string().contains("went away") && e.to_string().contains("holds this step"), "{e}");
         assert_eq!(run.calls, ["step 1", "step 2", "step 3", "checkpoint 3", "evaluate"]);
     }
 }
