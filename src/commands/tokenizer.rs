@@ -41,8 +41,9 @@ pub(crate) fn tokenizer(c: TokenizerCommand) -> Result<()> {
     eprintln!("reading the text through it");
     let (mut tokens, mut unknown) = (0usize, 0usize);
     let unk = tokenizer.encode(UNK)?.first().copied().filter(|_| tokenizer.spaced());
-    for text in &refs {
-        let ids = lethe::data::text::encode_long(&tokenizer, text)?;
+    for (text, file) in refs.iter().zip(&io.files) {
+        let ids = lethe::data::text::encode_long(&tokenizer, text)
+            .map_err(|e| anyhow::anyhow!("`{}`: {e}", file.display()))?;
         tokens += ids.len();
         unknown += unk.map_or(0, |u| ids.iter().filter(|&&i| i == u).count());
     }

@@ -44,6 +44,11 @@ const SEAM_AGREE: usize = 8;
 /// a BPE's tokens depend on where the run starts): at least any token's length.
 const SEAM_STARTS: usize = 256;
 
+/// Most text two or more pieces that fall in step at no start are tokenised in as one
+/// window (a word or a run of one character longer than a seam, through a word-level
+/// tokenizer): past it, the text is refused rather than the memory bound given up.
+const MERGED_BYTES: usize = 8 << 20;
+
 /// `text` in pieces of [`CHUNK_BYTES`] to twice that, each cut at the first of these
 /// past [`CHUNK_BYTES`] (where most pre-tokenizers, GPT-2's, Llama 3's and whitespace,
 /// end a token anyway):
@@ -104,9 +109,10 @@ fn solid(bytes: &[u8], i: usize) -> bool {
 /// letter), a BPE's tokens in the run depend on where it starts, and a piece whose
 /// window starts in the run may never fall in step with the piece before. Its window
 /// is then started up to [`SEAM_STARTS`] bytes earlier, one byte at a time, until the
-/// two agree. A text where no start does (ids that depend on text more than a seam
-/// after them, which no common tokenizer's do) is refused with an error naming the
-/// byte, rather than tokenised whole, beyond the memory bound.
+/// two agree. Where no start does (a word longer than a seam through a word-level
+/// tokenizer is one token), the two pieces are tokenised as one window, and so on with
+/// the next, up to [`MERGED_BYTES`] of text; a text that needs more is refused with an
+/// error naming the byte, rather than tokenised whole beyond the memory bound.
 pub fn encode_long(tokenizer: &Tokenizer, text: &str) -> Result<Vec<Token>> {
     encode_prefix(tokenizer, text, usize::MAX)
 }
@@ -140,14 +146,18 @@ pub(crate) fn encode_in_groups(tokenizer: &Tokenizer, text: &str, wanted: usize,
         let texts: Vec<&str> = windows.iter().map(|&(a, b)| &text[a..b]).collect();
         let encoded = tokenizer.encode_batch_at(&texts)?;
         for ((&(cut, _), &(a, b)), (piece_ids, starts)) in group.iter().zip(&windows).zip(encoded) {
-            let mut window = Window::at(a, piece_ids, starts);
-            if let Some(left) = before.take() {
-                let join;
-                (join, window) = hand_over(tokenizer, text, &left, window, (cut, b))?;
-                ids.extend_from_slice(&left.ids[left.first_at(from)..join]);
-                from = left.starts[join];
-            }
-            before = Some(window);
+            let window = Window::at(a, piece_ids, starts);
+            before = Some(match before.take() {
+                None => window,
+                Some(left) => match hand_over(tokenizer, text, &left, window, (from, cut, b))? {
+                    Handover::At(join, window) => {
+                        ids.extend_from_slice(&left.ids[left.first_at(from)..join]);
+                        from = left.starts[join];
+                        window
+                    }
+                    Handover::Merged(both) => both,
+                },
+            });
         }
         if ids.len() >= wanted {
             return Ok(ids);
@@ -159,43 +169,61 @@ pub(crate) fn encode_in_groups(tokenizer: &Tokenizer, text: &str, wanted: usize,
     Ok(ids)
 }
 
-/// Where `left` hands over to `right`, the piece whose own text starts at byte `cut` and
-/// whose window ends at byte `end`: the index of `left`'s last token to keep, and
-/// `right` as tokenised, or tokenised again from an earlier start that puts it in step
-/// with `left` (see [`encode_long`]).
+/// How a piece follows the one before it.
+enum Handover {
+    /// At the earlier piece's token `.0`, with the later piece's window `.1`.
+    At(usize, Window),
+    /// As one: the two pieces' text tokenised together.
+    Merged(Window),
+}
+
+/// How `left`, whose tokens from byte `from` are still to keep, hands over to `right`,
+/// the piece whose own text starts at byte `cut` and whose window ends at byte `end`
+/// (see [`encode_long`]): where the two fall in step; else where they do once `right`
+/// is tokenised from an earlier start; else as one window, up to [`MERGED_BYTES`].
 fn hand_over(
     tokenizer: &Tokenizer,
     text: &str,
     left: &Window,
     right: Window,
-    (cut, end): (usize, usize),
-) -> Result<(usize, Window)> {
+    (from, cut, end): (usize, usize, usize),
+) -> Result<Handover> {
     if let Some(join) = left.join(&right, cut) {
-        return Ok((join, right));
+        return Ok(Handover::At(join, right));
     }
-    // Short probes first, ending where `left`'s window ends, from starts a byte apart
-    // back from one of `left`'s token boundaries a seam before the cut.
-    let boundary = left.starts[left.first_at(cut.saturating_sub(SEAM_BYTES))];
+    if let Some(start) = in_step_start(tokenizer, text, left, cut)? {
+        let window = Window::of(tokenizer, text, start, end)?;
+        if let Some(join) = left.join(&window, cut) {
+            return Ok(Handover::At(join, window));
+        }
+    }
+    if end - left.begins <= MERGED_BYTES {
+        let both = Window::of(tokenizer, text, left.begins, end)?;
+        if both.starts.get(both.first_at(from)) == Some(&from) {
+            return Ok(Handover::Merged(both));
+        }
+    }
+    Err(LetheError::Invalid(format!(
+        "cannot tokenise the text in pieces: the tokens around byte {cut} depend on more than {} MiB of text \
+         (a word or a run of one character that long?)",
+        MERGED_BYTES >> 20
+    )))
+}
+
+/// A start for the window of the piece that begins at byte `cut` that puts it in step
+/// with `left`, if one of [`SEAM_STARTS`] a byte apart does: short probes, ending where
+/// `left`'s window ends, from starts back from one of `left`'s token boundaries a seam
+/// before the cut.
+fn in_step_start(tokenizer: &Tokenizer, text: &str, left: &Window, cut: usize) -> Result<Option<usize>> {
+    let Some(&boundary) = left.starts.get(left.first_at(cut.saturating_sub(SEAM_BYTES))) else { return Ok(None) };
     let starts: Vec<usize> =
         (0..SEAM_STARTS).filter_map(|back| boundary.checked_sub(back)).filter(|&s| text.is_char_boundary(s)).collect();
     let probe_end = text.ceil_char_boundary(cut + SEAM_BYTES);
     let probes: Vec<&str> = starts.iter().map(|&s| &text[s..probe_end]).collect();
-    let found = starts
+    Ok(starts
         .iter()
         .zip(tokenizer.encode_batch_at(&probes)?)
-        .find_map(|(&s, (ids, at))| left.join(&Window::at(s, ids, at), cut).map(|_| s));
-    if let Some(start) = found {
-        if let Some((ids, at)) = tokenizer.encode_batch_at(&[&text[start..end]])?.pop() {
-            let window = Window::at(start, ids, at);
-            if let Some(join) = left.join(&window, cut) {
-                return Ok((join, window));
-            }
-        }
-    }
-    Err(LetheError::Invalid(format!(
-        "cannot tokenise the text in pieces: around byte {cut}, the tokenizer's ids depend on text more than \
-         {SEAM_BYTES} bytes away"
-    )))
+        .find_map(|(&s, (ids, at))| left.join(&Window::at(s, ids, at), cut).map(|_| s)))
 }
 
 /// The byte ranges of `text`'s [`chunks`], a last piece shorter than two seams joined
@@ -220,15 +248,23 @@ fn piece_spans(text: &str) -> Vec<(usize, usize)> {
 /// A piece of text as the tokenizer gave it: its ids, and the byte of the whole text
 /// at which each one's token starts.
 struct Window {
+    /// The byte of the whole text where the piece's text starts.
+    begins: usize,
     ids: Vec<Token>,
     starts: Vec<usize>,
 }
 
 impl Window {
-    /// The window of `ids`, tokenised from the text at byte `from`, their tokens
+    /// The window of `ids`, tokenised from the text at byte `begins`, their tokens
     /// starting at bytes `starts` of it.
-    fn at(from: usize, ids: Vec<Token>, starts: Vec<usize>) -> Window {
-        Window { ids, starts: starts.into_iter().map(|s| s + from).collect() }
+    fn at(begins: usize, ids: Vec<Token>, starts: Vec<usize>) -> Window {
+        Window { begins, ids, starts: starts.into_iter().map(|s| s + begins).collect() }
+    }
+
+    /// The window of `text` from byte `begins` to byte `end`.
+    fn of(tokenizer: &Tokenizer, text: &str, begins: usize, end: usize) -> Result<Window> {
+        let (ids, starts) = tokenizer.encode_batch_at(&[&text[begins..end]])?.pop().unwrap_or_default();
+        Ok(Window::at(begins, ids, starts))
     }
 
     /// The first token starting at or after byte `at`.

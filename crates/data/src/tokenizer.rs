@@ -393,20 +393,19 @@ mod tests {
         }
     }
 
-    /// A tokenizer whose ids depend on text megabytes after them (a pre-tokenizer that
-    /// splits a run of `e` by its parity up to the `x` that ends it) cannot be read in
-    /// pieces: refused, naming where, rather than tokenised whole.
+    /// A word longer than a seam is one token through a word-level tokenizer, so no
+    /// piece it crosses falls in step with the next: they are tokenised as one window,
+    /// the ids those of the whole text, up to 8 MiB; a longer word is refused, naming
+    /// the byte, rather than the whole text tokenised at once.
     #[test]
-    fn ids_that_depend_on_text_far_after_them_are_refused() {
-        use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-        use tokenizers::SplitDelimiterBehavior;
-        let split =
-            Split::new(SplitPattern::Regex("(?:ee)+x".into()), SplitDelimiterBehavior::Isolated, false).unwrap();
-        let sample = "eeeeeeeeeeeeeeeex\n".repeat(40);
-        let tokenizer = bpe_with(None, Some(split.into()), &sample, 300);
-        let text = "e".repeat(4 * 1024 * 1024 + 1) + "x";
-        let Err(e) = crate::text::encode_long(&tokenizer, &text) else { panic!("read in pieces") };
-        assert!(e.to_string().contains("around byte 3145728"), "{e}");
+    fn a_word_longer_than_the_pieces_is_one_token_up_to_a_bound() {
+        let words = Tokenizer::train_words(&["a b c x"], 1, 100).unwrap();
+        let text = format!("a b {} c\n", "x".repeat(5_000_000));
+        assert!(crate::text::chunks(&text).len() >= 4, "the text is not cut");
+        assert_eq!(crate::text::encode_long(&words, &text).unwrap(), words.encode(&text).unwrap());
+        assert_eq!(words.encode(&text).unwrap().len(), 5, "a, b, the word, c and the line end");
+        let Err(e) = crate::text::encode_long(&words, &"x".repeat(9 << 20)) else { panic!("a 9 MiB word was read") };
+        assert!(e.to_string().contains("around byte 7340032") && e.to_string().contains("8 MiB"), "{e}");
     }
 
     #[test]
