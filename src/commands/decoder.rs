@@ -128,10 +128,10 @@ pub(crate) fn eval(a: &EvalArgs, folder: &std::path::Path, device: tch::Device) 
     }
     let budget = policy.budget.map_or(String::new(), |b| format!(", budget {b}"));
     println!(
-        "{}: loss {:.4} nats, perplexity {:.3}, accuracy {:.2}% over {} tokens (policy {}{budget}, {}, block {block}{windows})",
+        "{}: loss {:.4} nats, perplexity {}, accuracy {:.2}% over {} tokens (policy {}{budget}, {}, block {block}{windows})",
         data.display(),
         r.loss,
-        r.ppl,
+        lethe::metrics::format_perplexity(r.ppl, 3),
         100.0 * r.accuracy,
         r.tokens,
         policy.name,
@@ -189,10 +189,10 @@ pub(crate) fn eval_run_windows(
         return Ok(());
     }
     println!(
-        "{}: loss {:.4} nats, perplexity {:.3}, accuracy {:.2}% over {} tokens ({} memory, block {block}, windows of {context})",
+        "{}: loss {:.4} nats, perplexity {}, accuracy {:.2}% over {} tokens ({} memory, block {block}, windows of {context})",
         data.display(),
         r.loss,
-        r.ppl,
+        lethe::metrics::format_perplexity(r.ppl, 3),
         100.0 * r.accuracy,
         r.tokens,
         ckpt.config.memory.mechanism.name(),
@@ -621,8 +621,8 @@ impl Sweep<'_> {
             };
             let seconds = started.elapsed().as_secs_f64();
             let entries = r.held.iter().copied().max().unwrap_or(0);
-            let (n, ppl, budget) = (plans.len(), r.ppl, &plan.budget);
-            eprintln!("[{}/{n}] {name} at {budget}: perplexity {ppl:.3}, {entries} entries, {seconds:.1} s", i + 1);
+            let (n, ppl, budget) = (plans.len(), lethe::metrics::format_perplexity(r.ppl, 3), &plan.budget);
+            eprintln!("[{}/{n}] {name} at {budget}: perplexity {ppl}, {entries} entries, {seconds:.1} s", i + 1);
             rows.push(SweepRow {
                 policy: name,
                 budget: plan.budget.clone(),
@@ -683,7 +683,9 @@ impl Sweep<'_> {
             md += &format!("| {name} |");
             for b in &budgets {
                 match rows.iter().find(|r| r.policy == *name && r.budget == *b) {
-                    Some(r) => md += &format!(" {:.3} ({:.0}) |", r.ppl, r.mean_entries),
+                    Some(r) => {
+                        md += &format!(" {} ({:.0}) |", lethe::metrics::format_perplexity(r.ppl, 3), r.mean_entries)
+                    }
                     None => md += " |",
                 }
             }

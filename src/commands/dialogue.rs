@@ -171,11 +171,11 @@ pub(crate) fn dialogue_eval(a: DialogueEvalArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         println!(
-            "{split}: {} replies in {} conversations ({} decoding), perplexity of the true responses {:.2}",
+            "{split}: {} replies in {} conversations ({} decoding), perplexity of the true responses {}",
             replies.len(),
             conversations.len(),
             a.reply.decode,
-            ppl.ppl
+            lethe::metrics::format_perplexity(ppl.ppl, 2)
         );
         println!("{}", lethe::textmetrics::summary(&mean, replies.len(), scorer.wordnet().is_some()));
     }

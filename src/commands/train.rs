@@ -78,8 +78,11 @@ pub(crate) fn train(a: TrainArgs) -> Result<()> {
             summary.run_dir.display()
         );
     } else if let Some(r) = summary.last_eval.filter(|_| leader) {
-        let rate =
-            if cfg.data.tokenizer.is_some() { format!("perplexity {:.2}", r.ppl) } else { format!("{:.4} bpb", r.bpb) };
+        let rate = if cfg.data.tokenizer.is_some() {
+            format!("perplexity {}", lethe::metrics::format_perplexity(r.ppl, 2))
+        } else {
+            format!("{:.4} bpb", r.bpb)
+        };
         println!(
             "done: valid loss {:.4} nats ({rate}), accuracy {:.1}% (unigram baseline {:.4} nats); run folder {}",
             r.loss,
@@ -187,9 +190,15 @@ pub(crate) fn eval(a: EvalArgs) -> Result<()> {
                 None => Ok(String::from_utf8_lossy(&[id as u8]).into_owned()),
             };
             let mut csv = lethe::eval::PerTokenCsv::create(path)?;
+            // A signal stops the evaluation between rows, the partial file removed.
+            let _signals = lethe::run::Signals::watch()?;
             let r = lethe::eval::evaluate_per_token(&lm, &data, (batch, block, a.max_tokens), progress, |s| {
+                if let Some(signal) = lethe::run::stop_requested() {
+                    return Err(lethe::error::LetheError::Stopped { signal });
+                }
                 csv.write(s, &text(s.target)?)
-            })?;
+            })
+            .map_err(|e| anyhow::anyhow!("{e}; `{}` not written", path.display()))?;
             csv.finish()?;
             eprintln!("wrote {}", path.display());
             r
@@ -207,12 +216,13 @@ pub(crate) fn eval(a: EvalArgs) -> Result<()> {
     } else {
         let answers = r.answer_accuracy.map(|x| format!(", answers {:.2}%", 100.0 * x)).unwrap_or_default();
         let unit = if cfg.data.tokenizer.is_some() { "token" } else { "byte" };
-        let words = r.word_ppl.map(|p| format!(", per word {p:.2}")).unwrap_or_default();
+        let ppl = |p: f64| lethe::metrics::format_perplexity(p, 2);
+        let words = r.word_ppl.map(|p| format!(", per word {}", ppl(p))).unwrap_or_default();
         println!(
-            "{split}: loss {:.4} nats, {:.4} bits per {unit}, perplexity {:.2}{words}, accuracy {:.2}%{answers} over {} scored tokens (block {block}, {batch} streams)",
+            "{split}: loss {:.4} nats, {:.4} bits per {unit}, perplexity {}{words}, accuracy {:.2}%{answers} over {} scored tokens (block {block}, {batch} streams)",
             r.loss,
             r.bpb,
-            r.ppl,
+            ppl(r.ppl),
             100.0 * r.accuracy,
             r.tokens
         );

@@ -100,6 +100,30 @@ fn a_signal_stops_training_with_a_checkpoint() {
     }
 }
 
+/// Litter: a signal killed `lethe eval --per-token`, leaving its partial rows in
+/// `.FILE.tmp` (gigabytes for a long text). It now stops between rows, removes them and
+/// says the file was not written.
+#[test]
+fn a_signal_stops_a_per_token_evaluation_and_removes_its_partial_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let text: String = (0..400_000).map(|i| format!("word{} ", i * 7919 % 997)).collect();
+    std::fs::write(d.join("text.txt"), text).unwrap();
+    let args =
+        ["train", "--quiet", "-p", "enwik8-tiny", "--data", "text.txt", "--steps", "1", "--name", "t", "--no-eval"];
+    succeeds(&lethe(d, &args));
+    let child = spawn(d, &["eval", "--checkpoint", "runs/t", "--per-token", "tok.csv"]);
+    let partial = d.join(".tok.csv.tmp");
+    crate::common::wait_until("the rows did not start", 120, || std::fs::metadata(&partial).is_ok_and(|m| m.len() > 0));
+    // SAFETY: signals a child process this test started and has not reaped.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("stopped by SIGTERM; `tok.csv` not written"), "{stderr}");
+    assert!(!partial.exists() && !d.join("tok.csv").exists(), "the partial rows were left");
+}
+
 /// Lost work: a signal killed `lethe bench`, and with it the configs already timed.
 /// The first one lets the config under way finish, skips the rest, writes the report of
 /// those done and exits 130.

@@ -114,6 +114,17 @@ pub fn format_count(x: f64) -> String {
     }
 }
 
+/// A perplexity with `decimals` places (`303.83`), or in scientific notation past a
+/// million (`1.355e190`, the perplexity per word of a text with few words), so that no
+/// line holds two hundred digits; infinite or NaN as Rust writes them.
+pub fn format_perplexity(p: f64, decimals: usize) -> String {
+    if p.is_finite() && p.abs() >= 1e6 {
+        format!("{p:.3e}")
+    } else {
+        format!("{p:.decimals$}")
+    }
+}
+
 /// Peak resident memory of this process in bytes (`VmHWM`), where the OS reports it.
 pub fn peak_rss_bytes() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -146,6 +157,10 @@ mod tests {
         assert_eq!(format_duration(Duration::from_secs(3720)), "1h02m");
         assert_eq!(format_count(950.0), "950");
         assert_eq!(format_count(12_345.0), "12.3k");
+        assert_eq!(format_perplexity(303.834, 2), "303.83");
+        assert_eq!(format_perplexity(999_999.0, 3), "999999.000");
+        assert_eq!(format_perplexity(1.3548e190, 2), "1.355e190");
+        assert_eq!(format_perplexity(f64::INFINITY, 2), "inf");
     }
 
     #[test]

@@ -343,7 +343,8 @@ impl Looped for Run<'_> {
         let answers =
             r.answer_accuracy.filter(|_| scored).map(|a| format!(" | answers {:.1}%", 100.0 * a)).unwrap_or_default();
         let accuracy = if scored { format!("{:.1}%", 100.0 * r.accuracy) } else { "-".into() };
-        let words = r.word_ppl.filter(|_| scored).map(|p| format!(" | word ppl {p:.2}")).unwrap_or_default();
+        let word_ppl = |p: f64| format!(" | word ppl {}", lethe_core::metrics::format_perplexity(p, 2));
+        let words = r.word_ppl.filter(|_| scored).map(word_ppl).unwrap_or_default();
         // Bits per byte for byte models; a tokenised corpus reads in perplexity.
         let (rate, rate_value) = if self.cfg.data.tokenizer.is_some() { ("ppl", r.ppl) } else { ("bpb", r.bpb) };
         let hint =
@@ -450,7 +451,7 @@ impl Run<'_> {
 
 /// `value` to 4 decimals, or `-` when there is none.
 fn or_dash(value: Option<f64>) -> String {
-    value.map_or_else(|| "-".to_string(), |v| format!("{v:.4}"))
+    value.map_or_else(|| "-".to_string(), |v| lethe_core::metrics::format_perplexity(v, 4))
 }
 
 /// The sums of one optimiser step.
