@@ -195,9 +195,29 @@ impl Trace {
             }
             Err(e) => return Err(LetheError::io(&partial, e)),
         }
+        // The profiler does not say when a write fails: a full disk cuts the file short.
+        if !ends_whole(&partial)? {
+            let _ = std::fs::remove_file(&partial);
+            return Err(LetheError::Invalid(format!(
+                "`{}`: libtorch's profiler could not write the whole trace (is the disk full?)",
+                self.path.display()
+            )));
+        }
         std::fs::rename(&partial, &self.path).map_err(|e| LetheError::io(&self.path, e))?;
         Ok(self.path.clone())
     }
+}
+
+/// Whether the trace at `path` is whole: its list of events closed (`]`, the last
+/// character but whitespace; no event holds a list).
+fn ends_whole(path: &Path) -> Result<bool> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = std::fs::File::open(path).map_err(|e| LetheError::io(path, e))?;
+    let mut tail = Vec::with_capacity(64);
+    file.seek(SeekFrom::End(-(file.metadata().map_or(0, |m| m.len()).min(64) as i64)))
+        .and_then(|_| file.read_to_end(&mut tail))
+        .map_err(|e| LetheError::io(path, e))?;
+    Ok(tail.iter().rev().find(|b| !b.is_ascii_whitespace()) == Some(&b']'))
 }
 
 /// Where a trace for `path` is written until it is whole: `path` with `.partial` added.
@@ -249,6 +269,21 @@ mod tests {
         assert_eq!(trace.finish().unwrap(), path);
         assert!(std::fs::read_to_string(&path).unwrap().contains("aten::sum"));
         assert!(!partial.exists(), "finishing renames its .partial file (the unfinished one was overwritten)");
+    }
+
+    /// A trace cut short (the profiler writes on through a full disk without a word)
+    /// is told from a whole one.
+    #[test]
+    fn a_trace_cut_short_is_not_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("trace.json");
+        let whole = "[\n\n{\n  \"name\": \"aten::sum\",\n  \"args\": {}\n}]\n";
+        std::fs::write(&path, whole).unwrap();
+        assert!(ends_whole(&path).unwrap());
+        for cut in [whole.len() - 3, whole.len() / 2, 1] {
+            std::fs::write(&path, &whole[..cut]).unwrap();
+            assert!(!ends_whole(&path).unwrap(), "{:?} read as whole", &whole[..cut]);
+        }
     }
 
     #[test]
