@@ -100,8 +100,8 @@ fn a_signal_stops_training_with_a_checkpoint() {
     }
 }
 
-/// Litter: a signal killed `lethe eval --per-token`, leaving its partial rows in
-/// `.FILE.tmp` (gigabytes for a long text). It now stops between rows, removes them and
+/// Litter: a signal killed `lethe eval --per-token`, leaving its partial rows in a
+/// temporary file (gigabytes for a long text). It now stops between rows, removes them and
 /// says the file was not written.
 #[test]
 fn a_signal_stops_a_per_token_evaluation_and_removes_its_partial_file() {
@@ -113,15 +113,21 @@ fn a_signal_stops_a_per_token_evaluation_and_removes_its_partial_file() {
         ["train", "--quiet", "-p", "enwik8-tiny", "--data", "text.txt", "--steps", "1", "--name", "t", "--no-eval"];
     succeeds(&lethe(d, &args));
     let child = spawn(d, &["eval", "--checkpoint", "runs/t", "--per-token", "tok.csv"]);
-    let partial = d.join(".tok.csv.tmp");
-    crate::common::wait_until("the rows did not start", 120, || std::fs::metadata(&partial).is_ok_and(|m| m.len() > 0));
+    // The rows' temporary file: `.tok.csv.<process>-<count>.tmp`.
+    let partial = || {
+        let names = std::fs::read_dir(d).unwrap().map(|e| e.unwrap().path());
+        names.filter(|p| p.to_string_lossy().contains(".tok.csv.")).collect::<Vec<_>>()
+    };
+    crate::common::wait_until("the rows did not start", 120, || {
+        partial().first().is_some_and(|p| std::fs::metadata(p).is_ok_and(|m| m.len() > 0))
+    });
     // SAFETY: signals a child process this test started and has not reaped.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("stopped by SIGTERM; `tok.csv` not written"), "{stderr}");
-    assert!(!partial.exists() && !d.join("tok.csv").exists(), "the partial rows were left");
+    assert!(partial().is_empty() && !d.join("tok.csv").exists(), "the partial rows were left");
 }
 
 /// Lost work: a signal killed `lethe bench`, and with it the configs already timed.

@@ -34,6 +34,17 @@ pub const RUN_FILES: &[(&str, &str)] = &[
     (".*.tmp", "a file being written"),
 ];
 
+/// The temporary file `path` is written into before it is renamed over it: beside it,
+/// hidden, and this writer's own (the process and a count in it), so that two commands
+/// writing the same output at once each write a whole file, the last one renamed
+/// winning, rather than into one file together.
+pub fn temporary(path: &Path) -> std::path::PathBuf {
+    static WRITERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = WRITERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = path.file_name().map_or_else(|| "output".into(), |n| n.to_string_lossy());
+    path.with_file_name(format!(".{name}.{}-{n}.tmp", std::process::id()))
+}
+
 /// Files whose presence makes a folder a run folder: its checkpoint, or its lock
 /// (`run::folder::LOCK_FILE`, named here too: this layer sits below the run's).
 const RUN_MARKERS: &[&str] = &[crate::checkpoint::FILE_NAME, ".lethe.lock"];

@@ -149,7 +149,8 @@ pub fn evaluate_per_token(
 
 /// Writes [`TokenScore`]s as CSV (`eval --per-token FILE`), one row per target: `stream,
 /// position, target, text, loss, scored`, then `span_<layer>` (Expire-Span) and
-/// `mem_<layer>`. The rows go to `.FILE.tmp` beside it, renamed to `FILE` once complete.
+/// `mem_<layer>`. The rows go to a temporary file beside it
+/// ([`lethe_core::output::temporary`]), renamed to `FILE` once complete.
 pub struct PerTokenCsv {
     path: std::path::PathBuf,
     tmp: std::path::PathBuf,
@@ -161,8 +162,7 @@ impl PerTokenCsv {
     /// Starts the file at `path` (nothing appears there until [`PerTokenCsv::finish`]).
     pub fn create(path: &std::path::Path) -> Result<PerTokenCsv> {
         lethe_core::output::check("--per-token", path, &[])?;
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "per-token.csv".into());
-        let tmp = path.with_file_name(format!(".{name}.tmp"));
+        let tmp = lethe_core::output::temporary(path);
         let file = std::fs::File::create(&tmp).map_err(|e| LetheError::io(&tmp, e))?;
         let writer = csv::Writer::from_writer(std::io::BufWriter::new(file));
         Ok(PerTokenCsv { path: path.to_path_buf(), tmp, writer, header: false })
@@ -429,6 +429,33 @@ mod tests {
         drop(csv);
         let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(left, ["done.csv"], "an unfinished file left {left:?}");
+    }
+
+    /// Two writers of one file at once (two evaluations given the same --per-token)
+    /// each write their own rows: the file is the last one finished, whole.
+    #[test]
+    fn two_writers_of_one_file_do_not_mix_their_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tok.csv");
+        let score = |position| TokenScore {
+            stream: 0,
+            position,
+            target: 65,
+            loss: 0.5,
+            scored: true,
+            spans: vec![],
+            mem_size: vec![],
+        };
+        let (mut first, mut second) = (PerTokenCsv::create(&path).unwrap(), PerTokenCsv::create(&path).unwrap());
+        for position in 0..1000 {
+            first.write(&score(position), "A").unwrap();
+            second.write(&score(position + 5000), "B").unwrap();
+        }
+        second.finish().unwrap();
+        first.finish().unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().count(), 1001);
+        assert!(text.lines().skip(1).all(|row| row.ends_with(",A,0.500000,1")), "the rows are mixed");
     }
 
     #[test]
