@@ -34,10 +34,10 @@ pub const RUN_FILES: &[(&str, &str)] = &[
     (".*.tmp", "a file being written"),
 ];
 
-/// The temporary file `path` is written into before it is renamed over it: beside it,
-/// hidden, and this writer's own (the process and a count in it), so that two commands
-/// writing the same output at once each write a whole file, the last one renamed
-/// winning, rather than into one file together.
+/// The temporary file (or folder) `path` is written into before it is renamed over it:
+/// beside it, hidden, and this writer's own (the process and a count in it), so that
+/// two commands writing the same output at once each write a whole one, rather than
+/// into one together.
 pub fn temporary(path: &Path) -> std::path::PathBuf {
     static WRITERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = WRITERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -188,10 +188,9 @@ pub fn write_folder(
         let t = params.get(&ours).ok_or_else(|| LetheError::Invalid(format!("the run has no parameter `{ours}`")))?;
         tensors.push((theirs, t.to_kind(tch::Kind::Float).to_device(tch::Device::Cpu).contiguous()));
     }
-    let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let name = out.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_else(|| "model".into());
-    let staging = parent.join(format!(".{name}.partial"));
-    let _ = std::fs::remove_dir_all(&staging);
+    // A folder of this writer's own beside `out` (two exports to one folder at once each
+    // write their own; the first renamed wins, the second is refused).
+    let staging = lethe_core::output::temporary(out);
     let io = |e: std::io::Error| LetheError::checkpoint(&staging, e.to_string());
     std::fs::create_dir_all(&staging).map_err(io)?;
     let written = (|| -> Result<()> {
