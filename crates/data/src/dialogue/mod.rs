@@ -308,10 +308,11 @@ impl Task for Dialogue {
     }
 }
 
-/// Encodes text with `tokenizer`, or as bytes without one.
+/// Encodes text with `tokenizer` (a long one in pieces, [`crate::text::encode_long`]:
+/// `lethe chat --document` may be given any file), or as bytes without one.
 pub fn encoder(tokenizer: Option<&Tokenizer>) -> impl Fn(&str) -> Result<Vec<Token>> + '_ {
     move |text| match tokenizer {
-        Some(t) => t.encode(text),
+        Some(t) => crate::text::encode_long(t, text),
         None => Ok(text.bytes().map(Token::from).collect()),
     }
 }
