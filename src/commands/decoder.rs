@@ -291,7 +291,7 @@ pub(crate) fn bench(a: &BenchArgs, folder: &std::path::Path) -> Result<()> {
     // A run at a budget given twice, however the run's path is spelled, is timed once.
     let run_at = |item: &String| {
         let (path, budget) = item.rsplit_once('@').map_or((item.as_str(), ""), |(p, b)| (p, b));
-        (the_file(&lethe::checkpoint::resolve(std::path::Path::new(path))), budget.to_string())
+        (run_file(std::path::Path::new(path)), budget.to_string())
     };
     each_once_by("--learned", &a.learned, run_at, String::clone)?;
     let config = lethe::model::llama::LlamaConfig::from_file(&folder.join("config.json"))?;
@@ -401,8 +401,13 @@ pub(crate) fn each_once_by<'a, T, K: PartialEq>(
 
 /// Refuses a run given twice in a list of run folders or checkpoints, however its path
 /// is spelled (`runs/m`, `./runs/m/checkpoint.safetensors`).
-pub(crate) fn each_file_once(flag: &str, runs: &[std::path::PathBuf]) -> Result<()> {
-    each_once_by(flag, runs, |run| the_file(&lethe::checkpoint::resolve(run)), |run| run.display().to_string())
+pub(crate) fn each_file_once<P: AsRef<std::path::Path>>(flag: &str, runs: &[P]) -> Result<()> {
+    each_once_by(flag, runs, |run| run_file(run.as_ref()), |run| run.as_ref().display().to_string())
+}
+
+/// The checkpoint file of the run folder or checkpoint `run`, as [`the_file`].
+pub(crate) fn run_file(run: &std::path::Path) -> std::path::PathBuf {
+    the_file(&lethe::checkpoint::resolve(run))
 }
 
 /// `path` with its links and `.`/`..` resolved, or as given where it is not there (to

@@ -18,7 +18,7 @@ use lethe::model::llama::Llama;
 use lethe::model::Lm;
 use lethe::plot::{Heatmap, SweepSeries};
 
-use super::decoder::{block_for, each_file_once, each_once, each_once_by, the_file};
+use super::decoder::{block_for, each_file_once, each_once};
 use super::learned::Learned;
 use super::train::load_checkpoint;
 use crate::cli::LongevalArgs;
@@ -65,7 +65,7 @@ pub(crate) fn longeval(a: LongevalArgs) -> Result<()> {
         }
     }
     // A run given twice would be evaluated twice and drawn as two runs.
-    each_once_by("--compare", &checkpoints, |p| the_file(&lethe::checkpoint::resolve(p)), |p| p.display().to_string())?;
+    each_file_once("--compare", &checkpoints)?;
     let names = run_names(&checkpoints);
     if checkpoints.len() + usize::from(a.init_from.is_some()) > 1 {
         refuse_mixed_units(&checkpoints, a.init_from.is_some())?;

@@ -151,7 +151,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         return Err(LetheError::Invalid(format!("`{}` is {kind}, not a file lethe can write", path.display())));
     }
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let tmp = crate::output::temporary(&dir.join(path.file_name().unwrap_or("checkpoint".as_ref())));
+    let tmp = crate::output::temporary(path);
     let written = write_synced(&tmp, bytes).map_err(|e| LetheError::io(&tmp, e));
     let renamed = written.and_then(|()| std::fs::rename(&tmp, path).map_err(|e| LetheError::io(path, e)));
     if renamed.is_err() {
