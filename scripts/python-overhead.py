@@ -72,9 +72,9 @@ def python_steps(model, steps, clip, generator):
     return statistics.median(times)
 
 
-def cli_steps(binary, preset, data, steps, folder, round_):
+def cli_steps(binary, preset, steps, folder, round_):
     out = folder / f"bench-{round_}"
-    lethe_cli(binary, "bench", "-p", preset, "--data", str(data), "--rounds", "1", "--bench-steps", str(steps),
+    lethe_cli(binary, "bench", "-p", preset, "--rounds", "1", "--bench-steps", str(steps),
               "--out", str(out), cwd=folder)
     (result,) = json.loads(next(out.rglob("bench.json")).read_text())["results"]
     return result["median_s"]
@@ -95,7 +95,7 @@ def main():
         rows = []
         for r in range(a.rounds):
             py = python_steps(model, a.steps, clip, g)
-            cli = cli_steps(a.lethe, a.preset, data, a.steps, folder, r)
+            cli = cli_steps(a.lethe, a.preset, a.steps, folder, r)
             rows.append({"round": r, "python_s": py, "cli_s": cli})
             print(f"round {r + 1}/{a.rounds}: python {py * 1e3:.1f} ms, lethe bench {cli * 1e3:.1f} ms, ratio {py / cli:.3f}",
                   flush=True)

@@ -189,7 +189,6 @@ pub fn run(
             }
         }
     }
-    let mut points = vec![];
     // Every run must fit before the first one starts, and before anything is written.
     for cfg in &plan {
         crate::model::check_fits(cfg, crate::device::parse(&cfg.train.device)?)?;
@@ -197,8 +196,22 @@ pub fn run(
     if !overwrite {
         refuse_other_runs(&plan, &dir.join("runs"))?;
     }
-    std::fs::create_dir_all(dir).map_err(|e| LetheError::io(dir, e))?;
-    write_atomic(&dir.join("base.toml"), base.to_toml()?.as_bytes())?;
+    let made = crate::output::MadeFolder::make(dir)?;
+    let base_toml = dir.join("base.toml");
+    let points = write_atomic(&base_toml, base.to_toml()?.as_bytes()).and_then(|()| run_plan(&plan, dir, say));
+    if points.is_err() && !dir.join("runs").exists() {
+        // Nothing was trained (the first run could not start): no folder is left behind.
+        let _ = std::fs::remove_file(&base_toml);
+        made.remove_if_empty();
+    }
+    let points = points?;
+    write_report(base, &points, dir)?;
+    Ok(points)
+}
+
+/// Trains the runs of `plan` in turn into `dir/runs` (or reads the points of those done).
+fn run_plan(plan: &[Config], dir: &Path, say: &mut dyn FnMut(&str)) -> Result<Vec<SweepPoint>> {
+    let mut points = vec![];
     for (i, cfg) in plan.iter().enumerate() {
         let point = run_one(cfg, &dir.join("runs"))?;
         say(&format!(
@@ -213,7 +226,6 @@ pub fn run(
         ));
         points.push(point);
     }
-    write_report(base, &points, dir)?;
     Ok(points)
 }
 

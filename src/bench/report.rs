@@ -125,7 +125,16 @@ pub(crate) struct Report<'a> {
 
 /// Writes `bench.json` and `bench.csv` into `dir` (atomically). Returns their paths.
 pub fn write_report(dir: &Path, results: &[BenchResult], gemm_gflops: f64) -> Result<Vec<PathBuf>> {
-    std::fs::create_dir_all(dir).map_err(|e| LetheError::io(dir, e))?;
+    let made = crate::output::MadeFolder::make(dir)?;
+    let written = write_files(dir, results, gemm_gflops);
+    if written.is_err() {
+        made.remove_if_empty();
+    }
+    written
+}
+
+/// Writes `bench.json` and `bench.csv` into the folder `dir`.
+fn write_files(dir: &Path, results: &[BenchResult], gemm_gflops: f64) -> Result<Vec<PathBuf>> {
     let written_at =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let report =

@@ -21,6 +21,7 @@ pub(crate) fn bench(a: BenchArgs) -> Result<()> {
     if !a.kv.is_empty() || a.contexts.is_some() {
         anyhow::bail!("--kv and --contexts time a pretrained decoder: give --init-from with a Llama-family folder");
     }
+    refuse_data_flags_without_data(&a)?;
     let cfg = a.config.resolve()?;
     let scale = a.scale.as_deref().map(lethe::bench::parse_scale).transpose()?;
     let mut cases = lethe::bench::plan(&cfg, &a.mechanisms, &a.precisions, scale.as_ref(), a.context)?;
@@ -110,6 +111,24 @@ pub(crate) fn bench(a: BenchArgs) -> Result<()> {
                 .into())
         }
         None => Ok(()),
+    }
+}
+
+/// Refuses the flags that choose training data when the steps read random tokens (no
+/// `--train-data`): they would be read by nothing.
+fn refuse_data_flags_without_data(a: &BenchArgs) -> Result<()> {
+    let c = &a.config;
+    let given = [
+        ("--data", c.data.is_some()),
+        ("--data-seed", c.data_seed.is_some()),
+        ("--length", c.length.is_some()),
+        ("--distance", c.distance.is_some()),
+    ];
+    match given.iter().find(|(_, set)| *set) {
+        Some((flag, _)) if !a.train_data => anyhow::bail!(
+            "{flag} chooses training data, which bench reads only with --train-data (it times random tokens otherwise): add --train-data, or leave {flag} out"
+        ),
+        _ => Ok(()),
     }
 }
 

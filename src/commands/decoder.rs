@@ -469,6 +469,11 @@ fn refuse_training_bench_flags(a: &BenchArgs) -> Result<()> {
         ("--preset", a.config.preset.is_some()),
         ("--config", a.config.config.is_some()),
         ("--set", !a.config.overrides.is_empty()),
+        ("--data", a.config.data.is_some()),
+        ("--steps", a.config.steps.is_some()),
+        ("--length", a.config.length.is_some()),
+        ("--distance", a.config.distance.is_some()),
+        ("--data-seed", a.config.data_seed.is_some()),
     ];
     if let Some((flag, _)) = given.iter().find(|(_, set)| *set) {
         anyhow::bail!("{flag} applies to the training bench; --init-from a Llama-family folder times decoding (--kv, --contexts, --decode-tokens)");

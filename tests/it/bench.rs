@@ -227,6 +227,13 @@ fn bench_reads_the_training_data_when_asked_and_says_so() {
     );
     fails_with(&out, &["no-such-corpus.txt"]);
     assert!(!d.join("other").exists(), "nothing is written for a bench that cannot start");
+    // Without --train-data the steps read random tokens: a flag choosing the data would
+    // be read by nothing (before, a missing corpus was timed as if read).
+    for flag in [&["--data", missing.to_str().unwrap()][..], &["--length", "4"], &["--data-seed", "3"]] {
+        let out = lethe(d, &[&["bench", "-p", "enwik8-tiny", "--out", "other"][..], flag].concat());
+        fails_with(&out, &[flag[0], "only with --train-data"]);
+    }
+    assert!(!d.join("other").exists());
 }
 
 /// A config benched in turns with another trains as it does alone: the same loss after

@@ -281,6 +281,11 @@ fn impossible_sweep_sizes_are_refused_before_any_training() {
     fails_with(&out, &["fixed-8-s1", "train.block"]);
     assert!(!dir.path().join("runs/copy-tiny-sweep/runs/fixed-64-s1").exists());
     fails_with(&lethe(dir.path(), &["sweep", "--mechanism", "lstm"]), &["lstm"]);
+    // A sweep whose first run cannot start (its data missing) leaves no folder behind
+    // (before, `--out` and the sweep folder with its base.toml).
+    let out = lethe(dir.path(), &["sweep", "--data", "no-such.txt", "--mechanism", "fixed:64", "--out", "new/sweeps"]);
+    fails_with(&out, &["no-such.txt"]);
+    assert!(!dir.path().join("new").exists());
 }
 
 /// Regression: the default sweep of the sweep preset failed before its first run, its

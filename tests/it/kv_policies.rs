@@ -513,9 +513,12 @@ fn bench_from_a_folder_times_each_policy_at_each_context() {
         assert_eq!(r["cache_bytes"].as_u64().unwrap(), held * entry, "{r}");
         assert!(r["decode_tok_s"].as_f64().unwrap() > 0.0 && r["bandwidth_share"].as_f64().unwrap() > 0.0, "{r}");
     }
-    let refused = lethe(&["bench", "--init-from", folder, "--mechanism", "fixed"]);
-    let err = String::from_utf8_lossy(&refused.stderr);
-    assert!(!refused.status.success() && err.contains("--mechanism applies to the training bench"), "{err}");
+    for flag in [&["--mechanism", "fixed"][..], &["--data", folder], &["--steps", "3"]] {
+        let refused = lethe(&[&["bench", "--init-from", folder][..], flag].concat());
+        let err = String::from_utf8_lossy(&refused.stderr);
+        let said = format!("{} applies to the training bench", flag[0]);
+        assert!(!refused.status.success() && err.contains(&said), "{err}");
+    }
 }
 
 /// `--precision` reads the decoder in that precision: `generate` gives the library's

@@ -45,6 +45,37 @@ pub fn temporary(path: &Path) -> std::path::PathBuf {
     path.with_file_name(format!(".{name}.{}-{n}.tmp", std::process::id()))
 }
 
+/// An output folder a command made, with the ancestors it lacked, so that a command that
+/// fails before writing anything into it can leave the disk as it found it
+/// ([`MadeFolder::remove_if_empty`]).
+#[derive(Debug)]
+pub struct MadeFolder {
+    dir: std::path::PathBuf,
+    /// The outermost folder made, when any was.
+    outermost: Option<std::path::PathBuf>,
+}
+
+impl MadeFolder {
+    /// Makes `dir` and the ancestors it lacks.
+    pub fn make(dir: &Path) -> Result<Self> {
+        let outermost =
+            dir.ancestors().take_while(|a| !a.as_os_str().is_empty() && !a.exists()).last().map(Path::to_path_buf);
+        std::fs::create_dir_all(dir).map_err(|e| LetheError::io(dir, e))?;
+        Ok(MadeFolder { dir: dir.to_path_buf(), outermost })
+    }
+
+    /// Removes the folders made, innermost first, as long as each is empty: what anyone
+    /// wrote into them stays.
+    pub fn remove_if_empty(&self) {
+        let Some(outermost) = &self.outermost else { return };
+        for folder in self.dir.ancestors() {
+            if std::fs::remove_dir(folder).is_err() || folder == outermost {
+                return;
+            }
+        }
+    }
+}
+
 /// Files whose presence makes a folder a run folder: its checkpoint, or its lock
 /// (`run::folder::LOCK_FILE`, named here too: this layer sits below the run's).
 const RUN_MARKERS: &[&str] = &[crate::checkpoint::FILE_NAME, ".lethe.lock"];
@@ -112,6 +143,23 @@ mod tests {
             std::fs::write(dir.path().join(name), "x").unwrap();
         }
         dir
+    }
+
+    #[test]
+    fn a_made_folder_is_removed_while_empty_and_kept_with_anything_in_it() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("a/b/c");
+        MadeFolder::make(&dir).unwrap().remove_if_empty();
+        assert!(!root.path().join("a").exists(), "all three made, all three removed");
+        let made = MadeFolder::make(&dir).unwrap();
+        std::fs::write(root.path().join("a/b/kept.txt"), "x").unwrap();
+        made.remove_if_empty();
+        assert!(!dir.exists() && root.path().join("a/b/kept.txt").exists(), "the emptied folder alone");
+        // A folder that was there before is not the command's to remove.
+        MadeFolder::make(&root.path().join("a")).unwrap().remove_if_empty();
+        std::fs::remove_file(root.path().join("a/b/kept.txt")).unwrap();
+        MadeFolder::make(&dir).unwrap().remove_if_empty();
+        assert!(root.path().join("a/b").is_dir() && !dir.exists());
     }
 
     #[test]

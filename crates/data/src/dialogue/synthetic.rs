@@ -300,6 +300,7 @@ pub fn write(dir: &Path, n: usize, seed: u64) -> Result<Written> {
     if staging.exists() {
         std::fs::remove_dir_all(&staging).map_err(|e| LetheError::io(&staging, e))?;
     }
+    let made = lethe_core::output::MadeFolder::make(dir)?;
     let written = write_into(&staging, n, seed);
     let moved = written.and_then(|w| {
         // Conversations/, which marks a data set (`Source::for_path`), goes last.
@@ -309,6 +310,9 @@ pub fn write(dir: &Path, n: usize, seed: u64) -> Result<Written> {
         Ok(Written { tokenizer: dir.join("tokenizer"), ..w })
     });
     let _ = std::fs::remove_dir_all(&staging);
+    if moved.is_err() {
+        made.remove_if_empty();
+    }
     moved
 }
 
