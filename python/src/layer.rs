@@ -61,7 +61,7 @@ impl Inner {
     /// A fresh memory holding a copy of `state`, checked against the block `x`.
     fn restore(&self, state: &[(String, PyTensor)], x: &Tensor) -> PyResult<Box<dyn MemoryLayer>> {
         let mut memory = self.memory.fresh();
-        let restored = restore(state, x.size()[0], x.device())?;
+        let restored = restore(state, x.size()[0], self.d_model, x.device())?;
         memory.load_state(&restored).map_err(|e| invalid(format!("state: {e}")))?;
         Ok(memory)
     }

@@ -140,9 +140,15 @@ fn check_id_list(what: &str, ids: &[i64], vocab: i64) -> PyResult<()> {
     }
 }
 
-/// The tensors of a caller's `state` for a block of `streams` streams on `device`,
-/// copied, so that the caller's state stays as it was whatever the memory does with them.
-fn restore(state: &[(String, PyTensor)], streams: i64, device: tch::Device) -> PyResult<Vec<(String, Tensor)>> {
+/// The tensors of a caller's `state` for a block of `streams` streams on `device`, through
+/// layers of `d_model` (the width of every memory of states), copied, so that the
+/// caller's state stays as it was whatever the memory does with them.
+fn restore(
+    state: &[(String, PyTensor)],
+    streams: i64,
+    d_model: i64,
+    device: tch::Device,
+) -> PyResult<Vec<(String, Tensor)>> {
     let mut restored = Vec::with_capacity(state.len());
     for (name, t) in state {
         if t.device() != device {
@@ -156,6 +162,15 @@ fn restore(state: &[(String, PyTensor)], streams: i64, device: tch::Device) -> P
             return Err(invalid(format!(
                 "state: `{name}` holds {} streams and the block {streams} (a state carries the streams of the blocks it read)",
                 t.size()[0]
+            )));
+        }
+        if t.dim() == 3 && !t.is_floating_point() {
+            return Err(invalid(format!("state: `{name}` is {:?}, where states are floating point", t.kind())));
+        }
+        if t.dim() == 3 && t.size()[2] != d_model {
+            return Err(invalid(format!(
+                "state: `{name}` holds states of width {}, where this module's d_model is {d_model}",
+                t.size()[2]
             )));
         }
         restored.push((name.clone(), t.detach().copy()));

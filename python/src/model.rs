@@ -142,7 +142,8 @@ impl Model {
             guarded(|| {
                 inner.check_tokens(&tokens)?;
                 let mut memory = inner.lm.model.new_memory();
-                let restored = restore(&state, tokens.size()[0], tokens.device())?;
+                let d_model = inner.lm.config.model.d_model as i64;
+                let restored = restore(&state, tokens.size()[0], d_model, tokens.device())?;
                 memory.load_state(&restored).map_err(|e| invalid(format!("state: {e}")))?;
                 let out = inner
                     .lm

@@ -230,6 +230,10 @@ def test_load_refuses_bad_tokens_with_one_line(runs):
     _, state = model(torch.zeros(2, 4, dtype=torch.long))
     with pytest.raises(ValueError, match="streams"):
         model(torch.zeros(3, 4, dtype=torch.long), state)
+    d_model = model.config["model"]["d_model"]
+    wider = lethe.State(state.owner, [(n, torch.zeros(*t.shape[:2], d_model + 1) if t.dim() == 3 else t) for n, t in state.tensors])
+    with pytest.raises(ValueError, match=f"holds states of width {d_model + 1}, where this module's d_model is {d_model}"):
+        model(torch.zeros(2, 4, dtype=torch.long), wider)
     with pytest.raises(ValueError, match="outside the vocabulary"):
         model.generate([model.vocab], 3)
     with pytest.raises(ValueError, match="count = 1000000000000: the list of ids would not fit"):

@@ -257,6 +257,14 @@ def test_bad_states_are_refused_with_one_line():
     raises(ValueError, lambda: xl(x, from_xl.to(torch.float64)), "`cache` is torch.float64", "as torch.float32")
     raises(ValueError, lambda: xl(x, from_xl.to("meta")), "`cache` is on meta, the block on cpu")
     raises(ValueError, lambda: from_xl.to(torch.int32), "State.to", "torch.int32", "floating-point")
+    # Tensors of another width, in a state put together by hand (before: libtorch's
+    # "Sizes of tensors must match" from inside the concatenation).
+    for layer, (_, made) in ((xl, xl(x)), (expire, expire(x))):
+        wider = lethe.State(made.owner, [(n, torch.zeros(*t.shape[:2], D + 1) if t.dim() == 3 else t) for n, t in made.tensors])
+        raises(ValueError, lambda: layer(x, wider), "`cache` holds states of width %d" % (D + 1), "d_model is %d" % D)
+    # Whole numbers as states, to a module that has made none yet (before: accepted).
+    integers = lethe.State(from_xl.owner, [("cache", torch.zeros(2, 4, D, dtype=torch.long))])
+    raises(ValueError, lambda: make("xl", torch.float32)(x, integers), "`cache` is Int64", "floating point")
 
 
 def test_bad_settings_are_refused_with_one_line():

@@ -626,6 +626,17 @@ fn the_decoder_campaigns_finds_are_refused_clearly() {
         &lethe(d, &["generate", "--init-from", "lies", "--prompt-ids", "1"]),
         &["lies/model.safetensors", "shape, type and size disagree"],
     );
+    // A config asking for more layers than the weights hold names the weights' file.
+    std::fs::create_dir(d.join("deep")).unwrap();
+    std::fs::copy(std::path::Path::new(folder).join("model.safetensors"), d.join("deep/model.safetensors")).unwrap();
+    let config = std::fs::read_to_string(std::path::Path::new(folder).join("config.json")).unwrap();
+    let mut config: serde_json::Value = serde_json::from_str(&config).unwrap();
+    config["num_hidden_layers"] = 3.into();
+    std::fs::write(d.join("deep/config.json"), config.to_string()).unwrap();
+    fails_with(
+        &lethe(d, &["generate", "--init-from", "deep", "--prompt-ids", "1"]),
+        &["deep/model.safetensors`: has no tensor `model.layers.2.", "which the config asks for"],
+    );
     // A pretrained folder without its tokenizer trains on bytes, and says so.
     std::fs::create_dir(d.join("bare")).unwrap();
     for file in ["config.json", "model.safetensors"] {

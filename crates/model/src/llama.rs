@@ -609,7 +609,7 @@ impl Llama {
             let t = t.detach().to_kind(Kind::Float).contiguous();
             tensors.insert(theirs, (t, PathBuf::from(format!("the run's `{ours}`"))));
         }
-        Self::assemble(config, Weights { tensors })
+        Self::assemble(config, Weights { tensors, source: PathBuf::from("the run") })
     }
 
     /// The device the weights are on.
@@ -925,6 +925,8 @@ use crate::rope::rotate;
 /// shapes the config gives; whatever is left at the end is refused by name.
 pub struct Weights {
     tensors: HashMap<String, (Tensor, PathBuf)>,
+    /// Where the weights come from (a file or index, or a run), named when one is missing.
+    source: PathBuf,
 }
 
 /// The weights of `dir`: `model.safetensors`, or the shards `model.safetensors.index.json`
@@ -971,12 +973,12 @@ pub fn read_weights_on(dir: &Path, device: Device, kind: Kind) -> Result<Weights
                 return Err(LetheError::checkpoint(&path, format!("holds `{extra}`, which the index does not list")));
             }
         }
-    } else {
-        for (name, t) in read_file(&single, device, kind)? {
-            tensors.insert(name, (t, single.clone()));
-        }
+        return Ok(Weights { tensors, source: index });
     }
-    Ok(Weights { tensors })
+    for (name, t) in read_file(&single, device, kind)? {
+        tensors.insert(name, (t, single.clone()));
+    }
+    Ok(Weights { tensors, source: single })
 }
 
 /// The tensors of one safetensors file, in `kind`.
@@ -1002,10 +1004,9 @@ fn read_file(path: &Path, device: Device, kind: Kind) -> Result<Vec<(String, Ten
 impl Weights {
     /// The tensor `name`, which must have `shape`.
     pub fn take(&mut self, name: &str, shape: &[i64]) -> Result<Tensor> {
-        let (t, path) = self
-            .tensors
-            .remove(name)
-            .ok_or_else(|| LetheError::Invalid(format!("the model's weights have no tensor `{name}`")))?;
+        let (t, path) = self.tensors.remove(name).ok_or_else(|| {
+            LetheError::checkpoint(&self.source, format!("has no tensor `{name}`, which the config asks for"))
+        })?;
         if t.size() != shape {
             return Err(LetheError::checkpoint(
                 &path,
