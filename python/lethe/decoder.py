@@ -10,7 +10,7 @@ from torch import Tensor
 
 from . import _lethe
 from .layers import _check_tensor
-from .model import _prompt_ids
+from .model import _prompt_ids, _sampling, _whole
 
 __all__ = ["Decoder", "KvCache", "POLICIES"]
 
@@ -100,8 +100,8 @@ class Decoder:
         ``nbytes()`` its bytes, ``position()`` the tokens read, and ``copy()`` an
         independent copy (what it holds and what its policy keeps about it) that reads on
         apart: a prompt read once, continued several ways."""
-        if isinstance(budget, bool):
-            raise TypeError(f"budget: expected a whole number of entries (or None), got {budget!r}")
+        if budget is not None:
+            _whole("budget", budget, 2**63 - 1)
         if policy == "learned":
             return self._decoder.learned_cache(budget)
         return KvCache(policy, budget)
@@ -144,7 +144,7 @@ class Decoder:
         ids = _prompt_ids(prompt, count, self.encode)
         if not isinstance(cache, KvCache):
             raise TypeError(f"cache: expected a lethe.KvCache, got {type(cache).__name__}")
-        out = self._decoder.generate(ids, count, cache, (float(temperature), top_k, float(top_p), seed))
+        out = self._decoder.generate(ids, count, cache, _sampling(temperature, top_k, top_p, seed))
         if out:  # the last token, chosen but not yet read
             self(torch.tensor([out[-1:]], device=self.device), cache)
         return out

@@ -82,7 +82,7 @@ class Model(nn.Module):
         sampled from the ``top_k`` most likely tokens (0: all) within ``top_p`` of the
         probability, seeded by ``seed``."""
         ids = _prompt_ids(prompt, count, self.encode)
-        return self._model.generate(ids, count, (float(temperature), top_k, float(top_p), seed))
+        return self._model.generate(ids, count, _sampling(temperature, top_k, top_p, seed))
 
     def extra_repr(self) -> str:
         return self._owner
@@ -111,6 +111,22 @@ def _prompt_ids(prompt: Union[str, Sequence[int]], count: int, encode: Callable[
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise ValueError(f"count must be a whole number, 0 or more, got {count!r}")
     return encode(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
+
+
+def _whole(name: str, value: Any, most: int) -> int:
+    """``value``, refused unless it is a whole number (a ``TypeError``) from 0 to ``most``
+    (a ``ValueError``)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected a whole number, got {value!r}")
+    if not 0 <= value <= most:
+        raise ValueError(f"{name} = {value}: must be from 0 to {most}")
+    return value
+
+
+def _sampling(temperature: float, top_k: int, top_p: float, seed: int) -> Tuple[float, int, float, int]:
+    """A generation's sampling settings as the Rust side takes them, the whole numbers
+    checked here (the Rust side checks the others): ``top_k`` and ``seed`` from 0."""
+    return (float(temperature), _whole("top_k", top_k, 2**63 - 1), float(top_p), _whole("seed", seed, 2**64 - 1))
 
 
 def load(path: Union[str, os.PathLike]) -> Model:

@@ -242,5 +242,7 @@ def test_load_refuses_bad_tokens_with_one_line(runs):
         model.generate([1], -1)
     with pytest.raises(ValueError, match="temperature -1: must be a finite number"):
         model.generate([1], 2, temperature=-1.0)
+    with pytest.raises(ValueError, match="top_k = -1: must be from 0"):
+        model.generate([1], 2, top_k=-1)
     with pytest.raises(ValueError, match="outside the vocabulary"):
         model.decode([-1])

@@ -247,6 +247,11 @@ def test_bad_arguments_are_refused_with_one_line():
         (lambda: decoder.generate([1], 2, decoder.cache(), temperature=-1.0), ValueError, "temperature"),
         (lambda: decoder.generate([1], 2, decoder.cache(), top_p=0.0), ValueError, "top_p"),
         (lambda: decoder.decode([decoder.vocab]), ValueError, "outside the vocabulary"),
+        # Whole numbers out of range, named (before: Python's OverflowError, naming none).
+        (lambda: decoder.cache("h2o", budget=2**63), ValueError, "budget = 9223372036854775808: must be from 0"),
+        (lambda: decoder.generate([1], 2, decoder.cache(), top_k=-1), ValueError, "top_k = -1: must be from 0"),
+        (lambda: decoder.generate([1], 2, decoder.cache(), seed=-1), ValueError, "seed = -1: must be from 0"),
+        (lambda: decoder.generate([1], 2, decoder.cache(), seed=1.5), TypeError, "seed: expected a whole number"),
     ]:
         with pytest.raises(kind) as caught:
             call()

@@ -164,7 +164,8 @@ pub(crate) fn eval(a: EvalArgs) -> Result<()> {
     }
     let mut sized = cfg.clone();
     (sized.train.batch, sized.train.block) = (batch, block);
-    lethe::model::check_fits(&sized, device).context("--batch and --block")?;
+    lethe::model::check_fits(&sized, device)
+        .with_context(|| format!("evaluating {batch} streams in blocks of {block} (--batch, --block)"))?;
     let lm = Lm::from_checkpoint(&ckpt, device)?;
     let data = lethe::task::load_split(&cfg, split, batch)?;
     let started = std::time::Instant::now();

@@ -197,7 +197,7 @@ fn fits_within(parts: Vec<Part>, available: f64) -> Result<()> {
         .map(|p| format!("; the largest part, {:.1} GiB, is {}", gib(p.bytes), p.what))
         .unwrap_or_default();
     Err(LetheError::Invalid(format!(
-        "config: a training step would need at least {:.1} GiB, more than this machine's {:.1} GiB of memory{largest}",
+        "config: a step would need at least {:.1} GiB, more than this machine's {:.1} GiB of memory{largest}",
         gib(need),
         gib(available)
     )))
