@@ -77,7 +77,7 @@ pub(crate) fn chat(a: ChatArgs) -> Result<()> {
             continue;
         }
         let answer = chat.turn(&line)?;
-        writeln!(stdout.lock(), "{answer}")?;
+        writeln!(stdout.lock(), "{answer}").map_err(super::stdout_failed)?;
     }
     Ok(())
 }

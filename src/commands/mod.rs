@@ -37,7 +37,7 @@ where
     errors_past_the_file_size_limit();
     let outcome = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(cli))) {
         Ok(outcome) => outcome,
-        Err(payload) => match lethe::error::libtorch_failure(&panic_text(payload.as_ref())) {
+        Err(payload) => match failure_of(&panic_text(payload.as_ref())) {
             Some(said) => {
                 eprintln!("error: {said}");
                 return 1;
@@ -62,18 +62,34 @@ where
     }
 }
 
-/// A libtorch error that a tensor operation on the thread that runs the command panicked
-/// with is said in one line by [`main`] ([`lethe::error::libtorch_failure`]), not with
-/// the panic's message and libtorch's C++ stack; every other panic keeps the default report.
+/// A failure that the thread that runs the command panicked with ([`failure_of`]) is said
+/// in one line by [`main`], not with the panic's message and libtorch's C++ stack; every
+/// other panic keeps the default report.
 fn quiet_libtorch_panics() {
     let runner = std::thread::current().id();
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         let on_runner = std::thread::current().id() == runner;
-        if !(on_runner && lethe::error::libtorch_failure(&panic_text(info.payload())).is_some()) {
+        if !(on_runner && failure_of(&panic_text(info.payload())).is_some()) {
             default(info);
         }
     }));
+}
+
+/// The one line a panic's message `text` comes down to where the panic is a failure of
+/// the world, not a bug: a libtorch error a tensor operation panicked with
+/// ([`lethe::error::libtorch_failure`]), or standard output that could not be written
+/// (`println!` panics on a full disk). The panic unwinds as any error returns, so what
+/// the command holds is cleaned up on the way.
+fn failure_of(text: &str) -> Option<String> {
+    lethe::error::libtorch_failure(text)
+        .or_else(|| text.strip_prefix("failed printing to stdout: ").map(|why| format!("standard output: {why}")))
+}
+
+/// A failed write to standard output (a full disk), said as such: a bare I/O error names
+/// no file.
+pub(crate) fn stdout_failed(e: std::io::Error) -> lethe::LetheError {
+    lethe::LetheError::Invalid(format!("standard output: {e}"))
 }
 
 /// A panic's message, where it is text.

@@ -371,14 +371,14 @@ impl<'t> Printer<'t> {
             return Ok(());
         }
         match prompt {
-            Prompt::Text(bytes) => self.out.write_all(bytes)?,
+            Prompt::Text(bytes) => self.put(bytes)?,
             Prompt::Ids(_) => {
                 for &t in tokens {
                     self.token(t)?;
                 }
             }
         }
-        Ok(self.out.flush()?)
+        Ok(())
     }
 
     pub(crate) fn token(&mut self, t: lethe::data::Token) -> lethe::Result<()> {
@@ -388,14 +388,20 @@ impl<'t> Printer<'t> {
             (false, Some(s)) => s.push(t)?.into_bytes(),
         };
         self.written += 1;
-        self.out.write_all(&piece).and_then(|()| self.out.flush()).map_err(|e| lethe::LetheError::io("stdout", e))
+        self.put(&piece)
     }
 
     pub(crate) fn finish(mut self) -> Result<()> {
-        if let (false, Some(s)) = (self.ids, self.text.as_mut()) {
-            self.out.write_all(s.finish()?.as_bytes())?;
-        }
-        Ok(writeln!(self.out)?)
+        let rest = match (self.ids, self.text.as_mut()) {
+            (false, Some(s)) => s.finish()?,
+            _ => String::new(),
+        };
+        Ok(self.put(format!("{rest}\n").as_bytes())?)
+    }
+
+    /// Writes `bytes` to standard output at once.
+    fn put(&mut self, bytes: &[u8]) -> lethe::Result<()> {
+        self.out.write_all(bytes).and_then(|()| self.out.flush()).map_err(super::stdout_failed)
     }
 }
 

@@ -258,6 +258,30 @@ fn a_signal_stops_bench_rounds_after_a_round_and_keeps_every_config() {
 }
 
 /// Lost work: a failed checkpoint write left its temporary file behind.
+/// Standard output on a full disk (`/dev/full`): the commands that print their result
+/// panicked ("failed printing to stdout", exit 101, a backtrace); each now says so in one
+/// line and exits 1.
+#[test]
+fn standard_output_on_a_full_disk_is_an_error_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("lines.txt"), "the cat sat\n").unwrap();
+    let mut cases = vec![vec!["train", "--list-presets"], vec!["score", "lines.txt", "lines.txt"]];
+    succeeds(&train(d, &["--steps", "1", "--no-eval", "--name", "r"]));
+    cases.push(vec!["generate", "--checkpoint", "runs/r", "--prompt", "ab", "--bytes", "3"]);
+    for args in cases {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_lethe"))
+            .current_dir(d)
+            .args(&args)
+            .stdout(std::fs::File::create("/dev/full").unwrap())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim(), "error: standard output: No space left on device (os error 28)", "{args:?}");
+    }
+}
+
 #[test]
 fn a_failed_atomic_write_leaves_no_temporary_file() {
     let dir = tempfile::tempdir().unwrap();
