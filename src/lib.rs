@@ -51,3 +51,14 @@ pub mod wordnet;
 
 pub use config::Config;
 pub use error::{LetheError, Result};
+
+/// `eprintln!` for what a command says on standard error (its progress, notes and last
+/// error): a line that cannot be written (standard error on a full disk) is dropped
+/// rather than panicking, as the command's work matters more than its commentary.
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}

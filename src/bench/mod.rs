@@ -496,7 +496,7 @@ fn fill_memory(run: &mut Stepper, batches: &mut Batches, context: Option<usize>)
     for i in 0..blocks {
         stop_check(run.group)?;
         if context.is_some() && blocks >= 1000 && (i + 1) % (blocks / 10) == 0 {
-            eprintln!("streamed {} of {} context tokens", (i + 1) * cfg.train.block, blocks * cfg.train.block);
+            crate::say!("streamed {} of {} context tokens", (i + 1) * cfg.train.block, blocks * cfg.train.block);
         }
         let (inputs, reset) = batches.fill_block(run);
         if reset {

@@ -259,7 +259,7 @@ pub(crate) fn run_in_rounds(
         if leader && (opts.rounds <= 20 || rounds_done % every == 0 || rounds_done == opts.rounds) {
             let medians: Vec<String> =
                 timed.iter().map(|t| format!("{:.1}", 1e3 * t.round_medians[rounds_done - 1])).collect();
-            eprintln!("round {rounds_done} of {}: median ms per step {}", opts.rounds, medians.join(", "));
+            crate::say!("round {rounds_done} of {}: median ms per step {}", opts.rounds, medians.join(", "));
         }
         stopped_by = stop_signal(signals, group)?.filter(|_| rounds_done < opts.rounds);
     }

@@ -170,7 +170,7 @@ pub(crate) fn sweep(a: SweepArgs) -> Result<()> {
         None => {
             let (kept, skipped) = lethe::sweep::default_sizes_of(&base, mechanism);
             for why in skipped {
-                eprintln!("note: a default size is left out: {why}");
+                lethe::say!("note: a default size is left out: {why}");
             }
             kept
         }

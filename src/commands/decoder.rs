@@ -53,7 +53,7 @@ pub(crate) fn generate(
     printer.finish()?;
     let most = cache.entries().into_iter().max().unwrap_or(0);
     let budget = policy.budget.map_or(String::new(), |b| format!(", budget {b}"));
-    eprintln!(
+    lethe::say!(
         "cache ({}{budget}, {}): {most} entries a layer and key-value head, {:.1} MiB",
         policy.name,
         precision.name(),
@@ -263,7 +263,7 @@ fn eval_progress(started: std::time::Instant) -> impl FnMut(usize, usize) {
         if last_report.elapsed().as_secs_f64() >= 5.0 && done < total {
             last_report = std::time::Instant::now();
             let eta = started.elapsed().as_secs_f64() / done as f64 * (total - done) as f64;
-            eprintln!(
+            lethe::say!(
                 "eval: {done}/{total} tokens ({:.0}%), ETA {}",
                 100.0 * done as f64 / total as f64,
                 lethe::metrics::format_duration(std::time::Duration::from_secs_f64(eta))
@@ -632,7 +632,7 @@ impl Sweep<'_> {
             let seconds = started.elapsed().as_secs_f64();
             let entries = r.held.iter().copied().max().unwrap_or(0);
             let (n, ppl, budget) = (plans.len(), lethe::metrics::format_perplexity(r.ppl, 3), &plan.budget);
-            eprintln!("[{}/{n}] {name} at {budget}: perplexity {ppl}, {entries} entries, {seconds:.1} s", i + 1);
+            lethe::say!("[{}/{n}] {name} at {budget}: perplexity {ppl}, {entries} entries, {seconds:.1} s", i + 1);
             rows.push(SweepRow {
                 policy: name,
                 budget: plan.budget.clone(),

@@ -65,7 +65,7 @@ pub(crate) fn chat(a: ChatArgs) -> Result<()> {
     let lm = Lm::from_checkpoint(&ckpt, device)?;
     let tokenizer = lethe::data::text::tokenizer_of_checkpoint(&ckpt)?;
     let mut chat = Chat::new(&lm, Codec::new(tokenizer.as_ref())?, &document, decoding, a.reply.max_length)?;
-    eprintln!(
+    lethe::say!(
         "read `{}` (memory held per layer: {:?}); type a line, end with Ctrl-D",
         a.document.display(),
         chat.memory_held()
@@ -152,7 +152,7 @@ pub(crate) fn dialogue_eval(a: DialogueEvalArgs) -> Result<()> {
     let replies = respond_to_split(&lm, &codec, &conversations, &opts, &scorer, |done, total| {
         if said.elapsed().as_secs() >= 10 && done < total {
             said = std::time::Instant::now();
-            eprintln!("replying: {done}/{total} conversations ({:.0} s)", started.elapsed().as_secs_f64());
+            lethe::say!("replying: {done}/{total} conversations ({:.0} s)", started.elapsed().as_secs_f64());
         }
     })?;
     let scores: Vec<_> = replies.iter().map(|r| r.scores).collect();
@@ -164,7 +164,7 @@ pub(crate) fn dialogue_eval(a: DialogueEvalArgs) -> Result<()> {
     let ppl = lethe::eval::evaluate(&lm, &data, 1, cfg.train.block, None)?;
     if let Some(path) = &a.csv {
         lethe::output::write("--csv", path, &lethe::dialogue::replies_csv(&replies)?, &[])?;
-        eprintln!("wrote {}", path.display());
+        lethe::say!("wrote {}", path.display());
     }
     if a.json {
         let out = serde_json::json!({"split": split.to_string(), "conversations": conversations.len(), "replies": replies.len(), "ppl": ppl.ppl, "word_ppl": ppl.word_ppl, "scores": mean, "meteor_synonyms": scorer.wordnet().is_some()});

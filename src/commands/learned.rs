@@ -41,7 +41,7 @@ impl Learned {
         let mut learned = Learned::open(path)?;
         (learned.device, learned.precision) = (device, precision);
         if !learned.capped() && precision != Precision::F32 {
-            eprintln!(
+            lethe::say!(
                 "note: --learned `{}` is an ∞-former, read through its training model in f32; --precision {} applies to the decoder and Expire-Span runs",
                 path.display(),
                 precision.name()
@@ -71,7 +71,7 @@ impl Learned {
         }
         let same = |a: &std::path::Path| a.canonicalize().ok() == folder.canonicalize().ok();
         if let Some(from) = self.ckpt.config.train.init_from.as_deref().filter(|from| !same(from)) {
-            eprintln!(
+            lethe::say!(
                 "note: --learned `{}` was fitted onto `{}` and is compared here with `{}`, a model of the same shape",
                 self.ckpt.path.display(),
                 from.display(),

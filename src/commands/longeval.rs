@@ -80,7 +80,7 @@ pub(crate) fn longeval(a: LongevalArgs) -> Result<()> {
         // One run writes into --out; several each into their own folder inside it.
         let out = if several { a.out.join(name) } else { a.out.clone() };
         if several {
-            eprintln!("longeval: {name} ({})", checkpoint.display());
+            lethe::say!("longeval: {name} ({})", checkpoint.display());
         }
         let (table, unit) = evaluate_run(checkpoint, &grid, &out, &a.device)?;
         runs.push(Run { name: name.clone(), table, unit });
@@ -185,7 +185,7 @@ fn decoder_runs(a: &LongevalArgs, folder: &Path, grid: &Grid) -> Result<Vec<Run>
     let folder_print = fingerprint(&model_files)?;
     let mut runs = Vec::new();
     for (name, decoder) in &plans {
-        eprintln!("longeval: {name} ({})", folder.display());
+        lethe::say!("longeval: {name} ({})", folder.display());
         let budget = decoder.budget.map_or(String::new(), |b| format!(" at {b}"));
         let who = format!("{folder_print}, {}{budget}, blocks of {}{in_precision}", decoder.policy, decoder.block);
         let table = evaluate(decoder, (&tokenizer, "tokens"), grid, (&a.out.join(name), &who))?;
@@ -204,7 +204,7 @@ fn decoder_runs(a: &LongevalArgs, folder: &Path, grid: &Grid) -> Result<Vec<Run>
         at.push((uncapped, None));
         let run_print = fingerprint(std::slice::from_ref(&run.ckpt.path))?;
         for (name, budget) in at {
-            eprintln!("longeval: {name} ({})", run.name);
+            lethe::say!("longeval: {name} ({})", run.name);
             let subject = LearnedAt::new(run, budget, block, &grid.lengths)?;
             let cap = budget.map_or(String::new(), |b| format!(" at {b}"));
             let who = match run.capped() {
@@ -341,7 +341,7 @@ fn evaluate(
     super::decoder::make_folder("--out", out)?;
     let (cells, longest) = (grid.cells(), grid.lengths.iter().max().copied().unwrap_or(0));
     let plural = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
-    eprintln!(
+    lethe::say!(
         "longeval: {} of {} each, up to {longest} {unit} long, into {}",
         plural(cells, "cell"),
         plural(grid.samples, "sample"),
@@ -352,7 +352,7 @@ fn evaluate(
         Progress::Cell(cell, done, total) => {
             let elapsed = started.elapsed();
             let eta = elapsed.mul_f64((total - done) as f64 / done as f64);
-            eprintln!(
+            lethe::say!(
                 "longeval: {} at {} {unit}, {}: accuracy {:.2}, memory {:.0} per layer ({done}/{total} cells, {} elapsed, about {} to go)",
                 cell.task,
                 cell.length,
@@ -365,12 +365,12 @@ fn evaluate(
         }
         Progress::Samples(task, length, depth, done, of) => {
             let depth = depth_label(depth.map(|d| 100.0 * d), "depth ");
-            eprintln!("longeval: {task} at {length} {unit}, {depth}: {done}/{of} samples");
+            lethe::say!("longeval: {task} at {length} {unit}, {depth}: {done}/{of} samples");
         }
         Progress::Reading { task, length, depth, sample: (i, of), read: (read, input) } => {
             let depth = depth_label(depth.map(|d| 100.0 * d), "depth ");
             let percent = 100.0 * read as f64 / input.max(1) as f64;
-            eprintln!("longeval: {task} at {length} {unit}, {depth}: sample {i}/{of}, {read}/{input} {unit} read ({percent:.0}%)");
+            lethe::say!("longeval: {task} at {length} {unit}, {depth}: sample {i}/{of}, {read}/{input} {unit} read ({percent:.0}%)");
         }
     })?;
     print_summary(&table, grid, unit);

@@ -39,7 +39,7 @@ where
         Ok(outcome) => outcome,
         Err(payload) => match failure_of(&panic_text(payload.as_ref())) {
             Some(said) => {
-                eprintln!("error: {said}");
+                lethe::say!("error: {said}");
                 return 1;
             }
             None => std::panic::resume_unwind(payload),
@@ -48,7 +48,7 @@ where
     match outcome {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            lethe::say!("error: {e:#}");
             match e.downcast_ref::<lethe::LetheError>() {
                 // 128 + SIGINT, as a shell reports a command stopped by Ctrl-C.
                 Some(

@@ -21,7 +21,7 @@ pub(crate) fn tokenizer(c: TokenizerCommand) -> Result<()> {
     let mut texts = vec![];
     for file in &io.files {
         let bytes = lethe::input::read(file).map_err(|e| anyhow::anyhow!("`{}`: {e}", file.display()))?;
-        eprintln!("read `{}`: {:.1} MB", file.display(), bytes.len() as f64 / 1e6);
+        lethe::say!("read `{}`: {:.1} MB", file.display(), bytes.len() as f64 / 1e6);
         texts.push(lethe::data::text::utf8(bytes, file)?);
     }
     if texts.iter().all(|t| t.trim().is_empty()) {
@@ -30,15 +30,15 @@ pub(crate) fn tokenizer(c: TokenizerCommand) -> Result<()> {
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
     let megabytes = refs.iter().map(|t| t.len()).sum::<usize>() as f64 / 1e6;
     match &c {
-        TokenizerCommand::Words(_) => eprintln!("counting the words of {megabytes:.1} MB"),
-        TokenizerCommand::Bpe(a) => eprintln!("learning a BPE of {} ids from {megabytes:.1} MB", a.vocab),
+        TokenizerCommand::Words(_) => lethe::say!("counting the words of {megabytes:.1} MB"),
+        TokenizerCommand::Bpe(a) => lethe::say!("learning a BPE of {} ids from {megabytes:.1} MB", a.vocab),
     }
     let tokenizer = match &c {
         TokenizerCommand::Words(a) => Tokenizer::train_words(&refs, a.min_count, a.max_size)?,
         TokenizerCommand::Bpe(a) => Tokenizer::train_bpe(&refs, a.vocab)?,
     };
     // How the text reads through it.
-    eprintln!("reading the text through it");
+    lethe::say!("reading the text through it");
     let (mut tokens, mut unknown) = (0usize, 0usize);
     let unk = tokenizer.encode(UNK)?.first().copied().filter(|_| tokenizer.spaced());
     for (text, file) in refs.iter().zip(&io.files) {

@@ -175,7 +175,7 @@ pub(crate) fn eval(a: EvalArgs) -> Result<()> {
             last_report = std::time::Instant::now();
             let elapsed = started.elapsed().as_secs_f64();
             let eta = elapsed / done as f64 * (total - done) as f64;
-            eprintln!(
+            lethe::say!(
                 "eval {split}: {done}/{total} tokens ({:.0}%), ETA {}",
                 100.0 * done as f64 / total as f64,
                 lethe::metrics::format_duration(std::time::Duration::from_secs_f64(eta))
@@ -201,7 +201,7 @@ pub(crate) fn eval(a: EvalArgs) -> Result<()> {
             })
             .map_err(|e| anyhow::anyhow!("{e}; `{}` not written", path.display()))?;
             csv.finish()?;
-            eprintln!("wrote {}", path.display());
+            lethe::say!("wrote {}", path.display());
             r
         }
     };
@@ -411,7 +411,7 @@ pub(crate) fn prompt_progress(unit: &'static str) -> impl FnMut(usize, usize) {
     move |done: usize, total: usize| {
         if last_report.elapsed().as_secs_f64() >= 2.0 && done < total {
             last_report = std::time::Instant::now();
-            eprintln!("reading the prompt: {done}/{total} {unit} ({:.0}%)", 100.0 * done as f64 / total as f64);
+            lethe::say!("reading the prompt: {done}/{total} {unit} ({:.0}%)", 100.0 * done as f64 / total as f64);
         }
     }
 }
@@ -456,7 +456,7 @@ fn generate_from_run(
     })?;
     printer.finish()?;
     let most = cache.entries().into_iter().max().unwrap_or(0);
-    eprintln!(
+    lethe::say!(
         "cache (expire, {}): {most} entries a layer at most, {:.1} MiB",
         precision.name(),
         decoder::mib(cache.bytes())

@@ -260,7 +260,7 @@ fn a_signal_stops_bench_rounds_after_a_round_and_keeps_every_config() {
 /// Lost work: a failed checkpoint write left its temporary file behind.
 /// Standard output on a full disk (`/dev/full`): the commands that print their result
 /// panicked ("failed printing to stdout", exit 101, a backtrace); each now says so in one
-/// line and exits 1.
+/// line and exits 1. Standard error on a full disk panicked at the first line said.
 #[test]
 fn standard_output_on_a_full_disk_is_an_error_in_one_line() {
     let dir = tempfile::tempdir().unwrap();
@@ -280,6 +280,21 @@ fn standard_output_on_a_full_disk_is_an_error_in_one_line() {
         assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
         assert_eq!(stderr.trim(), "error: standard output: No space left on device (os error 28)", "{args:?}");
     }
+    // Standard error on a full disk: what is said there is dropped, the work is done
+    // (before: a panic at the first progress line), and a failure still exits 1.
+    let full_stderr = |args: &[&str]| {
+        let err = std::fs::File::create("/dev/full").unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_lethe"))
+            .current_dir(d)
+            .args(args)
+            .stderr(err)
+            .output()
+            .unwrap();
+        out.status.code()
+    };
+    assert_eq!(full_stderr(&["tokenizer", "words", "lines.txt", "--out", "tok"]), Some(0));
+    assert!(d.join("tok/tokenizer.json").is_file());
+    assert_eq!(full_stderr(&["eval", "--checkpoint", "nosuch"]), Some(1));
 }
 
 #[test]

@@ -10,6 +10,7 @@
 //! tokens per word, so that a model of any tokenizer (bytes, BPE, words) is compared on
 //! the same unit.
 
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use crate::task::spec::{Metric, Task};
@@ -340,7 +341,9 @@ pub fn prepare(cfg: &Config, bytes: SplitData, eos_per_line: bool) -> Result<Spl
                 // A large corpus (PG-19) takes minutes: say how far it is every 10 s.
                 done += d.tokens.len();
                 if said.elapsed().as_secs() >= 10 {
-                    eprintln!(
+                    // Progress that cannot be written (standard error on a full disk) is dropped.
+                    let _ = writeln!(
+                        std::io::stderr(),
                         "tokenising `{}`: {:.0} of {:.0} MB",
                         bytes.origin.display(),
                         done as f64 / 1e6,
