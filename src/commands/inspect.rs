@@ -39,45 +39,43 @@ pub(crate) fn play(a: PlayArgs) -> Result<()> {
         None => lethe::rl::agent::Agent::new(&cfg, device)?,
     };
     let who = if a.checkpoint.is_some() { "a trained" } else { "an untrained" };
+    // A closed pipe (`| head`) ends the process quietly (SIGPIPE); a full disk is an
+    // error that stops the play.
     let mut out = std::io::stdout().lock();
     let mechanism = agent.config.memory.mechanism.name();
-    // A closed pipe (`| head`) is not an error worth a panic: printing just stops.
-    let _ = writeln!(
-        out,
+    let line = format!(
         "{} episode(s) of {} with {who} agent ({mechanism} memory)",
         a.episodes,
         lethe::task::describe(&agent.config)
     );
+    writeln!(out, "{line}").map_err(super::stdout_failed)?;
     if let Some(dir) = &a.spans {
         let (trace, r) = lethe::inspect::agent::trace_agent(&agent, a.episodes, seed)?;
         lethe::inspect::agent::write(&trace, agent.config.data.source, dir)?;
-        let _ = writeln!(out, "{}", r.line());
-        for line in lethe::inspect::agent::summary_lines(&trace) {
-            let _ = writeln!(out, "{line}");
-        }
-        let _ = writeln!(out, "wrote agent-spans.svg, .png, .html and .csv in {}", dir.display());
-        return Ok(());
+        let mut lines = vec![r.line()];
+        lines.extend(lethe::inspect::agent::summary_lines(&trace));
+        lines.push(format!("wrote agent-spans.svg, .png, .html and .csv in {}", dir.display()));
+        return Ok(writeln!(out, "{}", lines.join("\n")).map_err(super::stdout_failed)?);
     }
     let mut t = 0;
     let r = lethe::rl::train::play(&agent, a.episodes, seed, &mut |episodes, actions, outcomes, _| {
         let slot = &episodes.slots[0];
         t += 1;
-        if !a.summary || slot.done && outcomes[0].done {
-            let over = if outcomes[0].done { " (episode over)" } else { "" };
-            let _ = write!(
-                out,
-                "step {t}: {}, reward {}{over}\n{}",
-                actions[0].name(),
-                outcomes[0].reward,
-                slot.world.render()
-            );
-        }
+        let written = match !a.summary || slot.done && outcomes[0].done {
+            true => {
+                let over = if outcomes[0].done { " (episode over)" } else { "" };
+                let (action, reward) = (actions[0].name(), outcomes[0].reward);
+                write!(out, "step {t}: {action}, reward {reward}{over}\n{}", slot.world.render())
+                    .map_err(super::stdout_failed)
+            }
+            false => Ok(()),
+        };
         if outcomes[0].done {
             t = 0;
         }
+        written
     })?;
-    let _ = writeln!(out, "{}", r.line());
-    Ok(())
+    Ok(writeln!(out, "{}", r.line()).map_err(super::stdout_failed)?)
 }
 
 /// The model and the text of an `inspect` command.

@@ -91,19 +91,13 @@ pub fn trace_agent(agent: &Agent, episodes: usize, seed: u64) -> Result<(AgentTr
     }
     let mut steps = vec![];
     let mut follow: Option<Follow> = None;
-    let mut failure = None;
     let eval = play(agent, episodes, seed, &mut |eps, actions, outcomes, mem| {
-        if failure.is_some() || eps.slots[0].done && !outcomes[0].done {
-            return; // the row is idle (batch mode), or an error was met
+        if eps.slots[0].done && !outcomes[0].done {
+            return Ok(()); // the row is idle (batch mode)
         }
-        match record(eps, actions[0].letter(), outcomes[0].reward, mem, &mut follow) {
-            Ok(step) => steps.push(step),
-            Err(e) => failure = Some(e),
-        }
+        steps.push(record(eps, actions[0].letter(), outcomes[0].reward, mem, &mut follow)?);
+        Ok(())
     })?;
-    if let Some(e) = failure {
-        return Err(e);
-    }
     Ok((AgentTrace { steps, layers: cfg.model.layers, max_span: cfg.memory.span as f64 }, eval))
 }
 

@@ -260,13 +260,18 @@ fn a_signal_stops_bench_rounds_after_a_round_and_keeps_every_config() {
 /// Lost work: a failed checkpoint write left its temporary file behind.
 /// Standard output on a full disk (`/dev/full`): the commands that print their result
 /// panicked ("failed printing to stdout", exit 101, a backtrace); each now says so in one
-/// line and exits 1. Standard error on a full disk panicked at the first line said.
+/// line and exits 1 (`play` went on playing, its lines lost). Standard error on a full
+/// disk panicked at the first line said.
 #[test]
 fn standard_output_on_a_full_disk_is_an_error_in_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     std::fs::write(d.join("lines.txt"), "the cat sat\n").unwrap();
-    let mut cases = vec![vec!["train", "--list-presets"], vec!["score", "lines.txt", "lines.txt"]];
+    let mut cases = vec![
+        vec!["train", "--list-presets"],
+        vec!["score", "lines.txt", "lines.txt"],
+        vec!["play", "-p", "corridor-small", "--episodes", "1"],
+    ];
     succeeds(&train(d, &["--steps", "1", "--no-eval", "--name", "r"]));
     cases.push(vec!["generate", "--checkpoint", "runs/r", "--prompt", "ab", "--bytes", "3"]);
     for args in cases {

@@ -208,6 +208,7 @@ fn evaluation_averages_the_memory_over_the_steps_of_the_episodes() {
         let mut lengths = vec![];
         let r = lethe::rl::train::play(&agent, 12, 5, &mut |eps, _, outcomes, _| {
             lengths.extend(outcomes.iter().zip(&eps.slots).filter(|(o, _)| o.done).map(|(_, s)| s.length as f64));
+            Ok(())
         })
         .unwrap();
         assert_eq!(lengths.len(), 12, "{mechanism:?} {reset:?}");

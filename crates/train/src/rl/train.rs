@@ -660,8 +660,9 @@ fn own_rows(x: Tensor, episodes: Option<Tensor>, (lo, hi): (usize, usize)) -> (T
 }
 
 /// Sees a batch of episodes after every step, with the actions taken, their outcomes
-/// and the memory that absorbed the step's observations.
-pub type Watch<'a> = dyn FnMut(&Episodes, &[Action], &[Outcome], &Memory) + 'a;
+/// and the memory that absorbed the step's observations; an error it returns (the
+/// episodes could not be shown) stops the play.
+pub type Watch<'a> = dyn FnMut(&Episodes, &[Action], &[Outcome], &Memory) -> Result<()> + 'a;
 
 /// Plays `episodes` episodes (rounded up to whole batches of `train.batch`) of the
 /// agent's task, sampling from the policy, on episodes apart from training's. `watch`
@@ -735,15 +736,14 @@ impl Player<'_> {
         let (outcomes, ended) = eps.step(&actions);
         self.mem_sum.add(mem, &active);
         self.finished.extend(ended);
-        watch(eps, &actions, &outcomes, mem);
-        Ok(())
+        watch(eps, &actions, &outcomes, mem)
     }
 }
 
 /// Evaluates the agent on `episodes` episodes drawn apart from training's (see [`play`]).
 pub fn evaluate(agent: &Agent, episodes: usize) -> Result<RlEval> {
     let seed = Rng::derive(agent.config.data_seed(), EVAL_STREAM).next_u64();
-    play(agent, episodes, seed, &mut |_, _, _, _| {})
+    play(agent, episodes, seed, &mut |_, _, _, _| Ok(()))
 }
 
 #[cfg(test)]
