@@ -416,10 +416,11 @@ pub(crate) fn the_file(path: &std::path::Path) -> std::path::PathBuf {
     path.canonicalize().unwrap_or_else(|_| path.to_path_buf())
 }
 
-/// Makes the folder `out` of `flag`, refusing a file there by name.
-pub(crate) fn make_folder(flag: &str, out: &std::path::Path) -> Result<()> {
+/// Makes the folder `out` of `flag`, refusing a file there by name; the folders made are
+/// returned, for a command that fails before writing into them to remove.
+pub(crate) fn make_folder(flag: &str, out: &std::path::Path) -> Result<lethe::output::MadeFolder> {
     check_folder(flag, out)?;
-    std::fs::create_dir_all(out).map_err(|e| anyhow::anyhow!("{flag} `{}`: {e}", out.display()))
+    lethe::output::MadeFolder::make(out).map_err(|e| anyhow::anyhow!("{flag}: {e}"))
 }
 
 /// Refuses a file where the folder `out` of `flag` is to be made.
@@ -595,7 +596,16 @@ impl Sweep<'_> {
 
     fn run(&self, model: &Llama, out: &std::path::Path) -> Result<()> {
         let plans = self.plans()?;
-        make_folder("--out", out)?;
+        let made = make_folder("--out", out)?;
+        let done = self.run_plans(model, &plans, out);
+        if done.is_err() {
+            made.remove_if_empty();
+        }
+        done
+    }
+
+    /// Scores the text under each of `plans` and writes the table and charts into `out`.
+    fn run_plans(&self, model: &Llama, plans: &[Plan], out: &std::path::Path) -> Result<()> {
         let mut rows = Vec::new();
         for (i, plan) in plans.iter().enumerate() {
             let started = std::time::Instant::now();

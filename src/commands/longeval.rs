@@ -338,6 +338,7 @@ fn evaluate(
 ) -> Result<Vec<Cell>> {
     // A grid with a cell that cannot be made is refused before the folder is.
     lethe::longeval::check(grid, units)?;
+    // The folder stays, whatever follows: it holds the lock file of the table.
     super::decoder::make_folder("--out", out)?;
     let (cells, longest) = (grid.cells(), grid.lengths.iter().max().copied().unwrap_or(0));
     let plural = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });

@@ -47,8 +47,11 @@ pub(crate) fn tokenizer(c: TokenizerCommand) -> Result<()> {
         tokens += ids.len();
         unknown += unk.map_or(0, |u| ids.iter().filter(|&&i| i == u).count());
     }
-    super::decoder::make_folder("--out", &io.out)?;
-    lethe::checkpoint::write_atomic(&target, tokenizer.to_json()?.as_bytes())?;
+    let made = super::decoder::make_folder("--out", &io.out)?;
+    if let Err(e) = lethe::checkpoint::write_atomic(&target, tokenizer.to_json()?.as_bytes()) {
+        made.remove_if_empty();
+        return Err(e.into());
+    }
     let bytes: usize = refs.iter().map(|t| t.len()).sum();
     let unknown = unk
         .map(|_| format!(", {:.2}% of them {UNK}", 100.0 * unknown as f64 / tokens.max(1) as f64))

@@ -349,7 +349,8 @@ fn a_checkpoint_past_the_file_size_limit_is_an_error_and_the_last_one_stays() {
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
-    fails_with(&out, &["checkpoint.safetensors", "File too large", "still holds step 2's", "--resume"]);
+    // The file named is the checkpoint, not the temporary file that is gone.
+    fails_with(&out, &["runs/f/checkpoint.safetensors`: File too large", "still holds step 2's", "--resume"]);
     assert_eq!(std::fs::read(&checkpoint).unwrap(), before, "the last checkpoint changed");
     let left: Vec<_> = std::fs::read_dir(d.join("runs/f")).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert!(!left.iter().any(|f| f.to_string_lossy().ends_with(".tmp")), "temporary file left behind: {left:?}");

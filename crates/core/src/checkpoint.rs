@@ -152,7 +152,8 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     }
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let tmp = crate::output::temporary(path);
-    let written = write_synced(&tmp, bytes).map_err(|e| LetheError::io(&tmp, e));
+    // Named by the file the user asked for: the temporary one is gone when this is said.
+    let written = write_synced(&tmp, bytes).map_err(|e| LetheError::io(path, e));
     let renamed = written.and_then(|()| std::fs::rename(&tmp, path).map_err(|e| LetheError::io(path, e)));
     if renamed.is_err() {
         let _ = std::fs::remove_file(&tmp);
