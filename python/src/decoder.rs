@@ -54,6 +54,8 @@ struct Inner {
     tokenizer: Option<Tokenizer>,
     /// The path it was read from, for messages.
     origin: String,
+    /// [`Llama::fingerprint`] of its decoder, which marks the caches it reads.
+    fingerprint: String,
 }
 
 impl Inner {
@@ -67,7 +69,8 @@ impl Inner {
             let model = Llama::load_as(path, device, precision).map_err(|e| invalid(e.to_string()))?;
             let tokenizer = Tokenizer::of_decoder_folder(path, model.config.vocab_size as usize)
                 .map_err(|e| invalid(e.to_string()))?;
-            return Ok(Inner { weights: Weights::Folder(model), tokenizer, origin });
+            let fingerprint = model.fingerprint();
+            return Ok(Inner { weights: Weights::Folder(model), tokenizer, origin, fingerprint });
         }
         let ckpt = Checkpoint::load(path).map_err(|e| invalid(e.to_string()))?;
         let (arch, mechanism) = (ckpt.config.model.arch, ckpt.config.memory.mechanism);
@@ -88,7 +91,9 @@ impl Inner {
         let run = ExpireRun::new(&ckpt.config, &lm.vs.variables()).map_err(|e| refused(e.to_string()))?;
         let run = run.into_precision(precision);
         let tokenizer = text::tokenizer_of_checkpoint(&ckpt).map_err(|e| invalid(e.to_string()))?;
-        Ok(Inner { weights: Weights::Run { run: Box::new(run), block: ckpt.config.train.block }, tokenizer, origin })
+        let fingerprint = run.decoder().fingerprint();
+        let weights = Weights::Run { run: Box::new(run), block: ckpt.config.train.block };
+        Ok(Inner { weights, tokenizer, origin, fingerprint })
     }
 
     /// The tokenizer, or an error saying there is none.
@@ -99,9 +104,10 @@ impl Inner {
     }
 }
 
-/// What a pickled [`KvCache`] is made again from: its policy, budget and tensors, and
-/// for a learned cache the fingerprint of the memory that keeps it.
-type Pickled = (String, Option<i64>, Named, Option<String>);
+/// What a pickled [`KvCache`] is made again from: its policy, budget and tensors, for a
+/// learned cache the fingerprint of the memory that keeps it, and the fingerprint of the
+/// model whose entries it holds.
+type Pickled = (String, Option<i64>, Named, Option<String>, Option<String>);
 
 /// A pretrained decoder. See the module documentation.
 #[pyclass(module = "lethe._lethe")]
@@ -127,6 +133,9 @@ pub struct KvCache {
     /// it ([`Decoder::take_up`]); `cache` meanwhile holds its entries under the full
     /// policy.
     pending: Mutex<Option<Vec<(String, Tensor)>>>,
+    /// [`Llama::fingerprint`] of the model whose keys and values it holds (the last
+    /// decoder that read into it); none before any.
+    read_by: Mutex<Option<String>>,
 }
 
 #[pymethods]
@@ -153,7 +162,8 @@ impl KvCache {
             Ok(state.map(|(n, t)| (n, PyTensor(t.copy()))).collect())
         })?;
         let make = py.import("lethe._lethe")?.getattr("_kv_cache_from_state")?;
-        Ok((make, (self.spec.clone(), self.budget, state, self.learned_by.clone())))
+        let read_by = lock(&self.read_by)?.clone();
+        Ok((make, (self.spec.clone(), self.budget, state, self.learned_by.clone(), read_by)))
     }
 
     /// An independent copy: what the cache holds and what its policy keeps about it, in
@@ -170,6 +180,7 @@ impl KvCache {
                 budget: self.budget,
                 learned_by: self.learned_by.clone(),
                 pending: Mutex::new(pending),
+                read_by: Mutex::new(lock(&self.read_by)?.clone()),
             })
         })
     }
@@ -297,7 +308,7 @@ impl Decoder {
                 )));
             }
             guarded(|| check_ids("ids", &ids, model.config.vocab_size, None))?;
-            let mut held = take_up(&inner.weights, cache, ids.size()[0])?;
+            let mut held = take_up(&inner, cache, ids.size()[0])?;
             guarded(|| Ok(PyTensor(model.forward(&ids, &mut held))))
         })
     }
@@ -322,7 +333,7 @@ impl Decoder {
             let model = inner.weights.llama();
             let prompt = generation::prompt_tokens(prompt, model.config.vocab_size)?;
             let sampling = generation::sampling(sampling)?;
-            let mut held = take_up(&inner.weights, cache, 1)?;
+            let mut held = take_up(&inner, cache, 1)?;
             let block = match (&inner.weights, &cache.learned_by) {
                 (Weights::Run { block, .. }, Some(_)) => *block,
                 _ => generate::PROMPT_BLOCK,
@@ -339,15 +350,24 @@ impl Decoder {
 impl KvCache {
     /// `cache` under the training-free policy `spec` with `budget`, as given.
     fn training_free(cache: Cache, spec: &str, budget: Option<i64>) -> KvCache {
-        KvCache { cache: Mutex::new(cache), spec: spec.into(), budget, learned_by: None, pending: Mutex::new(None) }
+        KvCache {
+            cache: Mutex::new(cache),
+            spec: spec.into(),
+            budget,
+            learned_by: None,
+            pending: Mutex::new(None),
+            read_by: Mutex::new(None),
+        }
     }
 }
 
-/// `cache`, locked for a read of `streams` streams by the decoder of `weights`: refused
-/// when it is learned and the decoder's memory is not the one that keeps it, when it
-/// holds another number of streams, or entries of another model's shape, precision or
-/// device. A learned cache unpickled takes back what its span predictors kept here.
-fn take_up<'a>(weights: &Weights, cache: &'a KvCache, streams: i64) -> PyResult<MutexGuard<'a, Cache>> {
+/// `cache`, locked for a read of `streams` streams by the decoder `inner`: refused when
+/// it is learned and the decoder's memory is not the one that keeps it, when it holds
+/// another number of streams, or entries of another model's shape, precision or device,
+/// or of another model of the same shape. A learned cache unpickled takes back what its
+/// span predictors kept here.
+fn take_up<'a>(inner: &Inner, cache: &'a KvCache, streams: i64) -> PyResult<MutexGuard<'a, Cache>> {
+    let weights = &inner.weights;
     let mut held = lock(&cache.cache)?;
     held.check_fits(weights.llama()).map_err(|why| invalid(format!("cache: {why}")))?;
     if let Some(memory) = &cache.learned_by {
@@ -367,6 +387,16 @@ fn take_up<'a>(weights: &Weights, cache: &'a KvCache, streams: i64) -> PyResult<
             *held = guarded(|| bind_learned(run, cache.budget, &held, state))?;
             *pending = None;
         }
+    }
+    let mut read_by = lock(&cache.read_by)?;
+    match read_by.as_deref() {
+        Some(theirs) if held.position > 0 && theirs != inner.fingerprint => {
+            return Err(invalid(format!(
+            "cache: holds what another model read ({theirs}; this decoder's weights are {}): a cache of another model",
+            inner.fingerprint
+        )))
+        }
+        _ => *read_by = Some(inner.fingerprint.clone()),
     }
     if let Some(first) = held.layers.iter().flatten().next() {
         let holds = first.keys.size()[0];
@@ -419,13 +449,21 @@ fn parse_policy(policy: &str, budget: Option<i64>) -> PyResult<Policy> {
 /// holds its entries under the full policy until a decoder of that memory reads it, its
 /// span predictors' spans kept aside till then ([`take_up`]).
 #[pyfunction]
-#[pyo3(name = "_kv_cache_from_state", signature = (policy, budget, state, memory = None))]
+#[pyo3(name = "_kv_cache_from_state", signature = (policy, budget, state, memory = None, model = None))]
 pub fn kv_cache_from_state(
     policy: &str,
     budget: Option<i64>,
     state: Named,
     memory: Option<String>,
+    model: Option<String>,
 ) -> PyResult<KvCache> {
+    let mut cache = cache_from_state(policy, budget, state, memory)?;
+    cache.read_by = Mutex::new(model);
+    Ok(cache)
+}
+
+/// [`kv_cache_from_state`] but the model that read it.
+fn cache_from_state(policy: &str, budget: Option<i64>, state: Named, memory: Option<String>) -> PyResult<KvCache> {
     let tensors: Vec<(String, Tensor)> = state.into_iter().map(|(name, t)| (name, t.0)).collect();
     let Some(memory) = memory else {
         let parsed = parse_policy(policy, budget)?;

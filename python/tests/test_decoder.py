@@ -219,6 +219,16 @@ def test_a_cache_of_another_model_is_refused():
     llama3(torch.tensor([[1, 2, 3]]), cache)
     with pytest.raises(ValueError, match="width 8, the model 2 of width 16 \\(a cache of another model\\)"):
         qwen3(torch.tensor([[4]]), cache)
+    # Another model of the very same shape (Mistral's fixture beside Llama 3's): before,
+    # its keys and values were read on as if the model's own.
+    mistral = lethe.Decoder(FIXTURES / "mistral")
+    for each in (cache, cache.copy(), pickle.loads(pickle.dumps(cache))):
+        with pytest.raises(ValueError, match="cache: holds what another model read .*a cache of another model"):
+            mistral(torch.tensor([[4]]), each)
+    # The same folder read again is the same model; an empty cache is anyone's.
+    again = lethe.Decoder(FIXTURES / "llama3")
+    assert torch.equal(again(torch.tensor([[4]]), cache.copy()), llama3(torch.tensor([[4]]), cache.copy()))
+    assert mistral(torch.tensor([[4]]), mistral.cache("window", budget=4)).shape == (1, 1, mistral.vocab)
 
 
 def test_bad_arguments_are_refused_with_one_line():
@@ -393,9 +403,9 @@ def test_a_pickled_learned_cache_reads_on_as_the_original(fitted, budget):
 
 def damaged(cache):
     """``cache`` pickled with the spans of its first layer cut to two entries, and loaded."""
-    make, (policy, budget, state, memory) = cache.__reduce__()
+    make, (policy, budget, state, *rest) = cache.__reduce__()
     state = [(n, t[..., :2] if n == "layers.0.policy.spans" else t) for n, t in state]
-    return make(policy, budget, state, memory)
+    return make(policy, budget, state, *rest)
 
 
 @needs_binary

@@ -612,6 +612,22 @@ impl Llama {
         Self::assemble(config, Weights { tensors, source: PathBuf::from("the run") })
     }
 
+    /// What tells this model's weights from another's of the same shape, as `crc32
+    /// 1a2b3c4d`: a checksum of its config and of the first rows of its embedding and
+    /// output layer and its final norm, as it holds them (in its precision). Two decoders
+    /// of one folder in one precision give the same one, so that a cache one of them
+    /// filled is read on by the other, and by no other model's.
+    pub fn fingerprint(&self) -> String {
+        let mut hasher = crc32fast::Hasher::new();
+        hasher.update(format!("{:?}", self.config).as_bytes());
+        for t in [&self.embed, &self.head] {
+            let rows = t.size()[0].min(8);
+            hash_values(&mut hasher, &t.narrow(0, 0, rows));
+        }
+        hash_values(&mut hasher, &self.norm);
+        format!("crc32 {:08x}", hasher.finalize())
+    }
+
     /// The device the weights are on.
     pub fn device(&self) -> Device {
         self.embed.device()
@@ -979,6 +995,13 @@ pub fn read_weights_on(dir: &Path, device: Device, kind: Kind) -> Result<Weights
         tensors.insert(name, (t, single.clone()));
     }
     Ok(Weights { tensors, source: single })
+}
+
+/// Adds the values of `t`, in float32, to `hasher`.
+fn hash_values(hasher: &mut crc32fast::Hasher, t: &Tensor) {
+    let t = t.detach().to_device(Device::Cpu).to_kind(Kind::Float).contiguous();
+    let values = Vec::<f32>::try_from(t.view([-1])).unwrap_or_default();
+    values.iter().for_each(|v| hasher.update(&v.to_le_bytes()));
 }
 
 /// The tensors of one safetensors file, in `kind`.
