@@ -389,15 +389,12 @@ fn take_up<'a>(inner: &Inner, cache: &'a KvCache, streams: i64) -> PyResult<Mute
         }
     }
     let mut read_by = lock(&cache.read_by)?;
-    match read_by.as_deref() {
-        Some(theirs) if held.position > 0 && theirs != inner.fingerprint => {
-            return Err(invalid(format!(
-            "cache: holds what another model read ({theirs}; this decoder's weights are {}): a cache of another model",
-            inner.fingerprint
-        )))
-        }
-        _ => *read_by = Some(inner.fingerprint.clone()),
+    if let Some(theirs) = read_by.as_deref().filter(|theirs| held.position > 0 && *theirs != inner.fingerprint) {
+        let ours = &inner.fingerprint;
+        let why = format!("holds what another model read ({theirs}; this decoder's weights are {ours})");
+        return Err(invalid(format!("cache: {why}: a cache of another model")));
     }
+    *read_by = Some(inner.fingerprint.clone());
     if let Some(first) = held.layers.iter().flatten().next() {
         let holds = first.keys.size()[0];
         if holds != streams {

@@ -125,12 +125,7 @@ pub(crate) struct Report<'a> {
 
 /// Writes `bench.json` and `bench.csv` into `dir` (atomically). Returns their paths.
 pub fn write_report(dir: &Path, results: &[BenchResult], gemm_gflops: f64) -> Result<Vec<PathBuf>> {
-    let made = crate::output::MadeFolder::make(dir)?;
-    let written = write_files(dir, results, gemm_gflops);
-    if written.is_err() {
-        made.remove_if_empty();
-    }
-    written
+    crate::output::MadeFolder::make(dir)?.unless_failed(write_files(dir, results, gemm_gflops))
 }
 
 /// Writes `bench.json` and `bench.csv` into the folder `dir`.

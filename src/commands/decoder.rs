@@ -596,12 +596,7 @@ impl Sweep<'_> {
 
     fn run(&self, model: &Llama, out: &std::path::Path) -> Result<()> {
         let plans = self.plans()?;
-        let made = make_folder("--out", out)?;
-        let done = self.run_plans(model, &plans, out);
-        if done.is_err() {
-            made.remove_if_empty();
-        }
-        done
+        make_folder("--out", out)?.unless_failed(self.run_plans(model, &plans, out))
     }
 
     /// Scores the text under each of `plans` and writes the table and charts into `out`.

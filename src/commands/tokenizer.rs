@@ -48,10 +48,7 @@ pub(crate) fn tokenizer(c: TokenizerCommand) -> Result<()> {
         unknown += unk.map_or(0, |u| ids.iter().filter(|&&i| i == u).count());
     }
     let made = super::decoder::make_folder("--out", &io.out)?;
-    if let Err(e) = lethe::checkpoint::write_atomic(&target, tokenizer.to_json()?.as_bytes()) {
-        made.remove_if_empty();
-        return Err(e.into());
-    }
+    made.unless_failed(lethe::checkpoint::write_atomic(&target, tokenizer.to_json()?.as_bytes()))?;
     let bytes: usize = refs.iter().map(|t| t.len()).sum();
     let unknown = unk
         .map(|_| format!(", {:.2}% of them {UNK}", 100.0 * unknown as f64 / tokens.max(1) as f64))

@@ -47,7 +47,7 @@ pub fn temporary(path: &Path) -> std::path::PathBuf {
 
 /// An output folder a command made, with the ancestors it lacked, so that a command that
 /// fails before writing anything into it can leave the disk as it found it
-/// ([`MadeFolder::remove_if_empty`]).
+/// ([`MadeFolder::unless_failed`]).
 #[derive(Debug)]
 pub struct MadeFolder {
     dir: std::path::PathBuf,
@@ -62,6 +62,15 @@ impl MadeFolder {
             dir.ancestors().take_while(|a| !a.as_os_str().is_empty() && !a.exists()).last().map(Path::to_path_buf);
         std::fs::create_dir_all(dir).map_err(|e| LetheError::io(dir, e))?;
         Ok(MadeFolder { dir: dir.to_path_buf(), outermost })
+    }
+
+    /// `done`, passed on; when it failed, the folders made are removed while empty
+    /// ([`MadeFolder::remove_if_empty`]).
+    pub fn unless_failed<T, E>(&self, done: std::result::Result<T, E>) -> std::result::Result<T, E> {
+        if done.is_err() {
+            self.remove_if_empty();
+        }
+        done
     }
 
     /// Removes the folders made, innermost first, as long as each is empty: what anyone

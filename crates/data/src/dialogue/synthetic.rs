@@ -310,10 +310,7 @@ pub fn write(dir: &Path, n: usize, seed: u64) -> Result<Written> {
         Ok(Written { tokenizer: dir.join("tokenizer"), ..w })
     });
     let _ = std::fs::remove_dir_all(&staging);
-    if moved.is_err() {
-        made.remove_if_empty();
-    }
-    moved
+    made.unless_failed(moved)
 }
 
 /// Writes the data set's three folders into `dir`.
