@@ -270,8 +270,30 @@ pub fn read_lines(path: &std::path::Path) -> crate::Result<Vec<String>> {
     Ok(text.lines().map(str::to_string).collect())
 }
 
+/// The most words a line [`score_files`] scores may hold: ROUGE-L's longest common
+/// subsequence and METEOR's alignment take time in the square of a line's length (a
+/// pair of 20,000 words scores in about 2 s on a CPU core, one of 100,000 in 45 s), so a
+/// file that is not one response a line (a whole document on one) is refused rather than
+/// scored for hours.
+pub const MAX_WORDS_PER_LINE: usize = 50_000;
+
+/// Refuses the first line of `lines` (read from `path`) past [`MAX_WORDS_PER_LINE`].
+fn check_line_lengths(path: &std::path::Path, lines: &[String]) -> crate::Result<()> {
+    let mut counts = lines.iter().enumerate().map(|(i, l)| (i + 1, l.split_whitespace().count()));
+    match counts.find(|&(_, words)| words > MAX_WORDS_PER_LINE) {
+        Some((line, words)) => Err(crate::LetheError::data(
+            path,
+            format!(
+                "line {line} holds {words} words; score takes one response a line, of at most {MAX_WORDS_PER_LINE} words (ROUGE-L and METEOR take time in the square of a line's length)"
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Scores each prediction against the reference on the same line of two files. The
-/// files must hold the same number of lines, at least one.
+/// files must hold the same number of lines, at least one, each of at most
+/// [`MAX_WORDS_PER_LINE`] words.
 pub fn score_files(
     predictions: &std::path::Path,
     references: &std::path::Path,
@@ -290,6 +312,8 @@ pub fn score_files(
         );
         return Err(crate::LetheError::data(predictions, reason));
     }
+    check_line_lengths(predictions, &p)?;
+    check_line_lengths(references, &r)?;
     Ok(p.iter().zip(&r).map(|(p, r)| scorer.score(p, r)).collect())
 }
 
@@ -348,6 +372,19 @@ mod tests {
         assert_eq!(f1("dog", "cat"), 0.0);
         // Repeated words are clipped: "cat cat cat" against "cat": P 1/3, R 1.
         assert!((f1("cat cat cat", "cat") - 0.5).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_line_past_the_most_words_is_refused_by_file_and_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let (short, long) = (dir.path().join("short.txt"), dir.path().join("long.txt"));
+        std::fs::write(&short, "a reply\nanother reply\n").unwrap();
+        let words = vec!["w"; MAX_WORDS_PER_LINE + 1].join(" ");
+        std::fs::write(&long, format!("fine\n{words}\n")).unwrap();
+        let e = score_files(&short, &long, &Scorer::default()).unwrap_err().to_string();
+        assert!(e.contains("long.txt") && e.contains("line 2 holds 50001 words"), "{e}");
+        std::fs::write(&long, format!("fine\n{}\n", &words[2..])).unwrap(); // one word fewer
+        assert_eq!(score_files(&short, &long, &Scorer::default()).unwrap().len(), 2);
     }
 
     #[test]
