@@ -147,6 +147,9 @@ run_case "bench --mechanism expire:huge"   "$BIN" bench "${TINY[@]}" --mechanism
 run_case "bench --scale span="             "$BIN" bench "${TINY[@]}" --scale span= --name b5
 run_case "bench --scale nosuch=1"          "$BIN" bench "${TINY[@]}" --scale nosuch=1 --name b6
 run_case "bench --context -1"              "$BIN" bench "${TINY[@]}" --context -1 --name b7
+run_case "bench --data without --train-data" --must-fail "$BIN" bench "${TINY[@]}" --data prompt.txt --name b8
+run_case "stdout on a full disk"           bash -c '"$0" train --list-presets > /dev/full' "$BIN"
+run_case "stderr on a full disk"           bash -c '"$0" eval --checkpoint nosuch 2> /dev/full; echo "exit $?"' "$BIN"
 run_case "sweep --sizes 0"                 "$BIN" sweep "${TINY[@]}" --sizes 0 --name s1
 run_case "sweep --sizes ''"                "$BIN" sweep "${TINY[@]}" --sizes '' --name s2
 run_case "sweep --seeds 1,,2"              "$BIN" sweep "${TINY[@]}" --seeds 1,,2 --name s3
@@ -420,6 +423,8 @@ run_case "chat an XL copy run"               --must-fail "$BIN" chat --checkpoin
 run_case "chat --document fifo"              "$BIN" chat --checkpoint runs/base --document fifo
 run_case "score empty files"                 "$BIN" score empty.txt empty.txt
 run_case "score unequal lines"               "$BIN" score text.txt prompt.txt
+yes word | head -n 60000 | tr '\n' ' ' > oneline.txt
+run_case "score a 60,000-word line"          "$BIN" score oneline.txt oneline.txt
 run_case "score --wordnet nosuch"            "$BIN" score prompt.txt prompt.txt --wordnet nosuch
 run_case "score --wordnet empty folder"      "$BIN" score prompt.txt prompt.txt --wordnet hf-empty
 # Training a decoder.
