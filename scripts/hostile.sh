@@ -437,5 +437,6 @@ run_case "train llama compressive"           "$BIN" train -q "${LT[@]}" --set me
 run_case "train llama freeze_base, fixed"    "$BIN" train -q "${LT[@]}" --set train.freeze_base=true --name t7
 run_case "train --init-from hf, no tokenizer" "$BIN" train -q --init-from hf-notok --data text.txt --steps 2 --name t8
 run_case "train --init-from hf heads=0"      "$BIN" train -q --init-from hf-noheads --data text.txt --steps 2 --name t9
-run_case "train --resume a llama run, other init" "$BIN" train -q "${LT[@]}" --resume --steps 4 --name lft
+# LT without its --init-from and --steps: the run continued from its own checkpoint.
+run_case "train --resume a llama run"        "$BIN" train -q "${LT[@]:2:8}" --resume --steps 4 --name lft
 for c in "${!COUNT[@]}"; do echo "$c: ${COUNT[$c]}"; done | sort | tee -a "$LOG"
